@@ -1,0 +1,218 @@
+"""The CI bias-audit gate: a predictions file and a config in, a JSON report and a verdict out."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from exporter import __version__
+from exporter.config import Config, load_config
+from exporter.evaluate import Evaluation, evaluate
+from exporter.grouping import frame_counts
+
+
+class DataError(ValueError):
+    """The predictions file cannot be audited; the message names the file, the column and the values."""
+
+
+@dataclass(frozen=True)
+class Override:
+    """A person's written decision to ship despite blocking failures."""
+
+    justification: str
+    author: str
+
+    MIN_JUSTIFICATION = 20
+
+    def problems(self) -> list[str]:
+        """What is missing for this override to be accepted."""
+        out = []
+        if len(self.justification.strip()) < self.MIN_JUSTIFICATION:
+            out.append(f"--override-justification must explain the decision in at least "
+                       f"{self.MIN_JUSTIFICATION} characters, got {self.justification.strip()!r}")  # fmt: skip
+        if not self.author.strip():
+            out.append("--override-author must name the person taking responsibility for the override")
+        return out
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_predictions(path: Path) -> pd.DataFrame:
+    """Read a parquet or CSV predictions file."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".parquet", ".pq"):
+            frame = pd.read_parquet(path)
+        elif suffix in (".csv", ".gz", ".txt"):
+            frame = pd.read_csv(path)
+        else:
+            raise DataError(f"{path}: unsupported file type {suffix!r} (accepted: .parquet, .pq, .csv)")
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{path}: cannot read predictions: {exc}") from exc
+    if frame.empty:
+        raise DataError(f"{path}: the file has no rows")
+    return frame
+
+
+def _binary(frame: pd.DataFrame, column: str, path: Path, allow_missing: bool) -> np.ndarray:
+    """A 0/1 column as int64, -1 for missing values where those are allowed (unlabelled rows)."""
+    values = frame[column]
+    missing = values.isna().to_numpy()
+    if missing.any() and not allow_missing:
+        rows = np.flatnonzero(missing)[:5].tolist()
+        raise DataError(f"{path}: column {column!r} has {int(missing.sum())} missing values (first rows: {rows})")
+    numeric = pd.to_numeric(values.where(~missing, 0), errors="coerce")
+    bad = ~numeric.isin([0, 1]).to_numpy()
+    if bad.any():
+        sample = values[bad].unique()[:5].tolist()
+        raise DataError(f"{path}: column {column!r} must hold only 0 or 1"
+                        f"{' (or be empty)' if allow_missing else ''}; found {sample}")  # fmt: skip
+    return np.where(missing, -1, numeric.to_numpy(dtype=np.float64)).astype(np.int64)
+
+
+def _float(x: float) -> float | None:
+    """JSON-safe float: None for NaN."""
+    return None if math.isnan(x) else float(x)
+
+
+def _group_report(ev: Evaluation, excluded: int) -> dict[str, Any]:
+    g = ev.groups
+    per_group = {}
+    for i, name in enumerate(ev.attribute.groups):
+        per_group[name] = {
+            "samples": int(g.samples[i]),
+            "labelled": int(g.labelled[i]),
+            "selection_rate": _float(g.selection_rate[i]),
+            "selection_rate_ci": [_float(g.selection_rate_ci[0][i]), _float(g.selection_rate_ci[1][i])],
+            "true_positive_rate": _float(g.true_positive_rate[i]),
+            "false_positive_rate": _float(g.false_positive_rate[i]),
+            "accuracy": _float(g.accuracy[i]),
+            "precision": _float(g.precision[i]),
+        }
+    return {"excluded_rows": excluded, "overall_selection_rate": _float(ev.overall.selection_rate[0]),
+            "groups": per_group}  # fmt: skip
+
+
+def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
+    out = []
+    groups = ev.attribute.groups
+    samples = ev.groups.samples
+    for spec in config.metrics:
+        value, lower, upper = ev.metric(spec.name)
+        sufficient = ev.sufficient(spec.name)
+        for k, (a, b) in enumerate(ev.attribute.pairs):
+            ok = bool(sufficient[k])
+            passed = ok and spec.passes(float(value[k]))
+            out.append({
+                "attribute": ev.attribute.name,
+                "metric": spec.name,
+                "groups": f"{groups[a]} vs {groups[b]}",
+                "dimension": f"{groups[a]}_vs_{groups[b]}",
+                "value": round(float(value[k]), 4) if ok else None,
+                "exact_value": _float(value[k]),
+                "ci_95": [_float(lower[k]), _float(upper[k])],
+                "threshold": spec.threshold,
+                "passed": passed,
+                "status": "insufficient_samples" if not ok else ("pass" if passed else "fail"),
+                "severity": spec.severity,
+                "samples": {groups[a]: int(samples[a]), groups[b]: int(samples[b])},
+            })  # fmt: skip
+    return out
+
+
+def run_audit(
+    config: Config | str | Path,
+    predictions: pd.DataFrame | str | Path,
+    *,
+    override: Override | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Audit a predictions file against a config; return the JSON-ready report.
+
+    Raises ConfigError or DataError (both ValueError) for input that cannot be audited.
+    """
+    if not isinstance(config, Config):
+        config = load_config(config)
+    data_path: Path | None = None
+    if not isinstance(predictions, pd.DataFrame):
+        data_path = Path(predictions)
+        if not data_path.is_file():
+            raise DataError(f"{data_path}: no such predictions file")
+        predictions = read_predictions(data_path)
+    path_name = data_path or Path("<predictions>")
+    if predictions.empty:
+        raise DataError(f"{path_name}: the predictions have no rows")
+
+    needs_labels = any(m.name == "equalised_odds_difference" for m in config.metrics)
+    required = [config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
+    if needs_labels:
+        required.append(config.label_column)
+    missing = [c for c in required if c not in predictions.columns]
+    if missing:
+        raise DataError(f"{path_name}: missing column(s) {missing}; the file has {list(predictions.columns)}"
+                        + (" (equalised_odds_difference needs the label column)"
+                           if config.label_column in missing else ""))  # fmt: skip
+    y_pred = _binary(predictions, config.prediction_column, path_name, allow_missing=False)
+    y_true = (_binary(predictions, config.label_column, path_name, allow_missing=True)
+              if config.label_column in predictions.columns else None)  # fmt: skip
+
+    all_counts = frame_counts(config, predictions, y_pred, y_true)
+    attributes: dict[str, Any] = {}
+    results: list[dict[str, Any]] = []
+    for attribute in config.attributes:
+        counts, excluded = all_counts[attribute.name]
+        ev = evaluate(attribute, counts, config.min_samples)
+        attributes[attribute.name] = _group_report(ev, excluded)
+        results.extend(_results(config, ev))
+
+    failed = [r for r in results if not r["passed"]]
+    blocking = [r for r in failed if r["severity"] == "blocking"]
+    verdict = "FAIL" if blocking else "PASS"
+    override_record = None
+    if override is not None and blocking:
+        verdict = "OVERRIDDEN"
+        override_record = {"justification": override.justification.strip(), "author": override.author.strip(),
+                           "overridden_failures": len(blocking)}  # fmt: skip
+    timestamp = (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
+    return {
+        "model_id": config.model_id,
+        "timestamp": timestamp,
+        "tool": f"fairness-exporter {__version__}",
+        "config_file": config.source,
+        "config_sha256": sha256_file(Path(config.source)) if Path(config.source).is_file() else None,
+        "data_file": str(data_path) if data_path else None,
+        "data_sha256": sha256_file(data_path) if data_path else None,
+        "rows": len(predictions),
+        "min_samples": config.min_samples,
+        "total_tests": len(results),
+        "passed": len(results) - len(failed),
+        "failed": len(failed),
+        "blocking_failures": len(blocking),
+        "warning_failures": len(failed) - len(blocking),
+        "insufficient_samples": sum(r["status"] == "insufficient_samples" for r in results),
+        "verdict": verdict,
+        "override": override_record,
+        "attributes": attributes,
+        "results": results,
+    }
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """0 when the model may ship (no blocking failure, or an override), 1 otherwise."""
+    return 1 if report["verdict"] == "FAIL" else 0

@@ -1,0 +1,118 @@
+"""The ``fairness-exporter`` command: ``audit``, ``audit-log verify``, ``serve`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from exporter import __version__, audit_log
+from exporter.audit import DataError, Override, exit_code, run_audit, sha256_file
+from exporter.config import ConfigError
+
+EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
+DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
+SUMMARY_LINES = 15
+
+
+def _file_facts(path: str) -> dict[str, Any]:
+    p = Path(path)
+    return {"file": path, "sha256": sha256_file(p) if p.is_file() else None}
+
+
+def _summary(report: dict[str, Any]) -> str:
+    lines = [f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} passed, "
+             f"{report['blocking_failures']} blocking, {report['warning_failures']} warning, "
+             f"{report['insufficient_samples']} with insufficient samples"]  # fmt: skip
+    failures = [r for r in report["results"] if not r["passed"]]
+    for r in failures[:SUMMARY_LINES]:
+        value = "n/a" if r["value"] is None else r["value"]
+        lines.append(f"  {r['status'].upper():<21} {r['severity']:<8} {r['attribute']} {r['metric']} "
+                     f"{r['groups']}: {value} (threshold {r['threshold']}, samples {r['samples']})")  # fmt: skip
+    if len(failures) > SUMMARY_LINES:
+        lines.append(f"  ... and {len(failures) - SUMMARY_LINES} more in the JSON report")
+    return "\n".join(lines)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
+    log_path = args.audit_log
+    override = None
+    if args.override_justification is not None or args.override_author is not None:
+        override = Override(args.override_justification or "", args.override_author or "")
+    try:
+        if override and override.problems():
+            raise ConfigError("; ".join(override.problems()))
+        report = run_audit(args.config, args.predictions, override=override)
+    except (ConfigError, DataError) as exc:
+        audit_log.append(log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
+                                    "data": _file_facts(args.predictions)})  # fmt: skip
+        print(f"fairness-exporter audit: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    head = audit_log.append(log_path, {"type": "audit", "timestamp": report["timestamp"],
+                                       "model_id": report["model_id"], "verdict": report["verdict"],
+                                       "config": _file_facts(args.config), "data": _file_facts(args.predictions),
+                                       "override": report["override"], "report": report})  # fmt: skip
+    report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
+    text = json.dumps(report, indent=2, allow_nan=False)
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(text + "\n")
+    print(text)
+    print(_summary(report), file=sys.stderr)
+    return exit_code(report)
+
+
+def cmd_audit_log_verify(args: argparse.Namespace) -> int:
+    """Verify a hash-chained audit log; exit 1 when it was tampered with."""
+    try:
+        count, problems = audit_log.verify(args.path, expect_head=args.expect_head)
+    except OSError as exc:
+        print(f"fairness-exporter audit-log verify: {args.path}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if problems:
+        print(f"{args.path}: TAMPERED ({len(problems)} problem(s) in {count} records)", file=sys.stderr)
+        for p in problems:
+            print(f"  {p}", file=sys.stderr)
+        return EXIT_BLOCKED
+    print(f"{args.path}: intact, {count} records")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="fairness-exporter", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
+    audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
+    audit.add_argument("predictions", help="parquet or CSV file with prediction, label and attribute columns")
+    audit.add_argument("--report", help="also write the JSON report to this file")
+    audit.add_argument("--audit-log", default=os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG),
+                       help="append-only, hash-chained log of every run "
+                            f"(default: $FAIRNESS_AUDIT_LOG or {DEFAULT_AUDIT_LOG})")  # fmt: skip
+    audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
+    audit.add_argument("--override-author", help="who takes responsibility for the override")
+    audit.set_defaults(func=cmd_audit)
+
+    log = sub.add_parser("audit-log", help="inspect the audit log")
+    log_sub = log.add_subparsers(dest="log_command", required=True)
+    verify = log_sub.add_parser("verify", help="detect edited, reordered or deleted records")
+    verify.add_argument("path")
+    verify.add_argument("--expect-head", help="the hash of the last record, as published by the last audit")
+    verify.set_defaults(func=cmd_audit_log_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

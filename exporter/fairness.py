@@ -1,0 +1,219 @@
+"""The counts-based fairness core: every metric is a function of per-group outcome counts.
+
+Pure functions, vectorised over groups, no I/O and no pandas. The audit gate and the daemon both reduce their
+data to a ``counts`` array of shape ``(n_groups, N_COUNTS)`` and call :func:`group_stats` and :func:`compare`, so
+CI and production can never disagree about what a number means.
+
+Columns of a counts array (one row per group):
+
+* ``PRED_POS`` / ``PRED_NEG`` -- every prediction, labelled or not, by predicted class;
+* ``TP`` / ``FP`` / ``TN`` / ``FN`` -- the labelled subset of those predictions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+PRED_POS, PRED_NEG, TP, FP, TN, FN = range(6)
+N_COUNTS: Final = 6
+COUNT_NAMES: Final = ("pred_pos", "pred_neg", "tp", "fp", "tn", "fn")
+
+Z_95: Final = 1.959963984540054  # two-sided 95% normal quantile
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+def _ratio(num: NDArray, den: NDArray) -> FloatArray:
+    """num / den elementwise, NaN where den is 0 (an empty group has no rate)."""
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    out = np.full(np.broadcast(num, den).shape, np.nan)
+    np.divide(num, den, out=out, where=den > 0)
+    return out
+
+
+def wilson_interval(successes: NDArray, trials: NDArray, z: float = Z_95) -> tuple[FloatArray, FloatArray]:
+    """Wilson score interval for a binomial proportion; NaN bounds where trials is 0."""
+    k = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(trials, dtype=np.float64)
+    p = _ratio(k, n)
+    z2 = z * z
+    with np.errstate(divide="ignore", invalid="ignore"):
+        denom = 1.0 + z2 / n
+        centre = (p + z2 / (2.0 * n)) / denom
+        half = z * np.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
+    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+
+
+def newcombe_interval(
+    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float = Z_95
+) -> tuple[FloatArray, FloatArray]:
+    """Newcombe's hybrid score interval (method 10) for p1 - p2, built from two Wilson intervals."""
+    p1, p2 = _ratio(k1, n1), _ratio(k2, n2)
+    l1, u1 = wilson_interval(k1, n1, z)
+    l2, u2 = wilson_interval(k2, n2, z)
+    d = p1 - p2
+    return d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + np.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+
+def abs_interval(lower: FloatArray, upper: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Map an interval for d onto the interval for |d| (0 is inside when the interval straddles it)."""
+    lo_abs, hi_abs = np.abs(lower), np.abs(upper)
+    straddles = (lower <= 0.0) & (upper >= 0.0)
+    return np.where(straddles, 0.0, np.minimum(lo_abs, hi_abs)), np.maximum(lo_abs, hi_abs)
+
+
+def ratio_interval(
+    k_num: NDArray, n_num: NDArray, k_den: NDArray, n_den: NDArray, z: float = Z_95
+) -> tuple[FloatArray, FloatArray]:
+    """Katz log interval for a ratio of two proportions, with a 0.5 correction where a count is 0."""
+    k_num, n_num, k_den, n_den = (np.asarray(a, dtype=np.float64) for a in (k_num, n_num, k_den, n_den))
+    zero = (k_num == 0) | (k_den == 0)
+    corr = np.where(zero, 0.5, 0.0)
+    a, b = k_num + corr, k_den + corr
+    na, nb = n_num + corr, n_den + corr
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_r = np.log(a / na) - np.log(b / nb)
+        se = np.sqrt(1.0 / a - 1.0 / na + 1.0 / b - 1.0 / nb)
+        return np.exp(log_r - z * se), np.exp(log_r + z * se)
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-group rates with their Wilson intervals; arrays aligned with the rows of the counts."""
+
+    samples: IntArray
+    labelled: IntArray
+    selection_rate: FloatArray
+    selection_rate_ci: tuple[FloatArray, FloatArray]
+    true_positive_rate: FloatArray
+    true_positive_rate_ci: tuple[FloatArray, FloatArray]
+    false_positive_rate: FloatArray
+    false_positive_rate_ci: tuple[FloatArray, FloatArray]
+    accuracy: FloatArray
+    precision: FloatArray
+
+
+def group_stats(counts: NDArray) -> GroupStats:
+    """Selection rate, TPR, FPR, accuracy and precision of every group, NaN where undefined."""
+    c = np.asarray(counts, dtype=np.int64)
+    samples = c[..., PRED_POS] + c[..., PRED_NEG]
+    labelled = c[..., TP] + c[..., FP] + c[..., TN] + c[..., FN]
+    positives = c[..., TP] + c[..., FN]
+    negatives = c[..., FP] + c[..., TN]
+    return GroupStats(
+        samples=samples,
+        labelled=labelled,
+        selection_rate=_ratio(c[..., PRED_POS], samples),
+        selection_rate_ci=wilson_interval(c[..., PRED_POS], samples),
+        true_positive_rate=_ratio(c[..., TP], positives),
+        true_positive_rate_ci=wilson_interval(c[..., TP], positives),
+        false_positive_rate=_ratio(c[..., FP], negatives),
+        false_positive_rate_ci=wilson_interval(c[..., FP], negatives),
+        accuracy=_ratio(c[..., TP] + c[..., TN], labelled),
+        precision=_ratio(c[..., TP], c[..., TP] + c[..., FP]),
+    )
+
+
+@dataclass(frozen=True)
+class Comparisons:
+    """Pairwise fairness metrics for pairs (a[i], b[i]) of group rows, each with a 95% interval."""
+
+    group_a: IntArray
+    group_b: IntArray
+    demographic_parity_difference: FloatArray
+    demographic_parity_difference_ci: tuple[FloatArray, FloatArray]
+    equalised_odds_difference: FloatArray
+    equalised_odds_difference_ci: tuple[FloatArray, FloatArray]
+    disparate_impact_ratio: FloatArray
+    disparate_impact_ratio_ci: tuple[FloatArray, FloatArray]
+    min_samples: IntArray
+    """The smaller group's number of predictions: the basis of the sufficiency check."""
+    min_labelled: IntArray
+
+
+def _abs_difference(
+    k: NDArray, n: NDArray, a: IntArray, b: IntArray
+) -> tuple[FloatArray, tuple[FloatArray, FloatArray]]:
+    """|rate_a - rate_b| of the pairs with its Newcombe interval."""
+    diff = np.abs(_ratio(k[a], n[a]) - _ratio(k[b], n[b]))
+    return diff, abs_interval(*newcombe_interval(k[a], n[a], k[b], n[b]))
+
+
+def compare(counts: NDArray, group_a: NDArray, group_b: NDArray) -> Comparisons:
+    """Demographic parity difference, equalised odds difference and disparate impact ratio of each pair.
+
+    * demographic parity difference: ``|SR_a - SR_b|``;
+    * equalised odds difference: ``max(|TPR_a - TPR_b|, |FPR_a - FPR_b|)``; its interval is the max of the two
+      component intervals' bounds (a conservative envelope, exact when one component dominates);
+    * disparate impact ratio: ``min(SR_a, SR_b) / max(SR_a, SR_b)``, 0 when both rates are 0 (nobody selected
+      anywhere is reported as total disparity, never as parity), with a Katz log-ratio interval capped at 1.
+    """
+    c = np.asarray(counts, dtype=np.int64)
+    a = np.asarray(group_a, dtype=np.int64)
+    b = np.asarray(group_b, dtype=np.int64)
+    samples = c[:, PRED_POS] + c[:, PRED_NEG]
+    labelled = c[:, TP] + c[:, FP] + c[:, TN] + c[:, FN]
+
+    dpd, dpd_ci = _abs_difference(c[:, PRED_POS], samples, a, b)
+    dtpr, (tpr_lo, tpr_hi) = _abs_difference(c[:, TP], c[:, TP] + c[:, FN], a, b)
+    dfpr, (fpr_lo, fpr_hi) = _abs_difference(c[:, FP], c[:, FP] + c[:, TN], a, b)
+    eod = np.maximum(dtpr, dfpr)  # NaN (undefined) when either group lacks labelled positives or negatives
+
+    rate = _ratio(c[:, PRED_POS], samples)
+    a_is_low = rate[a] <= rate[b]
+    low = np.where(a_is_low, a, b)
+    high = np.where(a_is_low, b, a)
+    both_zero = (rate[a] == 0.0) & (rate[b] == 0.0)
+    di = np.where(both_zero, 0.0, _ratio(c[low, PRED_POS] * samples[high], c[high, PRED_POS] * samples[low]))
+    di_lo, di_hi = ratio_interval(c[low, PRED_POS], samples[low], c[high, PRED_POS], samples[high])
+
+    return Comparisons(
+        group_a=a,
+        group_b=b,
+        demographic_parity_difference=dpd,
+        demographic_parity_difference_ci=dpd_ci,
+        equalised_odds_difference=eod,
+        equalised_odds_difference_ci=(np.maximum(tpr_lo, fpr_lo), np.maximum(tpr_hi, fpr_hi)),
+        disparate_impact_ratio=di,
+        disparate_impact_ratio_ci=(np.clip(di_lo, 0.0, 1.0), np.clip(di_hi, 0.0, 1.0)),
+        min_samples=np.minimum(samples[a], samples[b]),
+        min_labelled=np.minimum(labelled[a], labelled[b]),
+    )
+
+
+def counts_from_arrays(
+    codes: NDArray, n_groups: int, y_pred: NDArray, y_true: NDArray | None = None
+) -> IntArray:
+    """Reduce per-row group codes (``-1`` = excluded), predictions and optional labels (``-1`` = unlabelled).
+
+    >>> counts_from_arrays(np.array([0, 0, 1]), 2, np.array([1, 0, 1]), np.array([1, 1, -1])).tolist()
+    [[1, 1, 1, 0, 0, 1], [1, 0, 0, 0, 0, 0]]
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    y_true = np.full_like(y_pred, -1) if y_true is None else np.asarray(y_true, dtype=np.int64)
+    keep = codes >= 0
+    codes, y_pred, y_true = codes[keep], y_pred[keep], y_true[keep]
+    # outcome index per row: PRED_POS/PRED_NEG always, plus TP/FP/TN/FN when labelled
+    predicted = np.where(y_pred == 1, PRED_POS, PRED_NEG)
+    out = np.bincount(codes * N_COUNTS + predicted, minlength=n_groups * N_COUNTS)
+    labelled = y_true >= 0
+    outcome = np.select(
+        [(y_pred == 1) & (y_true == 1), (y_pred == 1) & (y_true == 0), (y_pred == 0) & (y_true == 0)],
+        [TP, FP, TN],
+        default=FN,
+    )[labelled]
+    out += np.bincount(codes[labelled] * N_COUNTS + outcome, minlength=n_groups * N_COUNTS)
+    return out.reshape(n_groups, N_COUNTS).astype(np.int64)
+
+
+def metric_values(comparisons: Comparisons, metric: str) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(value, lower, upper) arrays of one named pairwise metric."""
+    lower, upper = getattr(comparisons, f"{metric}_ci")
+    return getattr(comparisons, metric), lower, upper

@@ -1,0 +1,1 @@
+"""Shared fixtures: see tests/tooling.py for how missing tools are handled."""
