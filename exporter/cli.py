@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 from exporter import __version__, audit_log
 from exporter.audit import DataError, Override, exit_code, run_audit, sha256_file
-from exporter.config import ConfigError
+from exporter.config import ConfigError, load_config
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
@@ -82,6 +83,35 @@ def cmd_audit_log_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet = max(logging.WARNING, logging.getLevelName(level.upper()))
+    for noisy in ("kafka", "apscheduler"):
+        logging.getLogger(noisy).setLevel(quiet)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the monitoring daemon until SIGTERM/SIGINT."""
+    from exporter.daemon import Daemon
+
+    _configure_logging(args.log_level)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"fairness-exporter serve: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    Daemon(config).run_forever()
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """A local broker, synthetic traffic that drifts into bias, and the daemon; Ctrl-C stops all three."""
+    from exporter.demo import run_demo
+
+    _configure_logging(args.log_level)
+    return run_demo(port=args.port, rate=args.rate, drift_after=args.drift_after)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="fairness-exporter", description=__doc__)
@@ -105,6 +135,19 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("path")
     verify.add_argument("--expect-head", help="the hash of the last record, as published by the last audit")
     verify.set_defaults(func=cmd_audit_log_verify)
+
+    serve = sub.add_parser("serve", help="run the monitoring daemon (Kafka in, Prometheus /metrics out)")
+    serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=cmd_serve)
+
+    demo = sub.add_parser("demo", help="local broker + synthetic drifting traffic + the daemon")
+    demo.add_argument("--port", type=int, default=9108, help="metrics port (default 9108)")
+    demo.add_argument("--rate", type=float, default=200.0, help="synthetic events per second (default 200)")
+    demo.add_argument("--drift-after", type=float, default=180.0,
+                      help="seconds of fair traffic before women's selection rate drops (default 180)")
+    demo.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 

@@ -1,0 +1,82 @@
+"""The daemon's own instrumentation (direct, unlike the computed fairness values) and bounded-rate logging."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+
+from exporter import __version__
+from exporter.events import REJECT_REASONS
+
+LABEL_EXPIRY_REASONS = ("never_labelled", "prediction_outside_window", "unknown_prediction", "duplicate_label",
+                        "invalid_label_event", "pending_state_full")  # fmt: skip
+
+
+class Health:
+    """Counters and gauges of the daemon's own work, registered on the registry it is given."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        kw = {"registry": registry}
+        self.consumed = Counter("fairness_exporter_events_consumed", "Kafka messages read from the events topic.", **kw)
+        self.rejected = Counter("fairness_exporter_events_rejected",
+                                "Events rejected as invalid, by reason; never counted in any window.",
+                                ["reason"], **kw)  # fmt: skip
+        self.late = Counter("fairness_exporter_events_late",
+                            "Events older than the longest window plus allowed_lateness, dropped.", **kw)
+        self.ignored = Counter("fairness_exporter_events_ignored", "Events of other model ids, ignored.", **kw)
+        self.dead_lettered = Counter("fairness_exporter_events_dead_lettered",
+                                     "Rejected events forwarded to the dead-letter topic.", **kw)
+        self.labels_joined = Counter("fairness_exporter_labels_joined",
+                                     "Delayed labels joined to their prediction and counted.", **kw)
+        self.labels_expired = Counter("fairness_exporter_labels_expired",
+                                      "Predictions or labels that could not be joined, by reason.",
+                                      ["reason"], **kw)  # fmt: skip
+        self.pending_labels = Gauge("fairness_exporter_pending_predictions",
+                                    "Predictions held while waiting for their delayed label.", **kw)
+        self.lag = Gauge("fairness_exporter_consumer_lag_messages",
+                         "Messages between the partition's high watermark and the next offset to read.",
+                         ["topic", "partition"], **kw)  # fmt: skip
+        self.last_computation = Gauge("fairness_exporter_last_computation_timestamp_seconds",
+                                      "Unix time of the last successful fairness computation.", **kw)
+        self.computation_duration = Gauge("fairness_exporter_computation_duration_seconds",
+                                          "Duration of the last fairness computation.", **kw)
+        self.computation_errors = Counter("fairness_exporter_computation_errors",
+                                          "Fairness computations that failed.", **kw)
+        self.last_checkpoint = Gauge("fairness_exporter_last_checkpoint_timestamp_seconds",
+                                     "Unix time of the last durable checkpoint (0: checkpoints disabled).", **kw)
+        self.consumer_errors = Counter("fairness_exporter_consumer_errors",
+                                       "Errors talking to Kafka (the consumer retries).", **kw)
+        Info("fairness_exporter_build", "Build information.", **kw).info({"version": __version__})
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        for reason in LABEL_EXPIRY_REASONS:
+            self.labels_expired.labels(reason)
+
+
+class RateLimitedLog:
+    """Log at most ``per_minute`` messages per key per minute, then a count of what was suppressed."""
+
+    def __init__(self, logger: logging.Logger, per_minute: int = 10) -> None:
+        self.logger = logger
+        self.per_minute = per_minute
+        self._window: dict[str, tuple[float, int]] = {}
+
+    def warning(self, key: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        start, count = self._window.get(key, (now, 0))
+        if now - start >= 60:
+            if count > self.per_minute:
+                self.logger.warning("%s: %d more messages suppressed in the last minute", key,
+                                    count - self.per_minute)  # fmt: skip
+            start, count = now, 0
+        self._window[key] = (start, count + 1)
+        if count < self.per_minute:
+            self.logger.warning(message, *args)
+
+    def reasons(self, counts: Iterable[tuple[str, int]], context: str) -> None:
+        """Log a batch's rejections, one line per reason."""
+        for reason, n in counts:
+            self.warning(reason, "rejected %d event(s) in %s: %s", n, context, reason)

@@ -1,0 +1,179 @@
+"""The Kafka edge: poll batches on one thread, hand them over, commit only the offsets the daemon says are safe.
+
+kafka-python's consumer is not thread-safe, so everything that touches it (poll, seek, commit, lag) happens on
+this thread; other threads only *request* a commit. A broker that goes away is retried by kafka-python itself;
+errors that escape it are counted and the consumer is rebuilt with a backoff, never crashing the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from exporter.config import KafkaConfig
+from exporter.health import Health
+
+log = logging.getLogger(__name__)
+
+Offsets = dict[tuple[str, int], int]
+"""Next offset to read, per (topic, partition)."""
+
+MAX_RECORDS = 20_000
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, source: KafkaSource) -> None:
+        self.source = source
+
+    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.source.commit_now()
+
+    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.source.seek_to_resume(assigned)
+
+
+class KafkaSource:
+    """Consumes the events topic (and the labels topic, if any) and calls ``handle(topic, partition, records)``."""
+
+    def __init__(
+        self, kafka: KafkaConfig, handle: Callable[[str, int, list[Any]], None], health: Health,
+        resume_offsets: Mapping[tuple[str, int], int] | None = None, manual_assignment: bool = False,
+        commit_interval: float | None = 5.0, safe_offsets: Callable[[], Offsets] | None = None,
+    ) -> None:  # fmt: skip
+        """``commit_interval``: commit ``safe_offsets()`` that often (None: only on ``request_commit``)."""
+        self.kafka = kafka
+        self.topics = [t for t in (kafka.topic, kafka.labels_topic) if t]
+        self.handle = handle
+        self.health = health
+        self.resume = dict(resume_offsets or {})
+        self.manual = manual_assignment
+        self.commit_interval = commit_interval
+        self.safe_offsets = safe_offsets or (lambda: {})
+        self.consumer: KafkaConsumer | None = None
+        self.positions: Offsets = {}
+        self.assigned = threading.Event()
+        self._stop = threading.Event()
+        self._requested: Offsets | None = None
+        self._thread = threading.Thread(target=self._run, name="kafka-source", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def request_commit(self, offsets: Offsets) -> None:
+        """Ask the consumer thread to commit these offsets (e.g. once a checkpoint covering them is durable)."""
+        self._requested = dict(offsets)
+
+    def _connect(self) -> KafkaConsumer:
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.kafka.bootstrap_servers.split(","),
+            group_id=self.kafka.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=self.kafka.auto_offset_reset,
+            max_poll_records=MAX_RECORDS,
+            client_id=f"fairness-exporter-{self.kafka.group_id}",
+            **self.kafka.client,
+        )
+        if self.manual:
+            partitions = []
+            for topic in self.topics:
+                ids = consumer.partitions_for_topic(topic)
+                deadline = time.monotonic() + 30
+                while not ids and time.monotonic() < deadline and not self._stop.is_set():
+                    time.sleep(0.2)
+                    ids = consumer.partitions_for_topic(topic)
+                if not ids:
+                    raise KafkaError(f"topic {topic!r} has no partitions (does it exist?)")
+                partitions += [TopicPartition(topic, p) for p in sorted(ids)]
+            consumer.assign(partitions)
+            self.seek_to_resume(partitions, consumer)
+        else:
+            consumer.subscribe(self.topics, listener=_Rebalance(self))
+        return consumer
+
+    def seek_to_resume(self, partitions: list[TopicPartition], consumer: KafkaConsumer | None = None) -> None:
+        """Start each partition after the last record this process counted, else at its checkpointed offset,
+        else at Kafka's committed offset (a rebuilt consumer must not count anything twice)."""
+        consumer = consumer or self.consumer
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            offset = self.positions.get(key, self.resume.get(key))
+            if offset is not None and consumer is not None:
+                consumer.seek(tp, offset)
+        if partitions:
+            self.assigned.set()
+
+    def commit_now(self) -> None:
+        """Commit the offsets requested (checkpoint mode) or the safe ones (plain mode), on this thread."""
+        if self.consumer is None:
+            return
+        offsets = self._requested if self._requested is not None else (
+            self.safe_offsets() if self.commit_interval is not None else None)  # fmt: skip
+        if not offsets:
+            return
+        self._requested = None
+        self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+
+    def _poll_once(self) -> None:
+        assert self.consumer is not None
+        batches = self.consumer.poll(timeout_ms=500, max_records=MAX_RECORDS)
+        for tp, records in batches.items():
+            if tp.topic == self.kafka.topic:
+                self.health.consumed.inc(len(records))
+            self.handle(tp.topic, tp.partition, records)
+            self.positions[(tp.topic, tp.partition)] = records[-1].offset + 1
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            position = self.positions.get((tp.topic, tp.partition))
+            if high is not None and position is not None:
+                self.health.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - position))
+        if batches or self.consumer.assignment():
+            self.assigned.set()
+
+    def _run(self) -> None:
+        backoff = 1.0
+        last_commit = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if self.consumer is None:
+                    self.consumer = self._connect()
+                    backoff = 1.0
+                self._poll_once()
+                due = self.commit_interval is not None and time.monotonic() - last_commit >= self.commit_interval
+                if self._requested is not None or due:
+                    self.commit_now()
+                    last_commit = time.monotonic()
+            except Exception as exc:
+                self.health.consumer_errors.inc()
+                log.warning("Kafka consumer error (%s: %s); retrying in %.0fs", type(exc).__name__, exc, backoff)
+                self._close()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+        try:
+            self.commit_now()
+        except Exception as exc:
+            log.warning("final commit failed: %s", exc)
+        self._close()
+
+    def _close(self) -> None:
+        if self.consumer is not None:
+            try:
+                self.consumer.close(autocommit=False)
+            except Exception:
+                log.debug("error closing the consumer", exc_info=True)
+            self.consumer = None

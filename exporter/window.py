@@ -1,0 +1,146 @@
+"""Event-time sliding windows as a ring of fixed-width buckets of per-subgroup counts (never raw rows).
+
+The state is one int64 array of shape ``(n_buckets, n_rows, N_COUNTS)``: a row per subgroup of every attribute
+(attributes laid end to end), a bucket per ``bucket`` seconds, as many buckets as the longest window plus the
+allowed lateness. Memory is independent of traffic; a window is the sum of its last buckets.
+
+Time: the head is the later of the wall clock and the newest event seen. An event is *late*, counted and
+dropped, when its bucket has left the ring (older than the longest window plus ``allowed_lateness``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from exporter.config import Config
+from exporter.fairness import FN, FP, N_COUNTS, PRED_NEG, PRED_POS, TN, TP
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each attribute's subgroups live among the rows of the state."""
+
+    names: tuple[str, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, config: Config) -> Layout:
+        sizes = tuple(len(a.groups) for a in config.attributes)
+        offsets = tuple(int(x) for x in np.cumsum((0, *sizes))[:-1])
+        return cls(tuple(a.name for a in config.attributes), offsets, sizes)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(self.sizes)
+
+    def split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Cut a ``(n_rows, ...)`` array into one block per attribute."""
+        return {n: rows[o : o + s] for n, o, s in zip(self.names, self.offsets, self.sizes, strict=True)}
+
+
+def outcome_columns(predictions: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per event: the predicted-class column, and the TP/FP/TN/FN column (-1 when unlabelled)."""
+    predicted = np.where(predictions == 1, PRED_POS, PRED_NEG)
+    outcome = np.select(
+        [(predictions == 1) & (labels == 1), (predictions == 1) & (labels == 0),
+         (predictions == 0) & (labels == 0), (predictions == 0) & (labels == 1)],
+        [TP, FP, TN, FN], default=-1,
+    )  # fmt: skip
+    return predicted, outcome
+
+
+class WindowStore:
+    """The bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
+
+    def __init__(self, config: Config) -> None:
+        self.layout = Layout.of(config)
+        self.bucket_seconds = config.bucket_seconds
+        self.window_buckets = {w.name: round(w.seconds / config.bucket_seconds) for w in config.windows}
+        longest = max(w.seconds for w in config.windows)
+        self.n_buckets = math.ceil((longest + config.allowed_lateness_seconds) / config.bucket_seconds) + 1
+        self.counts = np.zeros((self.n_buckets, self.layout.n_rows, N_COUNTS), dtype=np.int64)
+        self.bucket_ids = np.full(self.n_buckets, -1, dtype=np.int64)  # absolute bucket held by each slot
+        self.totals = np.zeros((self.layout.n_rows, N_COUNTS), dtype=np.int64)  # never reset: for counters
+        self.head = -1  # absolute index of the newest bucket
+        self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
+        self.lock = threading.Lock()
+
+    def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
+        """Absolute bucket index of epoch-second timestamps."""
+        return np.floor(np.asarray(timestamps) / self.bucket_seconds).astype(np.int64)
+
+    def _advance(self, head: int) -> None:
+        if head > self.head:
+            self.head = head
+        stale = self.bucket_ids < self.head - self.n_buckets + 1
+        self.counts[stale] = 0
+        self.bucket_ids[stale] = -1
+
+    def add(
+        self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, labels: np.ndarray,
+        now: float, offsets: dict[tuple[str, int], int] | None = None,
+    ) -> int:  # fmt: skip
+        """Count a decoded batch and record the Kafka offsets it covers, atomically; return how many events
+        were late (and therefore not counted)."""
+        buckets = self.bucket_of(timestamps)
+        predicted, outcome = outcome_columns(predictions, labels)
+        with self.lock:
+            self._advance(max(int(self.bucket_of(np.array([now]))[0]), int(buckets.max(initial=-1))))
+            on_time = buckets > self.head - self.n_buckets
+            late = int((~on_time).sum())
+            self._count(buckets[on_time], {k: v[on_time] for k, v in codes.items()}, predicted[on_time], 1)
+            self._count_outcomes(buckets[on_time], {k: v[on_time] for k, v in codes.items()}, outcome[on_time], 1)
+            self.offsets.update(offsets or {})
+        return late
+
+    def add_labels(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> np.ndarray:
+        """Count late-arriving labels in their prediction's bucket; return a mask of those still in the ring."""
+        buckets = self.bucket_of(timestamps)
+        with self.lock:
+            in_ring = buckets > self.head - self.n_buckets
+            self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in codes.items()}, outcomes[in_ring], 1)
+        return in_ring
+
+    def _slots(self, buckets: np.ndarray) -> np.ndarray:
+        slots = buckets % self.n_buckets
+        # Every bucket passed here is within the ring, so its slot holds either this bucket or nothing:
+        # _advance already emptied the slots whose bucket left the ring.
+        self.bucket_ids[slots] = buckets
+        return slots
+
+    def _count(self, buckets: np.ndarray, codes: dict[str, np.ndarray], columns: np.ndarray, sign: int) -> None:
+        if not len(buckets):
+            return
+        slots = self._slots(buckets)
+        flat_counts = self.counts.reshape(-1)
+        flat_totals = self.totals.reshape(-1)
+        for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
+            rows = offset + codes[name]
+            np.add.at(flat_counts, (slots * self.layout.n_rows + rows) * N_COUNTS + columns, sign)
+            np.add.at(flat_totals, rows * N_COUNTS + columns, sign)
+
+    def _count_outcomes(
+        self, buckets: np.ndarray, codes: dict[str, np.ndarray], outcome: np.ndarray, sign: int
+    ) -> None:
+        labelled = outcome >= 0
+        self._count(buckets[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled], sign)
+
+    def window_counts(self, now: float) -> dict[str, np.ndarray]:
+        """Counts of every window ending at the head (advanced to ``now``), shape ``(n_rows, N_COUNTS)``."""
+        with self.lock:
+            self._advance(int(self.bucket_of(np.array([now]))[0]))
+            out = {}
+            for name, k in self.window_buckets.items():
+                mask = self.bucket_ids > self.head - k
+                out[name] = self.counts[mask].sum(axis=0)
+            return out
+
+    def totals_copy(self) -> np.ndarray:
+        """The monotonic totals since start (or since the checkpoint they were restored from)."""
+        with self.lock:
+            return self.totals.copy()
