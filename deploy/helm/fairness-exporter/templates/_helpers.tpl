@@ -1,0 +1,172 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "fairness-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name, prefixed to the chart name unless it already contains it. */}}
+{{- define "fairness-exporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "fairness-exporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "fairness-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fairness-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "fairness-exporter.labels" -}}
+helm.sh/chart: {{ include "fairness-exporter.chart" . }}
+{{ include "fairness-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fairness-exporter
+{{- end }}
+
+{{- define "fairness-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "fairness-exporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The port the daemon listens on: config.listen.port, which is also the container port. */}}
+{{- define "fairness-exporter.port" -}}
+{{- dig "listen" "port" 9108 .Values.config | int }}
+{{- end }}
+
+{{/* HTTPS when the daemon serves TLS (config.listen.tls_cert_file), for the probes and the ServiceMonitor. */}}
+{{- define "fairness-exporter.scheme" -}}
+{{- if dig "listen" "tls_cert_file" "" .Values.config }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
+{{/*
+The daemon's config file: .Values.config, with `checkpoint` set from the top-level `checkpoint` block so that the
+path in the config and the volume's mount path cannot disagree.
+*/}}
+{{- define "fairness-exporter.config" -}}
+{{- $config := deepCopy .Values.config }}
+{{- $_ := required "config.model_id is required: the model whose prediction events this daemon counts" $config.model_id }}
+{{- if not $config.protected_attributes }}
+{{- fail "config.protected_attributes is required: at least one {name, groups} entry (docs/contract.md)" }}
+{{- end }}
+{{- if hasKey $config "checkpoint" }}
+{{- fail "config.checkpoint is set by the chart: use checkpoint.enabled, checkpoint.path and checkpoint.interval instead" }}
+{{- end }}
+{{- if .Values.checkpoint.enabled }}
+{{- $_ := set $config "checkpoint" (dict "path" .Values.checkpoint.path "interval" .Values.checkpoint.interval) }}
+{{- end }}
+{{- toYaml $config }}
+{{- end }}
+
+{{/* The pod template shared by the Deployment and the StatefulSet. */}}
+{{- define "fairness-exporter.podTemplate" -}}
+metadata:
+  annotations:
+    checksum/config: {{ include "fairness-exporter.config" . | sha256sum }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  labels:
+    {{- include "fairness-exporter.labels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "fairness-exporter.serviceAccountName" . }}
+  automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  containers:
+    - name: fairness-exporter
+      image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"]
+      ports:
+        - name: metrics
+          containerPort: {{ include "fairness-exporter.port" . }}
+          protocol: TCP
+      {{- with .Values.env }}
+      env:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.envFrom }}
+      envFrom:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: metrics
+          scheme: {{ include "fairness-exporter.scheme" . }}
+        {{- toYaml .Values.livenessProbe | nindent 8 }}
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: metrics
+          scheme: {{ include "fairness-exporter.scheme" . }}
+        {{- toYaml .Values.readinessProbe | nindent 8 }}
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+      {{- with .Values.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: config
+          mountPath: /etc/fairness-exporter
+          readOnly: true
+        - name: tmp
+          mountPath: /tmp
+        {{- if .Values.checkpoint.enabled }}
+        - name: checkpoint
+          mountPath: {{ .Values.checkpoint.path }}
+        {{- end }}
+        {{- with .Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: config
+      configMap:
+        name: {{ include "fairness-exporter.fullname" . }}
+    - name: tmp
+      emptyDir: {}
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

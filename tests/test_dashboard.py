@@ -1,0 +1,217 @@
+"""deploy/grafana/fairness.json: valid, templated, and querying only the metrics docs/contract.md defines."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dashboard_queries import DEFAULT_VARIABLES, iter_panels, load_dashboard, panel_queries, substitute
+from tooling import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT / "docs" / "contract.md"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                "offset", "atan2", "inf", "nan"}  # fmt: skip
+
+
+def contract_metric_names(text: str) -> set[str]:
+    """Backticked metric names of the contract's "Metrics on /metrics" bullets.
+
+    A bullet names its metrics before its em dash ("- `a`, `b{label}` — what they mean"); `_lower`/`_upper`
+    after the dash add those suffixes to the bullet's metrics.
+    """
+    section = text.split("## Metrics on /metrics", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if not line.startswith("- "):
+            continue
+        head, _, tail = line.partition(" — ")
+        bullet = {token.split("{")[0] for token in re.findall(r"`([^`]+)`", head)}
+        bullet = {name for name in bullet if METRIC_NAME.fullmatch(name)}
+        suffixes = [s for s in ("_lower", "_upper") if f"`{s}`" in tail]
+        names |= bullet | {name + suffix for name in bullet for suffix in suffixes}
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers but functions, keywords and labels."""
+    text = re.sub(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`[^`]*`", '""', expr)
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w:.])[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+        is_call = text[match.end() :].lstrip().startswith("(")
+        if not is_call and match.group().lower() not in PROMQL_WORDS:
+            names.add(match.group())
+    return names
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return load_dashboard()
+
+
+@pytest.fixture(scope="module")
+def contract_metrics() -> set[str]:
+    return contract_metric_names(CONTRACT.read_text())
+
+
+def variable(dashboard: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [v for v in dashboard["templating"]["list"] if v["name"] == name]
+    return found
+
+
+def panel(dashboard: dict[str, Any], title: str) -> dict[str, Any]:
+    (found,) = [p for p in iter_panels(dashboard) if p["title"] == title]
+    return found
+
+
+def test_contract_parser_finds_the_metrics_and_interval_bounds(contract_metrics: set[str]) -> None:
+    assert {
+        "model_positive_prediction_rate",
+        "model_positive_prediction_rate_upper",
+        "model_disparate_impact_ratio_lower",
+        "fairness_labelled_predictions_total",
+        "fairness_exporter_labels_expired_total",
+        "fairness_exporter_consumer_lag_messages",
+        "up",
+    } <= contract_metrics
+    not_metrics = {"model_id", "malformed_json", "model_comparison_insufficient_samples_lower"}
+    assert not not_metrics & contract_metrics
+
+
+def test_metric_names_skips_functions_labels_and_durations() -> None:
+    expr = 'sum by (reason) (rate(fairness_exporter_events_rejected_total{m="a"}[5m])) / on() vector(1e3)'
+    assert metric_names(expr) == {"fairness_exporter_events_rejected_total"}
+    assert metric_names("time() - fairness_exporter_last_computation_timestamp_seconds") == {
+        "fairness_exporter_last_computation_timestamp_seconds"
+    }
+
+
+def test_dashboard_has_identity_and_schema(dashboard: dict[str, Any]) -> None:
+    assert dashboard["uid"] == "fairness-exporter"
+    assert dashboard["title"]
+    assert isinstance(dashboard["schemaVersion"], int)
+
+
+def test_datasource_is_a_variable_used_by_every_query(dashboard: dict[str, Any]) -> None:
+    datasource = variable(dashboard, "datasource")
+    assert (datasource["type"], datasource["query"]) == ("datasource", "prometheus")
+    for each in iter_panels(dashboard):
+        assert each["datasource"] == DATASOURCE, each["title"]
+        assert all(target["datasource"] == DATASOURCE for target in each["targets"]), each["title"]
+
+
+@pytest.mark.parametrize("name", ["model_id", "attribute", "window"])
+def test_selection_variables_are_label_values_of_selection_rate(dashboard: dict[str, Any], name: str) -> None:
+    templated = variable(dashboard, name)
+    assert templated["type"] == "query"
+    assert templated["datasource"] == DATASOURCE
+    assert re.fullmatch(rf"label_values\(model_positive_prediction_rate(\{{[^}}]*\}})?, {name}\)",
+                        templated["definition"])  # fmt: skip
+    assert templated["query"]["query"] == templated["definition"]
+
+
+def test_every_panel_has_a_target_with_an_expr(dashboard: dict[str, Any]) -> None:
+    panels = list(iter_panels(dashboard))
+    assert len(panels) >= 12
+    for each in panels:
+        assert any(target.get("expr", "").strip() for target in each.get("targets", [])), each["title"]
+
+
+def test_panel_ids_are_unique_and_the_grid_does_not_overlap(dashboard: dict[str, Any]) -> None:
+    cells: dict[tuple[int, int], str] = {}
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for each in dashboard["panels"]:
+        grid = each["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, each["title"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, f"{each['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = each["title"]
+
+
+def test_every_expr_metric_is_in_the_contract(dashboard: dict[str, Any], contract_metrics: set[str]) -> None:
+    selectors = [
+        (f"variable {v['name']}", re.fullmatch(r"label_values\((.*), \w+\)", v["definition"]).group(1))
+        for v in dashboard["templating"]["list"]
+        if v["type"] == "query"
+    ]
+    used = {}
+    for title, expr in panel_queries() + selectors:
+        names = metric_names(expr)
+        assert names, f"{title}: no metric in {expr!r}"
+        used.update(dict.fromkeys(names, title))
+    unknown = {name: title for name, title in used.items() if name not in contract_metrics}
+    assert not unknown, f"metrics not in docs/contract.md: {unknown}"
+
+
+def test_queries_filter_on_the_selected_model_attribute_and_window(dashboard: dict[str, Any]) -> None:
+    for each in iter_panels(dashboard):
+        for target in each["targets"]:
+            if re.search(r"\bmodel_\w+\{", target["expr"]):
+                for name in ("model_id", "attribute", "window"):
+                    assert f'{name}="${name}"' in target["expr"], (each["title"], target["expr"])
+
+
+@pytest.mark.parametrize(
+    ("title", "metric", "threshold"),
+    [
+        ("Demographic parity difference", "model_demographic_parity_difference", 0.05),
+        ("Equalised odds difference", "model_equalised_odds_difference", 0.05),
+        ("Disparate impact ratio", "model_disparate_impact_ratio", 0.8),
+    ],
+)
+def test_gap_panels_draw_their_threshold_line(
+    dashboard: dict[str, Any], title: str, metric: str, threshold: float
+) -> None:
+    gap = panel(dashboard, title)
+    defaults = gap["fieldConfig"]["defaults"]
+    assert threshold in [step["value"] for step in defaults["thresholds"]["steps"]]
+    assert defaults["custom"]["thresholdsStyle"]["mode"] in {"line", "dashed", "line+area", "dashed+area"}
+    assert {metric, f"{metric}_lower", f"{metric}_upper"} <= set().union(
+        *(metric_names(t["expr"]) for t in gap["targets"])
+    )
+
+
+def test_dashboard_covers_fairness_samples_and_daemon_health(dashboard: dict[str, Any]) -> None:
+    used = set().union(*(metric_names(expr) for _, expr in panel_queries()))
+    assert {
+        "model_positive_prediction_rate",
+        "model_true_positive_rate",
+        "model_false_positive_rate",
+        "model_subgroup_samples",
+        "model_subgroup_labelled_samples",
+        "model_labelled_fraction",
+        "model_comparison_insufficient_samples",
+        "fairness_exporter_events_consumed_total",
+        "fairness_exporter_events_rejected_total",
+        "fairness_exporter_events_late_total",
+        "fairness_exporter_consumer_lag_messages",
+        "fairness_exporter_last_computation_timestamp_seconds",
+        "fairness_exporter_computation_duration_seconds",
+    } <= used
+
+
+def test_panel_queries_substitute_every_variable() -> None:
+    queries = panel_queries({"model_id": "credit-v1", "window": "24h"})
+    assert not any("$" in expr for _, expr in queries)
+    assert any('model_id="credit-v1"' in expr and 'window="24h"' in expr for _, expr in queries)
+    with pytest.raises(KeyError, match="unknown_var"):
+        substitute('up{x="$unknown_var"}', DEFAULT_VARIABLES)
+
+
+def test_every_expr_is_valid_promql(tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    rules = [{"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(panel_queries())]
+    rule_file = tmp_path / "dashboard-queries.rules.yaml"
+    rule_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([promtool, "check", "rules", str(rule_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
