@@ -1,0 +1,31 @@
+"""A small daemon config shared by the daemon's unit and integration tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.config import Config, parse_config
+
+
+def make_config(**overrides: Any) -> Config:
+    raw = {
+        "model_id": "m1",
+        "protected_attributes": [
+            {"name": "gender", "groups": ["male", "female"]},
+            {"name": "age", "groups": ["young", "old"]},
+        ],
+        "min_samples": 5,
+        "windows": ["1h", "24h"],
+        "bucket": "1m",
+        "allowed_lateness": "5m",
+        "evaluation_interval": "1s",
+        "listen": {"address": "127.0.0.1", "port": 0},
+        **overrides,
+    }
+    return parse_config(raw, "test-config")
+
+
+def event(gender: str = "male", age: str = "young", prediction: int = 1, ts: float | str = 1_800_000_000.0,
+          label: int | None = None, model_id: str = "m1", **extra: Any) -> dict[str, Any]:  # fmt: skip
+    return {"model_id": model_id, "prediction_id": extra.pop("prediction_id", "p"), "timestamp": ts,
+            "prediction": prediction, "label": label, "attributes": {"gender": gender, "age": age}, **extra}  # fmt: skip

@@ -1,0 +1,153 @@
+"""Windows slide in event time, late events are dropped and counted, and /metrics renders the snapshot."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import orjson
+import pandas as pd
+from prometheus_client import CollectorRegistry, generate_latest
+
+from daemon_config import event, make_config
+from exporter.audit import run_audit
+from exporter.collector import SnapshotCollector
+from exporter.compute import Computer
+from exporter.events import EventDecoder
+from exporter.health import Health
+from exporter.window import WindowStore
+
+T0 = 1_800_000_000.0  # a bucket boundary: 2027-01-15T08:00:00Z
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """Decoder + store + computer + collector on a fresh registry, driven by a fake clock."""
+
+    def __init__(self, **config: object) -> None:
+        self.config = make_config(**config)
+        self.clock = Clock(T0)
+        self.registry = CollectorRegistry()
+        self.health = Health(self.registry)
+        self.store = WindowStore(self.config)
+        self.computer = Computer(self.config, self.store, self.health, self.clock)
+        self.registry.register(SnapshotCollector(lambda: self.computer.latest, "1s"))
+        self.decoder = EventDecoder(self.config)
+
+    def feed(self, events: list[dict]) -> int:
+        batch = self.decoder.decode([orjson.dumps(e) for e in events], self.clock.now)
+        late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.labels, self.clock.now)
+        self.health.late.inc(late)
+        return late
+
+    def value(self, name: str, **labels: str) -> float | None:
+        self.computer.compute()
+        return self.registry.get_sample_value(name, {"model_id": "m1", **labels})
+
+
+def group_events(gender: str, positives: int, total: int, ts: float, **kw: object) -> list[dict]:
+    return [event(gender, prediction=int(i < positives), ts=ts, **kw) for i in range(total)]
+
+
+def test_rates_and_gaps_per_window() -> None:
+    h = Harness()
+    h.feed(group_events("male", 40, 100, T0 - 30) + group_events("female", 25, 100, T0 - 30))
+    labels = {"attribute": "gender", "window": "1h"}
+    assert h.value("model_positive_prediction_rate", subgroup="male", **labels) == 0.4
+    assert h.value("model_positive_prediction_rate", subgroup="overall", **labels) == 0.325
+    assert h.value("model_subgroup_samples", subgroup="female", **labels) == 100
+    pair = {**labels, "dimension": "male_vs_female", "group_a": "male", "group_b": "female"}
+    assert abs(h.value("model_demographic_parity_difference", **pair) - 0.15) < 1e-12
+    assert abs(h.value("model_disparate_impact_ratio", **pair) - 0.625) < 1e-12
+    lower = h.value("model_disparate_impact_ratio_lower", **pair)
+    upper = h.value("model_disparate_impact_ratio_upper", **pair)
+    assert lower < 0.625 < upper <= 1.0
+    assert h.value("model_comparison_insufficient_samples", metric="disparate_impact_ratio", **pair) == 0.0
+    # no labels: equalised odds is insufficient, so it is absent rather than a made-up number
+    assert h.value("model_equalised_odds_difference", **pair) is None
+    assert h.value("model_comparison_insufficient_samples", metric="equalised_odds_difference", **pair) == 1.0
+
+
+def test_window_slides_old_buckets_out() -> None:
+    h = Harness()
+    h.feed(group_events("male", 10, 10, T0 - 1800) + group_events("female", 0, 10, T0 - 1800))
+    h.clock.now = T0 + 2 * 3600  # 2.5 h after those events
+    h.feed(group_events("male", 5, 10, T0 + 2 * 3600 - 10) + group_events("female", 5, 10, T0 + 2 * 3600 - 10))
+    one_h = {"attribute": "gender", "window": "1h", "subgroup": "male"}
+    day = {**one_h, "window": "24h"}
+    assert h.value("model_positive_prediction_rate", **one_h) == 0.5  # only the new events
+    assert h.value("model_positive_prediction_rate", **day) == 0.75  # both batches
+    assert h.value("model_subgroup_samples", **day) == 20
+    h.clock.now = T0 + 27 * 3600  # everything has left even the 24h window
+    assert h.value("model_subgroup_samples", **day) == 0
+    assert h.value("model_positive_prediction_rate", **day) is None
+
+
+def test_late_events_are_counted_and_excluded() -> None:
+    h = Harness()
+    late = h.feed(group_events("male", 1, 3, T0 - 24 * 3600 - 6 * 60) + group_events("male", 1, 2, T0 - 60))
+    assert late == 3
+    assert h.registry.get_sample_value("fairness_exporter_events_late_total") == 3
+    assert h.value("model_subgroup_samples", attribute="gender", window="24h", subgroup="male") == 2
+    # within the allowed lateness (5m) beyond the longest window: accepted into its bucket, not late
+    assert h.feed(group_events("male", 1, 1, T0 - 24 * 3600 - 4 * 60)) == 0
+
+
+def test_below_min_samples_a_comparison_is_insufficient() -> None:
+    h = Harness()  # min_samples 5
+    h.feed(group_events("male", 4, 4, T0) + group_events("female", 0, 20, T0))
+    pair = {"attribute": "gender", "window": "1h", "dimension": "male_vs_female", "group_a": "male",
+            "group_b": "female"}  # fmt: skip
+    assert h.value("model_demographic_parity_difference", **pair) is None
+    assert h.value("model_comparison_insufficient_samples", metric="demographic_parity_difference", **pair) == 1.0
+    assert h.value("model_positive_prediction_rate", attribute="gender", window="1h", subgroup="male") == 1.0
+
+
+def test_outcome_counters_are_monotonic_and_survive_the_window() -> None:
+    h = Harness()
+    h.feed(group_events("female", 3, 5, T0, label=1))
+    h.clock.now = T0 + 30 * 3600
+    h.feed(group_events("female", 1, 2, T0 + 30 * 3600, label=0))
+    base = {"attribute": "gender", "subgroup": "female"}
+    assert h.value("fairness_predictions_total", predicted="1", **base) == 4
+    assert h.value("fairness_predictions_total", predicted="0", **base) == 3
+    assert h.value("fairness_labelled_predictions_total", outcome="tp", **base) == 3
+    assert h.value("fairness_labelled_predictions_total", outcome="fn", **base) == 2
+    assert h.value("fairness_labelled_predictions_total", outcome="fp", **base) == 1
+    assert h.value("model_subgroup_samples", attribute="gender", window="24h", subgroup="female") == 2
+
+
+def test_daemon_numbers_equal_the_audit_gate_on_the_same_rows() -> None:
+    rng = np.random.default_rng(7)
+    n = 2000
+    frame = pd.DataFrame({
+        "gender": rng.choice(["male", "female"], n), "age": rng.choice(["young", "old"], n),
+        "prediction": rng.integers(0, 2, n), "label": rng.integers(0, 2, n),
+    })  # fmt: skip
+    h = Harness(metrics=[{"name": m, "threshold": 0.5} for m in
+                         ("demographic_parity_difference", "equalised_odds_difference")])  # fmt: skip
+    h.feed([event(r.gender, r.age, int(r.prediction), ts=T0 - 5, label=int(r.label)) for r in frame.itertuples()])
+    report = run_audit(h.config, frame)
+    for r in report["results"]:
+        a, b = r["groups"].split(" vs ")
+        exported = h.value(f"model_{r['metric']}", attribute=r["attribute"], window="1h",
+                           dimension=f"{a}_vs_{b}", group_a=a, group_b=b)  # fmt: skip
+        assert exported == r["exact_value"]
+
+
+def test_metrics_page_has_help_and_no_timestamps() -> None:
+    h = Harness()
+    h.feed(group_events("male", 10, 40, T0) + group_events("female", 10, 40, T0))
+    h.computer.compute()
+    page = generate_latest(h.registry).decode()
+    assert "# HELP model_disparate_impact_ratio min/max of the two selection rates" in page
+    assert "Computed every 1s" in page
+    sample_lines = [line for line in page.splitlines() if line and not line.startswith("#")]
+    assert sample_lines and not [line for line in sample_lines if re.search(r"\} \S+ \S+$", line)]
