@@ -6,9 +6,7 @@ value and what would be accepted, so a user fixes a config in one round trip.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -96,6 +94,8 @@ class KafkaConfig:
     topic: str = "predictions"
     group_id: str = "fairness-exporter"
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    assignment: Literal["subscribe", "manual"] = "subscribe"
+    """subscribe: share partitions with the replicas of the consumer group; manual: read every partition."""
     labels_topic: str | None = None
     dead_letter_topic: str | None = None
     client: dict[str, Any] = field(default_factory=dict)
@@ -143,6 +143,7 @@ class Config:
     max_future_skew_seconds: float = 300
     evaluation_interval_seconds: float = 15
     label_horizon_seconds: float = 7 * 86400
+    max_pending_labels: int = 1_000_000
     listen_address: str = "0.0.0.0"
     listen_port: int = DEFAULT_PORT
     tls_cert_file: str | None = None
@@ -151,15 +152,15 @@ class Config:
     checkpoint_interval_seconds: float = 30
     source: str = "<config>"
 
-    def layout_fingerprint(self) -> str:
-        """A hash of everything the shape of the window state depends on (checkpoints must match it)."""
-        layout = {
+    def layout(self) -> dict[str, Any]:
+        """Everything the meaning and shape of the window state depend on (a checkpoint must match it)."""
+        return {
             "model_id": self.model_id,
-            "attributes": [[a.name, list(a.columns), list(a.groups)] for a in self.attributes],
-            "windows": [w.seconds for w in self.windows],
-            "bucket": self.bucket_seconds,
+            "attributes": {a.name: list(a.groups) for a in self.attributes},
+            "windows": [w.name for w in self.windows],
+            "bucket_seconds": self.bucket_seconds,
+            "allowed_lateness_seconds": self.allowed_lateness_seconds,
         }
-        return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class _Errors:
@@ -363,7 +364,7 @@ def _section(raw: dict[str, Any], key: str, errors: _Errors, allowed: set[str]) 
 _TOP_LEVEL: Final = {
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "min_samples",
     "unknown_values", "columns", "kafka", "events", "windows", "bucket", "allowed_lateness", "max_future_skew",
-    "evaluation_interval", "label_horizon", "listen", "checkpoint",
+    "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint",
 }  # fmt: skip
 
 
@@ -402,6 +403,8 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         errors.add("kafka", str(exc))
     if kafka.auto_offset_reset not in ("earliest", "latest"):
         errors.add("kafka.auto_offset_reset", f"{kafka.auto_offset_reset!r} is not one of earliest, latest")
+    if kafka.assignment not in ("subscribe", "manual"):
+        errors.add("kafka.assignment", f"{kafka.assignment!r} is not one of subscribe, manual")
     if not isinstance(kafka.client, dict):
         errors.add("kafka.client", f"{kafka.client!r} is not a mapping of kafka-python settings")
     threshold = _get(events_raw, "score_threshold", None, errors, "events.", float)
@@ -441,6 +444,7 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         max_future_skew_seconds=_get(raw, "max_future_skew", 300.0, errors, "", parse_duration),
         evaluation_interval_seconds=_get(raw, "evaluation_interval", 15.0, errors, "", parse_duration),
         label_horizon_seconds=_get(raw, "label_horizon", 7 * 86400.0, errors, "", parse_duration),
+        max_pending_labels=_get(raw, "max_pending_labels", 1_000_000, errors, "", _positive_int),
         listen_address=str(listen.get("address", "0.0.0.0")),
         listen_port=_get(listen, "port", DEFAULT_PORT, errors, "listen.", _port),
         tls_cert_file=listen.get("tls_cert_file"),

@@ -1,4 +1,5 @@
-"""The monitoring daemon: Kafka source -> decoder -> window store -> scheduled computation -> /metrics."""
+"""The monitoring daemon: Kafka source -> decoder -> window store (+ label join) -> scheduled computation ->
+/metrics, with checkpoints that let it restart without losing or double counting an event."""
 
 from __future__ import annotations
 
@@ -6,48 +7,66 @@ import logging
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import orjson
 from apscheduler.schedulers.background import BackgroundScheduler
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
+from exporter import checkpoint
 from exporter.collector import SnapshotCollector
 from exporter.compute import Computer
 from exporter.config import Config
 from exporter.events import EventDecoder
 from exporter.health import Health, RateLimitedLog
 from exporter.http import HttpServer, make_app
-from exporter.source import KafkaSource
+from exporter.labels import Joined, LabelJoin
+from exporter.source import KafkaSource, Offsets
 from exporter.window import WindowStore
 
 log = logging.getLogger(__name__)
+EXPIRY_EVERY_SECONDS = 10.0
 
 
 class Daemon:
     """Wires the parts together; ``start``/``stop`` for tests, ``run_forever`` for the command line."""
 
     def __init__(
-        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
-        manual_assignment: bool = False,
-    ) -> None:  # fmt: skip
+        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.config = config
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
         self.store = WindowStore(config)
         self.decoder = EventDecoder(config, keep_rejected=bool(config.kafka.dead_letter_topic))
+        self.labels = LabelJoin(len(config.attributes), config.label_horizon_seconds, config.max_pending_labels)
+        self.state_lock = threading.RLock()  # everything a checkpoint covers changes under this lock
+        self._last_expiry = 0.0
         self.computer = Computer(config, self.store, self.health, clock)
         every = f"{config.evaluation_interval_seconds:g}s"
         self.registry.register(SnapshotCollector(lambda: self.computer.latest, every))
         self.rejections = RateLimitedLog(log)
         self.dead_letters: KafkaProducer | None = None
-        self.source = KafkaSource(config.kafka, self.handle, self.health, manual_assignment=manual_assignment,
-                                  safe_offsets=self.safe_offsets)  # fmt: skip
+        self.checkpoint_file = (checkpoint.checkpoint_path(config.checkpoint_path, config.model_id)
+                                if config.checkpoint_path else None)  # fmt: skip
+        resume = self._restore() if self.checkpoint_file else {}
+        self.source = KafkaSource(
+            config.kafka, self.handle, self.health, resume_offsets=resume,
+            manual_assignment=config.kafka.assignment == "manual",
+            commit_interval=None if self.checkpoint_file else 5.0, safe_offsets=self.safe_offsets,
+            on_close=self.write_checkpoint if self.checkpoint_file else None,
+        )  # fmt: skip
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.scheduler.add_job(self.computer.run_scheduled, "interval", seconds=config.evaluation_interval_seconds,
                                id="compute", max_instances=1, coalesce=True)  # fmt: skip
+        if self.checkpoint_file:
+            self.scheduler.add_job(self._scheduled_checkpoint, "interval", seconds=config.checkpoint_interval_seconds,
+                                   id="checkpoint", max_instances=1, coalesce=True)  # fmt: skip
         self.http = HttpServer(make_app(self.registry, config.model_id, self.healthy, self.ready),
                                config.listen_address, config.listen_port,
                                config.tls_cert_file, config.tls_key_file)  # fmt: skip
@@ -57,17 +76,40 @@ class Daemon:
     def port(self) -> int:
         return self.http.port
 
-    def safe_offsets(self) -> dict[tuple[str, int], int]:
+    # --- ingest (consumer thread) ---------------------------------------------------------------------------
+
+    def safe_offsets(self) -> Offsets:
         """Offsets whose events are all counted in the store (what may be committed without a checkpoint)."""
-        with self.store.lock:
+        with self.state_lock:
             return dict(self.store.offsets)
 
     def handle(self, topic: str, partition: int, records: list[Any]) -> None:
-        """Decode, validate and count one partition's batch (called on the consumer thread)."""
+        """Decode, validate and count one partition's batch."""
         now = self.clock()
+        expired: Counter[str] = Counter()
+        with self.state_lock:
+            if topic == self.config.kafka.topic:
+                self._handle_predictions(topic, partition, records, now, expired)
+            else:
+                self._handle_labels(topic, partition, records, now, expired)
+            if now - self._last_expiry >= EXPIRY_EVERY_SECONDS:
+                self.labels.expire(now, expired)
+                self._last_expiry = now
+            self.health.pending_labels.set(len(self.labels.pending))
+        for reason, n in expired.items():
+            self.health.labels_expired.labels(reason).inc(n)
+
+    def _handle_predictions(self, topic: str, partition: int, records: list[Any], now: float,
+                            expired: Counter[str]) -> None:  # fmt: skip
         batch = self.decoder.decode([r.value for r in records], now)
         late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.labels, now,
                               offsets={(topic, partition): records[-1].offset + 1})  # fmt: skip
+        if self.config.kafka.labels_topic:
+            waiting = batch.labels < 0
+            codes = np.column_stack([batch.codes[a.name] for a in self.config.attributes])
+            ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
+            self._count_joined(self.labels.add_predictions(
+                ids, batch.timestamps[waiting], batch.predictions[waiting], codes[waiting], expired), expired)
         for reason, n in batch.rejected.items():
             self.health.rejected.labels(reason).inc(n)
         self.rejections.reasons(batch.rejected.items(), f"{topic}[{partition}]")
@@ -79,6 +121,33 @@ class Daemon:
         if batch.rejected_payloads:
             self._dead_letter(batch.rejected_payloads)
 
+    def _handle_labels(self, topic: str, partition: int, records: list[Any], now: float,
+                       expired: Counter[str]) -> None:  # fmt: skip
+        fields = self.config.events
+        ids, labels = [], []
+        for record in records:
+            try:
+                message = orjson.loads(record.value)
+            except (orjson.JSONDecodeError, TypeError):
+                message = None
+            pid = message.get(fields.prediction_id) if isinstance(message, dict) else None
+            label = message.get(fields.label) if isinstance(message, dict) else None
+            if pid is None or isinstance(label, str) or label not in (0, 1):
+                expired["invalid_label_event"] += 1
+                continue
+            ids.append(pid)
+            labels.append(int(label))
+        self._count_joined(self.labels.add_labels(ids, labels, now, expired), expired)
+        self.store.offsets[(topic, partition)] = records[-1].offset + 1
+
+    def _count_joined(self, joined: Joined, expired: Counter[str]) -> None:
+        if not len(joined):
+            return
+        codes = {a.name: joined.codes[:, i] for i, a in enumerate(self.config.attributes)}
+        outside = self.store.add_labels(joined.timestamps, codes, joined.outcomes)
+        self.health.labels_joined.inc(len(joined) - outside)
+        expired["prediction_outside_window"] += outside
+
     def _dead_letter(self, payloads: list[tuple[bytes, str]]) -> None:
         topic = self.config.kafka.dead_letter_topic
         if self.dead_letters is None:
@@ -87,6 +156,44 @@ class Daemon:
         for value, reason in payloads:
             self.dead_letters.send(topic, value=value or b"", headers=[("reason", reason.encode())])
         self.health.dead_lettered.inc(len(payloads))
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
+
+    def _restore(self) -> Offsets:
+        assert self.checkpoint_file is not None
+        loaded = checkpoint.read(self.checkpoint_file, self.config.layout())
+        if loaded is None:
+            log.info("no checkpoint at %s: starting with an empty window", self.checkpoint_file)
+            return {}
+        meta, arrays = loaded
+        offsets = {(t, int(p)): int(o) for t, p, o in meta["offsets"]}
+        self.store.restore(arrays, offsets)
+        self.labels.restore(arrays)
+        log.info("restored checkpoint %s written at %s: %d partitions, %d pending predictions",
+                 self.checkpoint_file, meta["written_at"], len(offsets), len(self.labels.pending))  # fmt: skip
+        return offsets
+
+    def write_checkpoint(self) -> Offsets:
+        """Write a durable checkpoint of the counts, pending labels and offsets; then ask Kafka to commit them."""
+        assert self.checkpoint_file is not None
+        with self.state_lock:
+            arrays = {**self.store.state(), **self.labels.state()}
+            offsets = dict(self.store.offsets)
+        written_at = self.clock()
+        checkpoint.write(self.checkpoint_file, {"layout": self.config.layout(), "written_at": written_at,
+                                                "offsets": [[t, p, o] for (t, p), o in offsets.items()]},
+                         arrays)  # fmt: skip
+        self.health.last_checkpoint.set(written_at)
+        self.source.request_commit(offsets)
+        return offsets
+
+    def _scheduled_checkpoint(self) -> None:
+        try:
+            self.write_checkpoint()
+        except Exception:
+            log.exception("checkpoint failed; offsets stay uncommitted until one succeeds")
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
 
     def healthy(self) -> tuple[bool, str]:
         """Live while the consumer thread and the scheduler run."""
@@ -105,6 +212,8 @@ class Daemon:
         return True, "serving computed metrics"
 
     def start(self) -> None:
+        if not self.checkpoint_file:
+            log.info("no checkpoint configured: the window starts empty after every restart")
         self.http.start()
         self.computer.compute()
         self.scheduler.start()
@@ -113,11 +222,12 @@ class Daemon:
                  self.port, self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
 
     def stop(self) -> None:
+        """Stop consuming, write a final checkpoint (from the consumer thread), commit, stop serving."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.source.stop()
         self.scheduler.shutdown(wait=True)
+        self.source.stop()
         if self.dead_letters is not None:
             self.dead_letters.close(timeout=5)
         self.http.stop()
@@ -131,3 +241,4 @@ class Daemon:
         done.wait()
         log.info("stopping")
         self.stop()
+

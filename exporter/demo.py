@@ -35,7 +35,7 @@ def run_demo(port: int = 9108, rate: float = 200.0, drift_after: float = 180.0) 
         config = dataclasses.replace(config, listen_port=port)
         broker.create_topic(config.kafka.topic, partitions=3)
         traffic = TrafficGenerator(broker.bootstrap_servers, config.kafka.topic, rate=rate, drift_after=drift_after)
-        daemon = Daemon(config, manual_assignment=True)
+        daemon = Daemon(config)
         daemon.start()
         traffic.start()
         print(f"\n  fairness-exporter demo: broker at {broker.bootstrap_servers}, {rate:g} events/s, "

@@ -70,5 +70,6 @@ class HttpServer:
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for serve_forever, forever if it never ran
+            self.server.shutdown()
         self.server.server_close()

@@ -47,8 +47,10 @@ class KafkaSource:
         self, kafka: KafkaConfig, handle: Callable[[str, int, list[Any]], None], health: Health,
         resume_offsets: Mapping[tuple[str, int], int] | None = None, manual_assignment: bool = False,
         commit_interval: float | None = 5.0, safe_offsets: Callable[[], Offsets] | None = None,
+        on_close: Callable[[], object] | None = None,
     ) -> None:  # fmt: skip
-        """``commit_interval``: commit ``safe_offsets()`` that often (None: only on ``request_commit``)."""
+        """``commit_interval``: commit ``safe_offsets()`` that often (None: only on ``request_commit``);
+        ``on_close`` runs on the consumer thread after the last batch, before the final commit (a checkpoint)."""
         self.kafka = kafka
         self.topics = [t for t in (kafka.topic, kafka.labels_topic) if t]
         self.handle = handle
@@ -57,6 +59,7 @@ class KafkaSource:
         self.manual = manual_assignment
         self.commit_interval = commit_interval
         self.safe_offsets = safe_offsets or (lambda: {})
+        self.on_close = on_close
         self.consumer: KafkaConsumer | None = None
         self.positions: Offsets = {}
         self.assigned = threading.Event()
@@ -165,9 +168,11 @@ class KafkaSource:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
         try:
+            if self.on_close is not None:
+                self.on_close()
             self.commit_now()
         except Exception as exc:
-            log.warning("final commit failed: %s", exc)
+            log.warning("final checkpoint or commit failed: %s", exc)
         self._close()
 
     def _close(self) -> None:

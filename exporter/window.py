@@ -98,13 +98,17 @@ class WindowStore:
             self.offsets.update(offsets or {})
         return late
 
-    def add_labels(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> np.ndarray:
-        """Count late-arriving labels in their prediction's bucket; return a mask of those still in the ring."""
+    def add_labels(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
+        """Count delayed labels in their prediction's bucket; return how many predictions had left the ring
+        (those still count in the monotonic totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in codes.items()}, outcomes[in_ring], 1)
-        return in_ring
+            gone = ~in_ring & (outcomes >= 0)
+            for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
+                np.add.at(self.totals.reshape(-1), (offset + codes[name][gone]) * N_COUNTS + outcomes[gone], 1)
+        return int(gone.sum())
 
     def _slots(self, buckets: np.ndarray) -> np.ndarray:
         slots = buckets % self.n_buckets
@@ -139,6 +143,20 @@ class WindowStore:
                 mask = self.bucket_ids > self.head - k
                 out[name] = self.counts[mask].sum(axis=0)
             return out
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays for a checkpoint (call with the lock held, or while nothing writes)."""
+        return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
+                "head": np.array(self.head)}  # fmt: skip
+
+    def restore(self, state: dict[str, np.ndarray], offsets: dict[tuple[str, int], int]) -> None:
+        """Load what :meth:`state` produced, with the offsets the checkpoint covers."""
+        with self.lock:
+            self.counts[...] = state["counts"]
+            self.bucket_ids[...] = state["bucket_ids"]
+            self.totals[...] = state["totals"]
+            self.head = int(state["head"])
+            self.offsets = dict(offsets)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""

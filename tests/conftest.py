@@ -1,1 +1,3 @@
-"""Shared fixtures: see tests/tooling.py for how missing tools are handled."""
+"""Shared fixtures: the real Kafka-protocol broker (broker_fixture.py); tooling.py handles missing tools."""
+
+pytest_plugins = ["broker_fixture"]

@@ -28,4 +28,5 @@ def make_config(**overrides: Any) -> Config:
 def event(gender: str = "male", age: str = "young", prediction: int = 1, ts: float | str = 1_800_000_000.0,
           label: int | None = None, model_id: str = "m1", **extra: Any) -> dict[str, Any]:  # fmt: skip
     return {"model_id": model_id, "prediction_id": extra.pop("prediction_id", "p"), "timestamp": ts,
-            "prediction": prediction, "label": label, "attributes": {"gender": gender, "age": age}, **extra}  # fmt: skip
+            "prediction": prediction, "label": label, "attributes": {"gender": gender, "age": age},
+            **extra}  # fmt: skip

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from daemon_config import event, make_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon_config import event, make_config
 from exporter.events import REJECT_REASONS, EventDecoder, parse_timestamp
 
 NOW = 1_800_000_000.0

@@ -7,9 +7,9 @@ import re
 import numpy as np
 import orjson
 import pandas as pd
+from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry, generate_latest
 
-from daemon_config import event, make_config
 from exporter.audit import run_audit
 from exporter.collector import SnapshotCollector
 from exporter.compute import Computer

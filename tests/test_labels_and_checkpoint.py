@@ -1,0 +1,136 @@
+"""Delayed labels join their prediction's bucket; checkpoints restore state exactly and refuse a changed layout.
+
+These drive Daemon.handle with in-memory records (the consumer thread's entry point); the same paths run against
+the real broker in test_daemon_kafka.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+from daemon_config import event, make_config
+from prometheus_client import CollectorRegistry
+
+from exporter.checkpoint import CheckpointError
+from exporter.daemon import Daemon
+
+T0 = 1_800_000_000.0
+
+
+@dataclass
+class Record:
+    value: bytes
+    offset: int
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def records(payloads: list[dict], start: int = 0) -> list[Record]:
+    return [Record(orjson.dumps(p), start + i) for i, p in enumerate(payloads)]
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path) -> Iterator:
+    made: list[Daemon] = []
+
+    def make(**overrides: object) -> Daemon:
+        config = make_config(kafka={"labels_topic": "labels"}, **overrides)
+        daemon = Daemon(config, registry=CollectorRegistry(), clock=Clock())
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for d in made:
+        d.http.stop()
+
+
+def value(daemon: Daemon, name: str, **labels: str) -> float | None:
+    daemon.computer.compute()
+    own = name.startswith("fairness_exporter_")  # the daemon's health metrics carry no model_id
+    return daemon.registry.get_sample_value(name, labels if own else {"model_id": "m1", **labels})
+
+
+def predictions(n_pos: int, n: int, gender: str, prefix: str, ts: float = T0 - 60) -> list[dict]:
+    return [event(gender, prediction=int(i < n_pos), ts=ts, prediction_id=f"{prefix}{i}") for i in range(n)]
+
+
+def labels_for(prefix: str, labels: list[int]) -> list[dict]:
+    return [{"prediction_id": f"{prefix}{i}", "label": y} for i, y in enumerate(labels)]
+
+
+def test_delayed_labels_are_counted_in_the_bucket_of_the_prediction(make_daemon) -> None:
+    d = make_daemon()
+    d.handle("predictions", 0, records(predictions(5, 10, "male", "m")))
+    group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
+    assert value(d, "model_subgroup_labelled_samples", **group) == 0
+    assert value(d, "fairness_exporter_pending_predictions") == 10
+    d.clock.now = T0 + 1800  # labels arrive 30 minutes later
+    d.handle("labels", 0, records(labels_for("m", [1, 1, 1, 0, 0, 1, 0, 0, 0, 0])))
+    # predicted 1 for m0..m4: TP m0-m2, FP m3-m4; predicted 0 for m5..m9: FN m5, TN m6-m9
+    assert value(d, "model_true_positive_rate", **group) == 0.75
+    assert value(d, "model_false_positive_rate", **group) == pytest.approx(2 / 6)
+    assert value(d, "model_labelled_fraction", **group) == 1.0
+    assert value(d, "fairness_exporter_labels_joined_total") == 10
+    assert value(d, "fairness_exporter_pending_predictions") == 0
+
+
+def test_labels_before_predictions_duplicates_and_unknowns_are_accounted(make_daemon) -> None:
+    d = make_daemon(label_horizon="1h")
+    duplicate, invalid = {"prediction_id": "x0", "label": 1}, {"prediction_id": "bad", "label": "yes"}
+    d.handle("labels", 0, records([*labels_for("x", [1, 0]), duplicate, invalid]))
+    d.handle("predictions", 0, records(predictions(1, 2, "female", "x")))  # the orphans join now
+    group = {"attribute": "gender", "window": "1h", "subgroup": "female"}
+    assert value(d, "model_subgroup_labelled_samples", **group) == 2
+    assert value(d, "fairness_exporter_labels_expired_total", reason="duplicate_label") == 1
+    assert value(d, "fairness_exporter_labels_expired_total", reason="invalid_label_event") == 1
+    d.handle("labels", 0, records([{"prediction_id": "ghost", "label": 1}], start=10))
+    d.handle("predictions", 0, records(predictions(0, 3, "female", "never", ts=T0), start=10))
+    d.clock.now = T0 + 2 * 3600  # past the horizon: the ghost label and the unlabelled predictions expire
+    d.handle("predictions", 0, records([event("male", ts=d.clock.now, label=1)], start=20))
+    assert value(d, "fairness_exporter_labels_expired_total", reason="unknown_prediction") == 1
+    assert value(d, "fairness_exporter_labels_expired_total", reason="never_labelled") == 3
+
+
+def test_checkpoint_restores_counts_offsets_and_pending_labels(make_daemon, tmp_path: Path) -> None:
+    cp = {"path": str(tmp_path / "state"), "interval": "30s"}
+    d1 = make_daemon(checkpoint=cp)
+    d1.handle("predictions", 1, records(predictions(3, 8, "male", "a")))
+    d1.handle("predictions", 2, records(predictions(1, 4, "female", "b"), start=100))
+    d1.write_checkpoint()
+    d2 = make_daemon(checkpoint=cp)
+    assert d2.store.offsets == {("predictions", 1): 8, ("predictions", 2): 104}
+    assert d2.source.resume == d2.store.offsets
+    assert len(d2.labels.pending) == 12
+    group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
+    assert value(d2, "model_positive_prediction_rate", **group) == 3 / 8
+    d2.handle("labels", 0, records(labels_for("a", [1] * 8)))
+    assert value(d2, "model_true_positive_rate", **group) == 3 / 8
+
+
+def test_checkpoint_from_another_layout_is_refused(make_daemon, tmp_path: Path) -> None:
+    cp = {"path": str(tmp_path / "state")}
+    make_daemon(checkpoint=cp).write_checkpoint()
+    with pytest.raises(CheckpointError, match=r"attributes differ.*move the file away"):
+        make_daemon(checkpoint=cp, protected_attributes=[{"name": "gender", "groups": ["male", "female", "x"]}])
+    with pytest.raises(CheckpointError, match="windows differ"):
+        make_daemon(checkpoint=cp, windows=["1h", "12h"])
+
+
+def test_checkpoint_is_written_atomically(make_daemon, tmp_path: Path) -> None:
+    d = make_daemon(checkpoint={"path": str(tmp_path)})
+    d.handle("predictions", 0, records(predictions(1, 2, "male", "a")))
+    d.write_checkpoint()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m1.checkpoint.npz"]
+    (tmp_path / "m1.checkpoint.npz").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="unreadable checkpoint"):
+        make_daemon(checkpoint={"path": str(tmp_path)})
