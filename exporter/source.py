@@ -27,6 +27,9 @@ Offsets = dict[tuple[str, int], int]
 """Next offset to read, per (topic, partition)."""
 
 MAX_RECORDS = 20_000
+COMMIT_TIMEOUT_MS = 5000
+# kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner.
+CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000}
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -90,7 +93,7 @@ class KafkaSource:
             auto_offset_reset=self.kafka.auto_offset_reset,
             max_poll_records=MAX_RECORDS,
             client_id=f"fairness-exporter-{self.kafka.group_id}",
-            **self.kafka.client,
+            **{**CLIENT_DEFAULTS, **self.kafka.client},
         )
         if self.manual:
             partitions = []
@@ -122,15 +125,26 @@ class KafkaSource:
             self.assigned.set()
 
     def commit_now(self) -> None:
-        """Commit the offsets requested (checkpoint mode) or the safe ones (plain mode), on this thread."""
+        """Commit the offsets requested (checkpoint mode) or the safe ones (plain mode), on this thread.
+
+        A commit that fails or times out is counted and retried later; it never blocks consumption for long.
+        """
         if self.consumer is None:
             return
-        offsets = self._requested if self._requested is not None else (
+        requested = self._requested
+        offsets = requested if requested is not None else (
             self.safe_offsets() if self.commit_interval is not None else None)  # fmt: skip
         if not offsets:
             return
-        self._requested = None
-        self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+        try:
+            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()},
+                                 timeout_ms=COMMIT_TIMEOUT_MS)  # fmt: skip
+        except KafkaError as exc:
+            self.health.consumer_errors.inc()
+            log.warning("offset commit failed (%s: %s); will retry", type(exc).__name__, exc)
+            return
+        if self._requested is requested:
+            self._requested = None
 
     def _poll_once(self) -> None:
         assert self.consumer is not None
@@ -142,9 +156,21 @@ class KafkaSource:
             self.positions[(tp.topic, tp.partition)] = records[-1].offset + 1
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
-            position = self.positions.get((tp.topic, tp.partition))
-            if high is not None and position is not None:
-                self.health.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - position))
+            key = (tp.topic, tp.partition)
+            position = self.positions.get(key, self.resume.get(key))
+            if high is None or position is None:
+                continue
+            if position > high:
+                # The log is shorter than what we read: the topic was recreated or the broker lost its data.
+                # Some brokers answer such fetches with nothing rather than OFFSET_OUT_OF_RANGE, so reset here.
+                log.warning("%s[%d]: next offset %d is beyond the end of the log (%d): the partition was "
+                            "truncated or recreated; reading it from the earliest offset", tp.topic, tp.partition,
+                            position, high)  # fmt: skip
+                self.consumer.seek_to_beginning(tp)
+                self.positions.pop(key, None)
+                self.resume.pop(key, None)
+                continue
+            self.health.lag.labels(tp.topic, str(tp.partition)).set(high - position)
         if batches or self.consumer.assignment():
             self.assigned.set()
 
@@ -157,8 +183,9 @@ class KafkaSource:
                     self.consumer = self._connect()
                     backoff = 1.0
                 self._poll_once()
-                due = self.commit_interval is not None and time.monotonic() - last_commit >= self.commit_interval
-                if self._requested is not None or due:
+                since = time.monotonic() - last_commit
+                due = self.commit_interval is not None and since >= self.commit_interval
+                if (self._requested is not None and since >= 1.0) or due:
                     self.commit_now()
                     last_commit = time.monotonic()
             except Exception as exc:
