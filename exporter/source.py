@@ -28,8 +28,9 @@ Offsets = dict[tuple[str, int], int]
 
 MAX_RECORDS = 20_000
 COMMIT_TIMEOUT_MS = 5000
+PARTITION_REFRESH_SECONDS = 5.0
 # kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner.
-CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000}
+CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000}
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -96,21 +97,28 @@ class KafkaSource:
             **{**CLIENT_DEFAULTS, **self.kafka.client},
         )
         if self.manual:
-            partitions = []
-            for topic in self.topics:
-                ids = consumer.partitions_for_topic(topic)
-                deadline = time.monotonic() + 30
-                while not ids and time.monotonic() < deadline and not self._stop.is_set():
-                    time.sleep(0.2)
-                    ids = consumer.partitions_for_topic(topic)
-                if not ids:
-                    raise KafkaError(f"topic {topic!r} has no partitions (does it exist?)")
-                partitions += [TopicPartition(topic, p) for p in sorted(ids)]
-            consumer.assign(partitions)
-            self.seek_to_resume(partitions, consumer)
+            self._assign_all(consumer, wait=30.0)
         else:
             consumer.subscribe(self.topics, listener=_Rebalance(self))
         return consumer
+
+    def _assign_all(self, consumer: KafkaConsumer, wait: float = 0.0) -> None:
+        """Manual assignment: every partition of the topics, including partitions added since the last call."""
+        deadline = time.monotonic() + wait
+        partitions: list[TopicPartition] = []
+        for topic in self.topics:
+            ids = consumer.partitions_for_topic(topic)
+            while not ids and time.monotonic() < deadline and not self._stop.is_set():
+                time.sleep(0.2)
+                ids = consumer.partitions_for_topic(topic)
+            if not ids:
+                raise KafkaError(f"topic {topic!r} has no partitions (does it exist?)")
+            partitions += [TopicPartition(topic, p) for p in sorted(ids)]
+        if set(partitions) != consumer.assignment():
+            if consumer.assignment():
+                log.info("partitions changed: now reading %s", sorted((tp.topic, tp.partition) for tp in partitions))
+            consumer.assign(partitions)
+            self.seek_to_resume(partitions, consumer)
 
     def seek_to_resume(self, partitions: list[TopicPartition], consumer: KafkaConsumer | None = None) -> None:
         """Start each partition after the last record this process counted, else at its checkpointed offset,
@@ -176,13 +184,16 @@ class KafkaSource:
 
     def _run(self) -> None:
         backoff = 1.0
-        last_commit = time.monotonic()
+        last_commit = last_refresh = time.monotonic()
         while not self._stop.is_set():
             try:
                 if self.consumer is None:
                     self.consumer = self._connect()
                     backoff = 1.0
                 self._poll_once()
+                if self.manual and time.monotonic() - last_refresh >= PARTITION_REFRESH_SECONDS:
+                    self._assign_all(self.consumer)
+                    last_refresh = time.monotonic()
                 since = time.monotonic() - last_commit
                 due = self.commit_interval is not None and since >= self.commit_interval
                 if (self._requested is not None and since >= 1.0) or due:
