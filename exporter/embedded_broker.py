@@ -90,8 +90,11 @@ class EmbeddedBroker:
         # A file, not a pipe nobody reads: the broker must never block on a full pipe.
         self._log = tempfile.TemporaryFile(mode="a+b", prefix="tansu-")  # noqa: SIM115 - closed in stop()
         try:
+            # Its own session: a terminal's Ctrl-C reaches only our process, which then stops the daemon before
+            # the broker (stop() and atexit), instead of the broker dying under a running consumer.
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=os.environ | {"NO_COLOR": "1"}
+                cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=os.environ | {"NO_COLOR": "1"},
+                start_new_session=True,
             )
         except OSError as exc:
             self._close_log()

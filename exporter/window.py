@@ -93,8 +93,9 @@ class WindowStore:
             self._advance(max(int(self.bucket_of(np.array([now]))[0]), int(buckets.max(initial=-1))))
             on_time = buckets > self.head - self.n_buckets
             late = int((~on_time).sum())
-            self._count(buckets[on_time], {k: v[on_time] for k, v in codes.items()}, predicted[on_time], 1)
-            self._count_outcomes(buckets[on_time], {k: v[on_time] for k, v in codes.items()}, outcome[on_time], 1)
+            kept = {k: v[on_time] for k, v in codes.items()}
+            self._count(buckets[on_time], kept, predicted[on_time])
+            self._count_outcomes(buckets[on_time], kept, outcome[on_time])
             self.offsets.update(offsets or {})
         return late
 
@@ -104,7 +105,7 @@ class WindowStore:
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
-            self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in codes.items()}, outcomes[in_ring], 1)
+            self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in codes.items()}, outcomes[in_ring])
             gone = ~in_ring & (outcomes >= 0)
             for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
                 np.add.at(self.totals.reshape(-1), (offset + codes[name][gone]) * N_COUNTS + outcomes[gone], 1)
@@ -117,7 +118,7 @@ class WindowStore:
         self.bucket_ids[slots] = buckets
         return slots
 
-    def _count(self, buckets: np.ndarray, codes: dict[str, np.ndarray], columns: np.ndarray, sign: int) -> None:
+    def _count(self, buckets: np.ndarray, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
         if not len(buckets):
             return
         slots = self._slots(buckets)
@@ -125,14 +126,14 @@ class WindowStore:
         flat_totals = self.totals.reshape(-1)
         for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
             rows = offset + codes[name]
-            np.add.at(flat_counts, (slots * self.layout.n_rows + rows) * N_COUNTS + columns, sign)
-            np.add.at(flat_totals, rows * N_COUNTS + columns, sign)
+            np.add.at(flat_counts, (slots * self.layout.n_rows + rows) * N_COUNTS + columns, 1)
+            np.add.at(flat_totals, rows * N_COUNTS + columns, 1)
 
     def _count_outcomes(
-        self, buckets: np.ndarray, codes: dict[str, np.ndarray], outcome: np.ndarray, sign: int
+        self, buckets: np.ndarray, codes: dict[str, np.ndarray], outcome: np.ndarray
     ) -> None:
         labelled = outcome >= 0
-        self._count(buckets[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled], sign)
+        self._count(buckets[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled])
 
     def window_counts(self, now: float) -> dict[str, np.ndarray]:
         """Counts of every window ending at the head (advanced to ``now``), shape ``(n_rows, N_COUNTS)``."""

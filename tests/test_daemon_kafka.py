@@ -253,3 +253,27 @@ def test_sigterm_writes_a_final_checkpoint_and_commits_its_offsets(
         # columns 0 and 1 are predicted positives and negatives: every event once per attribute
         assert int(cp["totals"][:, :2].sum()) == 2 * 300
     assert os.path.getsize(tmp_path / "m1.checkpoint.npz") > 0
+
+
+def test_labels_from_their_own_topic_join_their_predictions(kafka_broker: EmbeddedBroker, topic: str,
+                                                            running: Callable[..., Daemon]) -> None:  # fmt: skip
+    labels_topic = f"{topic}-labels"
+    kafka_broker.create_topic(labels_topic, partitions=2)
+    rows = synthetic_rows(600, seed=9).assign(label=lambda f: np.random.default_rng(1).integers(0, 2, len(f)))
+    unlabelled = rows.assign(label=-1)
+    produce(kafka_broker.bootstrap_servers, topic, payloads(unlabelled, time.time()))
+    # the labels arrive later, on their own topic, keyed by prediction_id (the first 10 twice: duplicates)
+    labels = [orjson.dumps({"prediction_id": f"p{i}", "label": int(y)}) for i, y in enumerate(rows.label)]
+    produce(kafka_broker.bootstrap_servers, labels_topic, labels + labels[:10])
+    daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
+        **kafka_config(kafka_broker.bootstrap_servers, topic)["kafka"], "labels_topic": labels_topic})
+    wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_labels_joined_total") == 600, what="600 joins")
+    daemon.computer.compute()
+    s = scrape(daemon.port)
+    assert sample(s, "fairness_exporter_labels_expired_total", reason="duplicate_label") == 10
+    for gender, group in rows.groupby("gender"):
+        positives = group[group.label == 1]
+        got = sample(s, "model_true_positive_rate", model_id="m1", attribute="gender", window="1h", subgroup=gender)
+        assert got == pytest.approx(positives.prediction.mean(), abs=1e-12)
+        assert sample(s, "model_labelled_fraction", model_id="m1", attribute="gender", window="1h",
+                      subgroup=gender) == 1.0  # fmt: skip
