@@ -29,7 +29,7 @@ test-deps: $(STAMP)
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
 lint: $(STAMP)
-	$(BIN)/ruff check exporter tests bench rules tools
+	$(BIN)/ruff check .
 
 test: test-deps lint
 	$(BIN)/pytest
