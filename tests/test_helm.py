@@ -375,3 +375,15 @@ def test_config_checkpoint_is_rejected_in_favour_of_the_checkpoint_block(helm: s
     )
     assert result.returncode != 0
     assert "use checkpoint.enabled" in result.stderr
+
+
+@scenarios
+def test_rendered_config_is_accepted_by_the_daemon(helm: str, scenario: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ConfigMap is not just YAML: the daemon's own validator accepts it (secrets come from the env)."""
+    from exporter.config import parse_config
+
+    raw = daemon_config(render(helm, scenario))
+    for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", json.dumps(raw)):
+        monkeypatch.setenv(name, "from-a-secret")
+    config = parse_config(raw, f"{scenario} ConfigMap")
+    assert config.listen_port == container(render(helm, scenario))["ports"][0]["containerPort"]
