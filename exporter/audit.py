@@ -109,6 +109,16 @@ def _group_report(ev: Evaluation, excluded: int) -> dict[str, Any]:
             "groups": per_group}  # fmt: skip
 
 
+def impact_ratio_table(ev: Evaluation) -> list[dict[str, Any]]:
+    """NYC Local Law 144-style rows: each category's selection rate and its impact ratio, i.e. its rate divided
+    by the rate of the most selected category (categories with no rows are listed with null rates)."""
+    rates = ev.groups.selection_rate
+    best = np.nanmax(rates) if np.isfinite(rates).any() else math.nan
+    return [{"category": name, "samples": int(ev.groups.samples[i]), "selection_rate": _float(rates[i]),
+             "impact_ratio": _float(rates[i] / best) if best > 0 else None}
+            for i, name in enumerate(ev.attribute.groups)]  # fmt: skip
+
+
 def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
     out = []
     groups = ev.attribute.groups
@@ -174,11 +184,13 @@ def run_audit(
 
     all_counts = frame_counts(config, predictions, y_pred, y_true)
     attributes: dict[str, Any] = {}
+    impact_ratios: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     for attribute in config.attributes:
         counts, excluded = all_counts[attribute.name]
         ev = evaluate(attribute, counts, config.min_samples)
         attributes[attribute.name] = _group_report(ev, excluded)
+        impact_ratios[attribute.name] = impact_ratio_table(ev)
         results.extend(_results(config, ev))
 
     failed = [r for r in results if not r["passed"]]
@@ -209,6 +221,7 @@ def run_audit(
         "verdict": verdict,
         "override": override_record,
         "attributes": attributes,
+        "impact_ratios": impact_ratios,
         "results": results,
     }
 

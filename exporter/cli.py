@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import logging
 import os
@@ -62,9 +63,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(text + "\n")
+    if args.impact_ratios_csv:
+        _write_impact_ratios(Path(args.impact_ratios_csv), report)
     print(text)
     print(_summary(report), file=sys.stderr)
     return exit_code(report)
+
+
+def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
+    """The NYC LL144-style summary: selection rate and impact ratio per category and intersectional category."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["model_id", "attribute", "category", "samples", "selection_rate", "impact_ratio"])
+        for attribute, rows in report["impact_ratios"].items():
+            for row in rows:
+                writer.writerow([report["model_id"], attribute, row["category"], row["samples"],
+                                 "" if row["selection_rate"] is None else f"{row['selection_rate']:.4f}",
+                                 "" if row["impact_ratio"] is None else f"{row['impact_ratio']:.4f}"])  # fmt: skip
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
@@ -122,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
     audit.add_argument("predictions", help="parquet or CSV file with prediction, label and attribute columns")
     audit.add_argument("--report", help="also write the JSON report to this file")
+    audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
+                       "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
     audit.add_argument("--audit-log", default=os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG),
                        help="append-only, hash-chained log of every run "
                             f"(default: $FAIRNESS_AUDIT_LOG or {DEFAULT_AUDIT_LOG})")  # fmt: skip
