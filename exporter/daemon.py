@@ -59,7 +59,7 @@ class Daemon:
             config.kafka, self.handle, self.health, resume_offsets=resume,
             manual_assignment=config.kafka.assignment == "manual",
             commit_interval=None if self.checkpoint_file else 5.0, safe_offsets=self.safe_offsets,
-            on_close=self.write_checkpoint if self.checkpoint_file else None,
+            flush=self.write_checkpoint if self.checkpoint_file else None,
         )  # fmt: skip
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.scheduler.add_job(self.computer.run_scheduled, "interval", seconds=config.evaluation_interval_seconds,

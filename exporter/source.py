@@ -38,7 +38,14 @@ class _Rebalance(ConsumerRebalanceListener):
         self.source = source
 
     def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        # Hand the partitions over at exactly what this replica counted: make that durable, commit it, and
+        # forget our positions so a later re-assignment resumes from the committed offset, not from ours.
+        if self.source.flush is not None:
+            self.source.flush()
         self.source.commit_now()
+        for tp in revoked:
+            self.source.positions.pop((tp.topic, tp.partition), None)
+            self.source.resume.pop((tp.topic, tp.partition), None)
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self.source.seek_to_resume(assigned)
@@ -51,10 +58,11 @@ class KafkaSource:
         self, kafka: KafkaConfig, handle: Callable[[str, int, list[Any]], None], health: Health,
         resume_offsets: Mapping[tuple[str, int], int] | None = None, manual_assignment: bool = False,
         commit_interval: float | None = 5.0, safe_offsets: Callable[[], Offsets] | None = None,
-        on_close: Callable[[], object] | None = None,
+        flush: Callable[[], object] | None = None,
     ) -> None:  # fmt: skip
         """``commit_interval``: commit ``safe_offsets()`` that often (None: only on ``request_commit``);
-        ``on_close`` runs on the consumer thread after the last batch, before the final commit (a checkpoint)."""
+        ``flush`` makes the state durable and requests a commit of what it covers (a checkpoint); it runs on the
+        consumer thread before partitions are handed to another replica and after the last batch."""
         self.kafka = kafka
         self.topics = [t for t in (kafka.topic, kafka.labels_topic) if t]
         self.handle = handle
@@ -63,7 +71,7 @@ class KafkaSource:
         self.manual = manual_assignment
         self.commit_interval = commit_interval
         self.safe_offsets = safe_offsets or (lambda: {})
-        self.on_close = on_close
+        self.flush = flush
         self.consumer: KafkaConsumer | None = None
         self.positions: Offsets = {}
         self.assigned = threading.Event()
@@ -206,8 +214,8 @@ class KafkaSource:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
         try:
-            if self.on_close is not None:
-                self.on_close()
+            if self.flush is not None:
+                self.flush()
             self.commit_now()
         except Exception as exc:
             log.warning("final checkpoint or commit failed: %s", exc)
