@@ -32,7 +32,12 @@ class Snapshot:
 class Computer:
     """Builds a Snapshot from the store and swaps it in with one reference assignment."""
 
-    def __init__(self, config: Config, store: WindowStore, health: Health, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, config: Config, store: WindowStore, health: Health, clock: Callable[[], float] = time.time,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+    ) -> None:  # fmt: skip
+        """``on_snapshot`` runs after each swap, on the computation's thread (the daemon serialises it there)."""
+        self.on_snapshot = on_snapshot
         self.config = config
         self.store = store
         self.health = health
@@ -52,6 +57,8 @@ class Computer:
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
                             self.store.layout.split(self.store.totals_copy()))  # fmt: skip
         self.latest = snapshot
+        if self.on_snapshot is not None:
+            self.on_snapshot(snapshot)
         self.health.last_computation.set(now)
         self.health.computation_duration.set(time.perf_counter() - started)
         return snapshot

@@ -18,7 +18,7 @@ from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from exporter import checkpoint
-from exporter.collector import SnapshotCollector
+from exporter.collector import CachedExposition
 from exporter.compute import Computer
 from exporter.config import Config
 from exporter.events import EventDecoder
@@ -47,9 +47,8 @@ class Daemon:
         self.labels = LabelJoin(len(config.attributes), config.label_horizon_seconds, config.max_pending_labels)
         self.state_lock = threading.RLock()  # everything a checkpoint covers changes under this lock
         self._last_expiry = 0.0
-        self.computer = Computer(config, self.store, self.health, clock)
-        every = f"{config.evaluation_interval_seconds:g}s"
-        self.registry.register(SnapshotCollector(lambda: self.computer.latest, every))
+        self.exposition = CachedExposition(f"{config.evaluation_interval_seconds:g}s")
+        self.computer = Computer(config, self.store, self.health, clock, on_snapshot=self.exposition.update)
         self.rejections = RateLimitedLog(log)
         self.dead_letters: KafkaProducer | None = None
         self.checkpoint_file = (checkpoint.checkpoint_path(config.checkpoint_path, config.model_id)
@@ -67,7 +66,7 @@ class Daemon:
         if self.checkpoint_file:
             self.scheduler.add_job(self._scheduled_checkpoint, "interval", seconds=config.checkpoint_interval_seconds,
                                    id="checkpoint", max_instances=1, coalesce=True)  # fmt: skip
-        self.http = HttpServer(make_app(self.registry, config.model_id, self.healthy, self.ready),
+        self.http = HttpServer(make_app(self.registry, self.exposition, config.model_id, self.healthy, self.ready),
                                config.listen_address, config.listen_port,
                                config.tls_cert_file, config.tls_key_file)  # fmt: skip
         self._stopped = threading.Event()
@@ -75,6 +74,10 @@ class Daemon:
     @property
     def port(self) -> int:
         return self.http.port
+
+    def metrics_page(self) -> str:
+        """What /metrics serves, as text."""
+        return self.exposition.page(self.registry, "")[0].decode()
 
     # --- ingest (consumer thread) ---------------------------------------------------------------------------
 

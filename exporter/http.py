@@ -10,9 +10,11 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from exporter import __version__
+from exporter.collector import CachedExposition
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -26,11 +28,10 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def make_app(
-    registry: CollectorRegistry, model_id: str, healthy: Callable[[], tuple[bool, str]],
-    ready: Callable[[], tuple[bool, str]],
+    registry: CollectorRegistry, exposition: CachedExposition, model_id: str,
+    healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]],
 ) -> Callable[..., Iterable[bytes]]:  # fmt: skip
-    """The WSGI application of the daemon."""
-    metrics = make_wsgi_app(registry)
+    """The WSGI application of the daemon: /metrics is the live registry plus the cached snapshot."""
     landing = (f"<html><head><title>fairness-exporter</title></head><body><h1>fairness-exporter {__version__}</h1>"
                f"<p>Monitoring model <b>{html.escape(model_id)}</b>.</p><ul><li><a href='/metrics'>/metrics</a></li>"
                "<li><a href='/healthz'>/healthz</a></li><li><a href='/readyz'>/readyz</a></li></ul></body></html>"
@@ -39,7 +40,10 @@ def make_app(
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return metrics(environ, start_response)
+            body, gzipped = exposition.page(registry, environ.get("HTTP_ACCEPT_ENCODING", ""))
+            headers = [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))]
+            start_response("200 OK", [*headers, ("Content-Encoding", "gzip")] if gzipped else headers)
+            return [body]
         if path in ("/healthz", "/readyz"):
             ok, why = (healthy if path == "/healthz" else ready)()
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import ssl
 import subprocess
 import urllib.error
@@ -12,13 +13,15 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from tooling import require_binary
 
+from exporter.collector import CachedExposition
 from exporter.http import HttpServer, make_app
 
 
 def serve(ready: bool, **tls: str) -> HttpServer:
     registry = CollectorRegistry()
     Counter("demo_events", "Events.", registry=registry).inc(3)
-    app = make_app(registry, "model<&>", healthy=lambda: (True, "consumer and scheduler running"),
+    app = make_app(registry, CachedExposition("1s"), "model<&>",
+                   healthy=lambda: (True, "consumer and scheduler running"),
                    ready=lambda: (ready, "waiting for the first computation" if not ready else "serving"))  # fmt: skip
     server = HttpServer(app, "127.0.0.1", 0, tls.get("cert"), tls.get("key"))
     server.start()
@@ -62,3 +65,22 @@ def test_tls_on_the_metrics_port(tmp_path: Path) -> None:
             get(f"https://127.0.0.1:{server.port}/metrics")  # an untrusted certificate is refused
     finally:
         server.stop()
+
+
+def test_gzipped_page_is_the_plain_page_in_two_gzip_members() -> None:
+    from daemon_config import make_config
+
+    from exporter.compute import Computer
+    from exporter.health import Health
+    from exporter.window import WindowStore
+
+    config = make_config()
+    registry = CollectorRegistry()
+    exposition = CachedExposition("1s")
+    Computer(config, WindowStore(config), Health(registry), on_snapshot=exposition.update).compute()
+    plain, zipped = exposition.page(registry, ""), exposition.page(registry, "gzip, deflate")
+    assert plain[1] is False and zipped[1] is True
+    assert gzip.decompress(zipped[0]) == plain[0]  # one stream, as Prometheus' Go reader sees it
+    text = plain[0].decode()
+    assert "fairness_exporter_events_consumed_total 0.0" in text  # live health first
+    assert 'model_subgroup_samples{attribute="gender",model_id="m1",subgroup="male",window="1h"} 0.0' in text

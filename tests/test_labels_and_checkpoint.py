@@ -14,6 +14,7 @@ import orjson
 import pytest
 from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.checkpoint import CheckpointError
 from exporter.daemon import Daemon
@@ -55,9 +56,15 @@ def make_daemon(tmp_path: Path) -> Iterator:
 
 
 def value(daemon: Daemon, name: str, **labels: str) -> float | None:
+    """A sample of the /metrics page, right after a computation."""
     daemon.computer.compute()
-    own = name.startswith("fairness_exporter_")  # the daemon's health metrics carry no model_id
-    return daemon.registry.get_sample_value(name, labels if own else {"model_id": "m1", **labels})
+    if not name.startswith("fairness_exporter_"):  # the daemon's health metrics carry no model_id
+        labels = {"model_id": "m1", **labels}
+    for family in text_string_to_metric_families(daemon.metrics_page()):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return None
 
 
 def predictions(n_pos: int, n: int, gender: str, prefix: str, ts: float = T0 - 60) -> list[dict]:
