@@ -1,0 +1,64 @@
+"""Run the benchmarks: ``python -m bench`` (``make bench``), or ``python -m bench --quick`` for a smaller run.
+
+Prints each benchmark's markdown section as it finishes. A full run also writes bench/RESULTS.md with every
+table, the date and the machine; a quick run writes it only when given ``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from bench import compute, ingest, scrape
+from bench.report import Section, machine_table, table, verdict
+
+BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run}
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="50k events, 10^5 and 10^6 windows, fewer scrapes")
+    parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only this one (repeatable)")
+    parser.add_argument("--output", type=Path, help=f"write the report here (default for a full run: {RESULTS})")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # kafka-python 3 warns whenever its IO thread waited >100 ms for the GIL: expected while a benchmark keeps the
+    # consumer thread busy, and too many lines to read past.
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    output = args.output or (None if args.quick else RESULTS)
+
+    sections: list[Section] = []
+    started = time.monotonic()
+    for name in args.only or BENCHMARKS:
+        print(f"running {name}{' (quick)' if args.quick else ''}...", file=sys.stderr, flush=True)
+        section = BENCHMARKS[name](args.quick)
+        print(section.markdown(), flush=True)
+        sections.append(section)
+    elapsed = time.monotonic() - started
+
+    if output is not None:
+        mode = "quick run (`python -m bench --quick`)" if args.quick else "full run (`python -m bench`)"
+        summary = [(s.title.split(":")[0], target, measured, verdict(met))
+                   for s in sections for target, measured, met in s.targets]  # fmt: skip
+        report = [
+            "# Benchmark results",
+            f"Written by `python -m bench`, a {mode}, in {elapsed / 60:.1f} minutes. The machine is shared and "
+            "noisy: compare the ratios (each measured against a baseline in the same run), not the absolute "
+            "numbers, across runs.",
+            machine_table(),
+            "## Targets",
+            table(["benchmark", "target", "measured", "verdict"], summary),
+            *(s.markdown() for s in sections),
+        ]
+        output.write_text("\n\n".join(part.strip() for part in report) + "\n")
+        print(f"wrote {output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
