@@ -229,8 +229,10 @@ class Daemon:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.scheduler.shutdown(wait=True)
-        self.source.stop()
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
+        if self.source.alive:
+            self.source.stop()
         if self.dead_letters is not None:
             self.dead_letters.close(timeout=5)
         self.http.stop()

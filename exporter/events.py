@@ -6,6 +6,7 @@ either becomes a row of the batch, is ignored (another model's), or is rejected 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import numpy as np
 import orjson
 
 from exporter.config import OTHER_GROUP, Config
-from exporter.grouping import attribute_codes, encode
+from exporter.grouping import attribute_codes, code_table
 
 REJECT_REASONS: Final = (
     "malformed_json", "missing_field", "unknown_attribute_value", "invalid_prediction", "invalid_score",
@@ -24,39 +25,24 @@ REJECT_REASONS: Final = (
 )  # fmt: skip
 
 
-def _getter(path: str) -> Callable[[dict[str, Any]], Any]:
-    """A fast accessor for a dotted path into nested dicts; None where any step is missing."""
-    keys = path.split(".")
-    if len(keys) == 1:
-        key = keys[0]
-        return lambda event: event.get(key)
-
-    def get(event: dict[str, Any]) -> Any:
-        value: Any = event
-        for key in keys:
-            if not isinstance(value, dict):
-                return None
-            value = value.get(key)
-        return value
-
-    return get
-
-
-def parse_timestamp(value: Any) -> float | None:
-    """Epoch seconds from an ISO-8601 string (naive means UTC) or a number of epoch seconds; None if invalid."""
-    if isinstance(value, bool):
+def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """For configured dotted paths, a function that lifts them into a flat dict keyed by the paths themselves,
+    so the decoder's hot loop is the same plain ``event.get(path)`` for flat and nested events. None when every
+    path is a top-level key (the default), where no copy is needed."""
+    nested = [(p, p.split(".")) for p in paths if "." in p]
+    if not nested:
         return None
-    if isinstance(value, int | float):
-        return float(value) if np.isfinite(value) else None
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        return parsed.timestamp()
-    return None
+
+    def flatten(event: dict[str, Any]) -> dict[str, Any]:
+        flat = dict(event)
+        for path, keys in nested:
+            value: Any = event
+            for key in keys:
+                value = value.get(key) if value.__class__ is dict else None
+            flat[path] = value
+        return flat
+
+    return flatten
 
 
 @dataclass
@@ -85,19 +71,23 @@ class EventDecoder:
         self.config = config
         self.keep_rejected = keep_rejected
         f = config.events
-        self._model_id = _getter(f.model_id)
-        self._prediction_id = _getter(f.prediction_id)
-        self._timestamp = _getter(f.timestamp)
-        self._prediction = _getter(f.prediction)
-        self._score = _getter(f.score)
-        self._label = _getter(f.label)
-        self._attributes = _getter(f.attributes)
+        self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
+        self._flatten = _flattener(self._paths)
         self._threshold = f.score_threshold
-        self._columns = [a.columns[0] for a in config.base_attributes]
         self._other = config.unknown_values == OTHER_GROUP
+        self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
-        """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
+        """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be.
+
+        The loop is written for speed (it is most of the daemon's CPU after kafka-python): exact-type checks
+        (orjson only produces exact types), locals instead of attributes, group codes by dict lookup.
+        """
+        k_model, k_id, k_ts, k_pred, k_score, k_label, k_attrs = self._paths
+        flatten, threshold, other, tables = self._flatten, self._threshold, self._other, self._tables
+        keep_rejected, model_id = self.keep_rejected, self.config.model_id
+        latest = now + self.config.max_future_skew_seconds
+        loads, bad_json, fromiso, isfinite = orjson.loads, orjson.JSONDecodeError, datetime.fromisoformat, math.isfinite
         rejected: Counter[str] = Counter()
         bad: list[tuple[bytes, str]] = []
         ignored = 0
@@ -105,87 +95,93 @@ class EventDecoder:
         pred_out: list[int] = []
         label_out: list[int] = []
         ids: list[Any] = []
-        raw_kept: list[bytes] = []
-        attr_values: list[list[Any]] = [[] for _ in self._columns]
-        latest = now + self.config.max_future_skew_seconds
-        model_id, threshold = self.config.model_id, self._threshold
-
-        def reject(raw: bytes, reason: str) -> None:
-            rejected[reason] += 1
-            if self.keep_rejected:
-                bad.append((raw, reason))
+        kept_raw: list[bytes] = []
+        code_columns: list[list[int]] = [[] for _ in tables]
 
         for raw in values:
             try:
-                event = orjson.loads(raw)
-            except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value)
-                reject(raw, "malformed_json")
-                continue
-            if not isinstance(event, dict):
-                reject(raw, "malformed_json")
-                continue
-            if self._model_id(event) != model_id:
-                ignored += 1
-                continue
-            ts = parse_timestamp(self._timestamp(event))
-            if ts is None:
-                reject(raw, "missing_field" if self._timestamp(event) is None else "invalid_timestamp")
-                continue
-            if ts > latest:
-                reject(raw, "future_timestamp")
-                continue
-            score = self._score(event)
-            if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)
-                                      or not 0.0 <= score <= 1.0):  # fmt: skip
-                reject(raw, "invalid_score")
-                continue
-            if threshold is not None:
-                if score is None:
-                    reject(raw, "missing_field")
+                event = loads(raw)
+            except (bad_json, TypeError):  # TypeError: a tombstone (None value)
+                event = None
+            reason = "malformed_json"
+            if event.__class__ is dict:
+                if flatten is not None:
+                    event = flatten(event)
+                get = event.get
+                if get(k_model) != model_id:
+                    ignored += 1
                     continue
-                pred = 1 if score >= threshold else 0
-            else:
-                pred = self._prediction(event)
-                if pred is None:
-                    reject(raw, "missing_field")
+                reason = None
+                t = get(k_ts)
+                ts = None
+                if t.__class__ is str:
+                    try:
+                        d = fromiso(t)
+                        ts = (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
+                    except ValueError:
+                        pass
+                elif t.__class__ is float or t.__class__ is int:
+                    ts = float(t) if isfinite(t) else None
+                score = get(k_score)
+                if ts is None:
+                    reason = "missing_field" if t is None else "invalid_timestamp"
+                elif ts > latest:
+                    reason = "future_timestamp"
+                elif score is not None and ((score.__class__ is not float and score.__class__ is not int)
+                                            or not 0.0 <= score <= 1.0):  # fmt: skip
+                    reason = "invalid_score"
+                elif threshold is not None:
+                    pred = None if score is None else int(score >= threshold)
+                else:
+                    pred = get(k_pred)
+                    if pred is not None and (pred.__class__ is str or pred not in (0, 1)):
+                        reason = "invalid_prediction"
+                if reason is None and pred is None:
+                    reason = "missing_field"
+                if reason is None:
+                    label = get(k_label)
+                    if label is None:
+                        label = -1
+                    elif label.__class__ is str or label not in (0, 1):
+                        reason = "invalid_label"
+                if reason is None:
+                    attrs = get(k_attrs)
+                    codes = []
+                    if attrs.__class__ is not dict:
+                        reason = "missing_field"
+                    else:
+                        for column, table, unknown in tables:
+                            v = attrs.get(column)
+                            if v is None and not other:
+                                reason = "missing_field"
+                                break
+                            code = table.get(v if v.__class__ is str else str(v))
+                            codes.append(unknown if code is None else code)
+                if reason is None:
+                    ts_out.append(ts)
+                    pred_out.append(int(pred))
+                    label_out.append(int(label))
+                    ids.append(get(k_id))
+                    for column, code in zip(code_columns, codes, strict=True):
+                        column.append(code)
+                    if keep_rejected:
+                        kept_raw.append(raw)
                     continue
-                if isinstance(pred, str) or pred not in (0, 1):
-                    reject(raw, "invalid_prediction")
-                    continue
-            label = self._label(event)
-            if label is None:
-                label = -1
-            elif isinstance(label, str) or label not in (0, 1):
-                reject(raw, "invalid_label")
-                continue
-            attrs = self._attributes(event)
-            if not isinstance(attrs, dict):
-                reject(raw, "missing_field")
-                continue
-            values_here = [attrs.get(c) for c in self._columns]
-            if not self._other and None in values_here:
-                reject(raw, "missing_field")
-                continue
-            for column, value in zip(attr_values, values_here, strict=True):
-                column.append(value)
-            ts_out.append(ts)
-            pred_out.append(int(pred))
-            label_out.append(int(label))
-            ids.append(self._prediction_id(event))
-            if self.keep_rejected:
-                raw_kept.append(raw)
+            rejected[reason] += 1
+            if keep_rejected:
+                bad.append((raw, reason))
 
-        base = {c: encode(v, a.groups) for c, v, a in
-                zip(self._columns, attr_values, self.config.base_attributes, strict=True)}  # fmt: skip
+        base = {a.columns[0]: np.array(c, dtype=np.int64) for a, c in zip(self.config.base_attributes, code_columns,
+                                                                          strict=True)}  # fmt: skip
         keep = np.ones(len(ts_out), dtype=bool)
-        for codes in base.values():
-            keep &= codes >= 0
+        for codes_array in base.values():
+            keep &= codes_array >= 0
         n_unknown = int((~keep).sum())
         if n_unknown:
             rejected["unknown_attribute_value"] += n_unknown
-            if self.keep_rejected:
-                bad.extend((raw_kept[i], "unknown_attribute_value") for i in np.flatnonzero(~keep))
-            base = {c: codes[keep] for c, codes in base.items()}
+            if keep_rejected:
+                bad.extend((kept_raw[i], "unknown_attribute_value") for i in np.flatnonzero(~keep))
+            base = {c: codes_array[keep] for c, codes_array in base.items()}
             ids = [i for i, k in zip(ids, keep, strict=True) if k]
         return DecodedBatch(
             timestamps=np.asarray(ts_out, dtype=np.float64)[keep],

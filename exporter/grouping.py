@@ -11,21 +11,25 @@ from exporter.config import OTHER_GROUP, Attribute, Config
 from exporter.fairness import counts_from_arrays
 
 
+def code_table(groups: Sequence[str]) -> tuple[dict[str, int], int]:
+    """The code of each named group's value (values are compared as strings), and the code of any other value:
+    the index of ``other`` when it is one of the groups, else ``-1``."""
+    has_other = bool(groups) and groups[-1] == OTHER_GROUP
+    named = groups[:-1] if has_other else groups
+    return {g: i for i, g in enumerate(named)}, len(named) if has_other else -1
+
+
 def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[str]) -> np.ndarray:
-    """Codes of values among groups: values are compared as strings; unknown ones map to ``other`` if it is
-    one of the groups, else to ``-1``.
+    """Codes of a column of values, by :func:`code_table`.
 
     >>> encode(["f", "m", "x"], ("m", "f")).tolist()
     [1, 0, -1]
-    >>> encode(["f", "m", "x"], ("m", "f", "other")).tolist()
+    >>> encode(["f", "m", None], ("m", "f", "other")).tolist()
     [1, 0, 2]
     """
-    has_other = bool(groups) and groups[-1] == OTHER_GROUP
-    named = list(groups[:-1] if has_other else groups)
-    codes = pd.Index(named).get_indexer(pd.Series(values, dtype=object).astype(str)).astype(np.int64)
-    if has_other:
-        codes[codes < 0] = len(named)
-    return codes
+    table, unknown = code_table(groups)
+    codes = pd.Series(values, dtype=object).astype(str).map(table)
+    return codes.fillna(unknown).to_numpy(dtype=np.int64)
 
 
 def attribute_codes(attribute: Attribute, columns: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -20,6 +20,8 @@ from exporter.collector import CachedExposition
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog of 5 drops concurrent scrapers' connections, which retry a second later
+    request_queue_size = 128
 
 
 class _QuietHandler(WSGIRequestHandler):
