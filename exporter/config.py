@@ -96,6 +96,8 @@ class KafkaConfig:
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     assignment: Literal["subscribe", "manual"] = "subscribe"
     """subscribe: share partitions with the replicas of the consumer group; manual: read every partition."""
+    client_library: Literal["kafka-python", "confluent-kafka"] = "kafka-python"
+    """confluent-kafka (optional extra) decodes records in C; ``client`` then holds librdkafka properties."""
     labels_topic: str | None = None
     dead_letter_topic: str | None = None
     client: dict[str, Any] = field(default_factory=dict)
@@ -405,6 +407,8 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         errors.add("kafka.auto_offset_reset", f"{kafka.auto_offset_reset!r} is not one of earliest, latest")
     if kafka.assignment not in ("subscribe", "manual"):
         errors.add("kafka.assignment", f"{kafka.assignment!r} is not one of subscribe, manual")
+    if kafka.client_library not in ("kafka-python", "confluent-kafka"):
+        errors.add("kafka.client_library", f"{kafka.client_library!r} is not one of kafka-python, confluent-kafka")
     if not isinstance(kafka.client, dict):
         errors.add("kafka.client", f"{kafka.client!r} is not a mapping of kafka-python settings")
     threshold = _get(events_raw, "score_threshold", None, errors, "events.", float)

@@ -54,7 +54,11 @@ class Daemon:
         self.checkpoint_file = (checkpoint.checkpoint_path(config.checkpoint_path, config.model_id)
                                 if config.checkpoint_path else None)  # fmt: skip
         resume = self._restore() if self.checkpoint_file else {}
-        self.source = KafkaSource(
+        if config.kafka.client_library == "confluent-kafka":
+            from exporter.source_confluent import ConfluentSource as source_class
+        else:
+            source_class = KafkaSource
+        self.source = source_class(
             config.kafka, self.handle, self.health, resume_offsets=resume,
             manual_assignment=config.kafka.assignment == "manual",
             commit_interval=None if self.checkpoint_file else 5.0, safe_offsets=self.safe_offsets,
