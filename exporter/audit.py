@@ -14,7 +14,7 @@ import pandas as pd
 
 from exporter import __version__
 from exporter.config import Config, load_config
-from exporter.evaluate import Evaluation, evaluate
+from exporter.evaluate import Evaluation, evaluate_many
 from exporter.grouping import frame_counts
 
 
@@ -186,9 +186,9 @@ def run_audit(
     attributes: dict[str, Any] = {}
     impact_ratios: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
-    for attribute in config.attributes:
-        counts, excluded = all_counts[attribute.name]
-        ev = evaluate(attribute, counts, config.min_samples)
+    evaluations = evaluate_many([(a, all_counts[a.name][0]) for a in config.attributes], config.min_samples)
+    for attribute, ev in zip(config.attributes, evaluations, strict=True):
+        excluded = all_counts[attribute.name][1]
         attributes[attribute.name] = _group_report(ev, excluded)
         impact_ratios[attribute.name] = impact_ratio_table(ev)
         results.extend(_results(config, ev))

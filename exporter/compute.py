@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.config import Config
-from exporter.evaluate import Evaluation, evaluate
+from exporter.evaluate import Evaluation, evaluate_many
 from exporter.health import Health
 from exporter.window import WindowStore
 
@@ -49,11 +49,13 @@ class Computer:
         started = time.perf_counter()
         now = self.clock()
         windows = self.store.window_counts(now)
-        evaluations = []
+        keys, blocks = [], []
         for window in self.config.windows:
-            blocks = self.store.layout.split(windows[window.name])
+            by_attribute = self.store.layout.split(windows[window.name])
             for attribute in self.config.attributes:
-                evaluations.append((window.name, evaluate(attribute, blocks[attribute.name], self.config.min_samples)))
+                keys.append(window.name)
+                blocks.append((attribute, by_attribute[attribute.name]))
+        evaluations = list(zip(keys, evaluate_many(blocks, self.config.min_samples), strict=True))
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
                             self.store.layout.split(self.store.totals_copy()))  # fmt: skip
         self.latest = snapshot

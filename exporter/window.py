@@ -141,8 +141,14 @@ class WindowStore:
             self._advance(int(self.bucket_of(np.array([now]))[0]))
             out = {}
             for name, k in self.window_buckets.items():
-                mask = self.bucket_ids > self.head - k
-                out[name] = self.counts[mask].sum(axis=0)
+                # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in
+                # that range holds its bucket or nothing (_advance emptied the rest), so no mask is needed.
+                end = self.head % self.n_buckets + 1
+                start = end - k
+                total = self.counts[max(start, 0) : end].sum(axis=0)
+                if start < 0:
+                    total += self.counts[start:].sum(axis=0)
+                out[name] = total
             return out
 
     def state(self) -> dict[str, np.ndarray]:
