@@ -40,9 +40,10 @@ class _Rebalance(ConsumerRebalanceListener):
     def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         # Hand the partitions over at exactly what this replica counted: make that durable, commit it, and
         # forget our positions so a later re-assignment resumes from the committed offset, not from ours.
+        # kafka-python 3 calls this on its IO thread, where a blocking commit raises: commit asynchronously.
         if self.source.flush is not None:
             self.source.flush()
-        self.source.commit_now()
+        self.source.commit_now(wait=False)
         for tp in revoked:
             self.source.positions.pop((tp.topic, tp.partition), None)
             self.source.resume.pop((tp.topic, tp.partition), None)
@@ -140,10 +141,11 @@ class KafkaSource:
         if partitions:
             self.assigned.set()
 
-    def commit_now(self) -> None:
-        """Commit the offsets requested (checkpoint mode) or the safe ones (plain mode), on this thread.
+    def commit_now(self, wait: bool = True) -> None:
+        """Commit the offsets requested (checkpoint mode) or the safe ones (plain mode).
 
         A commit that fails or times out is counted and retried later; it never blocks consumption for long.
+        ``wait=False`` sends it without waiting (from kafka-python's own IO thread, during a rebalance).
         """
         if self.consumer is None:
             return
@@ -152,9 +154,12 @@ class KafkaSource:
             self.safe_offsets() if self.commit_interval is not None else None)  # fmt: skip
         if not offsets:
             return
+        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
         try:
-            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()},
-                                 timeout_ms=COMMIT_TIMEOUT_MS)  # fmt: skip
+            if wait:
+                self.consumer.commit(commit, timeout_ms=COMMIT_TIMEOUT_MS)
+            else:
+                self.consumer.commit_async(commit)
         except KafkaError as exc:
             self.health.consumer_errors.inc()
             log.warning("offset commit failed (%s: %s); will retry", type(exc).__name__, exc)
