@@ -62,7 +62,7 @@ class Daemon:
             config.kafka, self.handle, self.health, resume_offsets=resume,
             manual_assignment=config.kafka.assignment == "manual",
             commit_interval=None if self.checkpoint_file else 5.0, safe_offsets=self.safe_offsets,
-            flush=self.write_checkpoint if self.checkpoint_file else None,
+            flush=self.write_checkpoint if self.checkpoint_file else None, forget=self.forget_partitions,
         )  # fmt: skip
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.scheduler.add_job(self.computer.run_scheduled, "interval", seconds=config.evaluation_interval_seconds,
@@ -89,6 +89,12 @@ class Daemon:
         """Offsets whose events are all counted in the store (what may be committed without a checkpoint)."""
         with self.state_lock:
             return dict(self.store.offsets)
+
+    def forget_partitions(self, partitions: list[tuple[str, int]]) -> None:
+        """Partitions handed to another replica: their offsets leave what this replica commits and checkpoints."""
+        with self.state_lock:
+            for key in partitions:
+                self.store.offsets.pop(key, None)
 
     def handle(self, topic: str, partition: int, records: list[Any]) -> None:
         """Decode, validate and count one partition's batch."""

@@ -44,9 +44,12 @@ class _Rebalance(ConsumerRebalanceListener):
         if self.source.flush is not None:
             self.source.flush()
         self.source.commit_now(wait=False)
-        for tp in revoked:
-            self.source.positions.pop((tp.topic, tp.partition), None)
-            self.source.resume.pop((tp.topic, tp.partition), None)
+        keys = [(tp.topic, tp.partition) for tp in revoked]
+        for key in keys:
+            self.source.positions.pop(key, None)
+            self.source.resume.pop(key, None)
+        if self.source.forget is not None:
+            self.source.forget(keys)
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self.source.seek_to_resume(assigned)
@@ -59,11 +62,12 @@ class KafkaSource:
         self, kafka: KafkaConfig, handle: Callable[[str, int, list[Any]], None], health: Health,
         resume_offsets: Mapping[tuple[str, int], int] | None = None, manual_assignment: bool = False,
         commit_interval: float | None = 5.0, safe_offsets: Callable[[], Offsets] | None = None,
-        flush: Callable[[], object] | None = None,
+        flush: Callable[[], object] | None = None, forget: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:  # fmt: skip
         """``commit_interval``: commit ``safe_offsets()`` that often (None: only on ``request_commit``);
         ``flush`` makes the state durable and requests a commit of what it covers (a checkpoint); it runs on the
-        consumer thread before partitions are handed to another replica and after the last batch."""
+        consumer thread before partitions are handed to another replica and after the last batch; ``forget`` is told
+        which partitions were handed over, so no later commit or checkpoint carries their stale offsets."""
         self.kafka = kafka
         self.topics = [t for t in (kafka.topic, kafka.labels_topic) if t]
         self.handle = handle
@@ -73,6 +77,7 @@ class KafkaSource:
         self.commit_interval = commit_interval
         self.safe_offsets = safe_offsets or (lambda: {})
         self.flush = flush
+        self.forget = forget
         self.consumer: KafkaConsumer | None = None
         self.positions: Offsets = {}
         self.assigned = threading.Event()
@@ -152,9 +157,13 @@ class KafkaSource:
         requested = self._requested
         offsets = requested if requested is not None else (
             self.safe_offsets() if self.commit_interval is not None else None)  # fmt: skip
-        if not offsets:
+        # Only the partitions this replica holds (during a revocation, still those being revoked): the offset of
+        # one handed over earlier is stale and would rewind its new owner, who would then count events again.
+        held = self.consumer.assignment()
+        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in (offsets or {}).items()
+                  if TopicPartition(t, p) in held}  # fmt: skip
+        if not commit:
             return
-        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
         try:
             if wait:
                 self.consumer.commit(commit, timeout_ms=COMMIT_TIMEOUT_MS)
