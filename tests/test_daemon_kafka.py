@@ -2,11 +2,12 @@
 
 Events with known group rates give the right gauges (equal to the audit gate's numbers on the same rows); bad
 and late events are counted and excluded; the daemon survives a broker restart, and a SIGKILL followed by a
-restart from the checkpoint loses no event and counts none twice.
+restart from the checkpoint loses no event and counts none twice. Every test runs on both client libraries.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -24,12 +25,16 @@ import yaml
 from broker_fixture import produce
 from daemon_config import make_config
 from prometheus_client.parser import text_string_to_metric_families
+from tooling import missing
 
 from exporter.audit import run_audit
 from exporter.daemon import Daemon
 from exporter.embedded_broker import EmbeddedBroker, free_port
 
 GROUPS = {"gender": ["male", "female"], "age": ["young", "old"]}
+# The same setting in each library's own names (kafka.client is passed to the library as it is).
+FAST_RECONNECT = {"kafka-python": {"reconnect_backoff_max_ms": 500},
+                  "confluent-kafka": {"reconnect.backoff.max.ms": 500}}  # fmt: skip
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
@@ -70,18 +75,27 @@ def payloads(rows: pd.DataFrame, ts: float) -> list[bytes]:
             for i, r in enumerate(rows.itertuples())]  # fmt: skip
 
 
-def kafka_config(bootstrap: str, topic: str, **overrides: object) -> dict:
+@pytest.fixture(params=["kafka-python", "confluent-kafka"])
+def client_library(request: pytest.FixtureRequest) -> str:
+    """kafka.client_library: each test runs once per consumer implementation."""
+    if request.param == "confluent-kafka" and importlib.util.find_spec("confluent_kafka") is None:
+        missing("confluent-kafka is not installed (pip install 'fairness-exporter[confluent]')")
+    return str(request.param)
+
+
+def kafka_config(bootstrap: str, topic: str, client_library: str, **overrides: object) -> dict:
     return {"kafka": {"bootstrap_servers": bootstrap, "topic": topic, "assignment": "manual",
-                      "group_id": f"g-{topic}", "client": {"reconnect_backoff_max_ms": 500}},
+                      "group_id": f"g-{topic}", "client_library": client_library,
+                      "client": FAST_RECONNECT[client_library]},
             "evaluation_interval": "1s", "min_samples": 30, **overrides}  # fmt: skip
 
 
 @pytest.fixture
-def running() -> Iterator[Callable[..., Daemon]]:
+def running(client_library: str) -> Iterator[Callable[..., Daemon]]:
     daemons: list[Daemon] = []
 
     def start(bootstrap: str, topic: str, **overrides: object) -> Daemon:
-        daemon = Daemon(make_config(**kafka_config(bootstrap, topic, **overrides)))
+        daemon = Daemon(make_config(**kafka_config(bootstrap, topic, client_library, **overrides)))
         daemon.start()
         daemons.append(daemon)
         return daemon
@@ -127,7 +141,8 @@ def test_scraped_gauges_equal_the_audit_gate_on_the_same_rows(kafka_broker: Embe
 
 
 def test_bad_late_and_foreign_events_are_counted_and_excluded(kafka_broker: EmbeddedBroker, topic: str,
-                                                              running: Callable[..., Daemon]) -> None:  # fmt: skip
+                                                              running: Callable[..., Daemon],
+                                                              client_library: str) -> None:  # fmt: skip
     now = time.time()
     good = payloads(synthetic_rows(100, seed=3), now)
     bad = [b"{broken", orjson.dumps({"model_id": "m1", "timestamp": now, "prediction": 7,
@@ -138,7 +153,8 @@ def test_bad_late_and_foreign_events_are_counted_and_excluded(kafka_broker: Embe
     foreign = [orjson.dumps({"model_id": "other-model", "timestamp": now})] * 4
     produce(kafka_broker.bootstrap_servers, topic, good + bad + unknown + late + foreign + [b""])
     daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
-        **kafka_config(kafka_broker.bootstrap_servers, topic)["kafka"], "dead_letter_topic": f"{topic}-dlq"})
+        **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"],
+        "dead_letter_topic": f"{topic}-dlq"})
     wait_for(lambda: consumed(daemon.port) == 113, what="113 events consumed")
     daemon.computer.compute()
     s = scrape(daemon.port)
@@ -190,13 +206,13 @@ def _totals(port: int) -> dict[tuple[str, str], float]:
 
 
 def test_sigkill_and_restart_from_the_checkpoint_neither_loses_nor_double_counts(
-    kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path, client_library: str
 ) -> None:
     port = free_port()
     raw = {"model_id": "m1", "protected_attributes": [{"name": k, "groups": v} for k, v in GROUPS.items()],
            "listen": {"address": "127.0.0.1", "port": port}, "windows": ["1h"],
            "checkpoint": {"path": str(tmp_path / "state"), "interval": "1s"},
-           **kafka_config(kafka_broker.bootstrap_servers, topic)}  # fmt: skip
+           **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)}  # fmt: skip
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     rows = synthetic_rows(6000, seed=21)
@@ -228,13 +244,13 @@ def test_sigkill_and_restart_from_the_checkpoint_neither_loses_nor_double_counts
 
 
 def test_sigterm_writes_a_final_checkpoint_and_commits_its_offsets(
-    kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path
+    kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path, client_library: str
 ) -> None:
     port = free_port()
     raw = {"model_id": "m1", "protected_attributes": [{"name": k, "groups": v} for k, v in GROUPS.items()],
            "listen": {"address": "127.0.0.1", "port": port},
            "checkpoint": {"path": str(tmp_path), "interval": "1h"},  # only the shutdown writes one
-           **kafka_config(kafka_broker.bootstrap_servers, topic)}  # fmt: skip
+           **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)}  # fmt: skip
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(300, seed=8), time.time()), partition=1)
     proc = _serve(tmp_path / "c.yaml", tmp_path / "log")
@@ -256,7 +272,8 @@ def test_sigterm_writes_a_final_checkpoint_and_commits_its_offsets(
 
 
 def test_labels_from_their_own_topic_join_their_predictions(kafka_broker: EmbeddedBroker, topic: str,
-                                                            running: Callable[..., Daemon]) -> None:  # fmt: skip
+                                                            running: Callable[..., Daemon],
+                                                            client_library: str) -> None:  # fmt: skip
     labels_topic = f"{topic}-labels"
     kafka_broker.create_topic(labels_topic, partitions=2)
     rows = synthetic_rows(600, seed=9).assign(label=lambda f: np.random.default_rng(1).integers(0, 2, len(f)))
@@ -266,7 +283,7 @@ def test_labels_from_their_own_topic_join_their_predictions(kafka_broker: Embedd
     labels = [orjson.dumps({"prediction_id": f"p{i}", "label": int(y)}) for i, y in enumerate(rows.label)]
     produce(kafka_broker.bootstrap_servers, labels_topic, labels + labels[:10])
     daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
-        **kafka_config(kafka_broker.bootstrap_servers, topic)["kafka"], "labels_topic": labels_topic})
+        **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"], "labels_topic": labels_topic})
     wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_labels_joined_total") == 600, what="600 joins")
     daemon.computer.compute()
     s = scrape(daemon.port)

@@ -1,0 +1,223 @@
+"""End to end: the daemon on the real broker, scraped every second by a real Prometheus that loads the shipped rules.
+
+Biased traffic (selection rate 0.5 for men, 0.2 for women) gives Prometheus the fairness series with the values
+pandas computes from the same rows; the demographic parity and disparate impact alerts (with `for: 5s`) go pending,
+then firing, while a pair with equal rates raises none; and every query of the Grafana dashboard parses and
+returns data.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+from broker_fixture import produce
+from daemon_config import make_config
+from dashboard_queries import panel_queries
+from prometheus_fixture import PrometheusServer, load_rule_generator, wait_until
+from test_daemon_kafka import kafka_config, payloads, sample, scrape
+
+from exporter.daemon import Daemon
+from exporter.embedded_broker import EmbeddedBroker
+
+pytestmark = pytest.mark.prometheus
+
+FAIRNESS_ALERTS = ("FairnessDemographicParityDrift", "FairnessDisparateImpactViolation")
+UP = 'up{job="fairness-exporter"}'
+DASHBOARD_VARIABLES = {"model_id": "m1", "attribute": "gender", "window": "1h", "instance": ".*",
+                       "__rate_interval": "30s"}  # fmt: skip
+
+
+def biased_rows() -> pd.DataFrame:
+    """1000 men selected at 0.5, 1000 women at 0.2; young and old split every cell evenly (equal rates); 3 in 4
+    rows labelled. Shuffled with a fixed seed."""
+    cells = []
+    for gender, positives, negatives in (("male", 500, 500), ("female", 200, 800)):
+        for prediction, n in ((1, positives), (0, negatives)):
+            i = np.arange(n)
+            cells.append(pd.DataFrame({
+                "gender": gender, "age": np.where(i % 2 == 0, "young", "old"), "prediction": prediction,
+                # unlabelled (-1) every 4th row; otherwise the label agrees with the prediction 4 times in 5
+                "label": np.where(i % 4 == 3, -1, np.where(i % 5 == 0, 1 - prediction, prediction)),
+            }))  # fmt: skip
+    return pd.concat(cells).sample(frac=1.0, random_state=7).reset_index(drop=True)
+
+
+def side_traffic(now: float, n: int = 20) -> list[bytes]:
+    """Events the windows never count: late ones, other models' and malformed ones (so health rates are > 0)."""
+    old = now - 3 * 86400
+    late = [orjson.dumps({"model_id": "m1", "prediction_id": f"late{i}", "timestamp": old, "prediction": 1,
+                          "attributes": {"gender": "male", "age": "old"}}) for i in range(n)]  # fmt: skip
+    foreign = [orjson.dumps({"model_id": "another-model", "timestamp": now})] * n
+    return late + foreign + [b"{not json"] * n
+
+
+class AlertRecorder(threading.Thread):
+    """Polls /api/v1/alerts five times a second and records each alert's states in the order first seen."""
+
+    def __init__(self, prometheus: PrometheusServer) -> None:
+        super().__init__(name="alert-recorder", daemon=True)
+        self.prometheus = prometheus
+        self.states: dict[frozenset[tuple[str, str]], list[str]] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                alerts = self.prometheus.alerts()
+            except (OSError, AssertionError):
+                alerts = []
+            with self.lock:
+                for alert in alerts:
+                    seen = self.states.setdefault(frozenset(alert["labels"].items()), [])
+                    if alert["state"] not in seen:
+                        seen.append(alert["state"])
+            self.done.wait(0.2)
+
+    def snapshot(self) -> dict[frozenset[tuple[str, str]], list[str]]:
+        with self.lock:
+            return {labels: list(states) for labels, states in self.states.items()}
+
+    def states_of(self, alertname: str, **labels: str) -> list[list[str]]:
+        """The state sequences of every alert `alertname` whose labels include `labels`."""
+        wanted = {("alertname", alertname), *labels.items()}
+        return [states for key, states in self.snapshot().items() if wanted <= key]
+
+
+@dataclass
+class Stack:
+    daemon: Daemon
+    prometheus: PrometheusServer
+    alerts: AlertRecorder
+    rows: pd.DataFrame
+    bootstrap: str
+    topic: str
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A daemon on its own topic, a Prometheus scraping it with the rules (every `for:` 5s), then the traffic."""
+    topic = f"prometheus-e2e-{uuid.uuid4().hex[:8]}"
+    kafka_broker.create_topic(topic, partitions=3)
+    daemon = Daemon(make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python")))
+    daemon.start()
+    rules = load_rule_generator().rule_file(for_durations="5s")
+    directory: Path = tmp_path_factory.mktemp("prometheus")
+    try:
+        with PrometheusServer(directory, [f"127.0.0.1:{daemon.port}"], rules=rules) as prometheus:
+            wait_until(lambda: prometheus.values(UP) and set(prometheus.values(UP).values()) == {1.0}, 20,
+                       "Prometheus to scrape the daemon")  # fmt: skip
+            recorder = AlertRecorder(prometheus)
+            recorder.start()
+            rows = biased_rows()
+            produce(kafka_broker.bootstrap_servers, topic, payloads(rows, time.time()))
+            try:
+                yield Stack(daemon, prometheus, recorder, rows, kafka_broker.bootstrap_servers, topic)
+            finally:
+                recorder.done.set()
+                recorder.join(5)
+    finally:
+        daemon.stop()
+
+
+def selection_rates(rows: pd.DataFrame, attribute: str) -> pd.Series:
+    counts = rows.groupby(attribute).prediction.agg(["sum", "count"])
+    return counts["sum"] / counts["count"]
+
+
+def stored(stack: Stack, metric: str, **labels: str) -> float:
+    """The one value Prometheus holds for metric{labels} (waiting for it to be scraped)."""
+    selector = metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    found = wait_until(lambda: stack.prometheus.values(selector), 30, f"{selector} in Prometheus")
+    assert len(found) == 1, found
+    return next(iter(found.values()))
+
+
+def test_prometheus_stores_the_fairness_series_the_daemon_computes(stack: Stack) -> None:
+    """The gap and ratio Prometheus stores are the daemon's (as it serves them) and pandas' on the same rows."""
+    rates = selection_rates(stack.rows, "gender")
+    pair = {"model_id": "m1", "attribute": "gender", "dimension": "male_vs_female", "window": "1h"}
+    everything = f'model_subgroup_samples{{attribute="gender",subgroup="overall",window="1h"}} == {len(stack.rows)}'
+    wait_until(lambda: stack.prometheus.values(everything), 30, "every event counted and scraped")
+
+    dpd = stored(stack, "model_demographic_parity_difference", **pair)
+    di = stored(stack, "model_disparate_impact_ratio", **pair)
+    assert dpd == pytest.approx(abs(rates["male"] - rates["female"]), abs=1e-9)
+    assert di == pytest.approx(rates.min() / rates.max(), abs=1e-9)
+    assert (dpd, di) == (pytest.approx(0.3, abs=1e-9), pytest.approx(0.4, abs=1e-9))  # the design of the rows
+    served = scrape(stack.daemon.port)
+    labels = {**pair, "group_a": "male", "group_b": "female"}
+    assert sample(served, "model_demographic_parity_difference", **labels) == dpd
+    assert sample(served, "model_disparate_impact_ratio", **labels) == di
+    for group in ("male", "female"):
+        assert stored(stack, "model_positive_prediction_rate", model_id="m1", attribute="gender", window="1h",
+                      subgroup=group) == pytest.approx(rates[group], abs=1e-9)  # fmt: skip
+    up = stack.prometheus.values(UP)
+    assert list(up.values()) == [1.0]
+    assert ("instance", f"127.0.0.1:{stack.daemon.port}") in next(iter(up))
+
+
+def firing(stack: Stack, alertname: str, **labels: str) -> bool:
+    """Whether alerts `alertname` matching `labels` were seen and every one of them has reached firing."""
+    sequences = stack.alerts.states_of(alertname, **labels)
+    return bool(sequences) and all("firing" in states for states in sequences)
+
+
+@pytest.mark.parametrize("alertname", FAIRNESS_ALERTS)
+def test_fairness_alert_goes_pending_then_firing(stack: Stack, alertname: str) -> None:
+    selector = {"attribute": "gender", "dimension": "male_vs_female"}
+    wait_until(lambda: firing(stack, alertname, **selector), 45, f"{alertname} firing")
+    sequences = stack.alerts.states_of(alertname, **selector)
+    windows = {dict(key)["window"] for key in stack.alerts.snapshot() if {("alertname", alertname)} <= key}
+    assert windows == {"1h", "24h"}
+    assert sequences == [["pending", "firing"]] * 2, sequences
+    active = [a for a in stack.prometheus.alerts() if a["labels"]["alertname"] == alertname]
+    assert {a["state"] for a in active} == {"firing"}
+    assert {a["labels"]["severity"] for a in active} == {"critical"}
+
+
+def test_a_pair_with_equal_selection_rates_raises_no_alert(stack: Stack) -> None:
+    wait_until(lambda: all(firing(stack, name, attribute="gender") for name in FAIRNESS_ALERTS), 45,
+               "the gender alerts firing (so the rules have evaluated the age series too)")  # fmt: skip
+    age = {"model_id": "m1", "attribute": "age", "dimension": "young_vs_old", "window": "1h"}
+    assert stored(stack, "model_demographic_parity_difference", **age) == 0.0
+    assert stored(stack, "model_disparate_impact_ratio", **age) == 1.0
+    on_age = [dict(key) for key in stack.alerts.snapshot() if ("attribute", "age") in key]
+    assert on_age == []
+
+
+def test_every_dashboard_query_returns_data_from_prometheus(stack: Stack) -> None:
+    """Every panel's PromQL, with the dashboard's variables set to the running daemon, parses and has series.
+
+    `$__rate_interval` is 30s: fresh side traffic (late, foreign and malformed events) is consumed and scraped
+    first, so every rate() window holds samples before and after it and no ratio is 0/0.
+    """
+    wait_until(lambda: stack.prometheus.values('model_true_positive_rate{attribute="gender",window="1h"}'), 30,
+               "the labelled series")  # fmt: skip
+    before = sum(stack.prometheus.values("fairness_exporter_events_late_total").values())
+    produce(stack.bootstrap, stack.topic, side_traffic(time.time()))
+    wait_until(lambda: stack.prometheus.values(f"fairness_exporter_events_late_total > {before}"), 30,
+               "the late events scraped")  # fmt: skip
+    at = time.time()
+    queries = panel_queries(DASHBOARD_VARIABLES)
+    assert queries, "the dashboard has no queries"
+    empty, not_finite = [], []
+    for title, expr in queries:
+        body = stack.prometheus.get("/api/v1/query", query=expr, time=at)
+        assert body.get("status") == "success", f"panel {title!r}: {expr}: {body}"
+        result = body["data"]["result"]
+        if not result:
+            empty.append((title, expr))
+        not_finite += [(title, expr, s) for s in result if not math.isfinite(float(s["value"][1]))]
+    assert empty == [], f"queries without data: {empty}"
+    assert not_finite == [], f"queries with NaN/Inf values: {not_finite}"
