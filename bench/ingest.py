@@ -173,10 +173,11 @@ def daemon_path(broker: EmbeddedBroker, n: int) -> Run:
         close(daemon)
 
 
-def shipped_source(broker: EmbeddedBroker, n: int) -> Run:
-    """The daemon's own KafkaSource thread (manual assignment, a fresh group); timed from start to the last count,
+def shipped_source(broker: EmbeddedBroker, n: int, client_library: str = "kafka-python") -> Run:
+    """The daemon's own source thread (manual assignment, a fresh group); timed from start to the last count,
     so it includes connecting and the first metadata round trip."""
-    daemon = Daemon(config(broker.bootstrap_servers, assignment="manual", group_id=f"bench-{uuid.uuid4().hex[:8]}"))
+    daemon = Daemon(config(broker.bootstrap_servers, assignment="manual", group_id=f"bench-{uuid.uuid4().hex[:8]}",
+                           client_library=client_library))  # fmt: skip
     try:
         deadline = time.monotonic() + DRAIN_TIMEOUT
         broker_before = broker_cpu_seconds(broker.pid)
@@ -263,6 +264,8 @@ def run(quick: bool = False) -> Section:
         "(a) ceiling: bare kafka-python poll + `orjson.loads`": ceiling,
         "(b) daemon ingest path: same poll loop + `Daemon.handle`": daemon_path,
         "(c) shipped `KafkaSource` thread + `Daemon.handle`": shipped_source,
+        "(d) shipped source on confluent-kafka (`kafka.client_library`) + `Daemon.handle`":
+            lambda broker, n: shipped_source(broker, n, "confluent-kafka"),
     }
     names = list(variants)
     runs: dict[str, list[Run]] = {name: [] for name in variants}
@@ -278,8 +281,8 @@ def run(quick: bool = False) -> Section:
                     continue
                 try:
                     runs[name].append(fn(broker, n))
-                except Exception as exc:  # (c) runs the shipped consumer thread: report it as failed, go on
-                    if name != names[2]:
+                except Exception as exc:  # (c), (d) run the shipped consumer thread: report it as failed, go on
+                    if name not in names[2:]:
                         raise
                     errors[name] = f"{type(exc).__name__}: {exc}"
     micro_values = values[: 20_000 if quick else 100_000]
