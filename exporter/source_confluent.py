@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_SECONDS = 0.5
 METADATA_TIMEOUT_SECONDS = 2.0
-# librdkafka's names. session.timeout.ms is kafka-python's default (librdkafka's is 45 s): it is how long a member
-# that died holds its partitions, and also how long a commit waits for an unreachable group coordinator.
-CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.max.ms": 5000, "topic.metadata.refresh.interval.ms": 30_000,
-                                   "session.timeout.ms": 10_000}  # fmt: skip
+# librdkafka's names. Against a broker that is down, librdkafka retried every ~50 ms (its 100 ms start, with jitter,
+# never grew): 1 s keeps that to a couple of errors a second. session.timeout.ms is kafka-python's default
+# (librdkafka's is 45 s): how long a member that died holds its partitions, and how long a commit waits for an
+# unreachable group coordinator.
+CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.ms": 1000, "reconnect.backoff.max.ms": 5000,
+                                   "topic.metadata.refresh.interval.ms": 30_000, "session.timeout.ms": 10_000}
 
 
 class _Record(NamedTuple):

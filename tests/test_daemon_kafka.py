@@ -32,9 +32,9 @@ from exporter.daemon import Daemon
 from exporter.embedded_broker import EmbeddedBroker, free_port
 
 GROUPS = {"gender": ["male", "female"], "age": ["young", "old"]}
-# The same setting in each library's own names (kafka.client is passed to the library as it is).
+# Reconnect quickly after a broker restart, in each library's own names (kafka.client goes to the library as it is).
 FAST_RECONNECT = {"kafka-python": {"reconnect_backoff_max_ms": 500},
-                  "confluent-kafka": {"reconnect.backoff.max.ms": 500}}  # fmt: skip
+                  "confluent-kafka": {"reconnect.backoff.ms": 200, "reconnect.backoff.max.ms": 500}}  # fmt: skip
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
