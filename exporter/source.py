@@ -44,12 +44,7 @@ class _Rebalance(ConsumerRebalanceListener):
         if self.source.flush is not None:
             self.source.flush()
         self.source.commit_now(wait=False)
-        keys = [(tp.topic, tp.partition) for tp in revoked]
-        for key in keys:
-            self.source.positions.pop(key, None)
-            self.source.resume.pop(key, None)
-        if self.source.forget is not None:
-            self.source.forget(keys)
+        self.source.forget_positions([(tp.topic, tp.partition) for tp in revoked])
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self.source.seek_to_resume(assigned)
@@ -95,6 +90,15 @@ class KafkaSource:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def forget_positions(self, keys: list[tuple[str, int]]) -> None:
+        """Drop what we knew of these partitions (handed to another replica, or truncated): no later seek, commit or
+        checkpoint may carry their old offsets."""
+        for key in keys:
+            self.positions.pop(key, None)
+            self.resume.pop(key, None)
+        if self.forget is not None:
+            self.forget(keys)
 
     def request_commit(self, offsets: Offsets) -> None:
         """Ask the consumer thread to commit these offsets (e.g. once a checkpoint covering them is durable)."""
@@ -197,8 +201,7 @@ class KafkaSource:
                             "truncated or recreated; reading it from the earliest offset", tp.topic, tp.partition,
                             position, high)  # fmt: skip
                 self.consumer.seek_to_beginning(tp)
-                self.positions.pop(key, None)
-                self.resume.pop(key, None)
+                self.forget_positions([key])
                 continue
             self.health.lag.labels(tp.topic, str(tp.partition)).set(high - position)
         if batches or self.consumer.assignment():

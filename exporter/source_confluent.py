@@ -47,7 +47,7 @@ def _record(message: ck.Message) -> _Record:
 
 class _Batch:
     """One partition's messages, read as records. Each record is built when read and dropped right after: a list of
-    live records would cost the garbage collector about 1 µs per message, a third of librdkafka's whole cost."""
+    live records kept the garbage collector busy (9.3 instead of 8.0 µs of CPU per event, source + Daemon.handle)."""
 
     __slots__ = ("messages",)
 
@@ -75,13 +75,16 @@ class ConfluentSource(KafkaSource):
 
     def _connect(self) -> ck.Consumer:
         self._fatal = None
+        settings = {**CLIENT_DEFAULTS, **self.kafka.client}
+        if "reconnect.backoff.ms" not in self.kafka.client:  # librdkafka refuses a start above a user's lower maximum
+            start, most = CLIENT_DEFAULTS["reconnect.backoff.ms"], int(settings["reconnect.backoff.max.ms"])
+            settings["reconnect.backoff.ms"] = min(start, most)
         consumer = ck.Consumer({
             "bootstrap.servers": self.kafka.bootstrap_servers,
             "group.id": self.kafka.group_id,
             "client.id": f"fairness-exporter-{self.kafka.group_id}",
             "auto.offset.reset": self.kafka.auto_offset_reset,
-            **CLIENT_DEFAULTS,
-            **self.kafka.client,
+            **settings,
             # Offsets are committed only by commit_now, and only what the daemon says is safe.
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -215,8 +218,7 @@ class ConfluentSource(KafkaSource):
                             "truncated or recreated; reading it from the earliest offset", tp.topic, tp.partition,
                             position, high)  # fmt: skip
                 self.consumer.seek(ck.TopicPartition(tp.topic, tp.partition, ck.OFFSET_BEGINNING))
-                self.positions.pop(key, None)
-                self.resume.pop(key, None)
+                self.forget_positions([key])
                 continue
             self.health.lag.labels(tp.topic, str(tp.partition)).set(high - position)
         if batches or assignment:
