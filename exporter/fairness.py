@@ -187,6 +187,17 @@ def compare(counts: NDArray, group_a: NDArray, group_b: NDArray) -> Comparisons:
     )
 
 
+def outcome_columns(predictions: NDArray, labels: NDArray) -> tuple[IntArray, IntArray]:
+    """Per row: its predicted-class column (PRED_POS/PRED_NEG), and its TP/FP/TN/FN column (-1 when unlabelled)."""
+    predicted = np.where(predictions == 1, PRED_POS, PRED_NEG)
+    outcome = np.select(
+        [(predictions == 1) & (labels == 1), (predictions == 1) & (labels == 0),
+         (predictions == 0) & (labels == 0), (predictions == 0) & (labels == 1)],
+        [TP, FP, TN, FN], default=-1,
+    )  # fmt: skip
+    return predicted, outcome
+
+
 def counts_from_arrays(
     codes: NDArray, n_groups: int, y_pred: NDArray, y_true: NDArray | None = None
 ) -> IntArray:
@@ -200,16 +211,10 @@ def counts_from_arrays(
     y_true = np.full_like(y_pred, -1) if y_true is None else np.asarray(y_true, dtype=np.int64)
     keep = codes >= 0
     codes, y_pred, y_true = codes[keep], y_pred[keep], y_true[keep]
-    # outcome index per row: PRED_POS/PRED_NEG always, plus TP/FP/TN/FN when labelled
-    predicted = np.where(y_pred == 1, PRED_POS, PRED_NEG)
+    predicted, outcome = outcome_columns(y_pred, y_true)
+    labelled = outcome >= 0
     out = np.bincount(codes * N_COUNTS + predicted, minlength=n_groups * N_COUNTS)
-    labelled = y_true >= 0
-    outcome = np.select(
-        [(y_pred == 1) & (y_true == 1), (y_pred == 1) & (y_true == 0), (y_pred == 0) & (y_true == 0)],
-        [TP, FP, TN],
-        default=FN,
-    )[labelled]
-    out += np.bincount(codes[labelled] * N_COUNTS + outcome, minlength=n_groups * N_COUNTS)
+    out += np.bincount(codes[labelled] * N_COUNTS + outcome[labelled], minlength=n_groups * N_COUNTS)
     return out.reshape(n_groups, N_COUNTS).astype(np.int64)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.config import Config
-from exporter.fairness import FN, FP, N_COUNTS, PRED_NEG, PRED_POS, TN, TP
+from exporter.fairness import N_COUNTS, outcome_columns
 
 
 @dataclass(frozen=True)
@@ -41,17 +41,6 @@ class Layout:
     def split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Cut a ``(n_rows, ...)`` array into one block per attribute."""
         return {n: rows[o : o + s] for n, o, s in zip(self.names, self.offsets, self.sizes, strict=True)}
-
-
-def outcome_columns(predictions: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per event: the predicted-class column, and the TP/FP/TN/FN column (-1 when unlabelled)."""
-    predicted = np.where(predictions == 1, PRED_POS, PRED_NEG)
-    outcome = np.select(
-        [(predictions == 1) & (labels == 1), (predictions == 1) & (labels == 0),
-         (predictions == 0) & (labels == 0), (predictions == 0) & (labels == 1)],
-        [TP, FP, TN, FN], default=-1,
-    )  # fmt: skip
-    return predicted, outcome
 
 
 class WindowStore:
@@ -107,8 +96,7 @@ class WindowStore:
             in_ring = buckets > self.head - self.n_buckets
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in codes.items()}, outcomes[in_ring])
             gone = ~in_ring & (outcomes >= 0)
-            for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
-                np.add.at(self.totals.reshape(-1), (offset + codes[name][gone]) * N_COUNTS + outcomes[gone], 1)
+            self._count_totals({k: v[gone] for k, v in codes.items()}, outcomes[gone])
         return int(gone.sum())
 
     def _slots(self, buckets: np.ndarray) -> np.ndarray:
@@ -123,11 +111,15 @@ class WindowStore:
             return
         slots = self._slots(buckets)
         flat_counts = self.counts.reshape(-1)
+        for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
+            np.add.at(flat_counts, (slots * self.layout.n_rows + offset + codes[name]) * N_COUNTS + columns, 1)
+        self._count_totals(codes, columns)
+
+    def _count_totals(self, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
+        """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
         for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
-            rows = offset + codes[name]
-            np.add.at(flat_counts, (slots * self.layout.n_rows + rows) * N_COUNTS + columns, 1)
-            np.add.at(flat_totals, rows * N_COUNTS + columns, 1)
+            np.add.at(flat_totals, (offset + codes[name]) * N_COUNTS + columns, 1)
 
     def _count_outcomes(
         self, buckets: np.ndarray, codes: dict[str, np.ndarray], outcome: np.ndarray
