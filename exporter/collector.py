@@ -1,7 +1,7 @@
-"""Render the latest Snapshot on /metrics: fresh metric families on every scrape, nothing mutated in place.
+"""Render each Snapshot for /metrics: fresh metric families per snapshot, nothing mutated in place.
 
 A series that leaves the data (a window that empties, a comparison that becomes insufficient) leaves /metrics
-by itself. A scrape reads one snapshot reference and never triggers or waits for a computation.
+by itself. Each snapshot is serialised once (CachedExposition); a scrape never triggers or waits for a computation.
 """
 
 from __future__ import annotations

@@ -53,6 +53,8 @@ class _Rebalance(ConsumerRebalanceListener):
 class KafkaSource:
     """Consumes the events topic (and the labels topic, if any) and calls ``handle(topic, partition, records)``."""
 
+    COMMIT_ERRORS: tuple[type[Exception], ...] = (KafkaError,)
+
     def __init__(
         self, kafka: KafkaConfig, handle: Callable[[str, int, list[Any]], None], health: Health,
         resume_offsets: Mapping[tuple[str, int], int] | None = None, manual_assignment: bool = False,
@@ -154,7 +156,7 @@ class KafkaSource:
         """Commit the offsets requested (checkpoint mode) or the safe ones (plain mode).
 
         A commit that fails or times out is counted and retried later; it never blocks consumption for long.
-        ``wait=False`` sends it without waiting (from kafka-python's own IO thread, during a rebalance).
+        ``wait=False`` sends it without waiting (from inside a rebalance callback).
         """
         if self.consumer is None:
             return
@@ -163,22 +165,28 @@ class KafkaSource:
             self.safe_offsets() if self.commit_interval is not None else None)  # fmt: skip
         # Only the partitions this replica holds (during a revocation, still those being revoked): the offset of
         # one handed over earlier is stale and would rewind its new owner, who would then count events again.
-        held = self.consumer.assignment()
-        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in (offsets or {}).items()
-                  if TopicPartition(t, p) in held}  # fmt: skip
+        held = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        commit = {key: offset for key, offset in (offsets or {}).items() if key in held}
         if not commit:
             return
         try:
-            if wait:
-                self.consumer.commit(commit, timeout_ms=COMMIT_TIMEOUT_MS)
-            else:
-                self.consumer.commit_async(commit)
-        except KafkaError as exc:
+            self._send_commit(commit, wait)
+        except self.COMMIT_ERRORS as exc:
             self.health.consumer_errors.inc()
             log.warning("offset commit failed (%s: %s); will retry", type(exc).__name__, exc)
             return
         if self._requested is requested:
             self._requested = None
+
+    def _send_commit(self, offsets: Offsets, wait: bool) -> None:
+        """The client call of a commit; raises one of COMMIT_ERRORS when it fails."""
+        assert self.consumer is not None
+        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        if wait:
+            self.consumer.commit(commit, timeout_ms=COMMIT_TIMEOUT_MS)
+        else:
+            # kafka-python 3 runs rebalance callbacks on its IO thread, where a blocking commit raises
+            self.consumer.commit_async(commit)
 
     def _poll_once(self) -> None:
         assert self.consumer is not None

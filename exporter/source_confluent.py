@@ -67,6 +67,8 @@ class _Batch:
 class ConfluentSource(KafkaSource):
     """Consumes the events topic (and the labels topic, if any) with librdkafka; same arguments as KafkaSource."""
 
+    COMMIT_ERRORS = (ck.KafkaException,)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._closing = False
@@ -156,34 +158,16 @@ class ConfluentSource(KafkaSource):
         if partitions:
             self.assigned.set()
 
-    def commit_now(self, wait: bool = True) -> None:
-        """Commit the offsets requested (checkpoint mode) or the safe ones (plain mode), on this thread.
-
-        A commit that fails is counted and retried later. librdkafka's commit has no timeout of its own: it waits
-        for an unreachable coordinator up to ``session.timeout.ms``. ``wait=False`` (the revoke callback) only
-        sends it; librdkafka completes outstanding commits before it rejoins the group.
-        """
-        if self.consumer is None:
-            return
-        requested = self._requested
-        offsets = requested if requested is not None else (
-            self.safe_offsets() if self.commit_interval is not None else None)  # fmt: skip
-        # Only the partitions this replica holds (in on_revoke, still those being revoked), as in KafkaSource.
-        held = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-        commit = [ck.TopicPartition(t, p, o) for (t, p), o in (offsets or {}).items() if (t, p) in held]
-        if not commit:
-            return
-        try:
-            done = self.consumer.commit(offsets=commit, asynchronous=not wait)
-            failed = [tp.error for tp in done or () if tp.error is not None]
-            if failed:
-                raise ck.KafkaException(failed[0])
-        except ck.KafkaException as exc:
-            self.health.consumer_errors.inc()
-            log.warning("offset commit failed (%s); will retry", exc.args[0])
-            return
-        if self._requested is requested:
-            self._requested = None
+    def _send_commit(self, offsets: dict[tuple[str, int], int], wait: bool) -> None:
+        """librdkafka's commit has no timeout of its own: it waits for an unreachable coordinator up to
+        ``session.timeout.ms``. ``wait=False`` (the revoke callback) only sends it; librdkafka completes
+        outstanding commits before it rejoins the group."""
+        assert self.consumer is not None
+        commit = [ck.TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        done = self.consumer.commit(offsets=commit, asynchronous=not wait)
+        failed = [tp.error for tp in done or () if tp.error is not None]
+        if failed:
+            raise ck.KafkaException(failed[0])
 
     def _poll_once(self) -> None:
         assert self.consumer is not None
