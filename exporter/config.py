@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -53,11 +53,6 @@ class Attribute:
     groups: tuple[str, ...]
     pairs: tuple[tuple[int, int], ...]
     base_sizes: tuple[int, ...] = field(default=())
-
-    @property
-    def dimensions(self) -> tuple[str, ...]:
-        """``a_vs_b`` for every configured pair."""
-        return tuple(f"{self.groups[a]}_vs_{self.groups[b]}" for a, b in self.pairs)
 
     def combine(self, codes: list[np.ndarray]) -> np.ndarray:
         """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""
@@ -476,10 +471,3 @@ def load_config(path: str | Path) -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return parse_config(raw, str(path))
-
-
-def iter_comparisons(config: Config) -> Iterator[tuple[Attribute, int, int]]:
-    """Every configured (attribute, group_a, group_b) comparison."""
-    for attribute in config.attributes:
-        for a, b in attribute.pairs:
-            yield attribute, a, b
