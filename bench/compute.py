@@ -23,10 +23,10 @@ import pandas as pd
 from prometheus_client import CollectorRegistry
 
 from bench.report import Section, fmt, package_version, standalone, table
-from exporter.compute import Computer, Snapshot
 from exporter.config import Attribute, Config, parse_config
-from exporter.health import Health
-from exporter.window import WindowStore
+from exporter.serve.self_metrics import Health
+from exporter.serve.snapshot import Computer, Snapshot
+from exporter.stream.window import WindowStore
 
 ATTRIBUTES = {"gender": ["male", "female", "non_binary"], "age_group": ["18_29", "30_44", "45_59", "60_plus"],
               "ethnicity": ["a", "b", "c", "d", "e"]}  # fmt: skip

@@ -28,13 +28,13 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from bench.report import Section, Timing, broker_cpu_seconds, fmt, median, package_version, standalone, table
 from exporter.config import Config, parse_config
+from exporter.core.fairness import PRED_NEG, PRED_POS
 from exporter.daemon import Daemon
-from exporter.embedded_broker import EmbeddedBroker
-from exporter.events import EventDecoder
-from exporter.fairness import PRED_NEG, PRED_POS
-from exporter.source import MAX_RECORDS
-from exporter.synthetic import AGES, GENDERS, events
-from exporter.window import WindowStore
+from exporter.devtools.embedded_broker import EmbeddedBroker
+from exporter.devtools.synthetic import AGES, GENDERS, events
+from exporter.stream.decode import EventDecoder
+from exporter.stream.source import MAX_RECORDS
+from exporter.stream.window import WindowStore
 
 TOPIC = "predictions"
 PARTITIONS = 3
@@ -305,7 +305,7 @@ def run(quick: bool = False) -> Section:
                      fmt(best_rate(name) / best_rate(names[0])), ", ".join(fmt(x) for x in rates)))  # fmt: skip
     ratio = best_rate(names[1]) / best_rate(names[0])
 
-    section.add(f"{n:,} events of {size:.0f} bytes on average (exporter.synthetic.events, distinct timestamps), "
+    section.add(f"{n:,} events of {size:.0f} bytes on average (devtools.synthetic.events, distinct timestamps), "
                 f"produced once to {PARTITIONS} partitions of the embedded Tansu broker in {produced.wall:.1f} s "
                 f"({n / produced.wall:,.0f} events/s), then drained {rounds} times per path, interleaved, after one "
                 f"warm-up drain. Consumer: kafka-python {package_version('kafka-python')}, manual assignment, "

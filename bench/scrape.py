@@ -29,9 +29,9 @@ import orjson
 from prometheus_client import generate_latest
 
 from bench.report import Section, fmt, median, percentile, standalone, table
-from exporter.collector import SnapshotCollector
 from exporter.config import Config, parse_config
 from exporter.daemon import Daemon
+from exporter.serve.collector import SnapshotCollector
 
 N_ATTRIBUTES = 5
 N_GROUPS = 10

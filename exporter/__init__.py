@@ -1,25 +1,32 @@
-"""fairness-exporter: continuous fairness monitoring for deployed models, and a CI bias-audit gate."""
+"""fairness-exporter: continuous fairness monitoring for deployed models, and a CI bias-audit gate.
 
+The public Python API is loaded on first use, so the daemon's import path never loads pandas.
+"""
+
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     __version__ = version("fairness-exporter")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+source"
 
-from exporter.audit import run_audit
-from exporter.metrics import (
-    FairnessResult,
-    demographic_parity_difference,
-    disparate_impact_ratio,
-    equalised_odds_difference,
-)
+_PUBLIC = {
+    "FairnessResult": "exporter.gate.seed_api",
+    "demographic_parity_difference": "exporter.gate.seed_api",
+    "disparate_impact_ratio": "exporter.gate.seed_api",
+    "equalised_odds_difference": "exporter.gate.seed_api",
+    "run_audit": "exporter.gate.audit",
+}
 
-__all__ = [
-    "FairnessResult",
-    "__version__",
-    "demographic_parity_difference",
-    "disparate_impact_ratio",
-    "equalised_odds_difference",
-    "run_audit",
-]
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module when the name is first used."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'exporter' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporter import __version__, audit_log
-from exporter.audit import DataError, Override, exit_code, run_audit, sha256_file
+from exporter import __version__
 from exporter.config import ConfigError, load_config
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
@@ -21,6 +20,8 @@ SUMMARY_LINES = 15
 
 
 def _file_facts(path: str) -> dict[str, Any]:
+    from exporter.gate.audit import sha256_file
+
     p = Path(path)
     return {"file": path, "sha256": sha256_file(p) if p.is_file() else None}
 
@@ -41,6 +42,9 @@ def _summary(report: dict[str, Any]) -> str:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
+    from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
+    from exporter.gate.audit import DataError, Override, exit_code, run_audit
+
     log_path = args.audit_log
     override = None
     if args.override_justification is not None or args.override_author is not None:
@@ -85,6 +89,8 @@ def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
     """Verify a hash-chained audit log; exit 1 when it was tampered with."""
+    from exporter.gate import audit_log
+
     try:
         count, problems = audit_log.verify(args.path, expect_head=args.expect_head)
     except OSError as exc:
@@ -122,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """A local broker, synthetic traffic that drifts into bias, and the daemon; Ctrl-C stops all three."""
-    from exporter.demo import run_demo
+    from exporter.devtools.demo import run_demo
 
     _configure_logging(args.log_level)
     return run_demo(port=args.port, rate=args.rate, drift_after=args.drift_after)

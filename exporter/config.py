@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import numpy as np
 import yaml
+
+from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 
 METRIC_NAMES: Final = ("demographic_parity_difference", "equalised_odds_difference", "disparate_impact_ratio")
 SEVERITIES: Final = ("blocking", "warning")
-OTHER_GROUP: Final = "other"
-INTERSECTION_SEP: Final = ":"
 DEFAULT_PORT: Final = 9108
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
@@ -38,32 +37,6 @@ def parse_duration(text: str) -> float:
     if not m or int(m.group(1)) == 0:
         raise ValueError(f"{text!r} is not a duration like 15s, 1m, 24h or 7d")
     return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-
-
-@dataclass(frozen=True)
-class Attribute:
-    """A protected attribute (or an intersection of several) and its bounded set of subgroups.
-
-    ``groups`` are the label values; codes are row indices into a counts array. ``columns`` are the source
-    columns (event attribute keys); an intersection has several and its groups are joined with ``:``.
-    """
-
-    name: str
-    columns: tuple[str, ...]
-    groups: tuple[str, ...]
-    pairs: tuple[tuple[int, int], ...]
-    base_sizes: tuple[int, ...] = field(default=())
-
-    def combine(self, codes: list[np.ndarray]) -> np.ndarray:
-        """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""
-        if len(codes) == 1:
-            return codes[0]
-        out = np.zeros_like(codes[0])
-        bad = np.zeros(codes[0].shape, dtype=bool)
-        for code, size in zip(codes, self.base_sizes, strict=True):
-            out = out * size + code
-            bad |= code < 0
-        return np.where(bad, -1, out)
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,17 @@ import orjson
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from exporter import checkpoint
-from exporter.collector import CachedExposition
-from exporter.compute import Computer
 from exporter.config import Config
-from exporter.dead_letters import DeadLetters
-from exporter.events import EventDecoder
-from exporter.health import Health, RateLimitedLog
-from exporter.http import HttpServer, make_app
-from exporter.labels import Joined, LabelJoin
-from exporter.source import KafkaSource, Offsets
-from exporter.window import WindowStore
+from exporter.serve.collector import CachedExposition
+from exporter.serve.http import HttpServer, make_app
+from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.serve.snapshot import Computer
+from exporter.stream import checkpoint
+from exporter.stream.dead_letters import DeadLetters
+from exporter.stream.decode import EventDecoder
+from exporter.stream.label_join import Joined, LabelJoin
+from exporter.stream.source import KafkaSource, Offsets
+from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
 EXPIRY_EVERY_SECONDS = 10.0
@@ -55,7 +55,7 @@ class Daemon:
                                 if config.checkpoint_path else None)  # fmt: skip
         resume = self._restore() if self.checkpoint_file else {}
         if config.kafka.client_library == "confluent-kafka":
-            from exporter.source_confluent import ConfluentSource as source_class
+            from exporter.stream.source_confluent import ConfluentSource as source_class
         else:
             source_class = KafkaSource
         self.source = source_class(

@@ -1,4 +1,4 @@
-"""pytest plugin: in-memory Tansu Kafka brokers (exporter.embedded_broker) and produce/consume helpers.
+"""pytest plugin: in-memory Tansu Kafka brokers (exporter.devtools.embedded_broker) and produce/consume helpers.
 
 Fixtures: `kafka_broker` (one broker for the session), `fresh_broker` (a broker of the test's own, e.g. to
 restart it), `topic` (a new 3-partition topic on `kafka_broker`). Tests using them get the `kafka` marker.
@@ -17,7 +17,7 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.producer.future import RecordMetadata
 from tooling import missing
 
-from exporter.embedded_broker import BrokerNotInstalled, EmbeddedBroker
+from exporter.devtools.embedded_broker import BrokerNotInstalled, EmbeddedBroker
 
 BROKER_FIXTURES = {"kafka_broker", "fresh_broker", "topic"}
 

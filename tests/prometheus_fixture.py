@@ -11,7 +11,6 @@ timeout) on exit, and the kernel kills it if the test process dies first: no tes
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import signal
 import subprocess
@@ -27,21 +26,18 @@ from typing import IO, Any, Self
 import yaml
 from tooling import require_binary
 
-from exporter.embedded_broker import free_port, terminate
+from exporter.devtools.embedded_broker import free_port, terminate
 
-RULE_GENERATOR = Path(__file__).resolve().parent.parent / "rules" / "generate.py"
 JOB = "fairness-exporter"
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_BYTES = 4000
 
 
 def load_rule_generator() -> ModuleType:
-    """rules/generate.py, imported by path (rules/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("fairness_rules_generate", RULE_GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The rules generator module."""
+    from exporter.devtools import rules
+
+    return rules
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:

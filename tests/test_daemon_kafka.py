@@ -27,9 +27,9 @@ from daemon_config import make_config
 from prometheus_client.parser import text_string_to_metric_families
 from tooling import missing
 
-from exporter.audit import run_audit
 from exporter.daemon import Daemon
-from exporter.embedded_broker import EmbeddedBroker, free_port
+from exporter.devtools.embedded_broker import EmbeddedBroker, free_port
+from exporter.gate.audit import run_audit
 
 GROUPS = {"gender": ["male", "female"], "age": ["young", "old"]}
 # Reconnect quickly after a broker restart, in each library's own names (kafka.client goes to the library as it is).

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.embedded_broker import free_port
+from exporter.devtools.embedded_broker import free_port
 
 pytestmark = pytest.mark.kafka
 

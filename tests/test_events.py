@@ -8,7 +8,7 @@ from daemon_config import event, make_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.events import REJECT_REASONS, EventDecoder
+from exporter.stream.decode import REJECT_REASONS, EventDecoder
 
 NOW = 1_800_000_000.0
 

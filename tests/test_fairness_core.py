@@ -15,8 +15,8 @@ from fairlearn.metrics import (
     true_positive_rate,
 )
 
-from exporter import fairness as core
-from exporter.fairness import FN, FP, PRED_NEG, PRED_POS, TN, TP, compare, counts_from_arrays, group_stats
+from exporter.core import fairness as core
+from exporter.core.fairness import FN, FP, PRED_NEG, PRED_POS, TN, TP, compare, counts_from_arrays, group_stats
 
 
 def test_counts_from_arrays_counts_every_outcome_per_group() -> None:

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from tooling import require_binary
 
-from exporter.collector import CachedExposition
-from exporter.http import HttpServer, make_app
+from exporter.serve.collector import CachedExposition
+from exporter.serve.http import HttpServer, make_app
 
 
 def serve(ready: bool, **tls: str) -> HttpServer:
@@ -70,9 +70,9 @@ def test_tls_on_the_metrics_port(tmp_path: Path) -> None:
 def test_gzipped_page_is_the_plain_page_in_two_gzip_members() -> None:
     from daemon_config import make_config
 
-    from exporter.compute import Computer
-    from exporter.health import Health
-    from exporter.window import WindowStore
+    from exporter.serve.self_metrics import Health
+    from exporter.serve.snapshot import Computer
+    from exporter.stream.window import WindowStore
 
     config = make_config()
     registry = CollectorRegistry()

@@ -16,8 +16,8 @@ from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.checkpoint import CheckpointError
 from exporter.daemon import Daemon
+from exporter.stream.checkpoint import CheckpointError
 
 T0 = 1_800_000_000.0
 

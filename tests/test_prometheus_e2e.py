@@ -27,7 +27,7 @@ from prometheus_fixture import PrometheusServer, load_rule_generator, wait_until
 from test_daemon_kafka import kafka_config, payloads, sample, scrape
 
 from exporter.daemon import Daemon
-from exporter.embedded_broker import EmbeddedBroker
+from exporter.devtools.embedded_broker import EmbeddedBroker
 
 pytestmark = pytest.mark.prometheus
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 from tooling import require_binary
+
+from exporter.devtools import rules as generate
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
@@ -23,16 +23,6 @@ PROMTOOL_TESTS = sorted((RULES / "tests").glob("*.test.yaml"))
 PLAIN_RULES = "plain-rules.yaml"  # the name the promtool test files list under rule_files
 
 
-def _load_generator() -> ModuleType:
-    """rules/generate.py, imported by path (rules/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("fairness_rules_generate", RULES / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = _load_generator()
 COMMITTED: dict[str, Any] = yaml.safe_load(RULE_FILE.read_text(encoding="utf-8"))
 RULES_BY_KIND: dict[str, list[dict[str, Any]]] = {"alert": [], "record": []}
 for _group in COMMITTED["spec"]["groups"]:
@@ -82,7 +72,7 @@ def promtool_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_committed_rule_file_is_up_to_date_with_the_generator() -> None:
     result = subprocess.run(
-        [sys.executable, str(RULES / "generate.py"), "--check"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "exporter.devtools.rules", "--check"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
 

@@ -31,7 +31,7 @@ from test_daemon_kafka import kafka_config, payloads, sample, scrape
 from tooling import require_binary
 
 from exporter.daemon import Daemon
-from exporter.embedded_broker import EmbeddedBroker
+from exporter.devtools.embedded_broker import EmbeddedBroker
 
 pytestmark = pytest.mark.prometheus
 

@@ -10,12 +10,12 @@ import pandas as pd
 from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.audit import run_audit
-from exporter.collector import SnapshotCollector
-from exporter.compute import Computer
-from exporter.events import EventDecoder
-from exporter.health import Health
-from exporter.window import WindowStore
+from exporter.gate.audit import run_audit
+from exporter.serve.collector import SnapshotCollector
+from exporter.serve.self_metrics import Health
+from exporter.serve.snapshot import Computer
+from exporter.stream.decode import EventDecoder
+from exporter.stream.window import WindowStore
 
 T0 = 1_800_000_000.0  # a bucket boundary: 2027-01-15T08:00:00Z
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from exporter import __version__
-from exporter.collector import CachedExposition
+from exporter.serve.collector import CachedExposition
 
 
 class _Server(ThreadingMixIn, WSGIServer):

@@ -2,7 +2,7 @@
 
 Chosen with ``kafka.client_library: confluent-kafka``; ``kafka.client`` then holds librdkafka properties
 (``security.protocol``, ``sasl.mechanism``, ``sasl.username``, ``sasl.password``, ...), not kafka-python names.
-:class:`ConfluentSource` is a :class:`~exporter.source.KafkaSource`: the same thread, resume bookkeeping, commit
+:class:`ConfluentSource` is a :class:`~exporter.stream.source.KafkaSource`: the same thread, resume bookkeeping, commit
 policy, rebalance hand-over and truncation rule; only the calls into the client differ.
 """
 
@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from exporter.health import RateLimitedLog
-from exporter.source import MAX_RECORDS, KafkaSource, _Rebalance
+from exporter.serve.self_metrics import RateLimitedLog
+from exporter.stream.source import MAX_RECORDS, KafkaSource, _Rebalance
 
 try:
     import confluent_kafka as ck

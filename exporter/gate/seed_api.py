@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from exporter.config import MetricSpec
-from exporter.fairness import Comparisons, compare, counts_from_arrays
-from exporter.grouping import encode
+from exporter.core.fairness import Comparisons, compare, counts_from_arrays
+from exporter.gate.frames import encode
 
 
 @dataclass(frozen=True)

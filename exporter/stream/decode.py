@@ -16,8 +16,9 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from exporter.config import OTHER_GROUP, Config
-from exporter.grouping import attribute_codes, code_table
+from exporter.config import Config
+from exporter.core.attributes import OTHER_GROUP
+from exporter.core.encoding import attribute_codes, code_table
 
 REJECT_REASONS: Final = (
     "malformed_json", "missing_field", "unknown_attribute_value", "invalid_prediction", "invalid_score",

@@ -19,7 +19,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from exporter.config import KafkaConfig
-from exporter.health import Health
+from exporter.serve.self_metrics import Health
 
 log = logging.getLogger(__name__)
 

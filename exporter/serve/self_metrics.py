@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
 from exporter import __version__
-from exporter.events import REJECT_REASONS
+from exporter.stream.decode import REJECT_REASONS
 
 LABEL_EXPIRY_REASONS = ("never_labelled", "prediction_outside_window", "unknown_prediction", "duplicate_label",
                         "invalid_label_event", "pending_state_full")  # fmt: skip

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.config import Config
-from exporter.evaluate import Evaluation, evaluate_many
-from exporter.health import Health
-from exporter.window import WindowStore
+from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.serve.self_metrics import Health
+from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from exporter.fairness import outcome_columns
+from exporter.core.fairness import outcome_columns
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import pandas as pd
 
 from exporter import __version__
 from exporter.config import Config, load_config
-from exporter.evaluate import Evaluation, evaluate_many
-from exporter.grouping import frame_counts
+from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.gate.frames import frame_counts
 
 
 class DataError(ValueError):

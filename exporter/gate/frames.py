@@ -1,22 +1,15 @@
-"""Turn rows (a DataFrame, or a batch of decoded events) into per-subgroup counts for the core."""
+"""Turn a DataFrame of predictions into per-subgroup counts for the core (the gate's side of the encoding)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-from exporter.config import OTHER_GROUP, Attribute, Config
-from exporter.fairness import counts_from_arrays
-
-
-def code_table(groups: Sequence[str]) -> tuple[dict[str, int], int]:
-    """The code of each named group's value (values are compared as strings), and the code of any other value:
-    the index of ``other`` when it is one of the groups, else ``-1``."""
-    has_other = bool(groups) and groups[-1] == OTHER_GROUP
-    named = groups[:-1] if has_other else groups
-    return {g: i for i, g in enumerate(named)}, len(named) if has_other else -1
+from exporter.config import Config
+from exporter.core.encoding import attribute_codes, code_table
+from exporter.core.fairness import counts_from_arrays
 
 
 def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[str]) -> np.ndarray:
@@ -30,11 +23,6 @@ def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[s
     table, unknown = code_table(groups)
     codes = pd.Series(values, dtype=object).astype(str).map(table)
     return codes.fillna(unknown).to_numpy(dtype=np.int64)
-
-
-def attribute_codes(attribute: Attribute, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Codes of one (possibly intersectional) attribute from the base attributes' codes, keyed by column."""
-    return attribute.combine([columns[c] for c in attribute.columns])
 
 
 def frame_counts(

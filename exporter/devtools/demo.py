@@ -11,8 +11,8 @@ from importlib.resources import files
 
 from exporter.config import load_config
 from exporter.daemon import Daemon
-from exporter.embedded_broker import BrokerError, EmbeddedBroker
-from exporter.synthetic import TrafficGenerator
+from exporter.devtools.embedded_broker import BrokerError, EmbeddedBroker
+from exporter.devtools.synthetic import TrafficGenerator
 
 log = logging.getLogger(__name__)
 DEMO_CONFIG = files("exporter") / "examples" / "demo.yaml"

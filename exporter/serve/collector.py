@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.compute import Snapshot
 from exporter.config import METRIC_NAMES
-from exporter.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
+from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
+from exporter.serve.snapshot import Snapshot
 
 _CI = "95% interval"
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.config import Config
-from exporter.fairness import N_COUNTS, outcome_columns
+from exporter.core.fairness import N_COUNTS, outcome_columns
 
 
 @dataclass(frozen=True)

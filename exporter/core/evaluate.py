@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from exporter.config import Attribute
-from exporter.fairness import Comparisons, GroupStats, compare, group_stats, metric_values
+from exporter.core.attributes import Attribute
+from exporter.core.fairness import Comparisons, GroupStats, compare, group_stats, metric_values
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The counts-based core: subgroups, counts, rates, intervals, evaluation. Pure functions; imports nothing of ours."""

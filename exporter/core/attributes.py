@@ -1,0 +1,37 @@
+"""Protected attributes and their bounded sets of subgroups: what a row of a counts array stands for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+OTHER_GROUP: Final = "other"
+INTERSECTION_SEP: Final = ":"
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """A protected attribute (or an intersection of several) and its bounded set of subgroups.
+
+    ``groups`` are the label values; codes are row indices into a counts array. ``columns`` are the source
+    columns (event attribute keys); an intersection has several and its groups are joined with ``:``.
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    groups: tuple[str, ...]
+    pairs: tuple[tuple[int, int], ...]
+    base_sizes: tuple[int, ...] = field(default=())
+
+    def combine(self, codes: list[np.ndarray]) -> np.ndarray:
+        """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""
+        if len(codes) == 1:
+            return codes[0]
+        out = np.zeros_like(codes[0])
+        bad = np.zeros(codes[0].shape, dtype=bool)
+        for code, size in zip(codes, self.base_sizes, strict=True):
+            out = out * size + code
+            bad |= code < 0
+        return np.where(bad, -1, out)

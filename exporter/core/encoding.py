@@ -1,0 +1,22 @@
+"""Map attribute values to subgroup codes (row indices of a counts array), for the gate and the decoder alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from exporter.core.attributes import OTHER_GROUP, Attribute
+
+
+def code_table(groups: Sequence[str]) -> tuple[dict[str, int], int]:
+    """The code of each named group's value (values are compared as strings), and the code of any other value:
+    the index of ``other`` when it is one of the groups, else ``-1``."""
+    has_other = bool(groups) and groups[-1] == OTHER_GROUP
+    named = groups[:-1] if has_other else groups
+    return {g: i for i, g in enumerate(named)}, len(named) if has_other else -1
+
+
+def attribute_codes(attribute: Attribute, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Codes of one (possibly intersectional) attribute from the base attributes' codes, keyed by column."""
+    return attribute.combine([columns[c] for c in attribute.columns])

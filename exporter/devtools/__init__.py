@@ -1,0 +1,1 @@
+"""Tools for developers and demos: the embedded broker, synthetic traffic, the demo, the rules generator."""

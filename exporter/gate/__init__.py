@@ -1,0 +1,1 @@
+"""The CI side: the audit gate, its reports and audit log, and the seed-style Python API."""
