@@ -13,6 +13,7 @@ from typing import Any
 
 from exporter import __version__
 from exporter.config import ConfigError, load_config
+from exporter.gate import ll144
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
@@ -75,16 +76,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
-    """The NYC LL144-style summary: selection rate and impact ratio per category and intersectional category."""
+    """The NYC LL144-style table: rows, selection (or scoring) rate and impact ratio per category."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["model_id", "attribute", "category", "samples", "selection_rate", "impact_ratio"])
-        for attribute, rows in report["impact_ratios"].items():
-            for row in rows:
-                writer.writerow([report["model_id"], attribute, row["category"], row["samples"],
-                                 "" if row["selection_rate"] is None else f"{row['selection_rate']:.4f}",
-                                 "" if row["impact_ratio"] is None else f"{row['impact_ratio']:.4f}"])  # fmt: skip
+        writer.writerow(ll144.CSV_COLUMNS)
+        writer.writerows(ll144.csv_rows(report))
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
