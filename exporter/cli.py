@@ -1,4 +1,4 @@
-"""The ``fairness-exporter`` command: ``audit``, ``audit-log verify``, ``serve`` and ``demo``."""
+"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``audit-log verify``, ``serve`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -70,9 +70,47 @@ def cmd_audit(args: argparse.Namespace) -> int:
         Path(args.report).write_text(text + "\n")
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
+    if args.html:
+        from exporter.gate.html import audit_html
+
+        _write_text(Path(args.html), audit_html(report))
     print(text)
     print(_summary(report), file=sys.stderr)
     return exit_code(report)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def cmd_bias_report(args: argparse.Namespace) -> int:
+    """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
+    from exporter.gate.bias import BiasAuditor
+
+    features: list[str | list[str]] = [f.split("+") if "+" in f else f for f in args.protected.split(",") if f]
+    try:
+        if not features or any("" in f for f in features if isinstance(f, list)):
+            raise DataError(f"--protected {args.protected!r}: expected features such as gender,race,gender+race")
+        auditor = BiasAuditor(features, args.outcome, bias_threshold=args.threshold)
+        reports = {}
+        for name in args.data:
+            path = Path(name)
+            if not path.is_file():
+                raise DataError(f"{path}: no such data file")
+            reports[name] = auditor.evaluate_bias(read_predictions(path), source=name)
+    except DataError as exc:
+        print(f"fairness-exporter bias-report: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.html:
+        from exporter.gate.html import bias_html
+
+        _write_text(Path(args.html), bias_html(reports))
+    print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
+    biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
+    for line in biased:
+        print(f"  BIASED {line}", file=sys.stderr)
+    return EXIT_BLOCKED if biased else EXIT_OK
 
 
 def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
@@ -143,12 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
+    audit.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     audit.add_argument("--audit-log", default=os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG),
                        help="append-only, hash-chained log of every run "
                             f"(default: $FAIRNESS_AUDIT_LOG or {DEFAULT_AUDIT_LOG})")  # fmt: skip
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
     audit.add_argument("--override-author", help="who takes responsibility for the override")
     audit.set_defaults(func=cmd_audit)
+
+    bias = sub.add_parser("bias-report", help="group means of an outcome per protected feature and their gap; "
+                          "exit 1 when any gap exceeds the threshold, 2 on bad input")  # fmt: skip
+    bias.add_argument("data", nargs="+", help="one or more CSV or parquet files")
+    bias.add_argument("--protected", required=True,
+                      help="comma-separated feature columns; join columns with + for an intersection "
+                           "(gender,race,gender+race)")  # fmt: skip
+    bias.add_argument("--outcome", required=True, help="numeric outcome column (0/1 or continuous)")
+    bias.add_argument("--threshold", type=float, default=0.1, help="largest acceptable gap (default 0.1)")
+    bias.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
+    bias.set_defaults(func=cmd_bias_report)
 
     log = sub.add_parser("audit-log", help="inspect the audit log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
