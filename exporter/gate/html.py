@@ -85,9 +85,11 @@ def rate_chart(
     reference_label: str = "",
     band: tuple[float, float] | None = None,
     band_label: str = "",
+    flag_outside: bool = False,
 ) -> str:
     """Horizontal bars of one value per group with interval whiskers, a reference line and a threshold band, as
-    an inline ``<svg>``. Groups without a value are labelled "no data" instead of drawing a zero."""
+    an inline ``<svg>``. With ``flag_outside`` (when the band is the pass criterion) bars outside it are orange.
+    Groups without a value are labelled "no data" instead of drawing a zero."""
     try:
         import matplotlib
         from matplotlib.figure import Figure
@@ -104,7 +106,7 @@ def rate_chart(
         if value is None:
             ax.text(0.0, y, "  no data", va="center", fontsize=9, color="#5b6472")
             continue
-        outside = band is not None and not band[0] <= value <= band[1]
+        outside = flag_outside and band is not None and not band[0] <= value <= band[1]
         ax.barh(y, value, color=BAR_OUT if outside else BAR, height=0.6)
         lo, hi = bounds
         if lo is not None and hi is not None:
@@ -217,7 +219,8 @@ def _bias_feature(name: str, r: Mapping[str, Any]) -> str:
                        xlabel=f"mean {r['outcome']} ({r['confidence']:.0%} {method} interval)",
                        reference=lowest, reference_label=f"lowest group ({r['lowest_group']}) {fmt(lowest)}",
                        band=(lowest, lowest + r["threshold"]),
-                       band_label=f"within the threshold {fmt(r['threshold'], 2)} of the lowest")  # fmt: skip
+                       band_label=f"within the threshold {fmt(r['threshold'], 2)} of the lowest",
+                       flag_outside=True)  # fmt: skip
     verdict = "fail" if r["is_biased"] else "pass"
     summary = table(["feature", "fairness gap", "threshold", "highest group", "lowest group", "excluded rows",
                      "biased", "outcome"],
