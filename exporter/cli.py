@@ -8,12 +8,14 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from exporter import __version__
 from exporter.config import ConfigError, load_config
 from exporter.gate import ll144
+from exporter.gate.html import audit_html, bias_html
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
@@ -70,18 +72,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
         Path(args.report).write_text(text + "\n")
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
-    if args.html:
-        from exporter.gate.html import audit_html
-
-        _write_text(Path(args.html), audit_html(report))
+    if args.html and not _write_html(Path(args.html), audit_html, report):
+        return EXIT_BAD_INPUT
     print(text)
     print(_summary(report), file=sys.stderr)
     return exit_code(report)
 
 
-def _write_text(path: Path, text: str) -> None:
+def _write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
+    """Render a report to an HTML file; False (and one line on stderr) when matplotlib is not installed."""
+    try:
+        page = render(report)
+    except ImportError as exc:
+        print(f"fairness-exporter: --html {path}: {exc}", file=sys.stderr)
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    path.write_text(page, encoding="utf-8")
+    return True
 
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
@@ -99,13 +106,11 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
             if not path.is_file():
                 raise DataError(f"{path}: no such data file")
             reports[name] = auditor.evaluate_bias(read_predictions(path), source=name)
-    except DataError as exc:
+    except (DataError, ImportError) as exc:
         print(f"fairness-exporter bias-report: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.html:
-        from exporter.gate.html import bias_html
-
-        _write_text(Path(args.html), bias_html(reports))
+    if args.html and not _write_html(Path(args.html), bias_html, reports):
+        return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     for line in biased:

@@ -57,7 +57,10 @@ def t_interval(
 
     scipy provides the t quantile; it is imported here so the daemon, which never calls this, does not need it.
     """
-    from scipy.stats import t as student_t
+    try:
+        from scipy.stats import t as student_t
+    except ImportError as exc:
+        raise ImportError("the t interval needs scipy: pip install 'fairness-exporter[reports]'") from exc
 
     m = np.asarray(means, dtype=np.float64)
     s = np.asarray(std, dtype=np.float64)
