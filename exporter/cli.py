@@ -14,8 +14,6 @@ from typing import Any
 
 from exporter import __version__
 from exporter.config import ConfigError, load_config
-from exporter.gate import ll144
-from exporter.gate.html import audit_html, bias_html
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
@@ -47,6 +45,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
     from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
     from exporter.gate.audit import DataError, Override, exit_code, run_audit
+    from exporter.gate.html import audit_html
 
     log_path = args.audit_log
     override = None
@@ -93,7 +92,9 @@ def _write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
     """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
+    from exporter.gate.audit import DataError, read_predictions
     from exporter.gate.bias import BiasAuditor
+    from exporter.gate.html import bias_html
 
     features: list[str | list[str]] = [f.split("+") if "+" in f else f for f in args.protected.split(",") if f]
     try:
@@ -120,6 +121,8 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
 
 def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
     """The NYC LL144-style table: rows, selection (or scoring) rate and impact ratio per category."""
+    from exporter.gate import ll144
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)

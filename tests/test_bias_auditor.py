@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 
 from exporter import BiasAuditor
-from exporter.audit import DataError
-from exporter.fairness import wilson_interval
+from exporter.core.fairness import wilson_interval
+from exporter.gate.audit import DataError
 
 EXAMPLE = pd.DataFrame({
     "gender": ["male", "female", "male", "female", "male", "female"],

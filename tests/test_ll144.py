@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from exporter.audit import sha256_file
 from exporter.cli import main
+from exporter.gate.audit import sha256_file
 from exporter.gate.ll144 import CSV_COLUMNS
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from exporter.audit import DataError
-from exporter.config import INTERSECTION_SEP
-from exporter.fairness import t_interval, wilson_interval
+from exporter.core.attributes import INTERSECTION_SEP
+from exporter.core.fairness import t_interval, wilson_interval
+from exporter.gate.audit import DataError
 
 Feature = str | Sequence[str]
 CONFIDENCE = 0.95

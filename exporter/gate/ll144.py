@@ -13,8 +13,8 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from exporter.config import INTERSECTION_SEP, OTHER_GROUP
-from exporter.evaluate import Evaluation
+from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP
+from exporter.core.evaluate import Evaluation
 
 SMALL_CATEGORY_SHARE: Final = 0.02
 """DCWP rules let an auditor leave categories under 2% of the data out of the impact ratios, if their count and
