@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from exporter import BiasAuditor
-from exporter.core.fairness import wilson_interval
+from exporter.core.fairness import t_interval, wilson_interval
 from exporter.gate.audit import DataError
 
 EXAMPLE = pd.DataFrame({
@@ -99,3 +99,12 @@ def test_missing_or_non_numeric_outcome_is_a_clear_error(outcome: str, message: 
 def test_missing_feature_column_is_a_clear_error() -> None:
     with pytest.raises(DataError, match=r"no protected feature column\(s\) \['age'\]"):
         BiasAuditor(["gender", ["race", "age"]], "prediction_accuracy").evaluate_bias(EXAMPLE)
+
+
+def test_t_interval_covers_the_true_mean_95_percent_of_the_time() -> None:
+    # 20 000 seeded samples of 6 rows from N(0.8, 0.1): coverage within 3 binomial standard errors of 95%
+    rng = np.random.default_rng(12)
+    samples = rng.normal(0.8, 0.1, size=(20_000, 6))
+    lower, upper = t_interval(samples.mean(axis=1), samples.std(axis=1, ddof=1), np.full(20_000, 6))
+    coverage = ((lower <= 0.8) & (upper >= 0.8)).mean()
+    assert abs(coverage - 0.95) < 3 * np.sqrt(0.95 * 0.05 / 20_000)
