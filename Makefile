@@ -21,12 +21,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/fairness-exporter demo
 
-# Debian's prometheus package gives promtool and a real Prometheus server for the rule and end-to-end tests.
+# Debian's prometheus package gives promtool and a real Prometheus server for the rule and end-to-end tests;
+# chromium renders the HTML reports in their test.
 test-deps: $(STAMP)
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus chromium; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

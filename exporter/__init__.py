@@ -15,6 +15,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+source"
 
 _PUBLIC = {
+    "BiasAuditor": "exporter.gate.bias",
     "FairnessResult": "exporter.gate.seed_api",
     "demographic_parity_difference": "exporter.gate.seed_api",
     "disparate_impact_ratio": "exporter.gate.seed_api",

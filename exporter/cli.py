@@ -1,4 +1,4 @@
-"""The ``fairness-exporter`` command: ``audit``, ``audit-log verify``, ``serve`` and ``demo``."""
+"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``audit-log verify``, ``serve`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
     from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
     from exporter.gate.audit import DataError, Override, exit_code, run_audit
+    from exporter.gate.html import audit_html
 
     log_path = args.audit_log
     override = None
@@ -69,22 +71,63 @@ def cmd_audit(args: argparse.Namespace) -> int:
         Path(args.report).write_text(text + "\n")
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
+    if args.html and not _write_html(Path(args.html), audit_html, report):
+        return EXIT_BAD_INPUT
     print(text)
     print(_summary(report), file=sys.stderr)
     return exit_code(report)
 
 
+def _write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
+    """Render a report to an HTML file; False (and one line on stderr) when matplotlib is not installed."""
+    try:
+        page = render(report)
+    except ImportError as exc:
+        print(f"fairness-exporter: --html {path}: {exc}", file=sys.stderr)
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return True
+
+
+def cmd_bias_report(args: argparse.Namespace) -> int:
+    """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
+    from exporter.gate.audit import DataError, read_predictions
+    from exporter.gate.bias import BiasAuditor
+    from exporter.gate.html import bias_html
+
+    features: list[str | list[str]] = [f.split("+") if "+" in f else f for f in args.protected.split(",") if f]
+    try:
+        if not features or any("" in f for f in features if isinstance(f, list)):
+            raise DataError(f"--protected {args.protected!r}: expected features such as gender,race,gender+race")
+        auditor = BiasAuditor(features, args.outcome, bias_threshold=args.threshold)
+        reports = {}
+        for name in args.data:
+            path = Path(name)
+            if not path.is_file():
+                raise DataError(f"{path}: no such data file")
+            reports[name] = auditor.evaluate_bias(read_predictions(path), source=name)
+    except (DataError, ImportError) as exc:
+        print(f"fairness-exporter bias-report: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.html and not _write_html(Path(args.html), bias_html, reports):
+        return EXIT_BAD_INPUT
+    print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
+    biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
+    for line in biased:
+        print(f"  BIASED {line}", file=sys.stderr)
+    return EXIT_BLOCKED if biased else EXIT_OK
+
+
 def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
-    """The NYC LL144-style summary: selection rate and impact ratio per category and intersectional category."""
+    """The NYC LL144-style table: rows, selection (or scoring) rate and impact ratio per category."""
+    from exporter.gate import ll144
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["model_id", "attribute", "category", "samples", "selection_rate", "impact_ratio"])
-        for attribute, rows in report["impact_ratios"].items():
-            for row in rows:
-                writer.writerow([report["model_id"], attribute, row["category"], row["samples"],
-                                 "" if row["selection_rate"] is None else f"{row['selection_rate']:.4f}",
-                                 "" if row["impact_ratio"] is None else f"{row['impact_ratio']:.4f}"])  # fmt: skip
+        writer.writerow(ll144.CSV_COLUMNS)
+        writer.writerows(ll144.csv_rows(report))
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
@@ -146,12 +189,24 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
+    audit.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     audit.add_argument("--audit-log", default=os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG),
                        help="append-only, hash-chained log of every run "
                             f"(default: $FAIRNESS_AUDIT_LOG or {DEFAULT_AUDIT_LOG})")  # fmt: skip
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
     audit.add_argument("--override-author", help="who takes responsibility for the override")
     audit.set_defaults(func=cmd_audit)
+
+    bias = sub.add_parser("bias-report", help="group means of an outcome per protected feature and their gap; "
+                          "exit 1 when any gap exceeds the threshold, 2 on bad input")  # fmt: skip
+    bias.add_argument("data", nargs="+", help="one or more CSV or parquet files")
+    bias.add_argument("--protected", required=True,
+                      help="comma-separated feature columns; join columns with + for an intersection "
+                           "(gender,race,gender+race)")  # fmt: skip
+    bias.add_argument("--outcome", required=True, help="numeric outcome column (0/1 or continuous)")
+    bias.add_argument("--threshold", type=float, default=0.1, help="largest acceptable gap (default 0.1)")
+    bias.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
+    bias.set_defaults(func=cmd_bias_report)
 
     log = sub.add_parser("audit-log", help="inspect the audit log")
     log_sub = log.add_subparsers(dest="log_command", required=True)

@@ -105,6 +105,9 @@ class Config:
     unknown_values: Literal["reject", "other"] = "reject"
     prediction_column: str = "prediction"
     label_column: str = "label"
+    score_column: str | None = None
+    """A score column: the LL144 table then reports scoring rates (share above the median score)."""
+    timestamp_column: str = "timestamp"
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     events: EventFields = field(default_factory=EventFields)
     windows: tuple[Window, ...] = (Window("1h", 3600), Window("24h", 86400))
@@ -353,7 +356,7 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
     attributes = base + _parse_intersections(raw.get("intersections"), base, errors)
     metrics = _parse_metrics(raw.get("metrics"), errors)
 
-    columns = _section(raw, "columns", errors, {"prediction", "label"})
+    columns = _section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     kafka_raw = _section(raw, "kafka", errors, set(KafkaConfig.__dataclass_fields__))
     events_raw = _section(raw, "events", errors, set(EventFields.__dataclass_fields__))
     listen = _section(raw, "listen", errors, {"address", "port", "tls_cert_file", "tls_key_file"})
@@ -408,6 +411,8 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         unknown_values=unknown_values,
         prediction_column=str(columns.get("prediction", "prediction")),
         label_column=str(columns.get("label", "label")),
+        score_column=str(columns["score"]) if columns.get("score") is not None else None,
+        timestamp_column=str(columns.get("timestamp", "timestamp")),
         kafka=kafka,
         events=events,
         windows=tuple(windows),

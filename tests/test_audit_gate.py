@@ -325,26 +325,3 @@ def test_console_script_runs_the_shipped_example(tmp_path: Path) -> None:
     rate = frame.groupby("gender").prediction.mean()
     assert gender["male vs female"]["value"] == round(abs(rate["male"] - rate["female"]), 4)
     assert np.isclose(gender["male vs female"]["exact_value"], abs(rate["male"] - rate["female"]), atol=1e-12)
-
-
-def test_impact_ratio_table_relative_to_the_most_selected_category(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = write_config(tmp_path, intersections=[["gender", "age"]], protected_attributes=[
-        {"name": "gender", "groups": ["male", "female"]}, {"name": "age", "groups": ["young", "old"]}])  # fmt: skip
-    # male/young 4 of 5, male/old 2 of 5, female/young 3 of 5, female/old 1 of 5
-    rows = {"gender": ["male"] * 10 + ["female"] * 10, "age": (["young"] * 5 + ["old"] * 5) * 2,
-            "prediction": [1, 1, 1, 1, 0, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0],
-            "label": [1] * 20}  # fmt: skip
-    table = tmp_path / "ll144.csv"
-    code, report, _ = run(capsys, "audit", str(config), str(write_rows(tmp_path, rows)), "--audit-log",
-                          str(tmp_path / "l"), "--impact-ratios-csv", str(table))  # fmt: skip
-    gender = {r["category"]: r for r in report["impact_ratios"]["gender"]}
-    assert (gender["male"]["selection_rate"], gender["male"]["impact_ratio"]) == (0.6, 1.0)
-    assert gender["female"]["impact_ratio"] == pytest.approx(0.4 / 0.6)
-    cross = {r["category"]: r["impact_ratio"] for r in report["impact_ratios"]["gender_x_age"]}
-    assert cross == pytest.approx({"male:young": 1.0, "male:old": 0.5, "female:young": 0.75, "female:old": 0.25})
-    lines = table.read_text().splitlines()
-    assert lines[0] == "model_id,attribute,category,samples,selection_rate,impact_ratio"
-    assert "m1,gender_x_age,female:old,5,0.2000,0.2500" in lines and len(lines) == 1 + 2 + 2 + 4
-    assert code == 1

@@ -50,6 +50,27 @@ def wilson_interval(successes: NDArray, trials: NDArray, z: float = Z_95) -> tup
     return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
 
 
+def t_interval(
+    means: NDArray, std: NDArray, n: NDArray, confidence: float = 0.95
+) -> tuple[FloatArray, FloatArray]:
+    """Student t interval for a mean from its sample standard deviation (ddof=1); NaN bounds where n < 2.
+
+    scipy provides the t quantile; it is imported here so the daemon, which never calls this, does not need it.
+    """
+    try:
+        from scipy.stats import t as student_t
+    except ImportError as exc:
+        raise ImportError("the t interval needs scipy: pip install 'fairness-exporter[reports]'") from exc
+
+    m = np.asarray(means, dtype=np.float64)
+    s = np.asarray(std, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    ok = n >= 2
+    dof = np.where(ok, n - 1.0, 1.0)
+    half = np.where(ok, student_t.ppf(0.5 + confidence / 2.0, dof) * s / np.sqrt(np.where(ok, n, 1.0)), np.nan)
+    return m - half, m + half
+
+
 def newcombe_interval(
     k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float = Z_95
 ) -> tuple[FloatArray, FloatArray]:

@@ -15,6 +15,7 @@ import pandas as pd
 from exporter import __version__
 from exporter.config import Config, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.gate import ll144
 from exporter.gate.frames import frame_counts
 
 
@@ -109,14 +110,36 @@ def _group_report(ev: Evaluation, excluded: int) -> dict[str, Any]:
             "groups": per_group}  # fmt: skip
 
 
-def impact_ratio_table(ev: Evaluation) -> list[dict[str, Any]]:
-    """NYC Local Law 144-style rows: each category's selection rate and its impact ratio, i.e. its rate divided
-    by the rate of the most selected category (categories with no rows are listed with null rates)."""
-    rates = ev.groups.selection_rate
-    best = np.nanmax(rates) if np.isfinite(rates).any() else math.nan
-    return [{"category": name, "samples": int(ev.groups.samples[i]), "selection_rate": _float(rates[i]),
-             "impact_ratio": _float(rates[i] / best) if best > 0 else None}
-            for i, name in enumerate(ev.attribute.groups)]  # fmt: skip
+def _impact_ratios(
+    config: Config,
+    frame: pd.DataFrame,
+    path: Path,
+    evaluations: list[Evaluation],
+    counts: dict[str, tuple[np.ndarray, int]],
+) -> dict[str, Any]:
+    """The LL144 table: selection rates from the gate's own evaluations or, with a score column, scoring rates
+    (the share of rows above the median score) from the core on the rows' above-median flags."""
+    median = None
+    if config.score_column is not None:
+        if config.score_column not in frame.columns:
+            raise DataError(f"{path}: no score column {config.score_column!r} (columns.score); "
+                            f"the file has {list(frame.columns)}")  # fmt: skip
+        scores = pd.to_numeric(frame[config.score_column], errors="coerce")
+        if scores.isna().any():
+            bad = frame[config.score_column][scores.isna()].unique()[:5].tolist()
+            raise DataError(f"{path}: score column {config.score_column!r} must be numeric with no gaps; found {bad}")
+        median = float(scores.median())
+        above = (scores > median).to_numpy(dtype=np.int64)
+        counts = frame_counts(config, frame, above, None)
+        evaluations = evaluate_many([(a, counts[a.name][0]) for a in config.attributes], config.min_samples)
+    return {
+        "rate_kind": "selection_rate" if median is None else "scoring_rate",
+        "score_median": median,
+        "small_category_share": ll144.SMALL_CATEGORY_SHARE,
+        "date_range": ll144.date_range(frame, config.timestamp_column),
+        "attributes": {ev.attribute.name: ll144.attribute_table(ev, counts[ev.attribute.name][1], len(frame))
+                       for ev in evaluations},
+    }
 
 
 def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
@@ -184,14 +207,14 @@ def run_audit(
 
     all_counts = frame_counts(config, predictions, y_pred, y_true)
     attributes: dict[str, Any] = {}
-    impact_ratios: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     evaluations = evaluate_many([(a, all_counts[a.name][0]) for a in config.attributes], config.min_samples)
     for attribute, ev in zip(config.attributes, evaluations, strict=True):
-        excluded = all_counts[attribute.name][1]
-        attributes[attribute.name] = _group_report(ev, excluded)
-        impact_ratios[attribute.name] = impact_ratio_table(ev)
+        attributes[attribute.name] = _group_report(ev, all_counts[attribute.name][1])
         results.extend(_results(config, ev))
+    impact_ratios = _impact_ratios(config, predictions, path_name, evaluations, all_counts)
+    impact_ratios["source"] = {"file": str(data_path) if data_path else None,
+                               "sha256": sha256_file(data_path) if data_path else None}  # fmt: skip
 
     failed = [r for r in results if not r["passed"]]
     blocking = [r for r in failed if r["severity"] == "blocking"]

@@ -1,0 +1,244 @@
+"""Self-contained HTML reports: the verdict first, then per attribute a chart and the tables behind it.
+
+Every number shown is read from a JSON report dict (the one the command prints), only formatted, never
+recomputed. Pages are built from three blocks -- :func:`page`, :func:`rate_chart` and :func:`table` -- so a new
+report kind (e.g. a backtest) is one more ``*_html(report)`` function over its own dict. Plots are inline SVG drawn
+by matplotlib's SVG backend (a bare Figure, no pyplot state) with text as paths: the file needs no network and no fonts.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+MATPLOTLIB_HINT = "HTML reports need matplotlib: pip install 'fairness-exporter[reports]'"
+
+# A status in the gate's results -> what the evidence says, as a reader understands it.
+OUTCOMES = {"pass": "pass", "passed": "pass", "fail": "fail", "failed": "fail",
+            "insufficient_samples": "inconclusive", "inconclusive": "inconclusive"}  # fmt: skip
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2430;
+padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.3rem}h2{margin-top:2.2rem;border-bottom:2px solid #e2e6ec;padding-bottom:.3rem}
+.verdict{padding:1rem 1.4rem;border-radius:8px;font-size:1.25rem;margin:1rem 0}
+.verdict strong{font-size:1.8rem;margin-right:1rem}
+.good{background:#e3f4e8;border-left:8px solid #1e8e3e}.bad{background:#fde8e7;border-left:8px solid #c5221f}
+.warn{background:#fff4d6;border-left:8px solid #e09a00}
+table{border-collapse:collapse;margin:.8rem 0;font-size:.92rem}
+th,td{border:1px solid #d5dae1;padding:.3rem .6rem;text-align:left}th{background:#f1f3f6}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.pass{color:#1e8e3e;font-weight:600}td.fail{color:#c5221f;font-weight:600}td.inconclusive{color:#a86b00;font-weight:600}
+.meta{color:#5b6472;font-size:.9rem}.chart svg{max-width:100%;height:auto}
+"""
+
+BAR, BAR_OUT, REFERENCE, BAND = "#4a78b5", "#d9822b", "#1d2430", "#9fd3a8"
+
+
+def fmt(value: Any, places: int = 4) -> str:
+    """A report value for display: numbers to ``places`` decimals, None as an em dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.{places}f}"
+    return str(value)
+
+
+def fmt_interval(bounds: Sequence[float | None] | None) -> str:
+    """``[lo, hi]`` for display."""
+    if not bounds or bounds[0] is None or bounds[1] is None:
+        return "—"
+    return f"[{fmt(bounds[0])}, {fmt(bounds[1])}]"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, classes: Sequence[str] = ()) -> str:
+    """An HTML table; numbers right-aligned, a cell whose text is pass/fail/inconclusive coloured."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for k, cell in enumerate(row):
+            text = cell if isinstance(cell, str) else fmt(cell)
+            cls = classes[k] if k < len(classes) and classes[k] else ""
+            if text in ("pass", "fail", "inconclusive"):
+                cls = text
+            elif isinstance(cell, int | float) and not isinstance(cell, bool):
+                cls = cls or "num"
+            cells.append(f'<td class="{cls}">{escape(text)}</td>' if cls else f"<td>{escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def rate_chart(
+    groups: Sequence[str],
+    values: Sequence[float | None],
+    intervals: Sequence[Sequence[float | None]],
+    *,
+    xlabel: str,
+    reference: float | None = None,
+    reference_label: str = "",
+    band: tuple[float, float] | None = None,
+    band_label: str = "",
+    flag_outside: bool = False,
+) -> str:
+    """Horizontal bars of one value per group with interval whiskers, a reference line and a threshold band, as
+    an inline ``<svg>``. With ``flag_outside`` (when the band is the pass criterion) bars outside it are orange.
+    Groups without a value are labelled "no data" instead of drawing a zero."""
+    try:
+        import matplotlib
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError(MATPLOTLIB_HINT) from exc
+
+    n = len(groups)
+    fig = Figure(figsize=(8.0, 1.1 + 0.42 * n))
+    ax = fig.add_subplot()
+    ys = list(range(n))[::-1]
+    if band is not None:
+        ax.axvspan(band[0], band[1], color=BAND, alpha=0.45, label=band_label, lw=0)
+    for y, value, bounds in zip(ys, values, intervals, strict=True):
+        if value is None:
+            ax.text(0.0, y, "  no data", va="center", fontsize=9, color="#5b6472")
+            continue
+        outside = flag_outside and band is not None and not band[0] <= value <= band[1]
+        ax.barh(y, value, color=BAR_OUT if outside else BAR, height=0.6)
+        lo, hi = bounds
+        if lo is not None and hi is not None:
+            ax.errorbar(value, y, xerr=[[max(value - lo, 0.0)], [max(hi - value, 0.0)]], fmt="none",
+                        ecolor=REFERENCE, capsize=4, lw=1.2)  # fmt: skip
+    if reference is not None:
+        ax.axvline(reference, color=REFERENCE, ls="--", lw=1.3, label=reference_label)
+    ax.set_yticks(ys, [str(g) for g in groups])
+    ax.set_xlabel(xlabel)
+    ax.set_xlim(left=min([0.0, *(b[0] for b in intervals if b[0] is not None)]))
+    ax.grid(axis="x", color="#e2e6ec")
+    ax.set_axisbelow(True)
+    if band is not None or reference is not None:
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False, fontsize=9)
+    fig.tight_layout()
+    out = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "fairness-exporter"}):
+        fig.savefig(out, format="svg", metadata={"Date": None})
+    svg = out.getvalue()
+    return f'<div class="chart">{svg[svg.index("<svg"):]}</div>'
+
+
+def page(title: str, verdict: str, tone: str, summary: str, sections: Sequence[str], meta: Sequence[str]) -> str:
+    """A whole HTML document: title, the verdict banner (tone good/bad/warn), facts, then the sections."""
+    facts = "".join(f"<div>{escape(m)}</div>" for m in meta)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
+        f"<h1>{escape(title)}</h1>"
+        f'<div class="verdict {tone}"><strong>{escape(verdict)}</strong>{escape(summary)}</div>'
+        f'<div class="meta">{facts}</div>' + "".join(sections) + "</body></html>\n"
+    )
+
+
+def _source(label: str, path: str | None, sha: str | None) -> str:
+    return f"{label}: {path or '(in memory)'}" + (f" (sha256 {sha})" if sha else "")
+
+
+def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> str:
+    groups = block["groups"]
+    dpd = next((r for r in results if r["metric"] == "demographic_parity_difference"), None)
+    overall = block["overall_selection_rate"]
+    band = None
+    band_label = ""
+    if dpd is not None and overall is not None:
+        band = (overall - dpd["threshold"], overall + dpd["threshold"])
+        band_label = f"overall ± demographic parity threshold {fmt(dpd['threshold'], 2)}"
+    chart = rate_chart(list(groups), [g["selection_rate"] for g in groups.values()],
+                       [g["selection_rate_ci"] for g in groups.values()], xlabel="selection rate (95% Wilson interval)",
+                       reference=overall, reference_label=f"overall selection rate {fmt(overall)}",
+                       band=band, band_label=band_label)  # fmt: skip
+    group_rows = [[g, s["samples"], s["selection_rate"], fmt_interval(s["selection_rate_ci"]),
+                   s["true_positive_rate"], s["false_positive_rate"]] for g, s in groups.items()]  # fmt: skip
+    has_evidence = any("evidence" in r for r in results)
+    comparison_rows = [[r["metric"], r["groups"], r["exact_value"], fmt_interval(r["ci_95"]), r["threshold"],
+                        r["severity"], OUTCOMES.get(r["status"], r["status"]),
+                        *([str(r.get("evidence", "—"))] if has_evidence else [])] for r in results]  # fmt: skip
+    return (f"<h2>{escape(name)}</h2>{chart}"
+            f"<p class=\"meta\">Rows excluded (value not a configured group): {block['excluded_rows']}</p>"
+            + table(["group", "rows", "selection rate", "95% interval", "TPR", "FPR"], group_rows)
+            + table(["metric", "groups", "value", "95% interval", "threshold", "severity", "outcome",
+                     *(["evidence"] if has_evidence else [])], comparison_rows))  # fmt: skip
+
+
+def ll144_section(table_dict: Mapping[str, Any], total_rows: int) -> str:
+    """The NYC Local Law 144 table of an audit report."""
+    rate = table_dict["rate_kind"].replace("_", " ")
+    dates = table_dict["date_range"]
+    facts = [_source("Data", table_dict["source"]["file"], table_dict["source"]["sha256"]),
+             f"Date range: {dates['start']} to {dates['end']} (column {dates['column']}, "
+             f"{dates['rows_without_date']} rows without a date)" if dates else "Date range: no timestamp column",
+             f"Rate: {rate}" + (f" (share of rows scoring above the median score {fmt(table_dict['score_median'])})"
+                                if table_dict["score_median"] is not None else ""),
+             f"Categories under {table_dict['small_category_share']:.0%} of the {total_rows} rows are flagged and "
+             "kept; the reference (impact ratio 1) is the most selected of the other categories."]  # fmt: skip
+    parts = ["<h2>NYC Local Law 144 impact ratios</h2>", *(f'<p class="meta">{escape(f)}</p>' for f in facts)]
+    for name, block in table_dict["attributes"].items():
+        rows = [[r["category"], r["samples"], r["share"], r["rate"], r["impact_ratio"],
+                 "under 2%" if r["small_category"] else ""] for r in block["categories"]]  # fmt: skip
+        rows.append(["(unknown)", block["unknown_rows"], block["unknown_rows"] / total_rows, None, None, ""])
+        parts.append(f"<h3>{escape(name)}</h3>"
+                     + table(["category", "rows", "share", rate, "impact ratio", "flag"], rows))  # fmt: skip
+    return "".join(parts)
+
+
+def audit_html(report: Mapping[str, Any]) -> str:
+    """The audit gate's report as a page."""
+    tone = {"PASS": "good", "FAIL": "bad"}.get(report["verdict"], "warn")
+    summary = (f"{report['passed']}/{report['total_tests']} comparisons passed · {report['blocking_failures']} "
+               f"blocking · {report['warning_failures']} warning · {report['insufficient_samples']} inconclusive "
+               "(insufficient samples)")  # fmt: skip
+    if report.get("override"):
+        summary += f" · overridden by {report['override']['author']}: {report['override']['justification']}"
+    meta = [f"Model: {report['model_id']}", f"Run: {report['timestamp']} by {report['tool']}",
+            _source("Config", report["config_file"], report["config_sha256"]),
+            _source("Data", report["data_file"], report["data_sha256"]),
+            f"Rows: {report['rows']} · minimum samples per group: {report['min_samples']}"]  # fmt: skip
+    sections = [_audit_attribute(name, block, [r for r in report["results"] if r["attribute"] == name])
+                for name, block in report["attributes"].items()]  # fmt: skip
+    if "impact_ratios" in report:
+        sections.append(ll144_section(report["impact_ratios"], report["rows"]))
+    return page(f"Fairness audit: {report['model_id']}", report["verdict"], tone, summary, sections, meta)
+
+
+def _bias_feature(name: str, r: Mapping[str, Any]) -> str:
+    stats, sizes, intervals = r["group_stats"], r["group_sizes"], r["group_intervals"]
+    lowest = stats[r["lowest_group"]]
+    method = "Wilson" if r["interval_method"] == "wilson" else "Student t"
+    chart = rate_chart(list(stats), list(stats.values()), list(intervals.values()),
+                       xlabel=f"mean {r['outcome']} ({r['confidence']:.0%} {method} interval)",
+                       reference=lowest, reference_label=f"lowest group ({r['lowest_group']}) {fmt(lowest)}",
+                       band=(lowest, lowest + r["threshold"]),
+                       band_label=f"within the threshold {fmt(r['threshold'], 2)} of the lowest",
+                       flag_outside=True)  # fmt: skip
+    verdict = "fail" if r["is_biased"] else "pass"
+    summary = table(["feature", "fairness gap", "threshold", "highest group", "lowest group", "excluded rows",
+                     "biased", "outcome"],
+                    [[name, r["fairness_gap"], r["threshold"], r["highest_group"], r["lowest_group"],
+                      r["excluded_rows"], r["is_biased"], verdict]])  # fmt: skip
+    rows = [[g, sizes[g], stats[g], fmt_interval(intervals[g])] for g in stats]
+    return (f"<h3>{escape(name)}</h3>{summary}{chart}"
+            + table(["group", "rows", f"mean {r['outcome']}", f"{r['confidence']:.0%} interval"], rows))
+
+
+def bias_html(reports: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """The bias auditor's reports, keyed by data source, as one page."""
+    biased = [(src, f) for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
+    total = sum(len(rep) for rep in reports.values())
+    verdict = "BIASED" if biased else "NOT BIASED"
+    summary = (f"{len(biased)} of {total} features over their threshold"
+               + (": " + ", ".join(f"{f} in {src}" for src, f in biased) if biased else ""))
+    sections = [f"<h2>{escape(src)}</h2>" + "".join(_bias_feature(f, r) for f, r in rep.items())
+                for src, rep in reports.items()]  # fmt: skip
+    return page("Bias report", verdict, "bad" if biased else "good", summary, sections,
+                ["Fairness gap = highest group mean - lowest group mean; biased when it exceeds the threshold."])

@@ -1,0 +1,89 @@
+"""The NYC Local Law 144 bias-audit table: per category, its rows, its selection (or scoring) rate and its impact
+ratio against the most selected category; the unknown category's rows; categories under 2% of the data flagged.
+
+The rates come from the core's group statistics; this module only chooses the reference category and lays the
+numbers out for the JSON report, the CSV file and the HTML page.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP
+from exporter.core.evaluate import Evaluation
+
+SMALL_CATEGORY_SHARE: Final = 0.02
+"""DCWP rules let an auditor leave categories under 2% of the data out of the impact ratios, if their count and
+rate are still published: they are flagged, kept in the table, and never chosen as the reference."""
+
+CSV_COLUMNS: Final = ("model_id", "data_file", "data_sha256", "date_start", "date_end", "attribute", "category",
+                      "samples", "share", "rate_kind", "rate", "impact_ratio", "small_category")  # fmt: skip
+UNKNOWN_CATEGORY: Final = "(unknown)"
+
+
+def _float(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
+
+
+def attribute_table(ev: Evaluation, excluded_rows: int, total_rows: int) -> dict[str, Any]:
+    """One attribute's table from the evaluation whose selection rates are the LL144 rates (selection, or the share
+    above the median score). Categories holding ``other`` are the unknown category, with the excluded rows."""
+    groups = ev.attribute.groups
+    rates = ev.groups.selection_rate
+    samples = ev.groups.samples
+    unknown = np.array([OTHER_GROUP in g.split(INTERSECTION_SEP) for g in groups], dtype=bool)
+    small = samples < SMALL_CATEGORY_SHARE * total_rows
+    known = ~unknown & np.isfinite(rates)
+    eligible = known & ~small if (known & ~small).any() else known
+    reference = int(np.flatnonzero(eligible)[np.argmax(rates[eligible])]) if eligible.any() else None
+    best = rates[reference] if reference is not None else math.nan
+    categories = [{
+        "category": groups[i],
+        "samples": int(samples[i]),
+        "share": samples[i] / total_rows,
+        "rate": _float(rates[i]),
+        "impact_ratio": _float(rates[i] / best) if best > 0 else None,
+        "small_category": bool(small[i]),
+    } for i in np.flatnonzero(~unknown)]  # fmt: skip
+    return {
+        "unknown_rows": int(excluded_rows + samples[unknown].sum()),
+        "reference_category": groups[reference] if reference is not None else None,
+        "categories": categories,
+    }
+
+
+def date_range(frame: pd.DataFrame, column: str) -> dict[str, Any] | None:
+    """First and last timestamp of the data (UTC, ISO 8601), or None when the file has no such column."""
+    if column not in frame.columns:
+        return None
+    values = frame[column]
+    if pd.api.types.is_numeric_dtype(values):
+        stamps = pd.to_datetime(values, unit="s", utc=True, errors="coerce")
+    else:
+        stamps = pd.to_datetime(values, utc=True, errors="coerce", format="mixed")
+    valid = stamps.dropna()
+    iso = (lambda t: t.isoformat().replace("+00:00", "Z"))  # noqa: E731
+    return {"column": column, "start": iso(valid.min()) if len(valid) else None,
+            "end": iso(valid.max()) if len(valid) else None, "rows_without_date": int(stamps.isna().sum())}  # fmt: skip
+
+
+def csv_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """The table as CSV rows (after the CSV_COLUMNS header): one per category, one for each unknown category."""
+    table = report["impact_ratios"]
+    dates = table["date_range"] or {}
+    head = [report["model_id"], table["source"]["file"] or "", table["source"]["sha256"] or "",
+            dates.get("start") or "", dates.get("end") or ""]  # fmt: skip
+    out = []
+    for attribute, block in table["attributes"].items():
+        for row in block["categories"]:
+            out.append([*head, attribute, row["category"], row["samples"], f"{row['share']:.4f}", table["rate_kind"],
+                        "" if row["rate"] is None else f"{row['rate']:.4f}",
+                        "" if row["impact_ratio"] is None else f"{row['impact_ratio']:.4f}",
+                        str(row["small_category"]).lower()])  # fmt: skip
+        out.append([*head, attribute, UNKNOWN_CATEGORY, block["unknown_rows"],
+                    f"{block['unknown_rows'] / report['rows']:.4f}", table["rate_kind"], "", "", ""])
+    return out
