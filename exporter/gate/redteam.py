@@ -9,6 +9,8 @@ from a generator seeded with the config's seed and the case's name, so a run is 
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import re
 from collections.abc import Callable
@@ -59,7 +61,7 @@ def invisible_characters(text: str, rng: random.Random, params: dict[str, Any]) 
     chars = [INVISIBLE_CHARS[name] for name in params.get("chars", ["zero_width_space"])]
     rate = float(params.get("rate", 1.0))
     out = [text[:1]]
-    for prev, char in zip(text, text[1:], strict=False):
+    for prev, char in itertools.pairwise(text):
         if prev.isalnum() and char.isalnum() and rng.random() < rate:
             out.append(rng.choice(chars))
         out.append(char)
@@ -135,6 +137,8 @@ def _decision(output: Any, threshold: float, block_labels: set[str], allow_label
 def _jsonable(output: Any) -> Any:
     if hasattr(output, "tolist"):
         output = output.tolist()
+    if isinstance(output, float) and not math.isfinite(output):
+        return repr(output)  # the report is strict JSON
     return output if isinstance(output, bool | int | float | str | list | dict | None) else repr(output)
 
 
@@ -206,13 +210,15 @@ def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any]) -> d
                             f"(available: {', '.join(params.get('glossaries', {}))})")  # fmt: skip
         if TECHNIQUES[technique][0] is templated and not params.get("templates"):
             problems.append(f"{where}.params.templates: a non-empty list of texts with {{text}} is needed")
-        cases.append({"name": name, "category": str(case.get("category", "uncategorised")), "technique": technique,
-                      "params": params, "expected_behaviour": expected, "severity": severity, "texts": texts})  # fmt: skip
+        cases.append({"name": name, "category": str(case.get("category", "uncategorised")),
+                      "technique": technique, "params": params, "expected_behaviour": expected,
+                      "severity": severity, "texts": texts})  # fmt: skip
     if problems:
         raise ConfigError(f"{source}: " + "; ".join(problems))
+    labels = {kind: {str(s).casefold() for s in decision.get(f"{kind}_labels", default)}
+              for kind, default in (("block", DEFAULT_BLOCK_LABELS), ("allow", DEFAULT_ALLOW_LABELS))}
     return {"model_id": model_id, "seed": seed, "threshold": float(threshold), "cases": cases,
-            "block_labels": {str(s).casefold() for s in decision.get("block_labels", DEFAULT_BLOCK_LABELS)},
-            "allow_labels": {str(s).casefold() for s in decision.get("allow_labels", DEFAULT_ALLOW_LABELS)}}  # fmt: skip
+            "block_labels": labels["block"], "allow_labels": labels["allow"]}
 
 
 def attack(technique: str, text: str, rng: random.Random, params: dict[str, Any]) -> str:

@@ -38,8 +38,8 @@ def lookalikes(char: str, scripts: tuple[str, ...] | None = None) -> tuple[str, 
     """Single characters that Unicode lists as confusable with ``char``, from ``scripts`` (e.g. ``("CYRILLIC",)``)
     or, when None, from any script other than ASCII. Sorted, so a seeded choice among them is reproducible.
 
-    >>> lookalikes("a", ("CYRILLIC",))
-    ('а',)
+    >>> [f"U+{ord(c):04X}" for c in lookalikes("a", ("CYRILLIC",))]
+    ['U+0430']
     """
     data, alias = _data()
     found = {entry["c"] for entry in data.get(char, ()) if len(entry["c"]) == 1 and not entry["c"].isascii()}
