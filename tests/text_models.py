@@ -24,6 +24,7 @@ def _pipeline():
     return model.fit([r["text"] for r in rows], [int(r["label"]) for r in rows])
 
 
+@cache
 def naive(text: str) -> float:
     """Probability that the text is harmful, read as it arrives."""
     return float(_pipeline().predict_proba([text])[0, 1])

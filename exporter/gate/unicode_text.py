@@ -71,6 +71,10 @@ def fold_confusables(text: str) -> str:
 
 
 def normalise_text(text: str) -> str:
-    """The hardening a Latin-script text model can put in front of itself: strip invisible characters, NFKC
-    (fullwidth and mathematical letters become plain ones), then fold the remaining look-alikes to ASCII."""
-    return fold_confusables(unicodedata.normalize("NFKC", strip_invisible(text)))
+    """The hardening a Latin-script text model can put in front of itself: strip invisible characters, fold
+    look-alikes to ASCII, NFKC (compatibility forms such as ligatures), and fold what NFKC produced.
+
+    Folding comes before NFKC because NFKC turns some confusables into something else: GREEK YPOGEGRAMMENI
+    (U+037A, a look-alike of ``i``) becomes a space and a combining mark.
+    """
+    return fold_confusables(unicodedata.normalize("NFKC", fold_confusables(strip_invisible(text))))
