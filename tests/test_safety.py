@@ -165,3 +165,19 @@ def test_the_model_module_is_imported_from_the_working_directory(tmp_path: Path,
     report = json.loads(capsys.readouterr().out)
     assert [r["test_name"] for r in report["results"]] == [
         "output_bounds", "perturbation_stability", "null_and_edge_inputs"]
+
+
+def test_the_shipped_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/safety.yaml and examples/red-team.yaml with examples/example_models.py, as the README runs them."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent / "examples")
+    log = ["--audit-log", str(tmp_path / "log.jsonl")]
+    assert main(["safety", "--model", "example_models:credit_model", "--config", "safety.yaml", *log]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"] == 4
+    assert main(["redteam", "--config", "red-team.yaml", "--target", "example_models:keyword_moderator", *log]) == 1
+    naive = json.loads(capsys.readouterr().out)
+    # the hardened blocklist still misses leetspeak and translations, which the config rates "high": it ships
+    assert main(["redteam", "--config", "red-team.yaml", "--target", "example_models:hardened_moderator", *log]) == 0
+    hardened = json.loads(capsys.readouterr().out)
+    assert naive["total_tests"] == hardened["total_tests"] == 108
+    assert hardened["failed"] < naive["failed"] and hardened["critical_failures"] == 0 < naive["critical_failures"]
