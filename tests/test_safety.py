@@ -11,8 +11,8 @@ import pytest
 import tabular_models as tm
 import yaml
 
-from exporter import audit_log
 from exporter.cli import main
+from exporter.gate import audit_log
 from exporter.gate.safety import SafetyEvaluator, run_safety
 
 X_TEST, _ = tm.credit_data(200, seed=7)

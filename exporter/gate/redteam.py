@@ -18,8 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from exporter.gate.audit import sha256_file
 from exporter.config import ConfigError
+from exporter.gate.audit import sha256_file
 from exporter.gate.suite import SafetyTestResult, build_report, check_severity, load_yaml_mapping
 from exporter.gate.targets import TargetError
 from exporter.gate.unicode_text import INVISIBLE_CHARS, lookalikes

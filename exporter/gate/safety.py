@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from exporter.audit import read_predictions, sha256_file
 from exporter.config import ConfigError
+from exporter.gate.audit import read_predictions, sha256_file
 from exporter.gate.suite import (
     BLOCKING_SEVERITY,
     SafetyTestResult,
