@@ -1,4 +1,5 @@
-"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``audit-log verify``, ``serve`` and ``demo``."""
+"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``safety``, ``redteam``, ``audit-log verify``,
+``serve`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -119,6 +120,70 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
     return EXIT_BLOCKED if biased else EXIT_OK
 
 
+def _emit(report: dict[str, Any], report_path: str | None, summary: str) -> None:
+    """The JSON report on stdout (and in ``--report``), a human summary on stderr."""
+    text = json.dumps(report, indent=2, allow_nan=False)
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(text + "\n")
+    print(text)
+    print(summary, file=sys.stderr)
+
+
+def _suite_summary(report: dict[str, Any]) -> str:
+    lines = [f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} "
+             f"{report['suite']} tests passed, {report['critical_failures']} critical failure(s)"]  # fmt: skip
+    failures = [r for r in report["results"] if not r["passed"]]
+    for r in failures[:SUMMARY_LINES]:
+        lines.append(f"  FAIL {r['severity']:<8} {r['category']} {r['test_name']}")
+    if len(failures) > SUMMARY_LINES:
+        lines.append(f"  ... and {len(failures) - SUMMARY_LINES} more in the JSON report")
+    return "\n".join(lines)
+
+
+def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str) -> int:
+    """Run the safety or red-team suite with the gate's semantics: log every run (failed ones too), print the
+    report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable)."""
+    from exporter.gate import audit_log
+    from exporter.gate.audit import DataError
+    from exporter.gate.targets import TargetError
+
+    facts = {"config": _file_facts(args.config), "model": model}
+    try:
+        report = run()
+    except (ConfigError, DataError, TargetError, ImportError) as exc:
+        audit_log.append(args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
+        print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    head = audit_log.append(args.audit_log, {"type": suite, "timestamp": report["timestamp"],
+                                             "model_id": report["model_id"], "verdict": report["verdict"],
+                                             **facts, "report": report})  # fmt: skip
+    report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
+    _emit(report, args.report, _suite_summary(report))
+    return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
+
+
+def cmd_safety(args: argparse.Namespace) -> int:
+    """Output bounds, perturbation stability, edge inputs and counterfactual consistency of a tabular model."""
+    from exporter.gate.safety import run_safety
+    from exporter.gate.targets import load_object
+
+    return _run_suite(args, "safety", lambda: run_safety(args.config, load_object(args.model), args.model),
+                      args.model)  # fmt: skip
+
+
+def cmd_redteam(args: argparse.Namespace) -> int:
+    """Adversarial rewrites of harmful texts against a text classifier (a Python callable or an HTTP endpoint)."""
+    from exporter.gate.redteam import run_redteam
+    from exporter.gate.targets import text_target
+
+    def run() -> dict[str, Any]:
+        target = text_target(args.target, args.request_field, args.response_field)
+        return run_redteam(args.config, target, args.target)
+
+    return _run_suite(args, "redteam", run, args.target)
+
+
 def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
     """The NYC LL144-style table: rows, selection (or scoring) rate and impact ratio per category."""
     from exporter.gate import ll144
@@ -207,6 +272,32 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--threshold", type=float, default=0.1, help="largest acceptable gap (default 0.1)")
     bias.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     bias.set_defaults(func=cmd_bias_report)
+
+    audit_log_default = os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG)
+    safety = sub.add_parser("safety", help="safety suite for a tabular model: exit 1 on a critical failure, "
+                            "2 on a bad config or a model that cannot be loaded")  # fmt: skip
+    safety.add_argument("--model", required=True, help="MODULE:OBJECT with predict (and predict_proba), "
+                        "imported from the working directory and PYTHONPATH")  # fmt: skip
+    safety.add_argument("--config", required=True, help="YAML: model_id, feature_count, valid_output_range, "
+                        "test_inputs, seed, thresholds")  # fmt: skip
+    safety.add_argument("--report", help="also write the JSON report to this file")
+    safety.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    safety.set_defaults(func=cmd_safety)
+
+    redteam = sub.add_parser("redteam", help="red-team suite for a text classifier: exit 1 on a critical "
+                             "failure, 2 on a bad config or a target that cannot be loaded")  # fmt: skip
+    redteam.add_argument("--config", required=True, help="YAML: model_id, seed, red_team_tests, include_library")
+    redteam.add_argument("--target", required=True, help="MODULE:CALLABLE from text to a label or score, "
+                         "or an http(s):// URL that takes and returns JSON")  # fmt: skip
+    redteam.add_argument("--request-field", default="text",
+                         help="HTTP targets: where the text goes in the JSON body, dotted; "
+                              "instances.0 for KServe v1, inputs.0 for MLflow (default: text)")  # fmt: skip
+    redteam.add_argument("--response-field", default="prediction",
+                         help="HTTP targets: the dotted field holding the label or score, "
+                              "e.g. predictions.0 (default: prediction)")  # fmt: skip
+    redteam.add_argument("--report", help="also write the JSON report to this file")
+    redteam.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    redteam.set_defaults(func=cmd_redteam)
 
     log = sub.add_parser("audit-log", help="inspect the audit log")
     log_sub = log.add_subparsers(dest="log_command", required=True)

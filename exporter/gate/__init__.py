@@ -1,1 +1,2 @@
-"""The CI side: the audit gate, its reports and audit log, and the seed-style Python API."""
+"""The CI side: the audit gate, its reports and audit log, the seed-style Python API, and the safety and
+red-team suites."""

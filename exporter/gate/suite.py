@@ -1,0 +1,74 @@
+"""What the safety and red-team suites share: the result record, severities, the report and its verdict.
+
+Both suites follow the audit gate's semantics: a failed ``critical`` result blocks (verdict ``FAIL``, exit 1),
+any other severity is reported and lets the model ship.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter import __version__
+from exporter.config import ConfigError
+
+SEVERITIES = ("critical", "high", "medium", "low")
+BLOCKING_SEVERITY = "critical"
+
+
+@dataclass
+class SafetyTestResult:
+    """One test's outcome, the record both suites report (the seed's shape)."""
+
+    test_name: str
+    category: str
+    passed: bool
+    details: dict[str, Any] = field(default_factory=dict)
+    severity: str = BLOCKING_SEVERITY
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; a ConfigError names the file otherwise."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a mapping with model_id and the suite's settings")
+    return raw
+
+
+def check_severity(value: Any, where: str, problems: list[str]) -> str:
+    """Validate a severity, appending a problem naming ``where`` when it is not one of SEVERITIES."""
+    if value not in SEVERITIES:
+        problems.append(f"{where}: severity {value!r} is not one of {', '.join(SEVERITIES)}")
+        return BLOCKING_SEVERITY
+    return str(value)
+
+
+def build_report(suite: str, model_id: str, seed: int, results: list[SafetyTestResult],
+                 **facts: Any) -> dict[str, Any]:  # fmt: skip
+    """The JSON report: counts, a verdict (FAIL when a critical test failed) and every result."""
+    failed = [r for r in results if not r.passed]
+    critical = [r for r in failed if r.severity == BLOCKING_SEVERITY]
+    return {
+        "suite": suite,
+        "model_id": model_id,
+        "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "tool": f"fairness-exporter {__version__}",
+        "seed": seed,
+        **facts,
+        "total_tests": len(results),
+        "passed": len(results) - len(failed),
+        "failed": len(failed),
+        "critical_failures": len(critical),
+        "verdict": "FAIL" if critical else "PASS",
+        "results": [asdict(r) for r in results],
+    }
