@@ -7,6 +7,7 @@ value and what would be accepted, so a user fixes a config in one round trip.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from collections.abc import Callable
@@ -86,6 +87,18 @@ class EventFields:
 
 
 @dataclass(frozen=True)
+class AlertingConfig:
+    """The change detectors' false-alarm budget and the subgroup rate shift worth a warning."""
+
+    false_pages_per_day: float = 0.01
+    """Expected days with a false page per day, shared by every detector of the model and every replica."""
+    replicas: int = 1
+    """Replicas sharing the traffic (the Helm chart sets it from replicaCount): each takes 1/replicas of it."""
+    rate_shift: float = 0.10
+    """SubgroupPredictionRateShift: a move of a subgroup's selection rate from its own baseline worth a warning."""
+
+
+@dataclass(frozen=True)
 class Window:
     """A sliding event-time window, named as written in the config."""
 
@@ -123,6 +136,7 @@ class Config:
     tls_key_file: str | None = None
     checkpoint_path: str | None = None
     checkpoint_interval_seconds: float = 30
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
     source: str = "<config>"
 
     def layout(self) -> dict[str, Any]:
@@ -334,10 +348,30 @@ def _section(raw: dict[str, Any], key: str, errors: _Errors, allowed: set[str]) 
     return value
 
 
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ValueError("expected a number between 0 and 1 (exclusive)")
+    return float(value)
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError("expected a number > 0")
+    return float(value)
+
+
+def _parse_alerting(raw: dict[str, Any], errors: _Errors) -> AlertingConfig:
+    return AlertingConfig(
+        false_pages_per_day=_get(raw, "false_pages_per_day", 0.01, errors, "alerting.", _positive_number),
+        replicas=_get(raw, "replicas", 1, errors, "alerting.", _positive_int),
+        rate_shift=_get(raw, "rate_shift", 0.10, errors, "alerting.", _fraction),
+    )
+
+
 _TOP_LEVEL: Final = {
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "min_samples",
     "unknown_values", "columns", "kafka", "events", "windows", "bucket", "allowed_lateness", "max_future_skew",
-    "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint",
+    "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint", "alerting",
 }  # fmt: skip
 
 
@@ -402,6 +436,7 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         if w.seconds % bucket:
             errors.add("windows", f"{w.name} is not a whole number of buckets of {raw.get('bucket', '1m')}")
 
+    alerting = _parse_alerting(_section(raw, "alerting", errors, set(AlertingConfig.__dataclass_fields__)), errors)
     config = Config(
         model_id=str(model_id),
         base_attributes=tuple(base),
@@ -428,6 +463,7 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         tls_key_file=listen.get("tls_key_file"),
         checkpoint_path=checkpoint["path"] if checkpoint else None,
         checkpoint_interval_seconds=_get(checkpoint or {}, "interval", 30.0, errors, "checkpoint.", parse_duration),
+        alerting=alerting,
         source=source,
     )
     if bool(config.tls_cert_file) != bool(config.tls_key_file):

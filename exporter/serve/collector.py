@@ -109,6 +109,7 @@ class SnapshotCollector(Collector):
             yield from family.families()
         yield insufficient
         yield from self._counters(snapshot)
+        yield from detector_families(snapshot)
 
     @staticmethod
     def _counters(snapshot: Snapshot) -> Iterator[Metric]:
@@ -129,6 +130,37 @@ class SnapshotCollector(Collector):
                     outcomes.add_metric([*labels, COUNT_NAMES[column]], float(counts[i, column]))
         yield predictions
         yield outcomes
+
+
+def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The change detectors: each CUSUM statistic, the model's alarm level, and the steps taken."""
+    if snapshot.detection is None or snapshot.detectors is None:
+        return
+    bank, detection = snapshot.detectors, snapshot.detection
+    model = snapshot.model_id
+    pairs = GaugeMetricFamily(
+        "fairness_detector_statistic", "CUSUM of the exact log likelihood ratio of a gap of twice the threshold "
+        "(impact ratio: threshold squared) in the `direction` against equal rates, one step per bucket; pages at "
+        "fairness_detector_alarm_level.", labels=["model_id", "attribute", "dimension", "group_a", "group_b",
+                                                  "metric", "direction"])  # fmt: skip
+    subgroups = GaugeMetricFamily(
+        "fairness_subgroup_detector_statistic", "CUSUM of the log likelihood ratio of a subgroup's selection rate "
+        "moving by twice alerting.rate_shift from its own baseline; warns at fairness_detector_alarm_level.",
+        labels=["model_id", "attribute", "subgroup", "direction"])  # fmt: skip
+    for detector, value in zip(bank.detectors, detection.state.statistic.tolist(), strict=True):
+        if detector.subgroup:
+            subgroups.add_metric([model, detector.attribute, detector.subgroup, detector.direction], value)
+        else:
+            pairs.add_metric([model, detector.attribute, detector.dimension, detector.group_a, detector.group_b,
+                              detector.metric, detector.direction], value)  # fmt: skip
+    level = GaugeMetricFamily(
+        "fairness_detector_alarm_level", "The level at which a detector pages: log(detectors x steps per day x "
+        "replicas / alerting.false_pages_per_day).", labels=["model_id"])  # fmt: skip
+    level.add_metric([model], bank.level)
+    steps = CounterMetricFamily("fairness_detector_steps", "Detector steps taken (at most one per bucket).",
+                                labels=["model_id"])  # fmt: skip
+    steps.add_metric([model], float(detection.steps))
+    yield from (pairs, subgroups, level, steps)
 
 
 class CachedExposition:

@@ -12,7 +12,8 @@ import numpy as np
 from exporter.config import Config
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.serve.self_metrics import Health
-from exporter.stream.window import WindowStore
+from exporter.stream.detectors import DetectorBank
+from exporter.stream.window import Detection, WindowStore
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,10 @@ class Snapshot:
     """(window name, evaluation) for every window and attribute."""
     totals: dict[str, np.ndarray]
     """Monotonic per-attribute counts since start, for the fleet-wide counters."""
+    detection: Detection | None = None
+    """The change detectors' statistics after their latest step."""
+    detectors: DetectorBank | None = None
+    """What each detector watches, and the alarm level."""
 
 
 class Computer:
@@ -48,6 +53,7 @@ class Computer:
         """Compute every window and attribute; publish the result as the latest snapshot."""
         started = time.perf_counter()
         now = self.clock()
+        detection = self.store.detect(now)
         windows = self.store.window_counts(now)
         keys, blocks = [], []
         for window in self.config.windows:
@@ -57,7 +63,8 @@ class Computer:
                 blocks.append((attribute, by_attribute[attribute.name]))
         evaluations = list(zip(keys, evaluate_many(blocks, self.config.min_samples), strict=True))
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
-                            self.store.layout.split(self.store.totals_copy()))  # fmt: skip
+                            self.store.layout.split(self.store.totals_copy()), detection,
+                            self.store.detectors)  # fmt: skip
         self.latest = snapshot
         if self.on_snapshot is not None:
             self.on_snapshot(snapshot)

@@ -18,6 +18,7 @@ import numpy as np
 
 from exporter.config import Config
 from exporter.core.fairness import N_COUNTS, outcome_columns
+from exporter.stream.detectors import DetectorBank, DetectorState
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class WindowStore:
         self.head = -1  # absolute index of the newest bucket
         self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
         self.lock = threading.Lock()
+        self.detectors = DetectorBank(config, self.layout.offsets)
+        self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -143,10 +146,27 @@ class WindowStore:
                 out[name] = total
             return out
 
+    def detect(self, now: float) -> Detection:
+        """Advance the change detectors by one step when the head (advanced to ``now``) has entered a bucket they
+        have not stepped in yet; return their state.
+
+        A step consumes everything counted since the previous step (the monotonic totals' increase): every
+        prediction and every delayed label enters the detectors exactly once, when it is counted, with no wait
+        for ``allowed_lateness``. Steps are therefore at most one per bucket of the head's time.
+        """
+        with self.lock:
+            self._advance(int(self.bucket_of(np.array([now]))[0]))
+            d = self.detection
+            if self.head > d.last_step:
+                state, _ = self.detectors.advance(d.state, (self.totals - d.seen)[None])
+                self.detection = Detection(state, self.totals.copy(), self.head, d.steps + 1)
+            return self.detection
+
     def state(self) -> dict[str, np.ndarray]:
-        """Arrays for a checkpoint (call with the lock held, or while nothing writes)."""
-        return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
-                "head": np.array(self.head)}  # fmt: skip
+        """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
+        with self.lock:
+            return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
+                    "head": np.array(self.head), **self.detection.arrays(self.detectors)}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray], offsets: dict[tuple[str, int], int]) -> None:
         """Load what :meth:`state` produced, with the offsets the checkpoint covers."""
@@ -156,8 +176,40 @@ class WindowStore:
             self.totals[...] = state["totals"]
             self.head = int(state["head"])
             self.offsets = dict(offsets)
+            self.detection = Detection.restore(state, self.detectors, self.totals)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
         with self.lock:
             return self.totals.copy()
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The detectors' state as of one step: statistics, what of the totals they have consumed, which step."""
+
+    state: DetectorState
+    seen: np.ndarray
+    """The monotonic totals as of the last step: the next step consumes totals - seen."""
+    last_step: int
+    """Absolute bucket of the head at the last step (-1 before the first)."""
+    steps: int
+
+    def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
+        """The checkpoint's detector arrays (statistics keyed by detector, so a changed config keeps the rest)."""
+        return {"detector_keys": bank.keys, "detector_statistic": self.state.statistic.copy(),
+                "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
+                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps)}  # fmt: skip
+
+    @classmethod
+    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
+        """The state a checkpoint holds; detectors it lacks start at 0, and a checkpoint without detector state
+        (an older version) starts them at its totals, so the counts before it are not one giant step."""
+        state = bank.initial_state()
+        if "detector_keys" not in arrays:
+            return cls(state, totals.copy(), -1, 0)
+        saved = dict(zip(arrays["detector_keys"].tolist(), arrays["detector_statistic"].tolist(), strict=True))
+        state.statistic[...] = [saved.get(key, 0.0) for key in bank.keys.tolist()]
+        state.history[...] = arrays["detector_history"]
+        return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
+                   int(arrays["detector_steps"]))  # fmt: skip

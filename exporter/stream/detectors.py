@@ -1,0 +1,236 @@
+"""The model's change detectors: which comparisons are watched, their alternatives, their state, and when they page.
+
+One detector per (attribute pair, metric family, direction) and per (subgroup, direction). A step consumes the
+counts added to the window since the previous step (see :meth:`WindowStore.detect`), so every prediction and
+every delayed label enters the detectors exactly once, when it is counted. The alternative of each step comes
+from earlier steps only (exponentially weighted history with the longest window as time constant), which keeps
+each detector's likelihood-ratio products test martingales (exporter/core/detect.py).
+
+:data:`ALERTS` is the one statement of what pages: the rules generator writes it as PromQL and the backtest
+evaluates it on the same statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from exporter.config import Config
+from exporter.core import detect
+from exporter.core.attributes import OTHER_GROUP
+from exporter.core.fairness import FN, FP, N_COUNTS, PRED_NEG, PRED_POS, TN, TP, wilson_interval
+
+FloatArray = NDArray[np.float64]
+
+SHIFT_BASELINE_Z: Final = 4.0
+"""The subgroup shift detector tests against the edge of its baseline's Wilson interval at this z (one-sided
+miss probability 3e-5), so an estimated baseline does not turn noise into evidence."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A rate compared between two groups: its counts columns and the configured metric that sets its threshold."""
+
+    name: str
+    """The `metric` label of the detector."""
+    config_metric: str
+    positive: int
+    columns: tuple[int, int]
+    kind: Literal["gap", "ratio"]
+
+
+FAMILIES: Final = (
+    Family("demographic_parity_difference", "demographic_parity_difference", PRED_POS, (PRED_POS, PRED_NEG), "gap"),
+    Family("disparate_impact_ratio", "disparate_impact_ratio", PRED_POS, (PRED_POS, PRED_NEG), "ratio"),
+    Family("true_positive_rate_difference", "equalised_odds_difference", TP, (TP, FN), "gap"),
+    Family("false_positive_rate_difference", "equalised_odds_difference", FP, (FP, TN), "gap"),
+)
+SUBGROUP_METRIC: Final = "positive_prediction_rate"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A paging condition: a detector of one of `metrics` at or above the model's alarm level."""
+
+    name: str
+    severity: Literal["critical", "warning"]
+    metrics: tuple[str, ...]
+    shown: str
+    """The /metrics family (with _lower/_upper) whose value and interval the alert shows."""
+
+
+ALERTS: Final = (
+    Alert("FairnessDemographicParityDrift", "critical", ("demographic_parity_difference",),
+          "model_demographic_parity_difference"),
+    Alert("FairnessDisparateImpactViolation", "critical", ("disparate_impact_ratio",), "model_disparate_impact_ratio"),
+    Alert("FairnessEqualisedOddsDrift", "critical",
+          ("true_positive_rate_difference", "false_positive_rate_difference"), "model_equalised_odds_difference"),
+    Alert("SubgroupPredictionRateShift", "warning", (SUBGROUP_METRIC,), "model_positive_prediction_rate"),
+)  # fmt: skip
+ALERT_OF_METRIC: Final = {m: a for a in ALERTS for m in a.metrics}
+
+
+@dataclass(frozen=True)
+class Detector:
+    """What one detector watches; `dimension`, `group_a`, `group_b` are empty for a subgroup detector."""
+
+    attribute: str
+    metric: str
+    direction: str
+    """`a_higher` / `b_higher` for a pair (whose rate the alternative puts higher), `up` / `down` for a subgroup."""
+    dimension: str = ""
+    group_a: str = ""
+    group_b: str = ""
+    subgroup: str = ""
+
+    @property
+    def key(self) -> str:
+        """A stable identity, for matching checkpointed state to the configured detectors."""
+        return "|".join((self.attribute, self.metric, self.direction, self.dimension, self.subgroup))
+
+
+@dataclass
+class DetectorState:
+    """CUSUM statistics and the weighted history the alternatives come from; any leading batch shape."""
+
+    statistic: FloatArray
+    """(..., n_detectors)"""
+    history: FloatArray
+    """(..., n_rows, N_COUNTS): exponentially weighted counts of earlier steps."""
+
+    def copy(self) -> DetectorState:
+        return DetectorState(self.statistic.copy(), self.history.copy())
+
+
+@dataclass(frozen=True)
+class _CountGroup:
+    """Pair detectors that read the same counts (e.g. parity and impact ratio both read selections): the
+    hypergeometric terms of a step are computed once for all their alternatives."""
+
+    positive: int
+    columns: tuple[int, int]
+    rows_a: NDArray[np.int64]
+    """(P,) pairs"""
+    rows_b: NDArray[np.int64]
+    thresholds: FloatArray
+    """(J,) alternatives per pair: family threshold, repeated for each direction"""
+    is_ratio: NDArray[np.bool_]
+    signs: FloatArray
+
+    def counts(self, counts: NDArray, rows: NDArray[np.int64]) -> tuple[NDArray, NDArray]:
+        """(positives, trials) of the given rows, shape (..., P)."""
+        cells = counts[..., rows, :]
+        return cells[..., self.positive], cells[..., self.columns[0]] + cells[..., self.columns[1]]
+
+    def log_lr(self, history: FloatArray, step: NDArray) -> FloatArray:
+        """(..., P * J) log LRs of one step; the alternatives come from the history only."""
+        hk_a, hn_a = self.counts(history, self.rows_a)
+        hk_b, hn_b = self.counts(history, self.rows_b)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pooled = (hk_a + hk_b) / (hn_a + hn_b)
+        log_psi = np.stack([
+            self.signs[j] * (detect.ratio_log_odds_ratio if self.is_ratio[j] else detect.gap_log_odds_ratio)(
+                pooled, float(self.thresholds[j]))
+            for j in range(len(self.thresholds))
+        ], axis=-1)  # fmt: skip
+        k_a, n_a = self.counts(step, self.rows_a)
+        k_b, n_b = self.counts(step, self.rows_b)
+        out = detect.two_sample_log_lr(k_a, n_a, k_b, n_b, log_psi)
+        return out.reshape((*out.shape[:-2], -1))
+
+
+class DetectorBank:
+    """Every detector of one model, vectorised; pure: state in, state out (the window store keeps it)."""
+
+    def __init__(self, config: Config, offsets: tuple[int, ...]) -> None:
+        """``offsets``: the first row of each attribute in the window store's counts (Layout.offsets)."""
+        thresholds = {m.name: m.threshold for m in config.metrics}
+        detectors: list[Detector] = []
+        self._groups: list[_CountGroup] = []
+        for columns in dict.fromkeys((f.positive, f.columns) for f in FAMILIES):
+            families = [f for f in FAMILIES if (f.positive, f.columns) == columns and f.config_metric in thresholds]
+            if not families:
+                continue
+            rows_a, rows_b = [], []
+            for attribute, offset in zip(config.attributes, offsets, strict=True):
+                for a, b in attribute.pairs:
+                    ga, gb = attribute.groups[a], attribute.groups[b]
+                    rows_a.append(offset + a)
+                    rows_b.append(offset + b)
+                    detectors += [Detector(attribute.name, f.name, direction, f"{ga}_vs_{gb}", ga, gb)
+                                  for f in families for direction in ("a_higher", "b_higher")]  # fmt: skip
+            self._groups.append(_CountGroup(
+                columns[0], columns[1], np.array(rows_a, dtype=np.int64), np.array(rows_b, dtype=np.int64),
+                thresholds=np.array([thresholds[f.config_metric] for f in families for _ in (1, -1)]),
+                is_ratio=np.array([f.kind == "ratio" for f in families for _ in (1, -1)]),
+                signs=np.array([sign for _ in families for sign in (1.0, -1.0)]),
+            ))  # fmt: skip
+        self.n_pairs = len(detectors)
+        subgroup_rows, subgroup_signs = [], []
+        for attribute, offset in zip(config.attributes, offsets, strict=True):
+            for i, group in enumerate(attribute.groups):
+                if group == OTHER_GROUP:
+                    continue
+                for sign, direction in ((1.0, "up"), (-1.0, "down")):
+                    detectors.append(Detector(attribute.name, SUBGROUP_METRIC, direction, subgroup=group))
+                    subgroup_rows.append(offset + i)
+                    subgroup_signs.append(sign)
+        self.detectors = tuple(detectors)
+        self.keys = np.array([d.key for d in detectors])
+        self.n_rows = sum(len(a.groups) for a in config.attributes)
+        self._subgroup_rows = np.array(subgroup_rows, dtype=np.int64)
+        self._subgroup_sign = np.array(subgroup_signs)
+        self.rate_shift = config.alerting.rate_shift
+        self.step_seconds = config.bucket_seconds
+        self.decay = math.exp(-config.bucket_seconds / max(w.seconds for w in config.windows))
+        self.level = detect.alarm_level(max(len(detectors), 1), detect.SECONDS_PER_DAY / config.bucket_seconds,
+                                        config.alerting.false_pages_per_day, config.alerting.replicas)  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.detectors)
+
+    def initial_state(self, batch: tuple[int, ...] = ()) -> DetectorState:
+        return DetectorState(np.zeros((*batch, len(self))), np.zeros((*batch, self.n_rows, N_COUNTS)))
+
+    def _subgroup_log_lr(self, history: FloatArray, step: NDArray[np.int64]) -> FloatArray:
+        rows = self._subgroup_rows
+        k0 = history[..., rows, PRED_POS]
+        n0 = k0 + history[..., rows, PRED_NEG]
+        lower, upper = wilson_interval(k0, n0, SHIFT_BASELINE_Z)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = k0 / n0
+        up = self._subgroup_sign > 0
+        reference = np.where(up, upper, lower)
+        margin = detect.RATE_MARGIN
+        alternative = np.clip(rate + self._subgroup_sign * 2.0 * self.rate_shift, margin, 1.0 - margin)
+        reference = np.clip(reference, margin, 1.0 - margin)
+        # Evidence only where the alternative lies beyond the reference (a baseline exists and is precise enough).
+        useful = np.where(up, alternative > reference, alternative < reference) & (n0 > 0)
+        k = step[..., rows, PRED_POS]
+        n = k + step[..., rows, PRED_NEG]
+        safe_ref = np.where(useful, reference, 0.5)
+        safe_alt = np.where(useful, alternative, 0.5)
+        return np.where(useful, detect.one_sample_log_lr(k, n, safe_ref, safe_alt), 0.0)
+
+    def advance(self, state: DetectorState, steps: NDArray[np.int64]) -> tuple[DetectorState, FloatArray]:
+        """Run the detectors over ``steps`` of shape (T, ..., n_rows, N_COUNTS): the counts of each step.
+
+        Returns the new state and the statistic after every step, shape (T, ..., n_detectors).
+        """
+        statistic, history = state.statistic.copy(), state.history.copy()
+        out = np.empty((len(steps), *statistic.shape))
+        for t, step in enumerate(np.asarray(steps)):
+            log_lr = np.concatenate([*(g.log_lr(history, step) for g in self._groups),
+                                     self._subgroup_log_lr(history, step)], axis=-1)  # fmt: skip
+            statistic = detect.cusum(statistic, log_lr)
+            history = self.decay * history + step
+            out[t] = statistic
+        return DetectorState(statistic, history), out
+
+    def alarms(self, statistic: FloatArray) -> NDArray[np.bool_]:
+        """Where a detector is at or above the alarm level: the condition every alert of :data:`ALERTS` states."""
+        return np.asarray(statistic) >= self.level
