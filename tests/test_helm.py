@@ -279,6 +279,7 @@ def test_config_is_the_values_config(helm: str, scenario: str) -> None:
     expected = dict(values["config"])
     if values["checkpoint"]["enabled"]:
         expected["checkpoint"] = {key: values["checkpoint"][key] for key in ("path", "interval")}
+    expected["alerting"] = {**expected.get("alerting", {}), "replicas": values["replicaCount"]}
     assert daemon_config(render(helm, scenario)) == expected
 
 
@@ -387,3 +388,9 @@ def test_rendered_config_is_accepted_by_the_daemon(helm: str, scenario: str, mon
         monkeypatch.setenv(name, "from-a-secret")
     config = parse_config(raw, f"{scenario} ConfigMap")
     assert config.listen_port == container(render(helm, scenario))["ports"][0]["containerPort"]
+
+
+@scenarios
+def test_each_replica_takes_its_share_of_the_false_page_budget(helm: str, scenario: str) -> None:
+    """alerting.replicas follows replicaCount, so N replicas' detectors together keep the model's budget."""
+    assert daemon_config(render(helm, scenario))["alerting"]["replicas"] == chart_values(scenario)["replicaCount"]
