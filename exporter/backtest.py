@@ -1,0 +1,280 @@
+"""Replay recorded prediction events through the daemon's own path on a simulated clock, and list the alerts.
+
+``fairness-exporter backtest --config CONFIG EVENTS... [--output PATH]``. The events go through the daemon's
+decoder (JSON lines, the topic's event format) or the gate's encoding (parquet/CSV), the daemon's WindowStore,
+its scheduled computation (serve/snapshot.py, detectors included) and the alert conditions that the shipped rules
+state (exporter/stream/detectors.py ALERTS, and the seed's raw-value warnings from the rules' TUNING table).
+
+The clock is the events' own: the head is the newest event time seen, in file order (the topic's order), and
+the computation runs once per bucket, after the last event of each bucket of the head. The detectors therefore
+take the same steps as a daemon that reads the topic in real time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from exporter.config import Config
+from exporter.core.attributes import Attribute
+from exporter.core.encoding import attribute_codes
+from exporter.core.evaluate import Evaluation
+from exporter.serve.self_metrics import Health
+from exporter.serve.snapshot import Computer, Snapshot
+from exporter.stream.decode import EventDecoder
+from exporter.stream.detectors import ALERT_OF_METRIC, Detector
+from exporter.stream.window import WindowStore
+
+JSONL_CHUNK = 100_000
+TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+
+
+class BacktestError(ValueError):
+    """An events file cannot be replayed; the message names the file and what is wrong."""
+
+
+@dataclass
+class Columns:
+    """A batch of accepted events as the window store counts them."""
+
+    timestamps: np.ndarray
+    predictions: np.ndarray
+    labels: np.ndarray
+    codes: dict[str, np.ndarray]
+    rejected: int = 0
+    ignored: int = 0
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _jsonl(path: Path, decoder: EventDecoder) -> Iterator[Columns]:
+    """JSON lines through the daemon's EventDecoder (no future-timestamp bound: the clock is the events')."""
+    with path.open("rb") as f:
+        while lines := [line for line in (f.readline() for _ in range(JSONL_CHUNK)) if line]:
+            batch = decoder.decode([line.rstrip(b"\r\n") for line in lines if line.strip()], math.inf)
+            yield Columns(batch.timestamps, batch.predictions, batch.labels, batch.codes,
+                          sum(batch.rejected.values()), batch.ignored)  # fmt: skip
+
+
+def _table(path: Path, config: Config) -> Iterator[Columns]:
+    """A parquet/CSV file with the gate's columns plus timestamp, model_id and prediction_id (gate encoding)."""
+    import pandas as pd
+
+    from exporter.gate.audit import DataError, _binary, read_predictions
+    from exporter.gate.frames import encode
+
+    try:
+        frame = read_predictions(path)
+    except DataError as exc:
+        raise BacktestError(str(exc)) from exc
+    required = ["timestamp", "model_id", config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise BacktestError(f"{path}: missing column(s) {missing}; the file has {list(frame.columns)}")
+    mine = (frame["model_id"].astype(str) == config.model_id).to_numpy()
+    ignored = int((~mine).sum())
+    frame = frame[mine]
+    stamps = frame["timestamp"]
+    if pd.api.types.is_numeric_dtype(stamps):
+        seconds = stamps.to_numpy(dtype=np.float64)
+    else:
+        try:
+            seconds = pd.to_datetime(stamps, utc=True, format="ISO8601").astype("int64").to_numpy() / 1e9
+        except (ValueError, TypeError) as exc:
+            raise BacktestError(f"{path}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
+    try:
+        y_pred = _binary(frame, config.prediction_column, path, allow_missing=False)
+        y_true = (_binary(frame, config.label_column, path, allow_missing=True)
+                  if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
+    except DataError as exc:
+        raise BacktestError(str(exc)) from exc
+    base = {a.columns[0]: encode(frame[a.columns[0]].to_numpy(), a.groups) for a in config.base_attributes}
+    keep = np.ones(len(frame), dtype=bool)
+    for codes in base.values():
+        keep &= codes >= 0
+    base = {c: v[keep] for c, v in base.items()}
+    codes = {a.name: attribute_codes(a, base) for a in config.attributes}
+    yield Columns(seconds[keep], y_pred[keep], y_true[keep], codes, int((~keep).sum()), ignored)
+
+
+def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Columns]:
+    """The events of every file, in order: JSON lines, or parquet/CSV by suffix."""
+    decoder = EventDecoder(config)
+    for name in paths:
+        path = Path(name)
+        if not path.is_file():
+            raise BacktestError(f"{path}: no such events file")
+        yield from (_table(path, config) if path.suffix.lower() in TABLE_SUFFIXES else _jsonl(path, decoder))
+
+
+@dataclass
+class _Open:
+    """An alert condition that holds: since when, and the entry it fired as (None while pending)."""
+
+    since: float
+    entry: dict[str, Any] | None = None
+
+
+@dataclass
+class Replay:
+    """The simulated daemon: the store, the computation, and the alerts that its rules would have raised."""
+
+    config: Config
+    store: WindowStore = field(init=False)
+    computer: Computer = field(init=False)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    late: int = 0
+    rejected: int = 0
+    ignored: int = 0
+    steps: int = 0
+    _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
+    _now: float = field(default=-math.inf)
+
+    def __post_init__(self) -> None:
+        self.store = WindowStore(self.config)
+        self.computer = Computer(self.config, self.store, Health(CollectorRegistry()), clock=lambda: self._now)
+        from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
+
+        self._seed = [(name, metric, TUNING[name]) for name, metric in (
+            ("FairnessDemographicParityAboveThreshold", "demographic_parity_difference"),
+            ("FairnessDisparateImpactBelowThreshold", "disparate_impact_ratio"))]  # fmt: skip
+
+    def feed(self, columns: Columns) -> None:
+        """Count a batch in file order, computing once per bucket of the head as the head moves on."""
+        self.rejected += columns.rejected
+        self.ignored += columns.ignored
+        if not len(columns.timestamps):
+            return
+        bucket = self.store.bucket_seconds
+        heads = np.maximum.accumulate(np.maximum(columns.timestamps, self._now))
+        head_buckets = np.floor(heads / bucket).astype(np.int64)
+        cuts = np.flatnonzero(np.diff(head_buckets)) + 1
+        for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(heads)], strict=True):
+            if self._now > -math.inf and head_buckets[start] > math.floor(self._now / bucket):
+                self.compute()  # the bucket the head leaves is complete: step
+            part = slice(int(start), int(stop))
+            self._now = float(heads[stop - 1])
+            self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
+                                        columns.predictions[part], columns.labels[part], self._now)  # fmt: skip
+            self.events += int(stop - start)
+
+    def compute(self) -> Snapshot:
+        """One scheduled computation at the simulated now, then the alert conditions on its snapshot."""
+        snapshot = self.computer.compute()
+        self.steps += 1
+        self._evaluate(snapshot)
+        return snapshot
+
+    def finish(self) -> dict[str, Any]:
+        """Compute the last bucket; the report (alerts still firing have resolved_at null)."""
+        if self._now > -math.inf:
+            self.compute()
+        bank = self.store.detectors
+        return {
+            "model_id": self.config.model_id,
+            "events": self.events, "late": self.late, "rejected": self.rejected, "ignored": self.ignored,
+            "steps": self.steps,
+            "alarm_level": bank.level, "detectors": len(bank),
+            "false_pages_per_day": self.config.alerting.false_pages_per_day,
+            "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
+        }  # fmt: skip
+
+    # --- alert conditions ---------------------------------------------------------------------------------
+
+    def _evaluate(self, snapshot: Snapshot) -> None:
+        holding: dict[tuple[str, ...], tuple[float, dict[str, Any]]] = {}
+        by_attribute: dict[str, list[tuple[str, Evaluation]]] = {}
+        for window, ev in snapshot.evaluations:
+            by_attribute.setdefault(ev.attribute.name, []).append((window, ev))
+        attributes = {a.name: a for a in self.config.attributes}
+        detection, bank = snapshot.detection, snapshot.detectors
+        assert detection is not None and bank is not None
+        statistic = detection.state.statistic
+        for i in np.flatnonzero(bank.alarms(statistic)):
+            detector = bank.detectors[i]
+            alert = ALERT_OF_METRIC[detector.metric]
+            key = (alert.name, detector.key)
+            shown = _shown(detector, attributes[detector.attribute], by_attribute[detector.attribute])
+            holding[key] = (0.0, {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
+                                  **_identity(detector), "window": None, **shown,
+                                  "statistic": float(statistic[i]), "alarm_level": bank.level})  # fmt: skip
+        for name, metric, tuning in self._seed:
+            threshold = float(tuning.threshold or 0)
+            for window, ev in snapshot.evaluations:
+                value, lower, upper = ev.metric(metric)
+                beyond = value < threshold if metric == "disparate_impact_ratio" else value > threshold
+                for k in np.flatnonzero(ev.sufficient(metric) & beyond):
+                    a, b = ev.attribute.pairs[k]
+                    ga, gb = ev.attribute.groups[a], ev.attribute.groups[b]
+                    holding[(name, ev.attribute.name, f"{ga}_vs_{gb}", window)] = (
+                        _seconds(tuning.for_),
+                        {"alert": name, "severity": tuning.severity, "attribute": ev.attribute.name,
+                         "dimension": f"{ga}_vs_{gb}", "group_a": ga, "group_b": gb, "window": window,
+                         "value": float(value[k]), "interval": [float(lower[k]), float(upper[k])]})  # fmt: skip
+        now = snapshot.computed_at
+        for key in [k for k in self._open if k not in holding]:
+            entry = self._open.pop(key).entry
+            if entry is not None:
+                entry["resolved_at"] = _iso(now)
+        for key, (hold, entry) in holding.items():
+            state = self._open.setdefault(key, _Open(now))
+            if state.entry is None and now - state.since >= hold:
+                state.entry = {"alert": entry.pop("alert"), "severity": entry.pop("severity"),
+                               "attribute": entry.pop("attribute"), **entry,
+                               "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
+                self.alerts.append(state.entry)
+
+
+def _identity(detector: Detector) -> dict[str, Any]:
+    if detector.subgroup:
+        return {"subgroup": detector.subgroup, "direction": detector.direction}
+    return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
+            "metric": detector.metric, "direction": detector.direction}  # fmt: skip
+
+
+def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]]) -> dict[str, Any]:
+    """What the alert's annotation shows: the compared metric with its interval in every window (None where
+    the window has too few samples), and the first window's as `value` / `interval`."""
+    out: dict[str, Any] = {}
+    for window, ev in windows:
+        if detector.subgroup:
+            i = attribute.groups.index(detector.subgroup)
+            stats = ev.groups
+            value, (lower, upper) = stats.selection_rate[i], (b[i] for b in stats.selection_rate_ci)
+            ok = stats.samples[i] > 0
+        else:
+            metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
+            pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
+            k = pairs.index((detector.group_a, detector.group_b))
+            values, lowers, uppers = ev.metric(metric)
+            value, lower, upper = values[k], lowers[k], uppers[k]
+            ok = bool(ev.sufficient(metric)[k])
+        out[window] = ({"value": float(value), "interval": [float(lower), float(upper)]}
+                       if ok and not math.isnan(value) else None)  # fmt: skip
+    first = next(iter(out.values()), None)
+    return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}
+
+
+def _seconds(duration: str) -> float:
+    from exporter.config import parse_duration
+
+    return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
+
+
+def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
+    """Replay the events files and return the report with its `alerts` list."""
+    replay = Replay(config)
+    for columns in read_events(paths, config):
+        replay.feed(columns)
+    return replay.finish()
+
