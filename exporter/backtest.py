@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry
 
 from exporter.config import Config
 from exporter.core.attributes import Attribute
 from exporter.core.encoding import attribute_codes
-from exporter.core.evaluate import Evaluation
-from exporter.serve.self_metrics import Health
-from exporter.serve.snapshot import Computer, Snapshot
+from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.stream.decode import EventDecoder
 from exporter.stream.detectors import ALERT_OF_METRIC, Detector
 from exporter.stream.window import WindowStore
@@ -116,6 +113,10 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Columns
         yield from (_table(path, config) if path.suffix.lower() in TABLE_SUFFIXES else _jsonl(path, decoder))
 
 
+FLUSH_STEPS = 1440
+"""Steps evaluated in one vectorised pass (a day of one-minute buckets)."""
+
+
 @dataclass
 class _Open:
     """An alert condition that holds: since when, and the entry it fired as (None while pending)."""
@@ -124,13 +125,25 @@ class _Open:
     entry: dict[str, Any] | None = None
 
 
+def _stacked(attribute: Attribute, copies: int) -> Attribute:
+    """One attribute standing for ``copies`` steps of itself: its groups and pairs repeated, so that one
+    evaluation (the daemon's own code) covers every step at once."""
+    n = len(attribute.groups)
+    pairs = tuple((a + i * n, b + i * n) for i in range(copies) for a, b in attribute.pairs)
+    return replace(attribute, groups=attribute.groups * copies, pairs=pairs)
+
+
 @dataclass
 class Replay:
-    """The simulated daemon: the store, the computation, and the alerts that its rules would have raised."""
+    """The simulated daemon: its store and detectors, its computation, and the alerts its rules would raise.
+
+    Per bucket of the head it takes the detectors' step and the windows' counts exactly as the daemon's scheduled
+    computation does (WindowStore.take_step, window_counts); it then evaluates up to a day of steps in one pass
+    with the same functions (DetectorBank.advance, evaluate_many), which is what makes a replay fast.
+    """
 
     config: Config
     store: WindowStore = field(init=False)
-    computer: Computer = field(init=False)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
     late: int = 0
@@ -139,10 +152,10 @@ class Replay:
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
+    _pending: list[tuple[float, np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config)
-        self.computer = Computer(self.config, self.store, Health(CollectorRegistry()), clock=lambda: self._now)
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
         self._seed = [(name, metric, TUNING[name]) for name, metric in (
@@ -168,71 +181,113 @@ class Replay:
                                         columns.predictions[part], columns.labels[part], self._now)  # fmt: skip
             self.events += int(stop - start)
 
-    def compute(self) -> Snapshot:
-        """One scheduled computation at the simulated now, then the alert conditions on its snapshot."""
-        snapshot = self.computer.compute()
+    def compute(self) -> None:
+        """The scheduled computation at the simulated now: the detectors' step and the windows' counts."""
+        step = self.store.take_step(self._now)
+        if step is None:
+            return
+        self._pending.append((self._now, step, self.store.window_counts(self._now)))
         self.steps += 1
-        self._evaluate(snapshot)
-        return snapshot
+        if len(self._pending) >= FLUSH_STEPS:
+            self._flush()
 
     def finish(self) -> dict[str, Any]:
         """Compute the last bucket; the report (alerts still firing have resolved_at null)."""
         if self._now > -math.inf:
             self.compute()
+        self._flush()
         bank = self.store.detectors
         return {
             "model_id": self.config.model_id,
             "events": self.events, "late": self.late, "rejected": self.rejected, "ignored": self.ignored,
-            "steps": self.steps,
-            "alarm_level": bank.level, "detectors": len(bank),
+            "steps": self.steps, "alarm_level": bank.level, "detectors": len(bank),
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
         }  # fmt: skip
 
-    # --- alert conditions ---------------------------------------------------------------------------------
+    # --- alert conditions, over a block of steps ----------------------------------------------------------
 
-    def _evaluate(self, snapshot: Snapshot) -> None:
-        holding: dict[tuple[str, ...], tuple[float, dict[str, Any]]] = {}
-        by_attribute: dict[str, list[tuple[str, Evaluation]]] = {}
-        for window, ev in snapshot.evaluations:
-            by_attribute.setdefault(ev.attribute.name, []).append((window, ev))
-        attributes = {a.name: a for a in self.config.attributes}
-        detection, bank = snapshot.detection, snapshot.detectors
-        assert detection is not None and bank is not None
-        statistic = detection.state.statistic
-        for i in np.flatnonzero(bank.alarms(statistic)):
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        times = np.array([now for now, _, _ in self._pending])
+        statistics = self.store.advance_detectors(np.stack([step for _, step, _ in self._pending]))
+        steps = len(times)
+        evaluations: dict[tuple[str, str], Evaluation] = {}
+        blocks = []
+        for window in self.config.windows:
+            by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
+            for attribute in self.config.attributes:
+                blocks.append((window.name, attribute,
+                               np.concatenate([b[attribute.name] for b in by_attribute])))  # fmt: skip
+        stacked = evaluate_many([(_stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples)
+        for (window, attribute, _), ev in zip(blocks, stacked, strict=True):
+            evaluations[(window, attribute.name)] = ev
+        self._pending.clear()
+
+        holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
+        bank = self.store.detectors
+        alarms = bank.alarms(statistics)
+        for i in np.flatnonzero(alarms.any(axis=0)):
             detector = bank.detectors[i]
-            alert = ALERT_OF_METRIC[detector.metric]
-            key = (alert.name, detector.key)
-            shown = _shown(detector, attributes[detector.attribute], by_attribute[detector.attribute])
-            holding[key] = (0.0, {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
-                                  **_identity(detector), "window": None, **shown,
-                                  "statistic": float(statistic[i]), "alarm_level": bank.level})  # fmt: skip
+            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (alarms[:, i], 0.0, ("detector", i))
+        attributes = {a.name: a for a in self.config.attributes}
         for name, metric, tuning in self._seed:
             threshold = float(tuning.threshold or 0)
-            for window, ev in snapshot.evaluations:
-                value, lower, upper = ev.metric(metric)
+            for (window, attribute_name), ev in evaluations.items():
+                value, _, _ = ev.metric(metric)
                 beyond = value < threshold if metric == "disparate_impact_ratio" else value > threshold
-                for k in np.flatnonzero(ev.sufficient(metric) & beyond):
-                    a, b = ev.attribute.pairs[k]
-                    ga, gb = ev.attribute.groups[a], ev.attribute.groups[b]
-                    holding[(name, ev.attribute.name, f"{ga}_vs_{gb}", window)] = (
-                        _seconds(tuning.for_),
-                        {"alert": name, "severity": tuning.severity, "attribute": ev.attribute.name,
-                         "dimension": f"{ga}_vs_{gb}", "group_a": ga, "group_b": gb, "window": window,
-                         "value": float(value[k]), "interval": [float(lower[k]), float(upper[k])]})  # fmt: skip
-        now = snapshot.computed_at
-        for key in [k for k in self._open if k not in holding]:
-            entry = self._open.pop(key).entry
-            if entry is not None:
-                entry["resolved_at"] = _iso(now)
-        for key, (hold, entry) in holding.items():
-            state = self._open.setdefault(key, _Open(now))
-            if state.entry is None and now - state.since >= hold:
-                state.entry = {"alert": entry.pop("alert"), "severity": entry.pop("severity"),
-                               "attribute": entry.pop("attribute"), **entry,
-                               "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
-                self.alerts.append(state.entry)
+                conditions = (ev.sufficient(metric) & beyond).reshape(steps, -1)
+                for k in np.flatnonzero(conditions.any(axis=0)):
+                    a, b = attributes[attribute_name].pairs[k]
+                    groups = attributes[attribute_name].groups
+                    holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window)] = (
+                        conditions[:, k], _seconds(tuning.for_), ("seed", name, metric, window, attribute_name, k))
+
+        for key in set(self._open) | set(holding):
+            active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
+            state = self._open.get(key)
+            for t in range(steps):  # only series that hold somewhere in the block, or held before it
+                if not active[t]:
+                    if state is not None:
+                        if state.entry is not None:
+                            state.entry["resolved_at"] = _iso(times[t])
+                        state = None
+                    continue
+                if state is None:
+                    state = _Open(float(times[t]))
+                if state.entry is None and times[t] - state.since >= hold:
+                    state.entry = self._entry(source, t, statistics, evaluations, times[t])
+                    self.alerts.append(state.entry)
+            if state is None:
+                self._open.pop(key, None)
+            else:
+                self._open[key] = state
+
+    def _entry(self, source: Any, t: int, statistics: np.ndarray, evaluations: dict[tuple[str, str], Evaluation],
+               now: float) -> dict[str, Any]:  # fmt: skip
+        """The alert as it fired at step t of the block: what, where, the value with its interval."""
+        if source[0] == "detector":
+            bank = self.store.detectors
+            detector = bank.detectors[source[1]]
+            alert = ALERT_OF_METRIC[detector.metric]
+            attribute = next(a for a in self.config.attributes if a.name == detector.attribute)
+            shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
+                                                 for w in self.config.windows], t)  # fmt: skip
+            return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
+                    **_identity(detector), "window": None, **shown,
+                    "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
+                    "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
+        _, name, metric, window, attribute_name, k = source
+        attribute = next(a for a in self.config.attributes if a.name == attribute_name)
+        a, b = attribute.pairs[k]
+        row = t * len(attribute.pairs) + k
+        value, lower, upper = (x[row] for x in evaluations[(window, attribute_name)].metric(metric))
+        tuning = next(s[2] for s in self._seed if s[0] == name)
+        return {"alert": name, "severity": tuning.severity, "attribute": attribute_name,
+                "dimension": f"{attribute.groups[a]}_vs_{attribute.groups[b]}", "group_a": attribute.groups[a],
+                "group_b": attribute.groups[b], "window": window, "value": float(value),
+                "interval": [float(lower), float(upper)], "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
 
 
 def _identity(detector: Detector) -> dict[str, Any]:
@@ -242,20 +297,20 @@ def _identity(detector: Detector) -> dict[str, Any]:
             "metric": detector.metric, "direction": detector.direction}  # fmt: skip
 
 
-def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]]) -> dict[str, Any]:
-    """What the alert's annotation shows: the compared metric with its interval in every window (None where
-    the window has too few samples), and the first window's as `value` / `interval`."""
+def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
+    """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
+    in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
     out: dict[str, Any] = {}
     for window, ev in windows:
         if detector.subgroup:
-            i = attribute.groups.index(detector.subgroup)
+            i = t * len(attribute.groups) + attribute.groups.index(detector.subgroup)
             stats = ev.groups
             value, (lower, upper) = stats.selection_rate[i], (b[i] for b in stats.selection_rate_ci)
             ok = stats.samples[i] > 0
         else:
             metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
             pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
-            k = pairs.index((detector.group_a, detector.group_b))
+            k = t * len(pairs) + pairs.index((detector.group_a, detector.group_b))
             values, lowers, uppers = ev.metric(metric)
             value, lower, upper = values[k], lowers[k], uppers[k]
             ok = bool(ev.sufficient(metric)[k])

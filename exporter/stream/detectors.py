@@ -50,6 +50,8 @@ FAMILIES: Final = (
     Family("false_positive_rate_difference", "equalised_odds_difference", FP, (FP, TN), "gap"),
 )
 SUBGROUP_METRIC: Final = "positive_prediction_rate"
+CHUNK_TERMS: Final = 2_000_000
+"""How many (step x detector x support) terms one vectorised pass of :meth:`DetectorBank.advance` may hold."""
 
 
 @dataclass(frozen=True)
@@ -219,17 +221,30 @@ class DetectorBank:
     def advance(self, state: DetectorState, steps: NDArray[np.int64]) -> tuple[DetectorState, FloatArray]:
         """Run the detectors over ``steps`` of shape (T, ..., n_rows, N_COUNTS): the counts of each step.
 
-        Returns the new state and the statistic after every step, shape (T, ..., n_detectors).
+        Returns the new state and the statistic after every step, shape (T, ..., n_detectors). The steps are
+        processed in chunks, each in one vectorised pass: the alternatives depend only on the counts, and CUSUM
+        over a chunk is ``S_t = C_t - min(-S_0, min_{j<=t} C_j)`` with ``C`` the cumulative log LR.
         """
-        statistic, history = state.statistic.copy(), state.history.copy()
+        steps = np.asarray(steps)
+        statistic, history = state.statistic, state.history
         out = np.empty((len(steps), *statistic.shape))
-        for t, step in enumerate(np.asarray(steps)):
-            log_lr = np.concatenate([*(g.log_lr(history, step) for g in self._groups),
-                                     self._subgroup_log_lr(history, step)], axis=-1)  # fmt: skip
-            statistic = detect.cusum(statistic, log_lr)
-            history = self.decay * history + step
-            out[t] = statistic
-        return DetectorState(statistic, history), out
+        width = 1 + steps[..., PRED_POS : PRED_NEG + 1].sum(axis=-1).reshape(len(steps), -1).max(axis=1, initial=0)
+        per_step = max(1, int(np.prod(statistic.shape))) * width  # hypergeometric terms a step costs, at most
+        t = 0
+        while t < len(steps):
+            stop = t + max(1, int(np.searchsorted(np.cumsum(per_step[t:]), CHUNK_TERMS)))
+            chunk = steps[t:stop]
+            histories = np.empty((len(chunk), *history.shape))
+            for i, step in enumerate(chunk):
+                histories[i] = history
+                history = self.decay * history + step
+            log_lr = np.concatenate([*(g.log_lr(histories, chunk) for g in self._groups),
+                                     self._subgroup_log_lr(histories, chunk)], axis=-1)  # fmt: skip
+            cumulative = np.cumsum(log_lr, axis=0)
+            out[t:stop] = cumulative - np.minimum(np.minimum.accumulate(cumulative, axis=0), -statistic)
+            statistic = out[stop - 1]
+            t = stop
+        return DetectorState(statistic.copy(), history), out
 
     def alarms(self, statistic: FloatArray) -> NDArray[np.bool_]:
         """Where a detector is at or above the alarm level: the condition every alert of :data:`ALERTS` states."""

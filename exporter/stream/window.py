@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class WindowStore:
         self.totals = np.zeros((self.layout.n_rows, N_COUNTS), dtype=np.int64)  # never reset: for counters
         self.head = -1  # absolute index of the newest bucket
         self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.detectors = DetectorBank(config, self.layout.offsets)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
 
@@ -155,12 +155,29 @@ class WindowStore:
         for ``allowed_lateness``. Steps are therefore at most one per bucket of the head's time.
         """
         with self.lock:
+            step = self.take_step(now)
+            if step is not None:
+                self.advance_detectors(step[None])
+            return self.detection
+
+    def take_step(self, now: float) -> np.ndarray | None:
+        """The counts of a new step (see :meth:`detect`), marked as consumed; None when the head has not entered
+        a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest batches them)."""
+        with self.lock:
             self._advance(int(self.bucket_of(np.array([now]))[0]))
             d = self.detection
-            if self.head > d.last_step:
-                state, _ = self.detectors.advance(d.state, (self.totals - d.seen)[None])
-                self.detection = Detection(state, self.totals.copy(), self.head, d.steps + 1)
-            return self.detection
+            if self.head <= d.last_step:
+                return None
+            step = self.totals - d.seen
+            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1)
+            return step
+
+    def advance_detectors(self, steps: np.ndarray) -> np.ndarray:
+        """Run the detectors over steps taken by :meth:`take_step`; the statistic after each, (T, n_detectors)."""
+        with self.lock:
+            state, statistics = self.detectors.advance(self.detection.state, steps)
+            self.detection = replace(self.detection, state=state)
+            return statistics
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
