@@ -94,7 +94,7 @@ def _table(path: Path, config: Config) -> Iterator[Columns]:
                   if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
-    base = {a.columns[0]: encode(frame[a.columns[0]].to_numpy(), a.groups) for a in config.base_attributes}
+    base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
     keep = np.ones(len(frame), dtype=bool)
     for codes in base.values():
         keep &= codes >= 0
@@ -125,7 +125,7 @@ class _Open:
     entry: dict[str, Any] | None = None
 
 
-def _stacked(attribute: Attribute, copies: int) -> Attribute:
+def stacked(attribute: Attribute, copies: int) -> Attribute:
     """One attribute standing for ``copies`` steps of itself: its groups and pairs repeated, so that one
     evaluation (the daemon's own code) covers every step at once."""
     n = len(attribute.groups)
@@ -220,8 +220,8 @@ class Replay:
             for attribute in self.config.attributes:
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name] for b in by_attribute])))  # fmt: skip
-        stacked = evaluate_many([(_stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples)
-        for (window, attribute, _), ev in zip(blocks, stacked, strict=True):
+        results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples)
+        for (window, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window, attribute.name)] = ev
         self._pending.clear()
 
