@@ -223,7 +223,7 @@ def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, b
 def run(quick: bool = False) -> Section:
     cfg = config()
     bank = DetectorBank(cfg, Layout.of(cfg).offsets)
-    streams, days, runs = (10, 2, 8) if quick else (60, 2, 30)
+    streams, days, runs = (10, 2, 8) if quick else (50, 2, 30)
     section = Section("Alerts: fair days with a page, and time to page a real change")
     section.add(__doc__.split("\n\n", 1)[1].strip())
     section.add(f"{len(bank)} detectors ({bank.n_pairs} on pairs: parity and impact ratio, two directions each; "
