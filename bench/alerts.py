@@ -101,7 +101,7 @@ def simulate(cfg: Config, rng: np.random.Generator, days: int, streams: int, vol
     """``rates``: (days * 1440, cells) selection probabilities. Returns what fires at every step of every stream."""
     bank = DetectorBank(cfg, Layout.of(cfg).offsets)
     state = bank.initial_state((streams,))
-    detector = {a: [] for a in {ALERT_OF_METRIC[d.metric].name for d in bank.detectors}}
+    detector: dict[str, list[np.ndarray]] = {a: [] for a in {ALERT_OF_METRIC[d.metric].name for d in bank.detectors}}
     seed: dict[str, list[np.ndarray]] = {name: [] for name in SEED}
     history = None
     for day in range(days):
@@ -112,7 +112,7 @@ def simulate(cfg: Config, rng: np.random.Generator, days: int, streams: int, vol
         alarms = bank.alarms(statistics)
         for name in detector:
             columns = [i for i, d in enumerate(bank.detectors) if ALERT_OF_METRIC[d.metric].name == name]
-            detector[name].append(alarms[..., columns].any(axis=-1))
+            detector[name].append(np.asarray(alarms[..., columns].any(axis=-1)))
         if seed_rules:
             for name, firing in seed_firing(cfg, counts, history).items():
                 seed[name].append(firing)

@@ -96,8 +96,8 @@ def _table(path: Path, config: Config) -> Iterator[Columns]:
         raise BacktestError(str(exc)) from exc
     base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
     keep = np.ones(len(frame), dtype=bool)
-    for codes in base.values():
-        keep &= codes >= 0
+    for column_codes in base.values():
+        keep &= column_codes >= 0
     base = {c: v[keep] for c, v in base.items()}
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
     yield Columns(seconds[keep], y_pred[keep], y_true[keep], codes, int((~keep).sum()), ignored)
@@ -221,8 +221,8 @@ class Replay:
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name] for b in by_attribute])))  # fmt: skip
         results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples)
-        for (window, attribute, _), ev in zip(blocks, results, strict=True):
-            evaluations[(window, attribute.name)] = ev
+        for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
+            evaluations[(window_name, attribute.name)] = ev
         self._pending.clear()
 
         holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
@@ -234,15 +234,16 @@ class Replay:
         attributes = {a.name: a for a in self.config.attributes}
         for name, metric, tuning in self._seed:
             threshold = float(tuning.threshold or 0)
-            for (window, attribute_name), ev in evaluations.items():
+            for (window_name, attribute_name), ev in evaluations.items():
                 value, _, _ = ev.metric(metric)
                 beyond = value < threshold if metric == "disparate_impact_ratio" else value > threshold
                 conditions = (ev.sufficient(metric) & beyond).reshape(steps, -1)
                 for k in np.flatnonzero(conditions.any(axis=0)):
                     a, b = attributes[attribute_name].pairs[k]
                     groups = attributes[attribute_name].groups
-                    holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window)] = (
-                        conditions[:, k], _seconds(tuning.for_), ("seed", name, metric, window, attribute_name, k))
+                    holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)] = (
+                        conditions[:, k], _seconds(tuning.for_),
+                        ("seed", name, metric, window_name, attribute_name, k))  # fmt: skip
 
         for key in set(self._open) | set(holding):
             active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))

@@ -76,7 +76,8 @@ def log_hypergeometric_mgf(log_psi: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, k
     hi = np.minimum(k, n_a)
     margin = np.minimum(np.minimum(n_a, n_b), np.minimum(k, n_a + n_b - k))
     half = 20 + np.ceil(20.0 * np.sqrt(margin)).astype(np.int64)
-    modes = _noncentral_mode(*(x.astype(np.float64)[:, None] for x in (n_a, n_b, k)), np.exp(lp)).astype(np.int64)
+    column = (n_a.astype(np.float64)[:, None], n_b.astype(np.float64)[:, None], k.astype(np.float64)[:, None])
+    modes = _noncentral_mode(column[0], column[1], column[2], np.exp(lp)).astype(np.int64)
     start = np.maximum(lo, modes.min(axis=1) - half)
     stop = np.minimum(hi, modes.max(axis=1) + half)
     width = int((stop - start).max(initial=0)) + 1
