@@ -12,6 +12,7 @@ take the same steps as a daemon that reads the topic in real time.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,8 +57,8 @@ def _iso(ts: float) -> str:
 def _jsonl(path: Path, decoder: EventDecoder) -> Iterator[Columns]:
     """JSON lines through the daemon's EventDecoder (no future-timestamp bound: the clock is the events')."""
     with path.open("rb") as f:
-        while lines := [line for line in (f.readline() for _ in range(JSONL_CHUNK)) if line]:
-            batch = decoder.decode([line.rstrip(b"\r\n") for line in lines if line.strip()], math.inf)
+        while lines := list(itertools.islice(f, JSONL_CHUNK)):
+            batch = decoder.decode([line for line in lines if not line.isspace()], math.inf)
             yield Columns(batch.timestamps, batch.predictions, batch.labels, batch.codes,
                           sum(batch.rejected.values()), batch.ignored)  # fmt: skip
 

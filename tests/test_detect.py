@@ -166,3 +166,32 @@ def test_detector_state_survives_a_restart_without_reset_or_double_count(tmp_pat
     np.testing.assert_allclose(b.state.statistic, a.state.statistic)
     np.testing.assert_array_equal(b.seen, a.seen)
     assert a.state.statistic.max() > 0  # a gap of 0.3 in every step: the evidence did grow
+
+
+def test_detector_statistics_and_the_alarm_level_are_on_metrics() -> None:
+    """The collector renders every detector with its labels, the model's alarm level and the steps taken."""
+    from test_labels_and_checkpoint import value
+
+    d = Daemon(make_config(), registry=CollectorRegistry(), clock=Clock())
+    d.http.stop()
+    payloads = [event("male", prediction=int(i < 30), ts=T0, prediction_id=f"m{i}") for i in range(40)]
+    payloads += [event("female", prediction=int(i < 5), ts=T0, prediction_id=f"f{i}") for i in range(40)]
+    d.computer.compute()  # the first step, before any event
+    d.handle("predictions", 0, records(payloads))
+    d.clock.now = T0 + 60
+    pair = {"attribute": "gender", "dimension": "male_vs_female", "group_a": "male", "group_b": "female"}
+    up = value(d, "fairness_detector_statistic", **pair, metric="demographic_parity_difference",
+               direction="a_higher")  # fmt: skip
+    down = value(d, "fairness_detector_statistic", **pair, metric="demographic_parity_difference",
+                 direction="b_higher")  # fmt: skip
+    # 30/40 against 5/40 in one step; no history yet, so the alternative is centred on 0.5: 0.45 against 0.55
+    log_psi = math.log(0.55 / 0.45) - math.log(0.45 / 0.55)
+    assert up == pytest.approx(float(detect.two_sample_log_lr(30, 40, 5, 40, log_psi)))
+    assert up == pytest.approx(4.616, abs=1e-3) and down == 0.0
+    assert value(d, "fairness_subgroup_detector_statistic", attribute="gender", subgroup="female",
+                 direction="down") == 0.0  # no baseline yet: no evidence  # fmt: skip
+    level = value(d, "fairness_detector_alarm_level")
+    assert level == pytest.approx(d.store.detectors.level)
+    # 2 attributes x 1 pair x 2 metrics x 2 directions + 4 subgroups x 2 directions, one step a minute
+    assert level == pytest.approx(math.log((8 + 8) * 1440 / 0.01))
+    assert value(d, "fairness_detector_steps_total") == 2.0
