@@ -212,7 +212,7 @@ class Replay:
         if not self._pending:
             return
         times = np.array([now for now, _, _ in self._pending])
-        statistics = self.store.advance_detectors(np.stack([step for _, step, _ in self._pending]))
+        trace = self.store.advance_detectors(np.stack([step for _, step, _ in self._pending]))
         steps = len(times)
         evaluations: dict[tuple[str, str], Evaluation] = {}
         blocks = []
@@ -228,10 +228,9 @@ class Replay:
 
         holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
         bank = self.store.detectors
-        alarms = bank.alarms(statistics)
-        for i in np.flatnonzero(alarms.any(axis=0)):
+        for i in np.flatnonzero(trace.active.any(axis=0)):
             detector = bank.detectors[i]
-            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (alarms[:, i], 0.0, ("detector", i))
+            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], 0.0, ("detector", i))
         attributes = {a.name: a for a in self.config.attributes}
         for name, metric, tuning in self._seed:
             threshold = float(tuning.threshold or 0)
@@ -259,7 +258,7 @@ class Replay:
                 if state is None:
                     state = _Open(float(times[t]))
                 if state.entry is None and times[t] - state.since >= hold:
-                    state.entry = self._entry(source, t, statistics, evaluations, times[t])
+                    state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
                     self.alerts.append(state.entry)
             if state is None:
                 self._open.pop(key, None)

@@ -152,13 +152,13 @@ def test_detector_alert_names_the_comparison_and_shows_the_gap_in_every_window(n
     assert "| query" in description and "_lower" in description and "_upper" in description
 
 
-def test_detector_alerts_are_the_detectors_table_and_compare_with_the_alarm_level() -> None:
+def test_detector_alerts_are_the_detectors_table_and_fire_while_a_detector_is_in_alarm() -> None:
     from exporter.stream.detectors import ALERTS as DETECTOR_ALERTS
 
     for alert in DETECTOR_ALERTS:
         rule = ALERTS[alert.name]
         assert rule["labels"]["severity"] == alert.severity
-        assert ">= ignoring" in rule["expr"] and rule["expr"].endswith("fairness_detector_alarm_level")
+        assert rule["expr"].endswith("_alarm" + rule["expr"].split("\n")[0].split("_statistic", 1)[1] + " == 1")
     paging = {name for name, rule in ALERTS.items() if rule["labels"]["severity"] == "critical"}
     assert paging - {"FairnessExporterAbsent"} == {a.name for a in DETECTOR_ALERTS if a.severity == "critical"}
 

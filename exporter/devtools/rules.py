@@ -33,12 +33,12 @@ class Tuning(NamedTuple):
 
 
 DETECTOR_FOR = "0m"
-"""The detectors page as soon as their statistic reaches the alarm level: the evidence is already accumulated in
-the statistic, and its false-alarm budget holds per step, so a `for:` would only delay the page."""
+"""The detectors page as soon as they raise an alarm: the evidence is already accumulated, and the false-alarm
+budget counts alarms, so a `for:` would only delay the page."""
 
 # fmt: off
 TUNING: dict[str, Tuning] = {
-    # the change detectors (exporter/stream/detectors.py ALERTS): statistic >= the model's alarm level
+    # the change detectors (exporter/stream/detectors.py ALERTS): while a detector is in alarm
     **{alert.name: Tuning(None, DETECTOR_FOR, alert.severity) for alert in ALERTS},
     # The seed's literal rules, non-paging: model_demographic_parity_difference > threshold
     "FairnessDemographicParityAboveThreshold": Tuning(0.05, "30m", "warning"),
@@ -115,10 +115,9 @@ def _alert(name: str, expr: str, for_: str, summary: str, description: str) -> d
 
 
 PAIR_DETECTOR = "fairness_detector_statistic"
+PAIR_ALARM = "fairness_detector_alarm"
 SUBGROUP_DETECTOR = "fairness_subgroup_detector_statistic"
-ALARM_LEVEL = "fairness_detector_alarm_level"
-_PAIR_LABELS = ("attribute", "dimension", "group_a", "group_b", "metric", "direction")
-_SUBGROUP_LABELS = ("attribute", "subgroup", "direction")
+SUBGROUP_ALARM = "fairness_subgroup_detector_alarm"
 _WHAT = {
     "FairnessDemographicParityDrift": ("demographic parity drift", "the selection rates have moved apart by "
                                        "the demographic_parity_difference threshold or more"),
@@ -149,9 +148,9 @@ def _shown(family: str, keys: tuple[str, ...]) -> str:
 
 
 def _detector_alert(alert: Alert, fors: Mapping[str, str]) -> dict[str, Any]:
-    """A paging alert of the detectors: its statistic at or above the model's alarm level, on the same replica."""
+    """A paging alert of the detectors: while a detector is in alarm, showing its evidence and the gap now."""
     subgroup = alert.metrics == ("positive_prediction_rate",)
-    series, keys = (SUBGROUP_DETECTOR, _SUBGROUP_LABELS) if subgroup else (PAIR_DETECTOR, _PAIR_LABELS)
+    series, alarm = (SUBGROUP_DETECTOR, SUBGROUP_ALARM) if subgroup else (PAIR_DETECTOR, PAIR_ALARM)
     metric = "" if subgroup else (f'{{metric="{alert.metrics[0]}"}}' if len(alert.metrics) == 1
                                   else f'{{metric=~"{"|".join(alert.metrics)}"}}')  # fmt: skip
     what, meaning = _WHAT[alert.name]
@@ -160,14 +159,13 @@ def _detector_alert(alert: Alert, fors: Mapping[str, str]) -> dict[str, Any]:
     shown_keys = ("model_id", "attribute", "subgroup") if subgroup else ("model_id", "attribute", "dimension")
     return _alert(
         alert.name,
-        f"{series}{metric}\n>= ignoring ({', '.join(keys)}) group_left\n{ALARM_LEVEL}",
+        f"{series}{metric}\nand\n{alarm}{metric} == 1",
         fors[alert.name],
         f"Model {_label('model_id')}: evidence of {what} for "
         + (_label("subgroup") if subgroup else _label("dimension")) + ".",
         f"Model {_label('model_id')}, {where}, direction {_label('direction')}: the change detector on "
-        f"{_label('instance')} reached {VALUE_3F}, at or above the model's alarm level: evidence that {meaning} "
-        "(the detector's reference value). "
-        f"Now: {_shown(alert.shown, shown_keys)}",
+        f"{_label('instance')} is in alarm (evidence now {VALUE_3F} nats): {meaning} (the detector's reference "
+        f"value). Now: {_shown(alert.shown, shown_keys)}",
     )
 
 

@@ -132,6 +132,10 @@ class SnapshotCollector(Collector):
         yield outcomes
 
 
+_DETECTOR_PAIR = ["model_id", "attribute", "dimension", "group_a", "group_b", "metric", "direction"]
+_DETECTOR_SUBGROUP = ["model_id", "attribute", "subgroup", "direction"]
+
+
 def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
     """The change detectors: each CUSUM statistic, the model's alarm level, and the steps taken."""
     if snapshot.detection is None or snapshot.detectors is None:
@@ -140,27 +144,39 @@ def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
     model = snapshot.model_id
     pairs = GaugeMetricFamily(
         "fairness_detector_statistic", "CUSUM of the exact log likelihood ratio of a gap of twice the threshold "
-        "(impact ratio: threshold squared) in the `direction` against equal rates, one step per bucket; pages at "
-        "fairness_detector_alarm_level.", labels=["model_id", "attribute", "dimension", "group_a", "group_b",
-                                                  "metric", "direction"])  # fmt: skip
+        "(impact ratio: threshold squared) in the `direction` against equal rates, one step per bucket: the "
+        "evidence of a change now, in nats.", labels=_DETECTOR_PAIR)  # fmt: skip
     subgroups = GaugeMetricFamily(
         "fairness_subgroup_detector_statistic", "CUSUM of the log likelihood ratio of a subgroup's selection rate "
-        "moving by twice alerting.rate_shift from its own baseline; warns at fairness_detector_alarm_level.",
-        labels=["model_id", "attribute", "subgroup", "direction"])  # fmt: skip
-    for detector, value in zip(bank.detectors, detection.state.statistic.tolist(), strict=True):
+        "moving by twice alerting.rate_shift from its own baseline.",
+        labels=_DETECTOR_SUBGROUP)  # fmt: skip
+    pair_alarms = GaugeMetricFamily(
+        "fairness_detector_alarm", "1 while the detector is in alarm: raised when its Shiryaev-Roberts evidence "
+        "reaches fairness_detector_alarm_level, held until its CUSUM statistic is back at 0.",
+        labels=_DETECTOR_PAIR)  # fmt: skip
+    subgroup_alarms = GaugeMetricFamily(
+        "fairness_subgroup_detector_alarm", "1 while the subgroup's detector is in alarm (as fairness_detector_alarm).",
+        labels=_DETECTOR_SUBGROUP)  # fmt: skip
+    state = detection.state
+    for detector, value, active in zip(bank.detectors, state.statistic.tolist(), state.active.tolist(), strict=True):
         if detector.subgroup:
-            subgroups.add_metric([model, detector.attribute, detector.subgroup, detector.direction], value)
+            labels = [model, detector.attribute, detector.subgroup, detector.direction]
+            subgroups.add_metric(labels, value)
+            subgroup_alarms.add_metric(labels, float(active))
         else:
-            pairs.add_metric([model, detector.attribute, detector.dimension, detector.group_a, detector.group_b,
-                              detector.metric, detector.direction], value)  # fmt: skip
+            labels = [model, detector.attribute, detector.dimension, detector.group_a, detector.group_b,
+                      detector.metric, detector.direction]  # fmt: skip
+            pairs.add_metric(labels, value)
+            pair_alarms.add_metric(labels, float(active))
     level = GaugeMetricFamily(
-        "fairness_detector_alarm_level", "The level at which a detector pages: log(detectors x steps per day x "
-        "replicas / alerting.false_pages_per_day).", labels=["model_id"])  # fmt: skip
+        "fairness_detector_alarm_level", "The level of a detector's Shiryaev-Roberts evidence that raises an "
+        "alarm: log(detectors x steps per day x replicas / alerting.false_pages_per_day).",
+        labels=["model_id"])  # fmt: skip
     level.add_metric([model], bank.level)
     steps = CounterMetricFamily("fairness_detector_steps", "Detector steps taken (at most one per bucket).",
                                 labels=["model_id"])  # fmt: skip
     steps.add_metric([model], float(detection.steps))
-    yield from (pairs, subgroups, level, steps)
+    yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
 
 
 class CachedExposition:

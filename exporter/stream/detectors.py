@@ -56,7 +56,7 @@ CHUNK_TERMS: Final = 2_000_000
 
 @dataclass(frozen=True)
 class Alert:
-    """A paging condition: a detector of one of `metrics` at or above the model's alarm level."""
+    """A paging condition: a detector of one of `metrics` in alarm (see :meth:`DetectorBank.advance`)."""
 
     name: str
     severity: Literal["critical", "warning"]
@@ -97,15 +97,24 @@ class Detector:
 
 @dataclass
 class DetectorState:
-    """CUSUM statistics and the weighted history the alternatives come from; any leading batch shape."""
+    """Per detector (any leading batch shape): the evidence, the alarm, and the history of the alternatives."""
 
     statistic: FloatArray
-    """(..., n_detectors)"""
+    """(..., n_detectors) CUSUM of the log likelihood ratios: the evidence of a change now (nats)."""
+    evidence: FloatArray
+    """(..., n_detectors) log of the Shiryaev-Roberts statistic, reset to -inf (R = 0) at each alarm."""
+    active: NDArray[np.bool_]
+    """(..., n_detectors) the alarm holds: raised when the evidence reaches the level, until the CUSUM is 0."""
     history: FloatArray
     """(..., n_rows, N_COUNTS): exponentially weighted counts of earlier steps."""
 
-    def copy(self) -> DetectorState:
-        return DetectorState(self.statistic.copy(), self.history.copy())
+
+@dataclass(frozen=True)
+class Trace:
+    """What the detectors were after every step of an :meth:`DetectorBank.advance`, shape (T, ..., n_detectors)."""
+
+    statistic: FloatArray
+    active: NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -196,7 +205,9 @@ class DetectorBank:
         return len(self.detectors)
 
     def initial_state(self, batch: tuple[int, ...] = ()) -> DetectorState:
-        return DetectorState(np.zeros((*batch, len(self))), np.zeros((*batch, self.n_rows, N_COUNTS)))
+        shape = (*batch, len(self))
+        return DetectorState(np.zeros(shape), np.full(shape, -np.inf), np.zeros(shape, dtype=bool),
+                             np.zeros((*batch, self.n_rows, N_COUNTS)))  # fmt: skip
 
     def _subgroup_log_lr(self, history: FloatArray, step: NDArray[np.int64]) -> FloatArray:
         rows = self._subgroup_rows
@@ -218,16 +229,24 @@ class DetectorBank:
         safe_alt = np.where(useful, alternative, 0.5)
         return np.where(useful, detect.one_sample_log_lr(k, n, safe_ref, safe_alt), 0.0)
 
-    def advance(self, state: DetectorState, steps: NDArray[np.int64]) -> tuple[DetectorState, FloatArray]:
+    def advance(self, state: DetectorState, steps: NDArray[np.int64]) -> tuple[DetectorState, Trace]:
         """Run the detectors over ``steps`` of shape (T, ..., n_rows, N_COUNTS): the counts of each step.
 
-        Returns the new state and the statistic after every step, shape (T, ..., n_detectors). The steps are
-        processed in chunks, each in one vectorised pass: the alternatives depend only on the counts, and CUSUM
-        over a chunk is ``S_t = C_t - min(-S_0, min_{j<=t} C_j)`` with ``C`` the cumulative log LR.
+        Per step and detector, with LR the step's likelihood ratio (expectation 1 when nothing changed):
+
+        * Shiryaev-Roberts ``R = (1 + R) x LR``; an alarm when ``R >= e^h``, and R restarts at 0. ``R - t`` is a
+          martingale, so the expected number of alarms in T steps is at most ``T e^-h`` (optional stopping);
+        * CUSUM ``S = max(0, S + log LR)`` (never above log R): the evidence of a change now. An alarm holds until
+          S is back at 0, so a persisting change pages once and a page resolves when its evidence is gone.
+
+        The steps go in chunks: the alternatives depend only on the counts, so the likelihood ratios of a chunk
+        take one vectorised pass, and CUSUM is ``S_t = C_t - min(-S_0, min_{j<=t} C_j)`` with ``C`` the
+        cumulative log LR; only the alarms' resets are a (cheap) loop over the steps.
         """
         steps = np.asarray(steps)
-        statistic, history = state.statistic, state.history
-        out = np.empty((len(steps), *statistic.shape))
+        statistic, evidence, active, history = state.statistic, state.evidence, state.active, state.history
+        statistics = np.empty((len(steps), *statistic.shape))
+        actives = np.empty((len(steps), *statistic.shape), dtype=bool)
         width = 1 + steps[..., PRED_POS : PRED_NEG + 1].sum(axis=-1).reshape(len(steps), -1).max(axis=1, initial=0)
         per_step = max(1, int(np.prod(statistic.shape))) * width  # hypergeometric terms a step costs, at most
         t = 0
@@ -241,11 +260,13 @@ class DetectorBank:
             log_lr = np.concatenate([*(g.log_lr(histories, chunk) for g in self._groups),
                                      self._subgroup_log_lr(histories, chunk)], axis=-1)  # fmt: skip
             cumulative = np.cumsum(log_lr, axis=0)
-            out[t:stop] = cumulative - np.minimum(np.minimum.accumulate(cumulative, axis=0), -statistic)
-            statistic = out[stop - 1]
+            statistics[t:stop] = cumulative - np.minimum(np.minimum.accumulate(cumulative, axis=0), -statistic)
+            for i in range(len(chunk)):
+                evidence = np.logaddexp(0.0, evidence) + log_lr[i]
+                alarm = evidence >= self.level
+                evidence = np.where(alarm, -np.inf, evidence)
+                active = alarm | (active & (statistics[t + i] > 0.0))
+                actives[t + i] = active
+            statistic = statistics[stop - 1]
             t = stop
-        return DetectorState(statistic.copy(), history), out
-
-    def alarms(self, statistic: FloatArray) -> NDArray[np.bool_]:
-        """Where a detector is at or above the alarm level: the condition every alert of :data:`ALERTS` states."""
-        return np.asarray(statistic) >= self.level
+        return DetectorState(statistic.copy(), evidence, active, history), Trace(statistics, actives)

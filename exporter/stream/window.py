@@ -18,7 +18,7 @@ import numpy as np
 
 from exporter.config import Config
 from exporter.core.fairness import N_COUNTS, outcome_columns
-from exporter.stream.detectors import DetectorBank, DetectorState
+from exporter.stream.detectors import DetectorBank, DetectorState, Trace
 
 
 @dataclass(frozen=True)
@@ -172,12 +172,12 @@ class WindowStore:
             self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1)
             return step
 
-    def advance_detectors(self, steps: np.ndarray) -> np.ndarray:
-        """Run the detectors over steps taken by :meth:`take_step`; the statistic after each, (T, n_detectors)."""
+    def advance_detectors(self, steps: np.ndarray) -> Trace:
+        """Run the detectors over steps taken by :meth:`take_step`; what they were after each step."""
         with self.lock:
-            state, statistics = self.detectors.advance(self.detection.state, steps)
+            state, trace = self.detectors.advance(self.detection.state, steps)
             self.detection = replace(self.detection, state=state)
-            return statistics
+            return trace
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
@@ -201,6 +201,9 @@ class WindowStore:
             return self.totals.copy()
 
 
+PER_DETECTOR = ("statistic", "evidence", "active")
+
+
 @dataclass(frozen=True)
 class Detection:
     """The detectors' state as of one step: statistics, what of the totals they have consumed, which step."""
@@ -213,8 +216,10 @@ class Detection:
     steps: int
 
     def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
-        """The checkpoint's detector arrays (statistics keyed by detector, so a changed config keeps the rest)."""
-        return {"detector_keys": bank.keys, "detector_statistic": self.state.statistic.copy(),
+        """The checkpoint's detector arrays (per-detector state keyed by detector, so a changed config keeps the
+        detectors it still has)."""
+        per_detector = {f"detector_{name}": getattr(self.state, name).copy() for name in PER_DETECTOR}
+        return {"detector_keys": bank.keys, **per_detector,
                 "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
                 "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps)}  # fmt: skip
 
@@ -225,8 +230,10 @@ class Detection:
         state = bank.initial_state()
         if "detector_keys" not in arrays:
             return cls(state, totals.copy(), -1, 0)
-        saved = dict(zip(arrays["detector_keys"].tolist(), arrays["detector_statistic"].tolist(), strict=True))
-        state.statistic[...] = [saved.get(key, 0.0) for key in bank.keys.tolist()]
+        index = {key: i for i, key in enumerate(arrays["detector_keys"].tolist())}
+        for name in PER_DETECTOR:
+            saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
+            fresh[...] = [saved[index[key]] if key in index else fresh[j] for j, key in enumerate(bank.keys.tolist())]
         state.history[...] = arrays["detector_history"]
         return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
                    int(arrays["detector_steps"]))  # fmt: skip
