@@ -94,6 +94,29 @@ def onsets(active: np.ndarray) -> np.ndarray:
     return active & ~before
 
 
+@pytest.mark.parametrize("rate", BASE_RATES)
+@pytest.mark.parametrize("size", STEP_SIZES)
+def test_shiryaev_roberts_alarms_are_as_rare_as_the_martingale_allows(rate: float, size: int) -> None:
+    """Fair traffic, the shipped alternative, a low level h = 5: alarms (R restarted after each) per detector and
+    step stay below e^-h, the bound the alarm level is derived from."""
+    rng = np.random.default_rng(int(rate * 1000) + size + 1)
+    runs, steps, h = 200, 300, 5.0
+    counts = _fair_steps(rng, (steps, runs), 2, size, rate)
+    k, n = counts[..., 0], counts[..., 0] + counts[..., 1]
+    log_r = np.full((runs, 2), -np.inf)
+    history = np.zeros((runs, 2))
+    alarms = 0
+    for t in range(steps):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            log_psi = detect.gap_log_odds_ratio(history[:, 0] / history[:, 1], 0.05)
+        log_lr = detect.two_sample_log_lr(k[t, :, 0], n[t, :, 0], k[t, :, 1], n[t, :, 1],
+                                          np.stack([log_psi, -log_psi], axis=-1))  # fmt: skip
+        log_r, alarm = detect.shiryaev_roberts(log_r, log_lr, h)
+        alarms += int(alarm.sum())
+        history += np.stack([k[t].sum(axis=-1), n[t].sum(axis=-1)], axis=-1)
+    assert alarms / (runs * 2 * steps) <= math.exp(-h)
+
+
 def _bank(**overrides: object) -> DetectorBank:
     raw = {"model_id": "m", "protected_attributes": [{"name": "a", "groups": ["x", "y", "z"]},
                                                      {"name": "b", "groups": ["p", "q"]}],
@@ -170,6 +193,8 @@ def test_detector_state_survives_a_restart_without_reset_or_double_count(tmp_pat
     a, b = steady.store.detection, resumed.store.detection
     assert a.steps == b.steps == 6
     np.testing.assert_allclose(b.state.statistic, a.state.statistic)
+    np.testing.assert_allclose(b.state.evidence, a.state.evidence)
+    np.testing.assert_array_equal(b.state.active, a.state.active)
     np.testing.assert_array_equal(b.seen, a.seen)
     assert a.state.statistic.max() > 0  # a gap of 0.3 in every step: the evidence did grow
 

@@ -7,10 +7,12 @@ hypergeometric; under the alternative "odds ratio psi" it is Fisher's noncentral
     LR = psi ** k_a / E_H0[psi ** X]
 
 has ``E_H0[LR | k] = 1`` exactly, at any base rate and any volume: no Gaussian approximation, no nuisance
-parameter. With ``psi`` chosen from earlier steps only, the product of the LRs from any start step is a test
-martingale, so by Ville's inequality it ever reaches ``e^h`` with probability at most ``e^-h``. CUSUM,
-``S_t = max(0, S_{t-1} + log LR_t)``, is the largest of those products over all start steps; therefore the expected
-number of days on which it reaches ``h`` is at most ``steps per day * e^-h`` per detector.
+parameter. With ``psi`` chosen from earlier steps only, the LRs are the increments of test martingales:
+
+* Shiryaev-Roberts ``R_t = (1 + R_{t-1}) LR_t``, restarted at 0 after each alarm at ``R >= e^h``, makes at most
+  ``steps x e^-h`` false alarms in expectation (``R_t - t`` is a martingale): this raises the alarms;
+* CUSUM ``S_t = max(0, S_{t-1} + log LR_t)`` is the largest log product over all start steps (``S <= log R``): the
+  evidence of a change now, which says when an alarm is over.
 
 Pure functions, vectorised over any array shape, numpy only.
 """
@@ -146,6 +148,18 @@ def ratio_log_odds_ratio(pooled_rate: ArrayLike, threshold: float) -> FloatArray
 def cusum(statistic: ArrayLike, log_lr: ArrayLike) -> FloatArray:
     """One CUSUM step: max(0, S + log LR)."""
     return np.maximum(0.0, np.asarray(statistic, dtype=np.float64) + np.asarray(log_lr, dtype=np.float64))
+
+
+def shiryaev_roberts(log_r: ArrayLike, log_lr: ArrayLike, level: float) -> tuple[FloatArray, NDArray[np.bool_]]:
+    """One step of the Shiryaev-Roberts statistic, in logs, restarted at each alarm: (log R, alarm).
+
+    ``R = (1 + R) x LR``; an alarm when ``log R >= level``, after which R starts again from 0 (log R = -inf).
+    Under no change ``R_t - t`` plus the alarms' R is a martingale from 0, so the expected number of alarms in
+    T steps is at most ``T e^-level``. ``R >= e^S`` for the CUSUM S of the same ratios: it alarms no later.
+    """
+    log_r = np.logaddexp(0.0, np.asarray(log_r, dtype=np.float64)) + np.asarray(log_lr, dtype=np.float64)
+    alarm = log_r >= level
+    return np.where(alarm, -np.inf, log_r), alarm
 
 
 def alarm_level(n_detectors: int, steps_per_day: float, false_alarms_per_day: float, replicas: int = 1) -> float:

@@ -262,9 +262,7 @@ class DetectorBank:
             cumulative = np.cumsum(log_lr, axis=0)
             statistics[t:stop] = cumulative - np.minimum(np.minimum.accumulate(cumulative, axis=0), -statistic)
             for i in range(len(chunk)):
-                evidence = np.logaddexp(0.0, evidence) + log_lr[i]
-                alarm = evidence >= self.level
-                evidence = np.where(alarm, -np.inf, evidence)
+                evidence, alarm = detect.shiryaev_roberts(evidence, log_lr[i], self.level)
                 active = alarm | (active & (statistics[t + i] > 0.0))
                 actives[t + i] = active
             statistic = statistics[stop - 1]
