@@ -196,7 +196,6 @@ class DetectorBank:
         self._subgroup_rows = np.array(subgroup_rows, dtype=np.int64)
         self._subgroup_sign = np.array(subgroup_signs)
         self.rate_shift = config.alerting.rate_shift
-        self.step_seconds = config.bucket_seconds
         self.decay = math.exp(-config.bucket_seconds / max(w.seconds for w in config.windows))
         self.level = detect.alarm_level(max(len(detectors), 1), detect.SECONDS_PER_DAY / config.bucket_seconds,
                                         config.alerting.false_pages_per_day, config.alerting.replicas)  # fmt: skip
@@ -247,7 +246,7 @@ class DetectorBank:
         statistic, evidence, active, history = state.statistic, state.evidence, state.active, state.history
         statistics = np.empty((len(steps), *statistic.shape))
         actives = np.empty((len(steps), *statistic.shape), dtype=bool)
-        width = 1 + steps[..., PRED_POS : PRED_NEG + 1].sum(axis=-1).reshape(len(steps), -1).max(axis=1, initial=0)
+        width = 1 + steps.sum(axis=-1).reshape(len(steps), -1).max(axis=1, initial=0)  # bounds every support
         per_step = max(1, int(np.prod(statistic.shape))) * width  # hypergeometric terms a step costs, at most
         t = 0
         while t < len(steps):
