@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pandas as pd
+from scipy.stats import binom
 
 from bench.report import Section, fmt, standalone, table
 from exporter.backtest import backtest, stacked
@@ -124,12 +125,16 @@ def simulate(cfg: Config, rng: np.random.Generator, days: int, streams: int, vol
 PAGING = ("FairnessDemographicParityDrift", "FairnessDisparateImpactViolation")
 
 
-def fair_days(cfg: Config, streams: int, days: int) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:
-    rows, worst, paged = [], 0.0, 0
-    for volume in VOLUMES:
+def fair_days(cfg: Config, streams: int, days: int, seed_rules: bool = True,
+              volumes: tuple[int, ...] = VOLUMES) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:  # fmt: skip
+    """Share of fair days with a page per volume and base rate; targets: pooled share <= 1%, and no configuration
+    significantly above 1% (one-sided binomial test at 5%: a handful of days cannot show 1% more precisely)."""
+    rows, worst, paged, pages_of = [], 0.0, 0, []
+    for volume in volumes:
         for rate in BASE_RATES:
-            rng = np.random.default_rng(volume * 1000 + int(rate * 100))
-            run = simulate(cfg, rng, days, streams, volume, np.full((days * STEPS_PER_DAY, int(np.prod(SIZES))), rate))
+            rng = np.random.default_rng(volume * 1000 + int(rate * 100) + days * streams)
+            run = simulate(cfg, rng, days, streams, volume, np.full((days * STEPS_PER_DAY, int(np.prod(SIZES))), rate),
+                           seed_rules)  # fmt: skip
 
             def share(firing: np.ndarray) -> float:
                 """Days on which the alert starts firing (a page), of all simulated days."""
@@ -138,16 +143,19 @@ def fair_days(cfg: Config, streams: int, days: int) -> tuple[list[list[str]], li
 
             pages = share(np.logical_or.reduce([run.detector[a] for a in PAGING]))
             worst = max(worst, pages)
-            paged += round(pages * days * streams)
+            pages_of.append(round(pages * days * streams))
+            seed = [f"{share(run.seed[name]):.0%}" if seed_rules else "not run" for name in SEED]
             rows.append([f"{volume:,}", f"{rate:g}", f"{days * streams}", f"{pages:.1%}",
-                         f"{share(run.detector['SubgroupPredictionRateShift']):.1%}",
-                         f"{share(run.seed['FairnessDemographicParityAboveThreshold']):.0%}",
-                         f"{share(run.seed['FairnessDisparateImpactBelowThreshold']):.0%}"])  # fmt: skip
-    total = len(VOLUMES) * len(BASE_RATES) * days * streams
+                         f"{share(run.detector['SubgroupPredictionRateShift']):.1%}", *seed])  # fmt: skip
+    n = days * streams
+    paged = sum(pages_of)
+    total = len(pages_of) * n
+    # P(at least this many page days in n days | a true share of 1%): small means significantly above 1%
+    p_values = [float(binom.sf(k - 1, n, TARGET_FAIR)) for k in pages_of]
     return rows, [(f"fair days with a page <= {TARGET_FAIR:.0%}, all volumes and base rates together",
                    f"{paged / total:.2%} ({paged} of {total:,} days)", paged / total <= TARGET_FAIR),
-                  (f"fair days with a page <= {TARGET_FAIR:.0%} at every volume and base rate",
-                   f"worst {worst:.1%} (of {days * streams} days)", worst <= TARGET_FAIR)]  # fmt: skip
+                  (f"no volume and base rate significantly above {TARGET_FAIR:.0%} of fair days with a page",
+                   f"worst {worst:.1%} of {n} days (p = {min(p_values):.2f})", min(p_values) >= 0.05)]  # fmt: skip
 
 
 def minutes_to(firing: np.ndarray, start: int) -> np.ndarray:
