@@ -86,7 +86,8 @@ def _table(path: Path, config: Config) -> Iterator[Columns]:
         seconds = stamps.to_numpy(dtype=np.float64)
     else:
         try:
-            seconds = pd.to_datetime(stamps, utc=True, format="ISO8601").astype("int64").to_numpy() / 1e9
+            parsed = pd.to_datetime(stamps, utc=True, format="ISO8601")
+            seconds = parsed.dt.as_unit("ns").astype("int64").to_numpy() / 1e9  # any resolution, exact division
         except (ValueError, TypeError) as exc:
             raise BacktestError(f"{path}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
     try:

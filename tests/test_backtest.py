@@ -34,6 +34,7 @@ def drifting_events(hours: float = 3, drift_after_minutes: int = 60) -> pd.DataF
     cells = cell_counts(np.random.default_rng(11), steps, 1, (2, 2), 600, rates)
     columns = cell_events(cells[:, 0], ATTRIBUTES, T0, 60.0, seed=3)
     frame = pd.DataFrame(columns)
+    frame["timestamp"] = frame["timestamp"].round(3)  # milliseconds: the same instant in every file format
     frame["model_id"] = "m1"
     frame["prediction_id"] = [f"p{i}" for i in range(len(frame))]
     return frame
@@ -58,8 +59,13 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config.write_text(yaml.safe_dump(RAW_CONFIG))
     frame.to_parquet(directory / "events.parquet")
     frame.to_csv(directory / "events.csv", index=False)
+    milliseconds = (frame["timestamp"] * 1000).round().astype("int64")
+    instants = pd.to_datetime(milliseconds, unit="ms", utc=True).astype("datetime64[us, UTC]")
+    stamped = frame.assign(timestamp=instants)
+    stamped.to_parquet(directory / "datetimes.parquet")
     return {"config": config, "parquet": directory / "events.parquet", "csv": directory / "events.csv",
-            "jsonl": as_jsonl(frame, directory / "events.jsonl"), "dir": directory}  # fmt: skip
+            "jsonl": as_jsonl(frame, directory / "events.jsonl"), "datetimes": directory / "datetimes.parquet",
+            "dir": directory}  # fmt: skip
 
 
 def test_backtest_pages_on_the_drift_with_value_interval_and_statistic(recorded: dict[str, Path]) -> None:
@@ -84,9 +90,10 @@ def test_backtest_pages_on_the_drift_with_value_interval_and_statistic(recorded:
 
 
 def test_jsonl_csv_and_parquet_replay_to_the_same_report(recorded: dict[str, Path]) -> None:
+    """Epoch seconds, ISO-8601 strings (JSON lines) and microsecond datetimes (parquet) are the same instants."""
     config = parse_config(RAW_CONFIG)
-    reports = [backtest(config, [recorded[kind]]) for kind in ("parquet", "csv", "jsonl")]
-    assert reports[0]["alerts"] == reports[1]["alerts"] == reports[2]["alerts"]
+    reports = [backtest(config, [recorded[kind]]) for kind in ("parquet", "csv", "jsonl", "datetimes")]
+    assert reports[0]["alerts"] == reports[1]["alerts"] == reports[2]["alerts"] == reports[3]["alerts"]
     assert reports[0]["events"] == reports[2]["events"] > 100_000
 
 
