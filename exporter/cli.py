@@ -223,14 +223,18 @@ def _configure_logging(level: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the monitoring daemon until SIGTERM/SIGINT."""
     from exporter.daemon import Daemon
+    from exporter.serve.http import ListenError
+    from exporter.stream.checkpoint import CheckpointError
 
     _configure_logging(args.log_level)
     try:
-        config = load_config(args.config)
-    except ConfigError as exc:
+        Daemon(load_config(args.config)).run_forever()
+    except (ConfigError, CheckpointError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    Daemon(config).run_forever()
+    except ListenError as exc:  # names the listen field of the config
+        print(f"fairness-exporter serve: {args.config}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 
