@@ -166,7 +166,8 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
                 torn = None
             _check(record, lineno, prev, expected_seq, key, result.problems)
             prev = record.get("hash", "")
-            expected_seq = (record.get("seq") if isinstance(record.get("seq"), int) else expected_seq) + 1
+            seq = record.get("seq")
+            expected_seq = (seq if isinstance(seq, int) else expected_seq) + 1
     if torn is not None:
         result.problems.append(f"line {torn.line}: torn: its {len(torn.text)} bytes are not a record ({torn.why}), "
                                "a write cut short by a crash; the next audit records it and continues the chain")

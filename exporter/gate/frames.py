@@ -15,12 +15,16 @@ from exporter.core.fairness import counts_from_arrays
 _EXACT_FLOAT: Final = 2.0**53  # floats up to here hold whole numbers exactly
 
 
-def _number_text(value: object) -> object:
+def _number_text(value: object) -> str | None:
     """A cell as the config writes it: a whole float as an integer ("1", not "1.0"), a blank as None."""
-    if value is None or (isinstance(value, float | np.floating) and np.isnan(value)):
+    if value is None:
         return None
-    if isinstance(value, float | np.floating) and float(value).is_integer() and abs(value) < _EXACT_FLOAT:
-        return str(int(value))
+    if isinstance(value, float | np.floating):
+        number = float(value)
+        if np.isnan(number):
+            return None
+        if number.is_integer() and abs(number) < _EXACT_FLOAT:
+            return str(int(number))
     return str(value)
 
 
