@@ -11,10 +11,13 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
 from exporter.config import ConfigError, load_config
+
+if TYPE_CHECKING:
+    from exporter.gate.audit_log import Head
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
@@ -49,13 +52,23 @@ def _audit_log_key() -> bytes | None:
     return key.encode() if key else None
 
 
+def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
+    """Append a run to the audit log (HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set); say what it recovered."""
+    from exporter.gate import audit_log
+
+    head = audit_log.append(path, entry, _audit_log_key())
+    for note in head.recovered:
+        print(f"fairness-exporter {command}: audit log {path}: {note}", file=sys.stderr)
+    return head
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
     from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
     from exporter.gate.audit import DataError, Override, exit_code, run_audit
     from exporter.gate.html import audit_html
 
-    log_path, key = args.audit_log, _audit_log_key()
+    log_path = args.audit_log
     override = None
     if args.override_justification is not None or args.override_author is not None:
         override = Override(args.override_justification or "", args.override_author or "")
@@ -65,19 +78,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 raise ConfigError("; ".join(override.problems()))
             report = run_audit(args.config, args.predictions, override=override)
         except (ConfigError, DataError) as exc:
-            audit_log.append(log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
-                                        "data": _file_facts(args.predictions)}, key)  # fmt: skip
+            _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
+                                         "data": _file_facts(args.predictions)})  # fmt: skip
             print(f"fairness-exporter audit: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        head = audit_log.append(log_path, {"type": "audit", "timestamp": report["timestamp"],
-                                           "model_id": report["model_id"], "verdict": report["verdict"],
-                                           "config": _file_facts(args.config), "data": _file_facts(args.predictions),
-                                           "override": report["override"], "report": report}, key)  # fmt: skip
+        head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
+                                            "model_id": report["model_id"], "verdict": report["verdict"],
+                                            "config": _file_facts(args.config), "data": _file_facts(args.predictions),
+                                            "override": report["override"], "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
         print(f"fairness-exporter audit: --audit-log {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for note in head.recovered:
-        print(f"fairness-exporter audit: audit log {log_path}: {note}", file=sys.stderr)
     report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:
@@ -163,14 +174,18 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
 
     facts = {"config": _file_facts(args.config), "model": model}
     try:
-        report = run()
-    except (ConfigError, DataError, TargetError, ImportError) as exc:
-        audit_log.append(args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
-        print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
+        try:
+            report = run()
+        except (ConfigError, DataError, TargetError, ImportError) as exc:
+            _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
+            print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        head = _log_run(suite, args.audit_log, {"type": suite, "timestamp": report["timestamp"],
+                                                "model_id": report["model_id"], "verdict": report["verdict"],
+                                                **facts, "report": report})  # fmt: skip
+    except audit_log.AuditLogError as exc:
+        print(f"fairness-exporter {suite}: --audit-log {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    head = audit_log.append(args.audit_log, {"type": suite, "timestamp": report["timestamp"],
-                                             "model_id": report["model_id"], "verdict": report["verdict"],
-                                             **facts, "report": report})  # fmt: skip
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
