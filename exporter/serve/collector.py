@@ -13,9 +13,9 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Final, NamedTuple
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from exporter.config import METRIC_NAMES
@@ -180,17 +180,17 @@ class CachedExposition:
     starve ingest of the GIL. The computation job calls :meth:`update`; a scrape renders only the small live
     registry, gzips it and copies the cached bytes. The format follows the Accept header as prometheus-client's
     own exposition does (:func:`choose_encoder`): the text format 0.0.4 by default, OpenMetrics when asked. A
-    format first asked for is rendered by that scrape, then by every later :meth:`update`.
+    format first asked for is rendered by that scrape, then by every later :meth:`update`; a format nobody asked
+    for is never rendered.
     """
 
     def __init__(self, evaluation_interval: str) -> None:
         self.every = evaluation_interval
-        self._encoders: dict[str, Callable[[CollectorRegistry], bytes]] = {CONTENT_TYPE_PLAIN_0_0_4: generate_latest}
+        # only the formats scrapers asked for: Prometheus asks for OpenMetrics, so the text format is not rendered
+        self._encoders: dict[str, Callable[[CollectorRegistry], bytes]] = {}
         self._lock = threading.Lock()
         # (the snapshot's registry, {content type: its rendering}), swapped as one reference
-        empty = CollectorRegistry()
-        self._current: tuple[CollectorRegistry, dict[str, _Rendered]] = (
-            empty, {CONTENT_TYPE_PLAIN_0_0_4: self._render(empty, generate_latest)})
+        self._current: tuple[CollectorRegistry, dict[str, _Rendered]] = (CollectorRegistry(), {})
 
     def _render(self, registry: CollectorRegistry, encoder: Callable[[CollectorRegistry], bytes]) -> _Rendered:
         text = encoder(registry)
