@@ -23,14 +23,28 @@ def _milliseconds(seconds: float) -> int:
     return round(seconds * 1000)
 
 
+KAFKA_PYTHON_SET_BY_DAEMON: Final = {
+    "bootstrap_servers": "kafka.bootstrap_servers", "group_id": "kafka.group_id",
+    "auto_offset_reset": "kafka.auto_offset_reset", "enable_auto_commit": None, "max_poll_records": None,
+    "client_id": None,
+}  # fmt: skip
+"""Keywords the kafka-python source passes to KafkaConsumer itself (a second value would be a TypeError there)."""
+
+
 def kafka_python_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, problem) for each setting KafkaConsumer does not know, checked against its own DEFAULT_CONFIG."""
     from kafka import KafkaConsumer
 
     known = set(KafkaConsumer.DEFAULT_CONFIG)
-    return [(key, "not a kafka-python KafkaConsumer setting (see KafkaConsumer.DEFAULT_CONFIG; "
-                  "kafka-python spells them with underscores, e.g. security_protocol)")
-            for key in client if key not in known]  # fmt: skip
+    problems = []
+    for key in client:
+        if key in KAFKA_PYTHON_SET_BY_DAEMON:
+            instead = KAFKA_PYTHON_SET_BY_DAEMON[key]
+            problems.append((key, f"set by the daemon itself{f'; use {instead}' if instead else ''}"))
+        elif key not in known:
+            problems.append((key, "not a kafka-python KafkaConsumer setting (see KafkaConsumer.DEFAULT_CONFIG; "
+                                  "kafka-python spells them with underscores, e.g. security_protocol)"))  # fmt: skip
+    return problems
 
 
 def librdkafka_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
