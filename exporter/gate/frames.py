@@ -15,41 +15,19 @@ from exporter.core.fairness import counts_from_arrays
 _EXACT_FLOAT: Final = 2.0**53  # floats up to here hold whole numbers exactly
 
 
-def _number_text(value: object) -> str | None:
-    """A cell as the config writes it: a whole float as an integer ("1", not "1.0"), a blank as None."""
-    if value is None:
-        return None
-    if isinstance(value, float | np.floating):
-        number = float(value)
-        if np.isnan(number):
-            return None
-        if number.is_integer() and abs(number) < _EXACT_FLOAT:
-            return str(int(number))
+def _number_text(value: object) -> str:
+    """A cell as the config writes it: a whole float as an integer ("1", not "1.0")."""
+    if isinstance(value, float | np.floating) and float(value).is_integer() and abs(float(value)) < _EXACT_FLOAT:
+        return str(int(value))
     return str(value)
-
-
-def as_config_text(values: Sequence[object] | np.ndarray | pd.Series) -> pd.Series:
-    """The cells of an attribute column as strings comparable with the config's groups; blanks as None.
-
-    An integer column with one blank cell reaches pandas as floats ("1.0"), which would match no group ("1").
-    """
-    series = pd.Series(values)
-    if pd.api.types.is_float_dtype(series):
-        numbers = series.to_numpy(dtype=np.float64)
-        with np.errstate(invalid="ignore"):  # NaN and inf are not whole; no warning for asking
-            whole = (np.mod(numbers, 1) == 0) & (np.abs(numbers) < _EXACT_FLOAT)
-        text = series.astype(str).astype(object)
-        text[whole] = series[whole].astype(np.int64).astype(str)
-    elif series.dtype == object:
-        text = series.map(_number_text)
-    else:
-        text = series.astype(str).astype(object)
-    text[series.isna().to_numpy()] = None
-    return text
 
 
 def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[str]) -> np.ndarray:
     """Codes of a column of values, by :func:`code_table`; a blank cell gets the attribute's unknown code.
+
+    Cells are compared with the config's groups as strings, a whole float written as an integer: an integer
+    column with one blank cell reaches pandas as floats ("1.0"), which would match no group ("1"). Each distinct
+    value is converted once.
 
     >>> encode(["f", "m", "x"], ("m", "f")).tolist()
     [1, 0, -1]
@@ -59,8 +37,9 @@ def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[s
     [0, 1, -1]
     """
     table, unknown = code_table(groups)
-    codes = as_config_text(values).map(table)
-    return codes.fillna(unknown).to_numpy(dtype=np.int64)
+    positions, distinct = pd.factorize(pd.Series(values), use_na_sentinel=True)  # a blank is -1
+    distinct_codes = np.array([table.get(_number_text(v), unknown) for v in distinct] + [unknown], dtype=np.int64)
+    return distinct_codes[positions]  # position -1 picks the trailing unknown
 
 
 def frame_counts(
