@@ -13,11 +13,13 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from tooling import require_binary
 
-from exporter.serve.collector import CachedExposition
+from exporter.serve.collector import CachedExposition, Rendered, gzip_one_member
 from exporter.serve.http import HttpServer, make_app
 
 
@@ -114,6 +116,15 @@ def test_gzipped_page_is_one_gzip_member_holding_the_whole_page() -> None:
     assert text == plain
     assert "fairness_exporter_events_consumed_total 0.0" in text.decode()  # the live health, first
     assert SAMPLES in text.decode()  # the cached fairness series, in the same member
+
+
+@settings(max_examples=200, deadline=None)
+@given(head=st.binary(max_size=5000), tail=st.binary(max_size=70_000) | st.just(b"x" * 200_000))
+def test_a_live_part_and_a_cached_deflate_stream_join_into_one_gzip_member(head: bytes, tail: bytes) -> None:
+    joined = gzip_one_member(head, Rendered.of(tail))
+    first_member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    assert first_member.decompress(joined) == head + tail  # the CRC-32 and length in the trailer are checked too
+    assert first_member.eof and first_member.unused_data == b""
 
 
 def test_openmetrics_is_served_when_asked_for() -> None:

@@ -143,11 +143,15 @@ class Page(NamedTuple):
     gzipped: bool
 
 
-class _Rendered(NamedTuple):
+class Rendered(NamedTuple):
     """A snapshot's exposition in one format: the text and its raw deflate stream (final block included)."""
 
     text: bytes
     deflated: bytes
+
+    @classmethod
+    def of(cls, text: bytes) -> Rendered:
+        return cls(text, _deflate(text, 6, final=True))
 
 
 _GZIP_HEADER: Final = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime, OS unknown
@@ -161,7 +165,7 @@ def _deflate(text: bytes, level: int, final: bool) -> bytes:
     return compressor.compress(text) + compressor.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
 
 
-def gzip_one_member(head: bytes, tail: _Rendered) -> bytes:
+def gzip_one_member(head: bytes, tail: Rendered) -> bytes:
     """``head + tail.text`` as ONE gzip member, reusing the tail's cached deflate stream.
 
     A sync flush ends the head's deflate blocks on a byte boundary without a final block, so the tail's
@@ -190,11 +194,10 @@ class CachedExposition:
         self._encoders: dict[str, Callable[[CollectorRegistry], bytes]] = {}
         self._lock = threading.Lock()
         # (the snapshot's registry, {content type: its rendering}), swapped as one reference
-        self._current: tuple[CollectorRegistry, dict[str, _Rendered]] = (CollectorRegistry(), {})
+        self._current: tuple[CollectorRegistry, dict[str, Rendered]] = (CollectorRegistry(), {})
 
-    def _render(self, registry: CollectorRegistry, encoder: Callable[[CollectorRegistry], bytes]) -> _Rendered:
-        text = encoder(registry)
-        return _Rendered(text, _deflate(text, 6, final=True))
+    def _render(self, registry: CollectorRegistry, encoder: Callable[[CollectorRegistry], bytes]) -> Rendered:
+        return Rendered.of(encoder(registry))
 
     def update(self, snapshot: Snapshot) -> None:
         """Serialise a new snapshot in every format asked for so far (on the computation's thread)."""
@@ -204,7 +207,7 @@ class CachedExposition:
             encoders = dict(self._encoders)
         self._current = (registry, {kind: self._render(registry, encoder) for kind, encoder in encoders.items()})
 
-    def _cached(self, content_type: str, encoder: Callable[[CollectorRegistry], bytes]) -> _Rendered:
+    def _cached(self, content_type: str, encoder: Callable[[CollectorRegistry], bytes]) -> Rendered:
         registry, rendered = self._current
         if content_type in rendered:
             return rendered[content_type]
