@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,25 @@ def write(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> No
         os.close(fd)
 
 
+_MOVE_AWAY = "move it away to start with an empty window"
+
+
+def _check_meta(meta: Any) -> str | None:
+    """What is wrong with a checkpoint's metadata, or None (a file edited or cut short fails here, not later)."""
+    if not isinstance(meta, dict):
+        return f"metadata is {type(meta).__name__}, not a mapping"
+    missing = [key for key in ("version", "layout", "offsets", "written_at") if key not in meta]
+    if missing:
+        return f"metadata lacks {', '.join(missing)}"
+    if not isinstance(meta["layout"], dict):
+        return "layout is not a mapping"
+    offsets = meta["offsets"]
+    if not (isinstance(offsets, list) and all(isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
+                                                and all(isinstance(n, int) for n in o[1:]) for o in offsets)):
+        return "offsets are not [topic, partition, offset] triples"
+    return None
+
+
 def read(path: Path, layout: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """The checkpoint's metadata and arrays, None when there is none; CheckpointError when it does not fit."""
     if not path.exists():
@@ -52,12 +72,16 @@ def read(path: Path, layout: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
         meta = json.loads(str(arrays.pop("__meta__")))
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}: unreadable checkpoint ({exc}); move it away to start with an empty "
-                              "window") from exc  # fmt: skip
-    if meta.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {meta.get('version')}, this version reads {FORMAT_VERSION}")
-    written = meta.get("layout", {})
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
+        # AttributeError: np.load of a bare .npy array (not an archive) has no .files
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc}); {_MOVE_AWAY}") from exc
+    problem = _check_meta(meta)
+    if problem:
+        raise CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
+    if meta["version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {meta['version']}, this version reads {FORMAT_VERSION}; "
+                              f"{_MOVE_AWAY}")  # fmt: skip
+    written = meta["layout"]
     if written != layout:
         differs = sorted(k for k in set(layout) | set(written) if layout.get(k) != written.get(k))
         raise CheckpointError(
