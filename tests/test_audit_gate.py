@@ -20,10 +20,13 @@ import exporter
 from exporter.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
+# Hand-made files of a few rows: max_interval_width 1 switches the precision rule off so their exact values are
+# reported (by default a value is reported only when its interval's half-width is within the threshold).
 METRICS = [
-    {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
-    {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
-    {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"},
+    {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking",
+     "max_interval_width": 1},
+    {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking", "max_interval_width": 1},
+    {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning", "max_interval_width": 1},
 ]
 
 
@@ -93,8 +96,10 @@ def test_hand_made_unfair_model_fails_with_exit_1_and_exact_values(
 def test_warnings_alone_do_not_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # DPD 0.04 passes 0.05 but DI 0.2/0.24 = 0.833 ... make DI fail only: rates 0.20 vs 0.26 -> DPD 0.06
     config = write_config(tmp_path, metrics=[
-        {"name": "demographic_parity_difference", "threshold": 0.10, "severity_on_fail": "blocking"},
-        {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"}])  # fmt: skip
+        {"name": "demographic_parity_difference", "threshold": 0.10, "severity_on_fail": "blocking",
+         "max_interval_width": 1},
+        {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning",
+         "max_interval_width": 1}])  # fmt: skip
     rows = {"gender": ["male"] * 50 + ["female"] * 50,
             "prediction": [1] * 13 + [0] * 37 + [1] * 10 + [0] * 40}  # fmt: skip
     code, report, _ = run(capsys, "audit", str(config), str(write_rows(tmp_path, rows)),

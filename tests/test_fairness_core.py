@@ -16,7 +16,10 @@ from fairlearn.metrics import (
 )
 
 from exporter.core import fairness as core
-from exporter.core.fairness import FN, FP, PRED_NEG, PRED_POS, TN, TP, compare, counts_from_arrays, group_stats
+from exporter.core.attributes import Attribute
+from exporter.core.evaluate import evaluate_many
+from exporter.core.fairness import FN, FP, PRED_NEG, PRED_POS, TN, TP, counts_from_arrays, group_stats
+from exporter.core.metric_table import compare
 
 
 def test_counts_from_arrays_counts_every_outcome_per_group() -> None:
@@ -40,22 +43,27 @@ def test_hand_computed_rates_and_gaps() -> None:
     assert stats.false_positive_rate.tolist() == [0.2, 0.1]
     assert stats.accuracy.tolist() == [0.7, 0.65]
     c = compare(counts, np.array([0]), np.array([1]))
-    assert c.demographic_parity_difference[0] == pytest.approx(0.15)
-    assert c.equalised_odds_difference[0] == pytest.approx(0.2)  # max(|0.6-0.4|, |0.2-0.1|)
-    assert c.disparate_impact_ratio[0] == pytest.approx(0.625)  # 0.25 / 0.40, whichever side is a
-    assert compare(counts, np.array([1]), np.array([0])).disparate_impact_ratio[0] == pytest.approx(0.625)
+    assert c.metrics["demographic_parity_difference"].value[0] == pytest.approx(0.15)
+    assert c.metrics["equalised_odds_difference"].value[0] == pytest.approx(0.2)  # max(|0.6-0.4|, |0.2-0.1|)
+    assert c.metrics["disparate_impact_ratio"].value[0] == pytest.approx(0.625)  # 0.25 / 0.40, whichever side is a
+    swapped = compare(counts, np.array([1]), np.array([0]))
+    assert swapped.metrics["disparate_impact_ratio"].value[0] == pytest.approx(0.625)
 
 
-def test_disparate_impact_is_zero_when_nobody_is_selected() -> None:
-    counts = np.array([[0, 50, 0, 0, 0, 0], [0, 40, 0, 0, 0, 0]])
-    assert compare(counts, np.array([0]), np.array([1])).disparate_impact_ratio[0] == 0.0
+def test_disparate_impact_is_undefined_not_zero_when_a_group_has_no_positive() -> None:
+    # issue 9: a ratio of 0 paged on, with its own interval excluding it; no positives means no evidence
+    counts = np.array([[0, 50, 0, 0, 0, 0], [0, 40, 0, 0, 0, 0], [10, 30, 0, 0, 0, 0]])
+    di = compare(counts, np.array([0, 0]), np.array([1, 2])).metrics["disparate_impact_ratio"]
+    assert np.isnan(di.value).all() and np.isnan(di.lower).all() and np.isnan(di.upper).all()
+    ev = evaluate_many([(Attribute("g", ("g",), ("a", "b", "c"), ((0, 1), (0, 2))), counts)], min_samples=1)[0]
+    assert not ev.sufficient("disparate_impact_ratio").any()
 
 
 def test_empty_group_has_no_rate() -> None:
     counts = np.array([[0, 0, 0, 0, 0, 0], [3, 7, 0, 0, 0, 0]])
     stats = group_stats(counts)
     assert np.isnan(stats.selection_rate[0]) and stats.selection_rate[1] == 0.3
-    assert np.isnan(compare(counts, np.array([0]), np.array([1])).demographic_parity_difference[0])
+    assert np.isnan(compare(counts, np.array([0]), np.array([1])).metrics["demographic_parity_difference"].value[0])
 
 
 def test_wilson_interval_matches_published_values() -> None:
@@ -88,11 +96,11 @@ def test_intervals_contain_the_estimate_and_narrow_with_samples() -> None:
     c_small = compare(small, np.array([0]), np.array([1]))
     c_big = compare(small * 100, np.array([0]), np.array([1]))
     for c in (c_small, c_big):
-        lo, hi = c.demographic_parity_difference_ci
-        assert lo[0] <= c.demographic_parity_difference[0] <= hi[0]
-        lo, hi = c.disparate_impact_ratio_ci
-        assert lo[0] <= c.disparate_impact_ratio[0] <= hi[0] <= 1.0
-    width = lambda c: np.subtract(*c.demographic_parity_difference_ci[::-1])[0]  # noqa: E731
+        lo, hi = c.metrics["demographic_parity_difference"].interval
+        assert lo[0] <= c.metrics["demographic_parity_difference"].value[0] <= hi[0]
+        lo, hi = c.metrics["disparate_impact_ratio"].interval
+        assert lo[0] <= c.metrics["disparate_impact_ratio"].value[0] <= hi[0] <= 1.0
+    width = lambda c: np.subtract(*c.metrics["demographic_parity_difference"].interval[::-1])[0]  # noqa: E731
     assert width(c_big) < width(c_small) / 5
 
 
@@ -124,6 +132,6 @@ def test_core_matches_fairlearn_on_random_data(seed: int) -> None:
         pair = df[df.group.isin([["a", "b", "c"][a], ["a", "b", "c"][b]])]
         kw = {"y_true": pair.label, "y_pred": pair.prediction, "sensitive_features": pair.group}
         c = compare(counts, np.array([a]), np.array([b]))
-        assert abs(c.demographic_parity_difference[0] - demographic_parity_difference(**kw)) < 1e-9
-        assert abs(c.equalised_odds_difference[0] - equalized_odds_difference(**kw)) < 1e-9
-        assert abs(c.disparate_impact_ratio[0] - demographic_parity_ratio(**kw)) < 1e-9
+        assert abs(c.metrics["demographic_parity_difference"].value[0] - demographic_parity_difference(**kw)) < 1e-9
+        assert abs(c.metrics["equalised_odds_difference"].value[0] - equalized_odds_difference(**kw)) < 1e-9
+        assert abs(c.metrics["disparate_impact_ratio"].value[0] - demographic_parity_ratio(**kw)) < 1e-9
