@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -315,3 +316,69 @@ def test_console_script_runs_the_shipped_example(tmp_path: Path) -> None:
     rate = frame.groupby("gender").prediction.mean()
     assert gender["male vs female"]["value"] == round(abs(rate["male"] - rate["female"]), 4)
     assert np.isclose(gender["male vs female"]["exact_value"], abs(rate["male"] - rate["female"]), atol=1e-12)
+
+
+def _rates(n: int, male: float, female: float) -> dict[str, list]:
+    m, f = round(n * male), round(n * female)
+    return {"gender": ["male"] * n + ["female"] * n, "prediction": [1] * m + [0] * (n - m) + [1] * f + [0] * (n - f)}
+
+
+DPD = [{"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"}]
+
+
+@pytest.mark.parametrize(("n", "male", "female", "evidence"), [
+    (200, 0.30, 0.27, "inconclusive"),  # 0.03 within 0.05, but the interval (about +-0.09) reaches past it
+    (5000, 0.30, 0.29, "pass"),
+    (2000, 0.50, 0.30, "fail"),
+])  # fmt: skip
+def test_every_result_says_what_the_evidence_says(tmp_path: Path, capsys: pytest.CaptureFixture[str], n: int,
+                                                  male: float, female: float, evidence: str) -> None:  # fmt: skip
+    _, report, _ = run(capsys, "audit", str(write_config(tmp_path, metrics=DPD)),
+                       str(write_rows(tmp_path, _rates(n, male, female))), "--audit-log", str(tmp_path / "l"))
+    (result,) = report["results"]
+    lo, hi = result["ci_95"]
+    assert result["evidence"] == evidence and result["exact_value"] == pytest.approx(abs(male - female))
+    assert (lo <= 0.05 < hi) if evidence == "inconclusive" else (hi <= 0.05 if evidence == "pass" else lo > 0.05)
+    if evidence == "inconclusive":
+        # half-width ~ 1/sqrt(n): (half-width / distance to the threshold)^2 times today's samples
+        factor = (result["half_width"] / 0.02) ** 2
+        assert result["samples_to_decide"] == {"male": math.ceil(n * factor), "female": math.ceil(n * factor)}
+        assert result["value"] is None and result["passed"] is False  # too imprecise to report as a number
+    else:
+        assert result["samples_to_decide"] is None
+
+
+@pytest.mark.parametrize(("policy", "code", "verdict"), [("warn", 0, "PASS"), ("fail", 1, "FAIL")])
+def test_decision_evidence_and_failure_policy_decide_what_inconclusive_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, code: int, verdict: str
+) -> None:
+    config = write_config(tmp_path, metrics=DPD, decision="evidence", failure_policy={
+        "blocking_failures": "halt_deployment", "warning_failures": "log_and_continue", "inconclusive": policy})
+    got, report, _ = run(capsys, "audit", str(config), str(write_rows(tmp_path, _rates(200, 0.30, 0.27))),
+                         "--audit-log", str(tmp_path / "l"))  # fmt: skip
+    assert (got, report["verdict"], report["decision"], report["inconclusive"]) == (code, verdict, "evidence", 1)
+    assert report["warning_failures" if policy == "warn" else "blocking_failures"] == 1
+
+
+def test_decision_evidence_passes_a_precise_fair_model_and_blocks_a_precise_unfair_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(write_config(tmp_path, metrics=DPD, decision="evidence"))
+    fair, unfair = write_rows(tmp_path, _rates(5000, 0.30, 0.29), "f.csv"), write_rows(tmp_path, _rates(2000, .5, .3))
+    assert run(capsys, "audit", config, str(fair), "--audit-log", str(tmp_path / "l"))[0] == 0
+    assert run(capsys, "audit", config, str(unfair), "--audit-log", str(tmp_path / "l"))[0] == 1
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"failure_policy": {"blocking_failures": "log_and_continue"}},
+     "failure_policy.blocking_failures: 'log_and_continue' is invalid: expected one of halt_deployment"),
+    ({"failure_policy": {"inconclusive": "ignore"}}, "failure_policy.inconclusive: 'ignore' is invalid"),
+    ({"decision": "vibes"}, "decision: 'vibes' is invalid: expected one of point_estimate, evidence"),
+    ({"metrics": [{"name": "accuracy_difference", "threshold": 0.05, "max_interval_width": 0}]},
+     "metrics[0].max_interval_width: 0 is not a number in (0, 1]"),
+])  # fmt: skip
+def test_decision_and_failure_policy_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   overrides: dict, expected: str) -> None:  # fmt: skip
+    code, _, err = run(capsys, "audit", str(write_config(tmp_path, **overrides)),
+                       str(write_rows(tmp_path, balanced())), "--audit-log", str(tmp_path / "l"))
+    assert code == 2 and expected in err, err
