@@ -6,7 +6,7 @@ reported (enough samples) and what it means are written once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from exporter.core.attributes import Attribute
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, GroupStats, group_stats
-from exporter.core.metric_table import Comparisons, MetricValues, compare, max_widths
+from exporter.core.metric_table import METRICS, Comparisons, MetricValues, compare, max_widths
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,13 @@ def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
 
 def evaluate_many(
     blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, widths: Mapping[str, float] | None = None,
+    metrics: Iterable[str] = METRICS,
 ) -> list[Evaluation]:  # fmt: skip
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
     ``counts`` has a row per group, optionally followed by one more row: the attribute's unknown category (rows
     outside its groups), which counts for the overall rate but in no comparison. ``widths`` is each metric's
-    ``max_interval_width`` (default: the table's).
+    ``max_interval_width`` (default: the table's); ``metrics`` the metrics to compute (default: all of the table).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
@@ -81,7 +82,7 @@ def evaluate_many(
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
     groups = group_stats(counts)
     overall = group_stats(np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS))
-    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1])
+    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics)
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])

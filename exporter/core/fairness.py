@@ -58,7 +58,7 @@ def rate_counts(counts: NDArray, rate: str) -> tuple[IntArray, IntArray]:
     """(successes, trials) of one named rate for every row of a counts array."""
     c = np.asarray(counts, dtype=np.int64)
     numerator, denominator = RATES[rate]
-    return c[..., list(numerator)].sum(axis=-1), c[..., list(denominator)].sum(axis=-1)
+    return sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)  # type: ignore[return-value]
 
 
 def wilson_interval(successes: NDArray, trials: NDArray, z: float = Z_95) -> tuple[FloatArray, FloatArray]:
@@ -141,18 +141,22 @@ class GroupStats:
     false_positive_rate: FloatArray
     false_positive_rate_ci: tuple[FloatArray, FloatArray]
     accuracy: FloatArray
-    accuracy_ci: tuple[FloatArray, FloatArray]
     precision: FloatArray
-    precision_ci: tuple[FloatArray, FloatArray]
+
+
+_WITH_INTERVAL: Final = ("selection_rate", "true_positive_rate", "false_positive_rate")
+"""The per-group rates exported with their interval (the others are only compared, each comparison with its own)."""
 
 
 def group_stats(counts: NDArray) -> GroupStats:
-    """Every rate of :data:`RATES` for every group with its Wilson interval, NaN where undefined."""
+    """Every rate of :data:`RATES` for every group (with a Wilson interval for the exported ones), NaN where
+    undefined."""
     values: dict[str, object] = {}
     for rate in RATES:
         k, n = rate_counts(counts, rate)
         values[rate] = ratio(k, n)
-        values[f"{rate}_ci"] = wilson_interval(k, n)
+        if rate in _WITH_INTERVAL:
+            values[f"{rate}_ci"] = wilson_interval(k, n)
     c = np.asarray(counts, dtype=np.int64)
     return GroupStats(samples=c[..., PRED_POS] + c[..., PRED_NEG], labelled=c[..., [TP, FP, TN, FN]].sum(axis=-1),
                       **values)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from functools import cache
 from statistics import NormalDist
 from typing import Final, Literal
 
@@ -112,16 +113,30 @@ class Metric:
             (lower >= threshold, upper < threshold)  # fmt: skip
         return "pass" if good else "fail" if bad else "inconclusive"
 
-    def compute(self, counts: NDArray, a: NDArray, b: NDArray) -> MetricValues:
-        """This metric for pairs ``(a[i], b[i])`` of rows of a ``(n_groups, N_COUNTS)`` counts array."""
-        return _difference(self, counts, a, b) if self.kind == "difference" else _ratio(self, counts, a, b)
+    def compute(self, counts: NDArray, a: NDArray, b: NDArray, rates: RateCounts | None = None) -> MetricValues:
+        """This metric for pairs ``(a[i], b[i])`` of rows of a ``(n_groups, N_COUNTS)`` counts array (``rates``:
+        the (successes, trials) of rates already reduced from these counts, shared between metrics)."""
+        rates = {} if rates is None else rates
+        for rate in self.rates:
+            if rate not in rates:
+                rates[rate] = rate_counts(counts, rate)
+        return _difference(self, rates, a, b) if self.kind == "difference" else _ratio(self, rates, a, b)
 
 
-def _difference(metric: Metric, counts: NDArray, a: NDArray, b: NDArray) -> MetricValues:
-    z = NormalDist().inv_cdf(1.0 - (1.0 - CONFIDENCE) / (2 * len(metric.rates)))  # Bonferroni over the rates
+RateCounts = dict[str, tuple[IntArray, IntArray]]
+
+
+@cache
+def _z(n_rates: int) -> float:
+    """Normal quantile of each of ``n_rates`` intervals whose union covers CONFIDENCE (Bonferroni)."""
+    return NormalDist().inv_cdf(1.0 - (1.0 - CONFIDENCE) / (2 * n_rates))
+
+
+def _difference(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray) -> MetricValues:
+    z = _z(len(metric.rates))
     parts = []
     for rate in metric.rates:
-        k, n = rate_counts(counts, rate)
+        k, n = rates[rate]
         lo, hi = newcombe_interval(k[a], n[a], k[b], n[b], z)
         folded = abs_interval(lo, hi)
         value = np.abs(ratio(k[a], n[a]) - ratio(k[b], n[b]))
@@ -132,9 +147,9 @@ def _difference(metric: Metric, counts: NDArray, a: NDArray, b: NDArray) -> Metr
     return MetricValues(value, lower, upper, half, support.astype(np.int64))
 
 
-def _ratio(metric: Metric, counts: NDArray, a: NDArray, b: NDArray) -> MetricValues:
+def _ratio(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray) -> MetricValues:
     (rate,) = metric.rates
-    k, n = rate_counts(counts, rate)
+    k, n = rates[rate]
     p = ratio(k, n)
     a_is_low = p[a] <= p[b]
     low, high = np.where(a_is_low, a, b), np.where(a_is_low, b, a)
@@ -180,12 +195,13 @@ class Comparisons:
         return Comparisons(group_a, group_b, {k: v.take(rows) for k, v in self.metrics.items()})
 
 
-def compare(counts: NDArray, group_a: NDArray, group_b: NDArray) -> Comparisons:
-    """Every metric of :data:`METRICS` for each pair of rows of ``counts``."""
+def compare(counts: NDArray, group_a: NDArray, group_b: NDArray, metrics: Iterable[str] = METRICS) -> Comparisons:
+    """The named metrics (default: every metric of :data:`METRICS`) for each pair of rows of ``counts``."""
     a = np.asarray(group_a, dtype=np.int64)
     b = np.asarray(group_b, dtype=np.int64)
     c = np.asarray(counts, dtype=np.int64)
-    return Comparisons(a, b, {name: m.compute(c, a, b) for name, m in METRICS.items()})
+    rates: RateCounts = {}
+    return Comparisons(a, b, {name: METRICS[name].compute(c, a, b, rates) for name in metrics})
 
 
 def max_widths(limits: Iterable[tuple[str, float, float | None]] = ()) -> dict[str, float]:

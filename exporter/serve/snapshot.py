@@ -60,7 +60,8 @@ class Computer:
                 keys.append(window.name)
                 blocks.append((attribute, by_attribute[attribute.name]))
         widths = self.config.max_interval_widths()
-        evaluations = list(zip(keys, evaluate_many(blocks, self.config.min_samples, widths), strict=True))
+        evaluated = evaluate_many(blocks, self.config.min_samples, widths, self.config.exported_metrics)
+        evaluations = list(zip(keys, evaluated, strict=True))
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
                             self.store.layout.split(self.store.totals_copy()), self.config.exported_metrics,
                             tuple((m.name, m.threshold) for m in self.config.metrics))  # fmt: skip
