@@ -19,6 +19,7 @@ from fairlearn.metrics import equalized_odds_difference as fl_eod
 
 import exporter
 from exporter.cli import main
+from exporter.core.metric_table import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 # Hand-made files of a few rows: max_interval_width 1 switches the precision rule off so their exact values are
@@ -275,6 +276,20 @@ def test_seed_api_is_importable_from_the_package() -> None:
     assert (eod.value, eod.passed) == (0.5, True)  # TPR 1 vs 0.5, FPR 0.5 vs 0
     with pytest.raises(ValueError, match="group 'c' has no rows"):
         exporter.demographic_parity_difference(y_pred, attr, "a", "c")
+
+
+def test_every_metric_of_the_table_has_a_seed_style_function() -> None:
+    y_true = [1, 0, 1, 0, 1, 0, 1, 0]
+    y_pred = [1, 1, 1, 0, 1, 0, 0, 0]
+    attr = ["a", "a", "a", "a", "b", "b", "b", "b"]
+    # a: TPR 2/2, FPR 1/2, PPV 2/3, accuracy 3/4; b: TPR 1/2, FPR 0/2, PPV 1/1, accuracy 3/4
+    expected = {"equal_opportunity_difference": 0.5, "false_positive_rate_difference": 0.5,
+                "predictive_parity_difference": 0.3333, "accuracy_difference": 0.0}  # fmt: skip
+    for name, value in expected.items():
+        result = getattr(exporter, name)(y_true, y_pred, attr, "a", "b")
+        assert (result.metric_name, result.value, result.threshold, result.passed) == (name, value, 0.05,
+                                                                                        value <= 0.05)  # fmt: skip
+    assert set(exporter.__all__) >= set(METRIC_NAMES)
 
 
 def test_compas_gate_matches_fairlearn_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
