@@ -118,8 +118,9 @@ class SnapshotCollector(Collector):
     @staticmethod
     def _settings(snapshot: Snapshot) -> Iterator[Metric]:
         """The configured thresholds and limits as series, so one rule file serves every model's config."""
-        threshold = GaugeMetricFamily("fairness_threshold", "The configured threshold of a metric (differences pass "
-                                      "at or below it, ratios at or above it).", labels=["model_id", "metric"])
+        threshold = GaugeMetricFamily("fairness_threshold", "The threshold of a metric, as configured or the metric "
+                                      "table's default (differences pass at or below it, ratios at or above it).",
+                                      labels=["model_id", "metric"])  # fmt: skip
         width = GaugeMetricFamily("fairness_max_interval_width", "A metric is reported only when its 95% interval's "
                                   "half-width is at most this.", labels=["model_id", "metric"])  # fmt: skip
         min_samples = GaugeMetricFamily("fairness_min_samples", "A comparison needs at least this many of what its "

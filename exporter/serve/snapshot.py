@@ -30,7 +30,7 @@ class Snapshot:
     metrics: tuple[str, ...] = ()
     """The pairwise metrics to export (Config.exported_metrics)."""
     thresholds: tuple[tuple[str, float], ...] = ()
-    """(metric, threshold) of each configured metric, exported so that rules compare against the config."""
+    """(metric, threshold) of each exported metric, exported so that rules compare against the config."""
 
 
 class Computer:
@@ -64,7 +64,7 @@ class Computer:
         evaluations = list(zip(keys, evaluated, strict=True))
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
                             self.store.layout.split(self.store.totals_copy()), self.config.exported_metrics,
-                            tuple((m.name, m.threshold) for m in self.config.metrics))  # fmt: skip
+                            tuple(self.config.thresholds().items()))  # fmt: skip
         self.latest = snapshot
         if self.on_snapshot is not None:
             self.on_snapshot(snapshot)
