@@ -3,8 +3,9 @@
 A metric compares one or more per-group rates (:data:`exporter.core.fairness.RATES`) between two groups:
 
 * a **difference** is ``max`` over its rates of ``|rate_a - rate_b|`` (one rate for most metrics, two for
-  equalised odds), with a Newcombe interval per rate; with k rates each is taken at ``1 - 0.05/k`` (Bonferroni),
-  so the interval of the max covers at least 95% simultaneously. It passes at or below its threshold.
+  equalised odds), with a Newcombe interval per rate; with k rates each is taken at ``1 - 0.05/k`` (Bonferroni,
+  continuity-corrected), so the interval of the max covers at least 95% simultaneously. It passes at or below its
+  threshold.
 * a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with a Katz log interval capped at 1, undefined
   (insufficient, never 0) when a group has no success. It passes at or above its threshold.
 
@@ -134,10 +135,14 @@ def _z(n_rates: int) -> float:
 
 def _difference(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray) -> MetricValues:
     z = _z(len(metric.rates))
+    # Bonferroni guarantees its level only if each component reaches its own: Newcombe's method 10 covers its level
+    # on average but dips about 0.3 points below it (0.972 for 0.975 at rate 0.5, 100 per group), so a simultaneous
+    # interval uses the continuity-corrected method 11, which stays above it.
+    simultaneous = len(metric.rates) > 1
     parts = []
     for rate in metric.rates:
         k, n = rates[rate]
-        lo, hi = newcombe_interval(k[a], n[a], k[b], n[b], z)
+        lo, hi = newcombe_interval(k[a], n[a], k[b], n[b], z, continuity=simultaneous)
         folded = abs_interval(lo, hi)
         value = np.abs(ratio(k[a], n[a]) - ratio(k[b], n[b]))
         parts.append((value, *folded, (hi - lo) / 2.0, np.minimum(n[a], n[b])))
