@@ -93,7 +93,7 @@ class Metric:
     @property
     def help(self) -> str:
         """HELP text of the gauge."""
-        return f"{self.formula}; absent when the comparison is insufficient (see model_comparison_insufficient)."
+        return f"{self.formula}; absent when insufficient (see model_comparison_insufficient_samples)."
 
     def passes(self, value: float, threshold: float) -> bool:
         """Differences pass at or below the threshold; ratios at or above it."""

@@ -87,7 +87,7 @@ class SnapshotCollector(Collector):
 
         for window, ev in snapshot.evaluations:
             base = [snapshot.model_id, ev.attribute.name, window]
-            unknown.add(base, float(ev.unknown[PRED_POS] + ev.unknown[PRED_NEG]))
+            unknown.add(base, float(ev.unknown_samples))
             names = [*ev.attribute.groups, "overall"]
             for stats, offset in ((ev.groups, 0), (ev.overall, len(ev.attribute.groups))):
                 for i in range(len(stats.samples)):
