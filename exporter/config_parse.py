@@ -204,7 +204,7 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         if width is not None and (isinstance(width, bool) or not isinstance(width, int | float) or not 0 < width <= 1):
             errors.add(f"{path}.max_interval_width", f"{width!r} is not a number in (0, 1]")
             ok = False
-        if ok:
+        if ok and isinstance(name, str) and isinstance(threshold, int | float):
             out.append(MetricSpec(name, float(threshold), severity, None if width is None else float(width)))
     return out
 
