@@ -11,6 +11,7 @@ import pytest
 from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry, generate_latest
 
+from exporter.core.fairness import TP
 from exporter.gate.audit import run_audit
 from exporter.serve.collector import SnapshotCollector
 from exporter.serve.self_metrics import Health
@@ -172,3 +173,19 @@ def test_metrics_page_has_help_and_no_timestamps() -> None:
     assert "Computed every 1s" in page
     sample_lines = [line for line in page.splitlines() if line and not line.startswith("#")]
     assert sample_lines and not [line for line in sample_lines if re.search(r"\} \S+ \S+$", line)]
+
+
+def test_unknown_values_count_in_their_attributes_unknown_row_and_everywhere_else() -> None:
+    h = Harness()
+    batch = h.decoder.decode([orjson.dumps(event("robot", "old", prediction=1, ts=T0 - 5)),
+                              orjson.dumps(event("male", "old", prediction=0, ts=T0 - 5))], T0)  # fmt: skip
+    h.store.add(batch.timestamps, batch.codes, batch.predictions, batch.labels, T0)
+    # a delayed label for the "robot" prediction lands in gender's unknown row and in age's "old" row
+    h.store.add_labels(batch.timestamps[:1], {k: v[:1] for k, v in batch.codes.items()}, np.array([TP]))
+    window = h.store.layout.split(h.store.window_counts(T0)["1h"])
+    assert window["gender"].tolist() == [[0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0]]  # male, female, ?
+    assert window["age"].tolist() == [[0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]  # young, old, ?
+    base = {"attribute": "gender", "window": "1h"}
+    assert h.value("model_subgroup_unknown_samples", **base) == 1
+    assert h.value("model_subgroup_samples", subgroup="overall", **base) == 2
+    assert h.value("model_positive_prediction_rate", subgroup="overall", **base) == 0.5
