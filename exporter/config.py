@@ -15,8 +15,8 @@ from typing import Any, Final, Literal
 import yaml
 
 from exporter.core.attributes import Attribute
+from exporter.core.metric_table import METRICS, max_widths
 
-METRIC_NAMES: Final = ("demographic_parity_difference", "equalised_odds_difference", "disparate_impact_ratio")
 SEVERITIES: Final = ("blocking", "warning")
 DEFAULT_PORT: Final = 9108
 
@@ -43,12 +43,12 @@ class MetricSpec:
     name: str
     threshold: float
     severity: Literal["blocking", "warning"]
+    max_interval_width: float | None = None
+    """A value is reported only when its interval's half-width is at most this (None: the table's default)."""
 
     def passes(self, value: float) -> bool:
-        """Differences pass at or below the threshold; the impact ratio at or above it."""
-        if self.name == "disparate_impact_ratio":
-            return value >= self.threshold
-        return value <= self.threshold
+        """The point estimate against the threshold, in the metric's pass direction (from the metric table)."""
+        return METRICS[self.name].passes(value, self.threshold)
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,11 @@ class Config:
     attributes: tuple[Attribute, ...]
     metrics: tuple[MetricSpec, ...]
     min_samples: int = 30
+    decision: Literal["point_estimate", "evidence"] = "point_estimate"
+    """What sets a gate result's verdict: the point estimate against the threshold, or its interval."""
+    inconclusive: Literal["fail", "warn"] = "fail"
+    """failure_policy.inconclusive, with decision: evidence: ``fail`` counts an inconclusive result as a failure of
+    its metric's severity (a blocking metric blocks); ``warn`` counts it as a warning that never blocks."""
     unknown_values: Literal["reject", "other"] = "reject"
     prediction_column: str = "prediction"
     label_column: str = "label"
@@ -122,11 +127,27 @@ class Config:
     checkpoint_interval_seconds: float = 30
     source: str = "<config>"
 
+    def max_interval_widths(self) -> dict[str, float]:
+        """Each metric's max_interval_width: as configured, else from its configured threshold, else the table's."""
+        return max_widths((m.name, m.threshold, m.max_interval_width) for m in self.metrics)
+
+    def thresholds(self) -> dict[str, float]:
+        """The threshold of every exported metric: as configured, else the metric table's default."""
+        configured = {m.name: m.threshold for m in self.metrics}
+        return {name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics}
+
+    @property
+    def exported_metrics(self) -> tuple[str, ...]:
+        """Metrics on /metrics: the seed's three (as always) and every configured one, in table order."""
+        configured = {m.name for m in self.metrics}
+        return tuple(name for name, m in METRICS.items() if m.seed or name in configured)
+
     def layout(self) -> dict[str, Any]:
         """Everything the meaning and shape of the window state depend on (a checkpoint must match it)."""
         return {
             "model_id": self.model_id,
             "attributes": {a.name: list(a.groups) for a in self.attributes},
+            "unknown_rows": True,  # one row per attribute counts its unknown category
             "windows": [w.name for w in self.windows],
             "bucket_seconds": self.bucket_seconds,
             "allowed_lateness_seconds": self.allowed_lateness_seconds,
@@ -150,6 +171,7 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
     base = p.parse_attributes(raw.get("protected_attributes"), unknown_values == "other", errors)
     attributes = base + p.parse_intersections(raw.get("intersections"), base, errors)
     metrics = p.parse_metrics(raw.get("metrics"), errors)
+    decision, inconclusive = p.parse_decision(raw, errors)
 
     columns = p.section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     kafka = daemon.parse_kafka(p.section(raw, "kafka", errors, set(KafkaConfig.__dataclass_fields__)), errors)
@@ -176,6 +198,8 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         attributes=tuple(attributes),
         metrics=tuple(metrics),
         min_samples=p.get(raw, "min_samples", 30, errors, "", p.positive_int),
+        decision=decision,
+        inconclusive=inconclusive,
         unknown_values=unknown_values,
         prediction_column=str(columns.get("prediction", "prediction")),
         label_column=str(columns.get("label", "label")),

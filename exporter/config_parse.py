@@ -9,8 +9,9 @@ import re
 from collections.abc import Callable
 from typing import Any, Final
 
-from exporter.config import METRIC_NAMES, SEVERITIES, MetricSpec
+from exporter.config import SEVERITIES, MetricSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
+from exporter.core.metric_table import METRIC_NAMES
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -186,7 +187,7 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         if not isinstance(item, dict):
             errors.add(path, f"{item!r} is not a mapping")
             continue
-        errors.check_keys(path, item, {"name", "threshold", "severity_on_fail"})
+        errors.check_keys(path, item, {"name", "threshold", "severity_on_fail", "max_interval_width"})
         name, threshold = item.get("name"), item.get("threshold")
         severity = item.get("severity_on_fail", "blocking")
         ok = True
@@ -199,9 +200,24 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         if severity not in SEVERITIES:
             errors.add(f"{path}.severity_on_fail", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
             ok = False
-        if ok:
-            out.append(MetricSpec(name, float(threshold), severity))
+        width = item.get("max_interval_width")
+        if width is not None and (isinstance(width, bool) or not isinstance(width, int | float) or not 0 < width <= 1):
+            errors.add(f"{path}.max_interval_width", f"{width!r} is not a number in (0, 1]")
+            ok = False
+        if ok and isinstance(name, str) and isinstance(threshold, int | float):
+            out.append(MetricSpec(name, float(threshold), severity, None if width is None else float(width)))
     return out
+
+
+def parse_decision(raw: dict[str, Any], errors: Errors) -> tuple[Any, Any]:
+    """``decision`` and ``failure_policy.inconclusive``. What blocks is set per metric by severity_on_fail, so
+    ``failure_policy.blocking_failures`` / ``warning_failures`` only accept the values that state it (the seed's
+    form): a knob that would be ignored is refused instead."""
+    decision = get(raw, "decision", "point_estimate", errors, "", choice("point_estimate", "evidence"))
+    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive"})
+    get(policy, "blocking_failures", None, errors, "failure_policy.", choice("halt_deployment"))
+    get(policy, "warning_failures", None, errors, "failure_policy.", choice("log_and_continue"))
+    return decision, get(policy, "inconclusive", "fail", errors, "failure_policy.", choice("fail", "warn"))
 
 
 def section(raw: dict[str, Any], key: str, errors: Errors, allowed: set[str]) -> dict[str, Any]:
@@ -216,7 +232,7 @@ def section(raw: dict[str, Any], key: str, errors: Errors, allowed: set[str]) ->
 
 
 TOP_LEVEL: Final = {
-    "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "min_samples",
+    "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "kafka", "events", "windows", "bucket", "allowed_lateness", "max_future_skew",
     "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint",
 }  # fmt: skip

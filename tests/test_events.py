@@ -48,8 +48,7 @@ def test_timestamps_accept_iso_8601_and_epoch_seconds() -> None:
         (event(score=1.5), "invalid_score"),
         (event(ts="yesterday"), "invalid_timestamp"),
         (event(ts=NOW + 3600), "future_timestamp"),
-        (event(gender="robot"), "unknown_attribute_value"),
-        ({"model_id": "m1", "timestamp": NOW, "prediction": 1}, "missing_field"),
+        ({"model_id": "m1", "timestamp": NOW, "prediction": 1, "attributes": "male"}, "missing_field"),
         ({"model_id": "m1", "timestamp": NOW, "attributes": {"gender": "male", "age": "old"}}, "missing_field"),
     ],
 )
@@ -63,6 +62,16 @@ def test_each_kind_of_bad_event_is_rejected_under_its_reason(payload: object, re
 def test_other_models_are_ignored_not_rejected() -> None:
     batch = decode(event(model_id="m2"), event())
     assert (batch.ignored, len(batch), sum(batch.rejected.values())) == (1, 1, 0)
+
+
+def test_unknown_or_missing_values_leave_only_that_attribute_as_the_gate_does() -> None:
+    no_gender = event()
+    del no_gender["attributes"]["gender"]
+    no_attributes = {k: v for k, v in event().items() if k != "attributes"}
+    batch = decode(event(gender="robot"), no_gender, no_attributes, event(gender="female"))
+    assert not batch.rejected and len(batch) == 4  # no defect of the event: all four count overall
+    assert batch.codes["gender"].tolist() == [-1, -1, -1, 1]  # -1: gender's unknown category
+    assert batch.codes["age"].tolist() == [0, 0, -1, 0]  # age still counts the first two
 
 
 def test_unknown_values_map_to_other_when_configured() -> None:
@@ -116,4 +125,6 @@ def test_arbitrary_json_events_are_accepted_only_when_valid(payload: dict) -> No
     assert len(batch) + batch.ignored + sum(batch.rejected.values()) == 1
     if len(batch):
         assert payload["model_id"] == "m1" and payload["prediction"] in (0, 1)
-        assert batch.codes["gender"][0] in (0, 1) and batch.labels[0] in (-1, 0, 1)
+        gender = payload["attributes"].get("gender") if isinstance(payload["attributes"], dict) else None
+        expected = {"male": 0, "female": 1}.get(gender) if isinstance(gender, str) else -1
+        assert batch.codes["gender"][0] == (-1 if expected is None else expected) and batch.labels[0] in (-1, 0, 1)

@@ -44,12 +44,13 @@ def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[s
 
 def frame_counts(
     config: Config, frame: pd.DataFrame, y_pred: np.ndarray, y_true: np.ndarray | None
-) -> dict[str, tuple[np.ndarray, int]]:
-    """Counts array and number of excluded rows (values outside the groups) for every configured attribute."""
+) -> dict[str, np.ndarray]:
+    """Counts of every configured attribute: a row per group, then one row for its unknown category (values
+    outside the groups, or missing), which the overall rate counts and no comparison does."""
     base = {a.columns[0]: encode(frame[a.columns[0]].to_numpy(), a.groups) for a in config.base_attributes}
     out = {}
     for attribute in config.attributes:
+        n = len(attribute.groups)
         codes = attribute_codes(attribute, base)
-        counts = counts_from_arrays(codes, len(attribute.groups), y_pred, y_true)
-        out[attribute.name] = (counts, int((codes < 0).sum()))
+        out[attribute.name] = counts_from_arrays(np.where(codes < 0, n, codes), n + 1, y_pred, y_true)
     return out

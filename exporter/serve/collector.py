@@ -18,18 +18,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from exporter.config import METRIC_NAMES
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
+from exporter.core.metric_table import METRICS
 from exporter.serve.snapshot import Snapshot
 
 _CI = "95% interval"
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
 _GROUP = ["model_id", "attribute", "window", "subgroup"]
-_PAIR_HELP = {
-    "demographic_parity_difference": "|selection rate a - selection rate b|",
-    "equalised_odds_difference": "max(|TPR a - TPR b|, |FPR a - FPR b|) over labelled predictions",
-    "disparate_impact_ratio": "min/max of the two selection rates (four-fifths rule: below 0.8 is adverse)",
-}
 
 
 class _Family:
@@ -77,17 +72,22 @@ class SnapshotCollector(Collector):
         labelled = _Family("model_subgroup_labelled_samples", "Labelled predictions in the window." + cadence, _GROUP)
         fraction = _Family("model_labelled_fraction", "Labelled / all predictions in the window: low means the "
                            "model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
-        pairs = {m: _Family(f"model_{m}", _PAIR_HELP[m] + "; absent when the comparison has too few samples."
-                            + cadence, _PAIR, bounds=True) for m in METRIC_NAMES}  # fmt: skip
+        pairs = {m: _Family(METRICS[m].prometheus_name, METRICS[m].help + cadence, _PAIR, bounds=True)
+                 for m in snapshot.metrics}  # fmt: skip
         insufficient = GaugeMetricFamily(
             "model_comparison_insufficient_samples",
-            "1 when a group of the comparison has fewer than min_samples predictions (labelled ones for "
-            "equalised_odds_difference) in the window, so the metric is not reported." + cadence,
+            "1 when the metric is not reported for the comparison: a group has fewer than min_samples of what the "
+            "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), the metric "
+            "is undefined, or its interval is wider than max_interval_width." + cadence,
             labels=[*_PAIR, "metric"],
         )
+        unknown = _Family("model_subgroup_unknown_samples", "Predictions in the window whose value of the attribute "
+                          "is outside its groups or missing: its unknown category, counted in the overall rate and "
+                          "in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
 
         for window, ev in snapshot.evaluations:
             base = [snapshot.model_id, ev.attribute.name, window]
+            unknown.add(base, float(ev.unknown_samples))
             names = [*ev.attribute.groups, "overall"]
             for stats, offset in ((ev.groups, 0), (ev.overall, len(ev.attribute.groups))):
                 for i in range(len(stats.samples)):
@@ -109,10 +109,30 @@ class SnapshotCollector(Collector):
                     if ok[k]:
                         family.add(labels, value[k], lower[k], upper[k])
 
-        for family in (rate, tpr, fpr, samples, labelled, fraction, *pairs.values()):
+        for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()
         yield insufficient
+        yield from self._settings(snapshot)
         yield from self._counters(snapshot)
+
+    @staticmethod
+    def _settings(snapshot: Snapshot) -> Iterator[Metric]:
+        """The configured thresholds and limits as series, so one rule file serves every model's config."""
+        threshold = GaugeMetricFamily("fairness_threshold", "The threshold of a metric, as configured or the metric "
+                                      "table's default (differences pass at or below it, ratios at or above it).",
+                                      labels=["model_id", "metric"])  # fmt: skip
+        width = GaugeMetricFamily("fairness_max_interval_width", "A metric is reported only when its 95% interval's "
+                                  "half-width is at most this.", labels=["model_id", "metric"])  # fmt: skip
+        min_samples = GaugeMetricFamily("fairness_min_samples", "A comparison needs at least this many of what its "
+                                        "metric counts in each group.", labels=["model_id"])  # fmt: skip
+        for metric, value in snapshot.thresholds:
+            threshold.add_metric([snapshot.model_id, metric], value)
+        if snapshot.evaluations:
+            ev = snapshot.evaluations[0][1]
+            for metric in snapshot.metrics:
+                width.add_metric([snapshot.model_id, metric], ev.max_widths[metric])
+            min_samples.add_metric([snapshot.model_id], ev.min_samples)
+        yield from (threshold, width, min_samples)
 
     @staticmethod
     def _counters(snapshot: Snapshot) -> Iterator[Metric]:

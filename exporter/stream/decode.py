@@ -17,13 +17,14 @@ import numpy as np
 import orjson
 
 from exporter.config import Config
-from exporter.core.attributes import OTHER_GROUP
 from exporter.core.encoding import attribute_codes, code_table
 
 REJECT_REASONS: Final = (
-    "malformed_json", "missing_field", "unknown_attribute_value", "invalid_prediction", "invalid_score",
-    "invalid_label", "invalid_timestamp", "future_timestamp",
+    "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
+    "invalid_timestamp", "future_timestamp",
 )  # fmt: skip
+"""Defects of the event itself. A value outside an attribute's groups (or missing) is no defect: the event counts,
+in that attribute's unknown category (code -1), exactly as the gate counts such a row."""
 
 
 def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
@@ -75,7 +76,6 @@ class EventDecoder:
         self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
         self._flatten = _flattener(self._paths)
         self._threshold = f.score_threshold
-        self._other = config.unknown_values == OTHER_GROUP
         self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
@@ -85,7 +85,7 @@ class EventDecoder:
         (orjson only produces exact types), locals instead of attributes, group codes by dict lookup.
         """
         k_model, k_id, k_ts, k_pred, k_score, k_label, k_attrs = self._paths
-        flatten, threshold, other, tables = self._flatten, self._threshold, self._other, self._tables
+        flatten, threshold, tables = self._flatten, self._threshold, self._tables
         keep_rejected, model_id = self.keep_rejected, self.config.model_id
         latest = now + self.config.max_future_skew_seconds
         loads, bad_json, fromiso, isfinite = orjson.loads, orjson.JSONDecodeError, datetime.fromisoformat, math.isfinite
@@ -96,8 +96,7 @@ class EventDecoder:
         pred_out: list[int] = []
         label_out: list[int] = []
         ids: list[Any] = []
-        kept_raw: list[bytes] = []
-        code_columns: list[list[int]] = [[] for _ in tables]
+        code_columns: list[list[int]] = [[] for _ in tables]  # -1: outside the groups or missing (unknown)
 
         for raw in values:
             try:
@@ -147,15 +146,14 @@ class EventDecoder:
                         reason = "invalid_label"
                 if reason is None:
                     attrs = get(k_attrs)
+                    if attrs is None:
+                        attrs = {}  # every attribute missing: unknown for each, still counted overall
                     codes = []
                     if attrs.__class__ is not dict:
                         reason = "missing_field"
                     else:
                         for column, table, unknown in tables:
                             v = attrs.get(column)
-                            if v is None and not other:
-                                reason = "missing_field"
-                                break
                             code = table.get(v if v.__class__ is str else str(v))
                             codes.append(unknown if code is None else code)
                 if reason is None:
@@ -165,8 +163,6 @@ class EventDecoder:
                     ids.append(get(k_id))
                     for column, code in zip(code_columns, codes, strict=True):
                         column.append(code)
-                    if keep_rejected:
-                        kept_raw.append(raw)
                     continue
             rejected[reason] += 1
             if keep_rejected:
@@ -174,20 +170,10 @@ class EventDecoder:
 
         base = {a.columns[0]: np.array(c, dtype=np.int64) for a, c in zip(self.config.base_attributes, code_columns,
                                                                           strict=True)}  # fmt: skip
-        keep = np.ones(len(ts_out), dtype=bool)
-        for codes_array in base.values():
-            keep &= codes_array >= 0
-        n_unknown = int((~keep).sum())
-        if n_unknown:
-            rejected["unknown_attribute_value"] += n_unknown
-            if keep_rejected:
-                bad.extend((kept_raw[i], "unknown_attribute_value") for i in np.flatnonzero(~keep))
-            base = {c: codes_array[keep] for c, codes_array in base.items()}
-            ids = [i for i, k in zip(ids, keep, strict=True) if k]
         return DecodedBatch(
-            timestamps=np.asarray(ts_out, dtype=np.float64)[keep],
-            predictions=np.asarray(pred_out, dtype=np.int64)[keep],
-            labels=np.asarray(label_out, dtype=np.int64)[keep],
+            timestamps=np.asarray(ts_out, dtype=np.float64),
+            predictions=np.asarray(pred_out, dtype=np.int64),
+            labels=np.asarray(label_out, dtype=np.int64),
             prediction_ids=ids,
             codes={a.name: attribute_codes(a, base) for a in self.config.attributes},
             rejected=rejected,

@@ -22,7 +22,8 @@ from exporter.core.fairness import N_COUNTS, outcome_columns
 
 @dataclass(frozen=True)
 class Layout:
-    """Where each attribute's subgroups live among the rows of the state."""
+    """Where each attribute's subgroups live among the rows of the state: its groups, then one row for its unknown
+    category (events whose value is outside the groups, or missing; code ``-1``)."""
 
     names: tuple[str, ...]
     offsets: tuple[int, ...]
@@ -30,7 +31,7 @@ class Layout:
 
     @classmethod
     def of(cls, config: Config) -> Layout:
-        sizes = tuple(len(a.groups) for a in config.attributes)
+        sizes = tuple(len(a.groups) + 1 for a in config.attributes)
         offsets = tuple(int(x) for x in np.cumsum((0, *sizes))[:-1])
         return cls(tuple(a.name for a in config.attributes), offsets, sizes)
 
@@ -39,8 +40,13 @@ class Layout:
         return sum(self.sizes)
 
     def split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Cut a ``(n_rows, ...)`` array into one block per attribute."""
+        """Cut a ``(n_rows, ...)`` array into one block per attribute (its groups' rows, then its unknown row)."""
         return {n: rows[o : o + s] for n, o, s in zip(self.names, self.offsets, self.sizes, strict=True)}
+
+    def rows(self, name: str, codes: np.ndarray) -> np.ndarray:
+        """State rows of one attribute's codes; ``-1`` (unknown) goes to the attribute's unknown row."""
+        k = self.names.index(name)
+        return self.offsets[k] + np.where(codes < 0, self.sizes[k] - 1, codes)
 
 
 class WindowStore:
@@ -111,15 +117,16 @@ class WindowStore:
             return
         slots = self._slots(buckets)
         flat_counts = self.counts.reshape(-1)
-        for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
-            np.add.at(flat_counts, (slots * self.layout.n_rows + offset + codes[name]) * N_COUNTS + columns, 1)
+        for name in self.layout.names:
+            np.add.at(flat_counts, (slots * self.layout.n_rows + self.layout.rows(name, codes[name])) * N_COUNTS
+                      + columns, 1)  # fmt: skip
         self._count_totals(codes, columns)
 
     def _count_totals(self, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
-        for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
-            np.add.at(flat_totals, (offset + codes[name]) * N_COUNTS + columns, 1)
+        for name in self.layout.names:
+            np.add.at(flat_totals, self.layout.rows(name, codes[name]) * N_COUNTS + columns, 1)
 
     def _count_outcomes(
         self, buckets: np.ndarray, codes: dict[str, np.ndarray], outcome: np.ndarray
