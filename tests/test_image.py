@@ -27,7 +27,7 @@ import yaml
 from prometheus_fixture import wait_until
 from tooling import require_binary
 
-from exporter.embedded_broker import EmbeddedBroker, free_port, terminate
+from exporter.devtools.embedded_broker import EmbeddedBroker, free_port, terminate
 
 pytestmark = pytest.mark.image
 
