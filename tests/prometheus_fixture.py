@@ -20,7 +20,7 @@ from tooling import require_binary
 from exporter.devtools import monitoring
 from exporter.devtools.monitoring import JOB
 
-__all__ = ["JOB", "AlertmanagerServer", "PrometheusServer", "load_rule_generator", "wait_until"]
+__all__ = ["JOB", "AlertmanagerServer", "PrometheusServer", "alertmanager_binary", "load_rule_generator", "wait_until"]
 
 
 def load_rule_generator() -> ModuleType:
@@ -49,8 +49,13 @@ class PrometheusServer(monitoring.PrometheusServer):
         return require_binary("prometheus")
 
 
+def alertmanager_binary() -> str:
+    """Debian's /usr/bin/prometheus-alertmanager, else `alertmanager`; skip or fail when neither is installed."""
+    return shutil.which("prometheus-alertmanager") or require_binary("alertmanager")
+
+
 class AlertmanagerServer(monitoring.AlertmanagerServer):
     """exporter.devtools.monitoring's Alertmanager, skipped (or failed under CI=true) when not installed."""
 
     def find_binary(self) -> str:
-        return shutil.which("prometheus-alertmanager") or require_binary("alertmanager")
+        return alertmanager_binary()

@@ -198,6 +198,18 @@ class PrometheusServer(_Server):
         return [f"--config.file={config}", f"--storage.tsdb.path={self.directory / 'data'}",
                 f"--web.listen-address={self.address}", "--log.level=warn"]  # fmt: skip
 
+    def page(self, name: str) -> str:
+        """The URL of the web UI's page `name` ("alerts", "graph"): Debian's build serves only the classic UI,
+        under /classic/."""
+        for candidate in (f"{self.url}/{name}", f"{self.url}/classic/{name}"):
+            try:
+                with urllib.request.urlopen(candidate, timeout=5) as response:
+                    if response.status == 200:
+                        return candidate
+            except OSError:
+                continue
+        raise AssertionError(f"{self.name} at {self.url} serves no {name} page")
+
     def data(self, path: str, **params: str | float) -> Any:
         """The `data` of a successful API answer; AssertionError with the API's error otherwise."""
         body = self.get(path, **params)
