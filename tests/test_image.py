@@ -168,3 +168,19 @@ def test_the_daemon_runs_on_a_read_only_root(running: Running) -> None:
 def test_version_in_the_image_is_the_package_version(container: Container) -> None:
     output = buildah("run", "--isolation", "chroot", container.name, "--", "fairness-exporter", "--version")
     assert output.split() == ["fairness-exporter", version("fairness-exporter")]
+
+
+@pytest.mark.parametrize(("files", "mirror"), [
+    ({"sources.list.d/debian.sources": "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm "
+      "bookworm-updates\nComponents: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n"
+      "Suites: bookworm-security\n"}, "http://mirror.example/debian"),
+    ({"sources.list": "deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main\n"
+      "deb [arch=amd64] http://ftp.example/debian bookworm main\n"}, "http://ftp.example/debian"),
+    ({"sources.list": "deb http://archive.ubuntu.com/ubuntu jammy main\n"}, "http://deb.debian.org/debian"),
+])  # fmt: skip
+def test_the_base_is_bootstrapped_from_the_mirror_apt_uses(tmp_path: Path, files: dict[str, str],
+                                                          mirror: str) -> None:  # fmt: skip
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert image_tool().debian_mirror(tmp_path) == mirror
