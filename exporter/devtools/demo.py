@@ -22,7 +22,14 @@ from typing import Any
 from exporter.config import load_config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import BrokerError, EmbeddedBroker
-from exporter.devtools.monitoring import AlertmanagerServer, MissingTool, PrometheusServer, WebhookSink, routing_config
+from exporter.devtools.monitoring import (
+    ALERTMANAGER_CONFIG,
+    AlertmanagerServer,
+    MissingTool,
+    PrometheusServer,
+    WebhookSink,
+    routing_config,
+)
 from exporter.devtools.rules import TUNING, rule_file
 from exporter.devtools.synthetic import TrafficGenerator
 
@@ -47,7 +54,7 @@ def print_page(receiver: str, body: dict[str, Any]) -> None:
 
 
 class AlertStates(threading.Thread):
-    """Prints each alert's transitions (pending, firing, resolved) as Prometheus reports them, every 2 s."""
+    """Prints each alert's transitions (pending, firing, resolved) as Prometheus reports them, every second."""
 
     def __init__(self, prometheus: PrometheusServer) -> None:
         super().__init__(name="alert-states", daemon=True)
@@ -56,7 +63,7 @@ class AlertStates(threading.Thread):
         self.states: dict[tuple[tuple[str, str], ...], str] = {}
 
     def run(self) -> None:
-        while not self.done.wait(2.0):
+        while not self.done.wait(1.0):
             try:
                 alerts = self.prometheus.alerts()
             except (OSError, AssertionError, ValueError):
@@ -78,10 +85,12 @@ class AlertStates(threading.Thread):
 
 def start_stack(stack: contextlib.ExitStack, daemon_port: int) -> str:
     """Start the sink, Alertmanager and Prometheus (stopped by `stack`); the lines that tell the user where."""
+    if not ALERTMANAGER_CONFIG.is_file():
+        raise MissingTool(f"{ALERTMANAGER_CONFIG} is missing: run the stack demo from a clone of the repository")
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fairness-demo-")))
     sink = stack.enter_context(WebhookSink(on_page=print_page))
-    alertmanager = stack.enter_context(AlertmanagerServer(directory / "alertmanager", routing_config(sink.url,
-                                                                                                     STACK_TIMERS)))
+    routing = routing_config(sink.url, STACK_TIMERS)
+    alertmanager = stack.enter_context(AlertmanagerServer(directory / "alertmanager", routing))
     prometheus = stack.enter_context(PrometheusServer(
         directory / "prometheus", [f"127.0.0.1:{daemon_port}"], rules=rule_file(for_durations=STACK_FOR),
         alertmanager=alertmanager.address))  # fmt: skip
@@ -90,7 +99,7 @@ def start_stack(stack: contextlib.ExitStack, daemon_port: int) -> str:
     stack.callback(states.done.set)
     graph = urllib.parse.urlencode({f"g{i}.{k}": v for i, expr in enumerate(GRAPHED)
                                     for k, v in (("expr", expr), ("tab", "0"), ("range_input", "15m"))})  # fmt: skip
-    shipped = sorted({tuning.for_ for tuning in TUNING.values()})
+    shipped = dict.fromkeys(tuning.for_ for tuning in TUNING.values())
     return (f"  prometheus:   {prometheus.url} (pid {prometheus.pid}), rules from rules/fairness-exporter.rules.yaml\n"
             f"                every `for:` shortened to {STACK_FOR} for the demo (shipped: {', '.join(shipped)})\n"
             f"  the gap:      {prometheus.page('graph')}?{graph}\n"
