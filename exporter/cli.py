@@ -276,7 +276,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from exporter.devtools.demo import run_demo
 
     _configure_logging(args.log_level)
-    return run_demo(port=args.port, rate=args.rate, drift_after=args.drift_after)
+    drift_after = args.drift_after if args.drift_after is not None else (60.0 if args.stack else 180.0)
+    return run_demo(port=args.port, rate=args.rate, drift_after=drift_after, stack=args.stack)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,8 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="local broker + synthetic drifting traffic + the daemon")
     demo.add_argument("--port", type=int, default=9108, help="metrics port (default 9108)")
     demo.add_argument("--rate", type=float, default=200.0, help="synthetic events per second (default 200)")
-    demo.add_argument("--drift-after", type=float, default=180.0,
-                      help="seconds of fair traffic before women's selection rate drops (default 180)")
+    demo.add_argument("--drift-after", type=float, default=None,
+                      help="seconds of fair traffic before women's selection rate drops (default 180, 60 with --stack)")
+    demo.add_argument("--stack", action="store_true",
+                      help="also run Prometheus with the shipped rules, Alertmanager with the example routing and a "
+                           "webhook sink that prints each page (needs `prometheus` and `alertmanager` installed)")
     demo.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo.set_defaults(func=cmd_demo)
     return parser
