@@ -289,7 +289,7 @@ def test_labels_from_their_own_topic_join_their_predictions(kafka_broker: Embedd
     wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_labels_joined_total") == 600, what="600 joins")
     daemon.computer.compute()
     s = scrape(daemon.port)
-    assert sample(s, "fairness_exporter_labels_expired_total", reason="duplicate_label") == 10
+    assert sample(s, "fairness_exporter_labels_dropped_total", reason="duplicate_label") == 10
     for gender, group in rows.groupby("gender"):
         positives = group[group.label == 1]
         got = sample(s, "model_true_positive_rate", model_id="m1", attribute="gender", window="1h", subgroup=gender)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -21,10 +21,23 @@ from exporter.core.encoding import attribute_codes, code_table
 
 REJECT_REASONS: Final = (
     "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
-    "invalid_timestamp", "future_timestamp",
+    "invalid_timestamp", "future_timestamp", "invalid_prediction_id",
 )  # fmt: skip
 """Defects of the event itself. A value outside an attribute's groups (or missing) is no defect: the event counts,
 in that attribute's unknown category (code -1), exactly as the gate counts such a row."""
+MAX_PREDICTION_ID_LENGTH: Final = 256
+"""Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
+in the checkpoint until its ground truth arrives."""
+
+
+def _valid_id(pid: object) -> bool:
+    """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
+    return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
+
+
+def _binary(value: object) -> bool:
+    """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
+    return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
 
 
 def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
@@ -134,7 +147,7 @@ class EventDecoder:
                     pred = None if score is None else int(score >= threshold)
                 else:
                     pred = get(k_pred)
-                    if pred is not None and (pred.__class__ is str or pred not in (0, 1)):
+                    if pred is not None and not _binary(pred):
                         reason = "invalid_prediction"
                 if reason is None and pred is None:
                     reason = "missing_field"
@@ -142,8 +155,12 @@ class EventDecoder:
                     label = get(k_label)
                     if label is None:
                         label = -1
-                    elif label.__class__ is str or label not in (0, 1):
+                    elif not _binary(label):
                         reason = "invalid_label"
+                if reason is None:
+                    pid = get(k_id)
+                    if not _valid_id(pid):
+                        reason = "invalid_prediction_id"
                 if reason is None:
                     attrs = get(k_attrs)
                     if attrs is None:
@@ -160,7 +177,7 @@ class EventDecoder:
                     ts_out.append(ts)
                     pred_out.append(int(pred))
                     label_out.append(int(label))
-                    ids.append(get(k_id))
+                    ids.append(pid)
                     for column, code in zip(code_columns, codes, strict=True):
                         column.append(code)
                     continue
@@ -180,3 +197,33 @@ class EventDecoder:
             ignored=ignored,
             rejected_payloads=bad,
         )
+
+
+@dataclass
+class DecodedOutcomes:
+    """Ground-truth events from the outcomes topic: prediction ids and their 0/1 outcomes, and how many were
+    invalid (not JSON, no usable prediction id, or an outcome that is not 0/1)."""
+
+    prediction_ids: list[str]
+    outcomes: list[int]
+    invalid: int
+
+
+def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field: str) -> DecodedOutcomes:
+    """Decode ground-truth events ``{"<id_field>": ..., "<outcome_field>": 0 or 1}``."""
+    ids: list[str] = []
+    outcomes: list[int] = []
+    invalid = 0
+    for raw in values:
+        try:
+            message = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
+        except (orjson.JSONDecodeError, TypeError):
+            message = None
+        pid = message.get(id_field) if message.__class__ is dict else None
+        outcome = message.get(outcome_field) if message.__class__ is dict else None
+        if pid is None or not _valid_id(pid) or not _binary(outcome):
+            invalid += 1
+            continue
+        ids.append(str(pid))
+        outcomes.append(int(outcome))  # type: ignore[call-overload]
+    return DecodedOutcomes(ids, outcomes, invalid)

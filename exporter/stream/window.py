@@ -63,7 +63,9 @@ class WindowStore:
         self.totals = np.zeros((self.layout.n_rows, N_COUNTS), dtype=np.int64)  # never reset: for counters
         self.head = -1  # absolute index of the newest bucket
         self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        """The one lock of the stream state: the ingest holds it to count a batch, its joins and its offsets as one
+        step; the checkpointer to copy the counts, pending predictions and offsets as one consistent state."""
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -163,6 +165,22 @@ class WindowStore:
             self.totals[...] = state["totals"]
             self.head = int(state["head"])
             self.offsets = dict(offsets)
+
+    def offsets_copy(self) -> dict[tuple[str, int], int]:
+        """The next Kafka offset after what the counts include, per (topic, partition)."""
+        with self.lock:
+            return dict(self.offsets)
+
+    def advance_offset(self, partition: tuple[str, int], offset: int) -> None:
+        """Record that everything before ``offset`` in this partition is counted (a batch that added no counts)."""
+        with self.lock:
+            self.offsets[partition] = offset
+
+    def forget_offsets(self, partitions: list[tuple[str, int]]) -> None:
+        """Drop the offsets of partitions handed to another replica or reset."""
+        with self.lock:
+            for partition in partitions:
+                self.offsets.pop(partition, None)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
