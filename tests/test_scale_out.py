@@ -26,8 +26,8 @@ import pytest
 import yaml
 from broker_fixture import produce
 from daemon_config import make_config
+from daemon_fixture import kafka_config, payloads, sample, scrape
 from prometheus_fixture import JOB, PrometheusServer, load_rule_generator, wait_until
-from test_daemon_kafka import kafka_config, payloads, sample, scrape
 from tooling import require_binary
 
 from exporter.daemon import Daemon

@@ -142,8 +142,8 @@ class KafkaSource:
         partitions: list[Partition] = []
         for topic in self.topics:
             ids = client.partitions(topic)
-            if ids is None and not wait:
-                return  # no broker answers: keep reading the partitions held, the client reconnects
+            if not ids and not wait:
+                return  # no broker answers, or the topic is being re-created: keep reading the partitions held
             while not ids and time.monotonic() < deadline and not self._stop.is_set():
                 time.sleep(0.2)
                 ids = client.partitions(topic)
