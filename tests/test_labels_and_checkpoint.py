@@ -137,3 +137,49 @@ def test_checkpoint_is_written_atomically(make_daemon, tmp_path: Path) -> None:
     (tmp_path / "m1.checkpoint.npz").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="unreadable checkpoint"):
         make_daemon(checkpoint={"path": str(tmp_path)})
+
+
+def test_a_duplicate_prediction_id_replaces_the_waiting_one_and_is_counted(make_daemon) -> None:
+    d = make_daemon()
+    d.ingest.handle("predictions", 0, records([event("male", prediction=1, ts=T0 - 60, prediction_id="same"),
+                                               event("female", prediction=0, ts=T0 - 60, prediction_id="same")]))
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="duplicate_prediction") == 1
+    assert value(d, "fairness_exporter_pending_predictions") == 1
+    d.ingest.handle("labels", 0, records([{"prediction_id": "same", "label": 1}]))
+    # the label joins the later prediction (female, predicted 0): a false negative for women
+    assert value(d, "model_subgroup_labelled_samples", attribute="gender", window="1h", subgroup="female") == 1
+    assert value(d, "model_subgroup_labelled_samples", attribute="gender", window="1h", subgroup="male") == 0
+
+
+def test_pending_ids_are_bounded_and_stored_compactly(make_daemon, tmp_path: Path) -> None:
+    cp = {"path": str(tmp_path)}
+    d = make_daemon(checkpoint=cp)
+    d.checkpointer.write()
+    empty = (tmp_path / "m1.checkpoint.npz").stat().st_size
+    ids = [f"id-{i}" for i in range(199)]
+    d.ingest.handle("predictions", 0, records([event(ts=T0 - 60, prediction_id=pid) for pid in ids]
+                                              + [event(ts=T0 - 60, prediction_id="x" * 250_000)]))  # fmt: skip
+    assert value(d, "fairness_exporter_events_rejected_total", reason="invalid_prediction_id") == 1
+    assert value(d, "fairness_exporter_pending_predictions") == 199
+    d.ingest.handle("predictions", 0, records([event(ts=T0 - 60, prediction_id="y" * 256)], start=200))
+    d.checkpointer.write()
+    # 200 ids, one of them 256 characters: a fixed-width array would add 200 * 256 * 4 = 204,800 bytes
+    assert (tmp_path / "m1.checkpoint.npz").stat().st_size - empty < 10_000
+    restored = make_daemon(checkpoint=cp)
+    assert sorted(restored.joins.pending) == sorted([*ids, "y" * 256])
+
+
+def test_a_failed_checkpoint_is_counted_leaves_no_temp_file_and_commits_nothing_new(make_daemon,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    d = make_daemon(checkpoint={"path": str(tmp_path)})
+    d.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "a")))
+    d.checkpointer.write()
+    assert d.checkpointer.committable() == {("predictions", 0): 2}
+    d.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "b"), start=2))
+    (tmp_path / "m1.checkpoint.npz").unlink()
+    (tmp_path / "m1.checkpoint.npz").mkdir()  # the rename onto it fails after the temp file is written
+    (tmp_path / "m1.checkpoint.npz" / "keep").touch()
+    d.checkpointer.flush()  # logs, does not raise
+    assert value(d, "fairness_exporter_checkpoint_failures_total") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m1.checkpoint.npz"]
+    assert d.checkpointer.committable() == {("predictions", 0): 2}  # not 4: those events are not durable

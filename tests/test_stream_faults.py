@@ -119,3 +119,27 @@ def test_a_partition_handed_to_another_replica_takes_its_lag_series_with_it(
 def lag_series(daemon: Daemon) -> dict[str, float]:
     return {dict(labels)["partition"]: v for (name, labels), v in scrape(daemon.port).items()
             if name == "fairness_exporter_consumer_lag_messages"}  # fmt: skip
+
+
+# Tansu holds a new member's JoinGroup for about half the session timeout: 6 s keeps a rebalance near 3 s.
+GROUP_CLIENT = {"kafka-python": {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000,
+                                 "heartbeat_interval_ms": 1000},
+                "confluent-kafka": {"reconnect.backoff.ms": 200, "reconnect.backoff.max.ms": 500,
+                                    "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}}  # fmt: skip
+
+
+def test_a_consumer_group_reads_a_topic_recreated_on_a_broker_that_came_back_empty(
+    fresh_broker: EmbeddedBroker, running: Callable[..., Daemon], client_library: str
+) -> None:
+    fresh_broker.create_topic("events", partitions=3)
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(200, seed=7), time.time()))
+    group = {**kafka_config(fresh_broker.bootstrap_servers, "events", client_library)["kafka"],
+             "assignment": "subscribe", "client": GROUP_CLIENT[client_library]}  # fmt: skip
+    daemon = running(fresh_broker.bootstrap_servers, "events", kafka=group)
+    wait_for(lambda: consumed(daemon.port) == 200, what="200 events before the restart")
+    fresh_broker.restart()
+    fresh_broker.create_topic("events", partitions=3)
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(1000, seed=8), time.time()))
+    wait_for(lambda: consumed(daemon.port) >= 1200, timeout=120, what="the 1000 events after the restart")
+    daemon.computer.compute()
+    assert overall(daemon.port) == 1200

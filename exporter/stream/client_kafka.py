@@ -14,8 +14,11 @@ from exporter.config import KafkaConfig
 from exporter.stream.client import CommitFailed, LogBounds, Offsets, Partition, Rebalance, Record
 
 COMMIT_TIMEOUT_MS = 5000
-# kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner.
-CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000}
+# kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner. Its
+# constructor waits for a broker up to bootstrap_timeout_ms (30 s): a SIGTERM then waited that long; the source
+# retries a constructor that gave up, with its own backoff.
+CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000,
+                                   "bootstrap_timeout_ms": 3000}  # fmt: skip
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python ships no type hints
