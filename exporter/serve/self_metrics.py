@@ -26,46 +26,49 @@ class Health:
     """Counters and gauges of the daemon's own work, registered on the registry it is given."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        kw = {"registry": registry}
-        self.consumed = Counter("fairness_exporter_events_consumed", "Kafka messages read from the events topic.", **kw)
+        self.consumed = Counter("fairness_exporter_events_consumed", "Kafka messages read from the events topic.",
+                                registry=registry)  # fmt: skip
         self.rejected = Counter("fairness_exporter_events_rejected",
                                 "Events rejected as invalid, by reason; never counted in any window.",
-                                ["reason"], **kw)  # fmt: skip
+                                ["reason"], registry=registry)  # fmt: skip
         self.late = Counter("fairness_exporter_events_late",
-                            "Events older than the longest window plus allowed_lateness, dropped.", **kw)
-        self.ignored = Counter("fairness_exporter_events_ignored", "Events of other model ids, ignored.", **kw)
+                            "Events older than the longest window plus allowed_lateness, dropped.", registry=registry)
+        self.ignored = Counter("fairness_exporter_events_ignored", "Events of other model ids, ignored.",
+                               registry=registry)  # fmt: skip
         self.dead_lettered = Counter("fairness_exporter_events_dead_lettered",
-                                     "Rejected events forwarded to the dead-letter topic.", **kw)
+                                     "Rejected events forwarded to the dead-letter topic.", registry=registry)
         self.labels_joined = Counter("fairness_exporter_labels_joined",
-                                     "Delayed labels joined to their prediction and counted.", **kw)
+                                     "Delayed labels joined to their prediction and counted.", registry=registry)
         self.labels_expired = Counter("fairness_exporter_labels_expired",
                                       "Predictions never labelled, and labels of no known prediction, within the "
-                                      "label horizon, by reason.", ["reason"], **kw)  # fmt: skip
+                                      "label horizon, by reason.", ["reason"], registry=registry)  # fmt: skip
         self.labels_dropped = Counter("fairness_exporter_labels_dropped",
                                       "Labels or waiting predictions given up for another reason than time, by "
-                                      "reason.", ["reason"], **kw)  # fmt: skip
+                                      "reason.", ["reason"], registry=registry)  # fmt: skip
         self.pending_labels = Gauge("fairness_exporter_pending_predictions",
-                                    "Predictions held while waiting for their delayed label.", **kw)
+                                    "Predictions held while waiting for their delayed label.", registry=registry)
         self.dead_letter_failures = Counter("fairness_exporter_dead_letters_failed",
                                             "Rejected events that could not be forwarded to the dead-letter topic "
-                                            "(still counted as rejected), by reason.", ["reason"], **kw)  # fmt: skip
+                                            "(still counted as rejected), by reason.", ["reason"],
+                                            registry=registry)  # fmt: skip
         self.log_resets = Counter("fairness_exporter_partition_resets",
                                   "Partitions read again from the start because their log was reset or the topic "
-                                  "re-created.", **kw)  # fmt: skip
+                                  "re-created.", registry=registry)  # fmt: skip
         self.checkpoint_failures = Counter("fairness_exporter_checkpoint_failures",
                                            "Checkpoints that could not be written; offsets stay uncommitted until "
-                                           "one succeeds.", **kw)  # fmt: skip
+                                           "one succeeds.", registry=registry)  # fmt: skip
         self.last_computation = Gauge("fairness_exporter_last_computation_timestamp_seconds",
-                                      "Unix time of the last successful fairness computation.", **kw)
+                                      "Unix time of the last successful fairness computation.", registry=registry)
         self.computation_duration = Gauge("fairness_exporter_computation_duration_seconds",
-                                          "Duration of the last fairness computation.", **kw)
+                                          "Duration of the last fairness computation.", registry=registry)
         self.computation_errors = Counter("fairness_exporter_computation_errors",
-                                          "Fairness computations that failed.", **kw)
+                                          "Fairness computations that failed.", registry=registry)
         self.last_checkpoint = Gauge("fairness_exporter_last_checkpoint_timestamp_seconds",
-                                     "Unix time of the last durable checkpoint (0: checkpoints disabled).", **kw)
+                                     "Unix time of the last durable checkpoint (0: checkpoints disabled).",
+                                     registry=registry)  # fmt: skip
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
-                                       "Errors talking to Kafka (the consumer retries).", **kw)
-        Info("fairness_exporter_build", "Build information.", **kw).info({"version": __version__})
+                                       "Errors talking to Kafka (the consumer retries).", registry=registry)
+        Info("fairness_exporter_build", "Build information.", registry=registry).info({"version": __version__})
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
         for reason in OUTCOME_EXPIRY_REASONS:

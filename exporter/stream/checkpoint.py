@@ -45,7 +45,8 @@ def write(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> No
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as f:
-            np.savez(f, __meta__=np.array(json.dumps({"version": FORMAT_VERSION, **meta})), **arrays)
+            contents: dict[str, Any] = {"__meta__": np.array(json.dumps({"version": FORMAT_VERSION, **meta})), **arrays}
+            np.savez(f, **contents)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

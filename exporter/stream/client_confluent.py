@@ -35,7 +35,7 @@ _LOST = {ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN}
 
 
 def _record(message: ck.Message) -> SimpleRecord:
-    return SimpleRecord(message.value(), message.offset())
+    return SimpleRecord(message.value(), message.offset())  # type: ignore[arg-type]  # consumed: has an offset
 
 
 class _Batch(Sequence[SimpleRecord]):
@@ -131,7 +131,7 @@ class ConfluentClient:
             if error is not None:
                 self._on_error(error)
                 continue
-            key = (message.topic(), message.partition())
+            key: Partition = (message.topic(), message.partition())  # type: ignore[assignment]  # consumed: set
             batch = batches.get(key)
             if batch is None:
                 batch = batches[key] = []
@@ -179,10 +179,14 @@ class ConfluentClient:
         outstanding commits before it rejoins the group."""
         commit = [ck.TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            done = self.consumer.commit(offsets=commit, asynchronous=not wait)
+            if wait:
+                done = self.consumer.commit(offsets=commit, asynchronous=False)
+            else:
+                self.consumer.commit(offsets=commit, asynchronous=True)
+                done = []
         except ck.KafkaException as exc:
             raise CommitFailed(str(exc)) from exc
-        failed = [tp.error for tp in done or () if tp.error is not None]
+        failed = [tp.error for tp in done if tp.error is not None]
         if failed:
             raise CommitFailed(str(failed[0]))
 

@@ -21,7 +21,7 @@ CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_m
                                    "bootstrap_timeout_ms": 3000}  # fmt: skip
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python ships no type hints
+class _Listener(ConsumerRebalanceListener):
     """kafka-python wants a subclass of its listener; this one forwards to the source's :class:`Rebalance`."""
 
     def __init__(self, consumer: KafkaConsumer, rebalance: Rebalance) -> None:

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import numpy as np
 import orjson
@@ -35,7 +35,7 @@ def _valid_id(pid: object) -> bool:
     return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
 
 
-def _binary(value: object) -> bool:
+def _binary(value: object) -> TypeGuard[int | float]:
     """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
     return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
 
@@ -116,7 +116,7 @@ class EventDecoder:
                 event = loads(raw)
             except (bad_json, TypeError):  # TypeError: a tombstone (None value)
                 event = None
-            reason = "malformed_json"
+            reason: str | None = "malformed_json"
             if event.__class__ is dict:
                 if flatten is not None:
                     event = flatten(event)
@@ -126,7 +126,8 @@ class EventDecoder:
                     continue
                 reason = None
                 t = get(k_ts)
-                ts = None
+                ts: Any = None
+                pred: Any  # pred, label and codes are set whenever reason stays None
                 if t.__class__ is str:
                     try:
                         d = fromiso(t)
@@ -178,9 +179,10 @@ class EventDecoder:
                     pred_out.append(int(pred))
                     label_out.append(int(label))
                     ids.append(pid)
-                    for column, code in zip(code_columns, codes, strict=True):
-                        column.append(code)
+                    for codes_of, code in zip(code_columns, codes, strict=True):
+                        codes_of.append(code)
                     continue
+            assert reason is not None
             rejected[reason] += 1
             if keep_rejected:
                 bad.append((raw, reason))
@@ -225,5 +227,5 @@ def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field
             invalid += 1
             continue
         ids.append(str(pid))
-        outcomes.append(int(outcome))  # type: ignore[call-overload]
+        outcomes.append(int(outcome))
     return DecodedOutcomes(ids, outcomes, invalid)
