@@ -20,7 +20,9 @@ from exporter.stream.client import SimpleRecord
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
 T0 = 1_800_000_000.0
-VARYING = re.compile(r"^(fairness_exporter_build_info\{.*|\S*(_created|_timestamp_seconds|_duration_seconds)(\{.*\})?) .*$")
+# the build's version, counters' creation times, wall-clock timestamps and durations
+VARYING = re.compile(r"^(fairness_exporter_build_info\{.*|\S*(_created|_timestamp_seconds|_duration_seconds)(\{.*\})?)"
+                     r" .*$")  # fmt: skip
 
 
 def masked(page: str) -> str:
