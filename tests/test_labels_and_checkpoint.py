@@ -6,6 +6,7 @@ the real broker in test_daemon_kafka.py.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,3 +184,17 @@ def test_a_failed_checkpoint_is_counted_leaves_no_temp_file_and_commits_nothing_
     assert value(d, "fairness_exporter_checkpoint_failures_total") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m1.checkpoint.npz"]
     assert d.checkpointer.committable() == {("predictions", 0): 2}  # not 4: those events are not durable
+
+
+def test_the_constructor_does_no_io_start_restores_and_binds(tmp_path: Path) -> None:
+    (tmp_path / "m1.checkpoint.npz").write_bytes(b"garbage")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = make_config(checkpoint={"path": str(tmp_path)}, listen={"address": "127.0.0.1", "port": port})
+        daemon = Daemon(config, registry=CollectorRegistry())  # neither the checkpoint nor the port is touched
+        assert daemon.http is None
+        with pytest.raises(CheckpointError, match="unreadable checkpoint"):
+            daemon.start()  # the checkpoint is read first, before anything is bound or started
+    assert not daemon.source.alive and not daemon.scheduler.running
