@@ -198,3 +198,14 @@ def test_the_constructor_does_no_io_start_restores_and_binds(tmp_path: Path) -> 
         with pytest.raises(CheckpointError, match="unreadable checkpoint"):
             daemon.start()  # the checkpoint is read first, before anything is bound or started
     assert not daemon.source.alive and not daemon.scheduler.running
+
+
+def test_a_dead_letter_producer_that_cannot_be_made_drops_the_dead_letters_not_the_batch() -> None:
+    # a consumer-only setting in kafka.client, which KafkaProducer refuses (ValueError)
+    config = make_config(kafka={"dead_letter_topic": "dlq", "client": {"session_timeout_ms": 6000}})
+    d = Daemon(config, registry=CollectorRegistry(), clock=Clock())
+    d.ingest.handle("predictions", 0, [Record(b"{broken", 0), *records(predictions(1, 3, "male", "a"), start=1)])
+    assert value(d, "fairness_exporter_dead_letters_failed_total", reason="no_producer") == 1
+    assert value(d, "fairness_exporter_events_rejected_total", reason="malformed_json") == 1
+    assert value(d, "model_subgroup_samples", attribute="gender", window="1h", subgroup="male") == 3
+    assert d.store.offsets == {("predictions", 0): 4}

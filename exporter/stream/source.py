@@ -68,8 +68,7 @@ def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> Kaf
 class KafkaSource:
     """Consumes the events topic (and the labels topic, if any) and calls ``handle(topic, partition, records)``."""
 
-    def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
-                 client_factory: Callable[[], KafkaClient] | None = None) -> None:  # fmt: skip
+    def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health) -> None:
         self.kafka = kafka
         self.topics = [t for t in (kafka.topic, kafka.labels_topic) if t]
         self.handle = handle
@@ -77,7 +76,6 @@ class KafkaSource:
         self.health = health
         self.manual = kafka.assignment == "manual"
         self._errors = RateLimitedLog(log)
-        self._make_client = client_factory or (lambda: make_client(kafka, self._client_error))
         self.client: KafkaClient | None = None
         self.assigned_once = threading.Event()
         self.broker_up = False
@@ -128,7 +126,7 @@ class KafkaSource:
         self._errors.warning(name, "Kafka consumer error (%s: %s); the client retries", name, text)
 
     def _connect(self) -> KafkaClient:
-        client = self._make_client()
+        client = make_client(self.kafka, self._client_error)
         self._committed = {}
         if self.manual:
             self._assign_all(client, wait=30.0)
