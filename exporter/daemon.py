@@ -93,6 +93,8 @@ class Daemon:
                                    seconds=self.config.checkpoint_interval_seconds, id="checkpoint",
                                    max_instances=1, coalesce=True)  # fmt: skip
         self.serve()
+        if self.checkpointer.path is None:
+            log.info("no checkpoint configured: the window starts empty after every restart")
         self.computer.compute()
         self.scheduler.start()
         self.source.start()

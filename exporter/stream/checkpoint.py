@@ -128,7 +128,6 @@ class Checkpointer:
     def restore(self) -> None:
         """Load the checkpoint, if there is one (CheckpointError when it exists but cannot be used)."""
         if self.path is None:
-            log.info("no checkpoint configured: the window starts empty after every restart")
             return
         loaded = read(self.path, self.config.layout())
         if loaded is None:
