@@ -164,7 +164,7 @@ class Checkpointer:
         assert self.path is not None
         with self.store.lock:
             arrays = {**self.store.state(), **self.joins.state()}
-            offsets = dict(self.store.offsets)
+            offsets = self.store.offsets_copy()
         written_at = self.clock()
         meta = {"layout": self.config.layout(), "written_at": written_at, "topic_ids": dict(self.topic_ids),
                 "offsets": [[t, p, o] for (t, p), o in offsets.items()]}  # fmt: skip
@@ -174,8 +174,8 @@ class Checkpointer:
             self.health.checkpoint_failures.inc()
             raise
         with self.store.lock:
-            # a partition forgotten while the file was written stays forgotten
-            self._durable = {p: o for p, o in offsets.items() if p in self.store.offsets}
+            held = self.store.offsets_copy()  # a partition forgotten while the file was written stays forgotten
+            self._durable = {p: o for p, o in offsets.items() if p in held}
         self.health.last_checkpoint.set(written_at)
         return offsets
 
