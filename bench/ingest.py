@@ -216,7 +216,7 @@ def micro(values: list[bytes]) -> dict[str, list[float]]:
     def count() -> None:
         now = time.time()
         for b in decoded:
-            store.add(b.timestamps, b.codes, b.predictions, b.labels, now)
+            store.add(b.timestamps, b.codes, b.predictions, b.outcomes, now)
 
     def handle() -> None:
         for _, recs in batches:

@@ -20,7 +20,7 @@ from exporter.serve.snapshot import Computer
 from exporter.stream.checkpoint import Checkpointer
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.ingest import Ingest
-from exporter.stream.label_join import LabelJoin
+from exporter.stream.label_join import OutcomeJoin
 from exporter.stream.source import KafkaSource
 from exporter.stream.window import WindowStore
 
@@ -40,7 +40,7 @@ class Daemon:
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
         self.store = WindowStore(config)
-        self.joins = LabelJoin(len(config.attributes), config.label_horizon_seconds, config.max_pending_labels)
+        self.joins = OutcomeJoin(len(config.attributes), config.label_horizon_seconds, config.max_pending_labels)
         dead_letters = DeadLetters(config.kafka, self.health) if config.kafka.dead_letter_topic else None
         self.ingest = Ingest(config, self.store, self.joins, self.health, clock, dead_letters)
         self.checkpointer = Checkpointer(config, self.store, self.joins, self.health, clock)

@@ -23,7 +23,7 @@ def test_valid_events_become_columns_with_codes_per_attribute() -> None:
                    event("female", "old", 1, ts="2027-01-15T07:00:00Z"))  # fmt: skip
     assert len(batch) == 3 and not batch.rejected and batch.ignored == 0
     assert batch.predictions.tolist() == [1, 0, 1]
-    assert batch.labels.tolist() == [1, -1, -1]
+    assert batch.outcomes.tolist() == [1, -1, -1]
     assert batch.codes["gender"].tolist() == [0, 1, 1]
     assert batch.codes["age"].tolist() == [1, 0, 1]
     assert batch.timestamps.tolist() == [NOW, NOW, NOW - 3600]  # NOW is 2027-01-15T08:00:00Z
@@ -132,4 +132,4 @@ def test_arbitrary_json_events_are_accepted_only_when_valid(payload: dict) -> No
         assert not isinstance(payload["prediction"], bool) and not isinstance(payload["label"], bool)
         gender = payload["attributes"].get("gender") if isinstance(payload["attributes"], dict) else None
         expected = {"male": 0, "female": 1}.get(gender) if isinstance(gender, str) else -1
-        assert batch.codes["gender"][0] == (-1 if expected is None else expected) and batch.labels[0] in (-1, 0, 1)
+        assert batch.codes["gender"][0] == (-1 if expected is None else expected) and batch.outcomes[0] in (-1, 0, 1)

@@ -37,7 +37,7 @@ class Health:
                                registry=registry)  # fmt: skip
         self.dead_lettered = Counter("fairness_exporter_events_dead_lettered",
                                      "Rejected events forwarded to the dead-letter topic.", registry=registry)
-        self.labels_joined = Counter("fairness_exporter_labels_joined",
+        self.outcomes_joined = Counter("fairness_exporter_labels_joined",
                                      "Delayed labels joined to their prediction and counted.", registry=registry)
         self.labels_expired = Counter("fairness_exporter_labels_expired",
                                       "Predictions never labelled, and labels of no known prediction, within the "
@@ -45,7 +45,7 @@ class Health:
         self.labels_dropped = Counter("fairness_exporter_labels_dropped",
                                       "Labels or waiting predictions given up for another reason than time, by "
                                       "reason.", ["reason"], registry=registry)  # fmt: skip
-        self.pending_labels = Gauge("fairness_exporter_pending_predictions",
+        self.pending_predictions = Gauge("fairness_exporter_pending_predictions",
                                     "Predictions held while waiting for their delayed label.", registry=registry)
         self.dead_letter_failures = Counter("fairness_exporter_dead_letters_failed",
                                             "Rejected events that could not be forwarded to the dead-letter topic "

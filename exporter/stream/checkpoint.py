@@ -22,7 +22,7 @@ import numpy as np
 from exporter.config import Config
 from exporter.serve.self_metrics import Health
 from exporter.stream.client import Offsets, Partition
-from exporter.stream.label_join import LabelJoin
+from exporter.stream.label_join import OutcomeJoin
 from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class Checkpointer:
     and which are durable (only those may be committed to Kafka). Without a configured path nothing is written
     and the counted offsets are the committable ones."""
 
-    def __init__(self, config: Config, store: WindowStore, joins: LabelJoin, health: Health,
+    def __init__(self, config: Config, store: WindowStore, joins: OutcomeJoin, health: Health,
                  clock: Callable[[], float]) -> None:  # fmt: skip
         self.config = config
         self.store = store

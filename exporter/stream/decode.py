@@ -66,8 +66,8 @@ class DecodedBatch:
 
     timestamps: np.ndarray
     predictions: np.ndarray
-    labels: np.ndarray
-    """-1 where the event carried no label."""
+    outcomes: np.ndarray
+    """The inline ground truth (the event's label), -1 where the event carried none."""
     prediction_ids: list[Any]
     codes: dict[str, np.ndarray]
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
@@ -192,7 +192,7 @@ class EventDecoder:
         return DecodedBatch(
             timestamps=np.asarray(ts_out, dtype=np.float64),
             predictions=np.asarray(pred_out, dtype=np.int64),
-            labels=np.asarray(label_out, dtype=np.int64),
+            outcomes=np.asarray(label_out, dtype=np.int64),
             prediction_ids=ids,
             codes={a.name: attribute_codes(a, base) for a in self.config.attributes},
             rejected=rejected,

@@ -20,7 +20,7 @@ from exporter.serve.self_metrics import Health, RateLimitedLog
 from exporter.stream.client import Record
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.decode import EventDecoder, decode_outcomes
-from exporter.stream.label_join import Joined, LabelJoin
+from exporter.stream.label_join import Joined, OutcomeJoin
 from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 class Ingest:
     """Counts predictions and ground-truth outcomes into the window, joins them, forwards dead letters."""
 
-    def __init__(self, config: Config, store: WindowStore, joins: LabelJoin, health: Health,
+    def __init__(self, config: Config, store: WindowStore, joins: OutcomeJoin, health: Health,
                  clock: Callable[[], float], dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
         self.config = config
         self.store = store
@@ -52,17 +52,17 @@ class Ingest:
         batch = self.decoder.decode([r.value for r in records], now)  # type: ignore[misc]  # None: malformed
         given_up: Counter[str] = Counter()
         with self.store.lock:
-            late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.labels, now,
+            late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
                                   offsets={(topic, partition): records[-1].offset + 1})  # fmt: skip
             if self.config.kafka.labels_topic:
-                waiting = batch.labels < 0
+                waiting = batch.outcomes < 0
                 codes = np.column_stack([batch.codes[a.name] for a in self.config.attributes])
                 ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
                 joined = self.joins.add_predictions(ids, batch.timestamps[waiting], batch.predictions[waiting],
                                                     codes[waiting], given_up)  # fmt: skip
                 self._count_joined(joined, given_up)
             pending = len(self.joins.pending)
-        self.health.pending_labels.set(pending)
+        self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
         for reason, n in batch.rejected.items():
             self.health.rejected.labels(reason).inc(n)
@@ -81,19 +81,19 @@ class Ingest:
         decoded = decode_outcomes((r.value for r in records), fields.prediction_id, fields.label)
         given_up: Counter[str] = Counter({"invalid_label_event": decoded.invalid} if decoded.invalid else {})
         with self.store.lock:
-            joined = self.joins.add_labels(decoded.prediction_ids, decoded.outcomes, self.clock(), given_up)
+            joined = self.joins.add_outcomes(decoded.prediction_ids, decoded.outcomes, self.clock(), given_up)
             self._count_joined(joined, given_up)
             self.store.advance_offset((topic, partition), records[-1].offset + 1)
             pending = len(self.joins.pending)
-        self.health.pending_labels.set(pending)
+        self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
 
     def _count_joined(self, joined: Joined, given_up: Counter[str]) -> None:
         if not len(joined):
             return
         codes = {a.name: joined.codes[:, i] for i, a in enumerate(self.config.attributes)}
-        outside = self.store.add_labels(joined.timestamps, codes, joined.outcomes)
-        self.health.labels_joined.inc(len(joined) - outside)
+        outside = self.store.add_joined(joined.timestamps, codes, joined.outcomes)
+        self.health.outcomes_joined.inc(len(joined) - outside)
         given_up["prediction_outside_window"] += outside
 
     def expire(self) -> None:
@@ -103,5 +103,5 @@ class Ingest:
         with self.store.lock:
             self.joins.expire(self.clock(), given_up)
             pending = len(self.joins.pending)
-        self.health.pending_labels.set(pending)
+        self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)

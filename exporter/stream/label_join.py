@@ -1,4 +1,4 @@
-"""Join delayed labels to their predictions, with bounded state.
+"""Join delayed ground truth (outcomes, the "label" of an event) to its predictions, with bounded state.
 
 A prediction without an inline label waits here (keyed by ``prediction_id``) for at most ``horizon`` seconds; a
 label that arrives before its prediction waits as an orphan for as long. A joined label is counted in the bucket
@@ -46,7 +46,7 @@ class Joined:
         return len(self.timestamps)
 
 
-class LabelJoin:
+class OutcomeJoin:
     """Pending predictions and orphan labels, both bounded in count and in age."""
 
     def __init__(self, n_attributes: int, horizon_seconds: float, max_pending: int = 1_000_000) -> None:
@@ -92,10 +92,10 @@ class LabelJoin:
                 self.pending[pid] = entry
         return self._joined(rows)
 
-    def add_labels(self, ids: list[Any], labels: list[int], now: float, expired: Counter[str]) -> Joined:
-        """Join labels to pending predictions; hold the others as orphans (or count them as duplicates)."""
+    def add_outcomes(self, ids: list[str], outcomes: list[int], now: float, expired: Counter[str]) -> Joined:
+        """Join outcomes to pending predictions; hold the others as orphans (or count them as duplicates)."""
         rows = []
-        for pid, label in zip(ids, labels, strict=True):
+        for pid, label in zip(ids, outcomes, strict=True):
             pid = str(pid)
             entry = self.pending.pop(pid, None)
             if entry is not None:
