@@ -15,7 +15,7 @@ from broker_fixture import CLIENT_CONFIG, produce
 from daemon_fixture import consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
 from kafka import KafkaProducer
 
-from exporter.daemon import Daemon
+from exporter.daemon import EXPIRY_EVERY_SECONDS, Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 
 
@@ -143,3 +143,15 @@ def test_a_consumer_group_reads_a_topic_recreated_on_a_broker_that_came_back_emp
     wait_for(lambda: consumed(daemon.port) >= 1200, timeout=120, what="the 1000 events after the restart")
     daemon.computer.compute()
     assert overall(daemon.port) == 1200
+
+
+def test_label_expiry_runs_on_the_schedule_not_only_when_a_batch_arrives(
+    kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon], client_library: str
+) -> None:
+    kafka_broker.create_topic(f"{topic}-labels", partitions=1)
+    daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
+        **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"],
+        "labels_topic": f"{topic}-labels"})  # fmt: skip
+    job = daemon.scheduler.get_job("expire")
+    assert job is not None and job.func == daemon.ingest.expire
+    assert job.trigger.interval.total_seconds() == EXPIRY_EVERY_SECONDS
