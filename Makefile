@@ -46,6 +46,7 @@ image:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy exporter
 
 test: test-deps lint
 	$(BIN)/pytest

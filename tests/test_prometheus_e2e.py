@@ -22,9 +22,9 @@ import pandas as pd
 import pytest
 from broker_fixture import produce
 from daemon_config import make_config
+from daemon_fixture import kafka_config, payloads, sample, scrape
 from dashboard_queries import panel_queries
 from prometheus_fixture import PrometheusServer, load_rule_generator, wait_until
-from test_daemon_kafka import kafka_config, payloads, sample, scrape
 
 from exporter.core.metric_table import METRICS
 from exporter.daemon import Daemon

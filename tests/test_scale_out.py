@@ -26,8 +26,8 @@ import pytest
 import yaml
 from broker_fixture import produce
 from daemon_config import make_config
+from daemon_fixture import kafka_config, payloads, sample, scrape
 from prometheus_fixture import JOB, PrometheusServer, load_rule_generator, wait_until
-from test_daemon_kafka import kafka_config, payloads, sample, scrape
 from tooling import require_binary
 
 from exporter.daemon import Daemon
@@ -114,8 +114,8 @@ def expected_counters(rows: pd.DataFrame) -> dict[tuple[str, str, str, str], flo
 
 def assigned(daemon: Daemon) -> frozenset[int]:
     """The partitions the replica's consumer holds right now (read from the test thread: a snapshot)."""
-    consumer = daemon.source.consumer
-    return frozenset(tp.partition for tp in consumer.assignment()) if consumer is not None else frozenset()
+    client = daemon.source.client
+    return frozenset(p for _, p in client.assignment()) if client is not None else frozenset()
 
 
 @dataclass

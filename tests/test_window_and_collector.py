@@ -45,7 +45,7 @@ class Harness:
 
     def feed(self, events: list[dict]) -> int:
         batch = self.decoder.decode([orjson.dumps(e) for e in events], self.clock.now)
-        late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.labels, self.clock.now)
+        late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, self.clock.now)
         self.health.late.inc(late)
         return late
 
@@ -179,9 +179,9 @@ def test_unknown_values_count_in_their_attributes_unknown_row_and_everywhere_els
     h = Harness()
     batch = h.decoder.decode([orjson.dumps(event("robot", "old", prediction=1, ts=T0 - 5)),
                               orjson.dumps(event("male", "old", prediction=0, ts=T0 - 5))], T0)  # fmt: skip
-    h.store.add(batch.timestamps, batch.codes, batch.predictions, batch.labels, T0)
+    h.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, T0)
     # a delayed label for the "robot" prediction lands in gender's unknown row and in age's "old" row
-    h.store.add_labels(batch.timestamps[:1], {k: v[:1] for k, v in batch.codes.items()}, np.array([TP]))
+    h.store.add_joined(batch.timestamps[:1], {k: v[:1] for k, v in batch.codes.items()}, np.array([TP]))
     window = h.store.layout.split(h.store.window_counts(T0)["1h"])
     assert window["gender"].tolist() == [[0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0]]  # male, female, ?
     assert window["age"].tolist() == [[0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]  # young, old, ?

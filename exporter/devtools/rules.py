@@ -51,6 +51,12 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterComputationStale": Tuning(300,  "5m",  "warning"),
     # rejected / consumed over REJECT_WINDOW > threshold
     "FairnessExporterHighRejectRate":   Tuning(0.05, "10m", "warning"),
+    # fairness_exporter_kafka_connected == 0: no broker answers this replica's consumer
+    "FairnessExporterKafkaUnreachable": Tuning(None, "5m",  "warning"),
+    # consumer errors per second over ERROR_WINDOW > threshold (a broker outage, refused commits, a bad setting)
+    "FairnessExporterConsumerErrors":   Tuning(0,    "15m", "warning"),
+    # failed checkpoints over ERROR_WINDOW > threshold: offsets stay uncommitted, a restart re-reads and loses state
+    "FairnessExporterCheckpointFailing": Tuning(0,   "10m", "warning"),
 }
 # fmt: on
 
@@ -58,6 +64,7 @@ SHIFT_RECENT = "1h"  # SubgroupPredictionRateShift compares the average over thi
 SHIFT_BASELINE = "7d"  # ... with the average over this one
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
+ERROR_WINDOW = "10m"  # FairnessExporterConsumerErrors and FairnessExporterCheckpointFailing: rate() window
 RECORDING_WINDOWS = ("1h", "24h")  # increase() windows of the fleet-wide recording rules
 REPLICA_LABELS = ("instance", "pod")  # labels that tell replicas apart; recording rules sum them away
 
@@ -202,6 +209,36 @@ def _health_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             "{{ $value | humanizePercentage }} of the events it consumed over the last "
             f"{REJECT_WINDOW} (threshold {reject:.0%}) for {fors['FairnessExporterHighRejectRate']}: "
             "the fairness metrics describe only the accepted part of the traffic.",
+        ),
+        _alert(
+            "FairnessExporterKafkaUnreachable",
+            "fairness_exporter_kafka_connected == 0",
+            fors["FairnessExporterKafkaUnreachable"],
+            f"fairness-exporter {_label('instance')} reaches no Kafka broker.",
+            f"No Kafka broker has answered the consumer of {_label('instance')} for "
+            f"{fors['FairnessExporterKafkaUnreachable']} (its /readyz says so too): its lag is unknown and its "
+            "fairness windows stop following the traffic.",
+        ),
+        _alert(
+            "FairnessExporterConsumerErrors",
+            f"rate(fairness_exporter_consumer_errors_total[{ERROR_WINDOW}]) > "
+            f"{_fmt(TUNING['FairnessExporterConsumerErrors'].threshold or 0)}",
+            fors["FairnessExporterConsumerErrors"],
+            f"fairness-exporter {_label('instance')} keeps getting Kafka consumer errors.",
+            f"The Kafka consumer of {_label('instance')} has reported errors for "
+            f"{fors['FairnessExporterConsumerErrors']} ({{{{ $value | humanize }}}}/s over {ERROR_WINDOW}): "
+            "connection failures, failed commits or a consumer being rebuilt.",
+        ),
+        _alert(
+            "FairnessExporterCheckpointFailing",
+            f"rate(fairness_exporter_checkpoint_failures_total[{ERROR_WINDOW}]) > "
+            f"{_fmt(TUNING['FairnessExporterCheckpointFailing'].threshold or 0)}",
+            fors["FairnessExporterCheckpointFailing"],
+            f"fairness-exporter {_label('instance')} cannot write its checkpoint.",
+            f"Checkpoints of {_label('instance')} have failed for {fors['FairnessExporterCheckpointFailing']} "
+            f"({{{{ $value | humanize }}}}/s over {ERROR_WINDOW}): no offset is committed meanwhile, and a "
+            "restart would resume from the last good checkpoint, "
+            "reading (not losing) the events since.",
         ),
     ]
 

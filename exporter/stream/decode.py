@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import numpy as np
 import orjson
@@ -21,10 +21,23 @@ from exporter.core.encoding import attribute_codes, code_table
 
 REJECT_REASONS: Final = (
     "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
-    "invalid_timestamp", "future_timestamp",
+    "invalid_timestamp", "future_timestamp", "invalid_prediction_id",
 )  # fmt: skip
 """Defects of the event itself. A value outside an attribute's groups (or missing) is no defect: the event counts,
 in that attribute's unknown category (code -1), exactly as the gate counts such a row."""
+MAX_PREDICTION_ID_LENGTH: Final = 256
+"""Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
+in the checkpoint until its ground truth arrives."""
+
+
+def _valid_id(pid: object) -> bool:
+    """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
+    return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
+
+
+def _binary(value: object) -> TypeGuard[int | float]:
+    """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
+    return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
 
 
 def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
@@ -53,8 +66,8 @@ class DecodedBatch:
 
     timestamps: np.ndarray
     predictions: np.ndarray
-    labels: np.ndarray
-    """-1 where the event carried no label."""
+    outcomes: np.ndarray
+    """The inline ground truth (the event's label), -1 where the event carried none."""
     prediction_ids: list[Any]
     codes: dict[str, np.ndarray]
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
@@ -103,7 +116,7 @@ class EventDecoder:
                 event = loads(raw)
             except (bad_json, TypeError):  # TypeError: a tombstone (None value)
                 event = None
-            reason = "malformed_json"
+            reason: str | None = "malformed_json"
             if event.__class__ is dict:
                 if flatten is not None:
                     event = flatten(event)
@@ -113,7 +126,8 @@ class EventDecoder:
                     continue
                 reason = None
                 t = get(k_ts)
-                ts = None
+                ts: Any = None
+                pred: Any  # pred, label and codes are set whenever reason stays None
                 if t.__class__ is str:
                     try:
                         d = fromiso(t)
@@ -134,7 +148,7 @@ class EventDecoder:
                     pred = None if score is None else int(score >= threshold)
                 else:
                     pred = get(k_pred)
-                    if pred is not None and (pred.__class__ is str or pred not in (0, 1)):
+                    if pred is not None and not _binary(pred):
                         reason = "invalid_prediction"
                 if reason is None and pred is None:
                     reason = "missing_field"
@@ -142,8 +156,12 @@ class EventDecoder:
                     label = get(k_label)
                     if label is None:
                         label = -1
-                    elif label.__class__ is str or label not in (0, 1):
+                    elif not _binary(label):
                         reason = "invalid_label"
+                if reason is None:
+                    pid = get(k_id)
+                    if not _valid_id(pid):
+                        reason = "invalid_prediction_id"
                 if reason is None:
                     attrs = get(k_attrs)
                     if attrs is None:
@@ -160,10 +178,11 @@ class EventDecoder:
                     ts_out.append(ts)
                     pred_out.append(int(pred))
                     label_out.append(int(label))
-                    ids.append(get(k_id))
-                    for column, code in zip(code_columns, codes, strict=True):
-                        column.append(code)
+                    ids.append(pid)
+                    for codes_of, code in zip(code_columns, codes, strict=True):
+                        codes_of.append(code)
                     continue
+            assert reason is not None
             rejected[reason] += 1
             if keep_rejected:
                 bad.append((raw, reason))
@@ -173,10 +192,40 @@ class EventDecoder:
         return DecodedBatch(
             timestamps=np.asarray(ts_out, dtype=np.float64),
             predictions=np.asarray(pred_out, dtype=np.int64),
-            labels=np.asarray(label_out, dtype=np.int64),
+            outcomes=np.asarray(label_out, dtype=np.int64),
             prediction_ids=ids,
             codes={a.name: attribute_codes(a, base) for a in self.config.attributes},
             rejected=rejected,
             ignored=ignored,
             rejected_payloads=bad,
         )
+
+
+@dataclass
+class DecodedOutcomes:
+    """Ground-truth events from the outcomes topic: prediction ids and their 0/1 outcomes, and how many were
+    invalid (not JSON, no usable prediction id, or an outcome that is not 0/1)."""
+
+    prediction_ids: list[str]
+    outcomes: list[int]
+    invalid: int
+
+
+def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field: str) -> DecodedOutcomes:
+    """Decode ground-truth events ``{"<id_field>": ..., "<outcome_field>": 0 or 1}``."""
+    ids: list[str] = []
+    outcomes: list[int] = []
+    invalid = 0
+    for raw in values:
+        try:
+            message = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
+        except (orjson.JSONDecodeError, TypeError):
+            message = None
+        pid = message.get(id_field) if message.__class__ is dict else None
+        outcome = message.get(outcome_field) if message.__class__ is dict else None
+        if pid is None or not _valid_id(pid) or not _binary(outcome):
+            invalid += 1
+            continue
+        ids.append(str(pid))
+        outcomes.append(int(outcome))
+    return DecodedOutcomes(ids, outcomes, invalid)

@@ -21,7 +21,7 @@ from exporter.core.fairness import N_COUNTS, outcome_columns
 
 
 @dataclass(frozen=True)
-class Layout:
+class RowLayout:
     """Where each attribute's subgroups live among the rows of the state: its groups, then one row for its unknown
     category (events whose value is outside the groups, or missing; code ``-1``)."""
 
@@ -30,7 +30,7 @@ class Layout:
     sizes: tuple[int, ...]
 
     @classmethod
-    def of(cls, config: Config) -> Layout:
+    def of(cls, config: Config) -> RowLayout:
         sizes = tuple(len(a.groups) + 1 for a in config.attributes)
         offsets = tuple(int(x) for x in np.cumsum((0, *sizes))[:-1])
         return cls(tuple(a.name for a in config.attributes), offsets, sizes)
@@ -53,7 +53,7 @@ class WindowStore:
     """The bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
 
     def __init__(self, config: Config) -> None:
-        self.layout = Layout.of(config)
+        self.layout = RowLayout.of(config)
         self.bucket_seconds = config.bucket_seconds
         self.window_buckets = {w.name: round(w.seconds / config.bucket_seconds) for w in config.windows}
         longest = max(w.seconds for w in config.windows)
@@ -63,7 +63,9 @@ class WindowStore:
         self.totals = np.zeros((self.layout.n_rows, N_COUNTS), dtype=np.int64)  # never reset: for counters
         self.head = -1  # absolute index of the newest bucket
         self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        """The one lock of the stream state: the ingest holds it to count a batch, its joins and its offsets as one
+        step; the checkpointer to copy the counts, pending predictions and offsets as one consistent state."""
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -77,13 +79,13 @@ class WindowStore:
         self.bucket_ids[stale] = -1
 
     def add(
-        self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, labels: np.ndarray,
+        self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
         now: float, offsets: dict[tuple[str, int], int] | None = None,
     ) -> int:  # fmt: skip
         """Count a decoded batch and record the Kafka offsets it covers, atomically; return how many events
         were late (and therefore not counted)."""
         buckets = self.bucket_of(timestamps)
-        predicted, outcome = outcome_columns(predictions, labels)
+        predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
             self._advance(max(int(self.bucket_of(np.array([now]))[0]), int(buckets.max(initial=-1))))
             on_time = buckets > self.head - self.n_buckets
@@ -94,8 +96,8 @@ class WindowStore:
             self.offsets.update(offsets or {})
         return late
 
-    def add_labels(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
-        """Count delayed labels in their prediction's bucket; return how many predictions had left the ring
+    def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
+        """Count joined ground truth in its prediction's bucket; return how many predictions had left the ring
         (those still count in the monotonic totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
@@ -163,6 +165,22 @@ class WindowStore:
             self.totals[...] = state["totals"]
             self.head = int(state["head"])
             self.offsets = dict(offsets)
+
+    def offsets_copy(self) -> dict[tuple[str, int], int]:
+        """The next Kafka offset after what the counts include, per (topic, partition)."""
+        with self.lock:
+            return dict(self.offsets)
+
+    def advance_offset(self, partition: tuple[str, int], offset: int) -> None:
+        """Record that everything before ``offset`` in this partition is counted (a batch that added no counts)."""
+        with self.lock:
+            self.offsets[partition] = offset
+
+    def forget_offsets(self, partitions: list[tuple[str, int]]) -> None:
+        """Drop the offsets of partitions handed to another replica or reset."""
+        with self.lock:
+            for partition in partitions:
+                self.offsets.pop(partition, None)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
