@@ -140,7 +140,7 @@ def test_a_consumer_group_reads_a_topic_recreated_on_a_broker_that_came_back_emp
     fresh_broker.restart()
     fresh_broker.create_topic("events", partitions=3)
     produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(1000, seed=8), time.time()))
-    wait_for(lambda: consumed(daemon.port) >= 1200, timeout=120, what="the 1000 events after the restart")
+    wait_for(lambda: consumed(daemon.port) >= 1200, timeout=300, what="the 1000 events after the restart")
     daemon.computer.compute()
     assert overall(daemon.port) == 1200
 
