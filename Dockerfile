@@ -8,8 +8,11 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 # ---- build: the project's wheel, installed with pinned dependencies into a virtualenv ----
 FROM ${PYTHON_IMAGE} AS build
+# PIP_BREAK_SYSTEM_PACKAGES: a Debian-packaged Python base (see `make image`) marks its pip externally managed;
+# this stage is thrown away, so installing the build backend into it is harmless.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1
 WORKDIR /src
 COPY deploy/requirements.lock ./deploy/requirements.lock
 COPY pyproject.toml README.md ./

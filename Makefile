@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-deps lint bench clean
+.PHONY: demo demo-stack image test test-deps lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,16 +21,32 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/fairness-exporter demo
 
-# Debian's prometheus package gives promtool and a real Prometheus server for the rule and end-to-end tests;
-# chromium renders the HTML reports in their test.
-test-deps: $(STAMP)
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null || { \
+# Debian packages the tests run for real: prometheus (server + promtool) and prometheus-alertmanager (+ amtool) for
+# the rule and end-to-end tests, buildah + mmdebstrap to build and run the image, chromium for the HTML reports' and the demo's screenshots.
+APT_TOOLS    := promtool prometheus amtool buildah mmdebstrap chromium
+APT_PACKAGES := prometheus prometheus-alertmanager buildah mmdebstrap chromium
+define apt_install
+	@for tool in $(1); do command -v $$tool >/dev/null || missing=1; done; [ -z "$$missing" ] || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus chromium; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(2); }
+endef
+
+test-deps: $(STAMP)
+	$(call apt_install,$(APT_TOOLS),$(APT_PACKAGES))
+
+# the demo with Prometheus, Alertmanager and a webhook sink: needs only the monitoring stack
+demo-stack: $(STAMP)
+	$(call apt_install,prometheus amtool,prometheus prometheus-alertmanager)
+	$(BIN)/fairness-exporter demo --stack
+
+# docker where its engine answers, else buildah on a Python 3.11 base made from Debian packages (tools/image.py).
+image:
+	$(PYTHON) tools/image.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy exporter
 
 test: test-deps lint
 	$(BIN)/pytest

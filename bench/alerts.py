@@ -36,7 +36,7 @@ from exporter.core.evaluate import evaluate_many
 from exporter.devtools.rules import TUNING
 from exporter.devtools.synthetic import attribute_counts, cell_counts, cell_events
 from exporter.stream.detectors import ALERT_OF_METRIC, DetectorBank
-from exporter.stream.window import Layout
+from exporter.stream.window import RowLayout
 
 ATTRIBUTES = {"a": ("a0", "a1", "a2"), "b": ("b0", "b1", "b2", "b3"), "c": ("c0", "c1", "c2", "c3", "c4")}
 SIZES = tuple(len(g) for g in ATTRIBUTES.values())
@@ -75,7 +75,7 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
     cumulative = np.cumsum(np.concatenate([before, counts]), axis=0)
     cumulative = np.concatenate([np.zeros_like(cumulative[:1]), cumulative])
     end = np.arange(len(before), len(before) + steps) + 1
-    layout = Layout.of(cfg)
+    layout = RowLayout.of(cfg)
     out = {}
     for name, metric in SEED.items():
         tuning = TUNING[name]
@@ -86,8 +86,9 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
             sums = cumulative[end] - cumulative[np.maximum(end - k, 0)]  # (steps, streams, rows, 6)
             blocks = layout.split(np.moveaxis(sums, 2, 0))
             for attribute in cfg.attributes:
-                rows = np.moveaxis(blocks[attribute.name], 0, 2).reshape(-1, 6)
-                (ev,) = evaluate_many([(stacked(attribute, steps * streams), rows)], cfg.min_samples)
+                groups = np.moveaxis(blocks[attribute.name][: len(attribute.groups)], 0, 2).reshape(-1, 6)
+                (ev,) = evaluate_many([(stacked(attribute, steps * streams), groups)], cfg.min_samples,
+                                      cfg.max_interval_widths(), cfg.exported_metrics)  # fmt: skip
                 value = ev.metric(metric)[0]
                 bad = value < tuning.threshold if metric == "disparate_impact_ratio" else value > tuning.threshold
                 beyond |= (bad & ev.sufficient(metric)).reshape(steps, streams, -1).any(axis=2)
@@ -100,7 +101,7 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
 def simulate(cfg: Config, rng: np.random.Generator, days: int, streams: int, volume: int,
              rates: np.ndarray, seed_rules: bool = True) -> Run:  # fmt: skip
     """``rates``: (days * 1440, cells) selection probabilities. Returns what fires at every step of every stream."""
-    bank = DetectorBank(cfg, Layout.of(cfg).offsets)
+    bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
     state = bank.initial_state((streams,))
     detector: dict[str, list[np.ndarray]] = {a: [] for a in {ALERT_OF_METRIC[d.metric].name for d in bank.detectors}}
     seed: dict[str, list[np.ndarray]] = {name: [] for name in SEED}
@@ -192,7 +193,7 @@ def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, b
             rates = np.full((steps, int(np.prod(SIZES))), 0.30)
             rates[steps // 2 :, CHANGED_CELLS] = 0.20
             cells = cell_counts(np.random.default_rng(1), steps, 1, SIZES, 5 * volume / 60, rates)
-            bank = DetectorBank(cfg, Layout.of(cfg).offsets)
+            bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
             _, trace = bank.advance(bank.initial_state((1,)), attribute_counts(cells, SIZES))
             alarms = trace.active[:, 0]
             first_step = int(np.argmax(alarms.any(axis=-1))) if alarms.any() else None
@@ -232,7 +233,7 @@ def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, b
 
 def run(quick: bool = False) -> Section:
     cfg = config()
-    bank = DetectorBank(cfg, Layout.of(cfg).offsets)
+    bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
     streams, days, runs = (10, 2, 8) if quick else (50, 2, 30)
     section = Section("Alerts: fair days with a page, and time to page a real change")
     section.add(__doc__.split("\n\n", 1)[1].strip())

@@ -134,10 +134,11 @@ def fairlearn_recompute(cfg: Config, df: pd.DataFrame) -> Results:
 def daemon_results(snapshot: Snapshot) -> Results:
     out = {}
     for _, ev in snapshot.evaluations:
-        g, c = ev.groups, ev.comparisons
+        g, c = ev.groups, ev.comparisons.metrics
         out[ev.attribute.name] = {"selection_rate": g.selection_rate, "tpr": g.true_positive_rate,
-                                  "fpr": g.false_positive_rate, "dpd": c.demographic_parity_difference,
-                                  "eod": c.equalised_odds_difference, "di": c.disparate_impact_ratio}  # fmt: skip
+                                  "fpr": g.false_positive_rate, "dpd": c["demographic_parity_difference"].value,
+                                  "eod": c["equalised_odds_difference"].value,
+                                  "di": c["disparate_impact_ratio"].value}  # fmt: skip
     return out
 
 

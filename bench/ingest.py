@@ -144,11 +144,6 @@ def counted(daemon: Daemon) -> int:
     return int(totals[:, PRED_POS].sum() + totals[:, PRED_NEG].sum())
 
 
-def close(daemon: Daemon) -> None:
-    """Release what a Daemon that was never started holds (its listening socket)."""
-    daemon.http.server.server_close()
-
-
 def ceiling(broker: EmbeddedBroker, n: int) -> Run:
     def decode_only(topic: str, partition: int, records: list[Any]) -> None:
         for record in records:
@@ -159,18 +154,15 @@ def ceiling(broker: EmbeddedBroker, n: int) -> Run:
 
 def daemon_path(broker: EmbeddedBroker, n: int) -> Run:
     daemon = Daemon(config(broker.bootstrap_servers))
-    try:
 
-        def handle(topic: str, partition: int, records: list[Any]) -> None:
-            daemon.health.consumed.inc(len(records))  # as KafkaSource._poll_once does
-            daemon.handle(topic, partition, records)
+    def handle(topic: str, partition: int, records: list[Any]) -> None:
+        daemon.health.consumed.inc(len(records))  # as KafkaSource._poll_once does
+        daemon.ingest.handle(topic, partition, records)
 
-        run = drain(broker, n, handle)
-        if counted(daemon) != n:
-            raise RuntimeError(f"the daemon counted {counted(daemon)} of {n} events")
-        return run
-    finally:
-        close(daemon)
+    run = drain(broker, n, handle)
+    if counted(daemon) != n:
+        raise RuntimeError(f"the daemon counted {counted(daemon)} of {n} events")
+    return run
 
 
 def shipped_source(broker: EmbeddedBroker, n: int, client_library: str = "kafka-python") -> Run:
@@ -178,25 +170,22 @@ def shipped_source(broker: EmbeddedBroker, n: int, client_library: str = "kafka-
     so it includes connecting and the first metadata round trip."""
     daemon = Daemon(config(broker.bootstrap_servers, assignment="manual", group_id=f"bench-{uuid.uuid4().hex[:8]}",
                            client_library=client_library))  # fmt: skip
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    broker_before = broker_cpu_seconds(broker.pid)
+    wall, cpu = time.perf_counter(), time.process_time()
+    daemon.source.start()
     try:
-        deadline = time.monotonic() + DRAIN_TIMEOUT
-        broker_before = broker_cpu_seconds(broker.pid)
-        wall, cpu = time.perf_counter(), time.process_time()
-        daemon.source.start()
-        try:
-            while counted(daemon) < n:
-                if time.monotonic() > deadline or not daemon.source.alive:
-                    raise TimeoutError(f"KafkaSource counted {counted(daemon)} of {n} events")
-                time.sleep(0.02)
-            timing = Timing(time.perf_counter() - wall, time.process_time() - cpu)
-            broker_used = broker_cpu_seconds(broker.pid) - broker_before
-        finally:
-            daemon.source.stop()
-        if counted(daemon) != n:
-            raise RuntimeError(f"KafkaSource counted {counted(daemon)} events, produced {n}")
-        return Run(timing, broker_used, n)
+        while counted(daemon) < n:
+            if time.monotonic() > deadline or not daemon.source.alive:
+                raise TimeoutError(f"KafkaSource counted {counted(daemon)} of {n} events")
+            time.sleep(0.02)
+        timing = Timing(time.perf_counter() - wall, time.process_time() - cpu)
+        broker_used = broker_cpu_seconds(broker.pid) - broker_before
     finally:
-        close(daemon)
+        daemon.source.stop()
+    if counted(daemon) != n:
+        raise RuntimeError(f"KafkaSource counted {counted(daemon)} events, produced {n}")
+    return Run(timing, broker_used, n)
 
 
 MICRO = ("bare `orjson.loads` loop", "`EventDecoder.decode`", "`WindowStore.add` of the decoded batches",
@@ -227,11 +216,11 @@ def micro(values: list[bytes]) -> dict[str, list[float]]:
     def count() -> None:
         now = time.time()
         for b in decoded:
-            store.add(b.timestamps, b.codes, b.predictions, b.labels, now)
+            store.add(b.timestamps, b.codes, b.predictions, b.outcomes, now)
 
     def handle() -> None:
         for _, recs in batches:
-            daemon.handle(TOPIC, 0, recs)
+            daemon.ingest.handle(TOPIC, 0, recs)
 
     variants = dict(zip(MICRO, (bare, decode, count, handle), strict=True))
     out: dict[str, list[float]] = {name: [] for name in variants}
@@ -250,7 +239,6 @@ def micro(values: list[bytes]) -> dict[str, list[float]]:
             raise RuntimeError("Daemon.handle did not count every event of the micro benchmark")
     finally:
         gc.unfreeze()
-        close(daemon)
     return out
 
 

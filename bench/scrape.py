@@ -110,7 +110,7 @@ class Ingest:
         while not self._stop.is_set() and time.monotonic() < deadline:
             records = self.batches[i % len(self.batches)]
             i += 1
-            self.daemon.handle(topic, 0, records)
+            self.daemon.ingest.handle(topic, 0, records)
             self.events += len(records)
             if self.interval:
                 due = max(due + self.interval, time.monotonic() - 1.0)  # fall behind by a second at most
@@ -191,15 +191,13 @@ def run(quick: bool = False) -> Section:
     now = time.time()
     with contextlib.ExitStack() as stack:
         daemon = Daemon(cfg)
-        stack.callback(daemon.http.server.server_close)
         health_only = Daemon(cfg)  # never computes: its /metrics has the health metrics only
-        stack.callback(health_only.http.server.server_close)
         fill(daemon, fill_events, now)
         state_bytes = daemon.store.counts.nbytes
         daemon.computer.compute()
-        for server in (daemon.http, health_only.http):
-            server.start()
-            stack.callback(server.stop)
+        for served in (daemon, health_only):
+            served.serve()
+            stack.callback(served.stop)
         daemon.scheduler.start()
         stack.callback(daemon.scheduler.shutdown, wait=True)
 

@@ -59,7 +59,7 @@ def _jsonl(path: Path, decoder: EventDecoder) -> Iterator[Columns]:
     with path.open("rb") as f:
         while lines := list(itertools.islice(f, JSONL_CHUNK)):
             batch = decoder.decode([line for line in lines if not line.isspace()], math.inf)
-            yield Columns(batch.timestamps, batch.predictions, batch.labels, batch.codes,
+            yield Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
                           sum(batch.rejected.values()), batch.ignored)  # fmt: skip
 
 
@@ -220,9 +220,11 @@ class Replay:
         for window in self.config.windows:
             by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
             for attribute in self.config.attributes:
+                n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute,
-                               np.concatenate([b[attribute.name] for b in by_attribute])))  # fmt: skip
-        results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples)
+                               np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
+        results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
+                                self.config.max_interval_widths(), self.config.exported_metrics)  # fmt: skip
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
         self._pending.clear()

@@ -11,10 +11,13 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
 from exporter.config import ConfigError, load_config
+
+if TYPE_CHECKING:
+    from exporter.gate.audit_log import Head
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
@@ -42,6 +45,23 @@ def _summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _audit_log_key() -> bytes | None:
+    from exporter.gate.audit_log import KEY_ENV
+
+    key = os.environ.get(KEY_ENV)
+    return key.encode() if key else None
+
+
+def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
+    """Append a run to the audit log (HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set); say what it recovered."""
+    from exporter.gate import audit_log
+
+    head = audit_log.append(path, entry, _audit_log_key())
+    for note in head.recovered:
+        print(f"fairness-exporter {command}: audit log {path}: {note}", file=sys.stderr)
+    return head
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
     from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
@@ -53,18 +73,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.override_justification is not None or args.override_author is not None:
         override = Override(args.override_justification or "", args.override_author or "")
     try:
-        if override and override.problems():
-            raise ConfigError("; ".join(override.problems()))
-        report = run_audit(args.config, args.predictions, override=override)
-    except (ConfigError, DataError) as exc:
-        audit_log.append(log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
-                                    "data": _file_facts(args.predictions)})  # fmt: skip
-        print(f"fairness-exporter audit: {exc}", file=sys.stderr)
+        try:
+            if override and override.problems():
+                raise ConfigError("; ".join(override.problems()))
+            report = run_audit(args.config, args.predictions, override=override)
+        except (ConfigError, DataError) as exc:
+            _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
+                                         "data": _file_facts(args.predictions)})  # fmt: skip
+            print(f"fairness-exporter audit: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
+                                            "model_id": report["model_id"], "verdict": report["verdict"],
+                                            "config": _file_facts(args.config), "data": _file_facts(args.predictions),
+                                            "override": report["override"], "report": report})  # fmt: skip
+    except audit_log.AuditLogError as exc:
+        print(f"fairness-exporter audit: --audit-log {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    head = audit_log.append(log_path, {"type": "audit", "timestamp": report["timestamp"],
-                                       "model_id": report["model_id"], "verdict": report["verdict"],
-                                       "config": _file_facts(args.config), "data": _file_facts(args.predictions),
-                                       "override": report["override"], "report": report})  # fmt: skip
     report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:
@@ -150,14 +174,18 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
 
     facts = {"config": _file_facts(args.config), "model": model}
     try:
-        report = run()
-    except (ConfigError, DataError, TargetError, ImportError) as exc:
-        audit_log.append(args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
-        print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
+        try:
+            report = run()
+        except (ConfigError, DataError, TargetError, ImportError) as exc:
+            _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
+            print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        head = _log_run(suite, args.audit_log, {"type": suite, "timestamp": report["timestamp"],
+                                                "model_id": report["model_id"], "verdict": report["verdict"],
+                                                **facts, "report": report})  # fmt: skip
+    except audit_log.AuditLogError as exc:
+        print(f"fairness-exporter {suite}: --audit-log {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    head = audit_log.append(args.audit_log, {"type": suite, "timestamp": report["timestamp"],
-                                             "model_id": report["model_id"], "verdict": report["verdict"],
-                                             **facts, "report": report})  # fmt: skip
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
@@ -196,20 +224,25 @@ def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
-    """Verify a hash-chained audit log; exit 1 when it was tampered with."""
+    """Verify a hash-chained audit log (every HMAC with $FAIRNESS_AUDIT_LOG_KEY); exit 1 when it was changed."""
     from exporter.gate import audit_log
 
     try:
-        count, problems = audit_log.verify(args.path, expect_head=args.expect_head)
+        result = audit_log.verify(args.path, expect_head=args.expect_head, key=_audit_log_key())
     except OSError as exc:
         print(f"fairness-exporter audit-log verify: {args.path}: {exc.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if problems:
-        print(f"{args.path}: TAMPERED ({len(problems)} problem(s) in {count} records)", file=sys.stderr)
-        for p in problems:
+    mode = f"keyed ({audit_log.KEYED})" if result.keyed else "plain sha256 chain"
+    for note in result.notes:
+        print(f"  note: {note}", file=sys.stderr)
+    if result.problems:
+        print(f"{args.path}: TAMPERED or damaged ({len(result.problems)} problem(s) in {result.records} records, "
+              f"checked as {mode})", file=sys.stderr)  # fmt: skip
+        for p in result.problems:
             print(f"  {p}", file=sys.stderr)
         return EXIT_BLOCKED
-    print(f"{args.path}: intact, {count} records")
+    print(f"{args.path}: intact, {result.records} records ({mode}"
+          f"{', head as expected' if args.expect_head else ', not checked against a published head'})")  # fmt: skip
     return EXIT_OK
 
 
@@ -223,14 +256,18 @@ def _configure_logging(level: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the monitoring daemon until SIGTERM/SIGINT."""
     from exporter.daemon import Daemon
+    from exporter.serve.http import ListenError
+    from exporter.stream.checkpoint import CheckpointError
 
     _configure_logging(args.log_level)
     try:
-        config = load_config(args.config)
-    except ConfigError as exc:
+        Daemon(load_config(args.config)).run_forever()
+    except (ConfigError, CheckpointError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    Daemon(config).run_forever()
+    except ListenError as exc:  # names the listen field of the config
+        print(f"fairness-exporter serve: {args.config}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 
@@ -261,7 +298,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from exporter.devtools.demo import run_demo
 
     _configure_logging(args.log_level)
-    return run_demo(port=args.port, rate=args.rate, drift_after=args.drift_after)
+    drift_after = args.drift_after if args.drift_after is not None else (60.0 if args.stack else 180.0)
+    return run_demo(port=args.port, rate=args.rate, drift_after=drift_after, stack=args.stack)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,8 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
     audit.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     audit.add_argument("--audit-log", default=os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG),
-                       help="append-only, hash-chained log of every run "
-                            f"(default: $FAIRNESS_AUDIT_LOG or {DEFAULT_AUDIT_LOG})")  # fmt: skip
+                       help="append-only, hash-chained log of every run (default: $FAIRNESS_AUDIT_LOG or "
+                            f"{DEFAULT_AUDIT_LOG}); HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set")  # fmt: skip
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
     audit.add_argument("--override-author", help="who takes responsibility for the override")
     audit.set_defaults(func=cmd_audit)
@@ -323,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     log = sub.add_parser("audit-log", help="inspect the audit log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
-    verify = log_sub.add_parser("verify", help="detect edited, reordered or deleted records")
+    verify = log_sub.add_parser("verify", help="detect edited, reordered or deleted records (with "
+                                "$FAIRNESS_AUDIT_LOG_KEY set: check every record's HMAC too)")  # fmt: skip
     verify.add_argument("path")
     verify.add_argument("--expect-head", help="the hash of the last record, as published by the last audit")
     verify.set_defaults(func=cmd_audit_log_verify)
@@ -344,8 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="local broker + synthetic drifting traffic + the daemon")
     demo.add_argument("--port", type=int, default=9108, help="metrics port (default 9108)")
     demo.add_argument("--rate", type=float, default=200.0, help="synthetic events per second (default 200)")
-    demo.add_argument("--drift-after", type=float, default=180.0,
-                      help="seconds of fair traffic before women's selection rate drops (default 180)")
+    demo.add_argument("--drift-after", type=float, default=None,
+                      help="seconds of fair traffic before women's selection rate drops (default 180, 60 with --stack)")
+    demo.add_argument("--stack", action="store_true",
+                      help="also run Prometheus with the shipped rules, Alertmanager with the example routing and a "
+                           "webhook sink that prints each page (needs `prometheus` and `alertmanager` installed)")
     demo.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo.set_defaults(func=cmd_demo)
     return parser

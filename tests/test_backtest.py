@@ -103,7 +103,6 @@ def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: d
     frame = drifting_events(hours=1.5)
     config = parse_config({**RAW_CONFIG, "listen": {"address": "127.0.0.1", "port": 0}})
     daemon = Daemon(config, registry=CollectorRegistry(), clock=Clock())
-    daemon.http.stop()
     minute = ((frame["timestamp"] - T0) // 60).astype(int)
     payloads = as_jsonl(frame, recorded["dir"] / "short.jsonl").read_bytes().splitlines()
     offset = 0
@@ -111,7 +110,7 @@ def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: d
         batch = [Record(p, offset + i) for i, p in enumerate(payloads[offset : offset + int((minute == m).sum())])]
         offset += len(batch)
         daemon.clock.now = frame["timestamp"][minute == m].max()
-        daemon.handle("predictions", 0, batch)
+        daemon.ingest.handle("predictions", 0, batch)
         daemon.computer.compute()
     from exporter.backtest import Replay, read_events
 

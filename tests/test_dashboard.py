@@ -12,6 +12,8 @@ import yaml
 from dashboard_queries import DEFAULT_VARIABLES, iter_panels, load_dashboard, panel_queries, substitute
 from tooling import require_binary
 
+from exporter.core.metric_table import METRICS
+
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "docs" / "contract.md"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -163,11 +165,8 @@ def test_queries_filter_on_the_selected_model_attribute_and_window(dashboard: di
 
 @pytest.mark.parametrize(
     ("title", "metric", "threshold"),
-    [
-        ("Demographic parity difference", "model_demographic_parity_difference", 0.05),
-        ("Equalised odds difference", "model_equalised_odds_difference", 0.05),
-        ("Disparate impact ratio", "model_disparate_impact_ratio", 0.8),
-    ],
+    # every metric of the metric table has its panel, titled after it, with its default threshold as a line
+    [(name.replace("_", " ").capitalize(), m.prometheus_name, m.default_threshold) for name, m in METRICS.items()],
 )
 def test_gap_panels_draw_their_threshold_line(
     dashboard: dict[str, Any], title: str, metric: str, threshold: float
@@ -189,6 +188,7 @@ def test_dashboard_covers_fairness_samples_and_daemon_health(dashboard: dict[str
         "model_false_positive_rate",
         "model_subgroup_samples",
         "model_subgroup_labelled_samples",
+        "model_subgroup_unknown_samples",
         "model_labelled_fraction",
         "model_comparison_insufficient_samples",
         "fairness_exporter_events_consumed_total",
@@ -215,3 +215,11 @@ def test_every_expr_is_valid_promql(tmp_path: Path) -> None:
     rule_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = subprocess.run([promtool, "check", "rules", str(rule_file)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_readme_and_the_contract_list_every_metric_of_the_table(contract_metrics: set[str]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name, metric in METRICS.items():
+        assert {metric.prometheus_name, f"{metric.prometheus_name}_lower", f"{metric.prometheus_name}_upper"} <= \
+            contract_metrics, name  # fmt: skip
+        assert f"| `{name}` |" in readme, name

@@ -17,7 +17,7 @@ from exporter.config import parse_config
 from exporter.core import detect
 from exporter.daemon import Daemon
 from exporter.stream.detectors import DetectorBank
-from exporter.stream.window import Layout
+from exporter.stream.window import RowLayout
 
 T0 = 1_800_000_000.0
 BASE_RATES = (0.02, 0.1, 0.3, 0.5)
@@ -122,7 +122,7 @@ def _bank(**overrides: object) -> DetectorBank:
                                                      {"name": "b", "groups": ["p", "q"]}],
            "bucket": "1h", "windows": ["24h"], **overrides}  # fmt: skip
     config = parse_config(raw)
-    return DetectorBank(config, Layout.of(config).offsets)
+    return DetectorBank(config, RowLayout.of(config).offsets, RowLayout.of(config).n_rows)
 
 
 @pytest.mark.parametrize("rate", BASE_RATES)
@@ -145,7 +145,7 @@ def test_a_gap_of_twice_the_threshold_pages_within_the_hour_at_2000_events_per_g
     config = parse_config({"model_id": "m", "protected_attributes": [
         {"name": "a", "groups": list("xyz")}, {"name": "b", "groups": list("pqrs")},
         {"name": "c", "groups": list("ghijk")}]})  # fmt: skip
-    bank = DetectorBank(config, Layout.of(config).offsets)
+    bank = DetectorBank(config, RowLayout.of(config).offsets, RowLayout.of(config).n_rows)
     runs = 40
     rng = np.random.default_rng(5)
     state, _ = bank.advance(bank.initial_state((runs,)), _fair_steps(rng, (240, runs), bank.n_rows, 33, 0.3))
@@ -166,7 +166,7 @@ def test_detector_state_survives_a_restart_without_reset_or_double_count(tmp_pat
 
     def daemon() -> Daemon:
         d = Daemon(make_config(checkpoint=cp), registry=CollectorRegistry(), clock=Clock())
-        d.http.stop()
+        d.checkpointer.restore()  # what start() does first
         return d
 
     def batch(minute: int, female_positives: int) -> list:
@@ -180,13 +180,13 @@ def test_detector_state_survives_a_restart_without_reset_or_double_count(tmp_pat
     for minute in range(5):
         for d in (steady, restarted):
             d.clock.now = T0 + 60 * minute
-            d.handle("predictions", 0, batch(minute, 8))
+            d.ingest.handle("predictions", 0, batch(minute, 8))
             d.computer.compute()
-    restarted.handle("predictions", 0, batch(5, 8))  # counted, not yet stepped, then checkpointed
-    restarted.write_checkpoint()
+    restarted.ingest.handle("predictions", 0, batch(5, 8))  # counted, not yet stepped, then checkpointed
+    restarted.checkpointer.write()
     resumed = daemon()
     assert resumed.store.detection.steps == 5
-    steady.handle("predictions", 0, batch(5, 8))
+    steady.ingest.handle("predictions", 0, batch(5, 8))
     for d in (steady, resumed):
         d.clock.now = T0 + 60 * 6
         d.computer.compute()
@@ -204,11 +204,10 @@ def test_detector_statistics_and_the_alarm_level_are_on_metrics() -> None:
     from test_labels_and_checkpoint import value
 
     d = Daemon(make_config(), registry=CollectorRegistry(), clock=Clock())
-    d.http.stop()
     payloads = [event("male", prediction=int(i < 30), ts=T0, prediction_id=f"m{i}") for i in range(40)]
     payloads += [event("female", prediction=int(i < 5), ts=T0, prediction_id=f"f{i}") for i in range(40)]
     d.computer.compute()  # the first step, before any event
-    d.handle("predictions", 0, records(payloads))
+    d.ingest.handle("predictions", 0, records(payloads))
     d.clock.now = T0 + 60
     pair = {"attribute": "gender", "dimension": "male_vs_female", "group_a": "male", "group_b": "female"}
     up = value(d, "fairness_detector_statistic", **pair, metric="demographic_parity_difference",

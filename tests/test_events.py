@@ -23,7 +23,7 @@ def test_valid_events_become_columns_with_codes_per_attribute() -> None:
                    event("female", "old", 1, ts="2027-01-15T07:00:00Z"))  # fmt: skip
     assert len(batch) == 3 and not batch.rejected and batch.ignored == 0
     assert batch.predictions.tolist() == [1, 0, 1]
-    assert batch.labels.tolist() == [1, -1, -1]
+    assert batch.outcomes.tolist() == [1, -1, -1]
     assert batch.codes["gender"].tolist() == [0, 1, 1]
     assert batch.codes["age"].tolist() == [1, 0, 1]
     assert batch.timestamps.tolist() == [NOW, NOW, NOW - 3600]  # NOW is 2027-01-15T08:00:00Z
@@ -44,12 +44,15 @@ def test_timestamps_accept_iso_8601_and_epoch_seconds() -> None:
         (b"[1, 2]", "malformed_json"),
         (event(prediction=2), "invalid_prediction"),
         (event(prediction="1"), "invalid_prediction"),
+        (event(prediction=True), "invalid_prediction"),
+        (event(label=False), "invalid_label"),
+        (event(prediction_id="p" * 257), "invalid_prediction_id"),
+        (event(prediction_id={"id": 1}), "invalid_prediction_id"),
         (event(label=3), "invalid_label"),
         (event(score=1.5), "invalid_score"),
         (event(ts="yesterday"), "invalid_timestamp"),
         (event(ts=NOW + 3600), "future_timestamp"),
-        (event(gender="robot"), "unknown_attribute_value"),
-        ({"model_id": "m1", "timestamp": NOW, "prediction": 1}, "missing_field"),
+        ({"model_id": "m1", "timestamp": NOW, "prediction": 1, "attributes": "male"}, "missing_field"),
         ({"model_id": "m1", "timestamp": NOW, "attributes": {"gender": "male", "age": "old"}}, "missing_field"),
     ],
 )
@@ -63,6 +66,16 @@ def test_each_kind_of_bad_event_is_rejected_under_its_reason(payload: object, re
 def test_other_models_are_ignored_not_rejected() -> None:
     batch = decode(event(model_id="m2"), event())
     assert (batch.ignored, len(batch), sum(batch.rejected.values())) == (1, 1, 0)
+
+
+def test_unknown_or_missing_values_leave_only_that_attribute_as_the_gate_does() -> None:
+    no_gender = event()
+    del no_gender["attributes"]["gender"]
+    no_attributes = {k: v for k, v in event().items() if k != "attributes"}
+    batch = decode(event(gender="robot"), no_gender, no_attributes, event(gender="female"))
+    assert not batch.rejected and len(batch) == 4  # no defect of the event: all four count overall
+    assert batch.codes["gender"].tolist() == [-1, -1, -1, 1]  # -1: gender's unknown category
+    assert batch.codes["age"].tolist() == [0, 0, -1, 0]  # age still counts the first two
 
 
 def test_unknown_values_map_to_other_when_configured() -> None:
@@ -116,4 +129,7 @@ def test_arbitrary_json_events_are_accepted_only_when_valid(payload: dict) -> No
     assert len(batch) + batch.ignored + sum(batch.rejected.values()) == 1
     if len(batch):
         assert payload["model_id"] == "m1" and payload["prediction"] in (0, 1)
-        assert batch.codes["gender"][0] in (0, 1) and batch.labels[0] in (-1, 0, 1)
+        assert not isinstance(payload["prediction"], bool) and not isinstance(payload["label"], bool)
+        gender = payload["attributes"].get("gender") if isinstance(payload["attributes"], dict) else None
+        expected = {"male": 0, "female": 1}.get(gender) if isinstance(gender, str) else -1
+        assert batch.codes["gender"][0] == (-1 if expected is None else expected) and batch.outcomes[0] in (-1, 0, 1)

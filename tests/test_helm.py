@@ -2,8 +2,8 @@
 
 Every scenario in deploy/helm/fairness-exporter/ci/ is linted with `helm lint --strict`, rendered with
 `helm template`, and its core objects validated with kubernetes-validate in strict mode. kubernetes-validate
-has no schemas for the prometheus-operator CRDs (it only warns about them, it has no option to fail or skip),
-so ServiceMonitor and PrometheusRule are left out of that step and their shape is checked here instead.
+has no schemas for the prometheus-operator CRDs (it only warns about them, it has no option to fail or skip), so
+ServiceMonitor, PrometheusRule and AlertmanagerConfig are left out of that step and their shape is checked here.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "fairness-exporter"
 RULES_FILE = ROOT / "rules" / "fairness-exporter.rules.yaml"
 DASHBOARD_FILE = ROOT / "deploy" / "grafana" / "fairness.json"
+ALERTMANAGER_FILE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CI = {path.name.removesuffix("-values.yaml"): path for path in CI_VALUES}
 RELEASE, NAMESPACE = "fx", "monitoring"
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 RULE_KEYS = {"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 # The oldest Kubernetes minor validated against, besides the newest one kubernetes-validate knows.
@@ -388,6 +389,52 @@ def test_rendered_config_is_accepted_by_the_daemon(helm: str, scenario: str, mon
         monkeypatch.setenv(name, "from-a-secret")
     config = parse_config(raw, f"{scenario} ConfigMap")
     assert config.listen_port == container(render(helm, scenario))["ports"][0]["containerPort"]
+
+
+MATCHER = re.compile(r'^(\w+)(=~|!~|!=|=)"(.*)"$')
+ROUTE_KEYS = {"receiver": "receiver", "group_by": "groupBy", "group_wait": "groupWait",
+              "group_interval": "groupInterval", "repeat_interval": "repeatInterval"}  # fmt: skip
+
+
+def crd_matchers(matchers: list[str]) -> list[dict[str, str]]:
+    """Alertmanager's `name=~"value"` matcher strings in the AlertmanagerConfig CRD's shape."""
+    parsed = [MATCHER.match(m) for m in matchers]
+    assert all(parsed), matchers
+    return [{"name": m[1], "matchType": m[2], "value": m[3]} for m in parsed if m]
+
+
+def crd_route(route: dict[str, Any]) -> dict[str, Any]:
+    converted = {crd: route[key] for key, crd in ROUTE_KEYS.items() if key in route}
+    if "matchers" in route:
+        converted["matchers"] = crd_matchers(route["matchers"])
+    if "routes" in route:
+        converted["routes"] = [crd_route(child) for child in route["routes"]]
+    return converted
+
+
+def test_alertmanagerconfig_is_off_by_default(helm: str) -> None:
+    assert not of_kind(render(helm, "default"), "AlertmanagerConfig")
+
+
+def test_alertmanagerconfig_routes_as_the_shipped_alertmanager_yml(helm: str) -> None:
+    """Same routes, matchers, grouping, timers, inhibitions and receiver names as deploy/alertmanager/."""
+    plain = yaml.safe_load(ALERTMANAGER_FILE.read_text())
+    crd = only(render(helm, "alertmanager-config"), "AlertmanagerConfig")
+    assert crd["apiVersion"] == "monitoring.coreos.com/v1alpha1"
+    assert crd["metadata"]["labels"]["alertmanagerConfig"] == "fairness"
+    assert crd["spec"]["route"] == crd_route(plain["route"])
+    assert crd["spec"]["inhibitRules"] == [
+        {"sourceMatch": crd_matchers(rule["source_matchers"]), "targetMatch": crd_matchers(rule["target_matchers"]),
+         "equal": rule["equal"]} for rule in plain["inhibit_rules"]
+    ]  # fmt: skip
+    assert [r["name"] for r in crd["spec"]["receivers"]] == [r["name"] for r in plain["receivers"]]
+
+
+def test_alertmanagerconfig_receivers_come_from_values(helm: str) -> None:
+    crd = only(render(helm, "alertmanager-config"), "AlertmanagerConfig")
+    page = next(r for r in crd["spec"]["receivers"] if r["name"] == "fairness-page")
+    assert page == {"name": "fairness-page",
+                    "pagerdutyConfigs": [{"routingKey": {"name": "pagerduty-fairness", "key": "routing-key"}}]}
 
 
 @scenarios

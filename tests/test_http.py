@@ -1,19 +1,25 @@
-"""The HTTP edge: landing page, /healthz, /readyz, 404s, and TLS on the metrics port."""
+"""The HTTP edge: landing page, /healthz, /readyz, 404s, methods, gzip, OpenMetrics and TLS on the metrics port."""
 
 from __future__ import annotations
 
 import gzip
+import http.client
+import socket
 import ssl
 import subprocess
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from tooling import require_binary
 
-from exporter.serve.collector import CachedExposition
+from exporter.serve.collector import CachedExposition, Rendered, gzip_one_member
 from exporter.serve.http import HttpServer, make_app
 
 
@@ -51,14 +57,10 @@ def test_endpoints() -> None:
 
 
 def test_tls_on_the_metrics_port(tmp_path: Path) -> None:
-    openssl = require_binary("openssl")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)  # fmt: skip
-    server = serve(ready=True, cert=str(cert), key=str(key))
+    tls = _self_signed(tmp_path)
+    server = serve(ready=True, **tls)
     try:
-        context = ssl.create_default_context(cafile=str(cert))
+        context = ssl.create_default_context(cafile=tls["cert"])
         status, body = get(f"https://127.0.0.1:{server.port}/metrics", context)
         assert status == 200 and "demo_events_total 3.0" in body
         with pytest.raises(urllib.error.URLError):
@@ -67,7 +69,8 @@ def test_tls_on_the_metrics_port(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_gzipped_page_is_the_plain_page_in_two_gzip_members() -> None:
+def _computed_server(tls: dict[str, str] | None = None) -> HttpServer:
+    """The real HTTP server over a real snapshot of the test config (every fairness family present, zeros)."""
     from daemon_config import make_config
 
     from exporter.serve.self_metrics import Health
@@ -78,9 +81,108 @@ def test_gzipped_page_is_the_plain_page_in_two_gzip_members() -> None:
     registry = CollectorRegistry()
     exposition = CachedExposition("1s")
     Computer(config, WindowStore(config), Health(registry), on_snapshot=exposition.update).compute()
-    plain, zipped = exposition.page(registry, ""), exposition.page(registry, "gzip, deflate")
-    assert plain[1] is False and zipped[1] is True
-    assert gzip.decompress(zipped[0]) == plain[0]  # one stream, as Prometheus' Go reader sees it
-    text = plain[0].decode()
-    assert "fairness_exporter_events_consumed_total 0.0" in text  # live health first
-    assert 'model_subgroup_samples{attribute="gender",model_id="m1",subgroup="male",window="1h"} 0.0' in text
+    app = make_app(registry, exposition, "m1", healthy=lambda: (True, "running"), ready=lambda: (True, "serving"))
+    server = HttpServer(app, "127.0.0.1", 0, *((tls["cert"], tls["key"]) if tls else ()))
+    server.start()
+    return server
+
+
+def request(server: HttpServer, method: str = "GET", path: str = "/metrics",
+            **headers: str) -> tuple[http.client.HTTPResponse, bytes]:  # fmt: skip
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        connection.request(method, path, headers={k.replace("_", "-"): v for k, v in headers.items()})
+        response = connection.getresponse()
+        return response, response.read()
+    finally:
+        connection.close()
+
+
+SAMPLES = 'model_subgroup_samples{attribute="gender",model_id="m1",subgroup="male",window="1h"} 0.0'
+
+
+def test_gzipped_page_is_one_gzip_member_holding_the_whole_page() -> None:
+    server = _computed_server()
+    try:
+        response, zipped = request(server, Accept_Encoding="gzip")
+        plain = request(server)[1]
+    finally:
+        server.stop()
+    assert response.getheader("Content-Encoding") == "gzip"
+    # a single-member decoder (curl --compressed, urllib3) reads the first member and stops there
+    first_member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    text = first_member.decompress(zipped)
+    assert first_member.eof and first_member.unused_data == b""
+    assert text == plain
+    assert "fairness_exporter_events_consumed_total 0.0" in text.decode()  # the live health, first
+    assert SAMPLES in text.decode()  # the cached fairness series, in the same member
+
+
+@settings(max_examples=200, deadline=None)
+@given(head=st.binary(max_size=5000), tail=st.binary(max_size=70_000) | st.just(b"x" * 200_000))
+def test_a_live_part_and_a_cached_deflate_stream_join_into_one_gzip_member(head: bytes, tail: bytes) -> None:
+    joined = gzip_one_member(head, Rendered.of(tail))
+    first_member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    assert first_member.decompress(joined) == head + tail  # the CRC-32 and length in the trailer are checked too
+    assert first_member.eof and first_member.unused_data == b""
+
+
+def test_openmetrics_is_served_when_asked_for() -> None:
+    server = _computed_server()
+    try:
+        response, body = request(server, Accept="application/openmetrics-text; version=1.0.0; charset=utf-8")
+        zipped_response, zipped = request(server, Accept="application/openmetrics-text", Accept_Encoding="gzip")
+        text_response = request(server, Accept="text/plain;version=0.0.4")[0]
+    finally:
+        server.stop()
+    assert response.getheader("Content-Type").startswith("application/openmetrics-text; version=1.0.0")
+    assert text_response.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
+    text = body.decode()
+    assert text.endswith("\n# EOF\n") and text.count("# EOF") == 1  # one page, not two concatenated
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # the OpenMetrics parser accepts it
+    assert families["fairness_exporter_events_consumed"].type == "counter"
+    samples = [s for s in families["model_subgroup_samples"].samples
+               if s.labels == {"attribute": "gender", "model_id": "m1", "subgroup": "male", "window": "1h"}]
+    assert [s.value for s in samples] == [0.0]
+    assert gzip.decompress(zipped) == body and zipped_response.getheader("Content-Encoding") == "gzip"
+
+
+def test_head_has_no_body_and_other_methods_are_refused() -> None:
+    server = _computed_server()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:  # http.client reads no body
+            raw.sendall(b"HEAD /metrics HTTP/1.0\r\n\r\n")                          # after HEAD, whatever is sent
+            head = b"".join(iter(lambda: raw.recv(65536), b""))
+        get_length = len(request(server)[1])
+        post, post_body = request(server, "POST")
+        delete = request(server, "DELETE", "/healthz")[0]
+    finally:
+        server.stop()
+    headers, _, body = head.partition(b"\r\n\r\n")
+    assert headers.startswith(b"HTTP/1.0 200 OK") and body == b""
+    assert f"Content-Length: {get_length}".encode() in headers
+    assert post.status == 405 and post.getheader("Allow") == "GET, HEAD" and b"POST" in post_body
+    assert delete.status == 405
+
+
+def _self_signed(tmp_path: Path) -> dict[str, str]:
+    openssl = require_binary("openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)  # fmt: skip
+    return {"cert": str(cert), "key": str(key)}
+
+
+def test_an_idle_connection_does_not_hold_up_tls_probes(tmp_path: Path) -> None:
+    tls = _self_signed(tmp_path)
+    server = serve(ready=True, **tls)
+    idle = socket.create_connection(("127.0.0.1", server.port))  # connects, never sends a ClientHello
+    try:
+        context = ssl.create_default_context(cafile=tls["cert"])
+        for path in ("/healthz", "/metrics"):  # before the fix both timed out while the idle client stayed
+            status, body = get(f"https://127.0.0.1:{server.port}{path}", context)
+            assert status == 200 and body.startswith("ok:" if path == "/healthz" else "# HELP")
+    finally:
+        idle.close()
+        server.stop()

@@ -1,12 +1,13 @@
 """Delayed labels join their prediction's bucket; checkpoints restore state exactly and refuse a changed layout.
 
-These drive Daemon.handle with in-memory records (the consumer thread's entry point); the same paths run against
+These drive the daemon's Ingest.handle with in-memory records (the source's handler); the same paths run against
 the real broker in test_daemon_kafka.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,18 +42,14 @@ def records(payloads: list[dict], start: int = 0) -> list[Record]:
 
 
 @pytest.fixture
-def make_daemon(tmp_path: Path) -> Iterator:
-    made: list[Daemon] = []
-
+def make_daemon(tmp_path: Path) -> Callable[..., Daemon]:
     def make(**overrides: object) -> Daemon:
         config = make_config(kafka={"labels_topic": "labels"}, **overrides)
         daemon = Daemon(config, registry=CollectorRegistry(), clock=Clock())
-        made.append(daemon)
+        daemon.checkpointer.restore()  # what start() does first
         return daemon
 
-    yield make
-    for d in made:
-        d.http.stop()
+    return make
 
 
 def value(daemon: Daemon, name: str, **labels: str) -> float | None:
@@ -77,12 +74,12 @@ def labels_for(prefix: str, labels: list[int]) -> list[dict]:
 
 def test_delayed_labels_are_counted_in_the_bucket_of_the_prediction(make_daemon) -> None:
     d = make_daemon()
-    d.handle("predictions", 0, records(predictions(5, 10, "male", "m")))
+    d.ingest.handle("predictions", 0, records(predictions(5, 10, "male", "m")))
     group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
     assert value(d, "model_subgroup_labelled_samples", **group) == 0
     assert value(d, "fairness_exporter_pending_predictions") == 10
     d.clock.now = T0 + 1800  # labels arrive 30 minutes later
-    d.handle("labels", 0, records(labels_for("m", [1, 1, 1, 0, 0, 1, 0, 0, 0, 0])))
+    d.ingest.handle("labels", 0, records(labels_for("m", [1, 1, 1, 0, 0, 1, 0, 0, 0, 0])))
     # predicted 1 for m0..m4: TP m0-m2, FP m3-m4; predicted 0 for m5..m9: FN m5, TN m6-m9
     assert value(d, "model_true_positive_rate", **group) == 0.75
     assert value(d, "model_false_positive_rate", **group) == pytest.approx(2 / 6)
@@ -94,16 +91,16 @@ def test_delayed_labels_are_counted_in_the_bucket_of_the_prediction(make_daemon)
 def test_labels_before_predictions_duplicates_and_unknowns_are_accounted(make_daemon) -> None:
     d = make_daemon(label_horizon="1h")
     duplicate, invalid = {"prediction_id": "x0", "label": 1}, {"prediction_id": "bad", "label": "yes"}
-    d.handle("labels", 0, records([*labels_for("x", [1, 0]), duplicate, invalid]))
-    d.handle("predictions", 0, records(predictions(1, 2, "female", "x")))  # the orphans join now
+    d.ingest.handle("labels", 0, records([*labels_for("x", [1, 0]), duplicate, invalid]))
+    d.ingest.handle("predictions", 0, records(predictions(1, 2, "female", "x")))  # the orphans join now
     group = {"attribute": "gender", "window": "1h", "subgroup": "female"}
     assert value(d, "model_subgroup_labelled_samples", **group) == 2
-    assert value(d, "fairness_exporter_labels_expired_total", reason="duplicate_label") == 1
-    assert value(d, "fairness_exporter_labels_expired_total", reason="invalid_label_event") == 1
-    d.handle("labels", 0, records([{"prediction_id": "ghost", "label": 1}], start=10))
-    d.handle("predictions", 0, records(predictions(0, 3, "female", "never", ts=T0), start=10))
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="duplicate_label") == 1
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="invalid_label_event") == 1
+    d.ingest.handle("labels", 0, records([{"prediction_id": "ghost", "label": 1}], start=10))
+    d.ingest.handle("predictions", 0, records(predictions(0, 3, "female", "never", ts=T0), start=10))
     d.clock.now = T0 + 2 * 3600  # past the horizon: the ghost label and the unlabelled predictions expire
-    d.handle("predictions", 0, records([event("male", ts=d.clock.now, label=1)], start=20))
+    d.ingest.expire()  # on the daemon's timer, with or without traffic
     assert value(d, "fairness_exporter_labels_expired_total", reason="unknown_prediction") == 1
     assert value(d, "fairness_exporter_labels_expired_total", reason="never_labelled") == 3
 
@@ -111,22 +108,22 @@ def test_labels_before_predictions_duplicates_and_unknowns_are_accounted(make_da
 def test_checkpoint_restores_counts_offsets_and_pending_labels(make_daemon, tmp_path: Path) -> None:
     cp = {"path": str(tmp_path / "state"), "interval": "30s"}
     d1 = make_daemon(checkpoint=cp)
-    d1.handle("predictions", 1, records(predictions(3, 8, "male", "a")))
-    d1.handle("predictions", 2, records(predictions(1, 4, "female", "b"), start=100))
-    d1.write_checkpoint()
+    d1.ingest.handle("predictions", 1, records(predictions(3, 8, "male", "a")))
+    d1.ingest.handle("predictions", 2, records(predictions(1, 4, "female", "b"), start=100))
+    d1.checkpointer.write()
     d2 = make_daemon(checkpoint=cp)
     assert d2.store.offsets == {("predictions", 1): 8, ("predictions", 2): 104}
-    assert d2.source.resume == d2.store.offsets
-    assert len(d2.labels.pending) == 12
+    assert d2.checkpointer.committable() == d2.store.offsets
+    assert len(d2.joins.pending) == 12
     group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
     assert value(d2, "model_positive_prediction_rate", **group) == 3 / 8
-    d2.handle("labels", 0, records(labels_for("a", [1] * 8)))
+    d2.ingest.handle("labels", 0, records(labels_for("a", [1] * 8)))
     assert value(d2, "model_true_positive_rate", **group) == 3 / 8
 
 
 def test_checkpoint_from_another_layout_is_refused(make_daemon, tmp_path: Path) -> None:
     cp = {"path": str(tmp_path / "state")}
-    make_daemon(checkpoint=cp).write_checkpoint()
+    make_daemon(checkpoint=cp).checkpointer.write()
     with pytest.raises(CheckpointError, match=r"attributes differ.*move the file away"):
         make_daemon(checkpoint=cp, protected_attributes=[{"name": "gender", "groups": ["male", "female", "x"]}])
     with pytest.raises(CheckpointError, match="windows differ"):
@@ -135,9 +132,80 @@ def test_checkpoint_from_another_layout_is_refused(make_daemon, tmp_path: Path) 
 
 def test_checkpoint_is_written_atomically(make_daemon, tmp_path: Path) -> None:
     d = make_daemon(checkpoint={"path": str(tmp_path)})
-    d.handle("predictions", 0, records(predictions(1, 2, "male", "a")))
-    d.write_checkpoint()
+    d.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "a")))
+    d.checkpointer.write()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m1.checkpoint.npz"]
     (tmp_path / "m1.checkpoint.npz").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="unreadable checkpoint"):
         make_daemon(checkpoint={"path": str(tmp_path)})
+
+
+def test_a_duplicate_prediction_id_replaces_the_waiting_one_and_is_counted(make_daemon) -> None:
+    d = make_daemon()
+    d.ingest.handle("predictions", 0, records([event("male", prediction=1, ts=T0 - 60, prediction_id="same"),
+                                               event("female", prediction=0, ts=T0 - 60, prediction_id="same")]))
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="duplicate_prediction") == 1
+    assert value(d, "fairness_exporter_pending_predictions") == 1
+    d.ingest.handle("labels", 0, records([{"prediction_id": "same", "label": 1}]))
+    # the label joins the later prediction (female, predicted 0): a false negative for women
+    assert value(d, "model_subgroup_labelled_samples", attribute="gender", window="1h", subgroup="female") == 1
+    assert value(d, "model_subgroup_labelled_samples", attribute="gender", window="1h", subgroup="male") == 0
+
+
+def test_pending_ids_are_bounded_and_stored_compactly(make_daemon, tmp_path: Path) -> None:
+    cp = {"path": str(tmp_path)}
+    d = make_daemon(checkpoint=cp)
+    d.checkpointer.write()
+    empty = (tmp_path / "m1.checkpoint.npz").stat().st_size
+    ids = [f"id-{i}" for i in range(199)]
+    d.ingest.handle("predictions", 0, records([event(ts=T0 - 60, prediction_id=pid) for pid in ids]
+                                              + [event(ts=T0 - 60, prediction_id="x" * 250_000)]))  # fmt: skip
+    assert value(d, "fairness_exporter_events_rejected_total", reason="invalid_prediction_id") == 1
+    assert value(d, "fairness_exporter_pending_predictions") == 199
+    d.ingest.handle("predictions", 0, records([event(ts=T0 - 60, prediction_id="y" * 256)], start=200))
+    d.checkpointer.write()
+    # 200 ids, one of them 256 characters: a fixed-width array would add 200 * 256 * 4 = 204,800 bytes
+    assert (tmp_path / "m1.checkpoint.npz").stat().st_size - empty < 10_000
+    restored = make_daemon(checkpoint=cp)
+    assert sorted(restored.joins.pending) == sorted([*ids, "y" * 256])
+
+
+def test_a_failed_checkpoint_is_counted_leaves_no_temp_file_and_commits_nothing_new(make_daemon,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    d = make_daemon(checkpoint={"path": str(tmp_path)})
+    d.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "a")))
+    d.checkpointer.write()
+    assert d.checkpointer.committable() == {("predictions", 0): 2}
+    d.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "b"), start=2))
+    (tmp_path / "m1.checkpoint.npz").unlink()
+    (tmp_path / "m1.checkpoint.npz").mkdir()  # the rename onto it fails after the temp file is written
+    (tmp_path / "m1.checkpoint.npz" / "keep").touch()
+    d.checkpointer.flush()  # logs, does not raise
+    assert value(d, "fairness_exporter_checkpoint_failures_total") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m1.checkpoint.npz"]
+    assert d.checkpointer.committable() == {("predictions", 0): 2}  # not 4: those events are not durable
+
+
+def test_the_constructor_does_no_io_start_restores_and_binds(tmp_path: Path) -> None:
+    (tmp_path / "m1.checkpoint.npz").write_bytes(b"garbage")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = make_config(checkpoint={"path": str(tmp_path)}, listen={"address": "127.0.0.1", "port": port})
+        daemon = Daemon(config, registry=CollectorRegistry())  # neither the checkpoint nor the port is touched
+        assert daemon.http is None
+        with pytest.raises(CheckpointError, match="unreadable checkpoint"):
+            daemon.start()  # the checkpoint is read first, before anything is bound or started
+    assert not daemon.source.alive and not daemon.scheduler.running
+
+
+def test_a_dead_letter_producer_that_cannot_be_made_drops_the_dead_letters_not_the_batch() -> None:
+    # a consumer-only setting in kafka.client, which KafkaProducer refuses (ValueError)
+    config = make_config(kafka={"dead_letter_topic": "dlq", "client": {"session_timeout_ms": 6000}})
+    d = Daemon(config, registry=CollectorRegistry(), clock=Clock())
+    d.ingest.handle("predictions", 0, [Record(b"{broken", 0), *records(predictions(1, 3, "male", "a"), start=1)])
+    assert value(d, "fairness_exporter_dead_letters_failed_total", reason="no_producer") == 1
+    assert value(d, "fairness_exporter_events_rejected_total", reason="malformed_json") == 1
+    assert value(d, "model_subgroup_samples", attribute="gender", window="1h", subgroup="male") == 3
+    assert d.store.offsets == {("predictions", 0): 4}

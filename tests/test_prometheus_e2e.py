@@ -23,10 +23,11 @@ import pandas as pd
 import pytest
 from broker_fixture import produce
 from daemon_config import make_config
+from daemon_fixture import kafka_config, sample, scrape
 from dashboard_queries import panel_queries
 from prometheus_fixture import PrometheusServer, load_rule_generator, wait_until
-from test_daemon_kafka import kafka_config, sample, scrape
 
+from exporter.core.metric_table import METRICS
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 
@@ -128,12 +129,15 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
     """A daemon on its own topic, a Prometheus scraping it with the rules (every `for:` 5s), then the traffic."""
     topic = f"prometheus-e2e-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=3)
+    # every metric of the table, so every dashboard panel has data (precision rule off: a few hundred events);
     # 5-second buckets: the detectors take a step every 5 s (their alarm level follows from the bucket).
-    daemon = Daemon(make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python"), bucket="5s",
-                                unknown_values="other", protected_attributes=[
-                                    {"name": "gender", "groups": ["male", "female"]},
-                                    {"name": "age", "groups": ["young", "old"]},
-                                    {"name": "site", "groups": list(SMALL_PAIR)}]))  # fmt: skip
+    every_metric = [{"name": name, "threshold": m.default_threshold, "max_interval_width": 1}
+                    for name, m in METRICS.items()]  # fmt: skip
+    daemon = Daemon(make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python",
+                                               metrics=every_metric), bucket="5s", unknown_values="other",
+                                protected_attributes=[{"name": "gender", "groups": ["male", "female"]},
+                                                      {"name": "age", "groups": ["young", "old"]},
+                                                      {"name": "site", "groups": list(SMALL_PAIR)}]))  # fmt: skip
     daemon.start()
     rules = load_rule_generator().rule_file(for_durations="5s")
     directory: Path = tmp_path_factory.mktemp("prometheus")

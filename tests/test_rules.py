@@ -29,7 +29,8 @@ for _group in COMMITTED["spec"]["groups"]:
     for _rule in _group["rules"]:
         RULES_BY_KIND["alert" if "alert" in _rule else "record"].append(_rule)
 ALERTS = {rule["alert"]: rule for rule in RULES_BY_KIND["alert"]}
-CONSTANT_VALUE = {"FairnessExporterDown", "FairnessExporterAbsent"}  # up == 0 and absent() are always 0 / 1
+CONSTANT_VALUE = {"FairnessExporterDown", "FairnessExporterAbsent",  # up == 0 and absent() are always 0 / 1
+                  "FairnessExporterKafkaUnreachable"}  # fairness_exporter_kafka_connected == 0
 
 
 def _seconds(duration: str) -> int:

@@ -125,7 +125,8 @@ def test_cli_exit_codes_report_and_audit_log(tmp_path: Path, capsys: pytest.Capt
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["type"] for r in records] == ["safety", "safety", "safety_error", "safety_error"]
     assert records[1]["report"]["verdict"] == "FAIL"
-    assert audit_log.verify(log) == (4, [])
+    result = audit_log.verify(log)
+    assert (result.records, result.problems) == (4, [])
     assert main(["audit-log", "verify", str(log)]) == 0
 
 

@@ -26,8 +26,8 @@ import pytest
 import yaml
 from broker_fixture import produce
 from daemon_config import make_config
+from daemon_fixture import kafka_config, payloads, sample, scrape
 from prometheus_fixture import JOB, PrometheusServer, load_rule_generator, wait_until
-from test_daemon_kafka import kafka_config, payloads, sample, scrape
 from tooling import require_binary
 
 from exporter.daemon import Daemon
@@ -114,8 +114,8 @@ def expected_counters(rows: pd.DataFrame) -> dict[tuple[str, str, str, str], flo
 
 def assigned(daemon: Daemon) -> frozenset[int]:
     """The partitions the replica's consumer holds right now (read from the test thread: a snapshot)."""
-    consumer = daemon.source.consumer
-    return frozenset(tp.partition for tp in consumer.assignment()) if consumer is not None else frozenset()
+    client = daemon.source.client
+    return frozenset(p for _, p in client.assignment()) if client is not None else frozenset()
 
 
 @dataclass
@@ -221,6 +221,9 @@ def fleet_values(rows: pd.DataFrame, window: str) -> list[tuple[str, dict[str, s
     for attribute in GROUPS:
         c = counts(rows, attribute)
         rate = c.n1 / (c.n1 + c.n0)
+        # the other rates of the core, as PromQL divides the summed counts
+        rates = {"true_positive_rate": c.tp / (c.tp + c.fn), "false_positive_rate": c.fp / (c.fp + c.tn),
+                 "precision": c.tp / (c.tp + c.fp), "accuracy": (c.tp + c.tn) / (c.tp + c.fp + c.tn + c.fn)}
         for subgroup in GROUPS[attribute]:
             at = {"attribute": attribute, "subgroup": subgroup}
             for predicted, column in (("1", "n1"), ("0", "n0")):
@@ -229,18 +232,26 @@ def fleet_values(rows: pd.DataFrame, window: str) -> list[tuple[str, dict[str, s
             for outcome in ("tp", "fp", "tn", "fn"):
                 values.append((f"model_attribute_subgroup:fairness_labelled_predictions:increase{window}",
                                {**at, "outcome": outcome}, float(c.loc[subgroup, outcome])))  # fmt: skip
-            values += [
-                (f"model_attribute_subgroup:fairness_selection_rate:ratio_{window}", at, float(rate[subgroup])),
-                (f"model_attribute_subgroup:fairness_true_positive_rate:ratio_{window}", at,
-                 float(c.tp[subgroup] / (c.tp[subgroup] + c.fn[subgroup]))),
-                (f"model_attribute_subgroup:fairness_false_positive_rate:ratio_{window}", at,
-                 float(c.fp[subgroup] / (c.fp[subgroup] + c.tn[subgroup]))),
-            ]  # fmt: skip
+            values.append((f"model_attribute_subgroup:fairness_selection_rate:ratio_{window}", at,
+                           float(rate[subgroup])))  # fmt: skip
+            values += [(f"model_attribute_subgroup:fairness_{name}:ratio_{window}", at, float(r[subgroup]))
+                       for name, r in rates.items()]  # fmt: skip
+        spread = {name: float(r.max() - r.min()) for name, r in rates.items()}
         values += [
             (f"model_attribute:fairness_demographic_parity_difference:max_minus_min_{window}",
              {"attribute": attribute}, float(rate.max() - rate.min())),
             (f"model_attribute:fairness_disparate_impact_ratio:min_over_max_{window}",
              {"attribute": attribute}, float(rate.min() / rate.max())),
+            (f"model_attribute:fairness_equalised_odds_difference:max_minus_min_{window}", {"attribute": attribute},
+             max(spread["true_positive_rate"], spread["false_positive_rate"])),
+            (f"model_attribute:fairness_equal_opportunity_difference:max_minus_min_{window}",
+             {"attribute": attribute}, spread["true_positive_rate"]),
+            (f"model_attribute:fairness_false_positive_rate_difference:max_minus_min_{window}",
+             {"attribute": attribute}, spread["false_positive_rate"]),
+            (f"model_attribute:fairness_predictive_parity_difference:max_minus_min_{window}",
+             {"attribute": attribute}, spread["precision"]),
+            (f"model_attribute:fairness_accuracy_difference:max_minus_min_{window}",
+             {"attribute": attribute}, spread["accuracy"]),
         ]  # fmt: skip
     return values
 
@@ -259,6 +270,10 @@ def _recording_rule_test(fleet: Fleet) -> dict[str, Any]:
             labels = {**common, "instance": fleet.instance(replica), "attribute": attribute, "subgroup": subgroup,
                       "predicted" if name == COUNTERS[0] else "outcome": key}  # fmt: skip
             series.append({"series": f"{name}{{{_selector(labels)}}}", "values": f"0 0 {value:.0f}+0x60"})
+        # the recording rules read min_samples from the daemon's config, as each replica exports it
+        min_samples = sample(scrape(replica.port), "fairness_min_samples", model_id="m1")
+        labels = {**common, "instance": fleet.instance(replica)}
+        series.append({"series": f"fairness_min_samples{{{_selector(labels)}}}", "values": f"{min_samples:.0f}+0x62"})
     expected: dict[str, list[dict[str, Any]]] = {}
     for window in WINDOWS:
         for record, labels, value in fleet_values(fleet.rows, window):

@@ -7,9 +7,11 @@ import re
 import numpy as np
 import orjson
 import pandas as pd
+import pytest
 from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry, generate_latest
 
+from exporter.core.fairness import TP
 from exporter.gate.audit import run_audit
 from exporter.serve.collector import SnapshotCollector
 from exporter.serve.self_metrics import Health
@@ -43,7 +45,7 @@ class Harness:
 
     def feed(self, events: list[dict]) -> int:
         batch = self.decoder.decode([orjson.dumps(e) for e in events], self.clock.now)
-        late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.labels, self.clock.now)
+        late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, self.clock.now)
         self.health.late.inc(late)
         return late
 
@@ -110,6 +112,26 @@ def test_below_min_samples_a_comparison_is_insufficient() -> None:
     assert h.value("model_positive_prediction_rate", attribute="gender", window="1h", subgroup="male") == 1.0
 
 
+def test_a_value_too_imprecise_for_its_threshold_is_insufficient_and_the_limits_are_exported() -> None:
+    # 100 per group, rates 0.40 vs 0.25: |d| = 0.15 with a half-width of about 0.13, wider than a 0.05 threshold
+    h = Harness(metrics=[{"name": "demographic_parity_difference", "threshold": 0.05},
+                         {"name": "equal_opportunity_difference", "threshold": 0.1, "max_interval_width": 0.2}])
+    h.feed(group_events("male", 40, 100, T0 - 30) + group_events("female", 25, 100, T0 - 30))
+    pair = {"attribute": "gender", "window": "1h", "dimension": "male_vs_female", "group_a": "male",
+            "group_b": "female"}  # fmt: skip
+    assert h.value("model_demographic_parity_difference", **pair) is None
+    assert h.value("model_comparison_insufficient_samples", metric="demographic_parity_difference", **pair) == 1.0
+    # thresholds and limits of every exported metric: the seed's three, and the configured new one
+    assert {m: h.value("fairness_threshold", metric=m) for m in ("demographic_parity_difference",
+            "equalised_odds_difference", "disparate_impact_ratio", "equal_opportunity_difference",
+            "accuracy_difference")} == {"demographic_parity_difference": 0.05, "equalised_odds_difference": 0.05,
+                                        "disparate_impact_ratio": 0.8, "equal_opportunity_difference": 0.1,
+                                        "accuracy_difference": None}  # fmt: skip
+    assert h.value("fairness_max_interval_width", metric="equal_opportunity_difference") == 0.2
+    assert h.value("fairness_max_interval_width", metric="disparate_impact_ratio") == pytest.approx(0.2)
+    assert h.value("fairness_min_samples") == 5
+
+
 def test_outcome_counters_are_monotonic_and_survive_the_window() -> None:
     h = Harness()
     h.feed(group_events("female", 3, 5, T0, label=1))
@@ -151,3 +173,19 @@ def test_metrics_page_has_help_and_no_timestamps() -> None:
     assert "Computed every 1s" in page
     sample_lines = [line for line in page.splitlines() if line and not line.startswith("#")]
     assert sample_lines and not [line for line in sample_lines if re.search(r"\} \S+ \S+$", line)]
+
+
+def test_unknown_values_count_in_their_attributes_unknown_row_and_everywhere_else() -> None:
+    h = Harness()
+    batch = h.decoder.decode([orjson.dumps(event("robot", "old", prediction=1, ts=T0 - 5)),
+                              orjson.dumps(event("male", "old", prediction=0, ts=T0 - 5))], T0)  # fmt: skip
+    h.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, T0)
+    # a delayed label for the "robot" prediction lands in gender's unknown row and in age's "old" row
+    h.store.add_joined(batch.timestamps[:1], {k: v[:1] for k, v in batch.codes.items()}, np.array([TP]))
+    window = h.store.layout.split(h.store.window_counts(T0)["1h"])
+    assert window["gender"].tolist() == [[0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0]]  # male, female, ?
+    assert window["age"].tolist() == [[0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]  # young, old, ?
+    base = {"attribute": "gender", "window": "1h"}
+    assert h.value("model_subgroup_unknown_samples", **base) == 1
+    assert h.value("model_subgroup_samples", subgroup="overall", **base) == 2
+    assert h.value("model_positive_prediction_rate", subgroup="overall", **base) == 0.5

@@ -6,14 +6,15 @@ reported (enough samples) and what it means are written once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from exporter.core.attributes import Attribute
-from exporter.core.fairness import Comparisons, GroupStats, compare, group_stats, metric_values
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, GroupStats, group_stats
+from exporter.core.metric_table import METRICS, Comparisons, MetricValues, compare, max_widths
 
 
 @dataclass(frozen=True)
@@ -26,17 +27,30 @@ class Evaluation:
     overall: GroupStats
     comparisons: Comparisons
     min_samples: int
+    max_widths: Mapping[str, float] = field(default_factory=max_widths)
+    unknown: np.ndarray = field(default_factory=lambda: np.zeros(N_COUNTS, dtype=np.int64))
+    """Counts of the rows whose value is not one of the attribute's groups (or is missing): its unknown category."""
+
+    @property
+    def unknown_samples(self) -> int:
+        """Predictions in the attribute's unknown category."""
+        return int(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
+
+    def values(self, metric: str) -> MetricValues:
+        """Value, interval, half-width and support of one metric, per pair."""
+        return self.comparisons.metrics[metric]
 
     def sufficient(self, metric: str) -> np.ndarray:
-        """Per pair: both groups have at least min_samples predictions (labelled ones for equalised odds)."""
-        if metric == "equalised_odds_difference":
-            value = self.comparisons.equalised_odds_difference
-            return (self.comparisons.min_labelled >= self.min_samples) & ~np.isnan(value)
-        return self.comparisons.min_samples >= self.min_samples
+        """Per pair: the metric is defined, both groups have at least min_samples of what it counts (predictions,
+        labelled positives and negatives, ...) and its interval's half-width is at most max_interval_width."""
+        v = self.values(metric)
+        with np.errstate(invalid="ignore"):
+            return (v.support >= self.min_samples) & (v.half_width <= self.max_widths[metric]) & ~np.isnan(v.value)
 
     def metric(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, lower, upper) per pair."""
-        return metric_values(self.comparisons, metric)
+        v = self.values(metric)
+        return v.value, v.lower, v.upper
 
 
 def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
@@ -45,12 +59,21 @@ def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
     return type(stats)(**{k: tuple(a[rows] for a in v) if isinstance(v, tuple) else v[rows] for k, v in values.items()})
 
 
-def evaluate_many(blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int) -> list[Evaluation]:
-    """Evaluate one or more ``(attribute, (n_groups, N_COUNTS) counts)`` blocks in one vectorised pass.
+def evaluate_many(
+    blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, widths: Mapping[str, float] | None = None,
+    metrics: Iterable[str] = METRICS,
+) -> list[Evaluation]:  # fmt: skip
+    """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
+
+    ``counts`` has a row per group, optionally followed by one more row: the attribute's unknown category (rows
+    outside its groups), which counts for the overall rate but in no comparison. ``widths`` is each metric's
+    ``max_interval_width`` (default: the table's); ``metrics`` the metrics to compute (default: all of the table).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
     """
+    unknowns = [c[len(a.groups)] if len(c) > len(a.groups) else np.zeros(N_COUNTS, np.int64) for a, c in blocks]
+    blocks = [(a, c[: len(a.groups)]) for a, c in blocks]
     counts = np.concatenate([c for _, c in blocks])
     sizes = [len(a.groups) for a, _ in blocks]
     starts = np.cumsum([0, *sizes])
@@ -58,8 +81,8 @@ def evaluate_many(blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: i
     pair_starts = np.cumsum([0, *(len(p) for p in pairs)])
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
     groups = group_stats(counts)
-    overall = group_stats(np.add.reduceat(counts, starts[:-1], axis=0))
-    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1])
+    overall = group_stats(np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS))
+    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics)
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])
@@ -68,7 +91,9 @@ def evaluate_many(blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: i
             counts=block,
             groups=_rows(groups, slice(starts[k], starts[k + 1])),
             overall=_rows(overall, slice(k, k + 1)),
-            comparisons=replace(_rows(comparisons, local), group_a=pairs[k][:, 0], group_b=pairs[k][:, 1]),
+            comparisons=comparisons.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             min_samples=min_samples,
+            max_widths=max_widths() if widths is None else widths,
+            unknown=unknowns[k],
         ))  # fmt: skip
     return out

@@ -24,11 +24,28 @@ COUNT_NAMES: Final = ("pred_pos", "pred_neg", "tp", "fp", "tn", "fn")
 
 Z_95: Final = 1.959963984540054  # two-sided 95% normal quantile
 
+RATES: Final[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
+    "selection_rate": ((PRED_POS,), (PRED_POS, PRED_NEG)),
+    "true_positive_rate": ((TP,), (TP, FN)),
+    "false_positive_rate": ((FP,), (FP, TN)),
+    "precision": ((TP,), (TP, FP)),
+    "accuracy": ((TP, TN), (TP, FP, TN, FN)),
+}
+"""Every per-group rate as (numerator columns, denominator columns) of a counts array."""
+RATE_TRIALS: Final = {
+    "selection_rate": "predictions",
+    "true_positive_rate": "labelled positives",
+    "false_positive_rate": "labelled negatives",
+    "precision": "labelled predicted positives",
+    "accuracy": "labelled predictions",
+}
+"""What the denominator of each rate counts: the basis of a comparison's sufficiency."""
+
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
-def _ratio(num: NDArray, den: NDArray) -> FloatArray:
+def ratio(num: NDArray, den: NDArray) -> FloatArray:
     """num / den elementwise, NaN where den is 0 (an empty group has no rate)."""
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)
@@ -37,17 +54,38 @@ def _ratio(num: NDArray, den: NDArray) -> FloatArray:
     return out
 
 
-def wilson_interval(successes: NDArray, trials: NDArray, z: float = Z_95) -> tuple[FloatArray, FloatArray]:
-    """Wilson score interval for a binomial proportion; NaN bounds where trials is 0."""
+def rate_counts(counts: NDArray, rate: str) -> tuple[IntArray, IntArray]:
+    """(successes, trials) of one named rate for every row of a counts array."""
+    c = np.asarray(counts, dtype=np.int64)
+    numerator, denominator = RATES[rate]
+    return sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)  # type: ignore[return-value]
+
+
+def wilson_interval(
+    successes: NDArray, trials: NDArray, z: float = Z_95, continuity: bool = False
+) -> tuple[FloatArray, FloatArray]:
+    """Wilson score interval for a binomial proportion; NaN bounds where trials is 0.
+
+    ``continuity``: with Yates' continuity correction (Newcombe 1998, method 4), whose coverage reaches its level
+    at (nearly) every rate and size, not just on average: what a Bonferroni union of intervals needs.
+    """
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
-    p = _ratio(k, n)
+    p = ratio(k, n)
     z2 = z * z
     with np.errstate(divide="ignore", invalid="ignore"):
-        denom = 1.0 + z2 / n
-        centre = (p + z2 / (2.0 * n)) / denom
-        half = z * np.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
-    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+        if continuity:
+            q, denom = 1.0 - p, 2.0 * (n + z2)
+            lower = (2 * n * p + z2 - 1 - z * np.sqrt(np.maximum(z2 - 2 - 1 / n + 4 * p * (n * q + 1), 0))) / denom
+            upper = (2 * n * p + z2 + 1 + z * np.sqrt(np.maximum(z2 + 2 - 1 / n + 4 * p * (n * q - 1), 0))) / denom
+            lower, upper = np.where(k == 0, 0.0, lower), np.where(k == n, 1.0, upper)
+        else:
+            denom = 1.0 + z2 / n
+            centre = (p + z2 / (2.0 * n)) / denom
+            half = z * np.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
+            lower, upper = centre - half, centre + half
+    nan = np.isnan(p)
+    return np.where(nan, np.nan, np.clip(lower, 0.0, 1.0)), np.where(nan, np.nan, np.clip(upper, 0.0, 1.0))
 
 
 def t_interval(
@@ -72,12 +110,13 @@ def t_interval(
 
 
 def newcombe_interval(
-    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float = Z_95
+    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float = Z_95, continuity: bool = False
 ) -> tuple[FloatArray, FloatArray]:
-    """Newcombe's hybrid score interval (method 10) for p1 - p2, built from two Wilson intervals."""
-    p1, p2 = _ratio(k1, n1), _ratio(k2, n2)
-    l1, u1 = wilson_interval(k1, n1, z)
-    l2, u2 = wilson_interval(k2, n2, z)
+    """Newcombe's hybrid score interval for p1 - p2 from two Wilson intervals: method 10, or with ``continuity``
+    method 11 (continuity-corrected Wilson intervals)."""
+    p1, p2 = ratio(k1, n1), ratio(k2, n2)
+    l1, u1 = wilson_interval(k1, n1, z, continuity)
+    l2, u2 = wilson_interval(k2, n2, z, continuity)
     d = p1 - p2
     return d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + np.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 
@@ -120,92 +159,22 @@ class GroupStats:
     precision: FloatArray
 
 
+_WITH_INTERVAL: Final = ("selection_rate", "true_positive_rate", "false_positive_rate")
+"""The per-group rates exported with their interval (the others are only compared, each comparison with its own)."""
+
+
 def group_stats(counts: NDArray) -> GroupStats:
-    """Selection rate, TPR, FPR, accuracy and precision of every group, NaN where undefined."""
+    """Every rate of :data:`RATES` for every group (with a Wilson interval for the exported ones), NaN where
+    undefined."""
+    values: dict[str, object] = {}
+    for rate in RATES:
+        k, n = rate_counts(counts, rate)
+        values[rate] = ratio(k, n)
+        if rate in _WITH_INTERVAL:
+            values[f"{rate}_ci"] = wilson_interval(k, n)
     c = np.asarray(counts, dtype=np.int64)
-    samples = c[..., PRED_POS] + c[..., PRED_NEG]
-    labelled = c[..., TP] + c[..., FP] + c[..., TN] + c[..., FN]
-    positives = c[..., TP] + c[..., FN]
-    negatives = c[..., FP] + c[..., TN]
-    return GroupStats(
-        samples=samples,
-        labelled=labelled,
-        selection_rate=_ratio(c[..., PRED_POS], samples),
-        selection_rate_ci=wilson_interval(c[..., PRED_POS], samples),
-        true_positive_rate=_ratio(c[..., TP], positives),
-        true_positive_rate_ci=wilson_interval(c[..., TP], positives),
-        false_positive_rate=_ratio(c[..., FP], negatives),
-        false_positive_rate_ci=wilson_interval(c[..., FP], negatives),
-        accuracy=_ratio(c[..., TP] + c[..., TN], labelled),
-        precision=_ratio(c[..., TP], c[..., TP] + c[..., FP]),
-    )
-
-
-@dataclass(frozen=True)
-class Comparisons:
-    """Pairwise fairness metrics for pairs (a[i], b[i]) of group rows, each with a 95% interval."""
-
-    group_a: IntArray
-    group_b: IntArray
-    demographic_parity_difference: FloatArray
-    demographic_parity_difference_ci: tuple[FloatArray, FloatArray]
-    equalised_odds_difference: FloatArray
-    equalised_odds_difference_ci: tuple[FloatArray, FloatArray]
-    disparate_impact_ratio: FloatArray
-    disparate_impact_ratio_ci: tuple[FloatArray, FloatArray]
-    min_samples: IntArray
-    """The smaller group's number of predictions: the basis of the sufficiency check."""
-    min_labelled: IntArray
-
-
-def _abs_difference(
-    k: NDArray, n: NDArray, a: IntArray, b: IntArray
-) -> tuple[FloatArray, tuple[FloatArray, FloatArray]]:
-    """|rate_a - rate_b| of the pairs with its Newcombe interval."""
-    diff = np.abs(_ratio(k[a], n[a]) - _ratio(k[b], n[b]))
-    return diff, abs_interval(*newcombe_interval(k[a], n[a], k[b], n[b]))
-
-
-def compare(counts: NDArray, group_a: NDArray, group_b: NDArray) -> Comparisons:
-    """Demographic parity difference, equalised odds difference and disparate impact ratio of each pair.
-
-    * demographic parity difference: ``|SR_a - SR_b|``;
-    * equalised odds difference: ``max(|TPR_a - TPR_b|, |FPR_a - FPR_b|)``; its interval is the max of the two
-      component intervals' bounds (a conservative envelope, exact when one component dominates);
-    * disparate impact ratio: ``min(SR_a, SR_b) / max(SR_a, SR_b)``, 0 when both rates are 0 (nobody selected
-      anywhere is reported as total disparity, never as parity), with a Katz log-ratio interval capped at 1.
-    """
-    c = np.asarray(counts, dtype=np.int64)
-    a = np.asarray(group_a, dtype=np.int64)
-    b = np.asarray(group_b, dtype=np.int64)
-    samples = c[:, PRED_POS] + c[:, PRED_NEG]
-    labelled = c[:, TP] + c[:, FP] + c[:, TN] + c[:, FN]
-
-    dpd, dpd_ci = _abs_difference(c[:, PRED_POS], samples, a, b)
-    dtpr, (tpr_lo, tpr_hi) = _abs_difference(c[:, TP], c[:, TP] + c[:, FN], a, b)
-    dfpr, (fpr_lo, fpr_hi) = _abs_difference(c[:, FP], c[:, FP] + c[:, TN], a, b)
-    eod = np.maximum(dtpr, dfpr)  # NaN (undefined) when either group lacks labelled positives or negatives
-
-    rate = _ratio(c[:, PRED_POS], samples)
-    a_is_low = rate[a] <= rate[b]
-    low = np.where(a_is_low, a, b)
-    high = np.where(a_is_low, b, a)
-    both_zero = (rate[a] == 0.0) & (rate[b] == 0.0)
-    di = np.where(both_zero, 0.0, _ratio(c[low, PRED_POS] * samples[high], c[high, PRED_POS] * samples[low]))
-    di_lo, di_hi = ratio_interval(c[low, PRED_POS], samples[low], c[high, PRED_POS], samples[high])
-
-    return Comparisons(
-        group_a=a,
-        group_b=b,
-        demographic_parity_difference=dpd,
-        demographic_parity_difference_ci=dpd_ci,
-        equalised_odds_difference=eod,
-        equalised_odds_difference_ci=(np.maximum(tpr_lo, fpr_lo), np.maximum(tpr_hi, fpr_hi)),
-        disparate_impact_ratio=di,
-        disparate_impact_ratio_ci=(np.clip(di_lo, 0.0, 1.0), np.clip(di_hi, 0.0, 1.0)),
-        min_samples=np.minimum(samples[a], samples[b]),
-        min_labelled=np.minimum(labelled[a], labelled[b]),
-    )
+    return GroupStats(samples=c[..., PRED_POS] + c[..., PRED_NEG], labelled=c[..., [TP, FP, TN, FN]].sum(axis=-1),
+                      **values)  # type: ignore[arg-type]
 
 
 def outcome_columns(predictions: NDArray, labels: NDArray) -> tuple[IntArray, IntArray]:
@@ -237,9 +206,3 @@ def counts_from_arrays(
     out = np.bincount(codes * N_COUNTS + predicted, minlength=n_groups * N_COUNTS)
     out += np.bincount(codes[labelled] * N_COUNTS + outcome[labelled], minlength=n_groups * N_COUNTS)
     return out.reshape(n_groups, N_COUNTS).astype(np.int64)
-
-
-def metric_values(comparisons: Comparisons, metric: str) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """(value, lower, upper) arrays of one named pairwise metric."""
-    lower, upper = getattr(comparisons, f"{metric}_ci")
-    return getattr(comparisons, metric), lower, upper

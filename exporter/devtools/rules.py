@@ -21,6 +21,8 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
+from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, RATES, TN, TP
+from exporter.core.metric_table import METRICS
 from exporter.stream.detectors import ALERTS, Alert
 
 
@@ -56,6 +58,12 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterComputationStale": Tuning(300,  "5m",  "warning"),
     # rejected / consumed over REJECT_WINDOW > threshold
     "FairnessExporterHighRejectRate":   Tuning(0.05, "10m", "warning"),
+    # fairness_exporter_kafka_connected == 0: no broker answers this replica's consumer
+    "FairnessExporterKafkaUnreachable": Tuning(None, "5m",  "warning"),
+    # consumer errors per second over ERROR_WINDOW > threshold (a broker outage, refused commits, a bad setting)
+    "FairnessExporterConsumerErrors":   Tuning(0,    "15m", "warning"),
+    # failed checkpoints over ERROR_WINDOW > threshold: offsets stay uncommitted, a restart re-reads and loses state
+    "FairnessExporterCheckpointFailing": Tuning(0,   "10m", "warning"),
 }
 # fmt: on
 
@@ -63,8 +71,8 @@ SHIFT_RECENT = "1h"  # SubgroupPredictionRateAverageShift compares the average o
 SHIFT_BASELINE = "7d"  # ... with the average over this one
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
+ERROR_WINDOW = "10m"  # FairnessExporterConsumerErrors and FairnessExporterCheckpointFailing: rate() window
 RECORDING_WINDOWS = ("1h", "24h")  # increase() windows of the fleet-wide recording rules
-MIN_SAMPLES = 30  # a subgroup enters fleet-wide comparisons only with this many predictions (daemon's min_samples)
 REPLICA_LABELS = ("instance", "pod")  # labels that tell replicas apart; recording rules sum them away
 
 JOB = "fairness-exporter"
@@ -270,6 +278,36 @@ def _health_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             f"{REJECT_WINDOW} (threshold {reject:.0%}) for {fors['FairnessExporterHighRejectRate']}: "
             "the fairness metrics describe only the accepted part of the traffic.",
         ),
+        _alert(
+            "FairnessExporterKafkaUnreachable",
+            "fairness_exporter_kafka_connected == 0",
+            fors["FairnessExporterKafkaUnreachable"],
+            f"fairness-exporter {_label('instance')} reaches no Kafka broker.",
+            f"No Kafka broker has answered the consumer of {_label('instance')} for "
+            f"{fors['FairnessExporterKafkaUnreachable']} (its /readyz says so too): its lag is unknown and its "
+            "fairness windows stop following the traffic.",
+        ),
+        _alert(
+            "FairnessExporterConsumerErrors",
+            f"rate(fairness_exporter_consumer_errors_total[{ERROR_WINDOW}]) > "
+            f"{_fmt(TUNING['FairnessExporterConsumerErrors'].threshold or 0)}",
+            fors["FairnessExporterConsumerErrors"],
+            f"fairness-exporter {_label('instance')} keeps getting Kafka consumer errors.",
+            f"The Kafka consumer of {_label('instance')} has reported errors for "
+            f"{fors['FairnessExporterConsumerErrors']} ({{{{ $value | humanize }}}}/s over {ERROR_WINDOW}): "
+            "connection failures, failed commits or a consumer being rebuilt.",
+        ),
+        _alert(
+            "FairnessExporterCheckpointFailing",
+            f"rate(fairness_exporter_checkpoint_failures_total[{ERROR_WINDOW}]) > "
+            f"{_fmt(TUNING['FairnessExporterCheckpointFailing'].threshold or 0)}",
+            fors["FairnessExporterCheckpointFailing"],
+            f"fairness-exporter {_label('instance')} cannot write its checkpoint.",
+            f"Checkpoints of {_label('instance')} have failed for {fors['FairnessExporterCheckpointFailing']} "
+            f"({{{{ $value | humanize }}}}/s over {ERROR_WINDOW}): no offset is committed meanwhile, and a "
+            "restart would resume from the last good checkpoint, "
+            "reading (not losing) the events since.",
+        ),
     ]
 
 
@@ -279,9 +317,15 @@ def _ratio(series: str, label: str, numerator: str, denominator: str) -> str:
     A subgroup that never had a positive prediction has no predicted="1" series at all; `or ... * 0`
     keeps it in as rate 0 instead of dropping the most affected subgroup from the comparison.
     """
-    num = f'sum without ({label}) ({series}{{{label}="{numerator}"}})'
-    den = f'sum without ({label}) ({series}{{{label}=~"{denominator}"}})'
+    op = "=~" if "|" in numerator else "="
+    num = f'sum without ({label}) ({series}{{{label}{op}"{numerator}"}})'
+    den = _support(series, label, denominator)
     return f"(\n  {num}\n  or\n  {den} * 0\n)\n/\n({den} > 0)"
+
+
+def _support(series: str, label: str, denominator: str) -> str:
+    """The count a rate rests on (its denominator), per remaining labels."""
+    return f'sum without ({label}) ({series}{{{label}=~"{denominator}"}})'
 
 
 def _indent(text: str) -> str:
@@ -289,47 +333,72 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
+# The counters a count column of the core is exported in: (counter's recorded increase, label, label value).
+_COUNTER_OF: dict[int, tuple[str, str, str]] = {
+    PRED_POS: ("predictions", "predicted", "1"), PRED_NEG: ("predictions", "predicted", "0"),
+    **{c: ("labelled_predictions", "outcome", COUNT_NAMES[c]) for c in (TP, FP, TN, FN)},
+}  # fmt: skip
+
+
+def _rate_parts(rate: str, window: str) -> tuple[str, str, str, str]:
+    """(series, label, numerator values, denominator values) of one rate of the core's RATES over the counters."""
+    numerator, denominator = RATES[rate]
+    (counter, label), *_ = {_COUNTER_OF[c][:2] for c in denominator}
+    values = lambda cols: "|".join(_COUNTER_OF[c][2] for c in cols)  # noqa: E731
+    return f"model_attribute_subgroup:fairness_{counter}:increase{window}", label, values(numerator), \
+        values(denominator)  # fmt: skip
+
+
+def _rate_record(rate: str, window: str) -> str:
+    return f"model_attribute_subgroup:fairness_{rate}:ratio_{window}"
+
+
+def _metric_record(metric: str, window: str) -> str:
+    kind = "max_minus_min" if METRICS[metric].kind == "difference" else "min_over_max"
+    return f"model_attribute:fairness_{metric}:{kind}_{window}"
+
+
+def _comparable(rate: str, window: str) -> str:
+    """Subgroups (not the overall population) with at least the model's min_samples of what the rate counts,
+    as the daemon compares them; min_samples is the daemon's exported fairness_min_samples, not a constant here."""
+    series, label, _, denominator = _rate_parts(rate, window)
+    return (f'{_rate_record(rate, window)}{{subgroup!="overall"}}\n  and\n  {_support(series, label, denominator)}'
+            f"\n  >= on (model_id) group_left ()\n  max by (model_id) (fairness_min_samples)")
+
+
+def _metric_expr(metric: str, window: str) -> str:
+    """A metric over the fleet, from the table: the spread (max - min) of each compared rate over the comparable
+    subgroups (the largest pairwise gap), the max of those for several rates; min/max for a ratio."""
+    parts = []
+    for rate in METRICS[metric].rates:
+        comparable = _comparable(rate, window)
+        at_least_two = f"count without (subgroup) (\n  {comparable}\n) > 1"
+        lowest = _indent(f"min without (subgroup) (\n  {comparable}\n)")
+        highest = _indent(f"max without (subgroup) (\n  {comparable}\n)")
+        if METRICS[metric].kind == "ratio":
+            # a subgroup with no positive has no ratio (insufficient, as in the daemon), never 0
+            # (... > 0) in parentheses: `/` binds tighter than `>`
+            parts.append(f"(\n  (\n{_indent(lowest)} > 0\n  )\n  /\n  (\n{_indent(highest)} > 0\n  )\n)\nand\n"
+                         f"{at_least_two}")
+        else:
+            parts.append(f"(\n{highest}\n  -\n{lowest}\n)\nand\n{at_least_two}")
+    if len(parts) == 1:
+        return parts[0]
+    first, second = (f"(\n{_indent(p)}\n)" for p in parts)
+    return f"{first}\n>= {second}\nor\n{second}\n> {first}"  # the larger, defined only when both are
+
+
 def _recording_rules(window: str) -> list[dict[str, Any]]:
-    """Fleet-wide rates and gaps over `window`: sum the replicas' counters first, then divide."""
+    """Fleet-wide rates and metrics over `window`: sum the replicas' counters first, then divide."""
     replicas = ", ".join(REPLICA_LABELS)
-    predictions = f"model_attribute_subgroup:fairness_predictions:increase{window}"
-    labelled = f"model_attribute_subgroup:fairness_labelled_predictions:increase{window}"
-    selection = f"model_attribute_subgroup:fairness_selection_rate:ratio_{window}"
-    # Subgroups (not the overall population) with enough predictions to be compared, as the daemon does.
-    comparable = (
-        f'{selection}{{subgroup!="overall"}}\n  and\n  sum without (predicted) ({predictions}) >= {MIN_SAMPLES}'
-    )
-    at_least_two = f"count without (subgroup) (\n  {comparable}\n) > 1"
-    lowest = _indent(f"min without (subgroup) (\n  {comparable}\n)")
-    highest = _indent(f"max without (subgroup) (\n  {comparable}\n)")
-    return [
-        {
-            "record": predictions,
-            "expr": f"sum without ({replicas}) (increase(fairness_predictions_total[{window}]))",
-        },
-        {
-            "record": labelled,
-            "expr": f"sum without ({replicas}) (increase(fairness_labelled_predictions_total[{window}]))",
-        },
-        {"record": selection, "expr": _ratio(predictions, "predicted", "1", "0|1")},
-        {
-            "record": f"model_attribute_subgroup:fairness_true_positive_rate:ratio_{window}",
-            "expr": _ratio(labelled, "outcome", "tp", "tp|fn"),
-        },
-        {
-            "record": f"model_attribute_subgroup:fairness_false_positive_rate:ratio_{window}",
-            "expr": _ratio(labelled, "outcome", "fp", "fp|tn"),
-        },
-        {
-            "record": f"model_attribute:fairness_demographic_parity_difference:max_minus_min_{window}",
-            "expr": f"(\n{highest}\n  -\n{lowest}\n)\nand\n{at_least_two}",
-        },
-        {
-            "record": f"model_attribute:fairness_disparate_impact_ratio:min_over_max_{window}",
-            # (max > 0) in parentheses: `min / max > 0` would drop the worst case, a ratio of 0.
-            "expr": f"(\n{lowest}\n  /\n  (\n{_indent(highest)} > 0\n  )\n)\nand\n{at_least_two}",
-        },
-    ]
+    rules: list[dict[str, Any]] = [
+        {"record": f"model_attribute_subgroup:fairness_{counter}:increase{window}",
+         "expr": f"sum without ({replicas}) (increase(fairness_{counter}_total[{window}]))"}
+        for counter in ("predictions", "labelled_predictions")
+    ]  # fmt: skip
+    rules += [{"record": _rate_record(rate, window), "expr": _ratio(*_rate_parts(rate, window))} for rate in RATES]
+    rules += [{"record": _metric_record(metric, window), "expr": _metric_expr(metric, window)} for metric in METRICS]
+    return rules
 
 
 def rule_file(*, for_durations: str | Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -101,13 +101,14 @@ def cell_counts(
 
 
 def attribute_counts(cells: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
-    """(…, cells, 2) joint-cell counts -> (…, groups of every attribute end to end, 6) window-store rows
-    (PRED_POS, PRED_NEG filled; no labels)."""
+    """(…, cells, 2) joint-cell counts -> (…, rows, 6) window-store rows: every attribute's groups, then its
+    (empty) unknown row, end to end (PRED_POS, PRED_NEG filled; no labels)."""
     joint = cells.reshape((*cells.shape[:-2], *sizes, 2))
     blocks = []
     for axis in range(len(sizes)):
         others = tuple(a + cells.ndim - 2 for a in range(len(sizes)) if a != axis)
         blocks.append(joint.sum(axis=others))
+        blocks.append(np.zeros_like(blocks[-1][..., :1, :]))
     rows = np.concatenate(blocks, axis=-2)
     out = np.zeros((*rows.shape[:-1], 6), dtype=np.int64)
     out[..., :2] = rows

@@ -15,6 +15,7 @@ import pandas as pd
 from exporter import __version__
 from exporter.config import Config, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import ll144
 from exporter.gate.frames import frame_counts
 
@@ -92,7 +93,7 @@ def _float(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
-def _group_report(ev: Evaluation, excluded: int) -> dict[str, Any]:
+def _group_report(ev: Evaluation) -> dict[str, Any]:
     g = ev.groups
     per_group = {}
     for i, name in enumerate(ev.attribute.groups):
@@ -106,8 +107,8 @@ def _group_report(ev: Evaluation, excluded: int) -> dict[str, Any]:
             "accuracy": _float(g.accuracy[i]),
             "precision": _float(g.precision[i]),
         }
-    return {"excluded_rows": excluded, "overall_selection_rate": _float(ev.overall.selection_rate[0]),
-            "groups": per_group}  # fmt: skip
+    return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": _float(ev.overall.selection_rate[0]),
+            "overall_samples": int(ev.overall.samples[0]), "groups": per_group}  # fmt: skip
 
 
 def _impact_ratios(
@@ -115,7 +116,6 @@ def _impact_ratios(
     frame: pd.DataFrame,
     path: Path,
     evaluations: list[Evaluation],
-    counts: dict[str, tuple[np.ndarray, int]],
 ) -> dict[str, Any]:
     """The LL144 table: selection rates from the gate's own evaluations or, with a score column, scoring rates
     (the share of rows above the median score) from the core on the rows' above-median flags."""
@@ -131,13 +131,13 @@ def _impact_ratios(
         median = float(scores.median())
         above = (scores > median).to_numpy(dtype=np.int64)
         counts = frame_counts(config, frame, above, None)
-        evaluations = evaluate_many([(a, counts[a.name][0]) for a in config.attributes], config.min_samples)
+        evaluations = evaluate_many([(a, counts[a.name]) for a in config.attributes], config.min_samples)
     return {
         "rate_kind": "selection_rate" if median is None else "scoring_rate",
         "score_median": median,
         "small_category_share": ll144.SMALL_CATEGORY_SHARE,
         "date_range": ll144.date_range(frame, config.timestamp_column),
-        "attributes": {ev.attribute.name: ll144.attribute_table(ev, counts[ev.attribute.name][1], len(frame))
+        "attributes": {ev.attribute.name: ll144.attribute_table(ev, ev.unknown_samples, len(frame))
                        for ev in evaluations},
     }
 
@@ -147,26 +147,48 @@ def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
     groups = ev.attribute.groups
     samples = ev.groups.samples
     for spec in config.metrics:
-        value, lower, upper = ev.metric(spec.name)
+        metric = METRICS[spec.name]
+        v = ev.values(spec.name)
         sufficient = ev.sufficient(spec.name)
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
-            passed = ok and spec.passes(float(value[k]))
+            passed = ok and spec.passes(float(v.value[k]))
+            judged = v.support[k] >= ev.min_samples and not math.isnan(v.value[k])
+            evidence = metric.evidence(float(v.lower[k]), float(v.upper[k]), spec.threshold) if judged \
+                else "inconclusive"  # fmt: skip
+            pair_samples = {groups[a]: int(samples[a]), groups[b]: int(samples[b])}
             out.append({
                 "attribute": ev.attribute.name,
                 "metric": spec.name,
                 "groups": f"{groups[a]} vs {groups[b]}",
                 "dimension": f"{groups[a]}_vs_{groups[b]}",
-                "value": round(float(value[k]), 4) if ok else None,
-                "exact_value": _float(value[k]),
-                "ci_95": [_float(lower[k]), _float(upper[k])],
+                "value": round(float(v.value[k]), 4) if ok else None,
+                "exact_value": _float(v.value[k]),
+                "ci_95": [_float(v.lower[k]), _float(v.upper[k])],
+                "half_width": _float(v.half_width[k]),
+                "max_interval_width": ev.max_widths[spec.name],
                 "threshold": spec.threshold,
                 "passed": passed,
                 "status": "insufficient_samples" if not ok else ("pass" if passed else "fail"),
+                "evidence": evidence,
+                "samples_to_decide": samples_to_decide(float(v.half_width[k]), float(v.value[k]), spec.threshold,
+                                                       pair_samples) if evidence == "inconclusive" else None,
                 "severity": spec.severity,
-                "samples": {groups[a]: int(samples[a]), groups[b]: int(samples[b])},
+                "counts_as": _counts_as(config, spec.severity, passed, evidence),
+                "samples": pair_samples,
+                "support": int(v.support[k]),
             })  # fmt: skip
     return out
+
+
+def _counts_as(config: Config, severity: str, passed: bool, evidence: str) -> str:
+    """``pass``, ``blocking`` or ``warning``: what a result does to the verdict under ``decision`` and
+    ``failure_policy.inconclusive``."""
+    if config.decision == "point_estimate":
+        return "pass" if passed else severity
+    if evidence == "inconclusive":
+        return severity if config.inconclusive == "fail" else "warning"
+    return "pass" if evidence == "pass" else severity
 
 
 def run_audit(
@@ -192,14 +214,15 @@ def run_audit(
     if predictions.empty:
         raise DataError(f"{path_name}: the predictions have no rows")
 
-    needs_labels = any(m.name == "equalised_odds_difference" for m in config.metrics)
+    label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
     required = [config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
-    if needs_labels:
+    if label_metrics:
         required.append(config.label_column)
     missing = [c for c in required if c not in predictions.columns]
     if missing:
+        verb = "needs" if len(label_metrics) == 1 else "need"
         raise DataError(f"{path_name}: missing column(s) {missing}; the file has {list(predictions.columns)}"
-                        + (" (equalised_odds_difference needs the label column)"
+                        + (f" ({', '.join(label_metrics)} {verb} the label column)"
                            if config.label_column in missing else ""))  # fmt: skip
     y_pred = _binary(predictions, config.prediction_column, path_name, allow_missing=False)
     y_true = (_binary(predictions, config.label_column, path_name, allow_missing=True)
@@ -208,16 +231,17 @@ def run_audit(
     all_counts = frame_counts(config, predictions, y_pred, y_true)
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
-    evaluations = evaluate_many([(a, all_counts[a.name][0]) for a in config.attributes], config.min_samples)
+    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
+                                config.max_interval_widths())  # fmt: skip
     for attribute, ev in zip(config.attributes, evaluations, strict=True):
-        attributes[attribute.name] = _group_report(ev, all_counts[attribute.name][1])
+        attributes[attribute.name] = _group_report(ev)
         results.extend(_results(config, ev))
-    impact_ratios = _impact_ratios(config, predictions, path_name, evaluations, all_counts)
+    impact_ratios = _impact_ratios(config, predictions, path_name, evaluations)
     impact_ratios["source"] = {"file": str(data_path) if data_path else None,
                                "sha256": sha256_file(data_path) if data_path else None}  # fmt: skip
 
-    failed = [r for r in results if not r["passed"]]
-    blocking = [r for r in failed if r["severity"] == "blocking"]
+    failed = [r for r in results if r["counts_as"] != "pass"]
+    blocking = [r for r in failed if r["counts_as"] == "blocking"]
     verdict = "FAIL" if blocking else "PASS"
     override_record = None
     if override is not None and blocking:
@@ -235,6 +259,8 @@ def run_audit(
         "data_sha256": sha256_file(data_path) if data_path else None,
         "rows": len(predictions),
         "min_samples": config.min_samples,
+        "decision": config.decision,
+        "inconclusive": sum(r["evidence"] == "inconclusive" for r in results),
         "total_tests": len(results),
         "passed": len(results) - len(failed),
         "failed": len(failed),

@@ -1,31 +1,50 @@
 """An append-only, hash-chained JSON-lines log of audit runs: editing, reordering or deleting a record breaks
 the chain, and :func:`verify` says where.
 
-Each record holds ``seq``, ``prev_hash`` (the previous record's ``hash``; 64 zeros for the first) and ``hash``,
-the SHA-256 of the record's canonical JSON without ``hash``. Deleting records from the end leaves a valid shorter
-chain, so every append returns the new head (seq, hash) for the caller to publish (the gate prints it in its
-report and CI keeps it); ``verify(..., expect_head=...)`` then detects truncation too.
+Each record holds ``seq``, ``prev_hash`` (the previous record's ``hash``; 64 zeros for the first) and ``hash``.
+Two modes, chosen by whether a key is given (the CLI reads it from ``FAIRNESS_AUDIT_LOG_KEY``):
+
+- plain: ``hash`` is the SHA-256 of the record's canonical JSON without ``hash``. It detects an edit, a deletion
+  or a reordering by anyone who does not recompute the chain; whoever can write the file can also rewrite a
+  record and recompute every later hash. Deleting records from the end leaves a valid shorter chain too. Every
+  append returns the new head (seq, hash) for the caller to publish (the gate prints it, CI keeps it), and
+  ``verify(..., expect_head=...)`` then detects both.
+- keyed: ``hash`` is an HMAC-SHA256 of the same bytes under a secret key and ``chain`` is ``"hmac-sha256"``.
+  Without the key nobody can write a record that verifies, so any rewrite, recomputed or not, is detected; only
+  truncation at the end still needs ``expect_head``. A keyed verification refuses plain records.
+
+A crash mid-write leaves a torn last line (a record without its newline). The next append does not fail on it:
+it ends the torn line, then appends a ``torn_record`` record naming the line, its length and its SHA-256, chained
+to the last whole record, then the new entry. :func:`verify` accepts a torn line only with such a record after it.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Final
 
-GENESIS = "0" * 64
+GENESIS: Final = "0" * 64
+KEYED: Final = "hmac-sha256"
+KEY_ENV: Final = "FAIRNESS_AUDIT_LOG_KEY"
+
+
+class AuditLogError(ValueError):
+    """The audit log cannot be appended to; the message names the file and why."""
 
 
 def _canonical(record: dict[str, Any]) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def record_hash(record: dict[str, Any]) -> str:
-    """SHA-256 of the record without its own ``hash`` field."""
-    return hashlib.sha256(_canonical({k: v for k, v in record.items() if k != "hash"})).hexdigest()
+def record_hash(record: dict[str, Any], key: bytes | None = None) -> str:
+    """SHA-256 (or, with a key, HMAC-SHA256) of the record without its own ``hash`` field."""
+    content = _canonical({k: v for k, v in record.items() if k != "hash"})
+    return hmac.new(key, content, hashlib.sha256).hexdigest() if key else hashlib.sha256(content).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -34,61 +53,144 @@ class Head:
 
     seq: int
     hash: str
+    recovered: tuple[str, ...] = ()
+    """What the append recovered from before writing (a torn last line), to tell the user."""
 
 
-def _last_record(f: Any) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class _Torn:
+    """A line that is not a record: the torn end of a crashed write when it is the last one."""
+
+    line: int
+    text: bytes
+    why: str
+    ended: bool
+
+    def facts(self) -> dict[str, Any]:
+        return {"line": self.line, "bytes": len(self.text), "sha256": hashlib.sha256(self.text).hexdigest()}
+
+
+def _parse(lineno: int, line: bytes) -> dict[str, Any] | _Torn:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return _Torn(lineno, line.removesuffix(b"\n"), exc.msg, line.endswith(b"\n"))
+    if not isinstance(record, dict):
+        return _Torn(lineno, line.removesuffix(b"\n"), f"{type(record).__name__}, not a record", True)
+    return record
+
+
+def _tail(f: IO[bytes]) -> tuple[dict[str, Any] | None, _Torn | None]:
+    """The last whole record, and the last line when it is not one (a torn write to record before appending)."""
     f.seek(0)
-    last = None
-    for line in f:
+    last: dict[str, Any] | None = None
+    torn = None
+    for lineno, line in enumerate(f, 1):
         if line.strip():
-            last = line
-    return json.loads(last) if last else None
+            parsed = _parse(lineno, line)
+            last, torn = (last, parsed) if isinstance(parsed, _Torn) else (parsed, None)
+    return last, torn
 
 
-def append(path: str | Path, entry: dict[str, Any]) -> Head:
+def _write(f: IO[bytes], entry: dict[str, Any], last: dict[str, Any] | None, key: bytes | None) -> dict[str, Any]:
+    seq = last.get("seq") if last else None  # an edited last record restarts the count; verify reports it
+    record = {**entry, "seq": seq + 1 if isinstance(seq, int) else 0,
+              "prev_hash": str(last.get("hash")) if last else GENESIS}  # fmt: skip
+    if key:
+        record["chain"] = KEYED
+    record["hash"] = record_hash(record, key)
+    f.write(json.dumps(record, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return record
+
+
+def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None) -> Head:
     """Append one entry under an exclusive lock (concurrent CI jobs may share a log) and return the new head."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+", encoding="utf-8") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            last = _last_record(f)
-            record = {**entry, "seq": last["seq"] + 1 if last else 0,
-                      "prev_hash": last["hash"] if last else GENESIS}  # fmt: skip
-            record["hash"] = record_hash(record)
-            f.seek(0, 2)
-            f.write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
-            f.flush()
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-    return Head(record["seq"], record["hash"])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                last, torn = _tail(f)
+                f.seek(0, 2)
+                recovered: tuple[str, ...] = ()
+                if torn is not None:
+                    if not torn.ended:
+                        f.write(b"\n")  # the torn line stays, as evidence; the chain skips it
+                    last = _write(f, {"type": "torn_record", **torn.facts()}, last, key)
+                    recovered = (f"line {torn.line} was torn ({len(torn.text)} bytes, not a record: a write cut "
+                                 f"short); recorded as record {last['seq']}, the chain continues from it",)
+                record = _write(f, entry, last, key)
+                f.flush()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError as exc:
+        raise AuditLogError(f"{path}: {exc.strerror}") from exc
+    return Head(record["seq"], record["hash"], recovered)
 
 
-def verify(path: str | Path, expect_head: str | None = None) -> tuple[int, list[str]]:
-    """Check the whole chain; return (number of records, problems found). No problems means intact."""
-    problems: list[str] = []
-    prev, count, expected_seq = GENESIS, 0, 0
-    with Path(path).open(encoding="utf-8") as f:
+@dataclass
+class Verification:
+    """What :func:`verify` found: whole records, problems (the log was changed) and notes (recovered crashes)."""
+
+    records: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    keyed: bool = False
+
+
+def verify(path: str | Path, expect_head: str | None = None, key: bytes | None = None) -> Verification:
+    """Check the whole chain (every HMAC too when a key is given); no problems means intact."""
+    result = Verification(keyed=key is not None)
+    prev, expected_seq = GENESIS, 0
+    torn: _Torn | None = None
+    with Path(path).open("rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            count += 1
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                problems.append(f"line {lineno}: not valid JSON ({exc.msg})")
+            record = _parse(lineno, line)
+            if isinstance(record, _Torn):
+                if torn is not None:
+                    result.problems.append(f"line {torn.line}: not a record ({torn.why}) and no torn_record after it")
+                torn = record
                 continue
-            if record.get("seq") != expected_seq:
-                problems.append(f"line {lineno}: seq {record.get('seq')} where {expected_seq} was expected "
-                                "(a record was deleted or reordered)")  # fmt: skip
-            if record.get("prev_hash") != prev:
-                problems.append(f"line {lineno}: prev_hash does not match the previous record's hash "
-                                "(a record before it was changed, deleted or reordered)")  # fmt: skip
-            if record.get("hash") != record_hash(record):
-                problems.append(f"line {lineno}: hash does not match the record's content (the record was edited)")
+            result.records += 1
+            if torn is not None:
+                if record.get("type") == "torn_record" and {k: record.get(k) for k in ("line", "bytes", "sha256")} \
+                        == torn.facts():  # fmt: skip
+                    result.notes.append(f"line {torn.line}: torn record ({len(torn.text)} bytes, a write cut short), "
+                                        f"recorded by record {record.get('seq')} on line {lineno}")  # fmt: skip
+                else:
+                    result.problems.append(f"line {torn.line}: not a record ({torn.why}) and not a recorded torn "
+                                           "write (a record was edited)")  # fmt: skip
+                torn = None
+            _check(record, lineno, prev, expected_seq, key, result.problems)
             prev = record.get("hash", "")
-            expected_seq = (record.get("seq") if isinstance(record.get("seq"), int) else expected_seq) + 1
+            seq = record.get("seq")
+            expected_seq = (seq if isinstance(seq, int) else expected_seq) + 1
+    if torn is not None:
+        result.problems.append(f"line {torn.line}: torn: its {len(torn.text)} bytes are not a record ({torn.why}), "
+                               "a write cut short by a crash; the next audit records it and continues the chain")
     if expect_head is not None and prev != expect_head:
-        problems.append(f"the last record's hash is {prev}, expected head {expect_head} "
-                        "(records were removed from the end or the log was replaced)")  # fmt: skip
-    return count, problems
+        result.problems.append(f"the last record's hash is {prev}, expected head {expect_head} "
+                               "(records were removed from the end or the log was replaced)")  # fmt: skip
+    return result
+
+
+def _check(record: dict[str, Any], lineno: int, prev: str, expected_seq: int, key: bytes | None,
+           problems: list[str]) -> None:  # fmt: skip
+    if record.get("seq") != expected_seq:
+        problems.append(f"line {lineno}: seq {record.get('seq')} where {expected_seq} was expected "
+                        "(a record was deleted or reordered)")  # fmt: skip
+    if record.get("prev_hash") != prev:
+        problems.append(f"line {lineno}: prev_hash does not match the previous record's hash "
+                        "(a record before it was changed, deleted or reordered)")  # fmt: skip
+    keyed = record.get("chain") == KEYED
+    if keyed and key is None:
+        problems.append(f"line {lineno}: the record is keyed ({KEYED}); set {KEY_ENV} to verify it")
+    elif key is not None and not keyed:
+        problems.append(f"line {lineno}: the record is not keyed (written without {KEY_ENV}, or rewritten by "
+                        "someone without the key)")  # fmt: skip
+    elif not hmac.compare_digest(str(record.get("hash")), record_hash(record, key)):
+        problems.append(f"line {lineno}: hash does not match the record's content (the record was edited"
+                        f"{' or written without the key' if key else ''})")  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import numpy as np
 import pandas as pd
@@ -11,31 +12,45 @@ from exporter.config import Config
 from exporter.core.encoding import attribute_codes, code_table
 from exporter.core.fairness import counts_from_arrays
 
+_EXACT_FLOAT: Final = 2.0**53  # floats up to here hold whole numbers exactly
+
+
+def _number_text(value: object) -> str:
+    """A cell as the config writes it: a whole float as an integer ("1", not "1.0")."""
+    if isinstance(value, float | np.floating) and float(value).is_integer() and abs(float(value)) < _EXACT_FLOAT:
+        return str(int(value))
+    return str(value)
+
 
 def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[str]) -> np.ndarray:
-    """Codes of a column of values, by :func:`code_table` (a missing value is never a group).
+    """Codes of a column of values, by :func:`code_table`; a blank cell gets the attribute's unknown code.
 
-    Each distinct value is looked up once (values are factorised first), so millions of rows cost a hash pass.
+    Cells are compared with the config's groups as strings, a whole float written as an integer: an integer
+    column with one blank cell reaches pandas as floats ("1.0"), which would match no group ("1"). Each distinct
+    value is converted once.
 
     >>> encode(["f", "m", "x"], ("m", "f")).tolist()
     [1, 0, -1]
     >>> encode(["f", "m", None], ("m", "f", "other")).tolist()
     [1, 0, 2]
+    >>> encode([1.0, 2.0, float("nan")], ("1", "2")).tolist()  # an integer column with a blank cell
+    [0, 1, -1]
     """
     table, unknown = code_table(groups)
-    positions, distinct = pd.factorize(values if isinstance(values, pd.Series) else pd.Series(values, dtype=object))
-    lookup = np.array([*(table.get(str(v), unknown) for v in distinct), unknown], dtype=np.int64)
-    return lookup[positions]  # a missing value's position is -1: the last entry, `unknown`
+    positions, distinct = pd.factorize(pd.Series(values), use_na_sentinel=True)  # a blank is -1
+    distinct_codes = np.array([table.get(_number_text(v), unknown) for v in distinct] + [unknown], dtype=np.int64)
+    return distinct_codes[positions]  # position -1 picks the trailing unknown
 
 
 def frame_counts(
     config: Config, frame: pd.DataFrame, y_pred: np.ndarray, y_true: np.ndarray | None
-) -> dict[str, tuple[np.ndarray, int]]:
-    """Counts array and number of excluded rows (values outside the groups) for every configured attribute."""
+) -> dict[str, np.ndarray]:
+    """Counts of every configured attribute: a row per group, then one row for its unknown category (values
+    outside the groups, or missing), which the overall rate counts and no comparison does."""
     base = {a.columns[0]: encode(frame[a.columns[0]].to_numpy(), a.groups) for a in config.base_attributes}
     out = {}
     for attribute in config.attributes:
+        n = len(attribute.groups)
         codes = attribute_codes(attribute, base)
-        counts = counts_from_arrays(codes, len(attribute.groups), y_pred, y_true)
-        out[attribute.name] = (counts, int((codes < 0).sum()))
+        out[attribute.name] = counts_from_arrays(np.where(codes < 0, n, codes), n + 1, y_pred, y_true)
     return out

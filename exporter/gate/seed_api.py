@@ -1,15 +1,17 @@
-"""The seed's public metric functions: thin wrappers over the counts-based core, same signatures and results."""
+"""The seed's public metric functions, generated from the metric table: thin wrappers over the counts-based core
+(same signatures and results as the seed's three, and the same shape for every other metric)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from exporter.config import MetricSpec
-from exporter.core.fairness import Comparisons, compare, counts_from_arrays
+from exporter.core.fairness import counts_from_arrays
+from exporter.core.metric_table import METRICS
 from exporter.gate.frames import encode
 
 
@@ -28,43 +30,62 @@ class FairnessResult:
 
 def _pair(
     y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a: Any, group_b: Any, y_true: Any = None
-) -> Comparisons:
+) -> np.ndarray:
+    """The 2-group counts array of one pair."""
     groups = (str(group_a), str(group_b))
     codes = encode(np.asarray(protected_attribute, dtype=object), groups)
     counts = counts_from_arrays(codes, 2, np.asarray(y_pred), None if y_true is None else np.asarray(y_true))
     for g, n in zip(groups, counts[:, 0] + counts[:, 1], strict=True):
         if n == 0:
             raise ValueError(f"group {g!r} has no rows in protected_attribute")
-    return compare(counts, np.array([0]), np.array([1]))
+    return counts
 
 
-def _result(name: str, value: float, a: Any, b: Any, threshold: float) -> FairnessResult:
+def _result(name: str, counts: np.ndarray, a: Any, b: Any, threshold: float) -> FairnessResult:
+    value = float(METRICS[name].compute(counts, np.array([0]), np.array([1])).value[0])
     passed = MetricSpec(name, threshold, "blocking").passes(value)
-    return FairnessResult(name, f"{a}_vs_{b}", str(a), str(b), round(float(value), 4), threshold, passed)
+    return FairnessResult(name, f"{a}_vs_{b}", str(a), str(b), round(value, 4), threshold, passed)
 
 
-def demographic_parity_difference(
-    y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a_value: Any, group_b_value: Any,
-    threshold: float = 0.05,
-) -> FairnessResult:  # fmt: skip
-    """|P(pred=1 | a) - P(pred=1 | b)|; passes at or below the threshold."""
-    value = _pair(y_pred, protected_attribute, group_a_value, group_b_value).demographic_parity_difference[0]
-    return _result("demographic_parity_difference", value, group_a_value, group_b_value, threshold)
+def _unlabelled(name: str) -> Callable[..., FairnessResult]:
+    metric = METRICS[name]
+
+    def wrapper(y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a_value: Any, group_b_value: Any,
+                threshold: float = metric.default_threshold) -> FairnessResult:  # fmt: skip
+        return _result(name, _pair(y_pred, protected_attribute, group_a_value, group_b_value), group_a_value,
+                       group_b_value, threshold)  # fmt: skip
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = f"{metric.formula}; passes {_direction(name)} the threshold."
+    return wrapper
 
 
-def equalised_odds_difference(
-    y_true: Sequence[Any], y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a_value: Any,
-    group_b_value: Any, threshold: float = 0.05,
-) -> FairnessResult:  # fmt: skip
-    """max(|TPR_a - TPR_b|, |FPR_a - FPR_b|); passes at or below the threshold."""
-    value = _pair(y_pred, protected_attribute, group_a_value, group_b_value, y_true).equalised_odds_difference[0]
-    return _result("equalised_odds_difference", value, group_a_value, group_b_value, threshold)
+def _labelled(name: str) -> Callable[..., FairnessResult]:
+    metric = METRICS[name]
+
+    def wrapper(y_true: Sequence[Any], y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a_value: Any,
+                group_b_value: Any, threshold: float = metric.default_threshold) -> FairnessResult:  # fmt: skip
+        return _result(name, _pair(y_pred, protected_attribute, group_a_value, group_b_value, y_true),
+                       group_a_value, group_b_value, threshold)  # fmt: skip
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = f"{metric.formula}; passes {_direction(name)} the threshold."
+    return wrapper
 
 
-def disparate_impact_ratio(
-    y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a_value: Any, group_b_value: Any,
-    threshold: float = 0.80,
-) -> FairnessResult:  # fmt: skip
-    """min/max of the two selection rates (four-fifths rule); passes at or above the threshold."""
-    value = _pair(y_pred, protected_attribute, group_a_value, group_b_value).disparate_impact_ratio[0]
-    return _result("disparate_impact_ratio", value, group_a_value, group_b_value, threshold)
+def _direction(name: str) -> str:
+    return "at or below" if METRICS[name].kind == "difference" else "at or above"
+
+
+SEED_FUNCTIONS: Final[dict[str, Callable[..., FairnessResult]]] = {
+    name: (_labelled if m.needs_labels else _unlabelled)(name) for name, m in METRICS.items()
+}
+"""One function per metric of the table: ``(y_pred, protected_attribute, group_a_value, group_b_value,
+threshold)``, with ``y_true`` first for metrics that need labels (the seed's signatures)."""
+
+
+def __getattr__(name: str) -> Callable[..., FairnessResult]:
+    """``seed_api.<metric name>``: the function of any metric of the table."""
+    if name in SEED_FUNCTIONS:
+        return SEED_FUNCTIONS[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

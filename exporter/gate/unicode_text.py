@@ -8,6 +8,7 @@ hand-made map. Install with ``pip install 'fairness-exporter[safety]'``.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from functools import cache
 
 # Characters that render as nothing, by the names the red-team configs use. All are Unicode format characters
@@ -24,7 +25,7 @@ INVISIBLE_CHARS = {
 }
 
 
-def _data() -> tuple[dict[str, list[dict[str, str]]], object]:
+def _data() -> tuple[dict[str, list[dict[str, str]]], Callable[[str], str]]:
     try:
         from confusable_homoglyphs import categories, confusables
     except ImportError as exc:  # pragma: no cover - depends on the environment

@@ -6,26 +6,25 @@ by itself. Each snapshot is serialised once (CachedExposition); a scrape never t
 
 from __future__ import annotations
 
-import gzip
 import math
+import struct
+import threading
+import zlib
 from collections.abc import Callable, Iterator
+from typing import Final, NamedTuple
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from exporter.config import METRIC_NAMES
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
+from exporter.core.metric_table import METRICS
 from exporter.serve.snapshot import Snapshot
 
 _CI = "95% interval"
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
 _GROUP = ["model_id", "attribute", "window", "subgroup"]
-_PAIR_HELP = {
-    "demographic_parity_difference": "|selection rate a - selection rate b|",
-    "equalised_odds_difference": "max(|TPR a - TPR b|, |FPR a - FPR b|) over labelled predictions",
-    "disparate_impact_ratio": "min/max of the two selection rates (four-fifths rule: below 0.8 is adverse)",
-}
 
 
 class _Family:
@@ -73,17 +72,22 @@ class SnapshotCollector(Collector):
         labelled = _Family("model_subgroup_labelled_samples", "Labelled predictions in the window." + cadence, _GROUP)
         fraction = _Family("model_labelled_fraction", "Labelled / all predictions in the window: low means the "
                            "model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
-        pairs = {m: _Family(f"model_{m}", _PAIR_HELP[m] + "; absent when the comparison has too few samples."
-                            + cadence, _PAIR, bounds=True) for m in METRIC_NAMES}  # fmt: skip
+        pairs = {m: _Family(METRICS[m].prometheus_name, METRICS[m].help + cadence, _PAIR, bounds=True)
+                 for m in snapshot.metrics}  # fmt: skip
         insufficient = GaugeMetricFamily(
             "model_comparison_insufficient_samples",
-            "1 when a group of the comparison has fewer than min_samples predictions (labelled ones for "
-            "equalised_odds_difference) in the window, so the metric is not reported." + cadence,
+            "1 when the metric is not reported for the comparison: a group has fewer than min_samples of what the "
+            "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), the metric "
+            "is undefined, or its interval is wider than max_interval_width." + cadence,
             labels=[*_PAIR, "metric"],
         )
+        unknown = _Family("model_subgroup_unknown_samples", "Predictions in the window whose value of the attribute "
+                          "is outside its groups or missing: its unknown category, counted in the overall rate and "
+                          "in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
 
         for window, ev in snapshot.evaluations:
             base = [snapshot.model_id, ev.attribute.name, window]
+            unknown.add(base, float(ev.unknown_samples))
             names = [*ev.attribute.groups, "overall"]
             for stats, offset in ((ev.groups, 0), (ev.overall, len(ev.attribute.groups))):
                 for i in range(len(stats.samples)):
@@ -105,11 +109,31 @@ class SnapshotCollector(Collector):
                     if ok[k]:
                         family.add(labels, value[k], lower[k], upper[k])
 
-        for family in (rate, tpr, fpr, samples, labelled, fraction, *pairs.values()):
+        for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()
         yield insufficient
+        yield from self._settings(snapshot)
         yield from self._counters(snapshot)
         yield from detector_families(snapshot)
+
+    @staticmethod
+    def _settings(snapshot: Snapshot) -> Iterator[Metric]:
+        """The configured thresholds and limits as series, so one rule file serves every model's config."""
+        threshold = GaugeMetricFamily("fairness_threshold", "The threshold of a metric, as configured or the metric "
+                                      "table's default (differences pass at or below it, ratios at or above it).",
+                                      labels=["model_id", "metric"])  # fmt: skip
+        width = GaugeMetricFamily("fairness_max_interval_width", "A metric is reported only when its 95% interval's "
+                                  "half-width is at most this.", labels=["model_id", "metric"])  # fmt: skip
+        min_samples = GaugeMetricFamily("fairness_min_samples", "A comparison needs at least this many of what its "
+                                        "metric counts in each group.", labels=["model_id"])  # fmt: skip
+        for metric, value in snapshot.thresholds:
+            threshold.add_metric([snapshot.model_id, metric], value)
+        if snapshot.evaluations:
+            ev = snapshot.evaluations[0][1]
+            for metric in snapshot.metrics:
+                width.add_metric([snapshot.model_id, metric], ev.max_widths[metric])
+            min_samples.add_metric([snapshot.model_id], ev.min_samples)
+        yield from (threshold, width, min_samples)
 
     @staticmethod
     def _counters(snapshot: Snapshot) -> Iterator[Metric]:
@@ -179,32 +203,97 @@ def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
 
 
+class Page(NamedTuple):
+    """One /metrics response: its body, content type and whether the body is gzipped."""
+
+    body: bytes
+    content_type: str
+    gzipped: bool
+
+
+class Rendered(NamedTuple):
+    """A snapshot's exposition in one format: the text and its raw deflate stream (final block included)."""
+
+    text: bytes
+    deflated: bytes
+
+    @classmethod
+    def of(cls, text: bytes) -> Rendered:
+        return cls(text, _deflate(text, 6, final=True))
+
+
+_GZIP_HEADER: Final = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime, OS unknown
+_OM_EOF: Final = b"# EOF\n"
+MAX_FORMATS: Final = 4
+"""Formats kept per snapshot: the text format, OpenMetrics and a few escaping variants clients may ask for."""
+
+
+def _deflate(text: bytes, level: int, final: bool) -> bytes:
+    compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return compressor.compress(text) + compressor.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
+
+
+def gzip_one_member(head: bytes, tail: Rendered) -> bytes:
+    """``head + tail.text`` as ONE gzip member, reusing the tail's cached deflate stream.
+
+    A sync flush ends the head's deflate blocks on a byte boundary without a final block, so the tail's
+    independently compressed blocks follow it in the same member (as pigz joins blocks); the trailer's CRC-32 is
+    computed over both parts. Single-member decoders (curl --compressed, urllib3) read the whole page.
+    """
+    crc = zlib.crc32(tail.text, zlib.crc32(head))
+    size = (len(head) + len(tail.text)) & 0xFFFFFFFF
+    return b"".join((_GZIP_HEADER, _deflate(head, 1, final=False), tail.deflated, struct.pack("<II", crc, size)))
+
+
 class CachedExposition:
-    """Each snapshot serialised once, in prometheus-client's own text format, plain and gzipped.
+    """Each snapshot serialised once per format, plain and deflated, on the computation's thread.
 
     Rendering ten thousand series costs a computation's worth of CPU; doing it per scrape would let ten scrapers
-    starve ingest of the GIL. The computation job calls :meth:`update`; a scrape only copies bytes.
+    starve ingest of the GIL. The computation job calls :meth:`update`; a scrape renders only the small live
+    registry, gzips it and copies the cached bytes. The format follows the Accept header as prometheus-client's
+    own exposition does (:func:`choose_encoder`): the text format 0.0.4 by default, OpenMetrics when asked. A
+    format first asked for is rendered by that scrape, then by every later :meth:`update`; a format nobody asked
+    for is never rendered.
     """
 
     def __init__(self, evaluation_interval: str) -> None:
         self.every = evaluation_interval
-        self._bytes = (b"", gzip.compress(b""))  # (text, gzipped), swapped as one reference
+        # only the formats scrapers asked for: Prometheus asks for OpenMetrics, so the text format is not rendered
+        self._encoders: dict[str, Callable[[CollectorRegistry], bytes]] = {}
+        self._lock = threading.Lock()
+        # (the snapshot's registry, {content type: its rendering}), swapped as one reference
+        self._current: tuple[CollectorRegistry, dict[str, Rendered]] = (CollectorRegistry(), {})
+
+    def _render(self, registry: CollectorRegistry, encoder: Callable[[CollectorRegistry], bytes]) -> Rendered:
+        return Rendered.of(encoder(registry))
 
     def update(self, snapshot: Snapshot) -> None:
-        """Serialise a new snapshot (on the computation's thread)."""
+        """Serialise a new snapshot in every format asked for so far (on the computation's thread)."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(lambda: snapshot, self.every))
-        text = generate_latest(registry)
-        gzipped = gzip.compress(text, compresslevel=6)
-        self._bytes = (text, gzipped)
+        with self._lock:
+            encoders = dict(self._encoders)
+        self._current = (registry, {kind: self._render(registry, encoder) for kind, encoder in encoders.items()})
 
-    def page(self, registry: CollectorRegistry, accept_encoding: str) -> tuple[bytes, bool]:
-        """The whole /metrics page: the live registry (health) then the cached snapshot; gzipped when accepted.
+    def _cached(self, content_type: str, encoder: Callable[[CollectorRegistry], bytes]) -> Rendered:
+        registry, rendered = self._current
+        if content_type in rendered:
+            return rendered[content_type]
+        page = self._render(registry, encoder)
+        with self._lock:
+            # bounded: an Accept header's version and escaping are the client's to choose
+            if content_type in self._encoders or len(self._encoders) < MAX_FORMATS:
+                self._encoders[content_type] = encoder
+                rendered[content_type] = page
+        return page
 
-        Two gzip members in a row are one valid gzip stream (RFC 1952), so the cached member is reused as is.
-        """
-        live = generate_latest(registry)
-        text, gzipped = self._bytes
+    def page(self, registry: CollectorRegistry, accept_encoding: str, accept: str = "") -> Page:
+        """The whole /metrics page: the live registry (health) then the cached snapshot; gzipped when accepted."""
+        encoder, content_type = choose_encoder(accept)
+        live = encoder(registry)
+        if content_type.startswith("application/openmetrics-text"):
+            live = live.removesuffix(_OM_EOF)  # one "# EOF" line, at the end of the whole page
+        cached = self._cached(content_type, encoder)
         if "gzip" in accept_encoding:
-            return gzip.compress(live, compresslevel=1) + gzipped, True
-        return live + text, False
+            return Page(gzip_one_member(live, cached), content_type, True)
+        return Page(live + cached.text, content_type, False)

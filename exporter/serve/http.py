@@ -1,20 +1,38 @@
-"""The HTTP endpoints: /metrics (prometheus-client's WSGI app), a landing page, /healthz and /readyz."""
+"""The HTTP endpoints: /metrics (the live registry plus the cached snapshot), a landing page, /healthz and /readyz.
+
+Each connection is served on its own thread; with TLS the handshake runs there too, bounded by a timeout, so a
+client that connects and sends nothing holds one thread for a while and never the accept loop (which /healthz and
+every scrape go through).
+"""
 
 from __future__ import annotations
 
+import errno
 import html
+import ipaddress
+import logging
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from exporter import __version__
 from exporter.serve.collector import CachedExposition
+
+log = logging.getLogger(__name__)
+HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
+REQUEST_TIMEOUT_SECONDS: Final = 30.0
+ALLOWED_METHODS: Final = ("GET", "HEAD")
+
+
+class ListenError(RuntimeError):
+    """The metrics endpoint cannot be served as configured; the message names the ``listen`` field at fault."""
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -22,9 +40,35 @@ class _Server(ThreadingMixIn, WSGIServer):
     allow_reuse_address = True
     # socketserver's default backlog of 5 drops concurrent scrapers' connections, which retry a second later
     request_queue_size = 128
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """On the connection's own thread: the TLS handshake, bounded by a timeout, then the request."""
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
+        try:
+            connection = self.tls.wrap_socket(request, server_side=True)
+        except OSError as exc:  # a bad or slow handshake (SSLError, timeout, reset) is this client's problem only
+            log.debug("TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            super().finish_request(connection, client_address)
+        finally:
+            self.shutdown_request(connection)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s failed", client_address, exc_info=True)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_SECONDS  # a client that connects and never sends a request frees its thread
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
@@ -39,36 +83,66 @@ def make_app(
                "<li><a href='/healthz'>/healthz</a></li><li><a href='/readyz'>/readyz</a></li></ul></body></html>"
                ).encode()  # fmt: skip
 
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
+    def respond(path: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
         if path == "/metrics":
-            body, gzipped = exposition.page(registry, environ.get("HTTP_ACCEPT_ENCODING", ""))
-            headers = [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))]
-            start_response("200 OK", [*headers, ("Content-Encoding", "gzip")] if gzipped else headers)
-            return [body]
+            page = exposition.page(registry, environ.get("HTTP_ACCEPT_ENCODING", ""), environ.get("HTTP_ACCEPT", ""))
+            headers = [("Content-Type", page.content_type), ("Vary", "Accept, Accept-Encoding")]
+            return "200 OK", [*headers, ("Content-Encoding", "gzip")] if page.gzipped else headers, page.body
         if path in ("/healthz", "/readyz"):
             ok, why = (healthy if path == "/healthz" else ready)()
-            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [f"{'ok' if ok else 'not ok'}: {why}\n".encode()]
+            text = f"{'ok' if ok else 'not ok'}: {why}\n".encode()
+            return "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")], text
         if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [landing]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: try /metrics\n"]
+            return "200 OK", [("Content-Type", "text/html; charset=utf-8")], landing
+        return "404 Not Found", [("Content-Type", "text/plain")], b"not found: try /metrics\n"
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ALLOWED_METHODS:
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+            return [f"method {method} not allowed: use GET\n".encode()]
+        status, headers, body = respond(environ.get("PATH_INFO", "/"), environ)
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return [] if method == "HEAD" else [body]
 
     return app
 
 
+def _tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """A server context for the certificate and key; ListenError naming the file at fault."""
+    for name, path in (("tls_cert_file", certfile), ("tls_key_file", keyfile)):
+        try:
+            Path(path).open("rb").close()
+        except OSError as exc:
+            raise ListenError(f"listen.{name}: {path}: {exc.strerror}") from exc
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as exc:
+        swapped = b"PRIVATE KEY" in Path(certfile).read_bytes() and b"CERTIFICATE" in Path(keyfile).read_bytes()
+        hint = "the two files look swapped" if swapped else "expected a PEM certificate and its PEM private key"
+        raise ListenError(f"listen.tls_cert_file, listen.tls_key_file: {certfile}, {keyfile}: cannot be used "
+                          f"({exc.reason or exc}): {hint}") from exc  # fmt: skip
+    return context
+
+
 class HttpServer:
-    """Serves the app on a background thread; optional TLS."""
+    """Serves the app on a background thread; optional TLS. ListenError when the address cannot be served."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]], address: str, port: int,
                  certfile: str | None = None, keyfile: str | None = None) -> None:  # fmt: skip
-        self.server = make_server(address, port, app, server_class=_Server, handler_class=_QuietHandler)
-        if certfile and keyfile:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(certfile, keyfile)
-            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        tls = _tls_context(certfile, keyfile) if certfile and keyfile else None
+        try:
+            server_class = _Server6 if ipaddress.ip_address(address).version == 6 else _Server
+        except ValueError as exc:
+            raise ListenError(f"listen.address: {address!r} is not an IP address (e.g. 0.0.0.0, 127.0.0.1, ::)") \
+                from exc
+        try:
+            self.server = make_server(address, port, app, server_class=server_class, handler_class=_QuietHandler)
+        except OSError as exc:
+            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}"
+            raise ListenError(f"listen.address, listen.port: {address}:{port} {why}") from exc
+        self.server.tls = tls
         self.port = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 

@@ -4,56 +4,104 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.stream.decode import REJECT_REASONS
 
-LABEL_EXPIRY_REASONS = ("never_labelled", "prediction_outside_window", "unknown_prediction", "duplicate_label",
+OUTCOME_EXPIRY_REASONS = ("never_labelled", "unknown_prediction")
+"""A prediction or a ground-truth event that waited the whole horizon for its other half."""
+OUTCOME_DROP_REASONS = ("prediction_outside_window", "duplicate_label", "duplicate_prediction",
                         "invalid_label_event", "pending_state_full")  # fmt: skip
+"""Joins given up for another reason than time (``duplicate_prediction``: a later prediction with the same id
+replaced the one waiting)."""
+DEAD_LETTER_FAILURES = ("too_large", "no_producer", "send_failed")
 
 
 class Health:
     """Counters and gauges of the daemon's own work, registered on the registry it is given."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        kw = {"registry": registry}
-        self.consumed = Counter("fairness_exporter_events_consumed", "Kafka messages read from the events topic.", **kw)
+        self.consumed = Counter("fairness_exporter_events_consumed", "Kafka messages read from the events topic.",
+                                registry=registry)  # fmt: skip
         self.rejected = Counter("fairness_exporter_events_rejected",
                                 "Events rejected as invalid, by reason; never counted in any window.",
-                                ["reason"], **kw)  # fmt: skip
+                                ["reason"], registry=registry)  # fmt: skip
         self.late = Counter("fairness_exporter_events_late",
-                            "Events older than the longest window plus allowed_lateness, dropped.", **kw)
-        self.ignored = Counter("fairness_exporter_events_ignored", "Events of other model ids, ignored.", **kw)
+                            "Events older than the longest window plus allowed_lateness, dropped.", registry=registry)
+        self.ignored = Counter("fairness_exporter_events_ignored", "Events of other model ids, ignored.",
+                               registry=registry)  # fmt: skip
         self.dead_lettered = Counter("fairness_exporter_events_dead_lettered",
-                                     "Rejected events forwarded to the dead-letter topic.", **kw)
-        self.labels_joined = Counter("fairness_exporter_labels_joined",
-                                     "Delayed labels joined to their prediction and counted.", **kw)
+                                     "Rejected events forwarded to the dead-letter topic.", registry=registry)
+        self.outcomes_joined = Counter("fairness_exporter_labels_joined",
+                                     "Delayed labels joined to their prediction and counted.", registry=registry)
         self.labels_expired = Counter("fairness_exporter_labels_expired",
-                                      "Predictions or labels that could not be joined, by reason.",
-                                      ["reason"], **kw)  # fmt: skip
-        self.pending_labels = Gauge("fairness_exporter_pending_predictions",
-                                    "Predictions held while waiting for their delayed label.", **kw)
-        self.lag = Gauge("fairness_exporter_consumer_lag_messages",
-                         "Messages between the partition's high watermark and the next offset to read.",
-                         ["topic", "partition"], **kw)  # fmt: skip
+                                      "Predictions never labelled, and labels of no known prediction, within the "
+                                      "label horizon, by reason.", ["reason"], registry=registry)  # fmt: skip
+        self.labels_dropped = Counter("fairness_exporter_labels_dropped",
+                                      "Labels or waiting predictions given up for another reason than time, by "
+                                      "reason.", ["reason"], registry=registry)  # fmt: skip
+        self.pending_predictions = Gauge("fairness_exporter_pending_predictions",
+                                    "Predictions held while waiting for their delayed label.", registry=registry)
+        self.dead_letter_failures = Counter("fairness_exporter_dead_letters_failed",
+                                            "Rejected events that could not be forwarded to the dead-letter topic "
+                                            "(still counted as rejected), by reason.", ["reason"],
+                                            registry=registry)  # fmt: skip
+        self.log_resets = Counter("fairness_exporter_partition_resets",
+                                  "Partitions read again from the start because their log was reset or the topic "
+                                  "re-created.", registry=registry)  # fmt: skip
+        self.checkpoint_failures = Counter("fairness_exporter_checkpoint_failures",
+                                           "Checkpoints that could not be written; offsets stay uncommitted until "
+                                           "one succeeds.", registry=registry)  # fmt: skip
         self.last_computation = Gauge("fairness_exporter_last_computation_timestamp_seconds",
-                                      "Unix time of the last successful fairness computation.", **kw)
+                                      "Unix time of the last successful fairness computation.", registry=registry)
         self.computation_duration = Gauge("fairness_exporter_computation_duration_seconds",
-                                          "Duration of the last fairness computation.", **kw)
+                                          "Duration of the last fairness computation.", registry=registry)
         self.computation_errors = Counter("fairness_exporter_computation_errors",
-                                          "Fairness computations that failed.", **kw)
+                                          "Fairness computations that failed.", registry=registry)
         self.last_checkpoint = Gauge("fairness_exporter_last_checkpoint_timestamp_seconds",
-                                     "Unix time of the last durable checkpoint (0: checkpoints disabled).", **kw)
+                                     "Unix time of the last durable checkpoint (0: checkpoints disabled).",
+                                     registry=registry)  # fmt: skip
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
-                                       "Errors talking to Kafka (the consumer retries).", **kw)
-        Info("fairness_exporter_build", "Build information.", **kw).info({"version": __version__})
+                                       "Errors talking to Kafka (the consumer retries).", registry=registry)
+        Info("fairness_exporter_build", "Build information.", registry=registry).info({"version": __version__})
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
-        for reason in LABEL_EXPIRY_REASONS:
+        for reason in OUTCOME_EXPIRY_REASONS:
             self.labels_expired.labels(reason)
+        for reason in OUTCOME_DROP_REASONS:
+            self.labels_dropped.labels(reason)
+        for reason in DEAD_LETTER_FAILURES:
+            self.dead_letter_failures.labels(reason)
+
+    def count_outcomes(self, given_up: Mapping[str, int]) -> None:
+        """Count predictions and labels that will never be joined, under expired or dropped by reason."""
+        for reason, n in given_up.items():
+            family = self.labels_expired if reason in OUTCOME_EXPIRY_REASONS else self.labels_dropped
+            family.labels(reason).inc(n)
+
+
+class ConsumerCollector(Collector):
+    """Consumer lag and broker reachability, read at scrape time from the source: a partition handed to another
+    replica takes its lag series with it (as kafka_exporter does), rather than leaving a frozen gauge behind."""
+
+    def __init__(self, lag: Callable[[], Mapping[tuple[str, int], int]], connected: Callable[[], bool]) -> None:
+        self.lag = lag
+        self.connected = connected
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        lag = GaugeMetricFamily("fairness_exporter_consumer_lag_messages",
+                                "Messages between the partition's high watermark and the next offset to read, for "
+                                "the partitions this replica holds.", labels=["topic", "partition"])  # fmt: skip
+        for (topic, partition), n in sorted(self.lag().items()):
+            lag.add_metric([topic, str(partition)], n)
+        yield lag
+        yield GaugeMetricFamily("fairness_exporter_kafka_connected",
+                                "1 while a Kafka broker answers the consumer, else 0.", value=int(self.connected()))
 
 
 class RateLimitedLog:

@@ -28,6 +28,10 @@ class Snapshot:
     """(window name, evaluation) for every window and attribute."""
     totals: dict[str, np.ndarray]
     """Monotonic per-attribute counts since start, for the fleet-wide counters."""
+    metrics: tuple[str, ...] = ()
+    """The pairwise metrics to export (Config.exported_metrics)."""
+    thresholds: tuple[tuple[str, float], ...] = ()
+    """(metric, threshold) of each exported metric, exported so that rules compare against the config."""
     detection: Detection | None = None
     """The change detectors' statistics after their latest step."""
     detectors: DetectorBank | None = None
@@ -61,10 +65,12 @@ class Computer:
             for attribute in self.config.attributes:
                 keys.append(window.name)
                 blocks.append((attribute, by_attribute[attribute.name]))
-        evaluations = list(zip(keys, evaluate_many(blocks, self.config.min_samples), strict=True))
+        widths = self.config.max_interval_widths()
+        evaluated = evaluate_many(blocks, self.config.min_samples, widths, self.config.exported_metrics)
+        evaluations = list(zip(keys, evaluated, strict=True))
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
-                            self.store.layout.split(self.store.totals_copy()), detection,
-                            self.store.detectors)  # fmt: skip
+                            self.store.layout.split(self.store.totals_copy()), self.config.exported_metrics,
+                            tuple(self.config.thresholds().items()), detection, self.store.detectors)  # fmt: skip
         self.latest = snapshot
         if self.on_snapshot is not None:
             self.on_snapshot(snapshot)

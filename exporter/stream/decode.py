@@ -8,22 +8,36 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import numpy as np
 import orjson
 
 from exporter.config import Config
-from exporter.core.attributes import OTHER_GROUP
 from exporter.core.encoding import attribute_codes, code_table
 
 REJECT_REASONS: Final = (
-    "malformed_json", "missing_field", "unknown_attribute_value", "invalid_prediction", "invalid_score",
-    "invalid_label", "invalid_timestamp", "future_timestamp",
+    "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
+    "invalid_timestamp", "future_timestamp", "invalid_prediction_id",
 )  # fmt: skip
+"""Defects of the event itself. A value outside an attribute's groups (or missing) is no defect: the event counts,
+in that attribute's unknown category (code -1), exactly as the gate counts such a row."""
+MAX_PREDICTION_ID_LENGTH: Final = 256
+"""Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
+in the checkpoint until its ground truth arrives."""
+
+
+def _valid_id(pid: object) -> bool:
+    """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
+    return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
+
+
+def _binary(value: object) -> TypeGuard[int | float]:
+    """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
+    return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
 
 
 def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
@@ -52,8 +66,8 @@ class DecodedBatch:
 
     timestamps: np.ndarray
     predictions: np.ndarray
-    labels: np.ndarray
-    """-1 where the event carried no label."""
+    outcomes: np.ndarray
+    """The inline ground truth (the event's label), -1 where the event carried none."""
     prediction_ids: list[Any]
     codes: dict[str, np.ndarray]
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
@@ -75,7 +89,6 @@ class EventDecoder:
         self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
         self._flatten = _flattener(self._paths)
         self._threshold = f.score_threshold
-        self._other = config.unknown_values == OTHER_GROUP
         self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
@@ -85,7 +98,7 @@ class EventDecoder:
         (orjson only produces exact types), locals instead of attributes, group codes by dict lookup.
         """
         k_model, k_id, k_ts, k_pred, k_score, k_label, k_attrs = self._paths
-        flatten, threshold, other, tables = self._flatten, self._threshold, self._other, self._tables
+        flatten, threshold, tables = self._flatten, self._threshold, self._tables
         keep_rejected, model_id = self.keep_rejected, self.config.model_id
         latest = now + self.config.max_future_skew_seconds
         loads, bad_json, fromiso, isfinite = orjson.loads, orjson.JSONDecodeError, datetime.fromisoformat, math.isfinite
@@ -96,15 +109,14 @@ class EventDecoder:
         pred_out: list[int] = []
         label_out: list[int] = []
         ids: list[Any] = []
-        kept_raw: list[bytes] = []
-        code_columns: list[list[int]] = [[] for _ in tables]
+        code_columns: list[list[int]] = [[] for _ in tables]  # -1: outside the groups or missing (unknown)
 
         for raw in values:
             try:
                 event = loads(raw)
             except (bad_json, TypeError):  # TypeError: a tombstone (None value)
                 event = None
-            reason = "malformed_json"
+            reason: str | None = "malformed_json"
             if event.__class__ is dict:
                 if flatten is not None:
                     event = flatten(event)
@@ -114,7 +126,8 @@ class EventDecoder:
                     continue
                 reason = None
                 t = get(k_ts)
-                ts = None
+                ts: Any = None
+                pred: Any  # pred, label and codes are set whenever reason stays None
                 if t.__class__ is str:
                     try:
                         d = fromiso(t)
@@ -135,7 +148,7 @@ class EventDecoder:
                     pred = None if score is None else int(score >= threshold)
                 else:
                     pred = get(k_pred)
-                    if pred is not None and (pred.__class__ is str or pred not in (0, 1)):
+                    if pred is not None and not _binary(pred):
                         reason = "invalid_prediction"
                 if reason is None and pred is None:
                     reason = "missing_field"
@@ -143,54 +156,76 @@ class EventDecoder:
                     label = get(k_label)
                     if label is None:
                         label = -1
-                    elif label.__class__ is str or label not in (0, 1):
+                    elif not _binary(label):
                         reason = "invalid_label"
                 if reason is None:
+                    pid = get(k_id)
+                    if not _valid_id(pid):
+                        reason = "invalid_prediction_id"
+                if reason is None:
                     attrs = get(k_attrs)
+                    if attrs is None:
+                        attrs = {}  # every attribute missing: unknown for each, still counted overall
                     codes = []
                     if attrs.__class__ is not dict:
                         reason = "missing_field"
                     else:
                         for column, table, unknown in tables:
                             v = attrs.get(column)
-                            if v is None and not other:
-                                reason = "missing_field"
-                                break
                             code = table.get(v if v.__class__ is str else str(v))
                             codes.append(unknown if code is None else code)
                 if reason is None:
                     ts_out.append(ts)
                     pred_out.append(int(pred))
                     label_out.append(int(label))
-                    ids.append(get(k_id))
-                    for column, code in zip(code_columns, codes, strict=True):
-                        column.append(code)
-                    if keep_rejected:
-                        kept_raw.append(raw)
+                    ids.append(pid)
+                    for codes_of, code in zip(code_columns, codes, strict=True):
+                        codes_of.append(code)
                     continue
+            assert reason is not None
             rejected[reason] += 1
             if keep_rejected:
                 bad.append((raw, reason))
 
         base = {a.columns[0]: np.array(c, dtype=np.int64) for a, c in zip(self.config.base_attributes, code_columns,
                                                                           strict=True)}  # fmt: skip
-        keep = np.ones(len(ts_out), dtype=bool)
-        for codes_array in base.values():
-            keep &= codes_array >= 0
-        n_unknown = int((~keep).sum())
-        if n_unknown:
-            rejected["unknown_attribute_value"] += n_unknown
-            if keep_rejected:
-                bad.extend((kept_raw[i], "unknown_attribute_value") for i in np.flatnonzero(~keep))
-            base = {c: codes_array[keep] for c, codes_array in base.items()}
-            ids = [i for i, k in zip(ids, keep, strict=True) if k]
         return DecodedBatch(
-            timestamps=np.asarray(ts_out, dtype=np.float64)[keep],
-            predictions=np.asarray(pred_out, dtype=np.int64)[keep],
-            labels=np.asarray(label_out, dtype=np.int64)[keep],
+            timestamps=np.asarray(ts_out, dtype=np.float64),
+            predictions=np.asarray(pred_out, dtype=np.int64),
+            outcomes=np.asarray(label_out, dtype=np.int64),
             prediction_ids=ids,
             codes={a.name: attribute_codes(a, base) for a in self.config.attributes},
             rejected=rejected,
             ignored=ignored,
             rejected_payloads=bad,
         )
+
+
+@dataclass
+class DecodedOutcomes:
+    """Ground-truth events from the outcomes topic: prediction ids and their 0/1 outcomes, and how many were
+    invalid (not JSON, no usable prediction id, or an outcome that is not 0/1)."""
+
+    prediction_ids: list[str]
+    outcomes: list[int]
+    invalid: int
+
+
+def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field: str) -> DecodedOutcomes:
+    """Decode ground-truth events ``{"<id_field>": ..., "<outcome_field>": 0 or 1}``."""
+    ids: list[str] = []
+    outcomes: list[int] = []
+    invalid = 0
+    for raw in values:
+        try:
+            message = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
+        except (orjson.JSONDecodeError, TypeError):
+            message = None
+        pid = message.get(id_field) if message.__class__ is dict else None
+        outcome = message.get(outcome_field) if message.__class__ is dict else None
+        if pid is None or not _valid_id(pid) or not _binary(outcome):
+            invalid += 1
+            continue
+        ids.append(str(pid))
+        outcomes.append(int(outcome))
+    return DecodedOutcomes(ids, outcomes, invalid)

@@ -157,8 +157,9 @@ class _CountGroup:
 class DetectorBank:
     """Every detector of one model, vectorised; pure: state in, state out (the window store keeps it)."""
 
-    def __init__(self, config: Config, offsets: tuple[int, ...]) -> None:
-        """``offsets``: the first row of each attribute in the window store's counts (Layout.offsets)."""
+    def __init__(self, config: Config, offsets: tuple[int, ...], n_rows: int) -> None:
+        """``offsets``: the first row of each attribute in the window store's counts, ``n_rows`` their number
+        (RowLayout: each attribute's groups, then its unknown row, which no detector reads)."""
         thresholds = {m.name: m.threshold for m in config.metrics}
         detectors: list[Detector] = []
         self._groups: list[_CountGroup] = []
@@ -192,7 +193,7 @@ class DetectorBank:
                     subgroup_signs.append(sign)
         self.detectors = tuple(detectors)
         self.keys = np.array([d.key for d in detectors])
-        self.n_rows = sum(len(a.groups) for a in config.attributes)
+        self.n_rows = n_rows
         self._subgroup_rows = np.array(subgroup_rows, dtype=np.int64)
         self._subgroup_sign = np.array(subgroup_signs)
         self.rate_shift = config.alerting.rate_shift

@@ -1,4 +1,4 @@
-"""Join delayed labels to their predictions, with bounded state.
+"""Join delayed ground truth (outcomes, the "label" of an event) to its predictions, with bounded state.
 
 A prediction without an inline label waits here (keyed by ``prediction_id``) for at most ``horizon`` seconds; a
 label that arrives before its prediction waits as an orphan for as long. A joined label is counted in the bucket
@@ -17,6 +17,22 @@ import numpy as np
 from exporter.core.fairness import outcome_columns
 
 
+def _pack_ids(prefix: str, ids: list[str]) -> dict[str, np.ndarray]:
+    """Ids as one UTF-8 byte string and their lengths: a fixed-width string array would give every id the width
+    of the longest one."""
+    encoded = [pid.encode() for pid in ids]
+    return {f"{prefix}_id_bytes": np.frombuffer(b"".join(encoded), dtype=np.uint8),
+            f"{prefix}_id_lengths": np.array([len(e) for e in encoded], dtype=np.int64)}  # fmt: skip
+
+
+def _unpack_ids(prefix: str, state: dict[str, np.ndarray]) -> list[str]:
+    if f"{prefix}_ids" in state:  # written before ids were packed
+        return [str(pid) for pid in state[f"{prefix}_ids"]]
+    data = state[f"{prefix}_id_bytes"].tobytes()
+    ends = np.cumsum(state[f"{prefix}_id_lengths"]).tolist()
+    return [data[start:end].decode() for start, end in zip([0, *ends], ends, strict=False)]
+
+
 @dataclass(frozen=True)
 class Joined:
     """Predictions that just got their label: event times, outcome columns and per-attribute codes."""
@@ -30,7 +46,7 @@ class Joined:
         return len(self.timestamps)
 
 
-class LabelJoin:
+class OutcomeJoin:
     """Pending predictions and orphan labels, both bounded in count and in age."""
 
     def __init__(self, n_attributes: int, horizon_seconds: float, max_pending: int = 1_000_000) -> None:
@@ -67,16 +83,19 @@ class LabelJoin:
             if orphan is not None:
                 rows.append((*entry, orphan[0]))
                 self._remember_joined(pid)
+            elif pid in self.pending:
+                expired["duplicate_prediction"] += 1  # the later prediction replaces the one held
+                self.pending[pid] = entry
             elif len(self.pending) >= self.max_pending:
                 expired["pending_state_full"] += 1
             else:
                 self.pending[pid] = entry
         return self._joined(rows)
 
-    def add_labels(self, ids: list[Any], labels: list[int], now: float, expired: Counter[str]) -> Joined:
-        """Join labels to pending predictions; hold the others as orphans (or count them as duplicates)."""
+    def add_outcomes(self, ids: list[str], outcomes: list[int], now: float, expired: Counter[str]) -> Joined:
+        """Join outcomes to pending predictions; hold the others as orphans (or count them as duplicates)."""
         rows = []
-        for pid, label in zip(ids, labels, strict=True):
+        for pid, label in zip(ids, outcomes, strict=True):
             pid = str(pid)
             entry = self.pending.pop(pid, None)
             if entry is not None:
@@ -107,11 +126,11 @@ class LabelJoin:
         pending = list(self.pending.items())
         orphans = list(self.orphans.items())
         return {
-            "pending_ids": np.array([p for p, _ in pending], dtype=np.str_),
+            **_pack_ids("pending", [p for p, _ in pending]),
             "pending_ts": np.array([e[0] for _, e in pending], dtype=np.float64),
             "pending_pred": np.array([e[1] for _, e in pending], dtype=np.int64),
             "pending_codes": np.array([e[2] for _, e in pending], dtype=np.int64).reshape(-1, self.n_attributes),
-            "orphan_ids": np.array([p for p, _ in orphans], dtype=np.str_),
+            **_pack_ids("orphan", [p for p, _ in orphans]),
             "orphan_label": np.array([o[0] for _, o in orphans], dtype=np.int64),
             "orphan_arrived": np.array([o[1] for _, o in orphans], dtype=np.float64),
         }
@@ -120,8 +139,8 @@ class LabelJoin:
         """Load what :meth:`state` produced."""
         self.pending = {
             str(pid): (float(ts), int(pred), tuple(int(c) for c in codes))
-            for pid, ts, pred, codes in zip(state["pending_ids"], state["pending_ts"], state["pending_pred"],
+            for pid, ts, pred, codes in zip(_unpack_ids("pending", state), state["pending_ts"], state["pending_pred"],
                                             state["pending_codes"], strict=True)
         }  # fmt: skip
-        orphans = zip(state["orphan_ids"], state["orphan_label"], state["orphan_arrived"], strict=True)
+        orphans = zip(_unpack_ids("orphan", state), state["orphan_label"], state["orphan_arrived"], strict=True)
         self.orphans = {str(pid): (int(label), float(arrived)) for pid, label, arrived in orphans}

@@ -22,16 +22,17 @@ from exporter.stream.detectors import DetectorBank, DetectorState, Trace
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Where each attribute's subgroups live among the rows of the state."""
+class RowLayout:
+    """Where each attribute's subgroups live among the rows of the state: its groups, then one row for its unknown
+    category (events whose value is outside the groups, or missing; code ``-1``)."""
 
     names: tuple[str, ...]
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
 
     @classmethod
-    def of(cls, config: Config) -> Layout:
-        sizes = tuple(len(a.groups) for a in config.attributes)
+    def of(cls, config: Config) -> RowLayout:
+        sizes = tuple(len(a.groups) + 1 for a in config.attributes)
         offsets = tuple(int(x) for x in np.cumsum((0, *sizes))[:-1])
         return cls(tuple(a.name for a in config.attributes), offsets, sizes)
 
@@ -40,15 +41,20 @@ class Layout:
         return sum(self.sizes)
 
     def split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Cut a ``(n_rows, ...)`` array into one block per attribute."""
+        """Cut a ``(n_rows, ...)`` array into one block per attribute (its groups' rows, then its unknown row)."""
         return {n: rows[o : o + s] for n, o, s in zip(self.names, self.offsets, self.sizes, strict=True)}
+
+    def rows(self, name: str, codes: np.ndarray) -> np.ndarray:
+        """State rows of one attribute's codes; ``-1`` (unknown) goes to the attribute's unknown row."""
+        k = self.names.index(name)
+        return self.offsets[k] + np.where(codes < 0, self.sizes[k] - 1, codes)
 
 
 class WindowStore:
     """The bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
 
     def __init__(self, config: Config) -> None:
-        self.layout = Layout.of(config)
+        self.layout = RowLayout.of(config)
         self.bucket_seconds = config.bucket_seconds
         self.window_buckets = {w.name: round(w.seconds / config.bucket_seconds) for w in config.windows}
         longest = max(w.seconds for w in config.windows)
@@ -59,7 +65,9 @@ class WindowStore:
         self.head = -1  # absolute index of the newest bucket
         self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
         self.lock = threading.RLock()
-        self.detectors = DetectorBank(config, self.layout.offsets)
+        """The one lock of the stream state: the ingest holds it to count a batch, its joins and its offsets as one
+        step; the checkpointer to copy the counts, pending predictions and offsets as one consistent state."""
+        self.detectors = DetectorBank(config, self.layout.offsets, self.layout.n_rows)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
@@ -74,13 +82,13 @@ class WindowStore:
         self.bucket_ids[stale] = -1
 
     def add(
-        self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, labels: np.ndarray,
+        self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
         now: float, offsets: dict[tuple[str, int], int] | None = None,
     ) -> int:  # fmt: skip
         """Count a decoded batch and record the Kafka offsets it covers, atomically; return how many events
         were late (and therefore not counted)."""
         buckets = self.bucket_of(timestamps)
-        predicted, outcome = outcome_columns(predictions, labels)
+        predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
             self._advance(max(int(self.bucket_of(np.array([now]))[0]), int(buckets.max(initial=-1))))
             on_time = buckets > self.head - self.n_buckets
@@ -91,8 +99,8 @@ class WindowStore:
             self.offsets.update(offsets or {})
         return late
 
-    def add_labels(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
-        """Count delayed labels in their prediction's bucket; return how many predictions had left the ring
+    def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
+        """Count joined ground truth in its prediction's bucket; return how many predictions had left the ring
         (those still count in the monotonic totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
@@ -114,15 +122,16 @@ class WindowStore:
             return
         slots = self._slots(buckets)
         flat_counts = self.counts.reshape(-1)
-        for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
-            np.add.at(flat_counts, (slots * self.layout.n_rows + offset + codes[name]) * N_COUNTS + columns, 1)
+        for name in self.layout.names:
+            np.add.at(flat_counts, (slots * self.layout.n_rows + self.layout.rows(name, codes[name])) * N_COUNTS
+                      + columns, 1)  # fmt: skip
         self._count_totals(codes, columns)
 
     def _count_totals(self, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
-        for name, offset in zip(self.layout.names, self.layout.offsets, strict=True):
-            np.add.at(flat_totals, (offset + codes[name]) * N_COUNTS + columns, 1)
+        for name in self.layout.names:
+            np.add.at(flat_totals, self.layout.rows(name, codes[name]) * N_COUNTS + columns, 1)
 
     def _count_outcomes(
         self, buckets: np.ndarray, codes: dict[str, np.ndarray], outcome: np.ndarray
@@ -194,6 +203,22 @@ class WindowStore:
             self.head = int(state["head"])
             self.offsets = dict(offsets)
             self.detection = Detection.restore(state, self.detectors, self.totals)
+
+    def offsets_copy(self) -> dict[tuple[str, int], int]:
+        """The next Kafka offset after what the counts include, per (topic, partition)."""
+        with self.lock:
+            return dict(self.offsets)
+
+    def advance_offset(self, partition: tuple[str, int], offset: int) -> None:
+        """Record that everything before ``offset`` in this partition is counted (a batch that added no counts)."""
+        with self.lock:
+            self.offsets[partition] = offset
+
+    def forget_offsets(self, partitions: list[tuple[str, int]]) -> None:
+        """Drop the offsets of partitions handed to another replica or reset."""
+        with self.lock:
+            for partition in partitions:
+                self.offsets.pop(partition, None)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""

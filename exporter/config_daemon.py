@@ -1,0 +1,215 @@
+"""Validate the daemon's sections of the config: kafka (with the client library's own settings), events, windows,
+alerting.
+
+Every check records its problem and carries on, so :func:`exporter.config.parse_config` lists them all at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from pathlib import Path
+from typing import Any, Final
+
+from exporter.config import AlertingConfig, EventFields, KafkaConfig, Window, parse_duration
+from exporter.config_parse import Errors, get, positive_int
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
+_SENTINEL: Final = "fairness.exporter.validation.sentinel"
+"""Set after a user's property: librdkafka refusing it (and only it) proves the user's property was accepted."""
+
+
+def _milliseconds(seconds: float) -> int:
+    """A duration in whole milliseconds, the unit of the smallest duration the config accepts (exact arithmetic)."""
+    return round(seconds * 1000)
+
+
+KAFKA_PYTHON_SET_BY_DAEMON: Final = {
+    "bootstrap_servers": "kafka.bootstrap_servers", "group_id": "kafka.group_id",
+    "auto_offset_reset": "kafka.auto_offset_reset", "enable_auto_commit": None, "max_poll_records": None,
+    "client_id": None,
+}  # fmt: skip
+"""Keywords the kafka-python source passes to KafkaConsumer itself (a second value would be a TypeError there)."""
+
+
+def kafka_python_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, problem) for each setting KafkaConsumer does not know, checked against its own DEFAULT_CONFIG."""
+    from kafka import KafkaConsumer
+
+    known = set(KafkaConsumer.DEFAULT_CONFIG)
+    problems = []
+    for key in client:
+        if key in KAFKA_PYTHON_SET_BY_DAEMON:
+            instead = KAFKA_PYTHON_SET_BY_DAEMON[key]
+            problems.append((key, f"set by the daemon itself{f'; use {instead}' if instead else ''}"))
+        elif key not in known:
+            problems.append((key, "not a kafka-python KafkaConsumer setting (see KafkaConsumer.DEFAULT_CONFIG; "
+                                  "kafka-python spells them with underscores, e.g. security_protocol)"))  # fmt: skip
+    return problems
+
+
+def librdkafka_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, problem) for each property librdkafka refuses (unknown name or invalid value).
+
+    Each property is set on a throwaway consumer config followed by a property that does not exist: librdkafka
+    checks the properties in order and stops at the first it refuses, so the consumer is never created (no
+    thread, no connection) and the error says whether the user's property or the sentinel was refused.
+    """
+    try:
+        from confluent_kafka import Consumer, KafkaException
+    except ImportError:
+        return [("", "kafka.client_library is confluent-kafka, which is not installed: "
+                     "pip install 'fairness-exporter[confluent]'")]  # fmt: skip
+    problems = []
+    for key, value in client.items():
+        try:
+            Consumer({"group.id": "validation", key: value, _SENTINEL: 1})
+        except KafkaException as exc:
+            message = exc.args[0].str() if hasattr(exc.args[0], "str") else str(exc)
+            if _SENTINEL not in message:
+                problems.append((key, f"{value!r} refused by librdkafka: {message}"))
+        except (TypeError, ValueError) as exc:
+            problems.append((key, f"{value!r} refused by confluent-kafka: {exc}"))
+        else:  # pragma: no cover - the sentinel always fails; a consumer that got built must not linger
+            problems.append((key, "could not be checked"))
+    return problems
+
+
+def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
+    """The kafka section; every value type-checked, the client settings against the chosen library's own list."""
+    defaults = KafkaConfig()
+    values: dict[str, Any] = {}
+    servers = raw.get("bootstrap_servers", defaults.bootstrap_servers)
+    if isinstance(servers, list) and servers and all(isinstance(s, str) and s for s in servers):
+        values["bootstrap_servers"] = ",".join(servers)
+    elif isinstance(servers, str) and servers.strip():
+        values["bootstrap_servers"] = servers
+    else:
+        errors.add("kafka.bootstrap_servers", f"{servers!r} is not host:port or a list of host:port")
+    for key in ("topic", "labels_topic", "dead_letter_topic"):
+        topic = raw.get(key, getattr(defaults, key))
+        if topic is None:
+            continue
+        if isinstance(topic, str) and _TOPIC.match(topic):
+            values[key] = topic
+        else:
+            errors.add(f"kafka.{key}", f"{topic!r} is not a topic name (1 to 249 of A-Z a-z 0-9 . _ -)")
+    group_id = raw.get("group_id", defaults.group_id)
+    if isinstance(group_id, str) and group_id:
+        values["group_id"] = group_id
+    else:
+        errors.add("kafka.group_id", f"{group_id!r} is not a non-empty string")
+    for key, options in (("auto_offset_reset", ("earliest", "latest")), ("assignment", ("subscribe", "manual")),
+                         ("client_library", ("kafka-python", "confluent-kafka"))):  # fmt: skip
+        value = raw.get(key, getattr(defaults, key))
+        if value in options:
+            values[key] = value
+        else:
+            errors.add(f"kafka.{key}", f"{value!r} is not one of {', '.join(options)}")
+    topics = [values.get(k) for k in ("topic", "labels_topic", "dead_letter_topic") if values.get(k)]
+    if len(set(topics)) != len(topics):
+        errors.add("kafka", f"topic, labels_topic and dead_letter_topic must differ, got {topics}")
+    client = raw.get("client") or {}
+    if not isinstance(client, dict) or not all(isinstance(k, str) for k in client):
+        errors.add("kafka.client", f"{client!r} is not a mapping of client settings")
+    elif client:
+        library = values.get("client_library", defaults.client_library)
+        check = librdkafka_problems if library == "confluent-kafka" else kafka_python_problems
+        for key, problem in check(client):
+            errors.add(f"kafka.client.{key}" if key else "kafka.client_library", problem)
+        values["client"] = client
+    return KafkaConfig(**values)
+
+
+def parse_events(raw: dict[str, Any], errors: Errors) -> EventFields:
+    """The events section: dotted field paths (strings) and an optional score threshold in 0..1."""
+    values: dict[str, Any] = {}
+    for key in EventFields.__dataclass_fields__:
+        if key not in raw or raw[key] is None:
+            continue
+        value = raw[key]
+        if key == "score_threshold":
+            try:
+                threshold = float(value)  # a string too: ${ENV} references expand to strings
+            except (TypeError, ValueError):
+                threshold = -1.0
+            if isinstance(value, bool) or not 0 <= threshold <= 1:
+                errors.add("events.score_threshold", f"{value!r} is not a number between 0 and 1")
+            else:
+                values[key] = threshold
+        elif isinstance(value, str) and value.strip():
+            values[key] = value
+        else:
+            errors.add(f"events.{key}", f"{value!r} is not a dotted field path such as attributes.gender")
+    return EventFields(**values)
+
+
+def parse_windows(raw: Any, bucket_raw: Any, errors: Errors) -> tuple[list[Window], float]:
+    """The windows and the bucket width; each window a distinct whole number of buckets."""
+    bucket = 60.0
+    if bucket_raw is not None:
+        try:
+            bucket = parse_duration(bucket_raw)
+        except ValueError as exc:
+            errors.add("bucket", str(exc))
+    windows: list[Window] = []
+    if not isinstance(raw, list) or not raw:
+        errors.add("windows", f"{raw!r} is not a non-empty list of durations such as [1h, 24h]")
+        return windows, bucket
+    for i, w in enumerate(raw):
+        try:
+            window = Window(str(w), parse_duration(w))
+        except ValueError as exc:
+            errors.add(f"windows[{i}]", str(exc))
+            continue
+        same = [other.name for other in windows if _milliseconds(other.seconds) == _milliseconds(window.seconds)]
+        if same:
+            errors.add(f"windows[{i}]", f"{window.name} is the same window as {same[0]} (each would be exported "
+                                        "twice)")  # fmt: skip
+            continue
+        if _milliseconds(window.seconds) % _milliseconds(bucket):
+            errors.add(f"windows[{i}]", f"{window.name} is not a whole number of buckets of "
+                                        f"{bucket_raw if bucket_raw is not None else '1m'}")  # fmt: skip
+        windows.append(window)
+    return windows, bucket
+
+
+def check_listen(address: Any, errors: Errors) -> str:
+    """The bind address: an IP address (0.0.0.0 for every IPv4 interface, :: for IPv6)."""
+    try:
+        return str(ipaddress.ip_address(str(address)))
+    except ValueError:
+        errors.add("listen.address", f"{address!r} is not an IP address (e.g. 0.0.0.0, 127.0.0.1, ::)")
+        return str(address)
+
+
+def check_checkpoint_dir(path: str, errors: Errors) -> None:
+    """The checkpoint directory, or its nearest existing ancestor, must be a directory (it is created on write)."""
+    for candidate in (Path(path), *Path(path).absolute().parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "is a file" if candidate == Path(path) else f"is under {candidate}, which is a file"
+                errors.add("checkpoint.path", f"{path} {where}: expected a directory for the checkpoint files")
+            return
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ValueError("expected a number between 0 and 1 (exclusive)")
+    return float(value)
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError("expected a number > 0")
+    return float(value)
+
+
+def parse_alerting(raw: dict[str, Any], errors: Errors) -> AlertingConfig:
+    """The change detectors' section: their false-page budget, the replicas sharing it, the rate shift."""
+    return AlertingConfig(
+        false_pages_per_day=get(raw, "false_pages_per_day", 0.01, errors, "alerting.", _positive_number),
+        replicas=get(raw, "replicas", 1, errors, "alerting.", positive_int),
+        rate_shift=get(raw, "rate_shift", 0.10, errors, "alerting.", _fraction),
+    )

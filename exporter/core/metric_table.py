@@ -1,0 +1,229 @@
+"""The metric table: every fact about every pairwise fairness metric, in one place.
+
+A metric compares one or more per-group rates (:data:`exporter.core.fairness.RATES`) between two groups:
+
+* a **difference** is ``max`` over its rates of ``|rate_a - rate_b|`` (one rate for most metrics, two for
+  equalised odds), with a Newcombe interval per rate; with k rates each is taken at ``1 - 0.05/k`` (Bonferroni,
+  continuity-corrected), so the interval of the max covers at least 95% simultaneously. It passes at or below its
+  threshold.
+* a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with a Katz log interval capped at 1, undefined
+  (insufficient, never 0) when a group has no success. It passes at or above its threshold.
+
+Config validation, the gate, the collector, the seed API, the rules generator and the docs read :data:`METRICS`,
+so adding a metric is one entry here (see docs/adding-a-metric.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from functools import cache
+from statistics import NormalDist
+from typing import Final, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from exporter.core.fairness import (
+    RATE_TRIALS,
+    FloatArray,
+    IntArray,
+    abs_interval,
+    newcombe_interval,
+    rate_counts,
+    ratio,
+    ratio_interval,
+)
+
+CONFIDENCE: Final = 0.95
+Evidence = Literal["pass", "fail", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class MetricValues:
+    """One metric for pairs of groups: value, reported interval, precision and the counts it rests on."""
+
+    value: FloatArray
+    lower: FloatArray
+    upper: FloatArray
+    half_width: FloatArray
+    """Half-width of the interval on the metric's own scale (the signed difference's, before folding)."""
+    support: IntArray
+    """The smallest count any of the compared rates rests on, over both groups (what min_samples counts)."""
+
+    @property
+    def interval(self) -> tuple[FloatArray, FloatArray]:
+        """(lower, upper) of the reported 95% interval."""
+        return self.lower, self.upper
+
+    def take(self, rows: slice | NDArray) -> MetricValues:
+        """The same values restricted to some pairs."""
+        return MetricValues(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One row of the metric table."""
+
+    name: str
+    rates: tuple[str, ...]
+    kind: Literal["difference", "ratio"]
+    default_threshold: float
+    formula: str
+    """The definition in words, used in HELP texts, reports and docs."""
+    seed: bool = False
+    """One of the seed's three metrics: the daemon exports it even when the config does not name it."""
+
+    @property
+    def prometheus_name(self) -> str:
+        """The gauge on /metrics (with ``_lower``/``_upper`` companions)."""
+        return f"model_{self.name}"
+
+    @property
+    def needs_labels(self) -> bool:
+        """Whether the metric needs ground-truth labels (every rate but the selection rate does)."""
+        return self.rates != ("selection_rate",)
+
+    @property
+    def counted(self) -> str:
+        """What min_samples counts for this metric, per group: e.g. ``labelled positives and labelled negatives``."""
+        return " and ".join(RATE_TRIALS[r] for r in self.rates)
+
+    @property
+    def help(self) -> str:
+        """HELP text of the gauge."""
+        return f"{self.formula}; absent when insufficient (see model_comparison_insufficient_samples)."
+
+    def passes(self, value: float, threshold: float) -> bool:
+        """Differences pass at or below the threshold; ratios at or above it."""
+        return value <= threshold if self.kind == "difference" else value >= threshold
+
+    def default_max_width(self, threshold: float) -> float:
+        """The widest half-width at which a value is reported: the threshold for a difference (an interval
+        narrower than the threshold can tell a gap of the threshold from none), ``1 - threshold`` for a ratio
+        (the same distance, from parity at 1 down to the threshold)."""
+        return threshold if self.kind == "difference" else 1.0 - threshold
+
+    def evidence(self, lower: float, upper: float, threshold: float) -> Evidence:
+        """``pass`` when the whole interval is on the passing side of the threshold, ``fail`` when it is wholly
+        beyond it, else ``inconclusive``."""
+        if math.isnan(lower) or math.isnan(upper):
+            return "inconclusive"
+        good, bad = (upper <= threshold, lower > threshold) if self.kind == "difference" else \
+            (lower >= threshold, upper < threshold)  # fmt: skip
+        return "pass" if good else "fail" if bad else "inconclusive"
+
+    def compute(self, counts: NDArray, a: NDArray, b: NDArray, rates: RateCounts | None = None) -> MetricValues:
+        """This metric for pairs ``(a[i], b[i])`` of rows of a ``(n_groups, N_COUNTS)`` counts array (``rates``:
+        the (successes, trials) of rates already reduced from these counts, shared between metrics)."""
+        rates = {} if rates is None else rates
+        for rate in self.rates:
+            if rate not in rates:
+                rates[rate] = rate_counts(counts, rate)
+        return _difference(self, rates, a, b) if self.kind == "difference" else _ratio(self, rates, a, b)
+
+
+RateCounts = dict[str, tuple[IntArray, IntArray]]
+
+
+@cache
+def _z(n_rates: int) -> float:
+    """Normal quantile of each of ``n_rates`` intervals whose union covers CONFIDENCE (Bonferroni)."""
+    return NormalDist().inv_cdf(1.0 - (1.0 - CONFIDENCE) / (2 * n_rates))
+
+
+def _difference(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray) -> MetricValues:
+    z = _z(len(metric.rates))
+    # Bonferroni guarantees its level only if each component reaches its own: Newcombe's method 10 covers its level
+    # on average but dips about 0.3 points below it (0.972 for 0.975 at rate 0.5, 100 per group), so a simultaneous
+    # interval uses the continuity-corrected method 11, which stays above it.
+    simultaneous = len(metric.rates) > 1
+    parts = []
+    for rate in metric.rates:
+        k, n = rates[rate]
+        lo, hi = newcombe_interval(k[a], n[a], k[b], n[b], z, continuity=simultaneous)
+        folded = abs_interval(lo, hi)
+        value = np.abs(ratio(k[a], n[a]) - ratio(k[b], n[b]))
+        parts.append((value, *folded, (hi - lo) / 2.0, np.minimum(n[a], n[b])))
+    # np.maximum propagates NaN: a metric with an undefined component is undefined.
+    value, lower, upper, half, _ = (np.maximum.reduce([p[i] for p in parts]) for i in range(5))
+    support = np.minimum.reduce([p[4] for p in parts])
+    return MetricValues(value, lower, upper, half, support.astype(np.int64))
+
+
+def _ratio(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray) -> MetricValues:
+    (rate,) = metric.rates
+    k, n = rates[rate]
+    p = ratio(k, n)
+    a_is_low = p[a] <= p[b]
+    low, high = np.where(a_is_low, a, b), np.where(a_is_low, b, a)
+    defined = (k[low] > 0) & (k[high] > 0)  # a group with no success has no meaningful ratio
+    value = np.where(defined, ratio(k[low] * n[high], k[high] * n[low]), np.nan)
+    lo, hi = ratio_interval(k[low], n[low], k[high], n[high])
+    lower = np.where(defined, np.clip(lo, 0.0, 1.0), np.nan)
+    upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
+    return MetricValues(value, lower, upper, (upper - lower) / 2.0, np.minimum(n[a], n[b]).astype(np.int64))
+
+
+# fmt: off
+METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
+    Metric("demographic_parity_difference", ("selection_rate",), "difference", 0.05,
+           "|selection rate a - selection rate b|", seed=True),
+    Metric("equalised_odds_difference", ("true_positive_rate", "false_positive_rate"), "difference", 0.05,
+           "max(|TPR a - TPR b|, |FPR a - FPR b|) over labelled predictions", seed=True),
+    Metric("disparate_impact_ratio", ("selection_rate",), "ratio", 0.80,
+           "min/max of the two selection rates (four-fifths rule: below 0.8 is adverse)", seed=True),
+    Metric("equal_opportunity_difference", ("true_positive_rate",), "difference", 0.05,
+           "|TPR a - TPR b| over labelled positives"),
+    Metric("false_positive_rate_difference", ("false_positive_rate",), "difference", 0.05,
+           "|FPR a - FPR b| over labelled negatives"),
+    Metric("predictive_parity_difference", ("precision",), "difference", 0.05,
+           "|PPV a - PPV b| (precision) over labelled positive predictions"),
+    Metric("accuracy_difference", ("accuracy",), "difference", 0.05,
+           "|accuracy a - accuracy b| over labelled predictions"),
+)}
+# fmt: on
+METRIC_NAMES: Final = tuple(METRICS)
+
+
+@dataclass(frozen=True)
+class Comparisons:
+    """Every metric of the table for pairs ``(group_a[i], group_b[i])`` of group rows."""
+
+    group_a: IntArray
+    group_b: IntArray
+    metrics: dict[str, MetricValues]
+
+    def take(self, rows: slice | NDArray, group_a: IntArray, group_b: IntArray) -> Comparisons:
+        """Some pairs, renumbered to ``group_a``/``group_b``."""
+        return Comparisons(group_a, group_b, {k: v.take(rows) for k, v in self.metrics.items()})
+
+
+def compare(counts: NDArray, group_a: NDArray, group_b: NDArray, metrics: Iterable[str] = METRICS) -> Comparisons:
+    """The named metrics (default: every metric of :data:`METRICS`) for each pair of rows of ``counts``."""
+    a = np.asarray(group_a, dtype=np.int64)
+    b = np.asarray(group_b, dtype=np.int64)
+    c = np.asarray(counts, dtype=np.int64)
+    rates: RateCounts = {}
+    return Comparisons(a, b, {name: METRICS[name].compute(c, a, b, rates) for name in metrics})
+
+
+def max_widths(limits: Iterable[tuple[str, float, float | None]] = ()) -> dict[str, float]:
+    """``max_interval_width`` of every metric from configured ``(name, threshold, max_width or None)``; metrics not
+    configured get their table default."""
+    out = {name: m.default_max_width(m.default_threshold) for name, m in METRICS.items()}
+    for name, threshold, width in limits:
+        out[name] = METRICS[name].default_max_width(threshold) if width is None else width
+    return out
+
+
+def samples_to_decide(half_width: float, value: float, threshold: float, samples: Mapping[str, int]) -> \
+        dict[str, int] | None:  # fmt: skip
+    """Samples per group at which the interval (half-width ~ 1/sqrt(n)) would no longer reach the threshold from
+    the current value; None when the value sits on the threshold or is undefined."""
+    gap = abs(value - threshold)
+    if not (gap > 0 and math.isfinite(half_width) and math.isfinite(gap)):
+        return None
+    factor = (half_width / gap) ** 2
+    return {g: math.ceil(n * factor) for g, n in samples.items()}

@@ -1,0 +1,102 @@
+"""What the Kafka source needs of a client library, as one Protocol, and the types it speaks in.
+
+Two thin adapters implement it by calling their library and nothing more: :mod:`exporter.stream.client_kafka`
+(kafka-python) and :mod:`exporter.stream.client_confluent` (confluent-kafka). Every policy (where to start, what to
+commit, when a log was reset, what a rebalance does) lives once, in :class:`exporter.stream.source.KafkaSource`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
+
+Partition = tuple[str, int]
+"""(topic, partition)."""
+Offsets = dict[Partition, int]
+"""Next offset to read, per partition."""
+
+
+class Record(Protocol):
+    """One Kafka message as the ingest reads it."""
+
+    @property
+    def value(self) -> bytes | None: ...
+
+    @property
+    def offset(self) -> int: ...
+
+
+class SimpleRecord(NamedTuple):
+    """A :class:`Record` built by hand (the confluent adapter, tests, benchmarks)."""
+
+    value: bytes | None
+    offset: int
+
+
+class LogBounds(NamedTuple):
+    """A partition's log as the last fetch response described it; None where the client does not know."""
+
+    start: int | None
+    """The log start offset: the first offset the broker still holds."""
+    end: int | None
+    """The high watermark: the offset the next produced record will get."""
+
+
+class Rebalance(Protocol):
+    """What a consumer group's rebalance asks of the source. The contract, for both client libraries:
+
+    - ``revoked(partitions)`` runs *before* the partitions go to another member, on a thread where the client may
+      still commit without waiting. The source makes what it counted durable (a checkpoint, if configured),
+      commits exactly that without waiting, and forgets the partitions' offsets, so no later commit or
+      checkpoint of this replica carries them (a stale offset would rewind their new owner, who would then
+      count events twice). A client closing down does not call it: a rebuilt consumer resumes from its offsets.
+    - ``assigned(partitions)`` runs *after* the group assigned them and *before* any of them is fetched. It
+      returns where to start each one: after the last record this process counted, else the checkpoint's offset;
+      a partition it leaves out starts at the group's committed offset (``auto_offset_reset`` if none).
+    """
+
+    def revoked(self, partitions: list[Partition]) -> None: ...
+
+    def assigned(self, partitions: list[Partition]) -> Offsets: ...
+
+
+class CommitFailed(Exception):
+    """An offset commit the client could not complete; the source counts it and retries later."""
+
+
+class KafkaClient(Protocol):
+    """One consumer of one library. Not thread-safe: the source calls it from its own thread only (and the
+    client calls :class:`Rebalance` from the thread its library uses)."""
+
+    def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
+        """Join the consumer group for these topics."""
+
+    def assign(self, starts: Mapping[Partition, int | None]) -> None:
+        """Read exactly these partitions (manual assignment), each from its offset (None: the committed one)."""
+
+    def assignment(self) -> set[Partition]:
+        """The partitions held right now."""
+
+    def partitions(self, topic: str) -> list[int] | None:
+        """The topic's partition ids ([] if it does not exist); None while no broker answers."""
+
+    def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
+        """The next records, per partition, in offset order; waits up to ``timeout`` seconds for some."""
+
+    def rewind(self, partition: Partition) -> None:
+        """Read the partition again from the start of its log."""
+
+    def bounds(self, partition: Partition) -> LogBounds:
+        """The partition's log start offset and high watermark from the last fetch response (no request)."""
+
+    def topic_id(self, topic: str) -> str | None:
+        """The topic's id in the cluster metadata (changes when the topic is re-created); None if unknown."""
+
+    def connected(self) -> bool:
+        """Whether any broker answers."""
+
+    def commit(self, offsets: Offsets, wait: bool) -> None:
+        """Commit these offsets; ``wait=False`` only sends them. Raises :class:`CommitFailed`."""
+
+    def close(self) -> None:
+        """Leave the group (without committing) and release the connections."""

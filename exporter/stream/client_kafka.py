@@ -1,0 +1,101 @@
+"""The kafka-python adapter of :class:`~exporter.stream.client.KafkaClient`: calls into the library, no policy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from exporter.config import KafkaConfig
+from exporter.stream.client import CommitFailed, LogBounds, Offsets, Partition, Rebalance, Record
+
+COMMIT_TIMEOUT_MS = 5000
+# kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner. Its
+# constructor waits for a broker up to bootstrap_timeout_ms (30 s): a SIGTERM then waited that long; the source
+# retries a constructor that gave up, with its own backoff.
+CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000,
+                                   "bootstrap_timeout_ms": 3000}  # fmt: skip
+
+
+class _Listener(ConsumerRebalanceListener):
+    """kafka-python wants a subclass of its listener; this one forwards to the source's :class:`Rebalance`."""
+
+    def __init__(self, consumer: KafkaConsumer, rebalance: Rebalance) -> None:
+        self.consumer = consumer
+        self.rebalance = rebalance
+
+    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.rebalance.revoked([(tp.topic, tp.partition) for tp in revoked])
+
+    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        starts = self.rebalance.assigned([(tp.topic, tp.partition) for tp in assigned])
+        for (topic, partition), offset in starts.items():
+            self.consumer.seek(TopicPartition(topic, partition), offset)
+
+
+class KafkaPythonClient:
+    """A :class:`~exporter.stream.client.KafkaClient` on kafka-python; ``kafka.client`` holds its setting names."""
+
+    def __init__(self, kafka: KafkaConfig, max_records: int) -> None:
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap_servers.split(","),
+            group_id=kafka.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=kafka.auto_offset_reset,
+            max_poll_records=max_records,
+            client_id=f"fairness-exporter-{kafka.group_id}",
+            **{**CLIENT_DEFAULTS, **kafka.client},
+        )
+
+    def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
+        self.consumer.subscribe(topics, listener=_Listener(self.consumer, rebalance))
+
+    def assign(self, starts: Mapping[Partition, int | None]) -> None:
+        self.consumer.assign([TopicPartition(t, p) for t, p in starts])
+        for (topic, partition), offset in starts.items():
+            if offset is not None:
+                self.consumer.seek(TopicPartition(topic, partition), offset)
+
+    def assignment(self) -> set[Partition]:
+        return {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+
+    def partitions(self, topic: str) -> list[int] | None:
+        ids = self.consumer.partitions_for_topic(topic)
+        return sorted(ids) if ids else []
+
+    def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
+        batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        return {(tp.topic, tp.partition): records for tp, records in batches.items()}
+
+    def rewind(self, partition: Partition) -> None:
+        self.consumer.seek_to_beginning(TopicPartition(*partition))
+
+    def bounds(self, partition: Partition) -> LogBounds:
+        # kafka-python keeps the high watermark of the last fetch response, not its log start offset
+        return LogBounds(None, self.consumer.highwater(TopicPartition(*partition)))
+
+    def topic_id(self, topic: str) -> str | None:
+        topic_id = self.consumer._client.cluster.topic_id(topic)
+        return None if topic_id is None else str(topic_id)
+
+    def connected(self) -> bool:
+        client = self.consumer._client
+        return any(client.connected(broker.node_id) for broker in client.cluster.brokers())
+
+    def commit(self, offsets: Offsets, wait: bool) -> None:
+        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        try:
+            if wait:
+                self.consumer.commit(commit, timeout_ms=COMMIT_TIMEOUT_MS)
+            else:
+                # kafka-python 3 runs rebalance callbacks on its IO thread, where a blocking commit raises
+                self.consumer.commit_async(commit)
+        except KafkaError as exc:
+            raise CommitFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)

@@ -1,0 +1,157 @@
+"""Faults of the stream against the real broker, on both client libraries: a dead letter that cannot be sent, a
+broker that comes back empty, a lost broker, and a rebalance that takes partitions (and their lag) away.
+
+Each test failed before its fix (issue 16 cases 1, 3, 8; issue 11 item 2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import orjson
+import pytest
+from broker_fixture import CLIENT_CONFIG, produce
+from daemon_fixture import consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
+from kafka import KafkaProducer
+
+from exporter.daemon import EXPIRY_EVERY_SECONDS, Daemon
+from exporter.devtools.embedded_broker import EmbeddedBroker
+
+
+def overall(port: int) -> float | None:
+    return sample(scrape(port), "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
+                  subgroup="overall")  # fmt: skip
+
+
+def test_a_dead_letter_too_large_to_send_is_counted_once_and_dropped(
+    kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon], client_library: str
+) -> None:
+    # 10 valid events and a 1.1 MB malformed one in one batch: over the dead-letter producer's default limit
+    big = b"{" + b"x" * 1_100_000
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap_servers, max_request_size=4_000_000,
+                             enable_idempotence=False, **CLIENT_CONFIG)  # fmt: skip
+    try:
+        for value in [*payloads(synthetic_rows(10, seed=1), time.time()), big]:
+            producer.send(topic, value=value, partition=0)
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=5)
+    daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
+        **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"],
+        "dead_letter_topic": f"{topic}-dlq"})  # fmt: skip
+    wait_for(lambda: consumed(daemon.port) >= 11, what="the 11 events")
+    # Later events on the same partition: once they are counted, a re-read of the first batch would have been too.
+    produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(5, seed=2), time.time()), partition=0)
+    wait_for(lambda: consumed(daemon.port) >= 16, what="the 5 later events")
+    daemon.computer.compute()
+    s = scrape(daemon.port)
+    assert sample(s, "fairness_exporter_events_consumed_total") == 16
+    assert overall(daemon.port) == 15
+    assert sample(s, "fairness_exporter_events_rejected_total", reason="malformed_json") == 1
+    assert sample(s, "fairness_exporter_dead_letters_failed_total", reason="too_large") == 1
+    assert sample(s, "fairness_exporter_consumer_errors_total") == 0
+
+
+def test_events_after_the_broker_comes_back_empty_are_all_read(
+    fresh_broker: EmbeddedBroker, running: Callable[..., Daemon]
+) -> None:
+    fresh_broker.create_topic("events", partitions=3)
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(200, seed=5), time.time()))
+    daemon = running(fresh_broker.bootstrap_servers, "events")
+    wait_for(lambda: consumed(daemon.port) == 200, what="200 events before the restart")
+    fresh_broker.restart()  # the test broker keeps nothing: the topic and its offsets are gone
+    fresh_broker.create_topic("events", partitions=3)
+    # at once: each partition's new log grows past the old position before the daemon fetches again
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(1000, seed=6), time.time()))
+    wait_for(lambda: consumed(daemon.port) >= 1200, timeout=90, what="the 1000 events after the restart")
+    daemon.computer.compute()
+    assert overall(daemon.port) == 1200
+    assert sample(scrape(daemon.port), "fairness_exporter_partition_resets_total") == 3
+
+
+def test_readiness_and_the_connected_gauge_follow_a_lost_broker(
+    fresh_broker: EmbeddedBroker, running: Callable[..., Daemon]
+) -> None:
+    fresh_broker.create_topic("events", partitions=1)
+    produce(fresh_broker.bootstrap_servers, "events", [orjson.dumps({"model_id": "m1"})])
+    daemon = running(fresh_broker.bootstrap_servers, "events")
+    wait_for(lambda: daemon.ready()[0], what="ready")
+    assert sample(scrape(daemon.port), "fairness_exporter_kafka_connected") == 1
+    fresh_broker.stop()
+    wait_for(lambda: not daemon.ready()[0], what="not ready without a broker")
+    assert daemon.ready() == (False, "no Kafka broker answers")
+    assert sample(scrape(daemon.port), "fairness_exporter_kafka_connected") == 0
+    assert daemon.healthy()[0]  # alive: restarting the pod would not bring the broker back
+    fresh_broker.start()
+    fresh_broker.create_topic("events", partitions=1)  # the test broker comes back empty
+    wait_for(lambda: daemon.ready()[0], timeout=90, what="ready again")
+
+
+@pytest.mark.parametrize("client_library", ["kafka-python"])
+def test_a_partition_handed_to_another_replica_takes_its_lag_series_with_it(
+    kafka_broker: EmbeddedBroker, topic: str, client_library: str
+) -> None:
+    base = kafka_config(kafka_broker.bootstrap_servers, topic, client_library)
+    group = {**base["kafka"], "assignment": "subscribe",
+             "client": {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}}
+    from daemon_config import make_config
+
+    produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(90, seed=3), time.time()),
+            partition=lambda i, _: i % 3)  # fmt: skip
+    first = Daemon(make_config(**{**base, "kafka": group}))
+    second = Daemon(make_config(**{**base, "kafka": group}))
+    try:
+        first.start()
+        wait_for(lambda: len(lag_series(first)) == 3, what="lag of all 3 partitions on the only replica")
+        second.start()
+        wait_for(lambda: len(lag_series(first)) < 3, timeout=60, what="the first replica to hand partitions over")
+        produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(30, seed=4), time.time()),
+                partition=lambda i, _: i % 3)  # fmt: skip
+        wait_for(lambda: len(lag_series(second)) >= 1 and len(lag_series(first)) + len(lag_series(second)) == 3,
+                 timeout=60, what="each partition's lag series on exactly one replica")  # fmt: skip
+        assert not set(lag_series(first)) & set(lag_series(second))
+    finally:
+        second.stop()
+        first.stop()
+
+
+def lag_series(daemon: Daemon) -> dict[str, float]:
+    return {dict(labels)["partition"]: v for (name, labels), v in scrape(daemon.port).items()
+            if name == "fairness_exporter_consumer_lag_messages"}  # fmt: skip
+
+
+# Tansu holds a new member's JoinGroup for about half the session timeout: 6 s keeps a rebalance near 3 s.
+GROUP_CLIENT = {"kafka-python": {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000,
+                                 "heartbeat_interval_ms": 1000},
+                "confluent-kafka": {"reconnect.backoff.ms": 200, "reconnect.backoff.max.ms": 500,
+                                    "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}}  # fmt: skip
+
+
+def test_a_consumer_group_reads_a_topic_recreated_on_a_broker_that_came_back_empty(
+    fresh_broker: EmbeddedBroker, running: Callable[..., Daemon], client_library: str
+) -> None:
+    fresh_broker.create_topic("events", partitions=3)
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(200, seed=7), time.time()))
+    group = {**kafka_config(fresh_broker.bootstrap_servers, "events", client_library)["kafka"],
+             "assignment": "subscribe", "client": GROUP_CLIENT[client_library]}  # fmt: skip
+    daemon = running(fresh_broker.bootstrap_servers, "events", kafka=group)
+    wait_for(lambda: consumed(daemon.port) == 200, what="200 events before the restart")
+    fresh_broker.restart()
+    fresh_broker.create_topic("events", partitions=3)
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(1000, seed=8), time.time()))
+    wait_for(lambda: consumed(daemon.port) >= 1200, timeout=300, what="the 1000 events after the restart")
+    daemon.computer.compute()
+    assert overall(daemon.port) == 1200
+
+
+def test_label_expiry_runs_on_the_schedule_not_only_when_a_batch_arrives(
+    kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon], client_library: str
+) -> None:
+    kafka_broker.create_topic(f"{topic}-labels", partitions=1)
+    daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
+        **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"],
+        "labels_topic": f"{topic}-labels"})  # fmt: skip
+    job = daemon.scheduler.get_job("expire")
+    assert job is not None and job.func == daemon.ingest.expire
+    assert job.trigger.interval.total_seconds() == EXPIRY_EVERY_SECONDS
