@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench import compute, ingest, scrape
+from bench import alerts, compute, ingest, scrape
 from bench.report import Section, machine_table, table, verdict
 
-BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run}
+BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run, "alerts": alerts.run}
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 

@@ -1,5 +1,5 @@
 """The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``safety``, ``redteam``, ``audit-log verify``,
-``serve`` and ``demo``."""
+``serve``, ``backtest`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -271,6 +271,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_backtest(args: argparse.Namespace) -> int:
+    """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
+    from exporter.backtest import BacktestError, backtest
+
+    try:
+        config = load_config(args.config)
+        report = backtest(config, args.events)
+    except (ConfigError, BacktestError) as exc:
+        print(f"fairness-exporter backtest: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    text = json.dumps(report, indent=2, allow_nan=False)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    firing = sum(a["resolved_at"] is None for a in report["alerts"])
+    print(f"{report['model_id']}: {report['events']} events replayed in {report['steps']} steps, "
+          f"{len(report['alerts'])} alert(s), {firing} still firing at the end", file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """A local broker, synthetic traffic that drifts into bias, and the daemon; Ctrl-C stops all three."""
     from exporter.devtools.demo import run_demo
@@ -349,6 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_serve)
+
+    backtest = sub.add_parser("backtest", help="replay recorded events through the daemon's path and list the "
+                              "alerts its rules would have raised")  # fmt: skip
+    backtest.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
+    backtest.add_argument("events", nargs="+", help="JSON lines in the topic's event format, or parquet/CSV with "
+                          "the gate's columns plus timestamp, model_id and prediction_id")  # fmt: skip
+    backtest.add_argument("--output", help="write the JSON report here instead of stdout")
+    backtest.set_defaults(func=cmd_backtest)
 
     demo = sub.add_parser("demo", help="local broker + synthetic drifting traffic + the daemon")
     demo.add_argument("--port", type=int, default=9108, help="metrics port (default 9108)")

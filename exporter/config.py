@@ -83,6 +83,18 @@ class EventFields:
 
 
 @dataclass(frozen=True)
+class AlertingConfig:
+    """The change detectors' false-alarm budget and the subgroup rate shift worth a warning."""
+
+    false_pages_per_day: float = 0.01
+    """Expected false pages per day, shared by every detector of the model and every replica."""
+    replicas: int = 1
+    """Replicas sharing the traffic (the Helm chart sets it from replicaCount): each takes 1/replicas of it."""
+    rate_shift: float = 0.10
+    """SubgroupPredictionRateShift: a move of a subgroup's selection rate from its own baseline worth a warning."""
+
+
+@dataclass(frozen=True)
 class Window:
     """A sliding event-time window, named as written in the config."""
 
@@ -125,6 +137,7 @@ class Config:
     tls_key_file: str | None = None
     checkpoint_path: str | None = None
     checkpoint_interval_seconds: float = 30
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
     source: str = "<config>"
 
     def max_interval_widths(self) -> dict[str, float]:
@@ -220,6 +233,8 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         tls_key_file=tls["tls_key_file"],
         checkpoint_path=checkpoint["path"] if checkpoint else None,
         checkpoint_interval_seconds=p.get(checkpoint or {}, "interval", 30.0, errors, "checkpoint.", parse_duration),
+        alerting=daemon.parse_alerting(p.section(raw, "alerting", errors, set(AlertingConfig.__dataclass_fields__)),
+                                       errors),
         source=source,
     )
     if errors.lines:

@@ -1,4 +1,5 @@
-"""Validate the daemon's sections of the config: kafka (with the client library's own settings), events, windows.
+"""Validate the daemon's sections of the config: kafka (with the client library's own settings), events, windows,
+alerting.
 
 Every check records its problem and carries on, so :func:`exporter.config.parse_config` lists them all at once.
 """
@@ -6,12 +7,13 @@ Every check records its problem and carries on, so :func:`exporter.config.parse_
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from pathlib import Path
 from typing import Any, Final
 
-from exporter.config import EventFields, KafkaConfig, Window, parse_duration
-from exporter.config_parse import Errors
+from exporter.config import AlertingConfig, EventFields, KafkaConfig, Window, parse_duration
+from exporter.config_parse import Errors, get, positive_int
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
 _SENTINEL: Final = "fairness.exporter.validation.sentinel"
@@ -190,3 +192,24 @@ def check_checkpoint_dir(path: str, errors: Errors) -> None:
                 where = "is a file" if candidate == Path(path) else f"is under {candidate}, which is a file"
                 errors.add("checkpoint.path", f"{path} {where}: expected a directory for the checkpoint files")
             return
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ValueError("expected a number between 0 and 1 (exclusive)")
+    return float(value)
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError("expected a number > 0")
+    return float(value)
+
+
+def parse_alerting(raw: dict[str, Any], errors: Errors) -> AlertingConfig:
+    """The change detectors' section: their false-page budget, the replicas sharing it, the rate shift."""
+    return AlertingConfig(
+        false_pages_per_day=get(raw, "false_pages_per_day", 0.01, errors, "alerting.", _positive_number),
+        replicas=get(raw, "replicas", 1, errors, "alerting.", positive_int),
+        rate_shift=get(raw, "rate_shift", 0.10, errors, "alerting.", _fraction),
+    )

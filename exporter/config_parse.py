@@ -234,5 +234,5 @@ def section(raw: dict[str, Any], key: str, errors: Errors, allowed: set[str]) ->
 TOP_LEVEL: Final = {
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "kafka", "events", "windows", "bucket", "allowed_lateness", "max_future_skew",
-    "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint",
+    "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint", "alerting",
 }  # fmt: skip

@@ -72,7 +72,9 @@ class Chain:
 def start_daemon(broker: EmbeddedBroker, model_id: str, daemons: list[Daemon]) -> tuple[Daemon, str]:
     topic = f"alertmanager-e2e-{model_id}-{uuid.uuid4().hex[:6]}"
     broker.create_topic(topic, partitions=2)
-    daemon = Daemon(make_config(model_id=model_id, **kafka_config(broker.bootstrap_servers, topic, "kafka-python")))
+    # 5-second buckets: the change detectors behind the pages take a step every 5 s instead of every minute
+    daemon = Daemon(make_config(model_id=model_id, **kafka_config(broker.bootstrap_servers, topic, "kafka-python"),
+                                bucket="5s"))  # fmt: skip
     daemons.append(daemon)
     daemon.start()
     return daemon, topic

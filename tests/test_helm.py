@@ -280,6 +280,7 @@ def test_config_is_the_values_config(helm: str, scenario: str) -> None:
     expected = dict(values["config"])
     if values["checkpoint"]["enabled"]:
         expected["checkpoint"] = {key: values["checkpoint"][key] for key in ("path", "interval")}
+    expected["alerting"] = {**expected.get("alerting", {}), "replicas": values["replicaCount"]}
     assert daemon_config(render(helm, scenario)) == expected
 
 
@@ -434,3 +435,9 @@ def test_alertmanagerconfig_receivers_come_from_values(helm: str) -> None:
     page = next(r for r in crd["spec"]["receivers"] if r["name"] == "fairness-page")
     assert page == {"name": "fairness-page",
                     "pagerdutyConfigs": [{"routingKey": {"name": "pagerduty-fairness", "key": "routing-key"}}]}
+
+
+@scenarios
+def test_each_replica_takes_its_share_of_the_false_page_budget(helm: str, scenario: str) -> None:
+    """alerting.replicas follows replicaCount, so N replicas' detectors together keep the model's budget."""
+    assert daemon_config(render(helm, scenario))["alerting"]["replicas"] == chart_values(scenario)["replicaCount"]

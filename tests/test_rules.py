@@ -107,7 +107,8 @@ def test_promtool_accepts_rules_with_short_for_durations(promtool: str, tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     alerts = [rule for group in rules["groups"] for rule in group["rules"] if "alert" in rule]
     assert {rule["for"] for rule in alerts} == {"5s"}
-    assert all("for 5s" in rule["annotations"]["description"] for rule in alerts)
+    held = [rule for rule in alerts if generate.TUNING[rule["alert"]].for_ != generate.DETECTOR_FOR]
+    assert all("for 5s" in rule["annotations"]["description"] for rule in held)
 
 
 def test_for_durations_mapping_replaces_only_the_named_alerts() -> None:
@@ -136,15 +137,35 @@ def test_alert_has_severity_summary_description_and_runbook_url(name: str) -> No
         assert "$value" in rule["annotations"]["description"], f"{name}'s description does not show the value"
 
 
-@pytest.mark.parametrize("name", ["FairnessDemographicParityDrift", "FairnessDisparateImpactViolation"])
+@pytest.mark.parametrize("name", ["FairnessDemographicParityAboveThreshold", "FairnessDisparateImpactBelowThreshold"])
 def test_fairness_comparison_alert_names_model_dimension_and_window(name: str) -> None:
     description = ALERTS[name]["annotations"]["description"]
     for label in ("model_id", "attribute", "dimension", "group_a", "group_b", "window"):
         assert "{{ $labels." + label + " }}" in description
 
 
+@pytest.mark.parametrize("name", ["FairnessDemographicParityDrift", "FairnessDisparateImpactViolation",
+                                  "FairnessEqualisedOddsDrift"])  # fmt: skip
+def test_detector_alert_names_the_comparison_and_shows_the_gap_in_every_window(name: str) -> None:
+    description = ALERTS[name]["annotations"]["description"]
+    for label in ("model_id", "attribute", "dimension", "group_a", "group_b", "direction", "instance"):
+        assert "{{ $labels." + label + " }}" in description
+    assert "| query" in description and "_lower" in description and "_upper" in description
+
+
+def test_detector_alerts_are_the_detectors_table_and_fire_while_a_detector_is_in_alarm() -> None:
+    from exporter.stream.detectors import ALERTS as DETECTOR_ALERTS
+
+    for alert in DETECTOR_ALERTS:
+        rule = ALERTS[alert.name]
+        assert rule["labels"]["severity"] == alert.severity
+        assert rule["expr"].endswith("_alarm" + rule["expr"].split("\n")[0].split("_statistic", 1)[1] + " == 1")
+    paging = {name for name, rule in ALERTS.items() if rule["labels"]["severity"] == "critical"}
+    assert paging - {"FairnessExporterAbsent"} == {a.name for a in DETECTOR_ALERTS if a.severity == "critical"}
+
+
 def test_rate_shift_alert_names_model_subgroup_and_window() -> None:
-    description = ALERTS["SubgroupPredictionRateShift"]["annotations"]["description"]
+    description = ALERTS["SubgroupPredictionRateAverageShift"]["annotations"]["description"]
     for label in ("model_id", "attribute", "subgroup", "window"):
         assert "{{ $labels." + label + " }}" in description
 

@@ -23,6 +23,7 @@ import yaml
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, RATES, TN, TP
 from exporter.core.metric_table import METRICS
+from exporter.stream.detectors import ALERTS, Alert
 
 
 class Tuning(NamedTuple):
@@ -33,14 +34,20 @@ class Tuning(NamedTuple):
     severity: Literal["critical", "warning"]
 
 
+DETECTOR_FOR = "0m"
+"""The detectors page as soon as they raise an alarm: the evidence is already accumulated, and the false-alarm
+budget counts alarms, so a `for:` would only delay the page."""
+
 # fmt: off
 TUNING: dict[str, Tuning] = {
-    # model_demographic_parity_difference > threshold (the audit gate passes at or below 0.05)
-    "FairnessDemographicParityDrift":   Tuning(0.05, "30m", "critical"),
+    # the change detectors (exporter/stream/detectors.py ALERTS): while a detector is in alarm
+    **{alert.name: Tuning(None, DETECTOR_FOR, alert.severity) for alert in ALERTS},
+    # The seed's literal rules, non-paging: model_demographic_parity_difference > threshold
+    "FairnessDemographicParityAboveThreshold": Tuning(0.05, "30m", "warning"),
     # model_disparate_impact_ratio < threshold (four-fifths rule, NYC LL144 impact ratio)
-    "FairnessDisparateImpactViolation": Tuning(0.80, "30m", "critical"),
+    "FairnessDisparateImpactBelowThreshold":   Tuning(0.80, "30m", "warning"),
     # |1h average - 7d average| of a subgroup's selection rate > threshold
-    "SubgroupPredictionRateShift":      Tuning(0.10, "1h",  "warning"),
+    "SubgroupPredictionRateAverageShift":      Tuning(0.10, "1h",  "warning"),
     # up == 0 for one target; rebalancing hands its partitions to the other replicas
     "FairnessExporterDown":             Tuning(None, "5m",  "warning"),
     # no target at all: every fairness alert is blind, nothing else can fire
@@ -60,7 +67,7 @@ TUNING: dict[str, Tuning] = {
 }
 # fmt: on
 
-SHIFT_RECENT = "1h"  # SubgroupPredictionRateShift compares the average over this window ...
+SHIFT_RECENT = "1h"  # SubgroupPredictionRateAverageShift compares the average over this window ...
 SHIFT_BASELINE = "7d"  # ... with the average over this one
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
@@ -115,45 +122,106 @@ def _alert(name: str, expr: str, for_: str, summary: str, description: str) -> d
     }
 
 
+PAIR_DETECTOR = "fairness_detector_statistic"
+PAIR_ALARM = "fairness_detector_alarm"
+SUBGROUP_DETECTOR = "fairness_subgroup_detector_statistic"
+SUBGROUP_ALARM = "fairness_subgroup_detector_alarm"
+_WHAT = {
+    "FairnessDemographicParityDrift": ("demographic parity drift", "the selection rates have moved apart by "
+                                       "the demographic_parity_difference threshold or more"),
+    "FairnessDisparateImpactViolation": ("disparate impact", "the lower selection rate has fallen to the "
+                                         "disparate_impact_ratio threshold times the higher one or below"),
+    "FairnessEqualisedOddsDrift": ("equalised odds drift", "the true or false positive rates have moved apart by "
+                                   "the equalised_odds_difference threshold or more"),
+    "SubgroupPredictionRateShift": ("selection rate shift", "the selection rate has moved from its own baseline "
+                                    "by alerting.rate_shift or more"),
+}
+
+
+def _shown(family: str, keys: tuple[str, ...]) -> str:
+    """An annotation fragment listing `family` with its 95% interval in every window, for the alert's series."""
+    def selector(name: str, window: bool) -> str:
+        labels = [*keys, "instance"]
+        matchers = ",".join(f"{k}=%q" for k in labels) + (",window=%q" if window else "")
+        args = " ".join(f"$labels.{k}" for k in labels) + (" .Labels.window" if window else "")
+        return f'printf "{name}{{{matchers}}}" {args}'
+
+    bound = '{{{{ with {} | query }}}}{{{{ . | first | value | printf "%.3f" }}}}{{{{ end }}}}'
+    return (
+        f'{{{{ range {selector(family, False)} | query | sortByLabel "window" }}}}'
+        '{{ .Labels.window }}: {{ printf "%.3f" .Value }} (95% interval '
+        + bound.format(selector(family + "_lower", True)) + " to " + bound.format(selector(family + "_upper", True))
+        + "); {{ end }}"
+    )
+
+
+def _detector_alert(alert: Alert, fors: Mapping[str, str]) -> dict[str, Any]:
+    """A paging alert of the detectors: while a detector is in alarm, showing its evidence and the gap now."""
+    subgroup = alert.metrics == ("positive_prediction_rate",)
+    series, alarm = (SUBGROUP_DETECTOR, SUBGROUP_ALARM) if subgroup else (PAIR_DETECTOR, PAIR_ALARM)
+    metric = "" if subgroup else (f'{{metric="{alert.metrics[0]}"}}' if len(alert.metrics) == 1
+                                  else f'{{metric=~"{"|".join(alert.metrics)}"}}')  # fmt: skip
+    what, meaning = _WHAT[alert.name]
+    where = (f"subgroup {_label('subgroup')} of {_label('attribute')}" if subgroup else
+             f"{_label('group_a')} vs {_label('group_b')} ({_label('attribute')}, dimension {_label('dimension')})")
+    shown_keys = ("model_id", "attribute", "subgroup") if subgroup else ("model_id", "attribute", "dimension")
+    return _alert(
+        alert.name,
+        f"{series}{metric}\nand\n{alarm}{metric} == 1",
+        fors[alert.name],
+        f"Model {_label('model_id')}: evidence of {what} for "
+        + (_label("subgroup") if subgroup else _label("dimension")) + ".",
+        f"Model {_label('model_id')}, {where}, direction {_label('direction')}: the change detector on "
+        f"{_label('instance')} is in alarm (evidence now {VALUE_3F} nats): {meaning} (the detector's reference "
+        f"value). Now: {_shown(alert.shown, shown_keys)}",
+    )
+
+
 def _fairness_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    dpd = _fmt(TUNING["FairnessDemographicParityDrift"].threshold or 0)
-    di = _fmt(TUNING["FairnessDisparateImpactViolation"].threshold or 0)
-    shift = _fmt(TUNING["SubgroupPredictionRateShift"].threshold or 0)
+    """The paging alerts: one per detector alert of exporter/stream/detectors.py."""
+    return [_detector_alert(alert, fors) for alert in ALERTS]
+
+
+def _seed_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The seed's literal rules on the raw values, kept as non-paging warnings (they fire on noise)."""
+    dpd = _fmt(TUNING["FairnessDemographicParityAboveThreshold"].threshold or 0)
+    di = _fmt(TUNING["FairnessDisparateImpactBelowThreshold"].threshold or 0)
+    shift = _fmt(TUNING["SubgroupPredictionRateAverageShift"].threshold or 0)
     pair = f"{_label('group_a')} vs {_label('group_b')} ({_label('attribute')}, dimension {_label('dimension')})"
     rate = 'model_positive_prediction_rate{subgroup!="overall"}'
     return [
         _alert(
-            "FairnessDemographicParityDrift",
+            "FairnessDemographicParityAboveThreshold",
             f"model_demographic_parity_difference > {dpd}",
-            fors["FairnessDemographicParityDrift"],
+            fors["FairnessDemographicParityAboveThreshold"],
             f"Model {_label('model_id')}: demographic parity difference above {dpd} for {_label('dimension')}.",
             f"Model {_label('model_id')}, {pair}: the selection rates differ by {VALUE_3F} over the "
             f"{_label('window')} window on {_label('instance')}, above the {dpd} threshold for "
-            f"{fors['FairnessDemographicParityDrift']}.",
+            f"{fors['FairnessDemographicParityAboveThreshold']}.",
         ),
         _alert(
-            "FairnessDisparateImpactViolation",
+            "FairnessDisparateImpactBelowThreshold",
             f"model_disparate_impact_ratio < {di}",
-            fors["FairnessDisparateImpactViolation"],
+            fors["FairnessDisparateImpactBelowThreshold"],
             f"Model {_label('model_id')}: disparate impact ratio below {di} for {_label('dimension')}.",
             f"Model {_label('model_id')}, {pair}: the lower selection rate is {VALUE_3F} of the higher one over "
             f"the {_label('window')} window on {_label('instance')}, below the {di} (four-fifths) threshold for "
-            f"{fors['FairnessDisparateImpactViolation']}.",
+            f"{fors['FairnessDisparateImpactBelowThreshold']}.",
         ),
         # Every `window` label is kept: its values come from the daemon's config, so selecting window="1h"
         # would silently disable the alert for `windows: [30m, 6h]`. The label keeps the series apart, and
         # Alertmanager grouping by model_id/attribute/subgroup folds them into one notification.
         _alert(
-            "SubgroupPredictionRateShift",
+            "SubgroupPredictionRateAverageShift",
             f"abs(\n  avg_over_time({rate}[{SHIFT_RECENT}])\n  -\n  avg_over_time({rate}[{SHIFT_BASELINE}])\n)"
             f" > {shift}",
-            fors["SubgroupPredictionRateShift"],
+            fors["SubgroupPredictionRateAverageShift"],
             f"Model {_label('model_id')}: selection rate of subgroup {_label('subgroup')} moved from its "
             f"{SHIFT_BASELINE} baseline.",
             f"Model {_label('model_id')}, subgroup {_label('subgroup')} of {_label('attribute')} "
             f"({_label('window')} window, {_label('instance')}): the {SHIFT_RECENT} average of the selection "
             f"rate differs from its {SHIFT_BASELINE} average by {VALUE_3F}, more than {shift}, for "
-            f"{fors['SubgroupPredictionRateShift']}.",
+            f"{fors['SubgroupPredictionRateAverageShift']}.",
         ),
     ]
 
@@ -346,7 +414,8 @@ def rule_file(*, for_durations: str | Mapping[str, str] | None = None) -> dict[s
                 "name": "fairness-exporter.recording",
                 "rules": [rule for window in RECORDING_WINDOWS for rule in _recording_rules(window)],
             },
-            {"name": "fairness-exporter.core.fairness", "rules": _fairness_alerts(fors)},
+            {"name": "fairness-exporter.detectors", "rules": _fairness_alerts(fors)},
+            {"name": "fairness-exporter.seed-rules", "rules": _seed_alerts(fors)},
             {"name": "fairness-exporter.serve.self_metrics", "rules": _health_alerts(fors)},
         ]
     }

@@ -114,6 +114,7 @@ class SnapshotCollector(Collector):
         yield insufficient
         yield from self._settings(snapshot)
         yield from self._counters(snapshot)
+        yield from detector_families(snapshot)
 
     @staticmethod
     def _settings(snapshot: Snapshot) -> Iterator[Metric]:
@@ -153,6 +154,53 @@ class SnapshotCollector(Collector):
                     outcomes.add_metric([*labels, COUNT_NAMES[column]], float(counts[i, column]))
         yield predictions
         yield outcomes
+
+
+_DETECTOR_PAIR = ["model_id", "attribute", "dimension", "group_a", "group_b", "metric", "direction"]
+_DETECTOR_SUBGROUP = ["model_id", "attribute", "subgroup", "direction"]
+
+
+def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The change detectors: each CUSUM statistic, the model's alarm level, and the steps taken."""
+    if snapshot.detection is None or snapshot.detectors is None:
+        return
+    bank, detection = snapshot.detectors, snapshot.detection
+    model = snapshot.model_id
+    pairs = GaugeMetricFamily(
+        "fairness_detector_statistic", "CUSUM of the exact log likelihood ratio of a gap of twice the threshold "
+        "(impact ratio: threshold squared) in the `direction` against equal rates, one step per bucket: the "
+        "evidence of a change now, in nats.", labels=_DETECTOR_PAIR)  # fmt: skip
+    subgroups = GaugeMetricFamily(
+        "fairness_subgroup_detector_statistic", "CUSUM of the log likelihood ratio of a subgroup's selection rate "
+        "moving by twice alerting.rate_shift from its own baseline.",
+        labels=_DETECTOR_SUBGROUP)  # fmt: skip
+    pair_alarms = GaugeMetricFamily(
+        "fairness_detector_alarm", "1 while the detector is in alarm: raised when its Shiryaev-Roberts evidence "
+        "reaches fairness_detector_alarm_level, held until its CUSUM statistic is back at 0.",
+        labels=_DETECTOR_PAIR)  # fmt: skip
+    subgroup_alarms = GaugeMetricFamily(
+        "fairness_subgroup_detector_alarm", "1 while the subgroup's detector is in alarm (as fairness_detector_alarm).",
+        labels=_DETECTOR_SUBGROUP)  # fmt: skip
+    state = detection.state
+    for detector, value, active in zip(bank.detectors, state.statistic.tolist(), state.active.tolist(), strict=True):
+        if detector.subgroup:
+            labels = [model, detector.attribute, detector.subgroup, detector.direction]
+            subgroups.add_metric(labels, value)
+            subgroup_alarms.add_metric(labels, float(active))
+        else:
+            labels = [model, detector.attribute, detector.dimension, detector.group_a, detector.group_b,
+                      detector.metric, detector.direction]  # fmt: skip
+            pairs.add_metric(labels, value)
+            pair_alarms.add_metric(labels, float(active))
+    level = GaugeMetricFamily(
+        "fairness_detector_alarm_level", "The level of a detector's Shiryaev-Roberts evidence that raises an "
+        "alarm: log(detectors x steps per day x replicas / alerting.false_pages_per_day).",
+        labels=["model_id"])  # fmt: skip
+    level.add_metric([model], bank.level)
+    steps = CounterMetricFamily("fairness_detector_steps", "Detector steps taken (at most one per bucket).",
+                                labels=["model_id"])  # fmt: skip
+    steps.add_metric([model], float(detection.steps))
+    yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
 
 
 class Page(NamedTuple):

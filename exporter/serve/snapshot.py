@@ -12,7 +12,8 @@ import numpy as np
 from exporter.config import Config
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.serve.self_metrics import Health
-from exporter.stream.window import WindowStore
+from exporter.stream.detectors import DetectorBank
+from exporter.stream.window import Detection, WindowStore
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ class Snapshot:
     """The pairwise metrics to export (Config.exported_metrics)."""
     thresholds: tuple[tuple[str, float], ...] = ()
     """(metric, threshold) of each exported metric, exported so that rules compare against the config."""
+    detection: Detection | None = None
+    """The change detectors' statistics after their latest step."""
+    detectors: DetectorBank | None = None
+    """What each detector watches, and the alarm level."""
 
 
 class Computer:
@@ -52,6 +57,7 @@ class Computer:
         """Compute every window and attribute; publish the result as the latest snapshot."""
         started = time.perf_counter()
         now = self.clock()
+        detection = self.store.detect(now)
         windows = self.store.window_counts(now)
         keys, blocks = [], []
         for window in self.config.windows:
@@ -64,7 +70,7 @@ class Computer:
         evaluations = list(zip(keys, evaluated, strict=True))
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
                             self.store.layout.split(self.store.totals_copy()), self.config.exported_metrics,
-                            tuple(self.config.thresholds().items()))  # fmt: skip
+                            tuple(self.config.thresholds().items()), detection, self.store.detectors)  # fmt: skip
         self.latest = snapshot
         if self.on_snapshot is not None:
             self.on_snapshot(snapshot)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from exporter.config import Config
 from exporter.core.fairness import N_COUNTS, outcome_columns
+from exporter.stream.detectors import DetectorBank, DetectorState, Trace
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class WindowStore:
         self.lock = threading.RLock()
         """The one lock of the stream state: the ingest holds it to count a batch, its joins and its offsets as one
         step; the checkpointer to copy the counts, pending predictions and offsets as one consistent state."""
+        self.detectors = DetectorBank(config, self.layout.offsets, self.layout.n_rows)
+        self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -152,10 +155,44 @@ class WindowStore:
                 out[name] = total
             return out
 
+    def detect(self, now: float) -> Detection:
+        """Advance the change detectors by one step when the head (advanced to ``now``) has entered a bucket they
+        have not stepped in yet; return their state.
+
+        A step consumes everything counted since the previous step (the monotonic totals' increase): every
+        prediction and every delayed label enters the detectors exactly once, when it is counted, with no wait
+        for ``allowed_lateness``. Steps are therefore at most one per bucket of the head's time.
+        """
+        with self.lock:
+            step = self.take_step(now)
+            if step is not None:
+                self.advance_detectors(step[None])
+            return self.detection
+
+    def take_step(self, now: float) -> np.ndarray | None:
+        """The counts of a new step (see :meth:`detect`), marked as consumed; None when the head has not entered
+        a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest batches them)."""
+        with self.lock:
+            self._advance(int(self.bucket_of(np.array([now]))[0]))
+            d = self.detection
+            if self.head <= d.last_step:
+                return None
+            step = self.totals - d.seen
+            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1)
+            return step
+
+    def advance_detectors(self, steps: np.ndarray) -> Trace:
+        """Run the detectors over steps taken by :meth:`take_step`; what they were after each step."""
+        with self.lock:
+            state, trace = self.detectors.advance(self.detection.state, steps)
+            self.detection = replace(self.detection, state=state)
+            return trace
+
     def state(self) -> dict[str, np.ndarray]:
-        """Arrays for a checkpoint (call with the lock held, or while nothing writes)."""
-        return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
-                "head": np.array(self.head)}  # fmt: skip
+        """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
+        with self.lock:
+            return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
+                    "head": np.array(self.head), **self.detection.arrays(self.detectors)}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray], offsets: dict[tuple[str, int], int]) -> None:
         """Load what :meth:`state` produced, with the offsets the checkpoint covers."""
@@ -165,6 +202,7 @@ class WindowStore:
             self.totals[...] = state["totals"]
             self.head = int(state["head"])
             self.offsets = dict(offsets)
+            self.detection = Detection.restore(state, self.detectors, self.totals)
 
     def offsets_copy(self) -> dict[tuple[str, int], int]:
         """The next Kafka offset after what the counts include, per (topic, partition)."""
@@ -186,3 +224,41 @@ class WindowStore:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
         with self.lock:
             return self.totals.copy()
+
+
+PER_DETECTOR = ("statistic", "evidence", "active")
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The detectors' state as of one step: statistics, what of the totals they have consumed, which step."""
+
+    state: DetectorState
+    seen: np.ndarray
+    """The monotonic totals as of the last step: the next step consumes totals - seen."""
+    last_step: int
+    """Absolute bucket of the head at the last step (-1 before the first)."""
+    steps: int
+
+    def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
+        """The checkpoint's detector arrays (per-detector state keyed by detector, so a changed config keeps the
+        detectors it still has)."""
+        per_detector = {f"detector_{name}": getattr(self.state, name).copy() for name in PER_DETECTOR}
+        return {"detector_keys": bank.keys, **per_detector,
+                "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
+                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps)}  # fmt: skip
+
+    @classmethod
+    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
+        """The state a checkpoint holds; detectors it lacks start at 0, and a checkpoint without detector state
+        (an older version) starts them at its totals, so the counts before it are not one giant step."""
+        state = bank.initial_state()
+        if "detector_keys" not in arrays:
+            return cls(state, totals.copy(), -1, 0)
+        index = {key: i for i, key in enumerate(arrays["detector_keys"].tolist())}
+        for name in PER_DETECTOR:
+            saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
+            fresh[...] = [saved[index[key]] if key in index else fresh[j] for j, key in enumerate(bank.keys.tolist())]
+        state.history[...] = arrays["detector_history"]
+        return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
+                   int(arrays["detector_steps"]))  # fmt: skip

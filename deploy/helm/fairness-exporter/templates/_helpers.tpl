@@ -68,6 +68,10 @@ path in the config and the volume's mount path cannot disagree.
 {{- if .Values.checkpoint.enabled }}
 {{- $_ := set $config "checkpoint" (dict "path" .Values.checkpoint.path "interval" .Values.checkpoint.interval) }}
 {{- end }}
+{{- /* Each replica takes 1/replicas of the model's false-page budget (at least replicaCount of them). */}}
+{{- $alerting := default (dict) $config.alerting }}
+{{- $_ := set $alerting "replicas" (max (int .Values.replicaCount) (int (default 1 $alerting.replicas))) }}
+{{- $_ := set $config "alerting" $alerting }}
 {{- toYaml $config }}
 {{- end }}
 

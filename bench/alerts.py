@@ -1,0 +1,259 @@
+"""Alerts: how often fair traffic pages, and how fast a real change does, for the detectors and the seed rules.
+
+Synthetic streams (exporter/devtools/synthetic.py): 3 attributes of 3, 4 and 5 groups, every pair compared,
+1-minute buckets, 1h and 24h windows, the default thresholds (parity 0.05, impact ratio 0.80) and budget
+(0.01 false pages a day). Each event belongs to one group of every attribute, all equally likely, and "V events
+per group per hour" means 5V events an hour in total, so the five groups of the third attribute get V each
+(the others more).
+
+* Fair days: every group at the base rate; the share of simulated days (streams of several days, the first one
+  starting cold) with any page.
+* Time to page: after a fair day, one group of the third attribute falls from 0.30 to 0.20 (a gap of 0.10) or to
+  0.21 (an impact ratio of 0.7); the median time from the change to the first page of that alert.
+
+Many days are simulated at once: the detectors are the daemon's (DetectorBank.advance, its batch dimension holds
+independent streams), and the seed rules are evaluated on the daemon's window sums with the daemon's
+evaluate_many. A backtest of one recorded day, from parquet and from JSON lines, checks that the backtest pages
+exactly when the batched detectors do on the same traffic, and measures its speed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+from scipy.stats import binom
+
+from bench.report import Section, fmt, standalone, table
+from exporter.backtest import backtest, stacked
+from exporter.config import Config, parse_config
+from exporter.core.evaluate import evaluate_many
+from exporter.devtools.rules import TUNING
+from exporter.devtools.synthetic import attribute_counts, cell_counts, cell_events
+from exporter.stream.detectors import ALERT_OF_METRIC, DetectorBank
+from exporter.stream.window import RowLayout
+
+ATTRIBUTES = {"a": ("a0", "a1", "a2"), "b": ("b0", "b1", "b2", "b3"), "c": ("c0", "c1", "c2", "c3", "c4")}
+SIZES = tuple(len(g) for g in ATTRIBUTES.values())
+VOLUMES = (100, 500, 2000)  # events per group per hour (the five groups of attribute c)
+BASE_RATES = (0.05, 0.1, 0.3, 0.5)
+STEPS_PER_DAY = 1440
+T0 = 1_800_000_000.0
+TARGET_FAIR = 0.01
+TARGET_MINUTES = {2000: 45, 500: 180, 100: 720}
+SCENARIOS = {"gap 0.30 -> 0.20": ("FairnessDemographicParityDrift", "FairnessDemographicParityAboveThreshold", 0.20),
+             "ratio 1.0 -> 0.7": ("FairnessDisparateImpactViolation", "FairnessDisparateImpactBelowThreshold", 0.21)}
+SEED = {"FairnessDemographicParityAboveThreshold": "demographic_parity_difference",
+        "FairnessDisparateImpactBelowThreshold": "disparate_impact_ratio"}  # fmt: skip
+CHANGED_CELLS = np.unravel_index(np.arange(int(np.prod(SIZES))), SIZES)[2] == 0  # cells of group c0
+
+
+def config() -> Config:
+    return parse_config({"model_id": "bench", "windows": ["1h", "24h"], "bucket": "1m",
+                         "protected_attributes": [{"name": k, "groups": list(v)} for k, v in ATTRIBUTES.items()]})
+
+
+@dataclass
+class Run:
+    """Per stream and step: which paging alerts (detector and seed) are firing."""
+
+    detector: dict[str, np.ndarray]
+    """alert name -> (steps, streams) bool"""
+    seed: dict[str, np.ndarray]
+
+
+def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The seed rules on the daemon's window sums: (steps, streams) bool per seed alert (value beyond the threshold
+    with enough samples, in some window and pair, for `for:` minutes)."""
+    steps, streams = counts.shape[:2]
+    before = np.zeros_like(counts[:0]) if history is None else history
+    cumulative = np.cumsum(np.concatenate([before, counts]), axis=0)
+    cumulative = np.concatenate([np.zeros_like(cumulative[:1]), cumulative])
+    end = np.arange(len(before), len(before) + steps) + 1
+    layout = RowLayout.of(cfg)
+    out = {}
+    for name, metric in SEED.items():
+        tuning = TUNING[name]
+        hold = int(float(tuning.for_.rstrip("m")))  # evaluated every minute: `for: 30m` needs 31 evaluations
+        beyond = np.zeros((steps, streams), dtype=bool)
+        for window in cfg.windows:
+            k = int(window.seconds // cfg.bucket_seconds)
+            sums = cumulative[end] - cumulative[np.maximum(end - k, 0)]  # (steps, streams, rows, 6)
+            blocks = layout.split(np.moveaxis(sums, 2, 0))
+            for attribute in cfg.attributes:
+                groups = np.moveaxis(blocks[attribute.name][: len(attribute.groups)], 0, 2).reshape(-1, 6)
+                (ev,) = evaluate_many([(stacked(attribute, steps * streams), groups)], cfg.min_samples,
+                                      cfg.max_interval_widths(), cfg.exported_metrics)  # fmt: skip
+                value = ev.metric(metric)[0]
+                bad = value < tuning.threshold if metric == "disparate_impact_ratio" else value > tuning.threshold
+                beyond |= (bad & ev.sufficient(metric)).reshape(steps, streams, -1).any(axis=2)
+        t = np.arange(steps)[:, None]
+        last_quiet = np.maximum.accumulate(np.where(~beyond, t, -1), axis=0)
+        out[name] = t - last_quiet > hold
+    return out
+
+
+def simulate(cfg: Config, rng: np.random.Generator, days: int, streams: int, volume: int,
+             rates: np.ndarray, seed_rules: bool = True) -> Run:  # fmt: skip
+    """``rates``: (days * 1440, cells) selection probabilities. Returns what fires at every step of every stream."""
+    bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
+    state = bank.initial_state((streams,))
+    detector: dict[str, list[np.ndarray]] = {a: [] for a in {ALERT_OF_METRIC[d.metric].name for d in bank.detectors}}
+    seed: dict[str, list[np.ndarray]] = {name: [] for name in SEED}
+    history = None
+    for day in range(days):
+        part = slice(day * STEPS_PER_DAY, (day + 1) * STEPS_PER_DAY)
+        counts = attribute_counts(cell_counts(rng, STEPS_PER_DAY, streams, SIZES, 5 * volume / 60, rates[part]),
+                                  SIZES)  # fmt: skip
+        state, trace = bank.advance(state, counts)
+        alarms = trace.active
+        for name in detector:
+            columns = [i for i, d in enumerate(bank.detectors) if ALERT_OF_METRIC[d.metric].name == name]
+            detector[name].append(np.asarray(alarms[..., columns].any(axis=-1)))
+        if seed_rules:
+            for name, firing in seed_firing(cfg, counts, history).items():
+                seed[name].append(firing)
+        history = counts
+    return Run({k: np.concatenate(v) for k, v in detector.items()},
+               {k: np.concatenate(v) for k, v in seed.items() if v})  # fmt: skip
+
+
+PAGING = ("FairnessDemographicParityDrift", "FairnessDisparateImpactViolation")
+
+
+def fair_days(cfg: Config, streams: int, days: int, seed_rules: bool = True,
+              volumes: tuple[int, ...] = VOLUMES) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:  # fmt: skip
+    """Share of fair days with a page per volume and base rate; targets: pooled share <= 1%, and no configuration
+    significantly above 1% (one-sided binomial test at 5%: a handful of days cannot show 1% more precisely)."""
+    rows, worst, paged, pages_of = [], 0.0, 0, []
+    for volume in volumes:
+        for rate in BASE_RATES:
+            rng = np.random.default_rng(volume * 1000 + int(rate * 100) + days * streams)
+            run = simulate(cfg, rng, days, streams, volume, np.full((days * STEPS_PER_DAY, int(np.prod(SIZES))), rate),
+                           seed_rules)  # fmt: skip
+
+            def share(firing: np.ndarray) -> float:
+                """Days on which the alert starts firing (a page), of all simulated days."""
+                starts = firing & ~np.concatenate([np.zeros_like(firing[:1]), firing[:-1]])
+                return float(starts.reshape(days, STEPS_PER_DAY, streams).any(axis=1).mean())
+
+            pages = share(np.logical_or.reduce([run.detector[a] for a in PAGING]))
+            worst = max(worst, pages)
+            pages_of.append(round(pages * days * streams))
+            seed = [f"{share(run.seed[name]):.0%}" if seed_rules else "not run" for name in SEED]
+            rows.append([f"{volume:,}", f"{rate:g}", f"{days * streams}", f"{pages:.1%}",
+                         f"{share(run.detector['SubgroupPredictionRateShift']):.1%}", *seed])  # fmt: skip
+    n = days * streams
+    paged = sum(pages_of)
+    total = len(pages_of) * n
+    # P(at least this many page days in n days | a true share of 1%): small means significantly above 1%
+    p_values = [float(binom.sf(k - 1, n, TARGET_FAIR)) for k in pages_of]
+    return rows, [(f"fair days with a page <= {TARGET_FAIR:.0%}, all volumes and base rates together",
+                   f"{paged / total:.2%} ({paged} of {total:,} days)", paged / total <= TARGET_FAIR),
+                  (f"no volume and base rate significantly above {TARGET_FAIR:.0%} of fair days with a page",
+                   f"worst {worst:.1%} of {n} days (p = {min(p_values):.2f})", min(p_values) >= 0.05)]  # fmt: skip
+
+
+def minutes_to(firing: np.ndarray, start: int) -> np.ndarray:
+    """Minutes from step `start` to the first firing step at or after it, per stream (inf when never)."""
+    after = firing[start:]
+    return np.where(after.any(axis=0), np.argmax(after, axis=0) + 1.0, np.inf)
+
+
+def time_to_page(cfg: Config, streams: int) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:
+    rows, targets = [], []
+    for scenario, (alert, seed_alert, changed) in SCENARIOS.items():
+        for volume in sorted(VOLUMES, reverse=True):
+            rates = np.full((2 * STEPS_PER_DAY, int(np.prod(SIZES))), 0.30)
+            rates[STEPS_PER_DAY:, CHANGED_CELLS] = changed
+            run = simulate(cfg, np.random.default_rng(volume + 7), 2, streams, volume, rates)
+            detector = minutes_to(run.detector[alert], STEPS_PER_DAY)
+            seed = minutes_to(run.seed[seed_alert], STEPS_PER_DAY)
+            median = float(np.median(detector))
+            target = TARGET_MINUTES[volume]
+            rows.append([scenario, f"{volume:,}", fmt(median), f"{np.isfinite(detector).mean():.0%}", f"{target}",
+                         fmt(float(np.median(seed)))])  # fmt: skip
+            targets.append((f"{scenario} at {volume:,}/h: median time to {alert} <= {target} min",
+                            f"{fmt(median)} min", median <= target))  # fmt: skip
+    return rows, targets
+
+
+def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:
+    """One recorded day at 2,000/h with the gap appearing at noon, and 6 hours at 100,000/h, replayed by
+    `backtest` from parquet and JSON lines: same pages as the batched detectors, and events per second."""
+    rows, targets = [], []
+    with tempfile.TemporaryDirectory() as directory:
+        for volume, hours in ((2000, 24), (100_000, 6)):
+            steps = hours * 60
+            rates = np.full((steps, int(np.prod(SIZES))), 0.30)
+            rates[steps // 2 :, CHANGED_CELLS] = 0.20
+            cells = cell_counts(np.random.default_rng(1), steps, 1, SIZES, 5 * volume / 60, rates)
+            bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
+            _, trace = bank.advance(bank.initial_state((1,)), attribute_counts(cells, SIZES))
+            alarms = trace.active[:, 0]
+            first_step = int(np.argmax(alarms.any(axis=-1))) if alarms.any() else None
+            frame = pd.DataFrame(cell_events(cells[:, 0], ATTRIBUTES, T0, 60.0))
+            frame["model_id"] = "bench"
+            frame["prediction_id"] = np.arange(len(frame)).astype(str)
+            parquet = Path(directory) / "events.parquet"
+            frame.to_parquet(parquet)
+            files = [("parquet", parquet)]
+            if volume <= 2000:
+                jsonl = Path(directory) / "events.jsonl"
+                with jsonl.open("wb") as f:
+                    for row in frame.itertuples(index=False):
+                        f.write(orjson.dumps({"model_id": "bench", "prediction_id": row.prediction_id,
+                                              "timestamp": row.timestamp, "prediction": int(row.prediction),
+                                              "attributes": {k: getattr(row, k) for k in ATTRIBUTES}}) + b"\n")
+                files.append(("JSON lines", jsonl))
+            for kind, path in files:
+                started = time.perf_counter()
+                report = backtest(cfg, [path])
+                seconds = time.perf_counter() - started
+                # The backtest fires at the step that ends a bucket, stamped with the newest event's time.
+                pages = [a for a in report["alerts"] if a["severity"] == "critical"]
+                fired = [pd.Timestamp(a["fired_at"]).timestamp() for a in pages]
+                first = int((min(fired) - T0) // 60) if fired else None
+                same = first == first_step
+                rate = report["events"] / seconds
+                rows.append([f"{volume:,}/h, {hours} h", kind, f"{report['events']:,}", fmt(seconds),
+                             f"{rate:,.0f}", "yes" if same else f"no (minute {first} vs {first_step})"])  # fmt: skip
+                targets.append((f"backtest pages when the batched detectors do ({kind}, {volume:,}/h)",
+                                "same minute" if same else "differs", same))  # fmt: skip
+                goal = 1_000_000 if kind == "parquet" else 100_000
+                targets.append((f"backtest speed from {kind} at {volume:,}/h >= {goal:,} events/s",
+                                f"{rate:,.0f} events/s", rate >= goal))  # fmt: skip
+    return rows, targets
+
+
+def run(quick: bool = False) -> Section:
+    cfg = config()
+    bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
+    streams, days, runs = (10, 2, 8) if quick else (50, 2, 30)
+    section = Section("Alerts: fair days with a page, and time to page a real change")
+    section.add(__doc__.split("\n\n", 1)[1].strip())
+    section.add(f"{len(bank)} detectors ({bank.n_pairs} on pairs: parity and impact ratio, two directions each; "
+                f"{len(bank) - bank.n_pairs} on subgroups), alarm level h = {bank.level:.2f} "
+                "= log(detectors x 1440 steps a day / 0.01).")  # fmt: skip
+    fair_rows, fair_targets = fair_days(cfg, streams, days)
+    section.add(table(["events/group/h", "base rate", "days", "days with a page (detectors)",
+                       "days with a SubgroupPredictionRateShift warning", "seed parity rule (30m)",
+                       "seed four-fifths rule (30m)"], fair_rows))  # fmt: skip
+    ttp_rows, ttp_targets = time_to_page(cfg, runs)
+    section.add(table(["change", "events/group/h", "median minutes to page (detectors)", f"paged within 24 h "
+                       f"({runs} runs)", "target (min)", "seed rule: median minutes"], ttp_rows))  # fmt: skip
+    bt_rows, bt_targets = backtest_check(cfg)
+    section.add(table(["recorded traffic", "file", "events", "seconds", "events/s", "first page as batched"],
+                      bt_rows))  # fmt: skip
+    for target in (*fair_targets, *ttp_targets, *bt_targets):
+        section.target(*target)
+    return section
+
+
+if __name__ == "__main__":
+    standalone(run)

@@ -1,0 +1,339 @@
+"""Replay recorded prediction events through the daemon's own path on a simulated clock, and list the alerts.
+
+``fairness-exporter backtest --config CONFIG EVENTS... [--output PATH]``. The events go through the daemon's
+decoder (JSON lines, the topic's event format) or the gate's encoding (parquet/CSV), the daemon's WindowStore,
+its scheduled computation (serve/snapshot.py, detectors included) and the alert conditions that the shipped rules
+state (exporter/stream/detectors.py ALERTS, and the seed's raw-value warnings from the rules' TUNING table).
+
+The clock is the events' own: the head is the newest event time seen, in file order (the topic's order), and
+the computation runs once per bucket, after the last event of each bucket of the head. The detectors therefore
+take the same steps as a daemon that reads the topic in real time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exporter.config import Config
+from exporter.core.attributes import Attribute
+from exporter.core.encoding import attribute_codes
+from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.stream.decode import EventDecoder
+from exporter.stream.detectors import ALERT_OF_METRIC, Detector
+from exporter.stream.window import WindowStore
+
+JSONL_CHUNK = 100_000
+TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+
+
+class BacktestError(ValueError):
+    """An events file cannot be replayed; the message names the file and what is wrong."""
+
+
+@dataclass
+class Columns:
+    """A batch of accepted events as the window store counts them."""
+
+    timestamps: np.ndarray
+    predictions: np.ndarray
+    labels: np.ndarray
+    codes: dict[str, np.ndarray]
+    rejected: int = 0
+    ignored: int = 0
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _jsonl(path: Path, decoder: EventDecoder) -> Iterator[Columns]:
+    """JSON lines through the daemon's EventDecoder (no future-timestamp bound: the clock is the events')."""
+    with path.open("rb") as f:
+        while lines := list(itertools.islice(f, JSONL_CHUNK)):
+            batch = decoder.decode([line for line in lines if not line.isspace()], math.inf)
+            yield Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
+                          sum(batch.rejected.values()), batch.ignored)  # fmt: skip
+
+
+def _table(path: Path, config: Config) -> Iterator[Columns]:
+    """A parquet/CSV file with the gate's columns plus timestamp, model_id and prediction_id (gate encoding)."""
+    import pandas as pd
+
+    from exporter.gate.audit import DataError, _binary, read_predictions
+    from exporter.gate.frames import encode
+
+    try:
+        frame = read_predictions(path)
+    except DataError as exc:
+        raise BacktestError(str(exc)) from exc
+    required = ["timestamp", "model_id", config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise BacktestError(f"{path}: missing column(s) {missing}; the file has {list(frame.columns)}")
+    mine = (frame["model_id"].astype(str) == config.model_id).to_numpy()
+    ignored = int((~mine).sum())
+    frame = frame[mine]
+    stamps = frame["timestamp"]
+    if pd.api.types.is_numeric_dtype(stamps):
+        seconds = stamps.to_numpy(dtype=np.float64)
+    else:
+        try:
+            parsed = pd.to_datetime(stamps, utc=True, format="ISO8601")
+            seconds = parsed.dt.as_unit("ns").astype("int64").to_numpy() / 1e9  # any resolution, exact division
+        except (ValueError, TypeError) as exc:
+            raise BacktestError(f"{path}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
+    try:
+        y_pred = _binary(frame, config.prediction_column, path, allow_missing=False)
+        y_true = (_binary(frame, config.label_column, path, allow_missing=True)
+                  if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
+    except DataError as exc:
+        raise BacktestError(str(exc)) from exc
+    base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
+    keep = np.ones(len(frame), dtype=bool)
+    for column_codes in base.values():
+        keep &= column_codes >= 0
+    base = {c: v[keep] for c, v in base.items()}
+    codes = {a.name: attribute_codes(a, base) for a in config.attributes}
+    yield Columns(seconds[keep], y_pred[keep], y_true[keep], codes, int((~keep).sum()), ignored)
+
+
+def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Columns]:
+    """The events of every file, in order: JSON lines, or parquet/CSV by suffix."""
+    decoder = EventDecoder(config)
+    for name in paths:
+        path = Path(name)
+        if not path.is_file():
+            raise BacktestError(f"{path}: no such events file")
+        yield from (_table(path, config) if path.suffix.lower() in TABLE_SUFFIXES else _jsonl(path, decoder))
+
+
+FLUSH_STEPS = 1440
+"""Steps evaluated in one vectorised pass (a day of one-minute buckets)."""
+
+
+@dataclass
+class _Open:
+    """An alert condition that holds: since when, and the entry it fired as (None while pending)."""
+
+    since: float
+    entry: dict[str, Any] | None = None
+
+
+def stacked(attribute: Attribute, copies: int) -> Attribute:
+    """One attribute standing for ``copies`` steps of itself: its groups and pairs repeated, so that one
+    evaluation (the daemon's own code) covers every step at once."""
+    n = len(attribute.groups)
+    pairs = tuple((a + i * n, b + i * n) for i in range(copies) for a, b in attribute.pairs)
+    return replace(attribute, groups=attribute.groups * copies, pairs=pairs)
+
+
+@dataclass
+class Replay:
+    """The simulated daemon: its store and detectors, its computation, and the alerts its rules would raise.
+
+    Per bucket of the head it takes the detectors' step and the windows' counts exactly as the daemon's scheduled
+    computation does (WindowStore.take_step, window_counts); it then evaluates up to a day of steps in one pass
+    with the same functions (DetectorBank.advance, evaluate_many), which is what makes a replay fast.
+    """
+
+    config: Config
+    store: WindowStore = field(init=False)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    late: int = 0
+    rejected: int = 0
+    ignored: int = 0
+    steps: int = 0
+    _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
+    _now: float = field(default=-math.inf)
+    _pending: list[tuple[float, np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.store = WindowStore(self.config)
+        from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
+
+        self._seed = [(name, metric, TUNING[name]) for name, metric in (
+            ("FairnessDemographicParityAboveThreshold", "demographic_parity_difference"),
+            ("FairnessDisparateImpactBelowThreshold", "disparate_impact_ratio"))]  # fmt: skip
+
+    def feed(self, columns: Columns) -> None:
+        """Count a batch in file order, computing once per bucket of the head as the head moves on."""
+        self.rejected += columns.rejected
+        self.ignored += columns.ignored
+        if not len(columns.timestamps):
+            return
+        bucket = self.store.bucket_seconds
+        heads = np.maximum.accumulate(np.maximum(columns.timestamps, self._now))
+        head_buckets = np.floor(heads / bucket).astype(np.int64)
+        cuts = np.flatnonzero(np.diff(head_buckets)) + 1
+        for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(heads)], strict=True):
+            if self._now > -math.inf and head_buckets[start] > math.floor(self._now / bucket):
+                self.compute()  # the bucket the head leaves is complete: step
+            part = slice(int(start), int(stop))
+            self._now = float(heads[stop - 1])
+            self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
+                                        columns.predictions[part], columns.labels[part], self._now)  # fmt: skip
+            self.events += int(stop - start)
+
+    def compute(self) -> None:
+        """The scheduled computation at the simulated now: the detectors' step and the windows' counts."""
+        step = self.store.take_step(self._now)
+        if step is None:
+            return
+        self._pending.append((self._now, step, self.store.window_counts(self._now)))
+        self.steps += 1
+        if len(self._pending) >= FLUSH_STEPS:
+            self._flush()
+
+    def finish(self) -> dict[str, Any]:
+        """Compute the last bucket; the report (alerts still firing have resolved_at null)."""
+        if self._now > -math.inf:
+            self.compute()
+        self._flush()
+        bank = self.store.detectors
+        return {
+            "model_id": self.config.model_id,
+            "events": self.events, "late": self.late, "rejected": self.rejected, "ignored": self.ignored,
+            "steps": self.steps, "alarm_level": bank.level, "detectors": len(bank),
+            "false_pages_per_day": self.config.alerting.false_pages_per_day,
+            "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
+        }  # fmt: skip
+
+    # --- alert conditions, over a block of steps ----------------------------------------------------------
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        times = np.array([now for now, _, _ in self._pending])
+        trace = self.store.advance_detectors(np.stack([step for _, step, _ in self._pending]))
+        steps = len(times)
+        evaluations: dict[tuple[str, str], Evaluation] = {}
+        blocks = []
+        for window in self.config.windows:
+            by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
+            for attribute in self.config.attributes:
+                n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
+                blocks.append((window.name, attribute,
+                               np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
+        results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
+                                self.config.max_interval_widths(), self.config.exported_metrics)  # fmt: skip
+        for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
+            evaluations[(window_name, attribute.name)] = ev
+        self._pending.clear()
+
+        holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
+        bank = self.store.detectors
+        for i in np.flatnonzero(trace.active.any(axis=0)):
+            detector = bank.detectors[i]
+            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], 0.0, ("detector", i))
+        attributes = {a.name: a for a in self.config.attributes}
+        for name, metric, tuning in self._seed:
+            threshold = float(tuning.threshold or 0)
+            for (window_name, attribute_name), ev in evaluations.items():
+                value, _, _ = ev.metric(metric)
+                beyond = value < threshold if metric == "disparate_impact_ratio" else value > threshold
+                conditions = (ev.sufficient(metric) & beyond).reshape(steps, -1)
+                for k in np.flatnonzero(conditions.any(axis=0)):
+                    a, b = attributes[attribute_name].pairs[k]
+                    groups = attributes[attribute_name].groups
+                    holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)] = (
+                        conditions[:, k], _seconds(tuning.for_),
+                        ("seed", name, metric, window_name, attribute_name, k))  # fmt: skip
+
+        for key in set(self._open) | set(holding):
+            active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
+            state = self._open.get(key)
+            for t in range(steps):  # only series that hold somewhere in the block, or held before it
+                if not active[t]:
+                    if state is not None:
+                        if state.entry is not None:
+                            state.entry["resolved_at"] = _iso(times[t])
+                        state = None
+                    continue
+                if state is None:
+                    state = _Open(float(times[t]))
+                if state.entry is None and times[t] - state.since >= hold:
+                    state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
+                    self.alerts.append(state.entry)
+            if state is None:
+                self._open.pop(key, None)
+            else:
+                self._open[key] = state
+
+    def _entry(self, source: Any, t: int, statistics: np.ndarray, evaluations: dict[tuple[str, str], Evaluation],
+               now: float) -> dict[str, Any]:  # fmt: skip
+        """The alert as it fired at step t of the block: what, where, the value with its interval."""
+        if source[0] == "detector":
+            bank = self.store.detectors
+            detector = bank.detectors[source[1]]
+            alert = ALERT_OF_METRIC[detector.metric]
+            attribute = next(a for a in self.config.attributes if a.name == detector.attribute)
+            shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
+                                                 for w in self.config.windows], t)  # fmt: skip
+            return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
+                    **_identity(detector), "window": None, **shown,
+                    "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
+                    "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
+        _, name, metric, window, attribute_name, k = source
+        attribute = next(a for a in self.config.attributes if a.name == attribute_name)
+        a, b = attribute.pairs[k]
+        row = t * len(attribute.pairs) + k
+        value, lower, upper = (x[row] for x in evaluations[(window, attribute_name)].metric(metric))
+        tuning = next(s[2] for s in self._seed if s[0] == name)
+        return {"alert": name, "severity": tuning.severity, "attribute": attribute_name,
+                "dimension": f"{attribute.groups[a]}_vs_{attribute.groups[b]}", "group_a": attribute.groups[a],
+                "group_b": attribute.groups[b], "window": window, "value": float(value),
+                "interval": [float(lower), float(upper)], "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
+
+
+def _identity(detector: Detector) -> dict[str, Any]:
+    if detector.subgroup:
+        return {"subgroup": detector.subgroup, "direction": detector.direction}
+    return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
+            "metric": detector.metric, "direction": detector.direction}  # fmt: skip
+
+
+def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
+    """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
+    in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
+    out: dict[str, Any] = {}
+    for window, ev in windows:
+        if detector.subgroup:
+            i = t * len(attribute.groups) + attribute.groups.index(detector.subgroup)
+            stats = ev.groups
+            value, (lower, upper) = stats.selection_rate[i], (b[i] for b in stats.selection_rate_ci)
+            ok = stats.samples[i] > 0
+        else:
+            metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
+            pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
+            k = t * len(pairs) + pairs.index((detector.group_a, detector.group_b))
+            values, lowers, uppers = ev.metric(metric)
+            value, lower, upper = values[k], lowers[k], uppers[k]
+            ok = bool(ev.sufficient(metric)[k])
+        out[window] = ({"value": float(value), "interval": [float(lower), float(upper)]}
+                       if ok and not math.isnan(value) else None)  # fmt: skip
+    first = next(iter(out.values()), None)
+    return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}
+
+
+def _seconds(duration: str) -> float:
+    from exporter.config import parse_duration
+
+    return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
+
+
+def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
+    """Replay the events files and return the report with its `alerts` list."""
+    replay = Replay(config)
+    for columns in read_events(paths, config):
+        replay.feed(columns)
+    return replay.finish()
+

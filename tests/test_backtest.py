@@ -1,0 +1,134 @@
+"""`fairness-exporter backtest`: recorded events through the daemon's own path on a simulated clock."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+from test_labels_and_checkpoint import Clock, Record
+
+from exporter.backtest import backtest
+from exporter.cli import main
+from exporter.config import parse_config
+from exporter.daemon import Daemon
+from exporter.devtools.synthetic import cell_counts, cell_events
+
+T0 = 1_800_000_000.0
+ATTRIBUTES = {"gender": ("male", "female"), "age": ("young", "old")}
+RAW_CONFIG = {"model_id": "m1", "protected_attributes": [{"name": k, "groups": list(v)} for k, v in ATTRIBUTES.items()],
+              "windows": ["1h", "24h"], "bucket": "1m", "min_samples": 30}  # fmt: skip
+
+
+def drifting_events(hours: float = 3, drift_after_minutes: int = 60) -> pd.DataFrame:
+    """600 events a minute, selection rate 0.3 for everybody, then 0.15 for women after `drift_after_minutes`."""
+    steps = int(hours * 60)
+    rates = np.full((steps, 4), 0.3)
+    rates[drift_after_minutes:, 2:] = 0.15  # cells in C order of (gender, age): female is gender code 1
+    cells = cell_counts(np.random.default_rng(11), steps, 1, (2, 2), 600, rates)
+    columns = cell_events(cells[:, 0], ATTRIBUTES, T0, 60.0, seed=3)
+    frame = pd.DataFrame(columns)
+    frame["timestamp"] = frame["timestamp"].round(3)  # milliseconds: the same instant in every file format
+    frame["model_id"] = "m1"
+    frame["prediction_id"] = [f"p{i}" for i in range(len(frame))]
+    return frame
+
+
+def as_jsonl(frame: pd.DataFrame, path: Path) -> Path:
+    """The same events in the topic's format (ISO-8601 timestamps, attributes nested)."""
+    with path.open("wb") as f:
+        for row in frame.itertuples(index=False):
+            stamp = datetime.fromtimestamp(row.timestamp, UTC).isoformat()
+            f.write(orjson.dumps({"model_id": row.model_id, "prediction_id": row.prediction_id, "timestamp": stamp,
+                                  "prediction": int(row.prediction),
+                                  "attributes": {"gender": row.gender, "age": row.age}}) + b"\n")  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("backtest")
+    frame = drifting_events()
+    config = directory / "config.yaml"
+    config.write_text(yaml.safe_dump(RAW_CONFIG))
+    frame.to_parquet(directory / "events.parquet")
+    frame.to_csv(directory / "events.csv", index=False)
+    milliseconds = (frame["timestamp"] * 1000).round().astype("int64")
+    instants = pd.to_datetime(milliseconds, unit="ms", utc=True).astype("datetime64[us, UTC]")
+    stamped = frame.assign(timestamp=instants)
+    stamped.to_parquet(directory / "datetimes.parquet")
+    return {"config": config, "parquet": directory / "events.parquet", "csv": directory / "events.csv",
+            "jsonl": as_jsonl(frame, directory / "events.jsonl"), "datetimes": directory / "datetimes.parquet",
+            "dir": directory}  # fmt: skip
+
+
+def test_backtest_pages_on_the_drift_with_value_interval_and_statistic(recorded: dict[str, Path]) -> None:
+    output = recorded["dir"] / "report.json"
+    assert main(["backtest", "--config", str(recorded["config"]), str(recorded["parquet"]), "--output",
+                 str(output)]) == 0  # fmt: skip
+    report = json.loads(output.read_text())
+    assert report["steps"] == 180
+    pages = [a for a in report["alerts"] if a["alert"] == "FairnessDemographicParityDrift"]
+    assert pages, report["alerts"]
+    first = pages[0]
+    assert (first["severity"], first["attribute"], first["dimension"], first["direction"]) == (
+        "critical", "gender", "male_vs_female", "a_higher")
+    fired = datetime.fromisoformat(first["fired_at"]).timestamp()
+    assert T0 + 3600 < fired <= T0 + 2 * 3600  # after the drift, within the hour
+    assert first["statistic"] >= report["alarm_level"]
+    assert first["window"] is None and set(first["windows"]) == {"1h", "24h"}
+    lower, upper = first["interval"]
+    assert lower <= first["value"] <= upper
+    assert first["value"] == first["windows"]["1h"]["value"]
+    assert not [a for a in report["alerts"] if a["attribute"] == "age" and a["severity"] == "critical"]
+
+
+def test_jsonl_csv_and_parquet_replay_to_the_same_report(recorded: dict[str, Path]) -> None:
+    """Epoch seconds, ISO-8601 strings (JSON lines) and microsecond datetimes (parquet) are the same instants."""
+    config = parse_config(RAW_CONFIG)
+    reports = [backtest(config, [recorded[kind]]) for kind in ("parquet", "csv", "jsonl", "datetimes")]
+    assert reports[0]["alerts"] == reports[1]["alerts"] == reports[2]["alerts"] == reports[3]["alerts"]
+    assert reports[0]["events"] == reports[2]["events"] > 100_000
+
+
+def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: dict[str, Path]) -> None:
+    """The daemon, fed the same events a bucket at a time with its scheduled computation after each bucket,
+    ends with exactly the detector state the backtest reports."""
+    frame = drifting_events(hours=1.5)
+    config = parse_config({**RAW_CONFIG, "listen": {"address": "127.0.0.1", "port": 0}})
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=Clock())
+    minute = ((frame["timestamp"] - T0) // 60).astype(int)
+    payloads = as_jsonl(frame, recorded["dir"] / "short.jsonl").read_bytes().splitlines()
+    offset = 0
+    for m in range(int(minute.max()) + 1):
+        batch = [Record(p, offset + i) for i, p in enumerate(payloads[offset : offset + int((minute == m).sum())])]
+        offset += len(batch)
+        daemon.clock.now = frame["timestamp"][minute == m].max()
+        daemon.ingest.handle("predictions", 0, batch)
+        daemon.computer.compute()
+    from exporter.backtest import Replay, read_events
+
+    replay = Replay(config)
+    for columns in read_events([recorded["dir"] / "short.jsonl"], config):
+        replay.feed(columns)
+    replay.finish()
+    assert replay.store.detection.steps == daemon.store.detection.steps == 90
+    np.testing.assert_allclose(replay.store.detection.state.statistic, daemon.store.detection.state.statistic)
+    np.testing.assert_array_equal(replay.store.totals, daemon.store.totals)
+
+
+def test_a_file_without_the_needed_columns_is_one_line_and_exit_2(
+    recorded: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.csv"
+    pd.read_csv(recorded["csv"]).drop(columns=["timestamp"]).to_csv(broken, index=False)
+    assert main(["backtest", "--config", str(recorded["config"]), str(broken)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0
+    assert str(broken) in error and "'timestamp'" in error
