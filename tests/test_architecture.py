@@ -48,3 +48,9 @@ def test_stream_and_serve_never_import_the_gate() -> None:
     }
     assert not offending
 
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}  # fmt: skip
+    assert not long
