@@ -19,6 +19,8 @@ COMMIT_TIMEOUT_MS = 5000
 # retries a constructor that gave up, with its own backoff.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000,
                                    "bootstrap_timeout_ms": 3000}  # fmt: skip
+FETCH_DEFAULTS: dict[str, Any] = {}
+"""Fetch sizes, chosen by measurement (bench/ingest.py, README "Performance"); ``kafka.client`` overrides them."""
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -48,7 +50,7 @@ class KafkaPythonClient:
             auto_offset_reset=kafka.auto_offset_reset,
             max_poll_records=max_records,
             client_id=f"fairness-exporter-{kafka.group_id}",
-            **{**CLIENT_DEFAULTS, **kafka.client},
+            **{**CLIENT_DEFAULTS, **FETCH_DEFAULTS, **kafka.client},
         )
 
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
