@@ -13,10 +13,12 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Final, NamedTuple
 
+import numpy as np
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import METRICS
@@ -112,9 +114,31 @@ class SnapshotCollector(Collector):
         for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()
         yield insufficient
+        yield from self._scores(snapshot, cadence)
         yield from self._settings(snapshot)
         yield from self._counters(snapshot)
         yield from detector_families(snapshot)
+
+    @staticmethod
+    def _scores(snapshot: Snapshot, cadence: str) -> Iterator[Metric]:
+        """Per-subgroup score histograms (a model that emits scores): calibration within groups, and the LL144
+        scoring rate (the share above the overall median) by ``histogram_quantile``, in PromQL."""
+        if not snapshot.score_bounds:
+            return
+        family = HistogramMetricFamily(
+            "model_prediction_score", "Scores of the predictions in the window, per subgroup (subgroup=\"overall\": "
+            "every prediction). Windowed, not a counter: read it without rate()." + cadence, labels=_GROUP)
+        les = [*(floatToGoString(b) for b in snapshot.score_bounds), "+Inf"]
+        groups = {ev.attribute.name: ev.attribute.groups for _, ev in snapshot.evaluations}
+        for window, attribute, bins, sums in snapshot.scores:
+            names = groups[attribute]
+            rows = [(name, bins[i], sums[i]) for i, name in enumerate(names)]
+            rows.append(("overall", bins.sum(axis=0), sums.sum()))  # the unknown category counts here too
+            for name, counts, total in rows:
+                cumulative = np.cumsum(counts).tolist()
+                family.add_metric([snapshot.model_id, attribute, window, name],
+                                  list(zip(les, map(float, cumulative), strict=True)), float(total))
+        yield family
 
     @staticmethod
     def _settings(snapshot: Snapshot) -> Iterator[Metric]:

@@ -162,6 +162,8 @@ class DecodedBatch:
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: int = 0
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """The score of every accepted event when the model emits scores (``events.score_threshold``), else empty."""
     rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -232,8 +234,8 @@ class EventDecoder:
             structs, at, timestamps = [structs[k] for k in keep], [at[k] for k in keep], timestamps[~future]
         if structs:
             if self._threshold is not None:
-                predictions = (np.fromiter(map(g["score"], structs), np.float64, len(structs))
-                               >= self._threshold).astype(np.int64)  # fmt: skip
+                scores = np.fromiter(map(g["score"], structs), np.float64, len(structs))
+                predictions = (scores >= self._threshold).astype(np.int64)
             else:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
             outcomes = np.array([-1 if v is None else v for v in map(g["label"], structs)], dtype=np.int64)
@@ -247,9 +249,11 @@ class EventDecoder:
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
+        if self._threshold is None or not structs:
+            scores = np.zeros(0)
 
         if walked:
-            rows: list[tuple[int, float, int, int, Any, list[int]]] = []
+            rows: list[tuple[int, float, int, int, Any, list[int], float]] = []
             for i in sorted(walked):
                 outcome = self._walk(values[i], latest)
                 if outcome is _IGNORED:
@@ -268,6 +272,8 @@ class EventDecoder:
                 ids = [all_ids[k] for k in order.tolist()]
                 codes = [np.concatenate([c, np.array([r[5][k] for r in rows], dtype=np.int64)])[order]
                          for k, c in enumerate(codes)]  # fmt: skip
+                if self._threshold is not None:
+                    scores = np.concatenate([scores, [r[6] for r in rows]])[order]
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
@@ -281,11 +287,12 @@ class EventDecoder:
             rejected=rejected,
             ignored=ignored,
             rejected_payloads=bad,
+            scores=scores.astype(np.float64, copy=False),
         )
 
-    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int]]:
+    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
         """The rules, over the parsed JSON: :data:`_IGNORED`, a rejection reason, or the event's row
-        ``(timestamp, prediction, outcome, prediction id, base attribute codes)``."""
+        ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or NaN)``."""
         try:
             event = orjson.loads(raw)
         except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value)
@@ -331,7 +338,7 @@ class EventDecoder:
             v = attrs.get(column)
             code = table.get(v if v.__class__ is str else str(v))
             codes.append(unknown if code is None else code)
-        return ts, int(pred), int(label), pid, codes
+        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)
 
 
 @dataclass
