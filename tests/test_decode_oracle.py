@@ -61,6 +61,10 @@ def same(config: Config, values: list[bytes | None]) -> None:
     assert got.codes.keys() == want.codes.keys()
     for name in got.codes:
         assert got.codes[name].tolist() == want.codes[name].tolist(), name
+    if config.events.score_threshold is None:
+        assert len(got.scores) == 0
+    else:  # the scores of the accepted events, which the oracle did not keep: each one decides its prediction
+        assert len(got.scores) == len(got) and (got.predictions == (got.scores >= config.events.score_threshold)).all()
 
 
 mixed = st.lists(events().map(dumps) | st.binary(max_size=60) | st.none()
