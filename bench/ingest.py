@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
@@ -232,13 +234,25 @@ def shipped_source(broker: EmbeddedBroker, n: int, client_library: str = "kafka-
 
 
 MICRO = ("bare `orjson.loads` loop", "`EventDecoder.decode`", "`WindowStore.add` of the decoded batches",
-         "`Daemon.handle` (decode + validate + count)")  # fmt: skip
+         "`Daemon.handle` (decode + validate + count)",
+         "before: the dict-walk decoder (tests/decode_oracle.py, the test oracle)")  # fmt: skip
+
+
+def oracle_decoder(cfg: Config) -> Any:
+    """The decoder this one replaced, kept in tests/ as the test oracle: measured beside it in the same run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    try:
+        from decode_oracle import OracleDecoder
+    finally:
+        sys.path.pop(0)
+    return OracleDecoder(cfg)
 
 
 def micro(values: list[bytes]) -> dict[str, list[float]]:
     """CPU seconds per event of the steps of taking the same payloads in, without Kafka, interleaved rounds."""
     cfg = config("127.0.0.1:9")  # never contacted
     decoder = EventDecoder(cfg)
+    before = oracle_decoder(cfg)
     daemon = Daemon(cfg)
     store = WindowStore(cfg)
     records = [_Record(v, i) for i, v in enumerate(values)]
@@ -256,6 +270,11 @@ def micro(values: list[bytes]) -> dict[str, list[float]]:
         for raw, _ in batches:
             decoder.decode(raw, now)
 
+    def decode_before() -> None:
+        now = time.time()
+        for raw, _ in batches:
+            before.decode(raw, now)
+
     def count() -> None:
         now = time.time()
         for b in decoded:
@@ -265,7 +284,7 @@ def micro(values: list[bytes]) -> dict[str, list[float]]:
         for _, recs in batches:
             daemon.ingest.handle(TOPIC, 0, recs)
 
-    variants = dict(zip(MICRO, (bare, decode, count, handle), strict=True))
+    variants = dict(zip(MICRO, (bare, decode, count, handle, decode_before), strict=True))
     out: dict[str, list[float]] = {name: [] for name in variants}
     # The benchmark's own long-lived objects (every payload and record) would make each garbage collection
     # scan them, a cost the daemon does not have: take them out of the collector's sight while measuring.
@@ -357,7 +376,7 @@ def run(quick: bool = False) -> Section:
                        "broker CPU s / 10^6", "ratio to (a)", "ratio to its ceiling (a') or (a'')",
                        "every round, events/s"], rows))  # fmt: skip
 
-    bare, dec, add, _ = (per_event[name] * 1e6 for name in MICRO)
+    bare, dec, add, _, _ = (per_event[name] * 1e6 for name in MICRO)
     micro_rows = [(name, fmt(v * 1e6), fmt(1 / v), fmt(v * 1e6 / bare)) for name, v in per_event.items()]
     section.add(f"Without Kafka: the same payloads ({len(micro_values):,} events, batches of {MICRO_BATCH:,}), "
                 f"CPU time per event, best of {MICRO_ROUNDS} interleaved rounds.")  # fmt: skip
