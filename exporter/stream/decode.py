@@ -12,7 +12,7 @@ the accepted structs with list comprehensions and numpy. Every event either beco
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -61,12 +61,18 @@ def _epoch(t: object) -> float | None:
     return None
 
 
-def _all_ascii(values: Sequence[bytes]) -> bool:
-    """Whether every value is ASCII bytes (False when a value is a tombstone)."""
+def _epochs(stamps: list[Any]) -> list[float | None]:
+    """:func:`_epoch` of each, in C calls when every one is an ISO 8601 string with a time zone (the usual case)."""
     try:
-        return b"".join(values).isascii()
-    except TypeError:
-        return False
+        parsed = list(map(datetime.fromisoformat, stamps))  # TypeError: a number; ValueError: not ISO 8601
+    except (TypeError, ValueError):
+        return list(map(_epoch, stamps))
+    if None in map(_TZ, parsed):
+        return list(map(_epoch, stamps))
+    return list(map(datetime.timestamp, parsed))
+
+
+_TZ = attrgetter("tzinfo")
 
 
 def _lookup(path: str) -> Callable[[Any], Any]:
@@ -143,7 +149,9 @@ def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | Non
                 else:
                     fields.append((name, kind, None))
         fields.sort(key=lambda x: len(x) == 3)  # required fields first
-        return msgspec.defstruct(f"Event{next(counter)}", fields, rename=rename), has_required
+        # gc=False: the structs hold only strings, numbers and other such structs (no cycles), and thousands per batch
+        # tracked by the collector cost more than their decoding
+        return msgspec.defstruct(f"Event{next(counter)}", fields, rename=rename, gc=False), has_required
 
     struct, _ = build(tree, "", True)
     return struct, getters
@@ -188,38 +196,57 @@ class EventDecoder:
             self._decoder = msgspec.json.Decoder(struct)
             self._get = {role: attrgetter(path) for role, path in paths.items()}
 
+    def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], int]:
+        """The schema's pass: (structs of this model's events, their input positions, positions to walk, events
+        of other models). Newline-free values (the usual case) are decoded in one call, one event per line; a
+        batch the schema refuses anywhere is decoded event by event to find which to walk."""
+        decoder = self._decoder
+        if decoder is None:
+            return [], [], list(range(len(values))), 0
+        get_model, model_id = self._get["model"], self.config.model_id
+        try:
+            joined: bytes | None = b"\n".join(values)
+        except TypeError:  # a tombstone (None value)
+            joined = None
+        if joined is not None and not joined.isascii():
+            try:  # msgspec does not check the UTF-8 of the fields it skips; orjson refuses the whole event
+                joined.decode()
+            except UnicodeDecodeError:
+                joined = None
+        if joined is not None and joined.count(b"\n") == len(values) - 1:
+            try:
+                structs = decoder.decode_lines(joined)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                structs = None
+            if structs is not None and len(structs) == len(values):  # else a blank value: lines skip those
+                models = list(map(get_model, structs))
+                if models.count(model_id) == len(structs):
+                    return structs, list(range(len(structs))), [], 0
+                at = [i for i, m in enumerate(models) if m == model_id]
+                return [structs[i] for i in at], at, [], len(structs) - len(at)
+        structs, at, walked, ignored = [], [], [], 0
+        decode = decoder.decode
+        for i, raw in enumerate(values):
+            try:
+                if not raw.isascii():
+                    raw.decode()
+                event = decode(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, AttributeError):
+                walked.append(i)  # AttributeError: a tombstone
+                continue
+            if get_model(event) != model_id:
+                ignored += 1
+                continue
+            structs.append(event)
+            at.append(i)
+        return structs, at, walked, ignored
+
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
         """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
         latest = now + self.config.max_future_skew_seconds
-        model_id, decoder = self.config.model_id, self._decoder
-        structs: list[Any] = []
-        at: list[int] = []  # input position of each struct
-        walked: list[int] = []
-        ignored = 0
-        if decoder is not None:
-            decode, errors = decoder.decode, (msgspec.ValidationError, msgspec.DecodeError, TypeError)
-            get_model = self._get["model"]
-            # msgspec does not check the UTF-8 of the fields it skips; orjson refuses the whole event. One C call
-            # clears the usual all-ASCII batch; otherwise each non-ASCII value is checked.
-            ascii = _all_ascii(values)
-            for i, raw in enumerate(values):
-                try:
-                    if not ascii and not raw.isascii():
-                        raw.decode()
-                    event = decode(raw)
-                except (*errors, UnicodeDecodeError, AttributeError):  # TypeError, AttributeError: a tombstone
-                    walked.append(i)
-                    continue
-                if get_model(event) != model_id:
-                    ignored += 1
-                    continue
-                structs.append(event)
-                at.append(i)
-        else:
-            walked = list(range(len(values)))
-
-        g = self._get if decoder is not None else {}
-        stamps = [_epoch(t) for t in map(g["ts"], structs)] if structs else []
+        structs, at, walked, ignored = self._structs(values)
+        g = self._get if self._decoder is not None else {}
+        stamps = _epochs(list(map(g["ts"], structs))) if structs else []
         if None in stamps:  # an unparseable ISO string: the walk says which reason
             unparsed = {k for k, t in enumerate(stamps) if t is None}
             walked.extend(at[k] for k in unparsed)
@@ -238,13 +265,16 @@ class EventDecoder:
                 predictions = (scores >= self._threshold).astype(np.int64)
             else:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
-            outcomes = np.array([-1 if v is None else v for v in map(g["label"], structs)], dtype=np.int64)
+            labels = np.array(list(map(g["label"], structs)), dtype=np.float64)  # None (no label): NaN
+            outcomes = np.where(np.isnan(labels), -1, labels).astype(np.int64)
             ids = list(map(g["id"], structs))
             codes = []
             for column, table, unknown in self._tables:
-                lookup: dict[str | None, int] = {value: code for value, code in table.items()}
+                # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
+                lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
+                lookup.update(table)
                 lookup[None] = table.get("None", unknown)  # the walk looks a missing value up as str(None)
-                codes.append(np.array([lookup.get(v, unknown) for v in map(g[f"attr:{column}"], structs)],
+                codes.append(np.array(list(map(lookup.__getitem__, map(g[f"attr:{column}"], structs))),
                                       dtype=np.int64))  # fmt: skip
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
