@@ -11,6 +11,7 @@ the accepted structs with list comprehensions and numpy. Every event either beco
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -124,9 +125,9 @@ def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | Non
             return None
         node[leaf] = role
     getters: dict[str, str] = {}
-    counter = iter(range(1_000_000))
+    counter = itertools.count()
 
-    def build(node: dict[str, Any], prefix: str, required: bool) -> tuple[type[msgspec.Struct], bool]:
+    def build(node: dict[str, Any], prefix: str) -> tuple[type[msgspec.Struct], bool]:
         fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
         rename: dict[str, str] = {}
         has_required = False
@@ -134,7 +135,7 @@ def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | Non
             name = f"f{next(counter)}"
             rename[name] = key
             if isinstance(child, dict):
-                sub, sub_required = build(child, f"{prefix}{name}.", required)
+                sub, sub_required = build(child, f"{prefix}{name}.")
                 if sub_required:
                     fields.append((name, sub))
                     has_required = True
@@ -153,7 +154,7 @@ def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | Non
         # tracked by the collector cost more than their decoding
         return msgspec.defstruct(f"Event{next(counter)}", fields, rename=rename, gc=False), has_required
 
-    struct, _ = build(tree, "", True)
+    struct, _ = build(tree, "")
     return struct, getters
 
 
