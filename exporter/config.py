@@ -18,6 +18,7 @@ from exporter.core.attributes import Attribute
 from exporter.core.metric_table import METRICS, max_widths
 
 SEVERITIES: Final = ("blocking", "warning")
+DEFAULT_SCORE_BUCKETS: Final = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_PORT: Final = 9108
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
@@ -78,6 +79,9 @@ class EventFields:
     prediction: str = "prediction"
     score: str = "score"
     score_threshold: float | None = None
+    score_buckets: tuple[float, ...] = ()
+    """Upper bounds of the per-subgroup score histograms (only with ``score_threshold``: a model that emits
+    scores); empty: :data:`DEFAULT_SCORE_BUCKETS` when the model emits scores, else no histogram."""
     label: str = "label"
     attributes: str = "attributes"
 
@@ -164,7 +168,15 @@ class Config:
             "windows": [w.name for w in self.windows],
             "bucket_seconds": self.bucket_seconds,
             "allowed_lateness_seconds": self.allowed_lateness_seconds,
+            **({"score_buckets": list(self.score_buckets)} if self.score_buckets else {}),
         }
+
+    @property
+    def score_buckets(self) -> tuple[float, ...]:
+        """Upper bounds of the score histograms; empty when the model emits no scores (no histograms)."""
+        if self.events.score_threshold is None:
+            return ()
+        return self.events.score_buckets or DEFAULT_SCORE_BUCKETS
 
 
 def parse_config(raw: Any, source: str = "<config>") -> Config:

@@ -7,6 +7,7 @@ Every check records its problem and carries on, so :func:`exporter.config.parse_
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import math
 import re
 from pathlib import Path
@@ -123,7 +124,8 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
 
 
 def parse_events(raw: dict[str, Any], errors: Errors) -> EventFields:
-    """The events section: dotted field paths (strings) and an optional score threshold in 0..1."""
+    """The events section: dotted field paths (strings), an optional score threshold in 0..1 and the bounds of the
+    score histograms."""
     values: dict[str, Any] = {}
     for key in EventFields.__dataclass_fields__:
         if key not in raw or raw[key] is None:
@@ -138,11 +140,34 @@ def parse_events(raw: dict[str, Any], errors: Errors) -> EventFields:
                 errors.add("events.score_threshold", f"{value!r} is not a number between 0 and 1")
             else:
                 values[key] = threshold
+        elif key == "score_buckets":
+            bounds = _score_buckets(value)
+            if bounds is None:
+                errors.add("events.score_buckets", f"{value!r} is not a list of increasing numbers in 0..1 "
+                                                   "such as [0.1, 0.2, 0.5]")  # fmt: skip
+            else:
+                values[key] = bounds
         elif isinstance(value, str) and value.strip():
             values[key] = value
         else:
             errors.add(f"events.{key}", f"{value!r} is not a dotted field path such as attributes.gender")
+    if values.get("score_buckets") and "score_threshold" not in values:
+        errors.add("events.score_buckets", "needs events.score_threshold: only a model that emits scores has "
+                                           "score histograms")  # fmt: skip
     return EventFields(**values)
+
+
+def _score_buckets(value: Any) -> tuple[float, ...] | None:
+    """Histogram upper bounds: a non-empty list of strictly increasing numbers in 0..1, else None."""
+    if not isinstance(value, list) or not value or any(isinstance(v, bool) for v in value):
+        return None
+    try:
+        bounds = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    if not all(0.0 <= b <= 1.0 for b in bounds) or any(b >= c for b, c in itertools.pairwise(bounds)):
+        return None
+    return bounds
 
 
 def parse_windows(raw: Any, bucket_raw: Any, errors: Errors) -> tuple[list[Window], float]:

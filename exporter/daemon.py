@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from exporter.stream.source import KafkaSource
 from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
+GIL_SWITCH_SECONDS = 0.001
+"""How long a thread may hold the GIL while another waits for it (Python's default: 0.005)."""
 EXPIRY_EVERY_SECONDS = 10.0
 
 
@@ -102,7 +105,13 @@ class Daemon:
                  self.port, self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
 
     def serve(self) -> None:
-        """Bind the port and serve /metrics and the probes on a background thread."""
+        """Bind the port and serve /metrics and the probes on a background thread.
+
+        Shortens the interpreter's GIL slice (:data:`GIL_SWITCH_SECONDS`): while ingest keeps a core busy, each
+        step of a scrape (accept, read, respond) waits for a slice to end, and Python's 5 ms slices made a p99
+        scrape of 99 ms under 10 concurrent scrapers (bench/scrape.py, README "Performance").
+        """
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         config = self.config
         self.http = HttpServer(make_app(self.registry, self.exposition, config.model_id, self.healthy, self.ready),
                                config.listen_address, config.listen_port,

@@ -87,6 +87,7 @@ def test_score_threshold_derives_the_prediction() -> None:
     batch = decode(event(prediction=None, score=0.7), event(prediction=None, score=0.2),
                    events={"score_threshold": 0.5})  # fmt: skip
     assert batch.predictions.tolist() == [1, 0]
+    assert batch.scores.tolist() == [0.7, 0.2]  # for the score histograms
 
 
 def test_custom_field_paths() -> None:

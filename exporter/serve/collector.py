@@ -13,10 +13,12 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Final, NamedTuple
 
+import numpy as np
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import METRICS
@@ -112,9 +114,31 @@ class SnapshotCollector(Collector):
         for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()
         yield insufficient
+        yield from self._scores(snapshot, cadence)
         yield from self._settings(snapshot)
         yield from self._counters(snapshot)
         yield from detector_families(snapshot)
+
+    @staticmethod
+    def _scores(snapshot: Snapshot, cadence: str) -> Iterator[Metric]:
+        """Per-subgroup score histograms (a model that emits scores): calibration within groups, and the LL144
+        scoring rate (the share above the overall median) by ``histogram_quantile``, in PromQL."""
+        if not snapshot.score_bounds:
+            return
+        family = HistogramMetricFamily(
+            "model_prediction_score", "Scores of the predictions in the window, per subgroup (subgroup=\"overall\": "
+            "every prediction). Windowed, not a counter: read it without rate()." + cadence, labels=_GROUP)
+        les = [*(floatToGoString(b) for b in snapshot.score_bounds), "+Inf"]
+        groups = {ev.attribute.name: ev.attribute.groups for _, ev in snapshot.evaluations}
+        for window, attribute, bins, sums in snapshot.scores:
+            names = groups[attribute]
+            rows = [(name, bins[i], sums[i]) for i, name in enumerate(names)]
+            rows.append(("overall", bins.sum(axis=0), sums.sum()))  # the unknown category counts here too
+            for name, counts, total in rows:
+                cumulative = np.cumsum(counts).tolist()
+                family.add_metric([snapshot.model_id, attribute, window, name],
+                                  list(zip(les, map(float, cumulative), strict=True)), float(total))
+        yield family
 
     @staticmethod
     def _settings(snapshot: Snapshot) -> Iterator[Metric]:
@@ -212,14 +236,17 @@ class Page(NamedTuple):
 
 
 class Rendered(NamedTuple):
-    """A snapshot's exposition in one format: the text and its raw deflate stream (final block included)."""
+    """A snapshot's exposition in one format: the text, its raw deflate stream ended by a sync flush (no final
+    block: the live part's blocks follow it) and its CRC-32, so that a scrape deflates and checksums only the small
+    live part (the CRC of the whole megabyte-sized page took most of a scrape's CPU)."""
 
     text: bytes
     deflated: bytes
+    crc: int
 
     @classmethod
     def of(cls, text: bytes) -> Rendered:
-        return cls(text, _deflate(text, 6, final=True))
+        return cls(text, _deflate(text, 6, final=False), zlib.crc32(text))
 
 
 _GZIP_HEADER: Final = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime, OS unknown
@@ -233,16 +260,17 @@ def _deflate(text: bytes, level: int, final: bool) -> bytes:
     return compressor.compress(text) + compressor.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
 
 
-def gzip_one_member(head: bytes, tail: Rendered) -> bytes:
-    """``head + tail.text`` as ONE gzip member, reusing the tail's cached deflate stream.
+def gzip_one_member(head: Rendered, tail: bytes) -> bytes:
+    """``head.text + tail`` as ONE gzip member, reusing the head's cached deflate stream and CRC-32.
 
-    A sync flush ends the head's deflate blocks on a byte boundary without a final block, so the tail's
-    independently compressed blocks follow it in the same member (as pigz joins blocks); the trailer's CRC-32 is
-    computed over both parts. Single-member decoders (curl --compressed, urllib3) read the whole page.
+    A sync flush ended the head's deflate blocks on a byte boundary without a final block, so the tail's
+    independently compressed blocks (the last one final) follow it in the same member (as pigz joins blocks); the
+    trailer's CRC-32 continues the head's over the tail. Single-member decoders (curl --compressed, urllib3) read
+    the whole page.
     """
-    crc = zlib.crc32(tail.text, zlib.crc32(head))
-    size = (len(head) + len(tail.text)) & 0xFFFFFFFF
-    return b"".join((_GZIP_HEADER, _deflate(head, 1, final=False), tail.deflated, struct.pack("<II", crc, size)))
+    crc = zlib.crc32(tail, head.crc)
+    size = (len(head.text) + len(tail)) & 0xFFFFFFFF
+    return b"".join((_GZIP_HEADER, head.deflated, _deflate(tail, 1, final=True), struct.pack("<II", crc, size)))
 
 
 class CachedExposition:
@@ -265,7 +293,7 @@ class CachedExposition:
         self._current: tuple[CollectorRegistry, dict[str, Rendered]] = (CollectorRegistry(), {})
 
     def _render(self, registry: CollectorRegistry, encoder: Callable[[CollectorRegistry], bytes]) -> Rendered:
-        return Rendered.of(encoder(registry))
+        return Rendered.of(encoder(registry).removesuffix(_OM_EOF))  # one "# EOF" line: the live part's, last
 
     def update(self, snapshot: Snapshot) -> None:
         """Serialise a new snapshot in every format asked for so far (on the computation's thread)."""
@@ -288,12 +316,10 @@ class CachedExposition:
         return page
 
     def page(self, registry: CollectorRegistry, accept_encoding: str, accept: str = "") -> Page:
-        """The whole /metrics page: the live registry (health) then the cached snapshot; gzipped when accepted."""
+        """The whole /metrics page: the cached snapshot then the live registry (health); gzipped when accepted."""
         encoder, content_type = choose_encoder(accept)
         live = encoder(registry)
-        if content_type.startswith("application/openmetrics-text"):
-            live = live.removesuffix(_OM_EOF)  # one "# EOF" line, at the end of the whole page
         cached = self._cached(content_type, encoder)
         if "gzip" in accept_encoding:
-            return Page(gzip_one_member(live, cached), content_type, True)
-        return Page(live + cached.text, content_type, False)
+            return Page(gzip_one_member(cached, live), content_type, True)
+        return Page(cached.text + live, content_type, False)

@@ -36,6 +36,11 @@ class Snapshot:
     """The change detectors' statistics after their latest step."""
     detectors: DetectorBank | None = None
     """What each detector watches, and the alarm level."""
+    score_bounds: tuple[float, ...] = ()
+    """Upper bounds of the score histograms (empty: the model emits no scores)."""
+    scores: tuple[tuple[str, str, np.ndarray, np.ndarray], ...] = ()
+    """(window, attribute, count per row and bin, sum of scores per row) for each window and attribute; the rows
+    are the attribute's groups, then its unknown category."""
 
 
 class Computer:
@@ -58,7 +63,9 @@ class Computer:
         started = time.perf_counter()
         now = self.clock()
         detection = self.store.detect(now)
-        windows = self.store.window_counts(now)
+        with self.store.lock:  # counts and score histograms of the same events
+            windows = self.store.window_counts(now)
+            window_scores = self.store.window_scores(now)
         keys, blocks = [], []
         for window in self.config.windows:
             by_attribute = self.store.layout.split(windows[window.name])
@@ -68,9 +75,14 @@ class Computer:
         widths = self.config.max_interval_widths()
         evaluated = evaluate_many(blocks, self.config.min_samples, widths, self.config.exported_metrics)
         evaluations = list(zip(keys, evaluated, strict=True))
+        scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
+        for window_name, (bins, sums) in window_scores.items():
+            bins_of, sums_of = self.store.layout.split(bins), self.store.layout.split(sums)
+            scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in self.config.attributes)
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
                             self.store.layout.split(self.store.totals_copy()), self.config.exported_metrics,
-                            tuple(self.config.thresholds().items()), detection, self.store.detectors)  # fmt: skip
+                            tuple(self.config.thresholds().items()), detection, self.store.detectors,
+                            score_bounds=self.config.score_buckets, scores=tuple(scores))  # fmt: skip
         self.latest = snapshot
         if self.on_snapshot is not None:
             self.on_snapshot(snapshot)

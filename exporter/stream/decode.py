@@ -1,18 +1,26 @@
 """Decode and validate a batch of raw prediction events into columns ready to be counted.
 
-One pass of Python per event (orjson parse, a handful of dict lookups), then numpy for the rest. Every event
-either becomes a row of the batch, is ignored (another model's), or is rejected under one reason; nothing raises.
+Two steps, one set of rules. msgspec decodes each event straight into a ``Struct`` built from the configured field
+paths (nested dotted paths too), validating types and ranges while it parses and skipping every other field; what
+that schema accepts is, by construction, an event the rules below accept. Everything it refuses (a malformed
+event, a prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object belongs) is
+walked by :meth:`EventDecoder._walk`, which alone decides a rejection and its reason. Columns are then built from
+the accepted structs with list comprehensions and numpy. Every event either becomes a row of the batch, is ignored
+(another model's), or is rejected under one reason; nothing raises.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, TypeGuard
+from operator import attrgetter
+from typing import Annotated, Any, Final, Literal, TypeGuard
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -28,6 +36,7 @@ in that attribute's unknown category (code -1), exactly as the gate counts such 
 MAX_PREDICTION_ID_LENGTH: Final = 256
 """Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
 in the checkpoint until its ground truth arrives."""
+_IGNORED: Final = "ignored"
 
 
 def _valid_id(pid: object) -> bool:
@@ -40,24 +49,113 @@ def _binary(value: object) -> TypeGuard[int | float]:
     return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
 
 
-def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
-    """For configured dotted paths, a function that lifts them into a flat dict keyed by the paths themselves,
-    so the decoder's hot loop is the same plain ``event.get(path)`` for flat and nested events. None when every
-    path is a top-level key (the default), where no copy is needed."""
-    nested = [(p, p.split(".")) for p in paths if "." in p]
-    if not nested:
-        return None
+def _epoch(t: object) -> float | None:
+    """Epoch seconds of an event's timestamp: ISO 8601 (naive means UTC) or finite epoch seconds; else None."""
+    if t.__class__ is str:
+        try:
+            d = datetime.fromisoformat(t)
+        except ValueError:
+            return None
+        return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
+    if t.__class__ is float or t.__class__ is int:
+        return float(t) if math.isfinite(t) else None
+    return None
 
-    def flatten(event: dict[str, Any]) -> dict[str, Any]:
-        flat = dict(event)
-        for path, keys in nested:
-            value: Any = event
-            for key in keys:
-                value = value.get(key) if value.__class__ is dict else None
-            flat[path] = value
-        return flat
 
-    return flatten
+def _epochs(stamps: list[Any]) -> list[float | None]:
+    """:func:`_epoch` of each, in C calls when every one is an ISO 8601 string with a time zone (the usual case)."""
+    try:
+        parsed = list(map(datetime.fromisoformat, stamps))  # TypeError: a number; ValueError: not ISO 8601
+    except (TypeError, ValueError):
+        return list(map(_epoch, stamps))
+    if None in map(_TZ, parsed):
+        return list(map(_epoch, stamps))
+    return list(map(datetime.timestamp, parsed))
+
+
+_TZ = attrgetter("tzinfo")
+
+
+def _lookup(path: str) -> Callable[[Any], Any]:
+    """``event[path]`` for a dotted path over parsed JSON: None wherever a step is missing or not an object."""
+    keys = path.split(".")
+
+    def get(event: Any) -> Any:
+        for key in keys:
+            event = event.get(key) if event.__class__ is dict else None
+        return event
+
+    return get
+
+
+# What the schema accepts of each field: only values that the rules accept as they are. Wider values (1.0 for 1,
+# a timestamp JSON number beyond int64, an id integer beyond what orjson reads as an int) fail it and are walked.
+_Binary = Literal[0, 1]
+_Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annotated[int, msgspec.Meta(ge=-(2**63),
+                                                                                                    le=2**63 - 1)]
+_Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+_Stamp = str | float
+
+
+def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
+    """A ``Struct`` type for the configured paths, and the attribute path of each role (``model``, ``id``, ``ts``,
+    ``pred``, ``score``, ``label``, ``attr:<column>``) in it; None when the paths overlap in a way a Struct
+    cannot hold (a field that is both a value and an object), where every event is walked."""
+    f = config.events
+    roles: dict[str, tuple[Any, Any]] = {
+        "model": (f.model_id, str | None), "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
+        "score": (f.score, _Score if f.score_threshold is not None else _Score | None),
+        "label": (f.label, _Binary | None),
+    }  # fmt: skip
+    if f.score_threshold is None:
+        roles["pred"] = (f.prediction, _Binary)
+    for a in config.base_attributes:
+        roles[f"attr:{a.columns[0]}"] = (f"{f.attributes}.{a.columns[0]}", str | None)
+    tree: dict[str, Any] = {}
+    for role, (path, _) in roles.items():
+        *parents, leaf = path.split(".") if not role.startswith("attr:") else [*f.attributes.split("."),
+                                                                                role[len("attr:"):]]
+        node = tree
+        for key in parents:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                return None
+            node = child
+        if leaf in node:
+            return None
+        node[leaf] = role
+    getters: dict[str, str] = {}
+    counter = itertools.count()
+
+    def build(node: dict[str, Any], prefix: str) -> tuple[type[msgspec.Struct], bool]:
+        fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+        rename: dict[str, str] = {}
+        has_required = False
+        for key, child in node.items():
+            name = f"f{next(counter)}"
+            rename[name] = key
+            if isinstance(child, dict):
+                sub, sub_required = build(child, f"{prefix}{name}.")
+                if sub_required:
+                    fields.append((name, sub))
+                    has_required = True
+                else:  # missing: every value under it missing, as the walk reads it; null is walked
+                    fields.append((name, sub, msgspec.field(default_factory=sub)))
+            else:
+                getters[child] = f"{prefix}{name}"
+                kind = roles[child][1]
+                if kind in (_Stamp, _Binary, _Score):
+                    fields.append((name, kind))
+                    has_required = True
+                else:
+                    fields.append((name, kind, None))
+        fields.sort(key=lambda x: len(x) == 3)  # required fields first
+        # gc=False: the structs hold only strings, numbers and other such structs (no cycles), and thousands per batch
+        # tracked by the collector cost more than their decoding
+        return msgspec.defstruct(f"Event{next(counter)}", fields, rename=rename, gc=False), has_required
+
+    struct, _ = build(tree, "")
+    return struct, getters
 
 
 @dataclass
@@ -73,6 +171,8 @@ class DecodedBatch:
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: int = 0
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """The score of every accepted event when the model emits scores (``events.score_threshold``), else empty."""
     rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -86,119 +186,190 @@ class EventDecoder:
         self.config = config
         self.keep_rejected = keep_rejected
         f = config.events
-        self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
-        self._flatten = _flattener(self._paths)
+        self._paths = [_lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
+                                            f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
         self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
+        schema = _schema(config)
+        self._decoder: msgspec.json.Decoder[Any] | None = None
+        if schema is not None:
+            struct, paths = schema
+            self._decoder = msgspec.json.Decoder(struct)
+            self._get = {role: attrgetter(path) for role, path in paths.items()}
+
+    def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], int]:
+        """The schema's pass: (structs of this model's events, their input positions, positions to walk, events
+        of other models). Newline-free values (the usual case) are decoded in one call, one event per line; a
+        batch the schema refuses anywhere is decoded event by event to find which to walk."""
+        decoder = self._decoder
+        if decoder is None:
+            return [], [], list(range(len(values))), 0
+        get_model, model_id = self._get["model"], self.config.model_id
+        try:
+            joined: bytes | None = b"\n".join(values)
+        except TypeError:  # a tombstone (None value)
+            joined = None
+        if joined is not None and not joined.isascii():
+            try:  # msgspec does not check the UTF-8 of the fields it skips; orjson refuses the whole event
+                joined.decode()
+            except UnicodeDecodeError:
+                joined = None
+        if joined is not None and joined.count(b"\n") == len(values) - 1:
+            try:
+                structs = decoder.decode_lines(joined)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                structs = None
+            if structs is not None and len(structs) == len(values):  # else a blank value: lines skip those
+                models = list(map(get_model, structs))
+                if models.count(model_id) == len(structs):
+                    return structs, list(range(len(structs))), [], 0
+                at = [i for i, m in enumerate(models) if m == model_id]
+                return [structs[i] for i in at], at, [], len(structs) - len(at)
+        structs, at, walked, ignored = [], [], [], 0
+        decode = decoder.decode
+        for i, raw in enumerate(values):
+            try:
+                if not raw.isascii():
+                    raw.decode()
+                event = decode(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, AttributeError):
+                walked.append(i)  # AttributeError: a tombstone
+                continue
+            if get_model(event) != model_id:
+                ignored += 1
+                continue
+            structs.append(event)
+            at.append(i)
+        return structs, at, walked, ignored
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
-        """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be.
-
-        The loop is written for speed (it is most of the daemon's CPU after kafka-python): exact-type checks
-        (orjson only produces exact types), locals instead of attributes, group codes by dict lookup.
-        """
-        k_model, k_id, k_ts, k_pred, k_score, k_label, k_attrs = self._paths
-        flatten, threshold, tables = self._flatten, self._threshold, self._tables
-        keep_rejected, model_id = self.keep_rejected, self.config.model_id
+        """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
         latest = now + self.config.max_future_skew_seconds
-        loads, bad_json, fromiso, isfinite = orjson.loads, orjson.JSONDecodeError, datetime.fromisoformat, math.isfinite
-        rejected: Counter[str] = Counter()
-        bad: list[tuple[bytes, str]] = []
-        ignored = 0
-        ts_out: list[float] = []
-        pred_out: list[int] = []
-        label_out: list[int] = []
-        ids: list[Any] = []
-        code_columns: list[list[int]] = [[] for _ in tables]  # -1: outside the groups or missing (unknown)
+        structs, at, walked, ignored = self._structs(values)
+        g = self._get if self._decoder is not None else {}
+        stamps = _epochs(list(map(g["ts"], structs))) if structs else []
+        if None in stamps:  # an unparseable ISO string: the walk says which reason
+            unparsed = {k for k, t in enumerate(stamps) if t is None}
+            walked.extend(at[k] for k in unparsed)
+            keep = [k for k in range(len(structs)) if k not in unparsed]
+            structs, at, stamps = [structs[k] for k in keep], [at[k] for k in keep], [stamps[k] for k in keep]
+        timestamps = np.asarray(stamps, dtype=np.float64)
+        rejects: list[tuple[int, str]] = []
+        future = timestamps > latest
+        if future.any():  # the timestamp is valid and comes first among the rules: nothing else is asked
+            rejects.extend((at[k], "future_timestamp") for k in np.flatnonzero(future).tolist())
+            keep = np.flatnonzero(~future).tolist()
+            structs, at, timestamps = [structs[k] for k in keep], [at[k] for k in keep], timestamps[~future]
+        if structs:
+            if self._threshold is not None:
+                scores = np.fromiter(map(g["score"], structs), np.float64, len(structs))
+                predictions = (scores >= self._threshold).astype(np.int64)
+            else:
+                predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
+            labels = np.array(list(map(g["label"], structs)), dtype=np.float64)  # None (no label): NaN
+            outcomes = np.where(np.isnan(labels), -1, labels).astype(np.int64)
+            ids = list(map(g["id"], structs))
+            codes = []
+            for column, table, unknown in self._tables:
+                # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
+                lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
+                lookup.update(table)
+                lookup[None] = table.get("None", unknown)  # the walk looks a missing value up as str(None)
+                codes.append(np.array(list(map(lookup.__getitem__, map(g[f"attr:{column}"], structs))),
+                                      dtype=np.int64))  # fmt: skip
+        else:
+            predictions = outcomes = np.zeros(0, dtype=np.int64)
+            ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
+        if self._threshold is None or not structs:
+            scores = np.zeros(0)
 
-        for raw in values:
-            try:
-                event = loads(raw)
-            except (bad_json, TypeError):  # TypeError: a tombstone (None value)
-                event = None
-            reason: str | None = "malformed_json"
-            if event.__class__ is dict:
-                if flatten is not None:
-                    event = flatten(event)
-                get = event.get
-                if get(k_model) != model_id:
+        if walked:
+            rows: list[tuple[int, float, int, int, Any, list[int], float]] = []
+            for i in sorted(walked):
+                outcome = self._walk(values[i], latest)
+                if outcome is _IGNORED:
                     ignored += 1
-                    continue
-                reason = None
-                t = get(k_ts)
-                ts: Any = None
-                pred: Any  # pred, label and codes are set whenever reason stays None
-                if t.__class__ is str:
-                    try:
-                        d = fromiso(t)
-                        ts = (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
-                    except ValueError:
-                        pass
-                elif t.__class__ is float or t.__class__ is int:
-                    ts = float(t) if isfinite(t) else None
-                score = get(k_score)
-                if ts is None:
-                    reason = "missing_field" if t is None else "invalid_timestamp"
-                elif ts > latest:
-                    reason = "future_timestamp"
-                elif score is not None and ((score.__class__ is not float and score.__class__ is not int)
-                                            or not 0.0 <= score <= 1.0):  # fmt: skip
-                    reason = "invalid_score"
-                elif threshold is not None:
-                    pred = None if score is None else int(score >= threshold)
+                elif isinstance(outcome, str):
+                    rejects.append((i, outcome))
                 else:
-                    pred = get(k_pred)
-                    if pred is not None and not _binary(pred):
-                        reason = "invalid_prediction"
-                if reason is None and pred is None:
-                    reason = "missing_field"
-                if reason is None:
-                    label = get(k_label)
-                    if label is None:
-                        label = -1
-                    elif not _binary(label):
-                        reason = "invalid_label"
-                if reason is None:
-                    pid = get(k_id)
-                    if not _valid_id(pid):
-                        reason = "invalid_prediction_id"
-                if reason is None:
-                    attrs = get(k_attrs)
-                    if attrs is None:
-                        attrs = {}  # every attribute missing: unknown for each, still counted overall
-                    codes = []
-                    if attrs.__class__ is not dict:
-                        reason = "missing_field"
-                    else:
-                        for column, table, unknown in tables:
-                            v = attrs.get(column)
-                            code = table.get(v if v.__class__ is str else str(v))
-                            codes.append(unknown if code is None else code)
-                if reason is None:
-                    ts_out.append(ts)
-                    pred_out.append(int(pred))
-                    label_out.append(int(label))
-                    ids.append(pid)
-                    for codes_of, code in zip(code_columns, codes, strict=True):
-                        codes_of.append(code)
-                    continue
-            assert reason is not None
-            rejected[reason] += 1
-            if keep_rejected:
-                bad.append((raw, reason))
+                    rows.append((i, *outcome))
+            if rows:  # merge the walked rows in input order, as every column's consumers expect
+                at = at + [r[0] for r in rows]
+                order = np.argsort(np.asarray(at), kind="stable")
+                timestamps = np.concatenate([timestamps, [r[1] for r in rows]])[order]
+                predictions = np.concatenate([predictions, np.array([r[2] for r in rows], dtype=np.int64)])[order]
+                outcomes = np.concatenate([outcomes, np.array([r[3] for r in rows], dtype=np.int64)])[order]
+                all_ids = ids + [r[4] for r in rows]
+                ids = [all_ids[k] for k in order.tolist()]
+                codes = [np.concatenate([c, np.array([r[5][k] for r in rows], dtype=np.int64)])[order]
+                         for k, c in enumerate(codes)]  # fmt: skip
+                if self._threshold is not None:
+                    scores = np.concatenate([scores, [r[6] for r in rows]])[order]
 
-        base = {a.columns[0]: np.array(c, dtype=np.int64) for a, c in zip(self.config.base_attributes, code_columns,
-                                                                          strict=True)}  # fmt: skip
+        rejected: Counter[str] = Counter(reason for _, reason in rejects)
+        bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
+        base = {a.columns[0]: c for a, c in zip(self.config.base_attributes, codes, strict=True)}
         return DecodedBatch(
-            timestamps=np.asarray(ts_out, dtype=np.float64),
-            predictions=np.asarray(pred_out, dtype=np.int64),
-            outcomes=np.asarray(label_out, dtype=np.int64),
+            timestamps=timestamps.astype(np.float64, copy=False),
+            predictions=predictions.astype(np.int64, copy=False),
+            outcomes=outcomes.astype(np.int64, copy=False),
             prediction_ids=ids,
             codes={a.name: attribute_codes(a, base) for a in self.config.attributes},
             rejected=rejected,
             ignored=ignored,
             rejected_payloads=bad,
+            scores=scores.astype(np.float64, copy=False),
         )
+
+    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
+        """The rules, over the parsed JSON: :data:`_IGNORED`, a rejection reason, or the event's row
+        ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or NaN)``."""
+        try:
+            event = orjson.loads(raw)
+        except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value)
+            return "malformed_json"
+        if event.__class__ is not dict:
+            return "malformed_json"
+        model, pid_of, ts_of, pred_of, score_of, label_of, attrs_of = self._paths
+        if model(event) != self.config.model_id:
+            return _IGNORED
+        t = ts_of(event)
+        ts = _epoch(t)
+        if ts is None:
+            return "missing_field" if t is None else "invalid_timestamp"
+        if ts > latest:
+            return "future_timestamp"
+        score = score_of(event)
+        if score is not None and ((score.__class__ is not float and score.__class__ is not int)
+                                  or not 0.0 <= score <= 1.0):  # fmt: skip
+            return "invalid_score"
+        if self._threshold is not None:
+            pred = None if score is None else int(score >= self._threshold)
+        else:
+            pred = pred_of(event)
+            if pred is not None and not _binary(pred):
+                return "invalid_prediction"
+        if pred is None:
+            return "missing_field"
+        label = label_of(event)
+        if label is None:
+            label = -1
+        elif not _binary(label):
+            return "invalid_label"
+        pid = pid_of(event)
+        if not _valid_id(pid):
+            return "invalid_prediction_id"
+        attrs = attrs_of(event)
+        if attrs is None:
+            attrs = {}  # every attribute missing: unknown for each, still counted overall
+        if attrs.__class__ is not dict:
+            return "missing_field"
+        codes = []
+        for column, table, unknown in self._tables:
+            v = attrs.get(column)
+            code = table.get(v if v.__class__ is str else str(v))
+            codes.append(unknown if code is None else code)
+        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)
 
 
 @dataclass

@@ -53,7 +53,8 @@ class Ingest:
         given_up: Counter[str] = Counter()
         with self.store.lock:
             late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
-                                  offsets={(topic, partition): records[-1].offset + 1})  # fmt: skip
+                                  offsets={(topic, partition): records[-1].offset + 1},
+                                  scores=batch.scores)  # fmt: skip
             if self.config.kafka.labels_topic:
                 waiting = batch.outcomes < 0
                 codes = np.column_stack([batch.codes[a.name] for a in self.config.attributes])

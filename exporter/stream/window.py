@@ -62,6 +62,12 @@ class WindowStore:
         self.counts = np.zeros((self.n_buckets, self.layout.n_rows, N_COUNTS), dtype=np.int64)
         self.bucket_ids = np.full(self.n_buckets, -1, dtype=np.int64)  # absolute bucket held by each slot
         self.totals = np.zeros((self.layout.n_rows, N_COUNTS), dtype=np.int64)  # never reset: for counters
+        # Score histograms (a model that emits scores): per bucket and row, the count of scores in each bin
+        # (bin i: bounds[i-1] < score <= bounds[i], the last bin above every bound) and their sum.
+        self.score_bounds = np.asarray(config.score_buckets, dtype=np.float64)
+        n_bins = len(self.score_bounds) + 1 if len(self.score_bounds) else 0
+        self.score_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_bins), dtype=np.int64)
+        self.score_sums = np.zeros((self.n_buckets, self.layout.n_rows if n_bins else 0), dtype=np.float64)
         self.head = -1  # absolute index of the newest bucket
         self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
         self.lock = threading.RLock()
@@ -79,14 +85,16 @@ class WindowStore:
             self.head = head
         stale = self.bucket_ids < self.head - self.n_buckets + 1
         self.counts[stale] = 0
+        self.score_counts[stale] = 0
+        self.score_sums[stale] = 0.0
         self.bucket_ids[stale] = -1
 
     def add(
         self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
-        now: float, offsets: dict[tuple[str, int], int] | None = None,
+        now: float, offsets: dict[tuple[str, int], int] | None = None, scores: np.ndarray | None = None,
     ) -> int:  # fmt: skip
-        """Count a decoded batch and record the Kafka offsets it covers, atomically; return how many events
-        were late (and therefore not counted)."""
+        """Count a decoded batch (and its scores, when the store keeps score histograms) and record the Kafka
+        offsets it covers, atomically; return how many events were late (and therefore not counted)."""
         buckets = self.bucket_of(timestamps)
         predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
@@ -96,6 +104,8 @@ class WindowStore:
             kept = {k: v[on_time] for k, v in codes.items()}
             self._count(buckets[on_time], kept, predicted[on_time])
             self._count_outcomes(buckets[on_time], kept, outcome[on_time])
+            if self.score_counts.shape[2] and scores is not None and len(scores):
+                self._count_scores(buckets[on_time], kept, scores[on_time])
             self.offsets.update(offsets or {})
         return late
 
@@ -127,6 +137,18 @@ class WindowStore:
                       + columns, 1)  # fmt: skip
         self._count_totals(codes, columns)
 
+    def _count_scores(self, buckets: np.ndarray, codes: dict[str, np.ndarray], scores: np.ndarray) -> None:
+        if not len(buckets):
+            return
+        slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
+        bins = np.searchsorted(self.score_bounds, scores, side="left")  # Prometheus' le: upper bound included
+        n_rows, n_bins = self.layout.n_rows, self.score_counts.shape[2]
+        flat_counts, flat_sums = self.score_counts.reshape(-1), self.score_sums.reshape(-1)
+        for name in self.layout.names:
+            cells = slots * n_rows + self.layout.rows(name, codes[name])
+            np.add.at(flat_counts, cells * n_bins + bins, 1)
+            np.add.at(flat_sums, cells, scores)
+
     def _count_totals(self, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
@@ -143,17 +165,27 @@ class WindowStore:
         """Counts of every window ending at the head (advanced to ``now``), shape ``(n_rows, N_COUNTS)``."""
         with self.lock:
             self._advance(int(self.bucket_of(np.array([now]))[0]))
-            out = {}
-            for name, k in self.window_buckets.items():
-                # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in
-                # that range holds its bucket or nothing (_advance emptied the rest), so no mask is needed.
-                end = self.head % self.n_buckets + 1
-                start = end - k
-                total = self.counts[max(start, 0) : end].sum(axis=0)
-                if start < 0:
-                    total += self.counts[start:].sum(axis=0)
-                out[name] = total
-            return out
+            return {name: self._window_sum(self.counts, k) for name, k in self.window_buckets.items()}
+
+    def window_scores(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Score histograms of every window ending at the head (advanced to ``now``): per row, the count in each
+        bin ``(n_rows, n_bins)`` and the sum of the scores ``(n_rows,)``. Empty without score histograms."""
+        with self.lock:
+            if not self.score_counts.shape[2]:
+                return {}
+            self._advance(int(self.bucket_of(np.array([now]))[0]))
+            return {name: (self._window_sum(self.score_counts, k), self._window_sum(self.score_sums, k))
+                    for name, k in self.window_buckets.items()}  # fmt: skip
+
+    def _window_sum(self, ring: np.ndarray, k: int) -> np.ndarray:
+        # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in that range
+        # holds its bucket or nothing (_advance emptied the rest), so no mask is needed.
+        end = self.head % self.n_buckets + 1
+        start = end - k
+        total = ring[max(start, 0) : end].sum(axis=0)
+        if start < 0:
+            total += ring[start:].sum(axis=0)
+        return total
 
     def detect(self, now: float) -> Detection:
         """Advance the change detectors by one step when the head (advanced to ``now``) has entered a bucket they
@@ -191,8 +223,10 @@ class WindowStore:
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
         with self.lock:
+            scores = {"score_counts": self.score_counts.copy(), "score_sums": self.score_sums.copy()}
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
-                    "head": np.array(self.head), **self.detection.arrays(self.detectors)}  # fmt: skip
+                    "head": np.array(self.head), **self.detection.arrays(self.detectors),
+                    **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray], offsets: dict[tuple[str, int], int]) -> None:
         """Load what :meth:`state` produced, with the offsets the checkpoint covers."""
@@ -200,6 +234,9 @@ class WindowStore:
             self.counts[...] = state["counts"]
             self.bucket_ids[...] = state["bucket_ids"]
             self.totals[...] = state["totals"]
+            if self.score_counts.shape[2]:  # the layout check made sure the checkpoint has them, same bounds
+                self.score_counts[...] = state["score_counts"]
+                self.score_sums[...] = state["score_sums"]
             self.head = int(state["head"])
             self.offsets = dict(offsets)
             self.detection = Detection.restore(state, self.detectors, self.totals)

@@ -1,0 +1,169 @@
+"""Today's (pre-msgspec) event decoder, kept verbatim as a test oracle: the shipped decoder must give the same
+batch, the same rejection reasons and the same dead letters on every input (tests/test_decode_oracle.py)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeGuard
+
+import numpy as np
+import orjson
+
+from exporter.config import Config
+from exporter.core.encoding import attribute_codes, code_table
+from exporter.stream.decode import MAX_PREDICTION_ID_LENGTH, DecodedBatch
+
+
+def _valid_id(pid: object) -> bool:
+    """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
+    return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
+
+
+def _binary(value: object) -> TypeGuard[int | float]:
+    """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
+    return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
+
+
+def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """For configured dotted paths, a function that lifts them into a flat dict keyed by the paths themselves,
+    so the decoder's hot loop is the same plain ``event.get(path)`` for flat and nested events. None when every
+    path is a top-level key (the default), where no copy is needed."""
+    nested = [(p, p.split(".")) for p in paths if "." in p]
+    if not nested:
+        return None
+
+    def flatten(event: dict[str, Any]) -> dict[str, Any]:
+        flat = dict(event)
+        for path, keys in nested:
+            value: Any = event
+            for key in keys:
+                value = value.get(key) if value.__class__ is dict else None
+            flat[path] = value
+        return flat
+
+    return flatten
+
+
+class OracleDecoder:
+    """Turns raw Kafka message values into a :class:`DecodedBatch` for one configured model."""
+
+    def __init__(self, config: Config, keep_rejected: bool = False) -> None:
+        self.config = config
+        self.keep_rejected = keep_rejected
+        f = config.events
+        self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
+        self._flatten = _flattener(self._paths)
+        self._threshold = f.score_threshold
+        self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
+
+    def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
+        """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be.
+
+        The loop is written for speed (it is most of the daemon's CPU after kafka-python): exact-type checks
+        (orjson only produces exact types), locals instead of attributes, group codes by dict lookup.
+        """
+        k_model, k_id, k_ts, k_pred, k_score, k_label, k_attrs = self._paths
+        flatten, threshold, tables = self._flatten, self._threshold, self._tables
+        keep_rejected, model_id = self.keep_rejected, self.config.model_id
+        latest = now + self.config.max_future_skew_seconds
+        loads, bad_json, fromiso, isfinite = orjson.loads, orjson.JSONDecodeError, datetime.fromisoformat, math.isfinite
+        rejected: Counter[str] = Counter()
+        bad: list[tuple[bytes, str]] = []
+        ignored = 0
+        ts_out: list[float] = []
+        pred_out: list[int] = []
+        label_out: list[int] = []
+        ids: list[Any] = []
+        code_columns: list[list[int]] = [[] for _ in tables]  # -1: outside the groups or missing (unknown)
+
+        for raw in values:
+            try:
+                event = loads(raw)
+            except (bad_json, TypeError):  # TypeError: a tombstone (None value)
+                event = None
+            reason: str | None = "malformed_json"
+            if event.__class__ is dict:
+                if flatten is not None:
+                    event = flatten(event)
+                get = event.get
+                if get(k_model) != model_id:
+                    ignored += 1
+                    continue
+                reason = None
+                t = get(k_ts)
+                ts: Any = None
+                pred: Any  # pred, label and codes are set whenever reason stays None
+                if t.__class__ is str:
+                    try:
+                        d = fromiso(t)
+                        ts = (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
+                    except ValueError:
+                        pass
+                elif t.__class__ is float or t.__class__ is int:
+                    ts = float(t) if isfinite(t) else None
+                score = get(k_score)
+                if ts is None:
+                    reason = "missing_field" if t is None else "invalid_timestamp"
+                elif ts > latest:
+                    reason = "future_timestamp"
+                elif score is not None and ((score.__class__ is not float and score.__class__ is not int)
+                                            or not 0.0 <= score <= 1.0):  # fmt: skip
+                    reason = "invalid_score"
+                elif threshold is not None:
+                    pred = None if score is None else int(score >= threshold)
+                else:
+                    pred = get(k_pred)
+                    if pred is not None and not _binary(pred):
+                        reason = "invalid_prediction"
+                if reason is None and pred is None:
+                    reason = "missing_field"
+                if reason is None:
+                    label = get(k_label)
+                    if label is None:
+                        label = -1
+                    elif not _binary(label):
+                        reason = "invalid_label"
+                if reason is None:
+                    pid = get(k_id)
+                    if not _valid_id(pid):
+                        reason = "invalid_prediction_id"
+                if reason is None:
+                    attrs = get(k_attrs)
+                    if attrs is None:
+                        attrs = {}  # every attribute missing: unknown for each, still counted overall
+                    codes = []
+                    if attrs.__class__ is not dict:
+                        reason = "missing_field"
+                    else:
+                        for column, table, unknown in tables:
+                            v = attrs.get(column)
+                            code = table.get(v if v.__class__ is str else str(v))
+                            codes.append(unknown if code is None else code)
+                if reason is None:
+                    ts_out.append(ts)
+                    pred_out.append(int(pred))
+                    label_out.append(int(label))
+                    ids.append(pid)
+                    for codes_of, code in zip(code_columns, codes, strict=True):
+                        codes_of.append(code)
+                    continue
+            assert reason is not None
+            rejected[reason] += 1
+            if keep_rejected:
+                bad.append((raw, reason))
+
+        base = {a.columns[0]: np.array(c, dtype=np.int64) for a, c in zip(self.config.base_attributes, code_columns,
+                                                                          strict=True)}  # fmt: skip
+        return DecodedBatch(
+            timestamps=np.asarray(ts_out, dtype=np.float64),
+            predictions=np.asarray(pred_out, dtype=np.int64),
+            outcomes=np.asarray(label_out, dtype=np.int64),
+            prediction_ids=ids,
+            codes={a.name: attribute_codes(a, base) for a in self.config.attributes},
+            rejected=rejected,
+            ignored=ignored,
+            rejected_payloads=bad,
+        )
