@@ -155,7 +155,7 @@ class Replay:
     _now: float = field(default=-math.inf)
     _pending: list[tuple[float, np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
     _series: dict[int, Series] = field(default_factory=dict)
-    _paged: set[int] = field(default_factory=set)
+    _alerted: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config)
@@ -210,19 +210,20 @@ class Replay:
         }  # fmt: skip
 
     def _series_report(self) -> list[dict[str, Any]]:
-        """The series of the detectors that paged, then of the SERIES_OTHERS others with the largest statistic."""
+        """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
+        with the largest statistic."""
         bank = self.store.detectors
-        others = sorted((i for i in self._series if i not in self._paged),
+        others = sorted((i for i in self._series if i not in self._alerted),
                         key=lambda i: (-self._series[i].max_statistic, i))[:SERIES_OTHERS]  # fmt: skip
         window = self.config.windows[0].name
         thresholds = self.config.thresholds()
         out = []
-        for i in [*sorted(self._paged), *others]:
+        for i in [*sorted(self._alerted), *others]:
             detector, series = bank.detectors[i], self._series[i]
             alert = ALERT_OF_METRIC[detector.metric]
             c = series.columns
             out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
-                        **_identity(detector), "paged": i in self._paged, "window": window,
+                        **_identity(detector), "alerted": i in self._alerted, "window": window,
                         "threshold": thresholds.get(alert.shown.removeprefix("model_")), "alarm_level": bank.level,
                         "max_statistic": _number(series.max_statistic), "steps_per_point": series.width,
                         "points": {"time": [_iso(t) for t in c["time"]],
@@ -313,7 +314,7 @@ class Replay:
         if source[0] == "detector":
             bank = self.store.detectors
             detector = bank.detectors[source[1]]
-            self._paged.add(source[1])
+            self._alerted.add(int(source[1]))
             alert = ALERT_OF_METRIC[detector.metric]
             attribute = next(a for a in self.config.attributes if a.name == detector.attribute)
             shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])

@@ -31,9 +31,9 @@ def replayed(recorded: dict[str, Path]) -> tuple[dict, str, Path]:  # noqa: F811
 def test_the_series_are_the_paging_comparisons_and_agree_with_the_alerts(replayed: tuple[dict, str, Path]) -> None:
     report, _, _ = replayed
     series = report["series"]
-    paged = [s for s in series if s["paged"]]
+    paged = [s for s in series if s["alerted"]]
     assert paged and len(series) == len(paged) + SERIES_OTHERS
-    assert all(not s["paged"] for s in series[len(paged):])  # the paging ones first, then the most extreme others
+    assert all(not s["alerted"] for s in series[len(paged):])  # the paging ones first, then the most extreme others
     others = [s["max_statistic"] for s in series[len(paged):]]
     assert others == sorted(others, reverse=True)
     for s in paged:
@@ -97,7 +97,7 @@ def test_backtest_html_shows_the_reports_numbers(replayed: tuple[dict, str, Path
         fired = sum(a["alert"] == s["alert"] and a.get("dimension") == s.get("dimension")
                     and a.get("subgroup") == s.get("subgroup") and a.get("direction") == s["direction"]
                     for a in report["alerts"])  # fmt: skip
-        assert [s["alert"], s["attribute"], comparison, s["window"], "yes" if s["paged"] else "no", str(fired),
+        assert [s["alert"], s["attribute"], comparison, s["window"], "yes" if s["alerted"] else "no", str(fired),
                 f4(s["max_statistic"]), f4(s["alarm_level"]), f4(s["threshold"]), str(len(s["points"]["time"])),
                 str(s["steps_per_point"])] in rows  # fmt: skip
 

@@ -317,9 +317,9 @@ def _backtest_series(s: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]) 
     chart = time_chart(p["time"], p["value"], p["lower"], p["upper"], p["statistic"], ylabel=shown,
                        threshold=s["threshold"], alarm_level=s["alarm_level"],
                        spans=[(a["fired_at"], a["resolved_at"]) for a in fired])  # fmt: skip
-    facts = table(["alert", "attribute", "comparison", "window", "paged", "pages", "max statistic", "alarm level",
+    facts = table(["alert", "attribute", "comparison", "window", "alerted", "alerts", "max statistic", "alarm level",
                    "threshold", "points", "steps per point"],
-                  [[s["alert"], s["attribute"], _compared(s), s["window"], s["paged"], len(fired), s["max_statistic"],
+                  [[s["alert"], s["attribute"], _compared(s), s["window"], s["alerted"], len(fired), s["max_statistic"],
                     s["alarm_level"], s["threshold"], len(p["time"]), s["steps_per_point"]]])  # fmt: skip
     return f"<h3>{escape(s['alert'])}: {escape(s['attribute'])} {escape(_compared(s))}</h3>{facts}{chart}"
 
