@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from exporter.backtest_series import SERIES_OTHERS, Series
 from exporter.config import Config
 from exporter.core.attributes import Attribute
 from exporter.core.encoding import attribute_codes
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.stream.decode import EventDecoder
-from exporter.stream.detectors import ALERT_OF_METRIC, Detector
+from exporter.stream.detectors import ALERT_OF_METRIC, Detector, Trace
 from exporter.stream.window import WindowStore
 
 JSONL_CHUNK = 100_000
@@ -117,8 +118,6 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Columns
 
 FLUSH_STEPS = 1440
 """Steps evaluated in one vectorised pass (a day of one-minute buckets)."""
-
-
 @dataclass
 class _Open:
     """An alert condition that holds: since when, and the entry it fired as (None while pending)."""
@@ -155,6 +154,8 @@ class Replay:
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
     _pending: list[tuple[float, np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
+    _series: dict[int, Series] = field(default_factory=dict)
+    _alerted: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config)
@@ -205,7 +206,30 @@ class Replay:
             "steps": self.steps, "alarm_level": bank.level, "detectors": len(bank),
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
+            "series": self._series_report(),
         }  # fmt: skip
+
+    def _series_report(self) -> list[dict[str, Any]]:
+        """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
+        with the largest statistic."""
+        bank = self.store.detectors
+        others = sorted((i for i in self._series if i not in self._alerted),
+                        key=lambda i: (-self._series[i].max_statistic, i))[:SERIES_OTHERS]  # fmt: skip
+        window = self.config.windows[0].name
+        thresholds = self.config.thresholds()
+        out = []
+        for i in [*sorted(self._alerted), *others]:
+            detector, series = bank.detectors[i], self._series[i]
+            alert = ALERT_OF_METRIC[detector.metric]
+            c = series.columns
+            out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
+                        **_identity(detector), "alerted": i in self._alerted, "window": window,
+                        "threshold": thresholds.get(alert.shown.removeprefix("model_")), "alarm_level": bank.level,
+                        "max_statistic": _number(series.max_statistic), "steps_per_point": series.width,
+                        "points": {"time": [_iso(t) for t in c["time"]],
+                                   **{k: [_number(x) for x in c[k]] for k in ("value", "lower", "upper", "statistic")},
+                                   "alarm": [bool(x) for x in c["alarm"]]}})  # fmt: skip
+        return out
 
     # --- alert conditions, over a block of steps ----------------------------------------------------------
 
@@ -228,6 +252,7 @@ class Replay:
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
         self._pending.clear()
+        self._record_series(times, trace, evaluations)
 
         holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
         bank = self.store.detectors
@@ -268,12 +293,28 @@ class Replay:
             else:
                 self._open[key] = state
 
+    def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
+        """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
+        into its bounded series."""
+        first = self.steps - len(times)  # the block's first step (compute() counted the block's steps)
+        attributes = {a.name: a for a in self.config.attributes}
+        window = self.config.windows[0].name
+        for i, detector in enumerate(self.store.detectors.detectors):
+            attribute = attributes[detector.attribute]
+            value, lower, upper = _compared(detector, attribute, evaluations[(window, attribute.name)])
+            block = {"step": np.arange(first, first + len(times)), "time": times, "value": value, "lower": lower,
+                     "upper": upper, "statistic": trace.statistic[:, i], "alarm": trace.active[:, i]}  # fmt: skip
+            if i not in self._series:
+                self._series[i] = Series({k: v[:0] for k, v in block.items()})
+            self._series[i].extend(block)
+
     def _entry(self, source: Any, t: int, statistics: np.ndarray, evaluations: dict[tuple[str, str], Evaluation],
                now: float) -> dict[str, Any]:  # fmt: skip
         """The alert as it fired at step t of the block: what, where, the value with its interval."""
         if source[0] == "detector":
             bank = self.store.detectors
             detector = bank.detectors[source[1]]
+            self._alerted.add(int(source[1]))
             alert = ALERT_OF_METRIC[detector.metric]
             attribute = next(a for a in self.config.attributes if a.name == detector.attribute)
             shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
@@ -301,27 +342,39 @@ def _identity(detector: Detector) -> dict[str, Any]:
             "metric": detector.metric, "direction": detector.direction}  # fmt: skip
 
 
+def _compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
+    """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
+    selection rate) and its interval, NaN where the window has too few samples."""
+    if detector.subgroup:
+        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
+        stats = ev.groups
+        columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
+        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
+    else:
+        metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
+        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
+        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
+        columns = tuple(ev.metric(metric))
+        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
+    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
+    ok = ok & ~np.isnan(value)
+    return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
+
+
 def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
     """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
     in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
     out: dict[str, Any] = {}
     for window, ev in windows:
-        if detector.subgroup:
-            i = t * len(attribute.groups) + attribute.groups.index(detector.subgroup)
-            stats = ev.groups
-            value, (lower, upper) = stats.selection_rate[i], (b[i] for b in stats.selection_rate_ci)
-            ok = stats.samples[i] > 0
-        else:
-            metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
-            pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
-            k = t * len(pairs) + pairs.index((detector.group_a, detector.group_b))
-            values, lowers, uppers = ev.metric(metric)
-            value, lower, upper = values[k], lowers[k], uppers[k]
-            ok = bool(ev.sufficient(metric)[k])
-        out[window] = ({"value": float(value), "interval": [float(lower), float(upper)]}
-                       if ok and not math.isnan(value) else None)  # fmt: skip
+        value, lower, upper = (float(c[t]) for c in _compared(detector, attribute, ev))
+        out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
     first = next(iter(out.values()), None)
     return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}
+
+
+def _number(x: float) -> float | None:
+    """A report number: None for NaN (too few samples) or an infinite value."""
+    return float(x) if math.isfinite(x) else None
 
 
 def _seconds(duration: str) -> float:

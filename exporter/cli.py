@@ -66,6 +66,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         Path(args.output).write_text(text + "\n")
     else:
         print(text)
+    if args.html:
+        from exporter.gate.commands import write_html
+        from exporter.gate.html import backtest_html
+
+        if not write_html(Path(args.html), backtest_html, report):
+            return EXIT_BAD_INPUT
     firing = sum(a["resolved_at"] is None for a in report["alerts"])
     print(f"{report['model_id']}: {report['events']} events replayed in {report['steps']} steps, "
           f"{len(report['alerts'])} alert(s), {firing} still firing at the end", file=sys.stderr)  # fmt: skip
@@ -157,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument("events", nargs="+", help="JSON lines in the topic's event format, or parquet/CSV with "
                           "the gate's columns plus timestamp, model_id and prediction_id")  # fmt: skip
     backtest.add_argument("--output", help="write the JSON report here instead of stdout")
+    backtest.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     backtest.set_defaults(func=cmd_backtest)
 
     demo = sub.add_parser("demo", help="local broker + synthetic drifting traffic + the daemon")

@@ -197,7 +197,29 @@ def test_dashboard_covers_fairness_samples_and_daemon_health(dashboard: dict[str
         "fairness_exporter_consumer_lag_messages",
         "fairness_exporter_last_computation_timestamp_seconds",
         "fairness_exporter_computation_duration_seconds",
+        "fairness_exporter_kafka_connected",
+        "fairness_exporter_partition_resets_total",
+        "fairness_exporter_checkpoint_failures_total",
+        "fairness_exporter_dead_letters_failed_total",
+        "fairness_exporter_labels_dropped_total",
+        "fairness_detector_statistic",
+        "fairness_detector_alarm",
+        "fairness_subgroup_detector_statistic",
+        "fairness_subgroup_detector_alarm",
+        "fairness_detector_alarm_level",
     } <= used
+
+
+def test_detector_statistics_are_drawn_against_the_alarm_level(dashboard: dict[str, Any]) -> None:
+    """The paging evidence is readable: each statistic panel also draws the level its detectors alarm at, and the
+    detectors follow the selected model and attribute (they have no window)."""
+    for title in ("Pair detector statistic vs alarm level", "Subgroup detector statistic vs alarm level"):
+        names = [metric_names(t["expr"]) for t in panel(dashboard, title)["targets"]]
+        assert {"fairness_detector_alarm_level"} in names, title
+    for each in iter_panels(dashboard):
+        for target in each["targets"]:
+            if re.search(r"\bfairness_(?:subgroup_)?detector_(?:statistic|alarm)\{", target["expr"]):
+                assert 'model_id="$model_id"' in target["expr"] and 'attribute="$attribute"' in target["expr"]
 
 
 def test_panel_queries_substitute_every_variable() -> None:

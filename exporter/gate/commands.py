@@ -96,14 +96,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
         Path(args.report).write_text(text + "\n")
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
-    if args.html and not _write_html(Path(args.html), audit_html, report):
+    if args.html and not write_html(Path(args.html), audit_html, report):
         return EXIT_BAD_INPUT
     print(text)
     print(_summary(report), file=sys.stderr)
     return exit_code(report)
 
 
-def _write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
+def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
     """Render a report to an HTML file; False (and one line on stderr) when matplotlib is not installed."""
     try:
         page = render(report)
@@ -135,7 +135,7 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
     except (DataError, ImportError) as exc:
         print(f"fairness-exporter bias-report: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.html and not _write_html(Path(args.html), bias_html, reports):
+    if args.html and not write_html(Path(args.html), bias_html, reports):
         return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]

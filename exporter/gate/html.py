@@ -2,7 +2,7 @@
 
 Every number shown is read from a JSON report dict (the one the command prints), only formatted, never
 recomputed. Pages are built from three blocks -- :func:`page`, :func:`rate_chart` and :func:`table` -- so a new
-report kind (e.g. a backtest) is one more ``*_html(report)`` function over its own dict. Plots are inline SVG drawn
+report kind is one more ``*_html(report)`` function over its own dict. Plots are inline SVG drawn
 by matplotlib's SVG backend (a bare Figure, no pyplot state) with text as paths: the file needs no network and no fonts.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from html import escape
 from typing import Any
 
@@ -34,7 +35,7 @@ td.pass{color:#1e8e3e;font-weight:600}td.fail{color:#c5221f;font-weight:600}td.i
 .meta{color:#5b6472;font-size:.9rem}.chart svg{max-width:100%;height:auto}
 """
 
-BAR, BAR_OUT, REFERENCE, BAND = "#4a78b5", "#d9822b", "#1d2430", "#9fd3a8"
+BAR, BAR_OUT, REFERENCE, BAND, FIRING = "#4a78b5", "#d9822b", "#1d2430", "#9fd3a8", "#c5221f"
 
 
 def fmt(value: Any, places: int = 4) -> str:
@@ -90,12 +91,7 @@ def rate_chart(
     """Horizontal bars of one value per group with interval whiskers, a reference line and a threshold band, as
     an inline ``<svg>``. With ``flag_outside`` (when the band is the pass criterion) bars outside it are orange.
     Groups without a value are labelled "no data" instead of drawing a zero."""
-    try:
-        import matplotlib
-        from matplotlib.figure import Figure
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError(MATPLOTLIB_HINT) from exc
-
+    Figure = _figure_class()
     n = len(groups)
     fig = Figure(figsize=(8.0, 1.1 + 0.42 * n))
     ax = fig.add_subplot()
@@ -121,12 +117,71 @@ def rate_chart(
     ax.set_axisbelow(True)
     if band is not None or reference is not None:
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False, fontsize=9)
+    return _svg(fig)
+
+
+def _figure_class() -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError(MATPLOTLIB_HINT) from exc
+    return Figure
+
+
+def _svg(fig: Any) -> str:
+    """A figure as an inline ``<svg>`` (text as paths, no date, stable ids)."""
+    import matplotlib
+
     fig.tight_layout()
     out = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "fairness-exporter"}):
         fig.savefig(out, format="svg", metadata={"Date": None})
     svg = out.getvalue()
     return f'<div class="chart">{svg[svg.index("<svg"):]}</div>'
+
+
+def time_chart(
+    times: Sequence[str],
+    value: Sequence[float | None],
+    lower: Sequence[float | None],
+    upper: Sequence[float | None],
+    statistic: Sequence[float | None],
+    *,
+    ylabel: str,
+    threshold: float | None,
+    alarm_level: float,
+    spans: Sequence[tuple[str, str | None]],
+) -> str:
+    """Two panels over time, as an inline ``<svg>``: a value with its interval band and the threshold line, and
+    the detector's statistic with its alarm level; each span (ISO start, end or None = still firing) is shaded in
+    both, with a vertical marker where it starts."""
+    Figure = _figure_class()
+    at = [datetime.fromisoformat(t) for t in times]
+    missing = float("nan")
+    fig = Figure(figsize=(9.0, 4.6))
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    top.fill_between(at, [missing if x is None else x for x in lower], [missing if x is None else x for x in upper],
+                     color=BAND, alpha=0.5, lw=0, label="95% interval")  # fmt: skip
+    top.plot(at, [missing if x is None else x for x in value], color=BAR, lw=1.4, label=ylabel)
+    if threshold is not None:
+        top.axhline(threshold, color=BAR_OUT, ls="--", lw=1.3, label=f"threshold {fmt(threshold, 2)}")
+    bottom.plot(at, [missing if x is None else x for x in statistic], color=REFERENCE, lw=1.2,
+                label="detector statistic")  # fmt: skip
+    bottom.axhline(alarm_level, color=FIRING, ls="--", lw=1.3, label=f"alarm level {fmt(alarm_level, 2)}")
+    for k, (start, end) in enumerate(spans):
+        begin, stop = datetime.fromisoformat(start), datetime.fromisoformat(end) if end else at[-1]
+        for ax in (top, bottom):
+            ax.axvspan(begin, stop, color=FIRING, alpha=0.15, lw=0, label="firing" if k == 0 and ax is top else None)
+            ax.axvline(begin, color=FIRING, lw=1.2)
+    top.set_ylabel(ylabel)
+    bottom.set_ylabel("statistic")
+    for ax in (top, bottom):
+        ax.grid(color="#e2e6ec")
+        ax.set_axisbelow(True)
+    top.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=4, frameon=False, fontsize=9)
+    bottom.legend(loc="upper left", frameon=False, fontsize=9)
+    fig.autofmt_xdate()
+    return _svg(fig)
 
 
 def page(title: str, verdict: str, tone: str, summary: str, sections: Sequence[str], meta: Sequence[str]) -> str:
@@ -242,3 +297,59 @@ def bias_html(reports: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
                 for src, rep in reports.items()]  # fmt: skip
     return page("Bias report", verdict, "bad" if biased else "good", summary, sections,
                 ["Fairness gap = highest group mean - lowest group mean; biased when it exceeds the threshold."])
+
+
+def _compared(a: Mapping[str, Any]) -> str:
+    """Which comparison an alert or series is about: the pair (or subgroup), its direction, the window."""
+    what = a.get("dimension") or a.get("subgroup") or ""
+    return what + (f" ({a['direction']})" if a.get("direction") else "")
+
+
+def _same_comparison(alert: Mapping[str, Any], series: Mapping[str, Any]) -> bool:
+    keys = ("alert", "attribute", "dimension", "subgroup", "direction")
+    return all(alert.get(k) == series.get(k) for k in keys)
+
+
+def _backtest_series(s: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]) -> str:
+    p = s["points"]
+    fired = [a for a in alerts if _same_comparison(a, s)]
+    shown = "selection rate" if s.get("subgroup") else (s.get("metric") or "value").replace("_", " ")
+    chart = time_chart(p["time"], p["value"], p["lower"], p["upper"], p["statistic"], ylabel=shown,
+                       threshold=s["threshold"], alarm_level=s["alarm_level"],
+                       spans=[(a["fired_at"], a["resolved_at"]) for a in fired])  # fmt: skip
+    facts = table(["alert", "attribute", "comparison", "window", "alerted", "alerts", "max statistic", "alarm level",
+                   "threshold", "points", "steps per point"],
+                  [[s["alert"], s["attribute"], _compared(s), s["window"], s["alerted"], len(fired), s["max_statistic"],
+                    s["alarm_level"], s["threshold"], len(p["time"]), s["steps_per_point"]]])  # fmt: skip
+    return f"<h3>{escape(s['alert'])}: {escape(s['attribute'])} {escape(_compared(s))}</h3>{facts}{chart}"
+
+
+def backtest_html(report: Mapping[str, Any]) -> str:
+    """The backtest's report as a page: the pages that fired, each paging comparison's gap and detector over
+    time (with the most extreme others), and the alerts table."""
+    alerts = report["alerts"]
+    pages = [a for a in alerts if a["severity"] == "critical"]
+    counts: dict[str, int] = {}
+    for a in pages:
+        counts[a["alert"]] = counts.get(a["alert"], 0) + 1
+    warnings = len(alerts) - len(pages)
+    summary = (f"{len(pages)} page(s) fired" + (": " + ", ".join(f"{k} ({n})" for k, n in counts.items()) if pages
+                                                 else "") + f" · {warnings} warning(s)")  # fmt: skip
+    verdict = f"{len(pages)} PAGE(S)" if pages else "NO PAGES"
+    tone = "bad" if pages else ("warn" if warnings else "good")
+    meta = [f"Model: {report['model_id']}",
+            f"Events: {report['events']} replayed in {report['steps']} steps · late {report['late']} · rejected "
+            f"{report['rejected']} · ignored {report['ignored']}",
+            f"Detectors: {report['detectors']} · alarm level {fmt(report['alarm_level'])} · false pages per day "
+            f"budget {fmt(report['false_pages_per_day'])}"]  # fmt: skip
+    series = report.get("series", [])
+    sections = ["<h2>Comparisons over time</h2>",
+                '<p class="meta">Each point is the step with the largest detector statistic among "steps per '
+                "point\" steps; shaded spans are the alerts' firing intervals.</p>",
+                *(_backtest_series(s, alerts) for s in series)]  # fmt: skip
+    rows = [[a["alert"], a["severity"], a["attribute"], _compared(a), a["window"] or "—", a["fired_at"],
+             a["resolved_at"] or "still firing", a["value"], fmt_interval(a["interval"]), a.get("statistic")]
+            for a in alerts]  # fmt: skip
+    sections.append("<h2>Alerts</h2>" + table(["alert", "severity", "attribute", "dimension", "window", "fired_at",
+                                               "resolved_at", "value", "interval", "detector statistic"], rows))
+    return page(f"Backtest: {report['model_id']}", verdict, tone, summary, sections, meta)

@@ -1,0 +1,42 @@
+"""The backtest report's bounded time series: per detector, at most SERIES_POINTS points however long the replay,
+keeping the peaks of its statistic (so every alarm's height survives the downsampling)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SERIES_POINTS = 500
+"""At most this many points per detector's series in the report (see :func:`keep_peaks`)."""
+SERIES_OTHERS = 3
+"""Besides the detectors that paged, the report's `series` has this many others: those with the largest statistic."""
+SERIES_COLUMNS = ("step", "time", "value", "lower", "upper", "statistic", "alarm")
+
+
+def keep_peaks(columns: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
+    """Per bin of ``width`` steps (``step // width``), the step with the largest statistic (the earliest on a
+    tie): a downsampled series that keeps every peak the detector reached, and so every alarm's height."""
+    bins = columns["step"] // width
+    order = np.lexsort((-columns["statistic"], bins))  # stable: by bin, then statistic descending
+    first = np.r_[True, bins[order][1:] != bins[order][:-1]]
+    keep = np.sort(order[first])
+    return {k: v[keep] for k, v in columns.items()}
+
+
+@dataclass
+class Series:
+    """One detector's bounded history: points of bins of `width` steps (a power of two), at most SERIES_POINTS."""
+
+    columns: dict[str, np.ndarray]
+    width: int = 1
+    max_statistic: float = -math.inf
+
+    def extend(self, block: dict[str, np.ndarray]) -> None:
+        self.max_statistic = max(self.max_statistic, float(np.max(block["statistic"], initial=-math.inf)))
+        merged = {k: np.concatenate([self.columns[k], block[k]]) for k in SERIES_COLUMNS}
+        self.columns = keep_peaks(merged, self.width)
+        while len(self.columns["step"]) > SERIES_POINTS:
+            self.width *= 2
+            self.columns = keep_peaks(self.columns, self.width)

@@ -1,0 +1,116 @@
+"""`backtest --html`: the report's bounded series, and a page whose every number is the report's, self-contained
+and rendered by Chromium (a screenshot with the chart's and the banner's colours, not a blank page)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_backtest import RAW_CONFIG, recorded  # noqa: F401 (the module fixture: three hours of events drifting after one)
+from test_html_report import assert_self_contained, f4, interval, rows_of, screenshot
+
+from exporter import backtest as backtest_module
+from exporter import backtest_series
+from exporter.backtest_series import SERIES_OTHERS
+from exporter.cli import main
+from exporter.config import parse_config
+from exporter.gate.html import BAR
+
+
+@pytest.fixture(scope="module")
+def replayed(recorded: dict[str, Path]) -> tuple[dict, str, Path]:  # noqa: F811
+    output, page = recorded["dir"] / "report.json", recorded["dir"] / "backtest.html"
+    assert main(["backtest", "--config", str(recorded["config"]), str(recorded["parquet"]), "--output", str(output),
+                 "--html", str(page)]) == 0  # fmt: skip
+    return json.loads(output.read_text()), page.read_text(), page
+
+
+def test_the_series_are_the_paging_comparisons_and_agree_with_the_alerts(replayed: tuple[dict, str, Path]) -> None:
+    report, _, _ = replayed
+    series = report["series"]
+    paged = [s for s in series if s["alerted"]]
+    assert paged and len(series) == len(paged) + SERIES_OTHERS
+    assert all(not s["alerted"] for s in series[len(paged):])  # the paging ones first, then the most extreme others
+    others = [s["max_statistic"] for s in series[len(paged):]]
+    assert others == sorted(others, reverse=True)
+    for s in paged:
+        points = s["points"]
+        assert s["steps_per_point"] == 1 and len(points["time"]) == report["steps"] == 180
+        assert s["max_statistic"] == max(points["statistic"]) >= report["alarm_level"]
+        fired = [a for a in report["alerts"] if a["alert"] == s["alert"] and a.get("dimension") == s.get("dimension")
+                 and a.get("subgroup") == s.get("subgroup") and a["direction"] == s["direction"]]  # fmt: skip
+        assert fired
+        for a in fired:  # the series' point at the moment the page fired is the alert's value, interval, statistic
+            k = points["time"].index(a["fired_at"])
+            assert (points["value"][k], [points["lower"][k], points["upper"][k]], points["statistic"][k]) == (
+                a["value"], a["interval"], a["statistic"])
+            assert points["alarm"][k]
+    drift = next(s for s in paged if s["alert"] == "FairnessDemographicParityDrift")
+    thresholds = parse_config(RAW_CONFIG).thresholds()  # the configured threshold (here the metric table's default)
+    assert drift["threshold"] == thresholds["demographic_parity_difference"] and drift["window"] == "1h"
+
+
+def test_a_long_series_is_bounded_and_keeps_its_peaks(recorded: dict[str, Path],  # noqa: F811
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    full = backtest_module.backtest(parse_config(RAW_CONFIG), [recorded["parquet"]])
+    monkeypatch.setattr(backtest_series, "SERIES_POINTS", 50)
+    bounded = backtest_module.backtest(parse_config(RAW_CONFIG), [recorded["parquet"]])
+    assert full["alerts"] == bounded["alerts"]
+    for f, b in zip(full["series"], bounded["series"], strict=True):
+        assert (b["alert"], b["direction"], b["max_statistic"]) == (f["alert"], f["direction"], f["max_statistic"])
+        assert b["steps_per_point"] == 4 and len(b["points"]["time"]) == 45  # 180 steps in bins of 4
+        for k, t in enumerate(b["points"]["time"]):  # each point is the bin's step with the largest statistic
+            i = f["points"]["time"].index(t)
+            start = i - i % 4
+            assert b["points"]["statistic"][k] == max(f["points"]["statistic"][start:start + 4])
+            assert b["points"]["value"][k] == f["points"]["value"][i]
+
+
+def test_keep_peaks_takes_the_largest_statistic_per_bin_and_the_earliest_on_a_tie() -> None:
+    columns = {"step": np.arange(6), "statistic": np.array([1.0, 3.0, 2.0, 2.0, 0.0, 5.0])}
+    kept = backtest_series.keep_peaks(columns, 2)
+    assert kept["step"].tolist() == [1, 2, 5]
+
+
+def test_backtest_html_shows_the_reports_numbers(replayed: tuple[dict, str, Path]) -> None:
+    report, html, _ = replayed
+    assert_self_contained(html)
+    pages = [a for a in report["alerts"] if a["severity"] == "critical"]
+    assert html.index(f"{len(pages)} PAGE(S)") < html.index("<svg")  # the verdict comes first
+    assert f"{len(pages)} page(s) fired: " in html
+    for name in {a["alert"] for a in pages}:
+        assert f"{name} ({sum(a['alert'] == name for a in pages)})" in html
+    assert f"Events: {report['events']} replayed in {report['steps']} steps" in html
+    assert f"alarm level {f4(report['alarm_level'])}" in html
+    assert html.count("<svg") == len(report["series"])
+    rows = rows_of(html)
+    for a in report["alerts"]:
+        comparison = (a.get("dimension") or a.get("subgroup")) + (f" ({a['direction']})" if "direction" in a else "")
+        assert [a["alert"], a["severity"], a["attribute"], comparison, a["window"] or "—", a["fired_at"],
+                a["resolved_at"] or "still firing", f4(a["value"]), interval(a["interval"]),
+                f4(a.get("statistic"))] in rows  # fmt: skip
+    for s in report["series"]:
+        comparison = (s.get("dimension") or s.get("subgroup")) + f" ({s['direction']})"
+        fired = sum(a["alert"] == s["alert"] and a.get("dimension") == s.get("dimension")
+                    and a.get("subgroup") == s.get("subgroup") and a.get("direction") == s["direction"]
+                    for a in report["alerts"])  # fmt: skip
+        assert [s["alert"], s["attribute"], comparison, s["window"], "yes" if s["alerted"] else "no", str(fired),
+                f4(s["max_statistic"]), f4(s["alarm_level"]), f4(s["threshold"]), str(len(s["points"]["time"])),
+                str(s["steps_per_point"])] in rows  # fmt: skip
+
+
+def test_chromium_renders_the_backtest_report(replayed: tuple[dict, str, Path], tmp_path: Path) -> None:
+    _, _, page = replayed
+    png = tmp_path / "backtest.png"
+    screenshot(page, png)
+    with Image.open(png) as image:
+        assert image.size == (1200, 1600)
+        rgb = np.asarray(image.convert("RGB"), dtype=np.int64).reshape(-1, 3)
+    packed = rgb[:, 0] << 16 | rgb[:, 1] << 8 | rgb[:, 2]
+    assert len(np.unique(packed)) > 100  # text, lines, bands, banner: anti-aliased shades, not a blank page
+    assert (packed != 0xFFFFFF).mean() > 0.05
+    assert (packed == 0xFDE8E7).sum() > 10000  # the red banner: pages fired
+    assert (packed == int(BAR[1:], 16)).sum() > 200  # the gap's line
