@@ -1,12 +1,12 @@
 """Decode and validate a batch of raw prediction events into columns ready to be counted.
 
 Two steps, one set of rules. msgspec decodes each event straight into a ``Struct`` built from the configured field
-paths (nested dotted paths too), validating types and ranges while it parses and skipping every other field; what
-that schema accepts is, by construction, an event the rules below accept. Everything it refuses (a malformed
-event, a prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object belongs) is
-walked by :meth:`EventDecoder._walk`, which alone decides a rejection and its reason. Columns are then built from
-the accepted structs with list comprehensions and numpy. Every event either becomes a row of the batch, is ignored
-(another model's), or is rejected under one reason; nothing raises.
+paths (nested dotted paths too), validating types and ranges while it parses and skipping every other field; what that
+schema accepts is, by construction, an event the rules below accept. Everything it refuses (a malformed event, a
+prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object belongs) is walked by
+:meth:`EventDecoder._walk`, which alone decides a rejection and its reason. Columns are then built from the accepted
+structs with list comprehensions and numpy. Every event either becomes a row of the batch, is ignored (another
+model's), or is rejected under one reason; nothing raises.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -39,12 +39,12 @@ in the checkpoint until its ground truth arrives."""
 _IGNORED: Final = "ignored"
 
 
-def _valid_id(pid: object) -> bool:
+def is_valid_id(pid: object) -> bool:
     """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
     return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
 
 
-def _binary(value: object) -> TypeGuard[int | float]:
+def is_binary(value: object) -> TypeGuard[int | float]:
     """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
     return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
 
@@ -347,17 +347,17 @@ class EventDecoder:
             pred = None if score is None else int(score >= self._threshold)
         else:
             pred = pred_of(event)
-            if pred is not None and not _binary(pred):
+            if pred is not None and not is_binary(pred):
                 return "invalid_prediction"
         if pred is None:
             return "missing_field"
         label = label_of(event)
         if label is None:
             label = -1
-        elif not _binary(label):
+        elif not is_binary(label):
             return "invalid_label"
         pid = pid_of(event)
-        if not _valid_id(pid):
+        if not is_valid_id(pid):
             return "invalid_prediction_id"
         attrs = attrs_of(event)
         if attrs is None:
@@ -370,33 +370,3 @@ class EventDecoder:
             code = table.get(v if v.__class__ is str else str(v))
             codes.append(unknown if code is None else code)
         return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)
-
-
-@dataclass
-class DecodedOutcomes:
-    """Ground-truth events from the outcomes topic: prediction ids and their 0/1 outcomes, and how many were
-    invalid (not JSON, no usable prediction id, or an outcome that is not 0/1)."""
-
-    prediction_ids: list[str]
-    outcomes: list[int]
-    invalid: int
-
-
-def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field: str) -> DecodedOutcomes:
-    """Decode ground-truth events ``{"<id_field>": ..., "<outcome_field>": 0 or 1}``."""
-    ids: list[str] = []
-    outcomes: list[int] = []
-    invalid = 0
-    for raw in values:
-        try:
-            message = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
-        except (orjson.JSONDecodeError, TypeError):
-            message = None
-        pid = message.get(id_field) if message.__class__ is dict else None
-        outcome = message.get(outcome_field) if message.__class__ is dict else None
-        if pid is None or not _valid_id(pid) or not _binary(outcome):
-            invalid += 1
-            continue
-        ids.append(str(pid))
-        outcomes.append(int(outcome))
-    return DecodedOutcomes(ids, outcomes, invalid)

@@ -19,7 +19,8 @@ from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
 from exporter.stream.client import Record
 from exporter.stream.dead_letters import DeadLetters
-from exporter.stream.decode import EventDecoder, decode_outcomes
+from exporter.stream.decode import EventDecoder
+from exporter.stream.decode_outcomes import decode_outcomes
 from exporter.stream.label_join import Joined, OutcomeJoin
 from exporter.stream.window import WindowStore
 
