@@ -95,23 +95,6 @@ def test_bad_late_and_foreign_events_are_counted_and_excluded(kafka_broker: Embe
         "invalid_prediction", "malformed_json", "malformed_json"]
 
 
-def test_daemon_reconnects_after_the_broker_restarts_and_keeps_its_window(
-    fresh_broker: EmbeddedBroker, running: Callable[..., Daemon]
-) -> None:
-    fresh_broker.create_topic("events", partitions=3)
-    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(200, seed=5), time.time()))
-    daemon = running(fresh_broker.bootstrap_servers, "events")
-    wait_for(lambda: consumed(daemon.port) == 200, what="200 events before the restart")
-    fresh_broker.restart()  # the test broker keeps nothing: the topic and its offsets are gone
-    fresh_broker.create_topic("events", partitions=3)
-    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(50, seed=6), time.time()))
-    wait_for(lambda: consumed(daemon.port) == 250, timeout=90, what="the 50 events after the restart")
-    daemon.computer.compute()
-    assert sample(scrape(daemon.port), "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
-                  subgroup="overall") == 250  # fmt: skip
-    assert daemon.healthy()[0]
-
-
 def _serve(config_path: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "exporter.cli", "serve", "--config", str(config_path)],
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)  # fmt: skip

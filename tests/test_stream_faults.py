@@ -53,7 +53,7 @@ def test_a_dead_letter_too_large_to_send_is_counted_once_and_dropped(
     assert sample(s, "fairness_exporter_consumer_errors_total") == 0
 
 
-def test_events_after_the_broker_comes_back_empty_are_all_read(
+def test_after_the_broker_comes_back_empty_the_window_keeps_its_counts_and_reads_every_new_event(
     fresh_broker: EmbeddedBroker, running: Callable[..., Daemon]
 ) -> None:
     fresh_broker.create_topic("events", partitions=3)
@@ -68,6 +68,7 @@ def test_events_after_the_broker_comes_back_empty_are_all_read(
     daemon.computer.compute()
     assert overall(daemon.port) == 1200
     assert sample(scrape(daemon.port), "fairness_exporter_partition_resets_total") == 3
+    assert daemon.healthy()[0]
 
 
 def test_readiness_and_the_connected_gauge_follow_a_lost_broker(
