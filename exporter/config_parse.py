@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from exporter.config import SEVERITIES, MetricSpec
@@ -28,6 +28,18 @@ class Errors:
     def check_keys(self, path: str, mapping: dict[str, Any], allowed: set[str]) -> None:
         for key in sorted(set(mapping) - allowed):
             self.add(f"{path}.{key}" if path else key, f"unknown key (accepted: {', '.join(sorted(allowed))})")
+
+    def mappings(
+        self, section: str, items: list[Any], allowed: set[str], what: str
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(path, item) of each item of a list section that is a mapping with known keys; the others are errors."""
+        for i, item in enumerate(items):
+            path = f"{section}[{i}]"
+            if not isinstance(item, dict):
+                self.add(path, f"{item!r} is not a mapping{what}")
+                continue
+            self.check_keys(path, item, allowed)
+            yield path, item
 
 
 def expand_env(value: Any, errors: Errors, path: str = "") -> Any:
@@ -109,12 +121,8 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
         errors.add("protected_attributes", "required: a non-empty list of {name, groups, pairwise_comparisons}")
         return []
     out: list[Attribute] = []
-    for i, item in enumerate(raw):
-        path = f"protected_attributes[{i}]"
-        if not isinstance(item, dict):
-            errors.add(path, f"{item!r} is not a mapping with name and groups")
-            continue
-        errors.check_keys(path, item, {"name", "groups", "pairwise_comparisons", "column"})
+    for path, item in errors.mappings("protected_attributes", raw, {"name", "groups", "pairwise_comparisons", "column"},
+                                      " with name and groups"):
         name = item.get("name")
         if not isinstance(name, str) or not name:
             errors.add(f"{path}.name", "required: the attribute's name")
@@ -182,12 +190,8 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         errors.add("metrics", f"{raw!r} is not a list of {{name, threshold, severity_on_fail}}")
         return []
     out = []
-    for i, item in enumerate(raw):
-        path = f"metrics[{i}]"
-        if not isinstance(item, dict):
-            errors.add(path, f"{item!r} is not a mapping")
-            continue
-        errors.check_keys(path, item, {"name", "threshold", "severity_on_fail", "max_interval_width"})
+    for path, item in errors.mappings("metrics", raw, {"name", "threshold", "severity_on_fail", "max_interval_width"},
+                                      ""):
         name, threshold = item.get("name"), item.get("threshold")
         severity = item.get("severity_on_fail", "blocking")
         ok = True
