@@ -124,6 +124,24 @@ class Run(NamedTuple):
     events: int
 
 
+def _timed(broker: EmbeddedBroker, n: int, read_some: Callable[[], int]) -> Run:
+    """Call ``read_some`` (one poll of a bare loop; it returns how many messages it handled) until ``n`` were read,
+    timing this process's wall and CPU time and the broker's CPU time."""
+    seen = 0
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    broker_before = broker_cpu_seconds(broker.pid)
+    wall, cpu = time.perf_counter(), time.process_time()
+    while seen < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"read {seen} of {n} messages in {DRAIN_TIMEOUT:.0f}s")
+        seen += read_some()
+    timing = Timing(time.perf_counter() - wall, time.process_time() - cpu)
+    broker_used = broker_cpu_seconds(broker.pid) - broker_before
+    if seen != n:
+        raise RuntimeError(f"read {seen} messages, produced {n}")
+    return Run(timing, broker_used, seen)
+
+
 def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any]], None],
           **settings: Any) -> Run:  # fmt: skip
     """Read the topic from the beginning until ``n`` messages were handed to ``on_batch``; consumer settings as in
@@ -132,26 +150,20 @@ def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any
     max_records = settings["max_poll_records"]
     consumer = KafkaConsumer(bootstrap_servers=[broker.bootstrap_servers], group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", client_id="bench-ingest", **settings)
+
+    def read_some() -> int:
+        seen = 0
+        for tp, records in consumer.poll(timeout_ms=500, max_records=max_records).items():
+            on_batch(tp.topic, tp.partition, records)
+            seen += len(records)
+        return seen
+
     try:
         consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
         consumer.seek_to_beginning()
-        seen = 0
-        deadline = time.monotonic() + DRAIN_TIMEOUT
-        broker_before = broker_cpu_seconds(broker.pid)
-        wall, cpu = time.perf_counter(), time.process_time()
-        while seen < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"read {seen} of {n} messages in {DRAIN_TIMEOUT:.0f}s")
-            for tp, records in consumer.poll(timeout_ms=500, max_records=max_records).items():
-                on_batch(tp.topic, tp.partition, records)
-                seen += len(records)
-        timing = Timing(time.perf_counter() - wall, time.process_time() - cpu)
-        broker_used = broker_cpu_seconds(broker.pid) - broker_before
+        return _timed(broker, n, read_some)
     finally:
         consumer.close(autocommit=False)
-    if seen != n:
-        raise RuntimeError(f"read {seen} messages, produced {n}")
-    return Run(timing, broker_used, seen)
 
 
 def counted(daemon: Daemon) -> int:
@@ -174,26 +186,21 @@ def confluent_ceiling(broker: EmbeddedBroker, n: int) -> Run:
 
     consumer = ck.Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
                             "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
+    loads = orjson.loads
+
+    def read_some() -> int:
+        seen = 0
+        for message in consumer.consume(CONFLUENT_BATCH, 0.5):
+            if message.error() is None:
+                loads(message.value())
+                seen += 1
+        return seen
+
     try:
         consumer.assign([ck.TopicPartition(TOPIC, p, ck.OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        loads, seen = orjson.loads, 0
-        deadline = time.monotonic() + DRAIN_TIMEOUT
-        broker_before = broker_cpu_seconds(broker.pid)
-        wall, cpu = time.perf_counter(), time.process_time()
-        while seen < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"read {seen} of {n} messages in {DRAIN_TIMEOUT:.0f}s")
-            for message in consumer.consume(CONFLUENT_BATCH, 0.5):
-                if message.error() is None:
-                    loads(message.value())
-                    seen += 1
-        timing = Timing(time.perf_counter() - wall, time.process_time() - cpu)
-        broker_used = broker_cpu_seconds(broker.pid) - broker_before
+        return _timed(broker, n, read_some)
     finally:
         consumer.close()
-    if seen != n:
-        raise RuntimeError(f"read {seen} messages, produced {n}")
-    return Run(timing, broker_used, seen)
 
 
 def daemon_path(broker: EmbeddedBroker, n: int) -> Run:
