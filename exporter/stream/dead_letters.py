@@ -21,7 +21,6 @@ RECORD_OVERHEAD_BYTES = 512
 RETRY_PRODUCER_SECONDS = 60.0
 # Each library's own name and default for the largest request (record batch) a producer sends.
 SIZE_LIMIT = {"kafka-python": ("max_request_size", 1_048_576), "confluent-kafka": ("message.max.bytes", 1_000_000)}
-DEAD_LETTER_FAILURES = ("too_large", "no_producer", "send_failed")
 
 
 class DeadLetters:

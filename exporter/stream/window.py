@@ -98,14 +98,14 @@ class WindowStore:
         buckets = self.bucket_of(timestamps)
         predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
-            self._advance(max(int(self.bucket_of(np.array([now]))[0]), int(buckets.max(initial=-1))))
+            self._advance(max(self._bucket_at(now), int(buckets.max(initial=-1))))
             on_time = buckets > self.head - self.n_buckets
             late = int((~on_time).sum())
-            kept = {k: v[on_time] for k, v in codes.items()}
-            self._count(buckets[on_time], kept, predicted[on_time])
-            self._count_outcomes(buckets[on_time], kept, outcome[on_time])
+            rows = self._rows({k: v[on_time] for k, v in codes.items()})
+            self._count(buckets[on_time], rows, predicted[on_time])
+            self._count_outcomes(buckets[on_time], rows, outcome[on_time])
             if self.score_counts.shape[2] and scores is not None and len(scores):
-                self._count_scores(buckets[on_time], kept, scores[on_time])
+                self._count_scores(buckets[on_time], rows, scores[on_time])
             self.offsets.update(offsets or {})
         return late
 
@@ -115,9 +115,10 @@ class WindowStore:
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
-            self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in codes.items()}, outcomes[in_ring])
+            rows = self._rows(codes)
+            self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
             gone = ~in_ring & (outcomes >= 0)
-            self._count_totals({k: v[gone] for k, v in codes.items()}, outcomes[gone])
+            self._count_totals({k: v[gone] for k, v in rows.items()}, outcomes[gone])
         return int(gone.sum())
 
     def _slots(self, buckets: np.ndarray) -> np.ndarray:
@@ -127,17 +128,24 @@ class WindowStore:
         self.bucket_ids[slots] = buckets
         return slots
 
-    def _count(self, buckets: np.ndarray, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
+    def _bucket_at(self, now: float) -> int:
+        """Absolute bucket index of one epoch-second time (as :meth:`bucket_of`, without an array)."""
+        return math.floor(now / self.bucket_seconds)
+
+    def _rows(self, codes: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per attribute, the state rows of a batch's subgroup codes (computed once per batch, for every count)."""
+        return {name: self.layout.rows(name, codes[name]) for name in self.layout.names}
+
+    def _count(self, buckets: np.ndarray, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
         if not len(buckets):
             return
         slots = self._slots(buckets)
         flat_counts = self.counts.reshape(-1)
         for name in self.layout.names:
-            np.add.at(flat_counts, (slots * self.layout.n_rows + self.layout.rows(name, codes[name])) * N_COUNTS
-                      + columns, 1)  # fmt: skip
-        self._count_totals(codes, columns)
+            np.add.at(flat_counts, (slots * self.layout.n_rows + rows[name]) * N_COUNTS + columns, 1)
+        self._count_totals(rows, columns)
 
-    def _count_scores(self, buckets: np.ndarray, codes: dict[str, np.ndarray], scores: np.ndarray) -> None:
+    def _count_scores(self, buckets: np.ndarray, rows: dict[str, np.ndarray], scores: np.ndarray) -> None:
         if not len(buckets):
             return
         slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
@@ -145,26 +153,24 @@ class WindowStore:
         n_rows, n_bins = self.layout.n_rows, self.score_counts.shape[2]
         flat_counts, flat_sums = self.score_counts.reshape(-1), self.score_sums.reshape(-1)
         for name in self.layout.names:
-            cells = slots * n_rows + self.layout.rows(name, codes[name])
+            cells = slots * n_rows + rows[name]
             np.add.at(flat_counts, cells * n_bins + bins, 1)
             np.add.at(flat_sums, cells, scores)
 
-    def _count_totals(self, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
+    def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
         for name in self.layout.names:
-            np.add.at(flat_totals, self.layout.rows(name, codes[name]) * N_COUNTS + columns, 1)
+            np.add.at(flat_totals, rows[name] * N_COUNTS + columns, 1)
 
-    def _count_outcomes(
-        self, buckets: np.ndarray, codes: dict[str, np.ndarray], outcome: np.ndarray
-    ) -> None:
+    def _count_outcomes(self, buckets: np.ndarray, rows: dict[str, np.ndarray], outcome: np.ndarray) -> None:
         labelled = outcome >= 0
-        self._count(buckets[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled])
+        self._count(buckets[labelled], {k: v[labelled] for k, v in rows.items()}, outcome[labelled])
 
     def window_counts(self, now: float) -> dict[str, np.ndarray]:
         """Counts of every window ending at the head (advanced to ``now``), shape ``(n_rows, N_COUNTS)``."""
         with self.lock:
-            self._advance(int(self.bucket_of(np.array([now]))[0]))
+            self._advance(self._bucket_at(now))
             return {name: self._window_sum(self.counts, k) for name, k in self.window_buckets.items()}
 
     def window_scores(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -173,7 +179,7 @@ class WindowStore:
         with self.lock:
             if not self.score_counts.shape[2]:
                 return {}
-            self._advance(int(self.bucket_of(np.array([now]))[0]))
+            self._advance(self._bucket_at(now))
             return {name: (self._window_sum(self.score_counts, k), self._window_sum(self.score_sums, k))
                     for name, k in self.window_buckets.items()}  # fmt: skip
 
@@ -205,7 +211,7 @@ class WindowStore:
         """The counts of a new step (see :meth:`detect`), marked as consumed; None when the head has not entered
         a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest batches them)."""
         with self.lock:
-            self._advance(int(self.bucket_of(np.array([now]))[0]))
+            self._advance(self._bucket_at(now))
             d = self.detection
             if self.head <= d.last_step:
                 return None
