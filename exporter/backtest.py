@@ -159,6 +159,7 @@ class Replay:
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config)
+        self._attributes = {a.name: a for a in self.config.attributes}
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
         self._seed = [(name, metric, TUNING[name]) for name, metric in (
@@ -259,7 +260,7 @@ class Replay:
         for i in np.flatnonzero(trace.active.any(axis=0)):
             detector = bank.detectors[i]
             holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], 0.0, ("detector", i))
-        attributes = {a.name: a for a in self.config.attributes}
+        attributes = self._attributes
         for name, metric, tuning in self._seed:
             threshold = float(tuning.threshold or 0)
             for (window_name, attribute_name), ev in evaluations.items():
@@ -271,7 +272,7 @@ class Replay:
                     groups = attributes[attribute_name].groups
                     holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)] = (
                         conditions[:, k], _seconds(tuning.for_),
-                        ("seed", name, metric, window_name, attribute_name, k))  # fmt: skip
+                        ("seed", name, tuning, metric, window_name, attribute_name, k))  # fmt: skip
 
         for key in set(self._open) | set(holding):
             active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
@@ -297,7 +298,7 @@ class Replay:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
         into its bounded series."""
         first = self.steps - len(times)  # the block's first step (compute() counted the block's steps)
-        attributes = {a.name: a for a in self.config.attributes}
+        attributes = self._attributes
         window = self.config.windows[0].name
         for i, detector in enumerate(self.store.detectors.detectors):
             attribute = attributes[detector.attribute]
@@ -316,19 +317,18 @@ class Replay:
             detector = bank.detectors[source[1]]
             self._alerted.add(int(source[1]))
             alert = ALERT_OF_METRIC[detector.metric]
-            attribute = next(a for a in self.config.attributes if a.name == detector.attribute)
+            attribute = self._attributes[detector.attribute]
             shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
                                                  for w in self.config.windows], t)  # fmt: skip
             return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
                     **_identity(detector), "window": None, **shown,
                     "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
                     "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
-        _, name, metric, window, attribute_name, k = source
-        attribute = next(a for a in self.config.attributes if a.name == attribute_name)
+        _, name, tuning, metric, window, attribute_name, k = source
+        attribute = self._attributes[attribute_name]
         a, b = attribute.pairs[k]
         row = t * len(attribute.pairs) + k
         value, lower, upper = (x[row] for x in evaluations[(window, attribute_name)].metric(metric))
-        tuning = next(s[2] for s in self._seed if s[0] == name)
         return {"alert": name, "severity": tuning.severity, "attribute": attribute_name,
                 "dimension": f"{attribute.groups[a]}_vs_{attribute.groups[b]}", "group_a": attribute.groups[a],
                 "group_b": attribute.groups[b], "window": window, "value": float(value),

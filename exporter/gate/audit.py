@@ -18,6 +18,7 @@ from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import ll144
 from exporter.gate.frames import frame_counts
+from exporter.gate.ll144 import json_float
 
 
 class DataError(ValueError):
@@ -88,11 +89,6 @@ def _binary(frame: pd.DataFrame, column: str, path: Path, allow_missing: bool) -
     return np.where(missing, -1, numeric.to_numpy(dtype=np.float64)).astype(np.int64)
 
 
-def _float(x: float) -> float | None:
-    """JSON-safe float: None for NaN."""
-    return None if math.isnan(x) else float(x)
-
-
 def _group_report(ev: Evaluation) -> dict[str, Any]:
     g = ev.groups
     per_group = {}
@@ -100,14 +96,14 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
         per_group[name] = {
             "samples": int(g.samples[i]),
             "labelled": int(g.labelled[i]),
-            "selection_rate": _float(g.selection_rate[i]),
-            "selection_rate_ci": [_float(g.selection_rate_ci[0][i]), _float(g.selection_rate_ci[1][i])],
-            "true_positive_rate": _float(g.true_positive_rate[i]),
-            "false_positive_rate": _float(g.false_positive_rate[i]),
-            "accuracy": _float(g.accuracy[i]),
-            "precision": _float(g.precision[i]),
+            "selection_rate": json_float(g.selection_rate[i]),
+            "selection_rate_ci": [json_float(g.selection_rate_ci[0][i]), json_float(g.selection_rate_ci[1][i])],
+            "true_positive_rate": json_float(g.true_positive_rate[i]),
+            "false_positive_rate": json_float(g.false_positive_rate[i]),
+            "accuracy": json_float(g.accuracy[i]),
+            "precision": json_float(g.precision[i]),
         }
-    return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": _float(ev.overall.selection_rate[0]),
+    return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
             "overall_samples": int(ev.overall.samples[0]), "groups": per_group}  # fmt: skip
 
 
@@ -163,9 +159,9 @@ def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
                 "groups": f"{groups[a]} vs {groups[b]}",
                 "dimension": f"{groups[a]}_vs_{groups[b]}",
                 "value": round(float(v.value[k]), 4) if ok else None,
-                "exact_value": _float(v.value[k]),
-                "ci_95": [_float(v.lower[k]), _float(v.upper[k])],
-                "half_width": _float(v.half_width[k]),
+                "exact_value": json_float(v.value[k]),
+                "ci_95": [json_float(v.lower[k]), json_float(v.upper[k])],
+                "half_width": json_float(v.half_width[k]),
                 "max_interval_width": ev.max_widths[spec.name],
                 "threshold": spec.threshold,
                 "passed": passed,

@@ -23,6 +23,7 @@ import pandas as pd
 from exporter.core.attributes import INTERSECTION_SEP
 from exporter.core.fairness import t_interval, wilson_interval
 from exporter.gate.audit import DataError
+from exporter.gate.ll144 import json_float
 
 Feature = str | Sequence[str]
 CONFIDENCE = 0.95
@@ -31,10 +32,6 @@ CONFIDENCE = 0.95
 def feature_name(feature: Feature) -> str:
     """The report key of a feature: its column, or its columns joined by ``_x_`` for an intersection."""
     return feature if isinstance(feature, str) else "_x_".join(feature)
-
-
-def _float(x: float) -> float | None:
-    return None if np.isnan(x) else float(x)
 
 
 class BiasAuditor:
@@ -106,7 +103,8 @@ class BiasAuditor:
             "columns": columns,
             "outcome": self.outcome_feature,
             "group_sizes": dict(zip(names, sizes.tolist(), strict=True)),
-            "group_intervals": {g: [_float(lo), _float(hi)] for g, lo, hi in zip(names, lower, upper, strict=True)},
+            "group_intervals": {g: [json_float(lo), json_float(hi)]
+                                for g, lo, hi in zip(names, lower, upper, strict=True)},
             "interval_method": "wilson" if binary else "t",
             "confidence": CONFIDENCE,
             "highest_group": names[int(np.argmax(means))],

@@ -25,7 +25,8 @@ CSV_COLUMNS: Final = ("model_id", "data_file", "data_sha256", "date_start", "dat
 UNKNOWN_CATEGORY: Final = "(unknown)"
 
 
-def _float(x: float) -> float | None:
+def json_float(x: float) -> float | None:
+    """A JSON-safe report number: None for NaN (undefined: too few samples)."""
     return None if math.isnan(x) else float(x)
 
 
@@ -45,8 +46,8 @@ def attribute_table(ev: Evaluation, excluded_rows: int, total_rows: int) -> dict
         "category": groups[i],
         "samples": int(samples[i]),
         "share": samples[i] / total_rows,
-        "rate": _float(rates[i]),
-        "impact_ratio": _float(rates[i] / best) if best > 0 else None,
+        "rate": json_float(rates[i]),
+        "impact_ratio": json_float(rates[i] / best) if best > 0 else None,
         "small_category": bool(small[i]),
     } for i in np.flatnonzero(~unknown)]  # fmt: skip
     return {
