@@ -72,6 +72,7 @@ def evaluate_many(
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
     """
+    widths = max_widths() if widths is None else widths
     unknowns = [c[len(a.groups)] if len(c) > len(a.groups) else np.zeros(N_COUNTS, np.int64) for a, c in blocks]
     blocks = [(a, c[: len(a.groups)]) for a, c in blocks]
     counts = np.concatenate([c for _, c in blocks])
@@ -93,7 +94,7 @@ def evaluate_many(
             overall=_rows(overall, slice(k, k + 1)),
             comparisons=comparisons.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             min_samples=min_samples,
-            max_widths=max_widths() if widths is None else widths,
+            max_widths=widths,
             unknown=unknowns[k],
         ))  # fmt: skip
     return out

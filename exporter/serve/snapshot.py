@@ -57,6 +57,8 @@ class Computer:
         self.health = health
         self.clock = clock
         self.latest: Snapshot | None = None
+        self._widths = config.max_interval_widths()  # facts of the config, not of the counts: derived once
+        self._thresholds = tuple(config.thresholds().items())
 
     def compute(self) -> Snapshot:
         """Compute every window and attribute; publish the result as the latest snapshot."""
@@ -72,8 +74,7 @@ class Computer:
             for attribute in self.config.attributes:
                 keys.append(window.name)
                 blocks.append((attribute, by_attribute[attribute.name]))
-        widths = self.config.max_interval_widths()
-        evaluated = evaluate_many(blocks, self.config.min_samples, widths, self.config.exported_metrics)
+        evaluated = evaluate_many(blocks, self.config.min_samples, self._widths, self.config.exported_metrics)
         evaluations = list(zip(keys, evaluated, strict=True))
         scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
         for window_name, (bins, sums) in window_scores.items():
@@ -81,7 +82,7 @@ class Computer:
             scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in self.config.attributes)
         snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
                             self.store.layout.split(self.store.totals_copy()), self.config.exported_metrics,
-                            tuple(self.config.thresholds().items()), detection, self.store.detectors,
+                            self._thresholds, detection, self.store.detectors,
                             score_bounds=self.config.score_buckets, scores=tuple(scores))  # fmt: skip
         self.latest = snapshot
         if self.on_snapshot is not None:
