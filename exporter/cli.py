@@ -20,6 +20,8 @@ from exporter.gate.commands import (
     cmd_bias_report,
     cmd_redteam,
     cmd_safety,
+    write_html,
+    write_report,
 )
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
@@ -62,12 +64,10 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n")
+        write_report(Path(args.output), text)
     else:
         print(text)
     if args.html:
-        from exporter.gate.commands import write_html
         from exporter.gate.html import backtest_html
 
         if not write_html(Path(args.html), backtest_html, report):
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    audit_log_default = os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG)
     audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
     audit.add_argument("predictions", help="parquet or CSV file with prediction, label and attribute columns")
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
     audit.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
-    audit.add_argument("--audit-log", default=os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG),
+    audit.add_argument("--audit-log", default=audit_log_default,
                        help="append-only, hash-chained log of every run (default: $FAIRNESS_AUDIT_LOG or "
                             f"{DEFAULT_AUDIT_LOG}); HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set")  # fmt: skip
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
@@ -118,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     bias.set_defaults(func=cmd_bias_report)
 
-    audit_log_default = os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG)
     safety = sub.add_parser("safety", help="safety suite for a tabular model: exit 1 on a critical failure, "
                             "2 on a bad config or a model that cannot be loaded")  # fmt: skip
     safety.add_argument("--model", required=True, help="MODULE:OBJECT with predict (and predict_proba), "

@@ -92,8 +92,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(text + "\n")
+        write_report(Path(args.report), text)
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
     if args.html and not write_html(Path(args.html), audit_html, report):
@@ -101,6 +100,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print(text)
     print(_summary(report), file=sys.stderr)
     return exit_code(report)
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write a JSON report file (its folder made as needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
 
 
 def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
@@ -148,8 +153,7 @@ def _emit(report: dict[str, Any], report_path: str | None, summary: str) -> None
     """The JSON report on stdout (and in ``--report``), a human summary on stderr."""
     text = json.dumps(report, indent=2, allow_nan=False)
     if report_path:
-        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(report_path).write_text(text + "\n")
+        write_report(Path(report_path), text)
     print(text)
     print(summary, file=sys.stderr)
 
