@@ -84,7 +84,10 @@ class KafkaClient(Protocol):
         """The next records, per partition, in offset order; waits up to ``timeout`` seconds for some."""
 
     def rewind(self, partition: Partition) -> None:
-        """Read the partition again from the start of its log."""
+        """Read the partition again from the start of its log: a seek to offset 0, the first offset of every new
+        log (a re-created topic, a broker back empty), not a ListOffsets query, whose answer some brokers (Tansu)
+        get wrong right after such a reset. A log whose start has since moved past 0 answers the fetch with
+        OffsetOutOfRange, and the client's ``auto_offset_reset`` takes over."""
 
     def bounds(self, partition: Partition) -> LogBounds:
         """The partition's log start offset and high watermark from the last fetch response (no request)."""

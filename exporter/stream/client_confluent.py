@@ -143,7 +143,7 @@ class ConfluentClient:
         return {key: _Batch(messages) for key, messages in batches.items()}
 
     def rewind(self, partition: Partition) -> None:
-        self.consumer.seek(ck.TopicPartition(*partition, ck.OFFSET_BEGINNING))
+        self.consumer.seek(ck.TopicPartition(*partition, 0))
 
     def bounds(self, partition: Partition) -> LogBounds:
         # From the last fetch response: Tansu answers ListOffsets (a query) wrongly.

@@ -78,7 +78,7 @@ class KafkaPythonClient:
         return {(tp.topic, tp.partition): records for tp, records in batches.items()}
 
     def rewind(self, partition: Partition) -> None:
-        self.consumer.seek_to_beginning(TopicPartition(*partition))
+        self.consumer.seek(TopicPartition(*partition), 0)
 
     def bounds(self, partition: Partition) -> LogBounds:
         # kafka-python keeps the high watermark of the last fetch response, not its log start offset
