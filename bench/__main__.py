@@ -7,16 +7,20 @@ table, the date and the machine; a quick run writes it only when given ``--outpu
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 from pathlib import Path
 
 from bench import alerts, compute, ingest, scrape
-from bench.report import Section, machine_table, table, verdict
+from bench.report import Section, history_table, machine, machine_table, table, verdict
 
 BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run, "alerts": alerts.run}
 RESULTS = Path(__file__).with_name("RESULTS.md")
+HISTORY = Path(__file__).with_name("history.json")
+"""Every earlier full run's target figures, oldest first: RESULTS.md shows this run's beside them, and a full run
+(of every benchmark) appends its own."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="50k events, 10^5 and 10^6 windows, fewer scrapes")
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only this one (repeatable)")
     parser.add_argument("--output", type=Path, help=f"write the report here (default for a full run: {RESULTS})")
+    parser.add_argument("--label", default="run", help=f"this run's name in {HISTORY.name} (a full run appends it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # kafka-python 3 warns whenever its IO thread waited >100 ms for the GIL: expected while a benchmark keeps the
@@ -45,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = "quick run (`python -m bench --quick`)" if args.quick else "full run (`python -m bench`)"
         summary = [(s.title.split(":")[0], target, measured, verdict(met))
                    for s in sections for target, measured, met in s.targets]  # fmt: skip
+        earlier = json.loads(HISTORY.read_text())["runs"] if HISTORY.exists() else []
+        now = [(bench, target, measured) for bench, target, measured, _ in summary]
         report = [
             "# Benchmark results",
             f"Written by `python -m bench`, a {mode}, in {elapsed / 60:.1f} minutes. The machine is shared and "
@@ -53,10 +60,18 @@ def main(argv: list[str] | None = None) -> int:
             machine_table(),
             "## Targets",
             table(["benchmark", "target", "measured", "verdict"], summary),
+            "## Beside earlier runs",
+            f"What earlier full runs measured for the same targets ({HISTORY.name}, oldest first; '-': not measured "
+            "then). Absolute rates move with the machine's load; the ratios are comparable.",
+            history_table(earlier, now),
             *(s.markdown() for s in sections),
         ]
         output.write_text("\n\n".join(part.strip() for part in report) + "\n")
         print(f"wrote {output}", file=sys.stderr)
+        if not args.quick and args.only is None:
+            run = {"label": args.label, "date": machine()["date"][:10], "targets": {t: m for _, t, m in now}}
+            HISTORY.write_text(json.dumps({"runs": [*earlier, run]}, indent=1, ensure_ascii=False) + "\n")
+            print(f"appended this run to {HISTORY}", file=sys.stderr)
     return 0
 
 

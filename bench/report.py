@@ -94,6 +94,15 @@ class Section:
         return "\n\n".join(body) + "\n"
 
 
+def history_table(earlier: Sequence[dict[str, Any]], now: Sequence[tuple[str, str, str]]) -> str:
+    """Each target of this run beside what earlier full runs measured for it (bench/history.json): ``earlier`` is
+    that file's runs, oldest first, ``now`` this run's (benchmark, target, measured)."""
+    headers = ["benchmark", "target", *(f"{run['label']} ({run['date']})" for run in earlier), "this run"]
+    rows = [(bench, target, *(run["targets"].get(target, "-") for run in earlier), measured)
+            for bench, target, measured in now]  # fmt: skip
+    return table(headers, rows)
+
+
 def package_version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
