@@ -66,6 +66,9 @@ class Health:
         self.last_checkpoint = Gauge("fairness_exporter_last_checkpoint_timestamp_seconds",
                                      "Unix time of the last durable checkpoint (0: checkpoints disabled).",
                                      registry=registry)  # fmt: skip
+        self.http_worker_restarts = Counter("fairness_exporter_http_worker_restarts",
+                                            "HTTP worker processes (which serve /metrics and the probes) that "
+                                            "exited and were started again.", registry=registry)  # fmt: skip
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
                                        "Errors talking to Kafka (the consumer retries).", registry=registry)
         Info("fairness_exporter_build", "Build information.", registry=registry).info({"version": __version__})
