@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from daemon_fixture import sample, scrape, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from daemon_fixture import sample, scrape, wait_for
 from prometheus_client.registry import Collector
 from tooling import require_binary
 
@@ -305,6 +305,7 @@ def test_healthz_fails_when_the_daemon_stops_publishing() -> None:
         wedge.wedged.set()  # the next publication never finishes
         wait_for(lambda: get(f"{base}/healthz")[0] == 503, 30, "/healthz to fail")
         status, why = get(f"{base}/healthz")
+        assert status == 503
         assert why.startswith("not ok: the daemon has published nothing for ") and "its main process is stuck" in why
         assert get(f"{base}/readyz")[0] == 503
         wedge.wedged.clear()
