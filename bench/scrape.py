@@ -13,10 +13,11 @@ For comparison in the same run, the design before it: HTTP threads in the daemon
 per scrape from the live registry and the cached snapshot, 1 ms GIL slices), on the same daemon under the same
 saturated ingest.
 
-Baseline for the ratio: ``generate_latest`` on the same registry, one call at a time, no ingest: the cost of
-rendering this many series with prometheus-client, which no HTTP server or threading can go below. The ratio
-p99 / baseline shows what the HTTP server, gzip, concurrency and ingest add on top. A scrape of a registry with
-only the health metrics, under the same load, is shown too: the floor of the HTTP path itself.
+Baseline for the ratio: ``generate_latest`` of the same page (the snapshot's collector and the daemon's live
+registry), one call at a time, no ingest: what a scrape costs when prometheus-client renders the page per scrape.
+The ratio p99 / baseline shows what the HTTP path, gzip, concurrency and ingest cost against it (below 1: the
+cached rendering wins). A scrape of a daemon with only the health metrics, under the same load, is shown too: the
+floor of the HTTP path itself. (Until this change the baseline rendered the live registry only, 0.6 ms.)
 """
 
 from __future__ import annotations
@@ -233,12 +234,14 @@ def run(quick: bool = False) -> Section:
         daemon.scheduler.start()
         stack.callback(daemon.scheduler.shutdown, wait=True)
 
-        renders = []
-        for _ in range(5 if quick else 20):
-            start = time.perf_counter()
-            text = generate_latest(daemon.registry)
-            renders.append(time.perf_counter() - start)
         collector = SnapshotCollector(lambda: daemon.computer.latest, "15s")
+        snapshot = CollectorRegistry(auto_describe=False)
+        snapshot.register(collector)
+        renders = []
+        for _ in range(5 if quick else 20):  # the whole page: the snapshot's series and the live registry's
+            start = time.perf_counter()
+            text = generate_latest(snapshot) + generate_latest(daemon.registry)
+            renders.append(time.perf_counter() - start)
         collects = []
         for _ in range(5 if quick else 20):
             start = time.perf_counter()
@@ -288,7 +291,7 @@ def run(quick: bool = False) -> Section:
                 f"{pairs} pairs, the window filled with {fill_events:,} events (window state "
                 f"{state_bytes / 1e6:.1f} MB); computation every 15 s in the "
                 f"background. Page: {series:,} series, {len(plain) / 1024:,.0f} KiB as text, "
-                f"{compressed / 1024:,.0f} KiB gzipped. Baseline: `generate_latest` of the same registry, median "
+                f"{compressed / 1024:,.0f} KiB gzipped. Baseline: `generate_latest` of the same page, median "
                 f"{base * 1e3:.1f} ms, of which {median(collects) * 1e3:.1f} ms building the metric families "
                 "(`SnapshotCollector.collect`) and the rest formatting them; gzip of the page, as prometheus-client "
                 f"does for `Accept-Encoding: gzip`, takes {median(gzips) * 1e3:.1f} ms more. Each scraper makes "
