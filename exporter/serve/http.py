@@ -64,6 +64,8 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 class _QuietHandler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_SECONDS  # a client that connects and never sends a request frees its thread
+    wbufsize = -1  # the status line and headers leave in one segment with the body's start, not three writes
+    disable_nagle_algorithm = True  # and none waits for the client's delayed ACK
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
