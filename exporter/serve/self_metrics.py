@@ -89,8 +89,9 @@ class Health:
 
 
 class ConsumerCollector(Collector):
-    """Consumer lag and broker reachability, read at scrape time from the source: a partition handed to another
-    replica takes its lag series with it (as kafka_exporter does), rather than leaving a frozen gauge behind."""
+    """Consumer lag and broker reachability, read from the source at each publication to the HTTP worker (every
+    0.5 s): a partition handed to another replica takes its lag series with it (as kafka_exporter does), rather
+    than leaving a frozen gauge behind."""
 
     def __init__(self, lag: Callable[[], Mapping[tuple[str, int], int]], connected: Callable[[], bool]) -> None:
         self.lag = lag
