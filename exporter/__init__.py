@@ -14,20 +14,26 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+source"
 
-from exporter.core.metric_table import METRIC_NAMES
-
-_PUBLIC = {
+_MODULES = {
     "BiasAuditor": "exporter.gate.bias",
     "FairnessResult": "exporter.gate.seed_api",
-    **dict.fromkeys(METRIC_NAMES, "exporter.gate.seed_api"),  # one function per metric of the table
     "run_audit": "exporter.gate.audit",
 }
 
-__all__ = ["__version__", *_PUBLIC]
+
+def _public() -> dict[str, str]:
+    """Each public name and its module: one function per metric of the table, in the seed-style API. Built on
+    first use: ``import exporter`` loads no numpy, so the HTTP worker process (exporter.serve.worker) stays small."""
+    from exporter.core.metric_table import METRIC_NAMES
+
+    return {**_MODULES, **dict.fromkeys(METRIC_NAMES, "exporter.gate.seed_api")}
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name's module when the name is first used."""
-    if name not in _PUBLIC:
+    """Import a public name's module when the name is first used (``__all__`` too)."""
+    if name == "__all__":
+        return ["__version__", *_public()]
+    public = _public()
+    if name not in public:
         raise AttributeError(f"module 'exporter' has no attribute {name!r}")
-    return getattr(importlib.import_module(_PUBLIC[name]), name)
+    return getattr(importlib.import_module(public[name]), name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,9 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from exporter.config import Config
 from exporter.serve.collector import CachedExposition
-from exporter.serve.http import HttpServer, make_app
+from exporter.serve.http import bind, tls_context
+from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health
-from exporter.serve.snapshot import Computer
+from exporter.serve.snapshot import Computer, Snapshot
 from exporter.stream.checkpoint import Checkpointer
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.ingest import Ingest
@@ -26,8 +26,6 @@ from exporter.stream.source import KafkaSource
 from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
-GIL_SWITCH_SECONDS = 0.001
-"""How long a thread may hold the GIL while another waits for it (Python's default: 0.005)."""
 EXPIRY_EVERY_SECONDS = 10.0
 
 
@@ -50,9 +48,11 @@ class Daemon:
         self.source = KafkaSource(config.kafka, self.ingest.handle, self.checkpointer, self.health)
         self.registry.register(ConsumerCollector(self.source.lag, lambda: self.source.broker_up))
         self.exposition = CachedExposition(f"{config.evaluation_interval_seconds:g}s")
-        self.computer = Computer(config, self.store, self.health, clock, on_snapshot=self.exposition.update)
+        self.computer = Computer(config, self.store, self.health, clock, on_snapshot=self._publish)
         self.scheduler = BackgroundScheduler(timezone="UTC")
-        self.http: HttpServer | None = None  # bound by start()
+        self.http: HttpWorker | None = None  # bound by start()
+        self.stale_seconds = STALE_SECONDS
+        """/healthz fails when the daemon has published nothing to the HTTP worker for this long."""
         self._stopped = threading.Event()
 
     @property
@@ -62,8 +62,14 @@ class Daemon:
         return self.http.port
 
     def metrics_page(self) -> str:
-        """What /metrics serves, as text."""
-        return self.exposition.page(self.registry, "")[0].decode()
+        """What /metrics serves, as text (assembled as the HTTP worker assembles it, but from the parts now)."""
+        return self.exposition.page(self.registry, "").body.decode()
+
+    def _publish(self, snapshot: Snapshot) -> None:
+        """After each computation, on its thread: render the snapshot, and have the HTTP worker serve it."""
+        self.exposition.update(snapshot)
+        if self.http is not None:
+            self.http.publish()
 
     def healthy(self) -> tuple[bool, str]:
         """Live while the consumer thread and the scheduler run."""
@@ -105,17 +111,20 @@ class Daemon:
                  self.port, self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
 
     def serve(self) -> None:
-        """Bind the port and serve /metrics and the probes on a background thread.
+        """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
 
-        Shortens the interpreter's GIL slice (:data:`GIL_SWITCH_SECONDS`): while ingest keeps a core busy, each
-        step of a scrape (accept, read, respond) waits for a slice to end, and Python's 5 ms slices made a p99
-        scrape of 99 ms under 10 concurrent scrapers (bench/scrape.py, README "Performance").
+        The daemon binds and checks the TLS files itself, so that a port in use or a bad file stops it with one
+        line; scrapes are served by another process, which never waits for the GIL ingest holds.
         """
-        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         config = self.config
-        self.http = HttpServer(make_app(self.registry, self.exposition, config.model_id, self.healthy, self.ready),
-                               config.listen_address, config.listen_port,
-                               config.tls_cert_file, config.tls_key_file)  # fmt: skip
+        cert, key = (config.tls_cert_file, config.tls_key_file) if config.tls_cert_file and config.tls_key_file \
+            else (None, None)
+        if cert and key:
+            tls_context(cert, key)  # ListenError naming the file at fault; the worker loads them again
+        listening = bind(config.listen_address, config.listen_port)
+        self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
+                               (config.model_id, cert, key), self.health.http_worker_restarts,
+                               self.stale_seconds)  # fmt: skip
         self.http.start()
 
     def stop(self) -> None:

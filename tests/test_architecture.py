@@ -49,6 +49,13 @@ def test_stream_and_serve_never_import_the_gate() -> None:
     assert not offending
 
 
+def test_the_http_worker_process_loads_neither_numpy_nor_pandas() -> None:
+    """The worker (python -m exporter.serve.worker) serves bytes: it stays small and starts fast."""
+    code = ("import sys, exporter.serve.worker; "
+            "print(sorted({'numpy', 'pandas'} & set(sys.modules)))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
 
 def test_no_module_is_over_400_lines() -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")

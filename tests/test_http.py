@@ -1,37 +1,58 @@
-"""The HTTP edge: landing page, /healthz, /readyz, 404s, methods, gzip, OpenMetrics and TLS on the metrics port."""
+"""The HTTP edge, served by the real HTTP worker process: landing page, /healthz, /readyz, 404s, methods, gzip,
+OpenMetrics and TLS on the metrics port; the worker's restart, its end with the daemon's, and /healthz failing when
+the daemon stops publishing."""
 
 from __future__ import annotations
 
 import gzip
 import http.client
+import os
+import signal
 import socket
 import ssl
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from daemon_fixture import sample, scrape, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 from tooling import require_binary
 
-from exporter.serve.collector import CachedExposition, Rendered, gzip_one_member
-from exporter.serve.http import HttpServer, make_app
+from exporter.serve.collector import CachedExposition
+from exporter.serve.exposition import Rendered, gzip_one_member
+from exporter.serve.http import bind
+from exporter.serve.http_worker import HttpWorker
 
 
-def serve(ready: bool, **tls: str) -> HttpServer:
-    registry = CollectorRegistry()
-    Counter("demo_events", "Events.", registry=registry).inc(3)
-    app = make_app(registry, CachedExposition("1s"), "model<&>",
-                   healthy=lambda: (True, "consumer and scheduler running"),
-                   ready=lambda: (ready, "waiting for the first computation" if not ready else "serving"))  # fmt: skip
-    server = HttpServer(app, "127.0.0.1", 0, tls.get("cert"), tls.get("key"))
+def worker(registry: CollectorRegistry, exposition: CachedExposition, model_id: str = "m1",
+           healthy: Callable[[], tuple[bool, str]] = lambda: (True, "running"),
+           ready: Callable[[], tuple[bool, str]] = lambda: (True, "serving"), stale_seconds: float = 30.0,
+           tls: dict[str, str] | None = None) -> HttpWorker:  # fmt: skip
+    """The HTTP worker process on a fresh port, fed as the daemon feeds it."""
+    restarts = Counter("restarts", "Worker restarts.", registry=CollectorRegistry())
+    server = HttpWorker(bind("127.0.0.1", 0), exposition, registry, (healthy, ready),
+                        (model_id, *((tls["cert"], tls["key"]) if tls else (None, None))), restarts,
+                        stale_seconds)  # fmt: skip
     server.start()
     return server
+
+
+def serve(ready: bool, **tls: str) -> HttpWorker:
+    registry = CollectorRegistry()
+    Counter("demo_events", "Events.", registry=registry).inc(3)
+    return worker(registry, CachedExposition("1s"), "model<&>",
+                  healthy=lambda: (True, "consumer and scheduler running"),
+                  ready=lambda: (ready, "waiting for the first computation" if not ready else "serving"),
+                  tls=tls or None)  # fmt: skip
 
 
 def get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str]:
@@ -69,8 +90,8 @@ def test_tls_on_the_metrics_port(tmp_path: Path) -> None:
         server.stop()
 
 
-def _computed_server(tls: dict[str, str] | None = None) -> HttpServer:
-    """The real HTTP server over a real snapshot of the test config (every fairness family present, zeros)."""
+def _computed_server() -> HttpWorker:
+    """The real HTTP worker over a real snapshot of the test config (every fairness family present, zeros)."""
     from daemon_config import make_config
 
     from exporter.serve.self_metrics import Health
@@ -80,14 +101,13 @@ def _computed_server(tls: dict[str, str] | None = None) -> HttpServer:
     config = make_config()
     registry = CollectorRegistry()
     exposition = CachedExposition("1s")
+    server = worker(registry, exposition)
     Computer(config, WindowStore(config), Health(registry), on_snapshot=exposition.update).compute()
-    app = make_app(registry, exposition, "m1", healthy=lambda: (True, "running"), ready=lambda: (True, "serving"))
-    server = HttpServer(app, "127.0.0.1", 0, *((tls["cert"], tls["key"]) if tls else ()))
-    server.start()
+    assert server.publish()  # as the daemon does after each computation
     return server
 
 
-def request(server: HttpServer, method: str = "GET", path: str = "/metrics",
+def request(server: HttpWorker, method: str = "GET", path: str = "/metrics",
             **headers: str) -> tuple[http.client.HTTPResponse, bytes]:  # fmt: skip
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
@@ -106,8 +126,10 @@ def test_gzipped_page_is_one_gzip_member_holding_the_whole_page() -> None:
     try:
         response, zipped = request(server, Accept_Encoding="gzip")
         plain = request(server)[1]
+        assembled_here = server.exposition.page(server.registry, "").body  # as Daemon.metrics_page assembles it
     finally:
         server.stop()
+    assert plain == assembled_here  # one path: the worker's page is the daemon's
     assert response.getheader("Content-Encoding") == "gzip"
     # a single-member decoder (curl --compressed, urllib3) reads the first member and stops there
     first_member = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -185,4 +207,110 @@ def test_an_idle_connection_does_not_hold_up_tls_probes(tmp_path: Path) -> None:
             assert status == 200 and body.startswith("ok:" if path == "/healthz" else "# HELP")
     finally:
         idle.close()
+        server.stop()
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_killed_worker_is_restarted_on_the_same_port_and_counted() -> None:
+    from daemon_config import make_config
+
+    from exporter.daemon import Daemon
+
+    daemon = Daemon(make_config(), registry=CollectorRegistry())
+    daemon.serve()
+    try:
+        daemon.computer.compute()
+        first = daemon.http.pid if daemon.http else None
+        assert first is not None and sample(scrape(daemon.port), "fairness_exporter_http_worker_restarts_total") == 0
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: daemon.http is not None and daemon.http.pid != first, 30, "a new worker")
+        wait_for(lambda: _scrapes(daemon.port), 30, "the new worker serving")
+        samples = scrape(daemon.port)
+        assert sample(samples, "fairness_exporter_http_worker_restarts_total") == 1
+        assert sample(samples, "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
+                      subgroup="overall") == 0  # the snapshot is published to the new worker too
+    finally:
+        daemon.stop()
+    assert not _alive(first)
+    assert daemon.http is not None and daemon.http.pid is not None and not _alive(daemon.http.pid)
+
+
+def _scrapes(port: int) -> bool:
+    try:
+        return get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+    except OSError:
+        return False
+
+
+DAEMON = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from daemon_config import make_config
+from prometheus_client import CollectorRegistry
+from exporter.daemon import Daemon
+daemon = Daemon(make_config(), registry=CollectorRegistry())
+daemon.serve()
+print(daemon.port, daemon.http.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_worker_exits_when_the_daemon_is_killed() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", DAEMON, str(Path(__file__).parent)], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        port, pid = map(int, parent.stdout.readline().split())
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 503  # served (no consumer runs in this daemon)
+        parent.kill()  # SIGKILL: no stop(), no goodbye; the worker sees the end of its connection
+        parent.wait()
+        wait_for(lambda: not _alive(pid), 30, "the worker to exit")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+class _Wedged(Collector):
+    """A collector that blocks while ``wedged`` is set: the daemon's publisher stuck, as in a wedged process."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.wedged = threading.Event()
+        self.free = threading.Event()
+
+    def collect(self) -> Iterator[object]:  # type: ignore[override]
+        if self.wedged.is_set():
+            self.free.wait(60)
+        return iter(())
+
+
+def test_healthz_fails_when_the_daemon_stops_publishing() -> None:
+    registry = CollectorRegistry()
+    wedge = _Wedged()
+    registry.register(wedge)
+    server = worker(registry, CachedExposition("1s"), stale_seconds=1.0)
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        assert get(f"{base}/healthz") == (200, "ok: running\n")
+        assert get(f"{base}/metrics")[0] == 200  # from now on, each publication renders the registry
+        wedge.wedged.set()  # the next publication never finishes
+        wait_for(lambda: get(f"{base}/healthz")[0] == 503, 30, "/healthz to fail")
+        status, why = get(f"{base}/healthz")
+        assert status == 503
+        assert why.startswith("not ok: the daemon has published nothing for ") and "its main process is stuck" in why
+        assert get(f"{base}/readyz")[0] == 503
+        wedge.wedged.clear()
+        wedge.free.set()
+        wait_for(lambda: get(f"{base}/healthz") == (200, "ok: running\n"), 30, "/healthz to recover")
+    finally:
+        wedge.free.set()
         server.stop()

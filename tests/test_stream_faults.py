@@ -78,11 +78,12 @@ def test_readiness_and_the_connected_gauge_follow_a_lost_broker(
     produce(fresh_broker.bootstrap_servers, "events", [orjson.dumps({"model_id": "m1"})])
     daemon = running(fresh_broker.bootstrap_servers, "events")
     wait_for(lambda: daemon.ready()[0], what="ready")
-    assert sample(scrape(daemon.port), "fairness_exporter_kafka_connected") == 1
+    # /metrics is published to the HTTP worker every 0.5 s: the gauge follows within that
+    wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_kafka_connected") == 1, what="connected 1")
     fresh_broker.stop()
     wait_for(lambda: not daemon.ready()[0], what="not ready without a broker")
     assert daemon.ready() == (False, "no Kafka broker answers")
-    assert sample(scrape(daemon.port), "fairness_exporter_kafka_connected") == 0
+    wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_kafka_connected") == 0, what="connected 0")
     assert daemon.healthy()[0]  # alive: restarting the pod would not bring the broker back
     fresh_broker.start()
     fresh_broker.create_topic("events", partitions=1)  # the test broker comes back empty

@@ -7,11 +7,8 @@ by itself. Each snapshot is serialised once (CachedExposition); a scrape never t
 from __future__ import annotations
 
 import math
-import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterator
-from typing import Final, NamedTuple
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -22,6 +19,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import METRICS
+from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
 from exporter.serve.snapshot import Snapshot
 
 _CI = "95% interval"
@@ -227,99 +225,63 @@ def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
 
 
-class Page(NamedTuple):
-    """One /metrics response: its body, content type and whether the body is gzipped."""
-
-    body: bytes
-    content_type: str
-    gzipped: bool
-
-
-class Rendered(NamedTuple):
-    """A snapshot's exposition in one format: the text, its raw deflate stream ended by a sync flush (no final
-    block: the live part's blocks follow it) and its CRC-32, so that a scrape deflates and checksums only the small
-    live part (the CRC of the whole megabyte-sized page took most of a scrape's CPU)."""
-
-    text: bytes
-    deflated: bytes
-    crc: int
-
-    @classmethod
-    def of(cls, text: bytes) -> Rendered:
-        return cls(text, _deflate(text, 6, final=False), zlib.crc32(text))
-
-
-_GZIP_HEADER: Final = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime, OS unknown
-_OM_EOF: Final = b"# EOF\n"
-MAX_FORMATS: Final = 4
-"""Formats kept per snapshot: the text format, OpenMetrics and a few escaping variants clients may ask for."""
-
-
-def _deflate(text: bytes, level: int, final: bool) -> bytes:
-    compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
-    return compressor.compress(text) + compressor.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
-
-
-def gzip_one_member(head: Rendered, tail: bytes) -> bytes:
-    """``head.text + tail`` as ONE gzip member, reusing the head's cached deflate stream and CRC-32.
-
-    A sync flush ended the head's deflate blocks on a byte boundary without a final block, so the tail's
-    independently compressed blocks (the last one final) follow it in the same member (as pigz joins blocks); the
-    trailer's CRC-32 continues the head's over the tail. Single-member decoders (curl --compressed, urllib3) read
-    the whole page.
-    """
-    crc = zlib.crc32(tail, head.crc)
-    size = (len(head.text) + len(tail)) & 0xFFFFFFFF
-    return b"".join((_GZIP_HEADER, head.deflated, _deflate(tail, 1, final=True), struct.pack("<II", crc, size)))
-
-
 class CachedExposition:
-    """Each snapshot serialised once per format, plain and deflated, on the computation's thread.
+    """Each snapshot serialised once per format asked for, on the computation's thread (the daemon's process).
 
     Rendering ten thousand series costs a computation's worth of CPU; doing it per scrape would let ten scrapers
-    starve ingest of the GIL. The computation job calls :meth:`update`; a scrape renders only the small live
-    registry, gzips it and copies the cached bytes. The format follows the Accept header as prometheus-client's
-    own exposition does (:func:`choose_encoder`): the text format 0.0.4 by default, OpenMetrics when asked. A
-    format first asked for is rendered by that scrape, then by every later :meth:`update`; a format nobody asked
-    for is never rendered.
+    starve ingest of the GIL. The computation job calls :meth:`update`; the daemon publishes :meth:`texts` and the
+    small live registry's :meth:`live` rendering to the HTTP worker process, which assembles and serves the pages
+    (exporter.serve.exposition.Pages). The format follows the Accept header as prometheus-client's own exposition
+    does (:func:`choose_encoder`): the text format 0.0.4 by default, OpenMetrics when asked. A format first asked
+    for (:meth:`ask`) is rendered then, and by every later :meth:`update`; a format nobody asked for is never
+    rendered.
     """
 
     def __init__(self, evaluation_interval: str) -> None:
         self.every = evaluation_interval
-        # only the formats scrapers asked for: Prometheus asks for OpenMetrics, so the text format is not rendered
+        # only the formats scrapers asked for (Prometheus asks for OpenMetrics); replaced, never mutated
         self._encoders: dict[str, Callable[[CollectorRegistry], bytes]] = {}
-        self._lock = threading.Lock()
-        # (the snapshot's registry, {content type: its rendering}), swapped as one reference
-        self._current: tuple[CollectorRegistry, dict[str, Rendered]] = (CollectorRegistry(), {})
-
-    def _render(self, registry: CollectorRegistry, encoder: Callable[[CollectorRegistry], bytes]) -> Rendered:
-        return Rendered.of(encoder(registry).removesuffix(_OM_EOF))  # one "# EOF" line: the live part's, last
+        self._rendering = threading.Lock()  # one update or ask at a time
+        # (the snapshot's registry, generation, {content type: its rendering}), swapped as one reference
+        self._current: tuple[CollectorRegistry, int, dict[str, bytes]] = (CollectorRegistry(), 0, {})
 
     def update(self, snapshot: Snapshot) -> None:
         """Serialise a new snapshot in every format asked for so far (on the computation's thread)."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(lambda: snapshot, self.every))
-        with self._lock:
-            encoders = dict(self._encoders)
-        self._current = (registry, {kind: self._render(registry, encoder) for kind, encoder in encoders.items()})
+        with self._rendering:
+            texts = {kind: encoder(registry) for kind, encoder in self._encoders.items()}
+            self._current = (registry, self._current[1] + 1, texts)
 
-    def _cached(self, content_type: str, encoder: Callable[[CollectorRegistry], bytes]) -> Rendered:
-        registry, rendered = self._current
-        if content_type in rendered:
-            return rendered[content_type]
-        page = self._render(registry, encoder)
-        with self._lock:
-            # bounded: an Accept header's version and escaping are the client's to choose
-            if content_type in self._encoders or len(self._encoders) < MAX_FORMATS:
-                self._encoders[content_type] = encoder
-                rendered[content_type] = page
-        return page
+    def ask(self, accept: str) -> str:
+        """The content type for an Accept header, rendered from now on; bounded by :data:`MAX_FORMATS` (an Accept
+        header's version and escaping are the client's to choose), beyond which the default format is served."""
+        encoder, kind = choose_encoder(accept)
+        if kind in self._encoders:
+            return kind
+        if len(self._encoders) >= MAX_FORMATS and kind != DEFAULT_CONTENT_TYPE:
+            return self.ask("")
+        with self._rendering:
+            if kind not in self._encoders:
+                registry, generation, texts = self._current
+                self._current = (registry, generation + 1, {**texts, kind: encoder(registry)})
+                self._encoders = {**self._encoders, kind: encoder}
+        return kind
+
+    def texts(self) -> tuple[int, dict[str, bytes]]:
+        """The current snapshot's rendering per content type, and a number that changes whenever it changes."""
+        _, generation, texts = self._current
+        return generation, texts
+
+    def live(self, registry: CollectorRegistry) -> dict[str, bytes]:
+        """The live registry (health, lag) rendered in every format asked for."""
+        return {kind: encoder(registry) for kind, encoder in self._encoders.items()}
 
     def page(self, registry: CollectorRegistry, accept_encoding: str, accept: str = "") -> Page:
-        """The whole /metrics page: the cached snapshot then the live registry (health); gzipped when accepted."""
-        encoder, content_type = choose_encoder(accept)
-        live = encoder(registry)
-        cached = self._cached(content_type, encoder)
-        if "gzip" in accept_encoding:
-            return Page(gzip_one_member(cached, live), content_type, True)
-        return Page(cached.text + live, content_type, False)
+        """The whole /metrics page as the HTTP worker serves it: the same parts, assembled by the same Pages."""
+        kind = self.ask(accept)
+        pages = Pages()
+        pages.apply(self.texts()[1], self.live(registry))
+        page = pages.get(kind, accept_encoding)
+        assert page is not None, f"{kind} was asked for, so it is rendered"
+        return page

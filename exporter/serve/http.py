@@ -1,6 +1,8 @@
-"""The HTTP endpoints: /metrics (the live registry plus the cached snapshot), a landing page, /healthz and /readyz.
+"""The HTTP endpoints: /metrics, a landing page, /healthz and /readyz; served in the HTTP worker process.
 
-Each connection is served on its own thread; with TLS the handshake runs there too, bounded by a timeout, so a
+The daemon binds the socket (:func:`bind`, so that a bad address or a port in use stops it with one line) and checks
+the TLS files (:func:`tls_context`); the worker process (exporter.serve.worker) serves the app on that socket. Each
+connection is served on its own thread; with TLS the handshake runs there too, bounded by a timeout, so a
 client that connects and sends nothing holds one thread for a while and never the accept loop (which /healthz and
 every scrape go through).
 """
@@ -18,12 +20,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any, Final
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from prometheus_client import CollectorRegistry
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from exporter import __version__
-from exporter.serve.collector import CachedExposition
+from exporter.serve.exposition import Page
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
@@ -62,22 +62,21 @@ class _Server(ThreadingMixIn, WSGIServer):
         log.debug("connection from %s failed", client_address, exc_info=True)
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
 class _QuietHandler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_SECONDS  # a client that connects and never sends a request frees its thread
+    wbufsize = -1  # the status line and headers leave in one segment with the body's start, not three writes
+    disable_nagle_algorithm = True  # and none waits for the client's delayed ACK
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
 def make_app(
-    registry: CollectorRegistry, exposition: CachedExposition, model_id: str,
+    pages: Callable[[str, str], Page | str], model_id: str,
     healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]],
 ) -> Callable[..., Iterable[bytes]]:  # fmt: skip
-    """The WSGI application of the daemon: /metrics is the live registry plus the cached snapshot."""
+    """The WSGI application of the daemon. ``pages(accept_encoding, accept)`` is the /metrics page (the cached
+    snapshot then the live registry), or why there is none yet (503)."""
     landing = (f"<html><head><title>fairness-exporter</title></head><body><h1>fairness-exporter {__version__}</h1>"
                f"<p>Monitoring model <b>{html.escape(model_id)}</b>.</p><ul><li><a href='/metrics'>/metrics</a></li>"
                "<li><a href='/healthz'>/healthz</a></li><li><a href='/readyz'>/readyz</a></li></ul></body></html>"
@@ -85,7 +84,9 @@ def make_app(
 
     def respond(path: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
         if path == "/metrics":
-            page = exposition.page(registry, environ.get("HTTP_ACCEPT_ENCODING", ""), environ.get("HTTP_ACCEPT", ""))
+            page = pages(environ.get("HTTP_ACCEPT_ENCODING", ""), environ.get("HTTP_ACCEPT", ""))
+            if isinstance(page, str):
+                return "503 Service Unavailable", [("Content-Type", "text/plain")], f"{page}\n".encode()
             headers = [("Content-Type", page.content_type), ("Vary", "Accept, Accept-Encoding")]
             return "200 OK", [*headers, ("Content-Encoding", "gzip")] if page.gzipped else headers, page.body
         if path in ("/healthz", "/readyz"):
@@ -108,7 +109,7 @@ def make_app(
     return app
 
 
-def _tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
     """A server context for the certificate and key; ListenError naming the file at fault."""
     for name, path in (("tls_cert_file", certfile), ("tls_key_file", keyfile)):
         try:
@@ -126,24 +127,40 @@ def _tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
     return context
 
 
-class HttpServer:
-    """Serves the app on a background thread; optional TLS. ListenError when the address cannot be served."""
+def bind(address: str, port: int) -> socket.socket:
+    """A listening TCP socket on the address and port; ListenError naming the field at fault."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    except ValueError as exc:
+        raise ListenError(f"listen.address: {address!r} is not an IP address (e.g. 0.0.0.0, 127.0.0.1, ::)") \
+            from exc
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((address, port))
+        listening.listen(_Server.request_queue_size)
+    except OSError as exc:
+        listening.close()
+        why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}"
+        raise ListenError(f"listen.address, listen.port: {address}:{port} {why}") from exc
+    return listening
 
-    def __init__(self, app: Callable[..., Iterable[bytes]], address: str, port: int,
-                 certfile: str | None = None, keyfile: str | None = None) -> None:  # fmt: skip
-        tls = _tls_context(certfile, keyfile) if certfile and keyfile else None
-        try:
-            server_class = _Server6 if ipaddress.ip_address(address).version == 6 else _Server
-        except ValueError as exc:
-            raise ListenError(f"listen.address: {address!r} is not an IP address (e.g. 0.0.0.0, 127.0.0.1, ::)") \
-                from exc
-        try:
-            self.server = make_server(address, port, app, server_class=server_class, handler_class=_QuietHandler)
-        except OSError as exc:
-            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}"
-            raise ListenError(f"listen.address, listen.port: {address}:{port} {why}") from exc
+
+class HttpServer:
+    """Serves the app on a listening socket (see :func:`bind`) on a background thread; optional TLS."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], listening: socket.socket,
+                 tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
+        self.server = _Server(listening.getsockname()[:2], _QuietHandler, bind_and_activate=False)
+        self.server.socket.close()  # the one socketserver made; the bound one serves instead
+        self.server.socket = listening
+        self.server.server_address = listening.getsockname()
+        host, port = listening.getsockname()[:2]
+        self.server.server_name, self.server.server_port = host, port
+        self.server.setup_environ()
+        self.server.set_app(app)
         self.server.tls = tls
-        self.port = self.server.server_port
+        self.port: int = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 
     def start(self) -> None:

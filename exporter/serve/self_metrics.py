@@ -66,6 +66,9 @@ class Health:
         self.last_checkpoint = Gauge("fairness_exporter_last_checkpoint_timestamp_seconds",
                                      "Unix time of the last durable checkpoint (0: checkpoints disabled).",
                                      registry=registry)  # fmt: skip
+        self.http_worker_restarts = Counter("fairness_exporter_http_worker_restarts",
+                                            "HTTP worker processes (which serve /metrics and the probes) that "
+                                            "exited and were started again.", registry=registry)  # fmt: skip
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
                                        "Errors talking to Kafka (the consumer retries).", registry=registry)
         Info("fairness_exporter_build", "Build information.", registry=registry).info({"version": __version__})
@@ -86,8 +89,9 @@ class Health:
 
 
 class ConsumerCollector(Collector):
-    """Consumer lag and broker reachability, read at scrape time from the source: a partition handed to another
-    replica takes its lag series with it (as kafka_exporter does), rather than leaving a frozen gauge behind."""
+    """Consumer lag and broker reachability, read from the source at each publication to the HTTP worker (every
+    0.5 s): a partition handed to another replica takes its lag series with it (as kafka_exporter does), rather
+    than leaving a frozen gauge behind."""
 
     def __init__(self, lag: Callable[[], Mapping[tuple[str, int], int]], connected: Callable[[], bool]) -> None:
         self.lag = lag

@@ -1,0 +1,131 @@
+"""The HTTP worker process: serves /metrics, /healthz, /readyz and the landing page from what the daemon publishes.
+
+Started by the daemon (exporter.serve.http_worker) as ``python -m exporter.serve.worker CONNECTION_FD SOCKET_FD``,
+on the listening socket the daemon bound, with one end of a ``multiprocessing.Pipe`` as its only link to the
+daemon. Scrapes never share a GIL with ingest: the daemon's threads can hold theirs for milliseconds at a time.
+
+Messages from the daemon (pickled by ``Connection``): ``("hello", model_id, tls_cert_file, tls_key_file,
+stale_seconds)`` once; ``("publish", seq, snapshot, live, healthy, ready)`` on every publication (``snapshot``:
+the snapshot's rendering per content type, None when unchanged; ``live``: the live registry's; the verdicts as
+``(ok, why)``); ``("stop",)``. To the daemon: ``("ack", seq)`` once a publication is served, ``("want", accept)``
+for a format not published yet. End of file on the connection (the daemon exited, even by SIGKILL) ends the worker.
+
+Imports neither numpy nor pandas (tests/test_architecture.py checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Final
+
+from prometheus_client.exposition import choose_encoder
+
+from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
+from exporter.serve.http import HttpServer, ListenError, make_app, tls_context
+
+log = logging.getLogger("exporter.serve.worker")
+WAIT_SECONDS: Final = 10.0
+"""How long a request waits for a publication it needs (the first one, or a format first asked for)."""
+
+
+class Published:
+    """The latest publication: the pages and the verdicts, and how long ago it came."""
+
+    def __init__(self, connection: Connection, stale_seconds: float) -> None:
+        self.connection = connection
+        self.stale_seconds = stale_seconds
+        self.pages = Pages()
+        self.verdicts = {"healthy": (False, ""), "ready": (False, "")}
+        self.at: float | None = None  # time.monotonic() of the latest publication
+        self.changed = threading.Condition()
+        self._sending = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._sending:
+            self.connection.send(message)
+
+    def receive(self) -> None:
+        """Apply each publication and acknowledge it, until the daemon says stop or is gone."""
+        while True:
+            try:
+                message = self.connection.recv()
+            except (EOFError, OSError):
+                return
+            if message[0] != "publish":
+                return  # "stop"
+            _, seq, snapshot, live, healthy, ready = message
+            self.pages.apply(snapshot, live)
+            with self.changed:
+                self.verdicts = {"healthy": healthy, "ready": ready}
+                self.at = time.monotonic()
+                self.changed.notify_all()
+            try:
+                self.send(("ack", seq))
+            except OSError:
+                return
+
+    def _verdict(self, which: str) -> tuple[bool, str]:
+        with self.changed:
+            self.changed.wait_for(lambda: self.at is not None, WAIT_SECONDS)
+            at, verdict = self.at, self.verdicts[which]
+        if at is None:
+            return False, "waiting for the daemon's first publication"
+        age = time.monotonic() - at
+        if age > self.stale_seconds:
+            return False, (f"the daemon has published nothing for {age:.0f} s (limit {self.stale_seconds:g} s): "
+                           "its main process is stuck")  # fmt: skip
+        return verdict
+
+    def healthy(self) -> tuple[bool, str]:
+        return self._verdict("healthy")
+
+    def ready(self) -> tuple[bool, str]:
+        return self._verdict("ready")
+
+    def page(self, accept_encoding: str, accept: str) -> Page | str:
+        """The published page for the request; a format not published yet is asked for, and waited for."""
+        kind = choose_encoder(accept)[1]
+        page = self.pages.get(kind, accept_encoding)
+        if page is not None:
+            return page
+        if len(self.pages.formats()) >= MAX_FORMATS:  # the daemon renders no more formats: the default one
+            kind, accept = DEFAULT_CONTENT_TYPE, ""
+        try:
+            self.send(("want", accept))
+        except OSError:
+            return "the daemon is gone"
+        with self.changed:
+            self.changed.wait_for(lambda: self.pages.get(kind, accept_encoding) is not None, WAIT_SECONDS)
+        return self.pages.get(kind, accept_encoding) or f"metrics in {kind} are not published yet: retry"
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the daemon stops us
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    connection = Connection(int(argv[1]))
+    listening = socket.socket(fileno=int(argv[2]))
+    try:
+        _, model_id, certfile, keyfile, stale_seconds = connection.recv()
+    except (EOFError, OSError):
+        return 0
+    try:
+        tls = tls_context(certfile, keyfile) if certfile and keyfile else None
+    except ListenError as exc:  # the daemon checked the files at start: they changed since
+        log.error("%s", exc)
+        return 2
+    published = Published(connection, stale_seconds)
+    server = HttpServer(make_app(published.page, model_id, published.healthy, published.ready), listening, tls)
+    server.start()
+    published.receive()  # until the daemon stops us or is gone
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
