@@ -51,7 +51,9 @@ lint: $(STAMP)
 test: test-deps lint
 	$(BIN)/pytest
 
+# curl times the scrapes of bench/scrape.py (a C client, as Prometheus is no Python one)
 bench: $(STAMP)
+	$(call apt_install,curl,curl)
 	$(BIN)/python -m bench
 
 clean:

@@ -4,8 +4,10 @@ A daemon with 5 attributes x 10 groups x 3 windows (5m, 1h, 24h) and all 45 pair
 filled (every comparison has enough samples, so every series is present), its HTTP server and its computation
 scheduler running, and a thread feeding it through ``Daemon.handle`` (the whole ingest path without the Kafka
 client): at a steady 10,000 events/s (a busy production feed), and back to back (a consumer catching up on a
-backlog, the worst case for the GIL). The scrapers are threads in a separate process, as Prometheus is; each
-request asks for the text format with gzip, as Prometheus does, on a new connection.
+backlog, the worst case for the GIL). The scrapers are ``curl --parallel`` (libcurl, C: like Prometheus, a client
+whose own threads do not queue on a GIL), each request timed by curl (``time_total``), asking for the text format
+with gzip as Prometheus does, on a new connection. One row repeats the saturated phase with the client used before:
+Python ``http.client`` threads in one process, whose own GIL queueing shows in their timings.
 
 The daemon is measured as it runs: ``Daemon.serve`` binds the port and starts the HTTP worker process
 (exporter.serve.worker), which serves the pages the daemon publishes, so no scrape waits for the GIL ingest holds.
@@ -26,6 +28,8 @@ import contextlib
 import gzip
 import http.client
 import multiprocessing
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -145,8 +149,29 @@ class Load(NamedTuple):
     bytes: int
 
 
+def curl_load(port: int, scrapers: int, per_scraper: int, max_seconds: float) -> Load:
+    """``curl --parallel``: ``scrapers`` requests in flight at any time, ``scrapers x per_scraper`` in all, each on
+    a new connection and timed by curl itself."""
+    headers = [arg for name, value in HEADERS.items() for arg in ("-H", f"{name}: {value}")]
+    url = f"http://127.0.0.1:{port}/metrics?n=[1-{scrapers * per_scraper}]"  # curl's URL glob: one URL per request
+    out = subprocess.run(["curl", "--silent", "--parallel", "--parallel-immediate", "--parallel-max", str(scrapers),
+                          "--no-keepalive", "--max-time", str(REQUEST_TIMEOUT), *headers, "--output", "/dev/null",
+                          "--write-out", "%{http_code} %{time_total} %{size_download}\\n", url],
+                         capture_output=True, text=True, timeout=max_seconds + REQUEST_TIMEOUT)  # fmt: skip
+    latencies, errors, sizes = [], [], []
+    for line in out.stdout.splitlines():
+        status, seconds, size = line.split()
+        if status == "200":
+            latencies.append(float(seconds))
+            sizes.append(int(size))
+        else:
+            errors.append(f"HTTP {status}")
+    return Load(latencies, errors, int(median(sizes)) if sizes else 0)
+
+
 def scrape_load(port: int, threads: int, per_thread: int, max_seconds: float) -> Load:
-    """In a child process: ``threads`` scrapers, each ``per_thread`` GETs of /metrics back to back."""
+    """In a child process: ``threads`` scrapers (Python threads), each ``per_thread`` GETs of /metrics back to
+    back (the client of earlier runs)."""
     latencies: list[float] = []
     errors: list[str] = []
     sizes: list[int] = []
@@ -215,6 +240,8 @@ def in_process_server(daemon: Daemon) -> HttpServer:
 
 
 def run(quick: bool = False) -> Section:
+    if shutil.which("curl") is None:
+        raise SystemExit("bench/scrape.py: curl times the scrapes; install it (apt-get install curl)")
     fill_events = 200_000 if quick else 2_000_000
     per_scraper = 10 if quick else 30
     section = Section("Scrape: /metrics under concurrent scrapers while ingesting")
@@ -261,21 +288,23 @@ def run(quick: bool = False) -> Section:
         pool = stack.enter_context(ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")))
         pool.submit(time.sleep, 0).result()  # start the child before measuring
         steady = f"steady ingest {STEADY_RATE:,} events/s"
+        saturated = "saturated ingest (backlog catch-up)"
         phases = [
-            (f"{SCRAPERS} concurrent scrapers, full page, {steady}", daemon.port, SCRAPERS, STEADY_RATE),
-            (f"{SCRAPERS} concurrent scrapers, full page, saturated ingest (backlog catch-up)", daemon.port,
-             SCRAPERS, None),
-            (f"{SCRAPERS} concurrent scrapers, full page, saturated ingest, before: HTTP threads in the daemon's "
-             f"process, {BEFORE_SWITCH * 1e3:g} ms GIL slices", before.port, SCRAPERS, None),
-            (f"1 scraper, full page, {steady}", daemon.port, 1, STEADY_RATE),
+            (f"{SCRAPERS} concurrent scrapers, full page, {steady}", daemon.port, SCRAPERS, STEADY_RATE, curl_load),
+            (f"{SCRAPERS} concurrent scrapers, full page, {saturated}", daemon.port, SCRAPERS, None, curl_load),
+            (f"{SCRAPERS} concurrent scrapers, full page, {saturated}; client: Python http.client threads",
+             daemon.port, SCRAPERS, None, scrape_load),
+            (f"{SCRAPERS} concurrent scrapers, full page, {saturated}; before: HTTP threads in the daemon's "
+             f"process, {BEFORE_SWITCH * 1e3:g} ms GIL slices", before.port, SCRAPERS, None, curl_load),
+            (f"1 scraper, full page, {steady}", daemon.port, 1, STEADY_RATE, curl_load),
             (f"{SCRAPERS} concurrent scrapers, health metrics only, {steady}", health_only.port, SCRAPERS,
-             STEADY_RATE),
+             STEADY_RATE, curl_load),
         ]  # fmt: skip
         shipped = sys.getswitchinterval()
-        for name, port, threads, rate in phases:
+        for name, port, threads, rate, client in phases:
             sys.setswitchinterval(BEFORE_SWITCH if port == before.port else shipped)
             with Ingest(daemon, records, rate, PHASE_TIMEOUT + REQUEST_TIMEOUT) as ingest:
-                load = pool.submit(scrape_load, port, threads, per_scraper, PHASE_TIMEOUT).result()
+                load = pool.submit(client, port, threads, per_scraper, PHASE_TIMEOUT).result()
             results[name] = (load, ingest.rate)
         sys.setswitchinterval(shipped)
 
@@ -295,7 +324,8 @@ def run(quick: bool = False) -> Section:
                 f"{base * 1e3:.1f} ms, of which {median(collects) * 1e3:.1f} ms building the metric families "
                 "(`SnapshotCollector.collect`) and the rest formatting them; gzip of the page, as prometheus-client "
                 f"does for `Accept-Encoding: gzip`, takes {median(gzips) * 1e3:.1f} ms more. Each scraper makes "
-                f"{per_scraper} requests back to back. The daemon serves HTTP from a separate worker process "
+                f"{per_scraper} requests back to back (curl: {SCRAPERS} requests in flight, "
+                f"{SCRAPERS * per_scraper} in all). The daemon serves HTTP from a separate worker process "
                 "(`python -m exporter.serve.worker`) fed with the pages every 0.5 s and after each computation; "
                 "the \"before\" row serves the same daemon from HTTP threads in its own process, as it did "
                 f"before, with the {BEFORE_SWITCH * 1e3:g} ms GIL slices it set then.")  # fmt: skip
