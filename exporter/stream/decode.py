@@ -16,7 +16,6 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Annotated, Any, Final, Literal, TypeGuard
 
@@ -26,6 +25,7 @@ import orjson
 
 from exporter.config import Config
 from exporter.core.encoding import attribute_codes, code_table
+from exporter.stream.timestamps import epoch, epochs
 
 REJECT_REASONS: Final = (
     "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
@@ -47,33 +47,6 @@ def is_valid_id(pid: object) -> bool:
 def is_binary(value: object) -> TypeGuard[int | float]:
     """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
     return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
-
-
-def _epoch(t: object) -> float | None:
-    """Epoch seconds of an event's timestamp: ISO 8601 (naive means UTC) or finite epoch seconds; else None."""
-    if t.__class__ is str:
-        try:
-            d = datetime.fromisoformat(t)
-        except ValueError:
-            return None
-        return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
-    if t.__class__ is float or t.__class__ is int:
-        return float(t) if math.isfinite(t) else None
-    return None
-
-
-def _epochs(stamps: list[Any]) -> list[float | None]:
-    """:func:`_epoch` of each, in C calls when every one is an ISO 8601 string with a time zone (the usual case)."""
-    try:
-        parsed = list(map(datetime.fromisoformat, stamps))  # TypeError: a number; ValueError: not ISO 8601
-    except (TypeError, ValueError):
-        return list(map(_epoch, stamps))
-    if None in map(_TZ, parsed):
-        return list(map(_epoch, stamps))
-    return list(map(datetime.timestamp, parsed))
-
-
-_TZ = attrgetter("tzinfo")
 
 
 def _lookup(path: str) -> Callable[[Any], Any]:
@@ -247,8 +220,8 @@ class EventDecoder:
         latest = now + self.config.max_future_skew_seconds
         structs, at, walked, ignored = self._structs(values)
         g = self._get if self._decoder is not None else {}
-        stamps = _epochs(list(map(g["ts"], structs))) if structs else []
-        if None in stamps:  # an unparseable ISO string: the walk says which reason
+        stamps = epochs(list(map(g["ts"], structs))) if structs else []
+        if stamps.__class__ is list and None in stamps:  # an unparseable ISO string: the walk says which reason
             unparsed = {k for k, t in enumerate(stamps) if t is None}
             walked.extend(at[k] for k in unparsed)
             keep = [k for k in range(len(structs)) if k not in unparsed]
@@ -334,7 +307,7 @@ class EventDecoder:
         if model(event) != self.config.model_id:
             return _IGNORED
         t = ts_of(event)
-        ts = _epoch(t)
+        ts = epoch(t)
         if ts is None:
             return "missing_field" if t is None else "invalid_timestamp"
         if ts > latest:
