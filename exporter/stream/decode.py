@@ -68,6 +68,8 @@ _Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annota
                                                                                                     le=2**63 - 1)]
 _Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 _Stamp = str | float
+_OUTCOME: Final = {None: -1, 0: 0, 1: 1}
+"""The outcome of a label the schema accepted: none (-1), 0 or 1."""
 
 
 def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
@@ -239,8 +241,7 @@ class EventDecoder:
                 predictions = (scores >= self._threshold).astype(np.int64)
             else:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
-            labels = np.array(list(map(g["label"], structs)), dtype=np.float64)  # None (no label): NaN
-            outcomes = np.where(np.isnan(labels), -1, labels).astype(np.int64)
+            outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
             codes = []
             for column, table, unknown in self._tables:
@@ -248,8 +249,8 @@ class EventDecoder:
                 lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
                 lookup.update(table)
                 lookup[None] = table.get("None", unknown)  # the walk looks a missing value up as str(None)
-                codes.append(np.array(list(map(lookup.__getitem__, map(g[f"attr:{column}"], structs))),
-                                      dtype=np.int64))  # fmt: skip
+                codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
+                                         len(structs)))  # fmt: skip
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
