@@ -407,7 +407,7 @@ def run(quick: bool = False) -> Section:
                    decoder_ratio <= TARGET_DECODER)  # fmt: skip
     for name, to in ((b, a), (c, a_large), (d, a_confluent)):
         r = ratio(name, to)
-        section.target(f"{name[:3].strip()} >= {TARGET_RATIO} x {to[:4].strip()}", f"{r:.2f}", r >= TARGET_RATIO)
+        section.target(f"{name.split()[0]} >= {TARGET_RATIO} x {to.split()[0]}", f"{r:.2f}", r >= TARGET_RATIO)
     section.target(f"(b) >= {TARGET_RATE:,} events/s", f"{best_rate(b):,.0f} events/s", best_rate(b) >= TARGET_RATE)
     rate_d = best_rate(d) if d not in errors else float("nan")
     section.target(f"(d) confluent-kafka path >= {TARGET_CONFLUENT_RATE:,} events/s", f"{rate_d:,.0f} events/s",
