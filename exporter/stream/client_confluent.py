@@ -8,11 +8,11 @@ Chosen with ``kafka.client_library: confluent-kafka``; ``kafka.client`` then hol
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from exporter.config import KafkaConfig
-from exporter.stream.client import CommitFailed, LogBounds, Offsets, Partition, Rebalance, SimpleRecord
+from exporter.stream.client import Batch, CommitFailed, LogBounds, Offsets, Partition, Rebalance, SimpleRecord
 
 try:
     import confluent_kafka as ck
@@ -34,13 +34,10 @@ CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.ms": 1000, "reconnect.back
 _LOST = {ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN}
 
 
-def _record(message: ck.Message) -> SimpleRecord:
-    return SimpleRecord(message.value(), message.offset())  # type: ignore[arg-type]  # consumed: has an offset
-
-
-class _Batch(Sequence[SimpleRecord]):
-    """One partition's messages, read as records. Each record is built when read and dropped right after: a list of
-    live records kept the garbage collector busy (9.3 instead of 8.0 µs of CPU per event, source + ingest)."""
+class _Batch(Batch):
+    """One partition's messages. Its values and next offset go to the ingest straight from the messages; a record
+    is built only when one is read as such. (A list of live records also kept the garbage collector busy: 9.3
+    instead of 8.0 µs of CPU per event, source + ingest.)"""
 
     __slots__ = ("messages",)
 
@@ -50,11 +47,18 @@ class _Batch(Sequence[SimpleRecord]):
     def __len__(self) -> int:
         return len(self.messages)
 
-    def __iter__(self) -> Iterator[SimpleRecord]:
-        return map(_record, self.messages)
-
     def __getitem__(self, index: int) -> SimpleRecord:  # type: ignore[override]  # no slices needed
-        return _record(self.messages[index])
+        message = self.messages[index]
+        return SimpleRecord(message.value(), message.offset())  # type: ignore[arg-type]  # consumed: has one
+
+    def values(self) -> list[bytes | None]:
+        return list(map(_VALUE, self.messages))
+
+    def next_offset(self) -> int:
+        return self.messages[-1].offset() + 1  # type: ignore[operator]  # consumed: has an offset
+
+
+_VALUE = ck.Message.value
 
 
 class ConfluentClient:
@@ -124,7 +128,7 @@ class ConfluentClient:
         self._down = False
         return sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
 
-    def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[SimpleRecord]]:
+    def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Batch]:
         batches: dict[Partition, list[ck.Message]] = {}
         for message in self.consumer.consume(max_records, timeout):
             error = message.error()
