@@ -37,6 +37,8 @@ MAX_PREDICTION_ID_LENGTH: Final = 256
 """Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
 in the checkpoint until its ground truth arrives."""
 _IGNORED: Final = "ignored"
+STRICT_PAUSE: Final = 64
+"""After a batch the strict schema refused, the batches decoded by the general schema before it is tried again."""
 
 
 def is_valid_id(pid: object) -> bool:
@@ -72,20 +74,28 @@ _OUTCOME: Final = {None: -1, 0: 0, 1: 1}
 """The outcome of a label the schema accepted: none (-1), 0 or 1."""
 
 
-def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
+def _schema(config: Config, strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the configured paths, and the attribute path of each role (``model``, ``id``, ``ts``,
     ``pred``, ``score``, ``label``, ``attr:<column>``) in it; None when the paths overlap in a way a Struct
-    cannot hold (a field that is both a value and an object), where every event is walked."""
+    cannot hold (a field that is both a value and an object), where every event is walked. ``strict``: only this
+    model's events, and only configured group names (or none) as attribute values; the same attribute paths."""
     f = config.events
+    tables = {a.columns[0]: tuple(code_table(a.groups)[0]) for a in config.base_attributes}
+    if strict and not all(tables.values()):
+        return None
+    required = {"ts", "pred", "score" if f.score_threshold is not None else "pred", "model" if strict else "ts"}
     roles: dict[str, tuple[Any, Any]] = {
-        "model": (f.model_id, str | None), "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
+        "model": (f.model_id, Literal[config.model_id] if strict else str | None),
+        "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
         "score": (f.score, _Score if f.score_threshold is not None else _Score | None),
         "label": (f.label, _Binary | None),
     }  # fmt: skip
     if f.score_threshold is None:
         roles["pred"] = (f.prediction, _Binary)
     for a in config.base_attributes:
-        roles[f"attr:{a.columns[0]}"] = (f"{f.attributes}.{a.columns[0]}", str | None)
+        groups = tables[a.columns[0]]
+        roles[f"attr:{a.columns[0]}"] = (f"{f.attributes}.{a.columns[0]}",
+                                         Literal[groups] | None if strict else str | None)
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():
         *parents, leaf = path.split(".") if not role.startswith("attr:") else [*f.attributes.split("."),
@@ -119,7 +129,7 @@ def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | Non
             else:
                 getters[child] = f"{prefix}{name}"
                 kind = roles[child][1]
-                if kind in (_Stamp, _Binary, _Score):
+                if child in required:
                     fields.append((name, kind))
                     has_required = True
                 else:
@@ -171,6 +181,10 @@ class EventDecoder:
             struct, paths = schema
             self._decoder = msgspec.json.Decoder(struct)
             self._get = {role: attrgetter(path) for role, path in paths.items()}
+        strict = _schema(config, strict=True) if schema is not None else None
+        self._strict = msgspec.json.Decoder(strict[0]) if strict is not None else None
+        self._strict_rest = 0
+        """Batches to skip the strict schema for, after one it refused."""
 
     def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], int]:
         """The schema's pass: (structs of this model's events, their input positions, positions to walk, events
@@ -190,6 +204,19 @@ class EventDecoder:
             except UnicodeDecodeError:
                 joined = None
         if joined is not None and joined.count(b"\n") == len(values) - 1:
+            if self._strict is not None and not self._strict_rest:
+                # The usual batch: this model's events with configured group names only. Their strings come back
+                # as the schema's own objects (no new string, hashed once) and no model needs comparing.
+                try:
+                    clean = self._strict.decode_lines(joined)
+                    if len(clean) == len(values):
+                        return clean, list(range(len(clean))), [], 0
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    pass
+                self._strict_rest = STRICT_PAUSE  # a topic with other models or other values: not every batch
+            elif self._strict_rest:
+                self._strict_rest -= 1
+            structs: list[Any] | None
             try:
                 structs = decoder.decode_lines(joined)
             except (msgspec.ValidationError, msgspec.DecodeError):
