@@ -4,9 +4,12 @@ Two steps, one set of rules. msgspec decodes each event straight into a ``Struct
 paths (nested dotted paths too), validating types and ranges while it parses and skipping every other field; what that
 schema accepts is, by construction, an event the rules below accept. Everything it refuses (a malformed event, a
 prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object belongs) is walked by
-:meth:`EventDecoder._walk`, which alone decides a rejection and its reason. Columns are then built from the accepted
-structs with list comprehensions and numpy. Every event either becomes a row of the batch, is ignored (another
-model's), or is rejected under one reason; nothing raises.
+:meth:`EventDecoder._walk`, which alone decides a rejection and its reason. A batch is first offered to a stricter
+``Struct`` of the same paths (this model only, configured group names only), whose strings come back as the
+schema's own objects; a batch it refuses goes the general way. Columns are then built from the accepted structs
+with ``np.fromiter`` over attribute getters, the timestamps by :func:`exporter.stream.timestamps.epochs`. Every
+event either becomes a row of the batch, is ignored (another model's), or is rejected under one reason; nothing
+raises.
 """
 
 from __future__ import annotations
