@@ -42,3 +42,31 @@ def test_a_confluent_batch_is_counted_as_its_records() -> None:
     rejected = [{s.labels["reason"]: s.value for s in m.samples if s.name.endswith("_total")}
                 for m in (a.health.rejected.collect()[0], b.health.rejected.collect()[0])]  # fmt: skip
     assert rejected[0] == rejected[1] and rejected[0]["malformed_json"] == 2 and rejected[0]["invalid_prediction"] == 1
+
+
+def test_a_poll_is_split_by_partition_in_consumed_order() -> None:
+    """The one-topic, no-error fast split and the message-by-message one give the same batches. (A message with an
+    error cannot be built in Python: its error() leaves an exception set; that path is the message-by-message one.)"""
+    if importlib.util.find_spec("confluent_kafka") is None:
+        missing("confluent-kafka is not installed (pip install 'fairness-exporter[confluent]')")
+    import confluent_kafka as ck
+
+    from exporter.stream.client_confluent import _by_partition
+
+    def message(topic: str, partition: int, offset: int) -> ck.Message:
+        # error=None: without it, error() of a message built in Python leaves an exception set
+        return ck.Message(topic=topic, partition=partition, offset=offset, value=b"%d" % offset,
+                          error=None)  # type: ignore[call-arg]
+
+    def split(messages: list[ck.Message]) -> tuple[dict[tuple[str, int], list[int]], list[int]]:
+        heard: list[int] = []
+        batches = _by_partition(messages, lambda e: heard.append(e.code()))
+        return {k: [m.offset() for m in v] for k, v in batches.items()}, heard
+
+    parts = [0, 0, 2, 1, 1, 0, 2, 2, 0]
+    one_topic = [message("p", p, i) for i, p in enumerate(parts)]
+    want = {("p", 0): [0, 1, 5, 8], ("p", 2): [2, 6, 7], ("p", 1): [3, 4]}
+    assert split(one_topic) == (want, []) and list(split(one_topic)[0]) == list(want)
+    two_topics = [*one_topic, message("labels", 0, 9), message("p", 1, 10)]
+    assert split(two_topics) == ({**want, ("p", 1): [3, 4, 10], ("labels", 0): [9]}, [])
+    assert split([]) == ({}, [])
