@@ -180,12 +180,23 @@ def ceiling(broker: EmbeddedBroker, n: int, **settings: Any) -> Run:
     return drain(broker, n, decode_only, **settings)
 
 
+def confluent_fetch() -> dict[str, Any]:
+    """The daemon's fetch settings for confluent-kafka (client_confluent.FETCH_DEFAULTS); {} without it."""
+    try:
+        from exporter.stream.client_confluent import FETCH_DEFAULTS
+    except ImportError:
+        return {}
+    return FETCH_DEFAULTS
+
+
 def confluent_ceiling(broker: EmbeddedBroker, n: int) -> Run:
-    """A bare confluent-kafka loop: ``consume(10000)`` and ``orjson.loads`` of each value, nothing else."""
+    """A bare confluent-kafka loop: ``consume(10000)`` and ``orjson.loads`` of each value, nothing else; with the
+    daemon's fetch settings for confluent-kafka (client_confluent.FETCH_DEFAULTS), as a user who read them would."""
     import confluent_kafka as ck
 
     consumer = ck.Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                            "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
+                            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                            **confluent_fetch()})  # fmt: skip
     loads = orjson.loads
 
     def read_some() -> int:
@@ -375,7 +386,8 @@ def run(quick: bool = False) -> Section:
                 f"warm-up drain. Consumer: kafka-python {package_version('kafka-python')}, manual assignment, "
                 f"seek_to_beginning, max_poll_records={MAX_RECORDS:,}, {FETCH_DEFAULTS or 'its default fetch sizes'}, "
                 f"poll(timeout_ms=500) as "
-                f"in exporter/stream/; the large fetches of (a') are {LARGE_FETCH}. {crc32c_status()}. Every "
+                f"in exporter/stream/; the large fetches of (a') are {LARGE_FETCH}; (a'') and (d) use the daemon's "
+                f"confluent-kafka fetch settings {confluent_fetch()}. {crc32c_status()}. Every "
                 "daemon run is checked to have counted every event (store totals). Best = the fastest round "
                 "(noise on a shared machine only ever adds time); ratios and targets use the best rounds of both "
                 "paths. CPU is this process's, all threads; the broker runs in its own process and its CPU is "
@@ -407,7 +419,7 @@ def run(quick: bool = False) -> Section:
                    decoder_ratio <= TARGET_DECODER)  # fmt: skip
     for name, to in ((b, a), (c, a_large), (d, a_confluent)):
         r = ratio(name, to)
-        section.target(f"{name[:3].strip()} >= {TARGET_RATIO} x {to[:4].strip()}", f"{r:.2f}", r >= TARGET_RATIO)
+        section.target(f"{name.split()[0]} >= {TARGET_RATIO} x {to.split()[0]}", f"{r:.2f}", r >= TARGET_RATIO)
     section.target(f"(b) >= {TARGET_RATE:,} events/s", f"{best_rate(b):,.0f} events/s", best_rate(b) >= TARGET_RATE)
     rate_d = best_rate(d) if d not in errors else float("nan")
     section.target(f"(d) confluent-kafka path >= {TARGET_CONFLUENT_RATE:,} events/s", f"{rate_d:,.0f} events/s",

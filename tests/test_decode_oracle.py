@@ -4,6 +4,7 @@ rows in the same order, the same rejection reasons, the same dead letters, on ev
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import numpy as np
 from daemon_config import make_config
@@ -49,8 +50,8 @@ def dumps(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode()
 
 
-def same(config: Config, values: list[bytes | None]) -> None:
-    got = EventDecoder(config, keep_rejected=True).decode(values, NOW)  # type: ignore[arg-type]
+def same(config: Config, values: list[bytes | None], decoder: EventDecoder | None = None) -> None:
+    got = (decoder or EventDecoder(config, keep_rejected=True)).decode(values, NOW)  # type: ignore[arg-type]
     want = OracleDecoder(config, keep_rejected=True).decode(values, NOW)  # type: ignore[arg-type]
     assert (got.rejected, got.ignored, got.rejected_payloads) == (want.rejected, want.ignored, want.rejected_payloads)
     assert got.timestamps.tolist() == want.timestamps.tolist()
@@ -131,3 +132,48 @@ def test_the_one_known_difference_a_float_overflow_in_a_field_never_read() -> No
     got = EventDecoder(make_config()).decode([unread, read], NOW)
     assert len(got) == 1 and dict(got.rejected) == {"malformed_json": 1}
     assert dict(OracleDecoder(make_config()).decode([unread, read], NOW).rejected) == {"malformed_json": 2}
+
+
+# Mostly clean batches, as a topic of one model carries: the decoder's fast paths (the strict schema, timestamps of
+# one ISO layout computed with numpy) take them whole, and a defect anywhere sends the batch the general way.
+layouts = st.sampled_from(["%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.%f+05:30",
+                           "%Y-%m-%dT%H:%M:%S-08:00", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S"])  # fmt: skip
+clean_attributes = st.fixed_dictionaries({}, optional={"gender": st.sampled_from(["male", "female", None]),
+                                                       "age": st.sampled_from(["young", "old"])})  # fmt: skip
+
+
+@st.composite
+def clean_batches(draw: st.DrawFn) -> list[bytes | None]:
+    layout = draw(layouts)
+    n = draw(st.integers(1, 12))
+    stamp = st.datetimes(datetime(1990, 1, 1), datetime(2030, 1, 1)).map(lambda d: d.strftime(layout))
+    values: list[bytes | None] = [dumps({
+        "model_id": "m1", "timestamp": draw(stamp), "prediction": draw(st.sampled_from([0, 1])),
+        "label": draw(st.sampled_from([None, 0, 1])), "prediction_id": draw(st.text(max_size=5) | st.integers()),
+        "attributes": draw(clean_attributes), "note": draw(st.text(max_size=4)),
+    }) for _ in range(n)]  # fmt: skip
+    defect = draw(st.sampled_from(["none", "none", "model", "group", "utf8", "stamp", "number", "future"]))
+    at = draw(st.integers(0, n - 1))
+    event = json.loads(values[at])  # type: ignore[arg-type]
+    if defect == "model":
+        event["model_id"] = "m2"
+    elif defect == "group":
+        event["attributes"] = {"gender": "robot"}
+    elif defect == "stamp":
+        event["timestamp"] = event["timestamp"].replace("T", " ")[:-1] + "x"
+    elif defect == "number":
+        event["timestamp"] = NOW - 5
+    elif defect == "future":
+        event["timestamp"] = "2099-01-01T00:00:00Z"
+    values[at] = dumps(event) if defect != "utf8" else dumps(event)[:-1] + b',"x":"\xff\xfe"}'
+    return values
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(clean_batches(), min_size=1, max_size=4))
+def test_clean_batches_one_decoder_after_another(batches: list[list[bytes | None]]) -> None:
+    """One decoder over several batches (it remembers which schema refused a batch), each against the oracle."""
+    config = make_config()
+    decoder = EventDecoder(config, keep_rejected=True)
+    for values in batches:
+        same(config, values, decoder)

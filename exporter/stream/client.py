@@ -7,6 +7,7 @@ commit, when a log was reset, what a rebalance does) lives once, in :class:`expo
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
@@ -31,6 +32,30 @@ class SimpleRecord(NamedTuple):
 
     value: bytes | None
     offset: int
+
+
+class Batch(Sequence[Record]):
+    """One partition's records as a client hands them over: a sequence of records that also gives its values and
+    the offset after its last record directly, without a record object per message (which costs a client whose
+    library has none, such as confluent-kafka, more than the decoding of the message)."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def values(self) -> list[bytes | None]:
+        """Every record's value, in offset order."""
+
+    @abstractmethod
+    def next_offset(self) -> int:
+        """The offset after the last record."""
+
+
+def values_and_next(records: Sequence[Record]) -> tuple[list[bytes | None], int]:
+    """A non-empty batch's values and the offset after its last record: from a :class:`Batch` directly, else
+    record by record (kafka-python's ConsumerRecords, tests, benchmarks)."""
+    if isinstance(records, Batch):
+        return records.values(), records.next_offset()
+    return [r.value for r in records], records[-1].offset + 1
 
 
 class LogBounds(NamedTuple):

@@ -4,9 +4,12 @@ Two steps, one set of rules. msgspec decodes each event straight into a ``Struct
 paths (nested dotted paths too), validating types and ranges while it parses and skipping every other field; what that
 schema accepts is, by construction, an event the rules below accept. Everything it refuses (a malformed event, a
 prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object belongs) is walked by
-:meth:`EventDecoder._walk`, which alone decides a rejection and its reason. Columns are then built from the accepted
-structs with list comprehensions and numpy. Every event either becomes a row of the batch, is ignored (another
-model's), or is rejected under one reason; nothing raises.
+:meth:`EventDecoder._walk`, which alone decides a rejection and its reason. A batch is first offered to a stricter
+``Struct`` of the same paths (this model only, configured group names only), whose strings come back as the
+schema's own objects; a batch it refuses goes the general way. Columns are then built from the accepted structs
+with ``np.fromiter`` over attribute getters, the timestamps by :func:`exporter.stream.timestamps.epochs`. Every
+event either becomes a row of the batch, is ignored (another model's), or is rejected under one reason; nothing
+raises.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Annotated, Any, Final, Literal, TypeGuard
 
@@ -26,6 +28,7 @@ import orjson
 
 from exporter.config import Config
 from exporter.core.encoding import attribute_codes, code_table
+from exporter.stream.timestamps import epoch, epochs
 
 REJECT_REASONS: Final = (
     "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
@@ -37,6 +40,8 @@ MAX_PREDICTION_ID_LENGTH: Final = 256
 """Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
 in the checkpoint until its ground truth arrives."""
 _IGNORED: Final = "ignored"
+STRICT_PAUSE: Final = 64
+"""After a batch the strict schema refused, the batches decoded by the general schema before it is tried again."""
 
 
 def is_valid_id(pid: object) -> bool:
@@ -47,33 +52,6 @@ def is_valid_id(pid: object) -> bool:
 def is_binary(value: object) -> TypeGuard[int | float]:
     """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
     return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
-
-
-def _epoch(t: object) -> float | None:
-    """Epoch seconds of an event's timestamp: ISO 8601 (naive means UTC) or finite epoch seconds; else None."""
-    if t.__class__ is str:
-        try:
-            d = datetime.fromisoformat(t)
-        except ValueError:
-            return None
-        return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
-    if t.__class__ is float or t.__class__ is int:
-        return float(t) if math.isfinite(t) else None
-    return None
-
-
-def _epochs(stamps: list[Any]) -> list[float | None]:
-    """:func:`_epoch` of each, in C calls when every one is an ISO 8601 string with a time zone (the usual case)."""
-    try:
-        parsed = list(map(datetime.fromisoformat, stamps))  # TypeError: a number; ValueError: not ISO 8601
-    except (TypeError, ValueError):
-        return list(map(_epoch, stamps))
-    if None in map(_TZ, parsed):
-        return list(map(_epoch, stamps))
-    return list(map(datetime.timestamp, parsed))
-
-
-_TZ = attrgetter("tzinfo")
 
 
 def _lookup(path: str) -> Callable[[Any], Any]:
@@ -95,22 +73,32 @@ _Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annota
                                                                                                     le=2**63 - 1)]
 _Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 _Stamp = str | float
+_OUTCOME: Final = {None: -1, 0: 0, 1: 1}
+"""The outcome of a label the schema accepted: none (-1), 0 or 1."""
 
 
-def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
+def _schema(config: Config, strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the configured paths, and the attribute path of each role (``model``, ``id``, ``ts``,
     ``pred``, ``score``, ``label``, ``attr:<column>``) in it; None when the paths overlap in a way a Struct
-    cannot hold (a field that is both a value and an object), where every event is walked."""
+    cannot hold (a field that is both a value and an object), where every event is walked. ``strict``: only this
+    model's events, and only configured group names (or none) as attribute values; the same attribute paths."""
     f = config.events
+    tables = {a.columns[0]: tuple(code_table(a.groups)[0]) for a in config.base_attributes}
+    if strict and not all(tables.values()):
+        return None
+    required = {"ts", "pred", "score" if f.score_threshold is not None else "pred", "model" if strict else "ts"}
     roles: dict[str, tuple[Any, Any]] = {
-        "model": (f.model_id, str | None), "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
+        "model": (f.model_id, Literal[config.model_id] if strict else str | None),
+        "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
         "score": (f.score, _Score if f.score_threshold is not None else _Score | None),
         "label": (f.label, _Binary | None),
     }  # fmt: skip
     if f.score_threshold is None:
         roles["pred"] = (f.prediction, _Binary)
     for a in config.base_attributes:
-        roles[f"attr:{a.columns[0]}"] = (f"{f.attributes}.{a.columns[0]}", str | None)
+        groups = tables[a.columns[0]]
+        roles[f"attr:{a.columns[0]}"] = (f"{f.attributes}.{a.columns[0]}",
+                                         Literal[groups] | None if strict else str | None)
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():
         *parents, leaf = path.split(".") if not role.startswith("attr:") else [*f.attributes.split("."),
@@ -144,7 +132,7 @@ def _schema(config: Config) -> tuple[type[msgspec.Struct], dict[str, str]] | Non
             else:
                 getters[child] = f"{prefix}{name}"
                 kind = roles[child][1]
-                if kind in (_Stamp, _Binary, _Score):
+                if child in required:
                     fields.append((name, kind))
                     has_required = True
                 else:
@@ -196,6 +184,10 @@ class EventDecoder:
             struct, paths = schema
             self._decoder = msgspec.json.Decoder(struct)
             self._get = {role: attrgetter(path) for role, path in paths.items()}
+        strict = _schema(config, strict=True) if schema is not None else None
+        self._strict = msgspec.json.Decoder(strict[0]) if strict is not None else None
+        self._strict_rest = 0
+        """Batches to skip the strict schema for, after one it refused."""
 
     def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], int]:
         """The schema's pass: (structs of this model's events, their input positions, positions to walk, events
@@ -215,6 +207,19 @@ class EventDecoder:
             except UnicodeDecodeError:
                 joined = None
         if joined is not None and joined.count(b"\n") == len(values) - 1:
+            if self._strict is not None and not self._strict_rest:
+                # The usual batch: this model's events with configured group names only. Their strings come back
+                # as the schema's own objects (no new string, hashed once) and no model needs comparing.
+                try:
+                    clean = self._strict.decode_lines(joined)
+                    if len(clean) == len(values):
+                        return clean, list(range(len(clean))), [], 0
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    pass
+                self._strict_rest = STRICT_PAUSE  # a topic with other models or other values: not every batch
+            elif self._strict_rest:
+                self._strict_rest -= 1
+            structs: list[Any] | None
             try:
                 structs = decoder.decode_lines(joined)
             except (msgspec.ValidationError, msgspec.DecodeError):
@@ -247,8 +252,8 @@ class EventDecoder:
         latest = now + self.config.max_future_skew_seconds
         structs, at, walked, ignored = self._structs(values)
         g = self._get if self._decoder is not None else {}
-        stamps = _epochs(list(map(g["ts"], structs))) if structs else []
-        if None in stamps:  # an unparseable ISO string: the walk says which reason
+        stamps = epochs(list(map(g["ts"], structs))) if structs else []
+        if stamps.__class__ is list and None in stamps:  # an unparseable ISO string: the walk says which reason
             unparsed = {k for k, t in enumerate(stamps) if t is None}
             walked.extend(at[k] for k in unparsed)
             keep = [k for k in range(len(structs)) if k not in unparsed]
@@ -266,8 +271,7 @@ class EventDecoder:
                 predictions = (scores >= self._threshold).astype(np.int64)
             else:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
-            labels = np.array(list(map(g["label"], structs)), dtype=np.float64)  # None (no label): NaN
-            outcomes = np.where(np.isnan(labels), -1, labels).astype(np.int64)
+            outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
             codes = []
             for column, table, unknown in self._tables:
@@ -275,8 +279,8 @@ class EventDecoder:
                 lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
                 lookup.update(table)
                 lookup[None] = table.get("None", unknown)  # the walk looks a missing value up as str(None)
-                codes.append(np.array(list(map(lookup.__getitem__, map(g[f"attr:{column}"], structs))),
-                                      dtype=np.int64))  # fmt: skip
+                codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
+                                         len(structs)))  # fmt: skip
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
@@ -334,7 +338,7 @@ class EventDecoder:
         if model(event) != self.config.model_id:
             return _IGNORED
         t = ts_of(event)
-        ts = _epoch(t)
+        ts = epoch(t)
         if ts is None:
             return "missing_field" if t is None else "invalid_timestamp"
         if ts > latest:

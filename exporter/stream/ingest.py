@@ -17,7 +17,7 @@ import numpy as np
 
 from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
-from exporter.stream.client import Record
+from exporter.stream.client import Record, values_and_next
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.decode import EventDecoder
 from exporter.stream.decode_outcomes import decode_outcomes
@@ -50,11 +50,12 @@ class Ingest:
 
     def predictions(self, topic: str, partition: int, records: Sequence[Record]) -> None:
         now = self.clock()
-        batch = self.decoder.decode([r.value for r in records], now)  # type: ignore[misc]  # None: malformed
+        values, next_offset = values_and_next(records)
+        batch = self.decoder.decode(values, now)  # type: ignore[arg-type]  # None (a tombstone): malformed
         given_up: Counter[str] = Counter()
         with self.store.lock:
             late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
-                                  offsets={(topic, partition): records[-1].offset + 1},
+                                  offsets={(topic, partition): next_offset},
                                   scores=batch.scores)  # fmt: skip
             if self.config.kafka.labels_topic:
                 waiting = batch.outcomes < 0
@@ -80,12 +81,13 @@ class Ingest:
     def outcomes(self, topic: str, partition: int, records: Sequence[Record]) -> None:
         """Join ground-truth events to their waiting predictions (or hold them until the prediction arrives)."""
         fields = self.config.events
-        decoded = decode_outcomes((r.value for r in records), fields.prediction_id, fields.label)
+        values, next_offset = values_and_next(records)
+        decoded = decode_outcomes(values, fields.prediction_id, fields.label)
         given_up: Counter[str] = Counter({"invalid_label_event": decoded.invalid} if decoded.invalid else {})
         with self.store.lock:
             joined = self.joins.add_outcomes(decoded.prediction_ids, decoded.outcomes, self.clock(), given_up)
             self._count_joined(joined, given_up)
-            self.store.advance_offset((topic, partition), records[-1].offset + 1)
+            self.store.advance_offset((topic, partition), next_offset)
             pending = len(self.joins.pending)
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)

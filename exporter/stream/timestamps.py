@@ -1,0 +1,140 @@
+"""Epoch seconds of events' timestamps: ISO 8601 strings (naive means UTC) or finite epoch seconds.
+
+:func:`epoch` is the rule. :func:`epochs` applies it to a batch; for the usual batch (every timestamp an ISO
+string of one layout, such as ``2026-12-01T12:59:48.821358Z``) it computes them all with numpy from the
+characters, to the bit what :func:`epoch` returns, and falls back to :func:`epoch` for any batch it does not
+certify (another layout, a number, a value out of range): it never decides that a timestamp is invalid.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+from functools import lru_cache
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+
+def epoch(t: object) -> float | None:
+    """Epoch seconds of an event's timestamp: ISO 8601 (naive means UTC) or finite epoch seconds; else None."""
+    if t.__class__ is str:
+        try:
+            d = datetime.fromisoformat(t)
+        except ValueError:
+            return None
+        return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
+    if t.__class__ is float or t.__class__ is int:
+        return float(t) if math.isfinite(t) else None
+    return None
+
+
+def epochs(stamps: list[Any]) -> np.ndarray | list[float | None]:
+    """:func:`epoch` of each: a float64 array when every one is valid and of one ISO layout (numpy from the
+    characters), else a list (None where invalid)."""
+    fast = iso_epochs(stamps)
+    if fast is not None:
+        return fast
+    try:
+        parsed = list(map(datetime.fromisoformat, stamps))  # TypeError: a number; ValueError: not ISO 8601
+    except (TypeError, ValueError):
+        return list(map(epoch, stamps))
+    if None in map(_TZ, parsed):
+        return list(map(epoch, stamps))
+    return list(map(datetime.timestamp, parsed))
+
+
+_TZ = attrgetter("tzinfo")
+_LAYOUT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})?")
+"""What :func:`iso_epochs` certifies: a strict subset of what ``datetime.fromisoformat`` (Python 3.11) reads."""
+_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+_EXACT = 2**53
+"""Microseconds beyond this (about 285 years from 1970) are not exact in a float64: left to datetime."""
+
+
+@lru_cache(maxsize=64)
+def _layout(first: str) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    """For a layout, from one string of it (with a "|" appended, as :func:`iso_epochs` reads each): the columns
+    that hold digits, the expected byte of every column (-1 where a digit or an offset's sign goes), the
+    fraction's digit count and the offset's sign column (-1: none, or Z); None if :data:`_LAYOUT` does not
+    certify it. Naive means UTC: the same arithmetic as Z."""
+    m = _LAYOUT.fullmatch(first)
+    if m is None:
+        return None
+    expect = np.frombuffer(first.encode() + b"|", dtype=np.uint8).astype(np.int16)
+    digits = np.array([i for i, c in enumerate(first) if c.isdigit()], dtype=np.intp)
+    expect[digits] = -1
+    fraction = len(m.group(1)) - 1 if m.group(1) else 0
+    zone = m.group(2)
+    sign_at = len(first) - 6 if zone and zone != "Z" else -1
+    if sign_at >= 0:
+        expect[sign_at] = -1
+    return digits, expect, fraction, sign_at
+
+
+def _number(d: np.ndarray, start: int, width: int) -> np.ndarray:
+    out = d[:, start].astype(np.int64)
+    for k in range(start + 1, start + width):
+        out = out * 10 + d[:, k]
+    return out
+
+
+def iso_epochs(stamps: list[Any]) -> np.ndarray | None:
+    """The epoch seconds of every stamp when each is a valid ISO string of the first one's layout, else None."""
+    if not stamps or stamps[0].__class__ is not str:
+        return None
+    layout = _layout(stamps[0])
+    if layout is None:
+        return None
+    digits, expect, fraction, sign_at = layout
+    width = len(expect)
+    try:
+        joined = "|".join(stamps).encode("ascii") + b"|"
+    except (TypeError, UnicodeEncodeError):  # a number, a non-ASCII string: not this layout
+        return None
+    n = len(stamps)
+    if len(joined) != n * width:
+        return None
+    rows = np.frombuffer(joined, dtype=np.uint8).reshape(n, width)
+    # Every column is checked: a digit where the layout has one, else its literal, and "|" last. No "|" can then
+    # hide inside a stamp, so the n - 1 separators are exactly the ones joined in and every stamp has the layout.
+    d = rows - np.uint8(48)  # digits become 0..9; anything else wraps above 9
+    if (d[:, digits] > 9).any():
+        return None
+    literal = expect >= 0
+    if not (rows[:, literal] == expect[literal].astype(np.uint8)).all():
+        return None
+    year, month, day = _number(d, 0, 4), _number(d, 5, 2), _number(d, 8, 2)
+    hour, minute, second = _number(d, 11, 2), _number(d, 14, 2), _number(d, 17, 2)
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    ok = (year >= 1) & (month >= 1) & (month <= 12) & (day >= 1) & (hour <= 23) & (minute <= 59) & (second <= 59)
+    if not ok.all():
+        return None
+    if (day > _DAYS[month - 1] + (leap & (month == 2))).any():
+        return None
+    # days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil)
+    y = year - (month <= 2)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * ((month + 9) % 12) + 2) // 5 + day - 1
+    days = era * 146_097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719_468
+    micros = ((days * 24 + hour) * 60 + minute) * 60 + second
+    micros *= 1_000_000
+    if fraction:
+        micros += _number(d, 20, fraction) * 10 ** (6 - fraction)
+    if sign_at >= 0:
+        off_hour, off_minute = _number(d, sign_at + 1, 2), _number(d, sign_at + 4, 2)
+        if ((off_hour > 23) | (off_minute > 59)).any():
+            return None
+        minus = rows[:, sign_at] == ord("-")
+        if not (minus | (rows[:, sign_at] == ord("+"))).all():
+            return None
+        sign = np.where(minus, -1, 1)
+        micros -= sign * (off_hour * 60 + off_minute) * 60_000_000
+    if (np.abs(micros) >= _EXACT).any():
+        return None
+    # datetime.timestamp() is (self - epoch).total_seconds(): the exact microseconds divided by 10^6, correctly
+    # rounded; both are exact in a float64 here, so one IEEE division rounds the same
+    return micros.astype(np.float64) / 1e6
