@@ -1,8 +1,8 @@
 """Epoch seconds of events' timestamps: ISO 8601 strings (naive means UTC) or finite epoch seconds.
 
 :func:`epoch` is the rule. :func:`epochs` applies it to a batch; for the usual batch (every timestamp an ISO
-string of one layout, such as ``2026-12-01T12:59:48.821358Z``) it computes them all with numpy from the
-characters, to the bit what :func:`epoch` returns, and falls back to :func:`epoch` for any batch it does not
+string of one layout, such as ``2026-12-01T12:59:48.821358Z``) it checks the layout column by column and lets
+numpy's ISO 8601 parser (``datetime64[us]``) read them all in one C call, to the bit what :func:`epoch` returns, and falls back to :func:`epoch` for any batch it does not
 certify (another layout, a number, a value out of range): it never decides that a timestamp is invalid.
 """
 
@@ -49,7 +49,6 @@ def epochs(stamps: list[Any]) -> np.ndarray | list[float | None]:
 _TZ = attrgetter("tzinfo")
 _LAYOUT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})?")
 """What :func:`iso_epochs` certifies: a strict subset of what ``datetime.fromisoformat`` (Python 3.11) reads."""
-_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
 _EXACT = 2**53
 """Microseconds beyond this (about 285 years from 1970) are not exact in a float64: left to datetime."""
 
@@ -57,21 +56,20 @@ _EXACT = 2**53
 @lru_cache(maxsize=64)
 def _layout(first: str) -> tuple[np.ndarray, np.ndarray, int, int] | None:
     """For a layout, from one string of it (with a "|" appended, as :func:`iso_epochs` reads each): the columns
-    that hold digits, the expected byte of every column (-1 where a digit or an offset's sign goes), the
-    fraction's digit count and the offset's sign column (-1: none, or Z); None if :data:`_LAYOUT` does not
-    certify it. Naive means UTC: the same arithmetic as Z."""
+    that hold digits, the expected byte of every column (-1 where a digit or an offset's sign goes), the width
+    of the local date and time (without the zone) and the offset's sign column (-1: none, or Z); None if
+    :data:`_LAYOUT` does not certify it. Naive means UTC: the same as Z."""
     m = _LAYOUT.fullmatch(first)
     if m is None:
         return None
     expect = np.frombuffer(first.encode() + b"|", dtype=np.uint8).astype(np.int16)
     digits = np.array([i for i, c in enumerate(first) if c.isdigit()], dtype=np.intp)
     expect[digits] = -1
-    fraction = len(m.group(1)) - 1 if m.group(1) else 0
     zone = m.group(2)
     sign_at = len(first) - 6 if zone and zone != "Z" else -1
     if sign_at >= 0:
         expect[sign_at] = -1
-    return digits, expect, fraction, sign_at
+    return digits, expect, m.end(1) if m.group(1) else 19, sign_at
 
 
 def _number(d: np.ndarray, start: int, width: int) -> np.ndarray:
@@ -88,7 +86,7 @@ def iso_epochs(stamps: list[Any]) -> np.ndarray | None:
     layout = _layout(stamps[0])
     if layout is None:
         return None
-    digits, expect, fraction, sign_at = layout
+    digits, expect, local_width, sign_at = layout
     width = len(expect)
     try:
         joined = "|".join(stamps).encode("ascii") + b"|"
@@ -106,24 +104,13 @@ def iso_epochs(stamps: list[Any]) -> np.ndarray | None:
     literal = expect >= 0
     if not (rows[:, literal] == expect[literal].astype(np.uint8)).all():
         return None
-    year, month, day = _number(d, 0, 4), _number(d, 5, 2), _number(d, 8, 2)
-    hour, minute, second = _number(d, 11, 2), _number(d, 14, 2), _number(d, 17, 2)
-    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
-    ok = (year >= 1) & (month >= 1) & (month <= 12) & (day >= 1) & (hour <= 23) & (minute <= 59) & (second <= 59)
-    if not ok.all():
+    # numpy's ISO 8601 parser reads the local date and time (to the microsecond) and refuses what fromisoformat
+    # refuses in this layout: a month, day (leap years included), hour, minute or second out of range
+    local = np.ascontiguousarray(rows[:, :local_width]).view(f"S{local_width}").ravel()
+    try:
+        micros = local.astype("datetime64[us]").astype(np.int64)
+    except ValueError:
         return None
-    if (day > _DAYS[month - 1] + (leap & (month == 2))).any():
-        return None
-    # days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil)
-    y = year - (month <= 2)
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * ((month + 9) % 12) + 2) // 5 + day - 1
-    days = era * 146_097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719_468
-    micros = ((days * 24 + hour) * 60 + minute) * 60 + second
-    micros *= 1_000_000
-    if fraction:
-        micros += _number(d, 20, fraction) * 10 ** (6 - fraction)
     if sign_at >= 0:
         off_hour, off_minute = _number(d, sign_at + 1, 2), _number(d, sign_at + 4, 2)
         if ((off_hour > 23) | (off_minute > 59)).any():
