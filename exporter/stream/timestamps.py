@@ -2,8 +2,9 @@
 
 :func:`epoch` is the rule. :func:`epochs` applies it to a batch; for the usual batch (every timestamp an ISO
 string of one layout, such as ``2026-12-01T12:59:48.821358Z``) it checks the layout column by column and lets
-numpy's ISO 8601 parser (``datetime64[us]``) read them all in one C call, to the bit what :func:`epoch` returns, and falls back to :func:`epoch` for any batch it does not
-certify (another layout, a number, a value out of range): it never decides that a timestamp is invalid.
+numpy's ISO 8601 parser (``datetime64[us]``) read them all in one C call, to the bit what :func:`epoch`
+returns, and falls back to :func:`epoch` for any batch it does not certify (another layout, a number, a value
+out of range): it never decides that a timestamp is invalid.
 """
 
 from __future__ import annotations
