@@ -124,22 +124,38 @@ class Run(NamedTuple):
     events: int
 
 
-def _timed(broker: EmbeddedBroker, n: int, read_some: Callable[[], int]) -> Run:
+class Start(NamedTuple):
+    """When a measured path began: wall and CPU time of this process, CPU time of the broker."""
+
+    wall: float
+    cpu: float
+    broker_cpu: float
+
+
+def start(broker: EmbeddedBroker) -> Start:
+    """Taken before a path creates its consumer: every path, bare loops and shipped sources alike, is timed from
+    there, so each pays for connecting and its first metadata round trip."""
+    return Start(time.perf_counter(), time.process_time(), broker_cpu_seconds(broker.pid))
+
+
+def finish(broker: EmbeddedBroker, since: Start, n: int) -> Run:
+    timing = Timing(time.perf_counter() - since.wall, time.process_time() - since.cpu)
+    return Run(timing, broker_cpu_seconds(broker.pid) - since.broker_cpu, n)
+
+
+def _timed(broker: EmbeddedBroker, n: int, read_some: Callable[[], int], since: Start) -> Run:
     """Call ``read_some`` (one poll of a bare loop; it returns how many messages it handled) until ``n`` were read,
-    timing this process's wall and CPU time and the broker's CPU time."""
+    timing this process's wall and CPU time and the broker's CPU time from ``since``."""
     seen = 0
     deadline = time.monotonic() + DRAIN_TIMEOUT
-    broker_before = broker_cpu_seconds(broker.pid)
-    wall, cpu = time.perf_counter(), time.process_time()
     while seen < n:
         if time.monotonic() > deadline:
             raise TimeoutError(f"read {seen} of {n} messages in {DRAIN_TIMEOUT:.0f}s")
         seen += read_some()
-    timing = Timing(time.perf_counter() - wall, time.process_time() - cpu)
-    broker_used = broker_cpu_seconds(broker.pid) - broker_before
+    run = finish(broker, since, seen)
     if seen != n:
         raise RuntimeError(f"read {seen} messages, produced {n}")
-    return Run(timing, broker_used, seen)
+    return run
 
 
 def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any]], None],
@@ -148,6 +164,7 @@ def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any
     exporter/stream/ (manual assignment, no group: nothing to commit here), or ``settings``."""
     settings = {"max_poll_records": MAX_RECORDS, **FETCH_DEFAULTS, **settings}
     max_records = settings["max_poll_records"]
+    since = start(broker)
     consumer = KafkaConsumer(bootstrap_servers=[broker.bootstrap_servers], group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", client_id="bench-ingest", **settings)
 
@@ -161,7 +178,7 @@ def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any
     try:
         consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
         consumer.seek_to_beginning()
-        return _timed(broker, n, read_some)
+        return _timed(broker, n, read_some, since)
     finally:
         consumer.close(autocommit=False)
 
@@ -194,6 +211,7 @@ def confluent_ceiling(broker: EmbeddedBroker, n: int) -> Run:
     daemon's fetch settings for confluent-kafka (client_confluent.FETCH_DEFAULTS), as a user who read them would."""
     import confluent_kafka as ck
 
+    since = start(broker)
     consumer = ck.Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
                             "enable.auto.commit": False, "auto.offset.reset": "earliest",
                             **confluent_fetch()})  # fmt: skip
@@ -209,7 +227,7 @@ def confluent_ceiling(broker: EmbeddedBroker, n: int) -> Run:
 
     try:
         consumer.assign([ck.TopicPartition(TOPIC, p, ck.OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        return _timed(broker, n, read_some)
+        return _timed(broker, n, read_some, since)
     finally:
         consumer.close()
 
@@ -234,21 +252,19 @@ def shipped_source(broker: EmbeddedBroker, n: int, client_library: str = "kafka-
     daemon = Daemon(config(broker.bootstrap_servers, assignment="manual", group_id=f"bench-{uuid.uuid4().hex[:8]}",
                            client_library=client_library, client=client or {}))  # fmt: skip
     deadline = time.monotonic() + DRAIN_TIMEOUT
-    broker_before = broker_cpu_seconds(broker.pid)
-    wall, cpu = time.perf_counter(), time.process_time()
+    since = start(broker)
     daemon.source.start()
     try:
         while counted(daemon) < n:
             if time.monotonic() > deadline or not daemon.source.alive:
                 raise TimeoutError(f"KafkaSource counted {counted(daemon)} of {n} events")
             time.sleep(0.02)
-        timing = Timing(time.perf_counter() - wall, time.process_time() - cpu)
-        broker_used = broker_cpu_seconds(broker.pid) - broker_before
+        run = finish(broker, since, n)
     finally:
         daemon.source.stop()
     if counted(daemon) != n:
         raise RuntimeError(f"KafkaSource counted {counted(daemon)} events, produced {n}")
-    return Run(timing, broker_used, n)
+    return run
 
 
 MICRO = ("bare `orjson.loads` loop", "`EventDecoder.decode`", "`WindowStore.add` of the decoded batches",
@@ -387,8 +403,10 @@ def run(quick: bool = False) -> Section:
                 f"seek_to_beginning, max_poll_records={MAX_RECORDS:,}, {FETCH_DEFAULTS or 'its default fetch sizes'}, "
                 f"poll(timeout_ms=500) as "
                 f"in exporter/stream/; the large fetches of (a') are {LARGE_FETCH}; (a'') and (d) use the daemon's "
-                f"confluent-kafka fetch settings {confluent_fetch()}. {crc32c_status()}. Every "
-                "daemon run is checked to have counted every event (store totals). Best = the fastest round "
+                f"confluent-kafka fetch settings {confluent_fetch()}. {crc32c_status()}. Every path is "
+                "timed from the creation of its consumer (connecting and the first metadata round trip included, "
+                "bare loops and shipped sources alike) to its last event. Every daemon run is checked to have "
+                "counted every event (store totals). Best = the fastest round "
                 "(noise on a shared machine only ever adds time); ratios and targets use the best rounds of both "
                 "paths. CPU is this process's, all threads; the broker runs in its own process and its CPU is "
                 "shown separately.")  # fmt: skip
