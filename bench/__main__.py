@@ -1,7 +1,9 @@
 """Run the benchmarks: ``python -m bench`` (``make bench``), or ``python -m bench --quick`` for a smaller run.
 
-Prints each benchmark's markdown section as it finishes. A full run also writes bench/RESULTS.md with every
-table, the date and the machine; a quick run writes it only when given ``--output``.
+Prints each benchmark's markdown section as it finishes. A full run (every benchmark, not ``--quick``) also writes
+bench/RESULTS.md with every table, the date, the machine and each target beside earlier full runs
+(bench/history.json, to which it appends itself); a quick or ``--only`` run writes a report only when given
+``--output``.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="50k events, 10^5 and 10^6 windows, fewer scrapes")
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only this one (repeatable)")
-    parser.add_argument("--output", type=Path, help=f"write the report here (default for a full run: {RESULTS})")
+    parser.add_argument("--output", type=Path, help=f"write the report here (default for a full run of every "
+                                                    f"benchmark: {RESULTS}; other runs print only)")
     parser.add_argument("--label", default="run", help=f"this run's name in {HISTORY.name} (a full run appends it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # kafka-python 3 warns whenever its IO thread waited >100 ms for the GIL: expected while a benchmark keeps the
     # consumer thread busy, and too many lines to read past.
     logging.getLogger("kafka").setLevel(logging.ERROR)
-    output = args.output or (None if args.quick else RESULTS)
+    full = not args.quick and args.only is None
+    output = args.output or (RESULTS if full else None)  # a partial run never replaces the full record
 
     sections: list[Section] = []
     started = time.monotonic()
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         output.write_text("\n\n".join(part.strip() for part in report) + "\n")
         print(f"wrote {output}", file=sys.stderr)
-        if not args.quick and args.only is None:
+        if full:
             run = {"label": args.label, "date": machine()["date"][:10], "targets": {t: m for _, t, m in now}}
             HISTORY.write_text(json.dumps({"runs": [*earlier, run]}, indent=1, ensure_ascii=False) + "\n")
             print(f"appended this run to {HISTORY}", file=sys.stderr)
