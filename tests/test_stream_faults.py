@@ -12,6 +12,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 from broker_fixture import CLIENT_CONFIG, produce
+from daemon_config import make_config
 from daemon_fixture import consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
 from kafka import KafkaProducer
 
@@ -157,3 +158,40 @@ def test_label_expiry_runs_on_the_schedule_not_only_when_a_batch_arrives(
     job = daemon.scheduler.get_job("expire")
     assert job is not None and job.func == daemon.ingest.expire
     assert job.trigger.interval.total_seconds() == EXPIRY_EVERY_SECONDS
+
+
+class _GroupDefaults:
+    """A Rebalance that keeps nothing: every partition starts where the group says."""
+
+    def revoked(self, partitions: list[tuple[str, int]]) -> None:
+        pass
+
+    def assigned(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {}
+
+
+def test_a_subscribed_consumer_with_no_group_coordinator_for_too_long_asks_to_be_rebuilt(
+    kafka_broker: EmbeddedBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kafka-python was seen looping in coordinator discovery for good after a broker came back empty; the adapter
+    raises once no coordinator has been known for COORDINATOR_LOST_SECONDS while a broker answers, and the source
+    rebuilds the consumer (as after any consumer error)."""
+    from exporter.stream import client_kafka
+
+    config = make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python"))
+    client = client_kafka.KafkaPythonClient(config.kafka, max_records=100)
+    try:
+        client.subscribe([topic], _GroupDefaults())
+        wait_for(lambda: client.poll(0.2, 100) == {} and client.connected(), what="a broker connection")
+        client.consumer._coordinator.coordinator_dead("the test")  # what kafka-python does when it loses it
+        monkeypatch.setattr(client_kafka, "COORDINATOR_LOST_SECONDS", 0.05)
+        assert client.consumer._coordinator.coordinator_unknown() and client.connected()
+        client._check_coordinator(fetched=False)  # the first poll without a coordinator starts the clock
+        time.sleep(0.1)
+        client._check_coordinator(fetched=True)  # records arrived: nothing is wrong, the clock stops
+        client._check_coordinator(fetched=False)
+        time.sleep(0.1)
+        with pytest.raises(client_kafka.GroupCoordinatorLost, match="rebuilding the consumer"):
+            client._check_coordinator(fetched=False)
+    finally:
+        client.close()

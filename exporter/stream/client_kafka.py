@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,17 @@ the source's max_poll_records of 20,000: none. Measured on the shipped source (3
 interleaved rounds), 4 or 10 MB partition fetches and 5,000 or 10,000 records per poll were no faster beyond the
 noise (README "Performance"): kafka-python's cost is parsing records in Python, not round trips. ``kafka.client``
 overrides them."""
+
+
+COORDINATOR_LOST_SECONDS = 60.0
+"""A subscribed consumer that has known no group coordinator for this long, fetching nothing while a broker
+answers, raises from :meth:`KafkaPythonClient.poll`, so that the source rebuilds it. kafka-python 3.0.12 was seen
+looping in coordinator discovery for good after a broker came back empty (tests/test_stream_faults.py, about one
+run in four), while a new consumer finds the coordinator and rejoins; a healthy coordinator move takes seconds."""
+
+
+class GroupCoordinatorLost(RuntimeError):
+    """The consumer found no group coordinator for :data:`COORDINATOR_LOST_SECONDS`."""
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -56,9 +68,12 @@ class KafkaPythonClient:
             client_id=f"fairness-exporter-{kafka.group_id}",
             **{**CLIENT_DEFAULTS, **FETCH_DEFAULTS, **kafka.client},
         )
+        self._subscribed = False
+        self._coordinator_lost_at: float | None = None  # time.monotonic() since when no coordinator is known
 
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
         self.consumer.subscribe(topics, listener=_Listener(self.consumer, rebalance))
+        self._subscribed = True
 
     def assign(self, starts: Mapping[Partition, int | None]) -> None:
         self.consumer.assign([TopicPartition(t, p) for t, p in starts])
@@ -75,7 +90,20 @@ class KafkaPythonClient:
 
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
         batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        if self._subscribed:
+            self._check_coordinator(bool(batches))
         return {(tp.topic, tp.partition): records for tp, records in batches.items()}
+
+    def _check_coordinator(self, fetched: bool) -> None:
+        if fetched or not self.consumer._coordinator.coordinator_unknown() or not self.connected():
+            self._coordinator_lost_at = None
+            return
+        now = time.monotonic()
+        if self._coordinator_lost_at is None:
+            self._coordinator_lost_at = now
+        elif now - self._coordinator_lost_at > COORDINATOR_LOST_SECONDS:
+            raise GroupCoordinatorLost(f"no group coordinator found for {COORDINATOR_LOST_SECONDS:g} s while a "
+                                       "broker answers; rebuilding the consumer")  # fmt: skip
 
     def rewind(self, partition: Partition) -> None:
         self.consumer.seek(TopicPartition(*partition), 0)
