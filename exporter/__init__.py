@@ -5,6 +5,7 @@ The public Python API is loaded on first use, so the daemon's import path never 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -21,6 +22,7 @@ _MODULES = {
 }
 
 
+@functools.cache
 def _public() -> dict[str, str]:
     """Each public name and its module: one function per metric of the table, in the seed-style API. Built on
     first use: ``import exporter`` loads no numpy, so the HTTP worker process (exporter.serve.worker) stays small."""

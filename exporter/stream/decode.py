@@ -86,7 +86,13 @@ def _schema(config: Config, strict: bool = False) -> tuple[type[msgspec.Struct],
     tables = {a.columns[0]: tuple(code_table(a.groups)[0]) for a in config.base_attributes}
     if strict and not all(tables.values()):
         return None
-    required = {"ts", "pred", "score" if f.score_threshold is not None else "pred", "model" if strict else "ts"}
+    # roles a schema-valid event must carry: the timestamp, the prediction (or the score it is derived from) and,
+    # for the strict schema, this model's id
+    required = {"ts", "pred"}
+    if f.score_threshold is not None:
+        required.add("score")
+    if strict:
+        required.add("model")
     roles: dict[str, tuple[Any, Any]] = {
         "model": (f.model_id, Literal[config.model_id] if strict else str | None),
         "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
