@@ -7,6 +7,7 @@ each section are in :mod:`exporter.config_parse` (gate sections) and :mod:`expor
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Final, Literal
 import yaml
 
 from exporter.core.attributes import Attribute
-from exporter.core.metric_table import METRICS, max_widths
+from exporter.core.metric_table import METRICS
 
 SEVERITIES: Final = ("blocking", "warning")
 DEFAULT_SCORE_BUCKETS: Final = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -23,6 +24,7 @@ DEFAULT_PORT: Final = 9108
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -44,8 +46,6 @@ class MetricSpec:
     name: str
     threshold: float
     severity: Literal["blocking", "warning"]
-    max_interval_width: float | None = None
-    """A value is reported only when its interval's half-width is at most this (None: the table's default)."""
 
     def passes(self, value: float) -> bool:
         """The point estimate against the threshold, in the metric's pass direction (from the metric table)."""
@@ -143,10 +143,6 @@ class Config:
     checkpoint_interval_seconds: float = 30
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
     source: str = "<config>"
-
-    def max_interval_widths(self) -> dict[str, float]:
-        """Each metric's max_interval_width: as configured, else from its configured threshold, else the table's."""
-        return max_widths((m.name, m.threshold, m.max_interval_width) for m in self.metrics)
 
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""
@@ -251,6 +247,8 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
     )
     if errors.lines:
         raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(errors.lines))
+    for note in errors.notes:
+        log.warning("%s: %s", source, note)
     return config
 
 

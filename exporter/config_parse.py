@@ -17,13 +17,18 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class Errors:
-    """Collects problems as ``field: message`` lines."""
+    """Collects problems as ``field: message`` lines, and notes on keys that are accepted but do nothing."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.notes: list[str] = []
 
     def add(self, path: str, message: str) -> None:
         self.lines.append(f"{path}: {message}")
+
+    def note(self, path: str, message: str) -> None:
+        """A warning logged once the config is valid; it never stops a config from loading."""
+        self.notes.append(f"{path}: {message}")
 
     def check_keys(self, path: str, mapping: dict[str, Any], allowed: set[str]) -> None:
         for key in sorted(set(mapping) - allowed):
@@ -180,6 +185,11 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
     return out
 
 
+IGNORED_MAX_INTERVAL_WIDTH: Final = (
+    "ignored: no value is hidden for being imprecise any more; every comparison meeting min_samples is reported "
+    "with its 95% interval and evidence (decision: evidence lets the interval decide). Remove the key.")
+
+
 def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
     if raw is None:
         return [
@@ -204,12 +214,10 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         if severity not in SEVERITIES:
             errors.add(f"{path}.severity_on_fail", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
             ok = False
-        width = item.get("max_interval_width")
-        if width is not None and (isinstance(width, bool) or not isinstance(width, int | float) or not 0 < width <= 1):
-            errors.add(f"{path}.max_interval_width", f"{width!r} is not a number in (0, 1]")
-            ok = False
+        if "max_interval_width" in item:
+            errors.note(f"{path}.max_interval_width", IGNORED_MAX_INTERVAL_WIDTH)
         if ok and isinstance(name, str) and isinstance(threshold, int | float):
-            out.append(MetricSpec(name, float(threshold), severity, None if width is None else float(width)))
+            out.append(MetricSpec(name, float(threshold), severity))
     return out
 
 

@@ -36,7 +36,7 @@ def fixed_page() -> str:
                     label=(i % 2) if i < 20 else None, prediction_id=f"m{i}") for i in range(40)]
     events += [event("female", "young" if i % 3 else "old", prediction=int(i < 10), ts=T0 - 120,
                      label=1 if i < 15 else None, prediction_id=f"f{i}") for i in range(40)]  # fmt: skip
-    values = [orjson.dumps(e) for e in events] + [b"{oops", orjson.dumps(event(prediction=True))]
+    values = [orjson.dumps(e) for e in events] + [b"{oops", orjson.dumps(event(prediction="1"))]
     daemon.ingest.handle("predictions", 0, [SimpleRecord(v, i) for i, v in enumerate(values)])
     daemon.computer.compute()
     return masked(daemon.metrics_page())

@@ -57,7 +57,6 @@ class Computer:
         self.health = health
         self.clock = clock
         self.latest: Snapshot | None = None
-        self._widths = config.max_interval_widths()  # facts of the config, not of the counts: derived once
         self._thresholds = tuple(config.thresholds().items())
 
     def compute(self) -> Snapshot:
@@ -74,7 +73,7 @@ class Computer:
             for attribute in self.config.attributes:
                 keys.append(window.name)
                 blocks.append((attribute, by_attribute[attribute.name]))
-        evaluated = evaluate_many(blocks, self.config.min_samples, self._widths, self.config.exported_metrics)
+        evaluated = evaluate_many(blocks, self.config.min_samples, self.config.exported_metrics)
         evaluations = list(zip(keys, evaluated, strict=True))
         scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
         for window_name, (bins, sums) in window_scores.items():
