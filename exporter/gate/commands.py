@@ -47,9 +47,10 @@ def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
     inconclusive row says how many samples per group would decide it, an insufficient one why it has no value."""
     head = f"{r['status'].upper()} {r['severity']} {r['attribute']} {r['metric']} {r['groups']}"
     if r["value"] is None:
-        why = (f"{r['support']} {METRICS[r['metric']].counted} in the smaller group, min_samples {min_samples}"
-               if r["support"] < min_samples else "undefined (a group has no positive prediction)")
-        text = f"{head}: no value, {why}, evidence {r['evidence']}"
+        why = (f"the smallest count of {METRICS[r['metric']].counted} in a group is {r['support']}, below "
+               f"min_samples {min_samples}" if r["support"] < min_samples
+               else "undefined (a group has no positive prediction)")  # fmt: skip
+        text = f"{head}: no value: {why}; evidence {r['evidence']}"
     else:
         lo, hi = r["ci_95"]
         text = f"{head}: {r['exact_value']:.3f} [{lo:.3f}, {hi:.3f}], evidence {r['evidence']}"
