@@ -402,3 +402,27 @@ def test_a_config_that_sets_max_interval_width_still_loads_and_says_the_key_is_i
     (result,) = json.loads(proc.stdout)["results"]
     assert proc.returncode == 0 and result["value"] == 0.03 and result["evidence"] == "inconclusive"
     assert f"{config}: metrics[0].max_interval_width: ignored: no value is hidden" in proc.stderr
+
+
+def test_the_human_summary_shows_every_row_in_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every result, passes too: its value with its interval and evidence; an inconclusive one says how many samples
+    per group would decide it, an insufficient one which count fell short; with decision: evidence, what it did."""
+    rows = _rates(200, 0.30, 0.27)
+    rows["gender"] = rows["gender"][:-10] + ["non_binary"] * 10  # 10 rows: below min_samples
+    config = write_config(tmp_path, metrics=DPD, min_samples=30, decision="evidence", protected_attributes=[
+        {"name": "gender", "groups": ["male", "female", "non_binary"]}])  # fmt: skip
+    code, report, err = run(capsys, "audit", str(config), str(write_rows(tmp_path, rows)),
+                            "--audit-log", str(tmp_path / "l"))  # fmt: skip
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 + len(report["results"]) == 4
+    by_groups = {r["groups"]: r for r in report["results"]}
+    r = by_groups["male vs female"]
+    lo, hi = r["ci_95"]
+    a, b = r["samples_to_decide"]["male"], r["samples_to_decide"]["female"]
+    assert (f"  PASS blocking gender demographic_parity_difference male vs female: {r['exact_value']:.3f} "
+            f"[{lo:.3f}, {hi:.3f}], evidence inconclusive; about {a:,} (male) and {b:,} (female) samples would "
+            "decide it; counts as blocking") in lines  # fmt: skip
+    assert ("  INSUFFICIENT_SAMPLES blocking gender demographic_parity_difference male vs non_binary: no value: the "
+            "smallest count of predictions in a group is 10, below min_samples 30; evidence inconclusive; counts as "
+            "blocking") in lines  # fmt: skip
+    assert code == 1 and "(decision: evidence)" in lines[0]
