@@ -42,7 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _configure_logging(args.log_level)
     try:
-        Daemon(load_config(args.config)).run_forever()
+        Daemon(load_config(args.config), loader=lambda: load_config(args.config)).run_forever()
     except (ConfigError, CheckpointError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -54,7 +54,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
-    from exporter.backtest import BacktestError, backtest
+    from exporter.backtest import backtest
+    from exporter.backtest_input import BacktestError
 
     try:
         config = load_config(args.config)
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
     audit.add_argument("predictions", help="parquet or CSV file with prediction, label and attribute columns")
+    audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip

@@ -76,7 +76,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         try:
             if override and override.problems():
                 raise ConfigError("; ".join(override.problems()))
-            report = run_audit(args.config, args.predictions, override=override)
+            report = run_audit(args.config, args.predictions, override=override, model_id=args.model)
         except (ConfigError, DataError) as exc:
             _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
                                          "data": _file_facts(args.predictions)})  # fmt: skip
