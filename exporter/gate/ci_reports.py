@@ -35,7 +35,7 @@ AUDIT_COLUMNS = ("attribute", "metric", "groups", "value [95% interval]", "thres
 SUITE_COLUMNS = ("test", "category", "severity", "details")
 BIAS_COLUMNS = ("feature", "gap (max - min)", "threshold", "highest group [95% interval]",
                 "lowest group [95% interval]")  # fmt: skip
-# XML 1.0 cannot hold these characters at all (model outputs and attacked texts may): they are written as \xNN
+# XML 1.0 cannot hold these characters (model outputs and attacked texts may); both formats write them as \xNN
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _DETAIL_CHARS = 160
 
@@ -274,7 +274,7 @@ def junit_xml(report: CiReport) -> str:
 
 
 def _cell(text: str) -> str:
-    return html.escape(text, quote=False).replace("|", "&#124;").replace("\n", " ")
+    return html.escape(_xml_safe(text), quote=False).replace("|", "&#124;").replace("\n", " ")
 
 
 def _outcome_cell(report: CiReport, check: Check) -> str:
