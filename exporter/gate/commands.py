@@ -109,6 +109,10 @@ def write_report(path: Path, text: str) -> None:
     path.write_text(text + "\n")
 
 
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
 def write_ci_reports(args: argparse.Namespace, report: CiReport) -> None:
     """``--junit`` and ``--summary-md``: what CI systems show of a run (exporter/gate/ci_reports.py)."""
     from exporter.gate import ci_reports
@@ -124,9 +128,8 @@ def _bad_input(args: argparse.Namespace, command: str, message: str) -> int:
     from exporter.gate import ci_reports
 
     print(f"fairness-exporter {command}: {message}", file=sys.stderr)
-    timestamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     subject = getattr(args, "config", None) or ", ".join(getattr(args, "data", []))
-    write_ci_reports(args, ci_reports.from_error(command, subject, message, timestamp))
+    write_ci_reports(args, ci_reports.from_error(command, subject, message, _now()))
     return EXIT_BAD_INPUT
 
 
@@ -165,7 +168,7 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
     if args.html and not write_html(Path(args.html), bias_html, reports):
         return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
-    write_ci_reports(args, ci_reports.from_bias(reports, datetime.now(UTC).isoformat().replace("+00:00", "Z")))
+    write_ci_reports(args, ci_reports.from_bias(reports, _now()))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     for line in biased:
         print(f"  BIASED {line}", file=sys.stderr)
