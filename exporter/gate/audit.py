@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from exporter import __version__
-from exporter.config import Config, load_config
+from exporter.config import Config, ModelSpec, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import ll144
@@ -117,7 +117,7 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
 
 
 def _impact_ratios(
-    config: Config,
+    config: ModelSpec,
     frame: pd.DataFrame,
     path: Path,
     evaluations: list[Evaluation],
@@ -147,7 +147,7 @@ def _impact_ratios(
     }
 
 
-def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
+def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
     """One result per configured metric and pair: the point estimate against the threshold (``passed``, the seed's
     rule) whenever the comparison has a value, and what its interval says (``evidence``)."""
     out = []
@@ -184,7 +184,7 @@ def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
     return out
 
 
-def _counts_as(config: Config, severity: str, passed: bool, evidence: str) -> str:
+def _counts_as(config: ModelSpec, severity: str, passed: bool, evidence: str) -> str:
     """``pass``, ``blocking`` or ``warning``: what a result does to the verdict under ``decision`` and
     ``failure_policy.inconclusive``."""
     if config.decision == "point_estimate":
@@ -195,18 +195,22 @@ def _counts_as(config: Config, severity: str, passed: bool, evidence: str) -> st
 
 
 def run_audit(
-    config: Config | str | Path,
+    config: ModelSpec | Config | str | Path,
     predictions: pd.DataFrame | str | Path,
     *,
     override: Override | None = None,
     now: datetime | None = None,
+    model_id: str | None = None,
 ) -> dict[str, Any]:
-    """Audit a predictions file against a config; return the JSON-ready report.
+    """Audit a predictions file against a model's config (a config or its file: its only model, or ``model_id``
+    of its ``models:``); return the JSON-ready report.
 
     Raises ConfigError or DataError (both ValueError) for input that cannot be audited.
     """
-    if not isinstance(config, Config):
+    if isinstance(config, str | Path):
         config = load_config(config)
+    if isinstance(config, Config):
+        config = config.model(model_id)
     data_path: Path | None = None
     if not isinstance(predictions, pd.DataFrame):
         data_path = Path(predictions)
