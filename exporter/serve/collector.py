@@ -242,6 +242,16 @@ def detector_families(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
     yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
 
 
+class _Collected(Collector):
+    """Metric families collected once, rendered by every encoder that asks (encoders only read them)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
 class CachedExposition:
     """Each snapshot serialised once per format asked for, on the computation's thread (the daemon's process).
 
@@ -263,9 +273,10 @@ class CachedExposition:
         self._current: tuple[CollectorRegistry, int, dict[str, bytes]] = (CollectorRegistry(), 0, {})
 
     def update(self, snapshot: FleetSnapshot) -> None:
-        """Serialise a new snapshot in every format asked for so far (on the computation's thread)."""
+        """Serialise a new snapshot in every format asked for so far (on the computation's thread); its metric
+        families are built once, whatever the number of formats."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(lambda: snapshot, self.every))
+        registry.register(_Collected(list(SnapshotCollector(lambda: snapshot, self.every).collect())))
         with self._rendering:
             texts = {kind: encoder(registry) for kind, encoder in self._encoders.items()}
             self._current = (registry, self._current[1] + 1, texts)
