@@ -10,7 +10,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.stream.lines import decode_lines, decode_one, joined_lines
+from exporter.stream.lines import MAX_REFUSED, MAX_REFUSED_SHARE, RUN, decode_lines, decode_one, joined_lines
 
 
 class Event(msgspec.Struct):
@@ -44,12 +44,14 @@ def test_lines_give_the_structs_of_one_value_at_a_time(batch: list[bytes]) -> No
     counting = Counting()
     got = decode_lines(counting, joined, len(batch))  # type: ignore[arg-type]
     one = [decode_one(counting.decoder, v) for v in batch]
+    refused = sum(s is None for s in one)
     if got is None:  # an unclosed object ran on into the next line: the caller goes value by value
         assert any(v.count(b"{") > v.count(b"}") for v in batch)
         return
     assert got == one
-    refused = sum(s is None for s in one)
-    assert counting.calls <= 1 + 2 * refused  # a run of accepted lines in one call, and one more per refusal
+    cap = MAX_REFUSED + len(batch) * MAX_REFUSED_SHARE
+    assert len(batch) <= RUN  # so what follows a refusal fits in one run: the failed call, its prefix, the next run
+    assert counting.calls <= 1 + 3 * min(refused, cap + 1)
 
 
 def test_a_batch_that_cannot_be_lines_is_none() -> None:
@@ -60,3 +62,12 @@ def test_a_batch_that_cannot_be_lines_is_none() -> None:
         joined = joined_lines(newline_inside)
         assert joined is not None and decode_lines(decoder, joined, len(newline_inside)) is None
     assert joined_lines([b'{"a":1}', b'{"a":2}']) == b'{"a":1}\n{"a":2}'
+
+
+def test_past_a_few_percent_of_refusals_the_rest_is_decoded_value_by_value_and_nothing_is_lost() -> None:
+    good, bad = b'{"a":1,"b":"\xc3\xa9"}', b'{"a":"1"}'  # non-ASCII: the line bounds are known from the start
+    batch = [bad if i % 3 == 0 else good for i in range(300)]  # 100 refusals: far past the cap
+    joined = joined_lines(batch)
+    assert joined is not None
+    got = decode_lines(msgspec.json.Decoder(Event), joined, len(batch))
+    assert got == [None if v == bad else Event(1, "é") for v in batch]

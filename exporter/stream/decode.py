@@ -111,6 +111,12 @@ class EventDecoder:
         assert self._parser is not None
         slots = self._parser.slots(values)
         get_model, model_id = self._get["model"], self.model.model_id
+        if not self._parser.refused:  # the usual batch, of this model's events alone, in one pass
+            models = list(map(get_model, slots))
+            if models.count(model_id) == len(slots):
+                return slots, list(range(len(slots))), [], Counter()
+            at = [i for i, m in enumerate(models) if m == model_id]
+            return [slots[i] for i in at], at, [], Counter(map(ignore_reason, (m for m in models if m != model_id)))
         structs, at, walked = [], [], []
         ignored: Counter[str] = Counter()
         for i, event in enumerate(slots):
