@@ -25,6 +25,8 @@ from exporter.gate.commands import (
 )
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
+MODEL_VERSION_HELP = ("the model version the report and the audit-log record name (default: the config's "
+                      "model_version, else the SHA-256 of the model file when there is one)")
 
 
 def _configure_logging(level: str) -> None:
@@ -96,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit_log_default = os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG)
     audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
-    audit.add_argument("predictions", help="parquet or CSV file with prediction, label and attribute columns")
+    audit.add_argument("predictions", nargs="?", help="parquet or CSV file (or URL: s3://, gs://, az://, file://) "
+                       "with prediction, label and attribute columns; default: the config's evaluation_dataset")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
@@ -106,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{DEFAULT_AUDIT_LOG}); HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set")  # fmt: skip
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
     audit.add_argument("--override-author", help="who takes responsibility for the override")
+    audit.add_argument("--model-version", help=MODEL_VERSION_HELP)
     audit.set_defaults(func=cmd_audit)
 
     bias = sub.add_parser("bias-report", help="group means of an outcome per protected feature and their gap; "
@@ -121,12 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     safety = sub.add_parser("safety", help="safety suite for a tabular model: exit 1 on a critical failure, "
                             "2 on a bad config or a model that cannot be loaded")  # fmt: skip
-    safety.add_argument("--model", required=True, help="MODULE:OBJECT with predict (and predict_proba), "
-                        "imported from the working directory and PYTHONPATH")  # fmt: skip
+    safety.add_argument("--model", help="a model file (.skops, .joblib/.pkl, .onnx; local or a URL) or MODULE:OBJECT "
+                        "with predict (and predict_proba), imported from the working directory and PYTHONPATH; a "
+                        "class is instantiated (default: the config's model)")  # fmt: skip
     safety.add_argument("--config", required=True, help="YAML: model_id, feature_count, valid_output_range, "
                         "test_inputs, seed, thresholds")  # fmt: skip
     safety.add_argument("--report", help="also write the JSON report to this file")
     safety.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    safety.add_argument("--model-version", help=MODEL_VERSION_HELP)
     safety.set_defaults(func=cmd_safety)
 
     redteam = sub.add_parser("redteam", help="red-team suite for a text classifier: exit 1 on a critical "

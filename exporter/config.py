@@ -142,6 +142,12 @@ class Config:
     checkpoint_path: str | None = None
     checkpoint_interval_seconds: float = 30
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
+    model_version: str | None = None
+    """The version of the model every audit record names (the seed's "audit trail for each model version")."""
+    evaluation_dataset: str | None = None
+    """The gate's data when the command line names none: a local path (relative to the config) or a URL."""
+    report_destination: str | None = None
+    """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
 
     def max_interval_widths(self) -> dict[str, float]:
@@ -247,6 +253,10 @@ def parse_config(raw: Any, source: str = "<config>") -> Config:
         checkpoint_interval_seconds=p.get(checkpoint or {}, "interval", 30.0, errors, "checkpoint.", parse_duration),
         alerting=daemon.parse_alerting(p.section(raw, "alerting", errors, set(AlertingConfig.__dataclass_fields__)),
                                        errors),
+        model_version=p.get(raw, "model_version", None, errors, "", p.text),
+        evaluation_dataset=p.get(raw, "evaluation_dataset", None, errors, "", p.text),
+        report_destination=p.get(raw.get("failure_policy") or {}, "report_destination", None, errors,
+                                 "failure_policy.", p.text),
         source=source,
     )
     if errors.lines:

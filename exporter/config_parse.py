@@ -88,6 +88,12 @@ def choice(*options: str) -> Callable[[Any], str]:
     return convert
 
 
+def text(value: Any) -> str:
+    if not isinstance(value, str | int | float) or isinstance(value, bool) or not str(value).strip():
+        raise ValueError("expected a non-empty string")
+    return str(value)
+
+
 def port(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
         raise ValueError("expected a port number 0..65535")
@@ -218,7 +224,8 @@ def parse_decision(raw: dict[str, Any], errors: Errors) -> tuple[Any, Any]:
     ``failure_policy.blocking_failures`` / ``warning_failures`` only accept the values that state it (the seed's
     form): a knob that would be ignored is refused instead."""
     decision = get(raw, "decision", "point_estimate", errors, "", choice("point_estimate", "evidence"))
-    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive"})
+    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive",
+                                                           "report_destination"})
     get(policy, "blocking_failures", None, errors, "failure_policy.", choice("halt_deployment"))
     get(policy, "warning_failures", None, errors, "failure_policy.", choice("log_and_continue"))
     return decision, get(policy, "inconclusive", "fail", errors, "failure_policy.", choice("fail", "warn"))
@@ -239,4 +246,5 @@ TOP_LEVEL: Final = {
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "kafka", "events", "windows", "bucket", "allowed_lateness", "max_future_skew",
     "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint", "alerting",
+    "model_version", "evaluation_dataset",
 }  # fmt: skip

@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -31,6 +32,12 @@ from typing import IO, Any, Final
 GENESIS: Final = "0" * 64
 KEYED: Final = "hmac-sha256"
 KEY_ENV: Final = "FAIRNESS_AUDIT_LOG_KEY"
+
+
+def key_from_env() -> bytes | None:
+    """The HMAC key from ``$FAIRNESS_AUDIT_LOG_KEY``, or None (a plain chain)."""
+    key = os.environ.get(KEY_ENV)
+    return key.encode() if key else None
 
 
 class AuditLogError(ValueError):

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, load_config
 
 if TYPE_CHECKING:
     from exporter.gate.audit_log import Head
@@ -24,11 +24,11 @@ EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 SUMMARY_LINES = 15
 
 
-def _file_facts(path: str) -> dict[str, Any]:
+def _file_facts(path: str | None) -> dict[str, Any]:
     from exporter.gate.audit import sha256_file
 
-    p = Path(path)
-    return {"file": path, "sha256": sha256_file(p) if p.is_file() else None}
+    p = Path(path) if path else None
+    return {"file": path, "sha256": sha256_file(p) if p and p.is_file() else None}
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -46,10 +46,9 @@ def _summary(report: dict[str, Any]) -> str:
 
 
 def _audit_log_key() -> bytes | None:
-    from exporter.gate.audit_log import KEY_ENV
+    from exporter.gate.audit_log import key_from_env
 
-    key = os.environ.get(KEY_ENV)
-    return key.encode() if key else None
+    return key_from_env()
 
 
 def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
@@ -63,28 +62,36 @@ def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
+    """Run the gate, log the run, print the JSON report, file it at the config's report_destination; exit 0 / 1 /
+    2 (bad input, or a report that could not be filed)."""
     from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
-    from exporter.gate.audit import DataError, Override, exit_code, run_audit
+    from exporter.gate.audit import DataError, Override, dataset_location, exit_code, run_audit
     from exporter.gate.html import audit_html
+    from exporter.gate.publish import publish
 
     log_path = args.audit_log
     override = None
     if args.override_justification is not None or args.override_author is not None:
         override = Override(args.override_justification or "", args.override_author or "")
+    config, data = None, args.predictions
     try:
         try:
             if override and override.problems():
                 raise ConfigError("; ".join(override.problems()))
-            report = run_audit(args.config, args.predictions, override=override)
+            config = load_config(args.config)
+            if args.model_version is not None:
+                config = dataclasses.replace(config, model_version=args.model_version)
+            data = dataset_location(config, args.predictions)
+            report = run_audit(config, data, override=override)
         except (ConfigError, DataError) as exc:
-            _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
-                                         "data": _file_facts(args.predictions)})  # fmt: skip
+            _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
+                                         "config": _file_facts(args.config), "data": _file_facts(data)})  # fmt: skip
             print(f"fairness-exporter audit: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
-                                            "model_id": report["model_id"], "verdict": report["verdict"],
-                                            "config": _file_facts(args.config), "data": _file_facts(args.predictions),
+                                            "model_id": report["model_id"], "model_version": report["model_version"],
+                                            "verdict": report["verdict"], "config": _file_facts(args.config),
+                                            "data": {"file": report["data_file"], "sha256": report["data_sha256"]},
                                             "override": report["override"], "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
         print(f"fairness-exporter audit: --audit-log {exc}", file=sys.stderr)
@@ -93,13 +100,26 @@ def cmd_audit(args: argparse.Namespace) -> int:
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:
         write_report(Path(args.report), text)
+    side_files = []
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
-    if args.html and not write_html(Path(args.html), audit_html, report):
-        return EXIT_BAD_INPUT
+        side_files.append(("ll144.csv", Path(args.impact_ratios_csv)))
+    if args.html:
+        if not write_html(Path(args.html), audit_html, report):
+            return EXIT_BAD_INPUT
+        side_files.append(("html", Path(args.html)))
     print(text)
     print(_summary(report), file=sys.stderr)
+    if config.report_destination is not None and not publish(
+            "audit", "failure_policy.report_destination", config.report_destination, report, text, side_files):
+        return EXIT_BAD_INPUT
     return exit_code(report)
+
+
+def _model_facts(config: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The model id and version an error record names, as far as they are known."""
+    version = getattr(args, "model_version", None) or getattr(config, "model_version", None)
+    return {"model_id": getattr(config, "model_id", None), "model_version": version}
 
 
 def write_report(path: Path, text: str) -> None:
@@ -169,11 +189,12 @@ def _suite_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str) -> int:
+def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str | None) -> int:
     """Run the safety or red-team suite with the gate's semantics: log every run (failed ones too), print the
-    report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable)."""
+    report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable or not callable)."""
     from exporter.gate import audit_log
     from exporter.gate.audit import DataError
+    from exporter.gate.suite import audit_entry
     from exporter.gate.targets import TargetError
 
     facts = {"config": _file_facts(args.config), "model": model}
@@ -181,12 +202,12 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
         try:
             report = run()
         except (ConfigError, DataError, TargetError, ImportError) as exc:
-            _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
+            _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc),
+                                             **_model_facts(None, args), **facts})  # fmt: skip
             print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        head = _log_run(suite, args.audit_log, {"type": suite, "timestamp": report["timestamp"],
-                                                "model_id": report["model_id"], "verdict": report["verdict"],
-                                                **facts, "report": report})  # fmt: skip
+        facts["model"] = report.get("model", model)  # what was loaded: a class spec, a file
+        head = _log_run(suite, args.audit_log, audit_entry(report, **facts))
     except audit_log.AuditLogError as exc:
         print(f"fairness-exporter {suite}: --audit-log {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -197,10 +218,9 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
 
 def cmd_safety(args: argparse.Namespace) -> int:
     """Output bounds, perturbation stability, edge inputs and counterfactual consistency of a tabular model."""
-    from exporter.gate.safety import run_safety
-    from exporter.gate.targets import load_object
+    from exporter.gate.safety_config import run_safety
 
-    return _run_suite(args, "safety", lambda: run_safety(args.config, load_object(args.model), args.model),
+    return _run_suite(args, "safety", lambda: run_safety(args.config, args.model, model_version=args.model_version),
                       args.model)  # fmt: skip
 
 
