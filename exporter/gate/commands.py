@@ -64,7 +64,7 @@ def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report, file it at the config's report_destination; exit 0 / 1 /
     2 (bad input, or a report that could not be filed)."""
-    from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
+    from exporter.gate import audit_log, storage  # the gate needs pandas; `serve` must not load it
     from exporter.gate.audit import DataError, Override, dataset_location, exit_code, run_audit
     from exporter.gate.html import audit_html
     from exporter.gate.publish import publish
@@ -110,9 +110,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         side_files.append(("html", Path(args.html)))
     print(text)
     print(_summary(report), file=sys.stderr)
-    if config.report_destination is not None and not publish(
-            "audit", "failure_policy.report_destination", config.report_destination, report, text, side_files):
-        return EXIT_BAD_INPUT
+    if config.report_destination is not None:
+        destination = storage.resolve(config.report_destination, Path(config.source).parent)
+        if not publish("audit", "failure_policy.report_destination", destination, report, text, side_files):
+            return EXIT_BAD_INPUT
     return exit_code(report)
 
 
