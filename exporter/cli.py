@@ -135,11 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     safety.add_argument("--model-version", help=MODEL_VERSION_HELP)
     safety.set_defaults(func=cmd_safety)
 
-    redteam = sub.add_parser("redteam", help="red-team suite for a text classifier: exit 1 on a critical "
-                             "failure, 2 on a bad config or a target that cannot be loaded")  # fmt: skip
+    redteam = sub.add_parser("redteam", help="red-team suite for a text classifier or a chat model: exit 1 on a "
+                             "critical failure, 2 on a bad config or a target that cannot be loaded")  # fmt: skip
     redteam.add_argument("--config", required=True, help="YAML: model_id, seed, red_team_tests, include_library")
-    redteam.add_argument("--target", required=True, help="MODULE:CALLABLE from text to a label or score, "
-                         "or an http(s):// URL that takes and returns JSON")  # fmt: skip
+    redteam.add_argument("--target", help="MODULE:CALLABLE from text to a label or score, an http(s):// URL that "
+                         "takes and returns JSON, or with --chat-model the base URL of an OpenAI-compatible "
+                         "chat-completions endpoint (default: the config's target section)")  # fmt: skip
+    redteam.add_argument("--chat-model", help="the model an OpenAI-compatible --target serves (vLLM, llama.cpp, "
+                         "Ollama, TGI); its key is read from $OPENAI_API_KEY or the config's target.api_key_env")
     redteam.add_argument("--request-field", default="text",
                          help="HTTP targets: where the text goes in the JSON body, dotted; "
                               "instances.0 for KServe v1, inputs.0 for MLflow (default: text)")  # fmt: skip
@@ -148,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "e.g. predictions.0 (default: prediction)")  # fmt: skip
     redteam.add_argument("--report", help="also write the JSON report to this file")
     redteam.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    redteam.add_argument("--model-version", help=MODEL_VERSION_HELP)
     redteam.set_defaults(func=cmd_redteam)
 
     log = sub.add_parser("audit-log", help="inspect the audit log")

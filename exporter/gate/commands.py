@@ -208,13 +208,34 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
             print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         facts["model"] = report.get("model", model)  # what was loaded: a class spec, a file
+        reporting = report.get("reporting") or {}
+        if reporting.get("notify_on_critical") and report["critical_failures"]:
+            report["notifications"] = _notify(suite, report, reporting["notify_on_critical"])
         head = _log_run(suite, args.audit_log, audit_entry(report, **facts))
     except audit_log.AuditLogError as exc:
         print(f"fairness-exporter {suite}: --audit-log {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
+    if reporting.get("destination"):
+        from exporter.gate import storage
+        from exporter.gate.publish import publish
+
+        destination = storage.resolve(reporting["destination"], Path(args.config).parent)
+        if not publish(suite, "reporting.destination", destination, report, json.dumps(report, indent=2)):
+            return EXIT_BAD_INPUT
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
+
+
+def _notify(suite: str, report: dict[str, Any], recipients: list[str]) -> dict[str, Any]:
+    """E-mail each recipient about the critical failures; a failure is one line on stderr, counted, and changes
+    nothing else."""
+    from exporter.gate import notify
+
+    outcome = notify.send(report, recipients)
+    for error in outcome["errors"]:
+        print(f"fairness-exporter {suite}: reporting.notify_on_critical: not sent to {error}", file=sys.stderr)
+    return outcome
 
 
 def cmd_safety(args: argparse.Namespace) -> int:
@@ -226,13 +247,16 @@ def cmd_safety(args: argparse.Namespace) -> int:
 
 
 def cmd_redteam(args: argparse.Namespace) -> int:
-    """Adversarial rewrites of harmful texts against a text classifier (a Python callable or an HTTP endpoint)."""
+    """Adversarial attacks on a text classifier (a Python callable or an HTTP endpoint) or a chat model (an
+    OpenAI-compatible endpoint, from --chat-model or the config's target section)."""
     from exporter.gate.redteam import run_redteam
     from exporter.gate.targets import text_target
 
     def run() -> dict[str, Any]:
+        if args.chat_model is not None or args.target is None:
+            return run_redteam(args.config, args.target, chat_model=args.chat_model, model_version=args.model_version)
         target = text_target(args.target, args.request_field, args.response_field)
-        return run_redteam(args.config, target, args.target)
+        return run_redteam(args.config, target, args.target, model_version=args.model_version)
 
     return _run_suite(args, "redteam", run, args.target)
 
