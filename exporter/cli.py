@@ -16,6 +16,7 @@ from exporter.gate.commands import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     cmd_audit,
+    cmd_audit_log_list,
     cmd_audit_log_verify,
     cmd_bias_report,
     cmd_redteam,
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--outcome", required=True, help="numeric outcome column (0/1 or continuous)")
     bias.add_argument("--threshold", type=float, default=0.1, help="largest acceptable gap (default 0.1)")
     bias.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
+    bias.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    bias.add_argument("--model-id", help="the model the audit-log record names")
+    bias.add_argument("--model-version", help="the model version the audit-log record names")
     bias.set_defaults(func=cmd_bias_report)
 
     safety = sub.add_parser("safety", help="safety suite for a tabular model: exit 1 on a critical failure, "
@@ -161,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("path")
     verify.add_argument("--expect-head", help="the hash of the last record, as published by the last audit")
     verify.set_defaults(func=cmd_audit_log_verify)
+    listing = log_sub.add_parser("list", help="the records of a model and version: audits, bias reports, safety "
+                                 "and red-team runs, one line each")  # fmt: skip
+    listing.add_argument("path")
+    listing.add_argument("--model", help="only this model id")
+    listing.add_argument("--version", help="only this model version")
+    listing.add_argument("--type", help="only this type of record: audit, bias_report, safety, redteam, or an "
+                         "*_error type")  # fmt: skip
+    listing.add_argument("--json", action="store_true", help="print the whole records as JSON lines")
+    listing.set_defaults(func=cmd_audit_log_list)
 
     serve = sub.add_parser("serve", help="run the monitoring daemon (Kafka in, Prometheus /metrics out)")
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,10 +162,20 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
     except (DataError, ImportError) as exc:
         print(f"fairness-exporter bias-report: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
+    from exporter.gate.audit_log import AuditLogError
+
+    try:
+        _log_run("bias-report", args.audit_log, {
+            "type": "bias_report", "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            "model_id": args.model_id, "model_version": args.model_version, "verdict": "FAIL" if biased else "PASS",
+            "data": [_file_facts(name) for name in args.data], "report": reports})  # fmt: skip
+    except AuditLogError as exc:
+        print(f"fairness-exporter bias-report: --audit-log {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.html and not write_html(Path(args.html), bias_html, reports):
         return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
-    biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     for line in biased:
         print(f"  BIASED {line}", file=sys.stderr)
     return EXIT_BLOCKED if biased else EXIT_OK
@@ -270,6 +281,26 @@ def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
         writer = csv.writer(f)
         writer.writerow(ll144.CSV_COLUMNS)
         writer.writerows(ll144.csv_rows(report))
+
+
+def cmd_audit_log_list(args: argparse.Namespace) -> int:
+    """List the records of a model (and version, and type): one line each, or the records as JSON lines."""
+    from exporter.gate import audit_log
+
+    try:
+        entries = audit_log.select(audit_log.records(args.path), args.model, args.version, args.type)
+    except OSError as exc:
+        print(f"fairness-exporter audit-log list: {args.path}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for r in entries:
+        if args.json:
+            print(json.dumps(r, sort_keys=True, ensure_ascii=False))
+        else:
+            fields = [r.get("model_id"), r.get("model_version"), r.get("verdict")]
+            print(f"{r.get('seq')!s:>5}  {r.get('timestamp') or '-':<27}  {r.get('type')!s:<14}  "
+                  + "  ".join(str(f) if f is not None else "-" for f in fields))  # fmt: skip
+    print(f"{len(entries)} record(s)", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
