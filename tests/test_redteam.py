@@ -240,3 +240,23 @@ def test_an_http_target_gives_the_same_results_as_the_model_in_process(
 
     assert main([*args, "--target", "http://127.0.0.1:9/nothing", "--request-field", "instances.0"]) == 2
     assert "cannot reach the model" in capsys.readouterr().err
+
+
+def test_a_saved_text_pipeline_is_a_target_versioned_by_its_file(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+
+    import joblib
+
+    joblib.dump(text_models._pipeline(), tmp_path / "moderator.joblib")
+    config = write(tmp_path, {"model_id": "moderator", "seed": 2, "red_team_tests": [
+        {"category": c["category"], "test_cases": [c]} for c in CASES[:12]]})  # fmt: skip
+    args = ["redteam", "--config", str(config), "--audit-log", str(tmp_path / "log.jsonl")]
+    assert main([*args, "--target", str(tmp_path / "moderator.joblib")]) == 1
+    from_file = json.loads(capsys.readouterr().out)
+    assert main([*args, "--target", "text_models:naive"]) == 1
+    in_process = json.loads(capsys.readouterr().out)
+    # predict() gives the label where naive() gives the probability: the same decisions
+    assert [r["passed"] for r in from_file["results"]] == [r["passed"] for r in in_process["results"]]
+    assert from_file["model_version"] == hashlib.sha256((tmp_path / "moderator.joblib").read_bytes()).hexdigest()
+    assert in_process["model_version"] is None

@@ -45,7 +45,7 @@ def _skops(data: bytes, spec: str, trusted: Sequence[str]) -> Any:
     untrusted = [t for t in skops.io.get_untrusted_types(data=data) if t not in trusted]
     if untrusted:
         raise TargetError(f"{spec}: the file holds types skops does not trust by default: {', '.join(untrusted)}; "
-                          "list those you trust under trusted_types in the config")  # fmt: skip
+                          "list those you trust under trusted_types in the safety config")  # fmt: skip
     return skops.io.loads(data, trusted=list(trusted) or None)
 
 

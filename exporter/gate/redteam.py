@@ -133,7 +133,8 @@ def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | No
     results = [run_case(case, target, config["seed"], decide) for case in config["cases"]]
     path = Path(config_path)
     return build_report("redteam", config["model_id"], config["seed"], results,
-                        model_version=model_version or config["model_version"], target=target_name,
+                        model_version=model_version or config["model_version"]
+                        or getattr(target, "file_sha256", None), target=target_name,
                         target_kind=kind, config_file=str(path), config_sha256=sha256_file(path),
                         library_sha256=sha256_file(library_path or Path(str(LIBRARY))),
                         attempts=sum(r.details["attempts"] for r in results),
