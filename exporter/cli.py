@@ -45,7 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _configure_logging(args.log_level)
     try:
-        Daemon(load_config(args.config)).run_forever()
+        Daemon(load_config(args.config), loader=lambda: load_config(args.config)).run_forever()
     except (ConfigError, CheckpointError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -57,7 +57,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
-    from exporter.backtest import BacktestError, backtest
+    from exporter.backtest import backtest
+    from exporter.backtest_input import BacktestError
 
     try:
         config = load_config(args.config)
@@ -90,6 +91,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(port=args.port, rate=args.rate, drift_after=drift_after, stack=args.stack)
 
 
+def _ci_report_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--junit", metavar="PATH", help="also write JUnit XML for the CI's test report: one test "
+                        "case per check, a blocking failure as a failure, a warning as skipped")  # fmt: skip
+    parser.add_argument("--summary-md", metavar="PATH", help="also write a Markdown summary (verdict, then every "
+                        "check) for a GitHub job summary or a merge-request note")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="fairness-exporter", description=__doc__)
@@ -101,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
     audit.add_argument("predictions", nargs="?", help="parquet or CSV file (or URL: s3://, gs://, az://, file://) "
                        "with prediction, label and attribute columns; default: the config's evaluation_dataset")
+    audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
@@ -111,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
     audit.add_argument("--override-author", help="who takes responsibility for the override")
     audit.add_argument("--model-version", help=MODEL_VERSION_HELP)
+    _ci_report_flags(audit)
     audit.set_defaults(func=cmd_audit)
 
     bias = sub.add_parser("bias-report", help="group means of an outcome per protected feature and their gap; "
@@ -125,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
     bias.add_argument("--model-id", help="the model the audit-log record names")
     bias.add_argument("--model-version", help="the model version the audit-log record names")
+    _ci_report_flags(bias)
     bias.set_defaults(func=cmd_bias_report)
 
     safety = sub.add_parser("safety", help="safety suite for a tabular model: exit 1 on a critical failure, "
@@ -137,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     safety.add_argument("--report", help="also write the JSON report to this file")
     safety.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
     safety.add_argument("--model-version", help=MODEL_VERSION_HELP)
+    _ci_report_flags(safety)
     safety.set_defaults(func=cmd_safety)
 
     redteam = sub.add_parser("redteam", help="red-team suite for a text classifier or a chat model: exit 1 on a "
@@ -156,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     redteam.add_argument("--report", help="also write the JSON report to this file")
     redteam.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
     redteam.add_argument("--model-version", help=MODEL_VERSION_HELP)
+    _ci_report_flags(redteam)
     redteam.set_defaults(func=cmd_redteam)
 
     log = sub.add_parser("audit-log", help="inspect the audit log")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.config import Config, parse_config
+from exporter.stream.decode import EventDecoder
+from exporter.stream.window import WindowStore
 
 
 def make_config(**overrides: Any) -> Config:
@@ -26,7 +28,7 @@ def make_config(**overrides: Any) -> Config:
         "listen": {"address": "127.0.0.1", "port": 0},
         **overrides,
     }
-    return parse_config(raw, "test-config")
+    return parse_config({k: v for k, v in raw.items() if v is not None}, "test-config")  # None: the key left out
 
 
 def event(gender: str = "male", age: str = "young", prediction: int = 1, ts: float | str = 1_800_000_000.0,
@@ -34,3 +36,13 @@ def event(gender: str = "male", age: str = "young", prediction: int = 1, ts: flo
     return {"model_id": model_id, "prediction_id": extra.pop("prediction_id", "p"), "timestamp": ts,
             "prediction": prediction, "label": label, "attributes": {"gender": gender, "age": age},
             **extra}  # fmt: skip
+
+
+def decoder_of(config: Config, keep_rejected: bool = False) -> EventDecoder:
+    """The decoder of the config's one model, as the daemon's Fleet builds it."""
+    return EventDecoder(config.model(), config.max_future_skew_seconds, keep_rejected)
+
+
+def store_of(config: Config) -> WindowStore:
+    """The window store of the config's one model, as the daemon's Fleet builds it."""
+    return WindowStore(config.model(), config.windowing)

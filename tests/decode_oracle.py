@@ -15,6 +15,7 @@ import orjson
 from exporter.config import Config
 from exporter.core.encoding import attribute_codes, code_table
 from exporter.stream.decode import MAX_PREDICTION_ID_LENGTH, DecodedBatch
+from exporter.stream.route import NO_MODEL_ID, UNCONFIGURED
 
 
 def _valid_id(pid: object) -> bool:
@@ -50,8 +51,10 @@ def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any
 class OracleDecoder:
     """Turns raw Kafka message values into a :class:`DecodedBatch` for one configured model."""
 
-    def __init__(self, config: Config, keep_rejected: bool = False) -> None:
+    def __init__(self, full: Config, keep_rejected: bool = False) -> None:
+        config = full.model()
         self.config = config
+        self.max_future_skew_seconds = full.max_future_skew_seconds
         self.keep_rejected = keep_rejected
         f = config.events
         self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
@@ -68,11 +71,11 @@ class OracleDecoder:
         k_model, k_id, k_ts, k_pred, k_score, k_label, k_attrs = self._paths
         flatten, threshold, tables = self._flatten, self._threshold, self._tables
         keep_rejected, model_id = self.keep_rejected, self.config.model_id
-        latest = now + self.config.max_future_skew_seconds
+        latest = now + self.max_future_skew_seconds
         loads, bad_json, fromiso, isfinite = orjson.loads, orjson.JSONDecodeError, datetime.fromisoformat, math.isfinite
         rejected: Counter[str] = Counter()
         bad: list[tuple[bytes, str]] = []
-        ignored = 0
+        ignored: Counter[str] = Counter()
         ts_out: list[float] = []
         pred_out: list[int] = []
         label_out: list[int] = []
@@ -90,7 +93,7 @@ class OracleDecoder:
                     event = flatten(event)
                 get = event.get
                 if get(k_model) != model_id:
-                    ignored += 1
+                    ignored[UNCONFIGURED if isinstance(get(k_model), str) else NO_MODEL_ID] += 1
                     continue
                 reason = None
                 t = get(k_ts)

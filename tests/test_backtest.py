@@ -114,13 +114,14 @@ def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: d
         daemon.computer.compute()
     from exporter.backtest import Replay, read_events
 
-    replay = Replay(config)
-    for columns in read_events([recorded["dir"] / "short.jsonl"], config):
-        replay.feed(columns)
+    replay = Replay(config.model(), config.windowing)
+    for columns, _, _ in read_events([recorded["dir"] / "short.jsonl"], config):
+        replay.feed(columns[config.model().model_id])
     replay.finish()
-    assert replay.store.detection.steps == daemon.store.detection.steps == 90
-    np.testing.assert_allclose(replay.store.detection.state.statistic, daemon.store.detection.state.statistic)
-    np.testing.assert_array_equal(replay.store.totals, daemon.store.totals)
+    store = daemon.fleet.models[config.model().model_id].store
+    assert replay.store.detection.steps == store.detection.steps == 90
+    np.testing.assert_allclose(replay.store.detection.state.statistic, store.detection.state.statistic)
+    np.testing.assert_array_equal(replay.store.totals, store.totals)
 
 
 def test_a_file_without_the_needed_columns_is_one_line_and_exit_2(

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from daemon_config import event, make_config
+from daemon_config import decoder_of, event, make_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.stream.decode import REJECT_REASONS, EventDecoder
+from exporter.stream.decode import REJECT_REASONS
 
 NOW = 1_800_000_000.0
 
 
 def decode(*events: object, **config: object):
     raw = [e if isinstance(e, bytes) else orjson.dumps(e) for e in events]
-    return EventDecoder(make_config(**config), keep_rejected=True).decode(raw, NOW)
+    return decoder_of(make_config(**config), keep_rejected=True).decode(raw, NOW)
 
 
 def test_valid_events_become_columns_with_codes_per_attribute() -> None:
     batch = decode(event("male", "old", 1, label=1), event("female", "young", 0),
                    event("female", "old", 1, ts="2027-01-15T07:00:00Z"))  # fmt: skip
-    assert len(batch) == 3 and not batch.rejected and batch.ignored == 0
+    assert len(batch) == 3 and not batch.rejected and not batch.ignored
     assert batch.predictions.tolist() == [1, 0, 1]
     assert batch.outcomes.tolist() == [1, -1, -1]
     assert batch.codes["gender"].tolist() == [0, 1, 1]
@@ -65,7 +65,7 @@ def test_each_kind_of_bad_event_is_rejected_under_its_reason(payload: object, re
 
 def test_other_models_are_ignored_not_rejected() -> None:
     batch = decode(event(model_id="m2"), event())
-    assert (batch.ignored, len(batch), sum(batch.rejected.values())) == (1, 1, 0)
+    assert (batch.ignored, len(batch), sum(batch.rejected.values())) == ({"unconfigured_model": 1}, 1, 0)
 
 
 def test_unknown_or_missing_values_leave_only_that_attribute_as_the_gate_does() -> None:
@@ -106,8 +106,8 @@ def test_intersections_get_combined_codes() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=300), max_size=20))
 def test_arbitrary_bytes_never_raise_and_every_message_is_accounted_for(payloads: list[bytes]) -> None:
-    batch = EventDecoder(make_config(), keep_rejected=True).decode(payloads, NOW)
-    assert len(batch) + batch.ignored + sum(batch.rejected.values()) == len(payloads)
+    batch = decoder_of(make_config(), keep_rejected=True).decode(payloads, NOW)
+    assert len(batch) + batch.ignored.total() + sum(batch.rejected.values()) == len(payloads)
     assert set(batch.rejected) <= set(REJECT_REASONS)
 
 
@@ -126,8 +126,8 @@ json_values = st.recursive(
                                          "age": st.sampled_from(["young", "old"])}) | json_values,
 }))  # fmt: skip
 def test_arbitrary_json_events_are_accepted_only_when_valid(payload: dict) -> None:
-    batch = EventDecoder(make_config()).decode([orjson.dumps(payload)], NOW)
-    assert len(batch) + batch.ignored + sum(batch.rejected.values()) == 1
+    batch = decoder_of(make_config()).decode([orjson.dumps(payload)], NOW)
+    assert len(batch) + batch.ignored.total() + sum(batch.rejected.values()) == 1
     if len(batch):
         assert payload["model_id"] == "m1" and payload["prediction"] in (0, 1)
         assert not isinstance(payload["prediction"], bool) and not isinstance(payload["label"], bool)

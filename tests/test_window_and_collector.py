@@ -16,8 +16,7 @@ from exporter.gate.audit import run_audit
 from exporter.serve.collector import SnapshotCollector
 from exporter.serve.self_metrics import Health
 from exporter.serve.snapshot import Computer
-from exporter.stream.decode import EventDecoder
-from exporter.stream.window import WindowStore
+from exporter.stream.fleet import Fleet
 
 T0 = 1_800_000_000.0  # a bucket boundary: 2027-01-15T08:00:00Z
 
@@ -38,10 +37,11 @@ class Harness:
         self.clock = Clock(T0)
         self.registry = CollectorRegistry()
         self.health = Health(self.registry)
-        self.store = WindowStore(self.config)
-        self.computer = Computer(self.config, self.store, self.health, self.clock)
+        self.fleet = Fleet(self.config)
+        (model,) = self.fleet.models.values()
+        self.store, self.decoder = model.store, model.decoder
+        self.computer = Computer(self.fleet, self.health, self.clock)
         self.registry.register(SnapshotCollector(lambda: self.computer.latest, "1s"))
-        self.decoder = EventDecoder(self.config)
 
     def feed(self, events: list[dict]) -> int:
         batch = self.decoder.decode([orjson.dumps(e) for e in events], self.clock.now)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from exporter import __version__
-from exporter.config import Config, load_config
+from exporter.config import Config, ModelSpec, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import ll144, storage
@@ -55,15 +55,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_table(location: str | Path) -> tuple[pd.DataFrame, str]:
-    """Read a parquet or CSV file, local or at a URL (:mod:`exporter.gate.storage`): the frame and the SHA-256
-    of the bytes read."""
+def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.DataFrame, str]:
+    """Read a parquet or CSV file of ``what``, local or at a URL (:mod:`exporter.gate.storage`): the frame and the
+    SHA-256 of the bytes read."""
     name = str(location)
     suffix = PurePosixPath(name.split("?")[0]).suffix.lower()
     if suffix not in (".parquet", ".pq", ".csv", ".gz", ".txt"):
         raise DataError(f"{name}: unsupported file type {suffix!r} (accepted: .parquet, .pq, .csv)")
     if not storage.is_url(name) and not Path(name).is_file():
-        raise DataError(f"{name}: no such data file")
+        raise DataError(f"{name}: no such {what} file")
     try:
         data = storage.read_bytes(name)
         frame = pd.read_parquet(io.BytesIO(data)) if suffix in (".parquet", ".pq") else pd.read_csv(
@@ -71,7 +71,7 @@ def read_table(location: str | Path) -> tuple[pd.DataFrame, str]:
     except storage.StorageError as exc:
         raise DataError(str(exc)) from exc
     except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise DataError(f"{name}: cannot read predictions: {exc}") from exc
+        raise DataError(f"{name}: cannot read {what}: {exc}") from exc
     if frame.empty:
         raise DataError(f"{name}: the file has no rows")
     return frame, hashlib.sha256(data).hexdigest()
@@ -117,7 +117,7 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
 
 
 def _impact_ratios(
-    config: Config,
+    config: ModelSpec,
     frame: pd.DataFrame,
     path: str,
     evaluations: list[Evaluation],
@@ -147,7 +147,7 @@ def _impact_ratios(
     }
 
 
-def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
+def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
     out = []
     groups = ev.attribute.groups
     samples = ev.groups.samples
@@ -186,7 +186,7 @@ def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
     return out
 
 
-def _counts_as(config: Config, severity: str, passed: bool, evidence: str) -> str:
+def _counts_as(config: ModelSpec, severity: str, passed: bool, evidence: str) -> str:
     """``pass``, ``blocking`` or ``warning``: what a result does to the verdict under ``decision`` and
     ``failure_policy.inconclusive``."""
     if config.decision == "point_estimate":
@@ -196,7 +196,7 @@ def _counts_as(config: Config, severity: str, passed: bool, evidence: str) -> st
     return "pass" if evidence == "pass" else severity
 
 
-def dataset_location(config: Config, predictions: str | Path | None) -> str:
+def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
     """The data to audit: the command line's file, else the config's ``evaluation_dataset`` (a local path relative
     to the config's folder, or a URL)."""
     if predictions is not None:
@@ -208,18 +208,22 @@ def dataset_location(config: Config, predictions: str | Path | None) -> str:
 
 
 def run_audit(
-    config: Config | str | Path,
+    config: ModelSpec | Config | str | Path,
     predictions: pd.DataFrame | str | Path | None = None,
     *,
     override: Override | None = None,
     now: datetime | None = None,
+    model_id: str | None = None,
 ) -> dict[str, Any]:
-    """Audit a predictions file against a config; return the JSON-ready report.
+    """Audit a predictions file against a model's config (a config or its file: its only model, or ``model_id``
+    of its ``models:``); return the JSON-ready report.
 
     Raises ConfigError or DataError (both ValueError) for input that cannot be audited.
     """
-    if not isinstance(config, Config):
+    if isinstance(config, str | Path):
         config = load_config(config)
+    if isinstance(config, Config):
+        config = config.model(model_id)
     data_file: str | None = None
     data_sha256: str | None = None
     if isinstance(predictions, pd.DataFrame):

@@ -20,6 +20,7 @@ from exporter.config import ConfigError, load_config
 
 if TYPE_CHECKING:
     from exporter.gate.audit_log import Head
+    from exporter.gate.ci_reports import CiReport
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 SUMMARY_LINES = 15
@@ -65,7 +66,7 @@ def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report, file it at the config's report_destination; exit 0 / 1 /
     2 (bad input, or a report that could not be filed)."""
-    from exporter.gate import audit_log, storage  # the gate needs pandas; `serve` must not load it
+    from exporter.gate import audit_log, ci_reports, storage  # the gate needs pandas; `serve` must not load it
     from exporter.gate.audit import DataError, Override, dataset_location, exit_code, run_audit
     from exporter.gate.html import audit_html
     from exporter.gate.publish import publish
@@ -79,7 +80,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         try:
             if override and override.problems():
                 raise ConfigError("; ".join(override.problems()))
-            config = load_config(args.config)
+            config = load_config(args.config).model(args.model)
             if args.model_version is not None:
                 config = dataclasses.replace(config, model_version=args.model_version)
             data = dataset_location(config, args.predictions)
@@ -87,20 +88,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
         except (ConfigError, DataError) as exc:
             _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
                                          "config": _file_facts(args.config), "data": _file_facts(data)})  # fmt: skip
-            print(f"fairness-exporter audit: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return _bad_input(args, "audit", str(exc))
         head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
                                             "model_id": report["model_id"], "model_version": report["model_version"],
                                             "verdict": report["verdict"], "config": _file_facts(args.config),
                                             "data": {"file": report["data_file"], "sha256": report["data_sha256"]},
                                             "override": report["override"], "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
-        print(f"fairness-exporter audit: --audit-log {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, "audit", f"--audit-log {exc}")
     report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:
         write_report(Path(args.report), text)
+    write_ci_reports(args, ci_reports.from_audit(report))
     side_files = []
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
@@ -130,6 +130,30 @@ def write_report(path: Path, text: str) -> None:
     path.write_text(text + "\n")
 
 
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def write_ci_reports(args: argparse.Namespace, report: CiReport) -> None:
+    """``--junit`` and ``--summary-md``: what CI systems show of a run (exporter/gate/ci_reports.py)."""
+    from exporter.gate import ci_reports
+
+    if args.junit:
+        write_report(Path(args.junit), ci_reports.junit_xml(report))
+    if args.summary_md:
+        write_report(Path(args.summary_md), ci_reports.markdown(report))
+
+
+def _bad_input(args: argparse.Namespace, command: str, message: str) -> int:
+    """A run that could not evaluate anything: one line on stderr, an errored check in the CI reports, exit 2."""
+    from exporter.gate import ci_reports
+
+    print(f"fairness-exporter {command}: {message}", file=sys.stderr)
+    subject = getattr(args, "config", None) or ", ".join(getattr(args, "data", []))
+    write_ci_reports(args, ci_reports.from_error(command, subject, message, _now()))
+    return EXIT_BAD_INPUT
+
+
 def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
     """Render a report to an HTML file; False (and one line on stderr) when matplotlib is not installed."""
     try:
@@ -144,6 +168,7 @@ def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
     """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
+    from exporter.gate import ci_reports
     from exporter.gate.audit import DataError, read_predictions
     from exporter.gate.bias import BiasAuditor
     from exporter.gate.html import bias_html
@@ -160,22 +185,21 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
                 raise DataError(f"{path}: no such data file")
             reports[name] = auditor.evaluate_bias(read_predictions(path), source=name)
     except (DataError, ImportError) as exc:
-        print(f"fairness-exporter bias-report: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, "bias-report", str(exc))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     from exporter.gate.audit_log import AuditLogError
 
     try:
         _log_run("bias-report", args.audit_log, {
-            "type": "bias_report", "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-            "model_id": args.model_id, "model_version": args.model_version, "verdict": "FAIL" if biased else "PASS",
+            "type": "bias_report", "timestamp": _now(), "model_id": args.model_id,
+            "model_version": args.model_version, "verdict": "FAIL" if biased else "PASS",
             "data": [_file_facts(name) for name in args.data], "report": reports})  # fmt: skip
     except AuditLogError as exc:
-        print(f"fairness-exporter bias-report: --audit-log {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, "bias-report", f"--audit-log {exc}")
     if args.html and not write_html(Path(args.html), bias_html, reports):
         return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
+    write_ci_reports(args, ci_reports.from_bias(reports, _now()))
     for line in biased:
         print(f"  BIASED {line}", file=sys.stderr)
     return EXIT_BLOCKED if biased else EXIT_OK
@@ -204,7 +228,7 @@ def _suite_summary(report: dict[str, Any]) -> str:
 def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str | None) -> int:
     """Run the safety or red-team suite with the gate's semantics: log every run (failed ones too), print the
     report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable or not callable)."""
-    from exporter.gate import audit_log
+    from exporter.gate import audit_log, ci_reports
     from exporter.gate.audit import DataError
     from exporter.gate.suite import audit_entry
     from exporter.gate.targets import TargetError
@@ -216,18 +240,17 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
         except (ConfigError, DataError, TargetError, ImportError) as exc:
             _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc),
                                              **_model_facts(None, args), **facts})  # fmt: skip
-            print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return _bad_input(args, suite, str(exc))
         facts["model"] = report.get("model", model)  # what was loaded: a class spec, a file
         reporting = report.get("reporting") or {}
         if reporting.get("notify_on_critical") and report["critical_failures"]:
             report["notifications"] = _notify(suite, report, reporting["notify_on_critical"])
         head = _log_run(suite, args.audit_log, audit_entry(report, **facts))
     except audit_log.AuditLogError as exc:
-        print(f"fairness-exporter {suite}: --audit-log {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, suite, f"--audit-log {exc}")
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
+    write_ci_reports(args, ci_reports.from_suite(report))
     if reporting.get("destination"):
         from exporter.gate import storage
         from exporter.gate.publish import publish

@@ -8,7 +8,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from exporter.config import Config
+from exporter.config import ModelSpec
 from exporter.core.encoding import attribute_codes, code_table
 from exporter.core.fairness import counts_from_arrays
 
@@ -43,7 +43,7 @@ def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[s
 
 
 def frame_counts(
-    config: Config, frame: pd.DataFrame, y_pred: np.ndarray, y_true: np.ndarray | None
+    config: ModelSpec, frame: pd.DataFrame, y_pred: np.ndarray, y_true: np.ndarray | None
 ) -> dict[str, np.ndarray]:
     """Counts of every configured attribute: a row per group, then one row for its unknown category (values
     outside the groups, or missing), which the overall rate counts and no comparison does."""

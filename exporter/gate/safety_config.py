@@ -45,7 +45,7 @@ def _inputs(raw: dict[str, Any], path: Path, feature_count: Any, problems: list[
         return None, None, None
     location = storage.resolve(raw["test_inputs"], path.parent)
     try:
-        frame, sha = read_table(location)
+        frame, sha = read_table(location, "test inputs")
     except ValueError as exc:
         problems.append(f"test_inputs: {exc}")
         return location, None, None

@@ -31,7 +31,8 @@ REFRESH_SECONDS = 5.0
 """How often manual assignment looks for new partitions and the source asks whether a broker answers."""
 CLOSE_SECONDS = 2.0
 
-Handler = Callable[[str, int, Sequence[Record]], None]
+Handler = Callable[[Mapping[Partition, Sequence[Record]]], None]
+"""Counts what one poll returned, every partition's records at once."""
 
 
 class OffsetsBook(Protocol):
@@ -66,7 +67,8 @@ def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> Kaf
 
 
 class KafkaSource:
-    """Consumes the events topic (and the labels topic, if any) and calls ``handle(topic, partition, records)``."""
+    """Consumes the events topic (and the labels topic, if any) and calls ``handle({partition: records})`` with
+    what each poll returned."""
 
     def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health) -> None:
         self.kafka = kafka
@@ -205,12 +207,11 @@ class KafkaSource:
         batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
         if batches:
             recreated = self._recreated(client, {t for t, _ in batches})
-            for (topic, partition), records in batches.items():
-                if topic in recreated:
-                    continue  # records of the new log at the old positions: read again from its start
-                if topic == self.kafka.topic:
-                    self.health.consumed.inc(len(records))
-                self.handle(topic, partition, records)
+            # records of a re-created topic's new log at the old positions: read again from its start
+            kept = {p: records for p, records in batches.items() if p[0] not in recreated}
+            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic == self.kafka.topic))
+            if kept:
+                self.handle(kept)
         counted = self.book.counted()
         lag = {}
         for p in client.assignment():
