@@ -153,6 +153,11 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
     return out
 
 
+IGNORED_MAX_INTERVAL_WIDTH: Final = (
+    "ignored: no value is hidden for being imprecise any more; every comparison meeting min_samples is reported "
+    "with its 95% interval and evidence (decision: evidence lets the interval decide). Remove the key.")
+
+
 def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
     if raw is None:
         return [
@@ -177,12 +182,10 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         if severity not in SEVERITIES:
             errors.add(f"{path}.severity_on_fail", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
             ok = False
-        width = item.get("max_interval_width")
-        if width is not None and (isinstance(width, bool) or not isinstance(width, int | float) or not 0 < width <= 1):
-            errors.add(f"{path}.max_interval_width", f"{width!r} is not a number in (0, 1]")
-            ok = False
+        if "max_interval_width" in item:
+            errors.note(f"{path}.max_interval_width", IGNORED_MAX_INTERVAL_WIDTH)
         if ok and isinstance(name, str) and isinstance(threshold, int | float):
-            out.append(MetricSpec(name, float(threshold), severity, None if width is None else float(width)))
+            out.append(MetricSpec(name, float(threshold), severity))
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.config import ConfigError, load_config
+from exporter.core.metric_table import METRICS
 
 if TYPE_CHECKING:
     from exporter.gate.audit_log import Head
@@ -34,17 +35,32 @@ def _file_facts(path: str | None) -> dict[str, Any]:
 
 
 def _summary(report: dict[str, Any]) -> str:
+    """The verdict, then every result in full: its value with its interval and evidence."""
     lines = [f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} passed, "
              f"{report['blocking_failures']} blocking, {report['warning_failures']} warning, "
-             f"{report['insufficient_samples']} with insufficient samples"]  # fmt: skip
-    failures = [r for r in report["results"] if not r["passed"]]
-    for r in failures[:SUMMARY_LINES]:
-        value = "n/a" if r["value"] is None else r["value"]
-        lines.append(f"  {r['status'].upper():<21} {r['severity']:<8} {r['attribute']} {r['metric']} "
-                     f"{r['groups']}: {value} (threshold {r['threshold']}, samples {r['samples']})")  # fmt: skip
-    if len(failures) > SUMMARY_LINES:
-        lines.append(f"  ... and {len(failures) - SUMMARY_LINES} more in the JSON report")
+             f"{report['insufficient_samples']} with insufficient samples, {report['inconclusive']} inconclusive "
+             f"(decision: {report['decision']})"]  # fmt: skip
+    lines += [f"  {_result_line(r, report['min_samples'], report['decision'])}" for r in report["results"]]
     return "\n".join(lines)
+
+
+def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
+    """``FAIL blocking race equalised_odds_difference a vs b: 0.276 [0.197, 0.353], evidence fail``; an
+    inconclusive row says how many samples per group would decide it, an insufficient one why it has no value."""
+    head = f"{r['status'].upper()} {r['severity']} {r['attribute']} {r['metric']} {r['groups']}"
+    if r["value"] is None:
+        why = (f"the smallest count of {METRICS[r['metric']].counted} in a group is {r['support']}, below "
+               f"min_samples {min_samples}" if r["support"] < min_samples
+               else "undefined (a group has no positive prediction)")  # fmt: skip
+        text = f"{head}: no value: {why}; evidence {r['evidence']}"
+    else:
+        lo, hi = r["ci_95"]
+        text = f"{head}: {r['exact_value']:.3f} [{lo:.3f}, {hi:.3f}], evidence {r['evidence']}"
+    if r["evidence"] == "inconclusive" and r["value"] is not None:
+        need = r["samples_to_decide"]
+        text += ("; about " + " and ".join(f"{n:,} ({g})" for g, n in need.items()) + " samples would decide it"
+                 if need else "; the value is on the threshold: no sample size decides it")  # fmt: skip
+    return text + (f"; counts as {r['counts_as']}" if decision == "evidence" else "")
 
 
 def _audit_log_key() -> bytes | None:
