@@ -160,7 +160,7 @@ def fault_check(run: Run) -> tuple[str, bool]:
                                      ("expired", "never_labelled"), ("expired", "unknown_prediction"))}  # fmt: skip
     rows.append(("delayed labels: duplicates, invalid, never sent, of no prediction",
                  f"{DUPLICATE_LABEL_SHARE:.0%} sent twice; {STRAY_LABEL_SHARE:.1%} of the predictions get an invalid "
-                 "label event and a label of no prediction; the rest of a rejected event's label has no prediction",
+                 "label event and a label of no prediction; the label of a rejected prediction finds none",
                  f"joined {_per_process(run, 'fairness_exporter_labels_joined_total'):,.0f}; "
                  + ", ".join(f"{reason} {n:,.0f}" for reason, n in labels.items()), "-"))  # fmt: skip
     return table(["fault", "what happened", "what the daemon counted", "time to counting again"], rows), visible
