@@ -44,10 +44,10 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
     """JSON lines through the daemon's router and decoders (no future-timestamp bound: the clock is the events')."""
     with path.open("rb") as f:
         while lines := list(itertools.islice(f, JSONL_CHUNK)):
-            models, routed = fleet.route([line for line in lines if not line.isspace()])
+            decoders, routed = fleet.route([line for line in lines if not line.isspace()])
             columns = {}
             for model_id, share in routed.by_model.items():
-                batch = models[model_id].decoder.decode(share, math.inf)
+                batch = decoders[model_id].decode(share, math.inf)
                 columns[model_id] = Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
                                             sum(batch.rejected.values()), sum(batch.ignored.values()))  # fmt: skip
             yield columns, sum(routed.ignored.values()), len(routed.malformed)

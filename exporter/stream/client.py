@@ -75,14 +75,16 @@ class Rebalance(Protocol):
       commits exactly that without waiting, and forgets the partitions' offsets, so no later commit or
       checkpoint of this replica carries them (a stale offset would rewind their new owner, who would then
       count events twice). A client closing down does not call it: a rebuilt consumer resumes from its offsets.
-    - ``assigned(partitions)`` runs *after* the group assigned them and *before* any of them is fetched. It
-      returns where to start each one: after the last record this process counted, else the checkpoint's offset;
-      a partition it leaves out starts at the group's committed offset (``auto_offset_reset`` if none).
+    - ``assigned(partitions, committed)`` runs *after* the group assigned them and *before* any of them is
+      fetched, with the group's committed offsets of those partitions (fetched by the adapter; None when that
+      failed). It returns where to start each one: after the last record this process counted, else the
+      checkpoint's offset (the staged path: the committed offset, or 0 for an internal topic without one); a
+      partition it leaves out starts at the group's committed offset (``auto_offset_reset`` if none).
     """
 
     def revoked(self, partitions: list[Partition]) -> None: ...
 
-    def assigned(self, partitions: list[Partition]) -> Offsets: ...
+    def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets: ...
 
 
 class CommitFailed(Exception):
