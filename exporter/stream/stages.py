@@ -1,0 +1,400 @@
+"""The staged path (``kafka.stages: staged``): ingest, label join and evaluation as stages of one consumer group,
+joined by two internal topics, so that each model lives whole on one replica however the input is keyed.
+
+Every replica runs one consumer (exporter/stream/source.py, the one consumer policy) on the input topic, the
+labels topic, ``<group>.join`` and ``<group>.counts``; the group's assignor spreads each topic's partitions over
+the replicas, and this module handles each record by its topic:
+
+- **ingest** (an input partition): the fleet's router and decoders, as on the direct path, turn a poll into each
+  model's columns; one PREDICTIONS record goes to the model's counts partition, and its unlabelled predictions
+  with an id, as PENDING records, to the join partition of each prediction id;
+- **labels** (a labels partition): each decoded label goes, as a LABELS record, to the join partition of its id;
+- **join** (a join partition): a :class:`~exporter.stream.stage_tasks.JoinTask`; what it joins goes to the
+  model's counts partition;
+- **evaluate** (a counts partition): a :class:`~exporter.stream.stage_tasks.CountsTask`, which counts into the
+  window stores of the models whose id hashes to that partition: this replica owns them, computes them and
+  exports their series.
+
+Exactly once without transactions: every row carries its source position and receivers skip what they applied;
+an input offset is committed once all that was produced before it is acknowledged, and a task's offset once a
+snapshot of its state (written into its own partition) covers it. This object is the source's offsets book.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from exporter.config import Config, ModelSpec
+from exporter.serve.self_metrics import Health, Owned, StageHealth
+from exporter.stream import internal_topics
+from exporter.stream.client import Offsets, Partition, Record, values_and_next
+from exporter.stream.dead_letters import DeadLetters
+from exporter.stream.decode_outcomes import decode_outcomes
+from exporter.stream.fleet import Changes, Fleet
+from exporter.stream.ingest import Ingest
+from exporter.stream.internal import Kind, RecordError, codes_layout, codes_matrix, decode, encode_rows
+from exporter.stream.internal_producer import InternalProducer
+from exporter.stream.label_join import OutcomeJoin
+from exporter.stream.snapshots import CHUNK_BYTES, chunks, pack, unpack
+from exporter.stream.stage_tasks import CountsTask, JoinTask, Out, Task
+
+log = logging.getLogger(__name__)
+
+
+def _offsets(records: Sequence[Record], next_offset: int) -> np.ndarray:
+    """Every record's offset (the usual batch is contiguous: no record object per message is read)."""
+    first = records[0].offset
+    if next_offset - first == len(records):
+        return np.arange(first, next_offset, dtype=np.int64)
+    return np.fromiter((r.offset for r in records), np.int64, len(records))
+
+
+class Stages:
+    """Every stage of one replica, under one lock: the handler of the source's polls and its offsets book."""
+
+    def __init__(self, config: Config, health: Health, stage_health: StageHealth, clock: Callable[[], float],
+                 dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
+        self.kafka = config.kafka
+        self.health = health
+        self.stage_health = stage_health
+        self.clock = clock
+        self.lock = threading.RLock()
+        """Serialises the stages: a poll's handling, snapshots, rebalances, reloads (the window stores have the
+        fleet's lock, so a computation never waits for a flush)."""
+        self.topics = internal_topics.wanted(config)
+        self.tasks: dict[Partition, Task] = {}
+        self.live_counts: set[int] = set()
+        """The counts partitions whose models this replica owns now."""
+        self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns)
+        self.ingest = Ingest(config, self.fleet, health, clock, dead_letters)
+        self.producer = InternalProducer(config.kafka)
+        self.produced: Offsets = {}
+        """Input and labels partitions: the next offset after what the stages sent on."""
+        self.acked: Offsets = {}
+        """... after what the broker acknowledged: what may be committed."""
+        self.topic_ids: dict[str, str] = {}
+        self.lag: Callable[[], Mapping[Partition, int]] = dict
+        """The source's lag per partition (the daemon sets it): a restoring task that caught up gives up."""
+        self._snapshot_at = time.monotonic()
+        self.chunk_bytes = CHUNK_BYTES
+        """The most bytes of state in one snapshot record."""
+
+    @property
+    def source_topics(self) -> list[str]:
+        return [t for t in (self.kafka.topic, self.kafka.labels_topic) if t] + self.topics.names
+
+    def prepare(self) -> None:
+        """Create the missing internal topics and learn their partition counts (before each new consumer)."""
+        self.topics = internal_topics.ensure(self.kafka, self.topics)
+
+    # --- where things go ------------------------------------------------------------------------------------
+
+    def counts_partition(self, model_id: str) -> Partition:
+        return self.topics.counts.name, internal_topics.model_partition(model_id, self.topics.counts.partitions)
+
+    def owns(self, model_id: str) -> bool:
+        """Whether this replica holds the model's counts partition, live (the fleet keeps its state)."""
+        return self.counts_partition(model_id)[1] in self.live_counts
+
+    def models_of(self, partition: int) -> list[str]:
+        return [m for m in self.fleet.config.model_ids if self.counts_partition(m)[1] == partition]
+
+    def spec_of(self, model_id: str) -> ModelSpec | None:
+        return next((m for m in self.fleet.config.models if m.model_id == model_id), None)
+
+    def owned(self) -> list[Owned]:
+        """Every configured model: its counts partition, whether this replica owns it, its last step."""
+        out: list[Owned] = []
+        bucket = self.fleet.config.windowing.bucket_seconds
+        models = self.fleet.models
+        for model_id in self.fleet.config.model_ids:
+            topic, partition = self.counts_partition(model_id)
+            monitored = models.get(model_id)
+            last = monitored.store.detection.last_step if monitored is not None else -1
+            out.append((model_id, topic, partition, monitored is not None, last * bucket if last >= 0 else None))
+        return out
+
+    # --- the handler ----------------------------------------------------------------------------------------
+
+    def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
+        """Handle one poll, every stage's share of it, then wait until what it produced is acknowledged."""
+        with self.lock:
+            try:
+                inputs = [(p, r) for p, r in batches.items() if p[0] == self.kafka.topic and r]
+                if inputs:
+                    self._predictions(inputs)
+                for partition, records in batches.items():
+                    if not records:
+                        continue
+                    if partition[0] == self.kafka.labels_topic:
+                        self._labels(partition, records)
+                    elif partition in self.tasks:
+                        self._task_records(self.tasks[partition], records)
+                self._give_up_caught_up()
+                self.producer.flush()
+            except Exception:
+                self._abandon()
+                raise
+            self.acked.update(self.produced)
+            self.health.pending_predictions.set(self._pending())
+
+    def _abandon(self) -> None:
+        """After a failure mid-poll (records the broker did not take): the tasks' state is ahead of what was sent,
+        so no snapshot may cover it. Drop every task (restored from its last snapshot at the next assignment) and
+        send the input again from what was acknowledged (the source rebuilds its consumer)."""
+        for partition in list(self.tasks):
+            self._drop(partition)
+        self.produced = dict(self.acked)
+
+    def _send(self, out: list[Out]) -> None:
+        for topic, partition, key, value in out:
+            self.producer.send(topic, partition, value, key)
+
+    def _predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> None:
+        """The ingest stage: one decode of every input partition's records, each model's rows sent on."""
+        values: list[bytes | None] = []
+        sources, offsets = [], []
+        for i, (partition, records) in enumerate(parts):
+            part_values, self.produced[partition] = values_and_next(records)
+            values += part_values
+            sources.append(np.full(len(part_values), i, dtype=np.int32))
+            offsets.append(_offsets(records, self.produced[partition]))
+        source, position = np.concatenate(sources), np.concatenate(offsets)
+        meta_sources = [list(p) for p, _ in parts]
+        decoders, decoded, ignored, malformed, routed = self.ingest.decode(values, self.clock())  # type: ignore[arg-type]
+        for model_id, batch in decoded.items():
+            if not len(batch):
+                continue
+            spec = decoders[model_id].model
+            at = routed.positions[model_id][batch.positions]
+            rows = {"source": source[at], "position": position[at], "timestamp": batch.timestamps,
+                    "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
+                    "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
+            meta = {"model": model_id, "layout": codes_layout(spec), "sources": meta_sources}
+            topic, counts = self.counts_partition(model_id)
+            self._send([(topic, counts, model_id.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, rows)])
+            if self.kafka.labels_topic:
+                waiting = np.flatnonzero((batch.outcomes < 0) & np.fromiter(
+                    (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
+                pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}
+                self._to_join(Kind.PENDING, meta, pending, [str(batch.prediction_ids[i]) for i in waiting.tolist()])
+        where = ", ".join(f"{topic}[{partition}]" for (topic, partition), _ in parts)
+        self.ingest.report(decoded, ignored, malformed, 0, where)
+
+    def _labels(self, partition: Partition, records: Sequence[Record]) -> None:
+        """The labels stage: each decoded label to the join partition of its prediction id."""
+        values, self.produced[partition] = values_and_next(records)
+        decoded = decode_outcomes(values, self.fleet.events.prediction_id, self.fleet.events.label)
+        if decoded.invalid:
+            self.health.count_outcomes({"invalid_label_event": decoded.invalid})
+        at = np.asarray(decoded.positions, dtype=np.int64)
+        rows = {"source": np.zeros(len(at), dtype=np.int32),
+                "position": _offsets(records, self.produced[partition])[at],
+                "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
+        self._to_join(Kind.LABELS, {"sources": [list(partition)]}, rows, decoded.prediction_ids)
+
+    def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> None:
+        """Rows keyed by prediction id, each to its join partition (in row order within each)."""
+        if not ids:
+            return
+        where = internal_topics.id_partitions(ids, self.topics.join.partitions)
+        for q in np.unique(where).tolist():
+            mine = np.flatnonzero(where == q)
+            part = {k: v[mine] for k, v in rows.items()}
+            for value in encode_rows(kind, meta, part, [ids[i] for i in mine.tolist()]):
+                self.producer.send(self.topics.join.name, q, value)
+
+    def _task_records(self, task: Task, records: Sequence[Record]) -> None:
+        """A join or counts partition's records, through its task (buffered while it looks for its snapshot)."""
+        for message in records:
+            offset = message.offset
+            task.consumed = offset + 1
+            try:
+                record = decode(message.value)
+            except RecordError as exc:
+                self.stage_health.unreadable.labels(task.partition[0]).inc()
+                log.error("%s[%d] offset %d skipped: %s", *task.partition, offset, exc)
+                continue
+            restoring = task.restoring
+            if record.kind is Kind.SNAPSHOT:
+                if restoring is not None and (whole := restoring.offer(record)) is not None:
+                    self._restored(task, whole)
+            elif restoring is not None:
+                restoring.buffered.append((offset, record))
+            else:
+                self._send(task.apply(record, offset))
+
+    # --- restoring a task -----------------------------------------------------------------------------------
+
+    def _restored(self, task: Task, whole: bytes | None) -> None:
+        """Go live from a whole snapshot (None: none is to be found, start empty), then apply what was buffered."""
+        restoring = task.restoring
+        assert restoring is not None
+        result = "restored"
+        if whole is not None:
+            try:
+                task.restore(*unpack(whole))
+            except (ValueError, KeyError) as exc:
+                log.error("%s[%d]: the snapshot covering offset %d cannot be read (%s): starting empty",
+                          *task.partition, restoring.covers, exc)  # fmt: skip
+                result = "missing"
+        else:
+            log.error("%s[%d]: no whole snapshot covering the committed offset %d in the log (retention?), %d "
+                      "chunk(s) seen: its state starts empty", *task.partition, restoring.covers,
+                      restoring.chunks_seen)  # fmt: skip
+            result = "missing"
+        self.stage_health.restores.labels(task.stage, result).inc()
+        task.restoring = None
+        task.covered = restoring.covers
+        self._go_live(task)
+        for offset, record in restoring.buffered:
+            self._send(task.apply(record, offset))
+
+    def _go_live(self, task: Task) -> None:
+        if isinstance(task, CountsTask):
+            self.live_counts.add(task.partition[1])
+            task.take()
+
+    def _give_up_caught_up(self) -> None:
+        """A restoring task that has read its whole partition without a whole snapshot starts empty."""
+        lag = self.lag()
+        for partition, task in list(self.tasks.items()):
+            if task.restoring is not None and lag.get(partition) == 0:
+                self._restored(task, None)
+
+    # --- the offsets book (exporter.stream.source.OffsetsBook) ----------------------------------------------
+
+    def counted(self) -> Offsets:
+        with self.lock:
+            return {**self.produced, **{p: t.consumed for p, t in self.tasks.items()}}
+
+    def committable(self) -> Offsets:
+        with self.lock:
+            return {**self.acked, **{p: t.covered for p, t in self.tasks.items() if t.covered is not None}}
+
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """An internal partition starts a task at its committed offset (0: none yet), which then looks for the
+        snapshot covering it; an input partition resumes after what this process sent on, else (left out) at
+        its committed offset."""
+        with self.lock:
+            starts = {}
+            for partition in partitions:
+                if partition[0] not in self.topics.names:
+                    if partition in self.acked:
+                        starts[partition] = self.acked[partition]
+                    continue
+                if committed is None:
+                    raise RuntimeError(f"the committed offset of {partition[0]}[{partition[1]}] is not known: its "
+                                       "state cannot be restored; the consumer is rebuilt to ask again")
+                self._drop(partition)  # a task of a consumer that was rebuilt: restored again from the commit
+                start = committed.get(partition, 0)
+                self.tasks[partition] = task = self._task(partition, start)
+                starts[partition] = start
+                if not start:
+                    self.stage_health.restores.labels(task.stage, "fresh").inc()
+                    self._go_live(task)
+            return starts
+
+    def _task(self, partition: Partition, start: int) -> Task:
+        if partition[0] == self.topics.join.name:
+            share = -(-self.fleet.config.max_pending_labels // self.topics.join.partitions)
+            return JoinTask(partition, start, self.stage_health, self.health,
+                            OutcomeJoin(self.fleet.config.label_horizon_seconds, share), self.spec_of,
+                            self.counts_partition, self.clock)  # fmt: skip
+        return CountsTask(partition, start, self.stage_health, self.health, self.fleet,
+                          lambda: self.models_of(partition[1]), self.clock)  # fmt: skip
+
+    def forget(self, partitions: list[Partition]) -> None:
+        """Revoked (or reset): no commit of this replica carries them; a counts partition's models leave now."""
+        with self.lock:
+            for partition in partitions:
+                self.produced.pop(partition, None)
+                self.acked.pop(partition, None)
+                self._drop(partition)
+
+    def _drop(self, partition: Partition) -> None:
+        task = self.tasks.pop(partition, None)
+        if isinstance(task, CountsTask) and partition[1] in self.live_counts:
+            self.live_counts.discard(partition[1])
+            self.fleet.release(task.models())
+
+    def flush(self) -> None:
+        """Snapshot every task with new state and wait for everything sent: what is counted becomes committable
+        (before a revocation, at shutdown). Never raises: a failure is logged and nothing new is committable."""
+        try:
+            self.snapshot(force=True)
+        except Exception as exc:
+            log.error("snapshots of the staged tasks failed (%s: %s); their offsets stay uncommitted",
+                      type(exc).__name__, exc)  # fmt: skip
+
+    # --- scheduled --------------------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """The scheduled job (every second): snapshots when due, and restoring tasks that caught up; never raises."""
+        try:
+            self.snapshot()
+        except Exception as exc:
+            log.error("snapshots of the staged tasks failed (%s: %s); their offsets stay uncommitted until one "
+                      "succeeds", type(exc).__name__, exc)  # fmt: skip
+
+    def snapshot(self, force: bool = False) -> None:
+        """Write a snapshot of each live task with new state (when ``checkpoint.interval`` has passed, or now when
+        forced) into its own partition; once all is acknowledged, its offset is committable."""
+        with self.lock:
+            self._give_up_caught_up()
+            if not force and time.monotonic() - self._snapshot_at < self.fleet.config.checkpoint_interval_seconds:
+                return
+            self._snapshot_at = time.monotonic()
+            written = []
+            for (topic, partition), task in self.tasks.items():
+                if task.restoring is None and task.dirty:
+                    for value in chunks(task.stage, partition, task.consumed, pack(*task.state()), self.chunk_bytes):
+                        self.producer.send(topic, partition, value)
+                    written.append((task, task.consumed))
+                    task.dirty = False
+            try:
+                self.producer.flush()
+            except Exception:
+                for task, _ in written:
+                    task.dirty = True
+                raise
+            self.acked.update(self.produced)
+            for task, covers in written:
+                task.covered = covers
+                self.stage_health.snapshots.labels(task.stage).inc()
+
+    def expire(self) -> None:
+        """Give up on predictions and labels older than the label horizon, in every join task held."""
+        given_up: Counter[str] = Counter()
+        with self.lock:
+            for task in self.tasks.values():
+                if isinstance(task, JoinTask) and task.restoring is None:
+                    before = sum(given_up.values())
+                    task.join.expire(self.clock(), given_up)
+                    task.dirty = task.dirty or sum(given_up.values()) > before
+            pending = self._pending()
+        self.health.pending_predictions.set(pending)
+        self.health.count_outcomes(given_up)
+
+    def _pending(self) -> int:
+        return sum(len(t.join.pending) for t in self.tasks.values() if isinstance(t, JoinTask))
+
+    def apply(self, config: Config) -> tuple[Changes, Counter[str]]:
+        """A reload: the fleet's models, and the join tasks forget the predictions of models reconfigured."""
+        with self.lock:
+            changes, given_up = self.fleet.apply(config)
+            carried = set(changes.kept) | set(changes.updated)
+            for task in self.tasks.values():
+                if isinstance(task, JoinTask):
+                    task.join.forget_models(carried.__contains__, given_up)
+                    task.join.horizon = config.label_horizon_seconds
+        return changes, given_up
+
+    def close(self) -> None:
+        self.producer.close()
