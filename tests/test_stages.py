@@ -15,9 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from broker_fixture import CLIENT_CONFIG
-from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
+from broker_fixture import read_partition
 from prometheus_client import CollectorRegistry
 
 from exporter.config import Config, parse_config
@@ -88,29 +86,11 @@ def later_labels(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if e["label"] is None and i % 2]  # fmt: skip
 
 
-def read(bootstrap: str, topic: str, partition: int, start: int = 0) -> list[ConsumerRecord]:
-    """Every record of a partition from ``start`` to the end of its log (the end as the fetch response says)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **CLIENT_CONFIG)
-    tp = TopicPartition(topic, partition)
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        out: list[ConsumerRecord] = []
-        for _ in range(100):
-            out += consumer.poll(timeout_ms=200).get(tp, [])
-            end = consumer.highwater(tp)
-            if end is not None and consumer.position(tp) >= end:
-                return out
-        raise AssertionError(f"{topic}[{partition}] not read to its end")
-    finally:
-        consumer.close()
-
-
 def pump(stages: Stages, bootstrap: str, topic: str, starts: dict[int, int]) -> dict[int, int]:
     """Hand each partition of an internal topic, from its start, to the stages; the next offsets."""
     ends = {}
     for partition, start in starts.items():
-        found = read(bootstrap, topic, partition, start)
+        found = read_partition(bootstrap, topic, partition, start)
         if found:
             stages.handle_poll({(topic, partition): found})
         ends[partition] = found[-1].offset + 1 if found else start
@@ -200,7 +180,7 @@ def test_a_state_of_several_chunks_restores_exactly_on_another_replica(kafka_bro
             theirs = second.tasks[partition]
             assert isinstance(theirs, JoinTask)
             assert (theirs.join.pending, theirs.join.orphans) == (task.join.pending, task.join.orphans)
-    counts_topic = first.topics.counts.name
+    topic = first.topics.counts.name
     chunked = [decode(r.value).meta["chunks"] for p in range(first.topics.counts.partitions)
-               for r in read(bootstrap, counts_topic, p) if decode(r.value).kind is Kind.SNAPSHOT]  # fmt: skip
+               for r in read_partition(bootstrap, topic, p) if decode(r.value).kind is Kind.SNAPSHOT]  # fmt: skip
     assert chunked and min(chunked) > 1  # every snapshot took several records
