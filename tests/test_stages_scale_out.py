@@ -1,7 +1,8 @@
 """Scale-out that keeps every model whole (kafka.stages: staged), against one daemon of the direct path.
 
 Three models on one 4-partition topic keyed at random, read by three replicas (`fairness-exporter serve`
-subprocesses) of one consumer group, and by one direct daemon reading every partition. Each model is on exactly one
+subprocesses, one of them on confluent-kafka) of one consumer group, and by one direct daemon reading every
+partition. Each model is on exactly one
 replica, whose series for it (window counts, values, intervals, detector statistics and alarms) equal the direct
 daemon's exactly; so they do after a SIGKILL of a replica and the rebalance that follows; and delayed labels,
 produced to other partitions than their predictions, all join.
@@ -15,6 +16,7 @@ replica and the direct daemon counted them: every step then consumes the same co
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import signal
 import subprocess
@@ -35,6 +37,7 @@ from broker_fixture import produce, read_partition
 from daemon_fixture import scrape
 from kafka import KafkaAdminClient, TopicPartition
 from prometheus_fixture import wait_until
+from tooling import missing
 
 from exporter.config import parse_config
 from exporter.daemon import Daemon
@@ -47,16 +50,23 @@ GROUPS = {"gender": ["male", "female"], "age": ["young", "old"]}
 # each model's selection rate of men and women: a gap, a smaller one, none
 RATES = {"hiring": (0.6, 0.35), "credit": (0.5, 0.42), "moderation": (0.4, 0.4)}
 # Tansu holds a new member's JoinGroup for about session_timeout_ms / 2: 6 s keeps a rebalance near 3 s
-GROUP_CLIENT = {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+GROUP_CLIENT = {"kafka-python": {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000,
+                                 "heartbeat_interval_ms": 1000},
+                "confluent-kafka": {"reconnect.backoff.max.ms": 500, "session.timeout.ms": 6000,
+                                    "heartbeat.interval.ms": 1000}}  # fmt: skip
+LIBRARIES = ("kafka-python", "confluent-kafka", "kafka-python")
+"""The replicas' client libraries: one group of both, so that both adapters and producers take part."""
 COUNTERS = ("fairness_predictions_total", "fairness_labelled_predictions_total")
 
 
-def config(bootstrap: str, topic: str, group: str, port: int, stages: str) -> dict[str, Any]:
+def config(bootstrap: str, topic: str, group: str, port: int, stages: str, library: str = "kafka-python"
+           ) -> dict[str, Any]:  # fmt: skip
     metrics = [{"name": name, "threshold": threshold, "max_interval_width": 1} for name, threshold in (
         ("demographic_parity_difference", 0.05), ("equalised_odds_difference", 0.05),
         ("disparate_impact_ratio", 0.8))]  # fmt: skip
     kafka = {"bootstrap_servers": bootstrap, "topic": topic, "labels_topic": f"{topic}-labels", "group_id": group,
-             "stages": stages, "assignment": "subscribe" if stages == "staged" else "manual", "client": GROUP_CLIENT}
+             "stages": stages, "assignment": "subscribe" if stages == "staged" else "manual",
+             "client_library": library, "client": GROUP_CLIENT[library]}  # fmt: skip
     return {"models": [{"model_id": m, "protected_attributes": [{"name": k, "groups": v} for k, v in GROUPS.items()]}
                        for m in RATES],
             "metrics": metrics, "min_samples": 5, "kafka": kafka, "windows": ["7d"], "bucket": "1d",
@@ -219,6 +229,8 @@ def _serve(config_path: Path, log: Path) -> subprocess.Popen[bytes]:
 
 @pytest.fixture(scope="module")
 def run(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    if importlib.util.find_spec("confluent_kafka") is None:
+        missing("confluent-kafka is not installed (pip install 'fairness-exporter[confluent]')")
     bootstrap = kafka_broker.bootstrap_servers
     topic = f"staged-{uuid.uuid4().hex[:8]}"
     for name in (topic, f"{topic}-labels"):
@@ -228,10 +240,10 @@ def run(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) 
     replicas = []
     direct = Daemon(parse_config(config(bootstrap, topic, f"direct-{topic}", 0, "direct"), "direct"))
     try:
-        for i in range(3):
+        for i, library in enumerate(LIBRARIES):
             port = free_port()
             path = directory / f"replica-{i}.yaml"
-            path.write_text(yaml.safe_dump(config(bootstrap, topic, group, port, "staged")))
+            path.write_text(yaml.safe_dump(config(bootstrap, topic, group, port, "staged", library)))
             replicas.append(Replica(port, _serve(path, directory / f"replica-{i}.log"), directory / f"replica-{i}.log"))
         direct.start()
         today = math.floor(time.time() / DAY) * DAY
