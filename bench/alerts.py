@@ -95,7 +95,7 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
             for attribute in model.attributes:
                 groups = np.moveaxis(blocks[attribute.name][: len(attribute.groups)], 0, 2).reshape(-1, 6)
                 (ev,) = evaluate_many([(stacked(attribute, steps * streams), groups)], model.min_samples,
-                                      model.max_interval_widths(), model.exported_metrics)  # fmt: skip
+                                      model.exported_metrics)
                 value = ev.metric(metric)[0]
                 bad = value < tuning.threshold if metric == "disparate_impact_ratio" else value > tuning.threshold
                 beyond |= (bad & ev.sufficient(metric)).reshape(steps, streams, -1).any(axis=2)

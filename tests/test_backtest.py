@@ -41,12 +41,14 @@ def drifting_events(hours: float = 3, drift_after_minutes: int = 60) -> pd.DataF
 
 
 def as_jsonl(frame: pd.DataFrame, path: Path) -> Path:
-    """The same events in the topic's format (ISO-8601 timestamps, attributes nested)."""
+    """The same events in the topic's format (ISO-8601 timestamps, attributes nested, every other prediction a
+    JSON boolean, as serving code often writes it)."""
     with path.open("wb") as f:
-        for row in frame.itertuples(index=False):
+        for i, row in enumerate(frame.itertuples(index=False)):
             stamp = datetime.fromtimestamp(row.timestamp, UTC).isoformat()
+            prediction = bool(row.prediction) if i % 2 else int(row.prediction)
             f.write(orjson.dumps({"model_id": row.model_id, "prediction_id": row.prediction_id, "timestamp": stamp,
-                                  "prediction": int(row.prediction),
+                                  "prediction": prediction,
                                   "attributes": {"gender": row.gender, "age": row.age}}) + b"\n")  # fmt: skip
     return path
 
@@ -61,7 +63,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     frame.to_csv(directory / "events.csv", index=False)
     milliseconds = (frame["timestamp"] * 1000).round().astype("int64")
     instants = pd.to_datetime(milliseconds, unit="ms", utc=True).astype("datetime64[us, UTC]")
-    stamped = frame.assign(timestamp=instants)
+    stamped = frame.assign(timestamp=instants, prediction=frame["prediction"].astype(bool))  # a boolean column
     stamped.to_parquet(directory / "datetimes.parquet")
     return {"config": config, "parquet": directory / "events.parquet", "csv": directory / "events.csv",
             "jsonl": as_jsonl(frame, directory / "events.jsonl"), "datetimes": directory / "datetimes.parquet",
@@ -90,11 +92,13 @@ def test_backtest_pages_on_the_drift_with_value_interval_and_statistic(recorded:
 
 
 def test_jsonl_csv_and_parquet_replay_to_the_same_report(recorded: dict[str, Path]) -> None:
-    """Epoch seconds, ISO-8601 strings (JSON lines) and microsecond datetimes (parquet) are the same instants."""
+    """Epoch seconds, ISO-8601 strings (JSON lines) and microsecond datetimes (parquet) are the same instants, and
+    booleans (JSON lines, the datetimes file's prediction column) the same 0/1."""
     config = parse_config(RAW_CONFIG)
     reports = [backtest(config, [recorded[kind]]) for kind in ("parquet", "csv", "jsonl", "datetimes")]
     assert reports[0]["alerts"] == reports[1]["alerts"] == reports[2]["alerts"] == reports[3]["alerts"]
-    assert reports[0]["events"] == reports[2]["events"] > 100_000
+    assert reports[0]["events"] == reports[2]["events"] == reports[3]["events"] > 100_000
+    assert reports[2]["rejected"] == reports[3]["rejected"] == 0
 
 
 def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: dict[str, Path]) -> None:

@@ -32,7 +32,7 @@ def test_scraped_gauges_equal_the_audit_gate_on_the_same_rows(kafka_broker: Embe
                                                                running: Callable[..., Daemon]) -> None:  # fmt: skip
     rows = synthetic_rows(3000, seed=11)
     produce(kafka_broker.bootstrap_servers, topic, payloads(rows, time.time()))
-    metrics = [{"name": m, "threshold": 0.1, "max_interval_width": 1} for m in (
+    metrics = [{"name": m, "threshold": 0.1} for m in (
         "demographic_parity_difference", "equalised_odds_difference", "disparate_impact_ratio")]  # fmt: skip
     daemon = running(kafka_broker.bootstrap_servers, topic, metrics=metrics)
     wait_for(lambda: consumed(daemon.port) == 3000, what="3000 events consumed")

@@ -91,6 +91,20 @@ def test_delayed_labels_are_counted_in_the_bucket_of_the_prediction(make_daemon)
     assert value(d, "fairness_exporter_pending_predictions") == 0
 
 
+def test_delayed_labels_sent_as_booleans_count_as_1_and_0(make_daemon) -> None:
+    """The labels topic follows the prediction decoder's rule: true/false are 1/0, text is an invalid label event."""
+    d = make_daemon()
+    d.ingest.handle("predictions", 0, records(predictions(2, 4, "male", "b")))
+    outcomes = [True, False, True, "0"]
+    d.ingest.handle("labels", 0, records([{"prediction_id": f"b{i}", "label": y} for i, y in enumerate(outcomes)]))
+    group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
+    # predicted 1 for b0, b1 (TP, FP), 0 for b2 (FN); b3's label "0" is text
+    assert value(d, "model_true_positive_rate", **group) == 0.5
+    assert value(d, "model_false_positive_rate", **group) == 1.0
+    assert value(d, "fairness_exporter_labels_joined_total") == 3
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="invalid_label_event") == 1
+
+
 def test_labels_before_predictions_duplicates_and_unknowns_are_accounted(make_daemon) -> None:
     d = make_daemon(label_horizon="1h")
     duplicate, invalid = {"prediction_id": "x0", "label": 1}, {"prediction_id": "bad", "label": "yes"}

@@ -8,6 +8,7 @@ Validation collects every problem of every model and raises one :class:`ConfigEr
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Final
 
@@ -26,6 +27,7 @@ from exporter.config.types import (
     parse_duration,
 )
 
+log = logging.getLogger(__name__)
 SHARED_KEYS: Final = frozenset({
     "kafka", "windows", "bucket", "allowed_lateness", "max_future_skew", "evaluation_interval", "label_horizon",
     "max_pending_labels", "listen", "checkpoint",
@@ -193,6 +195,8 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
     )
     if errors.lines:
         raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(errors.lines))
+    for note in errors.notes:
+        log.warning("%s: %s", source, note)
     return config
 
 

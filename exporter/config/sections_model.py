@@ -11,14 +11,14 @@ import itertools
 from typing import Any, Final
 
 from exporter.config import sections_stream as stream
-from exporter.config.toolkit import Errors, choice, get, positive_int, section
+from exporter.config.toolkit import Errors, choice, get, positive_int, section, text
 from exporter.config.types import SEVERITIES, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
-    "unknown_values", "columns", "events", "alerting",
+    "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -41,6 +41,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     alerting = stream.parse_alerting(section(raw, "alerting", errors, set(stream.ALERTING_KEYS)),
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", positive_int)
+    version = get(raw, "model_version", None, errors, "", text)
     if model_id is None:
         return None
     return ModelSpec(
@@ -58,6 +59,10 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         timestamp_column=str(columns.get("timestamp", "timestamp")),
         events=events,
         alerting=alerting,
+        model_version=version,
+        evaluation_dataset=get(raw, "evaluation_dataset", None, errors, "", text),
+        report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
+                               "failure_policy.", text),
         source=source,
     )
 
@@ -148,6 +153,11 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
     return out
 
 
+IGNORED_MAX_INTERVAL_WIDTH: Final = (
+    "ignored: no value is hidden for being imprecise any more; every comparison meeting min_samples is reported "
+    "with its 95% interval and evidence (decision: evidence lets the interval decide). Remove the key.")
+
+
 def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
     if raw is None:
         return [
@@ -172,12 +182,10 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         if severity not in SEVERITIES:
             errors.add(f"{path}.severity_on_fail", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
             ok = False
-        width = item.get("max_interval_width")
-        if width is not None and (isinstance(width, bool) or not isinstance(width, int | float) or not 0 < width <= 1):
-            errors.add(f"{path}.max_interval_width", f"{width!r} is not a number in (0, 1]")
-            ok = False
+        if "max_interval_width" in item:
+            errors.note(f"{path}.max_interval_width", IGNORED_MAX_INTERVAL_WIDTH)
         if ok and isinstance(name, str) and isinstance(threshold, int | float):
-            out.append(MetricSpec(name, float(threshold), severity, None if width is None else float(width)))
+            out.append(MetricSpec(name, float(threshold), severity))
     return out
 
 
@@ -186,7 +194,8 @@ def parse_decision(raw: dict[str, Any], errors: Errors) -> tuple[Any, Any]:
     ``failure_policy.blocking_failures`` / ``warning_failures`` only accept the values that state it (the seed's
     form): a knob that would be ignored is refused instead."""
     decision = get(raw, "decision", "point_estimate", errors, "", choice("point_estimate", "evidence"))
-    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive"})
+    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive",
+                                                      "report_destination"})
     get(policy, "blocking_failures", None, errors, "failure_policy.", choice("halt_deployment"))
     get(policy, "warning_failures", None, errors, "failure_policy.", choice("log_and_continue"))
     return decision, get(policy, "inconclusive", "fail", errors, "failure_policy.", choice("fail", "warn"))

@@ -11,20 +11,27 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class Errors:
-    """Collects problems as ``field: message`` lines; :meth:`within` names the fields of one part of the file
-    (``models[1] (credit-scorer-v4).metrics[0].threshold``)."""
+    """Collects problems as ``field: message`` lines, and notes on keys accepted but ignored; :meth:`within` names
+    the fields of one part of the file (``models[1] (credit-scorer-v4).metrics[0].threshold``)."""
 
-    def __init__(self, prefix: str = "", lines: list[str] | None = None) -> None:
+    def __init__(self, prefix: str = "", lines: list[str] | None = None, notes: list[str] | None = None) -> None:
         self.prefix = prefix
         self.lines: list[str] = [] if lines is None else lines
+        self.notes: list[str] = [] if notes is None else notes
 
     def within(self, prefix: str) -> Errors:
         """The same list of problems, with every path under ``prefix`` (e.g. ``models[1] (credit-scorer-v4).``)."""
-        return Errors(self.prefix + prefix, self.lines)
+        return Errors(self.prefix + prefix, self.lines, self.notes)
+
+    def _where(self, path: str) -> str:
+        return f"{self.prefix}{path}" if path else self.prefix.rstrip(".") or "config"
 
     def add(self, path: str, message: str) -> None:
-        where = f"{self.prefix}{path}" if path else self.prefix.rstrip(".") or "config"
-        self.lines.append(f"{where}: {message}")
+        self.lines.append(f"{self._where(path)}: {message}")
+
+    def note(self, path: str, message: str) -> None:
+        """A warning, logged once the config is valid: it never stops a config from loading."""
+        self.notes.append(f"{self._where(path)}: {message}")
 
     def check_keys(self, path: str, mapping: dict[str, Any], allowed: set[str]) -> None:
         for key in sorted(set(mapping) - allowed):
@@ -87,6 +94,12 @@ def choice(*options: str) -> Callable[[Any], str]:
         return str(value)
 
     return convert
+
+
+def text(value: Any) -> str:
+    if not isinstance(value, str | int | float) or isinstance(value, bool) or not str(value).strip():
+        raise ValueError("expected a non-empty string")
+    return str(value)
 
 
 def port(value: Any) -> int:

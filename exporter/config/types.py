@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from exporter.core.attributes import Attribute
-from exporter.core.metric_table import METRICS, max_widths
+from exporter.core.metric_table import METRICS
 
 SEVERITIES: Final = ("blocking", "warning")
 DEFAULT_SCORE_BUCKETS: Final = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -42,8 +42,6 @@ class MetricSpec:
     name: str
     threshold: float
     severity: Literal["blocking", "warning"]
-    max_interval_width: float | None = None
-    """A value is reported only when its interval's half-width is at most this (None: the table's default)."""
 
     def passes(self, value: float) -> bool:
         """The point estimate against the threshold, in the metric's pass direction (from the metric table)."""
@@ -164,12 +162,14 @@ class ModelSpec:
     timestamp_column: str = "timestamp"
     events: EventFields = field(default_factory=EventFields)
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
+    model_version: str | None = None
+    """The version of the model every audit record names (the seed's "audit trail for each model version")."""
+    evaluation_dataset: str | None = None
+    """The gate's data when the command line names none: a local path (relative to the config) or a URL."""
+    report_destination: str | None = None
+    """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
     """The file (or ``file#models[i]``) the model was configured in."""
-
-    def max_interval_widths(self) -> dict[str, float]:
-        """Each metric's max_interval_width: as configured, else from its configured threshold, else the table's."""
-        return max_widths((m.name, m.threshold, m.max_interval_width) for m in self.metrics)
 
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""

@@ -159,9 +159,6 @@ def _insufficient(r: Mapping[str, Any], min_samples: Any) -> str:
     if isinstance(support, int) and isinstance(min_samples, int) and support < min_samples:
         return f"insufficient samples: {support} of what the metric counts in the smaller group, min_samples " \
                f"{min_samples}"  # fmt: skip
-    width, limit = r.get("half_width"), r.get("max_interval_width")
-    if isinstance(width, float) and isinstance(limit, int | float) and width > limit:
-        return f"insufficient samples: interval half-width {number(width)} above max_interval_width {limit}"
     return "insufficient samples: the metric is undefined on these groups"
 
 

@@ -1,6 +1,6 @@
 """Render each Snapshot for /metrics: fresh metric families per snapshot, nothing mutated in place.
 
-A series that leaves the data (a window that empties, a comparison that becomes insufficient) leaves /metrics
+A series that leaves the data (a window that empties, a comparison that falls below min_samples) leaves /metrics
 by itself. Each snapshot is serialised once (CachedExposition); a scrape never triggers or waits for a computation.
 """
 
@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
-from exporter.core.metric_table import METRICS
+from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
@@ -78,11 +78,20 @@ class SnapshotCollector(Collector):
                  for m in METRICS if m in exported}  # fmt: skip
         insufficient = GaugeMetricFamily(
             "model_comparison_insufficient_samples",
-            "1 when the metric is not reported for the comparison: a group has fewer than min_samples of what the "
-            "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), the metric "
-            "is undefined, or its interval is wider than max_interval_width." + cadence,
+            "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "
+            "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), or the metric "
+            "is undefined (a ratio with no positive prediction in a group). Else 0, and the value is exported with "
+            "its interval however wide." + cadence,
             labels=[*_PAIR, "metric"],
         )
+        evidence = GaugeMetricFamily(
+            "model_comparison_evidence",
+            "1 for the state of what the metric's 95% interval says against its threshold (fairness_threshold), 0 for "
+            "the two others: pass (wholly on the passing side), fail (wholly beyond), inconclusive (it contains the "
+            "threshold, or the comparison has no value)." + cadence,
+            labels=[*_PAIR, "metric", "evidence"],
+        )
+        thresholds = {s.model_id: dict(s.thresholds) for s in snapshots}
         unknown = _Family("model_subgroup_unknown_samples", "Predictions in the window whose value of the attribute "
                           "is outside its groups or missing: its unknown category, counted in the overall rate and "
                           "in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
@@ -105,16 +114,20 @@ class SnapshotCollector(Collector):
                 family = pairs[metric]
                 value, lower, upper = ev.metric(metric)
                 ok = ev.sufficient(metric)
+                states = ev.evidence(metric, thresholds[snapshot.model_id][metric]).tolist()
                 for k, (a, b) in enumerate(ev.attribute.pairs):
                     ga, gb = ev.attribute.groups[a], ev.attribute.groups[b]
                     labels = [*base, f"{ga}_vs_{gb}", ga, gb]
                     insufficient.add_metric([*labels, metric], 0.0 if ok[k] else 1.0)
+                    for state in EVIDENCE:
+                        evidence.add_metric([*labels, metric, state], 1.0 if states[k] == state else 0.0)
                     if ok[k]:
                         family.add(labels, value[k], lower[k], upper[k])
 
         for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()
         yield insufficient
+        yield evidence
         yield from self._scores(snapshots, cadence)
         yield from self._settings(snapshots)
         yield from self._counters(snapshots)
@@ -148,19 +161,14 @@ class SnapshotCollector(Collector):
         threshold = GaugeMetricFamily("fairness_threshold", "The threshold of a metric, as configured or the metric "
                                       "table's default (differences pass at or below it, ratios at or above it).",
                                       labels=["model_id", "metric"])  # fmt: skip
-        width = GaugeMetricFamily("fairness_max_interval_width", "A metric is reported only when its 95% interval's "
-                                  "half-width is at most this.", labels=["model_id", "metric"])  # fmt: skip
         min_samples = GaugeMetricFamily("fairness_min_samples", "A comparison needs at least this many of what its "
                                         "metric counts in each group.", labels=["model_id"])  # fmt: skip
         for snapshot in snapshots:
             for metric, value in snapshot.thresholds:
                 threshold.add_metric([snapshot.model_id, metric], value)
             if snapshot.evaluations:
-                ev = snapshot.evaluations[0][1]
-                for metric in snapshot.metrics:
-                    width.add_metric([snapshot.model_id, metric], ev.max_widths[metric])
-                min_samples.add_metric([snapshot.model_id], ev.min_samples)
-        yield from (threshold, width, min_samples)
+                min_samples.add_metric([snapshot.model_id], snapshot.evaluations[0][1].min_samples)
+        yield from (threshold, min_samples)
 
     @staticmethod
     def _counters(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
@@ -234,6 +242,16 @@ def detector_families(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
     yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
 
 
+class _Collected(Collector):
+    """Metric families collected once, rendered by every encoder that asks (encoders only read them)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
 class CachedExposition:
     """Each snapshot serialised once per format asked for, on the computation's thread (the daemon's process).
 
@@ -255,9 +273,10 @@ class CachedExposition:
         self._current: tuple[CollectorRegistry, int, dict[str, bytes]] = (CollectorRegistry(), 0, {})
 
     def update(self, snapshot: FleetSnapshot) -> None:
-        """Serialise a new snapshot in every format asked for so far (on the computation's thread)."""
+        """Serialise a new snapshot in every format asked for so far (on the computation's thread); its metric
+        families are built once, whatever the number of formats."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(lambda: snapshot, self.every))
+        registry.register(_Collected(list(SnapshotCollector(lambda: snapshot, self.every).collect())))
         with self._rendering:
             texts = {kind: encoder(registry) for kind, encoder in self._encoders.items()}
             self._current = (registry, self._current[1] + 1, texts)

@@ -54,8 +54,8 @@ class FleetSnapshot:
 
 
 def compute_model(monitored: Monitored, windowing: Windowing, now: float,
-                  facts: tuple[dict[str, float], tuple[tuple[str, float], ...]]) -> Snapshot:  # fmt: skip
-    """One model's windows and attributes as of ``now`` (``facts``: its interval widths and thresholds)."""
+                  thresholds: tuple[tuple[str, float], ...]) -> Snapshot:  # fmt: skip
+    """One model's windows and attributes as of ``now`` (``thresholds``: of its exported metrics)."""
     spec, store = monitored.spec, monitored.store
     detection = store.detect(now)
     with store.lock:  # counts and score histograms of the same events
@@ -67,8 +67,7 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         for attribute in spec.attributes:
             keys.append(window.name)
             blocks.append((attribute, by_attribute[attribute.name]))
-    widths, thresholds = facts
-    evaluated = evaluate_many(blocks, spec.min_samples, widths, spec.exported_metrics)
+    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics)
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)
@@ -93,13 +92,14 @@ class Computer:
         self.latest: FleetSnapshot | None = None
         self._computing = threading.Lock()
         """One computation at a time (the schedule's, a reload's): snapshots are published in the order taken."""
-        self._facts: dict[str, tuple[ModelSpec, tuple[dict[str, float], tuple[tuple[str, float], ...]]]] = {}
+        self._facts: dict[str, tuple[ModelSpec, tuple[tuple[str, float], ...]]] = {}
 
-    def _facts_of(self, spec: ModelSpec) -> tuple[dict[str, float], tuple[tuple[str, float], ...]]:
-        """Facts of a model's config, not of its counts: derived once per spec (a reload brings a new one)."""
+    def _facts_of(self, spec: ModelSpec) -> tuple[tuple[str, float], ...]:
+        """Facts of a model's config, not of its counts (its thresholds): derived once per spec (a reload brings a
+        new one)."""
         cached = self._facts.get(spec.model_id)
         if cached is None or cached[0] is not spec:
-            cached = (spec, (spec.max_interval_widths(), tuple(spec.thresholds().items())))
+            cached = (spec, tuple(spec.thresholds().items()))
             self._facts[spec.model_id] = cached
         return cached[1]
 

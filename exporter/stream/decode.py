@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from exporter.config import ModelSpec
-from exporter.core.encoding import attribute_codes, code_table
+from exporter.core.encoding import attribute_codes, code_table, value_text
 from exporter.stream.paths import lookup
 from exporter.stream.route import IGNORE_REASONS, ignore_reason
 from exporter.stream.timestamps import epoch, epochs
@@ -51,19 +51,20 @@ def is_valid_id(pid: object) -> bool:
 
 
 def is_binary(value: object) -> TypeGuard[int | float]:
-    """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
-    return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
+    """0 or 1: a number (0.0/1.0 too) or a boolean (true is 1, false is 0, as the gate counts a boolean column),
+    never a string."""
+    return value.__class__ is not str and value in (0, 1)
 
 
 # What the schema accepts of each field: only values that the rules accept as they are. Wider values (1.0 for 1,
 # a timestamp JSON number beyond int64, an id integer beyond what orjson reads as an int) fail it and are walked.
-_Binary = Literal[0, 1]
+_Binary = Literal[0, 1] | bool  # true/false count as 1/0 (np.fromiter and _OUTCOME read True as 1)
 _Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annotated[int, msgspec.Meta(ge=-(2**63),
                                                                                                     le=2**63 - 1)]
 _Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 _Stamp = str | float
 _OUTCOME: Final = {None: -1, 0: 0, 1: 1}
-"""The outcome of a label the schema accepted: none (-1), 0 or 1."""
+"""The outcome of a label the schema accepted: none (-1), 0 or 1 (False and True hash as 0 and 1)."""
 
 
 def _schema(model: ModelSpec, strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
@@ -280,7 +281,7 @@ class EventDecoder:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
                 lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
                 lookup.update(table)
-                lookup[None] = table.get("None", unknown)  # the walk looks a missing value up as str(None)
+                lookup[None] = unknown  # a missing value: the unknown category, as the gate's blank cell
                 codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
                                          len(structs)))  # fmt: skip
         else:
@@ -377,6 +378,6 @@ class EventDecoder:
         codes = []
         for column, table, unknown in self._tables:
             v = attrs.get(column)
-            code = table.get(v if v.__class__ is str else str(v))
+            code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
             codes.append(unknown if code is None else code)
         return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)
