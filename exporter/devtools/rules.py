@@ -66,13 +66,13 @@ TUNING: dict[str, Tuning] = {
     # fairness_exporter_config_last_reload_successful == 0: a reload was refused, the previous config still runs
     "FairnessExporterConfigReloadFailed": Tuning(None, "5m", "warning"),
     # the staged path: no replica owns a model (its detectors and series are gone): every alert of it is blind
-    "FairnessModelUnowned":             Tuning(None, "5m",  "critical"),
+    "FairnessExporterModelUnowned":     Tuning(None, "5m",  "critical"),
     # two replicas export one model (a zombie, or partitions added to the counts topic under running replicas)
-    "FairnessModelOwnedTwice":          Tuning(None, "5m",  "warning"),
+    "FairnessExporterModelOwnedTwice":  Tuning(None, "5m",  "warning"),
     # a model's last detector step is older than threshold buckets while its counts partition has lag
-    "FairnessModelStalled":             Tuning(3,    "5m",  "warning"),
+    "FairnessExporterModelStalled":     Tuning(3,    "5m",  "warning"),
     # labels of no known prediction / (those + labels joined) over LABEL_JOIN_WINDOW > alerting.max_unjoined_share
-    "FairnessLabelJoinBroken":          Tuning(None, "15m", "warning"),
+    "FairnessExporterLabelJoinBroken":  Tuning(None, "15m", "warning"),
 }
 # fmt: on
 
@@ -82,7 +82,7 @@ STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() wind
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
 ERROR_WINDOW = "10m"  # FairnessExporterConsumerErrors and FairnessExporterCheckpointFailing: rate() window
 RECORDING_WINDOWS = ("1h", "24h")  # increase() windows of the fleet-wide recording rules
-LABEL_JOIN_WINDOW = "1h"  # FairnessLabelJoinBroken: rate() window
+LABEL_JOIN_WINDOW = "1h"  # FairnessExporterLabelJoinBroken: rate() window
 
 JOB = "fairness-exporter"
 RUNBOOK_URL = "https://github.com/fairness-exporter/fairness-exporter/blob/main/rules/RUNBOOK.md"
@@ -335,51 +335,51 @@ def _health_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
 def _stage_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
     """Alerts on the staged path (a model owned once, stepping) and on the label join of either path."""
     owned = "fairness_exporter_model_owned"
-    buckets = _fmt(TUNING["FairnessModelStalled"].threshold or 0)
+    buckets = _fmt(TUNING["FairnessExporterModelStalled"].threshold or 0)
     unknown = f'rate(fairness_exporter_labels_expired_total{{reason="unknown_prediction"}}[{LABEL_JOIN_WINDOW}])'
     joined = f"rate(fairness_exporter_labels_joined_total[{LABEL_JOIN_WINDOW}])"
     fleet = "sum without (instance, pod, reason)"
     return [
         _alert(
-            "FairnessModelUnowned",
+            "FairnessExporterModelUnowned",
             f"max without (instance, pod) ({owned}) == 0",
-            fors["FairnessModelUnowned"],
+            fors["FairnessExporterModelUnowned"],
             f"Model {_label('model_id')} is evaluated by no replica.",
             f"No replica of {_label('job')} has held partition {_label('partition')} of {_label('topic')}, which "
-            f"holds model {_label('model_id')}, for {fors['FairnessModelUnowned']}: its windows, detectors and "
-            "series are on no /metrics, so none of its fairness alerts can fire.",
+            f"holds model {_label('model_id')}, for {fors['FairnessExporterModelUnowned']}: its windows, detectors "
+            "and series are on no /metrics, so none of its fairness alerts can fire.",
         ),
         _alert(
-            "FairnessModelOwnedTwice",
+            "FairnessExporterModelOwnedTwice",
             f"sum without (instance, pod) ({owned}) > 1",
-            fors["FairnessModelOwnedTwice"],
+            fors["FairnessExporterModelOwnedTwice"],
             f"Model {_label('model_id')} is evaluated by {VALUE_0F} replicas.",
             f"{VALUE_0F} replicas of {_label('job')} have exported model {_label('model_id')} (partition "
-            f"{_label('partition')} of {_label('topic')}) for {fors['FairnessModelOwnedTwice']}: each sees part of "
+            f"{_label('partition')} of {_label('topic')}) for {fors['FairnessExporterModelOwnedTwice']}: each sees part of "
             "its traffic, so neither's numbers nor detectors are the model's.",
         ),
         _alert(
-            "FairnessModelStalled",
+            "FairnessExporterModelStalled",
             "(time() - fairness_exporter_model_last_step_timestamp_seconds)\n"
             f"  > on (job, instance) group_left () ({buckets} * fairness_exporter_bucket_seconds)\n"
             f"and on (job, instance, model_id) (\n  {owned} == 1\n"
             "  and on (job, instance, topic, partition) fairness_exporter_consumer_lag_messages > 0\n)",
-            fors["FairnessModelStalled"],
+            fors["FairnessExporterModelStalled"],
             f"Model {_label('model_id')} stopped stepping on {_label('instance')} while its counts wait.",
             f"The detectors of model {_label('model_id')} on {_label('instance')} last stepped "
             "{{ $value | humanizeDuration }} ago, more than " + buckets + " buckets, while its partition of the "
-            f"counts topic has unread records, for {fors['FairnessModelStalled']}: its evaluation stage is stuck "
+            f"counts topic has unread records, for {fors['FairnessExporterModelStalled']}: its evaluation stage is stuck "
             "and its numbers are frozen.",
         ),
         _alert(
-            "FairnessLabelJoinBroken",
+            "FairnessExporterLabelJoinBroken",
             f"{fleet} ({unknown})\n/\n({fleet} ({unknown})\n + sum without (instance, pod) ({joined}))\n"
             "> on (job) group_left () max without (instance, pod) (fairness_exporter_labels_max_unjoined_share)",
-            fors["FairnessLabelJoinBroken"],
+            fors["FairnessExporterLabelJoinBroken"],
             f"Delayed labels of {_label('job')} find no prediction.",
             f"Over the last {LABEL_JOIN_WINDOW}, {{{{ $value | humanizePercentage }}}} of the delayed labels that "
             f"{_label('job')} joined or gave up found no prediction within label_horizon, above "
-            f"alerting.max_unjoined_share, for {fors['FairnessLabelJoinBroken']}: the label join is broken "
+            f"alerting.max_unjoined_share, for {fors['FairnessExporterLabelJoinBroken']}: the label join is broken "
             "(labels and predictions meeting on different replicas, or another prediction_id), not late. TPR, FPR "
             "and equalised odds miss those labels.",
         ),
