@@ -355,8 +355,8 @@ def _stage_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             fors["FairnessExporterModelOwnedTwice"],
             f"Model {_label('model_id')} is evaluated by {VALUE_0F} replicas.",
             f"{VALUE_0F} replicas of {_label('job')} have exported model {_label('model_id')} (partition "
-            f"{_label('partition')} of {_label('topic')}) for {fors['FairnessExporterModelOwnedTwice']}: each sees part of "
-            "its traffic, so neither's numbers nor detectors are the model's.",
+            f"{_label('partition')} of {_label('topic')}) for {fors['FairnessExporterModelOwnedTwice']}: each sees "
+            "part of its traffic, so neither's numbers nor detectors are the model's.",
         ),
         _alert(
             "FairnessExporterModelStalled",
@@ -368,8 +368,8 @@ def _stage_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             f"Model {_label('model_id')} stopped stepping on {_label('instance')} while its counts wait.",
             f"The detectors of model {_label('model_id')} on {_label('instance')} last stepped "
             "{{ $value | humanizeDuration }} ago, more than " + buckets + " buckets, while its partition of the "
-            f"counts topic has unread records, for {fors['FairnessExporterModelStalled']}: its evaluation stage is stuck "
-            "and its numbers are frozen.",
+            f"counts topic has unread records, for {fors['FairnessExporterModelStalled']}: its evaluation stage is "
+            "stuck and its numbers are frozen.",
         ),
         _alert(
             "FairnessExporterLabelJoinBroken",
