@@ -11,6 +11,8 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
 Partition = tuple[str, int]
 """(topic, partition)."""
 Offsets = dict[Partition, int]
@@ -56,6 +58,14 @@ def values_and_next(records: Sequence[Record]) -> tuple[list[bytes | None], int]
     if isinstance(records, Batch):
         return records.values(), records.next_offset()
     return [r.value for r in records], records[-1].offset + 1
+
+
+def offsets_of(records: Sequence[Record], next_offset: int) -> np.ndarray:
+    """Every record's offset in a non-empty batch (the usual one is contiguous: then no record is read)."""
+    first = records[0].offset
+    if next_offset - first == len(records):
+        return np.arange(first, next_offset, dtype=np.int64)
+    return np.fromiter((r.offset for r in records), np.int64, len(records))
 
 
 class LogBounds(NamedTuple):

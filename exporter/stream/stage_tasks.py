@@ -45,6 +45,8 @@ class Task:
         self.partition = partition
         self.consumed = start
         """The next offset to read in the partition."""
+        self.fetched = False
+        """Whether a batch of it was read since the assignment (before, a client's cached log end may be stale)."""
         self.covered: int | None = None
         """The offset the last acknowledged snapshot covers: what may be committed."""
         self.restoring: Restoring | None = Restoring(start) if start else None

@@ -33,7 +33,7 @@ import numpy as np
 from exporter.config import Config, ModelSpec
 from exporter.serve.self_metrics import Health, Owned, StageHealth
 from exporter.stream import internal_topics
-from exporter.stream.client import Offsets, Partition, Record, values_and_next
+from exporter.stream.client import Offsets, Partition, Record, offsets_of, values_and_next
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.decode_outcomes import decode_outcomes
 from exporter.stream.fleet import Changes, Fleet
@@ -45,14 +45,6 @@ from exporter.stream.snapshots import CHUNK_BYTES, chunks, pack, unpack
 from exporter.stream.stage_tasks import CountsTask, JoinTask, Out, Task
 
 log = logging.getLogger(__name__)
-
-
-def _offsets(records: Sequence[Record], next_offset: int) -> np.ndarray:
-    """Every record's offset (the usual batch is contiguous: no record object per message is read)."""
-    first = records[0].offset
-    if next_offset - first == len(records):
-        return np.arange(first, next_offset, dtype=np.int64)
-    return np.fromiter((r.offset for r in records), np.int64, len(records))
 
 
 class Stages:
@@ -164,7 +156,7 @@ class Stages:
             part_values, self.produced[partition] = values_and_next(records)
             values += part_values
             sources.append(np.full(len(part_values), i, dtype=np.int32))
-            offsets.append(_offsets(records, self.produced[partition]))
+            offsets.append(offsets_of(records, self.produced[partition]))
         source, position = np.concatenate(sources), np.concatenate(offsets)
         meta_sources = [list(p) for p, _ in parts]
         decoders, decoded, ignored, malformed, routed = self.ingest.decode(values, self.clock())  # type: ignore[arg-type]
@@ -195,7 +187,7 @@ class Stages:
             self.health.count_outcomes({"invalid_label_event": decoded.invalid})
         at = np.asarray(decoded.positions, dtype=np.int64)
         rows = {"source": np.zeros(len(at), dtype=np.int32),
-                "position": _offsets(records, self.produced[partition])[at],
+                "position": offsets_of(records, self.produced[partition])[at],
                 "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
         self._to_join(Kind.LABELS, {"sources": [list(partition)]}, rows, decoded.prediction_ids)
 
@@ -212,6 +204,7 @@ class Stages:
 
     def _task_records(self, task: Task, records: Sequence[Record]) -> None:
         """A join or counts partition's records, through its task (buffered while it looks for its snapshot)."""
+        task.fetched = True
         for message in records:
             offset = message.offset
             task.consumed = offset + 1
@@ -271,8 +264,10 @@ class Stages:
     # --- the offsets book (exporter.stream.source.OffsetsBook) ----------------------------------------------
 
     def counted(self) -> Offsets:
+        """Where each partition's reading has got to (a task's only once it was fetched: a log end cached from an
+        earlier assignment would make its committed offset look beyond the end of the log)."""
         with self.lock:
-            return {**self.produced, **{p: t.consumed for p, t in self.tasks.items()}}
+            return {**self.produced, **{p: t.consumed for p, t in self.tasks.items() if t.fetched}}
 
     def committable(self) -> Offsets:
         with self.lock:
