@@ -1,6 +1,7 @@
 """The monitoring daemon: Kafka source -> router and decoders -> every model's window store (+ label join) ->
 scheduled computation -> /metrics, with checkpoints that let it restart without losing or double counting an
-event, and reloads that change the models without a restart."""
+event, and reloads that change the models without a restart. With ``kafka.stages: staged`` the same parts run as
+the stages of exporter/stream/stages.py, and this replica computes and serves the models it owns."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -84,6 +86,7 @@ class Daemon:
             self.source = KafkaSource(config.kafka, self.stages.handle_poll, self.stages, self.health,
                                       self.stages.source_topics, self.stages.prepare)  # fmt: skip
             self.stages.lag = self.source.lag
+            self.stages.released = self._compute_now
             self.registry.register(OwnershipCollector(self.stages.owned, config.windowing.bucket_seconds))
         else:
             self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health)
@@ -171,6 +174,11 @@ class Daemon:
         self.source.start()
         log.info("fairness-exporter serving %s on port %d, reading %s from %s", self._models(), self.port,
                  self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
+
+    def _compute_now(self) -> None:
+        """Have the scheduled computation run now (models left this replica: their series leave /metrics)."""
+        if self.scheduler.running:
+            self.scheduler.modify_job("compute", next_run_time=datetime.now(UTC))
 
     def _models(self) -> str:
         ids = self.config.model_ids

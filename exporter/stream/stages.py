@@ -73,6 +73,8 @@ class Stages:
         self.topic_ids: dict[str, str] = {}
         self.lag: Callable[[], Mapping[Partition, int]] = dict
         """The source's lag per partition (the daemon sets it): a restoring task that caught up gives up."""
+        self.released: Callable[[], None] = lambda: None
+        """Called when models leave this replica, so that their series leave /metrics now (the daemon sets it)."""
         self._snapshot_at = time.monotonic()
         self.chunk_bytes = CHUNK_BYTES
         """The most bytes of state in one snapshot record."""
@@ -318,6 +320,7 @@ class Stages:
         if isinstance(task, CountsTask) and partition[1] in self.live_counts:
             self.live_counts.discard(partition[1])
             self.fleet.release(task.models())
+            self.released()
 
     def flush(self) -> None:
         """Snapshot every task with new state and wait for everything sent: what is counted becomes committable
