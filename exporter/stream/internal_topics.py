@@ -46,6 +46,14 @@ class InternalTopics:
     def names(self) -> list[str]:
         return [self.join.name, self.counts.name]
 
+    def counts_of(self, model_id: str) -> tuple[str, int]:
+        """The counts partition of a model (the replica that holds it evaluates the model)."""
+        return self.counts.name, model_partition(model_id, self.counts.partitions)
+
+    def join_of(self, ids: Iterable[str]) -> np.ndarray:
+        """The join partition of each prediction id."""
+        return id_partitions(ids, self.join.partitions)
+
 
 def wanted(config: Config) -> InternalTopics:
     """The internal topics the config asks for (partition counts as configured, before the broker says)."""

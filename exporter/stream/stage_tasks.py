@@ -11,6 +11,7 @@ restore from and write inline snapshots (exporter/stream/snapshots.py).
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
@@ -52,6 +53,8 @@ class Task:
         self.restoring: Restoring | None = Restoring(start) if start else None
         self.dirty = False
         """Data applied since the last snapshot."""
+        self.snapshot_at = time.monotonic()
+        """When its last snapshot was written (time.monotonic)."""
         self.hwm: dict[Source, int] = {}
         self.stage_health = stage_health
 

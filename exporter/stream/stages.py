@@ -5,10 +5,8 @@ Every replica runs one consumer (exporter/stream/source.py, the one consumer pol
 labels topic, ``<group>.join`` and ``<group>.counts``; the group's assignor spreads each topic's partitions over
 the replicas, and this module handles each record by its topic:
 
-- **ingest** (an input partition): the fleet's router and decoders, as on the direct path, turn a poll into each
-  model's columns; one PREDICTIONS record goes to the model's counts partition, and its unlabelled predictions
-  with an id, as PENDING records, to the join partition of each prediction id;
-- **labels** (a labels partition): each decoded label goes, as a LABELS record, to the join partition of its id;
+- **ingest** and **labels** (an input or labels partition): exporter/stream/stage_entry.py sends each model's
+  decoded rows to its counts partition, and unlabelled predictions and labels to the join partition of their id;
 - **join** (a join partition): a :class:`~exporter.stream.stage_tasks.JoinTask`; what it joins goes to the
   model's counts partition;
 - **evaluate** (a counts partition): a :class:`~exporter.stream.stage_tasks.CountsTask`, which counts into the
@@ -28,20 +26,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-
 from exporter.config import Config, ModelSpec
 from exporter.serve.self_metrics import Health, Owned, StageHealth
 from exporter.stream import internal_topics
-from exporter.stream.client import Offsets, Partition, Record, offsets_of, values_and_next
+from exporter.stream.client import Offsets, Partition, Record
 from exporter.stream.dead_letters import DeadLetters
-from exporter.stream.decode_outcomes import decode_outcomes
 from exporter.stream.fleet import Changes, Fleet
 from exporter.stream.ingest import Ingest
-from exporter.stream.internal import Kind, RecordError, codes_layout, codes_matrix, decode, encode_rows
+from exporter.stream.internal import Kind, RecordError, decode
 from exporter.stream.internal_producer import InternalProducer
 from exporter.stream.label_join import OutcomeJoin
 from exporter.stream.snapshots import CHUNK_BYTES, chunks, pack, unpack
+from exporter.stream.stage_entry import EntryStages
 from exporter.stream.stage_tasks import CountsTask, JoinTask, Out, Task
 
 log = logging.getLogger(__name__)
@@ -66,6 +62,7 @@ class Stages:
         self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns)
         self.ingest = Ingest(config, self.fleet, health, clock, dead_letters)
         self.producer = InternalProducer(config.kafka)
+        self.entry = EntryStages(self.ingest, self.producer, lambda: self.topics)
         self.produced: Offsets = {}
         """Input and labels partitions: the next offset after what the stages sent on."""
         self.acked: Offsets = {}
@@ -90,7 +87,7 @@ class Stages:
     # --- where things go ------------------------------------------------------------------------------------
 
     def counts_partition(self, model_id: str) -> Partition:
-        return self.topics.counts.name, internal_topics.model_partition(model_id, self.topics.counts.partitions)
+        return self.topics.counts_of(model_id)
 
     def owns(self, model_id: str) -> bool:
         """Whether this replica holds the model's counts partition, live (the fleet keeps its state)."""
@@ -122,12 +119,12 @@ class Stages:
             try:
                 inputs = [(p, r) for p, r in batches.items() if p[0] == self.kafka.topic and r]
                 if inputs:
-                    self._predictions(inputs)
+                    self.produced.update(self.entry.predictions(inputs))
                 for partition, records in batches.items():
                     if not records:
                         continue
                     if partition[0] == self.kafka.labels_topic:
-                        self._labels(partition, records)
+                        self.produced[partition] = self.entry.labels(partition, records)
                     elif partition in self.tasks:
                         self._task_records(self.tasks[partition], records)
                 self._give_up_caught_up()
@@ -149,60 +146,6 @@ class Stages:
     def _send(self, out: list[Out]) -> None:
         for topic, partition, key, value in out:
             self.producer.send(topic, partition, value, key)
-
-    def _predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> None:
-        """The ingest stage: one decode of every input partition's records, each model's rows sent on."""
-        values: list[bytes | None] = []
-        sources, offsets = [], []
-        for i, (partition, records) in enumerate(parts):
-            part_values, self.produced[partition] = values_and_next(records)
-            values += part_values
-            sources.append(np.full(len(part_values), i, dtype=np.int32))
-            offsets.append(offsets_of(records, self.produced[partition]))
-        source, position = np.concatenate(sources), np.concatenate(offsets)
-        meta_sources = [list(p) for p, _ in parts]
-        decoders, decoded, ignored, malformed, routed = self.ingest.decode(values, self.clock())  # type: ignore[arg-type]
-        for model_id, batch in decoded.items():
-            if not len(batch):
-                continue
-            spec = decoders[model_id].model
-            at = routed.positions[model_id][batch.positions]
-            rows = {"source": source[at], "position": position[at], "timestamp": batch.timestamps,
-                    "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
-                    "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
-            meta = {"model": model_id, "layout": codes_layout(spec), "sources": meta_sources}
-            topic, counts = self.counts_partition(model_id)
-            self._send([(topic, counts, model_id.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, rows)])
-            if self.kafka.labels_topic:
-                waiting = np.flatnonzero((batch.outcomes < 0) & np.fromiter(
-                    (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
-                pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}
-                self._to_join(Kind.PENDING, meta, pending, [str(batch.prediction_ids[i]) for i in waiting.tolist()])
-        where = ", ".join(f"{topic}[{partition}]" for (topic, partition), _ in parts)
-        self.ingest.report(decoded, ignored, malformed, 0, where)
-
-    def _labels(self, partition: Partition, records: Sequence[Record]) -> None:
-        """The labels stage: each decoded label to the join partition of its prediction id."""
-        values, self.produced[partition] = values_and_next(records)
-        decoded = decode_outcomes(values, self.fleet.events.prediction_id, self.fleet.events.label)
-        if decoded.invalid:
-            self.health.count_outcomes({"invalid_label_event": decoded.invalid})
-        at = np.asarray(decoded.positions, dtype=np.int64)
-        rows = {"source": np.zeros(len(at), dtype=np.int32),
-                "position": offsets_of(records, self.produced[partition])[at],
-                "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
-        self._to_join(Kind.LABELS, {"sources": [list(partition)]}, rows, decoded.prediction_ids)
-
-    def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> None:
-        """Rows keyed by prediction id, each to its join partition (in row order within each)."""
-        if not ids:
-            return
-        where = internal_topics.id_partitions(ids, self.topics.join.partitions)
-        for q in np.unique(where).tolist():
-            mine = np.flatnonzero(where == q)
-            part = {k: v[mine] for k, v in rows.items()}
-            for value in encode_rows(kind, meta, part, [ids[i] for i in mine.tolist()]):
-                self.producer.send(self.topics.join.name, q, value)
 
     def _task_records(self, task: Task, records: Sequence[Record]) -> None:
         """A join or counts partition's records, through its task (buffered while it looks for its snapshot)."""
@@ -343,15 +286,20 @@ class Stages:
 
     def snapshot(self, force: bool = False) -> None:
         """Write a snapshot of each live task with new state (when ``checkpoint.interval`` has passed, or now when
-        forced) into its own partition; once all is acknowledged, its offset is committable."""
+        forced) into its own partition; once all is acknowledged, its offset is committable. A quiet task's state is
+        written again after a quarter of its topic's retention, so that retention never takes its last snapshot."""
         with self.lock:
             self._give_up_caught_up()
-            if not force and time.monotonic() - self._snapshot_at < self.fleet.config.checkpoint_interval_seconds:
+            now = time.monotonic()
+            if not force and now - self._snapshot_at < self.fleet.config.checkpoint_interval_seconds:
                 return
-            self._snapshot_at = time.monotonic()
+            self._snapshot_at = now
             written = []
+            retention = {t.name: t.retention_seconds for t in (self.topics.join, self.topics.counts)}
             for (topic, partition), task in self.tasks.items():
-                if task.restoring is None and task.dirty:
+                stale = task.covered is not None and now - task.snapshot_at > retention[topic] / 4
+                if task.restoring is None and (task.dirty or stale):
+                    task.snapshot_at = now
                     for value in chunks(task.stage, partition, task.consumed, pack(*task.state()), self.chunk_bytes):
                         self.producer.send(topic, partition, value)
                     written.append((task, task.consumed))
