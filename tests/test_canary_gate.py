@@ -1,10 +1,12 @@
-"""The chart's canary gates on a real Prometheus scraping one daemon that reads the real broker.
+"""The chart's canary gates and the dashboard's fleet row on a real Prometheus scraping one daemon that reads the
+real broker.
 
 The daemon runs the config the chart renders for its canary scenario (ci/canary-values.yaml: a stable
 hiring-screener-v2 and its canary hiring-screener-v3 in one fleet), plus two models of the test's own. The stable
 model's traffic is fair; the canary's drifts (men selected at 0.5, women at 0.2). The queries are the exact strings
 of the rendered AnalysisTemplate and MetricTemplate, with their placeholders filled in as Argo Rollouts and Flagger
 fill them, and Argo's success and failure conditions are evaluated as written, by Argo's own rule for combining them.
+The fleet row's queries are the dashboard's, with its variables set as Grafana sets them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import orjson
 import pytest
 from broker_fixture import produce
+from dashboard_queries import DEFAULT_VARIABLES, fleet_panels, load_dashboard, substitute
 from prometheus_fixture import PrometheusServer, wait_until
 from test_helm import daemon_config, helm, only, render
 
@@ -163,3 +166,68 @@ def test_the_two_tools_send_the_same_query(stack: Stack) -> None:
     values = {"model_id": CANARY, "model_version": "3.0.0"}
     assert fill(argo, ARGO_PLACEHOLDER, {"model-id": CANARY, "model-version": "3.0.0"}) == \
         fill(flagger, FLAGGER_PLACEHOLDER, values)  # fmt: skip
+
+
+def fleet(stack: Stack, title: str, models: str = ".*") -> dict[str, dict[frozenset[tuple[str, str]], float]]:
+    """Each query of a fleet panel (by refId) as Grafana runs it in the 1h window: {labels: value}."""
+    (panel,) = [p for p in fleet_panels(load_dashboard()) if p["title"] == title]
+    variables = {**DEFAULT_VARIABLES, "window": "1h", "models": models}
+    return {t["refId"]: stack.prometheus.values(substitute(t["expr"], variables)) for t in panel["targets"]}
+
+
+def by_model(series: dict[frozenset[tuple[str, str]], float], *keys: str) -> dict[tuple[str, ...], float]:
+    """{(model_id, *keys): value}; a label Prometheus does not store (an empty one) reads as the empty string."""
+    return {tuple(dict(labels).get(k, "") for k in ("model_id", *keys)): value for labels, value in series.items()}
+
+
+def test_the_fleet_shows_each_models_worst_comparison_with_its_interval_threshold_and_evidence(stack: Stack) -> None:
+    wait_until(lambda: argo_phase(stack, CANARY)[1] == [4.0], 60, "the canary's detectors in alarm")
+    table = fleet(stack, "Fleet: each model's worst comparison per metric", f"{STABLE}|{CANARY}")
+    worst = by_model(table["A"], "metric")
+    # no labels in the traffic: equalised odds has no value anywhere, so it has no worst comparison
+    assert worst == {(STABLE, "demographic_parity_difference"): 0.0, (STABLE, "disparate_impact_ratio"): 1.0,
+                     (CANARY, "demographic_parity_difference"): pytest.approx(0.3),
+                     (CANARY, "disparate_impact_ratio"): pytest.approx(0.4)}  # fmt: skip
+    canary_dp = next(labels for labels in table["A"] if ("model_id", CANARY) in labels
+                     and ("metric", "demographic_parity_difference") in labels)  # fmt: skip
+    assert {("attribute", "gender"), ("dimension", "male_vs_female"), ("window", "1h")} <= canary_dp
+    # every query answers for the same comparisons, so the table joins them row by row
+    for ref in "BCD":
+        assert set(table[ref]) == set(table["A"]), ref
+    assert {labels - {("severity", dict(labels)["severity"])} for labels in table["E"]} == set(table["A"])
+    for labels, value in table["A"].items():
+        assert table["B"][labels] <= value <= table["C"][labels]
+    assert by_model(table["D"], "metric") == {(STABLE, "demographic_parity_difference"): 0.0,
+                                              (STABLE, "disparate_impact_ratio"): 0.0,
+                                              (CANARY, "demographic_parity_difference"): 2.0,
+                                              (CANARY, "disparate_impact_ratio"): 2.0}  # pass 0, fail 2  # fmt: skip
+    assert by_model(table["E"], "metric", "severity") == {
+        (model, "demographic_parity_difference", "blocking"): 0.05 for model in (STABLE, CANARY)} | {
+        (model, "disparate_impact_ratio", "warning"): 0.8 for model in (STABLE, CANARY)}  # fmt: skip
+
+
+def test_the_fleet_shows_versions_traffic_labels_alarms_and_failures_per_model(stack: Stack) -> None:
+    wait_until(lambda: argo_phase(stack, CANARY)[1] == [4.0], 60, "the canary's detectors in alarm")
+    table = fleet(stack, "Fleet: version, traffic, labels and alarms per model")
+    assert by_model(table["A"], "model_version") == {(STABLE, "2.4.1"): 1, (CANARY, "3.0.0"): 1,
+                                                     (DRIFTING_BESIDE_A_GAP, ""): 1, (STARVED, ""): 1}  # fmt: skip
+    assert by_model(table["B"]) == {(STABLE,): 2000, (CANARY,): 2000, (DRIFTING_BESIDE_A_GAP,): 200, (STARVED,): 10}
+    assert set(by_model(table["C"]).values()) == {0.0}  # no event carries a label
+    assert by_model(table["D"])[(STABLE,)] == 0 and by_model(table["D"])[(CANARY,)] == 2
+    assert by_model(table["E"])[(STABLE,)] == 0 and by_model(table["E"])[(CANARY,)] == 1  # 1h: parity
+    assert by_model(table["F"])[(CANARY,)] == 2  # 1h: parity (blocking) and the impact ratio (a warning)
+    alarms = fleet(stack, "Fleet: detectors in alarm")["A"]
+    assert {(dict(s)["model_id"], dict(s).get("dimension"), dict(s).get("metric")) for s in alarms
+            if dict(s)["model_id"] in (STABLE, CANARY)} == {
+        (CANARY, "male_vs_female", "demographic_parity_difference"),
+        (CANARY, "male_vs_female", "disparate_impact_ratio")}  # fmt: skip
+    timeline = by_model(fleet(stack, "Fleet: worst evidence per model")["A"])
+    assert timeline[(CANARY,)] == 2 and timeline[(STABLE,)] < 2
+
+
+def test_the_fleet_selector_lists_every_monitored_model(stack: Stack) -> None:
+    (models,) = [v for v in load_dashboard()["templating"]["list"] if v["name"] == "models"]
+    metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", models["definition"]).groups()
+    values = stack.prometheus.data(f"/api/v1/label/{label}/values", **{"match[]": metric})
+    assert sorted(values) == sorted([STABLE, CANARY, DRIFTING_BESIDE_A_GAP, STARVED])
+    assert set(by_model(fleet(stack, "Fleet: predictions in the window per model", STARVED)["A"])) == {(STARVED,)}
