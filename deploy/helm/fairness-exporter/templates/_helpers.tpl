@@ -242,10 +242,10 @@ spec:
 
 {{/*
 The canary gate's PromQL for the model id `.model` serving a version matching `.version` (both placeholders of the
-rollout tool: Argo Rollouts' {{args.x}}, Flagger's {{ variables.x }}). Its value: the model's change detectors in
-alarm plus its comparisons of a blocking metric whose evidence is fail, over every window (0 passes). No value (a
-check that evaluated nothing never passes) while a blocking comparison has no value in any window, or when the
-daemon does not monitor that model id at that version; a failure is reported as soon as there is one.
+rollout tool: Argo Rollouts' {{args.x}}, Flagger's {{ variables.x }}). Its value: the model's pair detectors in
+alarm (what pages) plus its comparisons of a blocking metric whose evidence is fail, over every window (0 passes).
+No value (a check that evaluated nothing never passes) while a blocking comparison has no value in any window, or
+when the daemon does not monitor that model id at that version; a failure is reported as soon as there is one.
 */}}
 {{- define "fairness-exporter.canaryQuery" -}}
 {{- $id := printf "model_id=\"%s\"" .model }}
