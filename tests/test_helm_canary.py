@@ -86,7 +86,8 @@ def test_the_cron_job_audits_each_model_in_a_container_of_its_own(helm: str) -> 
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
     assert [c["name"] for c in pod["containers"]] == ["audit-hiring-screener-v2", "audit-hiring-screener-v3"]
     for entry, container in zip(values["models"], pod["containers"], strict=True):
-        assert container["args"] == ["audit", CONFIG_PATH, entry["data"], "--model", entry["model_id"],
+        data = [entry["data"]] if "data" in entry else []  # none: the config's evaluation_dataset
+        assert container["args"] == ["audit", CONFIG_PATH, *data, "--model", entry["model_id"],
                                      "--audit-log", f"{AUDIT_LOG_DIR}/audit-log.jsonl"]  # fmt: skip
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
@@ -141,9 +142,14 @@ def evaluation_rows(female_rate: float) -> pd.DataFrame:
 def test_each_container_runs_the_audit_gate_as_rendered(helm: str, tmp_path: Path, female_rate: float,
                                                        exit_code: int) -> None:  # fmt: skip
     """The containers' commands, with the pod's mounts mapped to local folders: a blocking failure is exit 1 for
-    the Job, and every run lands in the one hash-chained audit log, which verifies."""
+    the Job, and every run lands in the one hash-chained audit log, which verifies. The first container names its
+    data; the second reads its model's evaluation_dataset from the config."""
     objects = render(helm, "canary")
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(daemon_config(objects)))
+    config = daemon_config(objects)
+    for model in config["models"]:
+        if "evaluation_dataset" in model:
+            model["evaluation_dataset"] = model["evaluation_dataset"].replace("/data/", f"{tmp_path / 'data'}/", 1)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "data").mkdir()
     evaluation_rows(female_rate).to_csv(tmp_path / "data" / "hiring-eval.csv", index=False)
     mapped = {CONFIG_PATH: str(tmp_path / "config.yaml"), "/data/": f"{tmp_path / 'data'}/",
@@ -157,8 +163,10 @@ def test_each_container_runs_the_audit_gate_as_rendered(helm: str, tmp_path: Pat
         report = json.loads(run.stdout)
         assert report["model_id"] == args[args.index("--model") + 1]
         assert report["verdict"] == ("PASS" if exit_code == 0 else "FAIL")
+        assert report["data_file"] == str(tmp_path / "data" / "hiring-eval.csv")
     log = tmp_path / "audit-log.jsonl"
-    assert [json.loads(line)["model_id"] for line in log.read_text().splitlines()] == \
-        ["hiring-screener-v2", "hiring-screener-v3"]  # fmt: skip
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["model_id"], r["model_version"]) for r in records] == [("hiring-screener-v2", "2.4.1"),
+                                                                      ("hiring-screener-v3", "3.0.0")]  # fmt: skip
     verify = subprocess.run([str(CLI), "audit-log", "verify", str(log)], capture_output=True, text=True, check=False)
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -18,7 +18,7 @@ from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
-    "unknown_values", "columns", "events", "alerting", "model_version",
+    "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -60,6 +60,9 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         events=events,
         alerting=alerting,
         model_version=version,
+        evaluation_dataset=get(raw, "evaluation_dataset", None, errors, "", text),
+        report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
+                               "failure_policy.", text),
         source=source,
     )
 
@@ -191,7 +194,8 @@ def parse_decision(raw: dict[str, Any], errors: Errors) -> tuple[Any, Any]:
     ``failure_policy.blocking_failures`` / ``warning_failures`` only accept the values that state it (the seed's
     form): a knob that would be ignored is refused instead."""
     decision = get(raw, "decision", "point_estimate", errors, "", choice("point_estimate", "evidence"))
-    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive"})
+    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive",
+                                                      "report_destination"})
     get(policy, "blocking_failures", None, errors, "failure_policy.", choice("halt_deployment"))
     get(policy, "warning_failures", None, errors, "failure_policy.", choice("log_and_continue"))
     return decision, get(policy, "inconclusive", "fail", errors, "failure_policy.", choice("fail", "warn"))

@@ -138,8 +138,13 @@ class ModelSpec:
     events: EventFields = field(default_factory=EventFields)
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
     model_version: str | None = None
-    """The version whose events this model id counts, on /metrics as fairness_model_info; another version's counts
-    are another model's, so a new version starts afresh (:func:`layout`)."""
+    """The version of the model every audit record names (the seed's "audit trail for each model version"), and
+    whose events this model id counts, on /metrics as fairness_model_info; another version's counts are another
+    model's, so a new version starts afresh (:func:`layout`)."""
+    evaluation_dataset: str | None = None
+    """The gate's data when the command line names none: a local path (relative to the config) or a URL."""
+    report_destination: str | None = None
+    """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
     """The file (or ``file#models[i]``) the model was configured in."""
 
