@@ -4,8 +4,8 @@ change detectors) and decoder, the one label join, and the Kafka offsets all of 
 The topic is read once: the router splits each batch by model id and each model counts only its own events, so a
 model's numbers are exactly those of a daemon configured with that model alone. A reload (:meth:`Fleet.apply`)
 swaps the models in one step: a model that is unchanged, or changed without changing the shape of its counts
-(thresholds, metrics, budget), keeps its counts and detector state; one whose attributes or windows changed starts
-afresh; a removed one is gone at the next publication.
+(thresholds, metrics, budget), keeps its counts and detector state; one whose attributes, windows or
+``model_version`` changed starts afresh; a removed one is gone at the next publication.
 
 Every model is decoded here, but a replica of the staged path keeps the window state only of the models it owns
 (``owns``, from exporter/stream/stages.py); the direct path owns them all.
@@ -23,12 +23,18 @@ import numpy as np
 
 from exporter.config import Config, EventFields, ModelSpec, layout
 from exporter.stream.client import Offsets, Partition
-from exporter.stream.decode import EventDecoder
+from exporter.stream.decode import DecodedBatch, EventDecoder
+from exporter.stream.decode_fleet import SharedDecoder, shareable
 from exporter.stream.label_join import OutcomeJoin
-from exporter.stream.route import Routed, Router
+from exporter.stream.route import Router
 from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
+
+
+Decoded = tuple[dict[str, EventDecoder], dict[str, DecodedBatch], Counter[str], list[bytes | None]]
+"""The decoders as of a batch, each model's share of it decoded (``positions``: in the whole batch), the events of
+none by reason, and the malformed ones."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class Changes:
     updated: list[str] = field(default_factory=list)
     """Changed without changing the shape of their counts: counts and detector state kept."""
     restarted: list[str] = field(default_factory=list)
-    """Their attributes, groups or windows changed: they start afresh."""
+    """Their attributes, groups, windows or model_version changed: they start afresh."""
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
 
@@ -77,7 +83,7 @@ class Fleet:
         self.models: dict[str, Monitored] = {m.model_id: self._monitored(m) for m in config.models if self._owned(m)}
         """The models whose state this replica keeps. Replaced whole, never mutated: a reader holding it sees one
         configuration."""
-        self.router = self._router()
+        self.readers = self._readers()
 
     def _owned(self, spec: ModelSpec) -> bool:
         return self.owns is None or self.owns(spec.model_id)
@@ -89,24 +95,41 @@ class Fleet:
         return Monitored(spec, WindowStore(spec, self.config.windowing, self.lock),
                          decoder or self.decoders[spec.model_id])  # fmt: skip
 
-    def _router(self) -> Router | None:
-        """None for one model: its decoder tells its events from the others' itself, as it always has."""
-        if len(self.config.models) == 1:
-            return None
-        return Router(self.events.model_id, self.config.model_ids)
+    def _readers(self) -> tuple[dict[str, EventDecoder], SharedDecoder | Router | None]:
+        """Every model's decoder, with what splits a batch among them: for one model nothing (its decoder tells its
+        events from the others' itself, as it always has); for models whose events share their paths, one parse for
+        all (exporter/stream/decode_fleet.py); else a router reading only each event's model id."""
+        decoders = self.decoders
+        if len(decoders) == 1:
+            return decoders, None
+        if shareable(decoders):
+            return decoders, SharedDecoder(decoders)
+        return decoders, Router(self.events.model_id, decoders)
 
     @property
     def events(self) -> EventFields:
         """The paths every model shares: the model id's, and the label events' (checked by the config)."""
         return self.config.models[0].events if self.config.models else EventFields()
 
-    def route(self, values: Sequence[bytes]) -> tuple[dict[str, EventDecoder], Routed]:
-        """Every model's decoder as of now, and each model's events of a batch (one model: the whole batch)."""
-        decoders, router = self.decoders, self.router
-        if router is None:
-            (only,) = decoders
-            return decoders, Routed(by_model={only: list(values)}, positions={only: np.arange(len(values))})
-        return decoders, router.route(values)
+    def decode(self, values: Sequence[bytes], now: float) -> Decoded:
+        """Every decoder as of now, each model's share of a batch decoded (its events' positions in the whole
+        batch), the events of none by reason, and the values that are no event at all (rejected as
+        malformed_json)."""
+        decoders, split = self.readers  # one configuration, even across a reload
+        if isinstance(split, SharedDecoder):
+            batches, ignored, malformed = split.decode(values, now)
+        elif isinstance(split, Router):
+            routed = split.route(values)
+            batches = {m: decoders[m].decode(share, now) for m, share in routed.by_model.items()}
+            for m, batch in batches.items():
+                batch.positions = routed.positions[m][batch.positions]
+            ignored, malformed = Counter(routed.ignored), routed.malformed
+        else:
+            batches = {model_id: d.decode(values, now) for model_id, d in decoders.items()}
+            ignored, malformed = Counter(), []
+        for batch in batches.values():
+            ignored.update(batch.ignored)
+        return decoders, batches, ignored, malformed
 
     # --- the models this replica owns (the staged path's evaluation stage) -----------------------------------
 
@@ -185,8 +208,8 @@ class Fleet:
             self.joins.max_pending = config.max_pending_labels
             self.decoders = decoders
             self.models = models
-            self.router = self._router()
+            self.readers = self._readers()
         if changes.restarted:
-            log.warning("reload: the attributes, groups or windows of %s changed: %s afresh",
+            log.warning("reload: the attributes, groups, windows or model_version of %s changed: %s afresh",
                         ", ".join(changes.restarted), "it starts" if len(changes.restarted) == 1 else "they start")
         return changes, given_up

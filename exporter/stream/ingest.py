@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 import numpy as np
 
@@ -22,23 +21,12 @@ from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
 from exporter.stream.client import Partition, Record, values_and_next
 from exporter.stream.dead_letters import DeadLetters
-from exporter.stream.decode import DecodedBatch, EventDecoder
+from exporter.stream.decode import DecodedBatch
 from exporter.stream.decode_outcomes import decode_outcomes
 from exporter.stream.fleet import Fleet, Monitored
 from exporter.stream.label_join import Joined
-from exporter.stream.route import Routed
 
 log = logging.getLogger(__name__)
-class Decoded(NamedTuple):
-    """A batch through the router and the decoders."""
-
-    decoders: dict[str, EventDecoder]
-    """The decoders as of the batch (a reload replaces them)."""
-    decoded: dict[str, DecodedBatch]
-    ignored: Counter[str]
-    """The events of no configured model, by reason."""
-    malformed: list[tuple[bytes | None, str]]
-    routed: Routed
 
 
 class Ingest:
@@ -70,18 +58,6 @@ class Ingest:
         """Count one partition's batch."""
         self.handle_poll({(topic, partition): records})
 
-    def decode(self, values: Sequence[bytes], now: float) -> Decoded:
-        """The decoders as of now, each model's share of a batch decoded, the events of none by reason, and the
-        values that are no event at all (rejected as malformed_json, with their payload when dead letters are
-        kept)."""
-        decoders, routed = self.fleet.route(values)
-        decoded = {model_id: decoders[model_id].decode(share, now) for model_id, share in routed.by_model.items()}
-        ignored = Counter(routed.ignored)
-        for batch in decoded.values():
-            ignored.update(batch.ignored)
-        malformed = [(raw, "malformed_json") for raw in routed.malformed]
-        return Decoded(decoders, decoded, ignored, malformed, routed)
-
     def predictions(self, parts: Sequence[tuple[Partition, Sequence[Record]]]) -> None:
         """Count the prediction events of one or more partitions as one unit, with the offsets they reach."""
         now = self.clock()
@@ -91,11 +67,11 @@ class Ingest:
             part_values, offsets[partition] = values_and_next(records)
             values += part_values
         fleet = self.fleet
-        decoders, decoded, ignored, malformed, _ = self.decode(values, now)  # type: ignore[arg-type]  # None
+        decoders, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]  # None
         given_up: Counter[str] = Counter()
         with fleet.lock:
             if decoders is not fleet.decoders:  # a reload swapped the models while this batch was decoded
-                decoders, decoded, ignored, malformed, _ = self.decode(values, now)  # type: ignore[arg-type]
+                decoders, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]
             late = 0
             for model_id, batch in decoded.items():
                 late += self._count(fleet.models[model_id], batch, now, given_up)
@@ -107,10 +83,9 @@ class Ingest:
         self.report(decoded, ignored, malformed, late, ", ".join(f"{topic}[{partition}]" for topic, partition in
                                                                  offsets))  # fmt: skip
 
-    def report(self, decoded: Mapping[str, DecodedBatch], ignored: Counter[str],
-               malformed: list[tuple[bytes | None, str]], late: int, where: str) -> None:  # fmt: skip
+    def report(self, decoded: Mapping[str, DecodedBatch], ignored: Counter[str], malformed: list[bytes | None],
+               late: int, where: str) -> None:  # fmt: skip
         """Count a decoded batch's rejects, late and ignored events, and forward its dead letters (never raises)."""
-        fleet = self.fleet
         rejected = Counter({"malformed_json": len(malformed)} if malformed else {})
         for batch in decoded.values():
             rejected.update(batch.rejected)
@@ -123,7 +98,7 @@ class Ingest:
         for reason, n in ignored.items():
             self.health.ignored.labels(reason).inc(n)
         if self.dead_letters is not None:
-            payloads = [*(malformed if fleet.keep_rejected else []),
+            payloads = [*((raw, "malformed_json") for raw in malformed),
                         *(p for batch in decoded.values() for p in batch.rejected_payloads)]  # fmt: skip
             if payloads:
                 self.dead_letters.send(payloads)

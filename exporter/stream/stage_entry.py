@@ -1,7 +1,7 @@
 """The staged path's entry stages: input records become internal records, by the direct path's code.
 
-The **ingest** stage (an input partition) decodes a poll's records with the fleet's router and decoders
-(``Ingest.decode``, the direct path's one decode of every partition's records) and reports its rejects as the
+The **ingest** stage (an input partition) decodes a poll's records with the fleet's decoders (``Fleet.decode``, the
+direct path's one decode of every partition's records) and reports its rejects as the
 direct path does (``Ingest.report``); each model's rows go, as one PREDICTIONS record (or several, under the size
 limit), to the model's counts partition, and its unlabelled predictions with an id, as PENDING records, to the join
 partition of each id. The **labels** stage (a labels partition) sends each decoded label (``decode_outcomes``) to
@@ -43,12 +43,12 @@ class EntryStages:
         source, position = np.concatenate(sources), np.concatenate(offsets)
         meta_sources = [list(p) for p, _ in parts]
         ingest = self.ingest
-        decoders, decoded, ignored, malformed, routed = ingest.decode(values, ingest.clock())  # type: ignore[arg-type]
+        decoders, decoded, ignored, malformed = ingest.fleet.decode(values, ingest.clock())  # type: ignore[arg-type]
         for model_id, batch in decoded.items():
             if not len(batch):
                 continue
             spec = decoders[model_id].model
-            at = routed.positions[model_id][batch.positions]
+            at = batch.positions
             rows = {"source": source[at], "position": position[at], "timestamp": batch.timestamps,
                     "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
                     "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
