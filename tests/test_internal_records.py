@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from exporter.config import ConfigError, parse_config
@@ -126,3 +127,32 @@ def test_alerting_replicas_is_accepted_with_a_deprecation_warning_and_ignored(
 def test_every_model_of_a_fleet_must_share_the_label_join_level() -> None:
     with pytest.raises(ConfigError, match=re.escape("alerting.max_unjoined_share: every model must have the same")):
         parse_config({"models": [{**BASE, "alerting": {"max_unjoined_share": 0.3}}, {**BASE, "model_id": "m2"}]})
+
+
+@pytest.mark.parametrize("split", ["one model", "shared parse", "router"])
+def test_each_decoded_event_knows_its_position_in_the_whole_batch(split: str) -> None:
+    """The staged ingest tells each event's source offset by its position: for one model, for models parsed at
+    once (exporter/stream/decode_fleet.py), and for models routed by id."""
+    from exporter.stream.decode_fleet import SharedDecoder
+    from exporter.stream.fleet import Fleet
+    from exporter.stream.route import Router
+
+    second = {**BASE, "model_id": "m2", **({"events": {"attributes": "who"}} if split == "router" else {})}
+    config = parse_config(BASE if split == "one model" else {"models": [BASE, second]})
+    fleet = Fleet(config)
+    assert isinstance(fleet.readers[1], {"one model": type(None), "shared parse": SharedDecoder,
+                                         "router": Router}[split])  # fmt: skip
+    rng = np.random.default_rng(5)
+    events = []
+    for i in range(300):
+        model = "m1" if split == "one model" or rng.random() < 0.5 else "m2"
+        where = "who" if model == "m2" and split == "router" else "attributes"
+        events.append({"model_id": model, "prediction_id": f"p{i}", "timestamp": 1_800_000_000.0,
+                       "prediction": int(rng.integers(0, 2)), where: {"gender": "male"}})
+    values = [orjson.dumps(e) for e in events]
+    values[7] = b"{broken"  # one malformed value shifts nothing
+    values[11] = orjson.dumps({**events[11], "prediction": 7})  # nor does a rejected one
+    _, batches, _, _ = fleet.decode(values, 1_800_000_100.0)
+    assert sum(map(len, batches.values())) == 298
+    for batch in batches.values():
+        assert [events[i]["prediction_id"] for i in batch.positions.tolist()] == batch.prediction_ids
