@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple
 import yaml
 
 from exporter.devtools.recording_rules import recording_rules
+from exporter.devtools.rule_text import RUNBOOK_URL as RUNBOOK_URL  # where every alert's runbook_url points
 from exporter.devtools.rule_text import VALUE_3F, alert
 from exporter.devtools.rule_text import fmt as _fmt
 from exporter.devtools.rule_text import label as _label
