@@ -137,3 +137,26 @@ def test_a_file_without_the_needed_columns_is_one_line_and_exit_2(
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0
     assert str(broken) in error and "'timestamp'" in error
+
+
+def test_a_file_of_many_models_replays_each_as_a_backtest_of_that_model_alone(tmp_path: Path) -> None:
+    """One events file of two models through a fleet config: each model's report equals the backtest of a config
+    of that model alone over the same file (the other's events are ignored there), in JSON lines and parquet."""
+    drifting = drifting_events(hours=2)
+    fair = drifting_events(hours=2, drift_after_minutes=10_000).assign(model_id="m2")
+    fair["prediction_id"] = [f"q{i}" for i in range(len(fair))]
+    both = pd.concat([drifting, fair]).sort_values("timestamp", kind="stable").reset_index(drop=True)
+    fleet = parse_config({**{k: v for k, v in RAW_CONFIG.items() if k != "model_id"},
+                          "models": [{"model_id": "m1"}, {"model_id": "m2"}]})  # fmt: skip
+    for path in (as_jsonl(both, tmp_path / "both.jsonl"), tmp_path / "both.parquet"):
+        if path.suffix == ".parquet":
+            both.to_parquet(path)
+        report = backtest(fleet, [path])
+        by_model = {r["model_id"]: r for r in report["models"]}
+        for model_id in ("m1", "m2"):
+            alone = backtest(parse_config({**RAW_CONFIG, "model_id": model_id}), [path])
+            assert alone["ignored"] == len(both) // 2  # the other model's events
+            assert {**by_model[model_id], "ignored": 0} == {**alone, "ignored": 0}
+        assert report["events"] == len(both) and report["ignored"] == 0
+        assert {a["model_id"] for a in report["alerts"]} == {"m1"}  # only the drifting model pages
+        assert any(a["alert"] == "FairnessDemographicParityDrift" for a in by_model["m1"]["alerts"])
