@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -47,7 +48,8 @@ class Columns:
     predictions: np.ndarray
     labels: np.ndarray
     codes: dict[str, np.ndarray]
-    rejected: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Events not replayed, by reason (the decoder's reasons; a table's value outside its column's groups)."""
     ignored: int = 0
 
 
@@ -60,8 +62,8 @@ def _jsonl(path: Path, decoder: EventDecoder) -> Iterator[Columns]:
     with path.open("rb") as f:
         while lines := list(itertools.islice(f, JSONL_CHUNK)):
             batch = decoder.decode([line for line in lines if not line.isspace()], math.inf)
-            yield Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
-                          sum(batch.rejected.values()), batch.ignored)  # fmt: skip
+            yield Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes, batch.rejected,
+                          batch.ignored)  # fmt: skip
 
 
 def _table(path: Path, config: Config) -> Iterator[Columns]:
@@ -99,11 +101,15 @@ def _table(path: Path, config: Config) -> Iterator[Columns]:
         raise BacktestError(str(exc)) from exc
     base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
     keep = np.ones(len(frame), dtype=bool)
-    for column_codes in base.values():
-        keep &= column_codes >= 0
+    rejected: Counter[str] = Counter()
+    for column, column_codes in base.items():  # a row is counted under the first column that refuses it
+        outside = keep & (column_codes < 0)
+        if outside.any():
+            rejected[f"{column}_outside_groups"] = int(outside.sum())
+        keep &= ~outside
     base = {c: v[keep] for c, v in base.items()}
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    yield Columns(seconds[keep], y_pred[keep], y_true[keep], codes, int((~keep).sum()), ignored)
+    yield Columns(seconds[keep], y_pred[keep], y_true[keep], codes, rejected, ignored)
 
 
 def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Columns]:
@@ -148,7 +154,7 @@ class Replay:
     alerts: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
     late: int = 0
-    rejected: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
     ignored: int = 0
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
@@ -168,7 +174,7 @@ class Replay:
 
     def feed(self, columns: Columns) -> None:
         """Count a batch in file order, computing once per bucket of the head as the head moves on."""
-        self.rejected += columns.rejected
+        self.rejected.update(columns.rejected)
         self.ignored += columns.ignored
         if not len(columns.timestamps):
             return
@@ -203,7 +209,8 @@ class Replay:
         bank = self.store.detectors
         return {
             "model_id": self.config.model_id,
-            "events": self.events, "late": self.late, "rejected": self.rejected, "ignored": self.ignored,
+            "events": self.events, "late": self.late, "rejected": self.rejected.total(),
+            "rejected_reasons": dict(self.rejected.most_common()), "ignored": self.ignored,
             "steps": self.steps, "alarm_level": bank.level, "detectors": len(bank),
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
@@ -383,10 +390,23 @@ def _seconds(duration: str) -> float:
     return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
 
 
+def refused(report: dict[str, Any]) -> str:
+    """What was not replayed, for a message: ``1,000 rejected (missing_field: 600, ...), 3 of other model ids``."""
+    reasons = ", ".join(f"{reason}: {n:,}" for reason, n in report["rejected_reasons"].items())
+    return (f"{report['rejected']:,} rejected" + (f" ({reasons})" if reasons else "")
+            + f", {report['ignored']:,} of other model ids (the config's model_id is {report['model_id']!r})")
+
+
 def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
-    """Replay the events files and return the report with its `alerts` list."""
+    """Replay the events files and return the report with its `alerts` list; BacktestError when no event was
+    replayed (a check that evaluated nothing never passes: no alerts would mean nothing)."""
     replay = Replay(config)
     for columns in read_events(paths, config):
         replay.feed(columns)
-    return replay.finish()
+    report = replay.finish()
+    if not report["events"]:
+        raise BacktestError(f"{', '.join(map(str, paths))}: no event replayed: {refused(report)}; expected JSON "
+                            "lines in the topic's event format (the config's events: paths), or parquet/CSV with "
+                            "the gate's columns plus timestamp, model_id and prediction_id")  # fmt: skip
+    return report
 

@@ -54,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
-    from exporter.backtest import BacktestError, backtest
+    from exporter.backtest import BacktestError, backtest, refused
 
     try:
         config = load_config(args.config)
@@ -72,6 +72,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
         if not write_html(Path(args.html), backtest_html, report):
             return EXIT_BAD_INPUT
+    if report["rejected"] > report["events"]:  # of this model's events, most were refused
+        print(f"fairness-exporter backtest: warning: most events were rejected: {report['events']:,} replayed, "
+              f"{refused(report)}", file=sys.stderr)  # fmt: skip
     firing = sum(a["resolved_at"] is None for a in report["alerts"])
     print(f"{report['model_id']}: {report['events']} events replayed in {report['steps']} steps, "
           f"{len(report['alerts'])} alert(s), {firing} still firing at the end", file=sys.stderr)  # fmt: skip
