@@ -54,13 +54,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
-    from exporter.backtest import BacktestError, backtest, refused
+    from exporter.backtest import BacktestError, backtest
 
     try:
         config = load_config(args.config)
         report = backtest(config, args.events)
     except (ConfigError, BacktestError) as exc:
         print(f"fairness-exporter backtest: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    reasons = ", ".join(f"{reason}: {n:,}" for reason, n in report["rejected_reasons"].items())
+    refused = (f"{report['rejected']:,} rejected" + (f" ({reasons})" if reasons else "") + f", {report['ignored']:,} "
+               f"of other model ids (the config's model_id is {report['model_id']!r})")  # fmt: skip
+    if not report["events"]:  # a replay of nothing never passes: "0 alerts" would mean nothing
+        print(f"fairness-exporter backtest: {', '.join(args.events)}: no event replayed: {refused}; expected JSON "
+              "lines in the topic's event format (the config's events: paths), or parquet/CSV with the gate's "
+              "columns plus timestamp, model_id and prediction_id", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.output:
@@ -74,7 +82,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
     if report["rejected"] > report["events"]:  # of this model's events, most were refused
         print(f"fairness-exporter backtest: warning: most events were rejected: {report['events']:,} replayed, "
-              f"{refused(report)}", file=sys.stderr)  # fmt: skip
+              f"{refused}", file=sys.stderr)  # fmt: skip
     firing = sum(a["resolved_at"] is None for a in report["alerts"])
     print(f"{report['model_id']}: {report['events']} events replayed in {report['steps']} steps, "
           f"{len(report['alerts'])} alert(s), {firing} still firing at the end", file=sys.stderr)  # fmt: skip
