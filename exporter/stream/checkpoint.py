@@ -158,15 +158,25 @@ class Checkpointer:
             for partition in partitions:
                 self._durable.pop(partition, None)
 
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        with self.store.lock:
+            old = [p for p in self.store.offsets_copy() if p[0] == topic] if topic_id != self.topic_ids.get(topic) \
+                else partitions  # fmt: skip
+            self.forget(old)
+            for partition in partitions:
+                self.store.advance_offset(partition, 0)
+            if topic_id is not None:
+                self.topic_ids[topic] = topic_id
+
     def write(self) -> Offsets:
         """Write a durable checkpoint of the counts, pending predictions and offsets; return the offsets it covers.
         Raises what the file system raises (counted in ``checkpoint_failures``)."""
         assert self.path is not None
         with self.store.lock:
             arrays = {**self.store.state(), **self.joins.state()}
-            offsets = self.store.offsets_copy()
+            offsets, topic_ids = self.store.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)
         written_at = self.clock()
-        meta = {"layout": self.config.layout(), "written_at": written_at, "topic_ids": dict(self.topic_ids),
+        meta = {"layout": self.config.layout(), "written_at": written_at, "topic_ids": topic_ids,
                 "offsets": [[t, p, o] for (t, p), o in offsets.items()]}  # fmt: skip
         try:
             write(self.path, meta, arrays)
