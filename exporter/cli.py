@@ -38,12 +38,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the monitoring daemon until SIGTERM/SIGINT."""
     from exporter.daemon import Daemon
     from exporter.serve.http import ListenError
+    from exporter.serve.web_config import WebConfigError
     from exporter.stream.checkpoint import CheckpointError
 
     _configure_logging(args.log_level)
     try:
-        Daemon(load_config(args.config)).run_forever()
-    except (ConfigError, CheckpointError) as exc:  # their messages name the file
+        Daemon(load_config(args.config), web_config_file=args.web_config_file).run_forever()
+    except (ConfigError, CheckpointError, WebConfigError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except ListenError as exc:  # names the listen field of the config
@@ -165,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the monitoring daemon (Kafka in, Prometheus /metrics out)")
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
+    serve.add_argument("--web.config.file", dest="web_config_file",
+                       help="who may read /metrics and the probes: the Prometheus exporter-toolkit web configuration "
+                            "(TLS, client certificates, basic auth users with bcrypt hashes; docs/faults.md)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_serve)
 

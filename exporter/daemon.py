@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -13,8 +14,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from exporter.config import Config
+from exporter.serve import web_config
 from exporter.serve.collector import CachedExposition
-from exporter.serve.http import bind, tls_context
+from exporter.serve.http import ListenError, bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health
 from exporter.serve.snapshot import Computer, Snapshot
@@ -34,9 +36,13 @@ class Daemon:
     command line. The constructor does no I/O: ``start`` restores the checkpoint and binds the port."""
 
     def __init__(
-        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time
+        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
+        web_config_file: str | None = None,
     ) -> None:
+        """``web_config_file``: who may read /metrics and the probes (``--web.config.file``,
+        exporter.serve.web_config)."""
         self.config = config
+        self.web_config_file = web_config_file
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
@@ -113,19 +119,34 @@ class Daemon:
     def serve(self) -> None:
         """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
 
-        The daemon binds and checks the TLS files itself, so that a port in use or a bad file stops it with one
-        line; scrapes are served by another process, which never waits for the GIL ingest holds.
+        The daemon binds and checks the web configuration itself, so that a port in use or a bad file stops it with
+        one line; scrapes are served by another process, which never waits for the GIL ingest holds.
         """
         config = self.config
-        cert, key = (config.tls_cert_file, config.tls_key_file) if config.tls_cert_file and config.tls_key_file \
-            else (None, None)
-        if cert and key:
-            tls_context(cert, key)  # ListenError naming the file at fault; the worker loads them again
+        web = self._web_config()
         listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
-                               (config.model_id, cert, key), self.health.http_worker_restarts,
-                               self.stale_seconds)  # fmt: skip
+                               (config.model_id, web), self.health.http_worker_restarts,
+                               self.health.http_auth_failures, self.stale_seconds)  # fmt: skip
         self.http.start()
+
+    def _web_config(self) -> web_config.WebConfig:
+        """The web configuration file's, with the config's ``listen.tls_*`` as its TLS if the file has none; its
+        TLS files loaded once to check them (WebConfigError, or ListenError for ``listen.*``)."""
+        listen = web_config.from_listen(self.config.tls_cert_file, self.config.tls_key_file)
+        web = web_config.load(self.web_config_file) if self.web_config_file else listen
+        if listen.tls and web is not listen:
+            if web.tls:
+                raise web_config.WebConfigError(f"--web.config.file {self.web_config_file}: tls_server_config and "
+                                                "the config's listen.tls_cert_file both set the server's TLS: keep "
+                                                "one")  # fmt: skip
+            web = dataclasses.replace(web, tls=listen.tls)
+        if web.tls:
+            try:
+                web_config.server_context(web)  # the worker loads them again
+            except web_config.WebConfigError as exc:
+                raise (ListenError(str(exc)) if web.tls is listen.tls else exc) from exc
+        return web
 
     def stop(self) -> None:
         """Stop consuming, write a final checkpoint (from the consumer thread), commit, stop serving."""

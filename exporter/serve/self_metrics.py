@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from exporter import __version__
+from exporter.serve.access import AUTH_FAILURES
 from exporter.stream.decode import REJECT_REASONS
 
 OUTCOME_EXPIRY_REASONS = ("never_labelled", "unknown_prediction")
@@ -69,6 +70,9 @@ class Health:
         self.http_worker_restarts = Counter("fairness_exporter_http_worker_restarts",
                                             "HTTP worker processes (which serve /metrics and the probes) that "
                                             "exited and were started again.", registry=registry)  # fmt: skip
+        self.http_auth_failures = Counter("fairness_exporter_http_auth_failures",
+                                          "Requests and TLS handshakes the web configuration refused (401 or a "
+                                          "failed handshake), by reason.", ["reason"], registry=registry)
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
                                        "Errors talking to Kafka (the consumer retries).", registry=registry)
         Info("fairness_exporter_build", "Build information.", registry=registry).info({"version": __version__})
@@ -78,6 +82,8 @@ class Health:
             self.labels_expired.labels(reason)
         for reason in OUTCOME_DROP_REASONS:
             self.labels_dropped.labels(reason)
+        for reason in AUTH_FAILURES:
+            self.http_auth_failures.labels(reason)
         for reason in DEAD_LETTER_FAILURES:
             self.dead_letter_failures.labels(reason)
 
