@@ -67,6 +67,12 @@ class Run:
     seed: dict[str, np.ndarray]
 
 
+def bank_of(cfg: Config) -> DetectorBank:
+    """The detectors of the config's one model, as its window store builds them."""
+    model = cfg.model()
+    return DetectorBank(model, cfg.windowing, RowLayout.of(model).offsets, RowLayout.of(model).n_rows)
+
+
 def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> dict[str, np.ndarray]:
     """The seed rules on the daemon's window sums: (steps, streams) bool per seed alert (value beyond the threshold
     with enough samples, in some window and pair, for `for:` minutes)."""
@@ -75,20 +81,21 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
     cumulative = np.cumsum(np.concatenate([before, counts]), axis=0)
     cumulative = np.concatenate([np.zeros_like(cumulative[:1]), cumulative])
     end = np.arange(len(before), len(before) + steps) + 1
-    layout = RowLayout.of(cfg)
+    model = cfg.model()
+    layout = RowLayout.of(model)
     out = {}
     for name, metric in SEED.items():
         tuning = TUNING[name]
         hold = int(float(tuning.for_.rstrip("m")))  # evaluated every minute: `for: 30m` needs 31 evaluations
         beyond = np.zeros((steps, streams), dtype=bool)
-        for window in cfg.windows:
-            k = int(window.seconds // cfg.bucket_seconds)
+        for window in cfg.windowing.windows:
+            k = int(window.seconds // cfg.windowing.bucket_seconds)
             sums = cumulative[end] - cumulative[np.maximum(end - k, 0)]  # (steps, streams, rows, 6)
             blocks = layout.split(np.moveaxis(sums, 2, 0))
-            for attribute in cfg.attributes:
+            for attribute in model.attributes:
                 groups = np.moveaxis(blocks[attribute.name][: len(attribute.groups)], 0, 2).reshape(-1, 6)
-                (ev,) = evaluate_many([(stacked(attribute, steps * streams), groups)], cfg.min_samples,
-                                      cfg.max_interval_widths(), cfg.exported_metrics)  # fmt: skip
+                (ev,) = evaluate_many([(stacked(attribute, steps * streams), groups)], model.min_samples,
+                                      model.exported_metrics)
                 value = ev.metric(metric)[0]
                 bad = value < tuning.threshold if metric == "disparate_impact_ratio" else value > tuning.threshold
                 beyond |= (bad & ev.sufficient(metric)).reshape(steps, streams, -1).any(axis=2)
@@ -101,7 +108,7 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
 def simulate(cfg: Config, rng: np.random.Generator, days: int, streams: int, volume: int,
              rates: np.ndarray, seed_rules: bool = True) -> Run:  # fmt: skip
     """``rates``: (days * 1440, cells) selection probabilities. Returns what fires at every step of every stream."""
-    bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
+    bank = bank_of(cfg)
     state = bank.initial_state((streams,))
     detector: dict[str, list[np.ndarray]] = {a: [] for a in {ALERT_OF_METRIC[d.metric].name for d in bank.detectors}}
     seed: dict[str, list[np.ndarray]] = {name: [] for name in SEED}
@@ -193,7 +200,7 @@ def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, b
             rates = np.full((steps, int(np.prod(SIZES))), 0.30)
             rates[steps // 2 :, CHANGED_CELLS] = 0.20
             cells = cell_counts(np.random.default_rng(1), steps, 1, SIZES, 5 * volume / 60, rates)
-            bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
+            bank = bank_of(cfg)
             _, trace = bank.advance(bank.initial_state((1,)), attribute_counts(cells, SIZES))
             alarms = trace.active[:, 0]
             first_step = int(np.argmax(alarms.any(axis=-1))) if alarms.any() else None
@@ -233,7 +240,7 @@ def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, b
 
 def run(quick: bool = False) -> Section:
     cfg = config()
-    bank = DetectorBank(cfg, RowLayout.of(cfg).offsets, RowLayout.of(cfg).n_rows)
+    bank = bank_of(cfg)
     streams, days, runs = (10, 2, 8) if quick else (50, 2, 30)
     section = Section("Alerts: fair days with a page, and time to page a real change")
     section.add(__doc__.split("\n\n", 1)[1].strip())

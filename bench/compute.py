@@ -23,9 +23,11 @@ import pandas as pd
 from prometheus_client import CollectorRegistry
 
 from bench.report import Section, fmt, package_version, standalone, table
-from exporter.config import Attribute, Config, parse_config
+from exporter.config import Config, parse_config
+from exporter.core.attributes import Attribute
 from exporter.serve.self_metrics import Health
-from exporter.serve.snapshot import Computer, Snapshot
+from exporter.serve.snapshot import Computer, FleetSnapshot
+from exporter.stream.fleet import Fleet
 from exporter.stream.window import WindowStore
 
 ATTRIBUTES = {"gender": ["male", "female", "non_binary"], "age_group": ["18_29", "30_44", "45_59", "60_plus"],
@@ -67,15 +69,17 @@ def window_rows(n: int, seed: int = 7) -> dict[str, np.ndarray]:
     return rows
 
 
-def filled_store(cfg: Config, rows: dict[str, np.ndarray]) -> WindowStore:
-    store = WindowStore(cfg)
+def filled_fleet(cfg: Config, rows: dict[str, np.ndarray]) -> Fleet:
+    """The daemon's stream state with the rows counted in its one model's window."""
+    fleet = Fleet(cfg)
+    (store,) = (m.store for m in fleet.models.values())
     for start in range(0, len(rows["ts"]), FILL_CHUNK):
         part = slice(start, start + FILL_CHUNK)
         late = store.add(rows["ts"][part], {name: rows[name][part] for name in ATTRIBUTES}, rows["prediction"][part],
                          rows["label"][part], NOW)  # fmt: skip
         if late:
             raise RuntimeError(f"{late} events fell outside the window while filling the store")
-    return store
+    return fleet
 
 
 def frame(rows: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -101,7 +105,7 @@ def pandas_recompute(cfg: Config, df: pd.DataFrame) -> Results:
     labelled = window[window["label"] >= 0]
     positives, negatives = labelled[labelled["label"] == 1], labelled[labelled["label"] == 0]
     out = {}
-    for attribute in cfg.attributes:
+    for attribute in cfg.model().attributes:
         groups = list(attribute.groups)
 
         def rate(rows: pd.DataFrame, groups: list[str] = groups, name: str = attribute.name) -> np.ndarray:
@@ -118,7 +122,7 @@ def fairlearn_recompute(cfg: Config, df: pd.DataFrame) -> Results:
     window = df[df["ts"] >= NOW + 1 - WINDOW]
     labelled = window[window["label"] >= 0]
     out = {}
-    for attribute in cfg.attributes:
+    for attribute in cfg.model().attributes:
         groups = list(attribute.groups)
         selected = MetricFrame(metrics=selection_rate, y_true=window["prediction"], y_pred=window["prediction"],
                                sensitive_features=window[attribute.name]).by_group  # fmt: skip
@@ -131,9 +135,9 @@ def fairlearn_recompute(cfg: Config, df: pd.DataFrame) -> Results:
     return out
 
 
-def daemon_results(snapshot: Snapshot) -> Results:
+def daemon_results(snapshot: FleetSnapshot) -> Results:
     out = {}
-    for _, ev in snapshot.evaluations:
+    for _, ev in snapshot.models[0].evaluations:
         g, c = ev.groups, ev.comparisons.metrics
         out[ev.attribute.name] = {"selection_rate": g.selection_rate, "tpr": g.true_positive_rate,
                                   "fpr": g.false_positive_rate, "dpd": c["demographic_parity_difference"].value,
@@ -165,15 +169,15 @@ def run(quick: bool = False) -> Section:
     timing_rows, memory_rows = [], []
     fairlearn_seconds: dict[int, float] = {}
     speedups: dict[int, float] = {}
-    state_bytes = WindowStore(cfg).counts.nbytes
+    state_bytes = WindowStore(cfg.model(), cfg.windowing).counts.nbytes
     for n in sizes:
         rows = window_rows(n)
-        store = filled_store(cfg, rows)
-        computer = Computer(cfg, store, Health(CollectorRegistry()), clock=lambda: NOW)
+        fleet = filled_fleet(cfg, rows)
+        computer = Computer(fleet, Health(CollectorRegistry()), clock=lambda: NOW)
         snapshot, daemon_s = best_time(computer.compute, 50 if quick else 200)
         expected = daemon_results(snapshot)
         df = frame(rows)
-        del rows, store
+        del rows, fleet
         reps = 3 if n >= 10**7 else 5
         by_pandas, pandas_s = best_time(lambda df=df: pandas_recompute(cfg, df), reps)
         strings = df.astype({name: "str" for name in ATTRIBUTES})
@@ -196,9 +200,9 @@ def run(quick: bool = False) -> Section:
                             fmt(speedups[n]), fmt(strings_s / daemon_s), fmt(fairlearn_estimate / daemon_s),
                             f"{max(check):.1e}"))  # fmt: skip
         del df
-    pairs = sum(len(a.pairs) for a in cfg.attributes)
+    pairs = sum(len(a.pairs) for a in cfg.model().attributes)
     groups = ", ".join(f"{name}: {len(g)} groups" for name, g in ATTRIBUTES.items())
-    section.add(f"{len(cfg.attributes)} attributes ({groups}), all {pairs} pairs, one 24h window of 1-minute "
+    section.add(f"{len(cfg.model().attributes)} attributes ({groups}), all {pairs} pairs, one 24h window of 1-minute "
                 "buckets, 30% of events labelled. Times are the best of several calls (daemon: 200 (quick: 50), "
                 "pandas: 5 (3 at 10^7), Fairlearn: 1). Daemon: `Computer.compute()`, every rate, gap and interval "
                 "and the snapshot built. pandas: boolean window selection, then groupby means (selection rate, "
@@ -211,7 +215,7 @@ def run(quick: bool = False) -> Section:
     section.add(table(["window events", "daemon compute (ms)", "pandas, categorical (s)", "pandas, strings (s)",
                        "Fairlearn MetricFrame (s)", "pandas categorical / daemon", "pandas strings / daemon",
                        "Fairlearn / daemon", "max abs difference"], timing_rows))  # fmt: skip
-    store = WindowStore(cfg)
+    store = WindowStore(cfg.model(), cfg.windowing)
     section.add(f"Memory: the daemon's window state is `WindowStore.counts`, {store.n_buckets} buckets (24h of "
                 f"1-minute buckets + allowed lateness) x {store.layout.n_rows} subgroup rows x 6 counts, int64, "
                 "whatever the traffic; the raw rows are the pandas frames above (`memory_usage(deep=True)`).")

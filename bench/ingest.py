@@ -102,14 +102,14 @@ def payloads(n: int) -> list[bytes]:
     return out
 
 
-def produce(bootstrap: str, values: list[bytes]) -> Timing:
+def produce(bootstrap: str, values: list[bytes], topic: str = TOPIC) -> Timing:
     """Send every value (round-robin over the partitions) and wait until the broker acknowledged all."""
     errors: list[BaseException] = []
     producer = KafkaProducer(bootstrap_servers=[bootstrap], linger_ms=20, batch_size=256 * 1024)
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         for i, value in enumerate(values):
-            producer.send(TOPIC, value=value, partition=i % PARTITIONS).add_errback(errors.append)
+            producer.send(topic, value=value, partition=i % PARTITIONS).add_errback(errors.append)
         producer.flush(timeout=DRAIN_TIMEOUT)
     finally:
         producer.close(timeout=10)
@@ -185,7 +185,8 @@ def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any
 
 def counted(daemon: Daemon) -> int:
     """Predictions counted in the daemon's monotonic totals (every event counts once per attribute)."""
-    totals = daemon.store.layout.split(daemon.store.totals_copy())["gender"]
+    (store,) = (m.store for m in daemon.fleet.models.values())
+    totals = store.layout.split(store.totals_copy())["gender"]
     return int(totals[:, PRED_POS].sum() + totals[:, PRED_NEG].sum())
 
 
@@ -285,10 +286,10 @@ def oracle_decoder(cfg: Config) -> Any:
 def micro(values: list[bytes]) -> dict[str, list[float]]:
     """CPU seconds per event of the steps of taking the same payloads in, without Kafka, interleaved rounds."""
     cfg = config("127.0.0.1:9")  # never contacted
-    decoder = EventDecoder(cfg)
+    decoder = EventDecoder(cfg.model(), cfg.max_future_skew_seconds)
     before = oracle_decoder(cfg)
     daemon = Daemon(cfg)
-    store = WindowStore(cfg)
+    store = WindowStore(cfg.model(), cfg.windowing)
     records = [_Record(v, i) for i, v in enumerate(values)]
     batches = [(values[i : i + MICRO_BATCH], records[i : i + MICRO_BATCH]) for i in range(0, len(values), MICRO_BATCH)]
     decoded = [decoder.decode(raw, time.time()) for raw, _ in batches]

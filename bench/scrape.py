@@ -82,12 +82,13 @@ def config() -> Config:
 def fill(daemon: Daemon, n: int, now: float, seed: int = 11) -> None:
     """n events over the last 24h, straight into the store (vectorised, no JSON)."""
     rng = np.random.default_rng(seed)
+    (model,) = daemon.fleet.models.values()
     for start in range(0, n, 1_000_000):
         m = min(1_000_000, n - start)
-        codes = {a.name: rng.integers(0, N_GROUPS, m) for a in daemon.config.attributes}
+        codes = {a.name: rng.integers(0, N_GROUPS, m) for a in model.spec.attributes}
         predictions = (rng.random(m) < 0.3).astype(np.int64)
         labels = np.where(rng.random(m) < 0.3, (rng.random(m) < 0.5).astype(np.int64), -1)
-        late = daemon.store.add(rng.uniform(now - 86_400 + 60, now, m), codes, predictions, labels, now)
+        late = model.store.add(rng.uniform(now - 86_400 + 60, now, m), codes, predictions, labels, now)
         if late:
             raise RuntimeError(f"{late} fill events fell outside the ring")
 
@@ -234,7 +235,8 @@ def in_process_server(daemon: Daemon) -> HttpServer:
             return Page(gzip_one_member(head, live), content_type, True)
         return Page(head.text + live, content_type, False)
 
-    server = HttpServer(make_app(page, daemon.config.model_id, daemon.healthy, daemon.ready), bind("127.0.0.1", 0))
+    app = make_app(page, daemon.config.model().model_id, daemon.healthy, daemon.ready)
+    server = HttpServer(app, bind("127.0.0.1", 0))
     server.start()
     return server
 
@@ -251,7 +253,7 @@ def run(quick: bool = False) -> Section:
         daemon = Daemon(cfg)
         health_only = Daemon(cfg)  # never computes: its /metrics has the health metrics only
         fill(daemon, fill_events, now)
-        state_bytes = daemon.store.counts.nbytes
+        state_bytes = sum(m.store.counts.nbytes for m in daemon.fleet.models.values())
         daemon.computer.compute()
         for served in (daemon, health_only):
             served.serve()
@@ -315,7 +317,7 @@ def run(quick: bool = False) -> Section:
         rows.append((name, len(lat), len(load.errors), fmt(median(lat) * 1e3), fmt(percentile(lat, 99) * 1e3),
                      fmt(max(lat) * 1e3), f"{load.bytes / 1024:,.0f} KiB", fmt(percentile(lat, 99) / base),
                      f"{rate:,.0f}"))  # fmt: skip
-    pairs = sum(len(a.pairs) for a in cfg.attributes)
+    pairs = sum(len(a.pairs) for a in cfg.model().attributes)
     section.add(f"{N_ATTRIBUTES} attributes x {N_GROUPS} groups, {len(WINDOWS)} windows ({', '.join(WINDOWS)}), "
                 f"{pairs} pairs, the window filled with {fill_events:,} events (window state "
                 f"{state_bytes / 1e6:.1f} MB); computation every 15 s in the "

@@ -12,10 +12,9 @@ take the same steps as a daemon that reads the topic in real time.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,101 +22,17 @@ from typing import Any
 
 import numpy as np
 
+from exporter.backtest_input import Columns, read_events
 from exporter.backtest_series import SERIES_OTHERS, Series
-from exporter.config import Config
+from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
-from exporter.core.encoding import attribute_codes
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.stream.decode import EventDecoder
 from exporter.stream.detectors import ALERT_OF_METRIC, Detector, Trace
 from exporter.stream.window import WindowStore
-
-JSONL_CHUNK = 100_000
-TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
-
-
-class BacktestError(ValueError):
-    """An events file cannot be replayed; the message names the file and what is wrong."""
-
-
-@dataclass
-class Columns:
-    """A batch of accepted events as the window store counts them."""
-
-    timestamps: np.ndarray
-    predictions: np.ndarray
-    labels: np.ndarray
-    codes: dict[str, np.ndarray]
-    rejected: Counter[str] = field(default_factory=Counter)  # by reason
-    ignored: int = 0
 
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-
-
-def _jsonl(path: Path, decoder: EventDecoder) -> Iterator[Columns]:
-    """JSON lines through the daemon's EventDecoder (no future-timestamp bound: the clock is the events')."""
-    with path.open("rb") as f:
-        while lines := list(itertools.islice(f, JSONL_CHUNK)):
-            batch = decoder.decode([line for line in lines if not line.isspace()], math.inf)
-            yield Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes, batch.rejected,
-                          batch.ignored)  # fmt: skip
-
-
-def _table(path: Path, config: Config) -> Iterator[Columns]:
-    """A parquet/CSV file with the gate's columns plus timestamp, model_id and prediction_id (gate encoding)."""
-    import pandas as pd
-
-    from exporter.gate.audit import DataError, _binary, read_predictions
-    from exporter.gate.frames import encode
-
-    try:
-        frame = read_predictions(path)
-    except DataError as exc:
-        raise BacktestError(str(exc)) from exc
-    required = ["timestamp", "model_id", config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
-    missing = [c for c in required if c not in frame.columns]
-    if missing:
-        raise BacktestError(f"{path}: missing column(s) {missing}; the file has {list(frame.columns)}")
-    mine = (frame["model_id"].astype(str) == config.model_id).to_numpy()
-    ignored = int((~mine).sum())
-    frame = frame[mine]
-    stamps = frame["timestamp"]
-    if pd.api.types.is_numeric_dtype(stamps):
-        seconds = stamps.to_numpy(dtype=np.float64)
-    else:
-        try:
-            parsed = pd.to_datetime(stamps, utc=True, format="ISO8601")
-            seconds = parsed.dt.as_unit("ns").astype("int64").to_numpy() / 1e9  # any resolution, exact division
-        except (ValueError, TypeError) as exc:
-            raise BacktestError(f"{path}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
-    try:
-        y_pred = _binary(frame, config.prediction_column, path, allow_missing=False)
-        y_true = (_binary(frame, config.label_column, path, allow_missing=True)
-                  if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
-    except DataError as exc:
-        raise BacktestError(str(exc)) from exc
-    base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
-    keep = np.ones(len(frame), dtype=bool)
-    rejected: Counter[str] = Counter()
-    for column, column_codes in base.items():  # a row is counted under the first column that refuses it
-        rejected[f"{column}_outside_groups"] = int((keep & (column_codes < 0)).sum())
-        keep &= column_codes >= 0
-    rejected = +rejected  # no reason with a zero count
-    base = {c: v[keep] for c, v in base.items()}
-    codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    yield Columns(seconds[keep], y_pred[keep], y_true[keep], codes, rejected, ignored)
-
-
-def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Columns]:
-    """The events of every file, in order: JSON lines, or parquet/CSV by suffix."""
-    decoder = EventDecoder(config)
-    for name in paths:
-        path = Path(name)
-        if not path.is_file():
-            raise BacktestError(f"{path}: no such events file")
-        yield from (_table(path, config) if path.suffix.lower() in TABLE_SUFFIXES else _jsonl(path, decoder))
 
 
 FLUSH_STEPS = 1440
@@ -147,12 +62,13 @@ class Replay:
     with the same functions (DetectorBank.advance, evaluate_many), which is what makes a replay fast.
     """
 
-    config: Config
+    config: ModelSpec
+    windowing: Windowing
     store: WindowStore = field(init=False)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
     late: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)  # by reason
     ignored: int = 0
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
@@ -162,7 +78,7 @@ class Replay:
     _alerted: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.store = WindowStore(self.config)
+        self.store = WindowStore(self.config, self.windowing)
         self._attributes = {a.name: a for a in self.config.attributes}
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
@@ -221,7 +137,7 @@ class Replay:
         bank = self.store.detectors
         others = sorted((i for i in self._series if i not in self._alerted),
                         key=lambda i: (-self._series[i].max_statistic, i))[:SERIES_OTHERS]  # fmt: skip
-        window = self.config.windows[0].name
+        window = self.windowing.windows[0].name
         thresholds = self.config.thresholds()
         out = []
         for i in [*sorted(self._alerted), *others]:
@@ -247,14 +163,14 @@ class Replay:
         steps = len(times)
         evaluations: dict[tuple[str, str], Evaluation] = {}
         blocks = []
-        for window in self.config.windows:
+        for window in self.windowing.windows:
             by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
             for attribute in self.config.attributes:
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
         results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
-                                self.config.max_interval_widths(), self.config.exported_metrics)  # fmt: skip
+                                self.config.exported_metrics)
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
         self._pending.clear()
@@ -304,7 +220,7 @@ class Replay:
         into its bounded series."""
         first = self.steps - len(times)  # the block's first step (compute() counted the block's steps)
         attributes = self._attributes
-        window = self.config.windows[0].name
+        window = self.windowing.windows[0].name
         for i, detector in enumerate(self.store.detectors.detectors):
             attribute = attributes[detector.attribute]
             value, lower, upper = _compared(detector, attribute, evaluations[(window, attribute.name)])
@@ -324,7 +240,7 @@ class Replay:
             alert = ALERT_OF_METRIC[detector.metric]
             attribute = self._attributes[detector.attribute]
             shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
-                                                 for w in self.config.windows], t)  # fmt: skip
+                                                 for w in self.windowing.windows], t)  # fmt: skip
             return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
                     **_identity(detector), "window": None, **shown,
                     "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
@@ -389,8 +305,22 @@ def _seconds(duration: str) -> float:
 
 
 def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
-    """Replay the events files and return the report with its `alerts` list."""
-    replay = Replay(config)
-    for columns in read_events(paths, config):
-        replay.feed(columns)
-    return replay.finish()
+    """Replay the events files and return the report with its `alerts` list: of the one model, or per model
+    under ``models`` (each model on its own events' clock)."""
+    replays = {m.model_id: Replay(m, config.windowing) for m in config.models}
+    ignored = malformed = 0
+    for columns, unrouted, bad in read_events(paths, config):
+        for model_id, batch in columns.items():
+            replays[model_id].feed(batch)
+        ignored += unrouted
+        malformed += bad
+    reports = [replay.finish() for replay in replays.values()]
+    reasons = sum((Counter(r["rejected_reasons"]) for r in reports), Counter({"malformed_json": malformed}))
+    rejected = {"rejected": reasons.total(), "rejected_reasons": dict((+reasons).most_common())}
+    if len(reports) == 1:
+        (report,) = reports
+        return {**report, "ignored": report["ignored"] + ignored, **rejected}
+    return {"models": reports, "events": sum(r["events"] for r in reports), "ignored": ignored, **rejected,
+            "alerts": sorted(({"model_id": r["model_id"], **a} for r in reports for a in r["alerts"]),
+                             key=lambda a: (a["fired_at"], a["model_id"], a["alert"], a["attribute"]))}  # fmt: skip
+

@@ -43,7 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _configure_logging(args.log_level)
     try:
-        Daemon(load_config(args.config), web_config_file=args.web_config_file).run_forever()
+        Daemon(load_config(args.config), loader=lambda: load_config(args.config),
+               web_config_file=args.web_config_file).run_forever()
     except (ConfigError, CheckpointError, WebConfigError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -55,7 +56,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
-    from exporter.backtest import BacktestError, backtest
+    from exporter.backtest import backtest
+    from exporter.backtest_input import BacktestError
 
     try:
         config = load_config(args.config)
@@ -63,9 +65,10 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     except (ConfigError, BacktestError) as exc:
         print(f"fairness-exporter backtest: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    ids = ", ".join(config.model_ids)
     reasons = ", ".join(f"{reason}: {n:,}" for reason, n in report["rejected_reasons"].items())
     refused = (f"{report['rejected']:,} rejected" + (f" ({reasons})" if reasons else "") + f", {report['ignored']:,} "
-               f"of other model ids (the config's model_id is {report['model_id']!r})")  # fmt: skip
+               f"of no configured model (model_id {ids})")  # fmt: skip
     if not report["events"]:  # a replay of nothing never passes: "0 alerts" would mean nothing
         print(f"fairness-exporter backtest: {', '.join(args.events)}: no event replayed: {refused}; expected JSON "
               "lines in the topic's event format (the config's events: paths), or parquet/CSV with the gate's "
@@ -81,12 +84,13 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
         if not write_html(Path(args.html), backtest_html, report):
             return EXIT_BAD_INPUT
-    if report["rejected"] > report["events"]:  # of this model's events, most were refused
+    if report["rejected"] > report["events"]:  # of the configured models' events, most were refused
         print(f"fairness-exporter backtest: warning: most events were rejected: {report['events']:,} replayed, "
               f"{refused}", file=sys.stderr)  # fmt: skip
     firing = sum(a["resolved_at"] is None for a in report["alerts"])
-    print(f"{report['model_id']}: {report['events']} events replayed in {report['steps']} steps, "
-          f"{len(report['alerts'])} alert(s), {firing} still firing at the end", file=sys.stderr)  # fmt: skip
+    steps = f" in {report['steps']} steps" if "steps" in report else ""  # a fleet's models each take their own
+    print(f"{ids}: {report['events']} events replayed{steps}, {len(report['alerts'])} alert(s), {firing} still "
+          "firing at the end", file=sys.stderr)  # fmt: skip
     return EXIT_OK
 
 
@@ -99,6 +103,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(port=args.port, rate=args.rate, drift_after=drift_after, stack=args.stack)
 
 
+def _ci_report_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--junit", metavar="PATH", help="also write JUnit XML for the CI's test report: one test "
+                        "case per check, a blocking failure as a failure, a warning as skipped")  # fmt: skip
+    parser.add_argument("--summary-md", metavar="PATH", help="also write a Markdown summary (verdict, then every "
+                        "check) for a GitHub job summary or a merge-request note")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="fairness-exporter", description=__doc__)
@@ -109,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
     audit.add_argument("predictions", help="parquet or CSV file with prediction, label and attribute columns")
+    audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
                        "ratio (vs the most selected category) per category and intersectional category")  # fmt: skip
@@ -118,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{DEFAULT_AUDIT_LOG}); HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set")  # fmt: skip
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
     audit.add_argument("--override-author", help="who takes responsibility for the override")
+    _ci_report_flags(audit)
     audit.set_defaults(func=cmd_audit)
 
     bias = sub.add_parser("bias-report", help="group means of an outcome per protected feature and their gap; "
@@ -129,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--outcome", required=True, help="numeric outcome column (0/1 or continuous)")
     bias.add_argument("--threshold", type=float, default=0.1, help="largest acceptable gap (default 0.1)")
     bias.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
+    _ci_report_flags(bias)
     bias.set_defaults(func=cmd_bias_report)
 
     safety = sub.add_parser("safety", help="safety suite for a tabular model: exit 1 on a critical failure, "
@@ -139,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "test_inputs, seed, thresholds")  # fmt: skip
     safety.add_argument("--report", help="also write the JSON report to this file")
     safety.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    _ci_report_flags(safety)
     safety.set_defaults(func=cmd_safety)
 
     redteam = sub.add_parser("redteam", help="red-team suite for a text classifier: exit 1 on a critical "
@@ -154,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "e.g. predictions.0 (default: prediction)")  # fmt: skip
     redteam.add_argument("--report", help="also write the JSON report to this file")
     redteam.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    _ci_report_flags(redteam)
     redteam.set_defaults(func=cmd_redteam)
 
     log = sub.add_parser("audit-log", help="inspect the audit log")

@@ -1,65 +1,100 @@
-"""The monitoring daemon: Kafka source -> decoder -> window store (+ label join) -> scheduled computation ->
-/metrics, with checkpoints that let it restart without losing or double counting an event."""
+"""The monitoring daemon: Kafka source -> router and decoders -> every model's window store (+ label join) ->
+scheduled computation -> /metrics, with checkpoints that let it restart without losing or double counting an
+event, and reloads that change the models without a restart."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from exporter.config import Config
+from exporter.config import Config, ConfigError
 from exporter.serve import web_config
 from exporter.serve.collector import CachedExposition
-from exporter.serve.http import ListenError, bind
+from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health
-from exporter.serve.snapshot import Computer, Snapshot
+from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.stream.checkpoint import Checkpointer
 from exporter.stream.dead_letters import DeadLetters
+from exporter.stream.fleet import Fleet
 from exporter.stream.ingest import Ingest
-from exporter.stream.label_join import OutcomeJoin
 from exporter.stream.source import KafkaSource
-from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
 EXPIRY_EVERY_SECONDS = 10.0
+WATCH_SECONDS = 5.0
+"""How often the config file (and models_dir) are checked for a change, which reloads them."""
+RESTART_ONLY = (("kafka", "kafka"), ("listen_address", "listen.address"), ("listen_port", "listen.port"),
+                ("tls_cert_file", "listen.tls_cert_file"), ("tls_key_file", "listen.tls_key_file"),
+                ("checkpoint_path", "checkpoint.path"))  # fmt: skip
+"""Settings a running daemon cannot change (its consumer, its socket, its checkpoint file): (field, YAML key)."""
+
+
+def _fingerprint(config: Config) -> tuple[tuple[str, int, int, int], ...]:
+    """What identifies the content of the config file and of every file in models_dir (following symlinks, so a
+    Kubernetes ConfigMap update, which swaps a symlink, changes it)."""
+    paths = [Path(config.source)]
+    if config.models_dir is not None and Path(config.models_dir).is_dir():
+        paths += sorted(p for p in Path(config.models_dir).iterdir() if not p.name.startswith("."))
+    out = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        out.append((str(path), st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(out)
 
 
 class Daemon:
     """Wires the parts together and runs their lifecycle; ``start``/``stop`` for tests, ``run_forever`` for the
-    command line. The constructor does no I/O: ``start`` restores the checkpoint and binds the port."""
+    command line. The constructor does no I/O: ``start`` restores the checkpoint and binds the port.
+
+    ``loader`` reads the config again for a reload (SIGHUP, a change to its files, :meth:`reload`); without one
+    the daemon cannot reload.
+    """
 
     def __init__(
         self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
-        web_config_file: str | None = None,
-    ) -> None:
-        """``web_config_file``: who may read /metrics and the probes (``--web.config.file``,
-        exporter.serve.web_config)."""
+        loader: Callable[[], Config] | None = None, web_config_file: str | None = None,
+    ) -> None:  # fmt: skip
         self.config = config
         self.web_config_file = web_config_file
+        """Who may read /metrics and the probes (``--web.config.file``, exporter.serve.web_config)."""
         self.clock = clock
+        self.loader = loader
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
-        self.store = WindowStore(config)
-        self.joins = OutcomeJoin(len(config.attributes), config.label_horizon_seconds, config.max_pending_labels)
         dead_letters = DeadLetters(config.kafka, self.health) if config.kafka.dead_letter_topic else None
-        self.ingest = Ingest(config, self.store, self.joins, self.health, clock, dead_letters)
-        self.checkpointer = Checkpointer(config, self.store, self.joins, self.health, clock)
-        self.source = KafkaSource(config.kafka, self.ingest.handle, self.checkpointer, self.health)
+        self.fleet = Fleet(config, keep_rejected=dead_letters is not None)
+        self.ingest = Ingest(config, self.fleet, self.health, clock, dead_letters)
+        self.checkpointer = Checkpointer(config, self.fleet, self.health, clock)
+        self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health)
         self.registry.register(ConsumerCollector(self.source.lag, lambda: self.source.broker_up))
         self.exposition = CachedExposition(f"{config.evaluation_interval_seconds:g}s")
-        self.computer = Computer(config, self.store, self.health, clock, on_snapshot=self._publish)
+        self.computer = Computer(self.fleet, self.health, clock, on_snapshot=self._publish)
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.http: HttpWorker | None = None  # bound by start()
         self.stale_seconds = STALE_SECONDS
         """/healthz fails when the daemon has published nothing to the HTTP worker for this long."""
+        self.watch_seconds = WATCH_SECONDS
         self._stopped = threading.Event()
+        self._reloading = threading.Lock()
+        self._fingerprint: tuple[tuple[str, int, int, int], ...] = ()
+        self._loaded(config)
+
+    def _loaded(self, config: Config) -> None:
+        """The health of the config now running (loaded at start, or reloaded)."""
+        self.health.models.set(len(config.models))
+        self.health.reload_successful.set(1)
+        self.health.reload_timestamp.set(self.clock())
 
     @property
     def port(self) -> int:
@@ -71,7 +106,7 @@ class Daemon:
         """What /metrics serves, as text (assembled as the HTTP worker assembles it, but from the parts now)."""
         return self.exposition.page(self.registry, "").body.decode()
 
-    def _publish(self, snapshot: Snapshot) -> None:
+    def _publish(self, snapshot: FleetSnapshot) -> None:
         """After each computation, on its thread: render the snapshot, and have the HTTP worker serve it."""
         self.exposition.update(snapshot)
         if self.http is not None:
@@ -98,23 +133,36 @@ class Daemon:
     def start(self) -> None:
         """Restore the checkpoint, bind the port, compute once, then start the schedule and the consumer."""
         self.checkpointer.restore()
-        self.scheduler.add_job(self.computer.run_scheduled, "interval", seconds=self.config.evaluation_interval_seconds,
-                               id="compute", max_instances=1, coalesce=True)  # fmt: skip
+        self._schedule(self.config)
         if self.config.kafka.labels_topic:
             self.scheduler.add_job(self.ingest.expire, "interval", seconds=EXPIRY_EVERY_SECONDS, id="expire",
                                    max_instances=1, coalesce=True)  # fmt: skip
-        if self.checkpointer.path is not None:
-            self.scheduler.add_job(self.checkpointer.flush, "interval",
-                                   seconds=self.config.checkpoint_interval_seconds, id="checkpoint",
-                                   max_instances=1, coalesce=True)  # fmt: skip
+        if self.loader is not None:
+            self._fingerprint = _fingerprint(self.config)
+            self.scheduler.add_job(self._watch, "interval", seconds=self.watch_seconds, id="watch", max_instances=1,
+                                   coalesce=True)  # fmt: skip
         self.serve()
         if self.checkpointer.path is None:
             log.info("no checkpoint configured: the window starts empty after every restart")
         self.computer.compute()
         self.scheduler.start()
         self.source.start()
-        log.info("fairness-exporter serving model %s on port %d, reading %s from %s", self.config.model_id,
-                 self.port, self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
+        log.info("fairness-exporter serving %s on port %d, reading %s from %s", self._models(), self.port,
+                 self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
+
+    def _models(self) -> str:
+        ids = self.config.model_ids
+        return f"model {ids[0]}" if len(ids) == 1 else f"{len(ids)} models ({', '.join(ids)})"
+
+    def _schedule(self, config: Config) -> None:
+        """(Re)schedule the jobs whose period the config sets."""
+        jobs: list[tuple[str, Callable[[], None], float]] = [
+            ("compute", self.computer.run_scheduled, config.evaluation_interval_seconds)]
+        if self.checkpointer.path is not None:
+            jobs.append(("checkpoint", self.checkpointer.flush, config.checkpoint_interval_seconds))
+        for name, job, seconds in jobs:
+            self.scheduler.add_job(job, "interval", seconds=seconds, id=name, max_instances=1, coalesce=True,
+                                   replace_existing=True)  # fmt: skip
 
     def serve(self) -> None:
         """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
@@ -123,30 +171,52 @@ class Daemon:
         one line; scrapes are served by another process, which never waits for the GIL ingest holds.
         """
         config = self.config
-        web = self._web_config()
+        web = web_config.resolve(self.web_config_file, config.tls_cert_file, config.tls_key_file)
         listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
-                               (config.model_id, web), self.health.http_worker_restarts,
+                               (", ".join(config.model_ids), web), self.health.http_worker_restarts,
                                self.health.http_auth_failures, self.stale_seconds)  # fmt: skip
         self.http.start()
 
-    def _web_config(self) -> web_config.WebConfig:
-        """The web configuration file's, with the config's ``listen.tls_*`` as its TLS if the file has none; its
-        TLS files loaded once to check them (WebConfigError, or ListenError for ``listen.*``)."""
-        listen = web_config.from_listen(self.config.tls_cert_file, self.config.tls_key_file)
-        web = web_config.load(self.web_config_file) if self.web_config_file else listen
-        if listen.tls and web is not listen:
-            if web.tls:
-                raise web_config.WebConfigError(f"--web.config.file {self.web_config_file}: tls_server_config and "
-                                                "the config's listen.tls_cert_file both set the server's TLS: keep "
-                                                "one")  # fmt: skip
-            web = dataclasses.replace(web, tls=listen.tls)
-        if web.tls:
+    # --- reload -----------------------------------------------------------------------------------------------
+
+    def reload(self) -> tuple[bool, str]:
+        """Read the config again and apply it, as Prometheus does: an invalid config, or one that changes what only
+        a restart can change, is refused whole and the running one stays; (applied, what happened)."""
+        if self.loader is None:
+            return False, "this daemon was started without a config file to reload"
+        with self._reloading:
             try:
-                web_config.server_context(web)  # the worker loads them again
-            except web_config.WebConfigError as exc:
-                raise (ListenError(str(exc)) if web.tls is listen.tls else exc) from exc
-        return web
+                config = self.loader()
+                changed = [key for name, key in RESTART_ONLY if getattr(config, name) != getattr(self.config, name)]
+                if changed:
+                    raise ConfigError(f"{config.source}: {', '.join(changed)} changed, which takes effect only on "
+                                      "a restart; the running config is kept")  # fmt: skip
+            except ConfigError as exc:
+                self.health.reload_failures.inc()
+                self.health.reload_successful.set(0)
+                log.error("config reload refused: %s", exc)
+                return False, str(exc)
+            changes, given_up = self.fleet.apply(config)
+            self.health.count_outcomes(given_up)
+            if config.evaluation_interval_seconds != self.config.evaluation_interval_seconds:
+                self.exposition.every = f"{config.evaluation_interval_seconds:g}s"
+            self.config = config
+            if self.scheduler.running:
+                self._schedule(config)
+            self._loaded(config)
+            self._fingerprint = _fingerprint(config)
+            log.info("config reloaded from %s: %s", config.source, changes)
+        self.computer.run_scheduled()  # a removed model leaves /metrics now, an added one appears
+        return True, str(changes)
+
+    def _watch(self) -> None:
+        """The scheduled check of the config's files: reload when one changed."""
+        fingerprint = _fingerprint(self.config)
+        if fingerprint != self._fingerprint:
+            self._fingerprint = fingerprint  # a refused config is not retried until it changes again
+            log.info("the config files changed: reloading")
+            self.reload()
 
     def stop(self) -> None:
         """Stop consuming, write a final checkpoint (from the consumer thread), commit, stop serving."""
@@ -163,10 +233,11 @@ class Daemon:
             self.http.stop()
 
     def run_forever(self) -> None:
-        """Run until SIGTERM or SIGINT, then stop cleanly."""
+        """Run until SIGTERM or SIGINT, then stop cleanly; SIGHUP reloads the config."""
         done = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, name="reload").start())
         self.start()
         done.wait()
         log.info("stopping")

@@ -18,12 +18,13 @@ from typing import Any
 DASHBOARD_FILE = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "fairness.json"
 
 # Values for the dashboard's variables and the Grafana built-ins its queries use. `instance` is a multi-value
-# variable whose "All" is the regex `.*`.
+# variable whose "All" is the regex `.*`; `dimension` repeats the per-comparison row, one value per repetition.
 DEFAULT_VARIABLES: Mapping[str, str] = {
     "model_id": "hiring-screener-v2",
     "attribute": "gender",
     "window": "1h",
     "instance": ".*",
+    "dimension": "male_vs_female",
     "__rate_interval": "1m",
     "__interval": "15s",
     "__range": "1h",

@@ -1,5 +1,7 @@
-"""Today's (pre-msgspec) event decoder, kept verbatim as a test oracle: the shipped decoder must give the same
-batch, the same rejection reasons and the same dead letters on every input (tests/test_decode_oracle.py)."""
+"""The pre-msgspec event decoder, kept as a test oracle: the shipped decoder must give the same batch, the same
+rejection reasons and the same dead letters on every input (tests/test_decode_oracle.py). It changes only with
+the rules themselves (issue 20: booleans count as 0/1; an attribute value is read as the gate reads a cell: a whole
+float as the integer, a missing one as the unknown category even when a group is named "None")."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import numpy as np
 import orjson
 
 from exporter.config import Config
-from exporter.core.encoding import attribute_codes, code_table
+from exporter.core.encoding import attribute_codes, code_table, value_text
 from exporter.stream.decode import MAX_PREDICTION_ID_LENGTH, DecodedBatch
+from exporter.stream.route import NO_MODEL_ID, UNCONFIGURED
 
 
 def _valid_id(pid: object) -> bool:
@@ -23,8 +26,8 @@ def _valid_id(pid: object) -> bool:
 
 
 def _binary(value: object) -> TypeGuard[int | float]:
-    """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
-    return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
+    """0 or 1 (a float 0.0/1.0 too, and a boolean: true is 1, false is 0 — issue 20), never a string."""
+    return value.__class__ is not str and value in (0, 1)
 
 
 def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
@@ -50,8 +53,10 @@ def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any
 class OracleDecoder:
     """Turns raw Kafka message values into a :class:`DecodedBatch` for one configured model."""
 
-    def __init__(self, config: Config, keep_rejected: bool = False) -> None:
+    def __init__(self, full: Config, keep_rejected: bool = False) -> None:
+        config = full.model()
         self.config = config
+        self.max_future_skew_seconds = full.max_future_skew_seconds
         self.keep_rejected = keep_rejected
         f = config.events
         self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
@@ -68,11 +73,11 @@ class OracleDecoder:
         k_model, k_id, k_ts, k_pred, k_score, k_label, k_attrs = self._paths
         flatten, threshold, tables = self._flatten, self._threshold, self._tables
         keep_rejected, model_id = self.keep_rejected, self.config.model_id
-        latest = now + self.config.max_future_skew_seconds
+        latest = now + self.max_future_skew_seconds
         loads, bad_json, fromiso, isfinite = orjson.loads, orjson.JSONDecodeError, datetime.fromisoformat, math.isfinite
         rejected: Counter[str] = Counter()
         bad: list[tuple[bytes, str]] = []
-        ignored = 0
+        ignored: Counter[str] = Counter()
         ts_out: list[float] = []
         pred_out: list[int] = []
         label_out: list[int] = []
@@ -90,7 +95,7 @@ class OracleDecoder:
                     event = flatten(event)
                 get = event.get
                 if get(k_model) != model_id:
-                    ignored += 1
+                    ignored[UNCONFIGURED if isinstance(get(k_model), str) else NO_MODEL_ID] += 1
                     continue
                 reason = None
                 t = get(k_ts)
@@ -140,7 +145,7 @@ class OracleDecoder:
                     else:
                         for column, table, unknown in tables:
                             v = attrs.get(column)
-                            code = table.get(v if v.__class__ is str else str(v))
+                            code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
                             codes.append(unknown if code is None else code)
                 if reason is None:
                     ts_out.append(ts)

@@ -22,13 +22,10 @@ from exporter.cli import main
 from exporter.core.metric_table import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-# Hand-made files of a few rows: max_interval_width 1 switches the precision rule off so their exact values are
-# reported (by default a value is reported only when its interval's half-width is within the threshold).
 METRICS = [
-    {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking",
-     "max_interval_width": 1},
-    {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking", "max_interval_width": 1},
-    {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning", "max_interval_width": 1},
+    {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
+    {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
+    {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"},
 ]
 
 
@@ -98,10 +95,8 @@ def test_hand_made_unfair_model_fails_with_exit_1_and_exact_values(
 def test_warnings_alone_do_not_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # DPD 0.04 passes 0.05 but DI 0.2/0.24 = 0.833 ... make DI fail only: rates 0.20 vs 0.26 -> DPD 0.06
     config = write_config(tmp_path, metrics=[
-        {"name": "demographic_parity_difference", "threshold": 0.10, "severity_on_fail": "blocking",
-         "max_interval_width": 1},
-        {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning",
-         "max_interval_width": 1}])  # fmt: skip
+        {"name": "demographic_parity_difference", "threshold": 0.10, "severity_on_fail": "blocking"},
+        {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"}])
     rows = {"gender": ["male"] * 50 + ["female"] * 50,
             "prediction": [1] * 13 + [0] * 37 + [1] * 10 + [0] * 40}  # fmt: skip
     code, report, _ = run(capsys, "audit", str(config), str(write_rows(tmp_path, rows)),
@@ -174,9 +169,9 @@ def test_every_config_error_is_reported_at_once(tmp_path: Path, capsys: pytest.C
         ({"gender": ["male", "female"], "label": [0, 1]}, "missing column(s) ['prediction']"),
         ({"gender": ["male", "female"], "prediction": [0, 1]}, "equalised_odds_difference needs the label column"),
         ({"gender": ["male", "female"], "prediction": [0, 2], "label": [0, 1]},
-         "column 'prediction' must hold only 0 or 1; found [2]"),
+         "column 'prediction' must hold only 0 or 1 (numbers) or true/false (booleans); found [2]"),
         ({"gender": ["male", "female"], "prediction": ["yes", "no"], "label": [0, 1]},
-         "column 'prediction' must hold only 0 or 1; found ['yes', 'no']"),
+         "column 'prediction' must hold only 0 or 1 (numbers) or true/false (booleans); found ['yes', 'no'] (text"),
         ({"gender": ["male", "female"], "prediction": [1, None], "label": [0, 1]},
          "column 'prediction' has 1 missing values (first rows: [1])"),
         ({"gender": ["male", "female"], "prediction": [1, 0], "label": [0, 5]}, "column 'label' must hold only 0 or 1"),
@@ -358,7 +353,8 @@ def test_every_result_says_what_the_evidence_says(tmp_path: Path, capsys: pytest
         # half-width ~ 1/sqrt(n): (half-width / distance to the threshold)^2 times today's samples
         factor = (result["half_width"] / 0.02) ** 2
         assert result["samples_to_decide"] == {"male": math.ceil(n * factor), "female": math.ceil(n * factor)}
-        assert result["value"] is None and result["passed"] is False  # too imprecise to report as a number
+        # issue 20: an imprecise value is still the number, and the point estimate still passes the threshold
+        assert result["value"] == 0.03 and result["passed"] is True and result["status"] == "pass"
     else:
         assert result["samples_to_decide"] is None
 
@@ -389,11 +385,44 @@ def test_decision_evidence_passes_a_precise_fair_model_and_blocks_a_precise_unfa
      "failure_policy.blocking_failures: 'log_and_continue' is invalid: expected one of halt_deployment"),
     ({"failure_policy": {"inconclusive": "ignore"}}, "failure_policy.inconclusive: 'ignore' is invalid"),
     ({"decision": "vibes"}, "decision: 'vibes' is invalid: expected one of point_estimate, evidence"),
-    ({"metrics": [{"name": "accuracy_difference", "threshold": 0.05, "max_interval_width": 0}]},
-     "metrics[0].max_interval_width: 0 is not a number in (0, 1]"),
 ])  # fmt: skip
 def test_decision_and_failure_policy_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    overrides: dict, expected: str) -> None:  # fmt: skip
     code, _, err = run(capsys, "audit", str(write_config(tmp_path, **overrides)),
                        str(write_rows(tmp_path, balanced())), "--audit-log", str(tmp_path / "l"))
     assert code == 2 and expected in err, err
+
+
+def test_a_config_that_sets_max_interval_width_still_loads_and_says_the_key_is_ignored(tmp_path: Path) -> None:
+    """Issue 20 removed the rule that hid imprecise values; configs written for it keep working, with a warning."""
+    config = write_config(tmp_path, metrics=[{**DPD[0], "max_interval_width": 0.05}])
+    proc = subprocess.run([sys.executable, "-m", "exporter.cli", "audit", str(config),
+                           str(write_rows(tmp_path, _rates(200, 0.30, 0.27))), "--audit-log", str(tmp_path / "l")],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    (result,) = json.loads(proc.stdout)["results"]
+    assert proc.returncode == 0 and result["value"] == 0.03 and result["evidence"] == "inconclusive"
+    assert f"{config}: metrics[0].max_interval_width: ignored: no value is hidden" in proc.stderr
+
+
+def test_the_human_summary_shows_every_row_in_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every result, passes too: its value with its interval and evidence; an inconclusive one says how many samples
+    per group would decide it, an insufficient one which count fell short; with decision: evidence, what it did."""
+    rows = _rates(200, 0.30, 0.27)
+    rows["gender"] = rows["gender"][:-10] + ["non_binary"] * 10  # 10 rows: below min_samples
+    config = write_config(tmp_path, metrics=DPD, min_samples=30, decision="evidence", protected_attributes=[
+        {"name": "gender", "groups": ["male", "female", "non_binary"]}])  # fmt: skip
+    code, report, err = run(capsys, "audit", str(config), str(write_rows(tmp_path, rows)),
+                            "--audit-log", str(tmp_path / "l"))  # fmt: skip
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 + len(report["results"]) == 4
+    by_groups = {r["groups"]: r for r in report["results"]}
+    r = by_groups["male vs female"]
+    lo, hi = r["ci_95"]
+    a, b = r["samples_to_decide"]["male"], r["samples_to_decide"]["female"]
+    assert (f"  PASS blocking gender demographic_parity_difference male vs female: {r['exact_value']:.3f} "
+            f"[{lo:.3f}, {hi:.3f}], evidence inconclusive; about {a:,} (male) and {b:,} (female) samples would "
+            "decide it; counts as blocking") in lines  # fmt: skip
+    assert ("  INSUFFICIENT_SAMPLES blocking gender demographic_parity_difference male vs non_binary: no value: the "
+            "smallest count of predictions in a group is 10, below min_samples 30; evidence inconclusive; counts as "
+            "blocking") in lines  # fmt: skip
+    assert code == 1 and "(decision: evidence)" in lines[0]

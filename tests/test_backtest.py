@@ -41,12 +41,14 @@ def drifting_events(hours: float = 3, drift_after_minutes: int = 60) -> pd.DataF
 
 
 def as_jsonl(frame: pd.DataFrame, path: Path) -> Path:
-    """The same events in the topic's format (ISO-8601 timestamps, attributes nested)."""
+    """The same events in the topic's format (ISO-8601 timestamps, attributes nested, every other prediction a
+    JSON boolean, as serving code often writes it)."""
     with path.open("wb") as f:
-        for row in frame.itertuples(index=False):
+        for i, row in enumerate(frame.itertuples(index=False)):
             stamp = datetime.fromtimestamp(row.timestamp, UTC).isoformat()
+            prediction = bool(row.prediction) if i % 2 else int(row.prediction)
             f.write(orjson.dumps({"model_id": row.model_id, "prediction_id": row.prediction_id, "timestamp": stamp,
-                                  "prediction": int(row.prediction),
+                                  "prediction": prediction,
                                   "attributes": {"gender": row.gender, "age": row.age}}) + b"\n")  # fmt: skip
     return path
 
@@ -61,7 +63,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     frame.to_csv(directory / "events.csv", index=False)
     milliseconds = (frame["timestamp"] * 1000).round().astype("int64")
     instants = pd.to_datetime(milliseconds, unit="ms", utc=True).astype("datetime64[us, UTC]")
-    stamped = frame.assign(timestamp=instants)
+    stamped = frame.assign(timestamp=instants, prediction=frame["prediction"].astype(bool))  # a boolean column
     stamped.to_parquet(directory / "datetimes.parquet")
     return {"config": config, "parquet": directory / "events.parquet", "csv": directory / "events.csv",
             "jsonl": as_jsonl(frame, directory / "events.jsonl"), "datetimes": directory / "datetimes.parquet",
@@ -90,11 +92,13 @@ def test_backtest_pages_on_the_drift_with_value_interval_and_statistic(recorded:
 
 
 def test_jsonl_csv_and_parquet_replay_to_the_same_report(recorded: dict[str, Path]) -> None:
-    """Epoch seconds, ISO-8601 strings (JSON lines) and microsecond datetimes (parquet) are the same instants."""
+    """Epoch seconds, ISO-8601 strings (JSON lines) and microsecond datetimes (parquet) are the same instants, and
+    booleans (JSON lines, the datetimes file's prediction column) the same 0/1."""
     config = parse_config(RAW_CONFIG)
     reports = [backtest(config, [recorded[kind]]) for kind in ("parquet", "csv", "jsonl", "datetimes")]
     assert reports[0]["alerts"] == reports[1]["alerts"] == reports[2]["alerts"] == reports[3]["alerts"]
-    assert reports[0]["events"] == reports[2]["events"] > 100_000
+    assert reports[0]["events"] == reports[2]["events"] == reports[3]["events"] > 100_000
+    assert reports[2]["rejected"] == reports[3]["rejected"] == 0
 
 
 def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: dict[str, Path]) -> None:
@@ -114,13 +118,14 @@ def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: d
         daemon.computer.compute()
     from exporter.backtest import Replay, read_events
 
-    replay = Replay(config)
-    for columns in read_events([recorded["dir"] / "short.jsonl"], config):
-        replay.feed(columns)
+    replay = Replay(config.model(), config.windowing)
+    for columns, _, _ in read_events([recorded["dir"] / "short.jsonl"], config):
+        replay.feed(columns[config.model().model_id])
     replay.finish()
-    assert replay.store.detection.steps == daemon.store.detection.steps == 90
-    np.testing.assert_allclose(replay.store.detection.state.statistic, daemon.store.detection.state.statistic)
-    np.testing.assert_array_equal(replay.store.totals, daemon.store.totals)
+    store = daemon.fleet.models[config.model().model_id].store
+    assert replay.store.detection.steps == store.detection.steps == 90
+    np.testing.assert_allclose(replay.store.detection.state.statistic, store.detection.state.statistic)
+    np.testing.assert_array_equal(replay.store.totals, store.totals)
 
 
 def test_a_file_without_the_needed_columns_is_one_line_and_exit_2(
@@ -145,13 +150,13 @@ def test_a_file_whose_every_event_is_rejected_exits_2_with_the_reasons_and_their
     assert out.out == ""
     lines = len(pd.read_csv(recorded["csv"])) + 1  # the header is a line too
     assert out.err.strip().count("\n") == 0
-    assert f"{wrong}: no event replayed: {lines:,} rejected (malformed_json: {lines:,}), 0 of other model ids" \
+    assert f"{wrong}: no event replayed: {lines:,} rejected (malformed_json: {lines:,}), 0 of no configured model" \
         in out.err  # fmt: skip
 
     other = tmp_path / "other.csv"  # every row of another model: nothing rejected, nothing replayed either
     pd.read_csv(recorded["csv"]).assign(model_id="m2").to_csv(other, index=False)
     assert main(["backtest", "--config", str(recorded["config"]), str(other)]) == 2
-    assert f"0 rejected, {lines - 1:,} of other model ids (the config's model_id is 'm1')" in capsys.readouterr().err
+    assert f"0 rejected, {lines - 1:,} of no configured model (model_id m1)" in capsys.readouterr().err
 
 
 def test_a_file_mostly_rejected_says_so_on_stderr_and_reports_each_reason(

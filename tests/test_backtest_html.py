@@ -49,7 +49,8 @@ def test_the_series_are_the_paging_comparisons_and_agree_with_the_alerts(replaye
                 a["value"], a["interval"], a["statistic"])
             assert points["alarm"][k]
     drift = next(s for s in paged if s["alert"] == "FairnessDemographicParityDrift")
-    thresholds = parse_config(RAW_CONFIG).thresholds()  # the configured threshold (here the metric table's default)
+    # the configured threshold (here the metric table's default)
+    thresholds = parse_config(RAW_CONFIG).model().thresholds()
     assert drift["threshold"] == thresholds["demographic_parity_difference"] and drift["window"] == "1h"
 
 

@@ -37,8 +37,9 @@ def test_a_confluent_batch_is_counted_as_its_records() -> None:
     for daemon, given in zip(daemons, (batch, records), strict=True):
         daemon.ingest.handle("predictions", 0, given)
     (a, b) = daemons
-    assert (a.store.totals_copy() == b.store.totals_copy()).all() and a.store.totals_copy().sum() > 0
-    assert a.store.offsets_copy() == b.store.offsets_copy() == {("predictions", 0): first + len(values)}
+    ta, tb = (d.fleet.models["m1"].store.totals_copy() for d in (a, b))
+    assert (ta == tb).all() and ta.sum() > 0
+    assert a.fleet.offsets_copy() == b.fleet.offsets_copy() == {("predictions", 0): first + len(values)}
     rejected = [{s.labels["reason"]: s.value for s in m.samples if s.name.endswith("_total")}
                 for m in (a.health.rejected.collect()[0], b.health.rejected.collect()[0])]  # fmt: skip
     assert rejected[0] == rejected[1] and rejected[0]["malformed_json"] == 2 and rejected[0]["invalid_prediction"] == 1

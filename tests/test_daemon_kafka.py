@@ -32,7 +32,7 @@ def test_scraped_gauges_equal_the_audit_gate_on_the_same_rows(kafka_broker: Embe
                                                                running: Callable[..., Daemon]) -> None:  # fmt: skip
     rows = synthetic_rows(3000, seed=11)
     produce(kafka_broker.bootstrap_servers, topic, payloads(rows, time.time()))
-    metrics = [{"name": m, "threshold": 0.1, "max_interval_width": 1} for m in (
+    metrics = [{"name": m, "threshold": 0.1} for m in (
         "demographic_parity_difference", "equalised_odds_difference", "disparate_impact_ratio")]  # fmt: skip
     daemon = running(kafka_broker.bootstrap_servers, topic, metrics=metrics)
     wait_for(lambda: consumed(daemon.port) == 3000, what="3000 events consumed")
@@ -80,7 +80,7 @@ def test_bad_late_and_foreign_events_are_counted_and_excluded(kafka_broker: Embe
     assert sample(s, "fairness_exporter_events_rejected_total", reason="malformed_json") == 2  # "{broken" and b""
     assert sample(s, "fairness_exporter_events_rejected_total", reason="invalid_prediction") == 1
     assert sample(s, "fairness_exporter_events_late_total") == 5
-    assert sample(s, "fairness_exporter_events_ignored_total") == 4
+    assert sample(s, "fairness_exporter_events_ignored_total", reason="unconfigured_model") == 4
     # the "robot" event is no defect: it counts overall and for age, and as gender's unknown category
     assert sample(s, "model_subgroup_samples", model_id="m1", attribute="gender", window="24h",
                   subgroup="overall") == 101  # fmt: skip
@@ -128,7 +128,7 @@ def test_sigkill_and_restart_from_the_checkpoint_neither_loses_nor_double_counts
     first = _serve(config_path, log)
     try:
         wait_for(lambda: sum(_totals(port).values()) >= 2000, what="the first 2000 events")
-        wait_for(lambda: (tmp_path / "state" / "m1.checkpoint.npz").exists(), what="a checkpoint")
+        wait_for(lambda: (tmp_path / "state" / "fleet.checkpoint.npz").exists(), what="a checkpoint")
         produce(kafka_broker.bootstrap_servers, topic, data[2000:4000])
         time.sleep(0.3)  # let it get part of the way through the second batch
     finally:
@@ -169,10 +169,10 @@ def test_sigterm_writes_a_final_checkpoint_and_commits_its_offsets(
         assert consumer.committed(TopicPartition(topic, 1)) == 300
     finally:
         consumer.close()
-    with np.load(tmp_path / "m1.checkpoint.npz") as cp:
+    with np.load(tmp_path / "fleet.checkpoint.npz") as cp:
         # columns 0 and 1 are predicted positives and negatives: every event once per attribute
-        assert int(cp["totals"][:, :2].sum()) == 2 * 300
-    assert os.path.getsize(tmp_path / "m1.checkpoint.npz") > 0
+        assert int(cp["m0.totals"][:, :2].sum()) == 2 * 300
+    assert os.path.getsize(tmp_path / "fleet.checkpoint.npz") > 0
 
 
 def test_labels_from_their_own_topic_join_their_predictions(kafka_broker: EmbeddedBroker, topic: str,

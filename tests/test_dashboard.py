@@ -191,6 +191,7 @@ def test_dashboard_covers_fairness_samples_and_daemon_health(dashboard: dict[str
         "model_subgroup_unknown_samples",
         "model_labelled_fraction",
         "model_comparison_insufficient_samples",
+        "model_comparison_evidence",
         "fairness_exporter_events_consumed_total",
         "fairness_exporter_events_rejected_total",
         "fairness_exporter_events_late_total",
@@ -208,6 +209,44 @@ def test_dashboard_covers_fairness_samples_and_daemon_health(dashboard: dict[str
         "fairness_subgroup_detector_alarm",
         "fairness_detector_alarm_level",
     } <= used
+
+
+def test_the_evidence_of_every_comparison_is_drawn_as_pass_inconclusive_or_fail(dashboard: dict[str, Any]) -> None:
+    """model_comparison_evidence has a label per state; the panels fold the states into 0/1/2 and name them."""
+    panels = [p for p in iter_panels(dashboard)
+              if any("model_comparison_evidence" in metric_names(t["expr"]) for t in p["targets"])]  # fmt: skip
+    assert {p["title"] for p in panels} == {"Evidence per comparison", "Evidence: $dimension"}
+    for each in panels:
+        assert each["type"] == "state-timeline"
+        (mapping,) = each["fieldConfig"]["defaults"]["mappings"]
+        assert {k: v["text"] for k, v in mapping["options"].items()} == {"0": "pass", "1": "inconclusive", "2": "fail"}
+        (target,) = each["targets"]
+        assert 'evidence="fail"} * 2' in target["expr"] and 'evidence="inconclusive"}' in target["expr"]
+        assert "sum without (evidence)" in target["expr"]
+
+
+def test_every_comparison_has_a_row_with_each_metric_in_its_shaded_95_band(dashboard: dict[str, Any]) -> None:
+    """Grafana fills between two series only by a fixed series name, so the band is drawn in a row repeated per
+    comparison (the `dimension` variable), where each panel has one value, one lower and one upper series."""
+    variable_ = variable(dashboard, "dimension")
+    assert variable_["multi"] and variable_["includeAll"]
+    assert variable_["definition"] == ('label_values(model_comparison_evidence{model_id="$model_id", '
+                                       'attribute="$attribute", window="$window"}, dimension)')  # fmt: skip
+    (row,) = [p for p in dashboard["panels"] if p.get("repeat") == "dimension"]
+    assert row["type"] == "row" and "$dimension" in row["title"]
+    bands = {t["expr"].split("{")[0]: p for p in row["panels"] for t in p["targets"] if p["type"] == "timeseries"}
+    assert set(bands) >= {m.prometheus_name for m in METRICS.values()}
+    for metric in METRICS.values():
+        band = bands[metric.prometheus_name]
+        legends = {t["expr"].split("{")[0]: t["legendFormat"] for t in band["targets"]}
+        assert legends == {metric.prometheus_name: "value", f"{metric.prometheus_name}_lower": "95% lower",
+                           f"{metric.prometheus_name}_upper": "95% upper"}  # fmt: skip
+        assert all('dimension="$dimension"' in t["expr"] for t in band["targets"])
+        fills = {o["matcher"]["options"]: {q["id"]: q["value"] for q in o["properties"]}
+                 for o in band["fieldConfig"]["overrides"]}  # fmt: skip
+        assert fills["95% upper"]["custom.fillBelowTo"] == "95% lower" and fills["95% upper"]["custom.fillOpacity"] > 0
+        steps = [s["value"] for s in band["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+        assert metric.default_threshold in steps and band["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]
 
 
 def test_detector_statistics_are_drawn_against_the_alarm_level(dashboard: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 
 import numpy as np
-from daemon_config import make_config
+from daemon_config import decoder_of, make_config
 from decode_oracle import OracleDecoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,7 +51,7 @@ def dumps(value: object) -> bytes:
 
 
 def same(config: Config, values: list[bytes | None], decoder: EventDecoder | None = None) -> None:
-    got = (decoder or EventDecoder(config, keep_rejected=True)).decode(values, NOW)  # type: ignore[arg-type]
+    got = (decoder or decoder_of(config, keep_rejected=True)).decode(values, NOW)  # type: ignore[arg-type]
     want = OracleDecoder(config, keep_rejected=True).decode(values, NOW)  # type: ignore[arg-type]
     assert (got.rejected, got.ignored, got.rejected_payloads) == (want.rejected, want.ignored, want.rejected_payloads)
     assert got.timestamps.tolist() == want.timestamps.tolist()
@@ -62,10 +62,11 @@ def same(config: Config, values: list[bytes | None], decoder: EventDecoder | Non
     assert got.codes.keys() == want.codes.keys()
     for name in got.codes:
         assert got.codes[name].tolist() == want.codes[name].tolist(), name
-    if config.events.score_threshold is None:
+    threshold = config.model().events.score_threshold
+    if threshold is None:
         assert len(got.scores) == 0
     else:  # the scores of the accepted events, which the oracle did not keep: each one decides its prediction
-        assert len(got.scores) == len(got) and (got.predictions == (got.scores >= config.events.score_threshold)).all()
+        assert len(got.scores) == len(got) and (got.predictions == (got.scores >= threshold)).all()
 
 
 mixed = st.lists(events().map(dumps) | st.binary(max_size=60) | st.none()
@@ -129,7 +130,7 @@ def test_the_one_known_difference_a_float_overflow_in_a_field_never_read() -> No
     the daemon reads, it is still malformed_json."""
     unread = b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"x":1e400}'
     read = b'{"model_id":"m1","timestamp":1e400,"prediction":1}'
-    got = EventDecoder(make_config()).decode([unread, read], NOW)
+    got = decoder_of(make_config()).decode([unread, read], NOW)
     assert len(got) == 1 and dict(got.rejected) == {"malformed_json": 1}
     assert dict(OracleDecoder(make_config()).decode([unread, read], NOW).rejected) == {"malformed_json": 2}
 
@@ -174,6 +175,6 @@ def clean_batches(draw: st.DrawFn) -> list[bytes | None]:
 def test_clean_batches_one_decoder_after_another(batches: list[list[bytes | None]]) -> None:
     """One decoder over several batches (it remembers which schema refused a batch), each against the oracle."""
     config = make_config()
-    decoder = EventDecoder(config, keep_rejected=True)
+    decoder = decoder_of(config, keep_rejected=True)
     for values in batches:
         same(config, values, decoder)

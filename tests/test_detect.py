@@ -122,7 +122,8 @@ def _bank(**overrides: object) -> DetectorBank:
                                                      {"name": "b", "groups": ["p", "q"]}],
            "bucket": "1h", "windows": ["24h"], **overrides}  # fmt: skip
     config = parse_config(raw)
-    return DetectorBank(config, RowLayout.of(config).offsets, RowLayout.of(config).n_rows)
+    model = config.model()
+    return DetectorBank(model, config.windowing, RowLayout.of(model).offsets, RowLayout.of(model).n_rows)
 
 
 @pytest.mark.parametrize("rate", BASE_RATES)
@@ -145,7 +146,8 @@ def test_a_gap_of_twice_the_threshold_pages_within_the_hour_at_2000_events_per_g
     config = parse_config({"model_id": "m", "protected_attributes": [
         {"name": "a", "groups": list("xyz")}, {"name": "b", "groups": list("pqrs")},
         {"name": "c", "groups": list("ghijk")}]})  # fmt: skip
-    bank = DetectorBank(config, RowLayout.of(config).offsets, RowLayout.of(config).n_rows)
+    model = config.model()
+    bank = DetectorBank(model, config.windowing, RowLayout.of(model).offsets, RowLayout.of(model).n_rows)
     runs = 40
     rng = np.random.default_rng(5)
     state, _ = bank.advance(bank.initial_state((runs,)), _fair_steps(rng, (240, runs), bank.n_rows, 33, 0.3))
@@ -185,12 +187,12 @@ def test_detector_state_survives_a_restart_without_reset_or_double_count(tmp_pat
     restarted.ingest.handle("predictions", 0, batch(5, 8))  # counted, not yet stepped, then checkpointed
     restarted.checkpointer.write()
     resumed = daemon()
-    assert resumed.store.detection.steps == 5
+    assert resumed.fleet.models["m1"].store.detection.steps == 5
     steady.ingest.handle("predictions", 0, batch(5, 8))
     for d in (steady, resumed):
         d.clock.now = T0 + 60 * 6
         d.computer.compute()
-    a, b = steady.store.detection, resumed.store.detection
+    a, b = steady.fleet.models["m1"].store.detection, resumed.fleet.models["m1"].store.detection
     assert a.steps == b.steps == 6
     np.testing.assert_allclose(b.state.statistic, a.state.statistic)
     np.testing.assert_allclose(b.state.evidence, a.state.evidence)
@@ -221,7 +223,7 @@ def test_detector_statistics_and_the_alarm_level_are_on_metrics() -> None:
     assert value(d, "fairness_subgroup_detector_statistic", attribute="gender", subgroup="female",
                  direction="down") == 0.0  # no baseline yet: no evidence  # fmt: skip
     level = value(d, "fairness_detector_alarm_level")
-    assert level == pytest.approx(d.store.detectors.level)
+    assert level == pytest.approx(d.fleet.models["m1"].store.detectors.level)
     # 2 attributes x 1 pair x 2 metrics x 2 directions + 4 subgroups x 2 directions, one step a minute
     assert level == pytest.approx(math.log((8 + 8) * 1440 / 0.01))
     assert value(d, "fairness_detector_steps_total") == 2.0

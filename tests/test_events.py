@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from daemon_config import event, make_config
+from daemon_config import decoder_of, event, make_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.stream.decode import REJECT_REASONS, EventDecoder
+from exporter.stream.decode import REJECT_REASONS
 
 NOW = 1_800_000_000.0
 
 
 def decode(*events: object, **config: object):
     raw = [e if isinstance(e, bytes) else orjson.dumps(e) for e in events]
-    return EventDecoder(make_config(**config), keep_rejected=True).decode(raw, NOW)
+    return decoder_of(make_config(**config), keep_rejected=True).decode(raw, NOW)
 
 
 def test_valid_events_become_columns_with_codes_per_attribute() -> None:
     batch = decode(event("male", "old", 1, label=1), event("female", "young", 0),
                    event("female", "old", 1, ts="2027-01-15T07:00:00Z"))  # fmt: skip
-    assert len(batch) == 3 and not batch.rejected and batch.ignored == 0
+    assert len(batch) == 3 and not batch.rejected and not batch.ignored
     assert batch.predictions.tolist() == [1, 0, 1]
     assert batch.outcomes.tolist() == [1, -1, -1]
     assert batch.codes["gender"].tolist() == [0, 1, 1]
@@ -37,6 +37,33 @@ def test_timestamps_accept_iso_8601_and_epoch_seconds() -> None:
     assert dict(batch.rejected) == {"invalid_timestamp": 3, "missing_field": 1}
 
 
+def test_booleans_count_as_1_and_0_on_both_decoder_paths() -> None:
+    """Serving code often emits booleans; the gate counts a boolean column as 1/0, so the daemon does too: on the
+    schema's fast paths (a clean batch; a batch with a defect beside them) and on the walk (an event the schema
+    refuses for another field: a float 1.0)."""
+    events = [event(prediction=True, label=False), event(prediction=False, label=True), event(prediction=1, label=1)]
+    for extra in ([], [b"{oops"]):
+        batch = decode(*events, *extra)
+        assert batch.predictions.tolist() == [1, 0, 1] and batch.outcomes.tolist() == [0, 1, 1]
+        assert dict(batch.rejected) == ({"malformed_json": 1} if extra else {})
+    batch = decode(event(prediction=1.0, label=True), event(prediction=False, label=0.0))
+    assert batch.predictions.tolist() == [1, 0] and batch.outcomes.tolist() == [1, 0] and not batch.rejected
+    batch = decode(event(score=True), event(score=0.7), events={"score_threshold": 0.5})
+    assert dict(batch.rejected) == {"invalid_score": 1}  # a score is a number, never a boolean
+
+
+def test_attribute_values_are_read_as_the_gate_reads_its_cells() -> None:
+    """A whole float is the integer's group (1.0 is "1"), a boolean is "True", and a missing value is the unknown
+    category even when a group is called "None" (the gate's blank cell)."""
+    config = {"protected_attributes": [{"name": "gender", "groups": ["1", "2", "None"]},
+                                       {"name": "age", "groups": ["True", "False"]}]}  # fmt: skip
+    values = [event(1.0, True), event(2, False), event(None, None), event("None", "True"), event(1.5, 1)]
+    for extra in ([], [b"{oops"]):
+        batch = decode(*values, *extra, **config)
+        assert batch.codes["gender"].tolist() == [0, 1, -1, 2, -1]
+        assert batch.codes["age"].tolist() == [0, 1, -1, 0, -1]
+
+
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
@@ -44,8 +71,8 @@ def test_timestamps_accept_iso_8601_and_epoch_seconds() -> None:
         (b"[1, 2]", "malformed_json"),
         (event(prediction=2), "invalid_prediction"),
         (event(prediction="1"), "invalid_prediction"),
-        (event(prediction=True), "invalid_prediction"),
-        (event(label=False), "invalid_label"),
+        (event(prediction=[1]), "invalid_prediction"),
+        (event(label="0"), "invalid_label"),
         (event(prediction_id="p" * 257), "invalid_prediction_id"),
         (event(prediction_id={"id": 1}), "invalid_prediction_id"),
         (event(label=3), "invalid_label"),
@@ -65,7 +92,7 @@ def test_each_kind_of_bad_event_is_rejected_under_its_reason(payload: object, re
 
 def test_other_models_are_ignored_not_rejected() -> None:
     batch = decode(event(model_id="m2"), event())
-    assert (batch.ignored, len(batch), sum(batch.rejected.values())) == (1, 1, 0)
+    assert (batch.ignored, len(batch), sum(batch.rejected.values())) == ({"unconfigured_model": 1}, 1, 0)
 
 
 def test_unknown_or_missing_values_leave_only_that_attribute_as_the_gate_does() -> None:
@@ -106,8 +133,8 @@ def test_intersections_get_combined_codes() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=300), max_size=20))
 def test_arbitrary_bytes_never_raise_and_every_message_is_accounted_for(payloads: list[bytes]) -> None:
-    batch = EventDecoder(make_config(), keep_rejected=True).decode(payloads, NOW)
-    assert len(batch) + batch.ignored + sum(batch.rejected.values()) == len(payloads)
+    batch = decoder_of(make_config(), keep_rejected=True).decode(payloads, NOW)
+    assert len(batch) + batch.ignored.total() + sum(batch.rejected.values()) == len(payloads)
     assert set(batch.rejected) <= set(REJECT_REASONS)
 
 
@@ -126,11 +153,12 @@ json_values = st.recursive(
                                          "age": st.sampled_from(["young", "old"])}) | json_values,
 }))  # fmt: skip
 def test_arbitrary_json_events_are_accepted_only_when_valid(payload: dict) -> None:
-    batch = EventDecoder(make_config()).decode([orjson.dumps(payload)], NOW)
-    assert len(batch) + batch.ignored + sum(batch.rejected.values()) == 1
+    batch = decoder_of(make_config()).decode([orjson.dumps(payload)], NOW)
+    assert len(batch) + batch.ignored.total() + sum(batch.rejected.values()) == 1
     if len(batch):
         assert payload["model_id"] == "m1" and payload["prediction"] in (0, 1)
-        assert not isinstance(payload["prediction"], bool) and not isinstance(payload["label"], bool)
+        assert not isinstance(payload["prediction"], str) and not isinstance(payload["label"], str)
+        assert batch.predictions[0] == int(payload["prediction"])  # a boolean counts as 1/0
         gender = payload["attributes"].get("gender") if isinstance(payload["attributes"], dict) else None
         expected = {"male": 0, "female": 1}.get(gender) if isinstance(gender, str) else -1
         assert batch.codes["gender"][0] == (-1 if expected is None else expected) and batch.outcomes[0] in (-1, 0, 1)

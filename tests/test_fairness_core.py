@@ -21,7 +21,7 @@ from exporter.core import fairness as core
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import evaluate_many
 from exporter.core.fairness import FN, FP, PRED_NEG, PRED_POS, TN, TP, counts_from_arrays, group_stats
-from exporter.core.metric_table import METRICS, compare, max_widths, samples_to_decide
+from exporter.core.metric_table import METRICS, compare, samples_to_decide
 
 
 def test_counts_from_arrays_counts_every_outcome_per_group() -> None:
@@ -198,23 +198,31 @@ def test_each_metric_counts_what_its_rates_rest_on() -> None:
     assert METRICS["equalised_odds_difference"].counted == "labelled positives and labelled negatives"
 
 
-def test_a_value_is_reported_only_when_its_interval_is_narrow_enough() -> None:
-    # issue 9: min_samples 30 admitted a half-width of about 0.23 against a 0.05 threshold
+def test_a_value_is_reported_whenever_the_floor_is_met_however_wide_its_interval() -> None:
+    # issue 20: a half-width of about 0.23 at 30 per group is a number with a wide interval, not a hidden one
     attribute = Attribute("g", ("g",), ("a", "b"), ((0, 1),))
-    for n, reported in ((30, False), (300, False), (3000, True)):
+    for n, reported, evidence in ((29, False, "inconclusive"), (30, True, "inconclusive"), (3000, True, "pass")):
         counts = np.array([[n * 3 // 10, n - n * 3 // 10, 0, 0, 0, 0], [n * 3 // 10, n - n * 3 // 10, 0, 0, 0, 0]])
-        ev = evaluate_many([(attribute, counts)], min_samples=30, widths=max_widths())[0]
+        ev = evaluate_many([(attribute, counts)], min_samples=30)[0]
         half = ev.values("demographic_parity_difference").half_width[0]
         assert bool(ev.sufficient("demographic_parity_difference")[0]) is reported, (n, half)
-    assert max_widths([("disparate_impact_ratio", 0.9, None)])["disparate_impact_ratio"] == pytest.approx(0.1)
+        assert ev.evidence("demographic_parity_difference", 0.05).tolist() == [evidence], (n, half)
+        assert ev.values("demographic_parity_difference").value[0] == 0.0
+    assert ev.sufficient("equalised_odds_difference").tolist() == [False]  # no labelled row: nothing to count
+    # a ratio with no positive prediction in a group has no value, whatever the samples
+    (ev,) = evaluate_many([(attribute, np.array([[0, 500, 0, 0, 0, 0], [50, 450, 0, 0, 0, 0]]))], min_samples=30)
+    assert ev.sufficient("disparate_impact_ratio").tolist() == [False]
+    assert ev.evidence("disparate_impact_ratio", 0.8).tolist() == ["inconclusive"]
+    assert ev.sufficient("demographic_parity_difference").tolist() == [True]
 
 
 def test_evidence_and_samples_to_decide() -> None:
     dpd, di = METRICS["demographic_parity_difference"], METRICS["disparate_impact_ratio"]
-    assert [dpd.evidence(lo, hi, 0.05) for lo, hi in ((0.0, 0.04), (0.06, 0.2), (0.01, 0.09))] == \
-        ["pass", "fail", "inconclusive"]  # fmt: skip
-    assert [di.evidence(lo, hi, 0.8) for lo, hi in ((0.85, 1.0), (0.5, 0.79), (0.7, 0.9))] == \
-        ["pass", "fail", "inconclusive"]  # fmt: skip
+    assert dpd.evidence([0.0, 0.06, 0.01, np.nan], [0.04, 0.2, 0.09, np.nan], 0.05).tolist() == \
+        ["pass", "fail", "inconclusive", "inconclusive"]  # fmt: skip
+    assert di.evidence([0.85, 0.5, 0.7], [1.0, 0.79, 0.9], 0.8).tolist() == ["pass", "fail", "inconclusive"]
+    # the boundaries: a difference passes at its threshold, a ratio passes at its threshold
+    assert dpd.evidence(0.0, 0.05, 0.05).tolist() == "pass" and di.evidence(0.8, 1.0, 0.8).tolist() == "pass"
     # half-width 0.06 at a value 0.02 from the threshold: (0.06 / 0.02)^2 = 9 times the samples
     assert samples_to_decide(0.06, 0.03, 0.05, {"a": 100, "b": 50}) == {"a": 900, "b": 450}
     assert samples_to_decide(0.06, 0.05, 0.05, {"a": 100}) is None

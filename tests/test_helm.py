@@ -108,9 +108,9 @@ def workload(objects: list[Manifest]) -> Manifest:
     return found[0]
 
 
-def container(objects: list[Manifest]) -> Manifest:
-    (main,) = workload(objects)["spec"]["template"]["spec"]["containers"]
-    return main
+def container(objects: list[Manifest], name: str = "fairness-exporter") -> Manifest:
+    (found,) = [c for c in workload(objects)["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return found
 
 
 def daemon_config(objects: list[Manifest]) -> dict[str, Any]:
@@ -278,6 +278,12 @@ def test_checkpoint_volume_is_mounted_where_the_config_writes(helm: str, path: s
 def test_config_is_the_values_config(helm: str, scenario: str) -> None:
     values = chart_values(scenario)
     expected = dict(values["config"])
+    fleet = bool(expected["models"]) or values["modelConfigMaps"]["enabled"]
+    for key in ("model_id", "protected_attributes", *(() if expected["models"] else ("models",))) if fleet \
+            else ("models",):  # fmt: skip
+        del expected[key]
+    if values["modelConfigMaps"]["enabled"]:
+        expected["models_dir"] = values["modelConfigMaps"]["folder"]
     if values["checkpoint"]["enabled"]:
         expected["checkpoint"] = {key: values["checkpoint"][key] for key in ("path", "interval")}
     expected["alerting"] = {**expected.get("alerting", {}), "replicas": values["replicaCount"]}
@@ -380,14 +386,22 @@ def test_config_checkpoint_is_rejected_in_favour_of_the_checkpoint_block(helm: s
 
 
 @scenarios
-def test_rendered_config_is_accepted_by_the_daemon(helm: str, scenario: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rendered_config_is_accepted_by_the_daemon(helm: str, scenario: str, monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:  # fmt: skip
     """The ConfigMap is not just YAML: the daemon's own validator accepts it (secrets come from the env)."""
     from exporter.config import parse_config
 
     raw = daemon_config(render(helm, scenario))
     for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", json.dumps(raw)):
         monkeypatch.setenv(name, "from-a-secret")
+    if "models_dir" in raw:  # what the sidecar writes there: one model file per labelled ConfigMap
+        folder = tmp_path / "models"
+        folder.mkdir()
+        (folder / "hiring.yaml").write_text(yaml.safe_dump({"model_id": "hiring-screener-v2", "protected_attributes": [
+            {"name": "gender", "groups": ["male", "female"]}]}))  # fmt: skip
+        raw["models_dir"] = str(folder)
     config = parse_config(raw, f"{scenario} ConfigMap")
+    assert config.models
     assert config.listen_port == container(render(helm, scenario))["ports"][0]["containerPort"]
 
 
@@ -441,3 +455,49 @@ def test_alertmanagerconfig_receivers_come_from_values(helm: str) -> None:
 def test_each_replica_takes_its_share_of_the_false_page_budget(helm: str, scenario: str) -> None:
     """alerting.replicas follows replicaCount, so N replicas' detectors together keep the model's budget."""
     assert daemon_config(render(helm, scenario))["alerting"]["replicas"] == chart_values(scenario)["replicaCount"]
+
+
+def test_a_fleet_renders_from_values_with_the_top_level_keys_as_defaults(helm: str) -> None:
+    from exporter.config import parse_config
+
+    config = parse_config(daemon_config(render(helm, "fleet")), "fleet ConfigMap")
+    assert config.model_ids == ("hiring-screener-v2", "credit-scorer-v4", "content-moderation-v5")
+    hiring, credit, _ = config.models
+    assert hiring.min_samples == credit.min_samples == 50
+    assert [m.name for m in hiring.metrics] == ["demographic_parity_difference", "equalised_odds_difference",
+                                                "disparate_impact_ratio"]  # the chart's metrics: the default
+    assert [(m.name, m.severity) for m in credit.metrics] == [("disparate_impact_ratio", "blocking")]
+
+
+def test_model_configmaps_run_the_sidecar_with_a_token_of_its_own(helm: str) -> None:
+    objects = render(helm, "model-configmaps")
+    pod = workload(objects)["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    sidecar, daemon = container(objects, "models"), container(objects)
+    values = chart_values("model-configmaps")["modelConfigMaps"]
+    for copier, method in ((init, "LIST"), (sidecar, "WATCH")):
+        env = {e["name"]: e["value"] for e in copier["env"]}
+        assert env == {"LABEL": values["label"], "LABEL_VALUE": "true", "FOLDER": values["folder"],
+                       "RESOURCE": "configmap", "METHOD": method}  # fmt: skip
+        mounts = {m["name"]: m for m in copier["volumeMounts"]}
+        assert mounts["models"]["mountPath"] == values["folder"] and not mounts["models"].get("readOnly")
+        assert mounts["sidecar-token"]["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    daemon_mounts = {m["name"]: m for m in daemon["volumeMounts"]}
+    assert daemon_mounts["models"] == {"name": "models", "mountPath": values["folder"], "readOnly": True}
+    assert "sidecar-token" not in daemon_mounts and pod["automountServiceAccountToken"] is False
+    assert daemon_config(objects)["models_dir"] == values["folder"]
+    role, binding = only(objects, "Role"), only(objects, "RoleBinding")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                    "namespace": NAMESPACE}]  # fmt: skip
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    cluster = render(helm, "model-configmaps", "--set", "modelConfigMaps.namespace=ALL")
+    assert only(cluster, "ClusterRole")["rules"] == role["rules"] and not of_kind(cluster, "Role")
+    assert {"name": "NAMESPACE", "value": "ALL"} in container(cluster, "models")["env"]
+
+
+def test_one_model_beside_a_fleet_is_refused(helm: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--values", str(CI["fleet"]),
+                      "--set", "config.model_id=x")  # fmt: skip
+    assert result.returncode != 0 and "with config.models or modelConfigMaps, each model names its own" in \
+        result.stderr  # fmt: skip

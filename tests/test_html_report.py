@@ -70,11 +70,9 @@ def assert_self_contained(html: str) -> None:
 
 def test_audit_html_shows_the_reports_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     page = tmp_path / "audit.html"
-    config = ll144_config(tmp_path, min_samples=5, metrics=[  # max_interval_width 1: a hand case of a few rows
-        {"name": "demographic_parity_difference", "threshold": 0.1, "severity_on_fail": "blocking",
-         "max_interval_width": 1},
-        {"name": "disparate_impact_ratio", "threshold": 0.8, "severity_on_fail": "warning",
-         "max_interval_width": 1}])  # fmt: skip
+    config = ll144_config(tmp_path, min_samples=5, metrics=[
+        {"name": "demographic_parity_difference", "threshold": 0.1, "severity_on_fail": "blocking"},
+        {"name": "disparate_impact_ratio", "threshold": 0.8, "severity_on_fail": "warning"}])  # fmt: skip
     code = main(["audit", str(config), str(hand_case(tmp_path)), "--audit-log", str(tmp_path / "log"),
                  "--html", str(page)])  # fmt: skip
     report = json.loads(capsys.readouterr().out)
@@ -92,9 +90,12 @@ def test_audit_html_shows_the_reports_numbers(tmp_path: Path, capsys: pytest.Cap
     for r in report["results"]:
         outcome = OUTCOMES[r["status"]]
         outcomes.add(outcome)
-        assert [r["metric"], r["groups"], f4(r["exact_value"]), interval(r["ci_95"]), f4(r["threshold"]),
-                r["severity"], outcome, r["evidence"]] in rows  # fmt: skip
-    assert outcomes == {"pass", "fail", "inconclusive"}  # non_binary's single row cannot be judged
+        need = r["samples_to_decide"]
+        assert [r["metric"], r["groups"], f4(r["value"]), interval(r["ci_95"]), f4(r["threshold"]),
+                r["severity"], outcome, r["evidence"],
+                " · ".join(f"{g} {n:,}" for g, n in need.items()) if need else "—"] in rows  # fmt: skip
+    assert outcomes == {"pass", "fail", "insufficient samples"}  # non_binary's single row cannot be judged
+    assert f"{report['insufficient_samples']} with insufficient samples · {report['inconclusive']} inconclusive" in html
     table = report["impact_ratios"]
     assert f"Data: {table['source']['file']} (sha256 {table['source']['sha256']})" in html
     assert "2026-01-05T00:00:00Z to 2026-03-31T00:00:00Z" in html

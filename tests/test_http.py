@@ -98,13 +98,12 @@ def _computed_server() -> HttpWorker:
 
     from exporter.serve.self_metrics import Health
     from exporter.serve.snapshot import Computer
-    from exporter.stream.window import WindowStore
+    from exporter.stream.fleet import Fleet
 
-    config = make_config()
     registry = CollectorRegistry()
     exposition = CachedExposition("1s")
     server = worker(registry, exposition)
-    Computer(config, WindowStore(config), Health(registry), on_snapshot=exposition.update).compute()
+    Computer(Fleet(make_config()), Health(registry), on_snapshot=exposition.update).compute()
     assert server.publish()  # as the daemon does after each computation
     return server
 

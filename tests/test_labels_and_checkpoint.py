@@ -1,4 +1,4 @@
-"""Delayed labels join their prediction's bucket; checkpoints restore state exactly and refuse a changed layout.
+"""Delayed labels join their prediction's bucket; checkpoints restore state exactly, a changed model afresh.
 
 These drive the daemon's Ingest.handle with in-memory records (the source's handler); the same paths run against
 the real broker in test_daemon_kafka.py.
@@ -6,11 +6,13 @@ the real broker in test_daemon_kafka.py.
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from daemon_config import event, make_config
@@ -18,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon import Daemon
+from exporter.stream import checkpoint
 from exporter.stream.checkpoint import CheckpointError
 
 T0 = 1_800_000_000.0
@@ -88,6 +91,20 @@ def test_delayed_labels_are_counted_in_the_bucket_of_the_prediction(make_daemon)
     assert value(d, "fairness_exporter_pending_predictions") == 0
 
 
+def test_delayed_labels_sent_as_booleans_count_as_1_and_0(make_daemon) -> None:
+    """The labels topic follows the prediction decoder's rule: true/false are 1/0, text is an invalid label event."""
+    d = make_daemon()
+    d.ingest.handle("predictions", 0, records(predictions(2, 4, "male", "b")))
+    outcomes = [True, False, True, "0"]
+    d.ingest.handle("labels", 0, records([{"prediction_id": f"b{i}", "label": y} for i, y in enumerate(outcomes)]))
+    group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
+    # predicted 1 for b0, b1 (TP, FP), 0 for b2 (FN); b3's label "0" is text
+    assert value(d, "model_true_positive_rate", **group) == 0.5
+    assert value(d, "model_false_positive_rate", **group) == 1.0
+    assert value(d, "fairness_exporter_labels_joined_total") == 3
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="invalid_label_event") == 1
+
+
 def test_labels_before_predictions_duplicates_and_unknowns_are_accounted(make_daemon) -> None:
     d = make_daemon(label_horizon="1h")
     duplicate, invalid = {"prediction_id": "x0", "label": 1}, {"prediction_id": "bad", "label": "yes"}
@@ -112,30 +129,40 @@ def test_checkpoint_restores_counts_offsets_and_pending_labels(make_daemon, tmp_
     d1.ingest.handle("predictions", 2, records(predictions(1, 4, "female", "b"), start=100))
     d1.checkpointer.write()
     d2 = make_daemon(checkpoint=cp)
-    assert d2.store.offsets == {("predictions", 1): 8, ("predictions", 2): 104}
-    assert d2.checkpointer.committable() == d2.store.offsets
-    assert len(d2.joins.pending) == 12
+    assert d2.fleet.offsets == {("predictions", 1): 8, ("predictions", 2): 104}
+    assert d2.checkpointer.committable() == d2.fleet.offsets
+    assert len(d2.fleet.joins.pending) == 12
     group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
     assert value(d2, "model_positive_prediction_rate", **group) == 3 / 8
     d2.ingest.handle("labels", 0, records(labels_for("a", [1] * 8)))
     assert value(d2, "model_true_positive_rate", **group) == 3 / 8
 
 
-def test_checkpoint_from_another_layout_is_refused(make_daemon, tmp_path: Path) -> None:
+def test_a_model_whose_layout_changed_starts_afresh_and_keeps_the_checkpoints_offsets(make_daemon, tmp_path: Path,
+                                                                                       caplog) -> None:  # fmt: skip
     cp = {"path": str(tmp_path / "state")}
-    make_daemon(checkpoint=cp).checkpointer.write()
-    with pytest.raises(CheckpointError, match=r"attributes differ.*move the file away"):
-        make_daemon(checkpoint=cp, protected_attributes=[{"name": "gender", "groups": ["male", "female", "x"]}])
-    with pytest.raises(CheckpointError, match="windows differ"):
-        make_daemon(checkpoint=cp, windows=["1h", "12h"])
+    d1 = make_daemon(checkpoint=cp)
+    d1.ingest.handle("predictions", 1, records(predictions(3, 8, "male", "a")))
+    d1.checkpointer.write()
+    group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
+    assert value(make_daemon(checkpoint=cp), "model_subgroup_samples", **group) == 8  # same layout: restored
+    for changed, differs in (({"protected_attributes": [{"name": "gender", "groups": ["male", "female", "x"]}]},
+                              "attributes differ"), ({"windows": ["1h", "12h"]}, "windows differ")):  # fmt: skip
+        caplog.clear()
+        d2 = make_daemon(checkpoint=cp, **changed)
+        assert differs in caplog.text and "it starts afresh" in caplog.text
+        assert value(d2, "model_subgroup_samples", **group) == 0  # afresh, as a reload would leave it
+        assert d2.fleet.offsets == {("predictions", 1): 8}  # those events are not read again
+        assert not d2.fleet.joins.pending  # their codes belong to the old layout
+        assert value(d2, "fairness_exporter_labels_dropped_total", reason="model_reconfigured") == 8
 
 
 def test_checkpoint_is_written_atomically(make_daemon, tmp_path: Path) -> None:
     d = make_daemon(checkpoint={"path": str(tmp_path)})
     d.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "a")))
     d.checkpointer.write()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m1.checkpoint.npz"]
-    (tmp_path / "m1.checkpoint.npz").write_bytes(b"garbage")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.checkpoint.npz"]
+    (tmp_path / "fleet.checkpoint.npz").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="unreadable checkpoint"):
         make_daemon(checkpoint={"path": str(tmp_path)})
 
@@ -156,7 +183,7 @@ def test_pending_ids_are_bounded_and_stored_compactly(make_daemon, tmp_path: Pat
     cp = {"path": str(tmp_path)}
     d = make_daemon(checkpoint=cp)
     d.checkpointer.write()
-    empty = (tmp_path / "m1.checkpoint.npz").stat().st_size
+    empty = (tmp_path / "fleet.checkpoint.npz").stat().st_size
     ids = [f"id-{i}" for i in range(199)]
     d.ingest.handle("predictions", 0, records([event(ts=T0 - 60, prediction_id=pid) for pid in ids]
                                               + [event(ts=T0 - 60, prediction_id="x" * 250_000)]))  # fmt: skip
@@ -165,9 +192,9 @@ def test_pending_ids_are_bounded_and_stored_compactly(make_daemon, tmp_path: Pat
     d.ingest.handle("predictions", 0, records([event(ts=T0 - 60, prediction_id="y" * 256)], start=200))
     d.checkpointer.write()
     # 200 ids, one of them 256 characters: a fixed-width array would add 200 * 256 * 4 = 204,800 bytes
-    assert (tmp_path / "m1.checkpoint.npz").stat().st_size - empty < 10_000
+    assert (tmp_path / "fleet.checkpoint.npz").stat().st_size - empty < 10_000
     restored = make_daemon(checkpoint=cp)
-    assert sorted(restored.joins.pending) == sorted([*ids, "y" * 256])
+    assert sorted(restored.fleet.joins.pending) == sorted([*ids, "y" * 256])
 
 
 def test_a_failed_checkpoint_is_counted_leaves_no_temp_file_and_commits_nothing_new(make_daemon,
@@ -177,17 +204,17 @@ def test_a_failed_checkpoint_is_counted_leaves_no_temp_file_and_commits_nothing_
     d.checkpointer.write()
     assert d.checkpointer.committable() == {("predictions", 0): 2}
     d.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "b"), start=2))
-    (tmp_path / "m1.checkpoint.npz").unlink()
-    (tmp_path / "m1.checkpoint.npz").mkdir()  # the rename onto it fails after the temp file is written
-    (tmp_path / "m1.checkpoint.npz" / "keep").touch()
+    (tmp_path / "fleet.checkpoint.npz").unlink()
+    (tmp_path / "fleet.checkpoint.npz").mkdir()  # the rename onto it fails after the temp file is written
+    (tmp_path / "fleet.checkpoint.npz" / "keep").touch()
     d.checkpointer.flush()  # logs, does not raise
     assert value(d, "fairness_exporter_checkpoint_failures_total") == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m1.checkpoint.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.checkpoint.npz"]
     assert d.checkpointer.committable() == {("predictions", 0): 2}  # not 4: those events are not durable
 
 
 def test_the_constructor_does_no_io_start_restores_and_binds(tmp_path: Path) -> None:
-    (tmp_path / "m1.checkpoint.npz").write_bytes(b"garbage")
+    (tmp_path / "fleet.checkpoint.npz").write_bytes(b"garbage")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -208,4 +235,49 @@ def test_a_dead_letter_producer_that_cannot_be_made_drops_the_dead_letters_not_t
     assert value(d, "fairness_exporter_dead_letters_failed_total", reason="no_producer") == 1
     assert value(d, "fairness_exporter_events_rejected_total", reason="malformed_json") == 1
     assert value(d, "model_subgroup_samples", attribute="gender", window="1h", subgroup="male") == 3
-    assert d.store.offsets == {("predictions", 0): 4}
+    assert d.fleet.offsets == {("predictions", 0): 4}
+
+
+def _as_single_model_checkpoint(fleet_file: Path, directory: Path) -> Path:
+    """The same state in the format of a daemon of one model (format 1): the model's arrays unprefixed, one row of
+    codes per pending prediction, the layout at the top of the metadata."""
+    with np.load(fleet_file) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays.pop("__meta__")))
+    (model_id, written), = meta.pop("models").items()
+    single = {k.removeprefix(written["prefix"]): v for k, v in arrays.items() if k.startswith(written["prefix"])}
+    join = {k.removeprefix("join."): v for k, v in arrays.items() if k.startswith("join.")}
+    width = int(join.pop("pending_model_width")[0]) if len(join["pending_model_width"]) else 2
+    join["pending_codes"] = join.pop("pending_codes_flat").reshape(-1, width)
+    for key in ("pending_model_name_id_bytes", "pending_model_name_id_lengths", "pending_model_size"):
+        join.pop(key)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = checkpoint.checkpoint_path(directory, model_id)
+    meta = {**meta, "version": 1, "layout": written["layout"]}
+    np.savez(path, __meta__=np.array(json.dumps(meta)), **single, **join)
+    return path
+
+
+def test_a_single_model_checkpoint_is_carried_into_the_fleets_file(make_daemon, tmp_path: Path) -> None:
+    d1 = make_daemon(checkpoint={"path": str(tmp_path / "fleet")})
+    d1.ingest.handle("predictions", 1, records(predictions(3, 8, "male", "a")))
+    d1.checkpointer.write()
+    old = _as_single_model_checkpoint(tmp_path / "fleet" / checkpoint.FLEET_FILE, tmp_path / "single")
+    d2 = make_daemon(checkpoint={"path": str(tmp_path / "single")})
+    group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
+    assert value(d2, "model_positive_prediction_rate", **group) == 3 / 8
+    assert d2.fleet.offsets == {("predictions", 1): 8} and len(d2.fleet.joins.pending) == 8
+    d2.checkpointer.write()  # the fleet's file now holds it, and the old one is set aside, never read again
+    assert sorted(p.name for p in old.parent.iterdir()) == [checkpoint.FLEET_FILE, f"{old.name}.migrated"]
+    assert value(make_daemon(checkpoint={"path": str(tmp_path / "single")}), "model_subgroup_samples", **group) == 8
+
+
+def test_single_model_checkpoints_are_refused_by_a_daemon_of_several_models(make_daemon, tmp_path: Path) -> None:
+    d1 = make_daemon(checkpoint={"path": str(tmp_path / "fleet")})
+    d1.checkpointer.write()
+    _as_single_model_checkpoint(tmp_path / "fleet" / checkpoint.FLEET_FILE, tmp_path / "single")
+    attributes = [{"name": "gender", "groups": ["male", "female"]}]
+    with pytest.raises(CheckpointError, match=r"m1\.checkpoint\.npz was written by a daemon of one model.*merged"):
+        Daemon(make_config(checkpoint={"path": str(tmp_path / "single")}, model_id=None,
+                           models=[{"model_id": "m1"}, {"model_id": "m2", "protected_attributes": attributes}]),
+               registry=CollectorRegistry()).checkpointer.restore()  # fmt: skip

@@ -129,9 +129,9 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
     """A daemon on its own topic, a Prometheus scraping it with the rules (every `for:` 5s), then the traffic."""
     topic = f"prometheus-e2e-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=3)
-    # every metric of the table, so every dashboard panel has data (precision rule off: a few hundred events);
+    # every metric of the table, so every dashboard panel has data;
     # 5-second buckets: the detectors take a step every 5 s (their alarm level follows from the bucket).
-    every_metric = [{"name": name, "threshold": m.default_threshold, "max_interval_width": 1}
+    every_metric = [{"name": name, "threshold": m.default_threshold}
                     for name, m in METRICS.items()]  # fmt: skip
     daemon = Daemon(make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python",
                                                metrics=every_metric), bucket="5s", unknown_values="other",

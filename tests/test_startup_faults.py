@@ -14,7 +14,7 @@ import pytest
 import yaml
 from tooling import require_binary
 
-from exporter.config import parse_config
+from exporter.config import layout, parse_config
 from exporter.stream import checkpoint
 
 EXIT_BAD_INPUT = 2
@@ -86,7 +86,7 @@ def test_librdkafka_properties_are_checked_by_librdkafka(tmp_path: Path) -> None
 def test_a_window_that_is_a_whole_number_of_small_buckets_is_accepted(tmp_path: Path) -> None:
     # 86400 % 0.1 is 0.0999... in floating point: 24h was refused as "not a whole number of buckets of 100ms"
     config = parse_config({**BASE, "bucket": "100ms", "windows": ["24h", "1h"]})
-    assert [w.seconds for w in config.windows] == [86400, 3600] and config.bucket_seconds == 0.1
+    assert [w.seconds for w in config.windowing.windows] == [86400, 3600] and config.windowing.bucket_seconds == 0.1
     result = serve(tmp_path, bucket="100ms", windows=["24h", "150ms"])
     assert one_line_problems(result) == ["windows[1]: 150ms is not a whole number of buckets of 100ms"]
 
@@ -100,9 +100,10 @@ def one_line_problems(result: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def _write_checkpoint(tmp_path: Path, meta: dict[str, Any]) -> Path:
-    layout = parse_config(BASE).layout()
-    path = checkpoint.checkpoint_path(tmp_path / "ckpt", "m1")
-    checkpoint.write(path, {"layout": layout, **meta}, {"counts": np.zeros(3)})
+    config = parse_config(BASE)
+    path = tmp_path / "ckpt" / checkpoint.FLEET_FILE
+    models = {"m1": {"layout": layout(config.model(), config.windowing), "prefix": "m0."}}
+    checkpoint.write(path, {"models": models, **meta}, {"m0.counts": np.zeros(3)})
     return path
 
 
@@ -114,7 +115,7 @@ def _write_checkpoint(tmp_path: Path, meta: dict[str, Any]) -> Path:
         (lambda p: p.write_bytes(b"not a checkpoint"), "unreadable checkpoint (ValueError"),
         (lambda p: _write_checkpoint(p.parent.parent, {"written_at": 1.0}), "metadata lacks offsets"),  # KeyError
         (lambda p: _write_checkpoint(p.parent.parent, {"written_at": 1.0, "offsets": [], "version": 9}),
-         "checkpoint format 9, this version reads 1"),
+         "checkpoint format 9, expected 2 here"),
     ],
 )  # fmt: skip
 def test_a_corrupt_checkpoint_is_one_line_with_a_hint(tmp_path: Path, damage: Any, expected: str) -> None:

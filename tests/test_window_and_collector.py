@@ -16,8 +16,7 @@ from exporter.gate.audit import run_audit
 from exporter.serve.collector import SnapshotCollector
 from exporter.serve.self_metrics import Health
 from exporter.serve.snapshot import Computer
-from exporter.stream.decode import EventDecoder
-from exporter.stream.window import WindowStore
+from exporter.stream.fleet import Fleet
 
 T0 = 1_800_000_000.0  # a bucket boundary: 2027-01-15T08:00:00Z
 
@@ -38,10 +37,11 @@ class Harness:
         self.clock = Clock(T0)
         self.registry = CollectorRegistry()
         self.health = Health(self.registry)
-        self.store = WindowStore(self.config)
-        self.computer = Computer(self.config, self.store, self.health, self.clock)
+        self.fleet = Fleet(self.config)
+        (model,) = self.fleet.models.values()
+        self.store, self.decoder = model.store, model.decoder
+        self.computer = Computer(self.fleet, self.health, self.clock)
         self.registry.register(SnapshotCollector(lambda: self.computer.latest, "1s"))
-        self.decoder = EventDecoder(self.config)
 
     def feed(self, events: list[dict]) -> int:
         batch = self.decoder.decode([orjson.dumps(e) for e in events], self.clock.now)
@@ -112,24 +112,45 @@ def test_below_min_samples_a_comparison_is_insufficient() -> None:
     assert h.value("model_positive_prediction_rate", attribute="gender", window="1h", subgroup="male") == 1.0
 
 
-def test_a_value_too_imprecise_for_its_threshold_is_insufficient_and_the_limits_are_exported() -> None:
-    # 100 per group, rates 0.40 vs 0.25: |d| = 0.15 with a half-width of about 0.13, wider than a 0.05 threshold
+def test_an_imprecise_value_is_exported_with_its_interval_and_evidence_and_the_limits_are_exported() -> None:
+    # 100 per group, rates 0.40 vs 0.25: |d| = 0.15 with a half-width of about 0.13 against a 0.05 threshold: the
+    # number, its interval and "inconclusive", never a blank (issue 20)
     h = Harness(metrics=[{"name": "demographic_parity_difference", "threshold": 0.05},
-                         {"name": "equal_opportunity_difference", "threshold": 0.1, "max_interval_width": 0.2}])
+                         {"name": "equal_opportunity_difference", "threshold": 0.1}])
     h.feed(group_events("male", 40, 100, T0 - 30) + group_events("female", 25, 100, T0 - 30))
     pair = {"attribute": "gender", "window": "1h", "dimension": "male_vs_female", "group_a": "male",
             "group_b": "female"}  # fmt: skip
-    assert h.value("model_demographic_parity_difference", **pair) is None
-    assert h.value("model_comparison_insufficient_samples", metric="demographic_parity_difference", **pair) == 1.0
+    assert h.value("model_demographic_parity_difference", **pair) == pytest.approx(0.15)
+    lower = h.value("model_demographic_parity_difference_lower", **pair)
+    upper = h.value("model_demographic_parity_difference_upper", **pair)
+    assert lower is not None and upper is not None and lower < 0.05 < 0.15 < upper
+    assert h.value("model_comparison_insufficient_samples", metric="demographic_parity_difference", **pair) == 0.0
+    evidence = {state: h.value("model_comparison_evidence", metric="demographic_parity_difference", evidence=state,
+                               **pair) for state in ("pass", "fail", "inconclusive")}  # fmt: skip
+    assert evidence == {"pass": 0.0, "fail": 0.0, "inconclusive": 1.0}
+    # no labels: equal opportunity has no value, is insufficient, and its evidence is inconclusive
+    assert h.value("model_equal_opportunity_difference", **pair) is None
+    assert h.value("model_comparison_insufficient_samples", metric="equal_opportunity_difference", **pair) == 1.0
+    assert h.value("model_comparison_evidence", metric="equal_opportunity_difference", evidence="inconclusive",
+                   **pair) == 1.0  # fmt: skip
     # thresholds and limits of every exported metric: the seed's three, and the configured new one
     assert {m: h.value("fairness_threshold", metric=m) for m in ("demographic_parity_difference",
             "equalised_odds_difference", "disparate_impact_ratio", "equal_opportunity_difference",
             "accuracy_difference")} == {"demographic_parity_difference": 0.05, "equalised_odds_difference": 0.05,
                                         "disparate_impact_ratio": 0.8, "equal_opportunity_difference": 0.1,
                                         "accuracy_difference": None}  # fmt: skip
-    assert h.value("fairness_max_interval_width", metric="equal_opportunity_difference") == 0.2
-    assert h.value("fairness_max_interval_width", metric="disparate_impact_ratio") == pytest.approx(0.2)
     assert h.value("fairness_min_samples") == 5
+
+
+def test_the_evidence_follows_the_interval_against_the_configured_threshold() -> None:
+    # 2,000 per group, 0.40 vs 0.25: the interval of 0.15 (about +-0.03) is wholly beyond 0.05 and within 0.5
+    for threshold, state in ((0.05, "fail"), (0.5, "pass")):
+        h = Harness(metrics=[{"name": "demographic_parity_difference", "threshold": threshold}])
+        h.feed(group_events("male", 800, 2000, T0 - 30) + group_events("female", 500, 2000, T0 - 30))
+        got = {s: h.value("model_comparison_evidence", attribute="gender", window="1h", dimension="male_vs_female",
+                          group_a="male", group_b="female", metric="demographic_parity_difference", evidence=s)
+               for s in ("pass", "fail", "inconclusive")}  # fmt: skip
+        assert got == {s: float(s == state) for s in got}, threshold
 
 
 def test_outcome_counters_are_monotonic_and_survive_the_window() -> None:

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 import numpy as np
 
 from exporter.core.attributes import OTHER_GROUP, Attribute
+
+_EXACT_FLOAT: Final = 2.0**53  # floats up to here hold whole numbers exactly
+
+
+def value_text(value: object) -> str:
+    """An attribute value as the config's groups are written, for the gate's cells and the daemon's JSON values
+    alike: a whole float as an integer (``1.0`` is group ``"1"``: an integer column with a blank cell reaches pandas
+    as floats, and JSON writers differ on ``1`` vs ``1.0``), anything else as ``str()`` (``true`` is ``"True"``)."""
+    if isinstance(value, float | np.floating) and float(value).is_integer() and abs(float(value)) < _EXACT_FLOAT:
+        return str(int(value))
+    return str(value)
 
 
 def code_table(groups: Sequence[str]) -> tuple[dict[str, int], int]:

@@ -1,12 +1,12 @@
-"""Evaluate one attribute's counts: group statistics, configured comparisons and their sufficiency.
+"""Evaluate one attribute's counts: group statistics, configured comparisons, their sufficiency and evidence.
 
 The audit gate and the daemon's computation both go through :func:`evaluate_many`, so the rules for when a number is
-reported (enough samples) and what it means are written once.
+reported (enough samples) and what its interval says are written once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from exporter.core.attributes import Attribute
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, GroupStats, group_stats
-from exporter.core.metric_table import METRICS, Comparisons, MetricValues, compare, max_widths
+from exporter.core.metric_table import METRICS, Comparisons, MetricValues, compare
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,6 @@ class Evaluation:
     overall: GroupStats
     comparisons: Comparisons
     min_samples: int
-    max_widths: Mapping[str, float] = field(default_factory=max_widths)
     unknown: np.ndarray = field(default_factory=lambda: np.zeros(N_COUNTS, dtype=np.int64))
     """Counts of the rows whose value is not one of the attribute's groups (or is missing): its unknown category."""
 
@@ -41,11 +40,17 @@ class Evaluation:
         return self.comparisons.metrics[metric]
 
     def sufficient(self, metric: str) -> np.ndarray:
-        """Per pair: the metric is defined, both groups have at least min_samples of what it counts (predictions,
-        labelled positives and negatives, ...) and its interval's half-width is at most max_interval_width."""
+        """Per pair: the comparison has a value, i.e. both groups have at least min_samples of what the metric counts
+        (predictions, labelled positives and negatives, ...) and the metric is defined (a ratio needs a positive in
+        each group). However wide its interval: the interval and :meth:`evidence` say how far to trust it."""
         v = self.values(metric)
-        with np.errstate(invalid="ignore"):
-            return (v.support >= self.min_samples) & (v.half_width <= self.max_widths[metric]) & ~np.isnan(v.value)
+        return (v.support >= self.min_samples) & ~np.isnan(v.value)
+
+    def evidence(self, metric: str, threshold: float) -> np.ndarray:
+        """Per pair: ``pass``, ``fail`` or ``inconclusive`` from the interval against the threshold; an insufficient
+        comparison is ``inconclusive``."""
+        v = self.values(metric)
+        return np.where(self.sufficient(metric), METRICS[metric].evidence(v.lower, v.upper, threshold), "inconclusive")
 
     def metric(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, lower, upper) per pair."""
@@ -60,19 +65,17 @@ def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
 
 
 def evaluate_many(
-    blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, widths: Mapping[str, float] | None = None,
-    metrics: Iterable[str] = METRICS,
-) -> list[Evaluation]:  # fmt: skip
+    blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS
+) -> list[Evaluation]:
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
     ``counts`` has a row per group, optionally followed by one more row: the attribute's unknown category (rows
-    outside its groups), which counts for the overall rate but in no comparison. ``widths`` is each metric's
-    ``max_interval_width`` (default: the table's); ``metrics`` the metrics to compute (default: all of the table).
+    outside its groups), which counts for the overall rate but in no comparison. ``metrics``: the metrics to compute
+    (default: all of the table).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
     """
-    widths = max_widths() if widths is None else widths
     unknowns = [c[len(a.groups)] if len(c) > len(a.groups) else np.zeros(N_COUNTS, np.int64) for a, c in blocks]
     blocks = [(a, c[: len(a.groups)]) for a, c in blocks]
     counts = np.concatenate([c for _, c in blocks])
@@ -94,7 +97,6 @@ def evaluate_many(
             overall=_rows(overall, slice(k, k + 1)),
             comparisons=comparisons.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             min_samples=min_samples,
-            max_widths=widths,
             unknown=unknowns[k],
         ))  # fmt: skip
     return out

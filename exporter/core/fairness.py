@@ -177,14 +177,17 @@ def group_stats(counts: NDArray) -> GroupStats:
                       **values)  # type: ignore[arg-type]
 
 
+_OUTCOME_OF: Final = np.array([TN, FN, FP, TP, -1], dtype=np.int64)
+"""The outcome column of ``2 * prediction + label`` for a 0/1 prediction and label; the last entry for the rest."""
+
+
 def outcome_columns(predictions: NDArray, labels: NDArray) -> tuple[IntArray, IntArray]:
-    """Per row: its predicted-class column (PRED_POS/PRED_NEG), and its TP/FP/TN/FN column (-1 when unlabelled)."""
+    """Per row: its predicted-class column (PRED_POS/PRED_NEG), and its TP/FP/TN/FN column (-1 when unlabelled,
+    or when the prediction or label is not 0/1)."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
     predicted = np.where(predictions == 1, PRED_POS, PRED_NEG)
-    outcome = np.select(
-        [(predictions == 1) & (labels == 1), (predictions == 1) & (labels == 0),
-         (predictions == 0) & (labels == 0), (predictions == 0) & (labels == 1)],
-        [TP, FP, TN, FN], default=-1,
-    )  # fmt: skip
+    valid = ((predictions == 0) | (predictions == 1)) & ((labels == 0) | (labels == 1))
+    outcome = _OUTCOME_OF[np.where(valid, 2 * predictions + labels, 4)]
     return predicted, outcome
 
 

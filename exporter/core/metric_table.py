@@ -23,7 +23,7 @@ from statistics import NormalDist
 from typing import Final, Literal
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from exporter.core.fairness import (
     RATE_TRIALS,
@@ -37,7 +37,8 @@ from exporter.core.fairness import (
 )
 
 CONFIDENCE: Final = 0.95
-Evidence = Literal["pass", "fail", "inconclusive"]
+EVIDENCE: Final = ("pass", "fail", "inconclusive")
+"""What a comparison's interval says against its threshold (the states of model_comparison_evidence)."""
 
 
 @dataclass(frozen=True)
@@ -99,20 +100,14 @@ class Metric:
         """Differences pass at or below the threshold; ratios at or above it."""
         return value <= threshold if self.kind == "difference" else value >= threshold
 
-    def default_max_width(self, threshold: float) -> float:
-        """The widest half-width at which a value is reported: the threshold for a difference (an interval
-        narrower than the threshold can tell a gap of the threshold from none), ``1 - threshold`` for a ratio
-        (the same distance, from parity at 1 down to the threshold)."""
-        return threshold if self.kind == "difference" else 1.0 - threshold
-
-    def evidence(self, lower: float, upper: float, threshold: float) -> Evidence:
-        """``pass`` when the whole interval is on the passing side of the threshold, ``fail`` when it is wholly
-        beyond it, else ``inconclusive``."""
-        if math.isnan(lower) or math.isnan(upper):
-            return "inconclusive"
-        good, bad = (upper <= threshold, lower > threshold) if self.kind == "difference" else \
-            (lower >= threshold, upper < threshold)  # fmt: skip
-        return "pass" if good else "fail" if bad else "inconclusive"
+    def evidence(self, lower: ArrayLike, upper: ArrayLike, threshold: float) -> NDArray[np.str_]:
+        """Per interval: ``pass`` when it lies wholly on the passing side of the threshold, ``fail`` when wholly
+        beyond it, else (or undefined) ``inconclusive``."""
+        lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+        with np.errstate(invalid="ignore"):  # NaN bounds compare False: inconclusive
+            good, bad = (hi <= threshold, lo > threshold) if self.kind == "difference" else \
+                (lo >= threshold, hi < threshold)  # fmt: skip
+        return np.where(good, "pass", np.where(bad, "fail", "inconclusive"))
 
     def compute(self, counts: NDArray, a: NDArray, b: NDArray, rates: RateCounts | None = None) -> MetricValues:
         """This metric for pairs ``(a[i], b[i])`` of rows of a ``(n_groups, N_COUNTS)`` counts array (``rates``:
@@ -207,15 +202,6 @@ def compare(counts: NDArray, group_a: NDArray, group_b: NDArray, metrics: Iterab
     c = np.asarray(counts, dtype=np.int64)
     rates: RateCounts = {}
     return Comparisons(a, b, {name: METRICS[name].compute(c, a, b, rates) for name in metrics})
-
-
-def max_widths(limits: Iterable[tuple[str, float, float | None]] = ()) -> dict[str, float]:
-    """``max_interval_width`` of every metric from configured ``(name, threshold, max_width or None)``; metrics not
-    configured get their table default."""
-    out = {name: m.default_max_width(m.default_threshold) for name, m in METRICS.items()}
-    for name, threshold, width in limits:
-        out[name] = METRICS[name].default_max_width(threshold) if width is None else width
-    return out
 
 
 def samples_to_decide(half_width: float, value: float, threshold: float, samples: Mapping[str, int]) -> \

@@ -63,6 +63,8 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterConsumerErrors":   Tuning(0,    "15m", "warning"),
     # failed checkpoints over ERROR_WINDOW > threshold: offsets stay uncommitted, a restart re-reads and loses state
     "FairnessExporterCheckpointFailing": Tuning(0,   "10m", "warning"),
+    # fairness_exporter_config_last_reload_successful == 0: a reload was refused, the previous config still runs
+    "FairnessExporterConfigReloadFailed": Tuning(None, "5m", "warning"),
 }
 # fmt: on
 
@@ -305,6 +307,17 @@ def _health_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             f"({{{{ $value | humanize }}}}/s over {ERROR_WINDOW}): no offset is committed meanwhile, and a "
             "restart would resume from the last good checkpoint, "
             "reading (not losing) the events since.",
+        ),
+        _alert(
+            "FairnessExporterConfigReloadFailed",
+            "time() - fairness_exporter_config_last_reload_success_timestamp_seconds\n"
+            "and on (job, instance) fairness_exporter_config_last_reload_successful == 0",
+            fors["FairnessExporterConfigReloadFailed"],
+            f"fairness-exporter {_label('instance')} refused its new config.",
+            f"The last config reload of {_label('instance')} was refused (invalid, or a change that needs a "
+            f"restart) for {fors['FairnessExporterConfigReloadFailed']}: it still runs the config it applied "
+            "{{ $value | humanizeDuration }} ago, so models added or changed since are not monitored as configured. "
+            "Its log names every error.",
         ),
     ]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from exporter import __version__
-from exporter.config import Config, load_config
+from exporter.config import Config, ModelSpec, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import ll144
@@ -74,18 +73,28 @@ def read_predictions(path: Path) -> pd.DataFrame:
 
 
 def _binary(frame: pd.DataFrame, column: str, path: Path, allow_missing: bool) -> np.ndarray:
-    """A 0/1 column as int64, -1 for missing values where those are allowed (unlabelled rows)."""
+    """A 0/1 column as int64, -1 for missing values where those are allowed (unlabelled rows).
+
+    The daemon's rule for a JSON 0/1 field: a number equal to 0 or 1, or a boolean (true is 1); never text, so a
+    parquet column of strings "0"/"1" is refused as the daemon refuses ``"1"``."""
     values = frame[column]
     missing = values.isna().to_numpy()
     if missing.any() and not allow_missing:
         rows = np.flatnonzero(missing)[:5].tolist()
         raise DataError(f"{path}: column {column!r} has {int(missing.sum())} missing values (first rows: {rows})")
-    numeric = pd.to_numeric(values.where(~missing, 0), errors="coerce")
-    bad = ~numeric.isin([0, 1]).to_numpy()
+    if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
+        text = np.zeros(len(values), dtype=bool)
+        numeric = values.astype("float64")  # booleans (nullable ones too) count as 1/0, a missing value as NaN
+    else:  # object or string: numbers and booleans count as they are, text is refused
+        text = values.map(lambda v: isinstance(v, str | bytes)).to_numpy(dtype=bool)
+        numeric = pd.to_numeric(values.where(~text, -1), errors="coerce")
+    bad = ~missing & ~numeric.isin([0, 1]).to_numpy()
     if bad.any():
         sample = values[bad].unique()[:5].tolist()
-        raise DataError(f"{path}: column {column!r} must hold only 0 or 1"
-                        f"{' (or be empty)' if allow_missing else ''}; found {sample}")  # fmt: skip
+        raise DataError(f"{path}: column {column!r} must hold only 0 or 1 (numbers) or true/false (booleans)"
+                        f"{' or be empty' if allow_missing else ''}; found {sample}"
+                        + (" (text is no number: a string column, or a CSV column mixing numbers and words)"
+                           if text.any() else ""))  # fmt: skip
     return np.where(missing, -1, numeric.to_numpy(dtype=np.float64)).astype(np.int64)
 
 
@@ -108,7 +117,7 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
 
 
 def _impact_ratios(
-    config: Config,
+    config: ModelSpec,
     frame: pd.DataFrame,
     path: Path,
     evaluations: list[Evaluation],
@@ -138,20 +147,19 @@ def _impact_ratios(
     }
 
 
-def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
+def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
+    """One result per configured metric and pair: the point estimate against the threshold (``passed``, the seed's
+    rule) whenever the comparison has a value, and what its interval says (``evidence``)."""
     out = []
     groups = ev.attribute.groups
     samples = ev.groups.samples
     for spec in config.metrics:
-        metric = METRICS[spec.name]
         v = ev.values(spec.name)
         sufficient = ev.sufficient(spec.name)
+        evidence = ev.evidence(spec.name, spec.threshold).tolist()
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
             passed = ok and spec.passes(float(v.value[k]))
-            judged = v.support[k] >= ev.min_samples and not math.isnan(v.value[k])
-            evidence = metric.evidence(float(v.lower[k]), float(v.upper[k]), spec.threshold) if judged \
-                else "inconclusive"  # fmt: skip
             pair_samples = {groups[a]: int(samples[a]), groups[b]: int(samples[b])}
             out.append({
                 "attribute": ev.attribute.name,
@@ -162,22 +170,21 @@ def _results(config: Config, ev: Evaluation) -> list[dict[str, Any]]:
                 "exact_value": json_float(v.value[k]),
                 "ci_95": [json_float(v.lower[k]), json_float(v.upper[k])],
                 "half_width": json_float(v.half_width[k]),
-                "max_interval_width": ev.max_widths[spec.name],
                 "threshold": spec.threshold,
                 "passed": passed,
                 "status": "insufficient_samples" if not ok else ("pass" if passed else "fail"),
-                "evidence": evidence,
+                "evidence": evidence[k],
                 "samples_to_decide": samples_to_decide(float(v.half_width[k]), float(v.value[k]), spec.threshold,
-                                                       pair_samples) if evidence == "inconclusive" else None,
+                                                       pair_samples) if evidence[k] == "inconclusive" else None,
                 "severity": spec.severity,
-                "counts_as": _counts_as(config, spec.severity, passed, evidence),
+                "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
                 "samples": pair_samples,
                 "support": int(v.support[k]),
             })  # fmt: skip
     return out
 
 
-def _counts_as(config: Config, severity: str, passed: bool, evidence: str) -> str:
+def _counts_as(config: ModelSpec, severity: str, passed: bool, evidence: str) -> str:
     """``pass``, ``blocking`` or ``warning``: what a result does to the verdict under ``decision`` and
     ``failure_policy.inconclusive``."""
     if config.decision == "point_estimate":
@@ -188,18 +195,22 @@ def _counts_as(config: Config, severity: str, passed: bool, evidence: str) -> st
 
 
 def run_audit(
-    config: Config | str | Path,
+    config: ModelSpec | Config | str | Path,
     predictions: pd.DataFrame | str | Path,
     *,
     override: Override | None = None,
     now: datetime | None = None,
+    model_id: str | None = None,
 ) -> dict[str, Any]:
-    """Audit a predictions file against a config; return the JSON-ready report.
+    """Audit a predictions file against a model's config (a config or its file: its only model, or ``model_id``
+    of its ``models:``); return the JSON-ready report.
 
     Raises ConfigError or DataError (both ValueError) for input that cannot be audited.
     """
-    if not isinstance(config, Config):
+    if isinstance(config, str | Path):
         config = load_config(config)
+    if isinstance(config, Config):
+        config = config.model(model_id)
     data_path: Path | None = None
     if not isinstance(predictions, pd.DataFrame):
         data_path = Path(predictions)
@@ -227,8 +238,7 @@ def run_audit(
     all_counts = frame_counts(config, predictions, y_pred, y_true)
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
-    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
-                                config.max_interval_widths())  # fmt: skip
+    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
     for attribute, ev in zip(config.attributes, evaluations, strict=True):
         attributes[attribute.name] = _group_report(ev)
         results.extend(_results(config, ev))

@@ -12,13 +12,16 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.config import ConfigError
+from exporter.core.metric_table import METRICS
 
 if TYPE_CHECKING:
     from exporter.gate.audit_log import Head
+    from exporter.gate.ci_reports import CiReport
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 SUMMARY_LINES = 15
@@ -32,17 +35,32 @@ def _file_facts(path: str) -> dict[str, Any]:
 
 
 def _summary(report: dict[str, Any]) -> str:
+    """The verdict, then every result in full: its value with its interval and evidence."""
     lines = [f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} passed, "
              f"{report['blocking_failures']} blocking, {report['warning_failures']} warning, "
-             f"{report['insufficient_samples']} with insufficient samples"]  # fmt: skip
-    failures = [r for r in report["results"] if not r["passed"]]
-    for r in failures[:SUMMARY_LINES]:
-        value = "n/a" if r["value"] is None else r["value"]
-        lines.append(f"  {r['status'].upper():<21} {r['severity']:<8} {r['attribute']} {r['metric']} "
-                     f"{r['groups']}: {value} (threshold {r['threshold']}, samples {r['samples']})")  # fmt: skip
-    if len(failures) > SUMMARY_LINES:
-        lines.append(f"  ... and {len(failures) - SUMMARY_LINES} more in the JSON report")
+             f"{report['insufficient_samples']} with insufficient samples, {report['inconclusive']} inconclusive "
+             f"(decision: {report['decision']})"]  # fmt: skip
+    lines += [f"  {_result_line(r, report['min_samples'], report['decision'])}" for r in report["results"]]
     return "\n".join(lines)
+
+
+def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
+    """``FAIL blocking race equalised_odds_difference a vs b: 0.276 [0.197, 0.353], evidence fail``; an
+    inconclusive row says how many samples per group would decide it, an insufficient one why it has no value."""
+    head = f"{r['status'].upper()} {r['severity']} {r['attribute']} {r['metric']} {r['groups']}"
+    if r["value"] is None:
+        why = (f"the smallest count of {METRICS[r['metric']].counted} in a group is {r['support']}, below "
+               f"min_samples {min_samples}" if r["support"] < min_samples
+               else "undefined (a group has no positive prediction)")  # fmt: skip
+        text = f"{head}: no value: {why}; evidence {r['evidence']}"
+    else:
+        lo, hi = r["ci_95"]
+        text = f"{head}: {r['exact_value']:.3f} [{lo:.3f}, {hi:.3f}], evidence {r['evidence']}"
+    if r["evidence"] == "inconclusive" and r["value"] is not None:
+        need = r["samples_to_decide"]
+        text += ("; about " + " and ".join(f"{n:,} ({g})" for g, n in need.items()) + " samples would decide it"
+                 if need else "; the value is on the threshold: no sample size decides it")  # fmt: skip
+    return text + (f"; counts as {r['counts_as']}" if decision == "evidence" else "")
 
 
 def _audit_log_key() -> bytes | None:
@@ -64,7 +82,7 @@ def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
-    from exporter.gate import audit_log  # the gate needs pandas; `serve` must not load it
+    from exporter.gate import audit_log, ci_reports  # the gate needs pandas; `serve` must not load it
     from exporter.gate.audit import DataError, Override, exit_code, run_audit
     from exporter.gate.html import audit_html
 
@@ -76,23 +94,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
         try:
             if override and override.problems():
                 raise ConfigError("; ".join(override.problems()))
-            report = run_audit(args.config, args.predictions, override=override)
+            report = run_audit(args.config, args.predictions, override=override, model_id=args.model)
         except (ConfigError, DataError) as exc:
             _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
                                          "data": _file_facts(args.predictions)})  # fmt: skip
-            print(f"fairness-exporter audit: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return _bad_input(args, "audit", str(exc))
         head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
                                             "model_id": report["model_id"], "verdict": report["verdict"],
                                             "config": _file_facts(args.config), "data": _file_facts(args.predictions),
                                             "override": report["override"], "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
-        print(f"fairness-exporter audit: --audit-log {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, "audit", f"--audit-log {exc}")
     report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:
         write_report(Path(args.report), text)
+    write_ci_reports(args, ci_reports.from_audit(report))
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
     if args.html and not write_html(Path(args.html), audit_html, report):
@@ -106,6 +123,30 @@ def write_report(path: Path, text: str) -> None:
     """Write a JSON report file (its folder made as needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def write_ci_reports(args: argparse.Namespace, report: CiReport) -> None:
+    """``--junit`` and ``--summary-md``: what CI systems show of a run (exporter/gate/ci_reports.py)."""
+    from exporter.gate import ci_reports
+
+    if args.junit:
+        write_report(Path(args.junit), ci_reports.junit_xml(report))
+    if args.summary_md:
+        write_report(Path(args.summary_md), ci_reports.markdown(report))
+
+
+def _bad_input(args: argparse.Namespace, command: str, message: str) -> int:
+    """A run that could not evaluate anything: one line on stderr, an errored check in the CI reports, exit 2."""
+    from exporter.gate import ci_reports
+
+    print(f"fairness-exporter {command}: {message}", file=sys.stderr)
+    subject = getattr(args, "config", None) or ", ".join(getattr(args, "data", []))
+    write_ci_reports(args, ci_reports.from_error(command, subject, message, _now()))
+    return EXIT_BAD_INPUT
 
 
 def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
@@ -122,6 +163,7 @@ def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
     """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
+    from exporter.gate import ci_reports
     from exporter.gate.audit import DataError, read_predictions
     from exporter.gate.bias import BiasAuditor
     from exporter.gate.html import bias_html
@@ -138,11 +180,11 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
                 raise DataError(f"{path}: no such data file")
             reports[name] = auditor.evaluate_bias(read_predictions(path), source=name)
     except (DataError, ImportError) as exc:
-        print(f"fairness-exporter bias-report: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, "bias-report", str(exc))
     if args.html and not write_html(Path(args.html), bias_html, reports):
         return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
+    write_ci_reports(args, ci_reports.from_bias(reports, _now()))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     for line in biased:
         print(f"  BIASED {line}", file=sys.stderr)
@@ -172,7 +214,7 @@ def _suite_summary(report: dict[str, Any]) -> str:
 def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str) -> int:
     """Run the safety or red-team suite with the gate's semantics: log every run (failed ones too), print the
     report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable)."""
-    from exporter.gate import audit_log
+    from exporter.gate import audit_log, ci_reports
     from exporter.gate.audit import DataError
     from exporter.gate.targets import TargetError
 
@@ -182,16 +224,15 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
             report = run()
         except (ConfigError, DataError, TargetError, ImportError) as exc:
             _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
-            print(f"fairness-exporter {suite}: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return _bad_input(args, suite, str(exc))
         head = _log_run(suite, args.audit_log, {"type": suite, "timestamp": report["timestamp"],
                                                 "model_id": report["model_id"], "verdict": report["verdict"],
                                                 **facts, "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
-        print(f"fairness-exporter {suite}: --audit-log {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args, suite, f"--audit-log {exc}")
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
+    write_ci_reports(args, ci_reports.from_suite(report))
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
 
 

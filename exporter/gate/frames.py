@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 import numpy as np
 import pandas as pd
 
-from exporter.config import Config
-from exporter.core.encoding import attribute_codes, code_table
+from exporter.config import ModelSpec
+from exporter.core.encoding import attribute_codes, code_table, value_text
 from exporter.core.fairness import counts_from_arrays
-
-_EXACT_FLOAT: Final = 2.0**53  # floats up to here hold whole numbers exactly
-
-
-def _number_text(value: object) -> str:
-    """A cell as the config writes it: a whole float as an integer ("1", not "1.0")."""
-    if isinstance(value, float | np.floating) and float(value).is_integer() and abs(float(value)) < _EXACT_FLOAT:
-        return str(int(value))
-    return str(value)
 
 
 def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[str]) -> np.ndarray:
     """Codes of a column of values, by :func:`code_table`; a blank cell gets the attribute's unknown code.
 
-    Cells are compared with the config's groups as strings, a whole float written as an integer: an integer
-    column with one blank cell reaches pandas as floats ("1.0"), which would match no group ("1"). Each distinct
-    value is converted once.
+    Cells are compared with the config's groups as :func:`value_text` writes them (as the daemon compares its
+    JSON values), a whole float as an integer. Each distinct value is converted once.
 
     >>> encode(["f", "m", "x"], ("m", "f")).tolist()
     [1, 0, -1]
@@ -38,12 +27,12 @@ def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[s
     """
     table, unknown = code_table(groups)
     positions, distinct = pd.factorize(pd.Series(values), use_na_sentinel=True)  # a blank is -1
-    distinct_codes = np.array([table.get(_number_text(v), unknown) for v in distinct] + [unknown], dtype=np.int64)
+    distinct_codes = np.array([table.get(value_text(v), unknown) for v in distinct] + [unknown], dtype=np.int64)
     return distinct_codes[positions]  # position -1 picks the trailing unknown
 
 
 def frame_counts(
-    config: Config, frame: pd.DataFrame, y_pred: np.ndarray, y_true: np.ndarray | None
+    config: ModelSpec, frame: pd.DataFrame, y_pred: np.ndarray, y_true: np.ndarray | None
 ) -> dict[str, np.ndarray]:
     """Counts of every configured attribute: a row per group, then one row for its unknown category (values
     outside the groups, or missing), which the overall rate counts and no comparison does."""

@@ -16,9 +16,8 @@ from typing import Any
 
 MATPLOTLIB_HINT = "HTML reports need matplotlib: pip install 'fairness-exporter[reports]'"
 
-# A status in the gate's results -> what the evidence says, as a reader understands it.
-OUTCOMES = {"pass": "pass", "passed": "pass", "fail": "fail", "failed": "fail",
-            "insufficient_samples": "inconclusive", "inconclusive": "inconclusive"}  # fmt: skip
+# A status in the gate's results (the point estimate against the threshold) -> as a reader reads it.
+OUTCOMES = {"pass": "pass", "fail": "fail", "insufficient_samples": "insufficient samples"}
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2430;
@@ -74,6 +73,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, classes: Seq
             cells.append(f'<td class="{cls}">{escape(text)}</td>' if cls else f"<td>{escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def fmt_samples(samples: Mapping[str, int] | None) -> str:
+    """``samples_to_decide`` for display: ``a 1,234 · b 567``, an em dash when there is none."""
+    return " · ".join(f"{g} {n:,}" for g, n in samples.items()) if samples else "—"
 
 
 def rate_chart(
@@ -215,15 +219,14 @@ def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapp
                        band=band, band_label=band_label)  # fmt: skip
     group_rows = [[g, s["samples"], s["selection_rate"], fmt_interval(s["selection_rate_ci"]),
                    s["true_positive_rate"], s["false_positive_rate"]] for g, s in groups.items()]  # fmt: skip
-    has_evidence = any("evidence" in r for r in results)
-    comparison_rows = [[r["metric"], r["groups"], r["exact_value"], fmt_interval(r["ci_95"]), r["threshold"],
-                        r["severity"], OUTCOMES.get(r["status"], r["status"]),
-                        *([str(r.get("evidence", "—"))] if has_evidence else [])] for r in results]  # fmt: skip
+    comparison_rows = [[r["metric"], r["groups"], r["value"], fmt_interval(r["ci_95"]), r["threshold"],
+                        r["severity"], OUTCOMES.get(r["status"], r["status"]), r["evidence"],
+                        fmt_samples(r["samples_to_decide"])] for r in results]  # fmt: skip
     return (f"<h2>{escape(name)}</h2>{chart}"
             f"<p class=\"meta\">Rows excluded (value not a configured group): {block['excluded_rows']}</p>"
             + table(["group", "rows", "selection rate", "95% interval", "TPR", "FPR"], group_rows)
-            + table(["metric", "groups", "value", "95% interval", "threshold", "severity", "outcome",
-                     *(["evidence"] if has_evidence else [])], comparison_rows))  # fmt: skip
+            + table(["metric", "groups", "value", "95% interval", "threshold", "severity", "point estimate",
+                     "evidence", "samples per group to decide"], comparison_rows))  # fmt: skip
 
 
 def ll144_section(table_dict: Mapping[str, Any], total_rows: int) -> str:
@@ -251,8 +254,8 @@ def audit_html(report: Mapping[str, Any]) -> str:
     """The audit gate's report as a page."""
     tone = {"PASS": "good", "FAIL": "bad"}.get(report["verdict"], "warn")
     summary = (f"{report['passed']}/{report['total_tests']} comparisons passed · {report['blocking_failures']} "
-               f"blocking · {report['warning_failures']} warning · {report['insufficient_samples']} inconclusive "
-               "(insufficient samples)")  # fmt: skip
+               f"blocking · {report['warning_failures']} warning · {report['insufficient_samples']} with insufficient "
+               f"samples · {report['inconclusive']} inconclusive (decision: {report['decision']})")  # fmt: skip
     if report.get("override"):
         summary += f" · overridden by {report['override']['author']}: {report['override']['justification']}"
     meta = [f"Model: {report['model_id']}", f"Run: {report['timestamp']} by {report['tool']}",

@@ -1,6 +1,6 @@
 """Render each Snapshot for /metrics: fresh metric families per snapshot, nothing mutated in place.
 
-A series that leaves the data (a window that empties, a comparison that becomes insufficient) leaves /metrics
+A series that leaves the data (a window that empties, a comparison that falls below min_samples) leaves /metrics
 by itself. Each snapshot is serialised once (CachedExposition); a scrape never triggers or waits for a computation.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -18,9 +18,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
-from exporter.core.metric_table import METRICS
+from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
-from exporter.serve.snapshot import Snapshot
+from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
 _CI = "95% interval"
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
@@ -53,14 +53,15 @@ class _Family:
 class SnapshotCollector(Collector):
     """A custom collector over whatever snapshot ``source`` returns (None before the first computation)."""
 
-    def __init__(self, source: Callable[[], Snapshot | None], evaluation_interval: str) -> None:
+    def __init__(self, source: Callable[[], FleetSnapshot | None], evaluation_interval: str) -> None:
         self.source = source
         self.every = evaluation_interval
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self.source()
-        if snapshot is None:
+        fleet = self.source()
+        if fleet is None:
             return
+        snapshots = fleet.models
         cadence = f" Computed every {self.every} over the event-time window in the window label."
         rate = _Family("model_positive_prediction_rate", "Share of predictions that are positive (selection rate)."
                        + cadence, _GROUP, bounds=True)  # fmt: skip
@@ -72,20 +73,30 @@ class SnapshotCollector(Collector):
         labelled = _Family("model_subgroup_labelled_samples", "Labelled predictions in the window." + cadence, _GROUP)
         fraction = _Family("model_labelled_fraction", "Labelled / all predictions in the window: low means the "
                            "model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
+        exported = {m for snapshot in snapshots for m in snapshot.metrics}
         pairs = {m: _Family(METRICS[m].prometheus_name, METRICS[m].help + cadence, _PAIR, bounds=True)
-                 for m in snapshot.metrics}  # fmt: skip
+                 for m in METRICS if m in exported}  # fmt: skip
         insufficient = GaugeMetricFamily(
             "model_comparison_insufficient_samples",
-            "1 when the metric is not reported for the comparison: a group has fewer than min_samples of what the "
-            "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), the metric "
-            "is undefined, or its interval is wider than max_interval_width." + cadence,
+            "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "
+            "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), or the metric "
+            "is undefined (a ratio with no positive prediction in a group). Else 0, and the value is exported with "
+            "its interval however wide." + cadence,
             labels=[*_PAIR, "metric"],
         )
+        evidence = GaugeMetricFamily(
+            "model_comparison_evidence",
+            "1 for the state of what the metric's 95% interval says against its threshold (fairness_threshold), 0 for "
+            "the two others: pass (wholly on the passing side), fail (wholly beyond), inconclusive (it contains the "
+            "threshold, or the comparison has no value)." + cadence,
+            labels=[*_PAIR, "metric", "evidence"],
+        )
+        thresholds = {s.model_id: dict(s.thresholds) for s in snapshots}
         unknown = _Family("model_subgroup_unknown_samples", "Predictions in the window whose value of the attribute "
                           "is outside its groups or missing: its unknown category, counted in the overall rate and "
                           "in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
 
-        for window, ev in snapshot.evaluations:
+        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
             base = [snapshot.model_id, ev.attribute.name, window]
             unknown.add(base, float(ev.unknown_samples))
             names = [*ev.attribute.groups, "overall"]
@@ -99,66 +110,68 @@ class SnapshotCollector(Collector):
                     labelled.add(labels, stats.labelled[i])
                     if stats.samples[i]:
                         fraction.add(labels, stats.labelled[i] / stats.samples[i])
-            for metric, family in pairs.items():
+            for metric in snapshot.metrics:
+                family = pairs[metric]
                 value, lower, upper = ev.metric(metric)
                 ok = ev.sufficient(metric)
+                states = ev.evidence(metric, thresholds[snapshot.model_id][metric]).tolist()
                 for k, (a, b) in enumerate(ev.attribute.pairs):
                     ga, gb = ev.attribute.groups[a], ev.attribute.groups[b]
                     labels = [*base, f"{ga}_vs_{gb}", ga, gb]
                     insufficient.add_metric([*labels, metric], 0.0 if ok[k] else 1.0)
+                    for state in EVIDENCE:
+                        evidence.add_metric([*labels, metric, state], 1.0 if states[k] == state else 0.0)
                     if ok[k]:
                         family.add(labels, value[k], lower[k], upper[k])
 
         for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()
         yield insufficient
-        yield from self._scores(snapshot, cadence)
-        yield from self._settings(snapshot)
-        yield from self._counters(snapshot)
-        yield from detector_families(snapshot)
+        yield evidence
+        yield from self._scores(snapshots, cadence)
+        yield from self._settings(snapshots)
+        yield from self._counters(snapshots)
+        yield from detector_families(snapshots)
 
     @staticmethod
-    def _scores(snapshot: Snapshot, cadence: str) -> Iterator[Metric]:
+    def _scores(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
         """Per-subgroup score histograms (a model that emits scores): calibration within groups, and the LL144
         scoring rate (the share above the overall median) by ``histogram_quantile``, in PromQL."""
-        if not snapshot.score_bounds:
+        if not any(s.score_bounds for s in snapshots):
             return
         family = HistogramMetricFamily(
             "model_prediction_score", "Scores of the predictions in the window, per subgroup (subgroup=\"overall\": "
             "every prediction). Windowed, not a counter: read it without rate()." + cadence, labels=_GROUP)
-        les = [*(floatToGoString(b) for b in snapshot.score_bounds), "+Inf"]
-        groups = {ev.attribute.name: ev.attribute.groups for _, ev in snapshot.evaluations}
-        for window, attribute, bins, sums in snapshot.scores:
-            names = groups[attribute]
-            rows = [(name, bins[i], sums[i]) for i, name in enumerate(names)]
-            rows.append(("overall", bins.sum(axis=0), sums.sum()))  # the unknown category counts here too
-            for name, counts, total in rows:
-                cumulative = np.cumsum(counts).tolist()
-                family.add_metric([snapshot.model_id, attribute, window, name],
-                                  list(zip(les, map(float, cumulative), strict=True)), float(total))
+        for snapshot in snapshots:
+            les = [*(floatToGoString(b) for b in snapshot.score_bounds), "+Inf"]
+            groups = {ev.attribute.name: ev.attribute.groups for _, ev in snapshot.evaluations}
+            for window, attribute, bins, sums in snapshot.scores:
+                names = groups[attribute]
+                rows = [(name, bins[i], sums[i]) for i, name in enumerate(names)]
+                rows.append(("overall", bins.sum(axis=0), sums.sum()))  # the unknown category counts here too
+                for name, counts, total in rows:
+                    cumulative = np.cumsum(counts).tolist()
+                    family.add_metric([snapshot.model_id, attribute, window, name],
+                                      list(zip(les, map(float, cumulative), strict=True)), float(total))
         yield family
 
     @staticmethod
-    def _settings(snapshot: Snapshot) -> Iterator[Metric]:
+    def _settings(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
         """The configured thresholds and limits as series, so one rule file serves every model's config."""
         threshold = GaugeMetricFamily("fairness_threshold", "The threshold of a metric, as configured or the metric "
                                       "table's default (differences pass at or below it, ratios at or above it).",
                                       labels=["model_id", "metric"])  # fmt: skip
-        width = GaugeMetricFamily("fairness_max_interval_width", "A metric is reported only when its 95% interval's "
-                                  "half-width is at most this.", labels=["model_id", "metric"])  # fmt: skip
         min_samples = GaugeMetricFamily("fairness_min_samples", "A comparison needs at least this many of what its "
                                         "metric counts in each group.", labels=["model_id"])  # fmt: skip
-        for metric, value in snapshot.thresholds:
-            threshold.add_metric([snapshot.model_id, metric], value)
-        if snapshot.evaluations:
-            ev = snapshot.evaluations[0][1]
-            for metric in snapshot.metrics:
-                width.add_metric([snapshot.model_id, metric], ev.max_widths[metric])
-            min_samples.add_metric([snapshot.model_id], ev.min_samples)
-        yield from (threshold, width, min_samples)
+        for snapshot in snapshots:
+            for metric, value in snapshot.thresholds:
+                threshold.add_metric([snapshot.model_id, metric], value)
+            if snapshot.evaluations:
+                min_samples.add_metric([snapshot.model_id], snapshot.evaluations[0][1].min_samples)
+        yield from (threshold, min_samples)
 
     @staticmethod
-    def _counters(snapshot: Snapshot) -> Iterator[Metric]:
+    def _counters(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
         predictions = CounterMetricFamily(
             "fairness_predictions", "Predictions counted by this replica since it started (or since its checkpoint), "
             "by predicted class: sum across replicas with the shipped recording rules.",
@@ -166,14 +179,15 @@ class SnapshotCollector(Collector):
         outcomes = CounterMetricFamily(
             "fairness_labelled_predictions", "Labelled predictions counted by this replica, by outcome.",
             labels=["model_id", "attribute", "subgroup", "outcome"])  # fmt: skip
-        groups = {ev.attribute.name: ev.attribute.groups for _, ev in snapshot.evaluations}
-        for attribute, counts in snapshot.totals.items():
-            for i, group in enumerate(groups[attribute]):
-                labels = [snapshot.model_id, attribute, group]
-                predictions.add_metric([*labels, "1"], float(counts[i, PRED_POS]))
-                predictions.add_metric([*labels, "0"], float(counts[i, PRED_NEG]))
-                for column in (TP, FP, TN, FN):
-                    outcomes.add_metric([*labels, COUNT_NAMES[column]], float(counts[i, column]))
+        for snapshot in snapshots:
+            groups = {ev.attribute.name: ev.attribute.groups for _, ev in snapshot.evaluations}
+            for attribute, counts in snapshot.totals.items():
+                for i, group in enumerate(groups[attribute]):
+                    labels = [snapshot.model_id, attribute, group]
+                    predictions.add_metric([*labels, "1"], float(counts[i, PRED_POS]))
+                    predictions.add_metric([*labels, "0"], float(counts[i, PRED_NEG]))
+                    for column in (TP, FP, TN, FN):
+                        outcomes.add_metric([*labels, COUNT_NAMES[column]], float(counts[i, column]))
         yield predictions
         yield outcomes
 
@@ -182,12 +196,11 @@ _DETECTOR_PAIR = ["model_id", "attribute", "dimension", "group_a", "group_b", "m
 _DETECTOR_SUBGROUP = ["model_id", "attribute", "subgroup", "direction"]
 
 
-def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
+def detector_families(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
     """The change detectors: each CUSUM statistic, the model's alarm level, and the steps taken."""
-    if snapshot.detection is None or snapshot.detectors is None:
+    watched = [s for s in snapshots if s.detection is not None and s.detectors is not None]
+    if not watched:
         return
-    bank, detection = snapshot.detectors, snapshot.detection
-    model = snapshot.model_id
     pairs = GaugeMetricFamily(
         "fairness_detector_statistic", "CUSUM of the exact log likelihood ratio of a gap of twice the threshold "
         "(impact ratio: threshold squared) in the `direction` against equal rates, one step per bucket: the "
@@ -203,26 +216,40 @@ def detector_families(snapshot: Snapshot) -> Iterator[Metric]:
     subgroup_alarms = GaugeMetricFamily(
         "fairness_subgroup_detector_alarm", "1 while the subgroup's detector is in alarm (as fairness_detector_alarm).",
         labels=_DETECTOR_SUBGROUP)  # fmt: skip
-    state = detection.state
-    for detector, value, active in zip(bank.detectors, state.statistic.tolist(), state.active.tolist(), strict=True):
-        if detector.subgroup:
-            labels = [model, detector.attribute, detector.subgroup, detector.direction]
-            subgroups.add_metric(labels, value)
-            subgroup_alarms.add_metric(labels, float(active))
-        else:
-            labels = [model, detector.attribute, detector.dimension, detector.group_a, detector.group_b,
-                      detector.metric, detector.direction]  # fmt: skip
-            pairs.add_metric(labels, value)
-            pair_alarms.add_metric(labels, float(active))
     level = GaugeMetricFamily(
         "fairness_detector_alarm_level", "The level of a detector's Shiryaev-Roberts evidence that raises an "
         "alarm: log(detectors x steps per day x replicas / alerting.false_pages_per_day).",
         labels=["model_id"])  # fmt: skip
-    level.add_metric([model], bank.level)
     steps = CounterMetricFamily("fairness_detector_steps", "Detector steps taken (at most one per bucket).",
                                 labels=["model_id"])  # fmt: skip
-    steps.add_metric([model], float(detection.steps))
+    for snapshot in watched:
+        bank, detection, model = snapshot.detectors, snapshot.detection, snapshot.model_id
+        assert bank is not None and detection is not None
+        state = detection.state
+        for detector, value, active in zip(bank.detectors, state.statistic.tolist(), state.active.tolist(),
+                                           strict=True):  # fmt: skip
+            if detector.subgroup:
+                labels = [model, detector.attribute, detector.subgroup, detector.direction]
+                subgroups.add_metric(labels, value)
+                subgroup_alarms.add_metric(labels, float(active))
+            else:
+                labels = [model, detector.attribute, detector.dimension, detector.group_a, detector.group_b,
+                          detector.metric, detector.direction]  # fmt: skip
+                pairs.add_metric(labels, value)
+                pair_alarms.add_metric(labels, float(active))
+        level.add_metric([model], bank.level)
+        steps.add_metric([model], float(detection.steps))
     yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
+
+
+class _Collected(Collector):
+    """Metric families collected once, rendered by every encoder that asks (encoders only read them)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
 
 
 class CachedExposition:
@@ -245,10 +272,11 @@ class CachedExposition:
         # (the snapshot's registry, generation, {content type: its rendering}), swapped as one reference
         self._current: tuple[CollectorRegistry, int, dict[str, bytes]] = (CollectorRegistry(), 0, {})
 
-    def update(self, snapshot: Snapshot) -> None:
-        """Serialise a new snapshot in every format asked for so far (on the computation's thread)."""
+    def update(self, snapshot: FleetSnapshot) -> None:
+        """Serialise a new snapshot in every format asked for so far (on the computation's thread); its metric
+        families are built once, whatever the number of formats."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(lambda: snapshot, self.every))
+        registry.register(_Collected(list(SnapshotCollector(lambda: snapshot, self.every).collect())))
         with self._rendering:
             texts = {kind: encoder(registry) for kind, encoder in self._encoders.items()}
             self._current = (registry, self._current[1] + 1, texts)

@@ -24,6 +24,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from exporter import __version__
 from exporter.serve.access import Guard, handshake_failure
 from exporter.serve.exposition import Page
+from exporter.serve.web_config import ListenError
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
@@ -31,10 +32,6 @@ REQUEST_TIMEOUT_SECONDS: Final = 30.0
 ALLOWED_METHODS: Final = ("GET", "HEAD")
 PEER_CERTIFICATE: Final = "exporter.peer_certificate"
 """The WSGI environ key of the client's verified certificate (as ``getpeercert()`` gives it; None without TLS)."""
-
-
-class ListenError(RuntimeError):
-    """The metrics endpoint cannot be served as configured; the message names the ``listen`` field at fault."""
 
 
 class _Server(ThreadingMixIn, WSGIServer):

@@ -13,13 +13,15 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.serve.access import AUTH_FAILURES
 from exporter.stream.decode import REJECT_REASONS
+from exporter.stream.route import IGNORE_REASONS
 
 OUTCOME_EXPIRY_REASONS = ("never_labelled", "unknown_prediction")
 """A prediction or a ground-truth event that waited the whole horizon for its other half."""
 OUTCOME_DROP_REASONS = ("prediction_outside_window", "duplicate_label", "duplicate_prediction",
-                        "invalid_label_event", "pending_state_full")  # fmt: skip
+                        "invalid_label_event", "pending_state_full", "model_reconfigured")  # fmt: skip
 """Joins given up for another reason than time (``duplicate_prediction``: a later prediction with the same id
-replaced the one waiting)."""
+replaced the one waiting; ``model_reconfigured``: its model was removed, or its attributes changed, by a
+reload)."""
 DEAD_LETTER_FAILURES = ("too_large", "no_producer", "send_failed")
 
 
@@ -34,7 +36,9 @@ class Health:
                                 ["reason"], registry=registry)  # fmt: skip
         self.late = Counter("fairness_exporter_events_late",
                             "Events older than the longest window plus allowed_lateness, dropped.", registry=registry)
-        self.ignored = Counter("fairness_exporter_events_ignored", "Events of other model ids, ignored.",
+        self.ignored = Counter("fairness_exporter_events_ignored",
+                               "Events of no configured model, ignored, by reason: unconfigured_model (another "
+                               "model id; the id itself is never a label) or missing_model_id.", ["reason"],
                                registry=registry)  # fmt: skip
         self.dead_lettered = Counter("fairness_exporter_events_dead_lettered",
                                      "Rejected events forwarded to the dead-letter topic.", registry=registry)
@@ -75,9 +79,22 @@ class Health:
                                           "failed handshake), by reason.", ["reason"], registry=registry)
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
                                        "Errors talking to Kafka (the consumer retries).", registry=registry)
+        self.models = Gauge("fairness_exporter_models", "Models this daemon monitors (as of the last config load).",
+                            registry=registry)  # fmt: skip
+        self.reload_failures = Counter("fairness_exporter_config_reload_failures",
+                                       "Config reloads refused (invalid, or a change that needs a restart); the "
+                                       "previous config keeps running.", registry=registry)  # fmt: skip
+        self.reload_successful = Gauge("fairness_exporter_config_last_reload_successful",
+                                       "1 when the last config load or reload was applied, 0 when it was refused.",
+                                       registry=registry)  # fmt: skip
+        self.reload_timestamp = Gauge("fairness_exporter_config_last_reload_success_timestamp_seconds",
+                                      "Unix time of the last config load or reload that was applied.",
+                                      registry=registry)  # fmt: skip
         Info("fairness_exporter_build", "Build information.", registry=registry).info({"version": __version__})
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
+        for reason in IGNORE_REASONS:
+            self.ignored.labels(reason)
         for reason in OUTCOME_EXPIRY_REASONS:
             self.labels_expired.labels(reason)
         for reason in OUTCOME_DROP_REASONS:

@@ -1,19 +1,21 @@
-"""The scheduled computation: window counts in, one complete immutable Snapshot out."""
+"""The scheduled computation: every model's window counts in, one complete immutable FleetSnapshot out."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from exporter.config import Config
+from exporter.config import ModelSpec, Windowing
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.serve.self_metrics import Health
 from exporter.stream.detectors import DetectorBank
-from exporter.stream.window import Detection, WindowStore
+from exporter.stream.fleet import Fleet, Monitored
+from exporter.stream.window import Detection
 
 log = logging.getLogger(__name__)
 
@@ -43,53 +45,88 @@ class Snapshot:
     are the attribute's groups, then its unknown category."""
 
 
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """Every model's snapshot as of one computation: what /metrics shows, swapped in as one reference."""
+
+    computed_at: float
+    models: tuple[Snapshot, ...]
+
+
+def compute_model(monitored: Monitored, windowing: Windowing, now: float,
+                  thresholds: tuple[tuple[str, float], ...]) -> Snapshot:  # fmt: skip
+    """One model's windows and attributes as of ``now`` (``thresholds``: of its exported metrics)."""
+    spec, store = monitored.spec, monitored.store
+    detection = store.detect(now)
+    with store.lock:  # counts and score histograms of the same events
+        windows = store.window_counts(now)
+        window_scores = store.window_scores(now)
+    keys, blocks = [], []
+    for window in windowing.windows:
+        by_attribute = store.layout.split(windows[window.name])
+        for attribute in spec.attributes:
+            keys.append(window.name)
+            blocks.append((attribute, by_attribute[attribute.name]))
+    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics)
+    scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
+    for window_name, (bins, sums) in window_scores.items():
+        bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)
+        scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes)
+    return Snapshot(spec.model_id, now, tuple(zip(keys, evaluated, strict=True)),
+                    store.layout.split(store.totals_copy()), spec.exported_metrics, thresholds, detection,
+                    store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores))  # fmt: skip
+
+
 class Computer:
-    """Builds a Snapshot from the store and swaps it in with one reference assignment."""
+    """Builds every model's Snapshot from the fleet and swaps them in with one reference assignment."""
 
     def __init__(
-        self, config: Config, store: WindowStore, health: Health, clock: Callable[[], float] = time.time,
-        on_snapshot: Callable[[Snapshot], None] | None = None,
+        self, fleet: Fleet, health: Health, clock: Callable[[], float] = time.time,
+        on_snapshot: Callable[[FleetSnapshot], None] | None = None,
     ) -> None:  # fmt: skip
         """``on_snapshot`` runs after each swap, on the computation's thread (the daemon serialises it there)."""
         self.on_snapshot = on_snapshot
-        self.config = config
-        self.store = store
+        self.fleet = fleet
         self.health = health
         self.clock = clock
-        self.latest: Snapshot | None = None
-        self._widths = config.max_interval_widths()  # facts of the config, not of the counts: derived once
-        self._thresholds = tuple(config.thresholds().items())
+        self.latest: FleetSnapshot | None = None
+        self._computing = threading.Lock()
+        """One computation at a time (the schedule's, a reload's): snapshots are published in the order taken."""
+        self._facts: dict[str, tuple[ModelSpec, tuple[tuple[str, float], ...]]] = {}
 
-    def compute(self) -> Snapshot:
-        """Compute every window and attribute; publish the result as the latest snapshot."""
+    def _facts_of(self, spec: ModelSpec) -> tuple[tuple[str, float], ...]:
+        """Facts of a model's config, not of its counts (its thresholds): derived once per spec (a reload brings a
+        new one)."""
+        cached = self._facts.get(spec.model_id)
+        if cached is None or cached[0] is not spec:
+            cached = (spec, tuple(spec.thresholds().items()))
+            self._facts[spec.model_id] = cached
+        return cached[1]
+
+    def compute(self) -> FleetSnapshot:
+        """Compute every model's windows and attributes; publish the result as the latest snapshot."""
+        with self._computing:
+            return self._compute()
+
+    def _compute(self) -> FleetSnapshot:
         started = time.perf_counter()
         now = self.clock()
-        detection = self.store.detect(now)
-        with self.store.lock:  # counts and score histograms of the same events
-            windows = self.store.window_counts(now)
-            window_scores = self.store.window_scores(now)
-        keys, blocks = [], []
-        for window in self.config.windows:
-            by_attribute = self.store.layout.split(windows[window.name])
-            for attribute in self.config.attributes:
-                keys.append(window.name)
-                blocks.append((attribute, by_attribute[attribute.name]))
-        evaluated = evaluate_many(blocks, self.config.min_samples, self._widths, self.config.exported_metrics)
-        evaluations = list(zip(keys, evaluated, strict=True))
-        scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
-        for window_name, (bins, sums) in window_scores.items():
-            bins_of, sums_of = self.store.layout.split(bins), self.store.layout.split(sums)
-            scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in self.config.attributes)
-        snapshot = Snapshot(self.config.model_id, now, tuple(evaluations),
-                            self.store.layout.split(self.store.totals_copy()), self.config.exported_metrics,
-                            self._thresholds, detection, self.store.detectors,
-                            score_bounds=self.config.score_buckets, scores=tuple(scores))  # fmt: skip
+        fleet = self.fleet
+        models, windowing = fleet.models, fleet.config.windowing  # one configuration, even across a reload
+        snapshot = FleetSnapshot(now, tuple(compute_model(m, windowing, now, self._facts_of(m.spec))
+                                            for m in models.values()))  # fmt: skip
+        self._facts = {k: v for k, v in self._facts.items() if k in models}
         self.latest = snapshot
         if self.on_snapshot is not None:
             self.on_snapshot(snapshot)
         self.health.last_computation.set(now)
         self.health.computation_duration.set(time.perf_counter() - started)
         return snapshot
+
+    def model(self, model_id: str) -> Snapshot | None:
+        """The latest snapshot of one model (None before the first computation, or for a model not computed)."""
+        latest = self.latest
+        return next((m for m in latest.models if m.model_id == model_id), None) if latest else None
 
     def run_scheduled(self) -> None:
         """The APScheduler job: never raises, counts failures."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -54,6 +54,10 @@ _REFUSED: Final = {"cipher_suites": "Go's suite names are not mapped: OpenSSL's 
 
 class WebConfigError(ValueError):
     """The web configuration cannot be served; one ``field: problem`` line per problem, naming the file."""
+
+
+class ListenError(RuntimeError):
+    """The metrics endpoint cannot be served as the config's ``listen`` section says; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,24 @@ def from_listen(cert_file: str | None, key_file: str | None) -> WebConfig:
     if not (cert_file and key_file):
         return WebConfig()
     return WebConfig(Tls(cert_file, key_file, field_names=("listen.tls_cert_file", "listen.tls_key_file")))
+
+
+def resolve(path: str | None, listen_cert: str | None, listen_key: str | None) -> WebConfig:
+    """What the daemon serves under: the web configuration file's, with the config's ``listen.tls_*`` as its TLS
+    if the file has none; its TLS files loaded once to check them (WebConfigError, ListenError for ``listen.*``)."""
+    listen = from_listen(listen_cert, listen_key)
+    web = load(path) if path else listen
+    if listen.tls and web is not listen:
+        if web.tls:
+            raise WebConfigError(f"--web.config.file {path}: tls_server_config and the config's listen.tls_cert_file "
+                                 "both set the server's TLS: keep one")  # fmt: skip
+        web = replace(web, tls=listen.tls)
+    if web.tls is not None and web.tls is listen.tls:
+        try:
+            server_context(web)
+        except WebConfigError as exc:
+            raise ListenError(str(exc)) from exc
+    return web
 
 
 def load(path: str) -> WebConfig:

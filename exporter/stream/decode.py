@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Annotated, Any, Final, Literal, TypeGuard
@@ -26,8 +26,10 @@ import msgspec
 import numpy as np
 import orjson
 
-from exporter.config import Config
-from exporter.core.encoding import attribute_codes, code_table
+from exporter.config import ModelSpec
+from exporter.core.encoding import attribute_codes, code_table, value_text
+from exporter.stream.paths import lookup
+from exporter.stream.route import IGNORE_REASONS, ignore_reason
 from exporter.stream.timestamps import epoch, epochs
 
 REJECT_REASONS: Final = (
@@ -39,7 +41,6 @@ in that attribute's unknown category (code -1), exactly as the gate counts such 
 MAX_PREDICTION_ID_LENGTH: Final = 256
 """Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
 in the checkpoint until its ground truth arrives."""
-_IGNORED: Final = "ignored"
 STRICT_PAUSE: Final = 64
 """After a batch the strict schema refused, the batches decoded by the general schema before it is tried again."""
 
@@ -50,40 +51,29 @@ def is_valid_id(pid: object) -> bool:
 
 
 def is_binary(value: object) -> TypeGuard[int | float]:
-    """0 or 1 (a float 0.0/1.0 too), never a boolean or a string."""
-    return value.__class__ is not bool and value.__class__ is not str and value in (0, 1)
-
-
-def _lookup(path: str) -> Callable[[Any], Any]:
-    """``event[path]`` for a dotted path over parsed JSON: None wherever a step is missing or not an object."""
-    keys = path.split(".")
-
-    def get(event: Any) -> Any:
-        for key in keys:
-            event = event.get(key) if event.__class__ is dict else None
-        return event
-
-    return get
+    """0 or 1: a number (0.0/1.0 too) or a boolean (true is 1, false is 0, as the gate counts a boolean column),
+    never a string."""
+    return value.__class__ is not str and value in (0, 1)
 
 
 # What the schema accepts of each field: only values that the rules accept as they are. Wider values (1.0 for 1,
 # a timestamp JSON number beyond int64, an id integer beyond what orjson reads as an int) fail it and are walked.
-_Binary = Literal[0, 1]
+_Binary = Literal[0, 1] | bool  # true/false count as 1/0 (np.fromiter and _OUTCOME read True as 1)
 _Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annotated[int, msgspec.Meta(ge=-(2**63),
                                                                                                     le=2**63 - 1)]
 _Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 _Stamp = str | float
 _OUTCOME: Final = {None: -1, 0: 0, 1: 1}
-"""The outcome of a label the schema accepted: none (-1), 0 or 1."""
+"""The outcome of a label the schema accepted: none (-1), 0 or 1 (False and True hash as 0 and 1)."""
 
 
-def _schema(config: Config, strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
+def _schema(model: ModelSpec, strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the configured paths, and the attribute path of each role (``model``, ``id``, ``ts``,
     ``pred``, ``score``, ``label``, ``attr:<column>``) in it; None when the paths overlap in a way a Struct
     cannot hold (a field that is both a value and an object), where every event is walked. ``strict``: only this
     model's events, and only configured group names (or none) as attribute values; the same attribute paths."""
-    f = config.events
-    tables = {a.columns[0]: tuple(code_table(a.groups)[0]) for a in config.base_attributes}
+    f = model.events
+    tables = {a.columns[0]: tuple(code_table(a.groups)[0]) for a in model.base_attributes}
     if strict and not all(tables.values()):
         return None
     # roles a schema-valid event must carry: the timestamp, the prediction (or the score it is derived from) and,
@@ -94,14 +84,14 @@ def _schema(config: Config, strict: bool = False) -> tuple[type[msgspec.Struct],
     if strict:
         required.add("model")
     roles: dict[str, tuple[Any, Any]] = {
-        "model": (f.model_id, Literal[config.model_id] if strict else str | None),
+        "model": (f.model_id, Literal[model.model_id] if strict else str | None),
         "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
         "score": (f.score, _Score if f.score_threshold is not None else _Score | None),
         "label": (f.label, _Binary | None),
     }  # fmt: skip
     if f.score_threshold is None:
         roles["pred"] = (f.prediction, _Binary)
-    for a in config.base_attributes:
+    for a in model.base_attributes:
         groups = tables[a.columns[0]]
         roles[f"attr:{a.columns[0]}"] = (f"{f.attributes}.{a.columns[0]}",
                                          Literal[groups] | None if strict else str | None)
@@ -164,7 +154,8 @@ class DecodedBatch:
     codes: dict[str, np.ndarray]
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
     rejected: Counter[str] = field(default_factory=Counter)
-    ignored: int = 0
+    ignored: Counter[str] = field(default_factory=Counter)
+    """Events of no model of ours (another model's, or none), by reason (exporter.stream.route.IGNORE_REASONS)."""
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """The score of every accepted event when the model emits scores (``events.score_threshold``), else empty."""
     rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
@@ -176,33 +167,34 @@ class DecodedBatch:
 class EventDecoder:
     """Turns raw Kafka message values into a :class:`DecodedBatch` for one configured model."""
 
-    def __init__(self, config: Config, keep_rejected: bool = False) -> None:
-        self.config = config
+    def __init__(self, model: ModelSpec, max_future_skew_seconds: float = 300.0, keep_rejected: bool = False) -> None:
+        self.model = model
+        self.max_future_skew_seconds = max_future_skew_seconds
         self.keep_rejected = keep_rejected
-        f = config.events
-        self._paths = [_lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
+        f = model.events
+        self._paths = [lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
                                             f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
-        self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
-        schema = _schema(config)
+        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+        schema = _schema(model)
         self._decoder: msgspec.json.Decoder[Any] | None = None
         if schema is not None:
             struct, paths = schema
             self._decoder = msgspec.json.Decoder(struct)
             self._get = {role: attrgetter(path) for role, path in paths.items()}
-        strict = _schema(config, strict=True) if schema is not None else None
+        strict = _schema(model, strict=True) if schema is not None else None
         self._strict = msgspec.json.Decoder(strict[0]) if strict is not None else None
         self._strict_rest = 0
         """Batches to skip the strict schema for, after one it refused."""
 
-    def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], int]:
+    def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], Counter[str]]:
         """The schema's pass: (structs of this model's events, their input positions, positions to walk, events
-        of other models). Newline-free values (the usual case) are decoded in one call, one event per line; a
-        batch the schema refuses anywhere is decoded event by event to find which to walk."""
+        of no model of ours by reason). Newline-free values (the usual case) are decoded in one call, one event
+        per line; a batch the schema refuses anywhere is decoded event by event to find which to walk."""
         decoder = self._decoder
         if decoder is None:
-            return [], [], list(range(len(values))), 0
-        get_model, model_id = self._get["model"], self.config.model_id
+            return [], [], list(range(len(values))), Counter()
+        get_model, model_id = self._get["model"], self.model.model_id
         try:
             joined: bytes | None = b"\n".join(values)
         except TypeError:  # a tombstone (None value)
@@ -219,7 +211,7 @@ class EventDecoder:
                 try:
                     clean = self._strict.decode_lines(joined)
                     if len(clean) == len(values):
-                        return clean, list(range(len(clean))), [], 0
+                        return clean, list(range(len(clean))), [], Counter()
                 except (msgspec.ValidationError, msgspec.DecodeError):
                     pass
                 self._strict_rest = STRICT_PAUSE  # a topic with other models or other values: not every batch
@@ -233,10 +225,12 @@ class EventDecoder:
             if structs is not None and len(structs) == len(values):  # else a blank value: lines skip those
                 models = list(map(get_model, structs))
                 if models.count(model_id) == len(structs):
-                    return structs, list(range(len(structs))), [], 0
+                    return structs, list(range(len(structs))), [], Counter()
                 at = [i for i, m in enumerate(models) if m == model_id]
-                return [structs[i] for i in at], at, [], len(structs) - len(at)
-        structs, at, walked, ignored = [], [], [], 0
+                return [structs[i] for i in at], at, [], Counter(map(ignore_reason, (m for m in models
+                                                                                     if m != model_id)))
+        structs, at, walked = [], [], []
+        ignored: Counter[str] = Counter()
         decode = decoder.decode
         for i, raw in enumerate(values):
             try:
@@ -246,8 +240,9 @@ class EventDecoder:
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, AttributeError):
                 walked.append(i)  # AttributeError: a tombstone
                 continue
-            if get_model(event) != model_id:
-                ignored += 1
+            found = get_model(event)
+            if found != model_id:
+                ignored[ignore_reason(found)] += 1
                 continue
             structs.append(event)
             at.append(i)
@@ -255,7 +250,7 @@ class EventDecoder:
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
         """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
-        latest = now + self.config.max_future_skew_seconds
+        latest = now + self.max_future_skew_seconds
         structs, at, walked, ignored = self._structs(values)
         g = self._get if self._decoder is not None else {}
         stamps = epochs(list(map(g["ts"], structs))) if structs else []
@@ -284,7 +279,7 @@ class EventDecoder:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
                 lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
                 lookup.update(table)
-                lookup[None] = table.get("None", unknown)  # the walk looks a missing value up as str(None)
+                lookup[None] = unknown  # a missing value: the unknown category, as the gate's blank cell
                 codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
                                          len(structs)))  # fmt: skip
         else:
@@ -297,8 +292,8 @@ class EventDecoder:
             rows: list[tuple[int, float, int, int, Any, list[int], float]] = []
             for i in sorted(walked):
                 outcome = self._walk(values[i], latest)
-                if outcome is _IGNORED:
-                    ignored += 1
+                if outcome in IGNORE_REASONS:
+                    ignored[outcome] += 1
                 elif isinstance(outcome, str):
                     rejects.append((i, outcome))
                 else:
@@ -318,13 +313,13 @@ class EventDecoder:
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
-        base = {a.columns[0]: c for a, c in zip(self.config.base_attributes, codes, strict=True)}
+        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
         return DecodedBatch(
             timestamps=timestamps.astype(np.float64, copy=False),
             predictions=predictions.astype(np.int64, copy=False),
             outcomes=outcomes.astype(np.int64, copy=False),
             prediction_ids=ids,
-            codes={a.name: attribute_codes(a, base) for a in self.config.attributes},
+            codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
             rejected=rejected,
             ignored=ignored,
             rejected_payloads=bad,
@@ -332,8 +327,9 @@ class EventDecoder:
         )
 
     def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
-        """The rules, over the parsed JSON: :data:`_IGNORED`, a rejection reason, or the event's row
-        ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or NaN)``."""
+        """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
+        reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or
+        NaN)``."""
         try:
             event = orjson.loads(raw)
         except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value)
@@ -341,8 +337,9 @@ class EventDecoder:
         if event.__class__ is not dict:
             return "malformed_json"
         model, pid_of, ts_of, pred_of, score_of, label_of, attrs_of = self._paths
-        if model(event) != self.config.model_id:
-            return _IGNORED
+        found = model(event)
+        if found != self.model.model_id:
+            return ignore_reason(found)
         t = ts_of(event)
         ts = epoch(t)
         if ts is None:
@@ -377,6 +374,6 @@ class EventDecoder:
         codes = []
         for column, table, unknown in self._tables:
             v = attrs.get(column)
-            code = table.get(v if v.__class__ is str else str(v))
+            code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
             codes.append(unknown if code is None else code)
         return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)

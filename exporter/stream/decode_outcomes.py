@@ -1,5 +1,5 @@
 """Decode ground-truth events from the outcomes topic (the delayed labels joined to predictions by id), by the
-same rules as the prediction decoder: a bounded prediction id, an outcome that is 0 or 1 and never a boolean."""
+same rules as the prediction decoder: a bounded prediction id, an outcome that is 0 or 1 (a boolean counts as 0/1)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from exporter.stream.decode import is_binary, is_valid_id
 @dataclass
 class DecodedOutcomes:
     """Ground-truth events from the outcomes topic: prediction ids and their 0/1 outcomes, and how many were
-    invalid (not JSON, no usable prediction id, or an outcome that is not 0/1)."""
+    invalid (not JSON, no usable prediction id, or an outcome that is neither 0/1 nor a boolean)."""
 
     prediction_ids: list[str]
     outcomes: list[int]
@@ -22,7 +22,7 @@ class DecodedOutcomes:
 
 
 def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field: str) -> DecodedOutcomes:
-    """Decode ground-truth events ``{"<id_field>": ..., "<outcome_field>": 0 or 1}``."""
+    """Decode ground-truth events ``{"<id_field>": ..., "<outcome_field>": 0 or 1, or false or true}``."""
     ids: list[str] = []
     outcomes: list[int] = []
     invalid = 0

@@ -19,7 +19,7 @@ from typing import Final, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from exporter.config import Config
+from exporter.config import ModelSpec, Windowing
 from exporter.core import detect
 from exporter.core.attributes import OTHER_GROUP
 from exporter.core.fairness import FN, FP, N_COUNTS, PRED_NEG, PRED_POS, TN, TP, wilson_interval
@@ -157,10 +157,10 @@ class _CountGroup:
 class DetectorBank:
     """Every detector of one model, vectorised; pure: state in, state out (the window store keeps it)."""
 
-    def __init__(self, config: Config, offsets: tuple[int, ...], n_rows: int) -> None:
+    def __init__(self, model: ModelSpec, windowing: Windowing, offsets: tuple[int, ...], n_rows: int) -> None:
         """``offsets``: the first row of each attribute in the window store's counts, ``n_rows`` their number
         (RowLayout: each attribute's groups, then its unknown row, which no detector reads)."""
-        thresholds = {m.name: m.threshold for m in config.metrics}
+        thresholds = {m.name: m.threshold for m in model.metrics}
         detectors: list[Detector] = []
         self._groups: list[_CountGroup] = []
         for columns in dict.fromkeys((f.positive, f.columns) for f in FAMILIES):
@@ -168,7 +168,7 @@ class DetectorBank:
             if not families:
                 continue
             rows_a, rows_b = [], []
-            for attribute, offset in zip(config.attributes, offsets, strict=True):
+            for attribute, offset in zip(model.attributes, offsets, strict=True):
                 for a, b in attribute.pairs:
                     ga, gb = attribute.groups[a], attribute.groups[b]
                     rows_a.append(offset + a)
@@ -183,7 +183,7 @@ class DetectorBank:
             ))  # fmt: skip
         self.n_pairs = len(detectors)
         subgroup_rows, subgroup_signs = [], []
-        for attribute, offset in zip(config.attributes, offsets, strict=True):
+        for attribute, offset in zip(model.attributes, offsets, strict=True):
             for i, group in enumerate(attribute.groups):
                 if group == OTHER_GROUP:
                     continue
@@ -196,10 +196,10 @@ class DetectorBank:
         self.n_rows = n_rows
         self._subgroup_rows = np.array(subgroup_rows, dtype=np.int64)
         self._subgroup_sign = np.array(subgroup_signs)
-        self.rate_shift = config.alerting.rate_shift
-        self.decay = math.exp(-config.bucket_seconds / max(w.seconds for w in config.windows))
-        self.level = detect.alarm_level(max(len(detectors), 1), detect.SECONDS_PER_DAY / config.bucket_seconds,
-                                        config.alerting.false_pages_per_day, config.alerting.replicas)  # fmt: skip
+        self.rate_shift = model.alerting.rate_shift
+        self.decay = math.exp(-windowing.bucket_seconds / windowing.longest_seconds)
+        self.level = detect.alarm_level(max(len(detectors), 1), detect.SECONDS_PER_DAY / windowing.bucket_seconds,
+                                        model.alerting.false_pages_per_day, model.alerting.replicas)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.detectors)

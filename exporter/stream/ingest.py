@@ -1,102 +1,151 @@
-"""Ingest: what the source hands over becomes counts, as one unit per batch.
+"""Ingest: what the source hands over becomes counts, as one unit per poll.
 
-A batch of predictions is decoded (outside the lock), then counted in the window, its unlabelled predictions put
-to wait for their ground truth, and its Kafka offset recorded, all under the stream state's one lock; then its
-rejects are counted and forwarded as dead letters, which never raises. So an event is counted exactly once,
-whatever happens to its dead letter. A batch of ground-truth events (the outcomes topic, ``kafka.labels_topic``)
-joins its waiting predictions and is counted in their buckets.
+A poll's predictions (every partition's, as one batch) are split by model (exporter/stream/route.py) and each
+model's share decoded by that model's decoder (outside the lock); then, under the fleet's one lock, every share
+is counted in its model's window, its unlabelled predictions put to wait for their ground truth, and the
+partitions' Kafka offsets recorded, all as one step. Its rejects are counted and forwarded as dead letters
+afterwards, which never raises. So an event is counted exactly once, whatever happens to its dead letter. A batch
+of ground-truth events (the outcomes topic, ``kafka.labels_topic``) joins its waiting predictions and is counted
+in their models' buckets.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
-from exporter.stream.client import Record, values_and_next
+from exporter.stream.client import Partition, Record, values_and_next
 from exporter.stream.dead_letters import DeadLetters
-from exporter.stream.decode import EventDecoder
+from exporter.stream.decode import DecodedBatch
 from exporter.stream.decode_outcomes import decode_outcomes
-from exporter.stream.label_join import Joined, OutcomeJoin
-from exporter.stream.window import WindowStore
+from exporter.stream.fleet import Fleet, Monitored
+from exporter.stream.label_join import Joined
 
 log = logging.getLogger(__name__)
+Decoded = tuple[dict[str, Monitored], dict[str, DecodedBatch], Counter[str], list[tuple[bytes | None, str]]]
+"""The models as of a batch, each one's share of it decoded, the events of none by reason, and the malformed ones."""
 
 
 class Ingest:
-    """Counts predictions and ground-truth outcomes into the window, joins them, forwards dead letters."""
+    """Counts predictions and ground-truth outcomes into every model's window, joins them, forwards dead
+    letters."""
 
-    def __init__(self, config: Config, store: WindowStore, joins: OutcomeJoin, health: Health,
-                 clock: Callable[[], float], dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
-        self.config = config
-        self.store = store
-        self.joins = joins
+    def __init__(self, config: Config, fleet: Fleet, health: Health, clock: Callable[[], float],
+                 dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
+        self.kafka = config.kafka
+        self.fleet = fleet
         self.health = health
         self.clock = clock
         self.dead_letters = dead_letters
-        self.decoder = EventDecoder(config, keep_rejected=dead_letters is not None)
         self.rejections = RateLimitedLog(log)
 
-    def handle(self, topic: str, partition: int, records: Sequence[Record]) -> None:
-        """Count one partition's batch (the source's handler)."""
-        if topic == self.config.kafka.topic:
-            self.predictions(topic, partition, records)
-        else:
-            self.outcomes(topic, partition, records)
+    def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
+        """Count what one poll returned (the source's handler): the predictions of every partition as one batch, so
+        that each model's share of a poll is decoded and counted in one call however many models share the topic;
+        then the ground-truth events."""
+        predictions = [(partition, records) for partition, records in batches.items()
+                       if partition[0] == self.kafka.topic and records]  # fmt: skip
+        if predictions:
+            self.predictions(predictions)
+        for (topic, partition), records in batches.items():
+            if topic != self.kafka.topic and records:
+                self.outcomes(topic, partition, records)
 
-    def predictions(self, topic: str, partition: int, records: Sequence[Record]) -> None:
+    def handle(self, topic: str, partition: int, records: Sequence[Record]) -> None:
+        """Count one partition's batch."""
+        self.handle_poll({(topic, partition): records})
+
+    def decode(self, values: Sequence[bytes], now: float) -> Decoded:
+        """The models as of now, each one's share of a batch decoded, the events of none by reason, and the values
+        that are no event at all (rejected as malformed_json, with their payload when dead letters are kept)."""
+        models, routed = self.fleet.route(values)
+        decoded = {model_id: models[model_id].decoder.decode(share, now) for model_id, share in routed.by_model.items()}
+        ignored = Counter(routed.ignored)
+        for batch in decoded.values():
+            ignored.update(batch.ignored)
+        malformed = [(raw, "malformed_json") for raw in routed.malformed]
+        return models, decoded, ignored, malformed
+
+    def predictions(self, parts: Sequence[tuple[Partition, Sequence[Record]]]) -> None:
+        """Count the prediction events of one or more partitions as one unit, with the offsets they reach."""
         now = self.clock()
-        values, next_offset = values_and_next(records)
-        batch = self.decoder.decode(values, now)  # type: ignore[arg-type]  # None (a tombstone): malformed
+        values: list[bytes | None] = []
+        offsets: dict[Partition, int] = {}
+        for partition, records in parts:
+            part_values, offsets[partition] = values_and_next(records)
+            values += part_values
+        fleet = self.fleet
+        models, decoded, ignored, malformed = self.decode(values, now)  # type: ignore[arg-type]  # None: malformed
         given_up: Counter[str] = Counter()
-        with self.store.lock:
-            late = self.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
-                                  offsets={(topic, partition): next_offset},
-                                  scores=batch.scores)  # fmt: skip
-            if self.config.kafka.labels_topic:
-                waiting = batch.outcomes < 0
-                codes = np.column_stack([batch.codes[a.name] for a in self.config.attributes])
-                ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
-                joined = self.joins.add_predictions(ids, batch.timestamps[waiting], batch.predictions[waiting],
-                                                    codes[waiting], given_up)  # fmt: skip
-                self._count_joined(joined, given_up)
-            pending = len(self.joins.pending)
+        with fleet.lock:
+            if models is not fleet.models:  # a reload swapped the models while this batch was decoded
+                models, decoded, ignored, malformed = self.decode(values, now)  # type: ignore[arg-type]
+            late = 0
+            for model_id, batch in decoded.items():
+                late += self._count(models[model_id], batch, now, given_up)
+            for partition, offset in offsets.items():
+                fleet.advance_offset(partition, offset)
+            pending = len(fleet.joins.pending)
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
-        for reason, n in batch.rejected.items():
+        where = ", ".join(f"{topic}[{partition}]" for topic, partition in offsets)
+        rejected = Counter({"malformed_json": len(malformed)} if malformed else {})
+        for batch in decoded.values():
+            rejected.update(batch.rejected)
+        for reason, n in rejected.items():
             self.health.rejected.labels(reason).inc(n)
-        self.rejections.reasons(batch.rejected.items(), f"{topic}[{partition}]")
+        self.rejections.reasons(rejected.items(), where)
         if late:
             self.health.late.inc(late)
-            self.rejections.warning("late", "dropped %d late event(s) from %s[%d]", late, topic, partition)
-        if batch.ignored:
-            self.health.ignored.inc(batch.ignored)
-        if batch.rejected_payloads and self.dead_letters is not None:
-            self.dead_letters.send(batch.rejected_payloads)  # type: ignore[arg-type]
+            self.rejections.warning("late", "dropped %d late event(s) from %s", late, where)
+        for reason, n in ignored.items():
+            self.health.ignored.labels(reason).inc(n)
+        if self.dead_letters is not None:
+            payloads = [*(malformed if fleet.keep_rejected else []),
+                        *(p for batch in decoded.values() for p in batch.rejected_payloads)]  # fmt: skip
+            if payloads:
+                self.dead_letters.send(payloads)
+
+    def _count(self, model: Monitored, batch: DecodedBatch, now: float, given_up: Counter[str]) -> int:
+        """Count one model's share of a batch (under the fleet's lock); how many of its events were late."""
+        late = model.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
+                               scores=batch.scores)  # fmt: skip
+        if self.kafka.labels_topic:
+            waiting = batch.outcomes < 0
+            codes = np.column_stack([batch.codes[a.name] for a in model.spec.attributes])
+            ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
+            joined = self.fleet.joins.add_predictions(model.spec.model_id, ids, batch.timestamps[waiting],
+                                                      batch.predictions[waiting], codes[waiting],
+                                                      given_up)  # fmt: skip
+            if joined is not None:
+                self._count_joined(model, joined, given_up)
+        return late
 
     def outcomes(self, topic: str, partition: int, records: Sequence[Record]) -> None:
         """Join ground-truth events to their waiting predictions (or hold them until the prediction arrives)."""
-        fields = self.config.events
         values, next_offset = values_and_next(records)
-        decoded = decode_outcomes(values, fields.prediction_id, fields.label)
+        fleet = self.fleet
+        decoded = decode_outcomes(values, fleet.events.prediction_id, fleet.events.label)
         given_up: Counter[str] = Counter({"invalid_label_event": decoded.invalid} if decoded.invalid else {})
-        with self.store.lock:
-            joined = self.joins.add_outcomes(decoded.prediction_ids, decoded.outcomes, self.clock(), given_up)
-            self._count_joined(joined, given_up)
-            self.store.advance_offset((topic, partition), next_offset)
-            pending = len(self.joins.pending)
+        with fleet.lock:
+            joined = fleet.joins.add_outcomes(decoded.prediction_ids, decoded.outcomes, self.clock(), given_up)
+            for model_id, rows in joined.items():
+                model = fleet.models.get(model_id)
+                if model is not None:  # forget_models dropped a reload's removed models under this lock
+                    self._count_joined(model, rows, given_up)
+            fleet.advance_offset((topic, partition), next_offset)
+            pending = len(fleet.joins.pending)
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
 
-    def _count_joined(self, joined: Joined, given_up: Counter[str]) -> None:
-        if not len(joined):
-            return
-        codes = {a.name: joined.codes[:, i] for i, a in enumerate(self.config.attributes)}
-        outside = self.store.add_joined(joined.timestamps, codes, joined.outcomes)
+    def _count_joined(self, model: Monitored, joined: Joined, given_up: Counter[str]) -> None:
+        codes = {a.name: joined.codes[:, i] for i, a in enumerate(model.spec.attributes)}
+        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes)
         self.health.outcomes_joined.inc(len(joined) - outside)
         given_up["prediction_outside_window"] += outside
 
@@ -104,8 +153,8 @@ class Ingest:
         """Give up on predictions and labels older than the label horizon (a scheduled job: it must not wait for
         traffic)."""
         given_up: Counter[str] = Counter()
-        with self.store.lock:
-            self.joins.expire(self.clock(), given_up)
-            pending = len(self.joins.pending)
+        with self.fleet.lock:
+            self.fleet.joins.expire(self.clock(), given_up)
+            pending = len(self.fleet.joins.pending)
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)

@@ -3,12 +3,13 @@
 A prediction without an inline label waits here (keyed by ``prediction_id``) for at most ``horizon`` seconds; a
 label that arrives before its prediction waits as an orphan for as long. A joined label is counted in the bucket
 of the prediction's event time, so TPR/FPR describe when the decision was made. Whatever cannot be joined is
-counted by reason: never labelled, unknown prediction, duplicate label, or state full.
+counted by reason: never labelled, unknown prediction, duplicate label, state full, or its model reconfigured.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ def _unpack_ids(prefix: str, state: dict[str, np.ndarray]) -> list[str]:
 
 @dataclass(frozen=True)
 class Joined:
-    """Predictions that just got their label: event times, outcome columns and per-attribute codes."""
+    """Predictions of one model that just got their label: event times, outcome columns and per-attribute codes."""
 
     timestamps: np.ndarray
     outcomes: np.ndarray
@@ -46,23 +47,37 @@ class Joined:
         return len(self.timestamps)
 
 
-class OutcomeJoin:
-    """Pending predictions and orphan labels, both bounded in count and in age."""
+Pending = tuple[float, int, tuple[int, ...], str]
+"""A prediction waiting for its label: event time, prediction, per-attribute codes, model id."""
 
-    def __init__(self, n_attributes: int, horizon_seconds: float, max_pending: int = 1_000_000) -> None:
-        self.n_attributes = n_attributes
+
+def _joined(rows: list[tuple[float, int, tuple[int, ...], str, int]]) -> dict[str, Joined]:
+    """Joined rows ``(time, prediction, codes, model, label)``, grouped by model."""
+    by_model: dict[str, list[tuple[float, int, tuple[int, ...], str, int]]] = {}
+    for row in rows:
+        by_model.setdefault(row[3], []).append(row)
+    out = {}
+    for model, mine in by_model.items():
+        ts = np.array([r[0] for r in mine], dtype=np.float64)
+        preds = np.array([r[1] for r in mine], dtype=np.int64)
+        labels = np.array([r[4] for r in mine], dtype=np.int64)
+        codes = np.array([r[2] for r in mine], dtype=np.int64).reshape(len(mine), len(mine[0][2]))
+        out[model] = Joined(ts, outcome_columns(preds, labels)[1], codes)
+    return out
+
+
+class OutcomeJoin:
+    """Pending predictions (of every model) and orphan labels, both bounded in count and in age.
+
+    Labels carry no model: a prediction id is unique among the models one daemon monitors (a request id, a UUID).
+    """
+
+    def __init__(self, horizon_seconds: float, max_pending: int = 1_000_000) -> None:
         self.horizon = horizon_seconds
         self.max_pending = max_pending
-        self.pending: dict[str, tuple[float, int, tuple[int, ...]]] = {}
+        self.pending: dict[str, Pending] = {}
         self.orphans: dict[str, tuple[int, float]] = {}
         self.recently_joined: OrderedDict[str, None] = OrderedDict()
-
-    def _joined(self, rows: list[tuple[float, int, tuple[int, ...], int]]) -> Joined:
-        ts = np.array([r[0] for r in rows], dtype=np.float64)
-        preds = np.array([r[1] for r in rows], dtype=np.int64)
-        labels = np.array([r[3] for r in rows], dtype=np.int64)
-        codes = np.array([r[2] for r in rows], dtype=np.int64).reshape(len(rows), self.n_attributes)
-        return Joined(ts, outcome_columns(preds, labels)[1], codes)
 
     def _remember_joined(self, pid: str) -> None:
         self.recently_joined[pid] = None
@@ -70,16 +85,17 @@ class OutcomeJoin:
             self.recently_joined.popitem(last=False)
 
     def add_predictions(
-        self, ids: list[Any], timestamps: np.ndarray, predictions: np.ndarray, codes: np.ndarray, expired: Counter[str]
-    ) -> Joined:
-        """Hold unlabelled predictions; return those whose label was already waiting as an orphan."""
+        self, model: str, ids: list[Any], timestamps: np.ndarray, predictions: np.ndarray, codes: np.ndarray,
+        expired: Counter[str],
+    ) -> Joined | None:  # fmt: skip
+        """Hold one model's unlabelled predictions; return those whose label was already waiting as an orphan."""
         rows = []
         for i, pid in enumerate(ids):
             if pid is None:
                 continue
             pid = str(pid)
             orphan = self.orphans.pop(pid, None)
-            entry = (float(timestamps[i]), int(predictions[i]), tuple(int(c) for c in codes[i]))
+            entry = (float(timestamps[i]), int(predictions[i]), tuple(int(c) for c in codes[i]), model)
             if orphan is not None:
                 rows.append((*entry, orphan[0]))
                 self._remember_joined(pid)
@@ -90,10 +106,11 @@ class OutcomeJoin:
                 expired["pending_state_full"] += 1
             else:
                 self.pending[pid] = entry
-        return self._joined(rows)
+        return _joined(rows).get(model)
 
-    def add_outcomes(self, ids: list[str], outcomes: list[int], now: float, expired: Counter[str]) -> Joined:
-        """Join outcomes to pending predictions; hold the others as orphans (or count them as duplicates)."""
+    def add_outcomes(self, ids: list[str], outcomes: list[int], now: float, expired: Counter[str]) -> dict[str, Joined]:
+        """Join outcomes to pending predictions, per model; hold the others as orphans (or count them as
+        duplicates)."""
         rows = []
         for pid, label in zip(ids, outcomes, strict=True):
             pid = str(pid)
@@ -107,12 +124,12 @@ class OutcomeJoin:
                 expired["pending_state_full"] += 1
             else:
                 self.orphans[pid] = (label, now)
-        return self._joined(rows)
+        return _joined(rows)
 
     def expire(self, now: float, expired: Counter[str]) -> None:
         """Drop predictions and orphan labels older than the horizon."""
         cutoff = now - self.horizon
-        old = [pid for pid, (ts, _, _) in self.pending.items() if ts < cutoff]
+        old = [pid for pid, (ts, _, _, _) in self.pending.items() if ts < cutoff]
         for pid in old:
             del self.pending[pid]
         expired["never_labelled"] += len(old)
@@ -121,26 +138,56 @@ class OutcomeJoin:
             del self.orphans[pid]
         expired["unknown_prediction"] += len(stale)
 
+    def forget_models(self, keep: Callable[[str], bool], expired: Counter[str]) -> None:
+        """Drop the predictions of models no longer kept as they were (removed, or their attributes changed: the
+        codes they wait with mean nothing now); counted as ``model_reconfigured``."""
+        gone = [pid for pid, entry in self.pending.items() if not keep(entry[3])]
+        for pid in gone:
+            del self.pending[pid]
+        if gone:
+            expired["model_reconfigured"] += len(gone)
+
     def state(self) -> dict[str, np.ndarray]:
-        """Arrays for a checkpoint."""
-        pending = list(self.pending.items())
+        """Arrays for a checkpoint: the pending predictions grouped by model, each model's codes one row per
+        prediction (a per-model table says how many and how wide), so that nothing per prediction is repeated."""
+        by_model: dict[str, list[tuple[str, Pending]]] = {}
+        for pid, entry in self.pending.items():
+            by_model.setdefault(entry[3], []).append((pid, entry))
+        models = sorted(by_model)
+        pending = [item for model in models for item in by_model[model]]
         orphans = list(self.orphans.items())
         return {
             **_pack_ids("pending", [p for p, _ in pending]),
             "pending_ts": np.array([e[0] for _, e in pending], dtype=np.float64),
             "pending_pred": np.array([e[1] for _, e in pending], dtype=np.int64),
-            "pending_codes": np.array([e[2] for _, e in pending], dtype=np.int64).reshape(-1, self.n_attributes),
+            "pending_codes_flat": np.array([c for _, e in pending for c in e[2]], dtype=np.int64),
+            **_pack_ids("pending_model_name", models),
+            "pending_model_size": np.array([len(by_model[m]) for m in models], dtype=np.int64),
+            "pending_model_width": np.array([len(by_model[m][0][1][2]) for m in models], dtype=np.int64),
             **_pack_ids("orphan", [p for p, _ in orphans]),
             "orphan_label": np.array([o[0] for _, o in orphans], dtype=np.int64),
             "orphan_arrived": np.array([o[1] for _, o in orphans], dtype=np.float64),
         }
 
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        """Load what :meth:`state` produced."""
+    def restore(self, state: dict[str, np.ndarray], single_model: str | None = None) -> None:
+        """Load what :meth:`state` produced; ``single_model``: the model of a checkpoint written by a daemon of one
+        model (before the join held several), whose pending codes are one row per prediction."""
+        ids = _unpack_ids("pending", state)
+        if single_model is not None and "pending_model_size" not in state:
+            codes = [tuple(int(c) for c in row) for row in state["pending_codes"]]
+            models = [single_model] * len(ids)
+        else:
+            codes, models, flat, at = [], [], state["pending_codes_flat"].tolist(), 0
+            for model, size, width in zip(_unpack_ids("pending_model_name", state),
+                                          state["pending_model_size"].tolist(),
+                                          state["pending_model_width"].tolist(), strict=True):  # fmt: skip
+                codes += [tuple(flat[at + i * width : at + (i + 1) * width]) for i in range(size)]
+                models += [model] * size
+                at += size * width
         self.pending = {
-            str(pid): (float(ts), int(pred), tuple(int(c) for c in codes))
-            for pid, ts, pred, codes in zip(_unpack_ids("pending", state), state["pending_ts"], state["pending_pred"],
-                                            state["pending_codes"], strict=True)
+            str(pid): (float(ts), int(pred), code, model)
+            for pid, ts, pred, code, model in zip(ids, state["pending_ts"], state["pending_pred"], codes, models,
+                                                  strict=True)
         }  # fmt: skip
         orphans = zip(_unpack_ids("orphan", state), state["orphan_label"], state["orphan_arrived"], strict=True)
         self.orphans = {str(pid): (int(label), float(arrived)) for pid, label, arrived in orphans}

@@ -31,7 +31,8 @@ REFRESH_SECONDS = 5.0
 """How often manual assignment looks for new partitions and the source asks whether a broker answers."""
 CLOSE_SECONDS = 2.0
 
-Handler = Callable[[str, int, Sequence[Record]], None]
+Handler = Callable[[Mapping[Partition, Sequence[Record]]], None]
+"""Counts what one poll returned, every partition's records at once."""
 
 
 class OffsetsBook(Protocol):
@@ -77,7 +78,8 @@ def _same_id(now: str | None, known: str | None) -> bool:
 
 
 class KafkaSource:
-    """Consumes the events topic (and the labels topic, if any) and calls ``handle(topic, partition, records)``."""
+    """Consumes the events topic (and the labels topic, if any) and calls ``handle({partition: records})`` with
+    what each poll returned."""
 
     def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health) -> None:
         self.kafka = kafka
@@ -248,13 +250,13 @@ class KafkaSource:
         batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
         if batches:
             same = self._same_logs(client, {t for t, _ in batches})
-            for (topic, partition), records in batches.items():
-                if same is None:  # not told which log these records are of: fetch them again later
-                    client.seek((topic, partition), records[0].offset)
-                elif topic in same:
-                    if topic == self.kafka.topic:
-                        self.health.consumed.inc(len(records))
-                    self.handle(topic, partition, records)
+            if same is None:  # not told which log these records are of: fetch them again later
+                for partition, records in batches.items():
+                    client.seek(partition, records[0].offset)
+            kept = {p: records for p, records in batches.items() if same is not None and p[0] in same}
+            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic == self.kafka.topic))
+            if kept:
+                self.handle(kept)
         counted = self.book.counted()
         lag, beyond = {}, []
         for p in client.assignment():

@@ -32,9 +32,16 @@ def epoch(t: object) -> float | None:
     return None
 
 
+_NUMBERS = frozenset({float, int})
+
+
 def epochs(stamps: list[Any]) -> np.ndarray | list[float | None]:
-    """:func:`epoch` of each: a float64 array when every one is valid and of one ISO layout (numpy from the
-    characters), else a list (None where invalid)."""
+    """:func:`epoch` of each: a float64 array when every one is valid and either of one ISO layout (numpy from the
+    characters) or a number, else a list (None where invalid)."""
+    if stamps and set(map(type, stamps)) <= _NUMBERS:  # epoch seconds (never a bool: its type is bool)
+        seconds = np.array(stamps, dtype=np.float64)
+        if np.isfinite(seconds).all():
+            return seconds
     fast = iso_epochs(stamps)
     if fast is not None:
         return fast

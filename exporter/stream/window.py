@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from exporter.config import Config
+from exporter.config import ModelSpec, Windowing
 from exporter.core.fairness import N_COUNTS, outcome_columns
 from exporter.stream.detectors import DetectorBank, DetectorState, Trace
 
@@ -31,10 +31,10 @@ class RowLayout:
     sizes: tuple[int, ...]
 
     @classmethod
-    def of(cls, config: Config) -> RowLayout:
-        sizes = tuple(len(a.groups) + 1 for a in config.attributes)
+    def of(cls, model: ModelSpec) -> RowLayout:
+        sizes = tuple(len(a.groups) + 1 for a in model.attributes)
         offsets = tuple(int(x) for x in np.cumsum((0, *sizes))[:-1])
-        return cls(tuple(a.name for a in config.attributes), offsets, sizes)
+        return cls(tuple(a.name for a in model.attributes), offsets, sizes)
 
     @property
     def n_rows(self) -> int:
@@ -51,29 +51,29 @@ class RowLayout:
 
 
 class WindowStore:
-    """The bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
+    """One model's bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
 
-    def __init__(self, config: Config) -> None:
-        self.layout = RowLayout.of(config)
-        self.bucket_seconds = config.bucket_seconds
-        self.window_buckets = {w.name: round(w.seconds / config.bucket_seconds) for w in config.windows}
-        longest = max(w.seconds for w in config.windows)
-        self.n_buckets = math.ceil((longest + config.allowed_lateness_seconds) / config.bucket_seconds) + 1
+    def __init__(self, model: ModelSpec, windowing: Windowing, lock: threading.RLock | None = None) -> None:
+        self.layout = RowLayout.of(model)
+        self.bucket_seconds = windowing.bucket_seconds
+        self.window_buckets = {w.name: round(w.seconds / windowing.bucket_seconds) for w in windowing.windows}
+        self.n_buckets = math.ceil((windowing.longest_seconds + windowing.allowed_lateness_seconds)
+                                   / windowing.bucket_seconds) + 1  # fmt: skip
         self.counts = np.zeros((self.n_buckets, self.layout.n_rows, N_COUNTS), dtype=np.int64)
         self.bucket_ids = np.full(self.n_buckets, -1, dtype=np.int64)  # absolute bucket held by each slot
         self.totals = np.zeros((self.layout.n_rows, N_COUNTS), dtype=np.int64)  # never reset: for counters
         # Score histograms (a model that emits scores): per bucket and row, the count of scores in each bin
         # (bin i: bounds[i-1] < score <= bounds[i], the last bin above every bound) and their sum.
-        self.score_bounds = np.asarray(config.score_buckets, dtype=np.float64)
+        self.score_bounds = np.asarray(model.score_buckets, dtype=np.float64)
         n_bins = len(self.score_bounds) + 1 if len(self.score_bounds) else 0
         self.score_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_bins), dtype=np.int64)
         self.score_sums = np.zeros((self.n_buckets, self.layout.n_rows if n_bins else 0), dtype=np.float64)
         self.head = -1  # absolute index of the newest bucket
-        self.offsets: dict[tuple[str, int], int] = {}  # next Kafka offset after what the counts include
-        self.lock = threading.RLock()
-        """The one lock of the stream state: the ingest holds it to count a batch, its joins and its offsets as one
-        step; the checkpointer to copy the counts, pending predictions and offsets as one consistent state."""
-        self.detectors = DetectorBank(config, self.layout.offsets, self.layout.n_rows)
+        self.lock = lock or threading.RLock()
+        """The one lock of the stream state (every model's store shares the fleet's): the ingest holds it to count
+        a batch, its joins and its offsets as one step; the checkpointer to copy every model's counts, the pending
+        predictions and the offsets as one consistent state."""
+        self.detectors = DetectorBank(model, windowing, self.layout.offsets, self.layout.n_rows)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
@@ -81,9 +81,13 @@ class WindowStore:
         return np.floor(np.asarray(timestamps) / self.bucket_seconds).astype(np.int64)
 
     def _advance(self, head: int) -> None:
-        if head > self.head:
-            self.head = head
-        stale = self.bucket_ids < self.head - self.n_buckets + 1
+        """Move the head to ``head`` if that is later, emptying the slots whose bucket leaves the ring: only a head
+        that moves can make a slot stale (every slot claimed since was within the ring of this head)."""
+        if head <= self.head:
+            return
+        self.head = head
+        # an empty slot (-1) holds zeros already: only slots whose bucket left the ring need emptying
+        stale = (self.bucket_ids >= 0) & (self.bucket_ids < self.head - self.n_buckets + 1)
         self.counts[stale] = 0
         self.score_counts[stale] = 0
         self.score_sums[stale] = 0.0
@@ -91,10 +95,10 @@ class WindowStore:
 
     def add(
         self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
-        now: float, offsets: dict[tuple[str, int], int] | None = None, scores: np.ndarray | None = None,
+        now: float, scores: np.ndarray | None = None,
     ) -> int:  # fmt: skip
-        """Count a decoded batch (and its scores, when the store keeps score histograms) and record the Kafka
-        offsets it covers, atomically; return how many events were late (and therefore not counted)."""
+        """Count a decoded batch (and its scores, when the store keeps score histograms); return how many events
+        were late (and therefore not counted)."""
         buckets = self.bucket_of(timestamps)
         predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
@@ -106,7 +110,6 @@ class WindowStore:
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
-            self.offsets.update(offsets or {})
         return late
 
     def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
@@ -234,8 +237,8 @@ class WindowStore:
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
                     **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
 
-    def restore(self, state: dict[str, np.ndarray], offsets: dict[tuple[str, int], int]) -> None:
-        """Load what :meth:`state` produced, with the offsets the checkpoint covers."""
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Load what :meth:`state` produced."""
         with self.lock:
             self.counts[...] = state["counts"]
             self.bucket_ids[...] = state["bucket_ids"]
@@ -244,24 +247,7 @@ class WindowStore:
                 self.score_counts[...] = state["score_counts"]
                 self.score_sums[...] = state["score_sums"]
             self.head = int(state["head"])
-            self.offsets = dict(offsets)
             self.detection = Detection.restore(state, self.detectors, self.totals)
-
-    def offsets_copy(self) -> dict[tuple[str, int], int]:
-        """The next Kafka offset after what the counts include, per (topic, partition)."""
-        with self.lock:
-            return dict(self.offsets)
-
-    def advance_offset(self, partition: tuple[str, int], offset: int) -> None:
-        """Record that everything before ``offset`` in this partition is counted (a batch that added no counts)."""
-        with self.lock:
-            self.offsets[partition] = offset
-
-    def forget_offsets(self, partitions: list[tuple[str, int]]) -> None:
-        """Drop the offsets of partitions handed to another replica or reset."""
-        with self.lock:
-            for partition in partitions:
-                self.offsets.pop(partition, None)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""

@@ -58,9 +58,23 @@ path in the config and the volume's mount path cannot disagree.
 */}}
 {{- define "fairness-exporter.config" -}}
 {{- $config := deepCopy .Values.config }}
-{{- $_ := required "config.model_id is required: the model whose prediction events this daemon counts" $config.model_id }}
+{{- $fleet := or $config.models .Values.modelConfigMaps.enabled }}
+{{- if $fleet }}
+{{- if or $config.model_id $config.protected_attributes }}
+{{- fail "config.model_id and config.protected_attributes configure one model: with config.models or modelConfigMaps, each model names its own (leave them empty)" }}
+{{- end }}
+{{- $_ := unset $config "model_id" }}
+{{- $_ := unset $config "protected_attributes" }}
+{{- if not $config.models }}{{ $_ := unset $config "models" }}{{ end }}
+{{- if .Values.modelConfigMaps.enabled }}
+{{- $_ := set $config "models_dir" .Values.modelConfigMaps.folder }}
+{{- end }}
+{{- else }}
+{{- $_ := required "config.model_id is required (one model), or config.models or modelConfigMaps.enabled (a fleet): the models whose prediction events this daemon counts" $config.model_id }}
 {{- if not $config.protected_attributes }}
 {{- fail "config.protected_attributes is required: at least one {name, groups} entry (docs/contract.md)" }}
+{{- end }}
+{{- $_ := unset $config "models" }}
 {{- end }}
 {{- if hasKey $config "checkpoint" }}
 {{- fail "config.checkpoint is set by the chart: use checkpoint.enabled, checkpoint.path and checkpoint.interval instead" }}
@@ -100,7 +114,14 @@ spec:
   {{- end }}
   securityContext:
     {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  {{- if .Values.modelConfigMaps.enabled }}
+  initContainers:
+    {{- include "fairness-exporter.modelsSidecar" (dict "root" . "method" "LIST") | nindent 4 }}
+  {{- end }}
   containers:
+    {{- if .Values.modelConfigMaps.enabled }}
+    {{- include "fairness-exporter.modelsSidecar" (dict "root" . "method" "WATCH") | nindent 4 }}
+    {{- end }}
     - name: fairness-exporter
       image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
       imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -145,6 +166,11 @@ spec:
         - name: checkpoint
           mountPath: {{ .Values.checkpoint.path }}
         {{- end }}
+        {{- if .Values.modelConfigMaps.enabled }}
+        - name: models
+          mountPath: {{ .Values.modelConfigMaps.folder }}
+          readOnly: true
+        {{- end }}
         {{- with .Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -154,6 +180,16 @@ spec:
         name: {{ include "fairness-exporter.fullname" . }}
     - name: tmp
       emptyDir: {}
+    {{- if .Values.modelConfigMaps.enabled }}
+    - name: models
+      emptyDir: {}
+    - name: sidecar-token  # what automountServiceAccountToken would mount, for the sidecar's container only
+      projected:
+        sources:
+          - serviceAccountToken: {path: token, expirationSeconds: 3607}
+          - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
+          - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
+    {{- end }}
     {{- with .Values.extraVolumes }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -173,4 +209,33 @@ spec:
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
+
+{{/* The k8s-sidecar that copies the labelled model ConfigMaps into models_dir: once before the daemon starts
+(method LIST, as an init container), then watching for changes (WATCH). */}}
+{{- define "fairness-exporter.modelsSidecar" -}}
+{{- $values := .root.Values.modelConfigMaps }}
+- name: {{ if eq .method "LIST" }}models-init{{ else }}models{{ end }}
+  image: "{{ $values.image.repository }}:{{ $values.image.tag }}"
+  imagePullPolicy: {{ $values.image.pullPolicy }}
+  env:
+    - {name: LABEL, value: {{ $values.label | quote }}}
+    {{- with $values.labelValue }}
+    - {name: LABEL_VALUE, value: {{ . | quote }}}
+    {{- end }}
+    - {name: FOLDER, value: {{ $values.folder | quote }}}
+    - {name: RESOURCE, value: configmap}
+    - {name: METHOD, value: {{ .method }}}
+    {{- with $values.namespace }}
+    - {name: NAMESPACE, value: {{ . | quote }}}
+    {{- end }}
+  securityContext:
+    {{- toYaml .root.Values.securityContext | nindent 4 }}
+  {{- with $values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - {name: models, mountPath: {{ $values.folder }}}
+    - {name: sidecar-token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
 {{- end }}

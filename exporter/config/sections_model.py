@@ -1,97 +1,65 @@
-"""The toolkit of config validation (collect every problem, convert values) and the sections the gate reads:
-protected attributes, intersections and metrics. The daemon's sections are in :mod:`exporter.config_daemon`."""
+"""Validate one model's part of the config: its protected attributes, intersections, metrics, decision rule,
+columns, event field paths and alerting budget, into a :class:`~exporter.config.types.ModelSpec`.
+
+The same parser reads a single-model file's top level, each entry of ``models:`` and each file of ``models_dir``;
+errors name the model (``models[1] (credit-scorer-v4).metrics[0].threshold: ...``).
+"""
 
 from __future__ import annotations
 
 import itertools
-import os
-import re
-from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from exporter.config import SEVERITIES, MetricSpec
+from exporter.config import sections_stream as stream
+from exporter.config.toolkit import Errors, choice, get, positive_int, section
+from exporter.config.types import SEVERITIES, AlertingConfig, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.metric_table import METRIC_NAMES
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+MODEL_KEYS: Final = frozenset({
+    "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
+    "unknown_values", "columns", "events", "alerting",
+})  # fmt: skip
+"""Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
+MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
+"""Mapping sections a model merges key by key over the top-level default (every other key replaces it)."""
 
 
-class Errors:
-    """Collects problems as ``field: message`` lines."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def add(self, path: str, message: str) -> None:
-        self.lines.append(f"{path}: {message}")
-
-    def check_keys(self, path: str, mapping: dict[str, Any], allowed: set[str]) -> None:
-        for key in sorted(set(mapping) - allowed):
-            self.add(f"{path}.{key}" if path else key, f"unknown key (accepted: {', '.join(sorted(allowed))})")
-
-    def mappings(
-        self, section: str, items: list[Any], allowed: set[str], what: str
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(path, item) of each item of a list section that is a mapping with known keys; the others are errors."""
-        for i, item in enumerate(items):
-            path = f"{section}[{i}]"
-            if not isinstance(item, dict):
-                self.add(path, f"{item!r} is not a mapping{what}")
-                continue
-            self.check_keys(path, item, allowed)
-            yield path, item
-
-
-def expand_env(value: Any, errors: Errors, path: str = "") -> Any:
-    """Replace ``${NAME}`` in every string with the environment variable NAME."""
-    if isinstance(value, dict):
-        return {k: expand_env(v, errors, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [expand_env(v, errors, f"{path}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, str):
-
-        def sub(m: re.Match[str]) -> str:
-            if m.group(1) not in os.environ:
-                errors.add(path, f"environment variable {m.group(1)} is not set")
-                return ""
-            return os.environ[m.group(1)]
-
-        return _ENV_REF.sub(sub, value)
-    return value
-
-
-def get(
-    raw: dict[str, Any], key: str, default: Any, errors: Errors, path: str, convert: Callable[[Any], Any]
-) -> Any:
-    """raw[key] converted, or default when absent; a conversion failure is recorded and gives default."""
-    if key not in raw or raw[key] is None:
-        return default
-    try:
-        return convert(raw[key])
-    except (TypeError, ValueError) as exc:
-        errors.add(f"{path}{key}", f"{raw[key]!r} is invalid: {exc}")
-        return default
-
-
-def positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("expected a whole number >= 1")
-    return value
-
-
-def choice(*options: str) -> Callable[[Any], str]:
-    def convert(value: Any) -> str:
-        if value not in options:
-            raise ValueError(f"expected one of {', '.join(options)}")
-        return str(value)
-
-    return convert
-
-
-def port(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise ValueError("expected a port number 0..65535")
-    return value
+def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec | None:
+    """One model's keys (already merged over the defaults); None when its model_id is unusable."""
+    model_id = raw.get("model_id")
+    if not isinstance(model_id, str) or not model_id.strip():
+        errors.add("model_id", f"{model_id!r} is not a non-empty string")
+        model_id = None
+    unknown_values = get(raw, "unknown_values", "reject", errors, "", choice("reject", "other"))
+    base = parse_attributes(raw.get("protected_attributes"), unknown_values == "other", errors)
+    attributes = base + parse_intersections(raw.get("intersections"), base, errors)
+    metrics = parse_metrics(raw.get("metrics"), errors)
+    decision, inconclusive = parse_decision(raw, errors)
+    columns = section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
+    events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
+    alerting = stream.parse_alerting(section(raw, "alerting", errors, set(AlertingConfig.__dataclass_fields__)),
+                                     errors)  # fmt: skip
+    min_samples = get(raw, "min_samples", 30, errors, "", positive_int)
+    if model_id is None:
+        return None
+    return ModelSpec(
+        model_id=model_id,
+        base_attributes=tuple(base),
+        attributes=tuple(attributes),
+        metrics=tuple(metrics),
+        min_samples=min_samples,
+        decision=decision,
+        inconclusive=inconclusive,
+        unknown_values=unknown_values,
+        prediction_column=str(columns.get("prediction", "prediction")),
+        label_column=str(columns.get("label", "label")),
+        score_column=str(columns["score"]) if columns.get("score") is not None else None,
+        timestamp_column=str(columns.get("timestamp", "timestamp")),
+        events=events,
+        alerting=alerting,
+        source=source,
+    )
 
 
 def _parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tuple[tuple[int, int], ...]:
@@ -180,6 +148,11 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
     return out
 
 
+IGNORED_MAX_INTERVAL_WIDTH: Final = (
+    "ignored: no value is hidden for being imprecise any more; every comparison meeting min_samples is reported "
+    "with its 95% interval and evidence (decision: evidence lets the interval decide). Remove the key.")
+
+
 def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
     if raw is None:
         return [
@@ -204,12 +177,10 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         if severity not in SEVERITIES:
             errors.add(f"{path}.severity_on_fail", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
             ok = False
-        width = item.get("max_interval_width")
-        if width is not None and (isinstance(width, bool) or not isinstance(width, int | float) or not 0 < width <= 1):
-            errors.add(f"{path}.max_interval_width", f"{width!r} is not a number in (0, 1]")
-            ok = False
+        if "max_interval_width" in item:
+            errors.note(f"{path}.max_interval_width", IGNORED_MAX_INTERVAL_WIDTH)
         if ok and isinstance(name, str) and isinstance(threshold, int | float):
-            out.append(MetricSpec(name, float(threshold), severity, None if width is None else float(width)))
+            out.append(MetricSpec(name, float(threshold), severity))
     return out
 
 
@@ -222,21 +193,3 @@ def parse_decision(raw: dict[str, Any], errors: Errors) -> tuple[Any, Any]:
     get(policy, "blocking_failures", None, errors, "failure_policy.", choice("halt_deployment"))
     get(policy, "warning_failures", None, errors, "failure_policy.", choice("log_and_continue"))
     return decision, get(policy, "inconclusive", "fail", errors, "failure_policy.", choice("fail", "warn"))
-
-
-def section(raw: dict[str, Any], key: str, errors: Errors, allowed: set[str]) -> dict[str, Any]:
-    value = raw.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        errors.add(key, f"{value!r} is not a mapping")
-        return {}
-    errors.check_keys(key, value, allowed)
-    return value
-
-
-TOP_LEVEL: Final = {
-    "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
-    "unknown_values", "columns", "kafka", "events", "windows", "bucket", "allowed_lateness", "max_future_skew",
-    "evaluation_interval", "label_horizon", "max_pending_labels", "listen", "checkpoint", "alerting",
-}  # fmt: skip

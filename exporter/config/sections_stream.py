@@ -1,5 +1,5 @@
-"""Validate the daemon's sections of the config: kafka (with the client library's own settings), events, windows,
-alerting.
+"""Validate the stream's sections of the config: kafka (with the client library's own settings), windows, listen,
+checkpoint, and the per-model events paths and alerting budget.
 
 Every check records its problem and carries on, so :func:`exporter.config.parse_config` lists them all at once.
 """
@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any, Final
 
-from exporter.config import AlertingConfig, EventFields, KafkaConfig, Window, parse_duration
-from exporter.config_parse import Errors, get, positive_int
+from exporter.config.toolkit import Errors, get, positive_int
+from exporter.config.types import AlertingConfig, EventFields, KafkaConfig, Window, parse_duration
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
 _SENTINEL: Final = "fairness.exporter.validation.sentinel"

@@ -1,0 +1,211 @@
+"""The validated config's types: one :class:`ModelSpec` per model, and the daemon's shared settings in
+:class:`Config`.
+
+A ``ModelSpec`` is everything the gate, the daemon and ``backtest`` need to know about one model (its attributes,
+metrics, thresholds, decision rule, columns and event field paths); each stage is handed the spec and only the
+shared settings it needs (:class:`Windowing` for the windows, :class:`KafkaConfig` for the source).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from exporter.core.attributes import Attribute
+from exporter.core.metric_table import METRICS
+
+SEVERITIES: Final = ("blocking", "warning")
+DEFAULT_SCORE_BUCKETS: Final = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_PORT: Final = 9108
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class ConfigError(ValueError):
+    """The config is invalid; the message lists every problem found."""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Prometheus-style duration such as ``15s``, ``1m``, ``24h`` or ``7d``."""
+    m = _DURATION.match(str(text).strip())
+    if not m or int(m.group(1)) == 0:
+        raise ValueError(f"{text!r} is not a duration like 15s, 1m, 24h or 7d")
+    return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One gate metric: its threshold and what a failure means."""
+
+    name: str
+    threshold: float
+    severity: Literal["blocking", "warning"]
+
+    def passes(self, value: float) -> bool:
+        """The point estimate against the threshold, in the metric's pass direction (from the metric table)."""
+        return METRICS[self.name].passes(value, self.threshold)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Where the daemon reads events from; ``client`` is passed through to the client library (checked against it)."""
+
+    bootstrap_servers: str = "localhost:9092"
+    topic: str = "predictions"
+    group_id: str = "fairness-exporter"
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    assignment: Literal["subscribe", "manual"] = "subscribe"
+    """subscribe: share partitions with the replicas of the consumer group; manual: read every partition."""
+    client_library: Literal["kafka-python", "confluent-kafka"] = "kafka-python"
+    """confluent-kafka (optional extra) decodes records in C; ``client`` then holds librdkafka properties."""
+    labels_topic: str | None = None
+    dead_letter_topic: str | None = None
+    client: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EventFields:
+    """Dotted paths of the fields in a JSON event."""
+
+    model_id: str = "model_id"
+    prediction_id: str = "prediction_id"
+    timestamp: str = "timestamp"
+    prediction: str = "prediction"
+    score: str = "score"
+    score_threshold: float | None = None
+    score_buckets: tuple[float, ...] = ()
+    """Upper bounds of the per-subgroup score histograms (only with ``score_threshold``: a model that emits
+    scores); empty: :data:`DEFAULT_SCORE_BUCKETS` when the model emits scores, else no histogram."""
+    label: str = "label"
+    attributes: str = "attributes"
+
+
+@dataclass(frozen=True)
+class AlertingConfig:
+    """The change detectors' false-alarm budget and the subgroup rate shift worth a warning."""
+
+    false_pages_per_day: float = 0.01
+    """Expected false pages per day, shared by every detector of the model and every replica."""
+    replicas: int = 1
+    """Replicas sharing the traffic (the Helm chart sets it from replicaCount): each takes 1/replicas of it."""
+    rate_shift: float = 0.10
+    """SubgroupPredictionRateShift: a move of a subgroup's selection rate from its own baseline worth a warning."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding event-time window, named as written in the config."""
+
+    name: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Windowing:
+    """The event-time windows every model is kept in: their bucket width and how late an event may be."""
+
+    windows: tuple[Window, ...] = (Window("1h", 3600), Window("24h", 86400))
+    bucket_seconds: float = 60
+    allowed_lateness_seconds: float = 300
+
+    @property
+    def longest_seconds(self) -> float:
+        return max(w.seconds for w in self.windows)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model, as the gate audits it and the daemon monitors it; see docs/contract.md for the YAML form."""
+
+    model_id: str
+    base_attributes: tuple[Attribute, ...]
+    attributes: tuple[Attribute, ...]
+    metrics: tuple[MetricSpec, ...]
+    min_samples: int = 30
+    decision: Literal["point_estimate", "evidence"] = "point_estimate"
+    """What sets a gate result's verdict: the point estimate against the threshold, or its interval."""
+    inconclusive: Literal["fail", "warn"] = "fail"
+    """failure_policy.inconclusive, with decision: evidence: ``fail`` counts an inconclusive result as a failure of
+    its metric's severity (a blocking metric blocks); ``warn`` counts it as a warning that never blocks."""
+    unknown_values: Literal["reject", "other"] = "reject"
+    prediction_column: str = "prediction"
+    label_column: str = "label"
+    score_column: str | None = None
+    """A score column: the LL144 table then reports scoring rates (share above the median score)."""
+    timestamp_column: str = "timestamp"
+    events: EventFields = field(default_factory=EventFields)
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
+    source: str = "<config>"
+    """The file (or ``file#models[i]``) the model was configured in."""
+
+    def thresholds(self) -> dict[str, float]:
+        """The threshold of every exported metric: as configured, else the metric table's default."""
+        configured = {m.name: m.threshold for m in self.metrics}
+        return {name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics}
+
+    @property
+    def exported_metrics(self) -> tuple[str, ...]:
+        """Metrics on /metrics: the seed's three (as always) and every configured one, in table order."""
+        configured = {m.name for m in self.metrics}
+        return tuple(name for name, m in METRICS.items() if m.seed or name in configured)
+
+    @property
+    def score_buckets(self) -> tuple[float, ...]:
+        """Upper bounds of the score histograms; empty when the model emits no scores (no histograms)."""
+        if self.events.score_threshold is None:
+            return ()
+        return self.events.score_buckets or DEFAULT_SCORE_BUCKETS
+
+
+def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
+    """Everything the meaning and shape of a model's window state depend on (its checkpoint must match it)."""
+    return {
+        "model_id": model.model_id,
+        "attributes": {a.name: list(a.groups) for a in model.attributes},
+        "unknown_rows": True,  # one row per attribute counts its unknown category
+        "windows": [w.name for w in windowing.windows],
+        "bucket_seconds": windowing.bucket_seconds,
+        "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
+        **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
+    }
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated config: the models, and the settings the daemon shares between them."""
+
+    models: tuple[ModelSpec, ...]
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    windowing: Windowing = field(default_factory=Windowing)
+    max_future_skew_seconds: float = 300
+    evaluation_interval_seconds: float = 15
+    label_horizon_seconds: float = 7 * 86400
+    max_pending_labels: int = 1_000_000
+    listen_address: str = "0.0.0.0"
+    listen_port: int = DEFAULT_PORT
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    checkpoint_path: str | None = None
+    checkpoint_interval_seconds: float = 30
+    models_dir: str | None = None
+    """A directory of one file per model, read with the config (and on every reload)."""
+    source: str = "<config>"
+
+    def model(self, model_id: str | None = None) -> ModelSpec:
+        """The model of this id, or the only model when ``model_id`` is None (ConfigError otherwise)."""
+        if model_id is None:
+            if len(self.models) == 1:
+                return self.models[0]
+            raise ConfigError(f"{self.source}: configures {len(self.models)} models "
+                              f"({', '.join(m.model_id for m in self.models)}): name one with --model")  # fmt: skip
+        for model in self.models:
+            if model.model_id == model_id:
+                return model
+        raise ConfigError(f"{self.source}: no model {model_id!r} (configured: "
+                          f"{', '.join(m.model_id for m in self.models)})")  # fmt: skip
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        return tuple(m.model_id for m in self.models)

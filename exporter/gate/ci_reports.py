@@ -1,0 +1,295 @@
+"""Reports that CI systems read: JUnit XML and a Markdown summary, from the JSON reports of ``audit``, ``safety``,
+``redteam`` and ``bias-report`` (or from the one-line error of a run that exits 2).
+
+Each report becomes a :class:`CiReport` of :class:`Check` s (one per comparison, suite test or bias feature); one
+renderer per format writes any of them. JUnit XML follows the Jenkins xUnit plugin's ``junit-10.xsd`` (the shape
+pytest writes, read by Jenkins, GitLab, GitHub's report actions, Azure DevOps and Buildkite) plus ``<properties>``
+on test cases, as pytest's ``record_property``, googletest and Playwright write them. A blocking failure is a
+``<failure>``; a warning is a ``<skipped>`` whose message starts with ``warning``: JUnit has no warning state, every
+CI counts and lists skipped cases with their reason, and a ``<failure>`` would fail the check of report actions
+(dorny/test-reporter fails on any) for a result that by policy lets the model ship.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from exporter.core.metric_table import METRICS
+from exporter.gate.suite import BLOCKING_SEVERITY
+
+Outcome = Literal["passed", "failed", "warning", "error"]
+Properties = tuple[tuple[str, str], ...]
+
+OUTCOME_CELL = {"passed": "✅ pass", "failed": "❌ blocking", "warning": "⚠️ warning", "error": "🛑 error"}
+VERDICT_ICON = {"PASS": "✅", "FAIL": "❌", "OVERRIDDEN": "⚠️", "ERROR": "🛑"}
+TITLES = {"audit": "Fairness audit", "safety": "Safety suite", "redteam": "Red-team suite",
+          "bias-report": "Bias report"}  # fmt: skip
+AUDIT_COLUMNS = ("attribute", "metric", "groups", "value [95% interval]", "threshold", "evidence")
+SUITE_COLUMNS = ("test", "category", "severity", "details")
+BIAS_COLUMNS = ("feature", "gap (max - min)", "threshold", "highest group [95% interval]",
+                "lowest group [95% interval]")  # fmt: skip
+# XML 1.0 cannot hold these characters (model outputs and attacked texts may); both formats write them as \xNN
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_DETAIL_CHARS = 160
+
+
+@dataclass(frozen=True)
+class Check:
+    """One JUnit test case (its classname also names its test suite) and one row of the Markdown table."""
+
+    classname: str
+    name: str
+    outcome: Outcome
+    message: str
+    cells: tuple[str, ...]
+    properties: Properties = ()
+    details: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class CiReport:
+    """What every CI format shows of one run: its verdict, facts about the run, and every check."""
+
+    command: str
+    subject: str
+    verdict: str
+    timestamp: str
+    columns: tuple[str, ...]
+    checks: tuple[Check, ...]
+    properties: Properties = ()
+    notes: tuple[str, ...] = ()
+
+
+def number(x: Any) -> str:
+    """A number as the reports print it (4 places), ``n/a`` when there is none."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return "n/a"
+    return f"{x:.4f}"
+
+
+def with_interval(value: Any, interval: Any) -> str:
+    """``0.2760 [0.1970, 0.3530]``: a number and its 95% interval."""
+    lo, hi = interval if isinstance(interval, list | tuple) and len(interval) == 2 else (None, None)
+    return f"{number(value)} [{number(lo)}, {number(hi)}]"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _brief(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else _text(value)
+
+
+def flatten(record: Mapping[str, Any], prefix: str = "", text: Callable[[Any], str] = _text) -> Properties:
+    """Every scalar of a record as (name, text) pairs: nested mappings by dotted names, a 95% interval as
+    ``.lower`` / ``.upper``, lists of scalars as ``[a, b]``; None, empty lists and lists of records are left
+    out. Floats keep every digit (``text`` may shorten them)."""
+    out: list[tuple[str, str]] = []
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.extend(flatten(value, f"{name}.", text))
+        elif isinstance(value, list | tuple):
+            if key.startswith("ci_") and len(value) == 2:
+                out.extend((f"{name}.{end}", text(v)) for end, v in zip(("lower", "upper"), value, strict=True)
+                           if v is not None)  # fmt: skip
+            elif value and all(isinstance(v, str | int | float) for v in value):
+                out.append((name, "[" + ", ".join(text(v) for v in value) + "]"))
+        elif value is not None:
+            out.append((name, text(value)))
+    return tuple(out)
+
+
+def _run_properties(report: Mapping[str, Any]) -> Properties:
+    """The run's own facts (model, verdict, files and their hashes, audit-log head): the report's scalars and
+    its one-level records, without the per-check lists and the per-group tables."""
+    skip = {"results", "attributes", "impact_ratios"}
+    return flatten({k: v for k, v in report.items() if k not in skip})
+
+
+def from_audit(report: Mapping[str, Any]) -> CiReport:
+    """One check per comparison of an audit report."""
+    overridden = report.get("verdict") == "OVERRIDDEN"
+    checks = tuple(_comparison(str(report["model_id"]), r, report.get("min_samples"), overridden)
+                   for r in report["results"])  # fmt: skip
+    notes = []
+    if report.get("override"):
+        o = report["override"]
+        notes.append(f"Overridden by {o.get('author')}: {o.get('justification')}")
+    return CiReport("audit", str(report["model_id"]), str(report["verdict"]), str(report.get("timestamp", "")),
+                    AUDIT_COLUMNS, checks, _run_properties(report), (*notes, *_log_note(report)))  # fmt: skip
+
+
+def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridden: bool) -> Check:
+    value = r["value"] if r.get("value") is not None else r.get("exact_value")
+    shown = with_interval(value, r.get("ci_95"))
+    metric = METRICS.get(r["metric"])
+    side = "" if metric is None else ("≤ " if metric.kind == "difference" else "≥ ")
+    threshold = f"{side}{r['threshold']}"
+    evidence = str(r.get("evidence"))
+    reasons = [_insufficient(r, min_samples)] if r.get("status") == "insufficient_samples" else []
+    if evidence == "inconclusive" and r.get("samples_to_decide"):
+        per_group = ", ".join(f"{g} {n}" for g, n in r["samples_to_decide"].items())
+        evidence = f"inconclusive (decided at about {per_group} per group)"
+    outcome: Outcome = "passed" if r["counts_as"] == "pass" else "warning" if r["counts_as"] == "warning" else "failed"
+    role = {"passed": "pass", "warning": "warning (does not block)",
+            "failed": "blocking, overridden" if overridden else "blocking"}[outcome]  # fmt: skip
+    message = "; ".join([f"{role}: {shown}, threshold {threshold}, evidence {evidence}", *reasons])
+    samples = ", ".join(f"{g} {n}" for g, n in (r.get("samples") or {}).items())
+    details = (f"{r['attribute']} {r['metric']} {r['groups']}: samples {samples} (support {r.get('support')}), "
+               f"severity {r.get('severity')}, point estimate passes: {_text(r.get('passed'))}")
+    cells = (str(r["attribute"]), str(r["metric"]), str(r["groups"]), shown, threshold, evidence)
+    return Check(f"{model_id}.{r['attribute']}", f"{r['metric']} {r['groups']}", outcome, message,
+                 cells, flatten(r), details, "; ".join(reasons))
+
+
+def _insufficient(r: Mapping[str, Any], min_samples: Any) -> str:
+    support = r.get("support")
+    if isinstance(support, int) and isinstance(min_samples, int) and support < min_samples:
+        return f"insufficient samples: {support} of what the metric counts in the smaller group, min_samples " \
+               f"{min_samples}"  # fmt: skip
+    return "insufficient samples: the metric is undefined on these groups"
+
+
+def _log_note(report: Mapping[str, Any]) -> tuple[str, ...]:
+    log = report.get("audit_log") or {}
+    return (f"Audit log head `{log['hash']}` (record {log.get('seq')} of {log.get('path')})",) if log.get("hash") \
+        else ()  # fmt: skip
+
+
+def from_suite(report: Mapping[str, Any]) -> CiReport:
+    """One check per test of a safety or red-team report: a failed critical test blocks, any other warns."""
+    checks = []
+    for r in report["results"]:
+        outcome: Outcome = "passed" if r["passed"] else ("failed" if r["severity"] == BLOCKING_SEVERITY
+                                                         else "warning")  # fmt: skip
+        details = r.get("details") or {}
+        short = _short(details)
+        role = {"passed": "pass", "failed": f"{r['severity']} failure, blocks",
+                "warning": f"warning ({r['severity']} failure, does not block)"}[outcome]  # fmt: skip
+        checks.append(Check(f"{report['model_id']}.{report['suite']}.{r['category']}", str(r["test_name"]), outcome,
+                            f"{role}: {short}" if short else role,
+                            (str(r["test_name"]), str(r["category"]), str(r["severity"]), short),
+                            (("category", str(r["category"])), ("severity", str(r["severity"])), *flatten(details)),
+                            json.dumps(details, indent=2, ensure_ascii=False, default=str)))  # fmt: skip
+    return CiReport(str(report["suite"]), str(report["model_id"]), str(report["verdict"]),
+                    str(report.get("timestamp", "")), SUITE_COLUMNS, tuple(checks), _run_properties(report),
+                    _log_note(report))  # fmt: skip
+
+
+def _short(details: Mapping[str, Any]) -> str:
+    """A test's details in one line (``attempts=10, failed_attempts=3``), cut at a readable length."""
+    text = ", ".join(f"{k}={v}" for k, v in flatten(details, text=_brief))
+    return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
+
+
+def from_bias(reports: Mapping[str, Mapping[str, Mapping[str, Any]]], timestamp: str) -> CiReport:
+    """One check per feature and data file of ``bias-report``: a gap above the threshold blocks (exit 1)."""
+    checks = []
+    for source, features in reports.items():
+        for feature, r in features.items():
+            high, low = _group(r, r["highest_group"]), _group(r, r["lowest_group"])
+            outcome: Outcome = "failed" if r["is_biased"] else "passed"
+            message = (f"{'biased' if r['is_biased'] else 'pass'}: gap {number(r['fairness_gap'])} "
+                       f"{'>' if r['is_biased'] else '≤'} threshold {r['threshold']}; highest {high}, lowest {low}")
+            details = "\n".join(f"{r['outcome']} mean of {_group(r, g)}, {r['interval_method']} interval"
+                                for g in r["group_stats"])  # fmt: skip
+            checks.append(Check(f"bias-report.{source}", str(feature), outcome, message,
+                                (str(feature), number(r["fairness_gap"]), str(r["threshold"]), high, low),
+                                (("source", source), *flatten(r)), details))  # fmt: skip
+    verdict = "FAIL" if any(c.outcome == "failed" for c in checks) else "PASS"
+    return CiReport("bias-report", ", ".join(reports), verdict, timestamp, BIAS_COLUMNS, tuple(checks),
+                    (("verdict", verdict), ("sources", ", ".join(reports))))  # fmt: skip
+
+
+def _group(r: Mapping[str, Any], g: str) -> str:
+    """``female 0.3100 [0.2700, 0.3500] (n=500)``: a group's mean outcome, its interval and its size."""
+    return f"{g} {with_interval(r['group_stats'][g], r['group_intervals'].get(g))} (n={r['group_sizes'].get(g)})"
+
+
+def from_error(command: str, subject: str, message: str, timestamp: str) -> CiReport:
+    """A run that could not evaluate anything (exit 2): one errored check, so no CI shows it as passed."""
+    check = Check(f"{subject}.{command}", "run", "error", message, ("run", message))
+    return CiReport(command, subject, "ERROR", timestamp, ("check", "error"), (check,), (("verdict", "ERROR"),))
+
+
+def _xml_safe(text: str) -> str:
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _add_properties(parent: ET.Element, properties: Properties) -> None:
+    if properties:
+        node = ET.SubElement(parent, "properties")
+        for name, value in properties:
+            ET.SubElement(node, "property", name=_xml_safe(name), value=_xml_safe(value))
+
+
+def _counts(checks: Iterable[Check]) -> dict[str, str]:
+    checks = list(checks)
+    n = {o: sum(c.outcome == o for c in checks) for o in ("failed", "error", "warning")}
+    return {"tests": str(len(checks)), "failures": str(n["failed"]), "errors": str(n["error"]),
+            "skipped": str(n["warning"])}  # fmt: skip
+
+
+def junit_xml(report: CiReport) -> str:
+    """The report as JUnit XML: a ``<testsuite>`` per attribute (audit), category (suites) or data file (bias),
+    a ``<testcase>`` per check. The gate does not time its checks: every ``time`` is 0."""
+    name = f"fairness-exporter {report.command} {report.subject}"
+    counts = _counts(report.checks)
+    root = ET.Element("testsuites", name=_xml_safe(name), tests=counts["tests"], failures=counts["failures"],
+                      errors=counts["errors"], time="0")  # fmt: skip
+    suites: dict[str, list[Check]] = {}
+    for check in report.checks:
+        suites.setdefault(check.classname, []).append(check)
+    for suite, checks in suites.items():
+        classname = _xml_safe(suite)  # GitLab shows a case's classname as its suite
+        node = ET.SubElement(root, "testsuite", {"name": classname, **_counts(checks), "time": "0",
+                                                 "timestamp": report.timestamp})  # fmt: skip
+        _add_properties(node, report.properties)
+        for check in checks:
+            case = ET.SubElement(node, "testcase", name=_xml_safe(check.name), classname=classname, time="0")
+            _add_properties(case, check.properties)
+            tag = {"failed": "failure", "warning": "skipped", "error": "error"}.get(check.outcome)
+            body = ET.SubElement(case, tag or "system-out")
+            if tag:
+                body.set("message", _xml_safe(check.message))
+                body.set("type", {"failed": "blocking", "warning": "warning", "error": "error"}[check.outcome])
+            body.text = _xml_safe(f"{check.message}\n{check.details}".strip())
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)
+
+
+def _cell(text: str) -> str:
+    return html.escape(_xml_safe(text), quote=False).replace("|", "&#124;").replace("\n", " ")
+
+
+def _outcome_cell(report: CiReport, check: Check) -> str:
+    overridden = " (overridden)" if check.outcome == "failed" and report.verdict == "OVERRIDDEN" else ""
+    return OUTCOME_CELL[check.outcome] + overridden + (f": {check.note}" if check.note else "")
+
+
+def markdown(report: CiReport) -> str:
+    """The report as a Markdown table for a GitHub job summary or a merge-request note: the verdict first, then
+    every check with its outcome."""
+    counts = {o: sum(c.outcome == o for c in report.checks) for o in OUTCOME_CELL}
+    title = TITLES.get(report.command, report.command)
+    lines = [f"### {VERDICT_ICON.get(report.verdict, '')} {title}: {report.verdict} — {_cell(report.subject)}", "",
+             f"{counts['passed']} of {len(report.checks)} checks passed, {counts['failed']} blocking, "
+             f"{counts['warning']} warning(s)" + (f", {counts['error']} error(s)" if counts["error"] else "") + ".",
+             *(f"\n{_cell(note)}" for note in report.notes), "",
+             "| " + " | ".join((*report.columns, "outcome")) + " |",
+             "|" + "---|" * (len(report.columns) + 1)]  # fmt: skip
+    lines += ["| " + " | ".join(_cell(c) for c in (*check.cells, _outcome_cell(report, check))) + " |"
+              for check in report.checks]  # fmt: skip
+    return "\n".join(lines)

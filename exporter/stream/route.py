@@ -1,0 +1,122 @@
+"""Route a batch of raw prediction events to the models they belong to, reading only each event's model id.
+
+The topic is read once for every model; each model's decoder (exporter/stream/decode.py) then sees only its own
+events, so its strict schema (this model's id, its group names) fits whole batches again. Routing reads one field
+with msgspec, skipping the rest of the event, in one call for the usual batch of newline-free values. An event
+that spoils the batch's single pass (malformed JSON, a tombstone) costs one more pass of its own: malformed
+ones are rejected here (the decoder's reason), the others routed. Events of no configured model are counted by
+reason, never kept: their ids reach no label, so cardinality stays bounded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, itemgetter
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+import orjson
+
+from exporter.stream.paths import lookup
+
+UNCONFIGURED: Final = "unconfigured_model"
+"""The event names a model this daemon does not monitor."""
+NO_MODEL_ID: Final = "missing_model_id"
+"""The event has no model id (or one that is not a string): no model could be told it is theirs."""
+IGNORE_REASONS: Final = (UNCONFIGURED, NO_MODEL_ID)
+
+
+def ignore_reason(model_id: object) -> str:
+    """Why an event whose model id is not one of ours is ignored."""
+    return UNCONFIGURED if model_id.__class__ is str else NO_MODEL_ID
+
+
+def _id_struct(path: str) -> type[msgspec.Struct]:
+    """A Struct holding only the value at a dotted path (missing anywhere: None); any JSON type, so that no value
+    of the id refuses the batch (one that is not a string is no configured model's)."""
+    *parents, leaf = path.split(".")
+    node: Any = msgspec.defstruct("ModelId", [("value", Any, None)], rename={"value": leaf}, gc=False)
+    for depth, key in enumerate(reversed(parents)):
+        node = msgspec.defstruct(f"Level{depth}", [("child", node, msgspec.field(default_factory=node))],
+                                 rename={"child": key}, gc=False)  # fmt: skip
+    return node
+
+
+@dataclass
+class Routed:
+    """A batch split by model: each model's values in input order, and what belonged to none."""
+
+    by_model: dict[str, list[bytes]] = field(default_factory=dict)
+    ignored: Counter[str] = field(default_factory=Counter)
+    """Events of no configured model, by reason (:data:`IGNORE_REASONS`)."""
+    malformed: list[bytes | None] = field(default_factory=list)
+    """Values that are not a JSON event at all: rejected as ``malformed_json``."""
+
+
+class Router:
+    """Splits batches of raw events by their model id among ``model_ids``."""
+
+    def __init__(self, model_id_path: str, model_ids: Collection[str]) -> None:
+        self.models = frozenset(model_ids)
+        self._ids = sorted(self.models)
+        self._number = {m: i for i, m in enumerate(self._ids)}
+        """Each model id's number (``dict.get`` of anything else: -1; nothing of the traffic is ever kept)."""
+        self._decoder = msgspec.json.Decoder(_id_struct(model_id_path))
+        self._value = attrgetter("child." * model_id_path.count(".") + "value")
+        self._lookup = lookup(model_id_path)
+
+    def route(self, values: Sequence[bytes | None]) -> Routed:
+        """Each configured model's events, the count of the others by reason, and the malformed values."""
+        ids: list[Any] | None = None
+        try:
+            joined: bytes | None = b"\n".join(values)  # type: ignore[arg-type]  # a tombstone raises TypeError
+        except TypeError:
+            joined = None
+        if joined is not None and joined.count(b"\n") == len(values) - 1:
+            try:
+                structs = self._decoder.decode_lines(joined)
+                if len(structs) == len(values):  # a blank value would be skipped as an empty line
+                    ids = list(map(self._value, structs))
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                ids = None
+        routed = Routed()
+        if ids is None:
+            ids = [self._one(raw, routed) for raw in values]
+        # each event's model as a number (-1: none of ours), then the events of each number in input order
+        try:
+            index = np.fromiter(map(self._number.get, ids, repeat(-1)), np.int64, len(ids))
+        except TypeError:  # an id that is a JSON array or object: nobody's
+            ids = [m if m.__class__ is str or m is _MALFORMED else None for m in ids]
+            index = np.fromiter(map(self._number.get, ids, repeat(-1)), np.int64, len(ids))
+        order = np.argsort(index, kind="stable")
+        bounds = np.searchsorted(index[order], np.arange(-1, len(self._ids) + 1)).tolist()
+        for k, model_id in enumerate(self._ids):
+            start, stop = bounds[k + 1], bounds[k + 2]
+            if stop > start:
+                pick = itemgetter(*order[start:stop].tolist())
+                routed.by_model[model_id] = [pick(values)] if stop - start == 1 else list(pick(values))
+        if bounds[1]:  # not one of ours: counted by reason (a malformed event is counted by the caller)
+            routed.ignored.update(ignore_reason(ids[i]) for i in order[: bounds[1]].tolist()
+                                  if ids[i] is not _MALFORMED)
+        return routed
+
+    def _one(self, raw: bytes | None, routed: Routed) -> Any:
+        """The model id of one event read alone (:data:`_MALFORMED` when it is not a JSON object). JSON of another
+        shape than the path's (``{"meta": 5}`` for ``meta.model``) is read as the decoder reads it: no id."""
+        try:
+            return self._value(self._decoder.decode(raw))  # type: ignore[arg-type]  # a tombstone: TypeError
+        except msgspec.ValidationError:
+            event = orjson.loads(raw)  # type: ignore[arg-type]  # valid JSON: msgspec parsed it
+            if event.__class__ is dict:
+                return self._lookup(event)
+        except (msgspec.DecodeError, TypeError):
+            pass
+        routed.malformed.append(raw)
+        return _MALFORMED
+
+
+_MALFORMED: Final = object()
