@@ -160,6 +160,8 @@ class Daemon:
             ("compute", self.computer.run_scheduled, config.evaluation_interval_seconds)]
         if self.checkpointer.path is not None:
             jobs.append(("checkpoint", self.checkpointer.flush, config.checkpoint_interval_seconds))
+        if self.ingest.dead_letters is not None:
+            jobs.append(("dead-letters", self.ingest.dead_letters.serve, 1.0))
         for name, job, seconds in jobs:
             self.scheduler.add_job(job, "interval", seconds=seconds, id=name, max_instances=1, coalesce=True,
                                    replace_existing=True)  # fmt: skip
