@@ -4,13 +4,18 @@ save, a dead-letter topic deleted while the daemon runs, a checkpoint volume tha
 
 from __future__ import annotations
 
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from broker_fixture import produce
+from daemon_config import make_config
 from daemon_fixture import consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
+from prometheus_client import CollectorRegistry
+from test_labels_and_checkpoint import predictions, records, value
+from tooling import missing
 
 from exporter.cli import main
 from exporter.config import ConfigError, load_config
@@ -86,3 +91,37 @@ def test_a_dead_letter_topic_deleted_while_the_daemon_runs_counts_each_dead_lett
     rejects_then_events(kafka_broker, topic, 3, daemon, seed=2)
     wait_for(lambda: sum(dead_letters(daemon.port)) == 4, timeout=60, what="each dead letter counted once")
     assert sample(scrape(daemon.port), "fairness_exporter_events_rejected_total", reason="malformed_json") == 4
+
+
+@pytest.fixture
+def small_volume(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (a checkpoint of the test config takes more), unmounted afterwards."""
+    mountpoint = tmp_path / "volume"
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mountpoint)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        missing(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+def test_a_checkpoint_volume_that_fills_up_keeps_the_last_checkpoint_and_commits_nothing_newer(
+    small_volume: Path,
+) -> None:
+    """ENOSPC on a real file system: counted, no temp file left, the offsets stay at the last durable checkpoint;
+    once the volume has room again, the next checkpoint covers everything counted."""
+    daemon = Daemon(make_config(checkpoint={"path": str(small_volume)}), registry=CollectorRegistry())
+    daemon.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "a")))
+    daemon.checkpointer.flush()  # does not fit in 64 KiB
+    assert value(daemon, "fairness_exporter_checkpoint_failures_total") == 1
+    assert list(small_volume.iterdir()) == []  # the partial temp file was removed: the volume is free again
+    assert daemon.checkpointer.committable() == {}
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_volume)], check=True)  # room again
+    daemon.ingest.handle("predictions", 0, records(predictions(1, 2, "male", "b"), start=2))
+    daemon.checkpointer.flush()
+    assert value(daemon, "fairness_exporter_checkpoint_failures_total") == 1
+    assert daemon.checkpointer.committable() == {("predictions", 0): 4}
+    assert [p.name for p in small_volume.iterdir()] == ["fleet.checkpoint.npz"]
