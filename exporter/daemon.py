@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health
 from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.stream.checkpoint import Checkpointer
+from exporter.stream.clock import SteadyClock
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.fleet import Fleet
 from exporter.stream.ingest import Ingest
@@ -62,16 +62,17 @@ class Daemon:
     """
 
     def __init__(
-        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
+        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] | None = None,
         loader: Callable[[], Config] | None = None, web_config_file: str | None = None,
     ) -> None:  # fmt: skip
         self.config = config
         self.web_config_file = web_config_file
         """Who may read /metrics and the probes (``--web.config.file``, exporter.serve.web_config)."""
-        self.clock = clock
         self.loader = loader
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
+        # the wall clock without its jumps (exporter.stream.clock)
+        self.clock = clock = clock or SteadyClock(on_jump=lambda _: self.health.clock_jumps.inc())
         dead_letters = DeadLetters(config.kafka, self.health) if config.kafka.dead_letter_topic else None
         self.fleet = Fleet(config, keep_rejected=dead_letters is not None)
         self.ingest = Ingest(config, self.fleet, self.health, clock, dead_letters)

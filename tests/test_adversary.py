@@ -21,6 +21,7 @@ from exporter.cli import main
 from exporter.config import ConfigError, load_config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
+from exporter.stream.clock import TRUST_SECONDS, SteadyClock
 
 CONFIG = ('model_id: m1\r\nprotected_attributes:\r\n  - name: region\r\n    groups: ["Zürich", "Genève"]\r\n'
           'kafka: {bootstrap_servers: "127.0.0.1:1", topic: t}\r\n')  # fmt: skip
@@ -125,3 +126,49 @@ def test_a_checkpoint_volume_that_fills_up_keeps_the_last_checkpoint_and_commits
     assert value(daemon, "fairness_exporter_checkpoint_failures_total") == 1
     assert daemon.checkpointer.committable() == {("predictions", 0): 4}
     assert [p.name for p in small_volume.iterdir()] == ["fleet.checkpoint.npz"]
+
+
+class Clocks:
+    """A wall clock and a steady one, moved by hand."""
+
+    def __init__(self) -> None:
+        self.wall, self.steady = 1_800_000_000.0, 5_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.steady += seconds
+
+
+def test_the_steady_clock_follows_the_wall_clock_but_for_its_jumps_unless_they_last() -> None:
+    t, jumps = Clocks(), []
+    clock = SteadyClock(jumps.append, wall=lambda: t.wall, steady=lambda: t.steady)
+    t.advance(5)
+    t.wall += 0.5  # a small adjustment is followed
+    assert clock() == t.wall
+    t.wall -= 3600  # stepped back an hour
+    assert clock() == t.wall + 3600
+    t.advance(60)
+    assert clock() == t.wall + 3600 and jumps == [-3600]
+    t.wall += 3600  # set right again
+    assert clock() == t.wall
+    t.wall += 86_400  # a day ahead, and it stays there: a correction after TRUST_SECONDS
+    assert clock() == t.wall - 86_400
+    t.advance(TRUST_SECONDS - 1)
+    assert clock() == t.wall - 86_400
+    t.advance(1)
+    assert clock() == t.wall and jumps == [-3600, 86_400]
+
+
+@pytest.mark.parametrize("step", [-3600, 2 * 86_400], ids=["an hour back", "two days ahead"])
+def test_events_of_now_are_counted_when_the_wall_clock_jumps(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """Before: stepped back an hour, every event was rejected as from the future; stepped two days ahead, every
+    event was late (and the windows emptied)."""
+    daemon = Daemon(make_config(), registry=CollectorRegistry())  # the daemon's own clock
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now + step)
+    events = [{**e, "timestamp": now} for e in predictions(3, 10, "male", "p")]
+    daemon.ingest.handle("predictions", 0, records(events))
+    assert value(daemon, "fairness_exporter_events_rejected_total", reason="future_timestamp") == 0
+    assert value(daemon, "fairness_exporter_events_late_total") == 0
+    assert value(daemon, "model_subgroup_samples", attribute="gender", subgroup="overall", window="1h") == 10
+    assert value(daemon, "fairness_exporter_clock_jumps_total") == 1

@@ -74,6 +74,10 @@ class Health:
         self.http_worker_restarts = Counter("fairness_exporter_http_worker_restarts",
                                             "HTTP worker processes (which serve /metrics and the probes) that "
                                             "exited and were started again.", registry=registry)  # fmt: skip
+        self.clock_jumps = Counter("fairness_exporter_clock_jumps",
+                                   "Steps of the wall clock not followed: the daemon keeps time by the steady clock "
+                                   "until a jumped wall clock has held its new offset for 10 minutes.",
+                                   registry=registry)  # fmt: skip
         self.http_auth_failures = Counter("fairness_exporter_http_auth_failures",
                                           "Requests and TLS handshakes the web configuration refused (401 or a "
                                           "failed handshake), by reason.", ["reason"], registry=registry)
