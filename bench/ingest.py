@@ -158,7 +158,7 @@ def _timed(broker: EmbeddedBroker, n: int, read_some: Callable[[], int], since: 
     return run
 
 
-def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any]], None],
+def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any]], None], topic: str = TOPIC,
           **settings: Any) -> Run:  # fmt: skip
     """Read the topic from the beginning until ``n`` messages were handed to ``on_batch``; consumer settings as in
     exporter/stream/ (manual assignment, no group: nothing to commit here), or ``settings``."""
@@ -176,7 +176,7 @@ def drain(broker: EmbeddedBroker, n: int, on_batch: Callable[[str, int, list[Any
         return seen
 
     try:
-        consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
         consumer.seek_to_beginning()
         return _timed(broker, n, read_some, since)
     finally:
@@ -190,12 +190,12 @@ def counted(daemon: Daemon) -> int:
     return int(totals[:, PRED_POS].sum() + totals[:, PRED_NEG].sum())
 
 
-def ceiling(broker: EmbeddedBroker, n: int, **settings: Any) -> Run:
+def ceiling(broker: EmbeddedBroker, n: int, topic: str = TOPIC, **settings: Any) -> Run:
     def decode_only(topic: str, partition: int, records: list[Any]) -> None:
         for record in records:
             orjson.loads(record.value)
 
-    return drain(broker, n, decode_only, **settings)
+    return drain(broker, n, decode_only, topic, **settings)
 
 
 def confluent_fetch() -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.compose import ColumnTransformer
+from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -18,9 +19,11 @@ from exporter.gate.unicode_text import normalise_text
 
 _X = np.loadtxt(Path(__file__).with_name("credit-inputs.csv"), delimiter=",", skiprows=1)
 _y = (0.08 * (_X[:, 0] - 50) - 4 * (_X[:, 1] - 0.5) > 0).astype(int)
-# income, debt_ratio, years_employed, gender: the model never sees gender (column 3)
+# income, debt_ratio, years_employed, gender: the model never sees gender (column 3); missing values get the median
 credit_model = make_pipeline(
-    ColumnTransformer([("scaled", StandardScaler(), [0, 1, 2])], remainder="drop"), LogisticRegression()
+    SimpleImputer(strategy="median"),
+    ColumnTransformer([("scaled", StandardScaler(), [0, 1, 2])], remainder="drop"),
+    LogisticRegression(),
 ).fit(_X, _y)
 
 BLOCKLIST = {"idiot", "stupid", "loser", "moron", "kill", "hurt", "destroy", "die", "hates", "creep", "freak",

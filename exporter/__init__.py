@@ -19,6 +19,9 @@ _MODULES = {
     "BiasAuditor": "exporter.gate.bias",
     "FairnessResult": "exporter.gate.seed_api",
     "run_audit": "exporter.gate.audit",
+    "SafetyEvaluator": "exporter.gate.safety",
+    "SafetyReport": "exporter.gate.safety",
+    "SafetyTestResult": "exporter.gate.suite",
 }
 
 

@@ -16,6 +16,7 @@ from exporter.gate.commands import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     cmd_audit,
+    cmd_audit_log_list,
     cmd_audit_log_verify,
     cmd_bias_report,
     cmd_redteam,
@@ -25,6 +26,8 @@ from exporter.gate.commands import (
 )
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
+MODEL_VERSION_HELP = ("the model version the report and the audit-log record name (default: the config's "
+                      "model_version, else the SHA-256 of the model file when there is one)")
 
 
 def _configure_logging(level: str) -> None:
@@ -119,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit_log_default = os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG)
     audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
-    audit.add_argument("predictions", help="parquet or CSV file with prediction, label and attribute columns")
+    audit.add_argument("predictions", nargs="?", help="parquet or CSV file (or URL: s3://, gs://, az://, file://) "
+                       "with prediction, label and attribute columns; default: the config's evaluation_dataset")
     audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
@@ -130,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"{DEFAULT_AUDIT_LOG}); HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set")  # fmt: skip
     audit.add_argument("--override-justification", help="ship despite blocking failures, with this written reason")
     audit.add_argument("--override-author", help="who takes responsibility for the override")
+    audit.add_argument("--model-version", help=MODEL_VERSION_HELP)
     _ci_report_flags(audit)
     audit.set_defaults(func=cmd_audit)
 
@@ -142,25 +147,33 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--outcome", required=True, help="numeric outcome column (0/1 or continuous)")
     bias.add_argument("--threshold", type=float, default=0.1, help="largest acceptable gap (default 0.1)")
     bias.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
+    bias.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    bias.add_argument("--model-id", help="the model the audit-log record names")
+    bias.add_argument("--model-version", help="the model version the audit-log record names")
     _ci_report_flags(bias)
     bias.set_defaults(func=cmd_bias_report)
 
     safety = sub.add_parser("safety", help="safety suite for a tabular model: exit 1 on a critical failure, "
                             "2 on a bad config or a model that cannot be loaded")  # fmt: skip
-    safety.add_argument("--model", required=True, help="MODULE:OBJECT with predict (and predict_proba), "
-                        "imported from the working directory and PYTHONPATH")  # fmt: skip
+    safety.add_argument("--model", help="a model file (.skops, .joblib/.pkl, .onnx; local or a URL) or MODULE:OBJECT "
+                        "with predict (and predict_proba), imported from the working directory and PYTHONPATH; a "
+                        "class is instantiated (default: the config's model)")  # fmt: skip
     safety.add_argument("--config", required=True, help="YAML: model_id, feature_count, valid_output_range, "
                         "test_inputs, seed, thresholds")  # fmt: skip
     safety.add_argument("--report", help="also write the JSON report to this file")
     safety.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    safety.add_argument("--model-version", help=MODEL_VERSION_HELP)
     _ci_report_flags(safety)
     safety.set_defaults(func=cmd_safety)
 
-    redteam = sub.add_parser("redteam", help="red-team suite for a text classifier: exit 1 on a critical "
-                             "failure, 2 on a bad config or a target that cannot be loaded")  # fmt: skip
+    redteam = sub.add_parser("redteam", help="red-team suite for a text classifier or a chat model: exit 1 on a "
+                             "critical failure, 2 on a bad config or a target that cannot be loaded")  # fmt: skip
     redteam.add_argument("--config", required=True, help="YAML: model_id, seed, red_team_tests, include_library")
-    redteam.add_argument("--target", required=True, help="MODULE:CALLABLE from text to a label or score, "
-                         "or an http(s):// URL that takes and returns JSON")  # fmt: skip
+    redteam.add_argument("--target", help="MODULE:CALLABLE from text to a label or score, an http(s):// URL that "
+                         "takes and returns JSON, or with --chat-model the base URL of an OpenAI-compatible "
+                         "chat-completions endpoint (default: the config's target section)")  # fmt: skip
+    redteam.add_argument("--chat-model", help="the model an OpenAI-compatible --target serves (vLLM, llama.cpp, "
+                         "Ollama, TGI); its key is read from $OPENAI_API_KEY or the config's target.api_key_env")
     redteam.add_argument("--request-field", default="text",
                          help="HTTP targets: where the text goes in the JSON body, dotted; "
                               "instances.0 for KServe v1, inputs.0 for MLflow (default: text)")  # fmt: skip
@@ -169,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "e.g. predictions.0 (default: prediction)")  # fmt: skip
     redteam.add_argument("--report", help="also write the JSON report to this file")
     redteam.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
+    redteam.add_argument("--model-version", help=MODEL_VERSION_HELP)
     _ci_report_flags(redteam)
     redteam.set_defaults(func=cmd_redteam)
 
@@ -179,6 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("path")
     verify.add_argument("--expect-head", help="the hash of the last record, as published by the last audit")
     verify.set_defaults(func=cmd_audit_log_verify)
+    listing = log_sub.add_parser("list", help="the records of a model and version: audits, bias reports, safety "
+                                 "and red-team runs, one line each")  # fmt: skip
+    listing.add_argument("path")
+    listing.add_argument("--model", help="only this model id")
+    listing.add_argument("--version", help="only this model version")
+    listing.add_argument("--type", help="only this type of record: audit, bias_report, safety, redteam, or an "
+                         "*_error type")  # fmt: skip
+    listing.add_argument("--json", action="store_true", help="print the whole records as JSON lines")
+    listing.set_defaults(func=cmd_audit_log_list)
 
     serve = sub.add_parser("serve", help="run the monitoring daemon (Kafka in, Prometheus /metrics out)")
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.compose import ColumnTransformer
+from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -25,8 +26,9 @@ def credit_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 X_TRAIN, Y_TRAIN = credit_data(400, seed=1)
 
-# Ignores gender: passes every safety test.
+# Ignores gender and imputes missing values: passes every safety test.
 fair_model = make_pipeline(
+    SimpleImputer(strategy="median"),
     ColumnTransformer([("scaled", StandardScaler(), [0, 1, 2])], remainder="drop"), LogisticRegression()
 ).fit(X_TRAIN, Y_TRAIN)
 
@@ -62,3 +64,50 @@ class Brittle:
 
 naive_logistic = NaiveLogistic()
 brittle = Brittle()
+
+
+class NaiveScorer(NaiveLogistic):
+    """The same hand-written logistic, answering through ``predict`` with one score per row, as the seed's
+    SafetyEvaluator calls it."""
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.predict_proba(np.atleast_2d(X))[:, 1]
+
+
+class Scorer:
+    """A class the command line names as MODULE:Class: instantiated, then ``predict`` gives one score per row."""
+
+    def __init__(self) -> None:
+        self.model = fair_model
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.model.predict_proba(X)[:, 1]
+
+
+def make_scorer() -> Scorer:
+    """A factory, for ``model_factory: true``."""
+    return Scorer()
+
+
+class ZeroIntolerant:
+    """Raises on a row of zeros, a finite input any model must answer: the seed counts that as a failure."""
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=float)
+        if X.shape[1] != 4 or np.isnan(X).any():
+            raise ValueError("expected 4 finite features")
+        if (X == 0).all(axis=1).any():
+            raise ZeroDivisionError("income of zero")
+        return fair_model.predict_proba(X)
+
+
+class Unbound:
+    """``predict`` takes a row count first: calling it on the test inputs raises TypeError every time."""
+
+    def predict(self, n_rows: int, X: np.ndarray) -> np.ndarray:
+        return np.zeros(n_rows)
+
+
+naive_scorer = NaiveScorer()
+zero_intolerant = ZeroIntolerant()
+unbound = Unbound()

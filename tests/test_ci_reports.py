@@ -204,7 +204,7 @@ def test_the_safety_suite_passes_as_passed_cases(tmp_path: Path, capsys: pytest.
     assert code == 0 and report["verdict"] == "PASS"
     assert sorted(c.name for c in cases(xml).values()) == sorted(r["test_name"] for r in report["results"])
     assert all(c.is_passed for c in cases(xml).values())
-    bounds = cases(xml)["credit-scorer-v4.safety.validity :: output_bounds"]
+    bounds = cases(xml)["credit-scorer-v4.safety.robustness :: output_boundary_check"]
     assert float(props(bounds)["max_output"]) == report["results"][0]["details"]["max_output"]
 
 

@@ -4,6 +4,7 @@ rows in the same order, the same rejection reasons, the same dead letters, on ev
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import datetime
 
 import numpy as np
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 
 from exporter.config import Config
 from exporter.stream.decode import EventDecoder
+from exporter.stream.decode_fleet import SharedDecoder
+from exporter.stream.fleet import Fleet
 
 NOW = 1_800_000_000.0
 
@@ -178,3 +181,31 @@ def test_clean_batches_one_decoder_after_another(batches: list[list[bytes | None
     decoder = decoder_of(config, keep_rejected=True)
     for values in batches:
         same(config, values, decoder)
+
+
+FLEET = {"models": [{"model_id": "m1"},  # the shared config's gender and age
+                    {"model_id": "m2", "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}],
+                     "events": {"score_threshold": 0.5}}]}  # fmt: skip
+
+
+@given(st.lists(events().map(dumps) | st.binary(max_size=60) | st.none(), max_size=25))
+def test_a_fleets_shared_parse_gives_each_model_what_its_own_decoder_gives(values: list[bytes | None]) -> None:
+    """One parse for models that share their paths (one of them deriving predictions from scores): each model's
+    rows, reasons and dead letters are those of the oracle for that model alone; what is nobody's is counted once."""
+    fleet = Fleet(make_config(model_id=None, **FLEET), keep_rejected=True)
+    assert isinstance(fleet.readers[1], SharedDecoder)
+    _, batches, ignored, malformed = fleet.decode(values, NOW)  # type: ignore[arg-type]
+    accounted = len(malformed) + sum(ignored.values())
+    for model_id in ("m1", "m2"):
+        alone = make_config(model_id=None,
+                            models=[m for m in FLEET["models"] if m["model_id"] == model_id])  # fmt: skip
+        want = OracleDecoder(alone, keep_rejected=True).decode(values, NOW)  # type: ignore[arg-type]
+        got = batches[model_id] if model_id in batches else decoder_of(alone).decode([], NOW)
+        assert got.rejected + Counter(malformed_json=len(malformed)) == want.rejected
+        assert sorted(got.rejected_payloads + [(v or b"", "malformed_json") for v in malformed]) == \
+            sorted((v or b"", r) for v, r in want.rejected_payloads)  # fmt: skip
+        assert (got.timestamps.tolist(), got.predictions.tolist(), got.outcomes.tolist(), got.prediction_ids) == \
+            (want.timestamps.tolist(), want.predictions.tolist(), want.outcomes.tolist(), want.prediction_ids)
+        assert {k: v.tolist() for k, v in got.codes.items()} == {k: v.tolist() for k, v in want.codes.items()}
+        accounted += len(got) + sum(got.rejected.values())
+    assert accounted == len(values)  # every value a row, a rejection, malformed or nobody's: exactly once

@@ -18,10 +18,13 @@ import yaml
 from confusable_homoglyphs import categories
 
 from exporter.cli import main
-from exporter.gate.redteam import TECHNIQUES, attack, load_library, parse_config, run_redteam
+from exporter.gate.redteam import run_redteam
+from exporter.gate.redteam_config import library_cases, load_library, parse_config
+from exporter.gate.redteam_techniques import TECHNIQUES, attack
 from exporter.gate.unicode_text import INVISIBLE_CHARS, normalise_text, strip_invisible
 
 LIBRARY = load_library()
+CASES = library_cases(LIBRARY, "classifier")
 CATEGORIES = {"homoglyphs", "invisible_characters", "language_mixing", "instruction_override",
               "role_impersonation", "training_data_extraction"}  # fmt: skip
 UNICODE_TECHNIQUES = {"homoglyph_cyrillic", "homoglyph_greek", "homoglyph_any", "invisible_characters"}
@@ -41,12 +44,16 @@ def failures_by_technique(report: dict) -> Counter:
     return Counter(r["details"]["technique"] for r in report["results"] if not r["passed"])
 
 
-def test_the_library_ships_over_100_cases_in_every_category() -> None:
-    cases = LIBRARY["cases"]
-    assert len(cases) >= 100
-    assert {c["category"] for c in cases} == CATEGORIES
-    assert {c["technique"] for c in cases} == set(TECHNIQUES)
-    assert len(parse_config({"model_id": "m", "include_library": True}, "x", LIBRARY)["cases"]) == len(cases)
+def test_the_library_ships_over_100_classifier_cases_in_every_category_and_50_generative_ones() -> None:
+    assert len(CASES) >= 100
+    assert {c["category"] for c in CASES} == CATEGORIES
+    chat = library_cases(LIBRARY, "chat")
+    assert len(chat) >= 50 and len(CASES) + len(chat) == len(LIBRARY["cases"])
+    assert {c["category"] for c in chat} == {"prompt_injection", "data_extraction"}
+    assert {c["technique"] for c in LIBRARY["cases"]} == set(TECHNIQUES)
+    for kind, cases in (("classifier", CASES), ("chat", chat)):
+        parsed = parse_config({"model_id": "m", "include_library": True}, "x", LIBRARY, kind)["cases"]
+        assert [c["name"] for c in parsed] == [c["name"] for c in cases]
 
 
 @pytest.mark.parametrize(("technique", "script"), [("homoglyph_cyrillic", "CYRILLIC"), ("homoglyph_greek", "GREEK")])
@@ -98,13 +105,13 @@ def test_attacks_are_reproducible_from_the_seed(tmp_path: Path) -> None:
 
 
 def test_the_naive_moderator_blocks_every_seed_text() -> None:
-    texts = {t for c in LIBRARY["cases"] for t in c["texts"]}
+    texts = {t for c in CASES for t in c["texts"]}
     assert all(text_models.naive(t) >= 0.5 for t in texts)
 
 
 def test_unicode_attacks_flip_the_naive_moderator_and_not_the_hardened_one(tmp_path: Path) -> None:
     naive, hardened = library_run(tmp_path, text_models.naive), library_run(tmp_path, text_models.hardened)
-    unicode_cases = sum(c["technique"] in UNICODE_TECHNIQUES for c in LIBRARY["cases"])
+    unicode_cases = sum(c["technique"] in UNICODE_TECHNIQUES for c in CASES)
     naive_fails, hardened_fails = failures_by_technique(naive), failures_by_technique(hardened)
     # every homoglyph and invisible-character case (3 scripts x 2 rates + 7 character sets, x 4 kinds of harm)
     # gets past the naive model ...
@@ -132,7 +139,7 @@ def test_the_report_holds_the_attacked_text_exactly_as_sent(tmp_path: Path) -> N
     failures = [f for r in report["results"] for f in r["details"]["failures"]]
     assert failures and all(f["attacked_text"] in sent and f["original_text"] in sent for f in failures)
     assert all(text_models.naive(f["attacked_text"]) == f["attacked_output"] for f in failures)
-    assert report["attempts"] == sum(len(c["texts"]) for c in LIBRARY["cases"]) and len(sent) == 2 * report["attempts"]
+    assert report["attempts"] == sum(len(c["texts"]) for c in CASES) and len(sent) == 2 * report["attempts"]
 
 
 def test_a_case_without_texts_uses_the_library_texts_of_its_technique(tmp_path: Path) -> None:
@@ -140,7 +147,7 @@ def test_a_case_without_texts_uses_the_library_texts_of_its_technique(tmp_path: 
         {"name": "fake_admin", "technique": "role_impersonation", "expected_behaviour": "block",
          "severity_on_fail": "high"}]}]}  # fmt: skip
     case = parse_config(config, "x", LIBRARY)["cases"][0]
-    library_texts = {t for c in LIBRARY["cases"] if c["technique"] == "role_impersonation" for t in c["texts"]}
+    library_texts = {t for c in CASES if c["technique"] == "role_impersonation" for t in c["texts"]}
     assert set(case["texts"]) == library_texts and len(case["texts"]) == len(library_texts)
     assert case["params"]["templates"] == LIBRARY["defaults"]["role_impersonation"]["templates"]
 
@@ -222,7 +229,7 @@ def moderation_server() -> Iterator[str]:
 def test_an_http_target_gives_the_same_results_as_the_model_in_process(
         tmp_path: Path, moderation_server: str, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     config = write(tmp_path, {"model_id": "moderator", "seed": 2, "red_team_tests": [
-        {"category": c["category"], "test_cases": [c]} for c in LIBRARY["cases"][:26]]})  # fmt: skip
+        {"category": c["category"], "test_cases": [c]} for c in CASES[:26]]})  # fmt: skip
     args = ["redteam", "--config", str(config), "--audit-log", str(tmp_path / "log.jsonl")]
     assert main([*args, "--target", moderation_server, "--request-field", "instances.0",
                  "--response-field", "predictions.0"]) == 1  # fmt: skip
@@ -233,3 +240,23 @@ def test_an_http_target_gives_the_same_results_as_the_model_in_process(
 
     assert main([*args, "--target", "http://127.0.0.1:9/nothing", "--request-field", "instances.0"]) == 2
     assert "cannot reach the model" in capsys.readouterr().err
+
+
+def test_a_saved_text_pipeline_is_a_target_versioned_by_its_file(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+
+    import joblib
+
+    joblib.dump(text_models._pipeline(), tmp_path / "moderator.joblib")
+    config = write(tmp_path, {"model_id": "moderator", "seed": 2, "red_team_tests": [
+        {"category": c["category"], "test_cases": [c]} for c in CASES[:12]]})  # fmt: skip
+    args = ["redteam", "--config", str(config), "--audit-log", str(tmp_path / "log.jsonl")]
+    assert main([*args, "--target", str(tmp_path / "moderator.joblib")]) == 1
+    from_file = json.loads(capsys.readouterr().out)
+    assert main([*args, "--target", "text_models:naive"]) == 1
+    in_process = json.loads(capsys.readouterr().out)
+    # predict() gives the label where naive() gives the probability: the same decisions
+    assert [r["passed"] for r in from_file["results"]] == [r["passed"] for r in in_process["results"]]
+    assert from_file["model_version"] == hashlib.sha256((tmp_path / "moderator.joblib").read_bytes()).hexdigest()
+    assert in_process["model_version"] is None

@@ -1,9 +1,13 @@
-"""The safety suite against small real scikit-learn models and hand-written scorers (tests/tabular_models.py)."""
+"""The safety suite: the seed's SafetyEvaluator API (checked against the seed's own code), the config-driven
+command on the same methods, and models as users hold them (classes, factories, skops / joblib / ONNX files)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
@@ -11,15 +15,125 @@ import pytest
 import tabular_models as tm
 import yaml
 
+from exporter import SafetyEvaluator
 from exporter.cli import main
 from exporter.gate import audit_log
-from exporter.gate.safety import SafetyEvaluator, run_safety
+from exporter.gate.safety import ModelCallError
+from exporter.gate.safety_config import run_safety
 
+SEED = Path(__file__).parent / "data" / "seed"
 X_TEST, _ = tm.credit_data(200, seed=7)
 
 
-def evaluator(model: object, **kwargs: object) -> SafetyEvaluator:
-    return SafetyEvaluator(model, feature_count=4, seed=3, **kwargs)
+def _module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"seed_{name}", SEED / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+seed_code, usage = _module("safety_evaluations"), _module("safety_usage")
+ROWS = [X_TEST[i : i + 1] for i in range(len(X_TEST))]  # the seed calls model.predict(row) row by row
+
+
+def both(model: object) -> tuple[object, object]:
+    """The seed's usage lines run on the seed's own SafetyEvaluator and on ours."""
+    np.random.seed(0)  # the seed draws its noise from numpy's global generator
+    return usage.run(seed_code.SafetyEvaluator, model, ROWS, 4), usage.run(SafetyEvaluator, model, ROWS, 4)
+
+
+def outline(report: object) -> list[tuple[str, str, bool, str]]:
+    return [(r.test_name, r.category, r.passed, r.severity) for r in report.results]  # type: ignore[attr-defined]
+
+
+def test_the_seed_usage_passes_a_well_behaved_model_as_the_seed_does(capsys: pytest.CaptureFixture[str]) -> None:
+    theirs, ours = both(tm.Scorer())
+    assert outline(ours) == outline(theirs) == [
+        ("output_boundary_check", "robustness", True, "low"),
+        ("input_perturbation_stability", "adversarial_robustness", True, "low"),
+        ("null_and_edge_inputs", "robustness", True, "low")]
+    assert ours.verdict == theirs.verdict == "PASS" and ours.critical_failures == []
+    assert [r.details["summary"] for r in ours.results] == [r.details for r in theirs.results]
+    assert capsys.readouterr().out == "PASS []\nPASS []\n"
+
+
+def test_the_seed_usage_fails_a_model_whose_outputs_turn_nan_as_the_seed_does() -> None:
+    theirs, ours = both(tm.naive_scorer)
+    assert [r.passed for r in ours.results] == [r.passed for r in theirs.results] == [True, True, False]
+    assert ours.verdict == theirs.verdict == "FAIL"
+    assert [r.test_name for r in ours.critical_failures] == ["null_and_edge_inputs"]
+    edge = ours.results[2].details
+    # exp(z) / (1 + exp(z)) is inf / inf for z = +huge; a NaN input propagates; a wide row is read as if valid
+    assert edge["failed_inputs"] == ["negative_values", "nan_values", "wrong_width_row"]
+    assert edge["summary"].startswith(theirs.results[2].details)  # the seed's text, then the malformed row
+
+
+def test_the_seed_usage_fails_a_scorer_whose_outputs_leave_the_range() -> None:
+    scorer = tm.unbounded_model
+    theirs, ours = both(scorer)
+    scores = scorer.predict(X_TEST)
+    outside = int(((scores < 0) | (scores > 1)).sum())
+    assert ours.results[0].details["summary"] == theirs.results[0].details == \
+        f"{outside}/200 outputs outside range (0.0, 1.0)"  # fmt: skip
+    assert ours.verdict == theirs.verdict == "FAIL" and ours.critical_failures[0].severity == "critical"
+
+
+def test_instability_is_high_and_does_not_block_as_in_the_seed() -> None:
+    ev = SafetyEvaluator("m", seed=3)
+    result = ev.test_input_perturbation_stability(tm.brittle, X_TEST, perturbation_magnitude=0.01)
+    noise = np.random.default_rng(3).normal(0.0, 1.0, X_TEST.shape) * 0.01  # N(0, magnitude), as the seed draws
+    moved = np.abs(tm.brittle.predict_proba(X_TEST + noise) - tm.brittle.predict_proba(X_TEST)).max(axis=1) > 0.1
+    assert not result.passed and result.severity == "high" and ev.report.verdict == "PASS"
+    assert result.details["unstable_rows"] == int(moved.sum()) and moved.mean() >= 0.05
+    assert result.details["summary"] == f"{int(moved.sum())}/200 inputs showed instability (>0.1 output change)"
+
+
+def test_instability_fails_at_exactly_the_configured_share() -> None:
+    share = SafetyEvaluator("m").test_input_perturbation_stability(tm.brittle, X_TEST).details["unstable_share"]
+    at = SafetyEvaluator("m", max_unstable_share=share).test_input_perturbation_stability(tm.brittle, X_TEST)
+    above = SafetyEvaluator("m", max_unstable_share=share + 1e-9).test_input_perturbation_stability(tm.brittle, X_TEST)
+    assert (at.passed, above.passed) == (False, True)
+
+
+def test_an_exception_on_a_finite_edge_input_is_a_failure() -> None:
+    result = SafetyEvaluator("m").test_null_and_edge_inputs(tm.zero_intolerant, 4)
+    assert not result.passed and result.severity == "critical"
+    assert result.details["inputs"]["all_zeros"] == "failed: raised ZeroDivisionError: income of zero"
+    # a ValueError for NaN is a failure under the seed's rule (finite_output), a pass when NaN must be rejected
+    assert result.details["failed_inputs"] == ["all_zeros", "nan_values"]
+    strict = SafetyEvaluator("m", nan_policy="reject").test_null_and_edge_inputs(tm.zero_intolerant, 4)
+    assert strict.details["failed_inputs"] == ["all_zeros"]
+    assert strict.details["inputs"]["nan_values"] == "rejected: ValueError: expected 4 finite features"
+
+
+def test_malformed_rows_must_be_refused_and_nan_must_be_answered_by_default() -> None:
+    result = SafetyEvaluator("m").test_null_and_edge_inputs(tm.fair_model, 4)
+    assert result.passed and result.details["nan_policy"] == "finite_output"
+    assert result.details["inputs"]["nan_values"] == "ok"  # imputed
+    assert result.details["inputs"]["empty_row"].startswith("rejected: ValueError")
+    assert result.details["inputs"]["wrong_width_row"].startswith("rejected: ValueError")
+    # the imputer answers NaN, which a config demanding rejection counts as a failure
+    strict = SafetyEvaluator("m", nan_policy="reject").test_null_and_edge_inputs(tm.fair_model, 4)
+    assert strict.details["failed_inputs"] == ["nan_values"]
+
+
+def test_a_model_that_cannot_be_called_on_the_test_inputs_is_an_error_not_a_result() -> None:
+    with pytest.raises(ModelCallError, match=r"cannot be called on the test inputs \(200 rows of 4 features\): "
+                                             r"TypeError"):  # fmt: skip
+        SafetyEvaluator("m").test_output_boundaries(tm.unbound, X_TEST, (0, 1))
+
+
+def test_counterfactual_consistency_reports_the_share_of_decisions_that_follow_gender() -> None:
+    result = SafetyEvaluator("m").test_counterfactual_consistency(tm.biased_model, X_TEST, 3, [0, 1])
+    flipped = X_TEST.copy()
+    flipped[:, 3] = 1 - flipped[:, 3]
+    changed = tm.biased_model.predict(flipped) != tm.biased_model.predict(X_TEST)
+    assert not result.passed
+    assert result.details["decisions_changed"] == int(changed.sum()) > 0
+    assert result.details["changed_share"] == pytest.approx(changed.mean())
+    no_rows = SafetyEvaluator("m").test_counterfactual_consistency(tm.fair_model, X_TEST, 3, [5, 6])
+    assert not no_rows.passed and no_rows.details["rows_flipped"] == 0  # nothing flipped: nothing evaluated
 
 
 def write_config(tmp_path: Path, **overrides: object) -> Path:
@@ -28,125 +142,82 @@ def write_config(tmp_path: Path, **overrides: object) -> Path:
               "test_inputs": "inputs.csv", "seed": 3,
               "counterfactual": {"feature": "gender", "values": [0, 1]}} | overrides  # fmt: skip
     path = tmp_path / "safety.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump({k: v for k, v in config.items() if v is not None}))
     return path
 
 
-def test_a_logistic_regression_that_ignores_gender_passes_every_test() -> None:
-    ev = evaluator(tm.fair_model)
-    results = [ev.test_output_boundaries(X_TEST), ev.test_input_perturbation_stability(X_TEST),
-               ev.test_null_and_edge_inputs(), ev.test_counterfactual_consistency(X_TEST, 3, [0, 1])]  # fmt: skip
-    assert [r.passed for r in results] == [True, True, True, True]
-    edge = results[2].details["inputs"]
-    # scikit-learn rejects NaN, empty and wrong-width rows with ValueError: clean rejections
-    assert edge == {"all_zeros": "ok", "all_ones": "ok", "all_1e6": "ok", "all_minus_1e6": "ok",
-                    "all_nan": "rejected: ValueError", "empty_row": "rejected: ValueError",
-                    "wrong_width_row": "rejected: ValueError"}  # fmt: skip
+def run_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict, str]:
+    code = main(["safety", "--audit-log", str(tmp_path / "audit.jsonl"), *args])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip() else {}, err
 
 
-def test_output_bounds_count_the_rows_a_regressor_scores_outside_0_1() -> None:
-    result = evaluator(tm.unbounded_model).test_output_boundaries(X_TEST)
-    scores = tm.unbounded_model.predict(X_TEST)
-    assert not result.passed
-    assert result.details["rows_out_of_range"] == int(((scores < 0) | (scores > 1)).sum()) > 0
-    assert result.details["min_output"] == pytest.approx(scores.min())
-    assert result.details["max_output"] == pytest.approx(scores.max())
+def test_the_command_and_the_seed_api_give_the_same_report_and_audit_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    code, cli, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:fair_model", "--config",
+                           str(write_config(tmp_path, counterfactual=None, model_version="7")))  # fmt: skip
+    ev = SafetyEvaluator("credit-v1", seed=3, model_version="7")
+    ev.test_output_boundaries(tm.fair_model, X_TEST, (0.0, 1.0))
+    ev.test_input_perturbation_stability(tm.fair_model, X_TEST)
+    ev.test_null_and_edge_inputs(tm.fair_model, 4)
+    ev.report.log(tmp_path / "audit.jsonl")
+    assert code == 0 and cli["results"] == ev.report.to_dict()["results"]
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    fields = ("type", "model_id", "model_version", "verdict")
+    assert [tuple(r[f] for f in fields) for r in records] == [("safety", "credit-v1", "7", "PASS")] * 2
+    assert records[0]["report"]["results"] == records[1]["report"]["results"]
+    assert audit_log.verify(tmp_path / "audit.jsonl").problems == []
 
 
-def test_perturbation_stability_counts_rows_whose_output_moves_more_than_allowed() -> None:
-    result = evaluator(tm.brittle).test_input_perturbation_stability(X_TEST)
-    # the same draw by hand: N(0, 1) * 0.01 * each feature's standard deviation, seed 3
-    noise = np.random.default_rng(3).normal(0.0, 1.0, X_TEST.shape) * 0.01 * X_TEST.std(axis=0)
-    moved = np.abs(tm.brittle.predict_proba(X_TEST + noise) - tm.brittle.predict_proba(X_TEST)).max(axis=1) > 0.1
-    assert not result.passed
-    assert result.details["unstable_rows"] == int(moved.sum())
-    assert result.details["unstable_share"] == pytest.approx(moved.mean())
-    assert moved.mean() >= 0.05
-
-
-def test_perturbation_stability_fails_at_exactly_the_configured_share() -> None:
-    share = evaluator(tm.brittle).test_input_perturbation_stability(X_TEST).details["unstable_share"]
-    assert not evaluator(tm.brittle, max_unstable_share=share).test_input_perturbation_stability(X_TEST).passed
-    assert evaluator(tm.brittle, max_unstable_share=share + 1e-9).test_input_perturbation_stability(X_TEST).passed
-
-
-def test_edge_inputs_catch_nan_outputs_and_crashes() -> None:
-    naive = evaluator(tm.naive_logistic).test_null_and_edge_inputs()
-    assert not naive.passed
-    # exp(z) / (1 + exp(z)) is inf / inf for z = +huge; a NaN input propagates
-    assert naive.details["failed_inputs"] == ["all_minus_1e6", "all_nan"]
-    assert naive.details["inputs"]["all_minus_1e6"] == "failed: non-finite output [nan, nan]"
-    brittle = evaluator(tm.brittle).test_null_and_edge_inputs()
-    assert brittle.details["inputs"]["empty_row"].startswith("crashed: IndexError")
-
-
-def test_counterfactual_consistency_reports_the_share_of_decisions_that_follow_gender() -> None:
-    result = evaluator(tm.biased_model).test_counterfactual_consistency(X_TEST, 3, [0, 1])
-    flipped = X_TEST.copy()
-    flipped[:, 3] = 1 - flipped[:, 3]
-    changed = tm.biased_model.predict(flipped) != tm.biased_model.predict(X_TEST)
-    assert not result.passed
-    assert result.details["decisions_changed"] == int(changed.sum()) > 0
-    assert result.details["changed_share"] == pytest.approx(changed.mean())
-
-
-def test_a_run_is_reproducible_and_the_seed_matters(tmp_path: Path) -> None:
-    path = write_config(tmp_path)
-    first, second = run_safety(path, tm.brittle, "m"), run_safety(path, tm.brittle, "m")
-    assert first["results"] == second["results"]
-    other = run_safety(write_config(tmp_path, seed=4), tm.brittle, "m")
-    assert other["results"][1]["details"]["first_unstable_rows"] != first["results"][1]["details"][
-        "first_unstable_rows"]
-
-
-def test_cli_exit_codes_report_and_audit_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config, log = write_config(tmp_path), tmp_path / "audit.jsonl"
-    common = ["--config", str(config), "--audit-log", str(log)]
-
-    assert main(["safety", "--model", "tabular_models:fair_model", *common, "--report", str(tmp_path / "r.json")]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["model_id"] == "credit-v1" and report["verdict"] == "PASS"
+def test_cli_exit_codes_and_audit_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:fair_model", "--config", str(config))
+    assert (code, report["verdict"], report["passed"]) == (0, "PASS", 4)
     assert [r["test_name"] for r in report["results"]] == [
-        "output_bounds", "perturbation_stability", "null_and_edge_inputs", "counterfactual_consistency"]
-    assert set(report["results"][0]) == {"test_name", "category", "passed", "details", "severity"}
-    assert json.loads((tmp_path / "r.json").read_text())["results"] == report["results"]
-
-    assert main(["safety", "--model", "tabular_models:biased_model", *common]) == 1
-    report = json.loads(capsys.readouterr().out)
-    assert report["verdict"] == "FAIL" and report["critical_failures"] == 1
-
-    assert main(["safety", "--model", "no_such_module:model", *common]) == 2
-    assert "cannot import 'no_such_module'" in capsys.readouterr().err
-    assert main(["safety", "--model", "tabular_models:fair_model", "--config",
-                 str(write_config(tmp_path, feature_count=5)), "--audit-log", str(log)]) == 2  # fmt: skip
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "has 4 columns, feature_count is 5" in err
-
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+        "output_boundary_check", "input_perturbation_stability", "null_and_edge_inputs", "counterfactual_consistency"]
+    code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:biased_model", "--config", str(config))
+    # no imputer: NaN raises, a failure under the seed's rule; and its decisions follow gender
+    assert code == 1 and [r["test_name"] for r in report["results"] if not r["passed"]] == [
+        "null_and_edge_inputs", "counterfactual_consistency"]
+    code, _, err = run_cli(tmp_path, capsys, "--model", "no_such_module:model", "--config", str(config))
+    assert code == 2 and "cannot import 'no_such_module'" in err
+    code, _, err = run_cli(tmp_path, capsys, "--model", "tabular_models:fair_model", "--config",
+                           str(write_config(tmp_path, feature_count=5)))  # fmt: skip
+    assert code == 2 and err.count("\n") == 1 and "has 4 columns, feature_count is 5" in err
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [r["type"] for r in records] == ["safety", "safety", "safety_error", "safety_error"]
-    assert records[1]["report"]["verdict"] == "FAIL"
-    result = audit_log.verify(log)
-    assert (result.records, result.problems) == (4, [])
-    assert main(["audit-log", "verify", str(log)]) == 0
+    assert main(["audit-log", "verify", str(tmp_path / "audit.jsonl")]) == 0
 
 
-def test_a_failure_below_critical_is_reported_but_does_not_block(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    config = write_config(tmp_path, severity={"counterfactual_consistency": "high"})
-    assert main(["safety", "--model", "tabular_models:biased_model", "--config", str(config),
-                 "--audit-log", str(tmp_path / "log.jsonl")]) == 0  # fmt: skip
-    report = json.loads(capsys.readouterr().out)
-    assert report["verdict"] == "PASS" and report["failed"] == 1 and report["critical_failures"] == 0
+def test_a_model_that_raises_on_every_input_exits_2_with_the_error(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, err = run_cli(tmp_path, capsys, "--model", "tabular_models:unbound", "--config",
+                                str(write_config(tmp_path)))  # fmt: skip
+    assert code == 2 and report == {}
+    assert "cannot be called on the test inputs (200 rows of 4 features): TypeError" in err and err.count("\n") == 1
+
+
+def test_a_class_is_instantiated_and_a_factory_called_when_the_config_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    config = write_config(tmp_path, counterfactual=None)
+    code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:Scorer", "--config", str(config))
+    assert (code, report["verdict"], report["model"]) == (0, "PASS", "tabular_models:Scorer")
+    code, _, err = run_cli(tmp_path, capsys, "--model", "tabular_models:make_scorer", "--config", str(config))
+    assert code == 2 and "cannot be called on the test inputs" in err  # a function is the model unless told
+    factory = write_config(tmp_path, counterfactual=None, model="tabular_models:make_scorer", model_factory=True)
+    code, report, _ = run_cli(tmp_path, capsys, "--config", str(factory))
+    assert (code, report["verdict"]) == (0, "PASS")
 
 
 def test_every_config_problem_is_listed_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump({"feature_count": 0, "valid_output_range": [1, 0], "seed": "x",
-                                      "perturbation": {"noise_std": -1}}))  # fmt: skip
-    assert main(["safety", "--model", "tabular_models:fair_model", "--config", str(config),
-                 "--audit-log", str(tmp_path / "log.jsonl")]) == 2  # fmt: skip
-    err = capsys.readouterr().err
-    for field in ("model_id", "feature_count", "valid_output_range", "seed", "perturbation.noise_std", "test_inputs"):
+                                      "nan_policy": "ignore", "perturbation": {"noise_std": -1},
+                                      "severity": {"output_bounds": "high"}}))  # fmt: skip
+    code, _, err = run_cli(tmp_path, capsys, "--model", "tabular_models:fair_model", "--config", str(config))
+    assert code == 2
+    for field in ("model_id", "feature_count", "valid_output_range", "seed", "nan_policy", "perturbation.noise_std",
+                  "severity.output_bounds", "test_inputs"):
         assert f"{field}:" in err
 
 
@@ -156,16 +227,14 @@ def test_the_model_module_is_imported_from_the_working_directory(tmp_path: Path,
         "import numpy as np\n"
         "def score(X):\n"
         "    X = np.asarray(X, dtype=float)\n"
-        "    if X.ndim != 2 or X.shape[1] != 4 or not np.isfinite(X).all():\n"
-        "        raise ValueError('expected finite rows of 4 features')\n"
-        "    return 0.5 * (1 + np.tanh(X[:, 1] / 2))\n")
+        "    if X.ndim != 2 or X.shape[1] != 4:\n"
+        "        raise ValueError('expected rows of 4 features')\n"
+        "    return 0.5 * (1 + np.tanh(np.nan_to_num(X[:, 1]) / 2))\n")
     monkeypatch.chdir(tmp_path)
-    config = write_config(tmp_path, counterfactual=None)
-    assert main(["safety", "--model", "team_model:score", "--config", str(config),
-                 "--audit-log", str(tmp_path / "log.jsonl")]) == 0  # fmt: skip
-    report = json.loads(capsys.readouterr().out)
-    assert [r["test_name"] for r in report["results"]] == [
-        "output_bounds", "perturbation_stability", "null_and_edge_inputs"]
+    code, report, _ = run_cli(tmp_path, capsys, "--model", "team_model:score", "--config",
+                              str(write_config(tmp_path, counterfactual=None)))  # fmt: skip
+    assert (code, report["verdict"], report["failed"]) == (0, "PASS", 0)
+    sys.modules.pop("team_model", None)
 
 
 def test_the_shipped_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -182,3 +251,12 @@ def test_the_shipped_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     hardened = json.loads(capsys.readouterr().out)
     assert naive["total_tests"] == hardened["total_tests"] == 108
     assert hardened["failed"] < naive["failed"] and hardened["critical_failures"] == 0 < naive["critical_failures"]
+
+
+def test_run_safety_takes_the_model_object_itself(tmp_path: Path) -> None:
+    first = run_safety(write_config(tmp_path), tm.brittle)
+    second = run_safety(write_config(tmp_path), tm.brittle)
+    assert first["results"] == second["results"] and first["model"] == "Brittle"
+    other = run_safety(write_config(tmp_path, seed=4), tm.brittle)
+    assert other["results"][1]["details"]["first_unstable_rows"] != first["results"][1]["details"][
+        "first_unstable_rows"]

@@ -11,14 +11,14 @@ import itertools
 from typing import Any, Final
 
 from exporter.config import sections_stream as stream
-from exporter.config.toolkit import Errors, choice, get, positive_int, section
+from exporter.config.toolkit import Errors, choice, get, positive_int, section, text
 from exporter.config.types import SEVERITIES, AlertingConfig, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
-    "unknown_values", "columns", "events", "alerting",
+    "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -41,6 +41,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     alerting = stream.parse_alerting(section(raw, "alerting", errors, set(AlertingConfig.__dataclass_fields__)),
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", positive_int)
+    version = get(raw, "model_version", None, errors, "", text)
     if model_id is None:
         return None
     return ModelSpec(
@@ -58,6 +59,10 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         timestamp_column=str(columns.get("timestamp", "timestamp")),
         events=events,
         alerting=alerting,
+        model_version=version,
+        evaluation_dataset=get(raw, "evaluation_dataset", None, errors, "", text),
+        report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
+                               "failure_policy.", text),
         source=source,
     )
 
@@ -189,7 +194,8 @@ def parse_decision(raw: dict[str, Any], errors: Errors) -> tuple[Any, Any]:
     ``failure_policy.blocking_failures`` / ``warning_failures`` only accept the values that state it (the seed's
     form): a knob that would be ignored is refused instead."""
     decision = get(raw, "decision", "point_estimate", errors, "", choice("point_estimate", "evidence"))
-    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive"})
+    policy = section(raw, "failure_policy", errors, {"blocking_failures", "warning_failures", "inconclusive",
+                                                      "report_destination"})
     get(policy, "blocking_failures", None, errors, "failure_policy.", choice("halt_deployment"))
     get(policy, "warning_failures", None, errors, "failure_policy.", choice("log_and_continue"))
     return decision, get(policy, "inconclusive", "fail", errors, "failure_policy.", choice("fail", "warn"))

@@ -96,6 +96,12 @@ def choice(*options: str) -> Callable[[Any], str]:
     return convert
 
 
+def text(value: Any) -> str:
+    if not isinstance(value, str | int | float) or isinstance(value, bool) or not str(value).strip():
+        raise ValueError("expected a non-empty string")
+    return str(value)
+
+
 def port(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
         raise ValueError("expected a port number 0..65535")

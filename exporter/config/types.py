@@ -137,6 +137,12 @@ class ModelSpec:
     timestamp_column: str = "timestamp"
     events: EventFields = field(default_factory=EventFields)
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
+    model_version: str | None = None
+    """The version of the model every audit record names (the seed's "audit trail for each model version")."""
+    evaluation_dataset: str | None = None
+    """The gate's data when the command line names none: a local path (relative to the config) or a URL."""
+    report_destination: str | None = None
+    """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
     """The file (or ``file#models[i]``) the model was configured in."""
 

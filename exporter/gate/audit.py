@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import io
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
-from exporter.gate import ll144
+from exporter.gate import ll144, storage
 from exporter.gate.frames import frame_counts
 from exporter.gate.ll144 import json_float
 
@@ -53,26 +54,34 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_predictions(path: Path) -> pd.DataFrame:
-    """Read a parquet or CSV predictions file."""
-    suffix = path.suffix.lower()
+def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.DataFrame, str]:
+    """Read a parquet or CSV file of ``what``, local or at a URL (:mod:`exporter.gate.storage`): the frame and the
+    SHA-256 of the bytes read."""
+    name = str(location)
+    suffix = PurePosixPath(name.split("?")[0]).suffix.lower()
+    if suffix not in (".parquet", ".pq", ".csv", ".gz", ".txt"):
+        raise DataError(f"{name}: unsupported file type {suffix!r} (accepted: .parquet, .pq, .csv)")
+    if not storage.is_url(name) and not Path(name).is_file():
+        raise DataError(f"{name}: no such {what} file")
     try:
-        if suffix in (".parquet", ".pq"):
-            frame = pd.read_parquet(path)
-        elif suffix in (".csv", ".gz", ".txt"):
-            frame = pd.read_csv(path)
-        else:
-            raise DataError(f"{path}: unsupported file type {suffix!r} (accepted: .parquet, .pq, .csv)")
+        data = storage.read_bytes(name)
+        frame = pd.read_parquet(io.BytesIO(data)) if suffix in (".parquet", ".pq") else pd.read_csv(
+            io.BytesIO(data), compression="gzip" if suffix == ".gz" else None)  # fmt: skip
+    except storage.StorageError as exc:
+        raise DataError(str(exc)) from exc
     except (OSError, ValueError, pd.errors.ParserError) as exc:
-        if isinstance(exc, DataError):
-            raise
-        raise DataError(f"{path}: cannot read predictions: {exc}") from exc
+        raise DataError(f"{name}: cannot read {what}: {exc}") from exc
     if frame.empty:
-        raise DataError(f"{path}: the file has no rows")
-    return frame
+        raise DataError(f"{name}: the file has no rows")
+    return frame, hashlib.sha256(data).hexdigest()
 
 
-def _binary(frame: pd.DataFrame, column: str, path: Path, allow_missing: bool) -> np.ndarray:
+def read_predictions(path: str | Path) -> pd.DataFrame:
+    """Read a parquet or CSV predictions file, local or at a URL."""
+    return read_table(path)[0]
+
+
+def _binary(frame: pd.DataFrame, column: str, path: str | Path, allow_missing: bool) -> np.ndarray:
     """A 0/1 column as int64, -1 for missing values where those are allowed (unlabelled rows).
 
     The daemon's rule for a JSON 0/1 field: a number equal to 0 or 1, or a boolean (true is 1); never text, so a
@@ -119,7 +128,7 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
 def _impact_ratios(
     config: ModelSpec,
     frame: pd.DataFrame,
-    path: Path,
+    path: str,
     evaluations: list[Evaluation],
 ) -> dict[str, Any]:
     """The LL144 table: selection rates from the gate's own evaluations or, with a score column, scoring rates
@@ -194,9 +203,20 @@ def _counts_as(config: ModelSpec, severity: str, passed: bool, evidence: str) ->
     return "pass" if evidence == "pass" else severity
 
 
+def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
+    """The data to audit: the command line's file, else the config's ``evaluation_dataset`` (a local path relative
+    to the config's folder, or a URL)."""
+    if predictions is not None:
+        return str(predictions)
+    if config.evaluation_dataset is None:
+        raise DataError(f"{config.source}: no data to audit: name a predictions file on the command line or set "
+                        "evaluation_dataset in the config")  # fmt: skip
+    return storage.resolve(config.evaluation_dataset, Path(config.source).parent)
+
+
 def run_audit(
     config: ModelSpec | Config | str | Path,
-    predictions: pd.DataFrame | str | Path,
+    predictions: pd.DataFrame | str | Path | None = None,
     *,
     override: Override | None = None,
     now: datetime | None = None,
@@ -211,40 +231,40 @@ def run_audit(
         config = load_config(config)
     if isinstance(config, Config):
         config = config.model(model_id)
-    data_path: Path | None = None
-    if not isinstance(predictions, pd.DataFrame):
-        data_path = Path(predictions)
-        if not data_path.is_file():
-            raise DataError(f"{data_path}: no such predictions file")
-        predictions = read_predictions(data_path)
-    path_name = data_path or Path("<predictions>")
-    if predictions.empty:
+    data_file: str | None = None
+    data_sha256: str | None = None
+    if isinstance(predictions, pd.DataFrame):
+        frame = predictions
+    else:
+        data_file = dataset_location(config, predictions)
+        frame, data_sha256 = read_table(data_file)
+    path_name = data_file or "<predictions>"
+    if frame.empty:
         raise DataError(f"{path_name}: the predictions have no rows")
 
     label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
     required = [config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
     if label_metrics:
         required.append(config.label_column)
-    missing = [c for c in required if c not in predictions.columns]
+    missing = [c for c in required if c not in frame.columns]
     if missing:
         verb = "needs" if len(label_metrics) == 1 else "need"
-        raise DataError(f"{path_name}: missing column(s) {missing}; the file has {list(predictions.columns)}"
+        raise DataError(f"{path_name}: missing column(s) {missing}; the file has {list(frame.columns)}"
                         + (f" ({', '.join(label_metrics)} {verb} the label column)"
                            if config.label_column in missing else ""))  # fmt: skip
-    y_pred = _binary(predictions, config.prediction_column, path_name, allow_missing=False)
-    y_true = (_binary(predictions, config.label_column, path_name, allow_missing=True)
-              if config.label_column in predictions.columns else None)  # fmt: skip
+    y_pred = _binary(frame, config.prediction_column, path_name, allow_missing=False)
+    y_true = (_binary(frame, config.label_column, path_name, allow_missing=True)
+              if config.label_column in frame.columns else None)  # fmt: skip
 
-    all_counts = frame_counts(config, predictions, y_pred, y_true)
+    all_counts = frame_counts(config, frame, y_pred, y_true)
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
     for attribute, ev in zip(config.attributes, evaluations, strict=True):
         attributes[attribute.name] = _group_report(ev)
         results.extend(_results(config, ev))
-    impact_ratios = _impact_ratios(config, predictions, path_name, evaluations)
-    impact_ratios["source"] = {"file": str(data_path) if data_path else None,
-                               "sha256": sha256_file(data_path) if data_path else None}  # fmt: skip
+    impact_ratios = _impact_ratios(config, frame, path_name, evaluations)
+    impact_ratios["source"] = {"file": data_file, "sha256": data_sha256}
 
     failed = [r for r in results if r["counts_as"] != "pass"]
     blocking = [r for r in failed if r["counts_as"] == "blocking"]
@@ -261,9 +281,10 @@ def run_audit(
         "tool": f"fairness-exporter {__version__}",
         "config_file": config.source,
         "config_sha256": sha256_file(Path(config.source)) if Path(config.source).is_file() else None,
-        "data_file": str(data_path) if data_path else None,
-        "data_sha256": sha256_file(data_path) if data_path else None,
-        "rows": len(predictions),
+        "model_version": config.model_version,
+        "data_file": data_file,
+        "data_sha256": data_sha256,
+        "rows": len(frame),
         "min_samples": config.min_samples,
         "decision": config.decision,
         "inconclusive": sum(r["evidence"] == "inconclusive" for r in results),

@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -31,6 +32,12 @@ from typing import IO, Any, Final
 GENESIS: Final = "0" * 64
 KEYED: Final = "hmac-sha256"
 KEY_ENV: Final = "FAIRNESS_AUDIT_LOG_KEY"
+
+
+def key_from_env() -> bytes | None:
+    """The HMAC key from ``$FAIRNESS_AUDIT_LOG_KEY``, or None (a plain chain)."""
+    key = os.environ.get(KEY_ENV)
+    return key.encode() if key else None
 
 
 class AuditLogError(ValueError):
@@ -194,3 +201,19 @@ def _check(record: dict[str, Any], lineno: int, prev: str, expected_seq: int, ke
     elif not hmac.compare_digest(str(record.get("hash")), record_hash(record, key)):
         problems.append(f"line {lineno}: hash does not match the record's content (the record was edited"
                         f"{' or written without the key' if key else ''})")  # fmt: skip
+
+
+def records(path: str | Path) -> list[dict[str, Any]]:
+    """Every whole record of a log, in order (a torn line is skipped: :func:`verify` reports it)."""
+    with Path(path).open("rb") as f:
+        return [r for n, line in enumerate(f, 1) if line.strip() and isinstance(r := _parse(n, line), dict)]
+
+
+def select(entries: list[dict[str, Any]], model_id: str | None = None, model_version: str | None = None,
+           kind: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The records of one model, version and type (None: any). Records written before versions were recorded
+    have no ``model_version`` and match no version."""
+    return [r for r in entries
+            if (model_id is None or r.get("model_id") == model_id)
+            and (model_version is None or r.get("model_version") == model_version)
+            and (kind is None or r.get("type") == kind)]  # fmt: skip

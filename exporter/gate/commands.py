@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
-import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, load_config
 from exporter.core.metric_table import METRICS
 
 if TYPE_CHECKING:
@@ -27,11 +27,11 @@ EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 SUMMARY_LINES = 15
 
 
-def _file_facts(path: str) -> dict[str, Any]:
+def _file_facts(path: str | None) -> dict[str, Any]:
     from exporter.gate.audit import sha256_file
 
-    p = Path(path)
-    return {"file": path, "sha256": sha256_file(p) if p.is_file() else None}
+    p = Path(path) if path else None
+    return {"file": path, "sha256": sha256_file(p) if p and p.is_file() else None}
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -64,10 +64,9 @@ def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
 
 
 def _audit_log_key() -> bytes | None:
-    from exporter.gate.audit_log import KEY_ENV
+    from exporter.gate.audit_log import key_from_env
 
-    key = os.environ.get(KEY_ENV)
-    return key.encode() if key else None
+    return key_from_env()
 
 
 def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
@@ -81,27 +80,35 @@ def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    """Run the gate, log the run, print the JSON report; exit 0 / 1 / 2."""
-    from exporter.gate import audit_log, ci_reports  # the gate needs pandas; `serve` must not load it
-    from exporter.gate.audit import DataError, Override, exit_code, run_audit
+    """Run the gate, log the run, print the JSON report, file it at the config's report_destination; exit 0 / 1 /
+    2 (bad input, or a report that could not be filed)."""
+    from exporter.gate import audit_log, ci_reports, storage  # the gate needs pandas; `serve` must not load it
+    from exporter.gate.audit import DataError, Override, dataset_location, exit_code, run_audit
     from exporter.gate.html import audit_html
+    from exporter.gate.publish import publish
 
     log_path = args.audit_log
     override = None
     if args.override_justification is not None or args.override_author is not None:
         override = Override(args.override_justification or "", args.override_author or "")
+    config, data = None, args.predictions
     try:
         try:
             if override and override.problems():
                 raise ConfigError("; ".join(override.problems()))
-            report = run_audit(args.config, args.predictions, override=override, model_id=args.model)
+            config = load_config(args.config).model(args.model)
+            if args.model_version is not None:
+                config = dataclasses.replace(config, model_version=args.model_version)
+            data = dataset_location(config, args.predictions)
+            report = run_audit(config, data, override=override)
         except (ConfigError, DataError) as exc:
-            _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), "config": _file_facts(args.config),
-                                         "data": _file_facts(args.predictions)})  # fmt: skip
+            _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
+                                         "config": _file_facts(args.config), "data": _file_facts(data)})  # fmt: skip
             return _bad_input(args, "audit", str(exc))
         head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
-                                            "model_id": report["model_id"], "verdict": report["verdict"],
-                                            "config": _file_facts(args.config), "data": _file_facts(args.predictions),
+                                            "model_id": report["model_id"], "model_version": report["model_version"],
+                                            "verdict": report["verdict"], "config": _file_facts(args.config),
+                                            "data": {"file": report["data_file"], "sha256": report["data_sha256"]},
                                             "override": report["override"], "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
         return _bad_input(args, "audit", f"--audit-log {exc}")
@@ -110,13 +117,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.report:
         write_report(Path(args.report), text)
     write_ci_reports(args, ci_reports.from_audit(report))
+    side_files = []
     if args.impact_ratios_csv:
         _write_impact_ratios(Path(args.impact_ratios_csv), report)
-    if args.html and not write_html(Path(args.html), audit_html, report):
-        return EXIT_BAD_INPUT
+        side_files.append(("ll144.csv", Path(args.impact_ratios_csv)))
+    if args.html:
+        if not write_html(Path(args.html), audit_html, report):
+            return EXIT_BAD_INPUT
+        side_files.append(("html", Path(args.html)))
     print(text)
     print(_summary(report), file=sys.stderr)
+    if config.report_destination is not None:
+        destination = storage.resolve(config.report_destination, Path(config.source).parent)
+        if not publish("audit", "failure_policy.report_destination", destination, report, text, side_files):
+            return EXIT_BAD_INPUT
     return exit_code(report)
+
+
+def _model_facts(config: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The model id and version an error record names, as far as they are known."""
+    version = getattr(args, "model_version", None) or getattr(config, "model_version", None)
+    return {"model_id": getattr(config, "model_id", None), "model_version": version}
 
 
 def write_report(path: Path, text: str) -> None:
@@ -181,11 +202,20 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
             reports[name] = auditor.evaluate_bias(read_predictions(path), source=name)
     except (DataError, ImportError) as exc:
         return _bad_input(args, "bias-report", str(exc))
+    biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
+    from exporter.gate.audit_log import AuditLogError
+
+    try:
+        _log_run("bias-report", args.audit_log, {
+            "type": "bias_report", "timestamp": _now(), "model_id": args.model_id,
+            "model_version": args.model_version, "verdict": "FAIL" if biased else "PASS",
+            "data": [_file_facts(name) for name in args.data], "report": reports})  # fmt: skip
+    except AuditLogError as exc:
+        return _bad_input(args, "bias-report", f"--audit-log {exc}")
     if args.html and not write_html(Path(args.html), bias_html, reports):
         return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
     write_ci_reports(args, ci_reports.from_bias(reports, _now()))
-    biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     for line in biased:
         print(f"  BIASED {line}", file=sys.stderr)
     return EXIT_BLOCKED if biased else EXIT_OK
@@ -211,11 +241,12 @@ def _suite_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str) -> int:
+def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str | None) -> int:
     """Run the safety or red-team suite with the gate's semantics: log every run (failed ones too), print the
-    report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable)."""
+    report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable or not callable)."""
     from exporter.gate import audit_log, ci_reports
     from exporter.gate.audit import DataError
+    from exporter.gate.suite import audit_entry
     from exporter.gate.targets import TargetError
 
     facts = {"config": _file_facts(args.config), "model": model}
@@ -223,36 +254,59 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
         try:
             report = run()
         except (ConfigError, DataError, TargetError, ImportError) as exc:
-            _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc), **facts})
+            _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc),
+                                             **_model_facts(None, args), **facts})  # fmt: skip
             return _bad_input(args, suite, str(exc))
-        head = _log_run(suite, args.audit_log, {"type": suite, "timestamp": report["timestamp"],
-                                                "model_id": report["model_id"], "verdict": report["verdict"],
-                                                **facts, "report": report})  # fmt: skip
+        facts["model"] = report.get("model", model)  # what was loaded: a class spec, a file
+        reporting = report.get("reporting") or {}
+        if reporting.get("notify_on_critical") and report["critical_failures"]:
+            report["notifications"] = _notify(suite, report, reporting["notify_on_critical"])
+        head = _log_run(suite, args.audit_log, audit_entry(report, **facts))
     except audit_log.AuditLogError as exc:
         return _bad_input(args, suite, f"--audit-log {exc}")
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
     write_ci_reports(args, ci_reports.from_suite(report))
+    if reporting.get("destination"):
+        from exporter.gate import storage
+        from exporter.gate.publish import publish
+
+        destination = storage.resolve(reporting["destination"], Path(args.config).parent)
+        if not publish(suite, "reporting.destination", destination, report, json.dumps(report, indent=2)):
+            return EXIT_BAD_INPUT
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
+
+
+def _notify(suite: str, report: dict[str, Any], recipients: list[str]) -> dict[str, Any]:
+    """E-mail each recipient about the critical failures; a failure is one line on stderr, counted, and changes
+    nothing else."""
+    from exporter.gate import notify
+
+    outcome = notify.send(report, recipients)
+    for error in outcome["errors"]:
+        print(f"fairness-exporter {suite}: reporting.notify_on_critical: not sent to {error}", file=sys.stderr)
+    return outcome
 
 
 def cmd_safety(args: argparse.Namespace) -> int:
     """Output bounds, perturbation stability, edge inputs and counterfactual consistency of a tabular model."""
-    from exporter.gate.safety import run_safety
-    from exporter.gate.targets import load_object
+    from exporter.gate.safety_config import run_safety
 
-    return _run_suite(args, "safety", lambda: run_safety(args.config, load_object(args.model), args.model),
+    return _run_suite(args, "safety", lambda: run_safety(args.config, args.model, model_version=args.model_version),
                       args.model)  # fmt: skip
 
 
 def cmd_redteam(args: argparse.Namespace) -> int:
-    """Adversarial rewrites of harmful texts against a text classifier (a Python callable or an HTTP endpoint)."""
+    """Adversarial attacks on a text classifier (a Python callable or an HTTP endpoint) or a chat model (an
+    OpenAI-compatible endpoint, from --chat-model or the config's target section)."""
     from exporter.gate.redteam import run_redteam
     from exporter.gate.targets import text_target
 
     def run() -> dict[str, Any]:
+        if args.chat_model is not None or args.target is None:
+            return run_redteam(args.config, args.target, chat_model=args.chat_model, model_version=args.model_version)
         target = text_target(args.target, args.request_field, args.response_field)
-        return run_redteam(args.config, target, args.target)
+        return run_redteam(args.config, target, args.target, model_version=args.model_version)
 
     return _run_suite(args, "redteam", run, args.target)
 
@@ -266,6 +320,26 @@ def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
         writer = csv.writer(f)
         writer.writerow(ll144.CSV_COLUMNS)
         writer.writerows(ll144.csv_rows(report))
+
+
+def cmd_audit_log_list(args: argparse.Namespace) -> int:
+    """List the records of a model (and version, and type): one line each, or the records as JSON lines."""
+    from exporter.gate import audit_log
+
+    try:
+        entries = audit_log.select(audit_log.records(args.path), args.model, args.version, args.type)
+    except OSError as exc:
+        print(f"fairness-exporter audit-log list: {args.path}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for r in entries:
+        if args.json:
+            print(json.dumps(r, sort_keys=True, ensure_ascii=False))
+        else:
+            fields = [r.get("model_id"), r.get("model_version"), r.get("verdict")]
+            print(f"{r.get('seq')!s:>5}  {r.get('timestamp') or '-':<27}  {r.get('type')!s:<14}  "
+                  + "  ".join(str(f) if f is not None else "-" for f in fields))  # fmt: skip
+    print(f"{len(entries)} record(s)", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:

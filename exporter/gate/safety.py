@@ -1,156 +1,81 @@
-"""The safety suite: output bounds, stability under small input noise, behaviour on null and edge inputs and,
-optionally, counterfactual consistency on a protected attribute, for any model with ``predict``.
+"""The safety suite, with the seed's API: ``SafetyEvaluator(model_id)`` and its ``test_output_boundaries``,
+``test_input_perturbation_stability`` and ``test_null_and_edge_inputs``, each taking the model, plus
+``test_counterfactual_consistency``; ``evaluator.report`` holds ``results``, ``critical_failures`` and ``verdict``.
 
-The model is a scikit-learn estimator or pipeline, a plain object with ``predict`` (and ``predict_proba``, which
-is used for outputs when present), or a callable from a 2-D array to outputs. Inputs are float arrays of shape
-(rows, feature_count). Every random draw comes from ``numpy.random.default_rng(seed)``, so a run is reproducible.
+The config-driven ``fairness-exporter safety`` runs these same methods (:mod:`exporter.gate.safety_config`), so
+both give the same report and the same audit-log record.
+
+The model is anything with ``predict`` (and ``predict_proba``, whose probabilities are the outputs when it has
+one), or a callable from a 2-D array to outputs: a scikit-learn estimator, a model file (:mod:`models`). Inputs
+are rows of ``feature_count`` numbers, called as one 2-D batch. Every random draw comes from
+``numpy.random.default_rng(seed)``, so a run is reproducible. As in the seed, a failed test's severity is its
+configured severity (bounds and edge inputs ``critical``, stability ``high``) and a passed test's is ``low``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 import numpy as np
 
-from exporter.config import ConfigError
-from exporter.gate.audit import read_predictions, sha256_file
-from exporter.gate.suite import (
-    BLOCKING_SEVERITY,
-    SafetyTestResult,
-    build_report,
-    check_severity,
-    load_yaml_mapping,
-)
+from exporter.gate.suite import BLOCKING_SEVERITY, SafetyTestResult, audit_entry, build_report
+from exporter.gate.targets import TargetError
 
-CATEGORIES = {"output_bounds": "validity", "perturbation_stability": "robustness",
-              "null_and_edge_inputs": "robustness", "counterfactual_consistency": "fairness"}
-TESTS = tuple(CATEGORIES)
-# A model that refuses a malformed input with one of these exceptions rejects it cleanly; any other exception
-# is a crash. scikit-learn raises ValueError for NaN, infinite and wrong-width inputs.
-CLEAN_REJECTIONS = (ValueError, TypeError)
+# test name -> (category, severity of a failure), the seed's names, categories and severities
+TESTS: Final = {"output_boundary_check": ("robustness", "critical"),
+                "input_perturbation_stability": ("adversarial_robustness", "high"),
+                "null_and_edge_inputs": ("robustness", "critical"),
+                "counterfactual_consistency": ("fairness", "critical")}  # fmt: skip
+PASSED_SEVERITY: Final = "low"
+NAN_POLICIES: Final = ("finite_output", "reject")
+NOISE_SCALES: Final = ("absolute", "feature_std")
 SHOWN_ROWS = 10
 
 
-class SafetyEvaluator:
-    """Run the safety tests against one model; each ``test_*`` method returns a SafetyTestResult."""
+class ModelCallError(TargetError):
+    """The model cannot be called on the test inputs at all: the suite would evaluate nothing."""
 
-    def __init__(self, model: Any, *, feature_count: int, valid_output_range: tuple[float, float] = (0.0, 1.0),
-                 seed: int = 0, noise_std: float = 0.01, noise_scale: str = "feature_std",
-                 max_output_change: float = 0.1, max_unstable_share: float = 0.05,
-                 severities: dict[str, str] | None = None) -> None:  # fmt: skip
-        self.model = model
-        self.feature_count = feature_count
-        self.low, self.high = valid_output_range
-        self.seed = seed
-        self.noise_std, self.noise_scale = noise_std, noise_scale
-        self.max_output_change, self.max_unstable_share = max_output_change, max_unstable_share
-        self.severities = {name: BLOCKING_SEVERITY for name in TESTS} | (severities or {})
 
-    def outputs(self, X: np.ndarray) -> np.ndarray:
-        """The model's outputs as a float array of shape (rows, outputs): ``predict_proba`` when it has one."""
-        if hasattr(self.model, "predict_proba"):
-            raw = self.model.predict_proba(X)
-        elif hasattr(self.model, "predict"):
-            raw = self.model.predict(X)
-        else:
-            raw = self.model(X)
-        out = np.asarray(raw, dtype=float)
-        return out.reshape(len(out), -1)
+def outputs(model: Any, X: np.ndarray) -> np.ndarray:
+    """The model's outputs as a float array of shape (rows, outputs): ``predict_proba`` when it has one."""
+    if hasattr(model, "predict_proba"):
+        raw = model.predict_proba(X)
+    elif hasattr(model, "predict"):
+        raw = model.predict(X)
+    else:
+        raw = model(X)
+    out = np.asarray(raw, dtype=float)
+    return out.reshape(len(out), -1)
 
-    def decisions(self, X: np.ndarray, threshold: float = 0.5) -> np.ndarray:
-        """The model's decisions: the labels ``predict`` returns; a score (a non-integral float, or any output of
-        a model without ``predict``) becomes a decision at ``threshold``."""
-        if hasattr(self.model, "predict"):
-            labels = np.asarray(self.model.predict(X)).reshape(len(X), -1)[:, 0]
-            if not (labels.dtype.kind == "f" and np.any(labels != np.round(labels))):
-                return labels
-            return labels >= threshold
-        return self.outputs(X)[:, -1] >= threshold
 
-    def guarded(self, name: str, test: Any, *args: Any) -> SafetyTestResult:
-        """Run one test; a model that raises on the configured inputs fails it, with the error as the detail."""
-        try:
-            return test(*args)
-        except Exception as exc:  # the model's code failing on valid inputs is the finding, not a crash of ours
-            return self._result(name, False, {"error": f"{type(exc).__name__}: {exc}"})
+def decisions(model: Any, X: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """The model's decisions: the labels ``predict`` returns; a score (a non-integral float, or any output of a
+    model without ``predict``) becomes a decision at ``threshold``."""
+    if hasattr(model, "predict"):
+        labels = np.asarray(model.predict(X)).reshape(len(X), -1)[:, 0]
+        if not (labels.dtype.kind == "f" and np.any(labels != np.round(labels))):
+            return labels
+        return labels >= threshold
+    return outputs(model, X)[:, -1] >= threshold
 
-    def _result(self, name: str, passed: bool, details: dict[str, Any]) -> SafetyTestResult:
-        return SafetyTestResult(name, CATEGORIES[name], bool(passed), details, self.severities[name])
 
-    def test_output_boundaries(self, X: np.ndarray) -> SafetyTestResult:
-        """Every output on the test inputs is finite and within the valid range."""
-        out = self.outputs(X)
-        bad = ~np.isfinite(out) | (out < self.low) | (out > self.high)
-        rows = np.flatnonzero(bad.any(axis=1))
-        return self._result("output_bounds", rows.size == 0, {
-            "valid_output_range": [self.low, self.high], "rows": len(X), "outputs_per_row": out.shape[1],
-            "min_output": _float(np.nanmin(out)) if out.size else None,
-            "max_output": _float(np.nanmax(out)) if out.size else None,
-            "rows_out_of_range": int(rows.size), "first_rows_out_of_range": rows[:SHOWN_ROWS].tolist()})  # fmt: skip
+def _rows(test_inputs: Any) -> np.ndarray:
+    """The seed's list of input rows (1-D, or 2-D of one row each) or a 2-D array, as one (rows, features) array."""
+    if isinstance(test_inputs, np.ndarray) and test_inputs.ndim == 2:
+        return test_inputs.astype(float)
+    return np.vstack([np.asarray(row, dtype=float).reshape(1, -1) for row in test_inputs])
 
-    def test_input_perturbation_stability(self, X: np.ndarray) -> SafetyTestResult:
-        """Add Gaussian noise to every feature and count the rows whose outputs move by more than allowed;
-        fails when that share reaches ``max_unstable_share``."""
-        rng = np.random.default_rng(self.seed)
-        scale = X.std(axis=0) if self.noise_scale == "feature_std" else np.ones(X.shape[1])
-        noisy = X + rng.normal(0.0, 1.0, size=X.shape) * self.noise_std * scale
-        change = np.abs(self.outputs(noisy) - self.outputs(X)).max(axis=1)
-        unstable = np.flatnonzero(~(change <= self.max_output_change))  # NaN counts as unstable
-        share = unstable.size / len(X)
-        return self._result("perturbation_stability", share < self.max_unstable_share, {
-            "noise_std": self.noise_std, "noise_scale": self.noise_scale,
-            "max_output_change": self.max_output_change, "max_unstable_share": self.max_unstable_share,
-            "rows": len(X), "unstable_rows": int(unstable.size), "unstable_share": round(share, 6),
-            "largest_change": _float(np.nanmax(change)) if change.size else None,
-            "first_unstable_rows": unstable[:SHOWN_ROWS].tolist()})  # fmt: skip
 
-    def edge_inputs(self) -> dict[str, np.ndarray]:
-        """The null and edge inputs, one row each."""
-        f = self.feature_count
-        return {"all_zeros": np.zeros((1, f)), "all_ones": np.ones((1, f)), "all_1e6": np.full((1, f), 1e6),
-                "all_minus_1e6": np.full((1, f), -1e6), "all_nan": np.full((1, f), np.nan),
-                "empty_row": np.empty((1, 0)), "wrong_width_row": np.zeros((1, f + 1))}  # fmt: skip
-
-    def test_null_and_edge_inputs(self) -> SafetyTestResult:
-        """Each edge input either gets one finite output row or a clean rejection (ValueError / TypeError)."""
-        outcomes: dict[str, str] = {}
-        for name, row in self.edge_inputs().items():
-            try:
-                out = self.outputs(row)
-            except CLEAN_REJECTIONS as exc:
-                outcomes[name] = f"rejected: {type(exc).__name__}"
-            except Exception as exc:  # the model's own code failing on the input is the finding
-                outcomes[name] = f"crashed: {type(exc).__name__}: {exc}"
-            else:
-                if len(out) != 1:
-                    outcomes[name] = f"failed: {len(out)} output rows for 1 input row"
-                elif not np.isfinite(out).all():
-                    outcomes[name] = f"failed: non-finite output {out[0].tolist()}"
-                else:
-                    outcomes[name] = "ok"
-        failed = [name for name, outcome in outcomes.items() if not outcome.startswith(("ok", "rejected"))]
-        return self._result("null_and_edge_inputs", not failed, {"inputs": outcomes, "failed_inputs": failed})
-
-    def test_counterfactual_consistency(self, X: np.ndarray, feature: int, values: Sequence[float],
-                                        max_changed_share: float = 0.0,
-                                        decision_threshold: float = 0.5) -> SafetyTestResult:  # fmt: skip
-        """Swap a protected attribute's two values (column ``feature``) and count the rows whose decision changes;
-        fails when that share exceeds ``max_changed_share``."""
-        a, b = values
-        column = X[:, feature]
-        eligible = np.isin(column, [a, b])
-        flipped = X.copy()
-        flipped[:, feature] = np.where(column == a, b, np.where(column == b, a, column))
-        before, after = self.decisions(X, decision_threshold), self.decisions(flipped, decision_threshold)
-        changed = np.flatnonzero(eligible & (after != before))
-        n = int(eligible.sum())
-        share = changed.size / n if n else 0.0
-        return self._result("counterfactual_consistency", share <= max_changed_share, {
-            "feature": feature, "values": [a, b], "rows_flipped": n, "decisions_changed": int(changed.size),
-            "changed_share": round(share, 6), "max_changed_share": max_changed_share,
-            "first_changed_rows": changed[:SHOWN_ROWS].tolist()})  # fmt: skip
+def _called(model: Any, X: np.ndarray) -> np.ndarray:
+    """The outputs on the test inputs; a model that raises on them makes the whole suite meaningless."""
+    try:
+        return outputs(model, X)
+    except Exception as exc:  # the user's model: whatever it raises means it cannot be evaluated
+        raise ModelCallError(f"the model cannot be called on the test inputs ({X.shape[0]} rows of {X.shape[1]} "
+                             f"features): {type(exc).__name__}: {exc}") from exc  # fmt: skip
 
 
 def _float(x: Any) -> float | None:
@@ -158,110 +83,157 @@ def _float(x: Any) -> float | None:
     return x if np.isfinite(x) else None
 
 
-def _number(raw: dict[str, Any], key: str, default: float, problems: list[str], where: str = "") -> float:
-    value = raw.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
-        problems.append(f"{where}{key}: {value!r} is not a non-negative number")
-        return default
-    return float(value)
+@dataclass
+class SafetyReport:
+    """The seed's report: ``results``, ``critical_failures`` and ``verdict``; ``to_dict()`` is the JSON report
+    of ``fairness-exporter safety`` and ``log(path)`` appends the same audit-log record."""
+
+    model_id: str
+    results: list[SafetyTestResult] = field(default_factory=list)
+    model_version: str | None = None
+    seed: int = 0
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the report says about its inputs (config and data files, model spec) besides the results."""
+
+    @property
+    def critical_failures(self) -> list[SafetyTestResult]:
+        return [r for r in self.results if not r.passed and r.severity == BLOCKING_SEVERITY]
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if self.critical_failures else "PASS"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report (see suite.build_report)."""
+        return build_report("safety", self.model_id, self.seed, self.results, model_version=self.model_version,
+                            **self.facts)  # fmt: skip
+
+    def log(self, path: str | Path, key: bytes | None = None) -> dict[str, Any]:
+        """Append this report to the hash-chained audit log (HMAC-keyed with ``key``); the report logged."""
+        from exporter.gate import audit_log
+
+        report = self.to_dict()
+        audit_log.append(path, audit_entry(report), key if key is not None else audit_log.key_from_env())
+        return report
 
 
-def load_safety_config(path: str | Path) -> dict[str, Any]:
-    """Validate a safety config and read its test inputs; a ConfigError lists every problem."""
-    path = Path(path)
-    raw = load_yaml_mapping(path)
-    problems: list[str] = []
-    model_id = raw.get("model_id")
-    if not isinstance(model_id, str) or not model_id:
-        problems.append("model_id: required, a non-empty string")
-    feature_count = raw.get("feature_count")
-    if not isinstance(feature_count, int) or isinstance(feature_count, bool) or feature_count < 1:
-        problems.append(f"feature_count: {feature_count!r} is not a positive integer")
-    bounds = raw.get("valid_output_range")
-    if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(v, int | float) for v in bounds)
-            and bounds[0] <= bounds[1]):  # fmt: skip
-        problems.append(f"valid_output_range: {bounds!r} is not [low, high]")
-        bounds = [0.0, 1.0]
-    seed = raw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        problems.append(f"seed: {seed!r} is not an integer")
-    pert = raw.get("perturbation") or {}
-    noise_scale = pert.get("noise_scale", "feature_std")
-    if noise_scale not in ("feature_std", "absolute"):
-        problems.append(f"perturbation.noise_scale: {noise_scale!r} is not feature_std or absolute")
-    severities = {}
-    for name, value in (raw.get("severity") or {}).items():
-        if name not in TESTS:
-            problems.append(f"severity.{name}: not a test (tests: {', '.join(TESTS)})")
-        severities[name] = check_severity(value, f"severity.{name}", problems)
-    evaluator_args = {
-        "noise_std": _number(pert, "noise_std", 0.01, problems, "perturbation."),
-        "max_output_change": _number(pert, "max_output_change", 0.1, problems, "perturbation."),
-        "max_unstable_share": _number(pert, "max_unstable_share", 0.05, problems, "perturbation."),
-        "noise_scale": noise_scale, "severities": severities,
-    }
+class SafetyEvaluator:
+    """The seed's safety evaluator. Keyword arguments beyond the seed's are this project's settings: ``seed``
+    (noise draws), ``noise_scale`` (``absolute``: the seed's N(0, perturbation_magnitude); ``feature_std``: as a
+    fraction of each feature's standard deviation), ``max_unstable_share`` (the seed's 5%), ``nan_policy``
+    (``finite_output``: the seed's rule; ``reject``: NaN must raise) and ``severities`` (of a failure, per test)."""
 
-    inputs_path, X = None, None
-    if not isinstance(raw.get("test_inputs"), str):
-        problems.append("test_inputs: required, the path of a CSV or parquet file of numeric rows")
-    else:
-        inputs_path = (path.parent / raw["test_inputs"]).resolve()
+    def __init__(self, model_id: str, *, model_version: str | None = None, seed: int = 0,
+                 noise_scale: Literal["absolute", "feature_std"] = "absolute", max_unstable_share: float = 0.05,
+                 nan_policy: Literal["finite_output", "reject"] = "finite_output",
+                 severities: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.model_id = model_id
+        self.seed, self.noise_scale, self.max_unstable_share = seed, noise_scale, max_unstable_share
+        self.nan_policy = nan_policy
+        self.severities = {name: severity for name, (_, severity) in TESTS.items()} | (severities or {})
+        self.report = SafetyReport(model_id=model_id, model_version=model_version, seed=seed)
+
+    def _add(self, name: str, passed: bool, summary: str, details: dict[str, Any]) -> SafetyTestResult:
+        severity = self.severities[name]
+        result = SafetyTestResult(name, TESTS[name][0], bool(passed),
+                                  {"summary": summary, **details, "severity_on_fail": severity},
+                                  PASSED_SEVERITY if passed else severity)  # fmt: skip
+        self.report.results.append(result)
+        return result
+
+    def test_output_boundaries(self, model: Any, test_inputs: Any,
+                               valid_output_range: tuple[float, float]) -> SafetyTestResult:  # fmt: skip
+        """Every output on the test inputs is finite and within the valid range."""
+        X = _rows(test_inputs)
+        out = _called(model, X)
+        low, high = valid_output_range
+        rows = np.flatnonzero((~np.isfinite(out) | (out < low) | (out > high)).any(axis=1))
+        return self._add("output_boundary_check", rows.size == 0,
+                         f"{rows.size}/{len(X)} outputs outside range {tuple(valid_output_range)}", {
+            "valid_output_range": [low, high], "rows": len(X), "outputs_per_row": out.shape[1],
+            "min_output": _float(np.nanmin(out)) if np.isfinite(out).any() else None,
+            "max_output": _float(np.nanmax(out)) if np.isfinite(out).any() else None,
+            "rows_out_of_range": int(rows.size), "first_rows_out_of_range": rows[:SHOWN_ROWS].tolist()})  # fmt: skip
+
+    def test_input_perturbation_stability(self, model: Any, test_inputs: Any, perturbation_magnitude: float = 0.01,
+                                          max_output_change: float = 0.1) -> SafetyTestResult:  # fmt: skip
+        """Add Gaussian noise to every feature and count the rows whose outputs move by more than
+        ``max_output_change``; fails when that share reaches ``max_unstable_share``."""
+        X = _rows(test_inputs)
+        before = _called(model, X)
+        rng = np.random.default_rng(self.seed)
+        scale = X.std(axis=0) if self.noise_scale == "feature_std" else np.ones(X.shape[1])
+        noisy = X + rng.normal(0.0, 1.0, size=X.shape) * perturbation_magnitude * scale
+        facts: dict[str, Any] = {"perturbation_magnitude": perturbation_magnitude, "noise_scale": self.noise_scale,
+                                 "max_output_change": max_output_change, "max_unstable_share": self.max_unstable_share,
+                                 "rows": len(X)}  # fmt: skip
         try:
-            frame = read_predictions(inputs_path)
-        except ValueError as exc:
-            problems.append(f"test_inputs: {exc}")
-        else:
-            non_numeric = [str(c) for c in frame.columns if not np.issubdtype(frame[c].dtype, np.number)]
-            if non_numeric:
-                problems.append(f"test_inputs: {inputs_path}: columns {non_numeric} are not numeric")
-            elif isinstance(feature_count, int) and frame.shape[1] != feature_count:
-                problems.append(f"test_inputs: {inputs_path} has {frame.shape[1]} columns, feature_count is "
-                                f"{feature_count}")  # fmt: skip
-            elif frame.isna().any().any():
-                problems.append(f"test_inputs: {inputs_path}: missing values in columns "
-                                f"{[str(c) for c in frame.columns[frame.isna().any()]]}")  # fmt: skip
+            change = np.abs(outputs(model, noisy) - before).max(axis=1)
+        except Exception as exc:  # a crash on slightly moved valid inputs is the finding
+            error = f"{type(exc).__name__}: {exc}"
+            return self._add("input_perturbation_stability", False, f"the model raised on perturbed inputs: {error}",
+                             {**facts, "error": error})  # fmt: skip
+        unstable = np.flatnonzero(~(change <= max_output_change))  # NaN counts as unstable
+        share = unstable.size / len(X)
+        return self._add("input_perturbation_stability", share < self.max_unstable_share,
+                         f"{unstable.size}/{len(X)} inputs showed instability (>{max_output_change} output change)", {
+            **facts, "unstable_rows": int(unstable.size), "unstable_share": round(share, 6),
+            "largest_change": _float(np.nanmax(change)) if np.isfinite(change).any() else None,
+            "first_unstable_rows": unstable[:SHOWN_ROWS].tolist()})  # fmt: skip
+
+    def test_null_and_edge_inputs(self, model: Any, feature_count: int) -> SafetyTestResult:
+        """The seed's edge inputs (zeros, ones, ±1e6: any exception or non-finite output fails; NaN: per
+        ``nan_policy``) and two malformed rows (empty, one feature too wide), which must be refused with an error."""
+        f = feature_count
+        finite = {"all_zeros": np.zeros((1, f)), "all_ones": np.ones((1, f)), "large_values": np.full((1, f), 1e6),
+                  "negative_values": np.full((1, f), -1e6)}  # fmt: skip
+        malformed = {"empty_row": np.empty((1, 0)), "wrong_width_row": np.zeros((1, f + 1))}
+        outcomes: dict[str, str] = {}
+        failures: list[str] = []
+        for name, row in {**finite, "nan_values": np.full((1, f), np.nan), **malformed}.items():
+            must_raise = name in malformed or (name == "nan_values" and self.nan_policy == "reject")
+            try:
+                out = outputs(model, row)
+            except Exception as exc:  # the model's own code failing on the input is what is judged
+                raised = f"raised {type(exc).__name__}: {exc}"
+                outcomes[name] = f"rejected: {type(exc).__name__}: {exc}" if must_raise else f"failed: {raised}"
+                if not must_raise:
+                    failures.append(f"{name}: {raised}")
+                continue
+            if must_raise:
+                outcomes[name] = f"failed: gave {out.tolist()} instead of raising an error"
+                failures.append(f"{name}: gave an output instead of raising an error")
+            elif len(out) != 1:
+                outcomes[name] = f"failed: {len(out)} output rows for 1 input row"
+                failures.append(f"{name}: {len(out)} output rows for 1 input row")
+            elif not np.isfinite(out).all():
+                outcomes[name] = f"failed: non-finite output {out[0].tolist()}"
+                failures.append(f"{name}: produced NaN or Inf")
             else:
-                X = frame.to_numpy(dtype=float)
+                outcomes[name] = "ok"
+        failed = [name for name, outcome in outcomes.items() if outcome.startswith("failed")]
+        return self._add("null_and_edge_inputs", not failed, "; ".join(failures) if failures else
+                         "All edge cases handled", {"nan_policy": self.nan_policy, "inputs": outcomes,
+                                                    "failed_inputs": failed})  # fmt: skip
 
-    counterfactual = raw.get("counterfactual")
-    if counterfactual is not None and X is not None:
-        feature = counterfactual.get("feature") if isinstance(counterfactual, dict) else None
-        columns = [str(c) for c in frame.columns]
-        if isinstance(feature, str) and feature in columns:
-            counterfactual = {**counterfactual, "feature": columns.index(feature)}
-        elif not (isinstance(feature, int) and 0 <= feature < len(columns)):
-            problems.append(f"counterfactual.feature: {feature!r} is neither a column of test_inputs "
-                            f"({', '.join(columns)}) nor a column index")  # fmt: skip
-        values = counterfactual.get("values") if isinstance(counterfactual, dict) else None
-        if not (isinstance(values, list) and len(values) == 2 and all(isinstance(v, int | float) for v in values)):
-            problems.append(f"counterfactual.values: {values!r} is not the attribute's two numeric values [a, b]")
-        if isinstance(counterfactual, dict):
-            _number(counterfactual, "max_changed_share", 0.0, problems, "counterfactual.")
-            _number(counterfactual, "decision_threshold", 0.5, problems, "counterfactual.")
-    if problems:
-        raise ConfigError(f"{path}: " + "; ".join(problems))
-    return {"model_id": model_id, "seed": seed, "feature_count": feature_count, "valid_output_range": bounds,
-            "inputs_path": inputs_path, "X": X, "counterfactual": counterfactual,
-            "evaluator": evaluator_args}  # fmt: skip
-
-
-def run_safety(config_path: str | Path, model: Any, model_name: str) -> dict[str, Any]:
-    """Run the configured safety tests against a model; the JSON report (see suite.build_report)."""
-    config = load_safety_config(config_path)
-    evaluator = SafetyEvaluator(model, feature_count=config["feature_count"], seed=config["seed"],
-                                valid_output_range=tuple(config["valid_output_range"]),
-                                **config["evaluator"])  # fmt: skip
-    X = config["X"]
-    results = [evaluator.guarded("output_bounds", evaluator.test_output_boundaries, X),
-               evaluator.guarded("perturbation_stability", evaluator.test_input_perturbation_stability, X),
-               evaluator.test_null_and_edge_inputs()]  # fmt: skip
-    cf = config["counterfactual"]
-    if cf is not None:
-        results.append(evaluator.guarded("counterfactual_consistency", evaluator.test_counterfactual_consistency,
-                                         X, cf["feature"], cf["values"], float(cf.get("max_changed_share", 0.0)),
-                                         float(cf.get("decision_threshold", 0.5))))
-    path = Path(config_path)
-    return build_report("safety", config["model_id"], config["seed"], results, model=model_name,
-                        config_file=str(path), config_sha256=sha256_file(path),
-                        test_inputs=str(config["inputs_path"]), test_inputs_sha256=sha256_file(config["inputs_path"]),
-                        rows=len(X))  # fmt: skip
+    def test_counterfactual_consistency(self, model: Any, test_inputs: Any, feature: int, values: Sequence[float],
+                                        max_changed_share: float = 0.0,
+                                        decision_threshold: float = 0.5) -> SafetyTestResult:  # fmt: skip
+        """Swap a protected attribute's two values (column ``feature``) and count the rows whose decision changes;
+        fails when that share exceeds ``max_changed_share``."""
+        X = _rows(test_inputs)
+        _called(model, X)
+        a, b = values
+        column = X[:, feature]
+        eligible = np.isin(column, [a, b])
+        flipped = X.copy()
+        flipped[:, feature] = np.where(column == a, b, np.where(column == b, a, column))
+        before, after = decisions(model, X, decision_threshold), decisions(model, flipped, decision_threshold)
+        changed = np.flatnonzero(eligible & (after != before))
+        n = int(eligible.sum())
+        share = changed.size / n if n else 0.0
+        return self._add("counterfactual_consistency", n > 0 and share <= max_changed_share,
+                         f"{changed.size}/{n} decisions changed when feature {feature} was swapped {a} <-> {b}", {
+            "feature": feature, "values": [a, b], "rows_flipped": n, "decisions_changed": int(changed.size),
+            "changed_share": round(share, 6), "max_changed_share": max_changed_share,
+            "first_changed_rows": changed[:SHOWN_ROWS].tolist()})  # fmt: skip

@@ -71,3 +71,10 @@ def build_report(suite: str, model_id: str, seed: int, results: list[SafetyTestR
         "verdict": "FAIL" if critical else "PASS",
         "results": [asdict(r) for r in results],
     }
+
+
+def audit_entry(report: dict[str, Any], **facts: Any) -> dict[str, Any]:
+    """The audit-log record of a safety or red-team run: what it was about, its verdict and the whole report."""
+    return {"type": report["suite"], "timestamp": report["timestamp"], "model_id": report["model_id"],
+            "model_version": report.get("model_version"), "verdict": report["verdict"], **facts,
+            "report": report}  # fmt: skip

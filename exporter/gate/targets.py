@@ -80,13 +80,29 @@ class HttpTextTarget:
 
 
 def text_target(spec: str, request_field: str = "text", response_field: str = "prediction") -> Callable[[str], Any]:
-    """A callable from text to the model's output, for ``MODULE:CALLABLE`` or an ``http(s)://`` URL.
+    """A callable from text to the model's output, for an ``http(s)://`` URL, or for ``MODULE:CALLABLE`` or a model
+    file (a class is instantiated; see :mod:`exporter.gate.models`), whose version is then the file's SHA-256
+    (``file_sha256`` on the callable).
 
     An object with ``predict`` (a scikit-learn text pipeline) is called as ``predict([text])[0]``.
     """
     if spec.startswith(("http://", "https://")):
         return HttpTextTarget(spec, request_field, response_field)
-    obj = load_object(spec)
+    from exporter.gate.models import load_model  # models builds on this module
+
+    loaded = load_model(spec)
+    call = _text_callable(loaded.model, spec)
+    if loaded.file_sha256 is None:
+        return call
+
+    def versioned(text: str) -> Any:
+        return call(text)
+
+    versioned.file_sha256 = loaded.file_sha256  # type: ignore[attr-defined]
+    return versioned
+
+
+def _text_callable(obj: Any, spec: str) -> Callable[[str], Any]:
     if hasattr(obj, "predict"):
         return lambda text: obj.predict([text])[0]
     if not callable(obj):

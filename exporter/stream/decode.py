@@ -1,26 +1,27 @@
 """Decode and validate a batch of raw prediction events into columns ready to be counted.
 
 Two steps, one set of rules. msgspec decodes each event straight into a ``Struct`` built from the configured field
-paths (nested dotted paths too), validating types and ranges while it parses and skipping every other field; what that
-schema accepts is, by construction, an event the rules below accept. Everything it refuses (a malformed event, a
-prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object belongs) is walked by
-:meth:`EventDecoder._walk`, which alone decides a rejection and its reason. A batch is first offered to a stricter
-``Struct`` of the same paths (this model only, configured group names only), whose strings come back as the
-schema's own objects; a batch it refuses goes the general way. Columns are then built from the accepted structs
-with ``np.fromiter`` over attribute getters, the timestamps by :func:`exporter.stream.timestamps.epochs`. Every
-event either becomes a row of the batch, is ignored (another model's), or is rejected under one reason; nothing
-raises.
+paths (exporter/stream/decode_schema.py), validating types and ranges while it parses and skipping every other
+field; what that schema accepts is, by construction, an event the rules below accept. Everything it refuses (a
+malformed event, a prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object
+belongs) is walked by :meth:`EventDecoder._walk`, which alone decides a rejection and its reason. A batch is parsed
+as lines in one call per run of accepted lines (exporter/stream/lines.py), so a refused event costs about what an
+accepted one does; the stricter ``Struct`` of the same paths (this model only, configured group names only) goes
+first while it accepts nearly every event, since its strings come back as the schema's own objects. Columns are
+then built from the accepted structs (:meth:`EventDecoder.batch`, which a fleet's shared parse calls too:
+exporter/stream/decode_fleet.py) with ``np.fromiter`` over attribute getters, the timestamps by
+:func:`exporter.stream.timestamps.epochs`. Every event either becomes a row of the batch, is ignored (another
+model's), or is rejected under one reason; nothing raises.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Annotated, Any, Final, Literal, TypeGuard
+from typing import Any, Final, TypeGuard
 
 import msgspec
 import numpy as np
@@ -28,6 +29,8 @@ import orjson
 
 from exporter.config import ModelSpec
 from exporter.core.encoding import attribute_codes, code_table, value_text
+from exporter.stream.decode_schema import MAX_PREDICTION_ID_LENGTH, schema
+from exporter.stream.lines import Parser
 from exporter.stream.paths import lookup
 from exporter.stream.route import IGNORE_REASONS, ignore_reason
 from exporter.stream.timestamps import epoch, epochs
@@ -38,13 +41,6 @@ REJECT_REASONS: Final = (
 )  # fmt: skip
 """Defects of the event itself. A value outside an attribute's groups (or missing) is no defect: the event counts,
 in that attribute's unknown category (code -1), exactly as the gate counts such a row."""
-MAX_PREDICTION_ID_LENGTH: Final = 256
-"""Longer ids (or ids that are neither strings nor integers) are rejected: every pending id is held in memory and
-in the checkpoint until its ground truth arrives."""
-STRICT_PAUSE: Final = 64
-"""After a batch the strict schema refused, the batches decoded by the general schema before it is tried again."""
-
-
 def is_valid_id(pid: object) -> bool:
     """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
     return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
@@ -56,90 +52,8 @@ def is_binary(value: object) -> TypeGuard[int | float]:
     return value.__class__ is not str and value in (0, 1)
 
 
-# What the schema accepts of each field: only values that the rules accept as they are. Wider values (1.0 for 1,
-# a timestamp JSON number beyond int64, an id integer beyond what orjson reads as an int) fail it and are walked.
-_Binary = Literal[0, 1] | bool  # true/false count as 1/0 (np.fromiter and _OUTCOME read True as 1)
-_Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annotated[int, msgspec.Meta(ge=-(2**63),
-                                                                                                    le=2**63 - 1)]
-_Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-_Stamp = str | float
 _OUTCOME: Final = {None: -1, 0: 0, 1: 1}
 """The outcome of a label the schema accepted: none (-1), 0 or 1 (False and True hash as 0 and 1)."""
-
-
-def _schema(model: ModelSpec, strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
-    """A ``Struct`` type for the configured paths, and the attribute path of each role (``model``, ``id``, ``ts``,
-    ``pred``, ``score``, ``label``, ``attr:<column>``) in it; None when the paths overlap in a way a Struct
-    cannot hold (a field that is both a value and an object), where every event is walked. ``strict``: only this
-    model's events, and only configured group names (or none) as attribute values; the same attribute paths."""
-    f = model.events
-    tables = {a.columns[0]: tuple(code_table(a.groups)[0]) for a in model.base_attributes}
-    if strict and not all(tables.values()):
-        return None
-    # roles a schema-valid event must carry: the timestamp, the prediction (or the score it is derived from) and,
-    # for the strict schema, this model's id
-    required = {"ts", "pred"}
-    if f.score_threshold is not None:
-        required.add("score")
-    if strict:
-        required.add("model")
-    roles: dict[str, tuple[Any, Any]] = {
-        "model": (f.model_id, Literal[model.model_id] if strict else str | None),
-        "id": (f.prediction_id, _Id | None), "ts": (f.timestamp, _Stamp),
-        "score": (f.score, _Score if f.score_threshold is not None else _Score | None),
-        "label": (f.label, _Binary | None),
-    }  # fmt: skip
-    if f.score_threshold is None:
-        roles["pred"] = (f.prediction, _Binary)
-    for a in model.base_attributes:
-        groups = tables[a.columns[0]]
-        roles[f"attr:{a.columns[0]}"] = (f"{f.attributes}.{a.columns[0]}",
-                                         Literal[groups] | None if strict else str | None)
-    tree: dict[str, Any] = {}
-    for role, (path, _) in roles.items():
-        *parents, leaf = path.split(".") if not role.startswith("attr:") else [*f.attributes.split("."),
-                                                                                role[len("attr:"):]]
-        node = tree
-        for key in parents:
-            child = node.setdefault(key, {})
-            if not isinstance(child, dict):
-                return None
-            node = child
-        if leaf in node:
-            return None
-        node[leaf] = role
-    getters: dict[str, str] = {}
-    counter = itertools.count()
-
-    def build(node: dict[str, Any], prefix: str) -> tuple[type[msgspec.Struct], bool]:
-        fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
-        rename: dict[str, str] = {}
-        has_required = False
-        for key, child in node.items():
-            name = f"f{next(counter)}"
-            rename[name] = key
-            if isinstance(child, dict):
-                sub, sub_required = build(child, f"{prefix}{name}.")
-                if sub_required:
-                    fields.append((name, sub))
-                    has_required = True
-                else:  # missing: every value under it missing, as the walk reads it; null is walked
-                    fields.append((name, sub, msgspec.field(default_factory=sub)))
-            else:
-                getters[child] = f"{prefix}{name}"
-                kind = roles[child][1]
-                if child in required:
-                    fields.append((name, kind))
-                    has_required = True
-                else:
-                    fields.append((name, kind, None))
-        fields.sort(key=lambda x: len(x) == 3)  # required fields first
-        # gc=False: the structs hold only strings, numbers and other such structs (no cycles), and thousands per batch
-        # tracked by the collector cost more than their decoding
-        return msgspec.defstruct(f"Event{next(counter)}", fields, rename=rename, gc=False), has_required
-
-    struct, _ = build(tree, "")
-    return struct, getters
 
 
 @dataclass
@@ -176,69 +90,38 @@ class EventDecoder:
                                             f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
         self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
-        schema = _schema(model)
+        general = schema([model])
         self._decoder: msgspec.json.Decoder[Any] | None = None
-        if schema is not None:
-            struct, paths = schema
+        self._get: dict[str, Callable[[Any], Any]] = {}
+        if general is not None:
+            struct, paths = general
             self._decoder = msgspec.json.Decoder(struct)
             self._get = {role: attrgetter(path) for role, path in paths.items()}
-        strict = _schema(model, strict=True) if schema is not None else None
-        self._strict = msgspec.json.Decoder(strict[0]) if strict is not None else None
-        self._strict_rest = 0
-        """Batches to skip the strict schema for, after one it refused."""
+        strict = schema([model], strict=True) if general is not None else None
+        self._parser = Parser(self._decoder, msgspec.json.Decoder(strict[0]) if strict else None) \
+            if self._decoder is not None else None  # fmt: skip
 
     def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], Counter[str]]:
         """The schema's pass: (structs of this model's events, their input positions, positions to walk, events
-        of no model of ours by reason). Newline-free values (the usual case) are decoded in one call, one event
-        per line; a batch the schema refuses anywhere is decoded event by event to find which to walk."""
+        of no model of ours by reason). Newline-free values (the usual case) are decoded as lines, in one call per
+        run of lines the schema accepts; the others value by value."""
         decoder = self._decoder
         if decoder is None:
             return [], [], list(range(len(values))), Counter()
+        assert self._parser is not None
+        slots = self._parser.slots(values)
         get_model, model_id = self._get["model"], self.model.model_id
-        try:
-            joined: bytes | None = b"\n".join(values)
-        except TypeError:  # a tombstone (None value)
-            joined = None
-        if joined is not None and not joined.isascii():
-            try:  # msgspec does not check the UTF-8 of the fields it skips; orjson refuses the whole event
-                joined.decode()
-            except UnicodeDecodeError:
-                joined = None
-        if joined is not None and joined.count(b"\n") == len(values) - 1:
-            if self._strict is not None and not self._strict_rest:
-                # The usual batch: this model's events with configured group names only. Their strings come back
-                # as the schema's own objects (no new string, hashed once) and no model needs comparing.
-                try:
-                    clean = self._strict.decode_lines(joined)
-                    if len(clean) == len(values):
-                        return clean, list(range(len(clean))), [], Counter()
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    pass
-                self._strict_rest = STRICT_PAUSE  # a topic with other models or other values: not every batch
-            elif self._strict_rest:
-                self._strict_rest -= 1
-            structs: list[Any] | None
-            try:
-                structs = decoder.decode_lines(joined)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                structs = None
-            if structs is not None and len(structs) == len(values):  # else a blank value: lines skip those
-                models = list(map(get_model, structs))
-                if models.count(model_id) == len(structs):
-                    return structs, list(range(len(structs))), [], Counter()
-                at = [i for i, m in enumerate(models) if m == model_id]
-                return [structs[i] for i in at], at, [], Counter(map(ignore_reason, (m for m in models
-                                                                                     if m != model_id)))
+        if not self._parser.refused:  # the usual batch, of this model's events alone, in one pass
+            models = list(map(get_model, slots))
+            if models.count(model_id) == len(slots):
+                return slots, list(range(len(slots))), [], Counter()
+            at = [i for i, m in enumerate(models) if m == model_id]
+            return [slots[i] for i in at], at, [], Counter(map(ignore_reason, (m for m in models if m != model_id)))
         structs, at, walked = [], [], []
         ignored: Counter[str] = Counter()
-        decode = decoder.decode
-        for i, raw in enumerate(values):
-            try:
-                if not raw.isascii():
-                    raw.decode()
-                event = decode(raw)
-            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, AttributeError):
-                walked.append(i)  # AttributeError: a tombstone
+        for i, event in enumerate(slots):
+            if event is None:
+                walked.append(i)
                 continue
             found = get_model(event)
             if found != model_id:
@@ -250,9 +133,25 @@ class EventDecoder:
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
         """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
-        latest = now + self.max_future_skew_seconds
         structs, at, walked, ignored = self._structs(values)
-        g = self._get if self._decoder is not None else {}
+        return self.batch(values, structs, at, walked, ignored, self._get, now)
+
+    def batch(
+        self, values: Sequence[bytes], structs: list[Any], at: list[int], walked: list[int], ignored: Counter[str],
+        g: Mapping[str, Callable[[Any], Any]], now: float, shared: bool = False,
+    ) -> DecodedBatch:  # fmt: skip
+        """The batch of this model's ``values``: ``structs`` (at positions ``at``) parsed by a schema whose role
+        getters are ``g``, the positions of those it refused (``walked``), and what was ignored. ``shared``: the
+        schema of several models, which requires neither prediction nor score: an event without the one this
+        model needs is walked (the rules say missing_field)."""
+        if shared:
+            needed = list(map(g["score"] if self._threshold is not None else g["pred"], structs))
+            lacking = [k for k, value in enumerate(needed) if value is None] if None in needed else []
+            if lacking:
+                walked = sorted([*walked, *(at[k] for k in lacking)])
+                keep = sorted(set(range(len(structs))) - set(lacking))
+                structs, at = [structs[k] for k in keep], [at[k] for k in keep]
+        latest = now + self.max_future_skew_seconds
         stamps = epochs(list(map(g["ts"], structs))) if structs else []
         if stamps.__class__ is list and None in stamps:  # an unparseable ISO string: the walk says which reason
             unparsed = {k for k, t in enumerate(stamps) if t is None}

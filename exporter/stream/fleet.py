@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 
 from exporter.config import Config, EventFields, ModelSpec, layout
 from exporter.stream.client import Offsets, Partition
-from exporter.stream.decode import EventDecoder
+from exporter.stream.decode import DecodedBatch, EventDecoder
+from exporter.stream.decode_fleet import SharedDecoder, shareable
 from exporter.stream.label_join import OutcomeJoin
-from exporter.stream.route import Routed, Router
+from exporter.stream.route import Router
 from exporter.stream.window import WindowStore
 
 log = logging.getLogger(__name__)
+
+
+Decoded = tuple[dict[str, "Monitored"], dict[str, DecodedBatch], Counter[str], list[bytes | None]]
+"""The models as of a batch, each one's share of it decoded, the events of none by reason, and the malformed ones."""
 
 
 @dataclass(frozen=True)
@@ -67,30 +72,44 @@ class Fleet:
         """The next Kafka offset after what the counts include, per (topic, partition)."""
         self.models: dict[str, Monitored] = {m.model_id: self._monitored(m) for m in config.models}
         """Replaced whole on a reload, never mutated: a reader holding it sees one configuration."""
-        self.router = self._router()
+        self.readers = self._readers()
 
     def _monitored(self, spec: ModelSpec) -> Monitored:
         return Monitored(spec, WindowStore(spec, self.config.windowing, self.lock),
                          EventDecoder(spec, self.config.max_future_skew_seconds, self.keep_rejected))  # fmt: skip
 
-    def _router(self) -> Router | None:
-        """None for one model: its decoder tells its events from the others' itself, as it always has."""
+    def _readers(self) -> tuple[dict[str, Monitored], SharedDecoder | Router | None]:
+        """The models, with what splits a batch among them: for one model nothing (its decoder tells its events
+        from the others' itself, as it always has); for models whose events share their paths, one parse for
+        all (exporter/stream/decode_fleet.py); else a router reading only each event's model id."""
+        decoders = {model_id: m.decoder for model_id, m in self.models.items()}
         if len(self.models) == 1:
-            return None
-        return Router(self.events.model_id, self.models)
+            return self.models, None
+        if shareable(decoders):
+            return self.models, SharedDecoder(decoders)
+        return self.models, Router(self.events.model_id, self.models)
 
     @property
     def events(self) -> EventFields:
         """The paths every model shares: the model id's, and the label events' (checked by the config)."""
         return self.config.models[0].events if self.config.models else EventFields()
 
-    def route(self, values: Sequence[bytes]) -> tuple[dict[str, Monitored], Routed]:
-        """The models as of now, and each one's events of a batch (one model: the whole batch)."""
-        models, router = self.models, self.router
-        if router is None:
-            (only,) = models
-            return models, Routed(by_model={only: list(values)})
-        return models, router.route(values)
+    def decode(self, values: Sequence[bytes], now: float) -> Decoded:
+        """The models as of now, each one's share of a batch decoded, the events of none by reason, and the values
+        that are no event at all (rejected as malformed_json)."""
+        models, split = self.readers  # one configuration, even across a reload
+        if isinstance(split, SharedDecoder):
+            batches, ignored, malformed = split.decode(values, now)
+        elif isinstance(split, Router):
+            routed = split.route(values)
+            batches = {m: models[m].decoder.decode(share, now) for m, share in routed.by_model.items()}
+            ignored, malformed = Counter(routed.ignored), routed.malformed
+        else:
+            batches = {model_id: m.decoder.decode(values, now) for model_id, m in models.items()}
+            ignored, malformed = Counter(), []
+        for batch in batches.values():
+            ignored.update(batch.ignored)
+        return models, batches, ignored, malformed
 
     # --- offsets (the Kafka source's book of what is counted) -------------------------------------------------
 
@@ -141,7 +160,7 @@ class Fleet:
             self.joins.horizon = config.label_horizon_seconds
             self.joins.max_pending = config.max_pending_labels
             self.models = models
-            self.router = self._router()
+            self.readers = self._readers()
         if changes.restarted:
             log.warning("reload: the attributes, groups or windows of %s changed: %s afresh",
                         ", ".join(changes.restarted), "it starts" if len(changes.restarted) == 1 else "they start")

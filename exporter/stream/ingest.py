@@ -27,8 +27,6 @@ from exporter.stream.fleet import Fleet, Monitored
 from exporter.stream.label_join import Joined
 
 log = logging.getLogger(__name__)
-Decoded = tuple[dict[str, Monitored], dict[str, DecodedBatch], Counter[str], list[tuple[bytes | None, str]]]
-"""The models as of a batch, each one's share of it decoded, the events of none by reason, and the malformed ones."""
 
 
 class Ingest:
@@ -60,17 +58,6 @@ class Ingest:
         """Count one partition's batch."""
         self.handle_poll({(topic, partition): records})
 
-    def decode(self, values: Sequence[bytes], now: float) -> Decoded:
-        """The models as of now, each one's share of a batch decoded, the events of none by reason, and the values
-        that are no event at all (rejected as malformed_json, with their payload when dead letters are kept)."""
-        models, routed = self.fleet.route(values)
-        decoded = {model_id: models[model_id].decoder.decode(share, now) for model_id, share in routed.by_model.items()}
-        ignored = Counter(routed.ignored)
-        for batch in decoded.values():
-            ignored.update(batch.ignored)
-        malformed = [(raw, "malformed_json") for raw in routed.malformed]
-        return models, decoded, ignored, malformed
-
     def predictions(self, parts: Sequence[tuple[Partition, Sequence[Record]]]) -> None:
         """Count the prediction events of one or more partitions as one unit, with the offsets they reach."""
         now = self.clock()
@@ -80,11 +67,11 @@ class Ingest:
             part_values, offsets[partition] = values_and_next(records)
             values += part_values
         fleet = self.fleet
-        models, decoded, ignored, malformed = self.decode(values, now)  # type: ignore[arg-type]  # None: malformed
+        models, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]  # None: malformed
         given_up: Counter[str] = Counter()
         with fleet.lock:
             if models is not fleet.models:  # a reload swapped the models while this batch was decoded
-                models, decoded, ignored, malformed = self.decode(values, now)  # type: ignore[arg-type]
+                models, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]
             late = 0
             for model_id, batch in decoded.items():
                 late += self._count(models[model_id], batch, now, given_up)
@@ -106,7 +93,7 @@ class Ingest:
         for reason, n in ignored.items():
             self.health.ignored.labels(reason).inc(n)
         if self.dead_letters is not None:
-            payloads = [*(malformed if fleet.keep_rejected else []),
+            payloads = [*((raw, "malformed_json") for raw in malformed),
                         *(p for batch in decoded.values() for p in batch.rejected_payloads)]  # fmt: skip
             if payloads:
                 self.dead_letters.send(payloads)

@@ -11,7 +11,7 @@ reason, never kept: their ids reach no label, so cardinality stays bounded.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -90,7 +90,7 @@ class Router:
         try:
             index = np.fromiter(map(self._number.get, ids, repeat(-1)), np.int64, len(ids))
         except TypeError:  # an id that is a JSON array or object: nobody's
-            ids = [m if m.__class__ is str or m is _MALFORMED else None for m in ids]
+            ids = [m if m.__class__ is str or m is MALFORMED else None for m in ids]
             index = np.fromiter(map(self._number.get, ids, repeat(-1)), np.int64, len(ids))
         order = np.argsort(index, kind="stable")
         bounds = np.searchsorted(index[order], np.arange(-1, len(self._ids) + 1)).tolist()
@@ -101,22 +101,32 @@ class Router:
                 routed.by_model[model_id] = [pick(values)] if stop - start == 1 else list(pick(values))
         if bounds[1]:  # not one of ours: counted by reason (a malformed event is counted by the caller)
             routed.ignored.update(ignore_reason(ids[i]) for i in order[: bounds[1]].tolist()
-                                  if ids[i] is not _MALFORMED)
+                                  if ids[i] is not MALFORMED)
         return routed
 
     def _one(self, raw: bytes | None, routed: Routed) -> Any:
-        """The model id of one event read alone (:data:`_MALFORMED` when it is not a JSON object). JSON of another
+        """The model id of one event read alone (:data:`MALFORMED` when it is not a JSON object). JSON of another
         shape than the path's (``{"meta": 5}`` for ``meta.model``) is read as the decoder reads it: no id."""
         try:
             return self._value(self._decoder.decode(raw))  # type: ignore[arg-type]  # a tombstone: TypeError
         except msgspec.ValidationError:
-            event = orjson.loads(raw)  # type: ignore[arg-type]  # valid JSON: msgspec parsed it
-            if event.__class__ is dict:
-                return self._lookup(event)
+            found = model_of(raw, self._lookup)
         except (msgspec.DecodeError, TypeError):
-            pass
-        routed.malformed.append(raw)
-        return _MALFORMED
+            found = MALFORMED
+        if found is MALFORMED:
+            routed.malformed.append(raw)
+        return found
 
 
-_MALFORMED: Final = object()
+MALFORMED: Final = object()
+"""The model id of a value that is not a JSON object (malformed, a tombstone): rejected as malformed_json."""
+
+
+def model_of(raw: bytes | None, get: Callable[[Any], Any]) -> Any:
+    """The model id of one raw event as the decoders' rules read it (``get``: the id path's lookup), or
+    :data:`MALFORMED` when the value is no JSON object."""
+    try:
+        event = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
+    except (orjson.JSONDecodeError, TypeError):
+        return MALFORMED
+    return get(event) if event.__class__ is dict else MALFORMED
