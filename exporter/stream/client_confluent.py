@@ -227,6 +227,7 @@ class ConfluentClient:
 
     def close(self) -> None:
         self._closing = True
+        self._admin = None  # librdkafka has no close for it: dropped, its threads and connections end with it
         try:
             self.consumer.close()
         finally:
