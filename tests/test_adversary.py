@@ -50,7 +50,8 @@ def test_a_latin_1_config_is_refused_in_one_line_naming_the_byte_and_its_line(
     with pytest.raises(ConfigError, match=r"not UTF-8: byte 0xfc at line 4 \(Latin-1 and Windows-1252 are not "
                                           r"guessed\); save the file as UTF-8"):  # fmt: skip
         load_config(path)
-    assert main(["audit", str(path), str(tmp_path / "predictions.csv")]) == 2
+    log = tmp_path / "audit-log.jsonl"  # the gate logs the refused run too: not in the working directory
+    assert main(["audit", str(path), str(tmp_path / "predictions.csv"), "--audit-log", str(log)]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
     path.write_bytes(CONFIG.encode("utf-16-le"))  # no byte-order mark
     with pytest.raises(ConfigError, match="it looks like UTF-16 without a byte-order mark"):
