@@ -3,7 +3,8 @@
 Every scenario in deploy/helm/fairness-exporter/ci/ is linted with `helm lint --strict`, rendered with
 `helm template`, and its core objects validated with kubernetes-validate in strict mode. kubernetes-validate
 has no schemas for the prometheus-operator CRDs (it only warns about them, it has no option to fail or skip), so
-ServiceMonitor, PrometheusRule and AlertmanagerConfig are left out of that step and their shape is checked here.
+ServiceMonitor, PrometheusRule and AlertmanagerConfig are left out of that step and their shape is checked here
+(Argo Rollouts' AnalysisTemplate and Flagger's MetricTemplate likewise, in test_helm_canary.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ ALERTMANAGER_FILE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CI = {path.name.removesuffix("-values.yaml"): path for path in CI_VALUES}
 RELEASE, NAMESPACE = "fx", "monitoring"
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig", "AnalysisTemplate", "MetricTemplate"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 RULE_KEYS = {"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 # The oldest Kubernetes minor validated against, besides the newest one kubernetes-validate knows.

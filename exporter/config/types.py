@@ -138,7 +138,9 @@ class ModelSpec:
     events: EventFields = field(default_factory=EventFields)
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
     model_version: str | None = None
-    """The version of the model every audit record names (the seed's "audit trail for each model version")."""
+    """The version of the model every audit record names (the seed's "audit trail for each model version"), and
+    whose events this model id counts, on /metrics as fairness_model_info; another version's counts are another
+    model's, so a new version starts afresh (:func:`layout`)."""
     evaluation_dataset: str | None = None
     """The gate's data when the command line names none: a local path (relative to the config) or a URL."""
     report_destination: str | None = None
@@ -150,6 +152,12 @@ class ModelSpec:
         """The threshold of every exported metric: as configured, else the metric table's default."""
         configured = {m.name: m.threshold for m in self.metrics}
         return {name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics}
+
+    def severities(self) -> dict[str, str]:
+        """The severity_on_fail of every exported metric; ``none`` for a seed metric exported without being
+        configured (the gate does not judge it)."""
+        configured = {m.name: m.severity for m in self.metrics}
+        return {name: configured.get(name, "none") for name in self.exported_metrics}
 
     @property
     def exported_metrics(self) -> tuple[str, ...]:
@@ -175,6 +183,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         "bucket_seconds": windowing.bucket_seconds,
         "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
+        # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
+        **({"model_version": model.model_version} if model.model_version is not None else {}),
     }
 
 

@@ -4,8 +4,8 @@ change detectors) and decoder, the one label join, and the Kafka offsets all of 
 The topic is read once: the router splits each batch by model id and each model counts only its own events, so a
 model's numbers are exactly those of a daemon configured with that model alone. A reload (:meth:`Fleet.apply`)
 swaps the models in one step: a model that is unchanged, or changed without changing the shape of its counts
-(thresholds, metrics, budget), keeps its counts and detector state; one whose attributes or windows changed starts
-afresh; a removed one is gone at the next publication.
+(thresholds, metrics, budget), keeps its counts and detector state; one whose attributes, windows or
+``model_version`` changed starts afresh; a removed one is gone at the next publication.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Changes:
     updated: list[str] = field(default_factory=list)
     """Changed without changing the shape of their counts: counts and detector state kept."""
     restarted: list[str] = field(default_factory=list)
-    """Their attributes, groups or windows changed: they start afresh."""
+    """Their attributes, groups, windows or model_version changed: they start afresh."""
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
 
@@ -162,6 +162,6 @@ class Fleet:
             self.models = models
             self.readers = self._readers()
         if changes.restarted:
-            log.warning("reload: the attributes, groups or windows of %s changed: %s afresh",
+            log.warning("reload: the attributes, groups, windows or model_version of %s changed: %s afresh",
                         ", ".join(changes.restarted), "it starts" if len(changes.restarted) == 1 else "they start")
         return changes, given_up

@@ -250,3 +250,30 @@ spec:
     - {name: models, mountPath: {{ $values.folder }}}
     - {name: sidecar-token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
 {{- end }}
+
+{{/*
+The canary gate's PromQL for the model id `.model` serving a version matching `.version` (both placeholders of the
+rollout tool: Argo Rollouts' {{args.x}}, Flagger's {{ variables.x }}). Its value: the model's pair detectors in
+alarm (what pages) plus its comparisons of a blocking metric whose evidence is fail, over every window (0 passes).
+No value (a check that evaluated nothing never passes) while a blocking comparison has no value in any window, or
+when the daemon does not monitor that model id at that version; a failure is reported as soon as there is one.
+*/}}
+{{- define "fairness-exporter.canaryQuery" -}}
+{{- $id := printf "model_id=\"%s\"" .model }}
+{{- $blocking := printf "fairness_threshold{%s, severity=\"blocking\"}" $id }}
+{{- $signals := printf "sum(fairness_detector_alarm{%s})\n    + sum(model_comparison_evidence{%s, evidence=\"fail\"} and on(model_id, metric) %s)" $id $id $blocking -}}
+(
+  (
+    {{ $signals }}
+  ) > 0
+  or
+  (
+    {{ $signals }}
+  )
+  unless on() (
+    min by (attribute, dimension, metric) (model_comparison_insufficient_samples{ {{- $id -}} }) == 1
+    and on(metric) {{ $blocking }}
+  )
+)
+and on() fairness_model_info{ {{- $id }}, model_version=~"{{ .version }}"}
+{{- end }}
