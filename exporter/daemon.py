@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,12 +14,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from exporter.config import Config, ConfigError
+from exporter.serve import web_config
 from exporter.serve.collector import CachedExposition
-from exporter.serve.http import bind, tls_context
+from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health
 from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.stream.checkpoint import Checkpointer
+from exporter.stream.clock import SteadyClock
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.fleet import Fleet
 from exporter.stream.ingest import Ingest
@@ -61,14 +62,17 @@ class Daemon:
     """
 
     def __init__(
-        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
-        loader: Callable[[], Config] | None = None,
+        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] | None = None,
+        loader: Callable[[], Config] | None = None, web_config_file: str | None = None,
     ) -> None:  # fmt: skip
         self.config = config
-        self.clock = clock
+        self.web_config_file = web_config_file
+        """Who may read /metrics and the probes (``--web.config.file``, exporter.serve.web_config)."""
         self.loader = loader
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
+        # the wall clock without its jumps (exporter.stream.clock)
+        self.clock = clock = clock or SteadyClock(on_jump=lambda _: self.health.clock_jumps.inc())
         dead_letters = DeadLetters(config.kafka, self.health) if config.kafka.dead_letter_topic else None
         self.fleet = Fleet(config, keep_rejected=dead_letters is not None)
         self.ingest = Ingest(config, self.fleet, self.health, clock, dead_letters)
@@ -157,6 +161,8 @@ class Daemon:
             ("compute", self.computer.run_scheduled, config.evaluation_interval_seconds)]
         if self.checkpointer.path is not None:
             jobs.append(("checkpoint", self.checkpointer.flush, config.checkpoint_interval_seconds))
+        if self.ingest.dead_letters is not None:
+            jobs.append(("dead-letters", self.ingest.dead_letters.serve, 1.0))
         for name, job, seconds in jobs:
             self.scheduler.add_job(job, "interval", seconds=seconds, id=name, max_instances=1, coalesce=True,
                                    replace_existing=True)  # fmt: skip
@@ -164,18 +170,15 @@ class Daemon:
     def serve(self) -> None:
         """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
 
-        The daemon binds and checks the TLS files itself, so that a port in use or a bad file stops it with one
-        line; scrapes are served by another process, which never waits for the GIL ingest holds.
+        The daemon binds and checks the web configuration itself, so that a port in use or a bad file stops it with
+        one line; scrapes are served by another process, which never waits for the GIL ingest holds.
         """
         config = self.config
-        cert, key = (config.tls_cert_file, config.tls_key_file) if config.tls_cert_file and config.tls_key_file \
-            else (None, None)
-        if cert and key:
-            tls_context(cert, key)  # ListenError naming the file at fault; the worker loads them again
+        web = web_config.resolve(self.web_config_file, config.tls_cert_file, config.tls_key_file)
         listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
-                               (", ".join(config.model_ids), cert, key), self.health.http_worker_restarts,
-                               self.stale_seconds)  # fmt: skip
+                               (", ".join(config.model_ids), web), self.health.http_worker_restarts,
+                               self.health.http_auth_failures, self.stale_seconds)  # fmt: skip
         self.http.start()
 
     # --- reload -----------------------------------------------------------------------------------------------

@@ -139,6 +139,49 @@ def test_a_file_without_the_needed_columns_is_one_line_and_exit_2(
     assert str(broken) in error and "'timestamp'" in error
 
 
+def test_a_file_whose_every_event_is_rejected_exits_2_with_the_reasons_and_their_counts(
+    recorded: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: "0 events replayed ... 0 alert(s)" and exit 0, which a CI job reads as "no alerts"."""
+    wrong = tmp_path / "wrong.jsonl"  # the gate's CSV rows, not the topic's JSON events
+    wrong.write_text(recorded["csv"].read_text())
+    assert main(["backtest", "--config", str(recorded["config"]), str(wrong)]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = len(pd.read_csv(recorded["csv"])) + 1  # the header is a line too
+    assert out.err.strip().count("\n") == 0
+    assert f"{wrong}: no event replayed: {lines:,} rejected (malformed_json: {lines:,}), 0 of no configured model" \
+        in out.err  # fmt: skip
+
+    other = tmp_path / "other.csv"  # every row of another model: nothing rejected, nothing replayed either
+    pd.read_csv(recorded["csv"]).assign(model_id="m2").to_csv(other, index=False)
+    assert main(["backtest", "--config", str(recorded["config"]), str(other)]) == 2
+    assert f"0 rejected, {lines - 1:,} of no configured model (model_id m1)" in capsys.readouterr().err
+
+
+def test_a_file_mostly_rejected_says_so_on_stderr_and_reports_each_reason(
+    recorded: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    frame = pd.read_csv(recorded["csv"]).head(1000)
+    frame.loc[100:, "gender"] = "Female"  # not a configured group: 900 rows are refused by the table reader
+    frame.loc[:49, "age"] = "middle"
+    mostly = tmp_path / "mostly.csv"
+    frame.to_csv(mostly, index=False)
+    report_path = tmp_path / "report.json"
+    assert main(["backtest", "--config", str(recorded["config"]), str(mostly), "--output", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert (report["events"], report["rejected"]) == (50, 950)
+    assert report["rejected_reasons"] == {"gender_outside_groups": 900, "age_outside_groups": 50}
+    err = capsys.readouterr().err
+    assert "warning: most events were rejected: 50 replayed, 950 rejected (gender_outside_groups: 900, " \
+           "age_outside_groups: 50)" in err  # fmt: skip
+
+    half = tmp_path / "half.csv"  # as many replayed as rejected: no warning
+    pd.read_csv(recorded["csv"]).head(1000).assign(gender=["Female"] * 500 + ["male"] * 500).to_csv(half, index=False)
+    assert main(["backtest", "--config", str(recorded["config"]), str(half), "--output", str(report_path)]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_file_of_many_models_replays_each_as_a_backtest_of_that_model_alone(tmp_path: Path) -> None:
     """One events file of two models through a fleet config: each model's report equals the backtest of a config
     of that model alone over the same file (the other's events are ignored there), in JSON lines and parquet."""
