@@ -96,15 +96,10 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
                   if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
+    # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
     base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
-    keep = np.ones(len(frame), dtype=bool)
-    rejected: Counter[str] = Counter()
-    for column, column_codes in base.items():  # a row is counted under the first column that refuses it
-        rejected[f"{column}_outside_groups"] = int((keep & (column_codes < 0)).sum())
-        keep &= column_codes >= 0
-    base = {c: v[keep] for c, v in base.items()}
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    return Columns(seconds[keep], y_pred[keep], y_true[keep], codes, +rejected)
+    return Columns(seconds, y_pred, y_true, codes)
 
 
 def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:

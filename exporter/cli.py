@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from exporter import __version__
-from exporter.config import ConfigError, load_config
+from exporter.config import ConfigError, load_config, parse_duration
 from exporter.gate.commands import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -46,8 +46,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _configure_logging(args.log_level)
     try:
-        Daemon(load_config(args.config), loader=lambda: load_config(args.config),
-               web_config_file=args.web_config_file).run_forever()
+        watch = parse_duration(args.config_watch_interval) if args.config_watch_interval not in ("0", "0s") else 0.0
+    except ValueError as exc:
+        print(f"fairness-exporter serve: --config.watch-interval: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        Daemon(load_config(args.config), loader=lambda: load_config(args.config), web_config_file=args.web_config_file,
+               lifecycle=args.web_enable_lifecycle, watch_seconds=watch).run_forever()
     except (ConfigError, CheckpointError, WebConfigError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -205,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the monitoring daemon (Kafka in, Prometheus /metrics out)")
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
+    serve.add_argument("--config.watch-interval", dest="config_watch_interval", default="5s",
+                       help="how often the config file and models_dir are checked for a change, which reloads them "
+                            "(default 5s; 0: only SIGHUP or POST /-/reload)")  # fmt: skip
+    serve.add_argument("--web.enable-lifecycle", dest="web_enable_lifecycle", action="store_true",
+                       help="serve POST /-/reload, which reloads the config (off by default, as in Prometheus; "
+                            "behind the same --web.config.file rules as every other path)")  # fmt: skip
     serve.add_argument("--web.config.file", dest="web_config_file",
                        help="who may read /metrics and the probes: the Prometheus exporter-toolkit web configuration "
                             "(TLS, client certificates, basic auth users with bcrypt hashes; docs/faults.md)")

@@ -63,7 +63,8 @@ class Daemon:
 
     def __init__(
         self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] | None = None,
-        loader: Callable[[], Config] | None = None, web_config_file: str | None = None,
+        loader: Callable[[], Config] | None = None, web_config_file: str | None = None, lifecycle: bool = False,
+        watch_seconds: float = WATCH_SECONDS,
     ) -> None:  # fmt: skip
         self.config = config
         self.web_config_file = web_config_file
@@ -85,7 +86,10 @@ class Daemon:
         self.http: HttpWorker | None = None  # bound by start()
         self.stale_seconds = STALE_SECONDS
         """/healthz fails when the daemon has published nothing to the HTTP worker for this long."""
-        self.watch_seconds = WATCH_SECONDS
+        self.watch_seconds = watch_seconds
+        """How often the config's files are checked for a change, which reloads them (0: never)."""
+        self.lifecycle = lifecycle
+        """POST /-/reload reloads the config (``--web.enable-lifecycle``; off by default, as in Prometheus)."""
         self._stopped = threading.Event()
         self._reloading = threading.Lock()
         self._fingerprint: tuple[tuple[str, int, int, int], ...] = ()
@@ -138,7 +142,7 @@ class Daemon:
         if self.config.kafka.labels_topic:
             self.scheduler.add_job(self.ingest.expire, "interval", seconds=EXPIRY_EVERY_SECONDS, id="expire",
                                    max_instances=1, coalesce=True)  # fmt: skip
-        if self.loader is not None:
+        if self.loader is not None and self.watch_seconds > 0:
             self._fingerprint = _fingerprint(self.config)
             self.scheduler.add_job(self._watch, "interval", seconds=self.watch_seconds, id="watch", max_instances=1,
                                    coalesce=True)  # fmt: skip
@@ -178,7 +182,8 @@ class Daemon:
         listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
                                (", ".join(config.model_ids), web), self.health.http_worker_restarts,
-                               self.health.http_auth_failures, self.stale_seconds)  # fmt: skip
+                               self.health.http_auth_failures, self.stale_seconds,
+                               self.reload if self.lifecycle else None)  # fmt: skip
         self.http.start()
 
     # --- reload -----------------------------------------------------------------------------------------------

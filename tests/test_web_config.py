@@ -305,3 +305,20 @@ def test_the_configs_tls_files_still_serve_tls_and_cannot_be_doubled_by_the_web_
     both = web_file(tmp_path, tls_server_config={"cert_file": pki["server"]["cert"], "key_file": pki["server"]["key"]})
     with pytest.raises(WebConfigError, match=r"tls_server_config and the config's listen\.tls_cert_file both set"):
         Daemon(make_config(listen=listen), web_config_file=both).serve()
+
+
+def test_the_containers_healthcheck_reads_healthz_over_http_and_over_tls(served: Callable[[WebConfig], HttpWorker],
+                                                                          pki: dict[str, dict[str, str]],
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    from exporter.serve.healthcheck import healthy
+
+    plain = served(WebConfig())  # no web configuration: plain HTTP, nobody asked for credentials
+    assert healthy(plain.port) == (True, "ok: running")
+    tls = served(load(web_file(tmp_path, tls_server_config={"cert_file": pki["server"]["cert"],
+                                                             "key_file": pki["server"]["key"]})))  # fmt: skip
+    assert healthy(tls.port) == (True, "ok: running")
+    guarded = served(load(web_file(tmp_path, basic_auth_users={"prometheus": HASH})))
+    assert healthy(guarded.port) == (False, "http: HTTP 401: unauthorized")  # exclude /healthz in the web config
+    plain.stop()
+    ok, why = healthy(plain.port)
+    assert not ok and why.startswith("https: ")

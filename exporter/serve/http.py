@@ -79,13 +79,20 @@ class _QuietHandler(WSGIRequestHandler):
         return environ
 
 
+RELOAD_PATH: Final = "/-/reload"
+RELOAD_METHODS: Final = ("POST", "PUT")
+
+
 def make_app(
     pages: Callable[[str, str], Page | str], model_id: str,
     healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]], guard: Guard | None = None,
+    reload: Callable[[], tuple[bool, str]] | None = None,
 ) -> Callable[..., Iterable[bytes]]:  # fmt: skip
     """The WSGI application of the daemon. ``pages(accept_encoding, accept)`` is the /metrics page (the cached
     snapshot then the live registry), or why there is none yet (503). ``guard``: who may read (every path, the
-    probes too, unless the web configuration excludes them)."""
+    probes too, unless the web configuration excludes them). ``reload``: POST or PUT ``/-/reload`` reloads the
+    config, as Prometheus does with ``--web.enable-lifecycle`` (200, or 500 with why it was refused); without it
+    the path is not served."""
     landing = (f"<html><head><title>fairness-exporter</title></head><body><h1>fairness-exporter {__version__}</h1>"
                f"<p>Monitoring model <b>{html.escape(model_id)}</b>.</p><ul><li><a href='/metrics'>/metrics</a></li>"
                "<li><a href='/healthz'>/healthz</a></li><li><a href='/readyz'>/readyz</a></li></ul></body></html>"
@@ -104,6 +111,13 @@ def make_app(
             return "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")], text
         if path == "/":
             return "200 OK", [("Content-Type", "text/html; charset=utf-8")], landing
+        if path == RELOAD_PATH and reload is not None:
+            if environ.get("REQUEST_METHOD") not in RELOAD_METHODS:
+                return "405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "POST, PUT")], \
+                    b"use POST or PUT to reload the config\n"  # fmt: skip
+            applied, what = reload()
+            return ("200 OK" if applied else "500 Internal Server Error"), [("Content-Type", "text/plain")], \
+                f"{'ok' if applied else 'refused'}: {what}\n".encode()  # fmt: skip
         return "404 Not Found", [("Content-Type", "text/plain")], b"not found: try /metrics\n"
 
     def refused(path: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes] | None:
@@ -124,7 +138,8 @@ def make_app(
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
         extra = list(guard.current()[1].config.headers.items()) if guard is not None else []
         response = refused(path, environ)
-        if response is None and method not in ALLOWED_METHODS:
+        reloading = path == RELOAD_PATH and reload is not None  # its own methods, answered by respond()
+        if response is None and method not in ALLOWED_METHODS and not reloading:
             response = ("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")],
                         f"method {method} not allowed: use GET\n".encode())  # fmt: skip
         status, headers, body = response or respond(path, environ)

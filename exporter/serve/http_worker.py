@@ -61,16 +61,17 @@ class HttpWorker:
         self, listening: socket.socket, exposition: CachedExposition, registry: CollectorRegistry,
         verdicts: tuple[Callable[[], tuple[bool, str]], Callable[[], tuple[bool, str]]],
         hello: tuple[str, WebConfig], restarts: Counter, auth_failures: Counter,
-        stale_seconds: float = STALE_SECONDS,
+        stale_seconds: float = STALE_SECONDS, reload: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:  # fmt: skip
         """``verdicts``: (healthy, ready); ``hello``: (model id, who may read); ``auth_failures``: the counter (by
-        ``reason``) of what the worker refused."""
+        ``reason``) of what the worker refused; ``reload``: what POST /-/reload calls (None: not served)."""
         self.listening = listening
         self.port: int = listening.getsockname()[1]
         self.exposition = exposition
         self.registry = registry
         self.verdicts = verdicts
-        self.hello = ("hello", *hello, stale_seconds)
+        self.hello = ("hello", *hello, reload is not None, stale_seconds)
+        self.reload = reload
         self.restarts = restarts
         self.auth_failures = auth_failures
         self._refused: dict[str, int] = {}  # what the running worker reported refused, so far
@@ -154,6 +155,8 @@ class HttpWorker:
                         self._count_refused(refused)
                         self._acknowledged = max(self._acknowledged, seq)
                         self._changed.notify_all()
+                    elif kind == "reload":  # on a thread of its own: a reload computes and publishes
+                        threading.Thread(target=self._reload, args=(link, value), name="reload", daemon=True).start()
                     else:  # "want": a format to render
                         self._wants.append(value)
                         self._wake.set()
@@ -169,6 +172,16 @@ class HttpWorker:
             self._refused = {}
             self.link = self._spawn()
             self._wake.set()
+
+    def _reload(self, link: _Link, number: int) -> None:
+        """Reload as the worker asked, and tell it what happened."""
+        assert self.reload is not None
+        answer = self.reload()
+        try:
+            with self._sending:
+                link.connection.send(("reloaded", number, answer))
+        except (OSError, ValueError):
+            pass  # the worker is gone: a new one was never asked
 
     def _count_refused(self, refused: dict[str, int]) -> None:
         """The worker's totals since it started, added to the counter as increments."""
