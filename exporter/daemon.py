@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,12 +16,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
+from exporter.serve import web_config
 from exporter.serve.collector import CachedExposition
-from exporter.serve.http import bind, tls_context
+from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health, OwnershipCollector, StageHealth
 from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.stream.checkpoint import Checkpointer
+from exporter.stream.clock import SteadyClock
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.fleet import Fleet
 from exporter.stream.ingest import Ingest
@@ -64,14 +65,18 @@ class Daemon:
     """
 
     def __init__(
-        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
-        loader: Callable[[], Config] | None = None,
+        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] | None = None,
+        loader: Callable[[], Config] | None = None, web_config_file: str | None = None, lifecycle: bool = False,
+        watch_seconds: float = WATCH_SECONDS,
     ) -> None:  # fmt: skip
         self.config = config
-        self.clock = clock
+        self.web_config_file = web_config_file
+        """Who may read /metrics and the probes (``--web.config.file``, exporter.serve.web_config)."""
         self.loader = loader
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
+        # the wall clock without its jumps (exporter.stream.clock)
+        self.clock = clock = clock or SteadyClock(on_jump=lambda _: self.health.clock_jumps.inc())
         dead_letters = DeadLetters(config.kafka, self.health) if config.kafka.dead_letter_topic else None
         self.stages: Stages | None = None
         """The staged path's stages (kafka.stages: staged), which then keep the offsets instead of checkpoints."""
@@ -100,7 +105,10 @@ class Daemon:
         self.http: HttpWorker | None = None  # bound by start()
         self.stale_seconds = STALE_SECONDS
         """/healthz fails when the daemon has published nothing to the HTTP worker for this long."""
-        self.watch_seconds = WATCH_SECONDS
+        self.watch_seconds = watch_seconds
+        """How often the config's files are checked for a change, which reloads them (0: never)."""
+        self.lifecycle = lifecycle
+        """POST /-/reload reloads the config (``--web.enable-lifecycle``; off by default, as in Prometheus)."""
         self._stopped = threading.Event()
         self._reloading = threading.Lock()
         self._fingerprint: tuple[tuple[str, int, int, int], ...] = ()
@@ -159,7 +167,7 @@ class Daemon:
         if self.stages is not None:
             self.scheduler.add_job(self.stages.tick, "interval", seconds=1.0, id="stages", max_instances=1,
                                    coalesce=True)  # fmt: skip
-        if self.loader is not None:
+        if self.loader is not None and self.watch_seconds > 0:
             self._fingerprint = _fingerprint(self.config)
             self.scheduler.add_job(self._watch, "interval", seconds=self.watch_seconds, id="watch", max_instances=1,
                                    coalesce=True)  # fmt: skip
@@ -190,6 +198,8 @@ class Daemon:
             ("compute", self.computer.run_scheduled, config.evaluation_interval_seconds)]
         if self.checkpointer.path is not None:
             jobs.append(("checkpoint", self.checkpointer.flush, config.checkpoint_interval_seconds))
+        if self.ingest.dead_letters is not None:
+            jobs.append(("dead-letters", self.ingest.dead_letters.serve, 1.0))
         for name, job, seconds in jobs:
             self.scheduler.add_job(job, "interval", seconds=seconds, id=name, max_instances=1, coalesce=True,
                                    replace_existing=True)  # fmt: skip
@@ -197,18 +207,16 @@ class Daemon:
     def serve(self) -> None:
         """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
 
-        The daemon binds and checks the TLS files itself, so that a port in use or a bad file stops it with one
-        line; scrapes are served by another process, which never waits for the GIL ingest holds.
+        The daemon binds and checks the web configuration itself, so that a port in use or a bad file stops it with
+        one line; scrapes are served by another process, which never waits for the GIL ingest holds.
         """
         config = self.config
-        cert, key = (config.tls_cert_file, config.tls_key_file) if config.tls_cert_file and config.tls_key_file \
-            else (None, None)
-        if cert and key:
-            tls_context(cert, key)  # ListenError naming the file at fault; the worker loads them again
+        web = web_config.resolve(self.web_config_file, config.tls_cert_file, config.tls_key_file)
         listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
-                               (", ".join(config.model_ids), cert, key), self.health.http_worker_restarts,
-                               self.stale_seconds)  # fmt: skip
+                               (", ".join(config.model_ids), web), self.health.http_worker_restarts,
+                               self.health.http_auth_failures, self.stale_seconds,
+                               self.reload if self.lifecycle else None)  # fmt: skip
         self.http.start()
 
     # --- reload -----------------------------------------------------------------------------------------------

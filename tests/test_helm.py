@@ -346,8 +346,9 @@ def test_pod_runs_non_root_with_read_only_root_filesystem(helm: str, scenario: s
 @scenarios
 def test_probes_hit_health_endpoints_on_the_metrics_port(helm: str, scenario: str) -> None:
     main = container(render(helm, scenario))
+    scheme = "HTTPS" if chart_values(scenario)["webConfig"]["tls"] else "HTTP"  # the web config serves TLS
     for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
-        assert main[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": "HTTP"}
+        assert main[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": scheme}
 
 
 @scenarios
@@ -519,3 +520,22 @@ def test_one_model_beside_a_fleet_is_refused(helm: str) -> None:
                       "--set", "config.model_id=x")  # fmt: skip
     assert result.returncode != 0 and "with config.models or modelConfigMaps, each model names its own" in \
         result.stderr  # fmt: skip
+
+
+def test_a_web_config_secret_is_mounted_passed_to_the_daemon_and_scraped_with_its_credentials(helm: str) -> None:
+    objects = render(helm, "web-config")
+    main = container(objects)
+    assert main["args"][-2:] == ["--web.config.file", "/etc/fairness-exporter/web/web-config.yml"]
+    (mount,) = [m for m in main["volumeMounts"] if m["name"] == "web-config"]
+    assert mount == {"name": "web-config", "mountPath": "/etc/fairness-exporter/web", "readOnly": True}
+    volumes = workload(objects)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "web-config", "secret": {"secretName": "fairness-exporter-web"}} in volumes
+    assert main["livenessProbe"]["httpGet"]["scheme"] == main["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    (endpoint,) = only(objects, "ServiceMonitor")["spec"]["endpoints"]
+    values = chart_values("web-config")["serviceMonitor"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == values["tlsConfig"] and endpoint["basicAuth"] == values["basicAuth"]
+    plain = render(helm, "default")
+    assert "--web.config.file" not in container(plain)["args"]
+    assert not [v for v in workload(plain)["spec"]["template"]["spec"]["volumes"] if v["name"] == "web-config"]
+    assert "basicAuth" not in only(plain, "ServiceMonitor")["spec"]["endpoints"][0]

@@ -28,9 +28,10 @@ def table(n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], list[str]]:
 
 def test_a_row_table_round_trips_with_its_ids_and_meta() -> None:
     rows, ids = table(50)
-    (value,) = encode_rows(Kind.PENDING, {"model": "m1", "sources": [["t", 0], ["t", 1], ["t", 2]]}, rows, ids)
+    sources = [["t", 0, "id-1"], ["t", 1, "id-1"], ["t", 2, ""]]
+    (value,) = encode_rows(Kind.PENDING, {"model": "m1", "sources": sources}, rows, ids)
     record = decode(value)
-    assert record.kind is Kind.PENDING and record.sources == [("t", 0), ("t", 1), ("t", 2)]
+    assert record.kind is Kind.PENDING and record.sources == [("t", 0, "id-1"), ("t", 1, "id-1"), ("t", 2, "")]
     assert record.ids == ids and len(record) == 50
     for name, array in rows.items():
         np.testing.assert_array_equal(record.arrays[name], array)

@@ -97,6 +97,11 @@ def pump(stages: Stages, bootstrap: str, topic: str, starts: dict[int, int]) -> 
     return ends
 
 
+def starts(stages: Stages) -> dict[str, dict[int, int]]:
+    """Offset 0 of every internal partition."""
+    return {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
+
+
 def run(stages: Stages, bootstrap: str, batches: list[tuple[str, list[SimpleRecord]]],
         positions: dict[str, dict[int, int]]) -> None:  # fmt: skip
     """Input batches through the ingest and labels stages, then the join and counts partitions to their ends."""
@@ -126,8 +131,7 @@ def test_an_input_read_twice_is_counted_once_and_as_the_direct_path_counts_it(ka
     stages = live(d)
     first = events(300, seed=1)
     batches = [(INPUT, records(first)), (LABELS, records(later_labels(first)))]
-    positions = {t: dict.fromkeys(range(stages.topics.counts.partitions if t.endswith("counts") else
-                                        stages.topics.join.partitions), 0) for t in stages.topics.names}  # fmt: skip
+    positions = starts(stages)
     run(stages, bootstrap, batches, positions)
     # A crash before the commit: the same input offsets are read again, and their rows produced a second time
     run(stages, bootstrap, batches, positions)
@@ -150,8 +154,7 @@ def test_a_state_of_several_chunks_restores_exactly_on_another_replica(kafka_bro
                                                                         group: str) -> None:  # fmt: skip
     bootstrap = kafka_broker.bootstrap_servers
     first = live(daemon(staged_config(bootstrap, group)))
-    positions = {t: dict.fromkeys(range(first.topics.counts.partitions if t.endswith("counts") else
-                                        first.topics.join.partitions), 0) for t in first.topics.names}  # fmt: skip
+    positions = starts(first)
     before = events(400, seed=2)
     run(first, bootstrap, [(INPUT, records(before)), (LABELS, records(later_labels(before)))], positions)
     first.chunk_bytes = 1500
@@ -184,3 +187,22 @@ def test_a_state_of_several_chunks_restores_exactly_on_another_replica(kafka_bro
     chunked = [decode(r.value).meta["chunks"] for p in range(first.topics.counts.partitions)
                for r in read_partition(bootstrap, topic, p) if decode(r.value).kind is Kind.SNAPSHOT]  # fmt: skip
     assert chunked and min(chunked) > 1  # every snapshot took several records
+
+
+def test_a_re_created_input_topic_is_counted_afresh_not_taken_for_a_replay(kafka_broker: EmbeddedBroker,
+                                                                          group: str) -> None:  # fmt: skip
+    """Its new log starts again at offset 0: rows name the log (the topic's id), so receivers count them."""
+    bootstrap = kafka_broker.bootstrap_servers
+    d = daemon(staged_config(bootstrap, group))
+    stages = live(d)
+    stages.topic_ids[INPUT] = "first-log"  # what the source learns from the cluster before a batch is handled
+    positions = starts(stages)
+    batch = records(events(90, seed=4))
+    run(stages, bootstrap, [(INPUT, batch)], positions)
+    once = {m: stages.fleet.models[m].store.totals.copy() for m in MODELS}
+    stages.restart(INPUT, "second-log", [(INPUT, 0)])
+    assert stages.counted()[(INPUT, 0)] == 0 == stages.committable()[(INPUT, 0)]
+    run(stages, bootstrap, [(INPUT, records(events(90, seed=4)))], positions)  # the new log, at the same offsets
+    for model_id in MODELS:
+        np.testing.assert_array_equal(stages.fleet.models[model_id].store.totals, 2 * once[model_id])
+    assert d.registry.get_sample_value("fairness_exporter_replayed_rows_total", {"stage": "counts"}) == 0

@@ -12,8 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
 from exporter.config import sections_stream as stream
 from exporter.config.sections_model import MERGED_SECTIONS, MODEL_KEYS, parse_model
 from exporter.config.toolkit import Errors, expand_env, get, port, positive_int, section
@@ -26,6 +24,7 @@ from exporter.config.types import (
     Windowing,
     parse_duration,
 )
+from exporter.yaml_file import YamlFileError, read_yaml
 
 log = logging.getLogger(__name__)
 SHARED_KEYS: Final = frozenset({
@@ -64,8 +63,8 @@ def _model_files(directory: Path, errors: Errors) -> list[tuple[str, Any]]:
         if path.name.startswith(".") or path.suffix not in MODEL_FILE_SUFFIXES or not path.is_file():
             continue
         try:
-            out.append((path.name, yaml.safe_load(path.read_text())))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            out.append((path.name, read_yaml(path)))
+        except (OSError, YamlFileError) as exc:
             errors.add(f"models_dir/{path.name}", f"cannot read the model file: {exc}")
     return out
 
@@ -204,11 +203,9 @@ def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config file (a relative ``models_dir`` is read next to it)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = read_yaml(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except YamlFileError as exc:  # an encoding that is not UTF-8/16/32, or not YAML: names the file
+        raise ConfigError(str(exc)) from exc
     return parse_config(raw, str(path), path.parent)

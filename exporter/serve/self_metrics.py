@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from exporter import __version__
+from exporter.serve.access import AUTH_FAILURES
 from exporter.stream.decode import REJECT_REASONS
 from exporter.stream.route import IGNORE_REASONS
 
@@ -73,6 +74,13 @@ class Health:
         self.http_worker_restarts = Counter("fairness_exporter_http_worker_restarts",
                                             "HTTP worker processes (which serve /metrics and the probes) that "
                                             "exited and were started again.", registry=registry)  # fmt: skip
+        self.clock_jumps = Counter("fairness_exporter_clock_jumps",
+                                   "Steps of the wall clock not followed: the daemon keeps time by the steady clock "
+                                   "until a jumped wall clock has held its new offset for 10 minutes.",
+                                   registry=registry)  # fmt: skip
+        self.http_auth_failures = Counter("fairness_exporter_http_auth_failures",
+                                          "Requests and TLS handshakes the web configuration refused (401 or a "
+                                          "failed handshake), by reason.", ["reason"], registry=registry)
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
                                        "Errors talking to Kafka (the consumer retries).", registry=registry)
         self.models = Gauge("fairness_exporter_models", "Models this daemon monitors (as of the last config load).",
@@ -95,6 +103,8 @@ class Health:
             self.labels_expired.labels(reason)
         for reason in OUTCOME_DROP_REASONS:
             self.labels_dropped.labels(reason)
+        for reason in AUTH_FAILURES:
+            self.http_auth_failures.labels(reason)
         for reason in DEAD_LETTER_FAILURES:
             self.dead_letter_failures.labels(reason)
 

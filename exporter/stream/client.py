@@ -8,7 +8,7 @@ commit, when a log was reset, what a rebalance does) lives once, in :class:`expo
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -120,17 +120,20 @@ class KafkaClient(Protocol):
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
         """The next records, per partition, in offset order; waits up to ``timeout`` seconds for some."""
 
-    def rewind(self, partition: Partition) -> None:
-        """Read the partition again from the start of its log: a seek to offset 0, the first offset of every new
-        log (a re-created topic, a broker back empty), not a ListOffsets query, whose answer some brokers (Tansu)
-        get wrong right after such a reset. A log whose start has since moved past 0 answers the fetch with
-        OffsetOutOfRange, and the client's ``auto_offset_reset`` takes over."""
+    def seek(self, partition: Partition, offset: int) -> None:
+        """Read the partition from this offset on. A new log (a re-created topic, a broker back empty) is read from
+        offset 0, its first offset, not from a ListOffsets query, whose answer some brokers (Tansu) get wrong right
+        after such a reset; a log whose start has since moved past 0 answers the fetch with OffsetOutOfRange, and
+        the client's ``auto_offset_reset`` takes over."""
 
     def bounds(self, partition: Partition) -> LogBounds:
         """The partition's log start offset and high watermark from the last fetch response (no request)."""
 
-    def topic_id(self, topic: str) -> str | None:
-        """The topic's id in the cluster metadata (changes when the topic is re-created); None if unknown."""
+    def topic_ids(self, topics: Collection[str]) -> dict[str, str | None] | None:
+        """Each topic's id (it changes when the topic is re-created, or a broker lost its data), asked of the
+        cluster now, never from a cache: the answer is newer than every record already fetched. None for a topic
+        that does not exist now, or on a broker without topic ids (before Kafka 2.8); None in all when no broker
+        answered in time."""
 
     def connected(self) -> bool:
         """Whether any broker answers."""

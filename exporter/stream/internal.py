@@ -6,7 +6,8 @@ Row tables (every array one row per event) are cut into as many records as the s
 hand over a batch of any size; a snapshot is cut into chunks by :mod:`exporter.stream.snapshots`.
 
 Every row carries the position of the event it derives from in its source (a topic-partition offset; for a joined
-label, the join record's offset and the row's index in it), so that a receiver can skip what it already applied.
+label, the join record's offset and the row's index in it), so that a receiver can skip what it already applied; a
+source is named by topic, partition and log (the topic's id: a re-created topic's positions start again at 0).
 
 =============  =========  ================================================================================
 kind           topic      meta; rows
@@ -69,8 +70,10 @@ class Record:
         return len(self.arrays["position"]) if "position" in self.arrays else 0
 
     @property
-    def sources(self) -> list[tuple[str, int]]:
-        return [(str(t), int(p)) for t, p in self.meta.get("sources", [])]
+    def sources(self) -> list[tuple[str, int, str]]:
+        """(topic, partition, log) of each source: the log is the topic's id ("" unknown), so that the positions
+        of a re-created topic's new log are not taken for the old log's."""
+        return [(str(t), int(p), str(log)) for t, p, log in self.meta.get("sources", [])]
 
 
 def codes_layout(spec: ModelSpec) -> int:

@@ -25,11 +25,14 @@ from exporter.stream.internal_topics import InternalTopics
 class EntryStages:
     """The ingest and labels stages of one replica (called under the stages' lock)."""
 
-    def __init__(self, ingest: Ingest, producer: InternalProducer, topics: Callable[[], InternalTopics]) -> None:
+    def __init__(self, ingest: Ingest, producer: InternalProducer, topics: Callable[[], InternalTopics],
+                 logs: dict[str, str]) -> None:  # fmt: skip
         self.ingest = ingest
         self.producer = producer
         self.topics = topics
         """The internal topics as the broker has them (known once the source prepared them)."""
+        self.logs = logs
+        """Each topic's id, as the source keeps it current (it names the log a source position is in)."""
 
     def predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
         """Decode every input partition's records at once and send each model's rows on; the next offsets."""
@@ -41,7 +44,7 @@ class EntryStages:
             sources.append(np.full(len(part_values), i, dtype=np.int32))
             offsets.append(offsets_of(records, ends[partition]))
         source, position = np.concatenate(sources), np.concatenate(offsets)
-        meta_sources = [list(p) for p, _ in parts]
+        meta_sources = [[*p, self.logs.get(p[0], "")] for p, _ in parts]
         ingest = self.ingest
         decoders, decoded, ignored, malformed = ingest.fleet.decode(values, ingest.clock())  # type: ignore[arg-type]
         for model_id, batch in decoded.items():
@@ -74,7 +77,8 @@ class EntryStages:
         at = np.asarray(decoded.positions, dtype=np.int64)
         rows = {"source": np.zeros(len(at), dtype=np.int32), "position": offsets_of(records, end)[at],
                 "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
-        self._to_join(Kind.LABELS, {"sources": [list(partition)]}, rows, decoded.prediction_ids)
+        self._to_join(Kind.LABELS, {"sources": [[*partition, self.logs.get(partition[0], "")]]}, rows,
+                      decoded.prediction_ids)  # fmt: skip
         return end
 
     def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> None:

@@ -62,11 +62,11 @@ class Task:
         """Which rows of a record are beyond their source's high-water mark (and move the marks past them)."""
         source, position = record.arrays["source"], record.arrays["position"]
         keep = np.ones(len(position), dtype=bool)
-        for i, (topic, partition) in enumerate(record.sources):
+        for i, (topic, partition, log_id) in enumerate(record.sources):
             rows = source == i
             if not rows.any():
                 continue
-            key = (*prefix, topic, str(partition))
+            key = (*prefix, topic, str(partition), log_id)
             mark = self.hwm.get(key, -1)
             keep[rows] = position[rows] >= mark
             self.hwm[key] = max(mark, int(position[rows].max()) + 1)
@@ -101,8 +101,10 @@ class JoinTask(Task):
 
     def __init__(self, partition: Partition, start: int, stage_health: StageHealth, health: Health,
                  join: OutcomeJoin, spec_of: Callable[[str], ModelSpec | None], counts: Callable[[str], Partition],
-                 clock: Callable[[], float]) -> None:  # fmt: skip
+                 clock: Callable[[], float], logs: dict[str, str]) -> None:  # fmt: skip
         super().__init__(partition, start, stage_health)
+        self.logs = logs
+        """Each topic's id (the log this partition's offsets, the joined outcomes' positions, are in)."""
         self.join = join
         self.health = health
         self.spec_of = spec_of
@@ -150,7 +152,8 @@ class JoinTask(Task):
                      "position": np.arange(at, at + len(rows), dtype=np.int64), "timestamp": rows.timestamps,
                      "outcome": rows.outcomes.astype(np.int8), "codes": rows.codes.astype(np.int32)}  # fmt: skip
             at += len(rows)
-            meta = {"model": model, "layout": codes_layout(spec), "sources": [list(self.partition)]}
+            meta = {"model": model, "layout": codes_layout(spec),
+                    "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
             out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.JOINED, meta, table)]
         return out
 

@@ -62,12 +62,13 @@ class Stages:
         self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns)
         self.ingest = Ingest(config, self.fleet, health, clock, dead_letters)
         self.producer = InternalProducer(config.kafka)
-        self.entry = EntryStages(self.ingest, self.producer, lambda: self.topics)
+        self.topic_ids: dict[str, str] = {}
+        """Each topic's id, kept current by the source: the log a row's position is in."""
+        self.entry = EntryStages(self.ingest, self.producer, lambda: self.topics, self.topic_ids)
         self.produced: Offsets = {}
         """Input and labels partitions: the next offset after what the stages sent on."""
         self.acked: Offsets = {}
         """... after what the broker acknowledged: what may be committed."""
-        self.topic_ids: dict[str, str] = {}
         self.lag: Callable[[], Mapping[Partition, int]] = dict
         """The source's lag per partition (the daemon sets it): a restoring task that caught up gives up."""
         self.released: Callable[[], None] = lambda: None
@@ -246,7 +247,7 @@ class Stages:
             share = -(-self.fleet.config.max_pending_labels // self.topics.join.partitions)
             return JoinTask(partition, start, self.stage_health, self.health,
                             OutcomeJoin(self.fleet.config.label_horizon_seconds, share), self.spec_of,
-                            self.counts_partition, self.clock)  # fmt: skip
+                            self.counts_partition, self.clock, self.topic_ids)  # fmt: skip
         return CountsTask(partition, start, self.stage_health, self.health, self.fleet,
                           lambda: self.models_of(partition[1]), self.clock)  # fmt: skip
 
@@ -257,6 +258,27 @@ class Stages:
                 self.produced.pop(partition, None)
                 self.acked.pop(partition, None)
                 self._drop(partition)
+
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        """These partitions start again at offset 0 of a new log (a re-created topic, a broker back empty). Rows
+        from it name the new log, so receivers count them afresh; a task keeps its state (the counts and pending
+        labels it holds are still true) and goes on from offset 0, its next snapshot in the new log."""
+        with self.lock:
+            if topic_id != self.topic_ids.get(topic):
+                for offsets in (self.produced, self.acked):
+                    for partition in [p for p in offsets if p[0] == topic and p not in partitions]:
+                        offsets.pop(partition)
+            for partition in partitions:
+                task = self.tasks.get(partition)
+                if task is None:
+                    self.produced[partition] = self.acked[partition] = 0
+                    continue
+                if task.restoring is not None:  # its snapshot was in the old log
+                    task.restoring.buffered.clear()
+                    self._restored(task, None)
+                task.consumed, task.covered, task.fetched, task.dirty = 0, None, False, True
+            if topic_id is not None:
+                self.topic_ids[topic] = topic_id
 
     def _drop(self, partition: Partition) -> None:
         task = self.tasks.pop(partition, None)

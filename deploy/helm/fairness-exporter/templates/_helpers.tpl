@@ -49,7 +49,7 @@ app.kubernetes.io/part-of: fairness-exporter
 
 {{/* HTTPS when the daemon serves TLS (config.listen.tls_cert_file), for the probes and the ServiceMonitor. */}}
 {{- define "fairness-exporter.scheme" -}}
-{{- if dig "listen" "tls_cert_file" "" .Values.config }}HTTPS{{ else }}HTTP{{ end }}
+{{- if or (dig "listen" "tls_cert_file" "" .Values.config) (and .Values.webConfig.secretName .Values.webConfig.tls) }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
 
 {{/*
@@ -144,7 +144,8 @@ spec:
     - name: fairness-exporter
       image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
       imagePullPolicy: {{ .Values.image.pullPolicy }}
-      args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"]
+      args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"
+             {{- with .Values.webConfig.secretName }}, "--web.config.file", "/etc/fairness-exporter/web/{{ $.Values.webConfig.key }}"{{ end }}]
       ports:
         - name: metrics
           containerPort: {{ include "fairness-exporter.port" . }}
@@ -181,6 +182,11 @@ spec:
           readOnly: true
         - name: tmp
           mountPath: /tmp
+        {{- if .Values.webConfig.secretName }}
+        - name: web-config
+          mountPath: /etc/fairness-exporter/web
+          readOnly: true
+        {{- end }}
         {{- if .Values.checkpoint.enabled }}
         - name: checkpoint
           mountPath: {{ .Values.checkpoint.path }}
@@ -199,6 +205,11 @@ spec:
         name: {{ include "fairness-exporter.fullname" . }}
     - name: tmp
       emptyDir: {}
+    {{- with .Values.webConfig.secretName }}
+    - name: web-config
+      secret:
+        secretName: {{ . }}
+    {{- end }}
     {{- if .Values.modelConfigMaps.enabled }}
     - name: models
       emptyDir: {}
