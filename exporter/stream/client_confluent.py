@@ -170,8 +170,8 @@ class ConfluentClient:
         batches = _by_partition(self.consumer.consume(max_records, timeout), self._on_error)
         if self._fatal is not None:
             raise ck.KafkaException(self._fatal)  # the consumer cannot go on: the source rebuilds it
-        if batches:
-            self._down = False
+        # No batch clears _down: librdkafka hands over what it fetched before the broker went, after its one "all
+        # brokers down" event, and only a metadata answer (connected(), every 5 s while down) proves one is back.
         return {key: _Batch(messages) for key, messages in batches.items()}
 
     def seek(self, partition: Partition, offset: int) -> None:
@@ -205,7 +205,7 @@ class ConfluentClient:
         return ids
 
     def connected(self) -> bool:
-        """False from librdkafka's "all brokers down" until a fetch or a metadata request succeeds again."""
+        """False from librdkafka's "all brokers down" until a metadata request succeeds again."""
         if self._down:
             try:
                 self.consumer.list_topics(timeout=METADATA_TIMEOUT_SECONDS)
