@@ -261,7 +261,7 @@ def test_statefulset_only_with_checkpoint(helm: str, scenario: str) -> None:
     objects = render(helm, scenario)
     enabled = chart_values(scenario)["checkpoint"]["enabled"]
     assert workload(objects)["kind"] == ("StatefulSet" if enabled else "Deployment")
-    assert ("checkpoint" in daemon_config(objects)) == enabled
+    assert ("path" in daemon_config(objects).get("checkpoint", {})) == enabled
 
 
 @pytest.mark.parametrize("path", ["/var/lib/fairness-exporter", "/data/fairness/checkpoints"])
@@ -285,9 +285,15 @@ def test_config_is_the_values_config(helm: str, scenario: str) -> None:
         del expected[key]
     if values["modelConfigMaps"]["enabled"]:
         expected["models_dir"] = values["modelConfigMaps"]["folder"]
-    if values["checkpoint"]["enabled"]:
+    staged = values["replicaCount"] > 1
+    expected["kafka"] = {**expected["kafka"], "stages": "staged" if staged else "direct"}
+    if staged:
+        expected["checkpoint"] = {"interval": values["checkpoint"]["interval"]}
+        expected["kafka"]["internal_topics"] = {
+            key: {"partitions": topic["partitions"], **{k: topic[k] for k in ("name", "retention") if topic[k]}}
+            for key, topic in values["internalTopics"].items()}  # fmt: skip
+    elif values["checkpoint"]["enabled"]:
         expected["checkpoint"] = {key: values["checkpoint"][key] for key in ("path", "interval")}
-    expected["alerting"] = {**expected.get("alerting", {}), "replicas": values["replicaCount"]}
     assert daemon_config(render(helm, scenario)) == expected
 
 
@@ -454,9 +460,20 @@ def test_alertmanagerconfig_receivers_come_from_values(helm: str) -> None:
 
 
 @scenarios
-def test_each_replica_takes_its_share_of_the_false_page_budget(helm: str, scenario: str) -> None:
-    """alerting.replicas follows replicaCount, so N replicas' detectors together keep the model's budget."""
-    assert daemon_config(render(helm, scenario))["alerting"]["replicas"] == chart_values(scenario)["replicaCount"]
+def test_more_than_one_replica_runs_the_staged_path_with_the_internal_topics_of_the_values(helm: str,
+                                                                                          scenario: str) -> None:
+    """Above one replica each model must live whole on one of them (kafka.stages: staged); one runs direct."""
+    values = chart_values(scenario)
+    kafka = daemon_config(render(helm, scenario))["kafka"]
+    assert kafka["stages"] == ("staged" if values["replicaCount"] > 1 else "direct")
+    assert ("internal_topics" in kafka) == (values["replicaCount"] > 1)
+
+
+def test_the_staged_path_refuses_a_checkpoint_volume(helm: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--values", str(CI["checkpoint-statefulset"]),
+                      "--set", "replicaCount=2")  # fmt: skip
+    assert result.returncode != 0
+    assert "the state lives in the internal topics" in result.stderr
 
 
 def test_a_fleet_renders_from_values_with_the_top_level_keys_as_defaults(helm: str) -> None:

@@ -125,7 +125,33 @@ def _parse_models(raw: dict[str, Any], errors: Errors, source: str, base_dir: Pa
         paths = {getattr(m.events, key) for m in models}
         if len(paths) > 1 and (key == "model_id" or labels_topic):
             errors.add(f"events.{key}", f"every model must read it at the same path ({why}), got {sorted(paths)}")
+    shares = {m.alerting.max_unjoined_share for m in models}
+    if len(shares) > 1:
+        errors.add("alerting.max_unjoined_share", f"every model must have the same (label events carry no model: one "
+                                                  f"share is measured), got {sorted(shares)}")  # fmt: skip
     return models
+
+
+def _checkpoint(checkpoint: Any, stages: str, errors: Errors) -> dict[str, Any] | None:
+    """The checkpoint section: a directory and an interval for the direct path; only the interval (of the inline
+    snapshots) for the staged path, whose state lives in its internal topics."""
+    if checkpoint is None:
+        return None
+    if stages == "staged":
+        if not isinstance(checkpoint, dict):
+            errors.add("checkpoint", f"{checkpoint!r} is not a mapping with an interval")
+            return None
+        errors.check_keys("checkpoint", checkpoint, {"path", "interval"})
+        if "path" in checkpoint:
+            errors.add("checkpoint.path", "kafka.stages: staged keeps its state in its internal topics, not in files: "
+                                          "remove the path (checkpoint.interval sets how often it is snapshotted)")
+        return {"interval": checkpoint.get("interval")}
+    if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("path"), str)):
+        errors.add("checkpoint", f"{checkpoint!r} is not a mapping with a path (and optional interval)")
+        return None
+    errors.check_keys("checkpoint", checkpoint, {"path", "interval"})
+    stream.check_checkpoint_dir(checkpoint["path"], errors)
+    return checkpoint
 
 
 def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None = None) -> Config:
@@ -138,13 +164,7 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
     models = _parse_models(raw, errors, source, Path(base_dir) if base_dir is not None else Path())
     kafka = stream.parse_kafka(section(raw, "kafka", errors, set(KafkaConfig.__dataclass_fields__)), errors)
     listen = section(raw, "listen", errors, {"address", "port", "tls_cert_file", "tls_key_file"})
-    checkpoint = raw.get("checkpoint")
-    if checkpoint is not None and not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("path"), str)):
-        errors.add("checkpoint", f"{checkpoint!r} is not a mapping with a path (and optional interval)")
-        checkpoint = None
-    elif checkpoint is not None:
-        errors.check_keys("checkpoint", checkpoint, {"path", "interval"})
-        stream.check_checkpoint_dir(checkpoint["path"], errors)
+    checkpoint = _checkpoint(raw.get("checkpoint"), kafka.stages, errors)
     windows, bucket = stream.parse_windows(raw.get("windows", ["1h", "24h"]), raw.get("bucket"), errors)
     tls = {key: listen.get(key) for key in ("tls_cert_file", "tls_key_file")}
     for key, value in tls.items():
@@ -166,7 +186,7 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
         listen_port=get(listen, "port", DEFAULT_PORT, errors, "listen.", port),
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],
-        checkpoint_path=checkpoint["path"] if checkpoint else None,
+        checkpoint_path=checkpoint.get("path") if checkpoint else None,
         checkpoint_interval_seconds=get(checkpoint or {}, "interval", 30.0, errors, "checkpoint.", parse_duration),
         models_dir=str((Path(base_dir) if base_dir is not None else Path()) / models_dir)
         if isinstance(models_dir, str) and models_dir else None,

@@ -49,6 +49,26 @@ class MetricSpec:
 
 
 @dataclass(frozen=True)
+class InternalTopic:
+    """One internal topic of the staged path; None: derived (the name from the group id, the retention from the
+    config)."""
+
+    name: str | None = None
+    partitions: int = 12
+    """Used only when the daemon creates the topic: an existing topic's partition count is the truth."""
+    retention_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class InternalTopics:
+    """The staged path's internal topics: ``join`` (re-keyed by prediction id) and ``counts`` (keyed by model id,
+    whose partitions are the ceiling on evaluation parallelism)."""
+
+    join: InternalTopic = field(default_factory=InternalTopic)
+    counts: InternalTopic = field(default_factory=InternalTopic)
+
+
+@dataclass(frozen=True)
 class KafkaConfig:
     """Where the daemon reads events from; ``client`` is passed through to the client library (checked against it)."""
 
@@ -63,6 +83,10 @@ class KafkaConfig:
     labels_topic: str | None = None
     dead_letter_topic: str | None = None
     client: dict[str, Any] = field(default_factory=dict)
+    stages: Literal["direct", "staged"] = "direct"
+    """direct: each replica counts what it reads; staged: ingest, label join and evaluation run as stages joined by
+    internal topics, so each model lives whole on one replica of the group (exporter/stream/stages.py)."""
+    internal_topics: InternalTopics = field(default_factory=InternalTopics)
 
 
 @dataclass(frozen=True)
@@ -87,11 +111,12 @@ class AlertingConfig:
     """The change detectors' false-alarm budget and the subgroup rate shift worth a warning."""
 
     false_pages_per_day: float = 0.01
-    """Expected false pages per day, shared by every detector of the model and every replica."""
-    replicas: int = 1
-    """Replicas sharing the traffic (the Helm chart sets it from replicaCount): each takes 1/replicas of it."""
+    """Expected false pages per day, shared by every detector of the model."""
     rate_shift: float = 0.10
     """SubgroupPredictionRateShift: a move of a subgroup's selection rate from its own baseline worth a warning."""
+    max_unjoined_share: float = 0.5
+    """FairnessLabelJoinBroken: above this share of delayed labels that found no prediction, the join is broken
+    (one value for every model: labels carry no model)."""
 
 
 @dataclass(frozen=True)

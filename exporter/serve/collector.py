@@ -230,7 +230,7 @@ def detector_families(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
         labels=_DETECTOR_SUBGROUP)  # fmt: skip
     level = GaugeMetricFamily(
         "fairness_detector_alarm_level", "The level of a detector's Shiryaev-Roberts evidence that raises an "
-        "alarm: log(detectors x steps per day x replicas / alerting.false_pages_per_day).",
+        "alarm: log(detectors x steps per day / alerting.false_pages_per_day).",
         labels=["model_id"])  # fmt: skip
     steps = CounterMetricFamily("fairness_detector_steps", "Detector steps taken (at most one per bucket).",
                                 labels=["model_id"])  # fmt: skip

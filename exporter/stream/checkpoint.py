@@ -197,6 +197,11 @@ class Checkpointer:
     def counted(self) -> Offsets:
         return self.fleet.offsets_copy()
 
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """After the last record this process counted, else (left out) the group's committed offset."""
+        counted = self.counted()
+        return {p: counted[p] for p in partitions if p in counted}
+
     def committable(self) -> Offsets:
         if self.path is None:
             return self.counted()

@@ -11,6 +11,8 @@ from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
 Partition = tuple[str, int]
 """(topic, partition)."""
 Offsets = dict[Partition, int]
@@ -58,6 +60,14 @@ def values_and_next(records: Sequence[Record]) -> tuple[list[bytes | None], int]
     return [r.value for r in records], records[-1].offset + 1
 
 
+def offsets_of(records: Sequence[Record], next_offset: int) -> np.ndarray:
+    """Every record's offset in a non-empty batch (the usual one is contiguous: then no record is read)."""
+    first = records[0].offset
+    if next_offset - first == len(records):
+        return np.arange(first, next_offset, dtype=np.int64)
+    return np.fromiter((r.offset for r in records), np.int64, len(records))
+
+
 class LogBounds(NamedTuple):
     """A partition's log as the last fetch response described it; None where the client does not know."""
 
@@ -75,14 +85,16 @@ class Rebalance(Protocol):
       commits exactly that without waiting, and forgets the partitions' offsets, so no later commit or
       checkpoint of this replica carries them (a stale offset would rewind their new owner, who would then
       count events twice). A client closing down does not call it: a rebuilt consumer resumes from its offsets.
-    - ``assigned(partitions)`` runs *after* the group assigned them and *before* any of them is fetched. It
-      returns where to start each one: after the last record this process counted, else the checkpoint's offset;
-      a partition it leaves out starts at the group's committed offset (``auto_offset_reset`` if none).
+    - ``assigned(partitions, committed)`` runs *after* the group assigned them and *before* any of them is
+      fetched, with the group's committed offsets of those partitions (fetched by the adapter; None when that
+      failed). It returns where to start each one: after the last record this process counted, else the
+      checkpoint's offset (the staged path: the committed offset, or 0 for an internal topic without one); a
+      partition it leaves out starts at the group's committed offset (``auto_offset_reset`` if none).
     """
 
     def revoked(self, partitions: list[Partition]) -> None: ...
 
-    def assigned(self, partitions: list[Partition]) -> Offsets: ...
+    def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets: ...
 
 
 class CommitFailed(Exception):

@@ -134,7 +134,13 @@ class ConfluentClient:
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
         def on_assign(consumer: ck.Consumer, assigned: list[ck.TopicPartition]) -> None:
             # librdkafka takes start offsets with the assignment, not by seek
-            starts = rebalance.assigned([(tp.topic, tp.partition) for tp in assigned])
+            committed: Offsets | None
+            try:
+                found = consumer.committed(assigned, timeout=METADATA_TIMEOUT_SECONDS)
+                committed = {(tp.topic, tp.partition): tp.offset for tp in found if tp.error is None and tp.offset >= 0}
+            except ck.KafkaException:
+                committed = None
+            starts = rebalance.assigned([(tp.topic, tp.partition) for tp in assigned], committed)
             consumer.assign([ck.TopicPartition(tp.topic, tp.partition,
                                                starts.get((tp.topic, tp.partition), ck.OFFSET_INVALID))
                              for tp in assigned])  # fmt: skip

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
@@ -41,18 +41,26 @@ class GroupCoordinatorLost(RuntimeError):
     """The consumer found no group coordinator for :data:`COORDINATOR_LOST_SECONDS`."""
 
 
-class _Listener(ConsumerRebalanceListener):
-    """kafka-python wants a subclass of its listener; this one forwards to the source's :class:`Rebalance`."""
+class _Listener(AsyncConsumerRebalanceListener):
+    """kafka-python wants a subclass of its listener; this one forwards to the source's :class:`Rebalance`. It is
+    the async kind, so that it can ask the group's committed offsets on the client's IO loop, where a blocking
+    call would raise."""
 
     def __init__(self, consumer: KafkaConsumer, rebalance: Rebalance) -> None:
         self.consumer = consumer
         self.rebalance = rebalance
 
-    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self.rebalance.revoked([(tp.topic, tp.partition) for tp in revoked])
 
-    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        starts = self.rebalance.assigned([(tp.topic, tp.partition) for tp in assigned])
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        committed: Offsets | None
+        try:
+            found = await self.consumer._coordinator.fetch_committed_offsets_async(list(assigned), COMMIT_TIMEOUT_MS)
+            committed = {(tp.topic, tp.partition): meta.offset for tp, meta in found.items() if meta.offset >= 0}
+        except KafkaError:
+            committed = None
+        starts = self.rebalance.assigned([(tp.topic, tp.partition) for tp in assigned], committed)
         for (topic, partition), offset in starts.items():
             self.consumer.seek(TopicPartition(topic, partition), offset)
 

@@ -59,6 +59,10 @@ class OffsetsBook(Protocol):
         has no topic ids); a new id also forgets every other offset of the topic. Done under the lock a checkpoint
         copies the offsets and ids with, so that no checkpoint or commit pairs an old offset with the new log."""
 
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """Where newly assigned partitions start, given the group's committed offsets (None: not known); one left
+        out starts at its committed offset (``auto_offset_reset`` if none)."""
+
 
 def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> KafkaClient:
     """The adapter of the configured client library."""
@@ -81,9 +85,13 @@ class KafkaSource:
     """Consumes the events topic (and the labels topic, if any) and calls ``handle({partition: records})`` with
     what each poll returned."""
 
-    def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health) -> None:
+    def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
+                 topics: list[str] | None = None, prepare: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """``topics``: what to read (default: the events and labels topics); ``prepare`` runs before each new client
+        connects (the staged path creates its internal topics there), and is retried as the client is."""
         self.kafka = kafka
-        self.topics = [t for t in (kafka.topic, kafka.labels_topic) if t]
+        self.topics = topics or [t for t in (kafka.topic, kafka.labels_topic) if t]
+        self.prepare = prepare
         self.handle = handle
         self.book = book
         self.health = health
@@ -127,11 +135,10 @@ class KafkaSource:
         for p in partitions:
             self._committed.pop(p, None)
 
-    def assigned(self, partitions: list[Partition]) -> Offsets:
-        counted = self.book.counted()
+    def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
         if partitions:
             self.assigned_once.set()
-        return {p: counted[p] for p in partitions if p in counted}
+        return self.book.starts(partitions, committed)
 
     # --- the consumer thread --------------------------------------------------------------------------------
 
@@ -141,6 +148,8 @@ class KafkaSource:
         self._errors.warning(name, "Kafka consumer error (%s: %s); the client retries", name, text)
 
     def _connect(self) -> KafkaClient:
+        if self.prepare is not None:
+            self.prepare()
         client = make_client(self.kafka, self._client_error)
         self._committed = {}
         if self.manual:

@@ -79,14 +79,33 @@ path in the config and the volume's mount path cannot disagree.
 {{- if hasKey $config "checkpoint" }}
 {{- fail "config.checkpoint is set by the chart: use checkpoint.enabled, checkpoint.path and checkpoint.interval instead" }}
 {{- end }}
+{{- $kafka := deepCopy (default (dict) $config.kafka) }}
+{{- $staged := eq (include "fairness-exporter.stages" .) "staged" }}
+{{- $_ := set $kafka "stages" (include "fairness-exporter.stages" .) }}
+{{- if $staged }}
 {{- if .Values.checkpoint.enabled }}
+{{- fail "checkpoint.enabled keeps one replica's state on a volume (kafka.stages: direct); with kafka.stages: staged (replicaCount > 1) the state lives in the internal topics: disable it (checkpoint.interval still sets how often it is snapshotted)" }}
+{{- end }}
+{{- $_ := set $config "checkpoint" (dict "interval" .Values.checkpoint.interval) }}
+{{- $topics := dict }}
+{{- range $key, $topic := .Values.internalTopics }}
+{{- $t := dict "partitions" (int $topic.partitions) }}
+{{- with $topic.name }}{{ $_ := set $t "name" . }}{{ end }}
+{{- with $topic.retention }}{{ $_ := set $t "retention" . }}{{ end }}
+{{- $_ := set $topics $key $t }}
+{{- end }}
+{{- $_ := set $kafka "internal_topics" $topics }}
+{{- else if .Values.checkpoint.enabled }}
 {{- $_ := set $config "checkpoint" (dict "path" .Values.checkpoint.path "interval" .Values.checkpoint.interval) }}
 {{- end }}
-{{- /* Each replica takes 1/replicas of the model's false-page budget (at least replicaCount of them). */}}
-{{- $alerting := default (dict) $config.alerting }}
-{{- $_ := set $alerting "replicas" (max (int .Values.replicaCount) (int (default 1 $alerting.replicas))) }}
-{{- $_ := set $config "alerting" $alerting }}
+{{- $_ := set $config "kafka" $kafka }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/* kafka.stages: as config.kafka.stages says, else staged above one replica (each model whole on one replica),
+direct at one (measurably faster: no event is written and read a second time). */}}
+{{- define "fairness-exporter.stages" -}}
+{{- dig "kafka" "stages" (ternary "staged" "direct" (gt (int .Values.replicaCount) 1)) .Values.config }}
 {{- end }}
 
 {{/* The pod template shared by the Deployment and the StatefulSet. */}}
