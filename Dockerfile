@@ -41,7 +41,8 @@ ENV PATH=/opt/fairness-exporter/bin:$PATH \
 USER 10001:10001
 WORKDIR /var/lib/fairness-exporter
 EXPOSE 9108
-HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9108/healthz', timeout=4)"]
+# /healthz over plain HTTP, or over TLS when the config serves TLS (exporter/serve/healthcheck.py)
+HEALTHCHECK --interval=30s --timeout=10s --start-period=30s --retries=3 \
+  CMD ["python", "-m", "exporter.serve.healthcheck", "9108"]
 ENTRYPOINT ["fairness-exporter"]
 CMD ["serve", "--config", "/etc/fairness-exporter/config.yaml"]

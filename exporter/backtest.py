@@ -13,6 +13,7 @@ take the same steps as a daemon that reads the topic in real time.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -67,7 +68,7 @@ class Replay:
     alerts: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
     late: int = 0
-    rejected: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)  # by reason
     ignored: int = 0
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
@@ -87,7 +88,7 @@ class Replay:
 
     def feed(self, columns: Columns) -> None:
         """Count a batch in file order, computing once per bucket of the head as the head moves on."""
-        self.rejected += columns.rejected
+        self.rejected.update(columns.rejected)
         self.ignored += columns.ignored
         if not len(columns.timestamps):
             return
@@ -122,7 +123,8 @@ class Replay:
         bank = self.store.detectors
         return {
             "model_id": self.config.model_id,
-            "events": self.events, "late": self.late, "rejected": self.rejected, "ignored": self.ignored,
+            "events": self.events, "late": self.late, "rejected": self.rejected.total(),
+            "rejected_reasons": dict(self.rejected.most_common()), "ignored": self.ignored,
             "steps": self.steps, "alarm_level": bank.level, "detectors": len(bank),
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
@@ -313,11 +315,12 @@ def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
         ignored += unrouted
         malformed += bad
     reports = [replay.finish() for replay in replays.values()]
+    reasons = sum((Counter(r["rejected_reasons"]) for r in reports), Counter({"malformed_json": malformed}))
+    rejected = {"rejected": reasons.total(), "rejected_reasons": dict((+reasons).most_common())}
     if len(reports) == 1:
         (report,) = reports
-        return {**report, "ignored": report["ignored"] + ignored, "rejected": report["rejected"] + malformed}
-    return {"models": reports, "events": sum(r["events"] for r in reports), "ignored": ignored,
-            "rejected": malformed + sum(r["rejected"] for r in reports),
+        return {**report, "ignored": report["ignored"] + ignored, **rejected}
+    return {"models": reports, "events": sum(r["events"] for r in reports), "ignored": ignored, **rejected,
             "alerts": sorted(({"model_id": r["model_id"], **a} for r in reports for a in r["alerts"]),
                              key=lambda a: (a["fired_at"], a["model_id"], a["alert"], a["attribute"]))}  # fmt: skip
 

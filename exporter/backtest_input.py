@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ class Columns:
     predictions: np.ndarray
     labels: np.ndarray
     codes: dict[str, np.ndarray]
-    rejected: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Events not replayed, by reason: the decoder's, or a table's value outside its column's groups."""
     ignored: int = 0
 
 
@@ -48,7 +50,7 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
             _, batches, ignored, malformed = fleet.decode(values, math.inf)
             own = {model_id: sum(batch.ignored.values()) for model_id, batch in batches.items()}
             columns = {model_id: Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
-                                         sum(batch.rejected.values()), own[model_id])
+                                         batch.rejected, own[model_id])
                        for model_id, batch in batches.items()}  # fmt: skip
             yield columns, sum(ignored.values()) - sum(own.values()), len(malformed)
 
@@ -94,13 +96,10 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
                   if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
+    # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
     base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
-    keep = np.ones(len(frame), dtype=bool)
-    for column_codes in base.values():
-        keep &= column_codes >= 0
-    base = {c: v[keep] for c, v in base.items()}
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    return Columns(seconds[keep], y_pred[keep], y_true[keep], codes, int((~keep).sum()))
+    return Columns(seconds, y_pred, y_true, codes)
 
 
 def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from exporter import __version__
-from exporter.config import ConfigError, load_config
+from exporter.config import ConfigError, load_config, parse_duration
 from exporter.gate.commands import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -41,12 +41,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the monitoring daemon until SIGTERM/SIGINT."""
     from exporter.daemon import Daemon
     from exporter.serve.http import ListenError
+    from exporter.serve.web_config import WebConfigError
     from exporter.stream.checkpoint import CheckpointError
 
     _configure_logging(args.log_level)
     try:
-        Daemon(load_config(args.config), loader=lambda: load_config(args.config)).run_forever()
-    except (ConfigError, CheckpointError) as exc:  # their messages name the file
+        watch = parse_duration(args.config_watch_interval) if args.config_watch_interval not in ("0", "0s") else 0.0
+    except ValueError as exc:
+        print(f"fairness-exporter serve: --config.watch-interval: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        Daemon(load_config(args.config), loader=lambda: load_config(args.config), web_config_file=args.web_config_file,
+               lifecycle=args.web_enable_lifecycle, watch_seconds=watch).run_forever()
+    except (ConfigError, CheckpointError, WebConfigError) as exc:  # their messages name the file
         print(f"fairness-exporter serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except ListenError as exc:  # names the listen field of the config
@@ -66,6 +73,15 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     except (ConfigError, BacktestError) as exc:
         print(f"fairness-exporter backtest: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    ids = ", ".join(config.model_ids)
+    reasons = ", ".join(f"{reason}: {n:,}" for reason, n in report["rejected_reasons"].items())
+    refused = (f"{report['rejected']:,} rejected" + (f" ({reasons})" if reasons else "") + f", {report['ignored']:,} "
+               f"of no configured model (model_id {ids})")  # fmt: skip
+    if not report["events"]:  # a replay of nothing never passes: "0 alerts" would mean nothing
+        print(f"fairness-exporter backtest: {', '.join(args.events)}: no event replayed: {refused}; expected JSON "
+              "lines in the topic's event format (the config's events: paths), or parquet/CSV with the gate's "
+              "columns plus timestamp, model_id and prediction_id", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.output:
         write_report(Path(args.output), text)
@@ -76,9 +92,13 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
         if not write_html(Path(args.html), backtest_html, report):
             return EXIT_BAD_INPUT
+    if report["rejected"] > report["events"]:  # of the configured models' events, most were refused
+        print(f"fairness-exporter backtest: warning: most events were rejected: {report['events']:,} replayed, "
+              f"{refused}", file=sys.stderr)  # fmt: skip
     firing = sum(a["resolved_at"] is None for a in report["alerts"])
-    print(f"{report['model_id']}: {report['events']} events replayed in {report['steps']} steps, "
-          f"{len(report['alerts'])} alert(s), {firing} still firing at the end", file=sys.stderr)  # fmt: skip
+    steps = f" in {report['steps']} steps" if "steps" in report else ""  # a fleet's models each take their own
+    print(f"{ids}: {report['events']} events replayed{steps}, {len(report['alerts'])} alert(s), {firing} still "
+          "firing at the end", file=sys.stderr)  # fmt: skip
     return EXIT_OK
 
 
@@ -190,6 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the monitoring daemon (Kafka in, Prometheus /metrics out)")
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
+    serve.add_argument("--config.watch-interval", dest="config_watch_interval", default="5s",
+                       help="how often the config file and models_dir are checked for a change, which reloads them "
+                            "(default 5s; 0: only SIGHUP or POST /-/reload)")  # fmt: skip
+    serve.add_argument("--web.enable-lifecycle", dest="web_enable_lifecycle", action="store_true",
+                       help="serve POST /-/reload, which reloads the config (off by default, as in Prometheus; "
+                            "behind the same --web.config.file rules as every other path)")  # fmt: skip
+    serve.add_argument("--web.config.file", dest="web_config_file",
+                       help="who may read /metrics and the probes: the Prometheus exporter-toolkit web configuration "
+                            "(TLS, client certificates, basic auth users with bcrypt hashes; docs/faults.md)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_serve)
 

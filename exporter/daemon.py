@@ -1,30 +1,34 @@
 """The monitoring daemon: Kafka source -> router and decoders -> every model's window store (+ label join) ->
 scheduled computation -> /metrics, with checkpoints that let it restart without losing or double counting an
-event, and reloads that change the models without a restart."""
+event, and reloads that change the models without a restart. With ``kafka.stages: staged`` the same parts run as
+the stages of exporter/stream/stages.py, and this replica computes and serves the models it owns."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
+from exporter.serve import web_config
 from exporter.serve.collector import CachedExposition
-from exporter.serve.http import bind, tls_context
+from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
-from exporter.serve.self_metrics import ConsumerCollector, Health
+from exporter.serve.self_metrics import ConsumerCollector, Health, OwnershipCollector, StageHealth
 from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.stream.checkpoint import Checkpointer
+from exporter.stream.clock import SteadyClock
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.fleet import Fleet
 from exporter.stream.ingest import Ingest
 from exporter.stream.source import KafkaSource
+from exporter.stream.stages import Stages
 
 log = logging.getLogger(__name__)
 EXPIRY_EVERY_SECONDS = 10.0
@@ -61,27 +65,50 @@ class Daemon:
     """
 
     def __init__(
-        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
-        loader: Callable[[], Config] | None = None,
+        self, config: Config, registry: CollectorRegistry | None = None, clock: Callable[[], float] | None = None,
+        loader: Callable[[], Config] | None = None, web_config_file: str | None = None, lifecycle: bool = False,
+        watch_seconds: float = WATCH_SECONDS,
     ) -> None:  # fmt: skip
         self.config = config
-        self.clock = clock
+        self.web_config_file = web_config_file
+        """Who may read /metrics and the probes (``--web.config.file``, exporter.serve.web_config)."""
         self.loader = loader
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
+        # the wall clock without its jumps (exporter.stream.clock)
+        self.clock = clock = clock or SteadyClock(on_jump=lambda _: self.health.clock_jumps.inc())
         dead_letters = DeadLetters(config.kafka, self.health) if config.kafka.dead_letter_topic else None
-        self.fleet = Fleet(config, keep_rejected=dead_letters is not None)
-        self.ingest = Ingest(config, self.fleet, self.health, clock, dead_letters)
+        self.stages: Stages | None = None
+        """The staged path's stages (kafka.stages: staged), which then keep the offsets instead of checkpoints."""
+        if config.kafka.stages == "staged":
+            self.stages = Stages(config, self.health, StageHealth(self.registry), clock, dead_letters)
+            self.fleet, self.ingest = self.stages.fleet, self.stages.ingest
+        else:
+            self.fleet = Fleet(config, keep_rejected=dead_letters is not None)
+            self.ingest = Ingest(config, self.fleet, self.health, clock, dead_letters)
         self.checkpointer = Checkpointer(config, self.fleet, self.health, clock)
-        self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health)
+        if self.stages is not None:
+            self.source = KafkaSource(config.kafka, self.stages.handle_poll, self.stages, self.health,
+                                      self.stages.source_topics, self.stages.prepare)  # fmt: skip
+            self.stages.lag = self.source.lag
+            self.stages.released = self._compute_now
+            self.registry.register(OwnershipCollector(self.stages.owned, config.windowing.bucket_seconds))
+        else:
+            self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health)
         self.registry.register(ConsumerCollector(self.source.lag, lambda: self.source.broker_up))
+        self.unjoined_level = Gauge("fairness_exporter_labels_max_unjoined_share", "alerting.max_unjoined_share: "
+                                    "above this share of delayed labels that found no prediction, the label join is "
+                                    "broken.", registry=self.registry) if config.kafka.labels_topic else None
         self.exposition = CachedExposition(f"{config.evaluation_interval_seconds:g}s")
         self.computer = Computer(self.fleet, self.health, clock, on_snapshot=self._publish)
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.http: HttpWorker | None = None  # bound by start()
         self.stale_seconds = STALE_SECONDS
         """/healthz fails when the daemon has published nothing to the HTTP worker for this long."""
-        self.watch_seconds = WATCH_SECONDS
+        self.watch_seconds = watch_seconds
+        """How often the config's files are checked for a change, which reloads them (0: never)."""
+        self.lifecycle = lifecycle
+        """POST /-/reload reloads the config (``--web.enable-lifecycle``; off by default, as in Prometheus)."""
         self._stopped = threading.Event()
         self._reloading = threading.Lock()
         self._fingerprint: tuple[tuple[str, int, int, int], ...] = ()
@@ -90,6 +117,8 @@ class Daemon:
     def _loaded(self, config: Config) -> None:
         """The health of the config now running (loaded at start, or reloaded)."""
         self.health.models.set(len(config.models))
+        if self.unjoined_level is not None and config.models:
+            self.unjoined_level.set(config.models[0].alerting.max_unjoined_share)
         self.health.reload_successful.set(1)
         self.health.reload_timestamp.set(self.clock())
 
@@ -132,20 +161,32 @@ class Daemon:
         self.checkpointer.restore()
         self._schedule(self.config)
         if self.config.kafka.labels_topic:
-            self.scheduler.add_job(self.ingest.expire, "interval", seconds=EXPIRY_EVERY_SECONDS, id="expire",
-                                   max_instances=1, coalesce=True)  # fmt: skip
-        if self.loader is not None:
+            expire = self.stages.expire if self.stages is not None else self.ingest.expire
+            self.scheduler.add_job(expire, "interval", seconds=EXPIRY_EVERY_SECONDS, id="expire", max_instances=1,
+                                   coalesce=True)  # fmt: skip
+        if self.stages is not None:
+            self.scheduler.add_job(self.stages.tick, "interval", seconds=1.0, id="stages", max_instances=1,
+                                   coalesce=True)  # fmt: skip
+        if self.loader is not None and self.watch_seconds > 0:
             self._fingerprint = _fingerprint(self.config)
             self.scheduler.add_job(self._watch, "interval", seconds=self.watch_seconds, id="watch", max_instances=1,
                                    coalesce=True)  # fmt: skip
         self.serve()
-        if self.checkpointer.path is None:
+        if self.stages is not None:
+            log.info("staged: this replica evaluates the models of the counts partitions it holds; state is "
+                     "snapshotted into the internal topics %s", ", ".join(self.stages.topics.names))  # fmt: skip
+        elif self.checkpointer.path is None:
             log.info("no checkpoint configured: the window starts empty after every restart")
         self.computer.compute()
         self.scheduler.start()
         self.source.start()
         log.info("fairness-exporter serving %s on port %d, reading %s from %s", self._models(), self.port,
                  self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
+
+    def _compute_now(self) -> None:
+        """Have the scheduled computation run now (models left this replica: their series leave /metrics)."""
+        if self.scheduler.running:
+            self.scheduler.modify_job("compute", next_run_time=datetime.now(UTC))
 
     def _models(self) -> str:
         ids = self.config.model_ids
@@ -157,6 +198,8 @@ class Daemon:
             ("compute", self.computer.run_scheduled, config.evaluation_interval_seconds)]
         if self.checkpointer.path is not None:
             jobs.append(("checkpoint", self.checkpointer.flush, config.checkpoint_interval_seconds))
+        if self.ingest.dead_letters is not None:
+            jobs.append(("dead-letters", self.ingest.dead_letters.serve, 1.0))
         for name, job, seconds in jobs:
             self.scheduler.add_job(job, "interval", seconds=seconds, id=name, max_instances=1, coalesce=True,
                                    replace_existing=True)  # fmt: skip
@@ -164,18 +207,16 @@ class Daemon:
     def serve(self) -> None:
         """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
 
-        The daemon binds and checks the TLS files itself, so that a port in use or a bad file stops it with one
-        line; scrapes are served by another process, which never waits for the GIL ingest holds.
+        The daemon binds and checks the web configuration itself, so that a port in use or a bad file stops it with
+        one line; scrapes are served by another process, which never waits for the GIL ingest holds.
         """
         config = self.config
-        cert, key = (config.tls_cert_file, config.tls_key_file) if config.tls_cert_file and config.tls_key_file \
-            else (None, None)
-        if cert and key:
-            tls_context(cert, key)  # ListenError naming the file at fault; the worker loads them again
+        web = web_config.resolve(self.web_config_file, config.tls_cert_file, config.tls_key_file)
         listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
-                               (", ".join(config.model_ids), cert, key), self.health.http_worker_restarts,
-                               self.stale_seconds)  # fmt: skip
+                               (", ".join(config.model_ids), web), self.health.http_worker_restarts,
+                               self.health.http_auth_failures, self.stale_seconds,
+                               self.reload if self.lifecycle else None)  # fmt: skip
         self.http.start()
 
     # --- reload -----------------------------------------------------------------------------------------------
@@ -197,7 +238,7 @@ class Daemon:
                 self.health.reload_successful.set(0)
                 log.error("config reload refused: %s", exc)
                 return False, str(exc)
-            changes, given_up = self.fleet.apply(config)
+            changes, given_up = self.stages.apply(config) if self.stages is not None else self.fleet.apply(config)
             self.health.count_outcomes(given_up)
             if config.evaluation_interval_seconds != self.config.evaluation_interval_seconds:
                 self.exposition.every = f"{config.evaluation_interval_seconds:g}s"
@@ -227,6 +268,8 @@ class Daemon:
             self.scheduler.shutdown(wait=True)
         if self.source.alive:
             self.source.stop()
+        if self.stages is not None:
+            self.stages.close()
         if self.ingest.dead_letters is not None:
             self.ingest.dead_letters.close()
         if self.http is not None:

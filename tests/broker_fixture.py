@@ -110,3 +110,22 @@ def consume_all(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> li
         return records
     finally:
         consumer.close()
+
+
+def read_partition(bootstrap: str, topic: str, partition: int, start: int = 0) -> list[ConsumerRecord]:
+    """Every record of one partition from ``start`` to the end of its log, the end as the fetch response says (not
+    ListOffsets, which Tansu answers wrongly)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **CLIENT_CONFIG)
+    tp = TopicPartition(topic, partition)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        records: list[ConsumerRecord] = []
+        for _ in range(150):
+            records += consumer.poll(timeout_ms=200).get(tp, [])
+            end = consumer.highwater(tp)
+            if end is not None and consumer.position(tp) >= end:
+                return records
+        raise AssertionError(f"{topic}[{partition}] not read to the end of its log in 30s")
+    finally:
+        consumer.close()

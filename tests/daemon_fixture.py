@@ -25,6 +25,12 @@ GROUPS = {"gender": ["male", "female"], "age": ["young", "old"]}
 # Reconnect quickly after a broker restart, in each library's own names (kafka.client goes to the library as it is).
 FAST_RECONNECT = {"kafka-python": {"reconnect_backoff_max_ms": 500},
                   "confluent-kafka": {"reconnect.backoff.ms": 200, "reconnect.backoff.max.ms": 500}}  # fmt: skip
+# Subscribed daemons: Tansu holds a new member's JoinGroup for about half the session timeout: 6 s keeps a rebalance
+# near 3 s.
+GROUP_CLIENT = {"kafka-python": {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000,
+                                 "heartbeat_interval_ms": 1000},
+                "confluent-kafka": {"reconnect.backoff.ms": 200, "reconnect.backoff.max.ms": 500,
+                                    "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}}  # fmt: skip
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:

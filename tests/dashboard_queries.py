@@ -17,10 +17,12 @@ from typing import Any
 
 DASHBOARD_FILE = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "fairness.json"
 
-# Values for the dashboard's variables and the Grafana built-ins its queries use. `instance` is a multi-value
-# variable whose "All" is the regex `.*`; `dimension` repeats the per-comparison row, one value per repetition.
+# Values for the dashboard's variables and the Grafana built-ins its queries use. `instance` and `models` (the fleet
+# row's models) are multi-value variables whose "All" is the regex `.*`; `dimension` repeats the per-comparison row,
+# one value per repetition.
 DEFAULT_VARIABLES: Mapping[str, str] = {
     "model_id": "hiring-screener-v2",
+    "models": ".*",
     "attribute": "gender",
     "window": "1h",
     "instance": ".*",
@@ -30,8 +32,9 @@ DEFAULT_VARIABLES: Mapping[str, str] = {
     "__range": "1h",
 }
 
-# $name, ${name} and ${name:format}; Grafana's built-ins start with two underscores.
-VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+# $name, ${name} and ${name:format}; Grafana's built-ins start with two underscores. `$1` (label_replace's
+# reference to a regex group) names no variable, and Grafana leaves it as it is.
+VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?::\w+)?\}|\$([A-Za-z_]\w*)")
 
 
 def load_dashboard(path: Path = DASHBOARD_FILE) -> dict[str, Any]:
@@ -74,3 +77,13 @@ def panel_queries(
         for target in panel.get("targets", [])
         if target.get("expr")
     ]
+
+
+def fleet_panels(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The panels of the fleet row: those between the first row, which is the fleet's, and the next row.
+
+    Its queries cover the models the `models` variable selects (`model_id=~"$models"`), every attribute."""
+    panels = list(dashboard["panels"])
+    assert panels[0]["type"] == "row" and panels[0]["title"].startswith("Fleet"), panels[0]["title"]
+    end = next(i for i, panel in enumerate(panels[1:], 1) if panel["type"] == "row")
+    return panels[1:end]

@@ -137,3 +137,99 @@ def test_a_file_without_the_needed_columns_is_one_line_and_exit_2(
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0
     assert str(broken) in error and "'timestamp'" in error
+
+
+def test_a_file_whose_every_event_is_rejected_exits_2_with_the_reasons_and_their_counts(
+    recorded: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: "0 events replayed ... 0 alert(s)" and exit 0, which a CI job reads as "no alerts"."""
+    wrong = tmp_path / "wrong.jsonl"  # the gate's CSV rows, not the topic's JSON events
+    wrong.write_text(recorded["csv"].read_text())
+    assert main(["backtest", "--config", str(recorded["config"]), str(wrong)]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = len(pd.read_csv(recorded["csv"])) + 1  # the header is a line too
+    assert out.err.strip().count("\n") == 0
+    assert f"{wrong}: no event replayed: {lines:,} rejected (malformed_json: {lines:,}), 0 of no configured model" \
+        in out.err  # fmt: skip
+
+    other = tmp_path / "other.csv"  # every row of another model: nothing rejected, nothing replayed either
+    pd.read_csv(recorded["csv"]).assign(model_id="m2").to_csv(other, index=False)
+    assert main(["backtest", "--config", str(recorded["config"]), str(other)]) == 2
+    assert f"0 rejected, {lines - 1:,} of no configured model (model_id m1)" in capsys.readouterr().err
+
+
+def test_a_file_mostly_rejected_says_so_on_stderr_and_reports_each_reason(
+    recorded: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = recorded["jsonl"].read_bytes().splitlines()[:1000]
+    events = [orjson.loads(line) for line in lines]
+    for event in events[100:]:
+        event["prediction"] = str(int(event["prediction"]))  # a string: rejected as invalid_prediction
+    for event in events[:50]:
+        event["timestamp"] = "yesterday"
+    mostly = tmp_path / "mostly.jsonl"
+    mostly.write_bytes(b"\n".join(map(orjson.dumps, events)) + b"\n")
+    report_path = tmp_path / "report.json"
+    assert main(["backtest", "--config", str(recorded["config"]), str(mostly), "--output", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert (report["events"], report["rejected"]) == (50, 950)
+    assert report["rejected_reasons"] == {"invalid_prediction": 900, "invalid_timestamp": 50}
+    err = capsys.readouterr().err
+    assert "warning: most events were rejected: 50 replayed, 950 rejected (invalid_prediction: 900, " \
+           "invalid_timestamp: 50)" in err  # fmt: skip
+
+    half = tmp_path / "half.jsonl"  # as many replayed as rejected: no warning
+    half.write_bytes(b"\n".join(map(orjson.dumps, events[50:100] * 10 + events[100:600])) + b"\n")
+    assert main(["backtest", "--config", str(recorded["config"]), str(half), "--output", str(report_path)]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_value_outside_the_groups_is_its_attributes_unknown_category_in_every_file_format(
+    recorded: dict[str, Path], tmp_path: Path
+) -> None:
+    """As in the gate and the daemon: the row counts overall and for its other attributes, in no comparison of
+    that attribute; a table and the same events as JSON lines end in the same state."""
+    frame = drifting_events(hours=1.5)
+    frame.loc[::3, "gender"] = "Female"  # not a configured group
+    frame.loc[::7, "age"] = None  # missing
+    config = parse_config(RAW_CONFIG)
+    table, jsonl = tmp_path / "odd.csv", as_jsonl(frame, tmp_path / "odd.jsonl")
+    frame.to_csv(table, index=False)
+    from exporter.backtest import Replay, read_events
+
+    stores = []
+    for path in (table, jsonl):
+        replay = Replay(config.model(), config.windowing)
+        for columns, _, _ in read_events([path], config):
+            replay.feed(columns["m1"])
+        report = replay.finish()
+        assert (report["events"], report["rejected"]) == (len(frame), 0)
+        stores.append(replay.store)
+    np.testing.assert_array_equal(stores[0].totals, stores[1].totals)
+    gender = stores[0].layout.split(stores[0].totals)["gender"]
+    assert int(gender[-1, :2].sum()) == len(frame[::3])  # the unknown row: every 'Female'
+    np.testing.assert_allclose(stores[0].detection.state.statistic, stores[1].detection.state.statistic)
+
+
+def test_a_file_of_many_models_replays_each_as_a_backtest_of_that_model_alone(tmp_path: Path) -> None:
+    """One events file of two models through a fleet config: each model's report equals the backtest of a config
+    of that model alone over the same file (the other's events are ignored there), in JSON lines and parquet."""
+    drifting = drifting_events(hours=2)
+    fair = drifting_events(hours=2, drift_after_minutes=10_000).assign(model_id="m2")
+    fair["prediction_id"] = [f"q{i}" for i in range(len(fair))]
+    both = pd.concat([drifting, fair]).sort_values("timestamp", kind="stable").reset_index(drop=True)
+    fleet = parse_config({**{k: v for k, v in RAW_CONFIG.items() if k != "model_id"},
+                          "models": [{"model_id": "m1"}, {"model_id": "m2"}]})  # fmt: skip
+    for path in (as_jsonl(both, tmp_path / "both.jsonl"), tmp_path / "both.parquet"):
+        if path.suffix == ".parquet":
+            both.to_parquet(path)
+        report = backtest(fleet, [path])
+        by_model = {r["model_id"]: r for r in report["models"]}
+        for model_id in ("m1", "m2"):
+            alone = backtest(parse_config({**RAW_CONFIG, "model_id": model_id}), [path])
+            assert alone["ignored"] == len(both) // 2  # the other model's events
+            assert {**by_model[model_id], "ignored": 0} == {**alone, "ignored": 0}
+        assert report["events"] == len(both) and report["ignored"] == 0
+        assert {a["model_id"] for a in report["alerts"]} == {"m1"}  # only the drifting model pages
+        assert any(a["alert"] == "FairnessDemographicParityDrift" for a in by_model["m1"]["alerts"])

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dashboard_queries import DEFAULT_VARIABLES, iter_panels, load_dashboard, panel_queries, substitute
+from dashboard_queries import DEFAULT_VARIABLES, fleet_panels, iter_panels, load_dashboard, panel_queries, substitute
 from tooling import require_binary
 
 from exporter.core.metric_table import METRICS
@@ -41,12 +41,17 @@ def contract_metric_names(text: str) -> set[str]:
     return names
 
 
+CONTRACT_METRICS = contract_metric_names(CONTRACT.read_text())
+NAME_REGEX = re.compile(r'__name__=~"((?:[^"\\]|\\.)*)"')
+
+
 def metric_names(expr: str) -> set[str]:
-    """The metric names a PromQL expression selects: identifiers but functions, keywords and labels."""
+    """The metric names a PromQL expression selects: identifiers but functions, keywords and labels, and every
+    metric of the contract that a `{__name__=~"..."}` selector's regex matches (anchored, as PromQL's are)."""
+    names = {name for regex in NAME_REGEX.findall(expr) for name in CONTRACT_METRICS if re.fullmatch(regex, name)}
     text = re.sub(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`[^`]*`", '""', expr)
     text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", text)
     text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    names = set()
     for match in re.finditer(r"(?<![\w:.])[a-zA-Z_:][a-zA-Z0-9_:]*", text):
         is_call = text[match.end() :].lstrip().startswith("(")
         if not is_call and match.group().lower() not in PROMQL_WORDS:
@@ -61,7 +66,7 @@ def dashboard() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def contract_metrics() -> set[str]:
-    return contract_metric_names(CONTRACT.read_text())
+    return CONTRACT_METRICS
 
 
 def variable(dashboard: dict[str, Any], name: str) -> dict[str, Any]:
@@ -91,6 +96,9 @@ def test_contract_parser_finds_the_metrics_and_interval_bounds(contract_metrics:
 def test_metric_names_skips_functions_labels_and_durations() -> None:
     expr = 'sum by (reason) (rate(fairness_exporter_events_rejected_total{m="a"}[5m])) / on() vector(1e3)'
     assert metric_names(expr) == {"fairness_exporter_events_rejected_total"}
+    assert metric_names('label_replace({__name__=~"model_(disparate_impact)_ratio_(lower|upper)", x="y"}, '
+                        '"metric", "$1", "__name__", "model_(.+)")') == {
+        "model_disparate_impact_ratio_lower", "model_disparate_impact_ratio_upper"}
     assert metric_names("time() - fairness_exporter_last_computation_timestamp_seconds") == {
         "fairness_exporter_last_computation_timestamp_seconds"
     }
@@ -156,11 +164,21 @@ def test_every_expr_metric_is_in_the_contract(dashboard: dict[str, Any], contrac
 
 
 def test_queries_filter_on_the_selected_model_attribute_and_window(dashboard: dict[str, Any]) -> None:
+    """The fleet row's queries cover the models selected in `models`, every attribute, in the selected window; the
+    other rows' follow the one selected model and attribute."""
+    fleet = {p["id"] for p in fleet_panels(dashboard)}
     for each in iter_panels(dashboard):
         for target in each["targets"]:
-            if re.search(r"\bmodel_\w+\{", target["expr"]):
+            expr = target["expr"]
+            windowed = re.findall(r"\bmodel_\w+\{[^}]*\}|\{__name__=~\"model_[^}]*\}", expr)
+            if each["id"] in fleet:
+                assert 'model_id="$model_id"' not in expr and "$attribute" not in expr, each["title"]
+                selectors = re.findall(r"\{[^}]*\}", expr)
+                assert selectors and all('model_id=~"$models"' in sel for sel in selectors), (each["title"], expr)
+                assert all('window="$window"' in sel for sel in windowed), (each["title"], expr)
+            elif windowed:
                 for name in ("model_id", "attribute", "window"):
-                    assert f'{name}="${name}"' in target["expr"], (each["title"], target["expr"])
+                    assert f'{name}="${name}"' in expr, (each["title"], expr)
 
 
 @pytest.mark.parametrize(
@@ -211,18 +229,33 @@ def test_dashboard_covers_fairness_samples_and_daemon_health(dashboard: dict[str
     } <= used
 
 
+def evidence_mapping(panel: dict[str, Any], ref: str) -> dict[str, str]:
+    """The texts a panel shows for query `ref`'s values: its defaults' mapping, or (a table) its column's."""
+    mappings = panel["fieldConfig"]["defaults"].get("mappings")
+    if panel["type"] == "table":
+        (column,) = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == f"Value #{ref}"]
+        mappings = next(q["value"] for q in column["properties"] if q["id"] == "mappings")
+    (mapping,) = mappings
+    return {k: v["text"] for k, v in mapping["options"].items()}
+
+
 def test_the_evidence_of_every_comparison_is_drawn_as_pass_inconclusive_or_fail(dashboard: dict[str, Any]) -> None:
-    """model_comparison_evidence has a label per state; the panels fold the states into 0/1/2 and name them."""
-    panels = [p for p in iter_panels(dashboard)
-              if any("model_comparison_evidence" in metric_names(t["expr"]) for t in p["targets"])]  # fmt: skip
-    assert {p["title"] for p in panels} == {"Evidence per comparison", "Evidence: $dimension"}
-    for each in panels:
-        assert each["type"] == "state-timeline"
-        (mapping,) = each["fieldConfig"]["defaults"]["mappings"]
-        assert {k: v["text"] for k, v in mapping["options"].items()} == {"0": "pass", "1": "inconclusive", "2": "fail"}
-        (target,) = each["targets"]
-        assert 'evidence="fail"} * 2' in target["expr"] and 'evidence="inconclusive"}' in target["expr"]
-        assert "sum without (evidence)" in target["expr"]
+    """model_comparison_evidence has a label per state; the panels that show the state fold the states into 0/1/2
+    and name them (the fleet's counts of failing comparisons read the fail state alone)."""
+    folded = [(p, t) for p in iter_panels(dashboard) for t in p["targets"] if 'evidence="fail"} * 2' in t["expr"]]
+    assert {p["title"] for p, _ in folded} == {"Evidence per comparison", "Evidence: $dimension",
+                                               "Fleet: each model's worst comparison per metric",
+                                               "Fleet: worst evidence per model"}  # fmt: skip
+    for each, target in folded:
+        assert each["type"] in {"state-timeline", "table"}
+        assert evidence_mapping(each, target["refId"]) == {"0": "pass", "1": "inconclusive", "2": "fail"}
+        assert 'evidence="inconclusive"}' in target["expr"] and "sum without (evidence)" in target["expr"]
+    for each in iter_panels(dashboard):
+        for target in each["targets"]:
+            if "model_comparison_evidence" in metric_names(target["expr"]) and target not in [t for _, t in folded]:
+                assert re.findall(r'model_comparison_evidence\{[^}]*\}', target["expr"]) and all(
+                    'evidence="fail"' in sel for sel in re.findall(r'model_comparison_evidence\{[^}]*\}',
+                                                                   target["expr"])), each["title"]
 
 
 def test_every_comparison_has_a_row_with_each_metric_in_its_shaded_95_band(dashboard: dict[str, Any]) -> None:
@@ -255,15 +288,17 @@ def test_detector_statistics_are_drawn_against_the_alarm_level(dashboard: dict[s
     for title in ("Pair detector statistic vs alarm level", "Subgroup detector statistic vs alarm level"):
         names = [metric_names(t["expr"]) for t in panel(dashboard, title)["targets"]]
         assert {"fairness_detector_alarm_level"} in names, title
+    fleet = {p["id"] for p in fleet_panels(dashboard)}
     for each in iter_panels(dashboard):
         for target in each["targets"]:
-            if re.search(r"\bfairness_(?:subgroup_)?detector_(?:statistic|alarm)\{", target["expr"]):
+            if each["id"] not in fleet and re.search(r"\bfairness_(?:subgroup_)?detector_(?:statistic|alarm)\{",
+                                                     target["expr"]):  # fmt: skip
                 assert 'model_id="$model_id"' in target["expr"] and 'attribute="$attribute"' in target["expr"]
 
 
 def test_panel_queries_substitute_every_variable() -> None:
     queries = panel_queries({"model_id": "credit-v1", "window": "24h"})
-    assert not any("$" in expr for _, expr in queries)
+    assert not any(re.search(r"\$(?!\d)", expr) for _, expr in queries)  # $1: label_replace's, no variable
     assert any('model_id="credit-v1"' in expr and 'window="24h"' in expr for _, expr in queries)
     with pytest.raises(KeyError, match="unknown_var"):
         substitute('up{x="$unknown_var"}', DEFAULT_VARIABLES)
@@ -284,3 +319,43 @@ def test_the_readme_and_the_contract_list_every_metric_of_the_table(contract_met
         assert {metric.prometheus_name, f"{metric.prometheus_name}_lower", f"{metric.prometheus_name}_upper"} <= \
             contract_metrics, name  # fmt: skip
         assert f"| `{name}` |" in readme, name
+
+
+def test_the_fleet_row_comes_first_and_its_models_are_a_multi_value_variable(dashboard: dict[str, Any]) -> None:
+    assert dashboard["panels"][0]["title"].startswith("Fleet")
+    models = variable(dashboard, "models")
+    assert models["type"] == "query" and models["datasource"] == DATASOURCE
+    assert models["definition"] == models["query"]["query"] == "label_values(fairness_model_info, model_id)"
+    assert models["multi"] and models["includeAll"] and models["allValue"] == ".*"
+
+
+def test_the_fleet_shows_each_models_worst_gap_with_its_interval_threshold_and_evidence(
+    dashboard: dict[str, Any],
+) -> None:
+    worst = panel(dashboard, "Fleet: each model's worst comparison per metric")
+    used = set().union(*(metric_names(t["expr"]) for t in worst["targets"]))
+    for metric in METRICS.values():  # every metric of the table, as the per-model rows show them
+        assert {metric.prometheus_name, f"{metric.prometheus_name}_lower", f"{metric.prometheus_name}_upper"} <= used
+    assert {"model_comparison_evidence", "fairness_threshold"} <= used
+    # every query keeps the comparison's labels (and the threshold adds its severity), so the table joins them
+    (first, *others) = [t["expr"] for t in worst["targets"]]
+    assert all(first in expr for expr in others)
+    names = {o["matcher"]["options"]: {q["id"]: q["value"] for q in o["properties"]}.get("displayName")
+             for o in worst["fieldConfig"]["overrides"]}  # fmt: skip
+    assert {names[f"Value #{t['refId']}"] for t in worst["targets"]} == {"worst value", "95% lower", "95% upper",
+                                                                         "evidence", "threshold"}  # fmt: skip
+
+
+def test_the_fleet_shows_detectors_in_alarm_traffic_labels_and_versions(dashboard: dict[str, Any]) -> None:
+    used = set().union(*(metric_names(t["expr"]) for p in fleet_panels(dashboard) for t in p["targets"]))
+    assert {"fairness_detector_alarm", "fairness_subgroup_detector_alarm", "model_subgroup_samples",
+            "model_subgroup_labelled_samples", "fairness_model_info"} <= used  # fmt: skip
+
+
+def test_a_model_in_a_fleet_table_opens_its_own_rows(dashboard: dict[str, Any]) -> None:
+    tables = [p for p in fleet_panels(dashboard) if p["type"] == "table"]
+    assert len(tables) == 3
+    for table in tables:
+        (column,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "model_id"]
+        (link,) = next(q["value"] for q in column["properties"] if q["id"] == "links")
+        assert link["url"].startswith(f"/d/{dashboard['uid']}/") and "var-model_id=${__value.raw}" in link["url"]

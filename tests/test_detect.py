@@ -50,8 +50,8 @@ def test_steps_without_information_leave_the_statistic_alone() -> None:
 
 
 def test_alarm_level_follows_from_the_budget() -> None:
-    # 100 detectors, one step a minute, 0.01 false pages a day, 2 replicas each taking half the budget
-    assert detect.alarm_level(100, 1440, 0.01, replicas=2) == pytest.approx(math.log(100 * 1440 * 2 / 0.01))
+    # 100 detectors, one step a minute, 0.01 false pages a day
+    assert detect.alarm_level(100, 1440, 0.01) == pytest.approx(math.log(100 * 1440 / 0.01))
     with pytest.raises(ValueError, match="budget"):
         detect.alarm_level(100, 1440, 0.0)
 

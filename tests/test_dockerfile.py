@@ -123,11 +123,10 @@ def test_exposed_port_is_the_contract_and_chart_port(final: list[Instruction]) -
     assert exposed == {values["config"]["listen"]["port"], values["service"]["port"]}
 
 
-def test_healthcheck_gets_healthz_with_python_urllib(final: list[Instruction]) -> None:
+def test_healthcheck_gets_healthz_with_the_packages_own_check(final: list[Instruction]) -> None:
     healthcheck = last(final, "HEALTHCHECK").args
-    assert "/healthz" in healthcheck
-    assert f":{contract_default_port()}/" in healthcheck
-    assert "urllib.request" in healthcheck
+    assert '"-m", "exporter.serve.healthcheck"' in healthcheck  # urllib, over HTTP or TLS (tests/test_web_config.py)
+    assert f'"{contract_default_port()}"' in healthcheck
     assert not re.search(r"\b(curl|wget)\b", healthcheck)
 
 

@@ -152,7 +152,8 @@ def test_a_reload_adds_changes_and_removes_models_and_keeps_the_others_state() -
     assert model_samples(daemon, "hiring") == before["hiring"]  # exact (the clock has not moved)
     credit = daemon.fleet.models["credit"].store
     assert credit.detection.steps == credit_steps and credit.totals.sum() > 0  # counts and detectors carried over
-    threshold = ("fairness_threshold", frozenset({("model_id", "credit"), ("metric", "demographic_parity_difference")}))
+    threshold = ("fairness_threshold", frozenset({("model_id", "credit"), ("metric", "demographic_parity_difference"),
+                                                  ("severity", "blocking")}))
     assert model_samples(daemon, "credit")[threshold] == 0.1
     assert daemon.fleet.models["moderation"].store.totals.sum() == 0  # afresh
     assert len(daemon.fleet.joins.pending) < pending  # moderation's waiting predictions are given up, counted
@@ -170,6 +171,25 @@ def test_removing_a_model_takes_its_series_off_the_page_at_the_next_publication(
     assert model_samples(daemon, "moderation")
     assert daemon.reload() == (True, "removed moderation; unchanged hiring, credit")
     assert not model_samples(daemon, "moderation") and model_samples(daemon, "hiring")
+
+
+def test_a_new_model_version_starts_afresh_and_names_its_version_on_the_page() -> None:
+    """A canary id reused across rollouts: the next version's numbers must not hold the last version's events."""
+    daemon = daemon_of(parse_config(fleet_raw([model_entry("hiring"), model_entry("credit", model_version="4.0")])))
+    daemon.loader = lambda: parse_config(fleet_raw([model_entry("hiring"), model_entry("credit", model_version="4.1")]))
+    feed(daemon, traffic(2))
+    info = ("fairness_model_info", frozenset({("model_id", "credit"), ("model_version", "4.0")}))
+    assert model_samples(daemon, "credit")[info] == 1
+    assert daemon.fleet.models["credit"].store.totals.sum() > 0
+    before = model_samples(daemon, "hiring")
+    assert daemon.reload() == (True, "restarted afresh credit; unchanged hiring")
+    assert daemon.fleet.models["credit"].store.totals.sum() == 0
+    samples = model_samples(daemon, "credit")
+    assert samples[("fairness_model_info", frozenset({("model_id", "credit"), ("model_version", "4.1")}))] == 1
+    assert info not in samples
+    assert model_samples(daemon, "hiring") == before
+    unversioned = ("fairness_model_info", frozenset({("model_id", "hiring"), ("model_version", "")}))
+    assert before[unversioned] == 1
 
 
 @pytest.mark.parametrize(("broken", "why"), [

@@ -3,7 +3,8 @@
 Every scenario in deploy/helm/fairness-exporter/ci/ is linted with `helm lint --strict`, rendered with
 `helm template`, and its core objects validated with kubernetes-validate in strict mode. kubernetes-validate
 has no schemas for the prometheus-operator CRDs (it only warns about them, it has no option to fail or skip), so
-ServiceMonitor, PrometheusRule and AlertmanagerConfig are left out of that step and their shape is checked here.
+ServiceMonitor, PrometheusRule and AlertmanagerConfig are left out of that step and their shape is checked here
+(Argo Rollouts' AnalysisTemplate and Flagger's MetricTemplate likewise, in test_helm_canary.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ ALERTMANAGER_FILE = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CI = {path.name.removesuffix("-values.yaml"): path for path in CI_VALUES}
 RELEASE, NAMESPACE = "fx", "monitoring"
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig", "AnalysisTemplate", "MetricTemplate"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 RULE_KEYS = {"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 # The oldest Kubernetes minor validated against, besides the newest one kubernetes-validate knows.
@@ -260,7 +261,7 @@ def test_statefulset_only_with_checkpoint(helm: str, scenario: str) -> None:
     objects = render(helm, scenario)
     enabled = chart_values(scenario)["checkpoint"]["enabled"]
     assert workload(objects)["kind"] == ("StatefulSet" if enabled else "Deployment")
-    assert ("checkpoint" in daemon_config(objects)) == enabled
+    assert ("path" in daemon_config(objects).get("checkpoint", {})) == enabled
 
 
 @pytest.mark.parametrize("path", ["/var/lib/fairness-exporter", "/data/fairness/checkpoints"])
@@ -284,9 +285,15 @@ def test_config_is_the_values_config(helm: str, scenario: str) -> None:
         del expected[key]
     if values["modelConfigMaps"]["enabled"]:
         expected["models_dir"] = values["modelConfigMaps"]["folder"]
-    if values["checkpoint"]["enabled"]:
+    staged = values["replicaCount"] > 1
+    expected["kafka"] = {**expected["kafka"], "stages": "staged" if staged else "direct"}
+    if staged:
+        expected["checkpoint"] = {"interval": values["checkpoint"]["interval"]}
+        expected["kafka"]["internal_topics"] = {
+            key: {"partitions": topic["partitions"], **{k: topic[k] for k in ("name", "retention") if topic[k]}}
+            for key, topic in values["internalTopics"].items()}  # fmt: skip
+    elif values["checkpoint"]["enabled"]:
         expected["checkpoint"] = {key: values["checkpoint"][key] for key in ("path", "interval")}
-    expected["alerting"] = {**expected.get("alerting", {}), "replicas": values["replicaCount"]}
     assert daemon_config(render(helm, scenario)) == expected
 
 
@@ -339,8 +346,9 @@ def test_pod_runs_non_root_with_read_only_root_filesystem(helm: str, scenario: s
 @scenarios
 def test_probes_hit_health_endpoints_on_the_metrics_port(helm: str, scenario: str) -> None:
     main = container(render(helm, scenario))
+    scheme = "HTTPS" if chart_values(scenario)["webConfig"]["tls"] else "HTTP"  # the web config serves TLS
     for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
-        assert main[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": "HTTP"}
+        assert main[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": scheme}
 
 
 @scenarios
@@ -452,9 +460,20 @@ def test_alertmanagerconfig_receivers_come_from_values(helm: str) -> None:
 
 
 @scenarios
-def test_each_replica_takes_its_share_of_the_false_page_budget(helm: str, scenario: str) -> None:
-    """alerting.replicas follows replicaCount, so N replicas' detectors together keep the model's budget."""
-    assert daemon_config(render(helm, scenario))["alerting"]["replicas"] == chart_values(scenario)["replicaCount"]
+def test_more_than_one_replica_runs_the_staged_path_with_the_internal_topics_of_the_values(helm: str,
+                                                                                          scenario: str) -> None:
+    """Above one replica each model must live whole on one of them (kafka.stages: staged); one runs direct."""
+    values = chart_values(scenario)
+    kafka = daemon_config(render(helm, scenario))["kafka"]
+    assert kafka["stages"] == ("staged" if values["replicaCount"] > 1 else "direct")
+    assert ("internal_topics" in kafka) == (values["replicaCount"] > 1)
+
+
+def test_the_staged_path_refuses_a_checkpoint_volume(helm: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--values", str(CI["checkpoint-statefulset"]),
+                      "--set", "replicaCount=2")  # fmt: skip
+    assert result.returncode != 0
+    assert "the state lives in the internal topics" in result.stderr
 
 
 def test_a_fleet_renders_from_values_with_the_top_level_keys_as_defaults(helm: str) -> None:
@@ -501,3 +520,22 @@ def test_one_model_beside_a_fleet_is_refused(helm: str) -> None:
                       "--set", "config.model_id=x")  # fmt: skip
     assert result.returncode != 0 and "with config.models or modelConfigMaps, each model names its own" in \
         result.stderr  # fmt: skip
+
+
+def test_a_web_config_secret_is_mounted_passed_to_the_daemon_and_scraped_with_its_credentials(helm: str) -> None:
+    objects = render(helm, "web-config")
+    main = container(objects)
+    assert main["args"][-2:] == ["--web.config.file", "/etc/fairness-exporter/web/web-config.yml"]
+    (mount,) = [m for m in main["volumeMounts"] if m["name"] == "web-config"]
+    assert mount == {"name": "web-config", "mountPath": "/etc/fairness-exporter/web", "readOnly": True}
+    volumes = workload(objects)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "web-config", "secret": {"secretName": "fairness-exporter-web"}} in volumes
+    assert main["livenessProbe"]["httpGet"]["scheme"] == main["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    (endpoint,) = only(objects, "ServiceMonitor")["spec"]["endpoints"]
+    values = chart_values("web-config")["serviceMonitor"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == values["tlsConfig"] and endpoint["basicAuth"] == values["basicAuth"]
+    plain = render(helm, "default")
+    assert "--web.config.file" not in container(plain)["args"]
+    assert not [v for v in workload(plain)["spec"]["template"]["spec"]["volumes"] if v["name"] == "web-config"]
+    assert "basicAuth" not in only(plain, "ServiceMonitor")["spec"]["endpoints"][0]

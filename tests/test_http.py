@@ -31,6 +31,7 @@ from exporter.serve.collector import CachedExposition
 from exporter.serve.exposition import Rendered, gzip_one_member
 from exporter.serve.http import bind
 from exporter.serve.http_worker import HttpWorker
+from exporter.serve.web_config import WebConfig, from_listen
 
 
 def worker(registry: CollectorRegistry, exposition: CachedExposition, model_id: str = "m1",
@@ -39,9 +40,10 @@ def worker(registry: CollectorRegistry, exposition: CachedExposition, model_id: 
            tls: dict[str, str] | None = None) -> HttpWorker:  # fmt: skip
     """The HTTP worker process on a fresh port, fed as the daemon feeds it."""
     restarts = Counter("restarts", "Worker restarts.", registry=CollectorRegistry())
-    server = HttpWorker(bind("127.0.0.1", 0), exposition, registry, (healthy, ready),
-                        (model_id, *((tls["cert"], tls["key"]) if tls else (None, None))), restarts,
-                        stale_seconds)  # fmt: skip
+    refused = Counter("refused", "Refused.", ["reason"], registry=CollectorRegistry())
+    web = from_listen(tls["cert"], tls["key"]) if tls else WebConfig()
+    server = HttpWorker(bind("127.0.0.1", 0), exposition, registry, (healthy, ready), (model_id, web), restarts,
+                        refused, stale_seconds)  # fmt: skip
     server.start()
     return server
 

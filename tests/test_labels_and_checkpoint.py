@@ -147,7 +147,8 @@ def test_a_model_whose_layout_changed_starts_afresh_and_keeps_the_checkpoints_of
     group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
     assert value(make_daemon(checkpoint=cp), "model_subgroup_samples", **group) == 8  # same layout: restored
     for changed, differs in (({"protected_attributes": [{"name": "gender", "groups": ["male", "female", "x"]}]},
-                              "attributes differ"), ({"windows": ["1h", "12h"]}, "windows differ")):  # fmt: skip
+                              "attributes differ"), ({"windows": ["1h", "12h"]}, "windows differ"),
+                             ({"model_version": "2.0"}, "model_version differ")):  # fmt: skip
         caplog.clear()
         d2 = make_daemon(checkpoint=cp, **changed)
         assert differs in caplog.text and "it starts afresh" in caplog.text

@@ -37,7 +37,7 @@ def masked(page: str) -> str:
 
 def fixed_page() -> str:
     """40 men (30 predicted positive, 20 of them labelled) and 40 women (10 positive), a few bad events."""
-    daemon = Daemon(make_config(), registry=CollectorRegistry(), clock=lambda: T0)
+    daemon = Daemon(make_config(model_version="2026.01.3"), registry=CollectorRegistry(), clock=lambda: T0)
     events = [event("male", "young" if i % 2 else "old", prediction=int(i < 30), ts=T0 - 60,
                     label=(i % 2) if i < 20 else None, prediction_id=f"m{i}") for i in range(40)]
     events += [event("female", "young" if i % 3 else "old", prediction=int(i < 10), ts=T0 - 120,

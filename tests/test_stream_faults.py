@@ -13,7 +13,7 @@ import orjson
 import pytest
 from broker_fixture import CLIENT_CONFIG, produce
 from daemon_config import make_config
-from daemon_fixture import consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
+from daemon_fixture import GROUP_CLIENT, consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
 from kafka import KafkaProducer
 
 from exporter.daemon import EXPIRY_EVERY_SECONDS, Daemon
@@ -122,13 +122,6 @@ def test_a_partition_handed_to_another_replica_takes_its_lag_series_with_it(
 def lag_series(daemon: Daemon) -> dict[str, float]:
     return {dict(labels)["partition"]: v for (name, labels), v in scrape(daemon.port).items()
             if name == "fairness_exporter_consumer_lag_messages"}  # fmt: skip
-
-
-# Tansu holds a new member's JoinGroup for about half the session timeout: 6 s keeps a rebalance near 3 s.
-GROUP_CLIENT = {"kafka-python": {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000,
-                                 "heartbeat_interval_ms": 1000},
-                "confluent-kafka": {"reconnect.backoff.ms": 200, "reconnect.backoff.max.ms": 500,
-                                    "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}}  # fmt: skip
 
 
 def test_a_consumer_group_reads_a_topic_recreated_on_a_broker_that_came_back_empty(

@@ -133,12 +133,13 @@ def test_an_imprecise_value_is_exported_with_its_interval_and_evidence_and_the_l
     assert h.value("model_comparison_insufficient_samples", metric="equal_opportunity_difference", **pair) == 1.0
     assert h.value("model_comparison_evidence", metric="equal_opportunity_difference", evidence="inconclusive",
                    **pair) == 1.0  # fmt: skip
-    # thresholds and limits of every exported metric: the seed's three, and the configured new one
-    assert {m: h.value("fairness_threshold", metric=m) for m in ("demographic_parity_difference",
-            "equalised_odds_difference", "disparate_impact_ratio", "equal_opportunity_difference",
-            "accuracy_difference")} == {"demographic_parity_difference": 0.05, "equalised_odds_difference": 0.05,
-                                        "disparate_impact_ratio": 0.8, "equal_opportunity_difference": 0.1,
-                                        "accuracy_difference": None}  # fmt: skip
+    # thresholds and limits of every exported metric: the seed's three, and the configured new one, with the
+    # severity the gate judges each by (none: exported, not configured)
+    expected = {"demographic_parity_difference": (0.05, "blocking"), "equalised_odds_difference": (0.05, "none"),
+                "disparate_impact_ratio": (0.8, "none"), "equal_opportunity_difference": (0.1, "blocking")}
+    assert {m: h.value("fairness_threshold", metric=m, severity=s) for m, (_, s) in expected.items()} == \
+        {m: t for m, (t, _) in expected.items()}  # fmt: skip
+    assert h.value("fairness_threshold", metric="accuracy_difference", severity="none") is None
     assert h.value("fairness_min_samples") == 5
 
 

@@ -12,8 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
 from exporter.config import sections_stream as stream
 from exporter.config.sections_model import MERGED_SECTIONS, MODEL_KEYS, parse_model
 from exporter.config.toolkit import Errors, expand_env, get, port, positive_int, section
@@ -26,6 +24,7 @@ from exporter.config.types import (
     Windowing,
     parse_duration,
 )
+from exporter.yaml_file import YamlFileError, read_yaml
 
 log = logging.getLogger(__name__)
 SHARED_KEYS: Final = frozenset({
@@ -64,8 +63,8 @@ def _model_files(directory: Path, errors: Errors) -> list[tuple[str, Any]]:
         if path.name.startswith(".") or path.suffix not in MODEL_FILE_SUFFIXES or not path.is_file():
             continue
         try:
-            out.append((path.name, yaml.safe_load(path.read_text())))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            out.append((path.name, read_yaml(path)))
+        except (OSError, YamlFileError) as exc:
             errors.add(f"models_dir/{path.name}", f"cannot read the model file: {exc}")
     return out
 
@@ -126,7 +125,33 @@ def _parse_models(raw: dict[str, Any], errors: Errors, source: str, base_dir: Pa
         paths = {getattr(m.events, key) for m in models}
         if len(paths) > 1 and (key == "model_id" or labels_topic):
             errors.add(f"events.{key}", f"every model must read it at the same path ({why}), got {sorted(paths)}")
+    shares = {m.alerting.max_unjoined_share for m in models}
+    if len(shares) > 1:
+        errors.add("alerting.max_unjoined_share", f"every model must have the same (label events carry no model: one "
+                                                  f"share is measured), got {sorted(shares)}")  # fmt: skip
     return models
+
+
+def _checkpoint(checkpoint: Any, stages: str, errors: Errors) -> dict[str, Any] | None:
+    """The checkpoint section: a directory and an interval for the direct path; only the interval (of the inline
+    snapshots) for the staged path, whose state lives in its internal topics."""
+    if checkpoint is None:
+        return None
+    if stages == "staged":
+        if not isinstance(checkpoint, dict):
+            errors.add("checkpoint", f"{checkpoint!r} is not a mapping with an interval")
+            return None
+        errors.check_keys("checkpoint", checkpoint, {"path", "interval"})
+        if "path" in checkpoint:
+            errors.add("checkpoint.path", "kafka.stages: staged keeps its state in its internal topics, not in files: "
+                                          "remove the path (checkpoint.interval sets how often it is snapshotted)")
+        return {"interval": checkpoint.get("interval")}
+    if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("path"), str)):
+        errors.add("checkpoint", f"{checkpoint!r} is not a mapping with a path (and optional interval)")
+        return None
+    errors.check_keys("checkpoint", checkpoint, {"path", "interval"})
+    stream.check_checkpoint_dir(checkpoint["path"], errors)
+    return checkpoint
 
 
 def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None = None) -> Config:
@@ -139,13 +164,7 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
     models = _parse_models(raw, errors, source, Path(base_dir) if base_dir is not None else Path())
     kafka = stream.parse_kafka(section(raw, "kafka", errors, set(KafkaConfig.__dataclass_fields__)), errors)
     listen = section(raw, "listen", errors, {"address", "port", "tls_cert_file", "tls_key_file"})
-    checkpoint = raw.get("checkpoint")
-    if checkpoint is not None and not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("path"), str)):
-        errors.add("checkpoint", f"{checkpoint!r} is not a mapping with a path (and optional interval)")
-        checkpoint = None
-    elif checkpoint is not None:
-        errors.check_keys("checkpoint", checkpoint, {"path", "interval"})
-        stream.check_checkpoint_dir(checkpoint["path"], errors)
+    checkpoint = _checkpoint(raw.get("checkpoint"), kafka.stages, errors)
     windows, bucket = stream.parse_windows(raw.get("windows", ["1h", "24h"]), raw.get("bucket"), errors)
     tls = {key: listen.get(key) for key in ("tls_cert_file", "tls_key_file")}
     for key, value in tls.items():
@@ -167,7 +186,7 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
         listen_port=get(listen, "port", DEFAULT_PORT, errors, "listen.", port),
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],
-        checkpoint_path=checkpoint["path"] if checkpoint else None,
+        checkpoint_path=checkpoint.get("path") if checkpoint else None,
         checkpoint_interval_seconds=get(checkpoint or {}, "interval", 30.0, errors, "checkpoint.", parse_duration),
         models_dir=str((Path(base_dir) if base_dir is not None else Path()) / models_dir)
         if isinstance(models_dir, str) and models_dir else None,
@@ -184,11 +203,9 @@ def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config file (a relative ``models_dir`` is read next to it)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = read_yaml(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except YamlFileError as exc:  # an encoding that is not UTF-8/16/32, or not YAML: names the file
+        raise ConfigError(str(exc)) from exc
     return parse_config(raw, str(path), path.parent)

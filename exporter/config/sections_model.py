@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from exporter.config import sections_stream as stream
 from exporter.config.toolkit import Errors, choice, get, positive_int, section, text
-from exporter.config.types import SEVERITIES, AlertingConfig, EventFields, MetricSpec, ModelSpec
+from exporter.config.types import SEVERITIES, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.metric_table import METRIC_NAMES
 
@@ -38,7 +38,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     decision, inconclusive = parse_decision(raw, errors)
     columns = section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
-    alerting = stream.parse_alerting(section(raw, "alerting", errors, set(AlertingConfig.__dataclass_fields__)),
+    alerting = stream.parse_alerting(section(raw, "alerting", errors, set(stream.ALERTING_KEYS)),
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", positive_int)
     version = get(raw, "model_version", None, errors, "", text)

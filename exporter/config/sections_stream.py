@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import logging
 import math
 import re
 from pathlib import Path
 from typing import Any, Final
 
 from exporter.config.toolkit import Errors, get, positive_int
-from exporter.config.types import AlertingConfig, EventFields, KafkaConfig, Window, parse_duration
+from exporter.config.types import (
+    AlertingConfig,
+    EventFields,
+    InternalTopic,
+    InternalTopics,
+    KafkaConfig,
+    Window,
+    parse_duration,
+)
+
+log = logging.getLogger(__name__)
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
 _SENTINEL: Final = "fairness.exporter.validation.sentinel"
@@ -102,15 +113,20 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
     else:
         errors.add("kafka.group_id", f"{group_id!r} is not a non-empty string")
     for key, options in (("auto_offset_reset", ("earliest", "latest")), ("assignment", ("subscribe", "manual")),
-                         ("client_library", ("kafka-python", "confluent-kafka"))):  # fmt: skip
+                         ("client_library", ("kafka-python", "confluent-kafka")), ("stages", ("direct", "staged"))):
         value = raw.get(key, getattr(defaults, key))
         if value in options:
             values[key] = value
         else:
             errors.add(f"kafka.{key}", f"{value!r} is not one of {', '.join(options)}")
+    if values.get("stages") == "staged" and values.get("assignment") == "manual":
+        errors.add("kafka.assignment", "manual reads every partition, but kafka.stages: staged shares them among the "
+                                       "consumer group's replicas: use subscribe")  # fmt: skip
+    values["internal_topics"] = _internal_topics(raw.get("internal_topics"), errors)
     topics = [values.get(k) for k in ("topic", "labels_topic", "dead_letter_topic") if values.get(k)]
+    topics += [t.name for t in (values["internal_topics"].join, values["internal_topics"].counts) if t.name]
     if len(set(topics)) != len(topics):
-        errors.add("kafka", f"topic, labels_topic and dead_letter_topic must differ, got {topics}")
+        errors.add("kafka", f"topic, labels_topic, dead_letter_topic and the internal topics must differ, got {topics}")
     client = raw.get("client") or {}
     if not isinstance(client, dict) or not all(isinstance(k, str) for k in client):
         errors.add("kafka.client", f"{client!r} is not a mapping of client settings")
@@ -121,6 +137,31 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
             errors.add(f"kafka.client.{key}" if key else "kafka.client_library", problem)
         values["client"] = client
     return KafkaConfig(**values)
+
+
+def _internal_topics(raw: Any, errors: Errors) -> InternalTopics:
+    """kafka.internal_topics: {join: {name, partitions, retention}, counts: {...}}, each key optional."""
+    if raw is None:
+        return InternalTopics()
+    if not isinstance(raw, dict):
+        errors.add("kafka.internal_topics", f"{raw!r} is not a mapping with join and counts")
+        return InternalTopics()
+    errors.check_keys("kafka.internal_topics", raw, {"join", "counts"})
+    topics = {}
+    for key in ("join", "counts"):
+        item = raw.get(key) or {}
+        path = f"kafka.internal_topics.{key}"
+        if not isinstance(item, dict):
+            errors.add(path, f"{item!r} is not a mapping with name, partitions and retention")
+            continue
+        errors.check_keys(path, item, {"name", "partitions", "retention"})
+        name = item.get("name")
+        if name is not None and not (isinstance(name, str) and _TOPIC.match(name)):
+            errors.add(f"{path}.name", f"{name!r} is not a topic name (1 to 249 of A-Z a-z 0-9 . _ -)")
+            name = None
+        topics[key] = InternalTopic(name, get(item, "partitions", 12, errors, f"{path}.", positive_int),
+                                    get(item, "retention", None, errors, f"{path}.", parse_duration))  # fmt: skip
+    return InternalTopics(**topics)
 
 
 def parse_events(raw: dict[str, Any], errors: Errors) -> EventFields:
@@ -231,10 +272,17 @@ def _positive_number(value: Any) -> float:
     return float(value)
 
 
+ALERTING_KEYS: Final = frozenset({*AlertingConfig.__dataclass_fields__, "replicas"})
+"""The alerting section's keys: ``replicas`` is accepted, and ignored, for one release."""
+
+
 def parse_alerting(raw: dict[str, Any], errors: Errors) -> AlertingConfig:
-    """The change detectors' section: their false-page budget, the replicas sharing it, the rate shift."""
+    """The change detectors' section: their false-page budget and the rate shift; the label join's alarm level."""
+    if "replicas" in raw:
+        log.warning("alerting.replicas is deprecated and ignored: each model's detectors see all of its traffic "
+                    "(kafka.stages: staged above one replica), so each keeps the whole false-page budget")
     return AlertingConfig(
         false_pages_per_day=get(raw, "false_pages_per_day", 0.01, errors, "alerting.", _positive_number),
-        replicas=get(raw, "replicas", 1, errors, "alerting.", positive_int),
         rate_shift=get(raw, "rate_shift", 0.10, errors, "alerting.", _fraction),
+        max_unjoined_share=get(raw, "max_unjoined_share", 0.5, errors, "alerting.", _fraction),
     )

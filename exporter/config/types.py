@@ -49,6 +49,26 @@ class MetricSpec:
 
 
 @dataclass(frozen=True)
+class InternalTopic:
+    """One internal topic of the staged path; None: derived (the name from the group id, the retention from the
+    config)."""
+
+    name: str | None = None
+    partitions: int = 12
+    """Used only when the daemon creates the topic: an existing topic's partition count is the truth."""
+    retention_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class InternalTopics:
+    """The staged path's internal topics: ``join`` (re-keyed by prediction id) and ``counts`` (keyed by model id,
+    whose partitions are the ceiling on evaluation parallelism)."""
+
+    join: InternalTopic = field(default_factory=InternalTopic)
+    counts: InternalTopic = field(default_factory=InternalTopic)
+
+
+@dataclass(frozen=True)
 class KafkaConfig:
     """Where the daemon reads events from; ``client`` is passed through to the client library (checked against it)."""
 
@@ -63,6 +83,10 @@ class KafkaConfig:
     labels_topic: str | None = None
     dead_letter_topic: str | None = None
     client: dict[str, Any] = field(default_factory=dict)
+    stages: Literal["direct", "staged"] = "direct"
+    """direct: each replica counts what it reads; staged: ingest, label join and evaluation run as stages joined by
+    internal topics, so each model lives whole on one replica of the group (exporter/stream/stages.py)."""
+    internal_topics: InternalTopics = field(default_factory=InternalTopics)
 
 
 @dataclass(frozen=True)
@@ -87,11 +111,12 @@ class AlertingConfig:
     """The change detectors' false-alarm budget and the subgroup rate shift worth a warning."""
 
     false_pages_per_day: float = 0.01
-    """Expected false pages per day, shared by every detector of the model and every replica."""
-    replicas: int = 1
-    """Replicas sharing the traffic (the Helm chart sets it from replicaCount): each takes 1/replicas of it."""
+    """Expected false pages per day, shared by every detector of the model."""
     rate_shift: float = 0.10
     """SubgroupPredictionRateShift: a move of a subgroup's selection rate from its own baseline worth a warning."""
+    max_unjoined_share: float = 0.5
+    """FairnessLabelJoinBroken: above this share of delayed labels that found no prediction, the join is broken
+    (one value for every model: labels carry no model)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +163,9 @@ class ModelSpec:
     events: EventFields = field(default_factory=EventFields)
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
     model_version: str | None = None
-    """The version of the model every audit record names (the seed's "audit trail for each model version")."""
+    """The version of the model every audit record names (the seed's "audit trail for each model version"), and
+    whose events this model id counts, on /metrics as fairness_model_info; another version's counts are another
+    model's, so a new version starts afresh (:func:`layout`)."""
     evaluation_dataset: str | None = None
     """The gate's data when the command line names none: a local path (relative to the config) or a URL."""
     report_destination: str | None = None
@@ -150,6 +177,12 @@ class ModelSpec:
         """The threshold of every exported metric: as configured, else the metric table's default."""
         configured = {m.name: m.threshold for m in self.metrics}
         return {name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics}
+
+    def severities(self) -> dict[str, str]:
+        """The severity_on_fail of every exported metric; ``none`` for a seed metric exported without being
+        configured (the gate does not judge it)."""
+        configured = {m.name: m.severity for m in self.metrics}
+        return {name: configured.get(name, "none") for name in self.exported_metrics}
 
     @property
     def exported_metrics(self) -> tuple[str, ...]:
@@ -175,6 +208,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         "bucket_seconds": windowing.bucket_seconds,
         "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
+        # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
+        **({"model_version": model.model_version} if model.model_version is not None else {}),
     }
 
 

@@ -162,13 +162,13 @@ def shiryaev_roberts(log_r: ArrayLike, log_lr: ArrayLike, level: float) -> tuple
     return np.where(alarm, -np.inf, log_r), alarm
 
 
-def alarm_level(n_detectors: int, steps_per_day: float, false_alarms_per_day: float, replicas: int = 1) -> float:
-    """The CUSUM level h that keeps the expected number of days with any false alarm, over all detectors of all
-    replicas, at most ``false_alarms_per_day`` per day: h = log(detectors x steps per day x replicas / budget).
+def alarm_level(n_detectors: int, steps_per_day: float, false_alarms_per_day: float) -> float:
+    """The level h that keeps the expected number of false alarms over all of a model's detectors at most
+    ``false_alarms_per_day`` per day: h = log(detectors x steps per day / budget).
 
     >>> round(alarm_level(100, 1440, 0.01), 3)
     16.483
     """
-    if n_detectors < 1 or steps_per_day <= 0 or false_alarms_per_day <= 0 or replicas < 1:
-        raise ValueError("alarm_level needs detectors >= 1, steps > 0, a budget > 0 and replicas >= 1")
-    return math.log(n_detectors * steps_per_day * replicas / false_alarms_per_day)
+    if n_detectors < 1 or steps_per_day <= 0 or false_alarms_per_day <= 0:
+        raise ValueError("alarm_level needs detectors >= 1, steps > 0 and a budget > 0")
+    return math.log(n_detectors * steps_per_day / false_alarms_per_day)

@@ -14,7 +14,7 @@ from typing import IO, Self
 
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 _LOG_TAIL_BYTES = 4000
 
@@ -160,6 +160,11 @@ class EmbeddedBroker:
         """Create a topic; an existing topic of that name is left as it is."""
         with self._admin() as admin, contextlib.suppress(TopicAlreadyExistsError):
             admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic (its partitions, records and id); a topic that does not exist is no error."""
+        with self._admin() as admin, contextlib.suppress(UnknownTopicOrPartitionError):
+            admin.delete_topics([name])
 
     def log_tail(self) -> str:
         """The last few KB the broker wrote to stdout/stderr."""

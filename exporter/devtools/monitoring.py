@@ -165,16 +165,18 @@ class _Server:
 
 class PrometheusServer(_Server):
     """/usr/bin/prometheus scraping `targets` every `interval`, evaluating `rules` (a rule file dict) as often and
-    sending its alerts to the Alertmanager at `alertmanager` (host:port), if given."""
+    sending its alerts to the Alertmanager at `alertmanager` (host:port), if given. `jobs`: by job name, the
+    settings (scheme, basic_auth, tls_config, ...) of the job scraping `targets`; default one plain job."""
 
     name = "prometheus"
     package = "prometheus"
 
     def __init__(self, directory: Path, targets: Sequence[str], rules: Mapping[str, Any] | None = None,
                  interval: str = "1s", alertmanager: str | None = None, startup_timeout: float = 30.0,
-                 stop_timeout: float = 10.0) -> None:  # fmt: skip
+                 stop_timeout: float = 10.0, jobs: Mapping[str, Mapping[str, Any]] | None = None) -> None:  # fmt: skip
         super().__init__(directory, startup_timeout, stop_timeout)
         self.targets = list(targets)
+        self.jobs = {JOB: {}} if jobs is None else dict(jobs)
         self.rules = rules
         self.interval = interval
         self.alertmanager = alertmanager
@@ -183,7 +185,8 @@ class PrometheusServer(_Server):
         config: dict[str, Any] = {
             "global": {"scrape_interval": self.interval, "scrape_timeout": self.interval,
                        "evaluation_interval": self.interval},
-            "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": self.targets}]}],
+            "scrape_configs": [{"job_name": name, **settings, "static_configs": [{"targets": self.targets}]}
+                               for name, settings in self.jobs.items()],
         }  # fmt: skip
         if self.rules is not None:
             (self.directory / "rules.yaml").write_text(yaml.safe_dump(dict(self.rules), sort_keys=False))

@@ -11,10 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from exporter import __version__
 from exporter.config import ConfigError
+from exporter.yaml_file import YamlFileError, read_yaml
 
 SEVERITIES = ("critical", "high", "medium", "low")
 BLOCKING_SEVERITY = "critical"
@@ -35,11 +34,11 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; a ConfigError names the file otherwise."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = read_yaml(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except YamlFileError as exc:
+        raise ConfigError(str(exc)) from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the config must be a mapping with model_id and the suite's settings")
     return raw

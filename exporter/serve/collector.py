@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -91,7 +97,7 @@ class SnapshotCollector(Collector):
             "threshold, or the comparison has no value)." + cadence,
             labels=[*_PAIR, "metric", "evidence"],
         )
-        thresholds = {s.model_id: dict(s.thresholds) for s in snapshots}
+        thresholds = {s.model_id: {m: t for m, t, _ in s.thresholds} for s in snapshots}
         unknown = _Family("model_subgroup_unknown_samples", "Predictions in the window whose value of the attribute "
                           "is outside its groups or missing: its unknown category, counted in the overall rate and "
                           "in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
@@ -157,18 +163,24 @@ class SnapshotCollector(Collector):
 
     @staticmethod
     def _settings(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
-        """The configured thresholds and limits as series, so one rule file serves every model's config."""
+        """The configured version, thresholds and limits as series, so one rule file serves every model's config
+        (and a canary gate tells blocking metrics from the others)."""
+        info = InfoMetricFamily("fairness_model", "The model's configured model_version (empty when the config names "
+                                "none), 1 for every model the daemon monitors.", labels=["model_id"])  # fmt: skip
         threshold = GaugeMetricFamily("fairness_threshold", "The threshold of a metric, as configured or the metric "
-                                      "table's default (differences pass at or below it, ratios at or above it).",
-                                      labels=["model_id", "metric"])  # fmt: skip
+                                      "table's default (differences pass at or below it, ratios at or above it); "
+                                      "severity: its severity_on_fail, none for a seed metric exported without being "
+                                      "configured (the gate does not judge it).",
+                                      labels=["model_id", "metric", "severity"])  # fmt: skip
         min_samples = GaugeMetricFamily("fairness_min_samples", "A comparison needs at least this many of what its "
                                         "metric counts in each group.", labels=["model_id"])  # fmt: skip
         for snapshot in snapshots:
-            for metric, value in snapshot.thresholds:
-                threshold.add_metric([snapshot.model_id, metric], value)
+            info.add_metric([snapshot.model_id], {"model_version": snapshot.model_version or ""})
+            for metric, value, severity in snapshot.thresholds:
+                threshold.add_metric([snapshot.model_id, metric, severity], value)
             if snapshot.evaluations:
                 min_samples.add_metric([snapshot.model_id], snapshot.evaluations[0][1].min_samples)
-        yield from (threshold, min_samples)
+        yield from (info, threshold, min_samples)
 
     @staticmethod
     def _counters(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
@@ -218,7 +230,7 @@ def detector_families(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
         labels=_DETECTOR_SUBGROUP)  # fmt: skip
     level = GaugeMetricFamily(
         "fairness_detector_alarm_level", "The level of a detector's Shiryaev-Roberts evidence that raises an "
-        "alarm: log(detectors x steps per day x replicas / alerting.false_pages_per_day).",
+        "alarm: log(detectors x steps per day / alerting.false_pages_per_day).",
         labels=["model_id"])  # fmt: skip
     steps = CounterMetricFamily("fairness_detector_steps", "Detector steps taken (at most one per bucket).",
                                 labels=["model_id"])  # fmt: skip

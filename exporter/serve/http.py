@@ -1,10 +1,10 @@
 """The HTTP endpoints: /metrics, a landing page, /healthz and /readyz; served in the HTTP worker process.
 
 The daemon binds the socket (:func:`bind`, so that a bad address or a port in use stops it with one line) and checks
-the TLS files (:func:`tls_context`); the worker process (exporter.serve.worker) serves the app on that socket. Each
-connection is served on its own thread; with TLS the handshake runs there too, bounded by a timeout, so a
-client that connects and sends nothing holds one thread for a while and never the accept loop (which /healthz and
-every scrape go through).
+the web configuration (exporter.serve.web_config); the worker process (exporter.serve.worker) serves the app on
+that socket, under the configuration's :class:`~exporter.serve.access.Guard`. Each connection is served on its own
+thread; with TLS the handshake runs there too, bounded by a timeout, so a client that connects and sends nothing
+holds one thread for a while and never the accept loop (which /healthz and every scrape go through).
 """
 
 from __future__ import annotations
@@ -17,22 +17,21 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from exporter import __version__
+from exporter.serve.access import Guard, handshake_failure
 from exporter.serve.exposition import Page
+from exporter.serve.web_config import ListenError
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
 REQUEST_TIMEOUT_SECONDS: Final = 30.0
 ALLOWED_METHODS: Final = ("GET", "HEAD")
-
-
-class ListenError(RuntimeError):
-    """The metrics endpoint cannot be served as configured; the message names the ``listen`` field at fault."""
+PEER_CERTIFICATE: Final = "exporter.peer_certificate"
+"""The WSGI environ key of the client's verified certificate (as ``getpeercert()`` gives it; None without TLS)."""
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -40,17 +39,20 @@ class _Server(ThreadingMixIn, WSGIServer):
     allow_reuse_address = True
     # socketserver's default backlog of 5 drops concurrent scrapers' connections, which retry a second later
     request_queue_size = 128
-    tls: ssl.SSLContext | None = None
+    guard: Guard | None = None
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """On the connection's own thread: the TLS handshake, bounded by a timeout, then the request."""
-        if self.tls is None:
+        tls = self.guard.current()[0] if self.guard is not None else None
+        if tls is None:
             super().finish_request(request, client_address)
             return
         request.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
         try:
-            connection = self.tls.wrap_socket(request, server_side=True)
+            connection = tls.wrap_socket(request, server_side=True)
         except OSError as exc:  # a bad or slow handshake (SSLError, timeout, reset) is this client's problem only
+            assert self.guard is not None
+            self.guard.failures.count(handshake_failure(exc))
             log.debug("TLS handshake with %s failed: %s", client_address, exc)
             return
         try:
@@ -70,13 +72,27 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def get_environ(self) -> dict[str, Any]:
+        environ = super().get_environ()
+        connection = self.connection
+        environ[PEER_CERTIFICATE] = connection.getpeercert() if isinstance(connection, ssl.SSLSocket) else None
+        return environ
+
+
+RELOAD_PATH: Final = "/-/reload"
+RELOAD_METHODS: Final = ("POST", "PUT")
+
 
 def make_app(
     pages: Callable[[str, str], Page | str], model_id: str,
-    healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]],
+    healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]], guard: Guard | None = None,
+    reload: Callable[[], tuple[bool, str]] | None = None,
 ) -> Callable[..., Iterable[bytes]]:  # fmt: skip
     """The WSGI application of the daemon. ``pages(accept_encoding, accept)`` is the /metrics page (the cached
-    snapshot then the live registry), or why there is none yet (503)."""
+    snapshot then the live registry), or why there is none yet (503). ``guard``: who may read (every path, the
+    probes too, unless the web configuration excludes them). ``reload``: POST or PUT ``/-/reload`` reloads the
+    config, as Prometheus does with ``--web.enable-lifecycle`` (200, or 500 with why it was refused); without it
+    the path is not served."""
     landing = (f"<html><head><title>fairness-exporter</title></head><body><h1>fairness-exporter {__version__}</h1>"
                f"<p>Monitoring model <b>{html.escape(model_id)}</b>.</p><ul><li><a href='/metrics'>/metrics</a></li>"
                "<li><a href='/healthz'>/healthz</a></li><li><a href='/readyz'>/readyz</a></li></ul></body></html>"
@@ -95,36 +111,42 @@ def make_app(
             return "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")], text
         if path == "/":
             return "200 OK", [("Content-Type", "text/html; charset=utf-8")], landing
+        if path == RELOAD_PATH and reload is not None:
+            if environ.get("REQUEST_METHOD") not in RELOAD_METHODS:
+                return "405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "POST, PUT")], \
+                    b"use POST or PUT to reload the config\n"  # fmt: skip
+            applied, what = reload()
+            return ("200 OK" if applied else "500 Internal Server Error"), [("Content-Type", "text/plain")], \
+                f"{'ok' if applied else 'refused'}: {what}\n".encode()  # fmt: skip
         return "404 Not Found", [("Content-Type", "text/plain")], b"not found: try /metrics\n"
 
+    def refused(path: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes] | None:
+        """A 429 or 401 when the web configuration refuses the request; None to serve it."""
+        if guard is None:
+            return None
+        access = guard.current()[1]
+        if access.limited():
+            return "429 Too Many Requests", [("Content-Type", "text/plain")], b"too many requests: retry later\n"
+        reason = access.refusal(path, environ.get("HTTP_AUTHORIZATION", ""), environ.get(PEER_CERTIFICATE))
+        if reason is None:
+            return None
+        guard.failures.count(reason)
+        challenge = [("WWW-Authenticate", 'Basic realm="fairness-exporter"')] if access.config.users else []
+        return "401 Unauthorized", [("Content-Type", "text/plain"), *challenge], b"unauthorized\n"
+
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        method = environ.get("REQUEST_METHOD", "GET")
-        if method not in ALLOWED_METHODS:
-            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
-            return [f"method {method} not allowed: use GET\n".encode()]
-        status, headers, body = respond(environ.get("PATH_INFO", "/"), environ)
-        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
+        extra = list(guard.current()[1].config.headers.items()) if guard is not None else []
+        response = refused(path, environ)
+        reloading = path == RELOAD_PATH and reload is not None  # its own methods, answered by respond()
+        if response is None and method not in ALLOWED_METHODS and not reloading:
+            response = ("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")],
+                        f"method {method} not allowed: use GET\n".encode())  # fmt: skip
+        status, headers, body = response or respond(path, environ)
+        start_response(status, [*headers, *extra, ("Content-Length", str(len(body)))])
         return [] if method == "HEAD" else [body]
 
     return app
-
-
-def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
-    """A server context for the certificate and key; ListenError naming the file at fault."""
-    for name, path in (("tls_cert_file", certfile), ("tls_key_file", keyfile)):
-        try:
-            Path(path).open("rb").close()
-        except OSError as exc:
-            raise ListenError(f"listen.{name}: {path}: {exc.strerror}") from exc
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(certfile, keyfile)
-    except ssl.SSLError as exc:
-        swapped = b"PRIVATE KEY" in Path(certfile).read_bytes() and b"CERTIFICATE" in Path(keyfile).read_bytes()
-        hint = "the two files look swapped" if swapped else "expected a PEM certificate and its PEM private key"
-        raise ListenError(f"listen.tls_cert_file, listen.tls_key_file: {certfile}, {keyfile}: cannot be used "
-                          f"({exc.reason or exc}): {hint}") from exc  # fmt: skip
-    return context
 
 
 def bind(address: str, port: int) -> socket.socket:
@@ -147,10 +169,11 @@ def bind(address: str, port: int) -> socket.socket:
 
 
 class HttpServer:
-    """Serves the app on a listening socket (see :func:`bind`) on a background thread; optional TLS."""
+    """Serves the app on a listening socket (see :func:`bind`) on a background thread; TLS when the guard's web
+    configuration says so."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]], listening: socket.socket,
-                 tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
+                 guard: Guard | None = None) -> None:  # fmt: skip
         self.server = _Server(listening.getsockname()[:2], _QuietHandler, bind_and_activate=False)
         self.server.socket.close()  # the one socketserver made; the bound one serves instead
         self.server.socket = listening
@@ -159,7 +182,7 @@ class HttpServer:
         self.server.server_name, self.server.server_port = host, port
         self.server.setup_environ()
         self.server.set_app(app)
-        self.server.tls = tls
+        self.server.guard = guard
         self.port: int = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
 

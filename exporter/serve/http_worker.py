@@ -32,6 +32,7 @@ from typing import Final, NamedTuple
 from prometheus_client import CollectorRegistry, Counter
 
 from exporter.serve.collector import CachedExposition
+from exporter.serve.web_config import WebConfig
 
 log = logging.getLogger(__name__)
 PUBLISH_SECONDS: Final = 0.5
@@ -59,16 +60,21 @@ class HttpWorker:
     def __init__(
         self, listening: socket.socket, exposition: CachedExposition, registry: CollectorRegistry,
         verdicts: tuple[Callable[[], tuple[bool, str]], Callable[[], tuple[bool, str]]],
-        hello: tuple[str, str | None, str | None], restarts: Counter, stale_seconds: float = STALE_SECONDS,
+        hello: tuple[str, WebConfig], restarts: Counter, auth_failures: Counter,
+        stale_seconds: float = STALE_SECONDS, reload: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:  # fmt: skip
-        """``verdicts``: (healthy, ready); ``hello``: (model id, TLS certificate file, TLS key file)."""
+        """``verdicts``: (healthy, ready); ``hello``: (model id, who may read); ``auth_failures``: the counter (by
+        ``reason``) of what the worker refused; ``reload``: what POST /-/reload calls (None: not served)."""
         self.listening = listening
         self.port: int = listening.getsockname()[1]
         self.exposition = exposition
         self.registry = registry
         self.verdicts = verdicts
-        self.hello = ("hello", *hello, stale_seconds)
+        self.hello = ("hello", *hello, reload is not None, stale_seconds)
+        self.reload = reload
         self.restarts = restarts
+        self.auth_failures = auth_failures
+        self._refused: dict[str, int] = {}  # what the running worker reported refused, so far
         self.link: _Link | None = None
         self._changed = threading.Condition()
         self._requested = 0  # publications asked for (publish()); the worker acknowledges each one it served
@@ -145,8 +151,12 @@ class HttpWorker:
                     break
                 with self._changed:
                     if kind == "ack":
-                        self._acknowledged = max(self._acknowledged, value)
+                        seq, refused = value
+                        self._count_refused(refused)
+                        self._acknowledged = max(self._acknowledged, seq)
                         self._changed.notify_all()
+                    elif kind == "reload":  # on a thread of its own: a reload computes and publishes
+                        threading.Thread(target=self._reload, args=(link, value), name="reload", daemon=True).start()
                     else:  # "want": a format to render
                         self._wants.append(value)
                         self._wake.set()
@@ -159,8 +169,25 @@ class HttpWorker:
                       f"signal {-code}" if code < 0 else f"exit code {code}", self.port, RESTART_SECONDS)
             if self._stopping.wait(RESTART_SECONDS):
                 return
+            self._refused = {}
             self.link = self._spawn()
             self._wake.set()
+
+    def _reload(self, link: _Link, number: int) -> None:
+        """Reload as the worker asked, and tell it what happened."""
+        assert self.reload is not None
+        answer = self.reload()
+        try:
+            with self._sending:
+                link.connection.send(("reloaded", number, answer))
+        except (OSError, ValueError):
+            pass  # the worker is gone: a new one was never asked
+
+    def _count_refused(self, refused: dict[str, int]) -> None:
+        """The worker's totals since it started, added to the counter as increments."""
+        for reason, total in refused.items():
+            self.auth_failures.labels(reason).inc(total - self._refused.get(reason, 0))
+        self._refused = refused
 
     def stop(self) -> None:
         """Tell the worker to stop, wait briefly, kill it if needed, and close the socket."""

@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from exporter import __version__
+from exporter.serve.access import AUTH_FAILURES
 from exporter.stream.decode import REJECT_REASONS
 from exporter.stream.route import IGNORE_REASONS
 
@@ -73,6 +74,13 @@ class Health:
         self.http_worker_restarts = Counter("fairness_exporter_http_worker_restarts",
                                             "HTTP worker processes (which serve /metrics and the probes) that "
                                             "exited and were started again.", registry=registry)  # fmt: skip
+        self.clock_jumps = Counter("fairness_exporter_clock_jumps",
+                                   "Steps of the wall clock not followed: the daemon keeps time by the steady clock "
+                                   "until a jumped wall clock has held its new offset for 10 minutes.",
+                                   registry=registry)  # fmt: skip
+        self.http_auth_failures = Counter("fairness_exporter_http_auth_failures",
+                                          "Requests and TLS handshakes the web configuration refused (401 or a "
+                                          "failed handshake), by reason.", ["reason"], registry=registry)
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
                                        "Errors talking to Kafka (the consumer retries).", registry=registry)
         self.models = Gauge("fairness_exporter_models", "Models this daemon monitors (as of the last config load).",
@@ -95,6 +103,8 @@ class Health:
             self.labels_expired.labels(reason)
         for reason in OUTCOME_DROP_REASONS:
             self.labels_dropped.labels(reason)
+        for reason in AUTH_FAILURES:
+            self.http_auth_failures.labels(reason)
         for reason in DEAD_LETTER_FAILURES:
             self.dead_letter_failures.labels(reason)
 
@@ -103,6 +113,69 @@ class Health:
         for reason, n in given_up.items():
             family = self.labels_expired if reason in OUTCOME_EXPIRY_REASONS else self.labels_dropped
             family.labels(reason).inc(n)
+
+
+RESTORE_RESULTS = ("restored", "fresh", "missing")
+"""How a staged task's state began on assignment: from the snapshot its committed offset names, empty because
+nothing was committed yet, or empty because the log no longer holds that snapshot (an error)."""
+STAGES = ("join", "counts")
+
+
+class StageHealth:
+    """The staged path's own counters (registered only when ``kafka.stages`` is staged)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.replayed = Counter("fairness_exporter_replayed_rows",
+                                "Rows of internal records skipped because their source position was already "
+                                "applied (a stage re-read its input after a crash or a rebalance), by receiving "
+                                "stage.", ["stage"], registry=registry)  # fmt: skip
+        self.restores = Counter("fairness_exporter_state_restores",
+                                "States of join or counts partitions begun on assignment, by result: restored "
+                                "(from the snapshot the committed offset names), fresh (nothing committed yet) or "
+                                "missing (the log no longer holds the snapshot: started empty).",
+                                ["stage", "result"], registry=registry)  # fmt: skip
+        self.unreadable = Counter("fairness_exporter_internal_records_unreadable",
+                                  "Records of the internal topics that are no internal record of a format this "
+                                  "daemon reads; skipped.", ["topic"], registry=registry)  # fmt: skip
+        self.snapshots = Counter("fairness_exporter_state_snapshots",
+                                 "Snapshots of join or counts partitions written and acknowledged.", ["stage"],
+                                 registry=registry)  # fmt: skip
+        for stage in STAGES:
+            self.replayed.labels(stage)
+            self.snapshots.labels(stage)
+            for result in RESTORE_RESULTS:
+                self.restores.labels(stage, result)
+
+
+Owned = tuple[str, str, int, bool, float | None]
+"""(model id, counts topic, partition, owned here, start of the bucket of its last detector step)."""
+
+
+class OwnershipCollector(Collector):
+    """Which models this replica owns and when each one's detectors last stepped, read at each publication; and
+    the settings the stage alerts compare against."""
+
+    def __init__(self, owned: Callable[[], list[Owned]], bucket_seconds: float) -> None:
+        self.owned = owned
+        self.bucket_seconds = bucket_seconds
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        owner = GaugeMetricFamily("fairness_exporter_model_owned",
+                                  "1 on the replica that holds the model's partition of the counts topic (its "
+                                  "windows, detectors and series), 0 on the others.",
+                                  labels=["model_id", "topic", "partition"])  # fmt: skip
+        step = GaugeMetricFamily("fairness_exporter_model_last_step_timestamp_seconds",
+                                 "Start of the bucket of the model's last detector step (steps follow the head of "
+                                 "its window: the wall clock, or newer events), on its owner.",
+                                 labels=["model_id"])  # fmt: skip
+        for model_id, topic, partition, owned, last_step in self.owned():
+            owner.add_metric([model_id, topic, str(partition)], float(owned))
+            if owned and last_step is not None:
+                step.add_metric([model_id], last_step)
+        yield owner
+        yield step
+        yield GaugeMetricFamily("fairness_exporter_bucket_seconds", "Width of the window buckets (one detector "
+                                "step per bucket at most).", value=self.bucket_seconds)  # fmt: skip
 
 
 class ConsumerCollector(Collector):

@@ -32,8 +32,8 @@ class Snapshot:
     """Monotonic per-attribute counts since start, for the fleet-wide counters."""
     metrics: tuple[str, ...] = ()
     """The pairwise metrics to export (Config.exported_metrics)."""
-    thresholds: tuple[tuple[str, float], ...] = ()
-    """(metric, threshold) of each exported metric, exported so that rules compare against the config."""
+    thresholds: tuple[tuple[str, float, str], ...] = ()
+    """(metric, threshold, severity) of each exported metric, exported so that rules compare against the config."""
     detection: Detection | None = None
     """The change detectors' statistics after their latest step."""
     detectors: DetectorBank | None = None
@@ -43,6 +43,8 @@ class Snapshot:
     scores: tuple[tuple[str, str, np.ndarray, np.ndarray], ...] = ()
     """(window, attribute, count per row and bin, sum of scores per row) for each window and attribute; the rows
     are the attribute's groups, then its unknown category."""
+    model_version: str | None = None
+    """The configured version of the model (fairness_model_info)."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,9 @@ class FleetSnapshot:
 
 
 def compute_model(monitored: Monitored, windowing: Windowing, now: float,
-                  thresholds: tuple[tuple[str, float], ...]) -> Snapshot:  # fmt: skip
-    """One model's windows and attributes as of ``now`` (``thresholds``: of its exported metrics)."""
+                  thresholds: tuple[tuple[str, float, str], ...]) -> Snapshot:  # fmt: skip
+    """One model's windows and attributes as of ``now`` (``thresholds``: of its exported metrics, with their
+    severity)."""
     spec, store = monitored.spec, monitored.store
     detection = store.detect(now)
     with store.lock:  # counts and score histograms of the same events
@@ -74,7 +77,8 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes)
     return Snapshot(spec.model_id, now, tuple(zip(keys, evaluated, strict=True)),
                     store.layout.split(store.totals_copy()), spec.exported_metrics, thresholds, detection,
-                    store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores))  # fmt: skip
+                    store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores),
+                    model_version=spec.model_version)  # fmt: skip
 
 
 class Computer:
@@ -92,14 +96,15 @@ class Computer:
         self.latest: FleetSnapshot | None = None
         self._computing = threading.Lock()
         """One computation at a time (the schedule's, a reload's): snapshots are published in the order taken."""
-        self._facts: dict[str, tuple[ModelSpec, tuple[tuple[str, float], ...]]] = {}
+        self._facts: dict[str, tuple[ModelSpec, tuple[tuple[str, float, str], ...]]] = {}
 
-    def _facts_of(self, spec: ModelSpec) -> tuple[tuple[str, float], ...]:
-        """Facts of a model's config, not of its counts (its thresholds): derived once per spec (a reload brings a
-        new one)."""
+    def _facts_of(self, spec: ModelSpec) -> tuple[tuple[str, float, str], ...]:
+        """Facts of a model's config, not of its counts (its thresholds and severities): derived once per spec (a
+        reload brings a new one)."""
         cached = self._facts.get(spec.model_id)
         if cached is None or cached[0] is not spec:
-            cached = (spec, tuple(spec.thresholds().items()))
+            severities = spec.severities()
+            cached = (spec, tuple((m, t, severities[m]) for m, t in spec.thresholds().items()))
             self._facts[spec.model_id] = cached
         return cached[1]
 

@@ -4,11 +4,15 @@ Started by the daemon (exporter.serve.http_worker) as ``python -m exporter.serve
 on the listening socket the daemon bound, with one end of a ``multiprocessing.Pipe`` as its only link to the
 daemon. Scrapes never share a GIL with ingest: the daemon's threads can hold theirs for milliseconds at a time.
 
-Messages from the daemon (pickled by ``Connection``): ``("hello", model_id, tls_cert_file, tls_key_file,
-stale_seconds)`` once; ``("publish", seq, snapshot, live, healthy, ready)`` on every publication (``snapshot``:
-the snapshot's rendering per content type, None when unchanged; ``live``: the live registry's; the verdicts as
-``(ok, why)``); ``("stop",)``. To the daemon: ``("ack", seq)`` once a publication is served, ``("want", accept)``
-for a format not published yet. End of file on the connection (the daemon exited, even by SIGKILL) ends the worker.
+Messages from the daemon (pickled by ``Connection``): ``("hello", model_id, web_config, lifecycle, stale_seconds)``
+once; ``("reloaded", number, (applied, what))`` answering a ``("reload", number)`` the worker sent for a POST
+/-/reload (served only when ``lifecycle``)
+(``web_config``: a :class:`~exporter.serve.web_config.WebConfig`, checked by the daemon); ``("publish", seq,
+snapshot, live, healthy, ready)`` on every publication (``snapshot``: the snapshot's rendering per content type,
+None when unchanged; ``live``: the live registry's; the verdicts as ``(ok, why)``); ``("stop",)``. To the daemon:
+``("ack", (seq, refused))`` once a publication is served (``refused``: the requests and handshakes refused so far,
+by reason), ``("want", accept)`` for a format not published yet. End of file on the connection (the daemon exited,
+even by SIGKILL) ends the worker.
 
 Imports neither numpy nor pandas (tests/test_architecture.py checks it).
 """
@@ -26,25 +30,33 @@ from typing import Any, Final
 
 from prometheus_client.exposition import choose_encoder
 
+from exporter.serve.access import Failures, Guard
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
-from exporter.serve.http import HttpServer, ListenError, make_app, tls_context
+from exporter.serve.http import HttpServer, make_app
+from exporter.serve.web_config import WebConfigError
 
 log = logging.getLogger("exporter.serve.worker")
 WAIT_SECONDS: Final = 10.0
+RELOAD_WAIT_SECONDS: Final = 30.0
+"""How long a POST /-/reload waits for the daemon's answer (a reload reads and validates every model file)."""
 """How long a request waits for a publication it needs (the first one, or a format first asked for)."""
 
 
 class Published:
     """The latest publication: the pages and the verdicts, and how long ago it came."""
 
-    def __init__(self, connection: Connection, stale_seconds: float) -> None:
+    def __init__(self, connection: Connection, stale_seconds: float, failures: Failures) -> None:
         self.connection = connection
         self.stale_seconds = stale_seconds
+        self.failures = failures
         self.pages = Pages()
         self.verdicts = {"healthy": (False, ""), "ready": (False, "")}
         self.at: float | None = None  # time.monotonic() of the latest publication
         self.changed = threading.Condition()
         self._sending = threading.Lock()
+        self.reloads: dict[int, tuple[bool, str]] = {}
+        """The daemon's answers to the reloads asked for, by number, until the request that asked reads its own."""
+        self._asked = 0
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._sending:
@@ -57,6 +69,12 @@ class Published:
                 message = self.connection.recv()
             except (EOFError, OSError):
                 return
+            if message[0] == "reloaded":
+                _, number, answer = message
+                with self.changed:
+                    self.reloads[number] = answer
+                    self.changed.notify_all()
+                continue
             if message[0] != "publish":
                 return  # "stop"
             _, seq, snapshot, live, healthy, ready = message
@@ -66,7 +84,7 @@ class Published:
                 self.at = time.monotonic()
                 self.changed.notify_all()
             try:
-                self.send(("ack", seq))
+                self.send(("ack", (seq, self.failures.totals())))
             except OSError:
                 return
 
@@ -81,6 +99,19 @@ class Published:
             return False, (f"the daemon has published nothing for {age:.0f} s (limit {self.stale_seconds:g} s): "
                            "its main process is stuck")  # fmt: skip
         return verdict
+
+    def reload(self) -> tuple[bool, str]:
+        """Ask the daemon to reload its config, and wait for what it did."""
+        with self.changed:
+            self._asked += 1
+            number = self._asked
+        try:
+            self.send(("reload", number))
+        except OSError:
+            return False, "the daemon is gone"
+        with self.changed:
+            self.changed.wait_for(lambda: number in self.reloads, RELOAD_WAIT_SECONDS)
+            return self.reloads.pop(number, (False, f"no answer from the daemon in {RELOAD_WAIT_SECONDS:g} s"))
 
     def healthy(self) -> tuple[bool, str]:
         return self._verdict("healthy")
@@ -111,16 +142,18 @@ def main(argv: list[str]) -> int:
     connection = Connection(int(argv[1]))
     listening = socket.socket(fileno=int(argv[2]))
     try:
-        _, model_id, certfile, keyfile, stale_seconds = connection.recv()
+        _, model_id, web_config, lifecycle, stale_seconds = connection.recv()
     except (EOFError, OSError):
         return 0
     try:
-        tls = tls_context(certfile, keyfile) if certfile and keyfile else None
-    except ListenError as exc:  # the daemon checked the files at start: they changed since
+        guard = Guard(web_config)
+    except WebConfigError as exc:  # the daemon checked the files at start: they changed since
         log.error("%s", exc)
         return 2
-    published = Published(connection, stale_seconds)
-    server = HttpServer(make_app(published.page, model_id, published.healthy, published.ready), listening, tls)
+    published = Published(connection, stale_seconds, guard.failures)
+    app = make_app(published.page, model_id, published.healthy, published.ready, guard,
+                   published.reload if lifecycle else None)  # fmt: skip
+    server = HttpServer(app, listening, guard)
     server.start()
     published.receive()  # until the daemon stops us or is gone
     server.stop()

@@ -197,6 +197,11 @@ class Checkpointer:
     def counted(self) -> Offsets:
         return self.fleet.offsets_copy()
 
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """After the last record this process counted, else (left out) the group's committed offset."""
+        counted = self.counted()
+        return {p: counted[p] for p in partitions if p in counted}
+
     def committable(self) -> Offsets:
         if self.path is None:
             return self.counted()
@@ -208,6 +213,16 @@ class Checkpointer:
             self.fleet.forget_offsets(partitions)
             for partition in partitions:
                 self._durable.pop(partition, None)
+
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        with self.fleet.lock:
+            old = [p for p in self.fleet.offsets_copy() if p[0] == topic] if topic_id != self.topic_ids.get(topic) \
+                else partitions  # fmt: skip
+            self.forget(old)
+            for partition in partitions:
+                self.fleet.advance_offset(partition, 0)
+            if topic_id is not None:
+                self.topic_ids[topic] = topic_id
 
     def write(self) -> Offsets:
         """Write a durable checkpoint of every model's counts, the pending predictions and the offsets; return the
@@ -221,9 +236,9 @@ class Checkpointer:
                 models[model_id] = {"layout": layout(monitored.spec, fleet.config.windowing), "prefix": prefix}
                 arrays.update({prefix + k: v for k, v in monitored.store.state().items()})
             arrays.update({f"join.{k}": v for k, v in fleet.joins.state().items()})
-            offsets = fleet.offsets_copy()
+            offsets, topic_ids = fleet.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)
         written_at = self.clock()
-        meta = {"models": models, "written_at": written_at, "topic_ids": dict(self.topic_ids),
+        meta = {"models": models, "written_at": written_at, "topic_ids": topic_ids,
                 "offsets": [[t, p, o] for (t, p), o in offsets.items()]}  # fmt: skip
         try:
             write(self.path, meta, arrays)

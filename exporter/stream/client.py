@@ -8,8 +8,10 @@ commit, when a log was reset, what a rebalance does) lives once, in :class:`expo
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, Protocol
+
+import numpy as np
 
 Partition = tuple[str, int]
 """(topic, partition)."""
@@ -58,6 +60,14 @@ def values_and_next(records: Sequence[Record]) -> tuple[list[bytes | None], int]
     return [r.value for r in records], records[-1].offset + 1
 
 
+def offsets_of(records: Sequence[Record], next_offset: int) -> np.ndarray:
+    """Every record's offset in a non-empty batch (the usual one is contiguous: then no record is read)."""
+    first = records[0].offset
+    if next_offset - first == len(records):
+        return np.arange(first, next_offset, dtype=np.int64)
+    return np.fromiter((r.offset for r in records), np.int64, len(records))
+
+
 class LogBounds(NamedTuple):
     """A partition's log as the last fetch response described it; None where the client does not know."""
 
@@ -75,14 +85,16 @@ class Rebalance(Protocol):
       commits exactly that without waiting, and forgets the partitions' offsets, so no later commit or
       checkpoint of this replica carries them (a stale offset would rewind their new owner, who would then
       count events twice). A client closing down does not call it: a rebuilt consumer resumes from its offsets.
-    - ``assigned(partitions)`` runs *after* the group assigned them and *before* any of them is fetched. It
-      returns where to start each one: after the last record this process counted, else the checkpoint's offset;
-      a partition it leaves out starts at the group's committed offset (``auto_offset_reset`` if none).
+    - ``assigned(partitions, committed)`` runs *after* the group assigned them and *before* any of them is
+      fetched, with the group's committed offsets of those partitions (fetched by the adapter; None when that
+      failed). It returns where to start each one: after the last record this process counted, else the
+      checkpoint's offset (the staged path: the committed offset, or 0 for an internal topic without one); a
+      partition it leaves out starts at the group's committed offset (``auto_offset_reset`` if none).
     """
 
     def revoked(self, partitions: list[Partition]) -> None: ...
 
-    def assigned(self, partitions: list[Partition]) -> Offsets: ...
+    def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets: ...
 
 
 class CommitFailed(Exception):
@@ -108,17 +120,20 @@ class KafkaClient(Protocol):
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
         """The next records, per partition, in offset order; waits up to ``timeout`` seconds for some."""
 
-    def rewind(self, partition: Partition) -> None:
-        """Read the partition again from the start of its log: a seek to offset 0, the first offset of every new
-        log (a re-created topic, a broker back empty), not a ListOffsets query, whose answer some brokers (Tansu)
-        get wrong right after such a reset. A log whose start has since moved past 0 answers the fetch with
-        OffsetOutOfRange, and the client's ``auto_offset_reset`` takes over."""
+    def seek(self, partition: Partition, offset: int) -> None:
+        """Read the partition from this offset on. A new log (a re-created topic, a broker back empty) is read from
+        offset 0, its first offset, not from a ListOffsets query, whose answer some brokers (Tansu) get wrong right
+        after such a reset; a log whose start has since moved past 0 answers the fetch with OffsetOutOfRange, and
+        the client's ``auto_offset_reset`` takes over."""
 
     def bounds(self, partition: Partition) -> LogBounds:
         """The partition's log start offset and high watermark from the last fetch response (no request)."""
 
-    def topic_id(self, topic: str) -> str | None:
-        """The topic's id in the cluster metadata (changes when the topic is re-created); None if unknown."""
+    def topic_ids(self, topics: Collection[str]) -> dict[str, str | None] | None:
+        """Each topic's id (it changes when the topic is re-created, or a broker lost its data), asked of the
+        cluster now, never from a cache: the answer is newer than every record already fetched. None for a topic
+        that does not exist now, or on a broker without topic ids (before Kafka 2.8); None in all when no broker
+        answered in time."""
 
     def connected(self) -> bool:
         """Whether any broker answers."""

@@ -7,9 +7,11 @@ Chosen with ``kafka.client_library: confluent-kafka``; ``kafka.client`` then hol
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from exporter.config import KafkaConfig
@@ -39,8 +41,6 @@ of the embedded broker, a bare ``consume(10000)`` + ``orjson.loads`` loop, 3 int
 with librdkafka's defaults, 237,799/s with a 10 ms backoff, 192,405/s with ``queued.min.messages`` 1,000,000, and no
 further gain from 10 MB partition fetches (200,190/s). The backoff keeps librdkafka's memory bounds (64 MB of queued
 messages). Older librdkafka (< 2.4) has no such setting. ``kafka.client`` overrides it."""
-# Errors that mean the connection to the cluster was lost (the topic may have been re-created meanwhile).
-_LOST = {ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN}
 
 
 class _Batch(Batch):
@@ -103,7 +103,6 @@ class ConfluentClient:
         self.on_error = on_error
         self._fatal: ck.KafkaError | None = None
         self._closing = False
-        self._topic_ids: dict[str, str] = {}
         self._down = False
         settings = {**CLIENT_DEFAULTS, **FETCH_DEFAULTS, **kafka.client}
         if "reconnect.backoff.ms" not in kafka.client:  # librdkafka refuses a start above a user's lower maximum
@@ -126,9 +125,8 @@ class ConfluentClient:
         })  # fmt: skip
 
     def _on_error(self, error: ck.KafkaError) -> None:
-        if error.code() in _LOST:
-            self._topic_ids.clear()  # ask again once reconnected: the topic may have been re-created
-            self._down = error.code() == ck.KafkaError._ALL_BROKERS_DOWN or self._down
+        if error.code() == ck.KafkaError._ALL_BROKERS_DOWN:
+            self._down = True
         if error.fatal():
             self._fatal = error
         self.on_error(error.name(), error.str())
@@ -136,7 +134,13 @@ class ConfluentClient:
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
         def on_assign(consumer: ck.Consumer, assigned: list[ck.TopicPartition]) -> None:
             # librdkafka takes start offsets with the assignment, not by seek
-            starts = rebalance.assigned([(tp.topic, tp.partition) for tp in assigned])
+            committed: Offsets | None
+            try:
+                found = consumer.committed(assigned, timeout=METADATA_TIMEOUT_SECONDS)
+                committed = {(tp.topic, tp.partition): tp.offset for tp in found if tp.error is None and tp.offset >= 0}
+            except ck.KafkaException:
+                committed = None
+            starts = rebalance.assigned([(tp.topic, tp.partition) for tp in assigned], committed)
             consumer.assign([ck.TopicPartition(tp.topic, tp.partition,
                                                starts.get((tp.topic, tp.partition), ck.OFFSET_INVALID))
                              for tp in assigned])  # fmt: skip
@@ -166,33 +170,42 @@ class ConfluentClient:
         batches = _by_partition(self.consumer.consume(max_records, timeout), self._on_error)
         if self._fatal is not None:
             raise ck.KafkaException(self._fatal)  # the consumer cannot go on: the source rebuilds it
-        if batches:
-            self._down = False
+        # No batch clears _down: librdkafka hands over what it fetched before the broker went, after its one "all
+        # brokers down" event, and only a metadata answer (connected(), every 5 s while down) proves one is back.
         return {key: _Batch(messages) for key, messages in batches.items()}
 
-    def rewind(self, partition: Partition) -> None:
-        self.consumer.seek(ck.TopicPartition(*partition, 0))
+    def seek(self, partition: Partition, offset: int) -> None:
+        self.consumer.seek(ck.TopicPartition(*partition, offset))
 
     def bounds(self, partition: Partition) -> LogBounds:
         # From the last fetch response: Tansu answers ListOffsets (a query) wrongly.
         low, high = self.consumer.get_watermark_offsets(ck.TopicPartition(*partition), cached=True)
         return LogBounds(low if low >= 0 else None, high if high >= 0 else None)
 
-    def topic_id(self, topic: str) -> str | None:
-        """From the admin API (the consumer's metadata has no ids), asked again after every lost connection."""
-        if topic not in self._topic_ids:
-            if self._admin is None:
-                self._admin = AdminClient(self._admin_settings)
+    def topic_ids(self, topics: Collection[str]) -> dict[str, str | None] | None:
+        """From the admin API (the consumer's metadata has no ids), written as kafka-python writes them, so that a
+        checkpoint's ids mean the same under either library."""
+        if self._admin is None:
+            self._admin = AdminClient(self._admin_settings)
+        futures = self._admin.describe_topics(ck.TopicCollection(list(topics)),
+                                              request_timeout=METADATA_TIMEOUT_SECONDS)  # fmt: skip
+        ids: dict[str, str | None] = {}
+        for topic, future in futures.items():
             try:
-                future = self._admin.describe_topics(ck.TopicCollection([topic]))[topic]
-                self._topic_ids[topic] = str(future.result(timeout=METADATA_TIMEOUT_SECONDS).topic_id)
-            except Exception as exc:  # not known now; asked again on the next call
-                log.debug("no topic id for %s: %s", topic, exc)
+                found = future.result(timeout=METADATA_TIMEOUT_SECONDS).topic_id
+            except ck.KafkaException as exc:
+                if exc.args[0].code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    return None
+                ids[topic] = None
+            except concurrent.futures.TimeoutError:
                 return None
-        return self._topic_ids[topic]
+            else:
+                high, low = found.get_most_significant_bits(), found.get_least_significant_bits()
+                ids[topic] = str(uuid.UUID(int=(high % 2**64) << 64 | low % 2**64))  # Java's signed longs
+        return ids
 
     def connected(self) -> bool:
-        """False from librdkafka's "all brokers down" until a fetch or a metadata request succeeds again."""
+        """False from librdkafka's "all brokers down" until a metadata request succeeds again."""
         if self._down:
             try:
                 self.consumer.list_topics(timeout=METADATA_TIMEOUT_SECONDS)
@@ -220,6 +233,7 @@ class ConfluentClient:
 
     def close(self) -> None:
         self._closing = True
+        self._admin = None  # librdkafka has no close for it: dropped, its threads and connections end with it
         try:
             self.consumer.close()
         finally:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
@@ -15,6 +16,7 @@ from exporter.config import KafkaConfig
 from exporter.stream.client import CommitFailed, LogBounds, Offsets, Partition, Rebalance, Record
 
 COMMIT_TIMEOUT_MS = 5000
+TOPIC_IDS_TIMEOUT_MS = 2000
 # kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner. Its
 # constructor waits for a broker up to bootstrap_timeout_ms (30 s): a SIGTERM then waited that long; the source
 # retries a constructor that gave up, with its own backoff.
@@ -39,18 +41,26 @@ class GroupCoordinatorLost(RuntimeError):
     """The consumer found no group coordinator for :data:`COORDINATOR_LOST_SECONDS`."""
 
 
-class _Listener(ConsumerRebalanceListener):
-    """kafka-python wants a subclass of its listener; this one forwards to the source's :class:`Rebalance`."""
+class _Listener(AsyncConsumerRebalanceListener):
+    """kafka-python wants a subclass of its listener; this one forwards to the source's :class:`Rebalance`. It is
+    the async kind, so that it can ask the group's committed offsets on the client's IO loop, where a blocking
+    call would raise."""
 
     def __init__(self, consumer: KafkaConsumer, rebalance: Rebalance) -> None:
         self.consumer = consumer
         self.rebalance = rebalance
 
-    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self.rebalance.revoked([(tp.topic, tp.partition) for tp in revoked])
 
-    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        starts = self.rebalance.assigned([(tp.topic, tp.partition) for tp in assigned])
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        committed: Offsets | None
+        try:
+            found = await self.consumer._coordinator.fetch_committed_offsets_async(list(assigned), COMMIT_TIMEOUT_MS)
+            committed = {(tp.topic, tp.partition): meta.offset for tp, meta in found.items() if meta.offset >= 0}
+        except KafkaError:
+            committed = None
+        starts = self.rebalance.assigned([(tp.topic, tp.partition) for tp in assigned], committed)
         for (topic, partition), offset in starts.items():
             self.consumer.seek(TopicPartition(topic, partition), offset)
 
@@ -105,16 +115,29 @@ class KafkaPythonClient:
             raise GroupCoordinatorLost(f"no group coordinator found for {COORDINATOR_LOST_SECONDS:g} s while a "
                                        "broker answers; rebuilding the consumer")  # fmt: skip
 
-    def rewind(self, partition: Partition) -> None:
-        self.consumer.seek(TopicPartition(*partition), 0)
+    def seek(self, partition: Partition, offset: int) -> None:
+        self.consumer.seek(TopicPartition(*partition), offset)
 
     def bounds(self, partition: Partition) -> LogBounds:
         # kafka-python keeps the high watermark of the last fetch response, not its log start offset
         return LogBounds(None, self.consumer.highwater(TopicPartition(*partition)))
 
-    def topic_id(self, topic: str) -> str | None:
-        topic_id = self.consumer._client.cluster.topic_id(topic)
-        return None if topic_id is None else str(topic_id)
+    def topic_ids(self, topics: Collection[str]) -> dict[str, str | None] | None:
+        """From a metadata request sent now. A refresh already in flight was perhaps sent before the last records
+        were fetched: it is awaited first, then another is sent."""
+        cluster, manager = self.consumer._cluster, self.consumer._manager
+
+        async def refresh() -> None:
+            if cluster.metadata_refresh_in_progress:
+                with contextlib.suppress(KafkaError):
+                    await cluster.refresh_metadata()
+            await cluster.refresh_metadata()
+
+        try:
+            self.consumer._net.run(manager.wait_for, manager.call_soon(refresh), TOPIC_IDS_TIMEOUT_MS)
+        except KafkaError:
+            return None
+        return {topic: None if (i := cluster.topic_id(topic)) is None else str(i) for topic in topics}
 
     def connected(self) -> bool:
         client = self.consumer._client

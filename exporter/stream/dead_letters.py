@@ -21,6 +21,13 @@ RECORD_OVERHEAD_BYTES = 512
 RETRY_PRODUCER_SECONDS = 60.0
 # Each library's own name and default for the largest request (record batch) a producer sends.
 SIZE_LIMIT = {"kafka-python": ("max_request_size", 1_048_576), "confluent-kafka": ("message.max.bytes", 1_000_000)}
+PRODUCER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "kafka-python": {"max_block_ms": 1000, "request_timeout_ms": 10_000, "delivery_timeout_ms": 30_000},
+    "confluent-kafka": {"message.timeout.ms": 30_000}}  # fmt: skip
+"""A dead letter that cannot be delivered (its topic deleted, no broker) is counted as failed within 30 s, not
+held for the libraries' 2 and 5 minutes, or for good (seen with kafka-python); kafka-python's send() waits at most
+1 s for a topic's metadata, on the consumer thread (its default: 60 s per batch with a reject, after the topic was
+deleted). ``kafka.client`` overrides them."""
 
 
 class DeadLetters:
@@ -46,10 +53,12 @@ class DeadLetters:
         if self.kafka.client_library == "confluent-kafka":
             from confluent_kafka import Producer
 
-            return Producer({"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.client})
+            return Producer({"bootstrap.servers": self.kafka.bootstrap_servers,
+                             **PRODUCER_DEFAULTS["confluent-kafka"], **self.kafka.client})  # fmt: skip
         from kafka import KafkaProducer
 
-        return KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers.split(","), **self.kafka.client)
+        return KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers.split(","),
+                             **{**PRODUCER_DEFAULTS["kafka-python"], **self.kafka.client})  # fmt: skip
 
     def _ready(self) -> bool:
         if self._producer is None and time.monotonic() - self._failed_at >= RETRY_PRODUCER_SECONDS:
@@ -93,6 +102,12 @@ class DeadLetters:
             self.health.dead_lettered.inc()
         else:
             self._failed("send_failed", 1, "%s", error)
+
+    def serve(self) -> None:
+        """Run the delivery callbacks confluent-kafka holds until asked (kafka-python runs its own): a scheduled job,
+        so that a delivery or its failure is counted when it happens, not at the next batch with a reject."""
+        if self._producer is not None and self.kafka.client_library == "confluent-kafka":
+            self._producer.poll(0)
 
     def close(self) -> None:
         """Deliver what is queued (up to 5 s) and close."""

@@ -73,6 +73,8 @@ class DecodedBatch:
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """The score of every accepted event when the model emits scores (``events.score_threshold``), else empty."""
     rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Where each accepted event was among the decoded values (the staged path tells its source offset by it)."""
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -200,6 +202,7 @@ class EventDecoder:
             if rows:  # merge the walked rows in input order, as every column's consumers expect
                 at = at + [r[0] for r in rows]
                 order = np.argsort(np.asarray(at), kind="stable")
+                at = [at[k] for k in order.tolist()]
                 timestamps = np.concatenate([timestamps, [r[1] for r in rows]])[order]
                 predictions = np.concatenate([predictions, np.array([r[2] for r in rows], dtype=np.int64)])[order]
                 outcomes = np.concatenate([outcomes, np.array([r[3] for r in rows], dtype=np.int64)])[order]
@@ -223,6 +226,7 @@ class EventDecoder:
             ignored=ignored,
             rejected_payloads=bad,
             scores=scores.astype(np.float64, copy=False),
+            positions=np.asarray(at, dtype=np.int64),
         )
 
     def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:

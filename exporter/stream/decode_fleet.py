@@ -70,8 +70,9 @@ class SharedDecoder:
                 structs = [events[i] for i in at]
             else:
                 at, walked, structs = list(range(len(events))), [], events
-            batches[model_id] = self.decoders[model_id].batch(mine, structs, at, walked, Counter(), self._get, now,
-                                                              shared=True)  # fmt: skip
+            batch = self.decoders[model_id].batch(mine, structs, at, walked, Counter(), self._get, now, shared=True)
+            batch.positions = order[start:stop][batch.positions]  # where its events were in the whole batch
+            batches[model_id] = batch
         ignored: Counter[str] = Counter()
         malformed: list[bytes | None] = []
         for i in order[: bounds[1]].tolist():

@@ -19,14 +19,17 @@ class DecodedOutcomes:
     prediction_ids: list[str]
     outcomes: list[int]
     invalid: int
+    positions: list[int]
+    """Where each valid event was among the decoded values (the staged path tells its source offset by it)."""
 
 
 def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field: str) -> DecodedOutcomes:
     """Decode ground-truth events ``{"<id_field>": ..., "<outcome_field>": 0 or 1, or false or true}``."""
     ids: list[str] = []
     outcomes: list[int] = []
+    positions: list[int] = []
     invalid = 0
-    for raw in values:
+    for i, raw in enumerate(values):
         try:
             message = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
         except (orjson.JSONDecodeError, TypeError):
@@ -38,4 +41,5 @@ def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field
             continue
         ids.append(str(pid))
         outcomes.append(int(outcome))
-    return DecodedOutcomes(ids, outcomes, invalid)
+        positions.append(i)
+    return DecodedOutcomes(ids, outcomes, invalid, positions)

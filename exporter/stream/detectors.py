@@ -199,7 +199,7 @@ class DetectorBank:
         self.rate_shift = model.alerting.rate_shift
         self.decay = math.exp(-windowing.bucket_seconds / windowing.longest_seconds)
         self.level = detect.alarm_level(max(len(detectors), 1), detect.SECONDS_PER_DAY / windowing.bucket_seconds,
-                                        model.alerting.false_pages_per_day, model.alerting.replicas)  # fmt: skip
+                                        model.alerting.false_pages_per_day)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.detectors)

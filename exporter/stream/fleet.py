@@ -4,8 +4,11 @@ change detectors) and decoder, the one label join, and the Kafka offsets all of 
 The topic is read once: the router splits each batch by model id and each model counts only its own events, so a
 model's numbers are exactly those of a daemon configured with that model alone. A reload (:meth:`Fleet.apply`)
 swaps the models in one step: a model that is unchanged, or changed without changing the shape of its counts
-(thresholds, metrics, budget), keeps its counts and detector state; one whose attributes or windows changed starts
-afresh; a removed one is gone at the next publication.
+(thresholds, metrics, budget), keeps its counts and detector state; one whose attributes, windows or
+``model_version`` changed starts afresh; a removed one is gone at the next publication.
+
+Every model is decoded here, but a replica of the staged path keeps the window state only of the models it owns
+(``owns``, from exporter/stream/stages.py); the direct path owns them all.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from exporter.config import Config, EventFields, ModelSpec, layout
 from exporter.stream.client import Offsets, Partition
@@ -27,8 +32,9 @@ from exporter.stream.window import WindowStore
 log = logging.getLogger(__name__)
 
 
-Decoded = tuple[dict[str, "Monitored"], dict[str, DecodedBatch], Counter[str], list[bytes | None]]
-"""The models as of a batch, each one's share of it decoded, the events of none by reason, and the malformed ones."""
+Decoded = tuple[dict[str, EventDecoder], dict[str, DecodedBatch], Counter[str], list[bytes | None]]
+"""The decoders as of a batch, each model's share of it decoded (``positions``: in the whole batch), the events of
+none by reason, and the malformed ones."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class Changes:
     updated: list[str] = field(default_factory=list)
     """Changed without changing the shape of their counts: counts and detector state kept."""
     restarted: list[str] = field(default_factory=list)
-    """Their attributes, groups or windows changed: they start afresh."""
+    """Their attributes, groups, windows or model_version changed: they start afresh."""
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
 
@@ -63,31 +69,42 @@ class Fleet:
     """Every model's stream state; ``lock`` guards all of it (the ingest counts a batch, its joins and its offsets
     as one step under it, and the checkpointer copies everything under it)."""
 
-    def __init__(self, config: Config, keep_rejected: bool = False) -> None:
+    def __init__(self, config: Config, keep_rejected: bool = False, owns: Callable[[str], bool] | None = None) -> None:
         self.lock = threading.RLock()
         self.keep_rejected = keep_rejected
         self.config = config
+        self.owns = owns
+        """Whether this replica keeps a model's window state (None: every model's)."""
         self.joins = OutcomeJoin(config.label_horizon_seconds, config.max_pending_labels)
         self.offsets: Offsets = {}
         """The next Kafka offset after what the counts include, per (topic, partition)."""
-        self.models: dict[str, Monitored] = {m.model_id: self._monitored(m) for m in config.models}
-        """Replaced whole on a reload, never mutated: a reader holding it sees one configuration."""
+        self.decoders: dict[str, EventDecoder] = {m.model_id: self._decoder(m) for m in config.models}
+        """Every configured model's decoder; replaced whole on a reload, with :attr:`models`."""
+        self.models: dict[str, Monitored] = {m.model_id: self._monitored(m) for m in config.models if self._owned(m)}
+        """The models whose state this replica keeps. Replaced whole, never mutated: a reader holding it sees one
+        configuration."""
         self.readers = self._readers()
 
-    def _monitored(self, spec: ModelSpec) -> Monitored:
-        return Monitored(spec, WindowStore(spec, self.config.windowing, self.lock),
-                         EventDecoder(spec, self.config.max_future_skew_seconds, self.keep_rejected))  # fmt: skip
+    def _owned(self, spec: ModelSpec) -> bool:
+        return self.owns is None or self.owns(spec.model_id)
 
-    def _readers(self) -> tuple[dict[str, Monitored], SharedDecoder | Router | None]:
-        """The models, with what splits a batch among them: for one model nothing (its decoder tells its events
-        from the others' itself, as it always has); for models whose events share their paths, one parse for
+    def _decoder(self, spec: ModelSpec) -> EventDecoder:
+        return EventDecoder(spec, self.config.max_future_skew_seconds, self.keep_rejected)
+
+    def _monitored(self, spec: ModelSpec, decoder: EventDecoder | None = None) -> Monitored:
+        return Monitored(spec, WindowStore(spec, self.config.windowing, self.lock),
+                         decoder or self.decoders[spec.model_id])  # fmt: skip
+
+    def _readers(self) -> tuple[dict[str, EventDecoder], SharedDecoder | Router | None]:
+        """Every model's decoder, with what splits a batch among them: for one model nothing (its decoder tells its
+        events from the others' itself, as it always has); for models whose events share their paths, one parse for
         all (exporter/stream/decode_fleet.py); else a router reading only each event's model id."""
-        decoders = {model_id: m.decoder for model_id, m in self.models.items()}
-        if len(self.models) == 1:
-            return self.models, None
+        decoders = self.decoders
+        if len(decoders) == 1:
+            return decoders, None
         if shareable(decoders):
-            return self.models, SharedDecoder(decoders)
-        return self.models, Router(self.events.model_id, self.models)
+            return decoders, SharedDecoder(decoders)
+        return decoders, Router(self.events.model_id, decoders)
 
     @property
     def events(self) -> EventFields:
@@ -95,21 +112,44 @@ class Fleet:
         return self.config.models[0].events if self.config.models else EventFields()
 
     def decode(self, values: Sequence[bytes], now: float) -> Decoded:
-        """The models as of now, each one's share of a batch decoded, the events of none by reason, and the values
-        that are no event at all (rejected as malformed_json)."""
-        models, split = self.readers  # one configuration, even across a reload
+        """Every decoder as of now, each model's share of a batch decoded (its events' positions in the whole
+        batch), the events of none by reason, and the values that are no event at all (rejected as
+        malformed_json)."""
+        decoders, split = self.readers  # one configuration, even across a reload
         if isinstance(split, SharedDecoder):
             batches, ignored, malformed = split.decode(values, now)
         elif isinstance(split, Router):
             routed = split.route(values)
-            batches = {m: models[m].decoder.decode(share, now) for m, share in routed.by_model.items()}
+            batches = {m: decoders[m].decode(share, now) for m, share in routed.by_model.items()}
+            for m, batch in batches.items():
+                batch.positions = routed.positions[m][batch.positions]
             ignored, malformed = Counter(routed.ignored), routed.malformed
         else:
-            batches = {model_id: m.decoder.decode(values, now) for model_id, m in models.items()}
+            batches = {model_id: d.decode(values, now) for model_id, d in decoders.items()}
             ignored, malformed = Counter(), []
         for batch in batches.values():
             ignored.update(batch.ignored)
-        return models, batches, ignored, malformed
+        return decoders, batches, ignored, malformed
+
+    # --- the models this replica owns (the staged path's evaluation stage) -----------------------------------
+
+    def take(self, states: dict[str, dict[str, np.ndarray] | None]) -> None:
+        """Keep the state of these configured models from now: restored from their arrays, or empty (None)."""
+        with self.lock:
+            specs = {m.model_id: m for m in self.config.models}
+            models = dict(self.models)
+            for model_id, state in states.items():
+                monitored = self._monitored(specs[model_id])
+                if state is not None:
+                    monitored.store.restore(state)
+                models[model_id] = monitored
+            self.models = models
+
+    def release(self, model_ids: Iterable[str]) -> None:
+        """Drop these models' state (their series leave /metrics at the next publication)."""
+        gone = set(model_ids)
+        with self.lock:
+            self.models = {k: v for k, v in self.models.items() if k not in gone}
 
     # --- offsets (the Kafka source's book of what is counted) -------------------------------------------------
 
@@ -134,34 +174,42 @@ class Fleet:
         """Take a new (validated) config's models: what changed, and the waiting predictions given up."""
         changes, given_up = Changes(), Counter[str]()
         with self.lock:
-            old, old_windowing = self.models, self.config.windowing
+            old_specs = {m.model_id: m for m in self.config.models}
+            old, old_decoders, old_config = self.models, self.decoders, self.config
             self.config = config
             models: dict[str, Monitored] = {}
+            decoders: dict[str, EventDecoder] = {}
             for spec in config.models:
-                was = old.get(spec.model_id)
-                if was is None:
-                    models[spec.model_id] = self._monitored(spec)
+                was_spec, was = old_specs.get(spec.model_id), old.get(spec.model_id)
+                if was_spec is None:
                     changes.added.append(spec.model_id)
-                elif layout(was.spec, old_windowing) != layout(spec, config.windowing):
-                    models[spec.model_id] = self._monitored(spec)
+                elif layout(was_spec, old_config.windowing) != layout(spec, config.windowing):
                     changes.restarted.append(spec.model_id)
-                elif was.spec == spec and old_windowing == config.windowing and \
-                        was.decoder.max_future_skew_seconds == config.max_future_skew_seconds:  # fmt: skip
-                    models[spec.model_id] = was
+                elif was_spec == spec and old_config.windowing == config.windowing and \
+                        old_config.max_future_skew_seconds == config.max_future_skew_seconds:  # fmt: skip
+                    decoders[spec.model_id] = old_decoders[spec.model_id]
+                    if was is not None:
+                        models[spec.model_id] = was
                     changes.kept.append(spec.model_id)
+                    continue
                 else:  # same counts, other thresholds, metrics, budget or paths: the state carries over
-                    fresh = self._monitored(spec)
-                    fresh.store.restore(was.store.state())
-                    models[spec.model_id] = fresh
                     changes.updated.append(spec.model_id)
-            changes.removed = [model_id for model_id in old if model_id not in models]
+                decoders[spec.model_id] = self._decoder(spec)
+                if not self._owned(spec):
+                    continue
+                fresh = self._monitored(spec, decoders[spec.model_id])
+                if was is not None and spec.model_id in changes.updated:
+                    fresh.store.restore(was.store.state())
+                models[spec.model_id] = fresh
+            changes.removed = [model_id for model_id in old_specs if model_id not in decoders]
             carried = set(changes.kept) | set(changes.updated)
             self.joins.forget_models(carried.__contains__, given_up)
             self.joins.horizon = config.label_horizon_seconds
             self.joins.max_pending = config.max_pending_labels
+            self.decoders = decoders
             self.models = models
             self.readers = self._readers()
         if changes.restarted:
-            log.warning("reload: the attributes, groups or windows of %s changed: %s afresh",
+            log.warning("reload: the attributes, groups, windows or model_version of %s changed: %s afresh",
                         ", ".join(changes.restarted), "it starts" if len(changes.restarted) == 1 else "they start")
         return changes, given_up

@@ -67,20 +67,25 @@ class Ingest:
             part_values, offsets[partition] = values_and_next(records)
             values += part_values
         fleet = self.fleet
-        models, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]  # None: malformed
+        decoders, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]  # None
         given_up: Counter[str] = Counter()
         with fleet.lock:
-            if models is not fleet.models:  # a reload swapped the models while this batch was decoded
-                models, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]
+            if decoders is not fleet.decoders:  # a reload swapped the models while this batch was decoded
+                decoders, decoded, ignored, malformed = fleet.decode(values, now)  # type: ignore[arg-type]
             late = 0
             for model_id, batch in decoded.items():
-                late += self._count(models[model_id], batch, now, given_up)
+                late += self._count(fleet.models[model_id], batch, now, given_up)
             for partition, offset in offsets.items():
                 fleet.advance_offset(partition, offset)
             pending = len(fleet.joins.pending)
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
-        where = ", ".join(f"{topic}[{partition}]" for topic, partition in offsets)
+        self.report(decoded, ignored, malformed, late, ", ".join(f"{topic}[{partition}]" for topic, partition in
+                                                                 offsets))  # fmt: skip
+
+    def report(self, decoded: Mapping[str, DecodedBatch], ignored: Counter[str], malformed: list[bytes | None],
+               late: int, where: str) -> None:  # fmt: skip
+        """Count a decoded batch's rejects, late and ignored events, and forward its dead letters (never raises)."""
         rejected = Counter({"malformed_json": len(malformed)} if malformed else {})
         for batch in decoded.values():
             rejected.update(batch.rejected)

@@ -51,6 +51,8 @@ class Routed:
     """A batch split by model: each model's values in input order, and what belonged to none."""
 
     by_model: dict[str, list[bytes]] = field(default_factory=dict)
+    positions: dict[str, np.ndarray] = field(default_factory=dict)
+    """Where each model's values were in the batch (the staged path tells each event's source offset by it)."""
     ignored: Counter[str] = field(default_factory=Counter)
     """Events of no configured model, by reason (:data:`IGNORE_REASONS`)."""
     malformed: list[bytes | None] = field(default_factory=list)
@@ -99,6 +101,7 @@ class Router:
             if stop > start:
                 pick = itemgetter(*order[start:stop].tolist())
                 routed.by_model[model_id] = [pick(values)] if stop - start == 1 else list(pick(values))
+                routed.positions[model_id] = order[start:stop]
         if bounds[1]:  # not one of ours: counted by reason (a malformed event is counted by the caller)
             routed.ignored.update(ignore_reason(ids[i]) for i in order[: bounds[1]].tolist()
                                   if ids[i] is not MALFORMED)

@@ -52,7 +52,16 @@ class OffsetsBook(Protocol):
         """Make what is counted durable now (a checkpoint), so that :meth:`committable` covers it."""
 
     def forget(self, partitions: list[Partition]) -> None:
-        """These partitions were handed over or reset: no later commit or checkpoint may carry their offsets."""
+        """These partitions were handed over: no later commit or checkpoint may carry their offsets."""
+
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        """These partitions of the topic start again at offset 0 of a new log named ``topic_id`` (None: the broker
+        has no topic ids); a new id also forgets every other offset of the topic. Done under the lock a checkpoint
+        copies the offsets and ids with, so that no checkpoint or commit pairs an old offset with the new log."""
+
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """Where newly assigned partitions start, given the group's committed offsets (None: not known); one left
+        out starts at its committed offset (``auto_offset_reset`` if none)."""
 
 
 def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> KafkaClient:
@@ -66,13 +75,23 @@ def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> Kaf
     return KafkaPythonClient(kafka, MAX_RECORDS)
 
 
+def _same_id(now: str | None, known: str | None) -> bool:
+    """Whether a topic's id now and the one its offsets were counted under name the same log (an id not known
+    cannot tell otherwise)."""
+    return now is None or known is None or now == known
+
+
 class KafkaSource:
     """Consumes the events topic (and the labels topic, if any) and calls ``handle({partition: records})`` with
     what each poll returned."""
 
-    def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health) -> None:
+    def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
+                 topics: list[str] | None = None, prepare: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """``topics``: what to read (default: the events and labels topics); ``prepare`` runs before each new client
+        connects (the staged path creates its internal topics there), and is retried as the client is."""
         self.kafka = kafka
-        self.topics = [t for t in (kafka.topic, kafka.labels_topic) if t]
+        self.topics = topics or [t for t in (kafka.topic, kafka.labels_topic) if t]
+        self.prepare = prepare
         self.handle = handle
         self.book = book
         self.health = health
@@ -83,6 +102,8 @@ class KafkaSource:
         self.broker_up = False
         self._lag: dict[Partition, int] = {}
         self._committed: Offsets = {}
+        self._partitions_seen: set[Partition] = set()
+        """Every partition manual assignment has held; one not among them appeared while the source ran."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-source", daemon=True)
 
@@ -114,11 +135,10 @@ class KafkaSource:
         for p in partitions:
             self._committed.pop(p, None)
 
-    def assigned(self, partitions: list[Partition]) -> Offsets:
-        counted = self.book.counted()
+    def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
         if partitions:
             self.assigned_once.set()
-        return {p: counted[p] for p in partitions if p in counted}
+        return self.book.starts(partitions, committed)
 
     # --- the consumer thread --------------------------------------------------------------------------------
 
@@ -128,6 +148,8 @@ class KafkaSource:
         self._errors.warning(name, "Kafka consumer error (%s: %s); the client retries", name, text)
 
     def _connect(self) -> KafkaClient:
+        if self.prepare is not None:
+            self.prepare()
         client = make_client(self.kafka, self._client_error)
         self._committed = {}
         if self.manual:
@@ -155,18 +177,28 @@ class KafkaSource:
             if held:
                 log.info("partitions changed: now reading %s", sorted(partitions))
             counted = self.book.counted()
-            client.assign({p: counted.get(p) for p in partitions})
+            # A partition that appeared while the source ran (the topic grew, or came back with more partitions)
+            # is read from its start whatever auto_offset_reset says: none of it was there to skip.
+            new = 0 if self._partitions_seen else None
+            client.assign({p: counted.get(p, None if p in self._partitions_seen else new) for p in partitions})
+            self._partitions_seen.update(partitions)
             self.assigned_once.set()
 
     def _commit(self, wait: bool = True) -> None:
         """Commit what the book says is committable and has not been committed, for the partitions held (during a
-        revocation, still those being revoked: one handed over earlier would rewind its new owner). A commit that
-        fails is counted and retried later; it never blocks consumption for long."""
+        revocation, still those being revoked: one handed over earlier would rewind its new owner), and only into
+        the log its offsets were counted in: an old log's offset committed to a new one would make the next reader
+        skip. A commit that fails is counted and retried later; it never blocks consumption for long."""
         client = self.client
         if client is None:
             return
         held = client.assignment()
         commit = {p: o for p, o in self.book.committable().items() if p in held and self._committed.get(p) != o}
+        if commit and wait:  # not from a rebalance callback: the client's own thread cannot be waited on there
+            ids = client.topic_ids({t for t, _ in commit})
+            if ids is None:
+                return
+            commit = {p: o for p, o in commit.items() if _same_id(ids.get(p[0]), self.book.topic_ids.get(p[0]))}
         if not commit:
             return
         try:
@@ -177,53 +209,76 @@ class KafkaSource:
             return
         self._committed.update(commit)
 
-    def _reset(self, client: KafkaClient, partitions: list[Partition], why: str) -> None:
-        """Read these partitions again from the start of their log and forget their old offsets."""
+    def _restart(self, client: KafkaClient, topic: str, topic_id: str | None, partitions: list[Partition],
+                 why: str) -> None:  # fmt: skip
+        """Read these partitions again from the start of their new log, and forget the old log's offsets."""
         log.warning("%s: %s; reading %s again from the start of the log", ", ".join(f"{t}[{p}]" for t, p in
-                    partitions), why, "it" if len(partitions) == 1 else "them")  # fmt: skip
+                    partitions) or topic, why, "it" if len(partitions) == 1 else "them")  # fmt: skip
         for p in partitions:
-            client.rewind(p)
-            self._committed.pop(p, None)
-        self.book.forget(partitions)
+            client.seek(p, 0)
+        self._committed = {p: o for p, o in self._committed.items() if p[0] != topic}
+        self.book.restart(topic, topic_id, partitions)
         self.health.log_resets.inc(len(partitions))
 
-    def _recreated(self, client: KafkaClient, topics: set[str]) -> set[str]:
-        """Topics whose id changed since their offsets were counted (re-created, or a broker that lost its data);
-        their partitions are read again from the start. Checked before a batch of theirs is counted."""
-        changed = set()
-        for topic in topics:
-            topic_id = client.topic_id(topic)
-            if topic_id is None:
-                continue
-            known = self.book.topic_ids.get(topic)
-            self.book.topic_ids[topic] = topic_id
-            if known is not None and known != topic_id:
-                changed.add(topic)
-                self._reset(client, sorted(p for p in client.assignment() if p[0] == topic),
-                            f"the topic was re-created (id {known} is now {topic_id})")  # fmt: skip
-        return changed
+    def _same_log(self, client: KafkaClient, topic: str, topic_id: str | None) -> bool:
+        """Whether the topic's id, as the cluster gives it now, names the log its counted offsets belong to; if
+        not, every partition of it starts over at offset 0 of the new log. An id not known (a broker without topic
+        ids, a topic just deleted, offsets counted before any id was seen) cannot tell: the log is the same."""
+        known = self.book.topic_ids.get(topic)
+        if _same_id(topic_id, known):
+            if known is None and topic_id is not None:
+                self.book.topic_ids[topic] = topic_id
+            return True
+        self._restart(client, topic, topic_id, sorted(p for p in client.assignment() if p[0] == topic),
+                      f"the topic was re-created (id {known} is now {topic_id})")  # fmt: skip
+        return False
+
+    def _same_logs(self, client: KafkaClient, topics: set[str]) -> set[str] | None:
+        """The topics whose records just fetched belong to the log their counted offsets belong to, or None when
+        no broker answered (nothing can be told). The id is asked of the cluster *after* the fetch: a cached id
+        can be older than the records (a broker back empty on the same address serves its new log to the old
+        connection at once; a topic deleted and re-created raises no error at all), and records of a new log
+        were counted at the old log's positions."""
+        ids = client.topic_ids(topics)
+        return None if ids is None else {t for t in topics if self._same_log(client, t, ids.get(t))}
+
+    def _beyond_end(self, client: KafkaClient, beyond: list[Partition]) -> None:
+        """Partitions whose next offset lies beyond the end of their log (some brokers answer such a fetch with
+        nothing rather than OFFSET_OUT_OF_RANGE): a new log, if the topic's id changed (then all its partitions
+        start over), else a log cut short or a broker without topic ids (then these partitions start over)."""
+        topics = {t for t, _ in beyond}
+        ids = client.topic_ids(topics)
+        if ids is None:
+            return  # told after a later poll
+        for topic in sorted(topics):
+            if self._same_log(client, topic, ids.get(topic)):
+                self._restart(client, topic, ids.get(topic), sorted(p for p in beyond if p[0] == topic),
+                              "the next offset is beyond the end of the log")  # fmt: skip
 
     def _poll_once(self, client: KafkaClient) -> None:
         batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
         if batches:
-            recreated = self._recreated(client, {t for t, _ in batches})
-            # records of a re-created topic's new log at the old positions: read again from its start
-            kept = {p: records for p, records in batches.items() if p[0] not in recreated}
+            same = self._same_logs(client, {t for t, _ in batches})
+            if same is None:  # not told which log these records are of: fetch them again later
+                for partition, records in batches.items():
+                    client.seek(partition, records[0].offset)
+            kept = {p: records for p, records in batches.items() if same is not None and p[0] in same}
             self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic == self.kafka.topic))
             if kept:
                 self.handle(kept)
         counted = self.book.counted()
-        lag = {}
+        lag, beyond = {}, []
         for p in client.assignment():
             end = client.bounds(p).end
             position = counted.get(p)
             if end is None or position is None:
                 continue
             if position > end:
-                # Some brokers answer a fetch beyond the end of the log with nothing rather than OFFSET_OUT_OF_RANGE
-                self._reset(client, [p], f"next offset {position} is beyond the end of the log ({end})")
+                beyond.append(p)
                 continue
             lag[p] = end - position
+        if beyond:
+            self._beyond_end(client, beyond)
         self._lag = lag
 
     def _run(self) -> None:

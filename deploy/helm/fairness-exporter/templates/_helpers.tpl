@@ -49,7 +49,7 @@ app.kubernetes.io/part-of: fairness-exporter
 
 {{/* HTTPS when the daemon serves TLS (config.listen.tls_cert_file), for the probes and the ServiceMonitor. */}}
 {{- define "fairness-exporter.scheme" -}}
-{{- if dig "listen" "tls_cert_file" "" .Values.config }}HTTPS{{ else }}HTTP{{ end }}
+{{- if or (dig "listen" "tls_cert_file" "" .Values.config) (and .Values.webConfig.secretName .Values.webConfig.tls) }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
 
 {{/*
@@ -79,14 +79,33 @@ path in the config and the volume's mount path cannot disagree.
 {{- if hasKey $config "checkpoint" }}
 {{- fail "config.checkpoint is set by the chart: use checkpoint.enabled, checkpoint.path and checkpoint.interval instead" }}
 {{- end }}
+{{- $kafka := deepCopy (default (dict) $config.kafka) }}
+{{- $staged := eq (include "fairness-exporter.stages" .) "staged" }}
+{{- $_ := set $kafka "stages" (include "fairness-exporter.stages" .) }}
+{{- if $staged }}
 {{- if .Values.checkpoint.enabled }}
+{{- fail "checkpoint.enabled keeps one replica's state on a volume (kafka.stages: direct); with kafka.stages: staged (replicaCount > 1) the state lives in the internal topics: disable it (checkpoint.interval still sets how often it is snapshotted)" }}
+{{- end }}
+{{- $_ := set $config "checkpoint" (dict "interval" .Values.checkpoint.interval) }}
+{{- $topics := dict }}
+{{- range $key, $topic := .Values.internalTopics }}
+{{- $t := dict "partitions" (int $topic.partitions) }}
+{{- with $topic.name }}{{ $_ := set $t "name" . }}{{ end }}
+{{- with $topic.retention }}{{ $_ := set $t "retention" . }}{{ end }}
+{{- $_ := set $topics $key $t }}
+{{- end }}
+{{- $_ := set $kafka "internal_topics" $topics }}
+{{- else if .Values.checkpoint.enabled }}
 {{- $_ := set $config "checkpoint" (dict "path" .Values.checkpoint.path "interval" .Values.checkpoint.interval) }}
 {{- end }}
-{{- /* Each replica takes 1/replicas of the model's false-page budget (at least replicaCount of them). */}}
-{{- $alerting := default (dict) $config.alerting }}
-{{- $_ := set $alerting "replicas" (max (int .Values.replicaCount) (int (default 1 $alerting.replicas))) }}
-{{- $_ := set $config "alerting" $alerting }}
+{{- $_ := set $config "kafka" $kafka }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/* kafka.stages: as config.kafka.stages says, else staged above one replica (each model whole on one replica),
+direct at one (measurably faster: no event is written and read a second time). */}}
+{{- define "fairness-exporter.stages" -}}
+{{- dig "kafka" "stages" (ternary "staged" "direct" (gt (int .Values.replicaCount) 1)) .Values.config }}
 {{- end }}
 
 {{/* The pod template shared by the Deployment and the StatefulSet. */}}
@@ -125,7 +144,8 @@ spec:
     - name: fairness-exporter
       image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
       imagePullPolicy: {{ .Values.image.pullPolicy }}
-      args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"]
+      args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"
+             {{- with .Values.webConfig.secretName }}, "--web.config.file", "/etc/fairness-exporter/web/{{ $.Values.webConfig.key }}"{{ end }}]
       ports:
         - name: metrics
           containerPort: {{ include "fairness-exporter.port" . }}
@@ -162,6 +182,11 @@ spec:
           readOnly: true
         - name: tmp
           mountPath: /tmp
+        {{- if .Values.webConfig.secretName }}
+        - name: web-config
+          mountPath: /etc/fairness-exporter/web
+          readOnly: true
+        {{- end }}
         {{- if .Values.checkpoint.enabled }}
         - name: checkpoint
           mountPath: {{ .Values.checkpoint.path }}
@@ -180,6 +205,11 @@ spec:
         name: {{ include "fairness-exporter.fullname" . }}
     - name: tmp
       emptyDir: {}
+    {{- with .Values.webConfig.secretName }}
+    - name: web-config
+      secret:
+        secretName: {{ . }}
+    {{- end }}
     {{- if .Values.modelConfigMaps.enabled }}
     - name: models
       emptyDir: {}
@@ -238,4 +268,31 @@ spec:
   volumeMounts:
     - {name: models, mountPath: {{ $values.folder }}}
     - {name: sidecar-token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
+{{- end }}
+
+{{/*
+The canary gate's PromQL for the model id `.model` serving a version matching `.version` (both placeholders of the
+rollout tool: Argo Rollouts' {{args.x}}, Flagger's {{ variables.x }}). Its value: the model's pair detectors in
+alarm (what pages) plus its comparisons of a blocking metric whose evidence is fail, over every window (0 passes).
+No value (a check that evaluated nothing never passes) while a blocking comparison has no value in any window, or
+when the daemon does not monitor that model id at that version; a failure is reported as soon as there is one.
+*/}}
+{{- define "fairness-exporter.canaryQuery" -}}
+{{- $id := printf "model_id=\"%s\"" .model }}
+{{- $blocking := printf "fairness_threshold{%s, severity=\"blocking\"}" $id }}
+{{- $signals := printf "sum(fairness_detector_alarm{%s})\n    + sum(model_comparison_evidence{%s, evidence=\"fail\"} and on(model_id, metric) %s)" $id $id $blocking -}}
+(
+  (
+    {{ $signals }}
+  ) > 0
+  or
+  (
+    {{ $signals }}
+  )
+  unless on() (
+    min by (attribute, dimension, metric) (model_comparison_insufficient_samples{ {{- $id -}} }) == 1
+    and on(metric) {{ $blocking }}
+  )
+)
+and on() fairness_model_info{ {{- $id }}, model_version=~"{{ .version }}"}
 {{- end }}

@@ -1,0 +1,66 @@
+"""The alerts on the staged path's stages (a model owned by exactly one replica, and stepping) and on the label join
+of either path; their thresholds, `for:` and severities are in the TUNING table of exporter/devtools/rules.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.devtools.rule_text import VALUE_0F, alert, fmt, label
+
+LABEL_JOIN_WINDOW = "1h"  # FairnessExporterLabelJoinBroken: rate() window
+OWNED = "fairness_exporter_model_owned"
+
+
+def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The four alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
+
+    def tuned(name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
+        return alert(name, expr, fors[name], tuning[name].severity, summary, description)
+
+    buckets = fmt(tuning["FairnessExporterModelStalled"].threshold or 0)
+    unknown = f'rate(fairness_exporter_labels_expired_total{{reason="unknown_prediction"}}[{LABEL_JOIN_WINDOW}])'
+    joined = f"rate(fairness_exporter_labels_joined_total[{LABEL_JOIN_WINDOW}])"
+    fleet = "sum without (instance, pod, reason)"
+    model, partition, topic, job = label("model_id"), label("partition"), label("topic"), label("job")
+    return [
+        tuned(
+            "FairnessExporterModelUnowned",
+            f"max without (instance, pod) ({OWNED}) == 0",
+            f"Model {model} is evaluated by no replica.",
+            f"No replica of {job} has held partition {partition} of {topic}, which holds model {model}, for "
+            f"{fors['FairnessExporterModelUnowned']}: its windows, detectors and series are on no /metrics, so none "
+            "of its fairness alerts can fire.",
+        ),
+        tuned(
+            "FairnessExporterModelOwnedTwice",
+            f"sum without (instance, pod) ({OWNED}) > 1",
+            f"Model {model} is evaluated by {VALUE_0F} replicas.",
+            f"{VALUE_0F} replicas of {job} have exported model {model} (partition {partition} of {topic}) for "
+            f"{fors['FairnessExporterModelOwnedTwice']}: each sees part of its traffic, so neither's numbers nor "
+            "detectors are the model's.",
+        ),
+        tuned(
+            "FairnessExporterModelStalled",
+            "(time() - fairness_exporter_model_last_step_timestamp_seconds)\n"
+            f"  > on (job, instance) group_left () ({buckets} * fairness_exporter_bucket_seconds)\n"
+            f"and on (job, instance, model_id) (\n  {OWNED} == 1\n"
+            "  and on (job, instance, topic, partition) fairness_exporter_consumer_lag_messages > 0\n)",
+            f"Model {model} stopped stepping on {label('instance')} while its counts wait.",
+            f"The detectors of model {model} on {label('instance')} last stepped "
+            "{{ $value | humanizeDuration }} ago, more than " + buckets + " buckets, while its partition of the "
+            f"counts topic has unread records, for {fors['FairnessExporterModelStalled']}: its evaluation stage is "
+            "stuck and its numbers are frozen.",
+        ),
+        tuned(
+            "FairnessExporterLabelJoinBroken",
+            f"{fleet} ({unknown})\n/\n({fleet} ({unknown})\n + sum without (instance, pod) ({joined}))\n"
+            "> on (job) group_left () max without (instance, pod) (fairness_exporter_labels_max_unjoined_share)",
+            f"Delayed labels of {job} find no prediction.",
+            f"Over the last {LABEL_JOIN_WINDOW}, {{{{ $value | humanizePercentage }}}} of the delayed labels that "
+            f"{job} joined or gave up found no prediction within label_horizon, above alerting.max_unjoined_share, "
+            f"for {fors['FairnessExporterLabelJoinBroken']}: the label join is broken (labels and predictions "
+            "meeting on different replicas, or another prediction_id), not late. TPR, FPR and equalised odds miss "
+            "those labels.",
+        ),
+    ]

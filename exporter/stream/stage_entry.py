@@ -1,0 +1,94 @@
+"""The staged path's entry stages: input records become internal records, by the direct path's code.
+
+The **ingest** stage (an input partition) decodes a poll's records with the fleet's decoders (``Fleet.decode``, the
+direct path's one decode of every partition's records) and reports its rejects as the
+direct path does (``Ingest.report``); each model's rows go, as one PREDICTIONS record (or several, under the size
+limit), to the model's counts partition, and its unlabelled predictions with an id, as PENDING records, to the join
+partition of each id. The **labels** stage (a labels partition) sends each decoded label (``decode_outcomes``) to
+the join partition of its id. Every row carries its source partition and offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from exporter.stream.client import Offsets, Partition, Record, offsets_of, values_and_next
+from exporter.stream.decode_outcomes import decode_outcomes
+from exporter.stream.ingest import Ingest
+from exporter.stream.internal import Kind, codes_layout, codes_matrix, encode_rows
+from exporter.stream.internal_producer import InternalProducer
+from exporter.stream.internal_topics import InternalTopics
+
+
+class EntryStages:
+    """The ingest and labels stages of one replica (called under the stages' lock)."""
+
+    def __init__(self, ingest: Ingest, producer: InternalProducer, topics: Callable[[], InternalTopics],
+                 logs: dict[str, str]) -> None:  # fmt: skip
+        self.ingest = ingest
+        self.producer = producer
+        self.topics = topics
+        """The internal topics as the broker has them (known once the source prepared them)."""
+        self.logs = logs
+        """Each topic's id, as the source keeps it current (it names the log a source position is in)."""
+
+    def predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
+        """Decode every input partition's records at once and send each model's rows on; the next offsets."""
+        values: list[bytes | None] = []
+        sources, offsets, ends = [], [], {}
+        for i, (partition, records) in enumerate(parts):
+            part_values, ends[partition] = values_and_next(records)
+            values += part_values
+            sources.append(np.full(len(part_values), i, dtype=np.int32))
+            offsets.append(offsets_of(records, ends[partition]))
+        source, position = np.concatenate(sources), np.concatenate(offsets)
+        meta_sources = [[*p, self.logs.get(p[0], "")] for p, _ in parts]
+        ingest = self.ingest
+        decoders, decoded, ignored, malformed = ingest.fleet.decode(values, ingest.clock())  # type: ignore[arg-type]
+        for model_id, batch in decoded.items():
+            if not len(batch):
+                continue
+            spec = decoders[model_id].model
+            at = batch.positions
+            rows = {"source": source[at], "position": position[at], "timestamp": batch.timestamps,
+                    "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
+                    "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
+            meta = {"model": model_id, "layout": codes_layout(spec), "sources": meta_sources}
+            topic, counts = self.topics().counts_of(model_id)
+            for value in encode_rows(Kind.PREDICTIONS, meta, rows):
+                self.producer.send(topic, counts, value, model_id.encode())
+            if ingest.kafka.labels_topic:
+                waiting = np.flatnonzero((batch.outcomes < 0) & np.fromiter(
+                    (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
+                pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}
+                self._to_join(Kind.PENDING, meta, pending, [str(batch.prediction_ids[i]) for i in waiting.tolist()])
+        ingest.report(decoded, ignored, malformed, 0, ", ".join(f"{t}[{p}]" for t, p in ends))
+        return ends
+
+    def labels(self, partition: Partition, records: Sequence[Record]) -> int:
+        """Send each decoded label to the join partition of its prediction id; the next offset."""
+        values, end = values_and_next(records)
+        fleet = self.ingest.fleet
+        decoded = decode_outcomes(values, fleet.events.prediction_id, fleet.events.label)
+        if decoded.invalid:
+            self.ingest.health.count_outcomes({"invalid_label_event": decoded.invalid})
+        at = np.asarray(decoded.positions, dtype=np.int64)
+        rows = {"source": np.zeros(len(at), dtype=np.int32), "position": offsets_of(records, end)[at],
+                "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
+        self._to_join(Kind.LABELS, {"sources": [[*partition, self.logs.get(partition[0], "")]]}, rows,
+                      decoded.prediction_ids)  # fmt: skip
+        return end
+
+    def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> None:
+        """Rows keyed by prediction id, each to its join partition (in row order within each)."""
+        if not ids:
+            return
+        topics = self.topics()
+        where = topics.join_of(ids)
+        for q in np.unique(where).tolist():
+            mine = np.flatnonzero(where == q)
+            part = {k: v[mine] for k, v in rows.items()}
+            for value in encode_rows(kind, meta, part, [ids[i] for i in mine.tolist()]):
+                self.producer.send(topics.join.name, q, value)
