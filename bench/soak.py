@@ -50,6 +50,9 @@ OUTAGE_SECONDS = 10.0
 fairness_exporter_kafka_connected must show it."""
 BURST = 500
 CATCH_UP_SECONDS = 900.0
+LABEL_HORIZON = "2m"
+"""Labels come at most 21 s after their prediction; a short horizon lets the label join's memory reach its steady
+size early in the run, so that a drift of the RSS means something."""
 
 
 def schedule(minutes: float, seed: int = 24) -> list[tuple[float, str]]:
@@ -72,7 +75,7 @@ def daemon_config(bootstrap: str, port: int, state: Path) -> dict:
         "kafka": {"bootstrap_servers": bootstrap, "topic": "soak-predictions", "labels_topic": "soak-labels",
                   "group_id": f"soak-{uuid.uuid4().hex[:8]}", "assignment": "manual",
                   "client": {"reconnect_backoff_max_ms": 1000}},
-        "windows": ["1h", "24h"], "evaluation_interval": "5s", "label_horizon": "15m",
+        "windows": ["1h", "24h"], "evaluation_interval": "5s", "label_horizon": LABEL_HORIZON,
         "listen": {"address": "127.0.0.1", "port": port},
         "checkpoint": {"path": str(state), "interval": "10s"},
         "models": [{"model_id": model_id, "intersections": INTERSECTIONS.get(model_id, []),

@@ -4,6 +4,7 @@ Each watcher runs on its own thread and keeps what it saw, with ``time.monotonic
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -126,6 +127,7 @@ class Scrape:
     pid: int | None
     seconds: float | None  # None: the scrape failed (the daemon down, or its port not bound yet)
     values: dict[str, float] = field(default_factory=dict)
+    error: str = ""
 
 
 class Scraper(threading.Thread):
@@ -147,8 +149,8 @@ class Scraper(threading.Thread):
         try:
             with urllib.request.urlopen(self.url, timeout=30) as response:
                 text = response.read().decode()
-        except OSError:
-            return Scrape(started, pid, None)
+        except OSError as exc:
+            return Scrape(started, pid, None, error=f"{type(exc).__name__}: {exc}"[:120])
         seconds = time.monotonic() - started
         values: dict[str, float] = {"lag": 0.0, "lag_partitions": 0.0}
         for line in text.splitlines():
@@ -165,44 +167,64 @@ class Scraper(threading.Thread):
 
 @dataclass
 class SlowRead:
+    mode: str  # "slow reader" or "slow request"
     started: float
     seconds: float
     received: int
     ended: str
 
 
-class SlowScraper(threading.Thread):
-    """Asks for /metrics and reads the answer one byte per ``pause`` seconds through a 1 KiB receive buffer, so
-    that the server's sends block; again and again until stopped."""
+REQUEST = b"GET /metrics HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n"
 
-    def __init__(self, port: int, pause: float = 0.1) -> None:
+
+class SlowScraper(threading.Thread):
+    """A slow client, again and again until stopped, each attempt for at most ``longest`` seconds (so that each
+    talks to the daemon's current HTTP worker): by turns a *slow reader*, which sends its request and reads the
+    answer one byte per ``pause`` seconds through a 1 KiB receive buffer, and a *slow request*, which sends its
+    request one byte per ``pause`` seconds and then reads the answer at once."""
+
+    def __init__(self, port: int, pause: float = 0.1, longest: float = 30.0) -> None:
         super().__init__(name="soak-slow-scraper", daemon=True)
-        self.port, self.pause = port, pause
+        self.port, self.pause, self.longest = port, pause, longest
         self.reads: list[SlowRead] = []
         self.done = threading.Event()
 
     def run(self) -> None:
-        while not self.done.is_set():
-            started, received, ended = time.monotonic(), 0, "closed by the server"
+        for attempt in itertools.count():
+            if self.done.is_set():
+                return
+            mode = ("slow reader", "slow request")[attempt % 2]
+            started, received, ended = time.monotonic(), 0, "answered and closed by the server"
+            deadline = started + self.longest
             try:
                 with socket.socket() as sock:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
                     sock.settimeout(60)
                     sock.connect(("127.0.0.1", self.port))
-                    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n")
-                    while not self.done.is_set():
-                        if not sock.recv(1):
-                            break
-                        received += 1
-                        time.sleep(self.pause)
+                    if mode == "slow request":
+                        for byte in REQUEST:
+                            if self.done.is_set() or time.monotonic() > deadline:
+                                break
+                            sock.sendall(bytes([byte]))
+                            time.sleep(self.pause)
+                        else:
+                            while chunk := sock.recv(65536):
+                                received += len(chunk)
                     else:
-                        ended = "stopped by the soak"
+                        sock.sendall(REQUEST)
+                        while sock.recv(1):
+                            received += 1
+                            if self.done.is_set() or time.monotonic() > deadline:
+                                break
+                            time.sleep(self.pause)
+                    if self.done.is_set() or time.monotonic() > deadline:
+                        ended = f"given up by the client after {self.longest:g} s"
             except OSError as exc:
                 ended = type(exc).__name__
-                if received == 0:
+                if received == 0 and time.monotonic() - started < 1:
                     self.done.wait(1.0)  # the daemon is down: try again in a second
                     continue
-            self.reads.append(SlowRead(started, time.monotonic() - started, received, ended))
+            self.reads.append(SlowRead(mode, started, time.monotonic() - started, received, ended))
 
 
 @dataclass
