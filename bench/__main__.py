@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     f"benchmark: {RESULTS}; other runs print only)")
     parser.add_argument("--minutes", type=float, help=f"the soak's length (default {soak.MINUTES:g}, with --quick "
                         f"{soak.QUICK_MINUTES:g}); without --only, adds the soak to the run")  # fmt: skip
+    parser.add_argument("--stages", choices=("direct", "staged"), default="direct",
+                        help="the soak's path (kafka.stages); staged runs --replicas replicas of one group")
+    parser.add_argument("--replicas", type=int, default=1, help="the soak's replicas (staged only; default 1)")
     parser.add_argument("--label", default="run", help=f"this run's name in {HISTORY.name} (a full run appends it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sections: list[Section] = []
     started = time.monotonic()
-    runners = {**BENCHMARKS, "soak": functools.partial(soak.run, minutes=args.minutes)}
+    runners = {**BENCHMARKS, "soak": functools.partial(soak.run, minutes=args.minutes, stages=args.stages,
+                                                                  replicas=args.replicas)}
     chosen = args.only or [n for n in BENCHMARKS if n not in ON_DEMAND or (n == "soak" and args.minutes)]
     for name in chosen:
         print(f"running {name}{' (quick)' if args.quick else ''}...", file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bench.report import Section, fmt, median, percentile, table
-from bench.soak_traffic import DUPLICATE_LABEL_SHARE, MALFORMED, STRAY_LABEL_SHARE, Expected, Traffic
+from bench.soak_traffic import DUPLICATE_LABEL_SHARE, MALFORMED, MODELS, STRAY_LABEL_SHARE, Expected, Traffic
 from bench.soak_watch import DaemonProcess, Sample, Scrape, SlowRead
 
 SETTLED_SECONDS = 150.0
@@ -18,6 +18,7 @@ RSS_DRIFT = 0.10
 STALL_SECONDS = 30.0
 SCRAPE_P99_SECONDS = 1.0
 CONSUMED = "fairness_exporter_events_consumed_total"
+RESTORES = "fairness_exporter_state_restores_total"
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Fault:
     kind: str
     at: float
     back: float  # when the daemon or the broker was running again
+    replica: str = ""  # the daemon killed
 
 
 @dataclass
@@ -39,12 +41,14 @@ class Run:
     traffic: Traffic
     expected: Expected
     final: dict[tuple[str, frozenset[tuple[str, str]]], float]
-    scrapes: list[Scrape]
+    owners: dict[str, list[str]]  # model -> the replicas exporting it at the end
+    scrapes: list[Scrape]  # of every replica, in time order
     slow: list[SlowRead]
     samples: list[Sample]
     load: list[float]
-    daemon: DaemonProcess
-    sigterm_exit: int
+    daemons: list[DaemonProcess]
+    stages: str
+    sigterm_exits: list[int]
     partitions: dict[str, int]
     log_tail: str
     restored: int  # daemon starts that restored a checkpoint (its log says so)
@@ -100,17 +104,25 @@ def _per_process(run: Run, name: str) -> float:
     return sum(last.values())
 
 
-def _progress(run: Run) -> list[float]:
-    """When the daemon's events-consumed counter was seen to move (a new process counts from 0)."""
+def _per_process_all(run: Run, family: str) -> dict[str, float]:
+    """:func:`_per_process` of every series of a family the scraper kept."""
+    names = sorted({n for s in run.scrapes for n in s.values if n.startswith(family + "{")})
+    return {n: _per_process(run, n) for n in names}
+
+
+def _progress(run: Run, replica: str | None = None) -> list[float]:
+    """When a daemon's events-consumed counter was seen to move (a new process counts from 0): of one replica, or
+    of any."""
     times: list[float] = []
-    previous: tuple[int | None, float] | None = None
+    previous: dict[str, tuple[int | None, float]] = {}
     for s in run.scrapes:
-        if s.seconds is None:
+        if s.seconds is None or (replica is not None and s.replica != replica):
             continue
         pid, n = s.pid, s.values.get(CONSUMED, 0.0)
-        if n > (0.0 if previous is None or pid != previous[0] else previous[1]):
+        before = previous.get(s.replica)
+        if n > (0.0 if before is None or pid != before[0] else before[1]):
             times.append(s.at)
-        previous = (pid, n)
+        previous[s.replica] = (pid, n)
     return times
 
 
@@ -123,14 +135,17 @@ def fault_check(run: Run) -> tuple[str, bool]:
     ok = [s for s in run.scrapes if s.seconds is not None]
     progress = _progress(run)
     kills = [f for f in run.faults if f.kind == "daemon SIGKILL"]
-    resets = sum(1 for a, b in itertools.pairwise(ok) if b.pid != a.pid
-                 or b.values.get(CONSUMED, 0) < a.values.get(CONSUMED, 0))  # fmt: skip
-    recoveries = [r - f.at for f in kills if (r := _recovered(f, progress)) is not None]
-    visible &= resets >= len(kills) and len(run.daemon.started) == len(kills) + 1
-    rows.append((f"daemon SIGKILL x{len(kills)}", f"{len(run.daemon.started)} daemon processes, {run.restored} of "
-                 "them restored a checkpoint", f"{resets} counter resets seen by the "
-                 "scraper (Prometheus: `resets()`); exit codes " + ", ".join(str(c) for c in run.daemon.exit_codes),
-                 _spread(recoveries)))  # fmt: skip
+    resets = sum(1 for d in run.daemons for a, b in itertools.pairwise(s for s in ok if s.replica == d.name)
+                 if b.pid != a.pid or b.values.get(CONSUMED, 0) < a.values.get(CONSUMED, 0))  # fmt: skip
+    recoveries = [r - f.at for f in kills if (r := _recovered(f, _progress(run, f.replica))) is not None]
+    processes = sum(len(d.started) for d in run.daemons)
+    visible &= resets >= len(kills) and processes == len(kills) + len(run.daemons)
+    restored = (f"{run.restored} of them restored a checkpoint" if run.stages == "direct" else
+                "state restored from snapshots: " + ", ".join(f"{k.split('{', 1)[1].rstrip('}')} {n:,.0f}" for k, n
+                                                              in _per_process_all(run, RESTORES).items()))
+    rows.append((f"daemon SIGKILL x{len(kills)}", f"{processes} daemon processes, {restored}",
+                 f"{resets} counter resets seen by the scraper (Prometheus: `resets()`); exit codes "
+                 + ", ".join(str(c) for d in run.daemons for c in d.exit_codes), _spread(recoveries)))  # fmt: skip
     for fault in (f for f in run.faults if f.kind == "broker restart"):
         seen = [s for s in ok if fault.at <= s.at <= (_recovered(fault, progress) or fault.back + 60)]
         down = any(s.values.get("fairness_exporter_kafka_connected") == 0 for s in seen)
@@ -182,7 +197,7 @@ def _drift(samples: list[Sample], process: str, attr: str) -> tuple[float, float
 
 def resource_check(run: Run) -> tuple[str, bool]:
     rows, flat = [], True
-    for process in ("daemon", "http worker"):
+    for process in dict.fromkeys(s.process for s in run.samples):
         rss = _drift(run.samples, process, "rss_mb")
         fds = _drift(run.samples, process, "open_files")
         threads = _drift(run.samples, process, "threads")
@@ -234,17 +249,23 @@ def _slow(reads: list[SlowRead]) -> str:
 
 def report(run: Run) -> Section:
     want, traffic = run.expected, run.traffic
-    section = Section(f"Soak: {run.minutes:g} minutes at {run.rate:,.0f} events/s with SIGKILLs, broker restarts, "
-                      "a slow scraper and malformed bursts")  # fmt: skip
+    layout = "" if run.stages == "direct" else f", staged path, {len(run.daemons)} replicas"
+    section = Section(f"Soak: {run.minutes:g} minutes at {run.rate:,.0f} events/s{layout} with SIGKILLs, broker "
+                      "restarts, slow clients and malformed bursts")  # fmt: skip
+    cpu = sum(d.cpu for d in run.daemons)
+    owners = "; ".join(f"{m} on {', '.join(r)}" for m, r in run.owners.items())
+    command = f"--minutes {run.minutes:g}" + ("" if run.stages == "direct" else
+                                              f" --stages {run.stages} --replicas {len(run.daemons)}")
     load = f"mean {sum(run.load) / len(run.load):.1f}, max {max(run.load):.1f}" if run.load else "n/a"
-    section.add(f"`python -m bench --only soak --minutes {run.minutes:g}` (bench/soak.py). Produced "
+    section.add(f"`python -m bench --only soak {command}` (bench/soak.py). Produced "
                 f"{traffic.sent:,} predictions, {traffic.labels_sent:,} label events and {traffic.malformed_sent:,} "
                 f"malformed events; the logs read back hold {want.records:,} and {want.label_records:,} records "
                 f"({want.duplicated} predictions twice, {want.missing} missing; {len(traffic.failed)} sends failed). "
                 f"The daemon {'caught up' if run.caught_up else 'did NOT catch up'} "
                 f"{run.catch_up_seconds:.0f} s after producing stopped; SIGTERM at the end exited "
-                f"{run.sigterm_exit}. The daemon's processes used {run.daemon.cpu:,.0f} CPU s "
-                f"({run.daemon.cpu / max(want.records, 1) * 1e6:.0f} µs per prediction read, labels included). "
+                f"{', '.join(str(c) for c in run.sigterm_exits)}. Models at the end: {owners}. The daemon's "
+                f"processes used {cpu:,.0f} CPU s ({cpu / max(want.records, 1) * 1e6:.0f} µs per prediction read, "
+                "labels included). "
                 f"Load average (1 min, 2 cores, shared): {load}.")  # fmt: skip
     windows, samples_exact, labelled_exact, wrong = window_check(run)
     section.add("**The 24h window against the logs** (every subgroup, `overall` and the unknown category; positives "
@@ -258,8 +279,9 @@ def report(run: Run) -> Section:
     section.add("**Scrapes and ingest:**\n\n" + scrapes)
     if not (run.caught_up and samples_exact and labelled_exact):
         section.add("Daemon log, last lines:\n\n```\n" + run.log_tail + "\n```")
+    whole = all(len(r) == 1 for r in run.owners.values()) and len(run.owners) == len(MODELS)
     section.target("24h window counts equal the logs (samples, positives, unknown)", "exact" if samples_exact
-                   else "DIFFER", samples_exact and run.caught_up)  # fmt: skip
+                   else "DIFFER", samples_exact and run.caught_up and whole)  # fmt: skip
     section.target("labelled counts equal the logs", "exact" if labelled_exact else "DIFFER", labelled_exact)
     section.target("every fault seen in its counter", "yes" if visible else "NO", visible)
     section.target(f"RSS within {RSS_DRIFT:.0%}, open files within 2 (first vs last quarter)",

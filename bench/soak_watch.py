@@ -27,7 +27,8 @@ WATCHED = ("fairness_exporter_events_consumed_total", "fairness_exporter_consume
            "fairness_exporter_last_computation_timestamp_seconds", "fairness_exporter_pending_predictions",
            "fairness_exporter_http_worker_restarts_total", "fairness_exporter_events_rejected_total",
            "fairness_exporter_events_ignored_total", "fairness_exporter_events_late_total",
-           "fairness_exporter_labels_dropped_total", "fairness_exporter_labels_expired_total")  # fmt: skip
+           "fairness_exporter_labels_dropped_total", "fairness_exporter_labels_expired_total",
+           "fairness_exporter_state_restores_total")  # fmt: skip
 
 
 class S3Store:
@@ -81,10 +82,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 class DaemonProcess:
-    """``python -m exporter.cli serve --config CONFIG``, started again after each SIGKILL."""
+    """``python -m exporter.cli serve --config CONFIG``, started again after each SIGKILL; ``name``: which replica."""
 
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config, self.log = config, log
+    def __init__(self, config: Path, log: Path, name: str = "daemon") -> None:
+        self.config, self.log, self.name = config, log, name
         self.proc: subprocess.Popen[bytes] | None = None
         self.started: list[float] = []
         self.exit_codes: list[int] = []
@@ -124,6 +125,7 @@ class DaemonProcess:
 @dataclass
 class Scrape:
     at: float
+    replica: str
     pid: int | None
     seconds: float | None  # None: the scrape failed (the daemon down, or its port not bound yet)
     values: dict[str, float] = field(default_factory=dict)
@@ -150,7 +152,7 @@ class Scraper(threading.Thread):
             with urllib.request.urlopen(self.url, timeout=30) as response:
                 text = response.read().decode()
         except OSError as exc:
-            return Scrape(started, pid, None, error=f"{type(exc).__name__}: {exc}"[:120])
+            return Scrape(started, self.owner.name, pid, None, error=f"{type(exc).__name__}: {exc}"[:120])
         seconds = time.monotonic() - started
         values: dict[str, float] = {"lag": 0.0, "lag_partitions": 0.0}
         for line in text.splitlines():
@@ -162,7 +164,7 @@ class Scraper(threading.Thread):
                 values["lag_partitions"] += 1
             elif name.split("{", 1)[0] in WATCHED:
                 values[name] = float(value)
-        return Scrape(started, pid, seconds, values)
+        return Scrape(started, self.owner.name, pid, seconds, values)
 
 
 @dataclass
@@ -231,19 +233,19 @@ class SlowScraper(threading.Thread):
 class Sample:
     at: float
     age: float  # seconds since this daemon process started
-    process: str  # "daemon" or "http worker"
+    process: str  # the replica's name ("daemon" with one), and "... http worker" for its worker
     rss_mb: float
     open_files: int
     threads: int
 
 
 class Sampler(threading.Thread):
-    """Reads VmRSS and Threads (/proc/PID/status) and the open file descriptors (/proc/PID/fd) of the daemon and
+    """Reads VmRSS and Threads (/proc/PID/status) and the open file descriptors (/proc/PID/fd) of each daemon and
     its HTTP worker every ``every`` seconds."""
 
-    def __init__(self, daemon_process: DaemonProcess, every: float = 2.0) -> None:
+    def __init__(self, daemons: list[DaemonProcess], every: float = 2.0) -> None:
         super().__init__(name="soak-sampler", daemon=True)
-        self.owner, self.every = daemon_process, every
+        self.owners, self.every = daemons, every
         self.samples: list[Sample] = []
         self.load: list[float] = []
         self.done = threading.Event()
@@ -251,18 +253,22 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(self.every):
             self.load.append(os.getloadavg()[0])
-            proc = self.owner.proc
-            if proc is None or not self.owner.started:
+            for owner in self.owners:
+                self._sample(owner)
+
+    def _sample(self, owner: DaemonProcess) -> None:
+        proc = owner.proc
+        if proc is None or not owner.started:
+            return
+        age = time.monotonic() - owner.started[-1]
+        for name, pid in ((owner.name, proc.pid), (f"{owner.name} http worker", owner.worker())):
+            if pid is None:
                 continue
-            age = time.monotonic() - self.owner.started[-1]
-            for name, pid in (("daemon", proc.pid), ("http worker", self.owner.worker())):
-                if pid is None:
-                    continue
-                try:
-                    with open(f"/proc/{pid}/status") as f:
-                        status = dict(line.split(":", 1) for line in f if ":" in line)
-                    fds = len(os.listdir(f"/proc/{pid}/fd"))
-                    rss, threads = int(status["VmRSS"].split()[0]), int(status["Threads"])
-                except (OSError, KeyError, ValueError):
-                    continue
-                self.samples.append(Sample(time.monotonic(), age, name, rss / 1024, fds, threads))
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    status = dict(line.split(":", 1) for line in f if ":" in line)
+                fds = len(os.listdir(f"/proc/{pid}/fd"))
+                rss, threads = int(status["VmRSS"].split()[0]), int(status["Threads"])
+            except (OSError, KeyError, ValueError):
+                continue
+            self.samples.append(Sample(time.monotonic(), age, name, rss / 1024, fds, threads))

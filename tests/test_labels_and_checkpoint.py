@@ -125,7 +125,7 @@ def test_labels_before_predictions_duplicates_and_unknowns_are_accounted(make_da
 def test_joined_ids_are_remembered_for_the_horizon_only(make_daemon) -> None:
     """A second label of a joined prediction is a duplicate within the horizon; past it the id is forgotten like
     any other state, so this memory stops growing after one horizon (found by the soak: it held up to
-    max_pending_labels ids whatever their age, 150 MB of RSS at 2,000 events/s)."""
+    max_pending_labels ids whatever their age: 140 MB of RSS for a million)."""
     d = make_daemon(label_horizon="1h")
     d.ingest.handle("predictions", 0, records(predictions(5, 10, "male", "j")))
     d.ingest.handle("labels", 0, records(labels_for("j", [1] * 10)))
