@@ -15,6 +15,7 @@ import argparse
 import functools
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             "then). Absolute rates move with the machine's load; the ratios are comparable.",
             history_table(earlier, now),
             *(s.markdown() for s in sections),
+            *([] if "soak" in chosen else _soak_sections(output)),
         ]
         output.write_text("\n\n".join(part.strip() for part in report) + "\n")
         print(f"wrote {output}", file=sys.stderr)
@@ -92,6 +94,18 @@ def main(argv: list[str] | None = None) -> int:
             HISTORY.write_text(json.dumps({"runs": [*earlier, run]}, indent=1, ensure_ascii=False) + "\n")
             print(f"appended this run to {HISTORY}", file=sys.stderr)
     return 0
+
+
+def _soak_sections(path: Path) -> list[str]:
+    """The soak sections of the report being replaced: a full run does not run the soak (30 minutes and more, on
+    demand), so it keeps the last soak's figures, which say when and how they were made."""
+    if not path.exists():
+        return []
+    kept: list[str] = []
+    for part in re.split(r"(?m)^(?=## )", path.read_text()):
+        if part.startswith("## Soak"):
+            kept.append(part)
+    return kept
 
 
 if __name__ == "__main__":
