@@ -129,7 +129,7 @@ def _soak(minutes: float, tmp: Path, stages: str, replicas: int) -> Section:
                                                            stages)))  # fmt: skip
             daemons.append(DaemonProcess(config, tmp / f"daemon-{i}.log", name))
         traffic = Traffic(broker.bootstrap_servers, "soak-predictions", "soak-labels", RATE)
-        scrapers = [Scraper(port, daemon) for port, daemon in zip(ports, daemons, strict=True)]
+        scrapers = [Scraper(port, daemon, PARTITIONS) for port, daemon in zip(ports, daemons, strict=True)]
         slow, sampler = SlowScraper(ports[0]), Sampler(daemons)
         watchers = [*scrapers, slow, sampler]
         for daemon in daemons:
@@ -147,19 +147,20 @@ def _soak(minutes: float, tmp: Path, stages: str, replicas: int) -> Section:
         time.sleep(max(0.0, started + minutes * 60 - time.monotonic()))
         traffic.stop()
         produced = time.monotonic()
-        held = sum(PARTITIONS.values()) + (2 * INTERNAL_PARTITIONS if stages == "staged" else 0)
-        caught_up = wait(lambda: _caught_up(scrapers, held), CATCH_UP_SECONDS)
+        caught_up = wait(lambda: _caught_up(scrapers, sum(PARTITIONS.values())), CATCH_UP_SECONDS)
+        caught_at = time.monotonic()
         at_catch_up = time.time()
         computed = caught_up and wait(lambda: all(
             _last(s, "fairness_exporter_last_computation_timestamp_seconds") > at_catch_up for s in scrapers), 60)
-        finals = [_families(port) for port in ports]
+        finals, settled = _settled(ports)
         for watcher in watchers:
             watcher.done.set()
         clean_exits = [daemon.end(signal.SIGTERM) for daemon in daemons]
         want = expected(traffic, broker.bootstrap_servers)
         logs = [daemon.log.read_text(errors="replace") for daemon in daemons]
         run_ = Run(minutes=minutes, rate=RATE, started=started, produced=produced, caught_up=caught_up and computed,
-                   catch_up_seconds=time.monotonic() - produced, faults=faults, traffic=traffic, expected=want,
+                   catch_up_seconds=caught_at - produced,
+                   settle_seconds=settled, faults=faults, traffic=traffic, expected=want,
                    final=_owned(finals), owners=_owners(finals, daemons),
                    scrapes=sorted((s for scraper in scrapers for s in scraper.scrapes), key=lambda s: s.at),
                    slow=slow.reads, samples=sampler.samples, load=sampler.load, daemons=daemons, stages=stages,
@@ -177,6 +178,25 @@ def _soak(minutes: float, tmp: Path, stages: str, replicas: int) -> Section:
 
 
 Families = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _settled(ports: list[int], every: float = 10.0, timeout: float = 300.0) -> tuple[list[Families], float]:
+    """Every replica's series once the models' series stopped changing between two scrapes ``every`` seconds apart
+    (two evaluations): on the staged path rows can still be on their way between stages when every lag is 0 (a
+    join's output not yet sent); and how long that took."""
+    started = time.monotonic()
+    finals = [_families(port) for port in ports]
+    while time.monotonic() - started < timeout:
+        time.sleep(every)
+        again = [_families(port) for port in ports]
+        if all(_models(a) == _models(b) for a, b in zip(finals, again, strict=True)):
+            break
+        finals = again
+    return finals, time.monotonic() - started
+
+
+def _models(final: Families) -> Families:
+    return {k: v for k, v in final.items() if _model_of(k) is not None and "timestamp" not in k[0]}
 
 
 def _model_of(key: tuple[str, frozenset[tuple[str, str]]]) -> str | None:
@@ -222,7 +242,8 @@ def _last(scraper: Scraper, name: str) -> float:
 
 
 def _caught_up(scrapers: list[Scraper], partitions: int) -> bool:
-    """Three scrapes in a row of each replica with none behind, and every partition held by one of them."""
+    """Three scrapes in a row of each replica with none behind, and every input and labels partition held by one of
+    them."""
     recent = [scraper.scrapes[-3:] for scraper in scrapers]
     return all(len(r) == 3 and all(s.seconds is not None and s.values["lag"] == 0 for s in r) for r in recent) \
         and sum(r[-1].values["lag_partitions"] for r in recent) == partitions

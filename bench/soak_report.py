@@ -37,6 +37,7 @@ class Run:
     produced: float
     caught_up: bool
     catch_up_seconds: float
+    settle_seconds: float  # from the last computation after the catch-up until the models' series stopped changing
     faults: list[Fault]
     traffic: Traffic
     expected: Expected
@@ -227,9 +228,25 @@ def scrape_check(run: Run) -> tuple[str, float, float]:
              f"{percentile(ok, 99) * 1000:.0f} ms, max {max(ok) * 1000:.0f} ms; {len(failed)} failed outside a fault"
              + "".join(f"; at {s.at - run.started:.0f} s: {s.error}" for s in failed[:5])),
             ("slow clients (1 byte / 100 ms, at most 30 s each)", _slow(run.slow)),
+            ("consumer lag (messages, summed over the partitions of a replica)", _lag(run)),
             ("ingest", f"counting progressed every {median(gaps):.1f} s (median), longest pause outside a fault "
              f"{max(gaps):.1f} s (the producer sends a batch every 5 s)" if gaps else "no progress seen")]  # fmt: skip
     return table(["what", "seen"], rows), percentile(ok, 99), max(gaps) if gaps else float("inf")
+
+
+def _lag(run: Run) -> str:
+    """The lag over the run, and in its last quarter (bounded lag: no higher there than before), and how soon it
+    was 0 again once producing stopped."""
+    lags = [(s.at, s.values["lag"]) for s in run.scrapes if s.seconds is not None and s.at <= run.produced]
+    if not lags:
+        return "not seen"
+    late = [lag for at, lag in lags if at >= run.started + (run.produced - run.started) * 0.75]
+    zero = next((s.at for s in run.scrapes if s.at > run.produced and s.seconds is not None and s.values["lag"] == 0
+                 and s.values["lag_partitions"] > 0), None)  # fmt: skip
+    values = [lag for _, lag in lags]
+    return (f"median {median(values):,.0f}, p99 {percentile(values, 99):,.0f}, max {max(values):,.0f}; last quarter "
+            f"of the run: median {median(late):,.0f}, max {max(late):,.0f}; first 0 "
+            + (f"{zero - run.produced:.0f} s after producing stopped" if zero else "never"))  # fmt: skip
 
 
 def _slow(reads: list[SlowRead]) -> str:
@@ -262,7 +279,8 @@ def report(run: Run) -> Section:
                 f"malformed events; the logs read back hold {want.records:,} and {want.label_records:,} records "
                 f"({want.duplicated} predictions twice, {want.missing} missing; {len(traffic.failed)} sends failed). "
                 f"The daemon {'caught up' if run.caught_up else 'did NOT catch up'} "
-                f"{run.catch_up_seconds:.0f} s after producing stopped; SIGTERM at the end exited "
+                f"{run.catch_up_seconds:.0f} s after producing stopped, and its models' series "
+                f"stopped changing {run.settle_seconds:.0f} s later; SIGTERM at the end exited "
                 f"{', '.join(str(c) for c in run.sigterm_exits)}. Models at the end: {owners}. The daemon's "
                 f"processes used {cpu:,.0f} CPU s ({cpu / max(want.records, 1) * 1e6:.0f} µs per prediction read, "
                 "labels included). "

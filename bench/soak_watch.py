@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,11 +134,14 @@ class Scrape:
 
 
 class Scraper(threading.Thread):
-    """GET /metrics every ``every`` seconds; keeps its latency and the daemon's own counters."""
+    """GET /metrics every ``every`` seconds; keeps its latency, the daemon's own counters, its lag (over every
+    partition it holds) and how many partitions of ``topics`` it holds (the staged path's internal partitions carry
+    a lag series only once they held a record)."""
 
-    def __init__(self, port: int, daemon_process: DaemonProcess, every: float = 1.0) -> None:
+    def __init__(self, port: int, daemon_process: DaemonProcess, topics: Collection[str], every: float = 1.0) -> None:
         super().__init__(name="soak-scraper", daemon=True)
         self.url, self.owner, self.every = f"http://127.0.0.1:{port}/metrics", daemon_process, every
+        self.topics = tuple(f'topic="{topic}"' for topic in topics)
         self.scrapes: list[Scrape] = []
         self.done = threading.Event()
 
@@ -154,14 +158,14 @@ class Scraper(threading.Thread):
         except OSError as exc:
             return Scrape(started, self.owner.name, pid, None, error=f"{type(exc).__name__}: {exc}"[:120])
         seconds = time.monotonic() - started
-        values: dict[str, float] = {"lag": 0.0, "lag_partitions": 0.0}
+        values: dict[str, float] = {"lag": 0.0, "lag_partitions": 0.0}  # of ``topics`` (the input and labels)
         for line in text.splitlines():
             if not line.startswith("fairness_exporter_"):
                 continue
             name, _, value = line.rpartition(" ")
             if name.startswith("fairness_exporter_consumer_lag_messages{"):  # summed over the partitions held
                 values["lag"] += float(value)
-                values["lag_partitions"] += 1
+                values["lag_partitions"] += any(topic in name for topic in self.topics)
             elif name.split("{", 1)[0] in WATCHED:
                 values[name] = float(value)
         return Scrape(started, self.owner.name, pid, seconds, values)
