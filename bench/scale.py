@@ -136,6 +136,7 @@ def measure(broker: EmbeddedBroker, stages: str, n_replicas: int, events: int) -
 def run(quick: bool = False) -> Section:
     events, rounds = (60_000, 1) if quick else (300_000, 2)
     runs: dict[tuple[str, int], list[Measured]] = {layout: [] for layout in LAYOUTS}
+    load = os.getloadavg()[0]
     with EmbeddedBroker() as broker:
         for i in range(rounds):
             for layout in LAYOUTS if i % 2 == 0 else reversed(LAYOUTS):
@@ -154,7 +155,10 @@ def run(quick: bool = False) -> Section:
     section = Section("Scale: ingest throughput of 1, 2 and 4 replicas")
     section.add(__doc__.split("\n\n", 1)[1].strip())
     section.add(f"{events:,} events of {MODELS} models, {len(next(iter(runs.values())))} run(s) per layout, "
-                f"{cores} cores.")
+                f"{cores} cores; load average {load:.1f} before and {os.getloadavg()[0]:.1f} after (other work "
+                "on the machine). The producer sends while the replicas read (its time is the last column): "
+                "'cores busy' well below the cores means the replicas waited for events or for CPU that other "
+                "work held, so the ratios are lower bounds of what the replicas alone would reach.")
     section.add(table(["layout", "events/s", "vs 1 staged replica", "vs the direct daemon",
                        "replicas' CPU (µs/event)", "broker CPU (µs/event)", "cores busy (replicas + broker)",
                        "producing took (s)"], rows))
