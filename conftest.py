@@ -15,10 +15,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sybil import Example, Sybil
+from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent
@@ -108,9 +109,20 @@ def _refuse_unrun_shell(example: Example) -> str:
     return "write shell examples as ```bash (they run) or mark them `<!-- skip: next \"why\" -->`"
 
 
+class _SkipWithReason(SkipParser):
+    """`skip: next "why"`: a skip without its reason is refused, so no example stops running unexplained."""
+
+    def __call__(self, document: Document) -> Iterable[Region]:
+        for region in super().__call__(document):
+            action, reason = region.parsed
+            if action in ("next", "start") and not reason:
+                raise ValueError(f"{document.path}: `skip: {action}` needs a reason: skip: {action} \"why\"")
+            yield region
+
+
 def _parsers() -> list[Any]:
     return [
-        SkipParser(),
+        _SkipWithReason(),
         PythonCodeBlockParser(),
         CodeBlockParser("bash", _run_shell),
         CodeBlockParser("console", _run_shell),
@@ -120,7 +132,7 @@ def _parsers() -> list[Any]:
 
 pytest_collect_file = Sybil(
     parsers=_parsers(),
-    patterns=["README.md", "docs/**/*.md"],
+    patterns=["README.md", "docs/*.md", "docs/**/*.md", "deploy/helm/fairness-exporter/README.md"],
     setup=_setup,
     teardown=_teardown,
 ).pytest()
