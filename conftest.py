@@ -1,14 +1,16 @@
 """The examples of README.md and docs/ run as tests (sybil), so the docs cannot rot.
 
-Every ```python block runs (a block of `>>>` lines is a doctest: its printed output is checked); every ```bash and
-```console block runs as a bash script with `set -euo pipefail`, in a workspace holding the repository's examples/
-and the files the examples name (generated below). A command expected to fail says so on its own line, as a reader
+Every ```python block runs (a block of `>>>` lines is a doctest: its printed output is checked); every ```yaml block
+parses, and one that is a config passes the config's own validation; every ```bash and ```console block runs as a
+bash script with `set -euo pipefail`, in a workspace holding the repository's examples/ and the files the examples
+name (generated below). A command expected to fail says so on its own line, as a reader
 sees it: `fairness-exporter audit ...   # exit 1`. A block that cannot run in a test (a cluster, a daemon that runs
 until stopped, a network install) is preceded by `<!-- skip: next "why" -->` in the Markdown source.
 """
 
 import functools
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -18,13 +20,16 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import yaml
 from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent
 EXPECTED_EXIT = re.compile(r"^(?P<command>.*\S)\s+#\s*exit (?P<code>\d+)\b.*$", re.MULTILINE)
 SHELL_TIMEOUT_SECONDS = 300
+CONFIG_KEYS = {"model_id", "models"}
 _TEMPORARY = tempfile.TemporaryDirectory(prefix="fairness-docs-")  # removed when the session ends
 
 
@@ -56,6 +61,7 @@ def _write_doc_files(workspace: Path) -> None:
     }).to_csv(workspace / "data.csv", index=False)
     predictions = pd.read_csv(ROOT / "examples" / "hiring-predictions.csv")
     (workspace / "eval").mkdir()
+    (workspace / "models.d").mkdir()  # the fleet example's models_dir
     predictions.to_parquet(workspace / "eval" / "predictions.parquet")
     events = pd.DataFrame({  # the same predictions as the topic's JSON events, one every 29 s over a day
         "model_id": "hiring-screener-v2", "prediction_id": predictions["prediction_id"],
@@ -105,6 +111,23 @@ def _run_shell(example: Example) -> str | None:
     return None
 
 
+def _check_yaml(example: Example) -> None:
+    """Every ```yaml block parses; one that is a config (`model_id` or `models` at its top, or under a chart's
+    `config:`) is validated by the daemon's and the gate's own parser, `${NAME}` references set."""
+    from exporter.config import parse_config
+
+    document = yaml.safe_load(str(example.parsed))
+    config = document.get("config", document) if isinstance(document, dict) else document
+    if isinstance(config, dict) and CONFIG_KEYS & config.keys():
+        references = {name: "set-in-the-environment" for name in re.findall(r"\$\{(\w+)\}", str(example.parsed))}
+        with mock.patch.dict(os.environ, references):
+            parse_config(config, f"{example.path}:{example.line}", example.namespace["_workspace"])
+
+
+def _check_json(example: Example) -> None:
+    json.loads(str(example.parsed))
+
+
 def _refuse_unrun_shell(example: Example) -> str:
     return "write shell examples as ```bash (they run) or mark them `<!-- skip: next \"why\" -->`"
 
@@ -126,6 +149,8 @@ def _parsers() -> list[Any]:
         PythonCodeBlockParser(),
         CodeBlockParser("bash", _run_shell),
         CodeBlockParser("console", _run_shell),
+        CodeBlockParser("yaml", _check_yaml),
+        CodeBlockParser("json", _check_json),
         *(CodeBlockParser(language, _refuse_unrun_shell) for language in ("sh", "shell", "zsh")),
     ]
 
