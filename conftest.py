@@ -8,6 +8,7 @@ sees it: `fairness-exporter audit ...   # exit 1`. A block that cannot run in a 
 until stopped, a network install) is preceded by `<!-- skip: next "why" -->` in the Markdown source.
 """
 
+import atexit
 import functools
 import importlib.util
 import json
@@ -30,7 +31,6 @@ ROOT = Path(__file__).resolve().parent
 EXPECTED_EXIT = re.compile(r"^(?P<command>.*\S)\s+#\s*exit (?P<code>\d+)\b.*$", re.MULTILINE)
 SHELL_TIMEOUT_SECONDS = 300
 CONFIG_KEYS = {"model_id", "models"}
-_TEMPORARY = tempfile.TemporaryDirectory(prefix="fairness-docs-")  # removed when the session ends
 
 
 def _expect_exit_codes(script: str) -> str:
@@ -78,16 +78,24 @@ def _write_doc_files(workspace: Path) -> None:
 
 
 @functools.cache
+def _temporary() -> Path:
+    """Where the workspaces live, made on the first document and removed when the session ends."""
+    path = Path(tempfile.mkdtemp(prefix="fairness-docs-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@functools.cache
 def _doc_files() -> Path:
     """Made once per session, on the first document; each document runs in a fresh copy of it."""
-    template = Path(_TEMPORARY.name) / "doc-files"
+    template = _temporary() / "doc-files"
     _write_doc_files(template)
     return template
 
 
 def _setup(namespace: dict[str, Any]) -> None:
     """Each document's examples share a fresh workspace, also the working directory of its Python examples."""
-    workspace = Path(tempfile.mkdtemp(dir=_TEMPORARY.name, prefix="doc-")) / "workspace"
+    workspace = Path(tempfile.mkdtemp(dir=_temporary(), prefix="doc-")) / "workspace"
     shutil.copytree(_doc_files(), workspace, symlinks=True)
     namespace["_previous_cwd"], namespace["_workspace"] = Path.cwd(), workspace
     os.chdir(workspace)
