@@ -26,7 +26,7 @@ FETCH_DEFAULTS: dict[str, Any] = {}
 """Fetch sizes beyond kafka-python's own defaults (fetch_max_bytes 50 MB, max_partition_fetch_bytes 1 MB), with
 the source's max_poll_records of 20,000: none. Measured on the shipped source (300,000 events, 3 partitions,
 interleaved rounds), 4 or 10 MB partition fetches and 5,000 or 10,000 records per poll were no faster beyond the
-noise (README "Performance"): kafka-python's cost is parsing records in Python, not round trips. ``kafka.client``
+noise (docs/sre/performance.md): kafka-python's cost is parsing records in Python, not round trips. ``kafka.client``
 overrides them."""
 
 
