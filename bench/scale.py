@@ -165,7 +165,8 @@ def run(quick: bool = False) -> Section:
     section.add(f"One replica is one Python process: its ingest and evaluation hold one GIL, about one core. Two "
                 f"replicas can use both of the {cores} cores, which they share with the broker and the producer; "
                 f"more replicas share the same {cores}. On this machine no number of replicas can exceed about "
-                f"{cores}x one replica's rate, and 4 cannot be expected to beat 2. On more cores the ceilings are the "
+                f"{cores}x one replica's rate; past {cores} replicas a gain comes from overlapping waits ('cores "
+                f"busy' rising toward {cores}), not from more cores. On more cores the ceilings are the "
                 "input topic's partitions (ingest) and the counts topic's (evaluation: each model on one replica).")
     for n in REPLICAS[1:]:
         ratio = rate["staged", n] / one
