@@ -13,6 +13,7 @@ every detector's statistic and alarm equal to the reference's.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -131,29 +132,31 @@ def replay(broker: EmbeddedBroker, n_replicas: int, raw: dict[str, Any], history
     state = bank.initial_state()
     equal = steps = 0
     minutes = reference = float("inf")
-    with Replicas(n_replicas, served, broker.bootstrap_servers, topic, f"bench-{topic}", "staged") as replicas:
+    # Step i + 1 consumes: nothing (i = 0: the first computation, in the wall clock's bucket), the first tick
+    # (i = 1), then round i's events (the fair day, then each minute after the change), sent into the head's
+    # bucket i - 2, and the tick into bucket i - 1 after them, which takes the step.
+    with contextlib.closing(producer), Replicas(n_replicas, served, broker.bootstrap_servers, topic,
+                                                f"bench-{topic}", "staged") as replicas:  # fmt: skip
         owner = _Owner(replicas, bank, model.attributes[0].name)
-        # step 1: the first computation, in the wall clock's bucket, before any event; step 2: the first tick's
-        for bucket, cells in enumerate([None, None, history, *changed]):
-            if bucket == 1:
+        for i, cells in enumerate([None, None, history, *changed]):
+            if i == 1:
                 send(tick, 0)
-            elif cells is not None:  # bucket b's events, in the head's bucket b - 2; then the tick that steps
-                send(cells, bucket - 2)
-                _wait(owner, lambda: owner.counted() == sent, f"bucket {bucket - 2} counted")
-                send(tick, bucket - 1)
-            _wait(owner, lambda: owner.steps() == bucket + 1, f"step {bucket + 1}",  # noqa: B023
-                  STARTUP_TIMEOUT if bucket == 0 else STEP_TIMEOUT)
-            state, _ = bank.advance(state, attribute_counts(tick * (bucket > 0) + (0 if cells is None else cells),
-                                                            sizes)[None])  # fmt: skip
+            elif cells is not None:
+                send(cells, i - 2)
+                _wait(owner, lambda: owner.counted() == sent, f"round {i - 2} counted")
+                send(tick, i - 1)
+            _wait(owner, lambda: owner.steps() == i + 1, f"step {i + 1}",  # noqa: B023
+                  STARTUP_TIMEOUT if i == 0 else STEP_TIMEOUT)
+            step = tick * (i > 0) + (0 if cells is None else cells)
+            state, _ = bank.advance(state, attribute_counts(step, sizes)[None])
             statistic, active = owner.state()
             steps += 1
             equal += bool(np.array_equal(statistic, state.statistic) and np.array_equal(active, state.active))
-            minute = bucket - 2  # the fair day is step 3 (bucket 2), the change's first minute step 4
+            minute = i - 2  # round 0 is the fair day, round 1 the change's first minute
             if minute >= 1 and minutes == float("inf") and active[paging].any():
                 minutes = float(minute)
             if minute >= 1 and reference == float("inf") and state.active[paging].any():
                 reference = float(minute)
             if minutes < float("inf") and reference < float("inf"):
                 break
-    producer.close(timeout=10)
     return Replayed(n_replicas, steps, equal, minutes, reference)
