@@ -51,7 +51,7 @@ lint: $(STAMP)
 # the docs site first (a broken link or anchor fails it), then the suite, which runs the docs' examples too
 test: test-deps lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadfile
 
 # curl times the scrapes of bench/scrape.py (a C client, as Prometheus is no Python one)
 bench: $(STAMP)
