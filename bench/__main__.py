@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench import alerts, compute, fleet, ingest, refused, scrape
+from bench import alerts, compute, fleet, ingest, refused, scale, scrape
 from bench.report import Section, history_table, machine, machine_table, table, verdict
 
 BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run, "alerts": alerts.run,
-              "fleet": fleet.run, "refused": refused.run}
+              "fleet": fleet.run, "refused": refused.run, "scale": scale.run}
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HISTORY = Path(__file__).with_name("history.json")
 """Every earlier full run's target figures, oldest first: RESULTS.md shows this run's beside them, and a full run
