@@ -48,8 +48,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy exporter
 
+# the docs site first (a broken link or anchor fails it), then the suite, which runs the docs' examples too
 test: test-deps lint
-	$(BIN)/pytest
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	$(BIN)/pytest -n auto --dist loadfile
 
 # curl times the scrapes of bench/scrape.py (a C client, as Prometheus is no Python one)
 bench: $(STAMP)
@@ -57,4 +59,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site

@@ -23,16 +23,19 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pandas as pd
 from scipy.stats import binom
 
+from bench import staged_replay
 from bench.report import Section, fmt, standalone, table
 from exporter.backtest import backtest, stacked
 from exporter.config import Config, parse_config
 from exporter.core.evaluate import evaluate_many
+from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.devtools.rules import TUNING
 from exporter.devtools.synthetic import attribute_counts, cell_counts, cell_events
 from exporter.stream.detectors import ALERT_OF_METRIC, DetectorBank
@@ -53,9 +56,13 @@ SEED = {"FairnessDemographicParityAboveThreshold": "demographic_parity_differenc
 CHANGED_CELLS = np.unravel_index(np.arange(int(np.prod(SIZES))), SIZES)[2] == 0  # cells of group c0
 
 
-def config() -> Config:
-    return parse_config({"model_id": "bench", "windows": ["1h", "24h"], "bucket": "1m",
-                         "protected_attributes": [{"name": k, "groups": list(v)} for k, v in ATTRIBUTES.items()]})
+def raw_config(**extra: Any) -> dict[str, Any]:
+    return {"model_id": "bench", "windows": ["1h", "24h"], "bucket": "1m",
+            "protected_attributes": [{"name": k, "groups": list(v)} for k, v in ATTRIBUTES.items()], **extra}
+
+
+def config(**extra: Any) -> Config:
+    return parse_config(raw_config(**extra))
 
 
 @dataclass
@@ -130,6 +137,10 @@ def simulate(cfg: Config, rng: np.random.Generator, days: int, streams: int, vol
                {k: np.concatenate(v) for k, v in seed.items() if v})  # fmt: skip
 
 
+REPLICAS = (1, 2, 4)
+REPLICA_SCENARIO, REPLICA_VOLUME = "gap 0.30 -> 0.20", 2000
+TARGET_REPLICA_RATIO = 1.10
+REPLAY_SEED, REPLAY_MINUTES = 23, 120
 PAGING = ("FairnessDemographicParityDrift", "FairnessDisparateImpactViolation")
 
 
@@ -172,13 +183,18 @@ def minutes_to(firing: np.ndarray, start: int) -> np.ndarray:
     return np.where(after.any(axis=0), np.argmax(after, axis=0) + 1.0, np.inf)
 
 
+def change(rate: float) -> np.ndarray:
+    """(2 days, cells) selection probabilities: 0.30 everywhere, and ``rate`` in group c0's cells on day two."""
+    rates = np.full((2 * STEPS_PER_DAY, int(np.prod(SIZES))), 0.30)
+    rates[STEPS_PER_DAY:, CHANGED_CELLS] = rate
+    return rates
+
+
 def time_to_page(cfg: Config, streams: int) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:
     rows, targets = [], []
     for scenario, (alert, seed_alert, changed) in SCENARIOS.items():
         for volume in sorted(VOLUMES, reverse=True):
-            rates = np.full((2 * STEPS_PER_DAY, int(np.prod(SIZES))), 0.30)
-            rates[STEPS_PER_DAY:, CHANGED_CELLS] = changed
-            run = simulate(cfg, np.random.default_rng(volume + 7), 2, streams, volume, rates)
+            run = simulate(cfg, np.random.default_rng(volume + 7), 2, streams, volume, change(changed))
             detector = minutes_to(run.detector[alert], STEPS_PER_DAY)
             seed = minutes_to(run.seed[seed_alert], STEPS_PER_DAY)
             median = float(np.median(detector))
@@ -187,6 +203,54 @@ def time_to_page(cfg: Config, streams: int) -> tuple[list[list[str]], list[tuple
                          fmt(float(np.median(seed)))])  # fmt: skip
             targets.append((f"{scenario} at {volume:,}/h: median time to {alert} <= {target} min",
                             f"{fmt(median)} min", median <= target))  # fmt: skip
+    return rows, targets
+
+
+def sharded_minutes(runs: int, replicas: int, volume: int, scenario: str) -> tuple[np.ndarray, float]:
+    """The layout before the staged path: each of ``replicas`` replicas sees 1/N of the traffic and alarms at the
+    level for 1/N of the budget (the retired `alerting.replicas`); a change pages when the first replica does.
+    Per run, minutes from the change to that page; and the level."""
+    alert, _, changed = SCENARIOS[scenario]
+    cfg = config(alerting={"false_pages_per_day": config().model().alerting.false_pages_per_day / replicas})
+    run = simulate(cfg, np.random.default_rng(volume + 7), 2, runs * replicas, volume // replicas, change(changed),
+                   seed_rules=False)  # fmt: skip
+    minutes = minutes_to(run.detector[alert], STEPS_PER_DAY).reshape(runs, replicas).min(axis=1)
+    return minutes, bank_of(cfg).level
+
+
+def replicas_check(runs: int) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:
+    """Time to page on 1, 2 and 4 replicas, sharded (each detector on 1/N of the traffic) and staged (each model
+    whole on its owner), at REPLICA_VOLUME; the staged figure replayed through real staged replicas."""
+    scenario, volume = REPLICA_SCENARIO, REPLICA_VOLUME
+    alert, _, changed = SCENARIOS[scenario]
+    one, level = sharded_minutes(runs, 1, volume, scenario)
+    baseline = float(np.median(one))
+    rng = np.random.default_rng(REPLAY_SEED)
+    cells = int(np.prod(SIZES))
+    history = cell_counts(rng, STEPS_PER_DAY, 1, SIZES, 5 * volume / 60, np.full(cells, 0.30)).sum(axis=0)[0]
+    after = cell_counts(rng, REPLAY_MINUTES, 1, SIZES, 5 * volume / 60, change(changed)[-1])[:, 0]
+    rows = [["1", "one replica", f"{volume:,}", fmt(level), fmt(baseline), "1.00", "-", "-"]]
+    targets = []
+    with EmbeddedBroker() as broker:
+        for n in REPLICAS[1:]:
+            minutes, sharded_level = sharded_minutes(runs, n, volume, scenario)
+            median = float(np.median(minutes))
+            rows.append([f"{n}", "sharded (before: 1/N of the traffic and of the budget)", f"{volume // n:,}",
+                         fmt(sharded_level), fmt(median), f"{median / baseline:.2f}", "-", "-"])  # fmt: skip
+        for n in REPLICAS:
+            replayed = staged_replay.replay(broker, n, raw_config(), history, after, alert, REPLAY_SEED)
+            same = replayed.equal == replayed.steps and replayed.minutes == replayed.reference_minutes
+            # The owner's detectors are one replica's on the whole stream (the replay shows it step by step), so
+            # its time to page is one replica's: the simulated median above.
+            ratio = 1.0 if same else float("nan")
+            rows.append([f"{n}", "staged (each model whole on its owner)", f"{volume:,}", fmt(level),
+                         fmt(baseline) if same else "differs", f"{ratio:.2f}",
+                         f"{replayed.equal} of {replayed.steps}",
+                         f"{fmt(replayed.minutes)} / {fmt(replayed.reference_minutes)}"])  # fmt: skip
+            targets.append((f"{scenario} at {volume:,}/h on {n} staged replica{'s' if n > 1 else ''}: time to page "
+                            f"<= {TARGET_REPLICA_RATIO:g} x one replica's",
+                            f"{ratio:.2f} (replayed: {replayed.equal} of {replayed.steps} steps equal one "
+                            "replica's)", same and ratio <= TARGET_REPLICA_RATIO))  # fmt: skip
     return rows, targets
 
 
@@ -254,10 +318,20 @@ def run(quick: bool = False) -> Section:
     ttp_rows, ttp_targets = time_to_page(cfg, runs)
     section.add(table(["change", "events/group/h", "median minutes to page (detectors)", f"paged within 24 h "
                        f"({runs} runs)", "target (min)", "seed rule: median minutes"], ttp_rows))  # fmt: skip
+    rep_rows, rep_targets = replicas_check(runs)
+    section.add(f"Time to page on 1, 2 and 4 replicas: {REPLICA_SCENARIO} at {REPLICA_VOLUME:,} events per group per "
+                f"hour, {runs} runs each. Sharded, the layout before `kafka.stages: staged`: each replica's "
+                "detectors see 1/N of the traffic, at the alarm level of 1/N of the budget, and the first replica "
+                "to page pages. Staged: each model's detectors live on its owner and see all of its traffic; the "
+                "time to page is one replica's because the detectors are, which the replay checks. "
+                + staged_replay.__doc__.split("\n\n", 1)[1].strip())  # fmt: skip
+    section.add(table(["replicas", "layout", "each detector sees (events/group/h)", "alarm level h",
+                       "median minutes to page", "vs 1 replica", "replay: steps equal to one replica's",
+                       "replay: minutes to page, owner / one replica"], rep_rows))  # fmt: skip
     bt_rows, bt_targets = backtest_check(cfg)
     section.add(table(["recorded traffic", "file", "events", "seconds", "events/s", "first page as batched"],
                       bt_rows))  # fmt: skip
-    for target in (*fair_targets, *ttp_targets, *bt_targets):
+    for target in (*fair_targets, *ttp_targets, *rep_targets, *bt_targets):
         section.target(*target)
     return section
 

@@ -24,6 +24,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -48,12 +49,17 @@ TARGET_EVALUATION = 0.05
 TARGET_SCRAPE_SECONDS = 1.0
 
 
-def config(models: int, bootstrap: str = "127.0.0.1:9", topic: str = "predictions") -> Config:
-    """``models`` COMPAS-like models in one config: race (3 groups, all pairs), sex, age (<25 vs >45)."""
+def model_specs(models: int) -> list[dict[str, Any]]:
+    """``models`` COMPAS-like models: race (3 groups, all pairs), sex, age (<25 vs >45)."""
     attributes = [{"name": "race", "groups": ATTRIBUTES["race"]}, {"name": "sex", "groups": ATTRIBUTES["sex"]},
                   {"name": "age", "groups": ATTRIBUTES["age"], "pairwise_comparisons": [["<25", ">45"]]}]  # fmt: skip
+    return [{"model_id": model_id(i), "protected_attributes": attributes} for i in range(models)]
+
+
+def config(models: int, bootstrap: str = "127.0.0.1:9", topic: str = "predictions") -> Config:
+    """``models`` COMPAS-like models in one config (:func:`model_specs`)."""
     return parse_config({
-        "models": [{"model_id": model_id(i), "protected_attributes": attributes} for i in range(models)],
+        "models": model_specs(models),
         "windows": ["1h", "24h"], "evaluation_interval": f"{INTERVAL_SECONDS:g}s",
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic, "assignment": "manual",
                   "group_id": f"bench-{uuid.uuid4().hex[:8]}"},

@@ -102,14 +102,14 @@ def payloads(n: int) -> list[bytes]:
     return out
 
 
-def produce(bootstrap: str, values: list[bytes], topic: str = TOPIC) -> Timing:
+def produce(bootstrap: str, values: list[bytes], topic: str = TOPIC, partitions: int = PARTITIONS) -> Timing:
     """Send every value (round-robin over the partitions) and wait until the broker acknowledged all."""
     errors: list[BaseException] = []
     producer = KafkaProducer(bootstrap_servers=[bootstrap], linger_ms=20, batch_size=256 * 1024)
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         for i, value in enumerate(values):
-            producer.send(topic, value=value, partition=i % PARTITIONS).add_errback(errors.append)
+            producer.send(topic, value=value, partition=i % partitions).add_errback(errors.append)
         producer.flush(timeout=DRAIN_TIMEOUT)
     finally:
         producer.close(timeout=10)

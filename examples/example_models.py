@@ -1,4 +1,4 @@
-"""Two small models to try the safety and red-team suites on (see README, "Safety and red-team suites").
+"""Two small models to try the safety and red-team suites on (see docs/ml/safety-redteam.md).
 
 Run from this directory: ``MODULE:OBJECT`` is imported from the working directory.
 """

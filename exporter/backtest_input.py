@@ -74,10 +74,10 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
     """One model's rows of a parquet/CSV file as the window store counts them."""
     import pandas as pd
 
-    from exporter.gate.audit import DataError, _binary
+    from exporter.gate.audit import DataError, binary_column, predicted, prediction_column
     from exporter.gate.frames import encode
 
-    required = ["timestamp", config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
+    required = ["timestamp", prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise BacktestError(f"{path}: missing column(s) {missing}; the file has {list(frame.columns)}")
@@ -91,8 +91,8 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
         except (ValueError, TypeError) as exc:
             raise BacktestError(f"{path}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
     try:
-        y_pred = _binary(frame, config.prediction_column, path, allow_missing=False)
-        y_true = (_binary(frame, config.label_column, path, allow_missing=True)
+        y_pred = predicted(frame, config, path)
+        y_true = (binary_column(frame, config.label_column, path, allow_missing=True)
                   if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
     except DataError as exc:
         raise BacktestError(str(exc)) from exc

@@ -16,6 +16,7 @@ absent keys, booleans, whole floats as group names, values outside the groups, g
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -301,3 +302,48 @@ def test_awkward_values_are_read_alike_by_the_gate_and_the_daemon(tmp_path: Path
     assert small and all(r["status"] == "insufficient_samples" and r["value"] is None for r in small)
     assert any(r["value"] is not None and r["evidence"] == "inconclusive" for r in report["results"])
     assert assert_the_page_shows_the_report(samples, report, ("1h",)) == len(report["results"])
+
+
+def test_a_shared_file_of_a_model_that_emits_scores_is_read_alike_by_the_gate_and_the_daemon(tmp_path: Path) -> None:
+    """Rows of two models in one file (recorded from a topic they share), the audited one emitting scores: the gate
+    counts that model's rows alone and thresholds their scores, as the daemon does; the prediction column, which
+    the daemon never reads for such a model, is the opposite verdict here and must not count."""
+    config = parse_config({
+        "model_id": "m1", "min_samples": 30, "metrics": MENU, "windows": ["1h"],
+        "events": {"score_threshold": 0.6},
+        "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}],
+        "listen": {"address": "127.0.0.1", "port": 0},
+    }, "scores-config")  # fmt: skip
+    rng = np.random.default_rng(24)
+    rows = []
+    for i in range(2000):
+        gender = str(rng.choice(["male", "female"]))
+        score = round(float(rng.beta(2, 2.5 if gender == "male" else 3.5)), 4)
+        rows.append({"model_id": "m1" if i % 4 else "m2", "prediction_id": f"p{i}", "timestamp": T0 - 60,
+                     "gender": gender, "score": score, "prediction": int(score < 0.6),
+                     "label": int(rng.random() < 0.4)})  # fmt: skip
+    rows[7]["score"] = 0.6  # the threshold itself counts as positive in both
+    events = [orjson.dumps({**{k: r[k] for k in ("model_id", "prediction_id", "timestamp", "score", "prediction",
+                                                  "label")}, "attributes": {"gender": r["gender"]}}) for r in rows]
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [SimpleRecord(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    samples = _parse(daemon.metrics_page())
+
+    path = tmp_path / "shared.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    report = run_audit(config, path)
+    own = [r for r in rows if r["model_id"] == "m1"]
+    assert report["rows"] == len(own) == 1500 and report["rows_of_other_models"] == 500
+    male = [r for r in own if r["gender"] == "male"]
+    assert report["attributes"]["gender"]["groups"]["male"]["selection_rate"] == pytest.approx(
+        sum(r["score"] >= 0.6 for r in male) / len(male))
+    assert assert_the_page_shows_the_report(samples, report, ("1h",)) == len(report["results"])
+
+    with pytest.raises(ValueError, match=re.escape("no row has model_id 'm1'; the file's models are ['m2']")):
+        run_audit(config, pd.DataFrame([r for r in rows if r["model_id"] == "m2"]))
+    out_of_range = pd.DataFrame(own).assign(score=lambda f: f.score.where(f.index != 3, 1.5))
+    with pytest.raises(ValueError, match=re.escape("'score' must hold scores, numbers between 0 and 1 "
+                                                   "(events.score_threshold is 0.6); not so in 1 of 1500 rows "
+                                                   "(first rows: [3])")):  # fmt: skip
+        run_audit(config, out_of_range)

@@ -239,7 +239,7 @@ def test_the_model_module_is_imported_from_the_working_directory(tmp_path: Path,
 
 def test_the_shipped_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """examples/safety.yaml and examples/red-team.yaml with examples/example_models.py, as the README runs them."""
+    """examples/safety.yaml and examples/red-team.yaml with examples/example_models.py, as the docs run them."""
     monkeypatch.chdir(Path(__file__).resolve().parent.parent / "examples")
     log = ["--audit-log", str(tmp_path / "log.jsonl")]
     assert main(["safety", "--model", "example_models:credit_model", "--config", "safety.yaml", *log]) == 0

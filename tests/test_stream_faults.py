@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ from broker_fixture import CLIENT_CONFIG, produce
 from daemon_config import make_config
 from daemon_fixture import GROUP_CLIENT, consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
 from kafka import KafkaProducer
+from kafka.structs import MemberState
 
 from exporter.daemon import EXPIRY_EVERY_SECONDS, Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
@@ -159,32 +161,47 @@ class _GroupDefaults:
     def revoked(self, partitions: list[tuple[str, int]]) -> None:
         pass
 
-    def assigned(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    def assigned(self, partitions: list[tuple[str, int]], committed: dict[tuple[str, int], int] | None
+                 ) -> dict[tuple[str, int], int]:  # fmt: skip
         return {}
 
 
-def test_a_subscribed_consumer_with_no_group_coordinator_for_too_long_asks_to_be_rebuilt(
-    kafka_broker: EmbeddedBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+def _lose_the_coordinator(coordinator: Any) -> None:
+    coordinator.coordinator_dead("the test")  # what kafka-python does when it loses it
+
+
+def _hang_in_the_join(coordinator: Any) -> None:
+    coordinator.state = MemberState.REBALANCING  # what a join whose SyncGroup answer never comes leaves
+
+
+@pytest.mark.parametrize("unsettle", [_lose_the_coordinator, _hang_in_the_join], ids=["no-coordinator", "join-hangs"])
+def test_a_subscribed_consumer_without_a_settled_membership_for_too_long_asks_to_be_rebuilt(
+    kafka_broker: EmbeddedBroker, topic: str, monkeypatch: pytest.MonkeyPatch, unsettle: Callable[[Any], None]
 ) -> None:
-    """kafka-python was seen looping in coordinator discovery for good after a broker came back empty; the adapter
-    raises once no coordinator has been known for COORDINATOR_LOST_SECONDS while a broker answers, and the source
-    rebuilds the consumer (as after any consumer error)."""
+    """After a broker came back empty, kafka-python was seen looping in coordinator discovery for good, and waiting
+    for good on the SyncGroup answer of its rejoin; the adapter raises once the membership has not been settled for
+    GROUP_UNSETTLED_SECONDS while a broker answers, and the source rebuilds the consumer (as after any consumer
+    error)."""
     from exporter.stream import client_kafka
 
     config = make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python"))
     client = client_kafka.KafkaPythonClient(config.kafka, max_records=100)
     try:
         client.subscribe([topic], _GroupDefaults())
-        wait_for(lambda: client.poll(0.2, 100) == {} and client.connected(), what="a broker connection")
-        client.consumer._coordinator.coordinator_dead("the test")  # what kafka-python does when it loses it
-        monkeypatch.setattr(client_kafka, "COORDINATOR_LOST_SECONDS", 0.05)
-        assert client.consumer._coordinator.coordinator_unknown() and client.connected()
-        client._check_coordinator(fetched=False)  # the first poll without a coordinator starts the clock
+        wait_for(lambda: client.poll(0.2, 100) == {} and client.consumer._coordinator.state is MemberState.STABLE,
+                 what="a settled group membership")  # fmt: skip
+        monkeypatch.setattr(client_kafka, "GROUP_UNSETTLED_SECONDS", 0.05)
+        client._check_membership(fetched=False)  # settled: no clock runs
         time.sleep(0.1)
-        client._check_coordinator(fetched=True)  # records arrived: nothing is wrong, the clock stops
-        client._check_coordinator(fetched=False)
+        client._check_membership(fetched=False)
+        unsettle(client.consumer._coordinator)
+        assert client.connected()
+        client._check_membership(fetched=False)  # the first poll without a settled membership starts the clock
         time.sleep(0.1)
-        with pytest.raises(client_kafka.GroupCoordinatorLost, match="rebuilding the consumer"):
-            client._check_coordinator(fetched=False)
+        client._check_membership(fetched=True)  # records arrived: nothing is wrong, the clock stops
+        client._check_membership(fetched=False)
+        time.sleep(0.1)
+        with pytest.raises(client_kafka.GroupUnsettled, match="rebuilding the consumer"):
+            client._check_membership(fetched=False)
     finally:
         client.close()

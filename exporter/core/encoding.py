@@ -32,3 +32,13 @@ def code_table(groups: Sequence[str]) -> tuple[dict[str, int], int]:
 def attribute_codes(attribute: Attribute, columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """Codes of one (possibly intersectional) attribute from the base attributes' codes, keyed by column."""
     return attribute.combine([columns[c] for c in attribute.columns])
+
+
+def score_predictions(scores: np.ndarray, threshold: float) -> np.ndarray:
+    """Predictions of a model that emits scores (``events.score_threshold``): 1 where the score reaches the
+    threshold, for the daemon's decoder and the gate's score column alike.
+
+    >>> score_predictions(np.array([0.2, 0.5, 0.9]), 0.5).tolist()
+    [0, 1, 1]
+    """
+    return (scores >= threshold).astype(np.int64)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
+from exporter.core.encoding import score_predictions
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import ll144, storage
@@ -81,7 +82,7 @@ def read_predictions(path: str | Path) -> pd.DataFrame:
     return read_table(path)[0]
 
 
-def _binary(frame: pd.DataFrame, column: str, path: str | Path, allow_missing: bool) -> np.ndarray:
+def binary_column(frame: pd.DataFrame, column: str, path: str | Path, allow_missing: bool) -> np.ndarray:
     """A 0/1 column as int64, -1 for missing values where those are allowed (unlabelled rows).
 
     The daemon's rule for a JSON 0/1 field: a number equal to 0 or 1, or a boolean (true is 1); never text, so a
@@ -105,6 +106,44 @@ def _binary(frame: pd.DataFrame, column: str, path: str | Path, allow_missing: b
                         + (" (text is no number: a string column, or a CSV column mixing numbers and words)"
                            if text.any() else ""))  # fmt: skip
     return np.where(missing, -1, numeric.to_numpy(dtype=np.float64)).astype(np.int64)
+
+
+def prediction_column(config: ModelSpec) -> str:
+    """The column a model's predictions come from: its score column when it emits scores (``events.score_threshold``:
+    the daemon then reads the score and never the prediction field), else its prediction column."""
+    return config.events.score if config.events.score_threshold is not None else config.prediction_column
+
+
+def predicted(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> np.ndarray:
+    """Each row's 0/1 prediction, by the daemon's rules: from the score column against ``events.score_threshold``
+    (a score is a number in [0, 1]), else from the prediction column (:func:`binary_column`)."""
+    threshold = config.events.score_threshold
+    if threshold is None:
+        return binary_column(frame, config.prediction_column, path, allow_missing=False)
+    column = config.events.score
+    values = frame[column]
+    scores = (values.astype("float64") if pd.api.types.is_numeric_dtype(values) and not
+              pd.api.types.is_bool_dtype(values) else pd.Series(np.nan, index=values.index))  # fmt: skip
+    bad = (scores.isna() | (scores < 0) | (scores > 1)).to_numpy()
+    if bad.any():
+        rows = np.flatnonzero(bad)[:5].tolist()
+        raise DataError(f"{path}: column {column!r} must hold scores, numbers between 0 and 1 "
+                        f"(events.score_threshold is {threshold:g}); not so in {int(bad.sum())} of {len(bad)} rows "
+                        f"(first rows: {rows})")  # fmt: skip
+    return score_predictions(scores.to_numpy(), threshold)
+
+
+def own_rows(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> tuple[pd.DataFrame, int]:
+    """The rows of this model, when the file has a ``model_id`` column (rows recorded from a topic that several models
+    share: the daemon counts its model's events alone), and how many rows of other models were left out."""
+    if "model_id" not in frame.columns:
+        return frame, 0
+    ids = frame["model_id"].astype(str)
+    own = (ids == config.model_id).to_numpy()
+    if not own.any():
+        raise DataError(f"{path}: no row has model_id {config.model_id!r}; the file's models are "
+                        f"{sorted(ids.unique().tolist())[:10]}")  # fmt: skip
+    return frame[own], int((~own).sum())
 
 
 def _group_report(ev: Evaluation) -> dict[str, Any]:
@@ -242,8 +281,9 @@ def run_audit(
     if frame.empty:
         raise DataError(f"{path_name}: the predictions have no rows")
 
+    frame, other_models = own_rows(frame, config, path_name)
     label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
-    required = [config.prediction_column, *(a.columns[0] for a in config.base_attributes)]
+    required = [prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
     if label_metrics:
         required.append(config.label_column)
     missing = [c for c in required if c not in frame.columns]
@@ -252,8 +292,8 @@ def run_audit(
         raise DataError(f"{path_name}: missing column(s) {missing}; the file has {list(frame.columns)}"
                         + (f" ({', '.join(label_metrics)} {verb} the label column)"
                            if config.label_column in missing else ""))  # fmt: skip
-    y_pred = _binary(frame, config.prediction_column, path_name, allow_missing=False)
-    y_true = (_binary(frame, config.label_column, path_name, allow_missing=True)
+    y_pred = predicted(frame, config, path_name)
+    y_true = (binary_column(frame, config.label_column, path_name, allow_missing=True)
               if config.label_column in frame.columns else None)  # fmt: skip
 
     all_counts = frame_counts(config, frame, y_pred, y_true)
@@ -285,6 +325,7 @@ def run_audit(
         "data_file": data_file,
         "data_sha256": data_sha256,
         "rows": len(frame),
+        "rows_of_other_models": other_models,
         "min_samples": config.min_samples,
         "decision": config.decision,
         "inconclusive": sum(r["evidence"] == "inconclusive" for r in results),

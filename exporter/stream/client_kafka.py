@@ -10,7 +10,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.errors import KafkaError
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import MemberState, OffsetAndMetadata
 
 from exporter.config import KafkaConfig
 from exporter.stream.client import CommitFailed, LogBounds, Offsets, Partition, Rebalance, Record
@@ -26,19 +26,22 @@ FETCH_DEFAULTS: dict[str, Any] = {}
 """Fetch sizes beyond kafka-python's own defaults (fetch_max_bytes 50 MB, max_partition_fetch_bytes 1 MB), with
 the source's max_poll_records of 20,000: none. Measured on the shipped source (300,000 events, 3 partitions,
 interleaved rounds), 4 or 10 MB partition fetches and 5,000 or 10,000 records per poll were no faster beyond the
-noise (README "Performance"): kafka-python's cost is parsing records in Python, not round trips. ``kafka.client``
+noise (docs/sre/performance.md): kafka-python's cost is parsing records in Python, not round trips. ``kafka.client``
 overrides them."""
 
 
-COORDINATOR_LOST_SECONDS = 60.0
-"""A subscribed consumer that has known no group coordinator for this long, fetching nothing while a broker
-answers, raises from :meth:`KafkaPythonClient.poll`, so that the source rebuilds it. kafka-python 3.0.12 was seen
-looping in coordinator discovery for good after a broker came back empty (tests/test_stream_faults.py, about one
-run in four), while a new consumer finds the coordinator and rejoins; a healthy coordinator move takes seconds."""
+GROUP_UNSETTLED_SECONDS = 90.0
+"""A subscribed consumer that has been without a settled group membership (no coordinator known, or a join or sync
+not finished) for this long, fetching nothing while a broker answers, raises from :meth:`KafkaPythonClient.poll`,
+so that the source rebuilds it. After a broker came back empty, kafka-python 3.0.12 was seen looping in coordinator
+discovery for good (about one run in four of tests/test_stream_faults.py), and, more rarely, waiting for good on
+the SyncGroup answer of its rejoin with the old member id (the state stays REBALANCING, no request ever times out;
+about one full suite in five). A new consumer joins as a new member. A healthy rebalance on Tansu takes 20 s at
+most, and the daemon's members poll continuously, so no healthy join waits this long for a slow member."""
 
 
-class GroupCoordinatorLost(RuntimeError):
-    """The consumer found no group coordinator for :data:`COORDINATOR_LOST_SECONDS`."""
+class GroupUnsettled(RuntimeError):
+    """The consumer had no settled group membership for :data:`GROUP_UNSETTLED_SECONDS`."""
 
 
 class _Listener(AsyncConsumerRebalanceListener):
@@ -79,7 +82,7 @@ class KafkaPythonClient:
             **{**CLIENT_DEFAULTS, **FETCH_DEFAULTS, **kafka.client},
         )
         self._subscribed = False
-        self._coordinator_lost_at: float | None = None  # time.monotonic() since when no coordinator is known
+        self._unsettled_since: float | None = None  # time.monotonic() since when the membership is not settled
 
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
         self.consumer.subscribe(topics, listener=_Listener(self.consumer, rebalance))
@@ -101,19 +104,22 @@ class KafkaPythonClient:
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
         batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
         if self._subscribed:
-            self._check_coordinator(bool(batches))
+            self._check_membership(bool(batches))
         return {(tp.topic, tp.partition): records for tp, records in batches.items()}
 
-    def _check_coordinator(self, fetched: bool) -> None:
-        if fetched or not self.consumer._coordinator.coordinator_unknown() or not self.connected():
-            self._coordinator_lost_at = None
+    def _check_membership(self, fetched: bool) -> None:
+        coordinator = self.consumer._coordinator
+        settled = not coordinator.coordinator_unknown() and coordinator.state is MemberState.STABLE
+        if fetched or settled or not self.connected():
+            self._unsettled_since = None
             return
         now = time.monotonic()
-        if self._coordinator_lost_at is None:
-            self._coordinator_lost_at = now
-        elif now - self._coordinator_lost_at > COORDINATOR_LOST_SECONDS:
-            raise GroupCoordinatorLost(f"no group coordinator found for {COORDINATOR_LOST_SECONDS:g} s while a "
-                                       "broker answers; rebuilding the consumer")  # fmt: skip
+        if self._unsettled_since is None:
+            self._unsettled_since = now
+        elif now - self._unsettled_since > GROUP_UNSETTLED_SECONDS:
+            what = "no group coordinator found" if coordinator.coordinator_unknown() else "the group join not done"
+            raise GroupUnsettled(f"{what} for {GROUP_UNSETTLED_SECONDS:g} s while a broker answers; rebuilding the "
+                                 "consumer")  # fmt: skip
 
     def seek(self, partition: Partition, offset: int) -> None:
         self.consumer.seek(TopicPartition(*partition), offset)

@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 
 from exporter.config import ModelSpec
-from exporter.core.encoding import attribute_codes, code_table, value_text
+from exporter.core.encoding import attribute_codes, code_table, score_predictions, value_text
 from exporter.stream.decode_schema import MAX_PREDICTION_ID_LENGTH, schema
 from exporter.stream.lines import Parser
 from exporter.stream.paths import lookup
@@ -170,7 +170,7 @@ class EventDecoder:
         if structs:
             if self._threshold is not None:
                 scores = np.fromiter(map(g["score"], structs), np.float64, len(structs))
-                predictions = (scores >= self._threshold).astype(np.int64)
+                predictions = score_predictions(scores, self._threshold)
             else:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
             outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
@@ -254,7 +254,7 @@ class EventDecoder:
                                   or not 0.0 <= score <= 1.0):  # fmt: skip
             return "invalid_score"
         if self._threshold is not None:
-            pred = None if score is None else int(score >= self._threshold)
+            pred = None if score is None else int(score_predictions(np.array([score]), self._threshold)[0])
         else:
             pred = pred_of(event)
             if pred is not None and not is_binary(pred):
