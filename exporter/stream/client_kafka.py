@@ -36,7 +36,8 @@ not finished) for this long, fetching nothing while a broker answers, raises fro
 so that the source rebuilds it. After a broker came back empty, kafka-python 3.0.12 was seen looping in coordinator
 discovery for good (about one run in four of tests/test_stream_faults.py), and, more rarely, waiting for good on
 the SyncGroup answer of its rejoin with the old member id (the state stays REBALANCING, no request ever times out;
-about one full suite in five). A new consumer joins as a new member. A healthy rebalance on Tansu takes 20 s at
+about one full suite in five), and now and then a fresh consumer's first join never settles either (seen: still
+REBALANCING after 300 s). A new consumer joins as a new member. A healthy rebalance on Tansu takes 20 s at
 most, and the daemon's members poll continuously, so no healthy join waits this long for a slow member."""
 
 
