@@ -254,7 +254,7 @@ class EventDecoder:
                                   or not 0.0 <= score <= 1.0):  # fmt: skip
             return "invalid_score"
         if self._threshold is not None:
-            pred = None if score is None else int(score_predictions(np.array([score]), self._threshold)[0])
+            pred = None if score is None else int(score >= self._threshold)  # score_predictions' rule, one event
         else:
             pred = pred_of(event)
             if pred is not None and not is_binary(pred):
