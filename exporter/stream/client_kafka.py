@@ -110,15 +110,15 @@ class KafkaPythonClient:
 
     def _check_membership(self, fetched: bool) -> None:
         coordinator = self.consumer._coordinator
-        settled = not coordinator.coordinator_unknown() and coordinator.state is MemberState.STABLE
-        if fetched or settled or not self.connected():
+        unknown = coordinator.coordinator_unknown()  # asked once: it marks a disconnected coordinator dead
+        if fetched or (not unknown and coordinator.state is MemberState.STABLE) or not self.connected():
             self._unsettled_since = None
             return
         now = time.monotonic()
         if self._unsettled_since is None:
             self._unsettled_since = now
         elif now - self._unsettled_since > GROUP_UNSETTLED_SECONDS:
-            what = "no group coordinator found" if coordinator.coordinator_unknown() else "the group join not done"
+            what = "no group coordinator found" if unknown else "the group join not done"
             raise GroupUnsettled(f"{what} for {GROUP_UNSETTLED_SECONDS:g} s while a broker answers; rebuilding the "
                                  "consumer")  # fmt: skip
 
