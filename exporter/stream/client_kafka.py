@@ -21,7 +21,11 @@ TOPIC_IDS_TIMEOUT_MS = 2000
 # constructor waits for a broker up to bootstrap_timeout_ms (30 s): a SIGTERM then waited that long; the source
 # retries a constructor that gave up, with its own backoff.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000,
-                                   "bootstrap_timeout_ms": 3000}  # fmt: skip
+                                   "bootstrap_timeout_ms": 3000, "allow_auto_create_topics": False}  # fmt: skip
+"""``allow_auto_create_topics`` off: a monitor never creates the topic it reads. With kafka-python's default, the
+consumer's metadata request re-creates a topic that was just deleted, with the broker's default partition count,
+before its owner re-creates it as intended (seen in CI: a topic re-created with three partitions came back with
+four). confluent-kafka's consumers default to no auto-creation already."""
 FETCH_DEFAULTS: dict[str, Any] = {}
 """Fetch sizes beyond kafka-python's own defaults (fetch_max_bytes 50 MB, max_partition_fetch_bytes 1 MB), with
 the source's max_poll_records of 20,000: none. Measured on the shipped source (300,000 events, 3 partitions,
