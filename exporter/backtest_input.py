@@ -57,7 +57,7 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
 
 def _table(path: Path, models: Sequence[ModelSpec]) -> Iterator[Batch]:
     """A parquet/CSV file with the gate's columns plus timestamp, model_id and prediction_id (gate encoding)."""
-    from exporter.gate.audit import DataError, read_predictions
+    from exporter.gate.audit import DataError, model_ids, read_predictions
 
     try:
         frame = read_predictions(path)
@@ -65,7 +65,7 @@ def _table(path: Path, models: Sequence[ModelSpec]) -> Iterator[Batch]:
         raise BacktestError(str(exc)) from exc
     if "model_id" not in frame.columns:
         raise BacktestError(f"{path}: missing column(s) ['model_id']; the file has {list(frame.columns)}")
-    ids = frame["model_id"].astype(str)
+    ids = model_ids(frame)
     columns = {m.model_id: _model_rows(path, m, frame[(ids == m.model_id).to_numpy()]) for m in models}
     yield columns, int((~ids.isin([m.model_id for m in models])).sum()), 0
 

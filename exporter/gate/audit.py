@@ -133,12 +133,17 @@ def predicted(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> np.nd
     return score_predictions(scores.to_numpy(), threshold)
 
 
+def model_ids(frame: pd.DataFrame) -> pd.Series:
+    """The ``model_id`` column as the gate and ``backtest`` match it against the config's model ids: as text."""
+    return frame["model_id"].astype(str)
+
+
 def own_rows(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> tuple[pd.DataFrame, int]:
     """The rows of this model, when the file has a ``model_id`` column (rows recorded from a topic that several models
     share: the daemon counts its model's events alone), and how many rows of other models were left out."""
     if "model_id" not in frame.columns:
         return frame, 0
-    ids = frame["model_id"].astype(str)
+    ids = model_ids(frame)
     own = (ids == config.model_id).to_numpy()
     if not own.any():
         raise DataError(f"{path}: no row has model_id {config.model_id!r}; the file's models are "
