@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from tooling import missing
 
 from exporter.daemon import Daemon
-from exporter.stream.client import SimpleRecord, values_and_next
+from exporter.stream.client import SimpleRecord, newest_timestamp, values_and_next
 
 T0 = 1_800_000_000.0
 
@@ -27,10 +27,13 @@ def test_a_confluent_batch_is_counted_as_its_records() -> None:
                                  label=i % 2 if i % 4 == 0 else None)) for i in range(30)]  # fmt: skip
     values += [b"{oops", None, orjson.dumps(event(prediction=2))]
     first = 1000
-    batch = _Batch([ck.Message(topic="predictions", partition=0, offset=first + i, value=v)  # type: ignore[call-arg]
-                    for i, v in enumerate(values)])  # fmt: skip
-    records = [SimpleRecord(v, first + i) for i, v in enumerate(values)]
+    stamps = [int(T0 * 1000) - 7 * ((i * 5) % 11) for i in range(len(values))]  # CreateTime: not in offset order
+    batch = _Batch([ck.Message(topic="predictions", partition=0, offset=first + i, value=v,  # type: ignore[call-arg]
+                               timestamp=(1, ms)) for i, (v, ms) in enumerate(zip(values, stamps, strict=True))])
+    records = [SimpleRecord(v, first + i, ms) for i, (v, ms) in enumerate(zip(values, stamps, strict=True))]
     assert values_and_next(batch) == values_and_next(records) == (values, first + len(values))
+    assert newest_timestamp(batch) == newest_timestamp(records) == max(stamps) / 1000
+    assert newest_timestamp([SimpleRecord(v, i) for i, v in enumerate(values)]) is None  # no timestamps: none
     assert [tuple(r) for r in batch] == [tuple(r) for r in records] and len(batch) == len(records)
 
     daemons = [Daemon(make_config(), registry=CollectorRegistry(), clock=lambda: T0) for _ in range(2)]

@@ -185,10 +185,15 @@ def test_labels_from_their_own_topic_join_their_predictions(kafka_broker: Embedd
     produce(kafka_broker.bootstrap_servers, topic, payloads(unlabelled, time.time()))
     # the labels arrive later, on their own topic, keyed by prediction_id (the first 10 twice: duplicates)
     labels = [orjson.dumps({"prediction_id": f"p{i}", "label": int(y)}) for i, y in enumerate(rows.label)]
+    produced_after = time.time()
     produce(kafka_broker.bootstrap_servers, labels_topic, labels + labels[:10])
     daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
         **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"], "labels_topic": labels_topic})
     wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_labels_joined_total") == 600, what="600 joins")
+    # the labels' clock is fed by the records' Kafka timestamps: no later than their production
+    delays = dict(daemon.fleet.joins.label_delays)
+    assert delays and {t for t, _ in delays} == {labels_topic}
+    assert all(0 <= delay <= read_at - produced_after + 0.01 for delay, read_at in delays.values())
     daemon.computer.compute()
     s = scrape(daemon.port)
     assert sample(s, "fairness_exporter_labels_dropped_total", reason="duplicate_label") == 10

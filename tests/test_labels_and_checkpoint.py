@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.daemon import Daemon
 from exporter.stream import checkpoint
 from exporter.stream.checkpoint import CheckpointError
+from exporter.stream.client import SimpleRecord
 
 T0 = 1_800_000_000.0
 
@@ -141,6 +142,39 @@ def test_joined_ids_are_remembered_for_the_horizon_only(make_daemon) -> None:
     assert value(d, "fairness_exporter_labels_dropped_total", reason="duplicate_label") == 2
     assert value(d, "fairness_exporter_labels_expired_total", reason="unknown_prediction") == 3
     assert value(d, "fairness_exporter_labels_joined_total") == 10
+
+
+def test_a_restart_holds_expiry_at_the_labels_clock_of_its_checkpoint(make_daemon, tmp_path: Path) -> None:
+    """A daemon reading labels an hour late writes a checkpoint; after an outage its successor holds expiry at
+    that clock until it reads labels again (its first expiry can come before its first labels), then follows them.
+    A checkpoint written before the labels' clock restores with the wall clock."""
+    cp = {"path": str(tmp_path / "state"), "interval": "30s"}
+    d1 = make_daemon(checkpoint=cp, label_horizon="1h")
+    d1.ingest.handle("predictions", 0, records(predictions(2, 6, "male", "w")))  # event time T0 - 60
+    d1.clock.now = T0 + 1800
+    late = [SimpleRecord(orjson.dumps(v), i, int((T0 - 1800) * 1000)) for i, v in enumerate(labels_for("w", [1]))]
+    d1.ingest.handle("labels", 0, late)  # read 1 hour after it was produced
+    d1.checkpointer.write()
+    d2 = make_daemon(checkpoint=cp, label_horizon="1h")
+    d2.clock.now = T0 + 3 * 3600  # back after an outage: the labels' clock is the checkpoint's, T0 - 1800
+    d2.ingest.expire()
+    assert len(d2.fleet.joins.pending) == 5
+    assert value(d2, "fairness_exporter_labels_expired_total", reason="never_labelled") == 0
+    on_time = [SimpleRecord(orjson.dumps({"prediction_id": "w1", "label": 0}), 1, int((T0 + 3 * 3600) * 1000))]
+    d2.ingest.handle("labels", 0, on_time)
+    d2.ingest.expire()
+    assert value(d2, "fairness_exporter_labels_joined_total") == 1
+    assert value(d2, "fairness_exporter_labels_expired_total", reason="never_labelled") == 4
+
+    path = d1.checkpointer.path
+    assert path is not None
+    state = checkpoint.read(path)
+    assert state is not None and state[1]["join.labels_clock"].tolist() == [T0 - 1800]
+    checkpoint.write(path, state[0], {k: v for k, v in state[1].items() if k != "join.labels_clock"})  # as before
+    d3 = make_daemon(checkpoint=cp, label_horizon="1h")
+    d3.clock.now = T0 + 3 * 3600
+    d3.ingest.expire()
+    assert value(d3, "fairness_exporter_labels_expired_total", reason="never_labelled") == 5
 
 
 def test_checkpoint_restores_counts_offsets_and_pending_labels(make_daemon, tmp_path: Path) -> None:

@@ -32,8 +32,8 @@ MODELS = {"hiring": {"gender": ["male", "female"], "age": ["young", "old"]},
 INPUT, LABELS = "predictions", "labels"
 
 
-def staged_config(bootstrap: str, group: str, stages: str = "staged") -> Config:
-    return parse_config({
+def staged_config(bootstrap: str, group: str, stages: str = "staged", **top: Any) -> Config:
+    return parse_config({**top,
         "models": [{"model_id": m, "protected_attributes": [{"name": n, "groups": g} for n, g in attrs.items()]}
                    for m, attrs in MODELS.items()],
         "kafka": {"bootstrap_servers": bootstrap, "topic": INPUT, "labels_topic": LABELS, "group_id": group,
@@ -206,3 +206,50 @@ def test_a_re_created_input_topic_is_counted_afresh_not_taken_for_a_replay(kafka
     for model_id in MODELS:
         np.testing.assert_array_equal(stages.fleet.models[model_id].store.totals, 2 * once[model_id])
     assert d.registry.get_sample_value("fairness_exporter_replayed_rows_total", {"stage": "counts"}) == 0
+
+
+def test_labels_read_late_hold_expiry_back_alike_on_both_paths(kafka_broker: EmbeddedBroker, group: str) -> None:
+    """Labels produced 5 minutes after their predictions but read 2 hours late (a lagging daemon, or one back from
+    an outage) still join, with a 1-hour horizon: the labels' clock is held back by how late labels are read (their
+    Kafka timestamps against the read time). The old rule (event time against the wall clock) expired every waiting
+    prediction at the first expiry, and the second half of the labels became labels of no prediction. Once labels
+    are read on time, the unlabelled predictions expire. The direct and staged paths count the same."""
+    bootstrap = kafka_broker.bootstrap_servers
+    first = events(120, seed=7)
+    labels = later_labels(first)
+    half = len(labels) // 2
+    waiting = sum(e["label"] is None for e in first)
+
+    def timed(values: list[dict[str, Any]], start: int, stamped: float) -> list[SimpleRecord]:
+        return [SimpleRecord(orjson.dumps(v), start + i, int(stamped * 1000)) for i, v in enumerate(values)]
+
+    steps: list[tuple[float, str, list[SimpleRecord]]] = [
+        (T0, INPUT, records(first)),
+        (T0 + 7200, LABELS, timed(labels[:half], 0, T0 + 300)),
+        (T0 + 7201, LABELS, timed(labels[half:], half, T0 + 310)),
+        (T0 + 7300, LABELS, timed([{"prediction_id": "ghost", "label": 1}], len(labels), T0 + 7299)),  # on time
+    ]
+    counted = {}
+    for path in ("direct", "staged"):
+        d = daemon(staged_config(bootstrap, f"{group}-{path}", stages=path, label_horizon="1h"))
+        stages = live(d) if path == "staged" else None
+        positions = starts(stages) if stages is not None else {}
+        seen = []
+        for now, topic, batch in steps:
+            d.clock.now = now  # type: ignore[attr-defined]
+            if stages is not None:
+                run(stages, bootstrap, [(topic, batch)], positions)
+                stages.expire()
+            else:
+                d.ingest.handle(topic, 0, batch)
+                d.ingest.expire()
+            seen.append({reason: d.registry.get_sample_value("fairness_exporter_labels_expired_total",
+                                                             {"reason": reason}) or 0
+                         for reason in ("never_labelled", "unknown_prediction")})  # fmt: skip
+        counted[path] = (d.registry.get_sample_value("fairness_exporter_labels_joined_total"), seen)
+    assert counted["direct"] == counted["staged"]
+    joined, seen = counted["direct"]
+    assert joined == len(labels) and half > 0
+    nothing = {"never_labelled": 0, "unknown_prediction": 0}
+    assert seen[:3] == [nothing, nothing, nothing]  # read 2 hours late, within the horizon of the labels' clock
+    assert seen[3] == {"never_labelled": waiting - len(labels), "unknown_prediction": 0}  # the ghost waits its hour

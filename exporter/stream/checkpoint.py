@@ -235,7 +235,7 @@ class Checkpointer:
                 prefix = f"m{i}."
                 models[model_id] = {"layout": layout(monitored.spec, fleet.config.windowing), "prefix": prefix}
                 arrays.update({prefix + k: v for k, v in monitored.store.state().items()})
-            arrays.update({f"join.{k}": v for k, v in fleet.joins.state().items()})
+            arrays.update({f"join.{k}": v for k, v in fleet.joins.state(self.clock()).items()})
             offsets, topic_ids = fleet.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)
         written_at = self.clock()
         meta = {"models": models, "written_at": written_at, "topic_ids": topic_ids,

@@ -34,6 +34,8 @@ class SimpleRecord(NamedTuple):
 
     value: bytes | None
     offset: int
+    timestamp: int = -1
+    """The record's Kafka timestamp in milliseconds (CreateTime or LogAppendTime); -1: none."""
 
 
 class Batch(Sequence[Record]):
@@ -51,6 +53,10 @@ class Batch(Sequence[Record]):
     def next_offset(self) -> int:
         """The offset after the last record."""
 
+    def newest_timestamp_ms(self) -> int:
+        """The newest record timestamp in milliseconds; -1 when the records carry none."""
+        return max((getattr(r, "timestamp", -1) for r in self), default=-1)
+
 
 def values_and_next(records: Sequence[Record]) -> tuple[list[bytes | None], int]:
     """A non-empty batch's values and the offset after its last record: from a :class:`Batch` directly, else
@@ -58,6 +64,16 @@ def values_and_next(records: Sequence[Record]) -> tuple[list[bytes | None], int]
     if isinstance(records, Batch):
         return records.values(), records.next_offset()
     return [r.value for r in records], records[-1].offset + 1
+
+
+def newest_timestamp(records: Sequence[Record]) -> float | None:
+    """The newest Kafka timestamp of a batch's records, in seconds; None when they carry none (kafka-python's
+    records and :class:`SimpleRecord` have ``timestamp`` in milliseconds, -1 for none)."""
+    if isinstance(records, Batch):
+        ms = records.newest_timestamp_ms()
+    else:
+        ms = max((getattr(r, "timestamp", -1) for r in records), default=-1)
+    return ms / 1000 if ms is not None and ms > 0 else None
 
 
 def offsets_of(records: Sequence[Record], next_offset: int) -> np.ndarray:

@@ -58,7 +58,7 @@ class _Batch(Batch):
 
     def __getitem__(self, index: int) -> SimpleRecord:  # type: ignore[override]  # no slices needed
         message = self.messages[index]
-        return SimpleRecord(message.value(), message.offset())  # type: ignore[arg-type]  # consumed: has one
+        return SimpleRecord(message.value(), message.offset(), message.timestamp()[1])  # type: ignore[arg-type]
 
     def values(self) -> list[bytes | None]:
         return list(map(_VALUE, self.messages))
@@ -66,8 +66,12 @@ class _Batch(Batch):
     def next_offset(self) -> int:
         return self.messages[-1].offset() + 1  # type: ignore[operator]  # consumed: has an offset
 
+    def newest_timestamp_ms(self) -> int:
+        return max(_TIMESTAMP(m)[1] for m in self.messages)
+
 
 _VALUE, _ERROR, _TOPIC, _PARTITION = ck.Message.value, ck.Message.error, ck.Message.topic, ck.Message.partition
+_TIMESTAMP = ck.Message.timestamp
 
 
 def _by_partition(messages: list[ck.Message], on_error: Callable[[ck.KafkaError], None]

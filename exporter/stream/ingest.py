@@ -19,7 +19,7 @@ import numpy as np
 
 from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
-from exporter.stream.client import Partition, Record, values_and_next
+from exporter.stream.client import Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.dead_letters import DeadLetters
 from exporter.stream.decode import DecodedBatch
 from exporter.stream.decode_outcomes import decode_outcomes
@@ -124,8 +124,10 @@ class Ingest:
         fleet = self.fleet
         decoded = decode_outcomes(values, fleet.events.prediction_id, fleet.events.label)
         given_up: Counter[str] = Counter({"invalid_label_event": decoded.invalid} if decoded.invalid else {})
+        now = self.clock()
         with fleet.lock:
-            joined = fleet.joins.add_outcomes(decoded.prediction_ids, decoded.outcomes, self.clock(), given_up)
+            fleet.joins.labels_read((topic, partition), newest_timestamp(records), now)
+            joined = fleet.joins.add_outcomes(decoded.prediction_ids, decoded.outcomes, now, given_up)
             for model_id, rows in joined.items():
                 model = fleet.models.get(model_id)
                 if model is not None:  # forget_models dropped a reload's removed models under this lock

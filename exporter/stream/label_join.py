@@ -1,7 +1,10 @@
 """Join delayed ground truth (outcomes, the "label" of an event) to its predictions, with bounded state.
 
-A prediction without an inline label waits here (keyed by ``prediction_id``) for at most ``horizon`` seconds; a
-label that arrives before its prediction waits as an orphan for as long. A joined label is counted in the bucket
+A prediction without an inline label waits here (keyed by ``prediction_id``) until the labels read are a
+``horizon`` past its event time: the labels' clock is the wall clock held back by how far behind the labels were
+read (a label's Kafka timestamp against when it was read), so a daemon that lags, or restarts after an outage,
+does not give up on predictions whose labels are still unread in the log. A label that arrives before its
+prediction waits as an orphan for ``horizon`` seconds. A joined label is counted in the bucket
 of the prediction's event time, so TPR/FPR describe when the decision was made. Whatever cannot be joined is
 counted by reason: never labelled, unknown prediction, duplicate label, state full, or its model reconfigured.
 """
@@ -80,6 +83,32 @@ class OutcomeJoin:
         self.recently_joined: OrderedDict[str, float] = OrderedDict()
         """Ids joined within the horizon (when their label arrived, oldest first), so that a second label of one is
         counted as a duplicate; bounded in age like the rest, so memory stops growing once a horizon has passed."""
+        self.label_delays: dict[object, tuple[float, float]] = {}
+        """Per labels source (a labels partition): how far behind its newest label was when read (the read time
+        minus the label's Kafka timestamp, in seconds), and when it was read."""
+        self.restored_clock: tuple[float, float | None] | None = None
+        """The labels' clock a checkpoint recorded, and since when it holds: it stands until a label is read again,
+        for at most one horizon."""
+
+    def labels_read(self, source: object, newest_label_time: float | None, now: float) -> None:
+        """Note that labels of this source were read at ``now``, the newest of them stamped ``newest_label_time``
+        (None: the records carry no timestamp, and this source does not hold the clock back)."""
+        if newest_label_time is not None and newest_label_time > 0:
+            self.label_delays[source] = (max(0.0, now - newest_label_time), now)
+            self.restored_clock = None
+
+    def labels_clock(self, now: float) -> float:
+        """The time up to which labels have been read: the wall clock held back by the largest delay of a labels
+        source read within the horizon; after a restart, the checkpoint's clock until a label is read again (for
+        at most one horizon); else the wall clock."""
+        recent = [delay for delay, at in self.label_delays.values() if at >= now - self.horizon]
+        if recent:
+            return now - max(recent)
+        if self.restored_clock is not None:
+            clock, since = self.restored_clock
+            if since is None or now - since < self.horizon:
+                return min(clock, now)
+        return now
 
     def _remember_joined(self, pid: str, at: float) -> None:
         self.recently_joined[pid] = at
@@ -129,9 +158,14 @@ class OutcomeJoin:
         return _joined(rows)
 
     def expire(self, now: float, expired: Counter[str]) -> None:
-        """Drop predictions and orphan labels older than the horizon."""
+        """Drop the predictions whose labels would have been read by now (event time a horizon behind the labels'
+        clock), and orphan labels that waited a horizon."""
         cutoff = now - self.horizon
-        old = [pid for pid, (ts, _, _, _) in self.pending.items() if ts < cutoff]
+        self.label_delays = {k: v for k, v in self.label_delays.items() if v[1] >= cutoff}
+        if self.restored_clock is not None and self.restored_clock[1] is None:
+            self.restored_clock = (self.restored_clock[0], now)  # the horizon it may hold for starts now
+        labels_cutoff = self.labels_clock(now) - self.horizon
+        old = [pid for pid, (ts, _, _, _) in self.pending.items() if ts < labels_cutoff]
         for pid in old:
             del self.pending[pid]
         expired["never_labelled"] += len(old)
@@ -152,9 +186,10 @@ class OutcomeJoin:
         if gone:
             expired["model_reconfigured"] += len(gone)
 
-    def state(self) -> dict[str, np.ndarray]:
+    def state(self, now: float | None = None) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint: the pending predictions grouped by model, each model's codes one row per
-        prediction (a per-model table says how many and how wide), so that nothing per prediction is repeated."""
+        prediction (a per-model table says how many and how wide), so that nothing per prediction is repeated; and
+        the labels' clock at ``now`` (a restart holds expiry there until it reads labels again)."""
         by_model: dict[str, list[tuple[str, Pending]]] = {}
         for pid, entry in self.pending.items():
             by_model.setdefault(entry[3], []).append((pid, entry))
@@ -172,6 +207,7 @@ class OutcomeJoin:
             **_pack_ids("orphan", [p for p, _ in orphans]),
             "orphan_label": np.array([o[0] for _, o in orphans], dtype=np.int64),
             "orphan_arrived": np.array([o[1] for _, o in orphans], dtype=np.float64),
+            "labels_clock": np.array([self.labels_clock(now)] if now is not None else [], dtype=np.float64),
         }
 
     def restore(self, state: dict[str, np.ndarray], single_model: str | None = None) -> None:
@@ -196,3 +232,5 @@ class OutcomeJoin:
         }  # fmt: skip
         orphans = zip(_unpack_ids("orphan", state), state["orphan_label"], state["orphan_arrived"], strict=True)
         self.orphans = {str(pid): (int(label), float(arrived)) for pid, label, arrived in orphans}
+        clock = state.get("labels_clock")  # absent from checkpoints written before the labels' clock
+        self.restored_clock = (float(clock[0]), None) if clock is not None and len(clock) else None

@@ -5,7 +5,10 @@ direct path's one decode of every partition's records) and reports its rejects a
 direct path does (``Ingest.report``); each model's rows go, as one PREDICTIONS record (or several, under the size
 limit), to the model's counts partition, and its unlabelled predictions with an id, as PENDING records, to the join
 partition of each id. The **labels** stage (a labels partition) sends each decoded label (``decode_outcomes``) to
-the join partition of its id. Every row carries its source partition and offset.
+the join partition of its id. Every row carries its source partition and offset, and each labels record the
+newest Kafka timestamp of the labels it came from; a join partition that none of a poll's labels went to gets
+that timestamp alone, at most every ``LABELS_CLOCK_EVERY`` seconds, so that every join task's labels' clock follows
+how late labels are read as the direct path's one clock does.
 """
 
 from __future__ import annotations
@@ -14,12 +17,20 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from exporter.stream.client import Offsets, Partition, Record, offsets_of, values_and_next
+from exporter.stream.client import Offsets, Partition, Record, newest_timestamp, offsets_of, values_and_next
 from exporter.stream.decode_outcomes import decode_outcomes
 from exporter.stream.ingest import Ingest
-from exporter.stream.internal import Kind, codes_layout, codes_matrix, encode_rows
+from exporter.stream.internal import Kind, codes_layout, codes_matrix, encode, encode_rows
 from exporter.stream.internal_producer import InternalProducer
 from exporter.stream.internal_topics import InternalTopics
+
+LABELS_CLOCK_EVERY = 5.0
+"""Seconds between the labels' timestamps sent alone to a join partition that no label of a poll went to."""
+
+_NO_LABELS: dict[str, np.ndarray] = {
+    "source": np.zeros(0, np.int32), "position": np.zeros(0, np.int64), "outcome": np.zeros(0, np.int8),
+    "id_bytes": np.zeros(0, np.uint8), "id_lengths": np.zeros(0, np.int32),
+}  # fmt: skip
 
 
 class EntryStages:
@@ -33,6 +44,8 @@ class EntryStages:
         """The internal topics as the broker has them (known once the source prepared them)."""
         self.logs = logs
         """Each topic's id, as the source keeps it current (it names the log a source position is in)."""
+        self._clock_sent: dict[tuple[Partition, int], float] = {}
+        """When each join partition last had a labels partition's timestamp (with its labels or alone)."""
 
     def predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
         """Decode every input partition's records at once and send each model's rows on; the next offsets."""
@@ -77,18 +90,32 @@ class EntryStages:
         at = np.asarray(decoded.positions, dtype=np.int64)
         rows = {"source": np.zeros(len(at), dtype=np.int32), "position": offsets_of(records, end)[at],
                 "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
-        self._to_join(Kind.LABELS, {"sources": [[*partition, self.logs.get(partition[0], "")]]}, rows,
-                      decoded.prediction_ids)  # fmt: skip
+        meta: dict[str, object] = {"sources": [[*partition, self.logs.get(partition[0], "")]]}
+        newest = newest_timestamp(records)
+        if newest is None:
+            self._to_join(Kind.LABELS, meta, rows, decoded.prediction_ids)
+            return end
+        meta["label_time"] = newest  # the join tasks hold their labels' clock back by how late labels are read
+        now = self.ingest.clock()
+        for q in self._to_join(Kind.LABELS, meta, rows, decoded.prediction_ids):
+            self._clock_sent[(partition, q)] = now
+        topics = self.topics()
+        for q in range(topics.join.partitions):
+            if now - self._clock_sent.get((partition, q), -LABELS_CLOCK_EVERY) >= LABELS_CLOCK_EVERY:
+                self.producer.send(topics.join.name, q, encode(Kind.LABELS, meta, _NO_LABELS))
+                self._clock_sent[(partition, q)] = now
         return end
 
-    def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> None:
-        """Rows keyed by prediction id, each to its join partition (in row order within each)."""
+    def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> list[int]:
+        """Rows keyed by prediction id, each to its join partition (in row order within each); the partitions."""
         if not ids:
-            return
+            return []
         topics = self.topics()
         where = topics.join_of(ids)
-        for q in np.unique(where).tolist():
+        partitions: list[int] = np.unique(where).tolist()
+        for q in partitions:
             mine = np.flatnonzero(where == q)
             part = {k: v[mine] for k, v in rows.items()}
             for value in encode_rows(kind, meta, part, [ids[i] for i in mine.tolist()]):
                 self.producer.send(topics.join.name, q, value)
+        return partitions

@@ -133,7 +133,14 @@ class JoinTask(Task):
                     joined[model] = found
         elif record.kind is Kind.LABELS:
             ids = [pid for pid, k in zip(record.ids, keep.tolist(), strict=True) if k]
-            joined = self.join.add_outcomes(ids, a["outcome"][keep].astype(np.int64).tolist(), self.clock(), given_up)
+            now = self.clock()
+            label_time = record.meta.get("label_time")  # absent from records written before the labels' clock
+            if keep.any() or not len(keep):  # rows read again (below the high-water mark) are of an earlier time
+                source = record.meta["sources"][0]
+                self.join.labels_read((source[0], source[1]), float(label_time) if label_time else None, now)
+            if not len(keep):
+                return []  # the labels' timestamp alone: no state of the snapshot changed
+            joined = self.join.add_outcomes(ids, a["outcome"][keep].astype(np.int64).tolist(), now, given_up)
         out = self._joined(joined, offset, given_up)
         self.health.count_outcomes(given_up)
         self.dirty = True
@@ -158,7 +165,7 @@ class JoinTask(Task):
         return out
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        return {}, {**{f"join.{k}": v for k, v in self.join.state().items()}, **self.hwm_arrays()}
+        return {}, {**{f"join.{k}": v for k, v in self.join.state(self.clock()).items()}, **self.hwm_arrays()}
 
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.join.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")})
