@@ -164,10 +164,15 @@ def test_every_lock_line_is_an_exact_pin() -> None:
             assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!]+", line), line
 
 
-def test_lock_pins_every_dependency_within_its_range() -> None:
+def test_lock_pins_every_dependency_within_its_range(stages: list[list[Instruction]]) -> None:
+    """The package's dependencies, those of the extras the image installs by default, and the build backend."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pins = lock_pins()
+    extras = global_args(stages).get("FAIRNESS_EXTRAS")
+    assert extras == "storage", "the image installs the storage extra by default (s3://, gs://, az:// datasets)"
+    optional = project["project"]["optional-dependencies"]
     requirements = [Requirement(r) for r in project["project"]["dependencies"]]
+    requirements += [Requirement(r) for extra in extras.split(",") for r in optional[extra]]
     requirements += [Requirement(r) for r in project["build-system"]["requires"]]
     for requirement in requirements:
         name = canonicalize_name(requirement.name)

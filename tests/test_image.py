@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_fixture import wait_until
+from s3_fixture import S3
 from tooling import require_binary
 
 from exporter.devtools.embedded_broker import EmbeddedBroker, free_port, terminate
@@ -184,3 +187,36 @@ def test_the_base_is_bootstrapped_from_the_mirror_apt_uses(tmp_path: Path, files
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert image_tool().debian_mirror(tmp_path) == mirror
+
+
+def test_the_seed_audit_runs_in_the_image_on_its_s3_dataset(container: Container, s3: S3, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The chart's audit CronJob runs `audit` in this image, and the seed's config names its evaluation_dataset and
+    report_destination on S3: the image carries the storage extra (before: no s3fs, so the seed's config could not
+    run in it). Its report is the one the package gives on the same rows."""
+    from test_seed_bias_config import SEED_CONFIG, hiring_eval, put_dataset
+
+    from exporter.cli import main
+
+    put_dataset(s3, hiring_eval(female_hired=4))
+    s3.filesystem().mkdir("ml-audit-reports")
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(SEED_CONFIG, data / "bias-testing-config.yaml")
+    for path in (tmp_path, data, data / "bias-testing-config.yaml"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    env = [f"--env={k}={os.environ[k]}" for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                 "AWS_DEFAULT_REGION")]  # fmt: skip
+    done = subprocess.run([require_binary("buildah"), "run", "--isolation", "chroot", *env, "-v", f"{data}:/data:ro",
+                           container.name, "--", "fairness-exporter", "audit", "/data/bias-testing-config.yaml",
+                           "--audit-log", "/tmp/audit-log.jsonl"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 1, done.stderr  # women are hired at 0.4, the others at 0.5: demographic parity blocks
+    in_image = json.loads(done.stdout)
+    code = main(["audit", str(data / "bias-testing-config.yaml"), "--audit-log", str(tmp_path / "log.jsonl")])
+    here = json.loads(capsys.readouterr().out)
+    assert code == 1 and in_image["verdict"] == here["verdict"] == "FAIL"
+    assert in_image["data_file"] == "s3://ml-datasets/hiring-eval-2026q1.parquet"
+    for key in ("timestamp", "config_file", "audit_log"):  # when, and the paths each run was given
+        in_image.pop(key), here.pop(key)
+    assert in_image == here
+    assert len(s3.filesystem().ls("ml-audit-reports")) == 2  # each run filed its JSON report
