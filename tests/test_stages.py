@@ -243,13 +243,17 @@ def test_labels_read_late_hold_expiry_back_alike_on_both_paths(kafka_broker: Emb
             else:
                 d.ingest.handle(topic, 0, batch)
                 d.ingest.expire()
-            seen.append({reason: d.registry.get_sample_value("fairness_exporter_labels_expired_total",
-                                                             {"reason": reason}) or 0
-                         for reason in ("never_labelled", "unknown_prediction")})  # fmt: skip
+            seen.append({**{reason: d.registry.get_sample_value("fairness_exporter_labels_expired_total",
+                                                                {"reason": reason}) or 0
+                            for reason in ("never_labelled", "unknown_prediction")},
+                         "behind": d.registry.get_sample_value("fairness_exporter_labels_clock_behind_seconds")})
         counted[path] = (d.registry.get_sample_value("fairness_exporter_labels_joined_total"), seen)
     assert counted["direct"] == counted["staged"]
     joined, seen = counted["direct"]
     assert joined == len(labels) and half > 0
     nothing = {"never_labelled": 0, "unknown_prediction": 0}
-    assert seen[:3] == [nothing, nothing, nothing]  # read 2 hours late, within the horizon of the labels' clock
-    assert seen[3] == {"never_labelled": waiting - len(labels), "unknown_prediction": 0}  # the ghost waits its hour
+    assert seen[0] == {**nothing, "behind": 0}  # no label read yet: the wall clock
+    # read 2 hours late, within the horizon of the labels' clock, which is shown behind by as much
+    assert seen[1:3] == [{**nothing, "behind": 7200 - 300}, {**nothing, "behind": 7201 - 310}]
+    # on time again: the never labelled expire; the ghost label waits its hour
+    assert seen[3] == {"never_labelled": waiting - len(labels), "unknown_prediction": 0, "behind": 1}

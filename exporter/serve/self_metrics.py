@@ -52,6 +52,10 @@ class Health:
                                       "reason.", ["reason"], registry=registry)  # fmt: skip
         self.pending_predictions = Gauge("fairness_exporter_pending_predictions",
                                     "Predictions held while waiting for their delayed label.", registry=registry)
+        self.labels_clock_behind = Gauge("fairness_exporter_labels_clock_behind_seconds",
+                                         "How far the labels' clock, by which waiting predictions expire, is behind "
+                                         "the wall clock: how late delayed labels are read (0: on time, or no "
+                                         "label timestamps).", registry=registry)  # fmt: skip
         self.dead_letter_failures = Counter("fairness_exporter_dead_letters_failed",
                                             "Rejected events that could not be forwarded to the dead-letter topic "
                                             "(still counted as rejected), by reason.", ["reason"],

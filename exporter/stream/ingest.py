@@ -147,8 +147,11 @@ class Ingest:
         """Give up on predictions and labels older than the label horizon (a scheduled job: it must not wait for
         traffic)."""
         given_up: Counter[str] = Counter()
+        now = self.clock()
         with self.fleet.lock:
-            self.fleet.joins.expire(self.clock(), given_up)
+            self.fleet.joins.expire(now, given_up)
             pending = len(self.fleet.joins.pending)
+            behind = now - self.fleet.joins.labels_clock(now)
         self.health.pending_predictions.set(pending)
+        self.health.labels_clock_behind.set(behind)
         self.health.count_outcomes(given_up)

@@ -340,14 +340,18 @@ class Stages:
     def expire(self) -> None:
         """Give up on predictions and labels older than the label horizon, in every join task held."""
         given_up: Counter[str] = Counter()
+        behind = 0.0
         with self.lock:
             for task in self.tasks.values():
                 if isinstance(task, JoinTask) and task.restoring is None:
                     before = sum(given_up.values())
-                    task.join.expire(self.clock(), given_up)
+                    now = self.clock()
+                    task.join.expire(now, given_up)
                     task.dirty = task.dirty or sum(given_up.values()) > before
+                    behind = max(behind, now - task.join.labels_clock(now))
             pending = self._pending()
         self.health.pending_predictions.set(pending)
+        self.health.labels_clock_behind.set(behind)  # the furthest behind of this replica's join tasks
         self.health.count_outcomes(given_up)
 
     def _pending(self) -> int:
