@@ -53,9 +53,9 @@ class Batch(Sequence[Record]):
     def next_offset(self) -> int:
         """The offset after the last record."""
 
+    @abstractmethod
     def newest_timestamp_ms(self) -> int:
-        """The newest record timestamp in milliseconds; -1 when the records carry none."""
-        return max((getattr(r, "timestamp", -1) for r in self), default=-1)
+        """The newest record timestamp in milliseconds; -1 or 0 when the records carry none."""
 
 
 def values_and_next(records: Sequence[Record]) -> tuple[list[bytes | None], int]:
@@ -73,7 +73,7 @@ def newest_timestamp(records: Sequence[Record]) -> float | None:
         ms = records.newest_timestamp_ms()
     else:
         ms = max((getattr(r, "timestamp", -1) for r in records), default=-1)
-    return ms / 1000 if ms is not None and ms > 0 else None
+    return ms / 1000 if ms > 0 else None
 
 
 def offsets_of(records: Sequence[Record], next_offset: int) -> np.ndarray:

@@ -161,7 +161,6 @@ class OutcomeJoin:
         """Drop the predictions whose labels would have been read by now (event time a horizon behind the labels'
         clock), and orphan labels that waited a horizon."""
         cutoff = now - self.horizon
-        self.label_delays = {k: v for k, v in self.label_delays.items() if v[1] >= cutoff}
         if self.restored_clock is not None and self.restored_clock[1] is None:
             self.restored_clock = (self.restored_clock[0], now)  # the horizon it may hold for starts now
         labels_cutoff = self.labels_clock(now) - self.horizon

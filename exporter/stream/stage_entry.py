@@ -92,19 +92,24 @@ class EntryStages:
                 "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
         meta: dict[str, object] = {"sources": [[*partition, self.logs.get(partition[0], "")]]}
         newest = newest_timestamp(records)
-        if newest is None:
-            self._to_join(Kind.LABELS, meta, rows, decoded.prediction_ids)
-            return end
-        meta["label_time"] = newest  # the join tasks hold their labels' clock back by how late labels are read
+        if newest is not None:  # the join tasks hold their labels' clock back by how late labels are read
+            meta["label_time"] = newest
+        written = self._to_join(Kind.LABELS, meta, rows, decoded.prediction_ids)
+        if newest is not None:
+            self._send_label_time(partition, meta, written)
+        return end
+
+    def _send_label_time(self, partition: Partition, meta: dict[str, object], written: list[int]) -> None:
+        """The labels' timestamp alone to each join partition that has had none of this labels partition's for
+        :data:`LABELS_CLOCK_EVERY` seconds (``written``: those its labels just went to)."""
         now = self.ingest.clock()
-        for q in self._to_join(Kind.LABELS, meta, rows, decoded.prediction_ids):
+        for q in written:
             self._clock_sent[(partition, q)] = now
         topics = self.topics()
         for q in range(topics.join.partitions):
             if now - self._clock_sent.get((partition, q), -LABELS_CLOCK_EVERY) >= LABELS_CLOCK_EVERY:
                 self.producer.send(topics.join.name, q, encode(Kind.LABELS, meta, _NO_LABELS))
                 self._clock_sent[(partition, q)] = now
-        return end
 
     def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> list[int]:
         """Rows keyed by prediction id, each to its join partition (in row order within each); the partitions."""

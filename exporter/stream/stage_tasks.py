@@ -136,8 +136,8 @@ class JoinTask(Task):
             now = self.clock()
             label_time = record.meta.get("label_time")  # absent from records written before the labels' clock
             if keep.any() or not len(keep):  # rows read again (below the high-water mark) are of an earlier time
-                source = record.meta["sources"][0]
-                self.join.labels_read((source[0], source[1]), float(label_time) if label_time else None, now)
+                topic, partition, _ = record.sources[0]
+                self.join.labels_read((topic, partition), float(label_time) if label_time else None, now)
             if not len(keep):
                 return []  # the labels' timestamp alone: no state of the snapshot changed
             joined = self.join.add_outcomes(ids, a["outcome"][keep].astype(np.int64).tolist(), now, given_up)
