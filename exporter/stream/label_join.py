@@ -185,7 +185,7 @@ class OutcomeJoin:
         if gone:
             expired["model_reconfigured"] += len(gone)
 
-    def state(self, now: float | None = None) -> dict[str, np.ndarray]:
+    def state(self, now: float) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint: the pending predictions grouped by model, each model's codes one row per
         prediction (a per-model table says how many and how wide), so that nothing per prediction is repeated; and
         the labels' clock at ``now`` (a restart holds expiry there until it reads labels again)."""
@@ -206,7 +206,7 @@ class OutcomeJoin:
             **_pack_ids("orphan", [p for p, _ in orphans]),
             "orphan_label": np.array([o[0] for _, o in orphans], dtype=np.int64),
             "orphan_arrived": np.array([o[1] for _, o in orphans], dtype=np.float64),
-            "labels_clock": np.array([self.labels_clock(now)] if now is not None else [], dtype=np.float64),
+            "labels_clock": np.array([self.labels_clock(now)], dtype=np.float64),
         }
 
     def restore(self, state: dict[str, np.ndarray], single_model: str | None = None) -> None:
