@@ -32,14 +32,14 @@ from scipy.stats import binom
 
 from bench import staged_replay
 from bench.report import Section, fmt, standalone, table
-from exporter.backtest import backtest, stacked
+from exporter.backtest.replay import backtest, stacked
 from exporter.config import Config, parse_config
 from exporter.core.evaluate import evaluate_many
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.devtools.rules import TUNING
 from exporter.devtools.synthetic import attribute_counts, cell_counts, cell_events
-from exporter.stream.detectors import ALERT_OF_METRIC, DetectorBank
-from exporter.stream.window import RowLayout
+from exporter.stream.state.detectors import ALERT_OF_METRIC, DetectorBank
+from exporter.stream.state.window import RowLayout
 
 ATTRIBUTES = {"a": ("a0", "a1", "a2"), "b": ("b0", "b1", "b2", "b3"), "c": ("c0", "c1", "c2", "c3", "c4")}
 SIZES = tuple(len(g) for g in ATTRIBUTES.values())

@@ -27,8 +27,8 @@ from exporter.config import Config, parse_config
 from exporter.core.attributes import Attribute
 from exporter.serve.self_metrics import Health
 from exporter.serve.snapshot import Computer, FleetSnapshot
-from exporter.stream.fleet import Fleet
-from exporter.stream.window import WindowStore
+from exporter.stream.state.fleet import Fleet
+from exporter.stream.state.window import WindowStore
 
 ATTRIBUTES = {"gender": ["male", "female", "non_binary"], "age_group": ["18_29", "30_44", "45_59", "60_plus"],
               "ethnicity": ["a", "b", "c", "d", "e"]}  # fmt: skip

@@ -38,10 +38,10 @@ from exporter.core.fairness import PRED_NEG, PRED_POS
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.devtools.synthetic import AGES, GENDERS, events
-from exporter.stream.client_kafka import FETCH_DEFAULTS
-from exporter.stream.decode import EventDecoder
-from exporter.stream.source import MAX_RECORDS
-from exporter.stream.window import WindowStore
+from exporter.stream.decode.events import EventDecoder
+from exporter.stream.kafka.kafka_python import FETCH_DEFAULTS
+from exporter.stream.kafka.source import MAX_RECORDS
+from exporter.stream.state.window import WindowStore
 
 TOPIC = "predictions"
 PARTITIONS = 3
@@ -201,7 +201,7 @@ def ceiling(broker: EmbeddedBroker, n: int, topic: str = TOPIC, **settings: Any)
 def confluent_fetch() -> dict[str, Any]:
     """The daemon's fetch settings for confluent-kafka (client_confluent.FETCH_DEFAULTS); {} without it."""
     try:
-        from exporter.stream.client_confluent import FETCH_DEFAULTS
+        from exporter.stream.kafka.confluent import FETCH_DEFAULTS
     except ImportError:
         return {}
     return FETCH_DEFAULTS

@@ -28,8 +28,8 @@ from bench.replicas import STARTUP_TIMEOUT, Page, Replicas, owned, wait_until
 from exporter.config import parse_config
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.devtools.synthetic import attribute_counts, cell_events
-from exporter.stream.detectors import ALERT_OF_METRIC, Detector, DetectorBank
-from exporter.stream.window import RowLayout
+from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, DetectorBank
+from exporter.stream.state.window import RowLayout
 
 MODEL = "bench"
 PARTITIONS = 4

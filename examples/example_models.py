@@ -15,7 +15,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from exporter.gate.unicode_text import normalise_text
+from exporter.gate.redteam.unicode_text import normalise_text
 
 _X = np.loadtxt(Path(__file__).with_name("credit-inputs.csv"), delimiter=",", skiprows=1)
 _y = (0.08 * (_X[:, 0] - 50) - 4 * (_X[:, 1] - 0.5) > 0).astype(int)

@@ -16,11 +16,11 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+source"
 
 _MODULES = {
-    "BiasAuditor": "exporter.gate.bias",
-    "FairnessResult": "exporter.gate.seed_api",
-    "run_audit": "exporter.gate.audit",
-    "SafetyEvaluator": "exporter.gate.safety",
-    "SafetyReport": "exporter.gate.safety",
+    "BiasAuditor": "exporter.gate.fairness.bias",
+    "FairnessResult": "exporter.gate.fairness.seed_api",
+    "run_audit": "exporter.gate.fairness.audit",
+    "SafetyEvaluator": "exporter.gate.safety.evaluator",
+    "SafetyReport": "exporter.gate.safety.evaluator",
     "SafetyTestResult": "exporter.gate.suite",
 }
 
@@ -31,7 +31,7 @@ def _public() -> dict[str, str]:
     first use: ``import exporter`` loads no numpy, so the HTTP worker process (exporter.serve.worker) stays small."""
     from exporter.core.metric_table import METRIC_NAMES
 
-    return {**_MODULES, **dict.fromkeys(METRIC_NAMES, "exporter.gate.seed_api")}
+    return {**_MODULES, **dict.fromkeys(METRIC_NAMES, "exporter.gate.fairness.seed_api")}
 
 
 def __getattr__(name: str) -> Any:

@@ -42,7 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.daemon import Daemon
     from exporter.serve.http import ListenError
     from exporter.serve.web_config import WebConfigError
-    from exporter.stream.checkpoint import CheckpointError
+    from exporter.stream.state.checkpoint import CheckpointError
 
     _configure_logging(args.log_level)
     try:
@@ -64,8 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
-    from exporter.backtest import backtest
-    from exporter.backtest_input import BacktestError
+    from exporter.backtest.input import BacktestError
+    from exporter.backtest.replay import backtest
 
     try:
         config = load_config(args.config)
@@ -88,7 +88,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     else:
         print(text)
     if args.html:
-        from exporter.gate.html import backtest_html
+        from exporter.gate.reports.html import backtest_html
 
         if not write_html(Path(args.html), backtest_html, report):
             return EXIT_BAD_INPUT

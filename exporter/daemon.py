@@ -1,7 +1,7 @@
 """The monitoring daemon: Kafka source -> router and decoders -> every model's window store (+ label join) ->
 scheduled computation -> /metrics, with checkpoints that let it restart without losing or double counting an
 event, and reloads that change the models without a restart. With ``kafka.stages: staged`` the same parts run as
-the stages of exporter/stream/stages.py, and this replica computes and serves the models it owns."""
+the stages of exporter/stream/stages/replica.py, and this replica computes and serves the models it owns."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health, OwnershipCollector, StageHealth
 from exporter.serve.snapshot import Computer, FleetSnapshot
-from exporter.stream.checkpoint import Checkpointer
-from exporter.stream.clock import SteadyClock
-from exporter.stream.dead_letters import DeadLetters
-from exporter.stream.fleet import Fleet
 from exporter.stream.ingest import Ingest
-from exporter.stream.source import KafkaSource
-from exporter.stream.stages import Stages
+from exporter.stream.kafka.dead_letters import DeadLetters
+from exporter.stream.kafka.source import KafkaSource
+from exporter.stream.stages.replica import Stages
+from exporter.stream.state.checkpoint import Checkpointer
+from exporter.stream.state.clock import SteadyClock
+from exporter.stream.state.fleet import Fleet
 
 log = logging.getLogger(__name__)
 EXPIRY_EVERY_SECONDS = 10.0
@@ -75,7 +75,7 @@ class Daemon:
         self.loader = loader
         self.registry = registry or CollectorRegistry()
         self.health = Health(self.registry)
-        # the wall clock without its jumps (exporter.stream.clock)
+        # the wall clock without its jumps (exporter.stream.state.clock)
         self.clock = clock = clock or SteadyClock(on_jump=lambda _: self.health.clock_jumps.inc())
         dead_letters = DeadLetters(config.kafka, self.health) if config.kafka.dead_letter_topic else None
         self.stages: Stages | None = None

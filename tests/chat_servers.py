@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from exporter.gate.redteam_config import library_cases, load_library
-from exporter.gate.unicode_text import normalise_text
+from exporter.gate.redteam.config import library_cases, load_library
+from exporter.gate.redteam.unicode_text import normalise_text
 
 KEY = "sk-test-0123456789"
 MODEL = "moderator-7b-instruct"

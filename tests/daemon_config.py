@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.config import Config, parse_config
-from exporter.stream.decode import EventDecoder
-from exporter.stream.window import WindowStore
+from exporter.stream.decode.events import EventDecoder
+from exporter.stream.state.window import WindowStore
 
 
 def make_config(**overrides: Any) -> Config:

@@ -16,8 +16,8 @@ import orjson
 
 from exporter.config import Config
 from exporter.core.encoding import attribute_codes, code_table, value_text
-from exporter.stream.decode import MAX_PREDICTION_ID_LENGTH, DecodedBatch
-from exporter.stream.route import NO_MODEL_ID, UNCONFIGURED
+from exporter.stream.decode.events import MAX_PREDICTION_ID_LENGTH, DecodedBatch
+from exporter.stream.decode.route import NO_MODEL_ID, UNCONFIGURED
 
 
 def _valid_id(pid: object) -> bool:

@@ -21,7 +21,7 @@ from exporter.cli import main
 from exporter.config import ConfigError, load_config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
-from exporter.stream.clock import TRUST_SECONDS, SteadyClock
+from exporter.stream.state.clock import TRUST_SECONDS, SteadyClock
 
 CONFIG = ('model_id: m1\r\nprotected_attributes:\r\n  - name: region\r\n    groups: ["Zürich", "Genève"]\r\n'
           'kafka: {bootstrap_servers: "127.0.0.1:1", topic: t}\r\n')  # fmt: skip

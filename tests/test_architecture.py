@@ -1,4 +1,5 @@
-"""The package layout's promises: the daemon's import path stays light, and the core depends on nothing of ours."""
+"""The package layout's promises: the daemon's import path stays light, the core depends on nothing of ours, a folder
+is one idea of at most 15 modules, and no module imports itself back through others."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_stream_and_serve_never_import_the_gate() -> None:
     offending = {
         f"{path.relative_to(PACKAGE)}: {name}"
         for package in ("stream", "serve")
-        for path in (PACKAGE / package).glob("*.py")
+        for path in (PACKAGE / package).rglob("*.py")
         for name in _imports(path)
         if name.startswith("exporter.gate") or name == "pandas"
     }
@@ -61,3 +62,57 @@ def test_no_module_is_over_400_lines() -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}  # fmt: skip
     assert not long
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the modules of ours it imports, at any depth (function-level included):
+    ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exporter"):
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                edges.update(subs or {node.module})
+        graph[name] = (edges & modules.keys()) - {name}
+    return graph
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    crowded = {str(d.relative_to(PACKAGE.parent)): n for d in [PACKAGE, *PACKAGE.rglob("*/")]
+               if d.is_dir() and d.name != "__pycache__"
+               and (n := sum(1 for p in d.glob("*.py") if p.name != "__init__.py")) > 15}  # fmt: skip
+    assert not crowded
+
+
+def test_no_import_cycle_among_the_package_modules() -> None:
+    graph = _import_graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert not cycles, " ; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_import_graph_sees_function_level_imports() -> None:
+    """The cycle check would pass vacuously if it missed imports inside functions: commands imports the audit there."""
+    assert "exporter.gate.fairness.audit" in _import_graph()["exporter.gate.commands"]

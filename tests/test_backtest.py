@@ -14,7 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 from test_labels_and_checkpoint import Clock, Record
 
-from exporter.backtest import backtest
+from exporter.backtest.replay import backtest
 from exporter.cli import main
 from exporter.config import parse_config
 from exporter.daemon import Daemon
@@ -116,7 +116,7 @@ def test_backtest_takes_the_daemons_steps_and_reaches_its_statistics(recorded: d
         daemon.clock.now = frame["timestamp"][minute == m].max()
         daemon.ingest.handle("predictions", 0, batch)
         daemon.computer.compute()
-    from exporter.backtest import Replay, read_events
+    from exporter.backtest.replay import Replay, read_events
 
     replay = Replay(config.model(), config.windowing)
     for columns, _, _ in read_events([recorded["dir"] / "short.jsonl"], config):
@@ -196,7 +196,7 @@ def test_a_value_outside_the_groups_is_its_attributes_unknown_category_in_every_
     config = parse_config(RAW_CONFIG)
     table, jsonl = tmp_path / "odd.csv", as_jsonl(frame, tmp_path / "odd.jsonl")
     frame.to_csv(table, index=False)
-    from exporter.backtest import Replay, read_events
+    from exporter.backtest.replay import Replay, read_events
 
     stores = []
     for path in (table, jsonl):

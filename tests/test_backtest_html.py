@@ -12,12 +12,12 @@ from PIL import Image
 from test_backtest import RAW_CONFIG, recorded  # noqa: F401 (the module fixture: three hours of events drifting after one)
 from test_html_report import assert_self_contained, f4, interval, rows_of, screenshot
 
-from exporter import backtest as backtest_module
-from exporter import backtest_series
-from exporter.backtest_series import SERIES_OTHERS
+from exporter.backtest import replay as backtest_module
+from exporter.backtest import series as backtest_series
+from exporter.backtest.series import SERIES_OTHERS
 from exporter.cli import main
 from exporter.config import parse_config
-from exporter.gate.html import BAR
+from exporter.gate.reports.html import BAR
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from scipy import stats
 
 from exporter import BiasAuditor
 from exporter.core.fairness import t_interval, wilson_interval
-from exporter.gate.audit import DataError
+from exporter.gate.fairness.audit import DataError
 
 EXAMPLE = pd.DataFrame({
     "gender": ["male", "female", "male", "female", "male", "female"],

@@ -19,7 +19,7 @@ from junitparser import Error, Failure, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase
 
 from exporter.cli import main
-from exporter.gate import ci_reports
+from exporter.gate.reports import ci as ci_reports
 
 ROOT = Path(__file__).resolve().parent.parent
 DP = {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"}

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from tooling import missing
 
 from exporter.daemon import Daemon
-from exporter.stream.client import SimpleRecord, newest_timestamp, values_and_next
+from exporter.stream.kafka.client import SimpleRecord, newest_timestamp, values_and_next
 
 T0 = 1_800_000_000.0
 
@@ -21,7 +21,7 @@ def test_a_confluent_batch_is_counted_as_its_records() -> None:
         missing("confluent-kafka is not installed (pip install 'fairness-exporter[confluent]')")
     import confluent_kafka as ck
 
-    from exporter.stream.client_confluent import _Batch
+    from exporter.stream.kafka.confluent import _Batch
 
     values = [orjson.dumps(event("male" if i % 3 else "female", ts=T0 - 60 * i, prediction=i % 2,
                                  label=i % 2 if i % 4 == 0 else None)) for i in range(30)]  # fmt: skip
@@ -55,7 +55,7 @@ def test_a_poll_is_split_by_partition_in_consumed_order() -> None:
         missing("confluent-kafka is not installed (pip install 'fairness-exporter[confluent]')")
     import confluent_kafka as ck
 
-    from exporter.stream.client_confluent import _by_partition
+    from exporter.stream.kafka.confluent import _by_partition
 
     def message(topic: str, partition: int, offset: int) -> ck.Message:
         # error=None: without it, error() of a message built in Python leaves an exception set

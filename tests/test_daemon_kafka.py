@@ -25,7 +25,7 @@ from daemon_fixture import GROUPS, consumed, kafka_config, payloads, sample, scr
 
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker, free_port
-from exporter.gate.audit import run_audit
+from exporter.gate.fairness.audit import run_audit
 
 
 def test_scraped_gauges_equal_the_audit_gate_on_the_same_rows(kafka_broker: EmbeddedBroker, topic: str,

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.config import Config
-from exporter.stream.decode import EventDecoder
-from exporter.stream.decode_fleet import SharedDecoder
-from exporter.stream.fleet import Fleet
+from exporter.stream.decode.events import EventDecoder
+from exporter.stream.decode.fleet import SharedDecoder
+from exporter.stream.state.fleet import Fleet
 
 NOW = 1_800_000_000.0
 

@@ -16,8 +16,8 @@ from test_labels_and_checkpoint import Clock, records
 from exporter.config import parse_config
 from exporter.core import detect
 from exporter.daemon import Daemon
-from exporter.stream.detectors import DetectorBank
-from exporter.stream.window import RowLayout
+from exporter.stream.state.detectors import DetectorBank
+from exporter.stream.state.window import RowLayout
 
 T0 = 1_800_000_000.0
 BASE_RATES = (0.02, 0.1, 0.3, 0.5)

@@ -8,7 +8,7 @@ from daemon_config import decoder_of, event, make_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.stream.decode import REJECT_REASONS
+from exporter.stream.decode.events import REJECT_REASONS
 
 NOW = 1_800_000_000.0
 

@@ -45,8 +45,8 @@ from exporter.config import Config, parse_config
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
-from exporter.gate.audit import run_audit
-from exporter.stream.client import SimpleRecord
+from exporter.gate.fairness.audit import run_audit
+from exporter.stream.kafka.client import SimpleRecord
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -17,7 +17,7 @@ from test_ll144 import hand_case, ll144_config
 from tooling import require_binary
 
 from exporter.cli import main
-from exporter.gate.html import BAR, OUTCOMES
+from exporter.gate.reports.html import BAR, OUTCOMES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -98,7 +98,7 @@ def _computed_server() -> HttpWorker:
 
     from exporter.serve.self_metrics import Health
     from exporter.serve.snapshot import Computer
-    from exporter.stream.fleet import Fleet
+    from exporter.stream.state.fleet import Fleet
 
     registry = CollectorRegistry()
     exposition = CachedExposition("1s")

@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from exporter.config import ConfigError, parse_config
-from exporter.stream import internal_topics
-from exporter.stream.internal import MAX_RECORD_BYTES, Kind, RecordError, decode, encode, encode_rows
-from exporter.stream.snapshots import Restoring, chunks, pack, unpack
+from exporter.stream.kafka import internal_topics
+from exporter.stream.stages.records import MAX_RECORD_BYTES, Kind, RecordError, decode, encode, encode_rows
+from exporter.stream.stages.snapshots import Restoring, chunks, pack, unpack
 
 BASE: dict[str, Any] = {"model_id": "m1", "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}]}
 
@@ -133,10 +133,10 @@ def test_every_model_of_a_fleet_must_share_the_label_join_level() -> None:
 @pytest.mark.parametrize("split", ["one model", "shared parse", "router"])
 def test_each_decoded_event_knows_its_position_in_the_whole_batch(split: str) -> None:
     """The staged ingest tells each event's source offset by its position: for one model, for models parsed at
-    once (exporter/stream/decode_fleet.py), and for models routed by id."""
-    from exporter.stream.decode_fleet import SharedDecoder
-    from exporter.stream.fleet import Fleet
-    from exporter.stream.route import Router
+    once (exporter/stream/decode/fleet.py), and for models routed by id."""
+    from exporter.stream.decode.fleet import SharedDecoder
+    from exporter.stream.decode.route import Router
+    from exporter.stream.state.fleet import Fleet
 
     second = {**BASE, "model_id": "m2", **({"events": {"attributes": "who"}} if split == "router" else {})}
     config = parse_config(BASE if split == "one model" else {"models": [BASE, second]})

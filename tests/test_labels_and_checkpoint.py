@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon import Daemon
-from exporter.stream import checkpoint
-from exporter.stream.checkpoint import CheckpointError
-from exporter.stream.client import SimpleRecord
+from exporter.stream.kafka.client import SimpleRecord
+from exporter.stream.state import checkpoint
+from exporter.stream.state.checkpoint import CheckpointError
 
 T0 = 1_800_000_000.0
 

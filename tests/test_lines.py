@@ -10,7 +10,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.stream.lines import MAX_REFUSED, MAX_REFUSED_SHARE, RUN, decode_lines, decode_one, joined_lines
+from exporter.stream.decode.lines import MAX_REFUSED, MAX_REFUSED_SHARE, RUN, decode_lines, decode_one, joined_lines
 
 
 class Event(msgspec.Struct):

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from exporter.gate.audit import sha256_file
-from exporter.gate.ll144 import CSV_COLUMNS
+from exporter.gate.fairness.audit import sha256_file
+from exporter.gate.fairness.ll144 import CSV_COLUMNS
 
 
 def ll144_config(tmp_path: Path, **extra: object) -> Path:

@@ -19,7 +19,7 @@ from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry
 
 from exporter.daemon import Daemon
-from exporter.stream.client import SimpleRecord
+from exporter.stream.kafka.client import SimpleRecord
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
 T0 = 1_800_000_000.0

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from exporter.gate.models import load_model
-from exporter.gate.targets import TargetError
+from exporter.gate.targets.files import load_model
+from exporter.gate.targets.objects import TargetError
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ import yaml
 from confusable_homoglyphs import categories
 
 from exporter.cli import main
-from exporter.gate.redteam import run_redteam
-from exporter.gate.redteam_config import library_cases, load_library, parse_config
-from exporter.gate.redteam_techniques import TECHNIQUES, attack
-from exporter.gate.unicode_text import INVISIBLE_CHARS, normalise_text, strip_invisible
+from exporter.gate.redteam.config import library_cases, load_library, parse_config
+from exporter.gate.redteam.run import run_redteam
+from exporter.gate.redteam.techniques import TECHNIQUES, attack
+from exporter.gate.redteam.unicode_text import INVISIBLE_CHARS, normalise_text, strip_invisible
 
 LIBRARY = load_library()
 CASES = library_cases(LIBRARY, "classifier")

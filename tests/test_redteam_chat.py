@@ -15,9 +15,9 @@ import yaml
 
 from exporter.cli import main
 from exporter.gate import audit_log
-from exporter.gate.redteam_config import library_cases, load_library
-from exporter.gate.redteam_outcomes import findings, verbatim_chars
-from exporter.gate.redteam_techniques import Attempt
+from exporter.gate.redteam.config import library_cases, load_library
+from exporter.gate.redteam.outcomes import findings, verbatim_chars
+from exporter.gate.redteam.techniques import Attempt
 
 CHAT_CASES = library_cases(load_library(), "chat")
 

@@ -155,7 +155,7 @@ def test_detector_alert_names_the_comparison_and_shows_the_gap_in_every_window(n
 
 
 def test_detector_alerts_are_the_detectors_table_and_fire_while_a_detector_is_in_alarm() -> None:
-    from exporter.stream.detectors import ALERTS as DETECTOR_ALERTS
+    from exporter.stream.state.detectors import ALERTS as DETECTOR_ALERTS
 
     for alert in DETECTOR_ALERTS:
         rule = ALERTS[alert.name]

@@ -18,8 +18,8 @@ import yaml
 from exporter import SafetyEvaluator
 from exporter.cli import main
 from exporter.gate import audit_log
-from exporter.gate.safety import ModelCallError
-from exporter.gate.safety_config import run_safety
+from exporter.gate.safety.config import run_safety
+from exporter.gate.safety.evaluator import ModelCallError
 
 SEED = Path(__file__).parent / "data" / "seed"
 X_TEST, _ = tm.credit_data(200, seed=7)

@@ -17,7 +17,7 @@ from s3_fixture import S3
 
 from exporter.cli import main
 from exporter.config import ConfigError
-from exporter.gate.redteam import run_redteam
+from exporter.gate.redteam.run import run_redteam
 
 SEED_CONFIG = Path(__file__).parent / "data" / "seed" / "red-team-config.yaml"
 SEED_CASES = ["homoglyph_substitution", "whitespace_injection", "language_mixing", "instruction_override",

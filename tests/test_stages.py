@@ -21,10 +21,10 @@ from prometheus_client import CollectorRegistry
 from exporter.config import Config, parse_config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
-from exporter.stream.client import SimpleRecord
-from exporter.stream.internal import Kind, decode
-from exporter.stream.stage_tasks import JoinTask
-from exporter.stream.stages import Stages
+from exporter.stream.kafka.client import SimpleRecord
+from exporter.stream.stages.records import Kind, decode
+from exporter.stream.stages.replica import Stages
+from exporter.stream.stages.tasks import JoinTask
 
 T0 = 1_800_000_000.0
 MODELS = {"hiring": {"gender": ["male", "female"], "age": ["young", "old"]},

@@ -42,7 +42,7 @@ from tooling import missing
 from exporter.config import parse_config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker, free_port, terminate
-from exporter.stream.internal import Kind, decode
+from exporter.stream.stages.records import Kind, decode
 
 DAY = 86400.0
 PARTITIONS = 4

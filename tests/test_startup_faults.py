@@ -15,7 +15,7 @@ import yaml
 from tooling import require_binary
 
 from exporter.config import layout, parse_config
-from exporter.stream import checkpoint
+from exporter.stream.state import checkpoint
 
 EXIT_BAD_INPUT = 2
 BASE: dict[str, Any] = {

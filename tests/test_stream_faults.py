@@ -182,7 +182,7 @@ def test_a_subscribed_consumer_without_a_settled_membership_for_too_long_asks_to
     for good on the SyncGroup answer of its rejoin; the adapter raises once the membership has not been settled for
     GROUP_UNSETTLED_SECONDS while a broker answers, and the source rebuilds the consumer (as after any consumer
     error)."""
-    from exporter.stream import client_kafka
+    from exporter.stream.kafka import kafka_python as client_kafka
 
     # the group settings of the daemon tests
     config = make_config(kafka={**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python")["kafka"],

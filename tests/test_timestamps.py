@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from exporter.stream.timestamps import _LAYOUT, epoch, epochs, iso_epochs
+from exporter.stream.decode.timestamps import _LAYOUT, epoch, epochs, iso_epochs
 
 
 def _two(lo: int, hi: int) -> st.SearchStrategy[str]:

@@ -12,11 +12,11 @@ from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.core.fairness import TP
-from exporter.gate.audit import run_audit
+from exporter.gate.fairness.audit import run_audit
 from exporter.serve.collector import SnapshotCollector
 from exporter.serve.self_metrics import Health
 from exporter.serve.snapshot import Computer
-from exporter.stream.fleet import Fleet
+from exporter.stream.state.fleet import Fleet
 
 T0 = 1_800_000_000.0  # a bucket boundary: 2027-01-15T08:00:00Z
 

@@ -11,7 +11,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 
-from exporter.gate.unicode_text import normalise_text
+from exporter.gate.redteam.unicode_text import normalise_text
 
 CORPUS = Path(__file__).parent / "data" / "moderation_corpus.csv"
 

@@ -24,7 +24,7 @@ from exporter.config.types import (
     Windowing,
     parse_duration,
 )
-from exporter.yaml_file import YamlFileError, read_yaml
+from exporter.config.yaml_file import YamlFileError, read_yaml
 
 log = logging.getLogger(__name__)
 SHARED_KEYS: Final = frozenset({

@@ -85,7 +85,7 @@ class KafkaConfig:
     client: dict[str, Any] = field(default_factory=dict)
     stages: Literal["direct", "staged"] = "direct"
     """direct: each replica counts what it reads; staged: ingest, label join and evaluation run as stages joined by
-    internal topics, so each model lives whole on one replica of the group (exporter/stream/stages.py)."""
+    internal topics, so each model lives whole on one replica of the group (exporter/stream/stages/replica.py)."""
     internal_topics: InternalTopics = field(default_factory=InternalTopics)
 
 

@@ -27,7 +27,7 @@ from exporter.devtools.rule_text import VALUE_3F, alert
 from exporter.devtools.rule_text import fmt as _fmt
 from exporter.devtools.rule_text import label as _label
 from exporter.devtools.stage_rules import stage_alerts
-from exporter.stream.detectors import ALERTS, Alert
+from exporter.stream.state.detectors import ALERTS, Alert
 
 
 class Tuning(NamedTuple):
@@ -44,7 +44,7 @@ budget counts alarms, so a `for:` would only delay the page."""
 
 # fmt: off
 TUNING: dict[str, Tuning] = {
-    # the change detectors (exporter/stream/detectors.py ALERTS): while a detector is in alarm
+    # the change detectors (exporter/stream/state/detectors.py ALERTS): while a detector is in alarm
     **{alert.name: Tuning(None, DETECTOR_FOR, alert.severity) for alert in ALERTS},
     # The seed's literal rules, non-paging: model_demographic_parity_difference > threshold
     "FairnessDemographicParityAboveThreshold": Tuning(0.05, "30m", "warning"),
@@ -167,7 +167,7 @@ def _detector_alert(alert: Alert, fors: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _fairness_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The paging alerts: one per detector alert of exporter/stream/detectors.py."""
+    """The paging alerts: one per detector alert of exporter/stream/state/detectors.py."""
     return [_detector_alert(alert, fors) for alert in ALERTS]
 
 

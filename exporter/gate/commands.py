@@ -21,14 +21,14 @@ from exporter.core.metric_table import METRICS
 
 if TYPE_CHECKING:
     from exporter.gate.audit_log import Head
-    from exporter.gate.ci_reports import CiReport
+    from exporter.gate.reports.ci import CiReport
 
 EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 SUMMARY_LINES = 15
 
 
 def _file_facts(path: str | None) -> dict[str, Any]:
-    from exporter.gate.audit import sha256_file
+    from exporter.gate.fairness.audit import sha256_file
 
     p = Path(path) if path else None
     return {"file": path, "sha256": sha256_file(p) if p and p.is_file() else None}
@@ -82,10 +82,11 @@ def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report, file it at the config's report_destination; exit 0 / 1 /
     2 (bad input, or a report that could not be filed)."""
-    from exporter.gate import audit_log, ci_reports, storage  # the gate needs pandas; `serve` must not load it
-    from exporter.gate.audit import DataError, Override, dataset_location, exit_code, run_audit
-    from exporter.gate.html import audit_html
-    from exporter.gate.publish import publish
+    from exporter.gate import audit_log, storage  # the gate needs pandas; `serve` must not load it
+    from exporter.gate.fairness.audit import DataError, Override, dataset_location, exit_code, run_audit
+    from exporter.gate.reports import ci as ci_reports
+    from exporter.gate.reports.html import audit_html
+    from exporter.gate.reports.publish import publish
 
     log_path = args.audit_log
     override = None
@@ -151,8 +152,8 @@ def _now() -> str:
 
 
 def write_ci_reports(args: argparse.Namespace, report: CiReport) -> None:
-    """``--junit`` and ``--summary-md``: what CI systems show of a run (exporter/gate/ci_reports.py)."""
-    from exporter.gate import ci_reports
+    """``--junit`` and ``--summary-md``: what CI systems show of a run (exporter/gate/reports/ci.py)."""
+    from exporter.gate.reports import ci as ci_reports
 
     if args.junit:
         write_report(Path(args.junit), ci_reports.junit_xml(report))
@@ -162,7 +163,7 @@ def write_ci_reports(args: argparse.Namespace, report: CiReport) -> None:
 
 def _bad_input(args: argparse.Namespace, command: str, message: str) -> int:
     """A run that could not evaluate anything: one line on stderr, an errored check in the CI reports, exit 2."""
-    from exporter.gate import ci_reports
+    from exporter.gate.reports import ci as ci_reports
 
     print(f"fairness-exporter {command}: {message}", file=sys.stderr)
     subject = getattr(args, "config", None) or ", ".join(getattr(args, "data", []))
@@ -184,10 +185,10 @@ def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
     """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
-    from exporter.gate import ci_reports
-    from exporter.gate.audit import DataError, read_predictions
-    from exporter.gate.bias import BiasAuditor
-    from exporter.gate.html import bias_html
+    from exporter.gate.fairness.audit import DataError, read_predictions
+    from exporter.gate.fairness.bias import BiasAuditor
+    from exporter.gate.reports import ci as ci_reports
+    from exporter.gate.reports.html import bias_html
 
     features: list[str | list[str]] = [f.split("+") if "+" in f else f for f in args.protected.split(",") if f]
     try:
@@ -244,10 +245,11 @@ def _suite_summary(report: dict[str, Any]) -> str:
 def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str, Any]], model: str | None) -> int:
     """Run the safety or red-team suite with the gate's semantics: log every run (failed ones too), print the
     report, exit 0 / 1 (a critical failure) / 2 (bad config, model not loadable or not callable)."""
-    from exporter.gate import audit_log, ci_reports
-    from exporter.gate.audit import DataError
+    from exporter.gate import audit_log
+    from exporter.gate.fairness.audit import DataError
+    from exporter.gate.reports import ci as ci_reports
     from exporter.gate.suite import audit_entry
-    from exporter.gate.targets import TargetError
+    from exporter.gate.targets.objects import TargetError
 
     facts = {"config": _file_facts(args.config), "model": model}
     try:
@@ -269,7 +271,7 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
     write_ci_reports(args, ci_reports.from_suite(report))
     if reporting.get("destination"):
         from exporter.gate import storage
-        from exporter.gate.publish import publish
+        from exporter.gate.reports.publish import publish
 
         destination = storage.resolve(reporting["destination"], Path(args.config).parent)
         if not publish(suite, "reporting.destination", destination, report, json.dumps(report, indent=2)):
@@ -280,7 +282,7 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
 def _notify(suite: str, report: dict[str, Any], recipients: list[str]) -> dict[str, Any]:
     """E-mail each recipient about the critical failures; a failure is one line on stderr, counted, and changes
     nothing else."""
-    from exporter.gate import notify
+    from exporter.gate.reports import notify
 
     outcome = notify.send(report, recipients)
     for error in outcome["errors"]:
@@ -290,7 +292,7 @@ def _notify(suite: str, report: dict[str, Any], recipients: list[str]) -> dict[s
 
 def cmd_safety(args: argparse.Namespace) -> int:
     """Output bounds, perturbation stability, edge inputs and counterfactual consistency of a tabular model."""
-    from exporter.gate.safety_config import run_safety
+    from exporter.gate.safety.config import run_safety
 
     return _run_suite(args, "safety", lambda: run_safety(args.config, args.model, model_version=args.model_version),
                       args.model)  # fmt: skip
@@ -299,8 +301,8 @@ def cmd_safety(args: argparse.Namespace) -> int:
 def cmd_redteam(args: argparse.Namespace) -> int:
     """Adversarial attacks on a text classifier (a Python callable or an HTTP endpoint) or a chat model (an
     OpenAI-compatible endpoint, from --chat-model or the config's target section)."""
-    from exporter.gate.redteam import run_redteam
-    from exporter.gate.targets import text_target
+    from exporter.gate.redteam.run import run_redteam
+    from exporter.gate.targets.text import text_target
 
     def run() -> dict[str, Any]:
         if args.chat_model is not None or args.target is None:
@@ -313,7 +315,7 @@ def cmd_redteam(args: argparse.Namespace) -> int:
 
 def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
     """The NYC LL144-style table: rows, selection (or scoring) rate and impact ratio per category."""
-    from exporter.gate import ll144
+    from exporter.gate.fairness import ll144
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:

@@ -13,7 +13,7 @@ from typing import Any
 
 from exporter import __version__
 from exporter.config import ConfigError
-from exporter.yaml_file import YamlFileError, read_yaml
+from exporter.config.yaml_file import YamlFileError, read_yaml
 
 SEVERITIES = ("critical", "high", "medium", "low")
 BLOCKING_SEVERITY = "critical"

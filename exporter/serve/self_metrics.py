@@ -12,8 +12,8 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.serve.access import AUTH_FAILURES
-from exporter.stream.decode import REJECT_REASONS
-from exporter.stream.route import IGNORE_REASONS
+from exporter.stream.decode.events import REJECT_REASONS
+from exporter.stream.decode.route import IGNORE_REASONS
 
 OUTCOME_EXPIRY_REASONS = ("never_labelled", "unknown_prediction")
 """A prediction or a ground-truth event that waited the whole horizon for its other half."""

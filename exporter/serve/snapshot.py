@@ -13,9 +13,9 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.serve.self_metrics import Health
-from exporter.stream.detectors import DetectorBank
-from exporter.stream.fleet import Fleet, Monitored
-from exporter.stream.window import Detection
+from exporter.stream.state.detectors import DetectorBank
+from exporter.stream.state.fleet import Fleet, Monitored
+from exporter.stream.state.window import Detection
 
 log = logging.getLogger(__name__)
 

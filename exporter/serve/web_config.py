@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from exporter.yaml_file import YamlFileError, read_yaml
+from exporter.config.yaml_file import YamlFileError, read_yaml
 
 CLIENT_AUTH: Final = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
                       "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}  # fmt: skip

@@ -1,6 +1,6 @@
 """Ingest: what the source hands over becomes counts, as one unit per poll.
 
-A poll's predictions (every partition's, as one batch) are split by model (exporter/stream/route.py) and each
+A poll's predictions (every partition's, as one batch) are split by model (exporter/stream/decode/route.py) and each
 model's share decoded by that model's decoder (outside the lock); then, under the fleet's one lock, every share
 is counted in its model's window, its unlabelled predictions put to wait for their ground truth, and the
 partitions' Kafka offsets recorded, all as one step. Its rejects are counted and forwarded as dead letters
@@ -19,12 +19,12 @@ import numpy as np
 
 from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
-from exporter.stream.client import Partition, Record, newest_timestamp, values_and_next
-from exporter.stream.dead_letters import DeadLetters
-from exporter.stream.decode import DecodedBatch
-from exporter.stream.decode_outcomes import decode_outcomes
-from exporter.stream.fleet import Fleet, Monitored
-from exporter.stream.label_join import Joined
+from exporter.stream.decode.events import DecodedBatch
+from exporter.stream.decode.outcomes import decode_outcomes
+from exporter.stream.kafka.client import Partition, Record, newest_timestamp, values_and_next
+from exporter.stream.kafka.dead_letters import DeadLetters
+from exporter.stream.state.fleet import Fleet, Monitored
+from exporter.stream.state.label_join import Joined
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,326 @@
+"""Replay recorded prediction events through the daemon's own path on a simulated clock, and list the alerts.
+
+``fairness-exporter backtest --config CONFIG EVENTS... [--output PATH]``. The events go through the daemon's
+decoder (JSON lines, the topic's event format) or the gate's encoding (parquet/CSV), the daemon's WindowStore,
+its scheduled computation (serve/snapshot.py, detectors included) and the alert conditions that the shipped rules
+state (exporter/stream/state/detectors.py ALERTS, and the seed's raw-value warnings from the rules' TUNING table).
+
+The clock is the events' own: the head is the newest event time seen, in file order (the topic's order), and
+the computation runs once per bucket, after the last event of each bucket of the head. The detectors therefore
+take the same steps as a daemon that reads the topic in real time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exporter.backtest.input import Columns, read_events
+from exporter.backtest.series import SERIES_OTHERS, Series
+from exporter.config import Config, ModelSpec, Windowing
+from exporter.core.attributes import Attribute
+from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
+from exporter.stream.state.window import WindowStore
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+FLUSH_STEPS = 1440
+"""Steps evaluated in one vectorised pass (a day of one-minute buckets)."""
+@dataclass
+class _Open:
+    """An alert condition that holds: since when, and the entry it fired as (None while pending)."""
+
+    since: float
+    entry: dict[str, Any] | None = None
+
+
+def stacked(attribute: Attribute, copies: int) -> Attribute:
+    """One attribute standing for ``copies`` steps of itself: its groups and pairs repeated, so that one
+    evaluation (the daemon's own code) covers every step at once."""
+    n = len(attribute.groups)
+    pairs = tuple((a + i * n, b + i * n) for i in range(copies) for a, b in attribute.pairs)
+    return replace(attribute, groups=attribute.groups * copies, pairs=pairs)
+
+
+@dataclass
+class Replay:
+    """The simulated daemon: its store and detectors, its computation, and the alerts its rules would raise.
+
+    Per bucket of the head it takes the detectors' step and the windows' counts exactly as the daemon's scheduled
+    computation does (WindowStore.take_step, window_counts); it then evaluates up to a day of steps in one pass
+    with the same functions (DetectorBank.advance, evaluate_many), which is what makes a replay fast.
+    """
+
+    config: ModelSpec
+    windowing: Windowing
+    store: WindowStore = field(init=False)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    late: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)  # by reason
+    ignored: int = 0
+    steps: int = 0
+    _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
+    _now: float = field(default=-math.inf)
+    _pending: list[tuple[float, np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
+    _series: dict[int, Series] = field(default_factory=dict)
+    _alerted: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.store = WindowStore(self.config, self.windowing)
+        self._attributes = {a.name: a for a in self.config.attributes}
+        from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
+
+        self._seed = [(name, metric, TUNING[name]) for name, metric in (
+            ("FairnessDemographicParityAboveThreshold", "demographic_parity_difference"),
+            ("FairnessDisparateImpactBelowThreshold", "disparate_impact_ratio"))]  # fmt: skip
+
+    def feed(self, columns: Columns) -> None:
+        """Count a batch in file order, computing once per bucket of the head as the head moves on."""
+        self.rejected.update(columns.rejected)
+        self.ignored += columns.ignored
+        if not len(columns.timestamps):
+            return
+        bucket = self.store.bucket_seconds
+        heads = np.maximum.accumulate(np.maximum(columns.timestamps, self._now))
+        head_buckets = np.floor(heads / bucket).astype(np.int64)
+        cuts = np.flatnonzero(np.diff(head_buckets)) + 1
+        for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(heads)], strict=True):
+            if self._now > -math.inf and head_buckets[start] > math.floor(self._now / bucket):
+                self.compute()  # the bucket the head leaves is complete: step
+            part = slice(int(start), int(stop))
+            self._now = float(heads[stop - 1])
+            self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
+                                        columns.predictions[part], columns.labels[part], self._now)  # fmt: skip
+            self.events += int(stop - start)
+
+    def compute(self) -> None:
+        """The scheduled computation at the simulated now: the detectors' step and the windows' counts."""
+        step = self.store.take_step(self._now)
+        if step is None:
+            return
+        self._pending.append((self._now, step, self.store.window_counts(self._now)))
+        self.steps += 1
+        if len(self._pending) >= FLUSH_STEPS:
+            self._flush()
+
+    def finish(self) -> dict[str, Any]:
+        """Compute the last bucket; the report (alerts still firing have resolved_at null)."""
+        if self._now > -math.inf:
+            self.compute()
+        self._flush()
+        bank = self.store.detectors
+        return {
+            "model_id": self.config.model_id,
+            "events": self.events, "late": self.late, "rejected": self.rejected.total(),
+            "rejected_reasons": dict(self.rejected.most_common()), "ignored": self.ignored,
+            "steps": self.steps, "alarm_level": bank.level, "detectors": len(bank),
+            "false_pages_per_day": self.config.alerting.false_pages_per_day,
+            "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
+            "series": self._series_report(),
+        }  # fmt: skip
+
+    def _series_report(self) -> list[dict[str, Any]]:
+        """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
+        with the largest statistic."""
+        bank = self.store.detectors
+        others = sorted((i for i in self._series if i not in self._alerted),
+                        key=lambda i: (-self._series[i].max_statistic, i))[:SERIES_OTHERS]  # fmt: skip
+        window = self.windowing.windows[0].name
+        thresholds = self.config.thresholds()
+        out = []
+        for i in [*sorted(self._alerted), *others]:
+            detector, series = bank.detectors[i], self._series[i]
+            alert = ALERT_OF_METRIC[detector.metric]
+            c = series.columns
+            out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
+                        **_identity(detector), "alerted": i in self._alerted, "window": window,
+                        "threshold": thresholds.get(alert.shown.removeprefix("model_")), "alarm_level": bank.level,
+                        "max_statistic": _number(series.max_statistic), "steps_per_point": series.width,
+                        "points": {"time": [_iso(t) for t in c["time"]],
+                                   **{k: [_number(x) for x in c[k]] for k in ("value", "lower", "upper", "statistic")},
+                                   "alarm": [bool(x) for x in c["alarm"]]}})  # fmt: skip
+        return out
+
+    # --- alert conditions, over a block of steps ----------------------------------------------------------
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        times = np.array([now for now, _, _ in self._pending])
+        trace = self.store.advance_detectors(np.stack([step for _, step, _ in self._pending]))
+        steps = len(times)
+        evaluations: dict[tuple[str, str], Evaluation] = {}
+        blocks = []
+        for window in self.windowing.windows:
+            by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
+            for attribute in self.config.attributes:
+                n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
+                blocks.append((window.name, attribute,
+                               np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
+        results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
+                                self.config.exported_metrics)
+        for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
+            evaluations[(window_name, attribute.name)] = ev
+        self._pending.clear()
+        self._record_series(times, trace, evaluations)
+
+        holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
+        bank = self.store.detectors
+        for i in np.flatnonzero(trace.active.any(axis=0)):
+            detector = bank.detectors[i]
+            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], 0.0, ("detector", i))
+        attributes = self._attributes
+        for name, metric, tuning in self._seed:
+            threshold = float(tuning.threshold or 0)
+            for (window_name, attribute_name), ev in evaluations.items():
+                value, _, _ = ev.metric(metric)
+                beyond = value < threshold if metric == "disparate_impact_ratio" else value > threshold
+                conditions = (ev.sufficient(metric) & beyond).reshape(steps, -1)
+                for k in np.flatnonzero(conditions.any(axis=0)):
+                    a, b = attributes[attribute_name].pairs[k]
+                    groups = attributes[attribute_name].groups
+                    holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)] = (
+                        conditions[:, k], _seconds(tuning.for_),
+                        ("seed", name, tuning, metric, window_name, attribute_name, k))  # fmt: skip
+
+        for key in set(self._open) | set(holding):
+            active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
+            state = self._open.get(key)
+            for t in range(steps):  # only series that hold somewhere in the block, or held before it
+                if not active[t]:
+                    if state is not None:
+                        if state.entry is not None:
+                            state.entry["resolved_at"] = _iso(times[t])
+                        state = None
+                    continue
+                if state is None:
+                    state = _Open(float(times[t]))
+                if state.entry is None and times[t] - state.since >= hold:
+                    state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
+                    self.alerts.append(state.entry)
+            if state is None:
+                self._open.pop(key, None)
+            else:
+                self._open[key] = state
+
+    def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
+        """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
+        into its bounded series."""
+        first = self.steps - len(times)  # the block's first step (compute() counted the block's steps)
+        attributes = self._attributes
+        window = self.windowing.windows[0].name
+        for i, detector in enumerate(self.store.detectors.detectors):
+            attribute = attributes[detector.attribute]
+            value, lower, upper = _compared(detector, attribute, evaluations[(window, attribute.name)])
+            block = {"step": np.arange(first, first + len(times)), "time": times, "value": value, "lower": lower,
+                     "upper": upper, "statistic": trace.statistic[:, i], "alarm": trace.active[:, i]}  # fmt: skip
+            if i not in self._series:
+                self._series[i] = Series({k: v[:0] for k, v in block.items()})
+            self._series[i].extend(block)
+
+    def _entry(self, source: Any, t: int, statistics: np.ndarray, evaluations: dict[tuple[str, str], Evaluation],
+               now: float) -> dict[str, Any]:  # fmt: skip
+        """The alert as it fired at step t of the block: what, where, the value with its interval."""
+        if source[0] == "detector":
+            bank = self.store.detectors
+            detector = bank.detectors[source[1]]
+            self._alerted.add(int(source[1]))
+            alert = ALERT_OF_METRIC[detector.metric]
+            attribute = self._attributes[detector.attribute]
+            shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
+                                                 for w in self.windowing.windows], t)  # fmt: skip
+            return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
+                    **_identity(detector), "window": None, **shown,
+                    "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
+                    "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
+        _, name, tuning, metric, window, attribute_name, k = source
+        attribute = self._attributes[attribute_name]
+        a, b = attribute.pairs[k]
+        row = t * len(attribute.pairs) + k
+        value, lower, upper = (x[row] for x in evaluations[(window, attribute_name)].metric(metric))
+        return {"alert": name, "severity": tuning.severity, "attribute": attribute_name,
+                "dimension": f"{attribute.groups[a]}_vs_{attribute.groups[b]}", "group_a": attribute.groups[a],
+                "group_b": attribute.groups[b], "window": window, "value": float(value),
+                "interval": [float(lower), float(upper)], "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
+
+
+def _identity(detector: Detector) -> dict[str, Any]:
+    if detector.subgroup:
+        return {"subgroup": detector.subgroup, "direction": detector.direction}
+    return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
+            "metric": detector.metric, "direction": detector.direction}  # fmt: skip
+
+
+def _compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
+    """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
+    selection rate) and its interval, NaN where the window has too few samples."""
+    if detector.subgroup:
+        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
+        stats = ev.groups
+        columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
+        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
+    else:
+        metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
+        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
+        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
+        columns = tuple(ev.metric(metric))
+        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
+    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
+    ok = ok & ~np.isnan(value)
+    return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
+
+
+def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
+    """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
+    in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
+    out: dict[str, Any] = {}
+    for window, ev in windows:
+        value, lower, upper = (float(c[t]) for c in _compared(detector, attribute, ev))
+        out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
+    first = next(iter(out.values()), None)
+    return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}
+
+
+def _number(x: float) -> float | None:
+    """A report number: None for NaN (too few samples) or an infinite value."""
+    return float(x) if math.isfinite(x) else None
+
+
+def _seconds(duration: str) -> float:
+    from exporter.config import parse_duration
+
+    return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
+
+
+def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
+    """Replay the events files and return the report with its `alerts` list: of the one model, or per model
+    under ``models`` (each model on its own events' clock)."""
+    replays = {m.model_id: Replay(m, config.windowing) for m in config.models}
+    ignored = malformed = 0
+    for columns, unrouted, bad in read_events(paths, config):
+        for model_id, batch in columns.items():
+            replays[model_id].feed(batch)
+        ignored += unrouted
+        malformed += bad
+    reports = [replay.finish() for replay in replays.values()]
+    reasons = sum((Counter(r["rejected_reasons"]) for r in reports), Counter({"malformed_json": malformed}))
+    rejected = {"rejected": reasons.total(), "rejected_reasons": dict((+reasons).most_common())}
+    if len(reports) == 1:
+        (report,) = reports
+        return {**report, "ignored": report["ignored"] + ignored, **rejected}
+    return {"models": reports, "events": sum(r["events"] for r in reports), "ignored": ignored, **rejected,
+            "alerts": sorted(({"model_id": r["model_id"], **a} for r in reports for a in r["alerts"]),
+                             key=lambda a: (a["fired_at"], a["model_id"], a["alert"], a["attribute"]))}  # fmt: skip
+

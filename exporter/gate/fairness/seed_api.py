@@ -1,0 +1,91 @@
+"""The seed's public metric functions, generated from the metric table: thin wrappers over the counts-based core
+(same signatures and results as the seed's three, and the same shape for every other metric)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from exporter.config import MetricSpec
+from exporter.core.fairness import counts_from_arrays
+from exporter.core.metric_table import METRICS
+from exporter.gate.fairness.frames import encode
+
+
+@dataclass(frozen=True)
+class FairnessResult:
+    """One metric for one pair of groups: the value (rounded to 4 places), its threshold and the verdict."""
+
+    metric_name: str
+    dimension: str
+    group_a: str
+    group_b: str
+    value: float
+    threshold: float
+    passed: bool
+
+
+def _pair(
+    y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a: Any, group_b: Any, y_true: Any = None
+) -> np.ndarray:
+    """The 2-group counts array of one pair."""
+    groups = (str(group_a), str(group_b))
+    codes = encode(np.asarray(protected_attribute, dtype=object), groups)
+    counts = counts_from_arrays(codes, 2, np.asarray(y_pred), None if y_true is None else np.asarray(y_true))
+    for g, n in zip(groups, counts[:, 0] + counts[:, 1], strict=True):
+        if n == 0:
+            raise ValueError(f"group {g!r} has no rows in protected_attribute")
+    return counts
+
+
+def _result(name: str, counts: np.ndarray, a: Any, b: Any, threshold: float) -> FairnessResult:
+    value = float(METRICS[name].compute(counts, np.array([0]), np.array([1])).value[0])
+    passed = MetricSpec(name, threshold, "blocking").passes(value)
+    return FairnessResult(name, f"{a}_vs_{b}", str(a), str(b), round(value, 4), threshold, passed)
+
+
+def _unlabelled(name: str) -> Callable[..., FairnessResult]:
+    metric = METRICS[name]
+
+    def wrapper(y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a_value: Any, group_b_value: Any,
+                threshold: float = metric.default_threshold) -> FairnessResult:  # fmt: skip
+        return _result(name, _pair(y_pred, protected_attribute, group_a_value, group_b_value), group_a_value,
+                       group_b_value, threshold)  # fmt: skip
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = f"{metric.formula}; passes {_direction(name)} the threshold."
+    return wrapper
+
+
+def _labelled(name: str) -> Callable[..., FairnessResult]:
+    metric = METRICS[name]
+
+    def wrapper(y_true: Sequence[Any], y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a_value: Any,
+                group_b_value: Any, threshold: float = metric.default_threshold) -> FairnessResult:  # fmt: skip
+        return _result(name, _pair(y_pred, protected_attribute, group_a_value, group_b_value, y_true),
+                       group_a_value, group_b_value, threshold)  # fmt: skip
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = f"{metric.formula}; passes {_direction(name)} the threshold."
+    return wrapper
+
+
+def _direction(name: str) -> str:
+    return "at or below" if METRICS[name].kind == "difference" else "at or above"
+
+
+SEED_FUNCTIONS: Final[dict[str, Callable[..., FairnessResult]]] = {
+    name: (_labelled if m.needs_labels else _unlabelled)(name) for name, m in METRICS.items()
+}
+"""One function per metric of the table: ``(y_pred, protected_attribute, group_a_value, group_b_value,
+threshold)``, with ``y_true`` first for metrics that need labels (the seed's signatures)."""
+
+
+def __getattr__(name: str) -> Callable[..., FairnessResult]:
+    """``seed_api.<metric name>``: the function of any metric of the table."""
+    if name in SEED_FUNCTIONS:
+        return SEED_FUNCTIONS[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

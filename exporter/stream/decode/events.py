@@ -1,0 +1,282 @@
+"""Decode and validate a batch of raw prediction events into columns ready to be counted.
+
+Two steps, one set of rules. msgspec decodes each event straight into a ``Struct`` built from the configured field
+paths (exporter/stream/decode/schema.py), validating types and ranges while it parses and skipping every other
+field; what that schema accepts is, by construction, an event the rules below accept. Everything it refuses (a
+malformed event, a prediction sent as ``1.0``, an attribute value sent as a number, a ``null`` where an object
+belongs) is walked by :meth:`EventDecoder._walk`, which alone decides a rejection and its reason. A batch is parsed
+as lines in one call per run of accepted lines (exporter/stream/decode/lines.py), so a refused event costs about what an
+accepted one does; the stricter ``Struct`` of the same paths (this model only, configured group names only) goes
+first while it accepts nearly every event, since its strings come back as the schema's own objects. Columns are
+then built from the accepted structs (:meth:`EventDecoder.batch`, which a fleet's shared parse calls too:
+exporter/stream/decode/fleet.py) with ``np.fromiter`` over attribute getters, the timestamps by
+:func:`exporter.stream.decode.timestamps.epochs`. Every event either becomes a row of the batch, is ignored (another
+model's), or is rejected under one reason; nothing raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any, Final, TypeGuard
+
+import msgspec
+import numpy as np
+import orjson
+
+from exporter.config import ModelSpec
+from exporter.core.encoding import attribute_codes, code_table, score_predictions, value_text
+from exporter.stream.decode.lines import Parser
+from exporter.stream.decode.paths import lookup
+from exporter.stream.decode.route import IGNORE_REASONS, ignore_reason
+from exporter.stream.decode.schema import MAX_PREDICTION_ID_LENGTH, schema
+from exporter.stream.decode.timestamps import epoch, epochs
+
+REJECT_REASONS: Final = (
+    "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
+    "invalid_timestamp", "future_timestamp", "invalid_prediction_id",
+)  # fmt: skip
+"""Defects of the event itself. A value outside an attribute's groups (or missing) is no defect: the event counts,
+in that attribute's unknown category (code -1), exactly as the gate counts such a row."""
+def is_valid_id(pid: object) -> bool:
+    """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
+    return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
+
+
+def is_binary(value: object) -> TypeGuard[int | float]:
+    """0 or 1: a number (0.0/1.0 too) or a boolean (true is 1, false is 0, as the gate counts a boolean column),
+    never a string."""
+    return value.__class__ is not str and value in (0, 1)
+
+
+_OUTCOME: Final = {None: -1, 0: 0, 1: 1}
+"""The outcome of a label the schema accepted: none (-1), 0 or 1 (False and True hash as 0 and 1)."""
+
+
+@dataclass
+class DecodedBatch:
+    """Accepted events as columns, and what happened to the others."""
+
+    timestamps: np.ndarray
+    predictions: np.ndarray
+    outcomes: np.ndarray
+    """The inline ground truth (the event's label), -1 where the event carried none."""
+    prediction_ids: list[Any]
+    codes: dict[str, np.ndarray]
+    """Per configured attribute (intersections included): the subgroup code of every accepted event."""
+    rejected: Counter[str] = field(default_factory=Counter)
+    ignored: Counter[str] = field(default_factory=Counter)
+    """Events of no model of ours (another model's, or none), by reason (decode.route.IGNORE_REASONS)."""
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """The score of every accepted event when the model emits scores (``events.score_threshold``), else empty."""
+    rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Where each accepted event was among the decoded values (the staged path tells its source offset by it)."""
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+
+class EventDecoder:
+    """Turns raw Kafka message values into a :class:`DecodedBatch` for one configured model."""
+
+    def __init__(self, model: ModelSpec, max_future_skew_seconds: float = 300.0, keep_rejected: bool = False) -> None:
+        self.model = model
+        self.max_future_skew_seconds = max_future_skew_seconds
+        self.keep_rejected = keep_rejected
+        f = model.events
+        self._paths = [lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
+                                            f.attributes)]  # fmt: skip
+        self._threshold = f.score_threshold
+        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+        general = schema([model])
+        self._decoder: msgspec.json.Decoder[Any] | None = None
+        self._get: dict[str, Callable[[Any], Any]] = {}
+        if general is not None:
+            struct, paths = general
+            self._decoder = msgspec.json.Decoder(struct)
+            self._get = {role: attrgetter(path) for role, path in paths.items()}
+        strict = schema([model], strict=True) if general is not None else None
+        self._parser = Parser(self._decoder, msgspec.json.Decoder(strict[0]) if strict else None) \
+            if self._decoder is not None else None  # fmt: skip
+
+    def _structs(self, values: Sequence[bytes]) -> tuple[list[Any], list[int], list[int], Counter[str]]:
+        """The schema's pass: (structs of this model's events, their input positions, positions to walk, events
+        of no model of ours by reason). Newline-free values (the usual case) are decoded as lines, in one call per
+        run of lines the schema accepts; the others value by value."""
+        decoder = self._decoder
+        if decoder is None:
+            return [], [], list(range(len(values))), Counter()
+        assert self._parser is not None
+        slots = self._parser.slots(values)
+        get_model, model_id = self._get["model"], self.model.model_id
+        if not self._parser.refused:  # the usual batch, of this model's events alone, in one pass
+            models = list(map(get_model, slots))
+            if models.count(model_id) == len(slots):
+                return slots, list(range(len(slots))), [], Counter()
+            at = [i for i, m in enumerate(models) if m == model_id]
+            return [slots[i] for i in at], at, [], Counter(map(ignore_reason, (m for m in models if m != model_id)))
+        structs, at, walked = [], [], []
+        ignored: Counter[str] = Counter()
+        for i, event in enumerate(slots):
+            if event is None:
+                walked.append(i)
+                continue
+            found = get_model(event)
+            if found != model_id:
+                ignored[ignore_reason(found)] += 1
+                continue
+            structs.append(event)
+            at.append(i)
+        return structs, at, walked, ignored
+
+    def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
+        """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
+        structs, at, walked, ignored = self._structs(values)
+        return self.batch(values, structs, at, walked, ignored, self._get, now)
+
+    def batch(
+        self, values: Sequence[bytes], structs: list[Any], at: list[int], walked: list[int], ignored: Counter[str],
+        g: Mapping[str, Callable[[Any], Any]], now: float, shared: bool = False,
+    ) -> DecodedBatch:  # fmt: skip
+        """The batch of this model's ``values``: ``structs`` (at positions ``at``) parsed by a schema whose role
+        getters are ``g``, the positions of those it refused (``walked``), and what was ignored. ``shared``: the
+        schema of several models, which requires neither prediction nor score: an event without the one this
+        model needs is walked (the rules say missing_field)."""
+        if shared:
+            needed = list(map(g["score"] if self._threshold is not None else g["pred"], structs))
+            lacking = [k for k, value in enumerate(needed) if value is None] if None in needed else []
+            if lacking:
+                walked = sorted([*walked, *(at[k] for k in lacking)])
+                keep = sorted(set(range(len(structs))) - set(lacking))
+                structs, at = [structs[k] for k in keep], [at[k] for k in keep]
+        latest = now + self.max_future_skew_seconds
+        stamps = epochs(list(map(g["ts"], structs))) if structs else []
+        if stamps.__class__ is list and None in stamps:  # an unparseable ISO string: the walk says which reason
+            unparsed = {k for k, t in enumerate(stamps) if t is None}
+            walked.extend(at[k] for k in unparsed)
+            keep = [k for k in range(len(structs)) if k not in unparsed]
+            structs, at, stamps = [structs[k] for k in keep], [at[k] for k in keep], [stamps[k] for k in keep]
+        timestamps = np.asarray(stamps, dtype=np.float64)
+        rejects: list[tuple[int, str]] = []
+        future = timestamps > latest
+        if future.any():  # the timestamp is valid and comes first among the rules: nothing else is asked
+            rejects.extend((at[k], "future_timestamp") for k in np.flatnonzero(future).tolist())
+            keep = np.flatnonzero(~future).tolist()
+            structs, at, timestamps = [structs[k] for k in keep], [at[k] for k in keep], timestamps[~future]
+        if structs:
+            if self._threshold is not None:
+                scores = np.fromiter(map(g["score"], structs), np.float64, len(structs))
+                predictions = score_predictions(scores, self._threshold)
+            else:
+                predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
+            outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
+            ids = list(map(g["id"], structs))
+            codes = []
+            for column, table, unknown in self._tables:
+                # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
+                lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
+                lookup.update(table)
+                lookup[None] = unknown  # a missing value: the unknown category, as the gate's blank cell
+                codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
+                                         len(structs)))  # fmt: skip
+        else:
+            predictions = outcomes = np.zeros(0, dtype=np.int64)
+            ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
+        if self._threshold is None or not structs:
+            scores = np.zeros(0)
+
+        if walked:
+            rows: list[tuple[int, float, int, int, Any, list[int], float]] = []
+            for i in sorted(walked):
+                outcome = self._walk(values[i], latest)
+                if outcome in IGNORE_REASONS:
+                    ignored[outcome] += 1
+                elif isinstance(outcome, str):
+                    rejects.append((i, outcome))
+                else:
+                    rows.append((i, *outcome))
+            if rows:  # merge the walked rows in input order, as every column's consumers expect
+                at = at + [r[0] for r in rows]
+                order = np.argsort(np.asarray(at), kind="stable")
+                at = [at[k] for k in order.tolist()]
+                timestamps = np.concatenate([timestamps, [r[1] for r in rows]])[order]
+                predictions = np.concatenate([predictions, np.array([r[2] for r in rows], dtype=np.int64)])[order]
+                outcomes = np.concatenate([outcomes, np.array([r[3] for r in rows], dtype=np.int64)])[order]
+                all_ids = ids + [r[4] for r in rows]
+                ids = [all_ids[k] for k in order.tolist()]
+                codes = [np.concatenate([c, np.array([r[5][k] for r in rows], dtype=np.int64)])[order]
+                         for k, c in enumerate(codes)]  # fmt: skip
+                if self._threshold is not None:
+                    scores = np.concatenate([scores, [r[6] for r in rows]])[order]
+
+        rejected: Counter[str] = Counter(reason for _, reason in rejects)
+        bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
+        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
+        return DecodedBatch(
+            timestamps=timestamps.astype(np.float64, copy=False),
+            predictions=predictions.astype(np.int64, copy=False),
+            outcomes=outcomes.astype(np.int64, copy=False),
+            prediction_ids=ids,
+            codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
+            rejected=rejected,
+            ignored=ignored,
+            rejected_payloads=bad,
+            scores=scores.astype(np.float64, copy=False),
+            positions=np.asarray(at, dtype=np.int64),
+        )
+
+    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
+        """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
+        reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or
+        NaN)``."""
+        try:
+            event = orjson.loads(raw)
+        except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value)
+            return "malformed_json"
+        if event.__class__ is not dict:
+            return "malformed_json"
+        model, pid_of, ts_of, pred_of, score_of, label_of, attrs_of = self._paths
+        found = model(event)
+        if found != self.model.model_id:
+            return ignore_reason(found)
+        t = ts_of(event)
+        ts = epoch(t)
+        if ts is None:
+            return "missing_field" if t is None else "invalid_timestamp"
+        if ts > latest:
+            return "future_timestamp"
+        score = score_of(event)
+        if score is not None and ((score.__class__ is not float and score.__class__ is not int)
+                                  or not 0.0 <= score <= 1.0):  # fmt: skip
+            return "invalid_score"
+        if self._threshold is not None:
+            pred = None if score is None else int(score >= self._threshold)  # score_predictions' rule, one event
+        else:
+            pred = pred_of(event)
+            if pred is not None and not is_binary(pred):
+                return "invalid_prediction"
+        if pred is None:
+            return "missing_field"
+        label = label_of(event)
+        if label is None:
+            label = -1
+        elif not is_binary(label):
+            return "invalid_label"
+        pid = pid_of(event)
+        if not is_valid_id(pid):
+            return "invalid_prediction_id"
+        attrs = attrs_of(event)
+        if attrs is None:
+            attrs = {}  # every attribute missing: unknown for each, still counted overall
+        if attrs.__class__ is not dict:
+            return "missing_field"
+        codes = []
+        for column, table, unknown in self._tables:
+            v = attrs.get(column)
+            code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
+            codes.append(unknown if code is None else code)
+        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)

@@ -1,0 +1,169 @@
+"""The kafka-python adapter of :class:`~exporter.stream.kafka.client.KafkaClient`: calls into the library, no policy."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
+from kafka.errors import KafkaError
+from kafka.structs import MemberState, OffsetAndMetadata
+
+from exporter.config import KafkaConfig
+from exporter.stream.kafka.client import CommitFailed, LogBounds, Offsets, Partition, Rebalance, Record
+
+COMMIT_TIMEOUT_MS = 5000
+TOPIC_IDS_TIMEOUT_MS = 2000
+# kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner. Its
+# constructor waits for a broker up to bootstrap_timeout_ms (30 s): a SIGTERM then waited that long; the source
+# retries a constructor that gave up, with its own backoff.
+CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000,
+                                   "bootstrap_timeout_ms": 3000, "allow_auto_create_topics": False}  # fmt: skip
+"""``allow_auto_create_topics`` off: a monitor never creates the topic it reads. With kafka-python's default, the
+consumer's metadata request re-creates a topic that was just deleted, with the broker's default partition count,
+before its owner re-creates it as intended (seen in CI: a topic re-created with three partitions came back with
+four). confluent-kafka's consumers default to no auto-creation already."""
+FETCH_DEFAULTS: dict[str, Any] = {}
+"""Fetch sizes beyond kafka-python's own defaults (fetch_max_bytes 50 MB, max_partition_fetch_bytes 1 MB), with
+the source's max_poll_records of 20,000: none. Measured on the shipped source (300,000 events, 3 partitions,
+interleaved rounds), 4 or 10 MB partition fetches and 5,000 or 10,000 records per poll were no faster beyond the
+noise (docs/sre/performance.md): kafka-python's cost is parsing records in Python, not round trips. ``kafka.client``
+overrides them."""
+
+
+GROUP_UNSETTLED_SECONDS = 90.0
+"""A subscribed consumer that has been without a settled group membership (no coordinator known, or a join or sync
+not finished) for this long, fetching nothing while a broker answers, raises from :meth:`KafkaPythonClient.poll`,
+so that the source rebuilds it. After a broker came back empty, kafka-python 3.0.12 was seen looping in coordinator
+discovery for good (about one run in four of tests/test_stream_faults.py), and, more rarely, waiting for good on
+the SyncGroup answer of its rejoin with the old member id (the state stays REBALANCING, no request ever times out;
+about one full suite in five), and now and then a fresh consumer's first join never settles either (seen: still
+REBALANCING after 300 s). A new consumer joins as a new member. A healthy rebalance on Tansu takes 20 s at
+most, and the daemon's members poll continuously, so no healthy join waits this long for a slow member."""
+
+
+class GroupUnsettled(RuntimeError):
+    """The consumer had no settled group membership for :data:`GROUP_UNSETTLED_SECONDS`."""
+
+
+class _Listener(AsyncConsumerRebalanceListener):
+    """kafka-python wants a subclass of its listener; this one forwards to the source's :class:`Rebalance`. It is
+    the async kind, so that it can ask the group's committed offsets on the client's IO loop, where a blocking
+    call would raise."""
+
+    def __init__(self, consumer: KafkaConsumer, rebalance: Rebalance) -> None:
+        self.consumer = consumer
+        self.rebalance = rebalance
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.rebalance.revoked([(tp.topic, tp.partition) for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        committed: Offsets | None
+        try:
+            found = await self.consumer._coordinator.fetch_committed_offsets_async(list(assigned), COMMIT_TIMEOUT_MS)
+            committed = {(tp.topic, tp.partition): meta.offset for tp, meta in found.items() if meta.offset >= 0}
+        except KafkaError:
+            committed = None
+        starts = self.rebalance.assigned([(tp.topic, tp.partition) for tp in assigned], committed)
+        for (topic, partition), offset in starts.items():
+            self.consumer.seek(TopicPartition(topic, partition), offset)
+
+
+class KafkaPythonClient:
+    """A :class:`~exporter.stream.kafka.client.KafkaClient` on kafka-python; ``kafka.client`` names its settings."""
+
+    def __init__(self, kafka: KafkaConfig, max_records: int) -> None:
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap_servers.split(","),
+            group_id=kafka.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=kafka.auto_offset_reset,
+            max_poll_records=max_records,
+            client_id=f"fairness-exporter-{kafka.group_id}",
+            **{**CLIENT_DEFAULTS, **FETCH_DEFAULTS, **kafka.client},
+        )
+        self._subscribed = False
+        self._unsettled_since: float | None = None  # time.monotonic() since when the membership is not settled
+
+    def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
+        self.consumer.subscribe(topics, listener=_Listener(self.consumer, rebalance))
+        self._subscribed = True
+
+    def assign(self, starts: Mapping[Partition, int | None]) -> None:
+        self.consumer.assign([TopicPartition(t, p) for t, p in starts])
+        for (topic, partition), offset in starts.items():
+            if offset is not None:
+                self.consumer.seek(TopicPartition(topic, partition), offset)
+
+    def assignment(self) -> set[Partition]:
+        return {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+
+    def partitions(self, topic: str) -> list[int] | None:
+        ids = self.consumer.partitions_for_topic(topic)
+        return sorted(ids) if ids else []
+
+    def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
+        batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        if self._subscribed:
+            self._check_membership(bool(batches))
+        return {(tp.topic, tp.partition): records for tp, records in batches.items()}
+
+    def _check_membership(self, fetched: bool) -> None:
+        coordinator = self.consumer._coordinator
+        unknown = coordinator.coordinator_unknown()  # asked once: it marks a disconnected coordinator dead
+        if fetched or (not unknown and coordinator.state is MemberState.STABLE) or not self.connected():
+            self._unsettled_since = None
+            return
+        now = time.monotonic()
+        if self._unsettled_since is None:
+            self._unsettled_since = now
+        elif now - self._unsettled_since > GROUP_UNSETTLED_SECONDS:
+            what = "no group coordinator found" if unknown else "the group join not done"
+            raise GroupUnsettled(f"{what} for {GROUP_UNSETTLED_SECONDS:g} s while a broker answers; rebuilding the "
+                                 "consumer")  # fmt: skip
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        self.consumer.seek(TopicPartition(*partition), offset)
+
+    def bounds(self, partition: Partition) -> LogBounds:
+        # kafka-python keeps the high watermark of the last fetch response, not its log start offset
+        return LogBounds(None, self.consumer.highwater(TopicPartition(*partition)))
+
+    def topic_ids(self, topics: Collection[str]) -> dict[str, str | None] | None:
+        """From a metadata request sent now. A refresh already in flight was perhaps sent before the last records
+        were fetched: it is awaited first, then another is sent."""
+        cluster, manager = self.consumer._cluster, self.consumer._manager
+
+        async def refresh() -> None:
+            if cluster.metadata_refresh_in_progress:
+                with contextlib.suppress(KafkaError):
+                    await cluster.refresh_metadata()
+            await cluster.refresh_metadata()
+
+        try:
+            self.consumer._net.run(manager.wait_for, manager.call_soon(refresh), TOPIC_IDS_TIMEOUT_MS)
+        except KafkaError:
+            return None
+        return {topic: None if (i := cluster.topic_id(topic)) is None else str(i) for topic in topics}
+
+    def connected(self) -> bool:
+        client = self.consumer._client
+        return any(client.connected(broker.node_id) for broker in client.cluster.brokers())
+
+    def commit(self, offsets: Offsets, wait: bool) -> None:
+        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        try:
+            if wait:
+                self.consumer.commit(commit, timeout_ms=COMMIT_TIMEOUT_MS)
+            else:
+                # kafka-python 3 runs rebalance callbacks on its IO thread, where a blocking commit raises
+                self.consumer.commit_async(commit)
+        except KafkaError as exc:
+            raise CommitFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)

@@ -1,0 +1,325 @@
+"""The Kafka source: one consumer policy over either client library.
+
+It polls batches on its own thread and hands each partition's records to the ingest; it owns where each partition
+starts, what is committed and when, how a reset log is detected, and what a rebalance does (the contract is
+written once, on :class:`~exporter.stream.kafka.client.Rebalance`). What it knows of offsets comes from one
+:class:`OffsetsBook` (the checkpointer): what was counted, what is durable, and how to make it durable.
+
+Clients are not thread-safe, so every call into one happens on this thread (or in the rebalance callbacks the
+client runs). Errors that escape the client are counted and the client is rebuilt with a backoff: the source
+never crashes the daemon, and a rebuilt client resumes after the last record counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from exporter.config import KafkaConfig
+from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.stream.kafka.client import CommitFailed, KafkaClient, Offsets, Partition, Record
+
+log = logging.getLogger(__name__)
+
+MAX_RECORDS = 20_000
+POLL_SECONDS = 0.5
+COMMIT_EVERY_SECONDS = 1.0
+REFRESH_SECONDS = 5.0
+"""How often manual assignment looks for new partitions and the source asks whether a broker answers."""
+CLOSE_SECONDS = 2.0
+
+Handler = Callable[[Mapping[Partition, Sequence[Record]]], None]
+"""Counts what one poll returned, every partition's records at once."""
+
+
+class OffsetsBook(Protocol):
+    """What the source needs to know of offsets, from the one object that keeps them (the checkpointer)."""
+
+    topic_ids: dict[str, str]
+    """The id of each topic the counted offsets belong to; the source keeps it current."""
+
+    def counted(self) -> Offsets:
+        """The next offset after the records counted, per partition: where to resume."""
+
+    def committable(self) -> Offsets:
+        """What may be committed to Kafka: the offsets a durable checkpoint covers (or, without checkpoints, the
+        counted ones)."""
+
+    def flush(self) -> None:
+        """Make what is counted durable now (a checkpoint), so that :meth:`committable` covers it."""
+
+    def forget(self, partitions: list[Partition]) -> None:
+        """These partitions were handed over: no later commit or checkpoint may carry their offsets."""
+
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        """These partitions of the topic start again at offset 0 of a new log named ``topic_id`` (None: the broker
+        has no topic ids); a new id also forgets every other offset of the topic. Done under the lock a checkpoint
+        copies the offsets and ids with, so that no checkpoint or commit pairs an old offset with the new log."""
+
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """Where newly assigned partitions start, given the group's committed offsets (None: not known); one left
+        out starts at its committed offset (``auto_offset_reset`` if none)."""
+
+
+def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> KafkaClient:
+    """The adapter of the configured client library."""
+    if kafka.client_library == "confluent-kafka":
+        from exporter.stream.kafka.confluent import ConfluentClient
+
+        return ConfluentClient(kafka, on_error)
+    from exporter.stream.kafka.kafka_python import KafkaPythonClient
+
+    return KafkaPythonClient(kafka, MAX_RECORDS)
+
+
+def _same_id(now: str | None, known: str | None) -> bool:
+    """Whether a topic's id now and the one its offsets were counted under name the same log (an id not known
+    cannot tell otherwise)."""
+    return now is None or known is None or now == known
+
+
+class KafkaSource:
+    """Consumes the events topic (and the labels topic, if any) and calls ``handle({partition: records})`` with
+    what each poll returned."""
+
+    def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
+                 topics: list[str] | None = None, prepare: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """``topics``: what to read (default: the events and labels topics); ``prepare`` runs before each new client
+        connects (the staged path creates its internal topics there), and is retried as the client is."""
+        self.kafka = kafka
+        self.topics = topics or [t for t in (kafka.topic, kafka.labels_topic) if t]
+        self.prepare = prepare
+        self.handle = handle
+        self.book = book
+        self.health = health
+        self.manual = kafka.assignment == "manual"
+        self._errors = RateLimitedLog(log)
+        self.client: KafkaClient | None = None
+        self.assigned_once = threading.Event()
+        self.broker_up = False
+        self._lag: dict[Partition, int] = {}
+        self._committed: Offsets = {}
+        self._partitions_seen: set[Partition] = set()
+        """Every partition manual assignment has held; one not among them appeared while the source ran."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kafka-source", daemon=True)
+
+    # --- seen from other threads ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def lag(self) -> dict[Partition, int]:
+        """Messages between each held partition's high watermark and the next offset to read, as of the last
+        poll; a partition handed over leaves it at once."""
+        return self._lag
+
+    # --- the rebalance contract (see exporter.stream.kafka.client.Rebalance) ----------------------------------------
+
+    def revoked(self, partitions: list[Partition]) -> None:
+        self.book.flush()
+        self._commit(wait=False)
+        self.book.forget(partitions)
+        self._lag = {p: n for p, n in self._lag.items() if p not in partitions}
+        for p in partitions:
+            self._committed.pop(p, None)
+
+    def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        if partitions:
+            self.assigned_once.set()
+        return self.book.starts(partitions, committed)
+
+    # --- the consumer thread --------------------------------------------------------------------------------
+
+    def _client_error(self, name: str, text: str) -> None:
+        """What a client retries by itself (a broker down, a refused connection): count and log it."""
+        self.health.consumer_errors.inc()
+        self._errors.warning(name, "Kafka consumer error (%s: %s); the client retries", name, text)
+
+    def _connect(self) -> KafkaClient:
+        if self.prepare is not None:
+            self.prepare()
+        client = make_client(self.kafka, self._client_error)
+        self._committed = {}
+        if self.manual:
+            self._assign_all(client, wait=30.0)
+        else:
+            client.subscribe(self.topics, self)
+        return client
+
+    def _assign_all(self, client: KafkaClient, wait: float = 0.0) -> None:
+        """Manual assignment: every partition of the topics, including partitions added since the last call."""
+        deadline = time.monotonic() + wait
+        partitions: list[Partition] = []
+        for topic in self.topics:
+            ids = client.partitions(topic)
+            if not ids and not wait:
+                return  # no broker answers, or the topic is being re-created: keep reading the partitions held
+            while not ids and time.monotonic() < deadline and not self._stop.is_set():
+                time.sleep(0.2)
+                ids = client.partitions(topic)
+            if not ids:
+                raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
+            partitions += [(topic, p) for p in ids]
+        held = client.assignment()
+        if set(partitions) != held:
+            if held:
+                log.info("partitions changed: now reading %s", sorted(partitions))
+            counted = self.book.counted()
+            # A partition that appeared while the source ran (the topic grew, or came back with more partitions)
+            # is read from its start whatever auto_offset_reset says: none of it was there to skip.
+            new = 0 if self._partitions_seen else None
+            client.assign({p: counted.get(p, None if p in self._partitions_seen else new) for p in partitions})
+            self._partitions_seen.update(partitions)
+            self.assigned_once.set()
+
+    def _commit(self, wait: bool = True) -> None:
+        """Commit what the book says is committable and has not been committed, for the partitions held (during a
+        revocation, still those being revoked: one handed over earlier would rewind its new owner), and only into
+        the log its offsets were counted in: an old log's offset committed to a new one would make the next reader
+        skip. A commit that fails is counted and retried later; it never blocks consumption for long."""
+        client = self.client
+        if client is None:
+            return
+        held = client.assignment()
+        commit = {p: o for p, o in self.book.committable().items() if p in held and self._committed.get(p) != o}
+        if commit and wait:  # not from a rebalance callback: the client's own thread cannot be waited on there
+            ids = client.topic_ids({t for t, _ in commit})
+            if ids is None:
+                return
+            commit = {p: o for p, o in commit.items() if _same_id(ids.get(p[0]), self.book.topic_ids.get(p[0]))}
+        if not commit:
+            return
+        try:
+            client.commit(commit, wait)
+        except CommitFailed as exc:
+            self.health.consumer_errors.inc()
+            log.warning("offset commit failed (%s); will retry", exc)
+            return
+        self._committed.update(commit)
+
+    def _restart(self, client: KafkaClient, topic: str, topic_id: str | None, partitions: list[Partition],
+                 why: str) -> None:  # fmt: skip
+        """Read these partitions again from the start of their new log, and forget the old log's offsets."""
+        log.warning("%s: %s; reading %s again from the start of the log", ", ".join(f"{t}[{p}]" for t, p in
+                    partitions) or topic, why, "it" if len(partitions) == 1 else "them")  # fmt: skip
+        for p in partitions:
+            client.seek(p, 0)
+        self._committed = {p: o for p, o in self._committed.items() if p[0] != topic}
+        self.book.restart(topic, topic_id, partitions)
+        self.health.log_resets.inc(len(partitions))
+
+    def _same_log(self, client: KafkaClient, topic: str, topic_id: str | None) -> bool:
+        """Whether the topic's id, as the cluster gives it now, names the log its counted offsets belong to; if
+        not, every partition of it starts over at offset 0 of the new log. An id not known (a broker without topic
+        ids, a topic just deleted, offsets counted before any id was seen) cannot tell: the log is the same."""
+        known = self.book.topic_ids.get(topic)
+        if _same_id(topic_id, known):
+            if known is None and topic_id is not None:
+                self.book.topic_ids[topic] = topic_id
+            return True
+        self._restart(client, topic, topic_id, sorted(p for p in client.assignment() if p[0] == topic),
+                      f"the topic was re-created (id {known} is now {topic_id})")  # fmt: skip
+        return False
+
+    def _same_logs(self, client: KafkaClient, topics: set[str]) -> set[str] | None:
+        """The topics whose records just fetched belong to the log their counted offsets belong to, or None when
+        no broker answered (nothing can be told). The id is asked of the cluster *after* the fetch: a cached id
+        can be older than the records (a broker back empty on the same address serves its new log to the old
+        connection at once; a topic deleted and re-created raises no error at all), and records of a new log
+        were counted at the old log's positions."""
+        ids = client.topic_ids(topics)
+        return None if ids is None else {t for t in topics if self._same_log(client, t, ids.get(t))}
+
+    def _beyond_end(self, client: KafkaClient, beyond: list[Partition]) -> None:
+        """Partitions whose next offset lies beyond the end of their log (some brokers answer such a fetch with
+        nothing rather than OFFSET_OUT_OF_RANGE): a new log, if the topic's id changed (then all its partitions
+        start over), else a log cut short or a broker without topic ids (then these partitions start over)."""
+        topics = {t for t, _ in beyond}
+        ids = client.topic_ids(topics)
+        if ids is None:
+            return  # told after a later poll
+        for topic in sorted(topics):
+            if self._same_log(client, topic, ids.get(topic)):
+                self._restart(client, topic, ids.get(topic), sorted(p for p in beyond if p[0] == topic),
+                              "the next offset is beyond the end of the log")  # fmt: skip
+
+    def _poll_once(self, client: KafkaClient) -> None:
+        batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
+        if batches:
+            same = self._same_logs(client, {t for t, _ in batches})
+            if same is None:  # not told which log these records are of: fetch them again later
+                for partition, records in batches.items():
+                    client.seek(partition, records[0].offset)
+            kept = {p: records for p, records in batches.items() if same is not None and p[0] in same}
+            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic == self.kafka.topic))
+            if kept:
+                self.handle(kept)
+        counted = self.book.counted()
+        lag, beyond = {}, []
+        for p in client.assignment():
+            end = client.bounds(p).end
+            position = counted.get(p)
+            if end is None or position is None:
+                continue
+            if position > end:
+                beyond.append(p)
+                continue
+            lag[p] = end - position
+        if beyond:
+            self._beyond_end(client, beyond)
+        self._lag = lag
+
+    def _run(self) -> None:
+        backoff = 1.0
+        last_commit = last_refresh = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if self.client is None:
+                    self.client = self._connect()
+                    self.broker_up = True
+                    backoff = 1.0
+                self._poll_once(self.client)
+                now = time.monotonic()
+                if now - last_refresh >= REFRESH_SECONDS:
+                    self.broker_up = self.client.connected()
+                    if self.manual:
+                        self._assign_all(self.client)
+                    last_refresh = now
+                if now - last_commit >= COMMIT_EVERY_SECONDS:
+                    self._commit()
+                    last_commit = now
+            except Exception as exc:
+                self.health.consumer_errors.inc()
+                self.broker_up = False
+                log.warning("Kafka consumer error (%s: %s); retrying in %.0fs", type(exc).__name__, exc, backoff)
+                self._close()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+        try:
+            self.book.flush()
+            if self.broker_up:  # committing to a broker that does not answer would only delay the shutdown
+                self._commit()
+        except Exception as exc:
+            log.warning("final checkpoint or commit failed: %s", exc)
+        self._close()
+
+    def _close(self) -> None:
+        self._lag = {}
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                log.debug("error closing the consumer", exc_info=True)
+            self.client = None

@@ -1,0 +1,126 @@
+"""The staged path's entry stages: input records become internal records, by the direct path's code.
+
+The **ingest** stage (an input partition) decodes a poll's records with the fleet's decoders (``Fleet.decode``, the
+direct path's one decode of every partition's records) and reports its rejects as the
+direct path does (``Ingest.report``); each model's rows go, as one PREDICTIONS record (or several, under the size
+limit), to the model's counts partition, and its unlabelled predictions with an id, as PENDING records, to the join
+partition of each id. The **labels** stage (a labels partition) sends each decoded label (``decode_outcomes``) to
+the join partition of its id. Every row carries its source partition and offset, and each labels record the
+newest Kafka timestamp of the labels it came from; a join partition that none of a poll's labels went to gets
+that timestamp alone, at most every ``LABELS_CLOCK_EVERY`` seconds, so that every join task's labels' clock follows
+how late labels are read as the direct path's one clock does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from exporter.stream.decode.outcomes import decode_outcomes
+from exporter.stream.ingest import Ingest
+from exporter.stream.kafka.client import Offsets, Partition, Record, newest_timestamp, offsets_of, values_and_next
+from exporter.stream.kafka.internal_producer import InternalProducer
+from exporter.stream.kafka.internal_topics import InternalTopics
+from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode, encode_rows
+
+LABELS_CLOCK_EVERY = 5.0
+"""Seconds between the labels' timestamps sent alone to a join partition that no label of a poll went to."""
+
+_NO_LABELS: dict[str, np.ndarray] = {
+    "source": np.zeros(0, np.int32), "position": np.zeros(0, np.int64), "outcome": np.zeros(0, np.int8),
+    "id_bytes": np.zeros(0, np.uint8), "id_lengths": np.zeros(0, np.int32),
+}  # fmt: skip
+
+
+class EntryStages:
+    """The ingest and labels stages of one replica (called under the stages' lock)."""
+
+    def __init__(self, ingest: Ingest, producer: InternalProducer, topics: Callable[[], InternalTopics],
+                 logs: dict[str, str]) -> None:  # fmt: skip
+        self.ingest = ingest
+        self.producer = producer
+        self.topics = topics
+        """The internal topics as the broker has them (known once the source prepared them)."""
+        self.logs = logs
+        """Each topic's id, as the source keeps it current (it names the log a source position is in)."""
+        self._clock_sent: dict[tuple[Partition, int], float] = {}
+        """When each join partition last had a labels partition's timestamp (with its labels or alone)."""
+
+    def predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
+        """Decode every input partition's records at once and send each model's rows on; the next offsets."""
+        values: list[bytes | None] = []
+        sources, offsets, ends = [], [], {}
+        for i, (partition, records) in enumerate(parts):
+            part_values, ends[partition] = values_and_next(records)
+            values += part_values
+            sources.append(np.full(len(part_values), i, dtype=np.int32))
+            offsets.append(offsets_of(records, ends[partition]))
+        source, position = np.concatenate(sources), np.concatenate(offsets)
+        meta_sources = [[*p, self.logs.get(p[0], "")] for p, _ in parts]
+        ingest = self.ingest
+        decoders, decoded, ignored, malformed = ingest.fleet.decode(values, ingest.clock())  # type: ignore[arg-type]
+        for model_id, batch in decoded.items():
+            if not len(batch):
+                continue
+            spec = decoders[model_id].model
+            at = batch.positions
+            rows = {"source": source[at], "position": position[at], "timestamp": batch.timestamps,
+                    "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
+                    "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
+            meta = {"model": model_id, "layout": codes_layout(spec), "sources": meta_sources}
+            topic, counts = self.topics().counts_of(model_id)
+            for value in encode_rows(Kind.PREDICTIONS, meta, rows):
+                self.producer.send(topic, counts, value, model_id.encode())
+            if ingest.kafka.labels_topic:
+                waiting = np.flatnonzero((batch.outcomes < 0) & np.fromiter(
+                    (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
+                pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}
+                self._to_join(Kind.PENDING, meta, pending, [str(batch.prediction_ids[i]) for i in waiting.tolist()])
+        ingest.report(decoded, ignored, malformed, 0, ", ".join(f"{t}[{p}]" for t, p in ends))
+        return ends
+
+    def labels(self, partition: Partition, records: Sequence[Record]) -> int:
+        """Send each decoded label to the join partition of its prediction id; the next offset."""
+        values, end = values_and_next(records)
+        fleet = self.ingest.fleet
+        decoded = decode_outcomes(values, fleet.events.prediction_id, fleet.events.label)
+        if decoded.invalid:
+            self.ingest.health.count_outcomes({"invalid_label_event": decoded.invalid})
+        at = np.asarray(decoded.positions, dtype=np.int64)
+        rows = {"source": np.zeros(len(at), dtype=np.int32), "position": offsets_of(records, end)[at],
+                "outcome": np.asarray(decoded.outcomes, dtype=np.int8)}  # fmt: skip
+        meta: dict[str, object] = {"sources": [[*partition, self.logs.get(partition[0], "")]]}
+        newest = newest_timestamp(records)
+        if newest is not None:  # the join tasks hold their labels' clock back by how late labels are read
+            meta["label_time"] = newest
+        written = self._to_join(Kind.LABELS, meta, rows, decoded.prediction_ids)
+        if newest is not None:
+            self._send_label_time(partition, meta, written)
+        return end
+
+    def _send_label_time(self, partition: Partition, meta: dict[str, object], written: list[int]) -> None:
+        """The labels' timestamp alone to each join partition that has had none of this labels partition's for
+        :data:`LABELS_CLOCK_EVERY` seconds (``written``: those its labels just went to)."""
+        now = self.ingest.clock()
+        for q in written:
+            self._clock_sent[(partition, q)] = now
+        topics = self.topics()
+        for q in range(topics.join.partitions):
+            if now - self._clock_sent.get((partition, q), -LABELS_CLOCK_EVERY) >= LABELS_CLOCK_EVERY:
+                self.producer.send(topics.join.name, q, encode(Kind.LABELS, meta, _NO_LABELS))
+                self._clock_sent[(partition, q)] = now
+
+    def _to_join(self, kind: Kind, meta: dict[str, object], rows: dict[str, np.ndarray], ids: list[str]) -> list[int]:
+        """Rows keyed by prediction id, each to its join partition (in row order within each); the partitions."""
+        if not ids:
+            return []
+        topics = self.topics()
+        where = topics.join_of(ids)
+        partitions: list[int] = np.unique(where).tolist()
+        for q in partitions:
+            mine = np.flatnonzero(where == q)
+            part = {k: v[mine] for k, v in rows.items()}
+            for value in encode_rows(kind, meta, part, [ids[i] for i in mine.tolist()]):
+                self.producer.send(topics.join.name, q, value)
+        return partitions

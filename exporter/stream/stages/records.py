@@ -1,0 +1,160 @@
+"""The records of the staged path's internal topics: compact, versioned binary, never above :data:`MAX_RECORD_BYTES`.
+
+A record is ``b"FXI"``, a format version byte, a kind byte, the length of a JSON header (4 bytes, little-endian),
+the header ``{"meta": {...}, "arrays": [[name, dtype, shape], ...]}``, then each array's bytes in that order.
+Row tables (every array one row per event) are cut into as many records as the size limit needs, so a stage can
+hand over a batch of any size; a snapshot is cut into chunks by :mod:`exporter.stream.stages.snapshots`.
+
+Every row carries the position of the event it derives from in its source (a topic-partition offset; for a joined
+label, the join record's offset and the row's index in it), so that a receiver can skip what it already applied; a
+source is named by topic, partition and log (the topic's id: a re-created topic's positions start again at 0).
+
+=============  =========  ================================================================================
+kind           topic      meta; rows
+=============  =========  ================================================================================
+PREDICTIONS    counts     model, layout, sources; source, position, timestamp, prediction, outcome (inline
+                          label or -1), codes (one column per attribute), score (empty without scores)
+JOINED         counts     model, layout, sources; source, position, timestamp, outcome (TP/FP/TN/FN column),
+                          codes
+PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, ids
+LABELS         join       sources; source, position, outcome (0/1), ids
+SNAPSHOT       both       task, partition, covers, id, chunk, chunks; data (bytes of one chunk)
+=============  =========  ================================================================================
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import zlib
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from exporter.config import ModelSpec
+
+MAGIC: Final = b"FXI"
+VERSION: Final = 1
+MAX_RECORD_BYTES: Final = 900_000
+"""Real Kafka refuses records above 1 MB by default (message.max.bytes): every internal record stays below."""
+HEADER_ROOM: Final = 4096
+"""What a row table's record keeps for its header when rows are fitted under the size limit."""
+_PREFIX = struct.Struct("<3sBBI")
+
+
+class Kind(IntEnum):
+    PREDICTIONS = 1
+    JOINED = 2
+    PENDING = 3
+    LABELS = 4
+    SNAPSHOT = 5
+
+
+class RecordError(ValueError):
+    """Bytes that are not an internal record of a version this daemon reads."""
+
+
+@dataclass
+class Record:
+    """One decoded internal record."""
+
+    kind: Kind
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+    ids: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.arrays["position"]) if "position" in self.arrays else 0
+
+    @property
+    def sources(self) -> list[tuple[str, int, str]]:
+        """(topic, partition, log) of each source: the log is the topic's id ("" unknown), so that the positions
+        of a re-created topic's new log are not taken for the old log's."""
+        return [(str(t), int(p), str(log)) for t, p, log in self.meta.get("sources", [])]
+
+
+def codes_layout(spec: ModelSpec) -> int:
+    """What the codes of a model's rows mean (its attributes and their groups, in order): a receiver configured
+    otherwise (a reload that reached the replicas one at a time) does not count them."""
+    return zlib.crc32(orjson.dumps([[a.name, list(a.groups)] for a in spec.attributes]))
+
+
+def encode(kind: Kind, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """One record (the caller keeps it under the size limit: :func:`encode_rows` does for row tables)."""
+    contiguous = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
+    header = orjson.dumps({"meta": meta, "arrays": [[n, a.dtype.str, list(a.shape)] for n, a in contiguous.items()]})
+    return b"".join([_PREFIX.pack(MAGIC, VERSION, int(kind), len(header)), header,
+                     *(a.tobytes() for a in contiguous.values())])  # fmt: skip
+
+
+def decode(value: bytes | None) -> Record:
+    """The record in a message value; RecordError when it is none of this version."""
+    if value is None or len(value) < _PREFIX.size:
+        raise RecordError("not an internal record (too short)")
+    magic, version, kind, length = _PREFIX.unpack_from(value)
+    if magic != MAGIC:
+        raise RecordError("not an internal record (no FXI prefix)")
+    if version != VERSION:
+        raise RecordError(f"internal record format {version}, this daemon reads {VERSION}")
+    try:
+        header = orjson.loads(value[_PREFIX.size : _PREFIX.size + length])
+        at = _PREFIX.size + length
+        arrays = {}
+        for name, dtype, shape in header["arrays"]:
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.frombuffer(value, dtype=np.dtype(dtype), count=count, offset=at).reshape(shape)
+            arrays[name] = array
+            at += array.nbytes
+        record = Record(Kind(kind), header["meta"], arrays)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise RecordError(f"a corrupt internal record ({type(exc).__name__}: {exc})") from exc
+    if "id_bytes" in arrays:
+        data = arrays.pop("id_bytes").tobytes()
+        ends = np.cumsum(arrays.pop("id_lengths")).tolist()
+        record.ids = [data[start:end].decode() for start, end in zip([0, *ends], ends, strict=False)]
+    return record
+
+
+def encode_rows(kind: Kind, meta: dict[str, Any], rows: dict[str, np.ndarray], ids: list[str] | None = None,
+                limit: int = MAX_RECORD_BYTES) -> list[bytes]:  # fmt: skip
+    """A row table as records of at most ``limit`` bytes, in row order (``ids``: one string per row)."""
+    n = len(rows["position"])
+    encoded = [pid.encode() for pid in ids] if ids is not None else []
+    widths = np.full(n, sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in rows.values()
+                            if len(a) == n), dtype=np.int64)  # fmt: skip
+    if ids is not None:
+        widths += np.fromiter(map(len, encoded), np.int64, n) + 4
+    cuts = _cuts(widths, limit - HEADER_ROOM)
+    out = []
+    for start, stop in itertools.pairwise(cuts):
+        arrays = {name: a[start:stop] if len(a) == n else a for name, a in rows.items()}
+        if ids is not None:
+            part = encoded[start:stop]
+            arrays["id_bytes"] = np.frombuffer(b"".join(part), dtype=np.uint8)
+            arrays["id_lengths"] = np.fromiter(map(len, part), np.int32, len(part))
+        out.append(encode(kind, meta, arrays))
+    return out
+
+
+def _cuts(widths: np.ndarray, budget: int) -> list[int]:
+    """Row indices that cut rows of these byte widths into runs of at most ``budget`` bytes (one row at least)."""
+    cuts, start, total = [0], 0, np.cumsum(widths)
+    while start < len(widths):
+        base = total[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(total, base + budget, side="right")))
+        cuts.append(stop)
+        start = stop
+    return cuts
+
+
+def codes_matrix(spec: ModelSpec, codes: dict[str, np.ndarray]) -> np.ndarray:
+    """A batch's codes as one int32 column per attribute (in the spec's order)."""
+    return np.column_stack([codes[a.name] for a in spec.attributes]).astype(np.int32, copy=False)
+
+
+def codes_columns(spec: ModelSpec, matrix: np.ndarray) -> dict[str, np.ndarray]:
+    """The codes of a record's rows per attribute, as the window store counts them."""
+    return {a.name: matrix[:, i].astype(np.int64) for i, a in enumerate(spec.attributes)}

@@ -1,0 +1,372 @@
+"""The staged path (``kafka.stages: staged``): ingest, label join and evaluation as stages of one consumer group,
+joined by two internal topics, so that each model lives whole on one replica however the input is keyed.
+
+Every replica runs one consumer (exporter/stream/kafka/source.py, the one consumer policy) on the input topic, the
+labels topic, ``<group>.join`` and ``<group>.counts``; the group's assignor spreads each topic's partitions over
+the replicas, and this module handles each record by its topic:
+
+- **ingest** and **labels** (an input or labels partition): exporter/stream/stages/entry.py sends each model's
+  decoded rows to its counts partition, and unlabelled predictions and labels to the join partition of their id;
+- **join** (a join partition): a :class:`~exporter.stream.stages.tasks.JoinTask`; what it joins goes to the
+  model's counts partition;
+- **evaluate** (a counts partition): a :class:`~exporter.stream.stages.tasks.CountsTask`, which counts into the
+  window stores of the models whose id hashes to that partition: this replica owns them, computes them and
+  exports their series.
+
+Exactly once without transactions: every row carries its source position and receivers skip what they applied;
+an input offset is committed once all that was produced before it is acknowledged, and a task's offset once a
+snapshot of its state (written into its own partition) covers it. This object is the source's offsets book.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+from exporter.config import Config, ModelSpec
+from exporter.serve.self_metrics import Health, Owned, StageHealth
+from exporter.stream.ingest import Ingest
+from exporter.stream.kafka import internal_topics
+from exporter.stream.kafka.client import Offsets, Partition, Record
+from exporter.stream.kafka.dead_letters import DeadLetters
+from exporter.stream.kafka.internal_producer import InternalProducer
+from exporter.stream.stages.entry import EntryStages
+from exporter.stream.stages.records import Kind, RecordError, decode
+from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack, unpack
+from exporter.stream.stages.tasks import CountsTask, JoinTask, Out, Task
+from exporter.stream.state.fleet import Changes, Fleet
+from exporter.stream.state.label_join import OutcomeJoin
+
+log = logging.getLogger(__name__)
+
+
+class Stages:
+    """Every stage of one replica, under one lock: the handler of the source's polls and its offsets book."""
+
+    def __init__(self, config: Config, health: Health, stage_health: StageHealth, clock: Callable[[], float],
+                 dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
+        self.kafka = config.kafka
+        self.health = health
+        self.stage_health = stage_health
+        self.clock = clock
+        self.lock = threading.RLock()
+        """Serialises the stages: a poll's handling, snapshots, rebalances, reloads (the window stores have the
+        fleet's lock, so a computation never waits for a flush)."""
+        self.topics = internal_topics.wanted(config)
+        self.tasks: dict[Partition, Task] = {}
+        self.live_counts: set[int] = set()
+        """The counts partitions whose models this replica owns now."""
+        self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns)
+        self.ingest = Ingest(config, self.fleet, health, clock, dead_letters)
+        self.producer = InternalProducer(config.kafka)
+        self.topic_ids: dict[str, str] = {}
+        """Each topic's id, kept current by the source: the log a row's position is in."""
+        self.entry = EntryStages(self.ingest, self.producer, lambda: self.topics, self.topic_ids)
+        self.produced: Offsets = {}
+        """Input and labels partitions: the next offset after what the stages sent on."""
+        self.acked: Offsets = {}
+        """... after what the broker acknowledged: what may be committed."""
+        self.lag: Callable[[], Mapping[Partition, int]] = dict
+        """The source's lag per partition (the daemon sets it): a restoring task that caught up gives up."""
+        self.released: Callable[[], None] = lambda: None
+        """Called when models leave this replica, so that their series leave /metrics now (the daemon sets it)."""
+        self._snapshot_at = time.monotonic()
+        self.chunk_bytes = CHUNK_BYTES
+        """The most bytes of state in one snapshot record."""
+
+    @property
+    def source_topics(self) -> list[str]:
+        return [t for t in (self.kafka.topic, self.kafka.labels_topic) if t] + self.topics.names
+
+    def prepare(self) -> None:
+        """Create the missing internal topics and learn their partition counts (before each new consumer)."""
+        self.topics = internal_topics.ensure(self.kafka, self.topics)
+
+    # --- where things go ------------------------------------------------------------------------------------
+
+    def counts_partition(self, model_id: str) -> Partition:
+        return self.topics.counts_of(model_id)
+
+    def owns(self, model_id: str) -> bool:
+        """Whether this replica holds the model's counts partition, live (the fleet keeps its state)."""
+        return self.counts_partition(model_id)[1] in self.live_counts
+
+    def models_of(self, partition: int) -> list[str]:
+        return [m for m in self.fleet.config.model_ids if self.counts_partition(m)[1] == partition]
+
+    def spec_of(self, model_id: str) -> ModelSpec | None:
+        return next((m for m in self.fleet.config.models if m.model_id == model_id), None)
+
+    def owned(self) -> list[Owned]:
+        """Every configured model: its counts partition, whether this replica owns it, its last step."""
+        out: list[Owned] = []
+        bucket = self.fleet.config.windowing.bucket_seconds
+        models = self.fleet.models
+        for model_id in self.fleet.config.model_ids:
+            topic, partition = self.counts_partition(model_id)
+            monitored = models.get(model_id)
+            last = monitored.store.detection.last_step if monitored is not None else -1
+            out.append((model_id, topic, partition, monitored is not None, last * bucket if last >= 0 else None))
+        return out
+
+    # --- the handler ----------------------------------------------------------------------------------------
+
+    def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
+        """Handle one poll, every stage's share of it, then wait until what it produced is acknowledged."""
+        with self.lock:
+            try:
+                inputs = [(p, r) for p, r in batches.items() if p[0] == self.kafka.topic and r]
+                if inputs:
+                    self.produced.update(self.entry.predictions(inputs))
+                for partition, records in batches.items():
+                    if not records:
+                        continue
+                    if partition[0] == self.kafka.labels_topic:
+                        self.produced[partition] = self.entry.labels(partition, records)
+                    elif partition in self.tasks:
+                        self._task_records(self.tasks[partition], records)
+                self._give_up_caught_up()
+                self.producer.flush()
+            except Exception:
+                self._abandon()
+                raise
+            self.acked.update(self.produced)
+            self.health.pending_predictions.set(self._pending())
+
+    def _abandon(self) -> None:
+        """After a failure mid-poll (records the broker did not take): the tasks' state is ahead of what was sent,
+        so no snapshot may cover it. Drop every task (restored from its last snapshot at the next assignment) and
+        send the input again from what was acknowledged (the source rebuilds its consumer)."""
+        for partition in list(self.tasks):
+            self._drop(partition)
+        self.produced = dict(self.acked)
+
+    def _send(self, out: list[Out]) -> None:
+        for topic, partition, key, value in out:
+            self.producer.send(topic, partition, value, key)
+
+    def _task_records(self, task: Task, records: Sequence[Record]) -> None:
+        """A join or counts partition's records, through its task (buffered while it looks for its snapshot)."""
+        task.fetched = True
+        for message in records:
+            offset = message.offset
+            task.consumed = offset + 1
+            try:
+                record = decode(message.value)
+            except RecordError as exc:
+                self.stage_health.unreadable.labels(task.partition[0]).inc()
+                log.error("%s[%d] offset %d skipped: %s", *task.partition, offset, exc)
+                continue
+            restoring = task.restoring
+            if record.kind is Kind.SNAPSHOT:
+                if restoring is not None and (whole := restoring.offer(record)) is not None:
+                    self._restored(task, whole)
+            elif restoring is not None:
+                restoring.buffered.append((offset, record))
+            else:
+                self._send(task.apply(record, offset))
+
+    # --- restoring a task -----------------------------------------------------------------------------------
+
+    def _restored(self, task: Task, whole: bytes | None) -> None:
+        """Go live from a whole snapshot (None: none is to be found, start empty), then apply what was buffered."""
+        restoring = task.restoring
+        assert restoring is not None
+        result = "restored"
+        if whole is not None:
+            try:
+                task.restore(*unpack(whole))
+            except (ValueError, KeyError) as exc:
+                log.error("%s[%d]: the snapshot covering offset %d cannot be read (%s): starting empty",
+                          *task.partition, restoring.covers, exc)  # fmt: skip
+                result = "missing"
+        else:
+            log.error("%s[%d]: no whole snapshot covering the committed offset %d in the log (retention?), %d "
+                      "chunk(s) seen: its state starts empty", *task.partition, restoring.covers,
+                      restoring.chunks_seen)  # fmt: skip
+            result = "missing"
+        self.stage_health.restores.labels(task.stage, result).inc()
+        task.restoring = None
+        task.covered = restoring.covers
+        self._go_live(task)
+        for offset, record in restoring.buffered:
+            self._send(task.apply(record, offset))
+
+    def _go_live(self, task: Task) -> None:
+        if isinstance(task, CountsTask):
+            self.live_counts.add(task.partition[1])
+            task.take()
+
+    def _give_up_caught_up(self) -> None:
+        """A restoring task that has read its whole partition without a whole snapshot starts empty."""
+        lag = self.lag()
+        for partition, task in list(self.tasks.items()):
+            if task.restoring is not None and lag.get(partition) == 0:
+                self._restored(task, None)
+
+    # --- the offsets book (exporter.stream.kafka.source.OffsetsBook) ----------------------------------------------
+
+    def counted(self) -> Offsets:
+        """Where each partition's reading has got to (a task's only once it was fetched: a log end cached from an
+        earlier assignment would make its committed offset look beyond the end of the log)."""
+        with self.lock:
+            return {**self.produced, **{p: t.consumed for p, t in self.tasks.items() if t.fetched}}
+
+    def committable(self) -> Offsets:
+        with self.lock:
+            return {**self.acked, **{p: t.covered for p, t in self.tasks.items() if t.covered is not None}}
+
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """An internal partition starts a task at its committed offset (0: none yet), which then looks for the
+        snapshot covering it; an input partition resumes after what this process sent on, else (left out) at
+        its committed offset."""
+        with self.lock:
+            starts = {}
+            for partition in partitions:
+                if partition[0] not in self.topics.names:
+                    if partition in self.acked:
+                        starts[partition] = self.acked[partition]
+                    continue
+                if committed is None:
+                    raise RuntimeError(f"the committed offset of {partition[0]}[{partition[1]}] is not known: its "
+                                       "state cannot be restored; the consumer is rebuilt to ask again")
+                self._drop(partition)  # a task of a consumer that was rebuilt: restored again from the commit
+                start = committed.get(partition, 0)
+                self.tasks[partition] = task = self._task(partition, start)
+                starts[partition] = start
+                if not start:
+                    self.stage_health.restores.labels(task.stage, "fresh").inc()
+                    self._go_live(task)
+            return starts
+
+    def _task(self, partition: Partition, start: int) -> Task:
+        if partition[0] == self.topics.join.name:
+            share = -(-self.fleet.config.max_pending_labels // self.topics.join.partitions)
+            return JoinTask(partition, start, self.stage_health, self.health,
+                            OutcomeJoin(self.fleet.config.label_horizon_seconds, share), self.spec_of,
+                            self.counts_partition, self.clock, self.topic_ids)  # fmt: skip
+        return CountsTask(partition, start, self.stage_health, self.health, self.fleet,
+                          lambda: self.models_of(partition[1]), self.clock)  # fmt: skip
+
+    def forget(self, partitions: list[Partition]) -> None:
+        """Revoked (or reset): no commit of this replica carries them; a counts partition's models leave now."""
+        with self.lock:
+            for partition in partitions:
+                self.produced.pop(partition, None)
+                self.acked.pop(partition, None)
+                self._drop(partition)
+
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        """These partitions start again at offset 0 of a new log (a re-created topic, a broker back empty). Rows
+        from it name the new log, so receivers count them afresh; a task keeps its state (the counts and pending
+        labels it holds are still true) and goes on from offset 0, its next snapshot in the new log."""
+        with self.lock:
+            if topic_id != self.topic_ids.get(topic):
+                for offsets in (self.produced, self.acked):
+                    for partition in [p for p in offsets if p[0] == topic and p not in partitions]:
+                        offsets.pop(partition)
+            for partition in partitions:
+                task = self.tasks.get(partition)
+                if task is None:
+                    self.produced[partition] = self.acked[partition] = 0
+                    continue
+                if task.restoring is not None:  # its snapshot was in the old log
+                    task.restoring.buffered.clear()
+                    self._restored(task, None)
+                task.consumed, task.covered, task.fetched, task.dirty = 0, None, False, True
+            if topic_id is not None:
+                self.topic_ids[topic] = topic_id
+
+    def _drop(self, partition: Partition) -> None:
+        task = self.tasks.pop(partition, None)
+        if isinstance(task, CountsTask) and partition[1] in self.live_counts:
+            self.live_counts.discard(partition[1])
+            self.fleet.release(task.models())
+            self.released()
+
+    def flush(self) -> None:
+        """Snapshot every task with new state and wait for everything sent: what is counted becomes committable
+        (before a revocation, at shutdown). Never raises: a failure is logged and nothing new is committable."""
+        try:
+            self.snapshot(force=True)
+        except Exception as exc:
+            log.error("snapshots of the staged tasks failed (%s: %s); their offsets stay uncommitted",
+                      type(exc).__name__, exc)  # fmt: skip
+
+    # --- scheduled --------------------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """The scheduled job (every second): snapshots when due, and restoring tasks that caught up; never raises."""
+        try:
+            self.snapshot()
+        except Exception as exc:
+            log.error("snapshots of the staged tasks failed (%s: %s); their offsets stay uncommitted until one "
+                      "succeeds", type(exc).__name__, exc)  # fmt: skip
+
+    def snapshot(self, force: bool = False) -> None:
+        """Write a snapshot of each live task with new state (when ``checkpoint.interval`` has passed, or now when
+        forced) into its own partition; once all is acknowledged, its offset is committable. A quiet task's state is
+        written again after a quarter of its topic's retention, so that retention never takes its last snapshot."""
+        with self.lock:
+            self._give_up_caught_up()
+            now = time.monotonic()
+            if not force and now - self._snapshot_at < self.fleet.config.checkpoint_interval_seconds:
+                return
+            self._snapshot_at = now
+            written = []
+            retention = {t.name: t.retention_seconds for t in (self.topics.join, self.topics.counts)}
+            for (topic, partition), task in self.tasks.items():
+                stale = task.covered is not None and now - task.snapshot_at > retention[topic] / 4
+                if task.restoring is None and (task.dirty or stale):
+                    task.snapshot_at = now
+                    for value in chunks(task.stage, partition, task.consumed, pack(*task.state()), self.chunk_bytes):
+                        self.producer.send(topic, partition, value)
+                    written.append((task, task.consumed))
+                    task.dirty = False
+            try:
+                self.producer.flush()
+            except Exception:
+                for task, _ in written:
+                    task.dirty = True
+                raise
+            self.acked.update(self.produced)
+            for task, covers in written:
+                task.covered = covers
+                self.stage_health.snapshots.labels(task.stage).inc()
+
+    def expire(self) -> None:
+        """Give up on predictions and labels older than the label horizon, in every join task held."""
+        given_up: Counter[str] = Counter()
+        behind = 0.0
+        with self.lock:
+            for task in self.tasks.values():
+                if isinstance(task, JoinTask) and task.restoring is None:
+                    before = sum(given_up.values())
+                    now = self.clock()
+                    task.join.expire(now, given_up)
+                    task.dirty = task.dirty or sum(given_up.values()) > before
+                    behind = max(behind, now - task.join.labels_clock(now))
+            pending = self._pending()
+        self.health.pending_predictions.set(pending)
+        self.health.labels_clock_behind.set(behind)  # the furthest behind of this replica's join tasks
+        self.health.count_outcomes(given_up)
+
+    def _pending(self) -> int:
+        return sum(len(t.join.pending) for t in self.tasks.values() if isinstance(t, JoinTask))
+
+    def apply(self, config: Config) -> tuple[Changes, Counter[str]]:
+        """A reload: the fleet's models, and the join tasks forget the predictions of models reconfigured."""
+        with self.lock:
+            changes, given_up = self.fleet.apply(config)
+            carried = set(changes.kept) | set(changes.updated)
+            for task in self.tasks.values():
+                if isinstance(task, JoinTask):
+                    task.join.forget_models(carried.__contains__, given_up)
+                    task.join.horizon = config.label_horizon_seconds
+        return changes, given_up
+
+    def close(self) -> None:
+        self.producer.close()

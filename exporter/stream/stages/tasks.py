@@ -1,0 +1,250 @@
+"""The staged path's stateful tasks: one per partition of an internal topic that this replica holds.
+
+A :class:`JoinTask` holds the label join of one ``.join`` partition (the same :class:`OutcomeJoin` as the direct
+path) and sends each joined outcome to its model's ``.counts`` partition. A :class:`CountsTask` counts the records
+of one ``.counts`` partition into the window stores of the models it owns, with the direct path's
+``WindowStore.add`` and ``add_joined``. Both skip rows whose source position they already applied (a high-water
+mark per source), so a stage that re-reads its input after a crash or a rebalance never counts twice; both
+restore from and write inline snapshots (exporter/stream/stages/snapshots.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+
+from exporter.config import ModelSpec, layout
+from exporter.serve.self_metrics import Health, StageHealth
+from exporter.stream.kafka.client import Partition
+from exporter.stream.stages.records import Kind, Record, codes_columns, codes_layout, encode_rows
+from exporter.stream.stages.snapshots import Restoring
+from exporter.stream.state.fleet import Fleet
+from exporter.stream.state.label_join import Joined, OutcomeJoin
+
+log = logging.getLogger(__name__)
+
+ROW_BITS: Final = 20
+"""A joined outcome's position: the offset of the join record that completed it, times 2^20, plus its index among
+the outcomes that record completed (a record of at most 900 KB holds far fewer than 2^20 rows)."""
+Out = tuple[str, int, bytes | None, bytes]
+"""A record to send: topic, partition, key, value."""
+Source = tuple[str, ...]
+"""What a high-water mark is kept for: (topic, partition) of a source, with the model first in a counts task."""
+
+
+class Task:
+    """What every task shares: its position in its partition, its snapshot search, its high-water marks."""
+
+    stage: str = ""
+
+    def __init__(self, partition: Partition, start: int, stage_health: StageHealth) -> None:
+        self.partition = partition
+        self.consumed = start
+        """The next offset to read in the partition."""
+        self.fetched = False
+        """Whether a batch of it was read since the assignment (before, a client's cached log end may be stale)."""
+        self.covered: int | None = None
+        """The offset the last acknowledged snapshot covers: what may be committed."""
+        self.restoring: Restoring | None = Restoring(start) if start else None
+        self.dirty = False
+        """Data applied since the last snapshot."""
+        self.snapshot_at = time.monotonic()
+        """When its last snapshot was written (time.monotonic)."""
+        self.hwm: dict[Source, int] = {}
+        self.stage_health = stage_health
+
+    def fresh(self, record: Record, prefix: Source = ()) -> np.ndarray:
+        """Which rows of a record are beyond their source's high-water mark (and move the marks past them)."""
+        source, position = record.arrays["source"], record.arrays["position"]
+        keep = np.ones(len(position), dtype=bool)
+        for i, (topic, partition, log_id) in enumerate(record.sources):
+            rows = source == i
+            if not rows.any():
+                continue
+            key = (*prefix, topic, str(partition), log_id)
+            mark = self.hwm.get(key, -1)
+            keep[rows] = position[rows] >= mark
+            self.hwm[key] = max(mark, int(position[rows].max()) + 1)
+        skipped = int((~keep).sum())
+        if skipped:
+            self.stage_health.replayed.labels(self.stage).inc(skipped)
+        return keep
+
+    def hwm_arrays(self) -> dict[str, np.ndarray]:
+        keys = sorted(self.hwm)
+        return {"hwm_keys": np.array(["\x1f".join(k) for k in keys], dtype=str),
+                "hwm_marks": np.array([self.hwm[k] for k in keys], dtype=np.int64)}  # fmt: skip
+
+    def restore_hwm(self, arrays: dict[str, np.ndarray]) -> None:
+        self.hwm = {tuple(str(k).split("\x1f")): int(m) for k, m in zip(arrays["hwm_keys"].tolist(),
+                                                                       arrays["hwm_marks"].tolist(), strict=True)}
+
+    def apply(self, record: Record, offset: int) -> list[Out]:
+        raise NotImplementedError
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+
+class JoinTask(Task):
+    """The label join of one ``.join`` partition."""
+
+    stage = "join"
+
+    def __init__(self, partition: Partition, start: int, stage_health: StageHealth, health: Health,
+                 join: OutcomeJoin, spec_of: Callable[[str], ModelSpec | None], counts: Callable[[str], Partition],
+                 clock: Callable[[], float], logs: dict[str, str]) -> None:  # fmt: skip
+        super().__init__(partition, start, stage_health)
+        self.logs = logs
+        """Each topic's id (the log this partition's offsets, the joined outcomes' positions, are in)."""
+        self.join = join
+        self.health = health
+        self.spec_of = spec_of
+        self.counts = counts
+        """The counts partition of a model."""
+        self.clock = clock
+
+    def apply(self, record: Record, offset: int) -> list[Out]:
+        """Hold a PENDING record's predictions or join a LABELS record's outcomes; the joined outcomes to send."""
+        # a model's predictions and the labels have marks of their own: rows of several models from one source
+        # partition interleave, each model's in order
+        model = str(record.meta.get("model", ""))
+        keep = self.fresh(record, (model,) if record.kind is Kind.PENDING else ())
+        a = record.arrays
+        given_up: Counter[str] = Counter()
+        joined: dict[str, Joined] = {}
+        if record.kind is Kind.PENDING:
+            spec = self.spec_of(model)
+            if spec is None or codes_layout(spec) != record.meta["layout"]:
+                given_up["model_reconfigured"] += int(keep.sum())
+            else:
+                ids = [pid for pid, k in zip(record.ids, keep.tolist(), strict=True) if k]
+                found = self.join.add_predictions(model, ids, a["timestamp"][keep], a["prediction"][keep].astype(
+                    np.int64), a["codes"][keep].astype(np.int64), given_up)  # fmt: skip
+                if found is not None:
+                    joined[model] = found
+        elif record.kind is Kind.LABELS:
+            ids = [pid for pid, k in zip(record.ids, keep.tolist(), strict=True) if k]
+            now = self.clock()
+            label_time = record.meta.get("label_time")  # absent from records written before the labels' clock
+            if keep.any() or not len(keep):  # rows read again (below the high-water mark) are of an earlier time
+                topic, partition, _ = record.sources[0]
+                self.join.labels_read((topic, partition), float(label_time) if label_time else None, now)
+            if not len(keep):
+                return []  # the labels' timestamp alone: no state of the snapshot changed
+            joined = self.join.add_outcomes(ids, a["outcome"][keep].astype(np.int64).tolist(), now, given_up)
+        out = self._joined(joined, offset, given_up)
+        self.health.count_outcomes(given_up)
+        self.dirty = True
+        return out
+
+    def _joined(self, joined: dict[str, Joined], offset: int, given_up: Counter[str]) -> list[Out]:
+        out: list[Out] = []
+        at = offset << ROW_BITS
+        for model, rows in joined.items():
+            spec = self.spec_of(model)
+            if spec is None:  # removed by a reload since its prediction was held
+                given_up["model_reconfigured"] += len(rows)
+                continue
+            topic, partition = self.counts(model)
+            table: dict[str, np.ndarray] = {"source": np.zeros(len(rows), dtype=np.int32),
+                     "position": np.arange(at, at + len(rows), dtype=np.int64), "timestamp": rows.timestamps,
+                     "outcome": rows.outcomes.astype(np.int8), "codes": rows.codes.astype(np.int32)}  # fmt: skip
+            at += len(rows)
+            meta = {"model": model, "layout": codes_layout(spec),
+                    "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
+            out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.JOINED, meta, table)]
+        return out
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return {}, {**{f"join.{k}": v for k, v in self.join.state(self.clock()).items()}, **self.hwm_arrays()}
+
+    def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        self.join.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")})
+        self.restore_hwm(arrays)
+
+
+class CountsTask(Task):
+    """The evaluation of the models of one ``.counts`` partition: their window stores live in the fleet, taken
+    when this task goes live and released when it is revoked."""
+
+    stage = "counts"
+
+    def __init__(self, partition: Partition, start: int, stage_health: StageHealth, health: Health, fleet: Fleet,
+                 models: Callable[[], list[str]], clock: Callable[[], float]) -> None:  # fmt: skip
+        super().__init__(partition, start, stage_health)
+        self.fleet = fleet
+        self.health = health
+        self.models = models
+        """The configured models of this partition."""
+        self.clock = clock
+        self._restored: tuple[dict[str, Any], dict[str, np.ndarray]] = ({"models": {}}, {})
+
+    def apply(self, record: Record, offset: int) -> list[Out]:
+        """Count a PREDICTIONS or JOINED record in its model's window store."""
+        model = str(record.meta.get("model"))
+        monitored = self.fleet.models.get(model)
+        if monitored is None or codes_layout(monitored.spec) != record.meta.get("layout"):
+            # a model this replica does not monitor as configured (a reload reaches the replicas one at a time)
+            self.health.ignored.labels("unconfigured_model").inc(len(record))
+            return []
+        keep = self.fresh(record, (model,))
+        if not keep.any():
+            return []
+        a = {k: v[keep] if len(v) == len(keep) else v for k, v in record.arrays.items()}  # score: empty or a row each
+        codes = codes_columns(monitored.spec, a["codes"])
+        store = monitored.store
+        if record.kind is Kind.PREDICTIONS:
+            late = store.add(a["timestamp"], codes, a["prediction"].astype(np.int64), a["outcome"].astype(np.int64),
+                             self.clock(), scores=a["score"])  # fmt: skip
+            if late:
+                self.health.late.inc(late)
+        elif record.kind is Kind.JOINED:
+            outside = store.add_joined(a["timestamp"], codes, a["outcome"].astype(np.int64))
+            self.health.outcomes_joined.inc(len(a["position"]) - outside)
+            self.health.count_outcomes({"prediction_outside_window": outside} if outside else {})
+        self.dirty = True
+        return []
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        models, arrays = {}, self.hwm_arrays()
+        windowing = self.fleet.config.windowing
+        with self.fleet.lock:
+            for i, model in enumerate(self.models()):
+                monitored = self.fleet.models.get(model)
+                if monitored is None:
+                    continue
+                models[model] = {"layout": layout(monitored.spec, windowing), "prefix": f"m{i}."}
+                arrays.update({f"m{i}.{k}": v for k, v in monitored.store.state().items()})
+        return {"models": models}, arrays
+
+    def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Restore the hwm marks; the models' arrays are taken by :meth:`take` (with the fleet's current specs)."""
+        self.restore_hwm(arrays)
+        self._restored = (meta, arrays)
+
+    def take(self) -> None:
+        """Go live: the fleet keeps this partition's models from now, restored from the snapshot where it holds
+        them under the same layout, else empty."""
+        (meta, arrays), self._restored = self._restored, ({"models": {}}, {})
+        specs = {m.model_id: m for m in self.fleet.config.models}
+        windowing = self.fleet.config.windowing
+        states: dict[str, dict[str, np.ndarray] | None] = {}
+        for model in self.models():
+            written = meta["models"].get(model)
+            if written is not None and written["layout"] == layout(specs[model], windowing):
+                prefix = written["prefix"]
+                states[model] = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            else:
+                if written is not None:
+                    log.warning("model %s was snapshotted under another layout: it starts afresh", model)
+                states[model] = None
+        self.fleet.take(states)

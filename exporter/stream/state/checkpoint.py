@@ -1,0 +1,267 @@
+"""Durable checkpoints of the daemon's state: every model's window counts and detectors, the pending labels and
+the Kafka offsets they cover, in one file.
+
+Written atomically (temp file, fsync, rename, fsync of the directory), so a crash leaves either the previous
+checkpoint or the new one, never half of one. Offsets are committed to Kafka only after the checkpoint that
+covers them is durable; on start the daemon resumes from the checkpoint's offsets, so an event is counted
+exactly once across a crash. A model whose layout (groups, windows, bucket) differs from the one it was written
+under starts afresh, as it would on a reload; the other models keep their state. A checkpoint of a daemon of
+one model (format 1, ``<model_id>.checkpoint.npz``) is read into the fleet's when the config has that model alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exporter.config import Config, layout
+from exporter.serve.self_metrics import Health
+from exporter.stream.kafka.client import Offsets, Partition
+from exporter.stream.state.fleet import Fleet
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
+SINGLE_MODEL_VERSION = 1
+FLEET_FILE = "fleet.checkpoint.npz"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be used; the message says why and what to do."""
+
+
+def checkpoint_path(directory: str | Path, model_id: str) -> Path:
+    """The checkpoint file of a daemon of one model (format 1) inside the configured directory."""
+    return Path(directory) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model_id)}.checkpoint.npz"
+
+
+def write(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Atomically replace the checkpoint at path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("wb") as f:
+            contents: dict[str, Any] = {"__meta__": np.array(json.dumps({"version": FORMAT_VERSION, **meta})), **arrays}
+            np.savez(f, **contents)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full or read-only disk must not leave half a checkpoint behind
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_MOVE_AWAY = "move it away to start with an empty window"
+
+
+def _check_meta(meta: Any, keys: tuple[str, ...]) -> str | None:
+    """What is wrong with a checkpoint's metadata, or None (a file edited or cut short fails here, not later)."""
+    if not isinstance(meta, dict):
+        return f"metadata is {type(meta).__name__}, not a mapping"
+    missing = [key for key in ("version", *keys, "offsets", "written_at") if key not in meta]
+    if missing:
+        return f"metadata lacks {', '.join(missing)}"
+    if "layout" in keys and not isinstance(meta["layout"], dict):
+        return "layout is not a mapping"
+    if "models" in keys and not (isinstance(meta["models"], dict) and all(
+            isinstance(m, dict) and isinstance(m.get("layout"), dict) and isinstance(m.get("prefix"), str)
+            for m in meta["models"].values())):  # fmt: skip
+        return "models is not a mapping of model ids to their layout and array prefix"
+    offsets = meta["offsets"]
+    if not (isinstance(offsets, list) and all(isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
+                                                and all(isinstance(n, int) for n in o[1:]) for o in offsets)):
+        return "offsets are not [topic, partition, offset] triples"
+    return None
+
+
+def read(path: Path, version: int = FORMAT_VERSION) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """The checkpoint's metadata and arrays, None when there is none; CheckpointError when it cannot be read."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays.pop("__meta__")))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
+        # AttributeError: np.load of a bare .npy array (not an archive) has no .files
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc}); {_MOVE_AWAY}") from exc
+    if isinstance(meta, dict) and meta.get("version") != version and "version" in meta:
+        raise CheckpointError(f"{path}: checkpoint format {meta['version']}, expected {version} here; "
+                              f"{_MOVE_AWAY}")  # fmt: skip
+    problem = _check_meta(meta, ("models",) if version == FORMAT_VERSION else ("layout",))
+    if problem:
+        raise CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
+    return meta, arrays
+
+
+def _differs(written: dict[str, Any], wanted: dict[str, Any]) -> str:
+    keys = sorted(k for k in set(wanted) | set(written) if wanted.get(k) != written.get(k))
+    return (f"{', '.join(keys)} differ: checkpoint { {k: written.get(k) for k in keys} }, "
+            f"config { {k: wanted.get(k) for k in keys} }")  # fmt: skip
+
+
+class Checkpointer:
+    """The stream state's offsets book and its checkpoint file: restores the state on start, writes it on a
+    schedule and on demand (before partitions are handed over, at shutdown), and says which offsets are counted
+    and which are durable (only those may be committed to Kafka). Without a configured path nothing is written
+    and the counted offsets are the committable ones."""
+
+    def __init__(self, config: Config, fleet: Fleet, health: Health, clock: Callable[[], float]) -> None:
+        self.fleet = fleet
+        self.health = health
+        self.clock = clock
+        self.directory = Path(config.checkpoint_path) if config.checkpoint_path else None
+        self.path = self.directory / FLEET_FILE if self.directory is not None else None
+        self.topic_ids: dict[str, str] = {}
+        self._durable: Offsets = {}
+        self._migrated: Path | None = None
+        """A single-model checkpoint read into the fleet's, renamed once the fleet's is durable."""
+
+    def restore(self) -> None:
+        """Load the checkpoint, if there is one (CheckpointError when it exists but cannot be used)."""
+        if self.path is None or self.directory is None:
+            return
+        loaded = read(self.path)
+        if loaded is None:
+            loaded = self._single_model()
+            if loaded is None:
+                log.info("no checkpoint at %s: starting with an empty window", self.path)
+                return
+        meta, arrays = loaded
+        offsets = {(t, int(p)): int(o) for t, p, o in meta["offsets"]}
+        fleet, given_up = self.fleet, Counter[str]()
+        windowing = fleet.config.windowing
+        with fleet.lock:
+            restored = set()
+            for model_id, monitored in fleet.models.items():
+                written = meta["models"].get(model_id)
+                if written is None:
+                    continue
+                wanted = layout(monitored.spec, windowing)
+                if written["layout"] != wanted:
+                    log.warning("checkpoint %s: model %s was written under another layout (%s): it starts afresh",
+                                self.path, model_id, _differs(written["layout"], wanted))  # fmt: skip
+                    continue
+                prefix = written["prefix"]
+                monitored.store.restore({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
+                restored.add(model_id)
+            fleet.joins.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")},
+                                meta.get("single_model"))  # fmt: skip
+            fleet.joins.forget_models(restored.__contains__, given_up)
+            fleet.offsets = dict(offsets)
+            self._durable = dict(offsets)
+        self.health.count_outcomes(given_up)
+        self.topic_ids.update(meta.get("topic_ids", {}))
+        log.info("restored checkpoint %s written at %s: %d of %d models, %d partitions, %d pending predictions",
+                 self._migrated or self.path, meta["written_at"], len(restored), len(fleet.models), len(offsets),
+                 len(fleet.joins.pending))  # fmt: skip
+
+    def _single_model(self) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+        """The checkpoint of a daemon of one model (format 1) in the fleet's form; CheckpointError when the config
+        has several models (each such file has offsets of its own daemon's, which cannot be merged exactly)."""
+        assert self.directory is not None
+        models = list(self.fleet.models)
+        found = [m for m in models if checkpoint_path(self.directory, m).exists()]
+        if not found:
+            return None
+        if len(models) > 1:
+            names = ", ".join(checkpoint_path(self.directory, m).name for m in found)
+            raise CheckpointError(f"{self.directory}: {names} {'was' if len(found) == 1 else 'were'} written by a "
+                                  f"daemon of one model; a daemon of several keeps one checkpoint ({FLEET_FILE}), "
+                                  "and offsets of separate daemons cannot be merged exactly: start once with that "
+                                  f"model alone to carry its state over, or {_MOVE_AWAY}")  # fmt: skip
+        path = checkpoint_path(self.directory, found[0])
+        loaded = read(path, SINGLE_MODEL_VERSION)
+        assert loaded is not None
+        meta, arrays = loaded
+        join_keys = ("pending_", "orphan_")
+        self._migrated = path
+        return ({**meta, "models": {found[0]: {"layout": meta["layout"], "prefix": ""}}, "single_model": found[0]},
+                {**{k: v for k, v in arrays.items() if not k.startswith(join_keys)},
+                 **{f"join.{k}": v for k, v in arrays.items() if k.startswith(join_keys)}})  # fmt: skip
+
+    def counted(self) -> Offsets:
+        return self.fleet.offsets_copy()
+
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """After the last record this process counted, else (left out) the group's committed offset."""
+        counted = self.counted()
+        return {p: counted[p] for p in partitions if p in counted}
+
+    def committable(self) -> Offsets:
+        if self.path is None:
+            return self.counted()
+        with self.fleet.lock:
+            return dict(self._durable)
+
+    def forget(self, partitions: list[Partition]) -> None:
+        with self.fleet.lock:
+            self.fleet.forget_offsets(partitions)
+            for partition in partitions:
+                self._durable.pop(partition, None)
+
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        with self.fleet.lock:
+            old = [p for p in self.fleet.offsets_copy() if p[0] == topic] if topic_id != self.topic_ids.get(topic) \
+                else partitions  # fmt: skip
+            self.forget(old)
+            for partition in partitions:
+                self.fleet.advance_offset(partition, 0)
+            if topic_id is not None:
+                self.topic_ids[topic] = topic_id
+
+    def write(self) -> Offsets:
+        """Write a durable checkpoint of every model's counts, the pending predictions and the offsets; return the
+        offsets it covers. Raises what the file system raises (counted in ``checkpoint_failures``)."""
+        assert self.path is not None
+        fleet = self.fleet
+        with fleet.lock:
+            models, arrays = {}, {}
+            for i, (model_id, monitored) in enumerate(fleet.models.items()):
+                prefix = f"m{i}."
+                models[model_id] = {"layout": layout(monitored.spec, fleet.config.windowing), "prefix": prefix}
+                arrays.update({prefix + k: v for k, v in monitored.store.state().items()})
+            arrays.update({f"join.{k}": v for k, v in fleet.joins.state(self.clock()).items()})
+            offsets, topic_ids = fleet.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)
+        written_at = self.clock()
+        meta = {"models": models, "written_at": written_at, "topic_ids": topic_ids,
+                "offsets": [[t, p, o] for (t, p), o in offsets.items()]}  # fmt: skip
+        try:
+            write(self.path, meta, arrays)
+        except Exception:
+            self.health.checkpoint_failures.inc()
+            raise
+        with fleet.lock:
+            held = fleet.offsets_copy()  # a partition forgotten while the file was written stays forgotten
+            self._durable = {p: o for p, o in offsets.items() if p in held}
+        self.health.last_checkpoint.set(written_at)
+        if self._migrated is not None:
+            migrated, self._migrated = self._migrated, None
+            migrated.rename(migrated.with_name(migrated.name + ".migrated"))
+            log.info("the state of %s now lives in %s (renamed to %s.migrated)", migrated.name, self.path.name,
+                     migrated.name)  # fmt: skip
+        return offsets
+
+    def flush(self) -> None:
+        """Write a checkpoint now if checkpoints are configured; a failure is counted and logged, not raised."""
+        if self.path is None:
+            return
+        try:
+            self.write()
+        except Exception as exc:
+            log.error("checkpoint %s failed (%s: %s); offsets stay uncommitted until one succeeds", self.path,
+                      type(exc).__name__, exc)  # fmt: skip

@@ -1,0 +1,293 @@
+"""Event-time sliding windows as a ring of fixed-width buckets of per-subgroup counts (never raw rows).
+
+The state is one int64 array of shape ``(n_buckets, n_rows, N_COUNTS)``: a row per subgroup of every attribute
+(attributes laid end to end), a bucket per ``bucket`` seconds, as many buckets as the longest window plus the
+allowed lateness. Memory is independent of traffic; a window is the sum of its last buckets.
+
+Time: the head is the later of the wall clock and the newest event seen. An event is *late*, counted and
+dropped, when its bucket has left the ring (older than the longest window plus ``allowed_lateness``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from exporter.config import ModelSpec, Windowing
+from exporter.core.fairness import N_COUNTS, outcome_columns
+from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where each attribute's subgroups live among the rows of the state: its groups, then one row for its unknown
+    category (events whose value is outside the groups, or missing; code ``-1``)."""
+
+    names: tuple[str, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, model: ModelSpec) -> RowLayout:
+        sizes = tuple(len(a.groups) + 1 for a in model.attributes)
+        offsets = tuple(int(x) for x in np.cumsum((0, *sizes))[:-1])
+        return cls(tuple(a.name for a in model.attributes), offsets, sizes)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(self.sizes)
+
+    def split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Cut a ``(n_rows, ...)`` array into one block per attribute (its groups' rows, then its unknown row)."""
+        return {n: rows[o : o + s] for n, o, s in zip(self.names, self.offsets, self.sizes, strict=True)}
+
+    def rows(self, name: str, codes: np.ndarray) -> np.ndarray:
+        """State rows of one attribute's codes; ``-1`` (unknown) goes to the attribute's unknown row."""
+        k = self.names.index(name)
+        return self.offsets[k] + np.where(codes < 0, self.sizes[k] - 1, codes)
+
+
+class WindowStore:
+    """One model's bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
+
+    def __init__(self, model: ModelSpec, windowing: Windowing, lock: threading.RLock | None = None) -> None:
+        self.layout = RowLayout.of(model)
+        self.bucket_seconds = windowing.bucket_seconds
+        self.window_buckets = {w.name: round(w.seconds / windowing.bucket_seconds) for w in windowing.windows}
+        self.n_buckets = math.ceil((windowing.longest_seconds + windowing.allowed_lateness_seconds)
+                                   / windowing.bucket_seconds) + 1  # fmt: skip
+        self.counts = np.zeros((self.n_buckets, self.layout.n_rows, N_COUNTS), dtype=np.int64)
+        self.bucket_ids = np.full(self.n_buckets, -1, dtype=np.int64)  # absolute bucket held by each slot
+        self.totals = np.zeros((self.layout.n_rows, N_COUNTS), dtype=np.int64)  # never reset: for counters
+        # Score histograms (a model that emits scores): per bucket and row, the count of scores in each bin
+        # (bin i: bounds[i-1] < score <= bounds[i], the last bin above every bound) and their sum.
+        self.score_bounds = np.asarray(model.score_buckets, dtype=np.float64)
+        n_bins = len(self.score_bounds) + 1 if len(self.score_bounds) else 0
+        self.score_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_bins), dtype=np.int64)
+        self.score_sums = np.zeros((self.n_buckets, self.layout.n_rows if n_bins else 0), dtype=np.float64)
+        self.head = -1  # absolute index of the newest bucket
+        self.lock = lock or threading.RLock()
+        """The one lock of the stream state (every model's store shares the fleet's): the ingest holds it to count
+        a batch, its joins and its offsets as one step; the checkpointer to copy every model's counts, the pending
+        predictions and the offsets as one consistent state."""
+        self.detectors = DetectorBank(model, windowing, self.layout.offsets, self.layout.n_rows)
+        self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
+
+    def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
+        """Absolute bucket index of epoch-second timestamps."""
+        return np.floor(np.asarray(timestamps) / self.bucket_seconds).astype(np.int64)
+
+    def _advance(self, head: int) -> None:
+        """Move the head to ``head`` if that is later, emptying the slots whose bucket leaves the ring: only a head
+        that moves can make a slot stale (every slot claimed since was within the ring of this head)."""
+        if head <= self.head:
+            return
+        self.head = head
+        # an empty slot (-1) holds zeros already: only slots whose bucket left the ring need emptying
+        stale = (self.bucket_ids >= 0) & (self.bucket_ids < self.head - self.n_buckets + 1)
+        self.counts[stale] = 0
+        self.score_counts[stale] = 0
+        self.score_sums[stale] = 0.0
+        self.bucket_ids[stale] = -1
+
+    def add(
+        self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
+        now: float, scores: np.ndarray | None = None,
+    ) -> int:  # fmt: skip
+        """Count a decoded batch (and its scores, when the store keeps score histograms); return how many events
+        were late (and therefore not counted)."""
+        buckets = self.bucket_of(timestamps)
+        predicted, outcome = outcome_columns(predictions, outcomes)
+        with self.lock:
+            self._advance(max(self._bucket_at(now), int(buckets.max(initial=-1))))
+            on_time = buckets > self.head - self.n_buckets
+            late = int((~on_time).sum())
+            rows = self._rows({k: v[on_time] for k, v in codes.items()})
+            self._count(buckets[on_time], rows, predicted[on_time])
+            self._count_outcomes(buckets[on_time], rows, outcome[on_time])
+            if self.score_counts.shape[2] and scores is not None and len(scores):
+                self._count_scores(buckets[on_time], rows, scores[on_time])
+        return late
+
+    def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
+        """Count joined ground truth in its prediction's bucket; return how many predictions had left the ring
+        (those still count in the monotonic totals)."""
+        buckets = self.bucket_of(timestamps)
+        with self.lock:
+            in_ring = buckets > self.head - self.n_buckets
+            rows = self._rows(codes)
+            self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
+            gone = ~in_ring & (outcomes >= 0)
+            self._count_totals({k: v[gone] for k, v in rows.items()}, outcomes[gone])
+        return int(gone.sum())
+
+    def _slots(self, buckets: np.ndarray) -> np.ndarray:
+        slots = buckets % self.n_buckets
+        # Every bucket passed here is within the ring, so its slot holds either this bucket or nothing:
+        # _advance already emptied the slots whose bucket left the ring.
+        self.bucket_ids[slots] = buckets
+        return slots
+
+    def _bucket_at(self, now: float) -> int:
+        """Absolute bucket index of one epoch-second time (as :meth:`bucket_of`, without an array)."""
+        return math.floor(now / self.bucket_seconds)
+
+    def _rows(self, codes: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per attribute, the state rows of a batch's subgroup codes (computed once per batch, for every count)."""
+        return {name: self.layout.rows(name, codes[name]) for name in self.layout.names}
+
+    def _count(self, buckets: np.ndarray, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
+        if not len(buckets):
+            return
+        slots = self._slots(buckets)
+        flat_counts = self.counts.reshape(-1)
+        for name in self.layout.names:
+            np.add.at(flat_counts, (slots * self.layout.n_rows + rows[name]) * N_COUNTS + columns, 1)
+        self._count_totals(rows, columns)
+
+    def _count_scores(self, buckets: np.ndarray, rows: dict[str, np.ndarray], scores: np.ndarray) -> None:
+        if not len(buckets):
+            return
+        slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
+        bins = np.searchsorted(self.score_bounds, scores, side="left")  # Prometheus' le: upper bound included
+        n_rows, n_bins = self.layout.n_rows, self.score_counts.shape[2]
+        flat_counts, flat_sums = self.score_counts.reshape(-1), self.score_sums.reshape(-1)
+        for name in self.layout.names:
+            cells = slots * n_rows + rows[name]
+            np.add.at(flat_counts, cells * n_bins + bins, 1)
+            np.add.at(flat_sums, cells, scores)
+
+    def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
+        """Add to the monotonic totals (which, unlike the ring, never forget)."""
+        flat_totals = self.totals.reshape(-1)
+        for name in self.layout.names:
+            np.add.at(flat_totals, rows[name] * N_COUNTS + columns, 1)
+
+    def _count_outcomes(self, buckets: np.ndarray, rows: dict[str, np.ndarray], outcome: np.ndarray) -> None:
+        labelled = outcome >= 0
+        self._count(buckets[labelled], {k: v[labelled] for k, v in rows.items()}, outcome[labelled])
+
+    def window_counts(self, now: float) -> dict[str, np.ndarray]:
+        """Counts of every window ending at the head (advanced to ``now``), shape ``(n_rows, N_COUNTS)``."""
+        with self.lock:
+            self._advance(self._bucket_at(now))
+            return {name: self._window_sum(self.counts, k) for name, k in self.window_buckets.items()}
+
+    def window_scores(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Score histograms of every window ending at the head (advanced to ``now``): per row, the count in each
+        bin ``(n_rows, n_bins)`` and the sum of the scores ``(n_rows,)``. Empty without score histograms."""
+        with self.lock:
+            if not self.score_counts.shape[2]:
+                return {}
+            self._advance(self._bucket_at(now))
+            return {name: (self._window_sum(self.score_counts, k), self._window_sum(self.score_sums, k))
+                    for name, k in self.window_buckets.items()}  # fmt: skip
+
+    def _window_sum(self, ring: np.ndarray, k: int) -> np.ndarray:
+        # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in that range
+        # holds its bucket or nothing (_advance emptied the rest), so no mask is needed.
+        end = self.head % self.n_buckets + 1
+        start = end - k
+        total = ring[max(start, 0) : end].sum(axis=0)
+        if start < 0:
+            total += ring[start:].sum(axis=0)
+        return total
+
+    def detect(self, now: float) -> Detection:
+        """Advance the change detectors by one step when the head (advanced to ``now``) has entered a bucket they
+        have not stepped in yet; return their state.
+
+        A step consumes everything counted since the previous step (the monotonic totals' increase): every
+        prediction and every delayed label enters the detectors exactly once, when it is counted, with no wait
+        for ``allowed_lateness``. Steps are therefore at most one per bucket of the head's time.
+        """
+        with self.lock:
+            step = self.take_step(now)
+            if step is not None:
+                self.advance_detectors(step[None])
+            return self.detection
+
+    def take_step(self, now: float) -> np.ndarray | None:
+        """The counts of a new step (see :meth:`detect`), marked as consumed; None when the head has not entered
+        a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest batches them)."""
+        with self.lock:
+            self._advance(self._bucket_at(now))
+            d = self.detection
+            if self.head <= d.last_step:
+                return None
+            step = self.totals - d.seen
+            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1)
+            return step
+
+    def advance_detectors(self, steps: np.ndarray) -> Trace:
+        """Run the detectors over steps taken by :meth:`take_step`; what they were after each step."""
+        with self.lock:
+            state, trace = self.detectors.advance(self.detection.state, steps)
+            self.detection = replace(self.detection, state=state)
+            return trace
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
+        with self.lock:
+            scores = {"score_counts": self.score_counts.copy(), "score_sums": self.score_sums.copy()}
+            return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
+                    "head": np.array(self.head), **self.detection.arrays(self.detectors),
+                    **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Load what :meth:`state` produced."""
+        with self.lock:
+            self.counts[...] = state["counts"]
+            self.bucket_ids[...] = state["bucket_ids"]
+            self.totals[...] = state["totals"]
+            if self.score_counts.shape[2]:  # the layout check made sure the checkpoint has them, same bounds
+                self.score_counts[...] = state["score_counts"]
+                self.score_sums[...] = state["score_sums"]
+            self.head = int(state["head"])
+            self.detection = Detection.restore(state, self.detectors, self.totals)
+
+    def totals_copy(self) -> np.ndarray:
+        """The monotonic totals since start (or since the checkpoint they were restored from)."""
+        with self.lock:
+            return self.totals.copy()
+
+
+PER_DETECTOR = ("statistic", "evidence", "active")
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The detectors' state as of one step: statistics, what of the totals they have consumed, which step."""
+
+    state: DetectorState
+    seen: np.ndarray
+    """The monotonic totals as of the last step: the next step consumes totals - seen."""
+    last_step: int
+    """Absolute bucket of the head at the last step (-1 before the first)."""
+    steps: int
+
+    def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
+        """The checkpoint's detector arrays (per-detector state keyed by detector, so a changed config keeps the
+        detectors it still has)."""
+        per_detector = {f"detector_{name}": getattr(self.state, name).copy() for name in PER_DETECTOR}
+        return {"detector_keys": bank.keys, **per_detector,
+                "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
+                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps)}  # fmt: skip
+
+    @classmethod
+    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
+        """The state a checkpoint holds; detectors it lacks start at 0, and a checkpoint without detector state
+        (an older version) starts them at its totals, so the counts before it are not one giant step."""
+        state = bank.initial_state()
+        if "detector_keys" not in arrays:
+            return cls(state, totals.copy(), -1, 0)
+        index = {key: i for i, key in enumerate(arrays["detector_keys"].tolist())}
+        for name in PER_DETECTOR:
+            saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
+            fresh[...] = [saved[index[key]] if key in index else fresh[j] for j, key in enumerate(bank.keys.tolist())]
+        state.history[...] = arrays["detector_history"]
+        return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
+                   int(arrays["detector_steps"]))  # fmt: skip
