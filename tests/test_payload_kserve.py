@@ -108,9 +108,9 @@ def bad_payloads() -> list[Record]:
             {"name": "income", "shape": [1, 1], "datatype": "FP64", "data": [1.0]}]}), []),
         "base64_bytes": (orjson.dumps({"inputs": [{"name": "gender", "shape": [1], "datatype": "BYTES",
                                                    "parameters": {"content_type": "base64"},
-                                                   "data": ["bWFsZQ=="]}]}), []),  # fmt: skip
+                                                   "data": ["bWFsZQ=="]}]}), []),
         "unknown_datatype": (orjson.dumps({"inputs": [{"name": "gender", "shape": [1], "datatype": "STRING",
-                                                       "data": ["male"]}]}), []),  # fmt: skip
+                                                       "data": ["male"]}]}), []),
     }
     for reason, (body, headers) in defects.items():
         out.append(cloudevent("credit-v2", f"bad-{reason}", False, body, T0 - 60, extra_headers=headers))

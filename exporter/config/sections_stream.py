@@ -7,6 +7,7 @@ Every check records its problem and carries on, so :func:`exporter.config.parse_
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import itertools
 import logging
@@ -186,6 +187,9 @@ def payload_layout(kafka: KafkaConfig, payload: str, errors: Errors) -> KafkaCon
     if kafka.stages == "staged":
         errors.add("kafka.stages", f"events.format {payload} joins each call's request and response, which the staged "
                                    "path does not re-key yet: use kafka.stages: direct")  # fmt: skip
+    if payload == "seldon" and importlib.util.find_spec("google.protobuf") is None:
+        errors.add("events.format", "seldon reads protobuf, which is not installed: pip install "
+                                    "'fairness-exporter[seldon]'")  # fmt: skip
     if payload == "seldon" and kafka.response_topic is None:
         outputs = seldon_outputs(kafka.topic)
         if outputs is None:

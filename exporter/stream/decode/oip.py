@@ -53,7 +53,7 @@ def _flat(data: Any) -> list[Any]:
     """Row-major values of nested lists (the JSON form may nest them by the shape, or not)."""
     while data and data[0].__class__ is list:
         data = list(chain.from_iterable(data))
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def _split(name: str, values: Sequence[Any], shape: Sequence[int], out: Columns) -> int:
@@ -222,7 +222,7 @@ def _raw_values(raw: bytes, datatype: str) -> list[Any]:
     if dtype is not None:
         if len(raw) % np.dtype(dtype).itemsize:
             raise BadPayload("shape_mismatch")
-        return np.frombuffer(raw, dtype=dtype).tolist()  # type: ignore[no-any-return]
+        return np.frombuffer(raw, dtype=dtype).tolist()
     values, at = [], 0
     while at < len(raw):
         if at + 4 > len(raw):

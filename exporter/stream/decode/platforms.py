@@ -17,6 +17,7 @@ A record that cannot be read raises :class:`~exporter.stream.decode.oip.BadPaylo
 
 from __future__ import annotations
 
+import base64
 import gzip
 import zlib
 from collections.abc import Sequence
@@ -130,26 +131,23 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
             raise BadPayload("malformed_payload") from exc
         if event.__class__ is not dict:
             raise BadPayload("malformed_payload")
-        get = event.get
-        data_type = get("datacontenttype")
+        attributes: dict[str, Any] = event
+        data_type = event.get("datacontenttype")
         if "data_base64" in event:
             try:
-                import base64
-
-                body: Any = base64.b64decode(get("data_base64"), validate=True)
+                body: Any = base64.b64decode(event["data_base64"], validate=True)
             except (ValueError, TypeError) as exc:
                 raise BadPayload("malformed_payload") from exc
         else:
-            body = get("data")
+            body = event.get("data")
             if body.__class__ is str:
                 body = body.encode()
-        encoding = get("contentencoding")
-    else:
-        def get(name: str) -> Any:
-            return _text(headers.get(f"ce_{name}"))
-
-        data_type, body, encoding = content_type, value, _text(headers.get("content-encoding")) or get(
-            "contentencoding")  # fmt: skip
+        encoding = event.get("contentencoding")
+    else:  # binary mode: the attributes are ce_* headers
+        attributes = {k[3:]: _text(v) for k, v in headers.items() if k.startswith("ce_")}
+        data_type, body = content_type, value
+        encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
+    get = attributes.get
     kind, pid = get("type"), get("id")
     if kind not in (REQUEST_TYPE, RESPONSE_TYPE) or pid.__class__ is not str or not pid:
         raise BadPayload("malformed_payload")
