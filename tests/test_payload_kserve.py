@@ -16,7 +16,7 @@ import orjson
 import pytest
 import yaml
 from broker_fixture import produce
-from daemon_fixture import sample, scrape, wait_for
+from daemon_fixture import FAST_RECONNECT, sample, scrape, wait_for
 from payload_logs import Record, cloudevent, gzipped, numpy_response, pandas_request, send
 
 from exporter.config import load_config
@@ -27,9 +27,9 @@ T0 = 1_800_000_000.0
 GENDERS, REGIONS = ("male", "female"), ("north", "south")
 
 
-def config(bootstrap: str, topic: str, labels: str) -> dict[str, Any]:
+def config(bootstrap: str, topic: str, labels: str, library: str = "kafka-python") -> dict[str, Any]:
     return {"kafka": {"bootstrap_servers": bootstrap, "topic": topic, "labels_topic": labels,
-                      "assignment": "manual", "client": {"reconnect_backoff_max_ms": 500}},
+                      "assignment": "manual", "client_library": library, "client": FAST_RECONNECT[library]},
             "events": {"format": "kserve"},
             "windows": ["1h", "24h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 5,
             "listen": {"address": "127.0.0.1", "port": 0},
@@ -128,7 +128,7 @@ def running() -> Iterator[list[Daemon]]:
 
 
 def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_request_id(
-    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon],
+    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon], client_library: str,
 ) -> None:  # fmt: skip
     topic, labels = f"kserve-{uuid.uuid4().hex[:8]}", f"labels-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=4)
@@ -136,7 +136,7 @@ def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_re
     truth = Truth()
     records = traffic(random.Random(7), truth)
     path = tmp_path / "daemon.yaml"
-    path.write_text(yaml.safe_dump(config(kafka_broker.bootstrap_servers, topic, labels)))
+    path.write_text(yaml.safe_dump(config(kafka_broker.bootstrap_servers, topic, labels, client_library)))
     daemon = Daemon(load_config(path), clock=lambda: T0)
     running.append(daemon)
     daemon.start()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from daemon_fixture import sample, scrape, wait_for
+from daemon_fixture import FAST_RECONNECT, sample, scrape, wait_for
 from payload_logs import Record, seldon_request, seldon_response, send
 
 from exporter.config import load_config
@@ -30,7 +30,7 @@ def running() -> Iterator[list[Daemon]]:
 
 
 def test_a_seldon_models_inputs_and_outputs_topics_count_exactly(
-    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon],
+    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon], client_library: str,
 ) -> None:  # fmt: skip
     namespace = f"ns{uuid.uuid4().hex[:6]}"
     inputs, outputs = f"seldon.{namespace}.model.income.inputs", f"seldon.{namespace}.model.income.outputs"
@@ -62,7 +62,7 @@ def test_a_seldon_models_inputs_and_outputs_topics_count_exactly(
     path = tmp_path / "daemon.yaml"
     path.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers, "topic": inputs, "assignment": "manual",
-                  "client": {"reconnect_backoff_max_ms": 500}},
+                  "client_library": client_library, "client": FAST_RECONNECT[client_library]},
         "events": {"format": "seldon", "prediction": "proba", "score_threshold": 0.5},
         "windows": ["1h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 5,
         "listen": {"address": "127.0.0.1", "port": 0},
