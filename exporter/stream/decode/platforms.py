@@ -40,6 +40,8 @@ SELDON_RESERVED: Final = frozenset({"x-request-id", "seldon-infer-type", "tracep
                                     "seldon-pipeline-errors"})  # fmt: skip
 """Seldon record headers that are plumbing, never columns."""
 
+_READ: Final = ("type", "id", "inferenceservicename", "time", "metadata", "contentencoding")
+"""The CloudEvent attributes a payload half is read from."""
 Headers = dict[str, bytes]
 """A record's headers, names lower-cased (the last value of a repeated name)."""
 
@@ -97,7 +99,7 @@ def _says_gzip(content_type: str | None, encoding: str | None) -> bool:
 def _metadata(text: str | None) -> dict[str, Any]:
     """KServe's ``metadata`` extension, the logged request headers ``{"Name": ["value", ...]}``: each header a
     column under its lower-cased name, its first value."""
-    if not text:
+    if not text or text == "{}":
         return {}
     try:
         found = orjson.loads(text)
@@ -144,7 +146,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
                 body = body.encode()
         encoding = event.get("contentencoding")
     else:  # binary mode: the attributes are ce_* headers
-        attributes = {k[3:]: _text(v) for k, v in headers.items() if k.startswith("ce_")}
+        attributes = {name: _text(headers.get(f"ce_{name}")) for name in _READ}
         data_type, body = content_type, value
         encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
     get = attributes.get
