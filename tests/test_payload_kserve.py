@@ -181,3 +181,42 @@ def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_re
                         and ("model_id", model) in labels_ and ("subgroup", gender) in labels_
                         and ("attribute", "gender") in labels_)  # fmt: skip
             assert found == expected, (model, gender)
+
+
+def test_a_restart_between_a_request_and_its_response_still_counts_the_call_once(
+    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon],
+) -> None:  # fmt: skip
+    topic = f"kserve-{uuid.uuid4().hex[:8]}"
+    kafka_broker.create_topic(topic, partitions=4)
+    labels = f"labels-{uuid.uuid4().hex[:8]}"
+    kafka_broker.create_topic(labels, partitions=1)
+    raw = config(kafka_broker.bootstrap_servers, topic, labels)
+    raw["checkpoint"] = {"path": str(tmp_path / "checkpoint"), "interval": "1h"}
+    path = tmp_path / "daemon.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    calls = [(str(uuid.uuid4()), ("male", "female")[i % 2], i % 3 % 2) for i in range(30)]
+    requests = [cloudevent("loans-v1", pid, False, orjson.dumps({"instances": [{"sex": sex}]}), T0 - 600,
+                           key=uuid.uuid4().bytes) for pid, sex, _ in calls]  # fmt: skip
+    responses = [cloudevent("loans-v1", pid, True, orjson.dumps({"predictions": [y]}), T0 - 600,
+                            key=uuid.uuid4().bytes) for pid, _, y in calls]  # fmt: skip
+    first = Daemon(load_config(path), clock=lambda: T0)
+    first.start()
+    try:
+        send(kafka_broker.bootstrap_servers, topic, requests[:20] + responses[20:])  # half of each call before
+        wait_for(lambda: sample(scrape(first.port), "fairness_exporter_events_consumed_total") == 30, what="30 read")
+    finally:
+        first.stop()  # its final checkpoint holds the 30 halves waiting, and the offsets past them
+    second = Daemon(load_config(path), clock=lambda: T0)
+    running.append(second)
+    second.start()
+    send(kafka_broker.bootstrap_servers, topic, requests[20:] + responses[:20])
+    wait_for(lambda: sample(scrape(second.port), "fairness_exporter_payload_pairs_joined_total") == 30,
+             what="30 calls joined after the restart")  # fmt: skip
+    second.computer.compute()
+    page = scrape(second.port)
+    for sex in GENDERS:
+        for y in (0, 1):
+            expected = sum(1 for _, s, p in calls if s == sex and p == y)
+            assert sample(page, "fairness_predictions_total", attribute="gender", model_id="loans-v1",
+                          predicted=str(y), subgroup=sex) == expected  # fmt: skip
+    assert sample(page, "fairness_exporter_events_consumed_total") == 30  # the second read only the new records

@@ -26,7 +26,7 @@ from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
 from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import PairJoin, PayloadRows, payload_batches, read_halves, records_of
+from exporter.stream.decode.payload import PayloadRows, payload_batches, read_halves, records_of
 from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.state.fleet import Fleet, Monitored
@@ -47,9 +47,6 @@ class Ingest:
         self.clock = clock
         self.dead_letters = dead_letters
         self.rejections = RateLimitedLog(log)
-        events = fleet.events
-        self.pairs = PairJoin(events.pair_horizon, config.max_pending_labels)
-        """Halves of calls waiting for their partner (payload formats only)."""
         self._rows: dict[str, PayloadRows] = {}
 
     def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
@@ -104,7 +101,6 @@ class Ingest:
         fleet = self.fleet
         form = fleet.events.format
         models = fleet.decoders
-        self.pairs.horizon = fleet.events.pair_horizon  # a reload may have changed it
         halves, rejected, ignored = [], [], Counter[str]()
         offsets: dict[Partition, int] = {}
         for partition, records in parts:
@@ -119,9 +115,9 @@ class Ingest:
             pairs: dict[str, list] = {}
             for _, _, model, pid in rejected:
                 if model is not None and pid is not None:
-                    self.pairs.refuse(model, pid, now, unmatched)
+                    self.fleet.pairs.refuse(model, pid, now, unmatched)
             for half in halves:
-                pair = self.pairs.add(half, now, unmatched)
+                pair = self.fleet.pairs.add(half, now, unmatched)
                 if pair is not None:
                     pairs.setdefault(half.model, []).append(pair)  # type: ignore[arg-type]  # read_halves: a model
             rows = {m: self._payload_rows(m) for m in pairs}
@@ -218,7 +214,7 @@ class Ingest:
         now = self.clock()
         with self.fleet.lock:
             self.fleet.joins.expire(now, given_up)
-            responses = self.pairs.expire(now, unmatched) if self.pairs.pending else []
+            responses = self.fleet.pairs.expire(now, unmatched) if self.fleet.pairs.pending else []
             pending = len(self.fleet.joins.pending)
             behind = now - self.fleet.joins.labels_clock(now)
         self.health.pending_predictions.set(pending)

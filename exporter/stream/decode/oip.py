@@ -94,7 +94,8 @@ def json_tensors(tensors: Any, out: Columns) -> int | None:
     for tensor in tensors:
         if tensor.__class__ is not dict:
             raise BadPayload("malformed_payload")
-        name, shape, datatype, data = tensor.get("name"), tensor.get("shape"), tensor.get("datatype"), tensor.get("data")
+        get = tensor.get
+        name, shape, datatype, data = get("name"), get("shape"), get("datatype"), get("data")
         if name.__class__ is not str or shape.__class__ is not list or data.__class__ is not list:
             raise BadPayload("malformed_payload")
         if datatype not in DATATYPES:

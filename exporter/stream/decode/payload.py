@@ -12,12 +12,14 @@ refused whole, under one reason, and dead-lettered: never half a batch counted.
 
 from __future__ import annotations
 
+import base64
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
+import orjson
 
 from exporter.config import ModelSpec
 from exporter.core.encoding import attribute_codes, code_table, value_text
@@ -100,6 +102,25 @@ class PairJoin:
         self.done.move_to_end(key)
         while len(self.done) > self.max_pending:
             self.done.popitem(last=False)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The waiting halves and the calls done, for a checkpoint (one JSON document as bytes: what waits is
+        rows of plain values), so that a restart past their offsets still pairs them."""
+        pending = [[m, p, h.response, h.time, h.rows, h.columns, h.metadata,
+                    None if h.raw is None else base64.b64encode(h.raw).decode(), at]
+                   for (m, p), (h, at) in self.pending.items()]  # fmt: skip
+        done = [[m, p, at, refused] for (m, p), (at, refused) in self.done.items()]
+        return {"state": np.frombuffer(orjson.dumps({"pending": pending, "done": done}), dtype=np.uint8)}
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        """Load what :meth:`state` wrote (nothing: a checkpoint written before payload formats)."""
+        if "state" not in state:
+            return
+        found = orjson.loads(state["state"].tobytes())
+        self.pending = {(m, p): (Half(p, response, m or None, time, rows, columns,
+                                      None if raw is None else base64.b64decode(raw), metadata), at)
+                        for m, p, response, time, rows, columns, metadata, raw, at in found["pending"]}  # fmt: skip
+        self.done = OrderedDict(((m, p), (at, refused)) for m, p, at, refused in found["done"])
 
     def expire(self, now: float, counts: Counter[str]) -> list[Half]:
         """Drop the halves that waited a horizon; the responses among them (a response with no request ever is a
