@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from broker_fixture import produce
+from broker_fixture import consume_all, produce
 from daemon_fixture import FAST_RECONNECT, sample, scrape, wait_for
 from payload_logs import Record, cloudevent, gzipped, numpy_response, pandas_request, send
 
@@ -27,8 +27,10 @@ T0 = 1_800_000_000.0
 GENDERS, REGIONS = ("male", "female"), ("north", "south")
 
 
-def config(bootstrap: str, topic: str, labels: str, library: str = "kafka-python") -> dict[str, Any]:
+def config(bootstrap: str, topic: str, labels: str, library: str = "kafka-python",
+           dead_letters: str | None = None) -> dict[str, Any]:  # fmt: skip
     return {"kafka": {"bootstrap_servers": bootstrap, "topic": topic, "labels_topic": labels,
+                      **({"dead_letter_topic": dead_letters} if dead_letters else {}),
                       "assignment": "manual", "client_library": library, "client": FAST_RECONNECT[library]},
             "events": {"format": "kserve"},
             "windows": ["1h", "24h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 5,
@@ -131,12 +133,14 @@ def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_re
     kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon], client_library: str,
 ) -> None:  # fmt: skip
     topic, labels = f"kserve-{uuid.uuid4().hex[:8]}", f"labels-{uuid.uuid4().hex[:8]}"
+    dead = f"dead-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=4)
     kafka_broker.create_topic(labels, partitions=1)
+    kafka_broker.create_topic(dead, partitions=1)
     truth = Truth()
     records = traffic(random.Random(7), truth)
     path = tmp_path / "daemon.yaml"
-    path.write_text(yaml.safe_dump(config(kafka_broker.bootstrap_servers, topic, labels, client_library)))
+    path.write_text(yaml.safe_dump(config(kafka_broker.bootstrap_servers, topic, labels, client_library, dead)))
     daemon = Daemon(load_config(path), clock=lambda: T0)
     running.append(daemon)
     daemon.start()
@@ -164,6 +168,9 @@ def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_re
     assert unmatched["duplicate_delivery"] == 2
     assert unmatched["partner_refused"] == 4
     assert sample(page, "fairness_exporter_events_ignored_total", reason="unconfigured_model") == 1
+    letters = consume_all(kafka_broker.bootstrap_servers, dead, 4)  # the refused requests, each with its reason
+    assert sorted(dict(r.headers)["reason"].decode() for r in letters) == [
+        "base64_bytes", "not_gzip", "unequal_rows", "unknown_datatype"]
 
     # delayed labels join the rows by request id (row index for a batch)
     labelled = [(model, row_id, y, gender) for model, ids in truth.ids.items() for row_id, y, gender in ids[:25]]
