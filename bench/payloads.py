@@ -52,7 +52,7 @@ def kserve_records(n: int) -> list[Raw]:
 
 def seldon_records(n: int) -> tuple[list[Raw], list[Raw]]:
     """n calls: the inputs topic's and the outputs topic's records."""
-    request_type, response_type = messages()
+    request_type, response_type, _ = messages()
     inputs, outputs = [], []
     for i in range(n):
         pid = f"call-{i}"
@@ -97,7 +97,7 @@ def run(quick: bool = False) -> Section:
     section = Section("Payload logs: decoding KServe and Seldon records against a bare parse of the same bytes")
     kserve = kserve_records(n)
     inputs, outputs = seldon_records(n)
-    request_type, response_type = messages()
+    request_type, response_type, _ = messages()
     kserve_rows = PayloadRows(parse_config({"model_id": "credit", "events": {"format": "kserve", "prediction":
                                             "predict"}, "protected_attributes": _ATTRIBUTES}).models[0], 300.0)
     seldon_rows = PayloadRows(parse_config({"model_id": "credit", "kafka": {"topic": "seldon.p.model.credit.inputs"},

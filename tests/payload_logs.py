@@ -82,7 +82,7 @@ def gzipped(body: bytes) -> bytes:
 def seldon_request(pid: str, columns: dict[str, list[Any]], raw: bool = False) -> bytes:
     """A ModelInferRequest as Seldon's gateway puts it on ``.inputs``: one [N, 1] tensor per column, typed
     contents or ``raw_input_contents``."""
-    request_type, _ = messages()
+    request_type, _, _ = messages()
     request = request_type(model_name="", id=pid)
     for name, values in columns.items():
         text = isinstance(values[0], str)
@@ -100,7 +100,7 @@ def seldon_request(pid: str, columns: dict[str, list[Any]], raw: bool = False) -
 
 def seldon_response(model: str, pid: str, name: str, values: list[float]) -> bytes:
     """A ModelInferResponse on ``.outputs`` with FP32 scores (typed contents)."""
-    _, response_type = messages()
+    _, response_type, _ = messages()
     response = response_type(model_name=model, model_version="1", id=pid)
     tensor = response.outputs.add(name=name, datatype="FP32", shape=[len(values), 1])
     tensor.contents.fp32_contents.extend(values)

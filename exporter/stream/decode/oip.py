@@ -12,7 +12,7 @@ module to keep in step with the protobuf runtime. Every defect raises :class:`Ba
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import cache
 from itertools import chain
 from typing import Any, Final
@@ -162,11 +162,12 @@ _SCALAR: Final = {"string": 9, "int64": 3, "bool": 8, "bytes": 12, "int32": 5, "
 
 
 @cache
-def messages() -> tuple[Any, Any]:
+def messages() -> tuple[Any, Any, type[Exception]]:
     """The ``inference.ModelInferRequest`` and ``ModelInferResponse`` message classes of grpc_predict_v2.proto (the
-    fields this decoder reads, by their numbers; other fields are skipped as unknown), built once at run time.
-    protobuf is the ``seldon`` extra: imported only here."""
+    fields this decoder reads, by their numbers; other fields are skipped as unknown), built once at run time, and
+    the error of a message that does not parse. protobuf is the ``seldon`` extra: imported only here."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf.message import DecodeError
 
     fd = descriptor_pb2.FileDescriptorProto(name="fairness_exporter_oip.proto", package="inference",
                                             syntax="proto3")  # fmt: skip
@@ -214,7 +215,7 @@ def messages() -> tuple[Any, Any]:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
     return (message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelInferRequest")),
-            message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelInferResponse")))
+            message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelInferResponse")), DecodeError)
 
 
 def _raw_values(raw: bytes, datatype: str) -> list[Any]:
@@ -239,15 +240,14 @@ def _raw_values(raw: bytes, datatype: str) -> list[Any]:
 def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | None, str]:
     """A protobuf ModelInferRequest/Response as columns in ``out``: (rows, the message's ``id``, its model name).
     A schema-registry framing (magic byte 0, schema id, message indexes) is skipped: no message of either type
-    starts with a 0 byte."""
-    from google.protobuf.message import DecodeError
-
+    starts with a 0 byte. BYTES arrive as bytes here (MLServer's base64 codec needs no text form on gRPC): what is
+    not UTF-8 is refused as ``not_utf8``."""
     if value[:1] == b"\x00":
         value = _unframed(value)
-    cls = messages()[1 if response else 0]
+    request, reply, error = messages()
     try:
-        message = cls.FromString(value)
-    except DecodeError as exc:
+        message = (reply if response else request).FromString(value)
+    except error as exc:
         raise BadPayload("malformed_payload") from exc
     tensors = message.outputs if response else message.inputs
     raws = message.raw_output_contents if response else message.raw_input_contents
@@ -258,8 +258,6 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
         datatype = tensor.datatype
         if datatype not in DATATYPES:
             raise BadPayload("unknown_datatype")
-        if datatype == "BYTES" and _proto_content_type(tensor.parameters) == "base64":
-            raise BadPayload("base64_bytes")
         if raws:
             values = _raw_values(raws[k], datatype)
         elif datatype == "FP16":
@@ -268,16 +266,11 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
             values = list(getattr(tensor.contents, _CONTENTS[datatype]))
         if datatype == "BYTES":
             values = _text(values)
-        n = _split(tensor.name, values, list(tensor.shape), out)
+        n = _split(tensor.name, values, tensor.shape, out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")
         rows = n
     return rows or 0, message.id or None, message.model_name
-
-
-def _proto_content_type(parameters: Mapping[str, Any]) -> str | None:
-    found = parameters.get("content_type")
-    return found.string_param if found is not None else None
 
 
 def _unframed(value: bytes) -> bytes:
