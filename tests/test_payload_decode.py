@@ -8,6 +8,8 @@ from collections import Counter
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from payload_logs import cloudevent, numpy_response, pandas_request, seldon_request, seldon_response
 
 from exporter.config import parse_config
@@ -148,3 +150,22 @@ def test_a_payload_format_refuses_the_paths_it_has_no_use_for_and_the_staged_pat
     with pytest.raises(Exception, match=r"seldon.<namespace>.model.<name>.inputs"):
         parse_config({"model_id": "m", "events": {"format": "seldon"}, "kafka": {"topic": "predictions"},
                       "protected_attributes": [{"name": "g", "groups": ["a", "b"]}]})  # fmt: skip
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 5) | st.floats() | st.text(max_size=4),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                               st.sampled_from(["inputs", "outputs", "instances", "predictions", "name", "shape",
+                                                "datatype", "data", "parameters", "content_type", "id"]), inner,
+                               max_size=5), max_leaves=25)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=json_values, response=st.booleans(), structured=st.booleans())
+def test_any_json_body_is_a_half_or_refused_with_a_reason_never_an_exception(body: object, response: bool,
+                                                                               structured: bool) -> None:  # fmt: skip
+    try:
+        got = half(cloudevent("m", "id", response, orjson.dumps(body), T, structured=structured))
+    except BadPayload as refused:
+        assert refused.reason
+    else:
+        assert all(len(column) == got.rows for column in got.columns.values())

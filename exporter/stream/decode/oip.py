@@ -52,18 +52,20 @@ class BadPayload(Exception):
 def _flat(data: Any) -> list[Any]:
     """Row-major values of nested lists (the JSON form may nest them by the shape, or not)."""
     while data and data[0].__class__ is list:
+        if any(row.__class__ is not list for row in data):
+            raise BadPayload("shape_mismatch")  # rows of unequal depth
         data = list(chain.from_iterable(data))
     return data
 
 
 def _split(name: str, values: Sequence[Any], shape: Sequence[int], out: Columns) -> int:
     """Put a tensor's row-major values into ``out`` as columns; its number of rows."""
-    if not shape:
+    if not shape or any(d.__class__ is not int or d < 0 for d in shape):
         raise BadPayload("shape_mismatch")
-    rows, width = int(shape[0]), 1
+    rows, width = shape[0], 1
     for d in shape[1:]:
-        width *= int(d)
-    if rows < 0 or width < 0 or rows * width != len(values):
+        width *= d
+    if rows * width != len(values):
         raise BadPayload("shape_mismatch")
     if width == 1:
         out[name] = values if values.__class__ is list else list(values)
@@ -266,7 +268,7 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
             values = list(getattr(tensor.contents, _CONTENTS[datatype]))
         if datatype == "BYTES":
             values = _text(values)
-        n = _split(tensor.name, values, tensor.shape, out)
+        n = _split(tensor.name, values, list(tensor.shape), out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")
         rows = n
