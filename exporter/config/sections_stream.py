@@ -180,13 +180,9 @@ def seldon_outputs(topic: str) -> str | None:
 
 
 def payload_layout(kafka: KafkaConfig, payload: str, errors: Errors) -> KafkaConfig:
-    """The kafka section as a payload format reads it: Seldon's outputs topic beside its inputs topic; a layout
-    that would keep a call's request and response apart refused."""
+    """The kafka section as a payload format reads it: Seldon's outputs topic beside its inputs topic."""
     if payload == "json":
         return kafka
-    if kafka.stages == "staged":
-        errors.add("kafka.stages", f"events.format {payload} joins each call's request and response, which the staged "
-                                   "path does not re-key yet: use kafka.stages: direct")  # fmt: skip
     if payload == "seldon" and importlib.util.find_spec("google.protobuf") is None:
         errors.add("events.format", "seldon reads protobuf, which is not installed: pip install "
                                     "'fairness-exporter[seldon]'")  # fmt: skip

@@ -120,7 +120,7 @@ class Ingest:
                 pair = self.fleet.pairs.add(half, now, unmatched)
                 if pair is not None:
                     pairs.setdefault(half.model, []).append(pair)  # type: ignore[arg-type]  # read_halves: a model
-            rows = {m: self._payload_rows(m) for m in pairs}
+            rows = {m: self.payload_rows(m) for m in pairs}
             decoded, letters = payload_batches(pairs, rows, now)
             late = sum(self._count(fleet.models[m], batch, now, given_up) for m, batch in decoded.items()
                        if m in fleet.models)  # fmt: skip
@@ -136,7 +136,7 @@ class Ingest:
         where = ", ".join(f"{topic}[{partition}]" for topic, partition in offsets)
         self.report(decoded, ignored, [], late, where, [(raw, reason) for raw, reason, _, _ in rejected] + letters)
 
-    def _payload_rows(self, model_id: str) -> PayloadRows:
+    def payload_rows(self, model_id: str) -> PayloadRows:
         """The rows builder of a model as configured now (rebuilt after a reload changed its spec)."""
         spec = self.fleet.decoders[model_id].model
         rows = self._rows.get(model_id)

@@ -104,11 +104,9 @@ class PairJoin:
             self.done.popitem(last=False)
 
     def state(self) -> dict[str, np.ndarray]:
-        """The waiting halves and the calls done, for a checkpoint (one JSON document as bytes: what waits is
-        rows of plain values), so that a restart past their offsets still pairs them."""
-        pending = [[m, p, h.response, h.time, h.rows, h.columns, h.metadata,
-                    None if h.raw is None else base64.b64encode(h.raw).decode(), at]
-                   for (m, p), (h, at) in self.pending.items()]  # fmt: skip
+        """The waiting halves and the calls done, for a checkpoint or a snapshot (one JSON document as bytes: what
+        waits is rows of plain values), so that a restart past their offsets still pairs them."""
+        pending = [[half_json(h), at] for h, at in self.pending.values()]
         done = [[m, p, at, refused] for (m, p), (at, refused) in self.done.items()]
         return {"state": np.frombuffer(orjson.dumps({"pending": pending, "done": done}), dtype=np.uint8)}
 
@@ -117,9 +115,8 @@ class PairJoin:
         if "state" not in state:
             return
         found = orjson.loads(state["state"].tobytes())
-        self.pending = {(m, p): (Half(p, response, m or None, time, rows, columns,
-                                      None if raw is None else base64.b64decode(raw), metadata), at)
-                        for m, p, response, time, rows, columns, metadata, raw, at in found["pending"]}  # fmt: skip
+        halves = [(half_of(h), at) for h, at in found["pending"]]
+        self.pending = {(h.model or "", h.pair): (h, at) for h, at in halves}
         self.done = OrderedDict(((m, p), (at, refused)) for m, p, at, refused in found["done"])
 
     def expire(self, now: float, counts: Counter[str]) -> list[Half]:
@@ -139,6 +136,22 @@ class PairJoin:
         return responses
 
 
+def half_json(half: Half) -> list[Any]:
+    """A half as plain JSON values (its columns are already): for a checkpoint, or the staged path's re-keying."""
+    raw = None if half.raw is None else base64.b64encode(half.raw).decode()
+    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw]
+
+
+def half_of(found: list[Any]) -> Half:
+    """The half :func:`half_json` wrote."""
+    model, pair, response, time, rows, columns, metadata, raw = found
+    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata)
+
+
+REFUSED_ROWS: Final = -1
+"""The rows of a re-keyed half that stands for a refused one: its call is dropped at the join."""
+
+
 @dataclass
 class Halves:
     """A poll's records read as halves, with what was refused or ignored."""
@@ -147,12 +160,15 @@ class Halves:
     rejected: list[tuple[bytes | None, str, str | None, str | None]] = field(default_factory=list)
     """(value, reason, model, call id) of each refused record."""
     ignored: Counter[str] = field(default_factory=Counter)
+    at: list[int] = field(default_factory=list)
+    """Where each half's record was among the records read (the staged path tells its source offset by it)."""
+    rejected_at: list[int] = field(default_factory=list)
 
 
 def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str]) -> Halves:
     """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused."""
     out = Halves()
-    for value, raw_headers, key, ms in records:
+    for i, (value, raw_headers, key, ms) in enumerate(records):
         headers = headers_of(raw_headers)
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
         if model is not None and model not in models:
@@ -164,11 +180,13 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
         except BadPayload as exc:
             found = headers.get("ce_id") or headers.get("x-request-id")
             out.rejected.append((value, exc.reason, model, found.decode(errors="replace") if found else None))
+            out.rejected_at.append(i)
             continue
         if half.model not in models:
             out.ignored[ignore_reason(half.model)] += 1
             continue
         out.halves.append(half)
+        out.at.append(i)
     return out
 
 
