@@ -7,7 +7,9 @@ instance, its columns the request's inputs, the response's outputs and the logge
 our own events apply: each protected attribute reads its ``column``, ``events.prediction`` names the output column
 (a score with ``events.score_threshold``), and a row's ``prediction_id`` is the call's id (``<id>:<row>`` in a
 batch of several rows) so that delayed labels join it as they join our events. A payload that breaks a rule is
-refused whole, under one reason, and dead-lettered: never half a batch counted.
+refused whole, under one reason, and dead-lettered: never half a batch counted. On the staged path the halves
+travel to the join partition of their call id first (exporter/stream/stages/entry.py), as JSON (:func:`half_json`),
+and meet in that join task's :class:`PairJoin`.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ def records_of(records: Sequence[Any]) -> list[Raw]:
 
 
 def splits_pairs(format: str) -> str | None:
-    """Why a direct replica must read every partition of the topic(s) in this format, or None: KServe logs a
-    call's request and response with no key (any partition each) and Seldon on two topics, so a replica holding
-    fewer than all partitions would keep halves apart (the refusal of such an assignment asks this)."""
+    """Why a replica of the direct path must read every partition of the topic(s) in this format, or None: KServe
+    logs a call's request and response with no key (any partition each) and Seldon on two topics, so a direct
+    replica holding fewer than all partitions would keep halves apart (the refusal of such an assignment asks
+    this; the staged path re-keys halves by call id instead)."""
     if format == "json":
         return None
     return f"events.format {format} joins each call's request and response, which may be on any partition"
