@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 from collections import Counter
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -167,3 +168,33 @@ def test_any_json_body_is_a_half_or_refused_with_a_reason_never_an_exception(bod
         assert refused.reason
     else:
         assert all(len(column) == got.rows for column in got.columns.values())
+
+
+def test_a_seldon_json_record_says_so_in_its_infer_type_header() -> None:
+    body = orjson.dumps({"id": "r", "outputs": [{"name": "proba", "shape": [1], "datatype": "FP64", "data": [0.5]}]})
+    got = seldon_half(body, {"seldon-infer-type": b"json/inferModelResponse", "x-request-id": b"r"}, None,
+                      "seldon.prod.model.income.outputs", 1000)  # fmt: skip
+    assert (got.pair, got.response, got.columns) == ("r", True, {"proba": [0.5]})
+
+
+def test_a_response_alone_past_the_horizon_is_rejected_and_a_lone_request_counted_unanswered() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from exporter.daemon import Daemon
+
+    now = [T]
+    config = parse_config({"model_id": "m", "events": {"format": "kserve", "prediction": "predictions",
+                                                       "pair_horizon": "1m"},
+                           "protected_attributes": [{"name": "g", "groups": ["a", "b"]}],
+                           "kafka": {"assignment": "manual"}})  # fmt: skip
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: now[0])  # never started: no I/O
+    lone = [cloudevent("m", "r1", True, b'{"predictions": [1]}', T), cloudevent("m", "r2", False,
+                                                                              b'{"instances": [{"g": "a"}]}', T)]
+    daemon.ingest.handle("predictions", 0, [SimpleNamespace(value=v, headers=h, key=k, offset=i, timestamp=-1)
+                                            for i, (v, h, k) in enumerate(lone)])  # fmt: skip
+    now[0] += 61
+    daemon.ingest.expire()
+    value = daemon.registry.get_sample_value
+    assert value("fairness_exporter_events_rejected_total", {"reason": "response_without_request"}) == 1
+    assert value("fairness_exporter_payload_halves_unmatched_total", {"reason": "request_without_response"}) == 1
+    assert value("fairness_exporter_payload_pairs_joined_total") == 0
