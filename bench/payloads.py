@@ -9,13 +9,14 @@ each model's batch (exporter/stream/decode/payload.py). The target: (b) costs at
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import Counter
 from collections.abc import Callable
 
 import orjson
 
-from bench.report import Section, fmt, median, standalone, table
+from bench.report import Section, fmt, standalone, table
 from exporter.config import parse_config
 from exporter.stream.decode.oip import messages
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
@@ -93,7 +94,7 @@ def _best(fn: Callable[[], object], rounds: int) -> list[float]:
 
 def run(quick: bool = False) -> Section:
     n = 5_000 if quick else 50_000
-    rounds = 3 if quick else 5
+    rounds = 5 if quick else 9
     section = Section("Payload logs: decoding KServe and Seldon records against a bare parse of the same bytes")
     kserve = kserve_records(n)
     inputs, outputs = seldon_records(n)
@@ -115,16 +116,24 @@ def run(quick: bool = False) -> Section:
                                             ("seldon.p.model.credit.outputs", outputs)], seldon_rows)),
     }  # fmt: skip
     assert _daemon_path("kserve", [("kserve", kserve)], kserve_rows) == n * ROWS
+    # The records built above are long-lived: frozen, the collector's full passes (triggered by the parsed
+    # objects) do not walk them again and again, which slowed the bare loop to the daemon path's pace and made the
+    # ratio look near 1 (measured: 1.12 unfrozen against 4.2 frozen).
+    gc.collect()
+    gc.freeze()
     rows, ratios = [], {}
     for name, (bare, daemon) in cases.items():
         a, b = [], []
         for r in range(rounds):  # interleaved, alternating which goes first
             for which in ("a", "b") if r % 2 == 0 else ("b", "a"):
                 (a if which == "a" else b).extend(_best(bare if which == "a" else daemon, 1))
-        ratios[name] = median(b) / median(a)
-        rows.append((name, f"{2 * n / median(a):,.0f}", f"{2 * n / median(b):,.0f}", fmt(ratios[name])))
-    section.add(f"{n:,} calls ({2 * n:,} records, {ROWS} rows each); medians of {rounds} interleaved rounds. (a): the "
-                "bare parse of each value; (b): the daemon's halves, pair join and rows.")  # fmt: skip
+        ratios[name] = min(b) / min(a)
+        rows.append((name, f"{2 * n / min(a):,.0f}", f"{2 * n / min(b):,.0f}", fmt(ratios[name])))
+    section.add(f"{n:,} calls ({2 * n:,} records, {ROWS} rows each); the best of {rounds} interleaved rounds (the "
+                "least disturbed by other work on the machine), the records built beforehand frozen out of the "
+                "garbage collector's passes. (a): the bare parse of each value; (b): the daemon's "
+                "halves, pair join and rows.")  # fmt: skip
+    gc.unfreeze()
     section.add(table(["payloads", "(a) bare parse (records/s)", "(b) daemon path (records/s)", "(b) / (a) time"],
                       rows))  # fmt: skip
     for name, ratio in ratios.items():

@@ -40,7 +40,8 @@ SELDON_RESERVED: Final = frozenset({"x-request-id", "seldon-infer-type", "tracep
                                     "seldon-pipeline-errors"})  # fmt: skip
 """Seldon record headers that are plumbing, never columns."""
 
-_READ: Final = ("type", "id", "inferenceservicename", "time", "metadata", "contentencoding")
+_READ: Final = tuple((name, f"ce_{name}") for name in ("type", "id", "inferenceservicename", "time", "metadata",
+                                                         "contentencoding"))
 """The CloudEvent attributes a payload half is read from."""
 Headers = dict[str, bytes]
 """A record's headers, names lower-cased (the last value of a repeated name)."""
@@ -65,8 +66,14 @@ class Half:
 
 
 def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
-    """Kafka record headers as a dict of lower-cased names."""
-    return {k.lower(): v or b"" for k, v in raw} if raw else {}
+    """Kafka record headers as a dict of lower-cased names (the usual record's are lower-case already: taken as
+    they are)."""
+    if not raw:
+        return {}
+    found = dict(raw)
+    if all(k.islower() for k in found):
+        return found  # type: ignore[return-value]  # a None value reads as a missing header
+    return {k.lower(): v or b"" for k, v in raw}
 
 
 def _text(value: bytes | None) -> str | None:
@@ -146,7 +153,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
                 body = body.encode()
         encoding = event.get("contentencoding")
     else:  # binary mode: the attributes are ce_* headers
-        attributes = {name: _text(headers.get(f"ce_{name}")) for name in _READ}
+        attributes = {name: _text(headers.get(header)) for name, header in _READ}
         data_type, body = content_type, value
         encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
     get = attributes.get
