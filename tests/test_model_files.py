@@ -46,8 +46,8 @@ def test_a_trained_model_file_passes_the_suite_versioned_by_its_hash(files: mode
     assert (code, report["verdict"], report["failed"]) == (0, "PASS", 0)
     assert report["model_version"] == report["model_sha256"] == digest
     assert report["results"][0]["details"]["outputs_per_row"] == 2  # predict_proba: both classes
-    edge = report["results"][2]["details"]["inputs"]
-    assert edge["nan_values"] == "ok" and edge["wrong_width_row"].startswith("rejected:")
+    assert report["results"][2]["details"]["inputs"]["nan_values"] == "ok"
+    assert report["results"][3]["details"]["inputs"]["wrong_width_row"].startswith("rejected:")
     record = json.loads((tmp_path / "log.jsonl").read_text())
     assert (record["model_id"], record["model_version"]) == ("cancer-screen", digest)
 
