@@ -252,7 +252,9 @@ def test_a_saved_text_pipeline_is_a_target_versioned_by_its_file(tmp_path: Path,
     config = write(tmp_path, {"model_id": "moderator", "seed": 2, "red_team_tests": [
         {"category": c["category"], "test_cases": [c]} for c in CASES[:12]]})  # fmt: skip
     args = ["redteam", "--config", str(config), "--audit-log", str(tmp_path / "log.jsonl")]
-    assert main([*args, "--target", str(tmp_path / "moderator.joblib")]) == 1
+    assert main([*args, "--target", str(tmp_path / "moderator.joblib")]) == 2  # unpickling runs code: refused
+    assert "moderator.joblib: not loaded: loading a .joblib file unpickles it" in capsys.readouterr().err
+    assert main([*args, "--target", str(tmp_path / "moderator.joblib"), "--trust-model-file"]) == 1
     from_file = json.loads(capsys.readouterr().out)
     assert main([*args, "--target", "text_models:naive"]) == 1
     in_process = json.loads(capsys.readouterr().out)

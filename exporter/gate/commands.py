@@ -294,8 +294,8 @@ def cmd_safety(args: argparse.Namespace) -> int:
     """Output bounds, perturbation stability, edge inputs and counterfactual consistency of a tabular model."""
     from exporter.gate.safety.config import run_safety
 
-    return _run_suite(args, "safety", lambda: run_safety(args.config, args.model, model_version=args.model_version),
-                      args.model)  # fmt: skip
+    return _run_suite(args, "safety", lambda: run_safety(args.config, args.model, model_version=args.model_version,
+                                                         trust_model_file=args.trust_model_file), args.model)
 
 
 def cmd_redteam(args: argparse.Namespace) -> int:
@@ -307,7 +307,7 @@ def cmd_redteam(args: argparse.Namespace) -> int:
     def run() -> dict[str, Any]:
         if args.chat_model is not None or args.target is None:
             return run_redteam(args.config, args.target, chat_model=args.chat_model, model_version=args.model_version)
-        target = text_target(args.target, args.request_field, args.response_field)
+        target = text_target(args.target, args.request_field, args.response_field, trust_file=args.trust_model_file)
         return run_redteam(args.config, target, args.target, model_version=args.model_version)
 
     return _run_suite(args, "redteam", run, args.target)
