@@ -333,7 +333,7 @@ def test_the_shipped_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     # the hardened blocklist still misses leetspeak and translations, which the config rates "high": it ships
     assert main(["redteam", "--config", "red-team.yaml", "--target", "example_models:hardened_moderator", *log]) == 0
     hardened = json.loads(capsys.readouterr().out)
-    assert naive["total_tests"] == hardened["total_tests"] == 108
+    assert naive["total_tests"] == hardened["total_tests"] == 109  # 4 cases, the library's 104, baseline_detection
     assert hardened["failed"] < naive["failed"] and hardened["critical_failures"] == 0 < naive["critical_failures"]
 
 
