@@ -122,6 +122,7 @@ def _suite_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-model-file", action="store_true", help="load a pickle-based model file (.joblib, "
                         ".pkl, .pickle), which runs code from the file: only for files you trust as your own code "
                         "(skops and ONNX files need no trust)")  # fmt: skip
+    parser.add_argument("--html", help="also write a self-contained HTML report to this file")
 
 
 def build_parser() -> argparse.ArgumentParser:

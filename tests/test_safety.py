@@ -245,11 +245,16 @@ def test_the_command_passes_the_robust_scorer_and_fails_the_fragile_one(tmp_path
     """Issue 30: exit 0 for the scorer that clips and maps NaN to 0.5, whose answers to malformed rows are a
     ``high`` finding of our own check; exit 1 for the scorer whose outputs turn NaN on the seed's edge inputs."""
     config = write_config(tmp_path, counterfactual=None)
-    code, report, err = run_cli(tmp_path, capsys, "--model", "tabular_models:clipped_scorer", "--config", str(config))
+    code, report, err = run_cli(tmp_path, capsys, "--model", "tabular_models:clipped_scorer", "--config", str(config),
+                                "--html", str(tmp_path / "safety.html"))  # fmt: skip
     assert (code, report["verdict"], report["critical_failures"]) == (0, "PASS", 0)
     failed = [(r["test_name"], r["severity"]) for r in report["results"] if not r["passed"]]
     assert failed == [("malformed_input_rejection", "high")]
-    assert "FAIL high     robustness malformed_input_rejection" in err
+    assert "FAIL high     robustness malformed_input_rejection: empty_row: gave [[0.5]] instead of raising" in err
+    page = (tmp_path / "safety.html").read_text()
+    assert '<div class="verdict warn"><strong>PASS</strong>4/5 tests passed · 0 critical failure(s)</div>' in page
+    assert ("<td>malformed_input_rejection</td><td>robustness</td><td>high</td><td class=\"fail\">fail</td>"
+            "<td>empty_row: gave [[0.5]] instead of raising an error; ") in page
     code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:naive_scorer", "--config", str(config))
     assert (code, report["verdict"]) == (1, "FAIL")
     assert [r["test_name"] for r in report["results"] if not r["passed"] and r["severity"] == "critical"] == [

@@ -8,6 +8,7 @@ import email
 import email.policy
 import json
 import socket
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -201,3 +202,37 @@ def library_texts(technique: str) -> list[str]:
         if case["technique"] == technique:
             texts += [t for t in case["texts"] if t not in texts]
     return texts
+
+
+def test_junit_markdown_and_html_show_evasions_and_baseline_failures_apart(
+        reports_bucket: S3, smtp: Mailbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    out = {kind: tmp_path / f"report.{kind}" for kind in ("xml", "md", "html")}
+    code, report, _ = redteam(capsys, tmp_path, "--target", "text_models:nfkc_keyword_moderator",
+                              "--junit", str(out["xml"]), "--summary-md", str(out["md"]), "--html", str(out["html"]))
+    assert code == 1
+    zw = attacks(report)["whitespace_injection"]["details"]
+
+    cases = {c.get("name"): c for c in ET.parse(out["xml"]).iter("testcase")}
+    props = {p.get("name"): p.get("value") for p in cases["whitespace_injection"].iter("property")}
+    assert (props["attempts"], props["baseline_failures"], props["evasions"], props["attack_success_rate"]) == (
+        "24", str(zw["baseline_failures"]), "0", "0.0")
+    [blocked] = cases["homoglyph_substitution"].iter("failure")
+    assert blocked.get("message", "").startswith("critical failure, blocks: 12 evasion(s) in 12 attempt(s) whose "
+                                                 "plain text was handled right")  # fmt: skip
+    [warned] = cases["baseline_detection"].iter("skipped")
+    assert warned.get("message", "").startswith("warning (high failure, does not block): 36 of 72 attempts started "
+                                                "from a plain text that already got the wrong outcome")  # fmt: skip
+
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in out["md"].read_text().splitlines()}
+    assert rows["test"] == "| test | category | severity | attempts | baseline failures | evasions | " \
+        "attack success rate | details | outcome |"  # fmt: skip
+    assert rows["whitespace_injection"].startswith("| whitespace_injection | adversarial_evasion | critical | 24 | 12 "
+                                                   "| 0 | 0.0000 | ")  # fmt: skip
+    assert rows["whitespace_injection"].endswith("| ✅ pass |")
+    assert rows["baseline_detection"].startswith("| baseline_detection | baseline | high | 72 | 36 | — | — | ")
+
+    page = out["html"].read_text()
+    assert "24 evasion(s) and 36 baseline failure(s) in 144 attempts" in page
+    section = page.split("<h3>whitespace_injection</h3>")[1].split("<h3>")[0]
+    assert section.count("<td>baseline failure</td>") == zw["baseline_failures"] and "<td>evasion</td>" not in section
+    assert "&lt;U+200B&gt;" in section  # the zero-width characters sent, made visible
