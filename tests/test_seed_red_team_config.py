@@ -90,6 +90,8 @@ def test_the_seed_config_runs_against_a_text_classifier_and_names_its_six_cases(
     assert message["Subject"].startswith("[fairness-exporter] redteam FAIL: ")
     assert "content-moderation-v5" in message["Subject"]
     assert "Replace characters with visually similar Unicode characters" in message.get_content()
+    homoglyphs = report["results"][0]["details"]
+    assert f"    {homoglyphs['summary']}" in message.get_content().splitlines() and homoglyphs["evasions"] == 24
     [filed] = reports_bucket.filesystem().ls("ml-audit-reports/red-team")
     assert filed.startswith("ml-audit-reports/red-team/content-moderation-v5_") and filed.endswith("Z.json")
     assert json.loads(reports_bucket.filesystem().cat_file(filed)) == report
