@@ -26,7 +26,7 @@ from exporter.gate.suite import SafetyTestResult, build_report, load_yaml_mappin
 from exporter.gate.targets.chat import ChatSettings, ChatTarget, canary
 from exporter.gate.targets.objects import TargetError
 
-# a chat model is asked the plain text too where the outcome is a decision or relative to the plain text's
+# outcomes for which a chat model is asked the plain text too: a decision, or the plain text's own decision
 PLAIN_ASKED: Final = ("block", "review", "allow", "unchanged")
 SHOWN_MISSES: Final = 20
 
