@@ -118,6 +118,13 @@ def _ci_report_flags(parser: argparse.ArgumentParser) -> None:
                         "check) for a GitHub job summary or a merge-request note")  # fmt: skip
 
 
+def _suite_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-model-file", action="store_true", help="load a pickle-based model file (.joblib, "
+                        ".pkl, .pickle), which runs code from the file: only for files you trust as your own code "
+                        "(skops and ONNX files need no trust)")  # fmt: skip
+    parser.add_argument("--html", help="also write a self-contained HTML report to this file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="fairness-exporter", description=__doc__)
@@ -168,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     safety.add_argument("--report", help="also write the JSON report to this file")
     safety.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
     safety.add_argument("--model-version", help=MODEL_VERSION_HELP)
+    _suite_flags(safety)
     _ci_report_flags(safety)
     safety.set_defaults(func=cmd_safety)
 
@@ -188,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     redteam.add_argument("--report", help="also write the JSON report to this file")
     redteam.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
     redteam.add_argument("--model-version", help=MODEL_VERSION_HELP)
+    _suite_flags(redteam)
     _ci_report_flags(redteam)
     redteam.set_defaults(func=cmd_redteam)
 
