@@ -222,7 +222,8 @@ def _percentiles(draws: FloatArray, confidence: float) -> tuple[FloatArray, Floa
     tail = 50.0 * (1.0 - confidence)
     if not len(draws):
         return np.full(draws.shape[1:], np.nan), np.full(draws.shape[1:], np.nan)
-    lo, hi = np.percentile(draws, [tail, 100.0 - tail], axis=0)
+    with np.errstate(invalid="ignore"):  # a draw without positives (or negatives) has no rate: left out
+        lo, hi = np.nanpercentile(draws, [tail, 100.0 - tail], axis=0)
     return lo, hi
 
 
