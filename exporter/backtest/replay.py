@@ -27,6 +27,7 @@ from exporter.backtest.series import SERIES_OTHERS, Series
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.metric_table import METRICS
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
 from exporter.stream.state.window import WindowStore
 
@@ -64,6 +65,8 @@ class Replay:
 
     config: ModelSpec
     windowing: Windowing
+    reference: dict[str, np.ndarray] | None = None
+    """The estimation reference's score counts per attribute (estimation:): the report then has ``estimated``."""
     store: WindowStore = field(init=False)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
@@ -101,8 +104,10 @@ class Replay:
                 self.compute()  # the bucket the head leaves is complete: step
             part = slice(int(start), int(stop))
             self._now = float(heads[stop - 1])
+            scores = columns.scores[part] if columns.scores is not None and len(columns.scores) else None
             self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
-                                        columns.predictions[part], columns.labels[part], self._now)  # fmt: skip
+                                        columns.predictions[part], columns.labels[part], self._now,
+                                        scores=scores)  # fmt: skip
             self.events += int(stop - start)
 
     def compute(self) -> None:
@@ -129,7 +134,35 @@ class Replay:
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
+            **({"estimated": self._estimated()} if self.reference is not None else {}),
         }  # fmt: skip
+
+    def _estimated(self) -> dict[str, Any]:
+        """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
+        daemon's computation makes them (serve/snapshot.py)."""
+        from exporter.serve.snapshot import estimated
+
+        assert self.reference is not None
+        store, spec = self.store, self.config
+        thresholds = spec.thresholds()
+        comparisons, calibration = [], []
+        now = self._now if self._now > -math.inf else 0.0
+        for window, est in estimated(spec, self.reference, store.window_estimate_counts(now), store.layout.split):
+            groups = est.attribute.groups
+            for metric, v in est.values.items():
+                ok = est.sufficient(metric, spec.min_samples)
+                evidence = METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
+                for k, (a, b) in enumerate(est.attribute.pairs):
+                    comparisons.append({
+                        "window": window, "attribute": est.attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
+                        "metric": f"{metric}_estimated", "value": _number(v.value[k]) if ok[k] else None,
+                        "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
+                        "status": "ok" if ok[k] else "insufficient_samples",
+                        "evidence": evidence[k] if ok[k] else "inconclusive"})  # fmt: skip
+            z = est.check.statistic
+            calibration += [{"window": window, "attribute": est.attribute.name, "subgroup": g, "predicted": p,
+                             "statistic": _number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
+        return {"as_of": _iso(now), "comparisons": comparisons, "calibration": calibration}
 
     def _series_report(self) -> list[dict[str, Any]]:
         """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
@@ -304,10 +337,23 @@ def _seconds(duration: str) -> float:
     return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
 
 
+def _reference(model: ModelSpec) -> dict[str, np.ndarray] | None:
+    """The model's estimation reference, read as the gate and the daemon read it; None when it estimates nothing."""
+    if model.estimation is None:
+        return None
+    from exporter.backtest.input import BacktestError
+    from exporter.gate.fairness.audit import read_reference
+
+    try:
+        return read_reference(model)[0]
+    except ValueError as exc:
+        raise BacktestError(f"{model.source}: estimation.reference: {exc}") from exc
+
+
 def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
     """Replay the events files and return the report with its `alerts` list: of the one model, or per model
     under ``models`` (each model on its own events' clock)."""
-    replays = {m.model_id: Replay(m, config.windowing) for m in config.models}
+    replays = {m.model_id: Replay(m, config.windowing, _reference(m)) for m in config.models}
     ignored = malformed = 0
     for columns, unrouted, bad in read_events(paths, config):
         for model_id, batch in columns.items():

@@ -219,6 +219,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         "bucket_seconds": windowing.bucket_seconds,
         "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
+        # estimation keeps counts per score bin and predicted class: configuring it (or dropping it) starts afresh
+        **({"estimation_counts": True} if model.estimation is not None else {}),
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
     }

@@ -28,6 +28,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
+from exporter.core.attributes import Attribute
 from exporter.core.detect import RATE_MARGIN, logit, one_sample_log_lr
 from exporter.core.fairness import (
     FN,
@@ -195,6 +196,8 @@ class Estimate:
     """(replicates, n_groups, N_COUNTS) the counts under each bootstrap replicate."""
     reference: IntArray
     """(n_groups, N_COUNTS) the reference's labelled outcomes: what sufficiency counts."""
+    calibration: FloatArray
+    """(n_groups, n_bins) the calibration the estimate rests on (what the calibration check tests)."""
 
     def rate(self, name: str) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Estimated rate per group and its 95% interval (percentiles of the rate under the bootstrap)."""
@@ -214,7 +217,7 @@ def estimate(
     shape = refits.shape
     drawn_1 = rng.binomial(np.broadcast_to(n[..., 1], shape), refits)
     drawn_0 = rng.binomial(np.broadcast_to(n[..., 0], shape), refits)
-    return Estimate(expected, _window_outcomes(n, drawn_1, drawn_0), outcome_counts(calibration.reference))
+    return Estimate(expected, _window_outcomes(n, drawn_1, drawn_0), outcome_counts(calibration.reference), p)
 
 
 def _percentiles(draws: FloatArray, confidence: float) -> tuple[FloatArray, FloatArray]:
@@ -304,3 +307,38 @@ def calibration_log_lr(rate: NDArray, counts: NDArray, shift: NDArray) -> FloatA
     p0 = np.clip(np.asarray(rate, dtype=np.float64), RATE_MARGIN, 1.0 - RATE_MARGIN)[..., None][(..., *extra)]
     p1 = 1.0 / (1.0 + np.exp(-(logit(p0) + shift)))
     return np.asarray(one_sample_log_lr(k, n, p0, p1).sum(axis=-1 - shift.ndim - 1))
+
+
+def estimate_comparisons(
+    reference: NDArray, counts: NDArray, pairs: NDArray, metrics: tuple[str, ...] = ESTIMATED_METRICS
+) -> tuple[Estimate, dict[str, MetricValues]]:
+    """A window's estimate and its estimated metrics for ``pairs`` (``(P, 2)`` group rows) from a reference's and
+    the window's score counts: the one path of the gate, the daemon and ``backtest``."""
+    est = estimate(Calibration.fit(reference), counts)
+    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    return est, compare_estimated(est, p[:, 0], p[:, 1], metrics)
+
+
+@dataclass(frozen=True)
+class Estimated:
+    """One attribute's estimated comparisons in one window, and the window's calibration check."""
+
+    attribute: Attribute
+    values: dict[str, MetricValues]
+    check: CalibrationCheck
+    estimate: Estimate
+
+    def sufficient(self, metric: str, min_samples: int) -> NDArray[np.bool_]:
+        """Per pair: the estimate has a value (support at least ``min_samples``, defined), as an observed one."""
+        v = self.values[metric]
+        return np.asarray((v.support >= min_samples) & ~np.isnan(v.value))
+
+
+def estimate_attribute(attribute: Attribute, reference: NDArray, counts: NDArray,
+                       metrics: tuple[str, ...] = ESTIMATED_METRICS) -> Estimated:  # fmt: skip
+    """The estimated comparisons of an attribute's pairs from the reference's and the window's score counts (rows
+    past the attribute's groups, its unknown category, are left out), and the window's calibration check."""
+    n = len(attribute.groups)
+    block = np.asarray(counts)[:n]
+    est, values = estimate_comparisons(np.asarray(reference)[:n], block, np.array(attribute.pairs), metrics)
+    return Estimated(attribute, values, calibration_check(est.calibration, block), est)

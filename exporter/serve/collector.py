@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import EVIDENCE, METRICS
+from exporter.serve.estimated import estimated_families
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
@@ -134,6 +135,7 @@ class SnapshotCollector(Collector):
             yield from family.families()
         yield insufficient
         yield evidence
+        yield from estimated_families(snapshots, cadence)
         yield from self._scores(snapshots, cadence)
         yield from self._settings(snapshots)
         yield from self._counters(snapshots)

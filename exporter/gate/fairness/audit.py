@@ -363,9 +363,9 @@ def run_audit(
     }
 
 
-def _estimation(config: ModelSpec, frame: pd.DataFrame, path: str) -> tuple[dict[str, np.ndarray],
-                                                                            dict[str, np.ndarray], dict[str, Any]]:
-    """Score counts of the estimation reference and of the audited rows, and the report's ``estimation`` section."""
+def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The estimation reference's score counts per attribute, and what a report says of it: the one place it is
+    read (the gate, the daemon and ``backtest`` call this)."""
     assert config.estimation is not None
     location = storage.resolve(config.estimation.reference, Path(config.source).parent)
     ref, sha256 = read_table(location, "estimation reference")
@@ -376,8 +376,14 @@ def _estimation(config: ModelSpec, frame: pd.DataFrame, path: str) -> tuple[dict
         raise DataError(f"{location}: missing column(s) {missing} (estimation.reference needs the score, the label "
                         f"and the attributes); the file has {list(ref.columns)}")  # fmt: skip
     labels = binary_column(ref, config.label_column, location, allow_missing=True)
-    counts, about = estimated.reference_counts(config, ref, scores_of(ref, config, location), labels,
-                                               {"file": location, "sha256": sha256})  # fmt: skip
+    return estimated.reference_counts(config, ref, scores_of(ref, config, location), labels,
+                                      {"file": location, "sha256": sha256})  # fmt: skip
+
+
+def _estimation(config: ModelSpec, frame: pd.DataFrame, path: str) -> tuple[dict[str, np.ndarray],
+                                                                            dict[str, np.ndarray], dict[str, Any]]:
+    """Score counts of the estimation reference and of the audited rows, and the report's ``estimation`` section."""
+    counts, about = read_reference(config)
     scores = scores_of(frame, config, path)
     return counts, estimated.frame_score_counts(config, frame, scores, predicted(frame, config, path), None), about
 

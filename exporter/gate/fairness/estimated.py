@@ -79,10 +79,10 @@ def with_estimates(config: ModelSpec, evaluations: list[Evaluation], reference: 
     out, groups = [], {}
     for ev in evaluations:
         c = ev.comparisons
-        est = estimate.estimate(estimate.Calibration.fit(reference[ev.attribute.name]), audited[ev.attribute.name])
-        values = estimate.compare_estimated(est, c.group_a, c.group_b, names)
-        out.append(replace(ev, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values})))
-        rates = {rate: est.rate(rate) for rate in ESTIMATED_RATES}
+        result = estimate.estimate_attribute(ev.attribute, reference[ev.attribute.name], audited[ev.attribute.name],
+                                             names)  # fmt: skip
+        out.append(replace(ev, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **result.values})))
+        rates = {rate: result.estimate.rate(rate) for rate in ESTIMATED_RATES}
         groups[ev.attribute.name] = {g: {rate: {"value": json_float(v[i]), "ci_95": [json_float(lo[i]),
                                                                                      json_float(hi[i])]}
                                          for rate, (v, lo, hi) in rates.items()}

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from exporter.config import ModelSpec, Windowing
-from exporter.core.fairness import N_COUNTS, outcome_columns
+from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, score_bins
+from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
 from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
 
 
@@ -68,6 +69,11 @@ class WindowStore:
         n_bins = len(self.score_bounds) + 1 if len(self.score_bounds) else 0
         self.score_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_bins), dtype=np.int64)
         self.score_sums = np.zeros((self.n_buckets, self.layout.n_rows if n_bins else 0), dtype=np.float64)
+        # Estimation (model.estimation): per bucket, row, score bin and predicted class, the predictions and the
+        # labelled positives and negatives among them (exporter/core/estimate.py); bins as the histograms'.
+        n_est = n_bins if model.estimation is not None else 0
+        self.estimate_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), np.int64)
+        self.estimate_totals = np.zeros((self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), dtype=np.int64)
         self.head = -1  # absolute index of the newest bucket
         self.lock = lock or threading.RLock()
         """The one lock of the stream state (every model's store shares the fleet's): the ingest holds it to count
@@ -91,6 +97,7 @@ class WindowStore:
         self.counts[stale] = 0
         self.score_counts[stale] = 0
         self.score_sums[stale] = 0.0
+        self.estimate_counts[stale] = 0
         self.bucket_ids[stale] = -1
 
     def add(
@@ -110,16 +117,31 @@ class WindowStore:
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
+                if self.estimate_counts.shape[2]:
+                    bins = score_bins(scores[on_time], self.score_bounds)
+                    p = np.asarray(predictions)[on_time]
+                    self._count_estimate(buckets[on_time], rows, bins, p, PREDICTED)
+                    label = np.asarray(outcomes)[on_time]
+                    for value, column in ((1, LABELLED_POS), (0, LABELLED_NEG)):
+                        k = label == value
+                        self._count_estimate(buckets[on_time][k], {n: r[k] for n, r in rows.items()}, bins[k], p[k],
+                                             column)  # fmt: skip
         return late
 
-    def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
-        """Count joined ground truth in its prediction's bucket; return how many predictions had left the ring
-        (those still count in the monotonic totals)."""
+    def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray,
+                   bins: np.ndarray | None = None) -> int:  # fmt: skip
+        """Count joined ground truth in its prediction's bucket (and score bin, when ``bins`` holds the predictions'
+        bins, -1 for none); return how many predictions had left the ring (those still count in the totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
             rows = self._rows(codes)
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
+            if self.estimate_counts.shape[2] and bins is not None:
+                k = in_ring & (bins >= 0) & (outcomes >= 0)
+                predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
+                column = np.where(np.isin(outcomes[k], (TP, FN)), LABELLED_POS, LABELLED_NEG)
+                self._count_estimate(buckets[k], {n: r[k] for n, r in rows.items()}, bins[k], predicted, column)
             gone = ~in_ring & (outcomes >= 0)
             self._count_totals({k: v[gone] for k, v in rows.items()}, outcomes[gone])
         return int(gone.sum())
@@ -160,6 +182,19 @@ class WindowStore:
             np.add.at(flat_counts, cells * n_bins + bins, 1)
             np.add.at(flat_sums, cells, scores)
 
+    def _count_estimate(self, buckets: np.ndarray, rows: dict[str, np.ndarray], bins: np.ndarray,
+                        predicted: np.ndarray, column: int | np.ndarray) -> None:  # fmt: skip
+        """Add to the estimation counts' cells (bucket, row, bin, predicted class) the given column."""
+        if not len(buckets):
+            return
+        slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
+        n_rows, n_bins = self.layout.n_rows, self.estimate_counts.shape[2]
+        flat, totals = self.estimate_counts.reshape(-1), self.estimate_totals.reshape(-1)
+        for name in self.layout.names:
+            cell = ((rows[name] * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column
+            np.add.at(flat, slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell, 1)
+            np.add.at(totals, cell, 1)
+
     def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
@@ -185,6 +220,15 @@ class WindowStore:
             self._advance(self._bucket_at(now))
             return {name: (self._window_sum(self.score_counts, k), self._window_sum(self.score_sums, k))
                     for name, k in self.window_buckets.items()}  # fmt: skip
+
+    def window_estimate_counts(self, now: float) -> dict[str, np.ndarray]:
+        """Estimation counts of every window ending at the head (advanced to ``now``): ``(n_rows, n_bins, 2,
+        N_SCORE_COUNTS)`` each. Empty when the model estimates nothing."""
+        with self.lock:
+            if not self.estimate_counts.shape[2]:
+                return {}
+            self._advance(self._bucket_at(now))
+            return {name: self._window_sum(self.estimate_counts, k) for name, k in self.window_buckets.items()}
 
     def _window_sum(self, ring: np.ndarray, k: int) -> np.ndarray:
         # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in that range
@@ -233,6 +277,9 @@ class WindowStore:
         """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
         with self.lock:
             scores = {"score_counts": self.score_counts.copy(), "score_sums": self.score_sums.copy()}
+            if self.estimate_counts.shape[2]:
+                scores |= {"estimate_counts": self.estimate_counts.copy(),
+                           "estimate_totals": self.estimate_totals.copy()}
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
                     **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
@@ -246,6 +293,9 @@ class WindowStore:
             if self.score_counts.shape[2]:  # the layout check made sure the checkpoint has them, same bounds
                 self.score_counts[...] = state["score_counts"]
                 self.score_sums[...] = state["score_sums"]
+            if self.estimate_counts.shape[2] and "estimate_counts" in state:  # else (estimation newly configured) 0
+                self.estimate_counts[...] = state["estimate_counts"]
+                self.estimate_totals[...] = state["estimate_totals"]
             self.head = int(state["head"])
             self.detection = Detection.restore(state, self.detectors, self.totals)
 
