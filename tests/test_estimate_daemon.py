@@ -126,3 +126,60 @@ def test_the_calibration_statistic_turns_when_labels_stop_following_the_scores(d
     assert _sample(z_selected, attribute="race", subgroup="African-American", predicted="1") > 5
     assert all(math.isfinite(v) for v in z_selected.values())
     assert np.isfinite(list(z_calibrated.values())).all()
+
+
+TRUTH = {"male": np.linspace(0.1, 0.8, 10), "female": np.linspace(0.2, 0.9, 10)}
+"""P(label = 1 | decile score) per group: calibrated differently, as one global calibrator would miss."""
+
+
+def _draw(rng: np.random.Generator, n: int, shift: float = 0.0) -> pd.DataFrame:
+    """n rows per group with decile scores; ``shift`` lowers the female group's chance of a positive label (concept
+    shift: the same scores, other outcomes)."""
+    rows = []
+    for sex, truth in TRUTH.items():
+        decile = rng.integers(1, 11, n)
+        p = np.clip(truth[decile - 1] - (shift if sex == "female" else 0.0), 0.01, 0.99)
+        rows.append(pd.DataFrame({"sex": sex, "score": decile / 10, "label": (rng.random(n) < p).astype(int)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_a_concept_shift_in_one_group_pages_the_estimate_not_the_fairness_alerts(tmp_path: Path) -> None:
+    """Twelve hours of labelled traffic (60 rows per group a minute, labels inline), the female group's labels
+    shifted after six: the calibration detector pages FairnessEstimateInvalid for that group within the hour, on the
+    model's false-page budget (nothing before the shift), and no fairness alert fires: the estimated equal
+    opportunity gap is on /metrics, never in a page."""
+    rng = np.random.default_rng(33)
+    reference = tmp_path / "reference.csv"
+    _draw(rng, 20_000).to_csv(reference, index=False)
+    config = parse_config({
+        "model_id": "loans",
+        "protected_attributes": [{"name": "sex", "groups": ["male", "female"]}],
+        "metrics": [{"name": "demographic_parity_difference", "threshold": 0.05},
+                    {"name": "equal_opportunity_difference", "threshold": 0.05}],
+        "events": {"score": "score", "score_threshold": 0.5},
+        "estimation": {"reference": str(reference)},
+        "windows": ["1h"], "bucket": "1m", "allowed_lateness": "5m",
+    }, "test-config")  # fmt: skip
+    minutes, shift_at = 720, 360
+    events = tmp_path / "events.jsonl"
+    with events.open("wb") as f:
+        for minute in range(minutes):
+            rows = _draw(rng, 60, 0.2 if minute >= shift_at else 0.0)
+            for i, r in enumerate(rows.itertuples()):
+                f.write(orjson.dumps({"model_id": "loans", "prediction_id": f"{minute}-{i}",
+                                      "timestamp": T0 + minute * 60 + i % 60, "score": r.score, "label": r.label,
+                                      "attributes": {"sex": r.sex}}) + b"\n")  # fmt: skip
+    report = backtest(config, [events])
+    fired = [a for a in report["alerts"] if a["alert"] == "FairnessEstimateInvalid"]
+    assert fired, report["alerts"]
+    first = min(a["fired_at"] for a in fired)
+    shift_time = pd.Timestamp(T0 + shift_at * 60, unit="s", tz="UTC")
+    assert pd.Timestamp(first) >= shift_time  # no false page in the six calibrated hours
+    assert pd.Timestamp(first) - shift_time <= pd.Timedelta("1h")
+    assert {a["subgroup"] for a in fired} == {"female"}
+    assert {a["direction"] for a in fired} == {"down"}
+    assert [a["alert"] for a in report["alerts"] if a["alert"] != "FairnessEstimateInvalid"] == []
+    estimated = {c["metric"]: c for c in report["estimated"]["comparisons"]}
+    assert estimated["equal_opportunity_difference_estimated"]["value"] is not None
+    z = {(c["subgroup"], c["predicted"]): c["statistic"] for c in report["estimated"]["calibration"]}
+    assert z[("female", 1)] < -4 and abs(z[("male", 1)]) < 3.5

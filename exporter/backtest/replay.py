@@ -76,12 +76,13 @@ class Replay:
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
-    _pending: list[tuple[float, np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
+    _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
+        self._calibration = self.store.calibration_rows(self.reference) if self.reference is not None else None
         self._attributes = {a.name: a for a in self.config.attributes}
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
@@ -192,7 +193,9 @@ class Replay:
         if not self._pending:
             return
         times = np.array([now for now, _, _ in self._pending])
-        trace = self.store.advance_detectors(np.stack([step for _, step, _ in self._pending]))
+        trace = self.store.advance_detectors(np.stack([step[0] for _, step, _ in self._pending]),
+                                             np.stack([step[1] for _, step, _ in self._pending]),
+                                             self._calibration)  # fmt: skip
         steps = len(times)
         evaluations: dict[tuple[str, str], Evaluation] = {}
         blocks = []
@@ -290,6 +293,9 @@ class Replay:
 
 
 def _identity(detector: Detector) -> dict[str, Any]:
+    if detector.predicted:
+        return {"subgroup": detector.subgroup, "predicted": detector.predicted, "metric": detector.metric,
+                "direction": detector.direction}  # fmt: skip
     if detector.subgroup:
         return {"subgroup": detector.subgroup, "direction": detector.direction}
     return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
@@ -298,7 +304,10 @@ def _identity(detector: Detector) -> dict[str, Any]:
 
 def _compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
     """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
-    selection rate) and its interval, NaN where the window has too few samples."""
+    selection rate) and its interval, NaN where the window has too few samples; a calibration detector shows
+    nothing here (its statistic is the report's ``estimated.calibration``)."""
+    if detector.predicted:
+        return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
     if detector.subgroup:
         n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
         stats = ev.groups

@@ -22,6 +22,7 @@ Pure functions of additive counts per (group, score bin, predicted class), numpy
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Final
 
@@ -225,7 +226,8 @@ def _percentiles(draws: FloatArray, confidence: float) -> tuple[FloatArray, Floa
     tail = 50.0 * (1.0 - confidence)
     if not len(draws):
         return np.full(draws.shape[1:], np.nan), np.full(draws.shape[1:], np.nan)
-    with np.errstate(invalid="ignore"):  # a draw without positives (or negatives) has no rate: left out
+    with warnings.catch_warnings():  # a draw without positives (or negatives) has no rate: left out
+        warnings.simplefilter("ignore", RuntimeWarning)  # a group with no draw at all: NaN bounds
         lo, hi = np.nanpercentile(draws, [tail, 100.0 - tail], axis=0)
     return lo, hi
 

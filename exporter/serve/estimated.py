@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from exporter.core.estimate import CALIBRATION_SHIFT
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.snapshot import Snapshot
 
@@ -72,3 +73,16 @@ def estimated_families(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[
         yield values[m]
         yield from bounds[m]
     yield from (insufficient, evidence, statistic)
+
+
+def calibration_detector_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """The calibration detectors' CUSUM statistic and alarm (filled by the collector's detector families)."""
+    labels = ["model_id", "attribute", "subgroup", "predicted", "direction"]
+    return (GaugeMetricFamily(
+        "fairness_calibration_detector_statistic", "CUSUM of the log likelihood ratio of the subgroup's labels "
+        f"against its calibrated scores, for the log odds of a positive label moved by {CALIBRATION_SHIFT:g} in the "
+        "`direction` "
+        "(estimation:), one step per bucket: the evidence that the estimated metrics no longer hold, in nats.",
+        labels=labels), GaugeMetricFamily(
+        "fairness_calibration_detector_alarm", "1 while the calibration detector is in alarm (as "
+        "fairness_detector_alarm, on the same budget).", labels=labels))  # fmt: skip

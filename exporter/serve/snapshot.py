@@ -73,7 +73,7 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
     """One model's windows and attributes as of ``now`` (``thresholds``: of its exported metrics, with their
     severity; ``reference``: the estimation reference's score counts per attribute, when it estimates)."""
     spec, store = monitored.spec, monitored.store
-    detection = store.detect(now)
+    detection = store.detect(now, store.calibration_rows(reference) if reference is not None else None)
     with store.lock:  # counts and score histograms of the same events
         windows = store.window_counts(now)
         window_scores = store.window_scores(now)

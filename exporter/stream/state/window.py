@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from exporter.config import ModelSpec, Windowing
-from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, score_bins
+from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, Calibration, score_bins
 from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
 from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
 
@@ -80,7 +80,8 @@ class WindowStore:
         a batch, its joins and its offsets as one step; the checkpointer to copy every model's counts, the pending
         predictions and the offsets as one consistent state."""
         self.detectors = DetectorBank(model, windowing, self.layout.offsets, self.layout.n_rows)
-        self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
+        self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0,
+                                   np.zeros_like(self.estimate_totals))  # fmt: skip
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -240,38 +241,54 @@ class WindowStore:
             total += ring[start:].sum(axis=0)
         return total
 
-    def detect(self, now: float) -> Detection:
+    def detect(self, now: float, calibration: np.ndarray | None = None) -> Detection:
         """Advance the change detectors by one step when the head (advanced to ``now``) has entered a bucket they
         have not stepped in yet; return their state.
 
         A step consumes everything counted since the previous step (the monotonic totals' increase): every
         prediction and every delayed label enters the detectors exactly once, when it is counted, with no wait
         for ``allowed_lateness``. Steps are therefore at most one per bucket of the head's time.
+        ``calibration``: the rows' calibration (:meth:`calibration_rows`) for the calibration detectors.
         """
         with self.lock:
             step = self.take_step(now)
             if step is not None:
-                self.advance_detectors(step[None])
+                self.advance_detectors(step[0][None], step[1][None], calibration)
             return self.detection
 
-    def take_step(self, now: float) -> np.ndarray | None:
-        """The counts of a new step (see :meth:`detect`), marked as consumed; None when the head has not entered
-        a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest batches them)."""
+    def take_step(self, now: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """The counts and estimation counts of a new step (see :meth:`detect`), marked as consumed; None when the
+        head has not entered a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest
+        batches them)."""
         with self.lock:
             self._advance(self._bucket_at(now))
             d = self.detection
             if self.head <= d.last_step:
                 return None
             step = self.totals - d.seen
-            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1)
-            return step
+            seen_estimate = d.estimate_seen if d.estimate_seen is not None else self.estimate_totals
+            estimate_step = self.estimate_totals - seen_estimate
+            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1,
+                                       self.estimate_totals.copy())  # fmt: skip
+            return step, estimate_step
 
-    def advance_detectors(self, steps: np.ndarray) -> Trace:
+    def advance_detectors(self, steps: np.ndarray, labelled: np.ndarray | None = None,
+                          calibration: np.ndarray | None = None) -> Trace:  # fmt: skip
         """Run the detectors over steps taken by :meth:`take_step`; what they were after each step."""
         with self.lock:
-            state, trace = self.detectors.advance(self.detection.state, steps)
+            state, trace = self.detectors.advance(self.detection.state, steps, labelled, calibration)
             self.detection = replace(self.detection, state=state)
             return trace
+
+    def calibration_rows(self, reference: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The calibration of every row ``(n_rows, n_bins)`` fitted on a reference's score counts per attribute
+        (NaN for an attribute's unknown row); None when the model estimates nothing."""
+        if not self.estimate_counts.shape[2]:
+            return None
+        out = np.full((self.layout.n_rows, self.estimate_counts.shape[2]), np.nan)
+        for name, offset, size in zip(self.layout.names, self.layout.offsets, self.layout.sizes, strict=True):
+            out[offset : offset + size - 1] = Calibration.fit(reference[name][: size - 1]).rate
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
@@ -318,6 +335,8 @@ class Detection:
     last_step: int
     """Absolute bucket of the head at the last step (-1 before the first)."""
     steps: int
+    estimate_seen: np.ndarray | None = None
+    """The estimation totals as of the last step (None before the first: the first step consumes nothing)."""
 
     def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
         """The checkpoint's detector arrays (per-detector state keyed by detector, so a changed config keeps the
@@ -325,7 +344,9 @@ class Detection:
         per_detector = {f"detector_{name}": getattr(self.state, name).copy() for name in PER_DETECTOR}
         return {"detector_keys": bank.keys, **per_detector,
                 "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
-                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps)}  # fmt: skip
+                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps),
+                **({"detector_estimate_seen": self.estimate_seen.copy()} if self.estimate_seen is not None
+                   else {})}  # fmt: skip
 
     @classmethod
     def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
@@ -339,5 +360,6 @@ class Detection:
             saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
             fresh[...] = [saved[index[key]] if key in index else fresh[j] for j, key in enumerate(bank.keys.tolist())]
         state.history[...] = arrays["detector_history"]
+        seen_estimate = arrays.get("detector_estimate_seen")
         return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
-                   int(arrays["detector_steps"]))  # fmt: skip
+                   int(arrays["detector_steps"]), None if seen_estimate is None else seen_estimate.copy())  # fmt: skip
