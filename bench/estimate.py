@@ -113,6 +113,7 @@ def evaluate(data: pd.DataFrame, folder: Path, reference_end: str = REFERENCE_EN
     out = pd.DataFrame(rows)
     out["covered"] = (out["lower"] <= out["realised"]) & (out["realised"] <= out["upper"])
     out["error"] = out["signed"] - out["realised_signed"]
+    out["width"] = out["upper"] - out["lower"]
     out["baseline_error"] = out["baseline_signed"] - out["realised_signed"]
     return out
 
@@ -131,7 +132,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per comparison and metric: windows, mean error, mean absolute error, coverage, the baseline's mean error."""
     return rows.groupby(["comparison", "metric"], sort=False).agg(
         windows=("window", "size"), rows_b=("rows_b", "median"), error=("error", "mean"),
-        abs_error=("error", lambda e: e.abs().mean()), coverage=("covered", "mean"),
+        abs_error=("error", lambda e: e.abs().mean()), coverage=("covered", "mean"), width=("width", "mean"),
         baseline_error=("baseline_error", "mean")).reset_index()  # fmt: skip
 
 
@@ -159,14 +160,16 @@ def run(quick: bool = False) -> Section:
     table_rows = []
     for r in summary(rows).itertuples():
         ratio = abs(r.baseline_error) / max(abs(r.error), 1e-9)
-        table_rows.append([r.comparison, r.metric, r.windows, int(r.rows_b), f"{r.error:+.3f}", f"{r.abs_error:.3f}",
-                           f"{r.coverage:.2f}", f"{r.baseline_error:+.3f}", fmt(ratio, 2)])  # fmt: skip
+        table_rows.append([r.comparison, r.metric, r.windows, int(r.rows_b), f"{r.error:+.3f}",
+                           f"{r.abs_error:.3f}", f"{r.coverage:.2f}", f"{r.width:.3f}", f"{r.baseline_error:+.3f}",
+                           fmt(ratio, 2)])  # fmt: skip
         name = f"{r.comparison}, {r.metric}"
         section.target(f"{name}: mean error within {MAX_ERROR}", f"{r.error:+.3f}", abs(r.error) <= MAX_ERROR)
         section.target(f"{name}: 95% interval covers the realised gap in >= {MIN_COVERAGE:.0%} of windows",
                        f"{r.coverage:.2f}", r.coverage >= MIN_COVERAGE)  # fmt: skip
     section.add(table(["comparison", "metric", "windows", "rows of the smaller group", "mean error (signed gap)",
-                       "mean abs error", "coverage of realised |gap|", "baseline mean error (one calibrator)",
+                       "mean abs error", "coverage of realised |gap|", "mean interval width",
+                       "baseline mean error (one calibrator)",
                        "baseline / ours (abs)"], table_rows))  # fmt: skip
     section.add("Per window (estimated |gap| [95%] vs realised):\n\n" + table(
         ["window", "comparison", "metric", "estimated", "95% interval", "realised", "covered"],

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import cache, lru_cache
 from typing import Final
 
 import numpy as np
@@ -53,7 +54,7 @@ SCORE_COUNT_NAMES: Final = ("predictions", "labelled_positives", "labelled_negat
 
 PRIOR_STRENGTH: Final = 4.0
 """Pseudo-counts per score bin that pull a group's calibration toward the pooled curve."""
-REPLICATES: Final = 2000
+REPLICATES: Final = 1000
 SEED: Final = 33
 """The bootstrap's fixed seed: an estimate is a function of its counts alone."""
 ESTIMATED_METRICS: Final = tuple(name for name, m in METRICS.items() if m.needs_labels and m.kind == "difference")
@@ -108,16 +109,22 @@ def isotonic(values: NDArray, weights: NDArray) -> FloatArray:
     """
     v = np.asarray(values, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
-    n = v.shape[-1]
+    below, above = _triangles(v.shape[-1])
     zero = np.zeros((*v.shape[:-1], 1))
     cw = np.concatenate([zero, np.cumsum(w, axis=-1)], axis=-1)
     cv = np.concatenate([zero, np.cumsum(w * v, axis=-1)], axis=-1)
-    j, k = np.indices((n, n))
-    with np.errstate(invalid="ignore", divide="ignore"):  # mean[j, k] of j..k; +inf below the diagonal
-        mean = (cv[..., None, 1:] - cv[..., :-1, None]) / (cw[..., None, 1:] - cw[..., :-1, None])
-    mean = np.where(k >= j, np.nan_to_num(mean, nan=0.0), np.inf)
+    num = cv[..., None, 1:] - cv[..., :-1, None]  # [j, k]: weighted sum and weight of j..k
+    den = cw[..., None, 1:] - cw[..., :-1, None]
+    mean = np.divide(num, den, out=np.zeros_like(num), where=den > 0) + below  # +inf below the diagonal
     upper = np.minimum.accumulate(mean[..., ::-1], axis=-1)[..., ::-1]  # [j, i]: min over k >= i
-    return np.asarray(np.where(j <= k, upper, -np.inf).max(axis=-2))
+    return np.asarray((upper + above).max(axis=-2))  # max over j <= i
+
+
+@cache
+def _triangles(n: int) -> tuple[FloatArray, FloatArray]:
+    """(n, n) masks to add: +inf where k < j (no mean of j..k), -inf where j > i (no start after i)."""
+    j, k = np.indices((n, n))
+    return np.where(k >= j, 0.0, np.inf), np.where(j <= k, 0.0, -np.inf)
 
 
 def calibrate(positives: NDArray, negatives: NDArray, prior_strength: float = PRIOR_STRENGTH) -> FloatArray:
@@ -213,12 +220,23 @@ def estimate(
     n = np.asarray(counts, dtype=np.int64)[..., PREDICTED]
     p = calibration.rate
     expected = _window_outcomes(n, n[..., 1] * p, n[..., 0] * p)
-    rng = np.random.default_rng(seed)
-    refits = calibration.refits(rng, replicates)
+    refits = _refits(calibration.reference.tobytes(), calibration.reference.shape, calibration.prior_strength,
+                     replicates, seed)  # fmt: skip
+    rng = np.random.default_rng((seed, 1))  # the window's own draws: independent of whether refits were cached
     shape = refits.shape
     drawn_1 = rng.binomial(np.broadcast_to(n[..., 1], shape), refits)
     drawn_0 = rng.binomial(np.broadcast_to(n[..., 0], shape), refits)
     return Estimate(expected, _window_outcomes(n, drawn_1, drawn_0), outcome_counts(calibration.reference), p)
+
+
+@lru_cache(maxsize=32)
+def _refits(reference: bytes, shape: tuple[int, ...], prior_strength: float, replicates: int, seed: int) -> FloatArray:
+    """The bootstrap's calibrations of a reference (by its counts' bytes): one reference serves every window and
+    every computation of the daemon, so they are drawn once (a function of the counts and the seed alone)."""
+    counts = np.frombuffer(reference, dtype=np.int64).reshape(shape)
+    out = Calibration.fit(counts, prior_strength).refits(np.random.default_rng(seed), replicates)
+    out.setflags(write=False)
+    return out
 
 
 def _percentiles(draws: FloatArray, confidence: float) -> tuple[FloatArray, FloatArray]:
