@@ -37,7 +37,15 @@ def data() -> pd.DataFrame:
 def _config(tmp_path: Path, data: pd.DataFrame) -> Config:
     reference = tmp_path / "reference.csv"
     data[data["date"] < "2013-04-01"].drop(columns="date").to_csv(reference, index=False)
-    return parse_config({
+    return parse_config(_raw(reference), "test-config")
+
+
+def _raw(reference: Path | Config) -> dict[str, Any]:
+    """The daemon config of the COMPAS tests (``reference``: the reference file, or a config naming it)."""
+    if isinstance(reference, Config):
+        assert reference.model().estimation is not None
+        reference = Path(reference.model().estimation.reference)
+    return {
         "model_id": "compas",
         "protected_attributes": [{"name": "race", "groups": ["African-American", "Caucasian", "Hispanic"]},
                                  {"name": "sex", "groups": ["Male", "Female"]}],
@@ -47,7 +55,7 @@ def _config(tmp_path: Path, data: pd.DataFrame) -> Config:
         "estimation": {"reference": str(reference)},
         "min_samples": 30, "windows": ["1h"], "bucket": "1m", "allowed_lateness": "5m", "evaluation_interval": "1s",
         "listen": {"address": "127.0.0.1", "port": 0},
-    }, "test-config")  # fmt: skip
+    }  # fmt: skip
 
 
 def _events(window: pd.DataFrame, labelled: bool = False) -> list[dict[str, Any]]:
@@ -183,3 +191,19 @@ def test_a_concept_shift_in_one_group_pages_the_estimate_not_the_fairness_alerts
     assert estimated["equal_opportunity_difference_estimated"]["value"] is not None
     z = {(c["subgroup"], c["predicted"]): c["statistic"] for c in report["estimated"]["calibration"]}
     assert z[("female", 1)] < -4 and abs(z[("male", 1)]) < 3.5
+
+
+def test_delayed_labels_reach_the_calibration_statistic_as_inline_ones_do(data: pd.DataFrame, tmp_path: Path) -> None:
+    """The same labelled rows, labels inline or joined later from the labels topic (the prediction's score bin
+    waits with it): the same calibration statistic."""
+    config = _config(tmp_path, data)
+    delayed = parse_config({**_raw(config), "kafka": {"labels_topic": "labels"}}, "test-config")
+    window = data[(data["date"] >= "2013-10-01") & (data["date"] < "2014-01-01")]
+    inline = _samples(_daemon(config, _events(window, labelled=True)), "model_calibration_statistic")
+    d = _daemon(delayed, _events(window))
+    labels = [{"prediction_id": f"p{i}", "label": int(r.label), "timestamp": T0 + 600}
+              for i, r in enumerate(window.itertuples())]  # fmt: skip
+    d.ingest.outcomes("labels", 0, records(labels))
+    d.computer.compute()
+    joined = _samples(d, "model_calibration_statistic")
+    assert joined == pytest.approx(inline) and len(joined) == 10

@@ -118,8 +118,8 @@ class WindowStore:
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
-                if self.estimate_counts.shape[2]:
-                    bins = score_bins(scores[on_time], self.score_bounds)
+                bins = self.estimate_bins(scores[on_time])
+                if bins is not None:
                     p = np.asarray(predictions)[on_time]
                     self._count_estimate(buckets[on_time], rows, bins, p, PREDICTED)
                     label = np.asarray(outcomes)[on_time]
@@ -221,6 +221,12 @@ class WindowStore:
             self._advance(self._bucket_at(now))
             return {name: (self._window_sum(self.score_counts, k), self._window_sum(self.score_sums, k))
                     for name, k in self.window_buckets.items()}  # fmt: skip
+
+    def estimate_bins(self, scores: np.ndarray | None) -> np.ndarray | None:
+        """The estimation score bin of each score; None when the model estimates nothing (or has no scores)."""
+        if not self.estimate_counts.shape[2] or scores is None or not len(scores):
+            return None
+        return score_bins(scores, self.score_bounds)
 
     def window_estimate_counts(self, now: float) -> dict[str, np.ndarray]:
         """Estimation counts of every window ending at the head (advanced to ``now``): ``(n_rows, n_bins, 2,
