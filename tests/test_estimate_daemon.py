@@ -207,3 +207,24 @@ def test_delayed_labels_reach_the_calibration_statistic_as_inline_ones_do(data: 
     d.computer.compute()
     joined = _samples(d, "model_calibration_statistic")
     assert joined == pytest.approx(inline) and len(joined) == 10
+
+
+def test_an_unreadable_reference_is_refused_naming_it(data: pd.DataFrame, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from exporter.backtest.input import BacktestError
+    from exporter.cli import main
+    from exporter.config import ConfigError
+
+    config = _config(tmp_path, data)
+    (tmp_path / "reference.csv").unlink()
+    with pytest.raises(ConfigError, match=r"estimation\.reference: .*reference\.csv: no such estimation reference"):
+        references(config)
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(orjson.dumps(_events(data.head(3))[0]) + b"\n")
+    with pytest.raises(BacktestError, match="no such estimation reference"):
+        backtest(config, [events])
+    path = tmp_path / "config.yaml"
+    path.write_text(orjson.dumps(_raw(tmp_path / "reference.csv")).decode())  # JSON is YAML
+    code = main(["backtest", "--config", str(path), str(events)])
+    err = capsys.readouterr().err
+    assert code == 2 and "no such estimation reference" in err and "Traceback" not in err
