@@ -26,6 +26,8 @@ from exporter.gate.commands import (
 )
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
+EXTRA_OF_MODULE = {"pandas": "gate", "pyarrow": "gate", "fsspec": "gate"}
+"""The modules a daemon-only install (the daemon image) leaves out, and the extra of pyproject.toml that has each."""
 MODEL_VERSION_HELP = ("the model version the report and the audit-log record name (default: the config's "
                       "model_version, else the SHA-256 of the model file when there is one)")
 
@@ -254,9 +256,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script."""
+    """Entry point of the console script; a command that needs an extra this install lacks exits 2 naming it."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        module = (exc.name or "").partition(".")[0]
+        if module not in EXTRA_OF_MODULE:
+            raise
+        extra = EXTRA_OF_MODULE[module]
+        print(f"fairness-exporter {args.command}: needs {module}, which this install leaves out (the daemon image "
+              f"does): pip install 'fairness-exporter[{extra}]', or run the full image", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":
