@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from exporter.yaml_file import YamlFileError, read_yaml
+from exporter.config.yaml_file import YamlFileError, read_yaml
 
 DEFAULT_PORT = 9108
 DEFAULT_CONFIG = Path("/etc/fairness-exporter/config.yaml")
