@@ -39,6 +39,8 @@ class Columns:
     rejected: Counter[str] = field(default_factory=Counter)
     """Events not replayed, by reason: the decoder's, or a table's value outside its column's groups."""
     ignored: int = 0
+    scores: np.ndarray | None = None
+    """Each event's score, for a model that emits scores (its histograms and estimation counts)."""
 
 
 Batch = tuple[dict[str, Columns], int, int]
@@ -53,7 +55,7 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
             _, batches, ignored, malformed = fleet.decode(values, math.inf)
             own = {model_id: sum(batch.ignored.values()) for model_id, batch in batches.items()}
             columns = {model_id: Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
-                                         batch.rejected, own[model_id])
+                                         batch.rejected, own[model_id], batch.scores)
                        for model_id, batch in batches.items()}  # fmt: skip
             yield columns, sum(ignored.values()) - sum(own.values()), len(malformed)
 
@@ -77,7 +79,7 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
     """One model's rows of a parquet/CSV file as the window store counts them."""
     import pandas as pd
 
-    from exporter.gate.fairness.audit import DataError, binary_column, predicted, prediction_column
+    from exporter.gate.fairness.audit import DataError, binary_column, predicted, prediction_column, scores_of
     from exporter.gate.fairness.frames import encode
 
     required = ["timestamp", prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
@@ -95,6 +97,7 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
             raise BacktestError(f"{path}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
     try:
         y_pred = predicted(frame, config, path)
+        scores = scores_of(frame, config, path) if config.events.score_threshold is not None else None
         y_true = (binary_column(frame, config.label_column, path, allow_missing=True)
                   if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
     except DataError as exc:
@@ -102,7 +105,7 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
     base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    return Columns(seconds, y_pred, y_true, codes)
+    return Columns(seconds, y_pred, y_true, codes, scores=scores)
 
 
 def _record(line: bytes) -> tuple[str, Raw]:

@@ -174,9 +174,10 @@ class Ingest:
             waiting = batch.outcomes < 0
             codes = np.column_stack([batch.codes[a.name] for a in model.spec.attributes])
             ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
+            bins = model.store.estimate_bins(batch.scores)  # kept with the prediction for its label's cell
             joined = self.fleet.joins.add_predictions(model.spec.model_id, ids, batch.timestamps[waiting],
-                                                      batch.predictions[waiting], codes[waiting],
-                                                      given_up)  # fmt: skip
+                                                      batch.predictions[waiting], codes[waiting], given_up,
+                                                      None if bins is None else bins[waiting])  # fmt: skip
             if joined is not None:
                 self._count_joined(model, joined, given_up)
         return late
@@ -202,7 +203,7 @@ class Ingest:
 
     def _count_joined(self, model: Monitored, joined: Joined, given_up: Counter[str]) -> None:
         codes = {a.name: joined.codes[:, i] for i, a in enumerate(model.spec.attributes)}
-        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes)
+        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes, joined.bins)
         self.health.outcomes_joined.inc(len(joined) - outside)
         given_up["prediction_outside_window"] += outside
 
