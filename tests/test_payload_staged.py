@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 from prometheus_client import CollectorRegistry
+from payload_logs import cloudevent
 from test_payload_kserve import T0, Truth, traffic
 from test_stages import pump
 
@@ -160,3 +161,19 @@ def test_halves_waiting_in_a_join_task_restore_from_its_snapshot(kafka_broker: E
                 for k, v in task.pairs.pending.items()}  # fmt: skip
     assert {k: (h.columns, h.metadata, h.response, a) for k, (h, a) in restored.items()} == \
         {k: (h.columns, h.metadata, h.response, a) for k, (h, a) in waiting.items()}  # fmt: skip
+
+
+def test_a_half_too_large_for_an_internal_record_is_refused_with_its_call(kafka_broker: EmbeddedBroker) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    stages = live(daemon(payload_config(bootstrap, f"payload-{uuid.uuid4().hex[:8]}", "staged")))
+    huge = orjson.dumps({"instances": [{"sex": "male", "note": "x" * 1_000_000}]})
+    request = cloudevent("loans-v1", "big", False, huge, T0 - 60)
+    response = cloudevent("loans-v1", "big", True, b'{"predictions": [1]}', T0 - 60)
+    stages.handle_poll({(INPUT, 0): [PayloadRecord(v, i, int(T0 * 1000), h, k)
+                                     for i, (v, h, k) in enumerate((request, response))]})  # fmt: skip
+    positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
+    drain(stages, bootstrap, positions)
+    value = stages.health.registry.get_sample_value
+    assert value("fairness_exporter_events_rejected_total", {"reason": "payload_too_large"}) == 1
+    assert value("fairness_exporter_payload_halves_unmatched_total", {"reason": "partner_refused"}) == 1
+    assert value("fairness_exporter_payload_pairs_joined_total") == 0

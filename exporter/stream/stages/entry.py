@@ -28,8 +28,18 @@ from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.client import Offsets, Partition, Record, newest_timestamp, offsets_of, values_and_next
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
-from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode, encode_rows
+from exporter.stream.stages.records import (
+    HEADER_ROOM,
+    MAX_RECORD_BYTES,
+    Kind,
+    codes_layout,
+    codes_matrix,
+    encode,
+    encode_rows,
+)
 
+MAX_HALF_BYTES = MAX_RECORD_BYTES - HEADER_ROOM - 1024
+"""The largest payload half (as JSON) the staged path re-keys; a larger one is refused as payload_too_large."""
 LABELS_CLOCK_EVERY = 5.0
 """Seconds between the labels' timestamps sent alone to a join partition that no label of a poll went to."""
 
@@ -103,8 +113,13 @@ class EntryStages:
             offsets = offsets_of(records, ends[partition]).tolist()
             read = read_halves(form, partition[0], records_of(records), fleet.decoders)
             ignored.update(read.ignored)
-            rows += [(i, offsets[k], h.pair, orjson.dumps(half_json(h)).decode()) for k, h in zip(read.at, read.halves,
-                                                                                                 strict=True)]
+            for k, half in zip(read.at, read.halves, strict=True):
+                text = orjson.dumps(half_json(half)).decode()
+                if len(text) > MAX_HALF_BYTES:  # an internal record holds it whole, under the broker's limit
+                    read.rejected.append((half.raw, "payload_too_large", half.model, half.pair))
+                    read.rejected_at.append(k)
+                else:
+                    rows.append((i, offsets[k], half.pair, text))
             for (value, reason, model, pid), k in zip(read.rejected, read.rejected_at, strict=True):
                 letters.append((value, reason))
                 if model is not None and pid is not None:
