@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
-from prometheus_client import CollectorRegistry
 from payload_logs import cloudevent
+from prometheus_client import CollectorRegistry
 from test_payload_kserve import T0, Truth, traffic
 from test_stages import pump
 
