@@ -3,6 +3,7 @@ through the gate's encoding, split by model."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import math
 from collections import Counter
@@ -12,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from exporter.config import Config, ModelSpec
 from exporter.core.encoding import attribute_codes
+from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
 
 JSONL_CHUNK = 100_000
@@ -105,11 +108,78 @@ def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
     return Columns(seconds, y_pred, y_true, codes, scores=scores)
 
 
+def _record(line: bytes) -> tuple[str, Raw]:
+    """One record of a topic dump as ``kcat -C -J`` writes it (``topic``, ``ts`` in ms, ``headers`` as a flat
+    [name, value, ...] list, ``key``, ``payload``), a binary value as ``payload_base64``."""
+    record = orjson.loads(line)
+    if record.__class__ is not dict:
+        raise ValueError("not a record object")
+    flat = record.get("headers") or []
+    headers = [(str(flat[i]), str(flat[i + 1]).encode()) for i in range(0, len(flat) - 1, 2)]
+    value = base64.b64decode(record["payload_base64"]) if "payload_base64" in record else (
+        record["payload"].encode() if isinstance(record.get("payload"), str) else None)  # fmt: skip
+    key = record.get("key")
+    return str(record.get("topic", "")), (value, headers, key.encode() if isinstance(key, str) else None,
+                                          int(record.get("ts", -1)))  # fmt: skip
+
+
+def _payload_dump(path: Path, config: Config) -> Iterator[Batch]:
+    """A dump of a payload log's topic(s) (``events.format`` kserve or seldon), in the order recorded: the same
+    reading of each record, pair join and rows as the daemon's (exporter/stream/decode/payload.py); a record's
+    Kafka timestamp is its arrival time in the join."""
+    form, models = config.models[0].events.format, {m.model_id: m for m in config.models}
+    join = PairJoin(config.models[0].events.pair_horizon, config.max_pending_labels)
+    rows = {m: PayloadRows(spec, math.inf) for m, spec in models.items()}
+    with path.open("rb") as f:
+        while lines := list(itertools.islice(f, JSONL_CHUNK)):
+            unmatched: Counter[str] = Counter()
+            pairs: dict[str, list] = {}
+            refused: Counter[str] = Counter()
+            ignored = malformed = 0
+            for line in lines:
+                if line.isspace():
+                    continue
+                try:
+                    topic, raw = _record(line)
+                except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
+                    malformed += 1
+                    continue
+                read = read_halves(form, topic, [raw], models)
+                ignored += sum(read.ignored.values())
+                arrival = raw[3] / 1000
+                for _, reason, model, pid in read.rejected:
+                    refused[reason] += 1
+                    if model is not None and pid is not None:
+                        join.refuse(model, pid, arrival, unmatched)
+                for half in read.halves:
+                    pair = join.add(half, arrival, unmatched)
+                    if pair is not None:
+                        pairs.setdefault(half.model, []).append(pair)  # type: ignore[arg-type]  # a model's
+                refused["response_without_request"] += len(join.expire(arrival, unmatched))
+            batches, _ = payload_batches(pairs, rows, math.inf)
+            columns = {m: Columns(b.timestamps, b.predictions, b.outcomes, b.codes, b.rejected)
+                       for m, b in batches.items()}  # fmt: skip
+            if +refused:  # refused before they had rows: counted with the first model's columns
+                first = config.models[0].model_id
+                columns.setdefault(first, _empty(config.models[0])).rejected.update(+refused)
+            yield columns, ignored, malformed
+
+
+def _empty(spec: ModelSpec) -> Columns:
+    none = np.zeros(0, dtype=np.int64)
+    return Columns(np.zeros(0), none, none, {a.name: none for a in spec.attributes})
+
+
 def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
-    """The events of every file, in order, split by model: JSON lines, or parquet/CSV by suffix."""
+    """The events of every file, in order, split by model: JSON lines (our events, or a dump of a payload log's
+    topic with ``events.format`` kserve or seldon), or parquet/CSV by suffix."""
     fleet = Fleet(config)
+    payloads = bool(config.models) and config.models[0].events.format != "json"
     for name in paths:
         path = Path(name)
         if not path.is_file():
             raise BacktestError(f"{path}: no such events file")
-        yield from (_table(path, config.models) if path.suffix.lower() in TABLE_SUFFIXES else _jsonl(path, fleet))
+        if path.suffix.lower() in TABLE_SUFFIXES:
+            yield from _table(path, config.models)
+        else:
+            yield from (_payload_dump(path, config) if payloads else _jsonl(path, fleet))

@@ -81,6 +81,8 @@ class KafkaConfig:
     client_library: Literal["kafka-python", "confluent-kafka"] = "kafka-python"
     """confluent-kafka (optional extra) decodes records in C; ``client`` then holds librdkafka properties."""
     labels_topic: str | None = None
+    response_topic: str | None = None
+    """Where the responses are when not on ``topic`` (Seldon's ``.outputs`` beside ``.inputs``)."""
     dead_letter_topic: str | None = None
     client: dict[str, Any] = field(default_factory=dict)
     stages: Literal["direct", "staged"] = "direct"
@@ -104,6 +106,12 @@ class EventFields:
     scores); empty: :data:`DEFAULT_SCORE_BUCKETS` when the model emits scores, else no histogram."""
     label: str = "label"
     attributes: str = "attributes"
+    format: str = "json"
+    pair_horizon: float = 600.0
+    """Payload formats: how long (seconds) a request or response waits for its partner before it is given up."""
+    """json: our events at the paths above; kserve / seldon: the platform's payload log, whose rows name their
+    columns (exporter/stream/decode/payload.py): ``prediction`` names the output column, each attribute its
+    ``column``."""
 
 
 @dataclass(frozen=True)
