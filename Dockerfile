@@ -10,8 +10,10 @@
 # Secrets (e.g. KAFKA_PASSWORD for `${KAFKA_PASSWORD}` in the config) are given at run time, never baked in.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
-# The package's extras in the full image (pyproject.toml): gate (pandas, pyarrow, fsspec), reports, storage.
-ARG FULL_EXTRAS=gate,reports,storage
+# The package's extras in each image (pyproject.toml): seldon (protobuf, for events.format: seldon) in both; the
+# full image adds gate (pandas, pyarrow, fsspec), reports and storage.
+ARG DAEMON_EXTRAS=seldon
+ARG FULL_EXTRAS=gate,reports,storage,seldon
 
 # ---- wheel: the project's wheel, built in a virtualenv of its own (a base without a system pip works too) ----
 FROM ${PYTHON_IMAGE} AS wheel
@@ -28,8 +30,10 @@ RUN python -m venv /opt/build \
 
 # ---- a virtualenv per image, with pinned dependencies; pip and setuptools leave it (nothing installs at run time) ----
 FROM wheel AS venv-daemon
+ARG DAEMON_EXTRAS
 RUN python -m venv /opt/fairness-exporter \
- && /opt/fairness-exporter/bin/pip install --constraint deploy/requirements.lock /dist/*.whl \
+ && wheel=$(ls /dist/*.whl) \
+ && /opt/fairness-exporter/bin/pip install --constraint deploy/requirements.lock "${wheel}${DAEMON_EXTRAS:+[${DAEMON_EXTRAS}]}" \
  && /opt/fairness-exporter/bin/pip check \
  && /opt/fairness-exporter/bin/pip uninstall --quiet --yes pip setuptools
 
