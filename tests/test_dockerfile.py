@@ -137,17 +137,19 @@ def test_build_is_multi_stage_from_a_pinned_slim_python(stages: list[list[Instru
 
 
 def test_two_images_the_daemon_the_default_and_the_full_one_with_the_gate(stages: list[list[Instruction]]) -> None:
-    """`docker build .` builds the last stage: the daemon. Its virtualenv has the package alone (no extra: no
-    pandas); the full image's has FULL_EXTRAS. Each image copies its own virtualenv over the shared runtime."""
+    """`docker build .` builds the last stage: the daemon. Its virtualenv has the package with DAEMON_EXTRAS
+    (protobuf for Seldon's payloads; no pandas); the full image's has FULL_EXTRAS. Each image copies its own
+    virtualenv over the shared runtime."""
     assert stage_name(stages[-1]) == "daemon"
     copies = {name: [i.args for i in effective(stages, name) if i.keyword == "COPY"] for name in ("daemon", "full")}
     assert copies["daemon"] == ["--from=venv-daemon /opt/fairness-exporter /opt/fairness-exporter"]
     assert copies["full"] == ["--from=venv-full /opt/fairness-exporter /opt/fairness-exporter"]
     installs = {name: " ".join(i.args for i in effective(stages, name) if i.keyword == "RUN")
                 for name in ("venv-daemon", "venv-full")}  # fmt: skip
-    assert re.search(r"pip install --constraint deploy/requirements\.lock /dist/\*\.whl ", installs["venv-daemon"])
+    assert '"${wheel}${DAEMON_EXTRAS:+[${DAEMON_EXTRAS}]}"' in installs["venv-daemon"]
     assert '"${wheel}[${FULL_EXTRAS}]"' in installs["venv-full"]
-    assert global_args(stages)["FULL_EXTRAS"] == "gate,reports,storage"
+    assert global_args(stages)["DAEMON_EXTRAS"] == "seldon"
+    assert global_args(stages)["FULL_EXTRAS"] == "gate,reports,storage,seldon"
 
 
 def test_final_stage_runs_as_a_numeric_non_root_user(final: list[Instruction]) -> None:
