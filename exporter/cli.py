@@ -127,8 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     audit_log_default = os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG)
     audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
-    audit.add_argument("predictions", nargs="?", help="parquet or CSV file (or URL: s3://, gs://, az://, file://) "
-                       "with prediction, label and attribute columns; default: the config's evaluation_dataset")
+    audit.add_argument("predictions", nargs="?", help="parquet or CSV data: a file, a folder, a glob or a prefix "
+                       "(local or a URL: s3://, gs://, az://, file://; hive partitions are columns) with prediction, "
+                       "label and attribute columns; default: the config's evaluation_dataset")
+    audit.add_argument("--engine", choices=("local", "spark"), default="local",
+                       help="who counts the rows: local (record batches in bounded memory, the default) or spark (one "
+                       "aggregation on the Spark master of the usual Spark settings; the spark extra)")  # fmt: skip
     audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
@@ -145,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bias = sub.add_parser("bias-report", help="group means of an outcome per protected feature and their gap; "
                           "exit 1 when any gap exceeds the threshold, 2 on bad input")  # fmt: skip
-    bias.add_argument("data", nargs="+", help="one or more CSV or parquet files")
+    bias.add_argument("data", nargs="+", help="one or more CSV or parquet datasets (file, folder, glob or "
+                      "prefix)")
     bias.add_argument("--protected", required=True,
                       help="comma-separated feature columns; join columns with + for an intersection "
                            "(gender,race,gender+race)")  # fmt: skip
