@@ -41,7 +41,7 @@ TARGET_RSS = 1 << 30
 TARGET_EVENTS_PER_SECOND = 1_000_000
 DUCKDB = """
 import json, sys, duckdb
-con = duckdb.connect()
+con = duckdb.connect(config={"enable_progress_bar": False})
 out = {}
 for a in sys.argv[2].split(","):
     out[a] = con.execute(f"SELECT {a}, prediction, label, count(*) FROM read_parquet('{sys.argv[1]}/*.parquet') "

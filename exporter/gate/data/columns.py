@@ -23,11 +23,12 @@ MAX_ROWS_NAMED = 5
 
 
 def distinct(array: pa.Array) -> tuple[np.ndarray, list[Any]]:
-    """Each row's index into the column's distinct values (-1 for a missing cell), and those values."""
+    """Each row's index into the column's distinct values (-1 for a missing cell; int32, or int8/int16 as the file
+    wrote them), and those values."""
     if not pa.types.is_dictionary(array.type):
         array = pc.dictionary_encode(array)
-    indices = array.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return indices, array.dictionary.to_pylist()
+    indices = array.indices.fill_null(-1) if array.indices.null_count else array.indices
+    return indices.to_numpy(zero_copy_only=False), array.dictionary.to_pylist()
 
 
 def is_missing(value: object) -> bool:
@@ -88,21 +89,31 @@ class Problems:
 def binary(array: pa.Array, missing: Problems, bad: Problems, offset: int,
            weights: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """A 0/1 column as int64, -1 for a missing cell; missing cells and values that are no 0/1 are recorded in
-    ``missing`` and ``bad`` (the caller decides whether missing is allowed)."""
+    ``missing`` and ``bad`` (the caller decides whether missing is allowed). An integer or boolean column is
+    checked on its values directly, which is the same rule and no dictionary to build."""
+    if pa.types.is_integer(array.type) or pa.types.is_boolean(array.type):
+        blank = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else np.zeros(len(array), bool)
+        values = np.asarray(array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
+        wrong = ~blank & ((values < 0) | (values > 1))
+        missing.add(blank, offset, weights)
+        if wrong.any():
+            indices, distinct_values = distinct(array)
+            bad.add(wrong, offset, weights, distinct_values, indices)
+        return np.where(blank, -1, values)
     indices, values = distinct(array)
     lut = np.full(len(values) + 1, -1, dtype=np.int64)
-    wrong = np.zeros(len(values) + 1, dtype=bool)
+    wrong_value = np.zeros(len(values) + 1, dtype=bool)
+    empty = np.zeros(len(values) + 1, dtype=bool)
+    empty[-1] = True  # index -1: a missing cell
     for i, v in enumerate(values):
         if is_missing(v):
-            continue
-        if isinstance(v, bool | int | float) and not isinstance(v, str | bytes) and v in (0, 1):
+            empty[i] = True
+        elif isinstance(v, bool | int | float) and v in (0, 1):
             lut[i] = int(v)
         else:  # text, another number, anything else
-            wrong[i] = True
-    blank = indices < 0
-    blank |= np.isin(indices, [i for i, v in enumerate(values) if is_missing(v)])
-    missing.add(blank, offset, weights)
-    bad.add(wrong[indices], offset, weights, values, indices)
+            wrong_value[i] = True
+    missing.add(empty[indices], offset, weights)
+    bad.add(wrong_value[indices], offset, weights, values, indices)
     return lut[indices]
 
 
