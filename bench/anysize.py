@@ -41,7 +41,8 @@ TARGET_RSS = 1 << 30
 TARGET_EVENTS_PER_SECOND = 1_000_000
 DUCKDB = """
 import json, sys, duckdb
-con = duckdb.connect(config={"enable_progress_bar": False})
+con = duckdb.connect()
+con.execute("SET enable_progress_bar = false")
 out = {}
 for a in sys.argv[2].split(","):
     out[a] = con.execute(f"SELECT {a}, prediction, label, count(*) FROM read_parquet('{sys.argv[1]}/*.parquet') "
@@ -124,16 +125,17 @@ def backtest_rate(folder: Path, events: int) -> tuple[float, int]:
     return time.perf_counter() - started, report["events"]
 
 
-def run(quick: bool = False, rows: int | None = None) -> Section:
+def run(quick: bool = False, rows: int | None = None, data: Path | None = None) -> Section:
     sizes = [rows] if rows else [10**6 if quick else 10**7]
     section = Section("Audits at any size: a folder of parquet files, beside DuckDB")
     section.add(__doc__.split("\n\n", 1)[1].strip())
     lines, rates = [], []
     for n in sizes:
         with tempfile.TemporaryDirectory() as directory:
-            folder = Path(directory) / "data"
-            folder.mkdir()
-            write_rows(folder, n)
+            folder = data or Path(directory) / "data"
+            if not (folder / "part-00000.parquet").exists():
+                folder.mkdir(exist_ok=True)
+                write_rows(folder, n)
             config = audit_config(Path(directory))
             ours, ours_rss, text = child([sys.executable, "-m", "exporter.cli", "audit", str(config), str(folder),
                                           "--audit-log", str(Path(directory) / "log.jsonl")])  # fmt: skip
@@ -141,7 +143,7 @@ def run(quick: bool = False, rows: int | None = None) -> Section:
             duck, duck_rss, duck_text = child([sys.executable, "-c", DUCKDB, str(folder), ",".join(ATTRIBUTES)])
             same = same_counts(report, json.loads(duck_text))
             ratio = ours / duck
-            lines.append([f"{n:,}", f"{len(list(folder.iterdir()))}", fmt(ours), f"{ours_rss / 2**20:,.0f}", fmt(duck),
+            lines.append([f"{n:,}", f"{len(list(folder.glob('*.parquet')))}", fmt(ours), f"{ours_rss / 2**20:,.0f}", fmt(duck),
                           f"{duck_rss / 2**20:,.0f}", f"{ratio:.2f}", "yes" if same else "NO"])  # fmt: skip
             section.target(f"audit of {n:,} rows <= {TARGET_TIME_RATIO:g} x DuckDB's time", f"{ratio:.2f} x",
                            ratio <= TARGET_TIME_RATIO)  # fmt: skip
@@ -163,5 +165,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.anysize")
     parser.add_argument("--rows", type=float, help="rows of the audited folder (default 10^7; 1e8 for the large case)")
     parser.add_argument("--quick", action="store_true", help="10^6 rows")
+    parser.add_argument("--data", type=Path, help="keep the generated parquet files in this folder and reuse them")
     args = parser.parse_args()
-    print(run(args.quick, int(args.rows) if args.rows else None).markdown())
+    print(run(args.quick, int(args.rows) if args.rows else None, args.data).markdown())

@@ -85,9 +85,10 @@ class Dataset:
 
     def batches(self, columns: Sequence[str], batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
         """The rows in file order, ``batch_rows`` at a time, only ``columns`` (text columns dictionary-encoded)."""
-        try:  # in file order; a file or two read ahead, so memory holds a few batches whatever the data's size
-            yield from self.arrow.to_batches(columns=list(columns), batch_size=batch_rows, use_threads=True,
-                                             fragment_readahead=1, batch_readahead=2)  # fmt: skip
+        try:  # one file at a time, in order, a batch read ahead: memory holds a batch or two whatever the data's size
+            for fragment in self.arrow.get_fragments():
+                yield from fragment.to_batches(schema=self.arrow.schema, columns=list(columns), batch_size=batch_rows,
+                                               batch_readahead=1, fragment_readahead=1, use_threads=True)  # fmt: skip
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{self.location}: cannot read {self.what}: {_reason(exc)}") from exc
 

@@ -60,8 +60,8 @@ def sha256_file(path: Path) -> str:
 
 
 def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.DataFrame, str]:
-    """Read a parquet or CSV file of ``what``, local or at a URL (:mod:`exporter.gate.storage`): the frame and the
-    SHA-256 of the bytes read."""
+    """Read a small parquet or CSV file of ``what`` whole, local or at a URL (:mod:`exporter.gate.storage`): the frame
+    and the SHA-256 of the bytes read. The safety suite's test inputs; audited data is read as a dataset."""
     name = str(location)
     suffix = PurePosixPath(name.split("?")[0]).suffix.lower()
     if suffix not in (".parquet", ".pq", ".csv", ".gz", ".txt"):
@@ -79,11 +79,6 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
     if frame.empty:
         raise DataError(f"{name}: the file has no rows")
     return frame, hashlib.sha256(data).hexdigest()
-
-
-def read_predictions(path: str | Path) -> pd.DataFrame:
-    """Read a parquet or CSV predictions file, local or at a URL."""
-    return read_table(path)[0]
 
 
 def _group_report(ev: Evaluation) -> dict[str, Any]:
@@ -222,12 +217,12 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
         raise DataError(f"{name}: {empty}")
     if counted.rows == 0:
         raise DataError(f"{name}: no row has model_id {config.model_id!r}; the file's models are "
-                        f"{_models(rows, weights)}")  # fmt: skip
+                        f"{_models(rows)}")  # fmt: skip
     counted.checks.raise_first(config, name, counted.rows)
     return counted
 
 
-def _models(rows: Rows, weights: str | None) -> list[str]:
+def _models(rows: Rows) -> list[str]:
     """The first ten model ids of the rows, sorted (for the message of a file without the audited model)."""
     ids: set[str] = set()
     for batch in rows.batches(["model_id"]):
