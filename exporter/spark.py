@@ -41,9 +41,11 @@ def counts(df: Any, config: ModelSpec) -> Any:
 
 @dataclass(frozen=True)
 class CountedRows:
-    """An engine's counts as the gate's rows: each row a combination of values, ``count`` its weight."""
+    """An engine's counts as the gate's rows: each row a combination of values, ``count`` its weight; and the
+    data's date range (the LL144 table's), which no combination of values carries."""
 
     table: pa.Table
+    date_range: dict[str, Any] | None = None
 
     @property
     def columns(self) -> list[str]:
@@ -75,8 +77,42 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
     spark = SparkSession.builder.appName(f"fairness-exporter audit {config.model_id}").getOrCreate()
     try:
         df = read(spark, location)
-        return CountedRows(counts(df, config).toArrow())
+        return CountedRows(counts(df, config).toArrow(), date_range(df, config))
     except Exception as exc:  # Spark's analysis and IO errors arrive through py4j
         if isinstance(exc, DataError):
             raise
         raise DataError(f"{location}: Spark cannot count it: {' '.join(str(exc).split())[:300]}") from exc
+
+
+def date_range(df: Any, config: ModelSpec) -> dict[str, Any] | None:
+    """The first and last timestamp of the model's rows and the rows without one, as the LL144 table states them
+    (:func:`exporter.gate.fairness.ll144.date_range` on the earliest and the latest); None without a timestamp
+    column. Epoch seconds and timestamps are ordered as instants by Spark; text is parsed as the local path
+    parses it, so its range is computed on the column's distinct values."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    from exporter.gate.fairness import ll144
+
+    column = config.timestamp_column
+    if column not in df.columns:
+        return None
+    if "model_id" in df.columns:
+        df = df.where(F.col("model_id").cast("string") == config.model_id)
+    kind = dict(df.dtypes)[column]
+    if kind == "string":
+        values = df.groupBy(column).count().toArrow()
+        stamps = pd.to_datetime(pd.Series(values.column(column).to_pylist(), dtype=object), utc=True,
+                                errors="coerce", format="mixed")  # fmt: skip
+        weights = values.column("count").to_numpy()
+        valid = stamps.notna().to_numpy()
+        iso = (lambda t: t.isoformat().replace("+00:00", "Z"))  # noqa: E731
+        return {"column": column, "start": iso(stamps[valid].min()) if valid.any() else None,
+                "end": iso(stamps[valid].max()) if valid.any() else None,
+                "rows_without_date": int(weights[~valid].sum())}  # fmt: skip
+    bounds = df.agg(F.min(column).alias("start"), F.max(column).alias("end"),
+                    F.count(F.when(F.col(column).isNull(), 1)).alias("blank")).toArrow()  # fmt: skip
+    ends = pa.concat_arrays([bounds.column("start").combine_chunks(), bounds.column("end").combine_chunks()])
+    found = ll144.date_range(pd.DataFrame({column: ends.to_pandas()}), column)
+    assert found is not None  # every number and timestamp is a date: the rows without one are the blank ones
+    return {**found, "rows_without_date": int(bounds.column("blank")[0].as_py())}

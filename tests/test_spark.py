@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from test_anysize import COMPAS_CONFIG, ROOT, compas  # noqa: F401  (the COMPAS datasets fixture)
@@ -76,3 +78,20 @@ def test_the_command_line_writes_the_same_report_and_refuses_what_spark_cannot_r
     config.write_text(yaml.safe_dump({**COMPAS_CONFIG, "columns": {"score": "decile_score"}}))
     assert main(["audit", str(config), str(compas["file"]), "--engine", "spark", "--audit-log", log]) == 2
     assert "audit this model with --engine local" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", ["epoch seconds", "ISO-8601 text"])
+def test_the_ll144_date_range_is_the_local_paths(spark: Any, tmp_path: Path, form: str) -> None:
+    frame = pd.read_csv(ROOT / "examples/hiring-predictions.csv")
+    seconds = 1_767_225_600 + np.arange(len(frame)) * 3_600.0
+    seconds[::7] = np.nan  # rows without a date
+    if form == "epoch seconds":
+        frame["timestamp"] = seconds
+    else:
+        frame["timestamp"] = [None if np.isnan(s) else datetime.fromtimestamp(s, UTC).isoformat() for s in seconds]
+    data = tmp_path / "stamped.parquet"
+    frame.to_parquet(data)
+    config = ROOT / "examples/hiring-screener.yaml"
+    local = run_audit(config, data, now=NOW)
+    assert local["impact_ratios"]["date_range"]["rows_without_date"] == len(frame[::7])
+    assert run_audit(config, data, now=NOW, engine="spark") == local

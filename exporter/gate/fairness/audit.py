@@ -266,6 +266,8 @@ def run_audit(
     path_name = data_file or "<predictions>"
     counted = count(config, rows, path_name, empty="the file has no rows" if data_file else
                     "the predictions have no rows", weights=weights)  # fmt: skip
+    if weights is not None:  # counts of an engine: the date range is its own aggregation's
+        counted.date_range = getattr(rows, "date_range", None)
 
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
