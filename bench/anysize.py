@@ -143,7 +143,8 @@ def run(quick: bool = False, rows: int | None = None, data: Path | None = None) 
             duck, duck_rss, duck_text = child([sys.executable, "-c", DUCKDB, str(folder), ",".join(ATTRIBUTES)])
             same = same_counts(report, json.loads(duck_text))
             ratio = ours / duck
-            lines.append([f"{n:,}", f"{len(list(folder.glob('*.parquet')))}", fmt(ours), f"{ours_rss / 2**20:,.0f}", fmt(duck),
+            files = len(list(folder.glob("*.parquet")))
+            lines.append([f"{n:,}", f"{files}", fmt(ours), f"{ours_rss / 2**20:,.0f}", fmt(duck),
                           f"{duck_rss / 2**20:,.0f}", f"{ratio:.2f}", "yes" if same else "NO"])  # fmt: skip
             section.target(f"audit of {n:,} rows <= {TARGET_TIME_RATIO:g} x DuckDB's time", f"{ratio:.2f} x",
                            ratio <= TARGET_TIME_RATIO)  # fmt: skip

@@ -230,8 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     backtest = sub.add_parser("backtest", help="replay recorded events through the daemon's path and list the "
                               "alerts its rules would have raised")  # fmt: skip
     backtest.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
-    backtest.add_argument("events", nargs="+", help="JSON lines in the topic's event format, or parquet/CSV datasets "
-                          "(file, folder, glob or prefix) with the gate's columns plus timestamp and model_id")  # fmt: skip
+    backtest.add_argument("events", nargs="+", help="JSON lines in the topic's event format, or parquet/CSV "
+                          "datasets (file, folder, glob or prefix) with the gate's columns plus timestamp and "
+                          "model_id")  # fmt: skip
     backtest.add_argument("--output", help="write the JSON report here instead of stdout")
     backtest.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     backtest.set_defaults(func=cmd_backtest)

@@ -93,13 +93,13 @@ def binary(array: pa.Array, missing: Problems, bad: Problems, offset: int,
     checked on its values directly, which is the same rule and no dictionary to build."""
     if pa.types.is_integer(array.type) or pa.types.is_boolean(array.type):
         blank = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else np.zeros(len(array), bool)
-        values = np.asarray(array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
-        wrong = ~blank & ((values < 0) | (values > 1))
+        ints = np.asarray(array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
+        wrong = ~blank & ((ints < 0) | (ints > 1))
         missing.add(blank, offset, weights)
         if wrong.any():
             indices, distinct_values = distinct(array)
             bad.add(wrong, offset, weights, distinct_values, indices)
-        return np.where(blank, -1, values)
+        return np.where(blank, -1, ints)
     indices, values = distinct(array)
     lut = np.full(len(values) + 1, -1, dtype=np.int64)
     wrong_value = np.zeros(len(values) + 1, dtype=bool)
