@@ -104,8 +104,8 @@ class Dataset:
             except Exception as exc:  # each backend raises its own errors
                 raise DataError(f"{self.location}: cannot read {f.path}: {_reason(exc)}") from exc
             entries.append({"path": f.path, "size": f.size, "sha256": digest.hexdigest()})
-        text = "".join(f"{e['sha256']}  {e['size']}  {e['path']}\n" for e in entries)
-        return Manifest(self.location, tuple(entries), hashlib.sha256(text.encode()).hexdigest())
+        unhashed = Manifest(self.location, tuple(entries), "")
+        return Manifest(self.location, tuple(entries), hashlib.sha256(unhashed.lines().encode()).hexdigest())
 
 
 def _join(root: str, path: str) -> str:

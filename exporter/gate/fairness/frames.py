@@ -56,14 +56,12 @@ class Tally:
 
     config: ModelSpec
     cells: dict[str, np.ndarray] = field(default_factory=dict)
-    rows: int = 0
 
     def add(self, base: Mapping[str, np.ndarray], y_pred: np.ndarray, y_true: np.ndarray | None,
             weights: np.ndarray | None = None) -> None:  # fmt: skip
         """Count a batch: each base attribute's codes (by column), predictions, labels (-1: unlabelled); ``weights``
         when each row stands for that many (counts an engine already aggregated)."""
         cell = y_pred * 3 + (1 if y_true is None else y_true + 1)
-        self.rows += len(y_pred) if weights is None else int(weights.sum())
         for attribute in self.config.attributes:
             n = len(attribute.groups)
             codes = attribute_codes(attribute, base)
