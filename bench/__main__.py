@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench import alerts, compute, estimate, fleet, ingest, payloads, refused, scale, scrape, soak
+from bench import alerts, anysize, compute, estimate, fleet, ingest, payloads, refused, scale, scrape, soak
 from bench.report import Section, history_table, machine, machine_table, table, verdict
 
 BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run, "alerts": alerts.run,
               "fleet": fleet.run, "refused": refused.run, "scale": scale.run, "estimate": estimate.run,
-              "payloads": payloads.run, "soak": soak.run}
+              "payloads": payloads.run, "anysize": anysize.run, "soak": soak.run}
 ON_DEMAND = ("soak",)
 """Run only when named with --only, or (the soak) when --minutes is given: a plain full run stays short."""
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", choices=("direct", "staged"), default="direct",
                         help="the soak's path (kafka.stages); staged runs --replicas replicas of one group")
     parser.add_argument("--replicas", type=int, default=1, help="the soak's replicas (staged only; default 1)")
+    parser.add_argument("--anysize-rows", type=float, help="rows of the anysize audit (default 10^7; 1e8 for the "
+                        "large case, heavy on a shared machine)")
     parser.add_argument("--label", default="run", help=f"this run's name in {HISTORY.name} (a full run appends it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     sections: list[Section] = []
     started = time.monotonic()
     runners = {**BENCHMARKS, "soak": functools.partial(soak.run, minutes=args.minutes, stages=args.stages,
-                                                                  replicas=args.replicas)}
+                                                                  replicas=args.replicas),
+               "anysize": functools.partial(anysize.run, rows=int(args.anysize_rows) if args.anysize_rows else None)}
     chosen = args.only or [n for n in BENCHMARKS if n not in ON_DEMAND or (n == "soak" and args.minutes)]
     for name in chosen:
         print(f"running {name}{' (quick)' if args.quick else ''}...", file=sys.stderr, flush=True)

@@ -32,10 +32,10 @@ import pandas as pd
 import yaml
 
 from bench.report import Section, fmt, table
-from exporter.config import load_config
+from exporter.config import ModelSpec, load_config
 from exporter.core import estimate
-from exporter.gate.fairness.audit import run_audit
-from exporter.gate.fairness.estimated import frame_score_counts
+from exporter.gate.fairness.audit import read_reference, run_audit
+from exporter.gate.fairness.frames import FrameRows, scan
 
 REFERENCE_END = "2013-04-01"
 ESTIMATE_END = "2014-04-01"
@@ -83,7 +83,7 @@ def evaluate(data: pd.DataFrame, folder: Path, reference_end: str = REFERENCE_EN
     reference = folder / "reference.csv"
     data[data["date"] < reference_end].drop(columns="date").to_csv(reference, index=False)
     spec = load_config(config(folder, reference)).model()
-    ref_counts = frame_score_counts(spec, *_arrays(data[data["date"] < reference_end]))
+    ref_counts = read_reference(spec)[0]
     later = data[(data["date"] >= reference_end) & (data["date"] < end)]
     period = later["date"].dt.to_period("M")
     starts = sorted(period.unique())[: len(period.unique()) - months + 1 : step]
@@ -92,7 +92,7 @@ def evaluate(data: pd.DataFrame, folder: Path, reference_end: str = REFERENCE_EN
         window = later[(period >= start) & (period < start + months)].drop(columns="date")
         estimated = run_audit(spec, window.drop(columns="label"))
         realised = run_audit(spec, window)
-        counts = frame_score_counts(spec, *_arrays(window))
+        counts = _score_counts(spec, window)
         for attribute, a, b in COMPARISONS:
             global_est = estimate.estimate(estimate.Calibration.fit(ref_counts[attribute], 1e12), counts[attribute])
             for metric, rate in RATES.items():
@@ -118,9 +118,9 @@ def evaluate(data: pd.DataFrame, folder: Path, reference_end: str = REFERENCE_EN
     return out
 
 
-def _arrays(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
-    scores = frame["score"].to_numpy(dtype=np.float64)
-    return frame, scores, (scores >= 0.5).astype(np.int64), frame["label"].to_numpy(dtype=np.int64)
+def _score_counts(spec: ModelSpec, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A window's score counts per attribute, with its labels, by the gate's own scan."""
+    return scan(spec, FrameRows(frame), "compas", scores=True).tally.scores
 
 
 def _result(report: dict[str, Any], attribute: str, metric: str) -> dict[str, Any]:
@@ -139,11 +139,11 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 def selected_labels(data: pd.DataFrame, folder: Path) -> list[tuple[str, float]]:
     """Per quarter after the reference: the largest |calibration statistic| over groups and predicted classes."""
     spec = load_config(folder / "compas.yaml").model()
-    ref = frame_score_counts(spec, *_arrays(data[data["date"] < REFERENCE_END]))
+    ref = read_reference(spec)[0]
     later = data[data["date"] >= REFERENCE_END]
     out = []
     for quarter, window in later.groupby(later["date"].dt.to_period("Q")):
-        counts = frame_score_counts(spec, *_arrays(window))
+        counts = _score_counts(spec, window)
         z = [estimate.calibration_check(estimate.Calibration.fit(ref[a]).rate, counts[a]).statistic
              for a, _, _ in COMPARISONS]  # fmt: skip
         out.append((str(quarter), float(np.nanmax(np.abs(np.concatenate([x.ravel() for x in z]))))))

@@ -136,8 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     audit_log_default = os.environ.get("FAIRNESS_AUDIT_LOG", DEFAULT_AUDIT_LOG)
     audit = sub.add_parser("audit", help="CI bias-audit gate: exit 1 on any blocking failure, 2 on bad input")
     audit.add_argument("config", help="YAML config (model_id, protected_attributes, metrics)")
-    audit.add_argument("predictions", nargs="?", help="parquet or CSV file (or URL: s3://, gs://, az://, file://) "
-                       "with prediction, label and attribute columns; default: the config's evaluation_dataset")
+    audit.add_argument("predictions", nargs="?", help="parquet or CSV data: a file, a folder, a glob or a prefix "
+                       "(local or a URL: s3://, gs://, az://, file://; hive partitions are columns) with prediction, "
+                       "label and attribute columns; default: the config's evaluation_dataset")
+    audit.add_argument("--engine", choices=("local", "spark"), default="local",
+                       help="who counts the rows: local (record batches in bounded memory, the default) or spark (one "
+                       "aggregation on the Spark master of the usual Spark settings; the spark extra)")  # fmt: skip
     audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "
@@ -154,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bias = sub.add_parser("bias-report", help="group means of an outcome per protected feature and their gap; "
                           "exit 1 when any gap exceeds the threshold, 2 on bad input")  # fmt: skip
-    bias.add_argument("data", nargs="+", help="one or more CSV or parquet files")
+    bias.add_argument("data", nargs="+", help="one or more CSV or parquet datasets (file, folder, glob or "
+                      "prefix)")
     bias.add_argument("--protected", required=True,
                       help="comma-separated feature columns; join columns with + for an intersection "
                            "(gender,race,gender+race)")  # fmt: skip
@@ -236,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     backtest = sub.add_parser("backtest", help="replay recorded events through the daemon's path and list the "
                               "alerts its rules would have raised")  # fmt: skip
     backtest.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
-    backtest.add_argument("events", nargs="+", help="JSON lines in the topic's event format, or parquet/CSV with "
-                          "the gate's columns plus timestamp, model_id and prediction_id")  # fmt: skip
+    backtest.add_argument("events", nargs="+", help="JSON lines in the topic's event format, or parquet/CSV "
+                          "datasets (file, folder, glob or prefix) with the gate's columns plus timestamp and "
+                          "model_id")  # fmt: skip
     backtest.add_argument("--output", help="write the JSON report here instead of stdout")
     backtest.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     backtest.set_defaults(func=cmd_backtest)

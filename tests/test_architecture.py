@@ -116,3 +116,11 @@ def test_no_import_cycle_among_the_package_modules() -> None:
 def test_the_import_graph_sees_function_level_imports() -> None:
     """The cycle check would pass vacuously if it missed imports inside functions: commands imports the audit there."""
     assert "exporter.gate.fairness.audit" in _import_graph()["exporter.gate.commands"]
+
+
+def test_backtest_of_json_lines_loads_neither_pandas_nor_pyarrow() -> None:
+    """The daemon image replays JSON lines and has neither: the dataset reader loads them only for parquet/CSV."""
+    code = ("import sys, exporter.backtest.replay, exporter.backtest.input; "
+            "print(sorted({'pandas', 'pyarrow'} & set(sys.modules)))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -171,7 +171,7 @@ def test_a_run_that_cannot_evaluate_writes_an_errored_case(tmp_path: Path,
     assert code == 2 and report == {}
     (case,) = cases(xml).values()
     assert isinstance(case.result[0], Error)
-    assert case.result[0].message == f"{tmp_path / 'missing.csv'}: no such predictions file"
+    assert case.result[0].message == f"{tmp_path / 'missing.csv'}: no such predictions file, folder or prefix"
     assert summary.splitlines()[0].startswith("### 🛑 Fairness audit: ERROR")
 
 

@@ -121,6 +121,28 @@ def test_gate_daemon_and_backtest_give_the_same_estimate_from_the_same_rows(data
     assert not _samples(d, "model_equal_opportunity_difference")
 
 
+def test_backtest_from_parquet_parts_estimates_as_from_json_lines(data: pd.DataFrame, tmp_path: Path) -> None:
+    """backtest's streamed table reader hands each batch's scores to the window store as the JSON decoder does:
+    the same events as a folder of parquet parts (no label column) give the same estimated comparisons."""
+    config = _config(tmp_path, data)
+    window = data[(data["date"] >= "2013-10-01") & (data["date"] < "2014-01-01")].drop(columns="date")
+    payloads = _events(window)
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"\n".join(orjson.dumps(p) for p in payloads) + b"\n")
+    table = pd.DataFrame({"model_id": "compas", "prediction_id": [p["prediction_id"] for p in payloads],
+                          "timestamp": [p["timestamp"] for p in payloads], "score": window["score"].to_numpy(),
+                          "race": window["race"].to_numpy(), "sex": window["sex"].to_numpy()})  # fmt: skip
+    folder = tmp_path / "events"
+    folder.mkdir()
+    table.iloc[:700].to_parquet(folder / "part-0.parquet", index=False)
+    table.iloc[700:].to_parquet(folder / "part-1.parquet", index=False)
+    from_jsonl = backtest(config, [events])["estimated"]
+    from_parquet = backtest(config, [str(folder)])["estimated"]
+    assert from_parquet == from_jsonl
+    valued = [c for c in from_jsonl["comparisons"] if c["value"] is not None]
+    assert len(valued) >= 6 and len(table) > 700
+
+
 def test_the_calibration_statistic_turns_when_labels_stop_following_the_scores(data: pd.DataFrame,
                                                                                 tmp_path: Path) -> None:  # fmt: skip
     config = _config(tmp_path, data)

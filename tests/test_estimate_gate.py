@@ -55,7 +55,10 @@ def test_report_flags_estimates_and_names_the_reference(data: pd.DataFrame, tmp_
     report = run_audit(path, window)
     reference = tmp_path / "reference.csv"
     est = report["estimation"]
-    assert est["file"] == str(reference) and est["sha256"] == hashlib.sha256(reference.read_bytes()).hexdigest()
+    # the reference is named by its manifest, as the audited data is: sha256sum and stat of each file
+    line = f"{hashlib.sha256(reference.read_bytes()).hexdigest()}  {reference.stat().st_size}  reference.csv\n"
+    assert est["file"] == str(reference) and est["manifest_sha256"] == hashlib.sha256(line.encode()).hexdigest()
+    assert [f["path"] for f in est["manifest"]] == ["reference.csv"]
     assert est["rows"] == int((data["date"] < "2013-04-01").sum())
     ref = data[data["date"] < "2013-04-01"]
     female = ref[ref["sex"] == "Female"]
@@ -129,4 +132,49 @@ def test_the_cli_report_carries_the_estimates(data: pd.DataFrame, tmp_path: Path
     code = main(["audit", str(path), str(tmp_path / "window.csv"), "--audit-log", str(tmp_path / "l")])
     report = json.loads(capsys.readouterr().out)
     assert code == 0  # the metrics are warnings here
-    assert report["estimation"]["sha256"] and all(r["estimated"] for r in report["results"])
+    assert report["estimation"]["manifest_sha256"] and all(r["estimated"] for r in report["results"])
+
+
+def test_a_reference_folder_of_parquet_parts_estimates_as_the_single_file(data: pd.DataFrame, tmp_path: Path) -> None:
+    """The reference is a dataset like the audited data: the same rows split into parquet parts under a folder (and
+    Spark's _SUCCESS beside them) give the same counts, the same estimates and intervals; only the manifest differs."""
+    path, window = _reference_config(data, tmp_path)
+    single = run_audit(path, window)
+    rows = pd.read_csv(tmp_path / "reference.csv")
+    folder = tmp_path / "reference"
+    folder.mkdir()
+    for k, part in enumerate((rows.iloc[:300], rows.iloc[300:700], rows.iloc[700:])):
+        part.to_parquet(folder / f"part-{k}.parquet", index=False)
+    (folder / "_SUCCESS").write_text("")
+    raw = yaml.safe_load(path.read_text())
+    raw["estimation"]["reference"] = str(folder)
+    path.write_text(yaml.safe_dump(raw))
+    parts = run_audit(path, window)
+    assert len(rows) > 700 and parts["estimation"]["rows"] == single["estimation"]["rows"] == len(rows)
+    assert [f["path"] for f in parts["estimation"]["manifest"]] == [f"part-{k}.parquet" for k in range(3)]
+    assert parts["estimation"]["manifest_sha256"] != single["estimation"]["manifest_sha256"]
+    same = ("rows_per_group", "labelled_rows", "groups")
+    assert {k: parts["estimation"][k] for k in same} == {k: single["estimation"][k] for k in same}
+    assert parts["results"] == single["results"] and len(parts["results"]) == 6
+    assert all(r["estimated"] and r["exact_value"] is not None for r in parts["results"])
+
+
+def test_no_label_is_decided_over_the_whole_dataset(data: pd.DataFrame, tmp_path: Path) -> None:
+    """A folder of parts whose first part has an empty label column: estimated only when no part has a label."""
+    path, window = _reference_config(data, tmp_path)
+    labelled = data[(data["date"] >= "2013-10-01") & (data["date"] < "2014-01-01")].drop(columns="date")
+    labelled = labelled.astype({"label": "Int64"})
+    for name, later_labels in (("blank", False), ("late", True)):
+        folder = tmp_path / name
+        folder.mkdir()
+        first, rest = labelled.iloc[:500].copy(), labelled.iloc[500:].copy()
+        first["label"] = pd.array([pd.NA] * len(first), dtype="Int64")  # an int64 column, every cell null
+        if not later_labels:
+            rest["label"] = pd.array([pd.NA] * len(rest), dtype="Int64")
+        first.to_parquet(folder / "part-0.parquet", index=False)
+        rest.to_parquet(folder / "part-1.parquet", index=False)
+    blank = run_audit(path, tmp_path / "blank")
+    assert blank["results"] == run_audit(path, window)["results"] and all(r["estimated"] for r in blank["results"])
+    late = run_audit(path, tmp_path / "late")
+    assert "estimation" not in late and all("estimated" not in r for r in late["results"])
+    assert sum(g["labelled"] for g in late["attributes"]["sex"]["groups"].values()) == len(labelled) - 500

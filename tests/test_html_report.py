@@ -97,7 +97,7 @@ def test_audit_html_shows_the_reports_numbers(tmp_path: Path, capsys: pytest.Cap
     assert outcomes == {"pass", "fail", "insufficient samples"}  # non_binary's single row cannot be judged
     assert f"{report['insufficient_samples']} with insufficient samples · {report['inconclusive']} inconclusive" in html
     table = report["impact_ratios"]
-    assert f"Data: {table['source']['file']} (sha256 {table['source']['sha256']})" in html
+    assert f"Data: {table['source']['file']} (manifest sha256 {table['source']['manifest_sha256']})" in html
     assert "2026-01-05T00:00:00Z to 2026-03-31T00:00:00Z" in html
     for name, block in table["attributes"].items():
         for r in block["categories"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from pathlib import Path
 
@@ -13,6 +14,11 @@ import yaml
 from exporter.cli import main
 from exporter.gate.fairness.audit import sha256_file
 from exporter.gate.fairness.ll144 import CSV_COLUMNS
+
+
+def manifest_of(path: Path) -> str:
+    """The manifest hash of a one-file dataset: the SHA-256 of the line `<sha256>  <size>  <name>`."""
+    return hashlib.sha256(f"{sha256_file(path)}  {path.stat().st_size}  {path.name}\n".encode()).hexdigest()
 
 
 def ll144_config(tmp_path: Path, **extra: object) -> Path:
@@ -51,7 +57,7 @@ def test_hand_computed_ll144_table_in_json_and_csv(tmp_path: Path, capsys: pytes
                  "--impact-ratios-csv", str(table_path)])  # fmt: skip
     table = json.loads(capsys.readouterr().out)["impact_ratios"]
     assert code == 0
-    assert table["source"] == {"file": str(data), "sha256": sha256_file(data)}
+    assert table["source"] == {"file": str(data), "manifest_sha256": manifest_of(data)}
     assert table["date_range"] == {"column": "timestamp", "start": "2026-01-05T00:00:00Z",
                                    "end": "2026-03-31T00:00:00Z", "rows_without_date": 0}  # fmt: skip
     assert (table["rate_kind"], table["score_median"], table["small_category_share"]) == ("selection_rate", None, 0.02)
@@ -85,7 +91,7 @@ def test_hand_computed_ll144_table_in_json_and_csv(tmp_path: Path, capsys: pytes
     by_key = {(r["attribute"], r["category"]): r for r in lines}
     assert len(lines) == 3 + 1 + 2 + 1 + 6 + 1
     assert by_key["gender", "female"] == {
-        "model_id": "screener", "data_file": str(data), "data_sha256": sha256_file(data),
+        "model_id": "screener", "data_file": str(data), "data_manifest_sha256": manifest_of(data),
         "date_start": "2026-01-05T00:00:00Z", "date_end": "2026-03-31T00:00:00Z", "attribute": "gender",
         "category": "female", "samples": "40", "share": "0.4000", "rate_kind": "selection_rate", "rate": "0.3000",
         "impact_ratio": "0.6000", "small_category": "false"}  # fmt: skip

@@ -60,7 +60,10 @@ def test_the_seed_config_reads_its_dataset_from_s3_and_files_its_reports_there(
     # 3 + 3 + 10 pairs, three metrics each; every rate is equal, so every comparison passes
     assert (code, report["verdict"], report["total_tests"], report["passed"]) == (0, "PASS", 48, 48)
     assert report["data_file"] == "s3://ml-datasets/hiring-eval-2026q1.parquet"
-    assert report["data_sha256"] == hashlib.sha256(data).hexdigest() and report["rows"] == 24000
+    assert report["data_manifest"] == [{"path": "hiring-eval-2026q1.parquet", "size": len(data),
+                                        "sha256": hashlib.sha256(data).hexdigest()}] and report["rows"] == 24000
+    line = f"{hashlib.sha256(data).hexdigest()}  {len(data)}  hiring-eval-2026q1.parquet\n"
+    assert report["data_manifest_sha256"] == hashlib.sha256(line.encode()).hexdigest()
     filed = sorted(s3.filesystem().ls("ml-audit-reports"))
     stem = "ml-audit-reports/hiring-screener-v2_" + report["timestamp"].replace("-", "").replace(":", "")[:22]
     assert filed == [f"{stem}Z.html", f"{stem}Z.json", f"{stem}Z.ll144.csv"]
@@ -68,7 +71,7 @@ def test_the_seed_config_reads_its_dataset_from_s3_and_files_its_reports_there(
     assert s3.filesystem().cat_file(f"{stem}Z.html") == (tmp_path / "r.html").read_bytes()
     assert f"report filed at s3://{stem}Z.json" in err
     record = json.loads((tmp_path / "log.jsonl").read_text())
-    assert record["data"] == {"file": report["data_file"], "sha256": report["data_sha256"]}
+    assert record["data"] == {"file": report["data_file"], "manifest_sha256": report["data_manifest_sha256"]}
 
 
 def test_a_file_on_the_command_line_overrides_evaluation_dataset(s3: S3, tmp_path: Path,

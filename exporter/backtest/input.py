@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -19,6 +19,9 @@ from exporter.config import Config, ModelSpec
 from exporter.core.encoding import attribute_codes
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 JSONL_CHUNK = 100_000
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
@@ -60,52 +63,75 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
             yield columns, sum(ignored.values()) - sum(own.values()), len(malformed)
 
 
-def _table(path: Path, models: Sequence[ModelSpec]) -> Iterator[Batch]:
-    """A parquet/CSV file with the gate's columns plus timestamp, model_id and prediction_id (gate encoding)."""
-    from exporter.gate.fairness.audit import DataError, model_ids, read_predictions
+def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
+    """A parquet/CSV dataset (file, folder, glob or prefix) with the gate's columns plus timestamp, model_id and
+    prediction_id, a record batch at a time through the gate's encoding."""
+    import pyarrow as pa  # parquet/CSV only: the daemon image replays JSON lines without pyarrow
+
+    from exporter.gate.data import columns as col
+    from exporter.gate.data.dataset import DataError, open_dataset
+    from exporter.gate.fairness.frames import prediction_column
 
     try:
-        frame = read_predictions(path)
+        dataset = open_dataset(location, "events", ["model_id", *(a.columns[0] for m in models
+                                                                  for a in m.base_attributes)])  # fmt: skip
+        needed = {m.model_id: ["timestamp", prediction_column(m), *(a.columns[0] for a in m.base_attributes)]
+                  for m in models}  # fmt: skip
+        for columns in [["model_id"], *needed.values()]:
+            missing = [c for c in columns if c not in dataset.columns]
+            if missing:
+                raise BacktestError(f"{location}: missing column(s) {missing}; the file has {dataset.columns}")
+        labels = [m.label_column for m in models if m.label_column in dataset.columns]
+        reading = list(dict.fromkeys(["model_id", *(c for cs in needed.values() for c in cs), *labels]))
+        for batch in dataset.batches(reading):
+            indices, ids = col.text(batch.column("model_id"))
+            codes = np.array([*ids, ""], dtype=object)[indices]
+            out = {m.model_id: _model_rows(location, m, batch.filter(pa.array(codes == m.model_id))) for m in models}
+            yield out, int(len(codes) - sum(len(c.timestamps) for c in out.values())), 0
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
-    if "model_id" not in frame.columns:
-        raise BacktestError(f"{path}: missing column(s) ['model_id']; the file has {list(frame.columns)}")
-    ids = model_ids(frame)
-    columns = {m.model_id: _model_rows(path, m, frame[(ids == m.model_id).to_numpy()]) for m in models}
-    yield columns, int((~ids.isin([m.model_id for m in models])).sum()), 0
 
 
-def _model_rows(path: Path, config: ModelSpec, frame: Any) -> Columns:
-    """One model's rows of a parquet/CSV file as the window store counts them."""
+def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Columns:
+    """One model's rows of a record batch as the window store counts them."""
+    from exporter.gate.data import columns as col
+    from exporter.gate.fairness.frames import Checks, predictions
+
+    checks = Checks()
+    y_pred, scores = predictions(config, batch, checks, 0, None)
+    y_true = (col.binary(batch.column(config.label_column), checks.unlabelled, checks.label, 0)
+              if config.label_column in batch.schema.names
+              else np.full(batch.num_rows, -1, dtype=np.int64))  # fmt: skip
+    checks.raise_first(config, location, batch.num_rows)
+    # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
+    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes}
+    codes = {a.name: attribute_codes(a, base) for a in config.attributes}
+    return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores)
+
+
+def _seconds(location: str, stamps: pa.Array) -> np.ndarray:
+    """Event times as epoch seconds: numbers as they are, datetimes and ISO-8601 text at any resolution."""
+    import pyarrow as pa
+
+    kind = stamps.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return np.asarray(stamps.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    if pa.types.is_timestamp(kind):
+        nanos = stamps.cast(pa.timestamp("ns", kind.tz)).cast(pa.int64())
+        return np.asarray(nanos.to_numpy(zero_copy_only=False), dtype=np.int64) / 1e9  # exact division
     import pandas as pd
 
-    from exporter.gate.fairness.audit import DataError, binary_column, predicted, prediction_column, scores_of
-    from exporter.gate.fairness.frames import encode
-
-    required = ["timestamp", prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
-    missing = [c for c in required if c not in frame.columns]
-    if missing:
-        raise BacktestError(f"{path}: missing column(s) {missing}; the file has {list(frame.columns)}")
-    stamps = frame["timestamp"]
-    if pd.api.types.is_numeric_dtype(stamps):
-        seconds = stamps.to_numpy(dtype=np.float64)
-    else:
-        try:
-            parsed = pd.to_datetime(stamps, utc=True, format="ISO8601")
-            seconds = parsed.dt.as_unit("ns").astype("int64").to_numpy() / 1e9  # any resolution, exact division
-        except (ValueError, TypeError) as exc:
-            raise BacktestError(f"{path}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
     try:
-        y_pred = predicted(frame, config, path)
-        scores = scores_of(frame, config, path) if config.events.score_threshold is not None else None
-        y_true = (binary_column(frame, config.label_column, path, allow_missing=True)
-                  if config.label_column in frame.columns else np.full(len(frame), -1, dtype=np.int64))  # fmt: skip
-    except DataError as exc:
-        raise BacktestError(str(exc)) from exc
-    # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
-    base = {a.columns[0]: encode(frame[a.columns[0]], a.groups) for a in config.base_attributes}
-    codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    return Columns(seconds, y_pred, y_true, codes, scores=scores)
+        parsed = pd.to_datetime(stamps.to_pandas(), utc=True, format="ISO8601")
+    except (ValueError, TypeError) as exc:
+        raise BacktestError(f"{location}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
+    return parsed.dt.as_unit("ns").astype("int64").to_numpy() / 1e9
+
+
+def _is_table(name: str) -> bool:
+    """A parquet/CSV dataset rather than a file of JSON lines: by suffix, or a folder, glob or URL."""
+    path = Path(name)
+    return path.suffix.lower() in TABLE_SUFFIXES or path.is_dir() or "*" in name or "://" in name
 
 
 def _record(line: bytes) -> tuple[str, Raw]:
@@ -171,15 +197,15 @@ def _empty(spec: ModelSpec) -> Columns:
 
 
 def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
-    """The events of every file, in order, split by model: JSON lines (our events, or a dump of a payload log's
-    topic with ``events.format`` kserve or seldon), or parquet/CSV by suffix."""
+    """The events of every input, in order, split by model: JSON lines (our events, or a dump of a payload log's
+    topic with ``events.format`` kserve or seldon), or parquet/CSV datasets (a file, folder, glob or prefix)."""
     fleet = Fleet(config)
     payloads = bool(config.models) and config.models[0].events.format != "json"
     for name in paths:
+        if _is_table(str(name)):
+            yield from _table(str(name), config.models)
+            continue
         path = Path(name)
         if not path.is_file():
             raise BacktestError(f"{path}: no such events file")
-        if path.suffix.lower() in TABLE_SUFFIXES:
-            yield from _table(path, config.models)
-        else:
-            yield from (_payload_dump(path, config) if payloads else _jsonl(path, fleet))
+        yield from (_payload_dump(path, config) if payloads else _jsonl(path, fleet))

@@ -75,10 +75,12 @@ def score_bins(scores: NDArray, bounds: NDArray) -> IntArray:
 
 
 def score_counts(
-    codes: NDArray, n_groups: int, bins: NDArray, n_bins: int, y_pred: NDArray, y_true: NDArray | None = None
+    codes: NDArray, n_groups: int, bins: NDArray, n_bins: int, y_pred: NDArray, y_true: NDArray | None = None,
+    weights: NDArray | None = None,
 ) -> IntArray:
     """Reduce per-row group codes (``-1`` = excluded), score bins, 0/1 predictions and optional labels (``-1`` =
-    unlabelled) to a ``(n_groups, n_bins, 2, N_SCORE_COUNTS)`` score-counts array.
+    unlabelled) to a ``(n_groups, n_bins, 2, N_SCORE_COUNTS)`` score-counts array; ``weights``: how many rows each
+    row stands for (counts an engine already aggregated).
 
     >>> score_counts(np.array([0, 0, 1]), 2, np.array([0, 1, 1]), 2, np.array([0, 1, 1]),
     ...              np.array([1, 0, -1]))[0].tolist()
@@ -91,11 +93,13 @@ def score_counts(
     keep = (codes >= 0) & ((y_pred == 0) | (y_pred == 1))
     cell = ((codes * n_bins + bins) * 2 + y_pred)[keep] * N_SCORE_COUNTS
     label = y_true[keep]
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)[keep]
     size = n_groups * n_bins * 2 * N_SCORE_COUNTS
-    out = np.bincount(cell + PREDICTED, minlength=size)
-    out += np.bincount(cell[label == 1] + LABELLED_POS, minlength=size)
-    out += np.bincount(cell[label == 0] + LABELLED_NEG, minlength=size)
-    return out.reshape(n_groups, n_bins, 2, N_SCORE_COUNTS).astype(np.int64)
+    out = np.bincount(cell + PREDICTED, weights=w, minlength=size)
+    for value, slot in ((1, LABELLED_POS), (0, LABELLED_NEG)):
+        out += np.bincount(cell[label == value] + slot, weights=None if w is None else w[label == value],
+                           minlength=size)  # fmt: skip
+    return np.rint(out).astype(np.int64).reshape(n_groups, n_bins, 2, N_SCORE_COUNTS)
 
 
 def isotonic(values: NDArray, weights: NDArray) -> FloatArray:

@@ -101,7 +101,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             if args.model_version is not None:
                 config = dataclasses.replace(config, model_version=args.model_version)
             data = dataset_location(config, args.predictions)
-            report = run_audit(config, data, override=override)
+            report = run_audit(config, data, override=override, engine=args.engine)
         except (ConfigError, DataError) as exc:
             _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
                                          "config": _file_facts(args.config), "data": _file_facts(data)})  # fmt: skip
@@ -109,7 +109,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
                                             "model_id": report["model_id"], "model_version": report["model_version"],
                                             "verdict": report["verdict"], "config": _file_facts(args.config),
-                                            "data": {"file": report["data_file"], "sha256": report["data_sha256"]},
+                                            "data": {"file": report["data_file"],
+                                                     "manifest_sha256": report["data_manifest_sha256"]},
                                             "override": report["override"], "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
         return _bad_input(args, "audit", f"--audit-log {exc}")
@@ -185,7 +186,7 @@ def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
     """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
-    from exporter.gate.fairness.audit import DataError, read_predictions
+    from exporter.gate.data.dataset import DataError, open_dataset
     from exporter.gate.fairness.bias import BiasAuditor
     from exporter.gate.reports import ci as ci_reports
     from exporter.gate.reports.html import bias_html
@@ -195,12 +196,10 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
         if not features or any("" in f for f in features if isinstance(f, list)):
             raise DataError(f"--protected {args.protected!r}: expected features such as gender,race,gender+race")
         auditor = BiasAuditor(features, args.outcome, bias_threshold=args.threshold)
-        reports = {}
+        reports, manifests = {}, {}
         for name in args.data:
-            path = Path(name)
-            if not path.is_file():
-                raise DataError(f"{path}: no such data file")
-            reports[name] = auditor.evaluate_bias(read_predictions(path), source=name)
+            reports[name] = auditor.evaluate_dataset(name)
+            manifests[name] = open_dataset(name).manifest().sha256
     except (DataError, ImportError) as exc:
         return _bad_input(args, "bias-report", str(exc))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
@@ -210,7 +209,8 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
         _log_run("bias-report", args.audit_log, {
             "type": "bias_report", "timestamp": _now(), "model_id": args.model_id,
             "model_version": args.model_version, "verdict": "FAIL" if biased else "PASS",
-            "data": [_file_facts(name) for name in args.data], "report": reports})  # fmt: skip
+            "data": [{"file": name, "manifest_sha256": manifests[name]} for name in args.data],
+            "report": reports})  # fmt: skip
     except AuditLogError as exc:
         return _bad_input(args, "bias-report", f"--audit-log {exc}")
     if args.html and not write_html(Path(args.html), bias_html, reports):

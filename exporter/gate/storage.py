@@ -36,7 +36,8 @@ def resolve(location: str, base: Path | None) -> str:
     return str(base / location)
 
 
-def _filesystem(location: str) -> tuple[Any, str]:
+def filesystem(location: str) -> tuple[Any, str]:
+    """The fsspec filesystem of a location and the path on it; StorageError when its backend is missing."""
     import fsspec
 
     try:
@@ -55,7 +56,7 @@ def _reason(exc: BaseException) -> str:
 
 def read_bytes(location: str) -> bytes:
     """The whole content of a file, local or remote."""
-    fs, path = _filesystem(location)
+    fs, path = filesystem(location)
     try:
         data: bytes = fs.cat_file(path)
     except Exception as exc:  # each backend raises its own errors (botocore, azure, google): one line for all
@@ -65,7 +66,7 @@ def read_bytes(location: str) -> bytes:
 
 def write_bytes(location: str, data: bytes) -> None:
     """Write a whole file, local (its folder made as needed) or remote (the bucket must exist)."""
-    fs, path = _filesystem(location)
+    fs, path = filesystem(location)
     try:
         if "file" in fs.protocol:
             Path(path).parent.mkdir(parents=True, exist_ok=True)

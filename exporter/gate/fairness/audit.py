@@ -1,4 +1,8 @@
-"""The CI bias-audit gate: a predictions file and a config in, a JSON report and a verdict out."""
+"""The CI bias-audit gate: a predictions dataset and a config in, a JSON report and a verdict out.
+
+The predictions are counted a batch at a time (:mod:`exporter.gate.fairness.frames`), so a dataset of any size is
+audited in the memory of one batch; the report names the data by its manifest (every file's path, size and SHA-256).
+"""
 
 from __future__ import annotations
 
@@ -11,20 +15,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
-from exporter.core.encoding import score_predictions
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import storage
+from exporter.gate.data import columns as col
+from exporter.gate.data.dataset import DataError, Manifest, open_dataset
+from exporter.gate.data.quantile import median
 from exporter.gate.fairness import estimated, ll144
-from exporter.gate.fairness.frames import frame_counts
+from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
-
-
-class DataError(ValueError):
-    """The predictions file cannot be audited; the message names the file, the column and the values."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,8 @@ def sha256_file(path: Path) -> str:
 
 
 def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.DataFrame, str]:
-    """Read a parquet or CSV file of ``what``, local or at a URL (:mod:`exporter.gate.storage`): the frame and the
-    SHA-256 of the bytes read."""
+    """Read a small parquet or CSV file of ``what`` whole, local or at a URL (:mod:`exporter.gate.storage`): the frame
+    and the SHA-256 of the bytes read. The safety suite's test inputs; audited data is read as a dataset."""
     name = str(location)
     suffix = PurePosixPath(name.split("?")[0]).suffix.lower()
     if suffix not in (".parquet", ".pq", ".csv", ".gz", ".txt"):
@@ -76,85 +79,6 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
     if frame.empty:
         raise DataError(f"{name}: the file has no rows")
     return frame, hashlib.sha256(data).hexdigest()
-
-
-def read_predictions(path: str | Path) -> pd.DataFrame:
-    """Read a parquet or CSV predictions file, local or at a URL."""
-    return read_table(path)[0]
-
-
-def binary_column(frame: pd.DataFrame, column: str, path: str | Path, allow_missing: bool) -> np.ndarray:
-    """A 0/1 column as int64, -1 for missing values where those are allowed (unlabelled rows).
-
-    The daemon's rule for a JSON 0/1 field: a number equal to 0 or 1, or a boolean (true is 1); never text, so a
-    parquet column of strings "0"/"1" is refused as the daemon refuses ``"1"``."""
-    values = frame[column]
-    missing = values.isna().to_numpy()
-    if missing.any() and not allow_missing:
-        rows = np.flatnonzero(missing)[:5].tolist()
-        raise DataError(f"{path}: column {column!r} has {int(missing.sum())} missing values (first rows: {rows})")
-    if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
-        text = np.zeros(len(values), dtype=bool)
-        numeric = values.astype("float64")  # booleans (nullable ones too) count as 1/0, a missing value as NaN
-    else:  # object or string: numbers and booleans count as they are, text is refused
-        text = values.map(lambda v: isinstance(v, str | bytes)).to_numpy(dtype=bool)
-        numeric = pd.to_numeric(values.where(~text, -1), errors="coerce")
-    bad = ~missing & ~numeric.isin([0, 1]).to_numpy()
-    if bad.any():
-        sample = values[bad].unique()[:5].tolist()
-        raise DataError(f"{path}: column {column!r} must hold only 0 or 1 (numbers) or true/false (booleans)"
-                        f"{' or be empty' if allow_missing else ''}; found {sample}"
-                        + (" (text is no number: a string column, or a CSV column mixing numbers and words)"
-                           if text.any() else ""))  # fmt: skip
-    return np.where(missing, -1, numeric.to_numpy(dtype=np.float64)).astype(np.int64)
-
-
-def prediction_column(config: ModelSpec) -> str:
-    """The column a model's predictions come from: its score column when it emits scores (``events.score_threshold``:
-    the daemon then reads the score and never the prediction field), else its prediction column."""
-    return config.events.score if config.events.score_threshold is not None else config.prediction_column
-
-
-def predicted(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> np.ndarray:
-    """Each row's 0/1 prediction, by the daemon's rules: from the score column against ``events.score_threshold``
-    (:func:`scores_of`), else from the prediction column (:func:`binary_column`)."""
-    threshold = config.events.score_threshold
-    if threshold is None:
-        return binary_column(frame, config.prediction_column, path, allow_missing=False)
-    return score_predictions(scores_of(frame, config, path), threshold)
-
-
-def scores_of(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> np.ndarray:
-    """The score column of a model that emits scores: numbers in [0, 1], no gaps."""
-    column = config.events.score
-    values = frame[column]
-    scores = (values.astype("float64") if pd.api.types.is_numeric_dtype(values) and not
-              pd.api.types.is_bool_dtype(values) else pd.Series(np.nan, index=values.index))  # fmt: skip
-    bad = (scores.isna() | (scores < 0) | (scores > 1)).to_numpy()
-    if bad.any():
-        rows = np.flatnonzero(bad)[:5].tolist()
-        raise DataError(f"{path}: column {column!r} must hold scores, numbers between 0 and 1 "
-                        f"(events.score_threshold is {config.events.score_threshold:g}); not so in {int(bad.sum())} "
-                        f"of {len(bad)} rows (first rows: {rows})")  # fmt: skip
-    return np.asarray(scores.to_numpy(), dtype=np.float64)
-
-
-def model_ids(frame: pd.DataFrame) -> pd.Series:
-    """The ``model_id`` column as the gate and ``backtest`` match it against the config's model ids: as text."""
-    return frame["model_id"].astype(str)
-
-
-def own_rows(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> tuple[pd.DataFrame, int]:
-    """The rows of this model, when the file has a ``model_id`` column (rows recorded from a topic that several models
-    share: the daemon counts its model's events alone), and how many rows of other models were left out."""
-    if "model_id" not in frame.columns:
-        return frame, 0
-    ids = model_ids(frame)
-    own = (ids == config.model_id).to_numpy()
-    if not own.any():
-        raise DataError(f"{path}: no row has model_id {config.model_id!r}; the file's models are "
-                        f"{sorted(ids.unique().tolist())[:10]}")  # fmt: skip
-    return frame[own], int((~own).sum())
 
 
 def _group_report(ev: Evaluation) -> dict[str, Any]:
@@ -177,33 +101,44 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
 
 def _impact_ratios(
     config: ModelSpec,
-    frame: pd.DataFrame,
-    path: str,
+    rows: Rows,
+    counted: Scan,
+    name: str,
     evaluations: list[Evaluation],
 ) -> dict[str, Any]:
     """The LL144 table: selection rates from the gate's own evaluations or, with a score column, scoring rates
-    (the share of rows above the median score) from the core on the rows' above-median flags."""
-    median = None
+    (the share of rows above the median score) from the core on the rows' above-median flags: the exact median
+    of every score (:func:`exporter.gate.data.quantile.median`), then one more pass counting the rows above it."""
+    median_score = None
     if config.score_column is not None:
-        if config.score_column not in frame.columns:
-            raise DataError(f"{path}: no score column {config.score_column!r} (columns.score); "
-                            f"the file has {list(frame.columns)}")  # fmt: skip
-        scores = pd.to_numeric(frame[config.score_column], errors="coerce")
-        if scores.isna().any():
-            bad = frame[config.score_column][scores.isna()].unique()[:5].tolist()
-            raise DataError(f"{path}: score column {config.score_column!r} must be numeric with no gaps; found {bad}")
-        median = float(scores.median())
-        above = (scores > median).to_numpy(dtype=np.int64)
-        counts = frame_counts(config, frame, above, None)
-        evaluations = evaluate_many([(a, counts[a.name]) for a in config.attributes], config.min_samples)
+        score_column = config.score_column
+
+        def scores() -> Any:
+            for batch in _own_batches(config, rows, [score_column]):
+                yield col.numbers(batch.column(score_column))
+
+        median_score = median(scores, counted.rows)
+        above = scan(config, rows, name, above=median_score)
+        evaluations = evaluate_many([(a, above.tally.counts()[a.name]) for a in config.attributes],
+                                    config.min_samples)  # fmt: skip
     return {
-        "rate_kind": "selection_rate" if median is None else "scoring_rate",
-        "score_median": median,
+        "rate_kind": "selection_rate" if median_score is None else "scoring_rate",
+        "score_median": median_score,
         "small_category_share": ll144.SMALL_CATEGORY_SHARE,
-        "date_range": ll144.date_range(frame, config.timestamp_column),
-        "attributes": {ev.attribute.name: ll144.attribute_table(ev, ev.unknown_samples, len(frame))
+        "date_range": counted.date_range,
+        "attributes": {ev.attribute.name: ll144.attribute_table(ev, ev.unknown_samples, counted.rows)
                        for ev in evaluations},
     }
+
+
+def _own_batches(config: ModelSpec, rows: Rows, columns: list[str]) -> Any:
+    """The batches of this model's rows (all rows when there is no model_id column), only ``columns``."""
+    shared = "model_id" in rows.columns
+    for batch in rows.batches([*columns, *(["model_id"] if shared else [])]):
+        if shared:
+            indices, ids = col.text(batch.column("model_id"))
+            batch = batch.filter(pa.array(np.array([i == config.model_id for i in ids] + [False])[indices]))
+        yield batch
 
 
 def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
@@ -264,6 +199,43 @@ def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
     return storage.resolve(config.evaluation_dataset, Path(config.source).parent)
 
 
+def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predictions have no rows",
+          weights: str | None = None) -> Scan:  # fmt: skip
+    """Count a model's rows in one pass, after checking the columns it needs; DataError for rows that cannot be
+    audited (a missing column, no rows of this model, a value that is no 0/1 or score)."""
+    label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
+    estimable = estimated.estimable(config)  # then data without a label column is estimated, not refused
+    missing = [c for c in required_columns(config, rows.columns, bool(label_metrics) and not estimable)
+               if c not in rows.columns]  # fmt: skip
+    if missing:
+        verb = "needs" if len(label_metrics) == 1 else "need"
+        raise DataError(f"{name}: missing column(s) {missing}; the file has {rows.columns}"
+                        + (f" ({', '.join(label_metrics)} {verb} the label column)"
+                           if config.label_column in missing else ""))  # fmt: skip
+    if config.score_column is not None and config.score_column not in rows.columns:
+        raise DataError(f"{name}: no score column {config.score_column!r} (columns.score); the file has {rows.columns}")
+    return _found(config, rows, name, scan(config, rows, name, weights=weights, scores=estimable), empty)
+
+
+def _found(config: ModelSpec, rows: Rows, name: str, counted: Scan, empty: str) -> Scan:
+    """The scan, once it found rows of this model and no value that cannot be counted; else DataError."""
+    if counted.rows == 0 and counted.other_models == 0:
+        raise DataError(f"{name}: {empty}")
+    if counted.rows == 0:
+        raise DataError(f"{name}: no row has model_id {config.model_id!r}; the file's models are "
+                        f"{_models(rows)}")  # fmt: skip
+    counted.checks.raise_first(config, name, counted.rows)
+    return counted
+
+
+def _models(rows: Rows) -> list[str]:
+    """The first ten model ids of the rows, sorted (for the message of a file without the audited model)."""
+    ids: set[str] = set()
+    for batch in rows.batches(["model_id"]):
+        ids.update(col.text(batch.column("model_id"))[1])
+    return sorted(ids)[:10]
+
+
 def run_audit(
     config: ModelSpec | Config | str | Path,
     predictions: pd.DataFrame | str | Path | None = None,
@@ -271,9 +243,11 @@ def run_audit(
     override: Override | None = None,
     now: datetime | None = None,
     model_id: str | None = None,
+    engine: str = "local",
 ) -> dict[str, Any]:
-    """Audit a predictions file against a model's config (a config or its file: its only model, or ``model_id``
-    of its ``models:``); return the JSON-ready report.
+    """Audit predictions (a DataFrame, or a dataset: a file, folder, glob or prefix of parquet or CSV files) against
+    a model's config (a config or its file: its only model, or ``model_id`` of its ``models:``); return the
+    JSON-ready report. ``engine="spark"`` counts the dataset with Spark (:mod:`exporter.spark`).
 
     Raises ConfigError or DataError (both ValueError) for input that cannot be audited.
     """
@@ -282,48 +256,40 @@ def run_audit(
     if isinstance(config, Config):
         config = config.model(model_id)
     data_file: str | None = None
-    data_sha256: str | None = None
+    manifest: Manifest | None = None
+    weights = None
     if isinstance(predictions, pd.DataFrame):
-        frame = predictions
+        rows: Rows = FrameRows(predictions)
     else:
         data_file = dataset_location(config, predictions)
-        frame, data_sha256 = read_table(data_file)
+        dataset = open_dataset(data_file, "predictions", text_columns(config))
+        rows = dataset
+        if engine == "spark":
+            from exporter.spark import spark_rows
+
+            rows, weights = spark_rows(config, data_file), "count"
+        manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
-    if frame.empty:
-        raise DataError(f"{path_name}: the predictions have no rows")
+    counted = count(config, rows, path_name, empty="the file has no rows" if data_file else
+                    "the predictions have no rows", weights=weights)  # fmt: skip
+    if weights is not None:  # counts of an engine: the date range is its own aggregation's
+        counted.date_range = getattr(rows, "date_range", None)
 
-    frame, other_models = own_rows(frame, config, path_name)
-    label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
-    required = [prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
-    estimating = estimated.wants_estimate(config, frame)
-    if label_metrics and not estimating:
-        required.append(config.label_column)
-    missing = [c for c in required if c not in frame.columns]
-    if missing:
-        verb = "needs" if len(label_metrics) == 1 else "need"
-        raise DataError(f"{path_name}: missing column(s) {missing}; the file has {list(frame.columns)}"
-                        + (f" ({', '.join(label_metrics)} {verb} the label column)"
-                           if config.label_column in missing else ""))  # fmt: skip
-    y_pred = predicted(frame, config, path_name)
-    y_true = (binary_column(frame, config.label_column, path_name, allow_missing=True)
-              if config.label_column in frame.columns else None)  # fmt: skip
-
-    all_counts = frame_counts(config, frame, y_pred, y_true)
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
+    all_counts = counted.tally.counts()
     evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
-    reference = _estimation(config, frame, path_name) if estimating else None
-    for attribute, ev in zip(config.attributes, evaluations, strict=True):
+    judged, estimation = evaluations, None
+    if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
+        reference, estimation = read_reference(config)
+        judged, estimation["groups"] = estimated.with_estimates(config, evaluations, reference, counted.tally.scores)
+    for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
-    judged = evaluations
-    if reference is not None:
-        judged, reference[2]["groups"] = estimated.with_estimates(config, evaluations, *reference[:2])
-    for ev in judged:
-        results.extend(_results(config, ev))
-    if reference is not None:
+        results.extend(_results(config, judged_ev))
+    if estimation is not None:
         estimated.mark(results, config)
-    impact_ratios = _impact_ratios(config, frame, path_name, evaluations)
-    impact_ratios["source"] = {"file": data_file, "sha256": data_sha256}
+    impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations)
+    impact_ratios["source"] = {"file": data_file, "manifest_sha256": manifest and manifest.sha256}
 
     failed = [r for r in results if r["counts_as"] != "pass"]
     blocking = [r for r in failed if r["counts_as"] == "blocking"]
@@ -342,9 +308,10 @@ def run_audit(
         "config_sha256": sha256_file(Path(config.source)) if Path(config.source).is_file() else None,
         "model_version": config.model_version,
         "data_file": data_file,
-        "data_sha256": data_sha256,
-        "rows": len(frame),
-        "rows_of_other_models": other_models,
+        "data_manifest_sha256": manifest and manifest.sha256,
+        "data_manifest": list(manifest.files) if manifest else None,
+        "rows": counted.rows,
+        "rows_of_other_models": counted.other_models,
         "min_samples": config.min_samples,
         "decision": config.decision,
         "inconclusive": sum(r["evidence"] == "inconclusive" for r in results),
@@ -358,34 +325,27 @@ def run_audit(
         "override": override_record,
         "attributes": attributes,
         "impact_ratios": impact_ratios,
-        **({"estimation": reference[2]} if reference is not None else {}),
+        **({"estimation": estimation} if estimation is not None else {}),
         "results": results,
     }
 
 
 def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The estimation reference's score counts per attribute, and what a report says of it: the one place it is
-    read (the gate, the daemon and ``backtest`` call this)."""
+    """The estimation reference's score counts per attribute, and what a report says of it (its manifest, rows,
+    labelled rows per group): the one place it is read (the gate, the daemon and ``backtest`` call this), a dataset
+    like the audited data, counted a batch at a time by the same scan."""
     assert config.estimation is not None
     location = storage.resolve(config.estimation.reference, Path(config.source).parent)
-    ref, sha256 = read_table(location, "estimation reference")
-    ref, _ = own_rows(ref, config, location)
+    dataset = open_dataset(location, "estimation reference", text_columns(config))
     missing = [c for c in (config.events.score, config.label_column, *(a.columns[0] for a in config.base_attributes))
-               if c not in ref.columns]  # fmt: skip
+               if c not in dataset.columns]  # fmt: skip
     if missing:
         raise DataError(f"{location}: missing column(s) {missing} (estimation.reference needs the score, the label "
-                        f"and the attributes); the file has {list(ref.columns)}")  # fmt: skip
-    labels = binary_column(ref, config.label_column, location, allow_missing=True)
-    return estimated.reference_counts(config, ref, scores_of(ref, config, location), labels,
-                                      {"file": location, "sha256": sha256})  # fmt: skip
-
-
-def _estimation(config: ModelSpec, frame: pd.DataFrame, path: str) -> tuple[dict[str, np.ndarray],
-                                                                            dict[str, np.ndarray], dict[str, Any]]:
-    """Score counts of the estimation reference and of the audited rows, and the report's ``estimation`` section."""
-    counts, about = read_reference(config)
-    scores = scores_of(frame, config, path)
-    return counts, estimated.frame_score_counts(config, frame, scores, predicted(frame, config, path), None), about
+                        f"and the attributes); the file has {dataset.columns}")  # fmt: skip
+    counted = _found(config, dataset, location, scan(config, dataset, location, scores=True), "the file has no rows")
+    manifest = dataset.manifest()
+    about = {"file": location, "manifest_sha256": manifest.sha256, "manifest": list(manifest.files)}
+    return counted.tally.scores, estimated.describe_reference(config, counted, about)
 
 
 def exit_code(report: dict[str, Any]) -> int:

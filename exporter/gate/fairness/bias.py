@@ -14,15 +14,18 @@ Student t interval otherwise; both come from the counts-based core.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from exporter.core.attributes import INTERSECTION_SEP
 from exporter.core.fairness import t_interval, wilson_interval
-from exporter.gate.fairness.audit import DataError
+from exporter.gate.data.dataset import DataError, open_dataset
 from exporter.gate.fairness.ll144 import json_float
 
 Feature = str | Sequence[str]
@@ -53,14 +56,44 @@ class BiasAuditor:
         Raises DataError (a ValueError) naming ``source`` and the column for a missing or non-numeric outcome or a
         missing feature column.
         """
-        outcome = self._outcome(df, source)
-        binary = bool(outcome.dropna().isin([0, 1]).all())
-        return {feature_name(f): self._feature(df, f, outcome, binary, source) for f in self.protected_features}
+        return self.evaluate_batches([df], list(df.columns), source)
+
+    def evaluate_dataset(self, location: str) -> dict[str, dict[str, Any]]:
+        """:meth:`evaluate_bias` over a dataset (a file, folder, glob or prefix of parquet or CSV files), read a
+        batch at a time: memory follows the batch, not the data."""
+        dataset = open_dataset(location, "data")
+        columns = list(dict.fromkeys([self.outcome_feature, *(c for f in self.protected_features
+                                                               for c in ([f] if isinstance(f, str) else f))]))
+        present = [c for c in columns if c in dataset.columns]
+        frames = (_frame(batch, self.outcome_feature) for batch in dataset.batches(present))
+        return self.evaluate_batches(frames, dataset.columns, location)
+
+    def evaluate_batches(self, frames: Iterable[pd.DataFrame], columns: Sequence[str],
+                         source: str) -> dict[str, dict[str, Any]]:  # fmt: skip
+        """Group sizes, sums and spreads added up over batches of rows (a DataFrame each), then the report."""
+        if self.outcome_feature not in columns:
+            raise DataError(f"{source}: no outcome column {self.outcome_feature!r}; the data has {list(columns)}")
+        for feature in self.protected_features:
+            missing = [c for c in ([feature] if isinstance(feature, str) else feature) if c not in columns]
+            if missing:
+                raise DataError(f"{source}: no protected feature column(s) {missing}; the data has {list(columns)}")
+        tallies = {feature_name(f): _Groups() for f in self.protected_features}
+        binary, any_value = True, False
+        for df in frames:
+            outcome = self._outcome(df, source)
+            valid = outcome.dropna()
+            binary &= bool(valid.isin([0, 1]).all())
+            any_value |= len(valid) > 0
+            for feature in self.protected_features:
+                columns_of = [feature] if isinstance(feature, str) else list(feature)
+                tallies[feature_name(feature)].add(df, columns_of, outcome)
+        if not any_value:
+            raise DataError(f"{source}: outcome column {self.outcome_feature!r} has no values")
+        return {feature_name(f): self._feature(f, tallies[feature_name(f)], binary, source)
+                for f in self.protected_features}  # fmt: skip
 
     def _outcome(self, df: pd.DataFrame, source: str) -> pd.Series:
         column = self.outcome_feature
-        if column not in df.columns:
-            raise DataError(f"{source}: no outcome column {column!r}; the data has {list(df.columns)}")
         values = df[column]
         if values.dtype == bool:
             values = values.astype(np.int64)
@@ -71,29 +104,18 @@ class BiasAuditor:
             raise DataError(f"{source}: outcome column {column!r} must be numeric; found {sample}")
         if np.isinf(numeric.to_numpy(dtype=np.float64)).any():
             raise DataError(f"{source}: outcome column {column!r} holds infinite values")
-        if numeric.isna().all():
-            raise DataError(f"{source}: outcome column {column!r} has no values")
         return numeric.astype(np.float64)
 
-    def _feature(
-        self, df: pd.DataFrame, feature: Feature, outcome: pd.Series, binary: bool, source: str
-    ) -> dict[str, Any]:
+    def _feature(self, feature: Feature, groups: _Groups, binary: bool, source: str) -> dict[str, Any]:
         columns = [feature] if isinstance(feature, str) else list(feature)
-        missing = [c for c in columns if c not in df.columns]
-        if missing:
-            raise DataError(f"{source}: no protected feature column(s) {missing}; the data has {list(df.columns)}")
-        keep = df[columns].notna().all(axis=1) & outcome.notna()
-        if not keep.any():
+        if not groups.names:
             raise DataError(f"{source}: no row has both {columns} and outcome {self.outcome_feature!r}")
-        keys = df.loc[keep, columns].astype(str).agg(INTERSECTION_SEP.join, axis=1)
-        grouped = outcome[keep].groupby(keys, sort=False)
-        sizes = grouped.size().to_numpy(dtype=np.int64)
-        means = grouped.mean().to_numpy(dtype=np.float64)
+        sizes, sums, means, stds = groups.stats()
         if binary:
-            lower, upper = wilson_interval(grouped.sum().to_numpy(dtype=np.int64), sizes)
+            lower, upper = wilson_interval(np.rint(sums).astype(np.int64), sizes)
         else:
-            lower, upper = t_interval(means, grouped.std(ddof=1).to_numpy(dtype=np.float64), sizes, CONFIDENCE)
-        names = [str(g) for g in grouped.size().index]
+            lower, upper = t_interval(means, stds, sizes, CONFIDENCE)
+        names = groups.names
         gap = float(means.max() - means.min())
         return {
             "group_stats": dict(zip(names, means.tolist(), strict=True)),
@@ -109,5 +131,60 @@ class BiasAuditor:
             "confidence": CONFIDENCE,
             "highest_group": names[int(np.argmax(means))],
             "lowest_group": names[int(np.argmin(means))],
-            "excluded_rows": int((~keep).sum()),
+            "excluded_rows": groups.excluded,
         }
+
+
+@dataclass
+class _Groups:
+    """One feature's groups over batches, in the order they first appear: size, sum, mean and sum of squared
+    deviations (merged as Chan et al. do, so the spread is exact to rounding); a group seen in one batch keeps
+    pandas' own mean and standard deviation, so a file of one batch reports what pandas computes."""
+
+    names: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    parts: list[list[tuple[int, float, float, float, float]]] = field(default_factory=list)
+    excluded: int = 0
+
+    def add(self, df: pd.DataFrame, columns: list[str], outcome: pd.Series) -> None:
+        keep = df[columns].notna().all(axis=1) & outcome.notna()
+        self.excluded += int((~keep).sum())
+        if not keep.any():
+            return
+        keys = df.loc[keep, columns].astype(str).agg(INTERSECTION_SEP.join, axis=1)
+        grouped = outcome[keep].groupby(keys, sort=False)
+        table = pd.DataFrame({"n": grouped.size(), "sum": grouped.sum(), "mean": grouped.mean(),
+                              "std": grouped.std(ddof=1)})  # fmt: skip
+        for name, row in zip(table.index, table.itertuples(index=False), strict=True):
+            key = str(name)
+            if key not in self.index:
+                self.index[key] = len(self.names)
+                self.names.append(key)
+                self.parts.append([])
+            var = 0.0 if row.n < 2 else float(row.std) ** 2
+            self.parts[self.index[key]].append((int(row.n), float(row.sum), float(row.mean), var * (row.n - 1),
+                                                float(row.std)))  # fmt: skip
+
+    def stats(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per group: size, sum, mean, standard deviation (ddof=1; NaN for a group of one)."""
+        out = []
+        for parts in self.parts:
+            n, total, mean, m2, std = parts[0]
+            for n_b, sum_b, mean_b, m2_b, _ in parts[1:]:
+                delta = mean_b - mean
+                m2 += m2_b + delta * delta * n * n_b / (n + n_b)
+                n, total = n + n_b, total + sum_b
+                mean = total / n
+                std = math.sqrt(m2 / (n - 1)) if n > 1 else math.nan
+            out.append((n, total, mean, std))
+        sizes, sums, means, stds = (np.array(c) for c in zip(*out, strict=True))
+        return sizes.astype(np.int64), sums.astype(np.float64), means.astype(np.float64), stds.astype(np.float64)
+
+
+def _frame(batch: pa.RecordBatch, outcome: str) -> pd.DataFrame:
+    """A batch as pandas, integer feature columns as nullable integers: a group is named ``1`` in every batch, with
+    or without a blank cell in it (pandas named it ``1.0`` in a column with a blank)."""
+    integers = {pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()}
+    return pd.DataFrame({name: array.to_pandas(types_mapper=None if name == outcome else
+                                               {t: pd.Int64Dtype() for t in integers}.get)
+                         for name, array in zip(batch.schema.names, batch.columns, strict=True)})  # fmt: skip

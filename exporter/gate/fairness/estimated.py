@@ -1,8 +1,10 @@
 """The gate's estimated label-based comparisons: audited data with scores and no labels, a labelled reference.
 
-The reference (``estimation.reference``) is read like the evaluation data, reduced to per-group score-bin counts,
-and the core (:mod:`exporter.core.estimate`) fits the per-group calibration and estimates each label-based metric
-with its interval; the gate's own result rows and verdict rules then apply unchanged (an estimated comparison whose
+The reference (``estimation.reference``) is read like the evaluation data, a dataset
+(:func:`exporter.gate.fairness.audit.read_reference`), and the audited data is counted by the same scan
+(:func:`exporter.gate.fairness.frames.scan`): both become per-group score-bin counts a batch at a time. The core
+(:mod:`exporter.core.estimate`) fits the per-group calibration and estimates each label-based metric with its
+interval; the gate's own result rows and verdict rules then apply unchanged (an estimated comparison whose
 reference group is too small is ``insufficient_samples``).
 """
 
@@ -12,14 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from exporter.config import ModelSpec
 from exporter.core import estimate
-from exporter.core.encoding import attribute_codes, score_predictions
 from exporter.core.evaluate import Evaluation
 from exporter.core.metric_table import METRICS, Comparisons
-from exporter.gate.fairness.frames import encode
+from exporter.gate.fairness.frames import Scan
 from exporter.gate.fairness.ll144 import json_float
 
 ASSUMPTION = ("within each group, P(label = 1 | score bin) in the audited data is what it was in the reference "
@@ -31,41 +31,24 @@ def estimated_metrics(config: ModelSpec) -> tuple[str, ...]:
     return tuple(m.name for m in config.metrics if m.name in estimate.ESTIMATED_METRICS)
 
 
-def wants_estimate(config: ModelSpec, frame: pd.DataFrame) -> bool:
-    """Estimate when estimation is configured, a label-based metric is, and the data has no label at all."""
-    if config.estimation is None or not estimated_metrics(config):
-        return False
-    return config.label_column not in frame.columns or bool(frame[config.label_column].isna().all())
+def estimable(config: ModelSpec) -> bool:
+    """Whether the model can be estimated: estimation is configured and so is a label-based metric. The gate then
+    estimates when the audited data, all of it, has no label (a label column absent, or empty in every row)."""
+    return config.estimation is not None and bool(estimated_metrics(config))
 
 
-def frame_score_counts(config: ModelSpec, frame: pd.DataFrame, scores: np.ndarray, y_pred: np.ndarray,
-                       y_true: np.ndarray | None) -> dict[str, np.ndarray]:  # fmt: skip
-    """Score counts ``(groups, bins, 2, N_SCORE_COUNTS)`` of every configured attribute (rows outside its groups
-    left out), binned by the model's ``score_buckets`` as the daemon bins them."""
-    bounds = np.asarray(config.score_buckets, dtype=np.float64)
-    bins = estimate.score_bins(scores, bounds)
-    base = {a.columns[0]: encode(frame[a.columns[0]].to_numpy(), a.groups) for a in config.base_attributes}
-    return {a.name: estimate.score_counts(attribute_codes(a, base), len(a.groups), bins, len(bounds) + 1, y_pred,
-                                          y_true) for a in config.attributes}  # fmt: skip
-
-
-def reference_counts(config: ModelSpec, frame: pd.DataFrame, scores: np.ndarray, labels: np.ndarray,
-                     about: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
-    """The reference's score counts per attribute from its rows (scores and labels already checked by the gate's
-    column rules), and what the report says of it: ``about`` (file, SHA-256) plus rows and labelled rows per group."""
-    assert config.events.score_threshold is not None
-    counts = frame_score_counts(config, frame, scores, score_predictions(scores, config.events.score_threshold),
-                                labels)  # fmt: skip
+def describe_reference(config: ModelSpec, counted: Scan, about: dict[str, Any]) -> dict[str, Any]:
+    """What the report says of the reference: ``about`` (file, manifest), its rows and labelled rows, the labelled
+    positives and negatives of each group (what decides ``insufficient_samples``), the assumption, the settings."""
     per_group = {}
     for attribute in config.attributes:
-        labelled = counts[attribute.name][..., estimate.LABELLED_POS:].sum(axis=(1, 2))
+        labelled = counted.tally.scores[attribute.name][..., estimate.LABELLED_POS:].sum(axis=(1, 2))
         per_group[attribute.name] = {g: {"labelled_positives": int(labelled[i, 0]),
                                          "labelled_negatives": int(labelled[i, 1])}
                                      for i, g in enumerate(attribute.groups)}  # fmt: skip
-    return counts, {**about, "rows": len(frame), "labelled_rows": int((labels >= 0).sum()),
-                    "rows_per_group": per_group, "assumption": ASSUMPTION, "score_buckets": list(config.score_buckets),
-                    "prior_strength": estimate.PRIOR_STRENGTH, "replicates": estimate.REPLICATES,
-                    "seed": estimate.SEED}  # fmt: skip
+    return {**about, "rows": counted.rows, "labelled_rows": counted.labelled, "rows_per_group": per_group,
+            "assumption": ASSUMPTION, "score_buckets": list(config.score_buckets),
+            "prior_strength": estimate.PRIOR_STRENGTH, "replicates": estimate.REPLICATES, "seed": estimate.SEED}
 
 
 ESTIMATED_RATES = ("true_positive_rate", "false_positive_rate", "precision", "accuracy")

@@ -20,8 +20,9 @@ SMALL_CATEGORY_SHARE: Final = 0.02
 """DCWP rules let an auditor leave categories under 2% of the data out of the impact ratios, if their count and
 rate are still published: they are flagged, kept in the table, and never chosen as the reference."""
 
-CSV_COLUMNS: Final = ("model_id", "data_file", "data_sha256", "date_start", "date_end", "attribute", "category",
-                      "samples", "share", "rate_kind", "rate", "impact_ratio", "small_category")  # fmt: skip
+CSV_COLUMNS: Final = ("model_id", "data_file", "data_manifest_sha256", "date_start", "date_end", "attribute",
+                      "category", "samples", "share", "rate_kind", "rate", "impact_ratio",
+                      "small_category")  # fmt: skip
 UNKNOWN_CATEGORY: Final = "(unknown)"
 
 
@@ -76,7 +77,7 @@ def csv_rows(report: dict[str, Any]) -> list[list[Any]]:
     """The table as CSV rows (after the CSV_COLUMNS header): one per category, one for each unknown category."""
     table = report["impact_ratios"]
     dates = table["date_range"] or {}
-    head = [report["model_id"], table["source"]["file"] or "", table["source"]["sha256"] or "",
+    head = [report["model_id"], table["source"]["file"] or "", table["source"]["manifest_sha256"] or "",
             dates.get("start") or "", dates.get("end") or ""]  # fmt: skip
     out = []
     for attribute, block in table["attributes"].items():

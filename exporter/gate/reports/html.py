@@ -200,8 +200,8 @@ def page(title: str, verdict: str, tone: str, summary: str, sections: Sequence[s
     )
 
 
-def _source(label: str, path: str | None, sha: str | None) -> str:
-    return f"{label}: {path or '(in memory)'}" + (f" (sha256 {sha})" if sha else "")
+def _source(label: str, path: str | None, sha: str | None, kind: str = "sha256") -> str:
+    return f"{label}: {path or '(in memory)'}" + (f" ({kind} {sha})" if sha else "")
 
 
 def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> str:
@@ -233,7 +233,8 @@ def ll144_section(table_dict: Mapping[str, Any], total_rows: int) -> str:
     """The NYC Local Law 144 table of an audit report."""
     rate = table_dict["rate_kind"].replace("_", " ")
     dates = table_dict["date_range"]
-    facts = [_source("Data", table_dict["source"]["file"], table_dict["source"]["sha256"]),
+    facts = [_source("Data", table_dict["source"]["file"], table_dict["source"]["manifest_sha256"],
+                     "manifest sha256"),
              f"Date range: {dates['start']} to {dates['end']} (column {dates['column']}, "
              f"{dates['rows_without_date']} rows without a date)" if dates else "Date range: no timestamp column",
              f"Rate: {rate}" + (f" (share of rows scoring above the median score {fmt(table_dict['score_median'])})"
@@ -260,7 +261,7 @@ def audit_html(report: Mapping[str, Any]) -> str:
         summary += f" · overridden by {report['override']['author']}: {report['override']['justification']}"
     meta = [f"Model: {report['model_id']}", f"Run: {report['timestamp']} by {report['tool']}",
             _source("Config", report["config_file"], report["config_sha256"]),
-            _source("Data", report["data_file"], report["data_sha256"]),
+            _source("Data", report["data_file"], report["data_manifest_sha256"], "manifest sha256"),
             f"Rows: {report['rows']} · minimum samples per group: {report['min_samples']}"]  # fmt: skip
     sections = [_audit_attribute(name, block, [r for r in report["results"] if r["attribute"] == name])
                 for name, block in report["attributes"].items()]  # fmt: skip

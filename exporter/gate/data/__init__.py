@@ -1,0 +1,2 @@
+"""Datasets where they live, read in record batches: the reader (dataset), the gate's rules for a column's values
+(columns), exact order statistics in passes (quantile)."""

@@ -1,0 +1,217 @@
+"""Open a dataset where it lives and read it in record batches of the columns asked for.
+
+A dataset is a file, a directory, a glob or an object-store prefix of parquet or CSV files, local or at any URL fsspec
+knows (:mod:`exporter.gate.storage`); the ``key=value`` folders of a hive-partitioned table are columns. Reading
+goes through pyarrow datasets, one batch of at most ``BATCH_ROWS`` rows at a time with only the needed columns, so
+memory follows the batch and never the data. :func:`read_batches` is the one reading function for every file input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from exporter.gate import storage
+
+BATCH_ROWS = 1 << 20
+"""Rows per record batch: large enough for numpy to run at memory speed, small enough that a batch of the columns
+the audit reads stays in tens of MiB."""
+CSV_BLOCK_BYTES = 1 << 24
+"""A CSV file's column types are inferred from its first block: 16 MiB, so a file up to that size gets the types its
+whole content implies (as pandas read it), and a larger one those of its first 16 MiB."""
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".gz": "csv", ".txt": "csv"}
+PANDAS_NULLS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
+                "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"]  # fmt: skip
+"""The cells pandas reads as missing in a CSV file: the same cells are missing here."""
+_GLOB = re.compile(r"[*?\[]")
+_HIDDEN = ("_", ".")  # _SUCCESS, _committed_*, .crc files that Spark and Hadoop write beside the data
+
+
+class DataError(ValueError):
+    """The data cannot be read or audited; the message names the location, the column and the values."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One file of a dataset: its path relative to the dataset's root (as the manifest names it) and its size."""
+
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Which data was read: every file's path (relative to ``root``), size and SHA-256, and one hash over them.
+
+    ``sha256`` is the SHA-256 of the lines ``<file sha256>  <size>  <path>\\n``, sorted by path (bytewise): an
+    auditor recomputes it with ``sha256sum`` and ``stat`` (docs/auditor/data-manifest.md)."""
+
+    root: str
+    files: tuple[dict[str, Any], ...]
+    sha256: str
+
+    def lines(self) -> str:
+        """The text whose SHA-256 is :attr:`sha256`."""
+        return "".join(f"{f['sha256']}  {f['size']}  {f['path']}\n" for f in self.files)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """An opened dataset: where it is, what it holds (``what``: predictions, events, data), its files and format.
+    Listing happened in :func:`open_dataset`; nothing is read until :meth:`batches` or :meth:`manifest`."""
+
+    location: str
+    what: str
+    root: str
+    files: tuple[DataFile, ...]
+    format: str
+    filesystem: Any  # fsspec
+    arrow: ds.Dataset
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.arrow.schema
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.arrow.schema.names)
+
+    def batches(self, columns: Sequence[str], batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        """The rows in file order, ``batch_rows`` at a time, only ``columns`` (text columns dictionary-encoded)."""
+        try:  # one file at a time, in order, a batch read ahead: memory holds a batch or two whatever the data's size
+            for fragment in self.arrow.get_fragments():
+                yield from fragment.to_batches(schema=self.arrow.schema, columns=list(columns), batch_size=batch_rows,
+                                               batch_readahead=1, fragment_readahead=1, use_threads=True)  # fmt: skip
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{self.location}: cannot read {self.what}: {_reason(exc)}") from exc
+
+    def manifest(self) -> Manifest:
+        """Every file's SHA-256 (its bytes read once more, a MiB at a time) and the manifest's hash."""
+        entries = []
+        for f in sorted(self.files, key=lambda f: f.path.encode()):
+            digest = hashlib.sha256()
+            try:
+                with self.filesystem.open(_join(self.root, f.path), "rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+            except Exception as exc:  # each backend raises its own errors
+                raise DataError(f"{self.location}: cannot read {f.path}: {_reason(exc)}") from exc
+            entries.append({"path": f.path, "size": f.size, "sha256": digest.hexdigest()})
+        unhashed = Manifest(self.location, tuple(entries), "")
+        return Manifest(self.location, tuple(entries), hashlib.sha256(unhashed.lines().encode()).hexdigest())
+
+
+def _join(root: str, path: str) -> str:
+    return path if not root else f"{root.rstrip('/')}/{path}"
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _kind(path: str) -> str | None:
+    return FORMATS.get(PurePosixPath(path).suffix.lower())
+
+
+def _listing(fs: Any, path: str, location: str, what: str) -> tuple[str, list[tuple[str, int]]]:
+    """The dataset's root and its data files with their sizes: the file itself, every data file under a folder
+    (recursively, hidden and ``_`` files left out), or the files a glob matches."""
+    if _GLOB.search(path):
+        root = path[: _GLOB.search(path).start()].rsplit("/", 1)[0]  # type: ignore[union-attr]
+        found = fs.glob(path, detail=True)
+    elif fs.isdir(path):
+        root, found = path, fs.find(path, detail=True)
+    elif fs.isfile(path):
+        if _kind(path) is None:
+            raise DataError(f"{location}: unsupported file type {PurePosixPath(path).suffix!r} "
+                            f"(accepted: {', '.join(sorted(FORMATS))}, or a folder or glob of such files)")  # fmt: skip
+        return path.rsplit("/", 1)[0] if "/" in path else "", [(path, int(fs.info(path)["size"]))]
+    else:
+        raise DataError(f"{location}: no such {what} file, folder or prefix")
+    files = [(name, int(info.get("size") or 0)) for name, info in sorted(found.items())
+             if info.get("type", "file") == "file" and _kind(name) is not None
+             and not any(part.startswith(_HIDDEN) for part in name[len(root):].split("/") if part)]  # fmt: skip
+    if not files:
+        raise DataError(f"{location}: no parquet or CSV files ({', '.join(sorted(FORMATS))}) in this {what} "
+                        f"{'glob' if _GLOB.search(path) else 'folder'}")  # fmt: skip
+    return root, files
+
+
+def _file_format(kind: str, dictionary: Sequence[str]) -> ds.FileFormat:
+    if kind == "parquet":
+        return ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionary)))
+    from pyarrow import csv
+
+    return ds.CsvFileFormat(
+        read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+        convert_options=csv.ConvertOptions(null_values=PANDAS_NULLS, strings_can_be_null=True,
+                                           true_values=["True", "TRUE", "true"],
+                                           false_values=["False", "FALSE", "false"], auto_dict_encode=True),
+    )  # fmt: skip
+
+
+def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = ()) -> Dataset:
+    """List a dataset's files and read its schema (a parquet footer, or a CSV file's first block).
+
+    ``dictionary``: text columns to read as dictionaries (codes and their few distinct values), which is how the
+    gate encodes them. Raises DataError (one line naming the location) when there is nothing to read."""
+    fs, path = _filesystem(location)
+    try:
+        root, files = _listing(fs, path, location, what)
+    except DataError:
+        raise
+    except Exception as exc:  # listing a bucket: credentials, endpoints, permissions
+        raise DataError(f"{location}: cannot list {what}: {_reason(exc)}") from exc
+    kinds = {_kind(name) for name, _ in files}
+    if len(kinds) > 1:
+        raise DataError(f"{location}: mixes parquet and CSV files; a dataset is one or the other")
+    (kind,) = kinds
+    assert kind is not None
+    arrow_fs = _arrow_filesystem(fs)
+    try:
+        partitioning = ds.HivePartitioning.discover(null_fallback="__HIVE_DEFAULT_PARTITION__")
+        probe = ds.dataset([name for name, _ in files], filesystem=arrow_fs, format=_file_format(kind, ()),
+                           partitioning=partitioning, partition_base_dir=root or None)  # fmt: skip
+        text = [n for n in dictionary if (n in probe.schema.names and pa.types.is_string(probe.schema.field(n).type))
+                or (n in probe.schema.names and pa.types.is_large_string(probe.schema.field(n).type))]  # fmt: skip
+        arrow = probe if kind == "csv" or not text else ds.dataset(
+            [name for name, _ in files], filesystem=arrow_fs, format=_file_format(kind, text),
+            partitioning=partitioning, partition_base_dir=root or None)  # fmt: skip
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{location}: cannot read {what}: {_reason(exc)}") from exc
+    relative = tuple(DataFile(name[len(root):].lstrip("/") if root else name, size) for name, size in files)
+    return Dataset(location, what, root, relative, kind, fs, arrow)
+
+
+def _filesystem(location: str) -> tuple[Any, str]:
+    try:
+        return storage.filesystem(location)
+    except storage.StorageError as exc:
+        raise DataError(str(exc)) from exc
+
+
+def _arrow_filesystem(fs: Any) -> Any:
+    """pyarrow's own local filesystem for local paths (the fastest), else the fsspec one behind pyarrow's API."""
+    from pyarrow import fs as pafs
+
+    if "file" in fs.protocol or "local" in fs.protocol:
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def read_batches(location: str, columns: Sequence[str], *, what: str = "data",
+                 batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The one reading function for a file input: ``columns`` of a dataset (file, folder, glob or prefix; parquet or
+    CSV; local or a URL) in record batches. Raises DataError naming the location and the missing columns."""
+    dataset = open_dataset(location, what, columns)
+    missing = [c for c in columns if c not in dataset.columns]
+    if missing:
+        raise DataError(f"{location}: missing column(s) {missing}; the {what} has {dataset.columns}")
+    yield from dataset.batches(columns, batch_rows)

