@@ -150,6 +150,8 @@ class Daemon:
         """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers."""
         if not self.source.assigned_once.is_set():
             return False, "waiting for Kafka partitions"
+        if self.ingest.failing:  # a batch that raises, tried again: before the source's view, which it clouds
+            return False, self.ingest.failing
         if not self.source.broker_up:
             return False, "no Kafka broker answers"
         if self.computer.latest is None:

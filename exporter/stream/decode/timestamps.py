@@ -19,7 +19,6 @@ from typing import Any, Final
 
 import numpy as np
 
-
 EARLIEST: Final = datetime(1, 1, 1, tzinfo=UTC).timestamp()
 LATEST: Final = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC).timestamp()
 """The epoch seconds an ISO 8601 string can name: a number outside them (NaN and infinities too) is invalid."""
