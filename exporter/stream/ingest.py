@@ -107,7 +107,7 @@ class Ingest:
     def skip(self, partition: Partition, record: Record, exc: Exception) -> None:
         """Give up on one record that cannot be counted even alone: dead-letter it, count it, read on."""
         self.fleet.advance_offset(partition, record.offset + 1)
-        self.health.records_skipped.labels(partition[0]).inc()
+        self.health.records_skipped.inc()
         log.error("%s[%d] offset %d skipped: it cannot be counted (%s: %s)%s", *partition, record.offset,
                   type(exc).__name__, exc, "; sent to the dead-letter topic" if self.dead_letters else "")  # fmt: skip
         if self.dead_letters is not None:
