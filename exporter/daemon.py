@@ -240,6 +240,9 @@ class Daemon:
                 self.health.reload_successful.set(0)
                 log.error("config reload refused: %s", exc)
                 return False, str(exc)
+            resets = self.fleet.resets(config)
+            if resets:  # before they go: their state kept on disk, counted, said in one line
+                self.checkpointer.keep(resets)
             changes, given_up = self.stages.apply(config) if self.stages is not None else self.fleet.apply(config)
             self.health.count_outcomes(given_up)
             if config.evaluation_interval_seconds != self.config.evaluation_interval_seconds:

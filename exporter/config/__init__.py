@@ -24,18 +24,20 @@ if TYPE_CHECKING:
         Window,
         Windowing,
         layout,
+        layout_changes,
         parse_duration,
     )
 
 _MODULES = {
     "load_config": "load", "parse_config": "load",
     **dict.fromkeys(["DEFAULT_PORT", "AlertingConfig", "Config", "ConfigError", "EventFields", "KafkaConfig",
-                     "MetricSpec", "ModelSpec", "Window", "Windowing", "layout", "parse_duration"], "types"),
+                     "MetricSpec", "ModelSpec", "Window", "Windowing", "layout", "layout_changes", "parse_duration"],
+                    "types"),
 }  # fmt: skip
 
 __all__ = [
     "DEFAULT_PORT", "AlertingConfig", "Config", "ConfigError", "EventFields", "KafkaConfig", "MetricSpec",
-    "ModelSpec", "Window", "Windowing", "layout", "load_config", "parse_config", "parse_duration",
+    "ModelSpec", "Window", "Windowing", "layout", "layout_changes", "load_config", "parse_config", "parse_duration",
 ]  # fmt: skip
 
 
