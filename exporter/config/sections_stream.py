@@ -17,6 +17,7 @@ from typing import Any, Final
 from exporter.config.toolkit import Errors, get, positive_int
 from exporter.config.types import (
     AlertingConfig,
+    Config,
     EventFields,
     InternalTopic,
     InternalTopics,
@@ -45,19 +46,57 @@ KAFKA_PYTHON_SET_BY_DAEMON: Final = {
 """Keywords the kafka-python source passes to KafkaConsumer itself (a second value would be a TypeError there)."""
 
 
+KAFKA_PYTHON_SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+"""KafkaConsumer's documented values (kafka-python 3.0.12). kafka-python compares them as written and checks them
+nowhere: ``BOGUS`` connected as plaintext and was retried forever."""
+LIBRDKAFKA_SASL_MECHANISMS: Final = ("GSSAPI", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+"""librdkafka's ``sasl.mechanisms`` (alias ``sasl.mechanism``), per its CONFIGURATION.md: a string property, which
+librdkafka checks only when it creates a client with a SASL protocol (its enum properties, such as
+``security.protocol``, it refuses when they are set: :func:`librdkafka_problems`)."""
+
+
+def _kafka_python_value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with the value of an enumerated kafka-python setting (None: fine, or not enumerated), checked
+    against the lists and parsers kafka-python itself uses where it has them."""
+    from kafka.net.manager import KafkaConnectionManager
+    from kafka.net.sasl import SASL_MECHANISMS
+    from kafka.protocol.consumer.offsets import IsolationLevel
+
+    choices: dict[str, tuple[Any, ...]] = {
+        "security_protocol": KAFKA_PYTHON_SECURITY_PROTOCOLS,
+        "sasl_mechanism": tuple(sorted(SASL_MECHANISMS)),  # the mechanisms kafka-python registers
+        "client_dns_lookup": KafkaConnectionManager._VALID_DNS_LOOKUP_MODES,
+        "isolation_level": ("read_uncommitted", "read_committed"),
+    }
+    if key not in choices or (key == "sasl_mechanism" and value is None):
+        return None
+    if key == "isolation_level":
+        try:
+            IsolationLevel.build_from(value)  # kafka-python's own parser (read_committed, READ-COMMITTED, 1 ...)
+            return None
+        except (ValueError, TypeError):
+            pass
+    elif value in choices[key]:
+        return None
+    return f"{value!r} is not one of {', '.join(map(str, choices[key]))} (kafka-python's values)"
+
+
 def kafka_python_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, problem) for each setting KafkaConsumer does not know, checked against its own DEFAULT_CONFIG."""
+    """(key, problem) for each setting KafkaConsumer does not know (its own DEFAULT_CONFIG) or whose value is not
+    one of an enumerated setting's values (``security_protocol: BOGUS``)."""
     from kafka import KafkaConsumer
 
     known = set(KafkaConsumer.DEFAULT_CONFIG)
     problems = []
-    for key in client:
+    for key, value in client.items():
         if key in KAFKA_PYTHON_SET_BY_DAEMON:
             instead = KAFKA_PYTHON_SET_BY_DAEMON[key]
             problems.append((key, f"set by the daemon itself{f'; use {instead}' if instead else ''}"))
         elif key not in known:
             problems.append((key, "not a kafka-python KafkaConsumer setting (see KafkaConsumer.DEFAULT_CONFIG; "
                                   "kafka-python spells them with underscores, e.g. security_protocol)"))  # fmt: skip
+        elif (problem := _kafka_python_value_problem(key, value)) is not None:
+            problems.append((key, problem))
     return problems
 
 
@@ -75,6 +114,10 @@ def librdkafka_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
                      "pip install 'fairness-exporter[confluent]'")]  # fmt: skip
     problems = []
     for key, value in client.items():
+        if key in ("sasl.mechanisms", "sasl.mechanism") and value not in LIBRDKAFKA_SASL_MECHANISMS:
+            problems.append((key, f"{value!r} is not one of {', '.join(LIBRDKAFKA_SASL_MECHANISMS)} (librdkafka's "
+                                  "SASL mechanisms)"))  # fmt: skip
+            continue
         try:
             Consumer({"group.id": "validation", key: value, _SENTINEL: 1})
         except KafkaException as exc:
@@ -239,6 +282,46 @@ def parse_windows(raw: Any, bucket_raw: Any, errors: Errors) -> tuple[list[Windo
                                         f"{bucket_raw if bucket_raw is not None else '1m'}")  # fmt: skip
         windows.append(window)
     return windows, bucket
+
+
+MIN_EVALUATION_SECONDS: Final = 1.0
+"""evaluation_interval at least 1s: each computation takes the stream's lock and renders every series (1ms was
+accepted, and computed without pause)."""
+CHECKPOINT_SECONDS: Final = (1.0, 3600.0)
+"""checkpoint.interval between 1s (each checkpoint is an fsync'd file of every window) and 1h (a restart re-reads
+what was counted since the last one, and offsets are committed only as checkpoints cover them)."""
+MAX_RING_BUCKETS: Final = 1_000_000
+"""Buckets of the longest window plus allowed_lateness: every model keeps a row of counts per bucket in memory."""
+
+
+def _duration(seconds: float) -> str:
+    """A duration as the config writes it (1h, 90s, 100ms)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and _milliseconds(seconds) % _milliseconds(size) == 0:
+            return f"{_milliseconds(seconds) // _milliseconds(size)}{unit}"
+    return f"{_milliseconds(seconds)}ms"
+
+
+def check_periods(config: Config, raw: dict[str, Any], errors: Errors) -> None:
+    """The periods the daemon runs on, within bounds that work: evaluation_interval from 1s to the shortest window
+    (a window computed less often than its own length is skipped in part), checkpoint.interval from 1s to 1h, and
+    a ring of at most :data:`MAX_RING_BUCKETS` buckets."""
+    w = config.windowing
+    shortest = min(window.seconds for window in w.windows)
+    evaluation = config.evaluation_interval_seconds
+    if "evaluation_interval" in raw and not MIN_EVALUATION_SECONDS <= evaluation <= shortest:
+        errors.add("evaluation_interval", f"{raw['evaluation_interval']} is out of range: from 1s to the shortest "
+                                          f"window ({_duration(shortest)})")  # fmt: skip
+    low, high = CHECKPOINT_SECONDS
+    if config.checkpoint_path is not None or config.kafka.stages == "staged":
+        interval = config.checkpoint_interval_seconds
+        if not low <= interval <= high:
+            errors.add("checkpoint.interval", f"{_duration(interval)} is out of range: from 1s to 1h")
+    buckets = math.ceil((w.longest_seconds + w.allowed_lateness_seconds) / w.bucket_seconds)
+    if buckets > MAX_RING_BUCKETS:
+        errors.add("bucket", f"{_duration(w.bucket_seconds)} makes {buckets:,} buckets of the longest window plus "
+                             f"allowed_lateness ({_duration(w.longest_seconds + w.allowed_lateness_seconds)}), each "
+                             f"kept in memory per model: at most {MAX_RING_BUCKETS:,}; use a wider bucket")  # fmt: skip
 
 
 def check_listen(address: Any, errors: Errors) -> str:
