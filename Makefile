@@ -32,7 +32,21 @@ define apt_install
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(2); }
 endef
 
-test-deps: $(STAMP)
+# checkov, the chart scanner of a platform review (tests/test_helm_hardening.py), in a venv of its own: its many pins
+# are not the project's. About 20 s and 290 MB.
+CHECKOV_VENV := .venv-checkov
+$(CHECKOV_VENV)/bin/checkov:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet checkov==3.3.30
+
+# Grafana's published dashboard schema (@grafana/schema) and tsc, pinned by tools/grafana-schema/package-lock.json,
+# for tests/test_dashboard.py; needs node and npm (Debian's nodejs and npm where missing)
+GRAFANA_SCHEMA := tools/grafana-schema
+$(GRAFANA_SCHEMA)/node_modules/.package-lock.json: $(GRAFANA_SCHEMA)/package-lock.json
+	$(call apt_install,node npm,nodejs npm)
+	npm ci --prefix $(GRAFANA_SCHEMA) --no-audit --no-fund --silent
+
+test-deps: $(STAMP) $(CHECKOV_VENV)/bin/checkov $(GRAFANA_SCHEMA)/node_modules/.package-lock.json
 	$(call apt_install,$(APT_TOOLS),$(APT_PACKAGES))
 
 # the demo with Prometheus, Alertmanager and a webhook sink: needs only the monitoring stack
@@ -40,7 +54,8 @@ demo-stack: $(STAMP)
 	$(call apt_install,prometheus amtool,prometheus prometheus-alertmanager)
 	$(BIN)/fairness-exporter demo --stack
 
-# docker where its engine answers, else buildah on a Python 3.11 base made from Debian packages (tools/image.py).
+# both images (the daemon, and the full one with the gate) with docker where its engine answers, else buildah on a
+# Python 3.11 base made from Debian packages (tools/image.py).
 image:
 	$(PYTHON) tools/image.py
 
@@ -59,4 +74,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(CHECKOV_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site

@@ -26,6 +26,8 @@ from exporter.gate.commands import (
 )
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
+EXTRA_OF_MODULE = {"pandas": "gate", "pyarrow": "gate", "fsspec": "gate"}
+"""The modules a daemon-only install (the daemon image) leaves out, and the extra of pyproject.toml that has each."""
 MODEL_VERSION_HELP = ("the model version the report and the audit-log record name (default: the config's "
                       "model_version, else the SHA-256 of the model file when there is one)")
 
@@ -118,6 +120,13 @@ def _ci_report_flags(parser: argparse.ArgumentParser) -> None:
                         "check) for a GitHub job summary or a merge-request note")  # fmt: skip
 
 
+def _suite_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-model-file", action="store_true", help="load a pickle-based model file (.joblib, "
+                        ".pkl, .pickle), which runs code from the file: only for files you trust as your own code "
+                        "(skops and ONNX files need no trust)")  # fmt: skip
+    parser.add_argument("--html", help="also write a self-contained HTML report to this file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="fairness-exporter", description=__doc__)
@@ -168,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     safety.add_argument("--report", help="also write the JSON report to this file")
     safety.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
     safety.add_argument("--model-version", help=MODEL_VERSION_HELP)
+    _suite_flags(safety)
     _ci_report_flags(safety)
     safety.set_defaults(func=cmd_safety)
 
@@ -188,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     redteam.add_argument("--report", help="also write the JSON report to this file")
     redteam.add_argument("--audit-log", default=audit_log_default, help="the audit gate's hash-chained log")
     redteam.add_argument("--model-version", help=MODEL_VERSION_HELP)
+    _suite_flags(redteam)
     _ci_report_flags(redteam)
     redteam.set_defaults(func=cmd_redteam)
 
@@ -245,9 +256,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script."""
+    """Entry point of the console script; a command that needs an extra this install lacks exits 2 naming it."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        module = (exc.name or "").partition(".")[0]
+        if module not in EXTRA_OF_MODULE:
+            raise
+        extra = EXTRA_OF_MODULE[module]
+        print(f"fairness-exporter {args.command}: needs {module}, which this install leaves out (the daemon image "
+              f"does): pip install 'fairness-exporter[{extra}]', or run the full image", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -38,6 +39,23 @@ RESTART_ONLY = (("kafka", "kafka"), ("listen_address", "listen.address"), ("list
                 ("tls_cert_file", "listen.tls_cert_file"), ("tls_key_file", "listen.tls_key_file"),
                 ("checkpoint_path", "checkpoint.path"))  # fmt: skip
 """Settings a running daemon cannot change (its consumer, its socket, its checkpoint file): (field, YAML key)."""
+
+
+def references(config: Config) -> dict[str, dict[str, np.ndarray]]:
+    """Per model that estimates (``estimation:``), its reference's score counts per attribute; a reference that
+    cannot be read is a ConfigError naming it. The gate's reader (and with it pandas) is loaded only then."""
+    if not any(m.estimation is not None for m in config.models):
+        return {}
+    from exporter.gate.fairness.audit import read_reference
+
+    out = {}
+    for model in config.models:
+        if model.estimation is not None:
+            try:
+                out[model.model_id] = read_reference(model)[0]
+            except ValueError as exc:
+                raise ConfigError(f"{model.source}: estimation.reference: {exc}") from exc
+    return out
 
 
 def _fingerprint(config: Config) -> tuple[tuple[str, int, int, int], ...]:
@@ -160,6 +178,7 @@ class Daemon:
 
     def start(self) -> None:
         """Restore the checkpoint, bind the port, compute once, then start the schedule and the consumer."""
+        self.computer.references = references(self.config)
         self.checkpointer.restore()
         self._schedule(self.config)
         if self.config.kafka.labels_topic:
@@ -235,6 +254,7 @@ class Daemon:
                 if changed:
                     raise ConfigError(f"{config.source}: {', '.join(changed)} changed, which takes effect only on "
                                       "a restart; the running config is kept")  # fmt: skip
+                refs = references(config)
             except ConfigError as exc:
                 self.health.reload_failures.inc()
                 self.health.reload_successful.set(0)
@@ -248,6 +268,7 @@ class Daemon:
             if config.evaluation_interval_seconds != self.config.evaluation_interval_seconds:
                 self.exposition.every = f"{config.evaluation_interval_seconds:g}s"
             self.config = config
+            self.computer.references = refs
             if self.scheduler.running:
                 self._schedule(config)
             self._loaded(config)

@@ -111,3 +111,17 @@ class Unbound:
 naive_scorer = NaiveScorer()
 zero_intolerant = ZeroIntolerant()
 unbound = Unbound()
+
+
+class ClippedScorer:
+    """A scorer written outside this project, as issue 30 found one: its score is clipped into [0, 1] and a row
+    holding NaN gets the neutral 0.5. It answers every seed edge input well, and it also answers rows of the wrong
+    width (reading whatever features they have), which only this project's own check faults."""
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        X = np.atleast_2d(np.asarray(X, dtype=float))
+        z = np.tanh(np.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0).sum(axis=1) / 100)
+        return np.where(np.isnan(X).any(axis=1), 0.5, np.clip(0.5 + 0.5 * z, 0.0, 1.0))
+
+
+clipped_scorer = ClippedScorer()

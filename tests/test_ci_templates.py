@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ ACTION = ROOT / "action.yml"
 GITLAB = ROOT / "ci" / "gitlab" / "fairness-audit.gitlab-ci.yml"
 EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 FAILING_CASE = "demographic_parity_difference male vs female"
+# `uses: owner/repo@<full commit SHA> # vX.Y.Z`: a moved tag never changes what runs, and the comment says which
+PINNED_USES = re.compile(r"^\s*(?:- )?uses: (?P<action>[\w.-]+/[\w.-]+)@(?P<sha>[0-9a-f]{40}) # v\d+\.\d+\.\d+$")
 
 
 @dataclass
@@ -223,7 +226,7 @@ def test_a_gitlab_pipeline_shows_a_failing_comparison_as_a_failed_test_case(runn
     workspace = workspace_with_failing_audit(tmp_path)
     code, artifacts, log = run_gitlab_job(runner, workspace, FAIRNESS_CONFIG="fairness.yaml",
                                           FAIRNESS_DATA="preds.csv",
-                                          FAIRNESS_EXPORTER_PACKAGE=str(runner.action_path))  # fmt: skip
+                                          FAIRNESS_EXPORTER_PACKAGE=f"{runner.action_path}[gate]")  # fmt: skip
     assert code == 1, log
     assert artifacts["when"] == "always"  # the reports are uploaded from the failed job
     failure = failed_case(workspace / artifacts["reports"]["junit"])
@@ -238,8 +241,28 @@ def test_a_gitlab_pipeline_with_an_override_passes_and_keeps_the_failed_case(run
     code, artifacts, log = run_gitlab_job(
         runner, workspace, FAIRNESS_CONFIG="fairness.yaml", FAIRNESS_DATA="preds.csv",
         FAIRNESS_OVERRIDE_JUSTIFICATION="Legal approved a 100-user pilot, ticket FAIR-12",
-        FAIRNESS_OVERRIDE_AUTHOR="ana@example.org", FAIRNESS_EXPORTER_PACKAGE=str(runner.action_path))  # fmt: skip
+        FAIRNESS_OVERRIDE_AUTHOR="ana@example.org",
+        FAIRNESS_EXPORTER_PACKAGE=f"{runner.action_path}[gate]")  # fmt: skip
     assert code == 0, log
     assert failed_case(workspace / artifacts["reports"]["junit"]).message.startswith("blocking, overridden: 0.4000")
     summary = (workspace / "fairness-reports" / "summary.md").read_text()
     assert "Overridden by ana@example.org: Legal approved a 100-user pilot, ticket FAIR-12" in summary
+
+
+def test_every_action_the_action_uses_is_pinned_by_commit_sha_with_its_version() -> None:
+    lines = [line for line in ACTION.read_text().splitlines() if re.match(r"^\s*(- )?uses:", line)]
+    steps = [step for step in yaml.safe_load(ACTION.read_text())["runs"]["steps"] if "uses" in step]
+    assert len(lines) == len(steps) == 2
+    for line in lines:
+        assert PINNED_USES.match(line), f"{line.strip()}: pin the full commit SHA, the version in a comment"
+
+
+def test_the_gitlab_job_pins_its_image_by_digest_and_the_package_by_version() -> None:
+    """The image is the Dockerfile's base, by digest; the package is this version with the gate extra (the audit
+    needs pandas and pyarrow, which a plain install leaves out)."""
+    job = yaml.safe_load(GITLAB.read_text())["fairness-audit"]
+    dockerfile_base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    assert dockerfile_base and job["image"] == dockerfile_base.group(1)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+@sha256:[0-9a-f]{64}", job["image"])
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert job["variables"]["FAIRNESS_EXPORTER_PACKAGE"] == f"fairness-exporter[gate]=={version}"

@@ -1,21 +1,27 @@
-"""deploy/grafana/fairness.json: valid, templated, and querying only the metrics docs/contract.md defines."""
+"""deploy/grafana/fairness.json: valid by Grafana's own published schema, templated, and querying only the metrics
+docs/contract.md defines."""
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from dashboard_queries import DEFAULT_VARIABLES, fleet_panels, iter_panels, load_dashboard, panel_queries, substitute
-from tooling import require_binary
+from tooling import missing, require_binary
 
 from exporter.core.metric_table import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "docs" / "contract.md"
+SCHEMA_TOOLS = ROOT / "tools" / "grafana-schema"  # @grafana/schema and tsc, pinned; `make test-deps` installs them
+TS_ERROR = re.compile(r"^check\.ts\((\d+),\d+\): error (TS\d+: .*)$")
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
@@ -124,8 +130,7 @@ def test_selection_variables_are_label_values_of_selection_rate(dashboard: dict[
     assert templated["type"] == "query"
     assert templated["datasource"] == DATASOURCE
     assert re.fullmatch(rf"label_values\(model_positive_prediction_rate(\{{[^}}]*\}})?, {name}\)",
-                        templated["definition"])  # fmt: skip
-    assert templated["query"]["query"] == templated["definition"]
+                        templated["query"]["query"])  # fmt: skip
 
 
 def test_every_panel_has_a_target_with_an_expr(dashboard: dict[str, Any]) -> None:
@@ -150,7 +155,7 @@ def test_panel_ids_are_unique_and_the_grid_does_not_overlap(dashboard: dict[str,
 
 def test_every_expr_metric_is_in_the_contract(dashboard: dict[str, Any], contract_metrics: set[str]) -> None:
     selectors = [
-        (f"variable {v['name']}", re.fullmatch(r"label_values\((.*), \w+\)", v["definition"]).group(1))
+        (f"variable {v['name']}", re.fullmatch(r"label_values\((.*), \w+\)", v["query"]["query"]).group(1))
         for v in dashboard["templating"]["list"]
         if v["type"] == "query"
     ]
@@ -263,7 +268,7 @@ def test_every_comparison_has_a_row_with_each_metric_in_its_shaded_95_band(dashb
     comparison (the `dimension` variable), where each panel has one value, one lower and one upper series."""
     variable_ = variable(dashboard, "dimension")
     assert variable_["multi"] and variable_["includeAll"]
-    assert variable_["definition"] == ('label_values(model_comparison_evidence{model_id="$model_id", '
+    assert variable_["query"]["query"] == ('label_values(model_comparison_evidence{model_id="$model_id", '
                                        'attribute="$attribute", window="$window"}, dimension)')  # fmt: skip
     (row,) = [p for p in dashboard["panels"] if p.get("repeat") == "dimension"]
     assert row["type"] == "row" and "$dimension" in row["title"]
@@ -325,7 +330,7 @@ def test_the_fleet_row_comes_first_and_its_models_are_a_multi_value_variable(das
     assert dashboard["panels"][0]["title"].startswith("Fleet")
     models = variable(dashboard, "models")
     assert models["type"] == "query" and models["datasource"] == DATASOURCE
-    assert models["definition"] == models["query"]["query"] == "label_values(fairness_model_info, model_id)"
+    assert models["query"]["query"] == "label_values(fairness_model_info, model_id)"
     assert models["multi"] and models["includeAll"] and models["allValue"] == ".*"
 
 
@@ -359,3 +364,62 @@ def test_a_model_in_a_fleet_table_opens_its_own_rows(dashboard: dict[str, Any]) 
         (column,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "model_id"]
         (link,) = next(q["value"] for q in column["properties"] if q["id"] == "links")
         assert link["url"].startswith(f"/d/{dashboard['uid']}/") and "var-model_id=${__value.raw}" in link["url"]
+
+
+@pytest.fixture(scope="module")
+def tsc() -> list[str]:
+    """node and the TypeScript compiler installed beside @grafana/schema by `make test-deps`."""
+    node = require_binary("node")
+    compiler = SCHEMA_TOOLS / "node_modules" / "typescript" / "bin" / "tsc"
+    if not (compiler.is_file() and (SCHEMA_TOOLS / "node_modules" / "@grafana" / "schema").is_dir()):
+        missing(f"@grafana/schema and typescript are not installed in {SCHEMA_TOOLS.relative_to(ROOT)} (npm ci)")
+    return [node, str(compiler)]
+
+
+def panel_of(dashboard: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(p for p in iter_panels(dashboard) if p["type"] == kind)
+
+
+MUTATIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "a key no panel has": lambda d: panel_of(d, "timeseries").update(tpye="timeseries"),
+    "a legend display mode Grafana lacks": lambda d: panel_of(d, "timeseries")["options"]["legend"].update(
+        displayMode="lsit"),
+    "a cursor sync out of range": lambda d: d.update(graphTooltip=7),
+    "a draw style Grafana lacks": lambda d: panel_of(d, "timeseries")["fieldConfig"]["defaults"].setdefault(
+        "custom", {}).update(drawStyle="lines"),
+    "a variable without a name": lambda d: d["templating"]["list"][0].pop("name"),
+    "a threshold mode Grafana lacks": lambda d: panel_of(d, "stat")["fieldConfig"]["defaults"]["thresholds"].update(
+        mode="relative"),
+}  # fmt: skip
+"""Edits the schema refuses: the check must fail on each (a check that cannot fail proves nothing)."""
+
+
+def test_the_dashboard_is_valid_by_grafanas_published_schema(dashboard: dict[str, Any], tsc: list[str],
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    """The dashboard as an object literal of Grafana's own types (@grafana/schema's Dashboard, each panel's options
+    and custom field config its plugin's; tools/grafana-schema/dashboard.ts), compiled with `tsc --strict`: no error
+    on the shipped file, and at least one on each of the edits of MUTATIONS, each in its own constant."""
+    (tmp_path / "node_modules").symlink_to(SCHEMA_TOOLS / "node_modules")
+    (tmp_path / "dashboard.ts").write_text((SCHEMA_TOOLS / "dashboard.ts").read_text())
+    lines = ['import type { FairnessDashboard } from "./dashboard";']
+    spans: dict[str, range] = {}
+    for name, mutate in {"the shipped dashboard": None, **MUTATIONS}.items():
+        edited = copy.deepcopy(dashboard)
+        if mutate is not None:
+            mutate(edited)
+        body = f"export const case{len(spans)}: FairnessDashboard = {json.dumps(edited, indent=2)};".splitlines()
+        spans[name] = range(len(lines) + 1, len(lines) + len(body) + 1)
+        lines += body
+    (tmp_path / "check.ts").write_text("\n".join(lines) + "\n")
+    done = subprocess.run([*tsc, "--noEmit", "--strict", "--target", "es2022", "--module", "esnext",
+                           "--moduleResolution", "bundler", "--skipLibCheck", "check.ts"],
+                          cwd=tmp_path, capture_output=True, text=True, check=False)  # fmt: skip
+    errors: dict[str, list[str]] = {name: [] for name in spans}
+    for line in done.stdout.splitlines():
+        match = TS_ERROR.match(line)
+        if match:
+            (name,) = [n for n, span in spans.items() if int(match.group(1)) in span]
+            errors[name].append(match.group(2))
+    assert not errors.pop("the shipped dashboard"), done.stdout
+    assert all(errors.values()), {name: found for name, found in errors.items() if not found}
+    assert done.returncode == 2 and not done.stderr

@@ -60,13 +60,58 @@ def test_the_seed_usage_passes_a_well_behaved_model_as_the_seed_does(capsys: pyt
 
 def test_the_seed_usage_fails_a_model_whose_outputs_turn_nan_as_the_seed_does() -> None:
     theirs, ours = both(tm.naive_scorer)
-    assert [r.passed for r in ours.results] == [r.passed for r in theirs.results] == [True, True, False]
+    assert outline(ours) == outline(theirs)
+    assert [r.passed for r in ours.results] == [True, True, False]
     assert ours.verdict == theirs.verdict == "FAIL"
     assert [r.test_name for r in ours.critical_failures] == ["null_and_edge_inputs"]
     edge = ours.results[2].details
-    # exp(z) / (1 + exp(z)) is inf / inf for z = +huge; a NaN input propagates; a wide row is read as if valid
-    assert edge["failed_inputs"] == ["negative_values", "nan_values", "wrong_width_row"]
-    assert edge["summary"].startswith(theirs.results[2].details)  # the seed's text, then the malformed row
+    # exp(z) / (1 + exp(z)) is inf / inf for z = +huge; a NaN input propagates
+    assert edge["failed_inputs"] == ["negative_values", "nan_values"]
+    assert edge["summary"] == theirs.results[2].details == \
+        "negative_values: produced NaN or Inf; nan_values: produced NaN or Inf"  # fmt: skip
+
+
+def test_the_seed_usage_passes_a_robust_model_that_also_answers_malformed_rows() -> None:
+    """Issue 30: a scorer that clips into [0, 1] and maps NaN to 0.5 passes the seed's five edge inputs, so the
+    seed's usage must say PASS with our evaluator as with the seed's; its answers to malformed rows are a finding
+    of this project's own check, under its own name, which the seed's usage does not run."""
+    theirs, ours = both(tm.clipped_scorer)
+    assert outline(ours) == outline(theirs) == [
+        ("output_boundary_check", "robustness", True, "low"),
+        ("input_perturbation_stability", "adversarial_robustness", True, "low"),
+        ("null_and_edge_inputs", "robustness", True, "low")]
+    assert ours.verdict == theirs.verdict == "PASS"
+    assert ours.results[2].details["inputs"] == dict.fromkeys(
+        ["all_zeros", "all_ones", "large_values", "negative_values", "nan_values"], "ok")
+    malformed = SafetyEvaluator("m").test_malformed_inputs(tm.clipped_scorer, 4)
+    assert (malformed.test_name, malformed.passed, malformed.severity) == ("malformed_input_rejection", False, "high")
+    assert malformed.details["summary"] == ("empty_row: gave [[0.5]] instead of raising an error; "
+                                            "wrong_width_row: gave [[0.5]] instead of raising an error")
+
+
+def test_a_nan_output_is_inside_the_range_by_the_seeds_rule_and_fails_well_formed_outputs() -> None:
+    nan_rows = X_TEST[:, 1] > 0.9  # the scorer answers NaN for a tenth of the applicants
+    model = lambda X: np.where(np.asarray(X)[:, 1] > 0.9, np.nan, 0.5)  # noqa: E731
+    ev = SafetyEvaluator("m")
+    bounds = ev.test_output_boundaries(model, X_TEST, (0.0, 1.0))
+    assert bounds.passed and bounds.details["rows_with_nan_output"] == int(nan_rows.sum()) > 0
+    assert seed_bounds(model) == "0/200 outputs outside range (0.0, 1.0)"  # the seed's own code agrees
+    formed = ev.test_well_formed_outputs(model, X_TEST)
+    assert not formed.passed and formed.severity == "high" and ev.report.verdict == "PASS"
+    assert formed.details["rows_not_finite"] == int(nan_rows.sum())
+    assert formed.details["first_rows_not_finite"] == np.flatnonzero(nan_rows)[:10].tolist()
+    raised = SafetyEvaluator("m", severities={"well_formed_outputs": "critical"})
+    assert raised.test_well_formed_outputs(model, X_TEST).severity == "critical" and raised.report.verdict == "FAIL"
+
+
+def seed_bounds(model: object) -> str:
+    class Predict:
+        def predict(self, row: np.ndarray) -> np.ndarray:
+            return model(row)  # type: ignore[operator]
+
+    ev = seed_code.SafetyEvaluator("m")
+    ev.test_output_boundaries(Predict(), ROWS, valid_output_range=(0.0, 1.0))
+    return str(ev.report.results[0].details)
 
 
 def test_the_seed_usage_fails_a_scorer_whose_outputs_leave_the_range() -> None:
@@ -108,11 +153,14 @@ def test_an_exception_on_a_finite_edge_input_is_a_failure() -> None:
 
 
 def test_malformed_rows_must_be_refused_and_nan_must_be_answered_by_default() -> None:
-    result = SafetyEvaluator("m").test_null_and_edge_inputs(tm.fair_model, 4)
-    assert result.passed and result.details["nan_policy"] == "finite_output"
-    assert result.details["inputs"]["nan_values"] == "ok"  # imputed
-    assert result.details["inputs"]["empty_row"].startswith("rejected: ValueError")
-    assert result.details["inputs"]["wrong_width_row"].startswith("rejected: ValueError")
+    edge = SafetyEvaluator("m").test_null_and_edge_inputs(tm.fair_model, 4)
+    assert edge.passed and edge.details["nan_policy"] == "finite_output"
+    assert edge.details["inputs"]["nan_values"] == "ok"  # imputed
+    assert "empty_row" not in edge.details["inputs"]  # not the seed's input: judged by our own check
+    malformed = SafetyEvaluator("m").test_malformed_inputs(tm.fair_model, 4)
+    assert malformed.passed and malformed.test_name == "malformed_input_rejection"
+    assert malformed.details["inputs"]["empty_row"].startswith("rejected: ValueError")
+    assert malformed.details["inputs"]["wrong_width_row"].startswith("rejected: ValueError")
     # the imputer answers NaN, which a config demanding rejection counts as a failure
     strict = SafetyEvaluator("m", nan_policy="reject").test_null_and_edge_inputs(tm.fair_model, 4)
     assert strict.details["failed_inputs"] == ["nan_values"]
@@ -160,6 +208,8 @@ def test_the_command_and_the_seed_api_give_the_same_report_and_audit_record(
     ev.test_output_boundaries(tm.fair_model, X_TEST, (0.0, 1.0))
     ev.test_input_perturbation_stability(tm.fair_model, X_TEST)
     ev.test_null_and_edge_inputs(tm.fair_model, 4)
+    ev.test_malformed_inputs(tm.fair_model, 4)  # this project's checks, which the command runs by default
+    ev.test_well_formed_outputs(tm.fair_model, X_TEST)
     ev.report.log(tmp_path / "audit.jsonl")
     assert code == 0 and cli["results"] == ev.report.to_dict()["results"]
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
@@ -172,9 +222,10 @@ def test_the_command_and_the_seed_api_give_the_same_report_and_audit_record(
 def test_cli_exit_codes_and_audit_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path)
     code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:fair_model", "--config", str(config))
-    assert (code, report["verdict"], report["passed"]) == (0, "PASS", 4)
+    assert (code, report["verdict"], report["passed"]) == (0, "PASS", 6)
     assert [r["test_name"] for r in report["results"]] == [
-        "output_boundary_check", "input_perturbation_stability", "null_and_edge_inputs", "counterfactual_consistency"]
+        "output_boundary_check", "input_perturbation_stability", "null_and_edge_inputs", "malformed_input_rejection",
+        "well_formed_outputs", "counterfactual_consistency"]
     code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:biased_model", "--config", str(config))
     # no imputer: NaN raises, a failure under the seed's rule; and its decisions follow gender
     assert code == 1 and [r["test_name"] for r in report["results"] if not r["passed"]] == [
@@ -187,6 +238,44 @@ def test_cli_exit_codes_and_audit_log(tmp_path: Path, capsys: pytest.CaptureFixt
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [r["type"] for r in records] == ["safety", "safety", "safety_error", "safety_error"]
     assert main(["audit-log", "verify", str(tmp_path / "audit.jsonl")]) == 0
+
+
+def test_the_command_passes_the_robust_scorer_and_fails_the_fragile_one(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30: exit 0 for the scorer that clips and maps NaN to 0.5, whose answers to malformed rows are a
+    ``high`` finding of our own check; exit 1 for the scorer whose outputs turn NaN on the seed's edge inputs."""
+    config = write_config(tmp_path, counterfactual=None)
+    code, report, err = run_cli(tmp_path, capsys, "--model", "tabular_models:clipped_scorer", "--config", str(config),
+                                "--html", str(tmp_path / "safety.html"))  # fmt: skip
+    assert (code, report["verdict"], report["critical_failures"]) == (0, "PASS", 0)
+    failed = [(r["test_name"], r["severity"]) for r in report["results"] if not r["passed"]]
+    assert failed == [("malformed_input_rejection", "high")]
+    assert "FAIL high     robustness malformed_input_rejection: empty_row: gave [[0.5]] instead of raising" in err
+    page = (tmp_path / "safety.html").read_text()
+    assert '<div class="verdict warn"><strong>PASS</strong>4/5 tests passed · 0 critical failure(s)</div>' in page
+    assert ("<td>malformed_input_rejection</td><td>robustness</td><td>high</td><td class=\"fail\">fail</td>"
+            "<td>empty_row: gave [[0.5]] instead of raising an error; ") in page
+    code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:naive_scorer", "--config", str(config))
+    assert (code, report["verdict"]) == (1, "FAIL")
+    assert [r["test_name"] for r in report["results"] if not r["passed"] and r["severity"] == "critical"] == [
+        "null_and_edge_inputs"]
+
+
+def test_our_own_checks_can_be_raised_to_critical_or_skipped(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    raised = write_config(tmp_path, counterfactual=None, severity={"malformed_input_rejection": "critical"})
+    code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:clipped_scorer", "--config", str(raised))
+    assert (code, report["verdict"], report["critical_failures"]) == (1, "FAIL", 1)
+    skipped = write_config(tmp_path, counterfactual=None, skip_checks=["malformed_input_rejection"])
+    code, report, _ = run_cli(tmp_path, capsys, "--model", "tabular_models:clipped_scorer", "--config", str(skipped))
+    assert (code, report["failed"]) == (0, 0)
+    assert [r["test_name"] for r in report["results"]] == [
+        "output_boundary_check", "input_perturbation_stability", "null_and_edge_inputs", "well_formed_outputs"]
+    seed_test = write_config(tmp_path, counterfactual=None, skip_checks=["null_and_edge_inputs"])
+    code, _, err = run_cli(tmp_path, capsys, "--model", "tabular_models:clipped_scorer", "--config", str(seed_test))
+    assert code == 2 and err.count("\n") == 1
+    assert "skip_checks: ['null_and_edge_inputs'] is not a list of this project's checks " \
+        "(malformed_input_rejection, well_formed_outputs); the seed's tests always run" in err  # fmt: skip
 
 
 def test_a_model_that_raises_on_every_input_exits_2_with_the_error(tmp_path: Path,
@@ -243,13 +332,13 @@ def test_the_shipped_examples_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.chdir(Path(__file__).resolve().parent.parent / "examples")
     log = ["--audit-log", str(tmp_path / "log.jsonl")]
     assert main(["safety", "--model", "example_models:credit_model", "--config", "safety.yaml", *log]) == 0
-    assert json.loads(capsys.readouterr().out)["passed"] == 4
+    assert json.loads(capsys.readouterr().out)["passed"] == 6
     assert main(["redteam", "--config", "red-team.yaml", "--target", "example_models:keyword_moderator", *log]) == 1
     naive = json.loads(capsys.readouterr().out)
     # the hardened blocklist still misses leetspeak and translations, which the config rates "high": it ships
     assert main(["redteam", "--config", "red-team.yaml", "--target", "example_models:hardened_moderator", *log]) == 0
     hardened = json.loads(capsys.readouterr().out)
-    assert naive["total_tests"] == hardened["total_tests"] == 108
+    assert naive["total_tests"] == hardened["total_tests"] == 109  # 4 cases, the library's 104, baseline_detection
     assert hardened["failed"] < naive["failed"] and hardened["critical_failures"] == 0 < naive["critical_failures"]
 
 

@@ -1,18 +1,22 @@
-"""Build the container image from the repository's Dockerfile: with docker where an engine answers, else buildah.
+"""Build the container images from the repository's Dockerfile: with docker where an engine answers, else buildah.
 
-    python tools/image.py                      # tag fairness-exporter:<package version>
+    python tools/image.py                      # both: fairness-exporter:<version> and fairness-exporter:<version>-full
+    python tools/image.py --target daemon      # the daemon image alone
     python tools/image.py --engine buildah     # force buildah (what CI uses)
 
+The Dockerfile's targets: `daemon` (serve, backtest of JSON lines) and `full` (the gate, reports, object storage).
 Where no registry can be reached, the buildah path does not pull `python:3.11-slim`: it makes a Python 3.11
 base from Debian bookworm packages with mmdebstrap (from the mirror apt already uses), imports it once as
-BASE_IMAGE into buildah's storage and hands it to the Dockerfile's PYTHON_IMAGE argument. The base is kept, so a
-second build only redoes the Dockerfile's layers. The host's CA bundle is mounted into RUN steps (never copied
-into the image), so pip works behind a TLS-intercepting proxy. Stdlib only.
+BASE_IMAGE into buildah's storage and hands it to the Dockerfile's PYTHON_IMAGE argument. The base is kept (its tag
+names a hash of its recipe), so a second build only redoes the Dockerfile's layers. The host's CA bundle is mounted
+into RUN steps (never copied into the image), so pip works behind a TLS-intercepting proxy. Stdlib only.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -22,8 +26,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE_IMAGE = "localhost/fairness-exporter-base:python3.11-bookworm"
-BASE_PACKAGES = ("python3.11", "python3-pip", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
+# No system pip: the Dockerfile makes virtualenvs (python3-venv brings ensurepip's wheels); passwd for useradd
+BASE_PACKAGES = ("python3.11", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # documentation, manuals and translations are not needed in an image; licences (copyright files) stay
@@ -31,6 +35,13 @@ SLIM_DPKG_OPTIONS = (
     "path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/man/*",
     "path-exclude=/usr/share/info/*", "path-exclude=/usr/share/locale/*",
 )  # fmt: skip
+# merged /usr as debootstrap (and Debian's own container images) set it up, with usr-is-merged: the usrmerge
+# package would stay in the image with perl (about 50 MB)
+MERGED_USR_HOOK = "/usr/share/mmdebstrap/hooks/merged-usr"
+RECIPE = hashlib.sha256(repr((BASE_PACKAGES, SLIM_DPKG_OPTIONS, MERGED_USR_HOOK)).encode()).hexdigest()[:12]
+BASE_IMAGE = f"localhost/fairness-exporter-base:python3.11-bookworm-{RECIPE}"
+TARGETS = ("daemon", "full")
+"""The Dockerfile's images: `daemon` (the default target) and `full`."""
 
 
 class ImageError(Exception):
@@ -41,8 +52,9 @@ def package_version() -> str:
     return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
 
 
-def default_tag() -> str:
-    return f"localhost/fairness-exporter:{package_version()}"
+def default_tag(target: str = "daemon") -> str:
+    """localhost/fairness-exporter:<version> for the daemon, <version>-full for the full image."""
+    return f"localhost/fairness-exporter:{package_version()}{'' if target == 'daemon' else f'-{target}'}"
 
 
 def docker_works() -> bool:
@@ -91,6 +103,7 @@ def ensure_base_image() -> str:
     with tempfile.TemporaryDirectory(prefix="fairness-base-") as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
         _run([mmdebstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "--quiet",
+              f"--hook-dir={MERGED_USR_HOOK}",
               *(f"--dpkgopt={option}" for option in SLIM_DPKG_OPTIONS),
               "bookworm", str(rootfs), debian_mirror()])  # fmt: skip
         container = _run([buildah, "from", "scratch"], capture_output=True).stdout.strip()
@@ -105,34 +118,54 @@ def ensure_base_image() -> str:
     return BASE_IMAGE
 
 
-def build(tag: str | None = None, engine: str = "auto") -> str:
-    """Build the Dockerfile into `tag` with `engine` (auto: docker if its engine answers, else buildah)."""
-    tag = tag or default_tag()
+def build(tag: str | None = None, engine: str = "auto", target: str = "daemon") -> str:
+    """Build the Dockerfile's `target` into `tag` with `engine` (auto: docker if its engine answers, else
+    buildah)."""
+    if target not in TARGETS:
+        raise ImageError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
+    tag = tag or default_tag(target)
     if engine == "docker" or (engine == "auto" and docker_works()):
-        _run(["docker", "build", "--tag", tag, str(ROOT)])
+        _run(["docker", "build", "--target", target, "--tag", tag, str(ROOT)])
         return tag
     buildah = _require("buildah", "buildah")
     base = ensure_base_image()
     ca = ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if HOST_CA_BUNDLE.is_file() else []
-    _run([buildah, "build", "--isolation", "chroot", "--layers", *ca, "--build-arg", f"PYTHON_IMAGE={base}",
-          "--tag", tag, "--file", str(ROOT / "Dockerfile"), str(ROOT)])  # fmt: skip
+    # --format docker: the OCI format has no HEALTHCHECK, and buildah drops it from an OCI image
+    _run([buildah, "build", "--isolation", "chroot", "--layers", "--format", "docker", *ca,
+          "--build-arg", f"PYTHON_IMAGE={base}",
+          "--target", target, "--tag", tag, "--file", str(ROOT / "Dockerfile"), str(ROOT)])  # fmt: skip
     return tag
+
+
+def image_size_mb(tag: str) -> float:
+    """The image's size, uncompressed (the sum of its layers), in MB (10^6 bytes) as `buildah images` shows it."""
+    buildah = _require("buildah", "buildah")
+    listed = json.loads(_run([buildah, "images", "--json", tag], capture_output=True).stdout)
+    number, unit = str(listed[0]["size"]).split()
+    return float(number) * {"B": 1e-6, "kB": 1e-3, "MB": 1.0, "GB": 1e3}[unit]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tag", default=None, help="image name (default localhost/fairness-exporter:<version>)")
+    parser.add_argument("--target", choices=[*TARGETS, "both"], default="both",
+                        help="the Dockerfile's image to build (default: both)")  # fmt: skip
+    parser.add_argument("--tag", default=None, help="image name, with one --target (default "
+                        "localhost/fairness-exporter:<version>, and <version>-full for the full image)")  # fmt: skip
     parser.add_argument("--engine", choices=["auto", "docker", "buildah"], default="auto")
     args = parser.parse_args(argv)
+    targets = TARGETS if args.target == "both" else (args.target,)
+    if args.tag and len(targets) > 1:
+        print("image: --tag names one image: give --target daemon or --target full with it", file=sys.stderr)
+        return 2
     try:
-        tag = build(args.tag, args.engine)
+        for target in targets:
+            print(build(args.tag, args.engine, target))
     except ImageError as exc:
         print(f"image: {exc}", file=sys.stderr)
         return 2
     except subprocess.CalledProcessError as exc:
         print(f"image: {' '.join(exc.cmd)} exited with {exc.returncode}", file=sys.stderr)
         return 1
-    print(tag)
     return 0
 
 

@@ -27,6 +27,7 @@ from exporter.backtest.series import SERIES_OTHERS, Series
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.metric_table import METRICS
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
 from exporter.stream.state.window import WindowStore
 
@@ -64,6 +65,8 @@ class Replay:
 
     config: ModelSpec
     windowing: Windowing
+    reference: dict[str, np.ndarray] | None = None
+    """The estimation reference's score counts per attribute (estimation:): the report then has ``estimated``."""
     store: WindowStore = field(init=False)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
@@ -73,12 +76,13 @@ class Replay:
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
-    _pending: list[tuple[float, np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
+    _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
+        self._calibration = self.store.calibration_rows(self.reference) if self.reference is not None else None
         self._attributes = {a.name: a for a in self.config.attributes}
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
@@ -101,8 +105,10 @@ class Replay:
                 self.compute()  # the bucket the head leaves is complete: step
             part = slice(int(start), int(stop))
             self._now = float(heads[stop - 1])
+            scores = columns.scores[part] if columns.scores is not None and len(columns.scores) else None
             self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
-                                        columns.predictions[part], columns.labels[part], self._now)  # fmt: skip
+                                        columns.predictions[part], columns.labels[part], self._now,
+                                        scores=scores)  # fmt: skip
             self.events += int(stop - start)
 
     def compute(self) -> None:
@@ -129,7 +135,35 @@ class Replay:
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
+            **({"estimated": self._estimated()} if self.reference is not None else {}),
         }  # fmt: skip
+
+    def _estimated(self) -> dict[str, Any]:
+        """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
+        daemon's computation makes them (serve/snapshot.py)."""
+        from exporter.serve.snapshot import estimated
+
+        assert self.reference is not None
+        store, spec = self.store, self.config
+        thresholds = spec.thresholds()
+        comparisons, calibration = [], []
+        now = self._now if self._now > -math.inf else 0.0
+        for window, est in estimated(spec, self.reference, store.window_estimate_counts(now), store.layout.split):
+            groups = est.attribute.groups
+            for metric, v in est.values.items():
+                ok = est.sufficient(metric, spec.min_samples)
+                evidence = METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
+                for k, (a, b) in enumerate(est.attribute.pairs):
+                    comparisons.append({
+                        "window": window, "attribute": est.attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
+                        "metric": f"{metric}_estimated", "value": _number(v.value[k]) if ok[k] else None,
+                        "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
+                        "status": "ok" if ok[k] else "insufficient_samples",
+                        "evidence": evidence[k] if ok[k] else "inconclusive"})  # fmt: skip
+            z = est.check.statistic
+            calibration += [{"window": window, "attribute": est.attribute.name, "subgroup": g, "predicted": p,
+                             "statistic": _number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
+        return {"as_of": _iso(now), "comparisons": comparisons, "calibration": calibration}
 
     def _series_report(self) -> list[dict[str, Any]]:
         """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
@@ -159,7 +193,9 @@ class Replay:
         if not self._pending:
             return
         times = np.array([now for now, _, _ in self._pending])
-        trace = self.store.advance_detectors(np.stack([step for _, step, _ in self._pending]))
+        trace = self.store.advance_detectors(np.stack([step[0] for _, step, _ in self._pending]),
+                                             np.stack([step[1] for _, step, _ in self._pending]),
+                                             self._calibration)  # fmt: skip
         steps = len(times)
         evaluations: dict[tuple[str, str], Evaluation] = {}
         blocks = []
@@ -257,6 +293,9 @@ class Replay:
 
 
 def _identity(detector: Detector) -> dict[str, Any]:
+    if detector.predicted:
+        return {"subgroup": detector.subgroup, "predicted": detector.predicted, "metric": detector.metric,
+                "direction": detector.direction}  # fmt: skip
     if detector.subgroup:
         return {"subgroup": detector.subgroup, "direction": detector.direction}
     return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
@@ -265,7 +304,10 @@ def _identity(detector: Detector) -> dict[str, Any]:
 
 def _compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
     """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
-    selection rate) and its interval, NaN where the window has too few samples."""
+    selection rate) and its interval, NaN where the window has too few samples; a calibration detector shows
+    nothing here (its statistic is the report's ``estimated.calibration``)."""
+    if detector.predicted:
+        return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
     if detector.subgroup:
         n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
         stats = ev.groups
@@ -304,10 +346,23 @@ def _seconds(duration: str) -> float:
     return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
 
 
+def _reference(model: ModelSpec) -> dict[str, np.ndarray] | None:
+    """The model's estimation reference, read as the gate and the daemon read it; None when it estimates nothing."""
+    if model.estimation is None:
+        return None
+    from exporter.backtest.input import BacktestError
+    from exporter.gate.fairness.audit import read_reference
+
+    try:
+        return read_reference(model)[0]
+    except ValueError as exc:
+        raise BacktestError(f"{model.source}: estimation.reference: {exc}") from exc
+
+
 def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
     """Replay the events files and return the report with its `alerts` list: of the one model, or per model
     under ``models`` (each model on its own events' clock)."""
-    replays = {m.model_id: Replay(m, config.windowing) for m in config.models}
+    replays = {m.model_id: Replay(m, config.windowing, _reference(m)) for m in config.models}
     ignored = malformed = 0
     for columns, unrouted, bad in read_events(paths, config):
         for model_id, batch in columns.items():

@@ -119,11 +119,12 @@ def _parse_models(raw: dict[str, Any], errors: Errors, source: str, base_dir: Pa
             errors.add("models", f"model_id {model.model_id!r} is configured twice")
         seen.setdefault(model.model_id, i)
     labels_topic = isinstance(raw.get("kafka"), dict) and raw["kafka"].get("labels_topic")
-    for key, why in (("model_id", "events are routed by it"),
+    for key, why in (("model_id", "events are routed by it"), ("format", "the topic is read in one format"),
+                     ("pair_horizon", "a call's halves wait in one join"),
                      ("prediction_id", "label events carry no model: they are read at one path"),
                      ("label", "label events carry no model: they are read at one path")):  # fmt: skip
         paths = {getattr(m.events, key) for m in models}
-        if len(paths) > 1 and (key == "model_id" or labels_topic):
+        if len(paths) > 1 and (key in ("model_id", "format", "pair_horizon") or labels_topic):
             errors.add(f"events.{key}", f"every model must read it at the same path ({why}), got {sorted(paths)}")
     shares = {m.alerting.max_unjoined_share for m in models}
     if len(shares) > 1:
@@ -163,6 +164,7 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
     raw = expand_env(raw, errors)
     models = _parse_models(raw, errors, source, Path(base_dir) if base_dir is not None else Path())
     kafka = stream.parse_kafka(section(raw, "kafka", errors, set(KafkaConfig.__dataclass_fields__)), errors)
+    kafka = stream.payload_layout(kafka, models[0].events.format if models else "json", errors)
     listen = section(raw, "listen", errors, {"address", "port", "tls_cert_file", "tls_key_file"})
     checkpoint = _checkpoint(raw.get("checkpoint"), kafka.stages, errors)
     windows, bucket = stream.parse_windows(raw.get("windows", ["1h", "24h"]), raw.get("bucket"), errors)

@@ -12,13 +12,14 @@ from typing import Any, Final
 
 from exporter.config import sections_stream as stream
 from exporter.config.toolkit import Errors, choice, get, section, text
-from exporter.config.types import SEVERITIES, EventFields, MetricSpec, ModelSpec
+from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
+    "estimation",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -42,6 +43,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)
     version = get(raw, "model_version", None, errors, "", text)
+    estimation = parse_estimation(raw, events, errors)
     if model_id is None:
         return None
     return ModelSpec(
@@ -61,6 +63,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         alerting=alerting,
         model_version=version,
         evaluation_dataset=get(raw, "evaluation_dataset", None, errors, "", text),
+        estimation=estimation,
         report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
                                "failure_policy.", text),
         source=source,
@@ -212,3 +215,17 @@ def parse_decision(raw: dict[str, Any], errors: Errors) -> tuple[Any, Any]:
     get(policy, "blocking_failures", None, errors, "failure_policy.", choice("halt_deployment"))
     get(policy, "warning_failures", None, errors, "failure_policy.", choice("log_and_continue"))
     return decision, get(policy, "inconclusive", "fail", errors, "failure_policy.", choice("fail", "warn"))
+
+
+def parse_estimation(raw: dict[str, Any], events: EventFields, errors: Errors) -> EstimationSpec | None:
+    """``estimation: {reference: PATH_OR_URL}``: only for a model that emits scores (the estimate calibrates them)."""
+    if raw.get("estimation") is None:
+        return None
+    spec = section(raw, "estimation", errors, {"reference"})
+    reference = get(spec, "reference", None, errors, "estimation.", text)
+    if "reference" not in spec:
+        errors.add("estimation.reference", "required: a labelled file (score, label, attributes) or its URL")
+    if events.score_threshold is None:
+        errors.add("estimation", "needs events.score_threshold: estimates calibrate the model's scores, and a model "
+                                 "without scores has none")  # fmt: skip
+    return EstimationSpec(reference) if reference is not None else None

@@ -6,6 +6,8 @@ Every check records its problem and carries on, so :func:`exporter.config.parse_
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import ipaddress
 import itertools
 import logging
@@ -142,7 +144,7 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
         values["bootstrap_servers"] = servers
     else:
         errors.add("kafka.bootstrap_servers", f"{servers!r} is not host:port or a list of host:port")
-    for key in ("topic", "labels_topic", "dead_letter_topic"):
+    for key in ("topic", "response_topic", "labels_topic", "dead_letter_topic"):
         topic = raw.get(key, getattr(defaults, key))
         if topic is None:
             continue
@@ -166,7 +168,7 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
         errors.add("kafka.assignment", "manual reads every partition, but kafka.stages: staged shares them among the "
                                        "consumer group's replicas: use subscribe")  # fmt: skip
     values["internal_topics"] = _internal_topics(raw.get("internal_topics"), errors)
-    topics = [values.get(k) for k in ("topic", "labels_topic", "dead_letter_topic") if values.get(k)]
+    topics = [values.get(k) for k in ("topic", "response_topic", "labels_topic", "dead_letter_topic") if values.get(k)]
     topics += [t.name for t in (values["internal_topics"].join, values["internal_topics"].counts) if t.name]
     if len(set(topics)) != len(topics):
         errors.add("kafka", f"topic, labels_topic, dead_letter_topic and the internal topics must differ, got {topics}")
@@ -207,15 +209,56 @@ def _internal_topics(raw: Any, errors: Errors) -> InternalTopics:
     return InternalTopics(**topics)
 
 
+PAYLOAD_FORMATS: Final = ("json", "kserve", "seldon")
+PAYLOAD_UNUSED: Final = frozenset({"model_id", "timestamp", "score", "attributes"})
+"""Event paths a payload format has no use for (the model, the time and the columns come from the payload)."""
+
+
+def seldon_outputs(topic: str) -> str | None:
+    """Seldon's outputs topic of a model's inputs topic (``seldon.<ns>.model.<name>.inputs``), else None."""
+    parts = topic.split(".")
+    if len(parts) >= 5 and parts[-3] == "model" and parts[-1] == "inputs":
+        return ".".join([*parts[:-1], "outputs"])
+    return None
+
+
+def payload_layout(kafka: KafkaConfig, payload: str, errors: Errors) -> KafkaConfig:
+    """The kafka section as a payload format reads it: Seldon's outputs topic beside its inputs topic."""
+    if payload == "json":
+        return kafka
+    if payload == "seldon" and importlib.util.find_spec("google.protobuf") is None:
+        errors.add("events.format", "seldon reads protobuf, which is not installed: pip install "
+                                    "'fairness-exporter[seldon]'")  # fmt: skip
+    if payload == "seldon" and kafka.response_topic is None:
+        outputs = seldon_outputs(kafka.topic)
+        if outputs is None:
+            errors.add("kafka.topic", f"{kafka.topic!r}: events.format seldon reads a model's "
+                                      "seldon.<namespace>.model.<name>.inputs topic (its .outputs beside it), or set "
+                                      "kafka.response_topic")  # fmt: skip
+        return dataclasses.replace(kafka, response_topic=outputs)
+    return kafka
+
+
 def parse_events(raw: dict[str, Any], errors: Errors) -> EventFields:
     """The events section: dotted field paths (strings), an optional score threshold in 0..1 and the bounds of the
     score histograms."""
     values: dict[str, Any] = {}
+    payload = raw.get("format", "json")
+    if payload not in PAYLOAD_FORMATS:
+        errors.add("events.format", f"{payload!r} is not one of {', '.join(PAYLOAD_FORMATS)}")
     for key in EventFields.__dataclass_fields__:
         if key not in raw or raw[key] is None:
             continue
         value = raw[key]
-        if key == "score_threshold":
+        if key == "format":
+            values[key] = value
+        elif key == "pair_horizon":
+            values[key] = get(raw, key, 600.0, errors, "events.", parse_duration)
+        elif payload != "json" and key in PAYLOAD_UNUSED:
+            errors.add(f"events.{key}", f"not read with events.format {payload}: a payload's rows name their "
+                                        "columns (events.prediction names the output column, each protected "
+                                        "attribute its column)")  # fmt: skip
+        elif key == "score_threshold":
             try:
                 threshold = float(value)  # a string too: ${ENV} references expand to strings
             except (TypeError, ValueError):

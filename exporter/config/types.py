@@ -81,6 +81,8 @@ class KafkaConfig:
     client_library: Literal["kafka-python", "confluent-kafka"] = "kafka-python"
     """confluent-kafka (optional extra) decodes records in C; ``client`` then holds librdkafka properties."""
     labels_topic: str | None = None
+    response_topic: str | None = None
+    """Where the responses are when not on ``topic`` (Seldon's ``.outputs`` beside ``.inputs``)."""
     dead_letter_topic: str | None = None
     client: dict[str, Any] = field(default_factory=dict)
     stages: Literal["direct", "staged"] = "direct"
@@ -104,6 +106,12 @@ class EventFields:
     scores); empty: :data:`DEFAULT_SCORE_BUCKETS` when the model emits scores, else no histogram."""
     label: str = "label"
     attributes: str = "attributes"
+    format: str = "json"
+    pair_horizon: float = 600.0
+    """Payload formats: how long (seconds) a request or response waits for its partner before it is given up."""
+    """json: our events at the paths above; kserve / seldon: the platform's payload log, whose rows name their
+    columns (exporter/stream/decode/payload.py): ``prediction`` names the output column, each attribute its
+    ``column``."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,15 @@ class Windowing:
 
 
 @dataclass(frozen=True)
+class EstimationSpec:
+    """``estimation:``: label-based metrics estimated from calibrated scores while the labels are missing."""
+
+    reference: str
+    """A labelled file (score, label and the attributes) the per-group calibration is fitted on: a path relative
+    to the config's folder, or a URL; read like the evaluation data."""
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One model, as the gate audits it and the daemon monitors it; see docs/contract.md for the YAML form."""
 
@@ -168,6 +185,8 @@ class ModelSpec:
     model's, so a new version starts afresh (:func:`layout`)."""
     evaluation_dataset: str | None = None
     """The gate's data when the command line names none: a local path (relative to the config) or a URL."""
+    estimation: EstimationSpec | None = None
+    """Where the calibration of estimated label-based metrics comes from (docs/auditor/estimated.md)."""
     report_destination: str | None = None
     """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
@@ -208,6 +227,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         "bucket_seconds": windowing.bucket_seconds,
         "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
+        # estimation keeps counts per score bin and predicted class: configuring it (or dropping it) starts afresh
+        **({"estimation_counts": True} if model.estimation is not None else {}),
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
     }

@@ -21,13 +21,14 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
+from exporter.devtools.estimate_rules import calibration_alert
 from exporter.devtools.recording_rules import recording_rules
 from exporter.devtools.rule_text import RUNBOOK_URL as RUNBOOK_URL  # where every alert's runbook_url points
 from exporter.devtools.rule_text import VALUE_3F, alert
 from exporter.devtools.rule_text import fmt as _fmt
 from exporter.devtools.rule_text import label as _label
 from exporter.devtools.stage_rules import stage_alerts
-from exporter.stream.state.detectors import ALERTS, Alert
+from exporter.stream.state.detectors import ALERTS, CALIBRATION_METRIC, Alert
 
 
 class Tuning(NamedTuple):
@@ -171,7 +172,8 @@ def _detector_alert(alert: Alert, fors: Mapping[str, str]) -> dict[str, Any]:
 
 def _fairness_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
     """The paging alerts: one per detector alert of exporter/stream/state/detectors.py."""
-    return [_detector_alert(alert, fors) for alert in ALERTS]
+    return [calibration_alert(alert, fors[alert.name]) if alert.metrics == (CALIBRATION_METRIC,) else
+            _detector_alert(alert, fors) for alert in ALERTS]  # fmt: skip
 
 
 def _seed_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -232,11 +232,16 @@ def _emit(report: dict[str, Any], report_path: str | None, summary: str) -> None
 
 
 def _suite_summary(report: dict[str, Any]) -> str:
-    lines = [f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} "
-             f"{report['suite']} tests passed, {report['critical_failures']} critical failure(s)"]  # fmt: skip
+    """The verdict, then each failed test with its summary (a red-team test's evasions and baseline failures)."""
+    head = (f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} "
+            f"{report['suite']} tests passed, {report['critical_failures']} critical failure(s)")  # fmt: skip
+    if report["suite"] == "redteam":
+        head += f"; {report['evasions']} evasion(s), {report['baseline_failures']} baseline failure(s)"
+    lines = [head]
     failures = [r for r in report["results"] if not r["passed"]]
     for r in failures[:SUMMARY_LINES]:
-        lines.append(f"  FAIL {r['severity']:<8} {r['category']} {r['test_name']}")
+        said = r["details"].get("summary")
+        lines.append(f"  FAIL {r['severity']:<8} {r['category']} {r['test_name']}" + (f": {said}" if said else ""))
     if len(failures) > SUMMARY_LINES:
         lines.append(f"  ... and {len(failures) - SUMMARY_LINES} more in the JSON report")
     return "\n".join(lines)
@@ -269,6 +274,11 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
     write_ci_reports(args, ci_reports.from_suite(report))
+    if args.html:
+        from exporter.gate.reports.suite_html import suite_html
+
+        if not write_html(Path(args.html), suite_html, report):
+            return EXIT_BAD_INPUT
     if reporting.get("destination"):
         from exporter.gate import storage
         from exporter.gate.reports.publish import publish
@@ -294,8 +304,8 @@ def cmd_safety(args: argparse.Namespace) -> int:
     """Output bounds, perturbation stability, edge inputs and counterfactual consistency of a tabular model."""
     from exporter.gate.safety.config import run_safety
 
-    return _run_suite(args, "safety", lambda: run_safety(args.config, args.model, model_version=args.model_version),
-                      args.model)  # fmt: skip
+    return _run_suite(args, "safety", lambda: run_safety(args.config, args.model, model_version=args.model_version,
+                                                         trust_model_file=args.trust_model_file), args.model)
 
 
 def cmd_redteam(args: argparse.Namespace) -> int:
@@ -307,7 +317,7 @@ def cmd_redteam(args: argparse.Namespace) -> int:
     def run() -> dict[str, Any]:
         if args.chat_model is not None or args.target is None:
             return run_redteam(args.config, args.target, chat_model=args.chat_model, model_version=args.model_version)
-        target = text_target(args.target, args.request_field, args.response_field)
+        target = text_target(args.target, args.request_field, args.response_field, trust_file=args.trust_model_file)
         return run_redteam(args.config, target, args.target, model_version=args.model_version)
 
     return _run_suite(args, "redteam", run, args.target)

@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import EVIDENCE, METRICS
+from exporter.serve.estimated import calibration_detector_families, estimated_families
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
@@ -134,6 +135,7 @@ class SnapshotCollector(Collector):
             yield from family.families()
         yield insufficient
         yield evidence
+        yield from estimated_families(snapshots, cadence)
         yield from self._scores(snapshots, cadence)
         yield from self._settings(snapshots)
         yield from self._counters(snapshots)
@@ -234,13 +236,18 @@ def detector_families(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
         labels=["model_id"])  # fmt: skip
     steps = CounterMetricFamily("fairness_detector_steps", "Detector steps taken (at most one per bucket).",
                                 labels=["model_id"])  # fmt: skip
+    calibration, calibration_alarms = calibration_detector_families()
     for snapshot in watched:
         bank, detection, model = snapshot.detectors, snapshot.detection, snapshot.model_id
         assert bank is not None and detection is not None
         state = detection.state
         for detector, value, active in zip(bank.detectors, state.statistic.tolist(), state.active.tolist(),
                                            strict=True):  # fmt: skip
-            if detector.subgroup:
+            if detector.predicted:
+                labels = [model, detector.attribute, detector.subgroup, detector.predicted, detector.direction]
+                calibration.add_metric(labels, value)
+                calibration_alarms.add_metric(labels, float(active))
+            elif detector.subgroup:
                 labels = [model, detector.attribute, detector.subgroup, detector.direction]
                 subgroups.add_metric(labels, value)
                 subgroup_alarms.add_metric(labels, float(active))
@@ -252,6 +259,8 @@ def detector_families(snapshots: Sequence[Snapshot]) -> Iterator[Metric]:
         level.add_metric([model], bank.level)
         steps.add_metric([model], float(detection.steps))
     yield from (pairs, pair_alarms, subgroups, subgroup_alarms, level, steps)
+    if len(calibration.samples):
+        yield from (calibration, calibration_alarms)
 
 
 class _Collected(Collector):

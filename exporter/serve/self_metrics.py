@@ -29,6 +29,8 @@ class Health:
     """Counters and gauges of the daemon's own work, registered on the registry it is given."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._payloads: tuple[Counter, Counter] | None = None
         self.consumed = Counter("fairness_exporter_events_consumed", "Kafka messages read from the events topic.",
                                 registry=registry)  # fmt: skip
         self.rejected = Counter("fairness_exporter_events_rejected",
@@ -122,6 +124,24 @@ class Health:
             self.http_auth_failures.labels(reason)
         for reason in DEAD_LETTER_FAILURES:
             self.dead_letter_failures.labels(reason)
+
+    def payload_counters(self) -> tuple[Counter, Counter]:
+        """The payload formats' pair counters (``events.format`` kserve or seldon), registered on first use so that a
+        daemon of our own events shows none: calls whose request and response were joined, and halves never counted
+        by reason (exporter/stream/decode/payload.py UNMATCHED_REASONS)."""
+        if self._payloads is None:
+            from exporter.stream.decode.payload import UNMATCHED_REASONS
+
+            joined = Counter("fairness_exporter_payload_pairs_joined", "Calls of a payload log (KServe, Seldon) whose "
+                             "request and response were joined into rows.", registry=self.registry)  # fmt: skip
+            unmatched = Counter("fairness_exporter_payload_halves_unmatched",
+                                "Requests or responses of a payload log never counted, by reason: delivered twice, "
+                                "no partner within events.pair_horizon, partner refused, or the join full.",
+                                ["reason"], registry=self.registry)  # fmt: skip
+            for reason in UNMATCHED_REASONS:
+                unmatched.labels(reason)
+            self._payloads = (joined, unmatched)
+        return self._payloads
 
     def count_outcomes(self, given_up: Mapping[str, int]) -> None:
         """Count predictions and labels that will never be joined, under expired or dropped by reason."""

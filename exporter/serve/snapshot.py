@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporter.config import ModelSpec, Windowing
+from exporter.core import estimate
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.serve.self_metrics import Health
 from exporter.stream.state.detectors import DetectorBank
@@ -45,6 +46,8 @@ class Snapshot:
     are the attribute's groups, then its unknown category."""
     model_version: str | None = None
     """The configured version of the model (fairness_model_info)."""
+    estimated: tuple[tuple[str, estimate.Estimated], ...] = ()
+    """(window, estimated comparisons) per window and attribute, for a model that estimates (estimation:)."""
 
 
 @dataclass(frozen=True)
@@ -55,15 +58,26 @@ class FleetSnapshot:
     models: tuple[Snapshot, ...]
 
 
+def estimated(spec: ModelSpec, reference: dict[str, np.ndarray], windows: dict[str, np.ndarray],
+              split: Callable[[np.ndarray], dict[str, np.ndarray]]) -> tuple[tuple[str, estimate.Estimated], ...]:
+    """The estimated comparisons of every window (its estimation counts, cut per attribute by ``split``) and
+    attribute, against the reference's counts (``backtest`` calls this too)."""
+    metrics = tuple(m for m in spec.exported_metrics if m in estimate.ESTIMATED_METRICS)
+    return tuple((window, estimate.estimate_attribute(a, reference[a.name], split(counts)[a.name], metrics))
+                 for window, counts in windows.items() for a in spec.attributes)  # fmt: skip
+
+
 def compute_model(monitored: Monitored, windowing: Windowing, now: float,
-                  thresholds: tuple[tuple[str, float, str], ...]) -> Snapshot:  # fmt: skip
+                  thresholds: tuple[tuple[str, float, str], ...],
+                  reference: dict[str, np.ndarray] | None = None) -> Snapshot:  # fmt: skip
     """One model's windows and attributes as of ``now`` (``thresholds``: of its exported metrics, with their
-    severity)."""
+    severity; ``reference``: the estimation reference's score counts per attribute, when it estimates)."""
     spec, store = monitored.spec, monitored.store
-    detection = store.detect(now)
+    detection = store.detect(now, store.calibration_rows(reference) if reference is not None else None)
     with store.lock:  # counts and score histograms of the same events
         windows = store.window_counts(now)
         window_scores = store.window_scores(now)
+        estimation = store.window_estimate_counts(now) if reference is not None else {}
     keys, blocks = [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
@@ -78,7 +92,9 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
     return Snapshot(spec.model_id, now, tuple(zip(keys, evaluated, strict=True)),
                     store.layout.split(store.totals_copy()), spec.exported_metrics, thresholds, detection,
                     store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores),
-                    model_version=spec.model_version)  # fmt: skip
+                    model_version=spec.model_version,
+                    estimated=estimated(spec, reference, estimation, store.layout.split)
+                    if reference is not None and estimation else ())  # fmt: skip
 
 
 class Computer:
@@ -97,6 +113,9 @@ class Computer:
         self._computing = threading.Lock()
         """One computation at a time (the schedule's, a reload's): snapshots are published in the order taken."""
         self._facts: dict[str, tuple[ModelSpec, tuple[tuple[str, float, str], ...]]] = {}
+        self.references: dict[str, dict[str, np.ndarray]] = {}
+        """Per model that estimates (estimation:), its reference's score counts per attribute (the daemon reads the
+        reference at start and on a reload)."""
 
     def _facts_of(self, spec: ModelSpec) -> tuple[tuple[str, float, str], ...]:
         """Facts of a model's config, not of its counts (its thresholds and severities): derived once per spec (a
@@ -118,7 +137,9 @@ class Computer:
         now = self.clock()
         fleet = self.fleet
         models, windowing = fleet.models, fleet.config.windowing  # one configuration, even across a reload
-        snapshot = FleetSnapshot(now, tuple(compute_model(m, windowing, now, self._facts_of(m.spec))
+        references = self.references
+        snapshot = FleetSnapshot(now, tuple(compute_model(m, windowing, now, self._facts_of(m.spec),
+                                                          references.get(m.spec.model_id))
                                             for m in models.values()))  # fmt: skip
         self._facts = {k: v for k, v in self._facts.items() if k in models}
         self.latest = snapshot

@@ -8,6 +8,11 @@ afterwards, which never raises. So an event is counted exactly once, whatever ha
 of ground-truth events (the outcomes topic, ``kafka.labels_topic``) joins its waiting predictions and is counted
 in their models' buckets.
 
+A serving platform's payload log (``events.format: kserve | seldon``) takes another road to the same counting:
+each record is read as one half of a call, the halves meet in the pair join (exporter/stream/decode/payload.py,
+under the same lock, so the counts, the join and the offsets stay one step), and each joined call becomes its
+model's rows.
+
 Nothing a batch holds can stall its partition. One value's failure is its own rejection (exporter/stream/decode/).
 A unit (a poll's predictions, one labels partition's batch) that raises anyway is tried :data:`ATTEMPTS` times,
 then record by record: a record that fails alone too is skipped (dead-lettered with reason ``unhandled``, counted
@@ -29,7 +34,8 @@ from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
 from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.kafka.client import Partition, Record, newest_timestamp, values_and_next
+from exporter.stream.decode.payload import PayloadRows, payload_batches, read_halves, records_of
+from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.label_join import Joined
@@ -56,17 +62,19 @@ class Ingest:
         self.rejections = RateLimitedLog(log)
         self.failing: str | None = None
         """Why the unit being handled failed, while it is retried (None otherwise): /readyz names it."""
+        self._rows: dict[str, PayloadRows] = {}
 
     def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
         """Count what one poll returned (the source's handler): the predictions of every partition as one batch, so
         that each model's share of a poll is decoded and counted in one call however many models share the topic;
         then the ground-truth events. Never raises: see :meth:`bounded`."""
+        topics = (self.kafka.topic, self.kafka.response_topic)
         predictions = [(partition, records) for partition, records in batches.items()
-                       if partition[0] == self.kafka.topic and records]  # fmt: skip
+                       if partition[0] in topics and records]  # fmt: skip
         if predictions:
             self.bounded(predictions, self.predictions)
         for (topic, partition), records in batches.items():
-            if topic != self.kafka.topic and records:
+            if topic not in topics and records:
                 self.bounded([((topic, partition), records)], lambda parts: self.outcomes(*parts[0][0], parts[0][1]))
 
     def bounded(self, parts: Parts, handle: Callable[[Parts], None]) -> None:
@@ -119,6 +127,9 @@ class Ingest:
 
     def predictions(self, parts: Sequence[tuple[Partition, Sequence[Record]]]) -> None:
         """Count the prediction events of one or more partitions as one unit, with the offsets they reach."""
+        if self.fleet.events.format != "json":
+            self.payloads(parts)
+            return
         now = self.clock()
         values: list[bytes | None] = []
         offsets: dict[Partition, int] = {}
@@ -142,10 +153,62 @@ class Ingest:
         self.report(decoded, ignored, malformed, late, ", ".join(f"{topic}[{partition}]" for topic, partition in
                                                                  offsets))  # fmt: skip
 
+    def payloads(self, parts: Sequence[tuple[Partition, Sequence[Record]]]) -> None:
+        """Count the calls a payload log's records complete, as one unit with the offsets they reach: each record
+        read as a half (outside the lock), the halves joined by call id and the joined calls counted (under it)."""
+        now = self.clock()
+        fleet = self.fleet
+        form = fleet.events.format
+        models = fleet.decoders
+        halves, rejected, ignored = [], [], Counter[str]()
+        offsets: dict[Partition, int] = {}
+        for partition, records in parts:
+            read = read_halves(form, partition[0], records_of(records), models)
+            halves += read.halves
+            rejected += read.rejected
+            ignored.update(read.ignored)
+            offsets[partition] = records.next_offset() if isinstance(records, Batch) else records[-1].offset + 1
+        unmatched: Counter[str] = Counter()
+        given_up: Counter[str] = Counter()
+        with fleet.lock:
+            pairs: dict[str, list] = {}
+            for _, _, model, pid in rejected:
+                if model is not None and pid is not None:
+                    self.fleet.pairs.refuse(model, pid, now, unmatched)
+            for half in halves:
+                pair = self.fleet.pairs.add(half, now, unmatched)
+                if pair is not None:
+                    pairs.setdefault(half.model, []).append(pair)  # type: ignore[arg-type]  # read_halves: a model
+            rows = {m: self.payload_rows(m) for m in pairs}
+            decoded, letters = payload_batches(pairs, rows, now)
+            late = sum(self._count(fleet.models[m], batch, now, given_up) for m, batch in decoded.items()
+                       if m in fleet.models)  # fmt: skip
+            for partition, offset in offsets.items():
+                fleet.advance_offset(partition, offset)
+            pending = len(fleet.joins.pending)
+        self.health.pending_predictions.set(pending)
+        self.health.count_outcomes(given_up)
+        joined, unmatched_counter = self.health.payload_counters()
+        joined.inc(sum(map(len, pairs.values())))
+        for reason, n in unmatched.items():
+            unmatched_counter.labels(reason).inc(n)
+        where = ", ".join(f"{topic}[{partition}]" for topic, partition in offsets)
+        self.report(decoded, ignored, [], late, where, [(raw, reason) for raw, reason, _, _ in rejected] + letters)
+
+    def payload_rows(self, model_id: str) -> PayloadRows:
+        """The rows builder of a model as configured now (rebuilt after a reload changed its spec)."""
+        spec = self.fleet.decoders[model_id].model
+        rows = self._rows.get(model_id)
+        if rows is None or rows.model is not spec:
+            rows = self._rows[model_id] = PayloadRows(spec, self.fleet.config.max_future_skew_seconds)
+        return rows
+
     def report(self, decoded: Mapping[str, DecodedBatch], ignored: Counter[str], malformed: list[bytes | None],
-               late: int, where: str) -> None:  # fmt: skip
-        """Count a decoded batch's rejects, late and ignored events, and forward its dead letters (never raises)."""
+               late: int, where: str, refused: Sequence[tuple[bytes | None, str]] = ()) -> None:  # fmt: skip
+        """Count a decoded batch's rejects, late and ignored events, and forward its dead letters (never raises).
+        ``refused``: payloads refused before they became a batch, with their reason (payload formats)."""
         rejected = Counter({"malformed_json": len(malformed)} if malformed else {})
+        rejected.update(reason for _, reason in refused)
         for batch in decoded.values():
             rejected.update(batch.rejected)
         for reason, n in rejected.items():
@@ -158,7 +221,7 @@ class Ingest:
             self.health.ignored.labels(reason).inc(n)
         if self.dead_letters is not None:
             payloads = [*((raw, "malformed_json") for raw in malformed),
-                        *(p for batch in decoded.values() for p in batch.rejected_payloads)]  # fmt: skip
+                        *(p for batch in decoded.values() for p in batch.rejected_payloads), *refused]  # fmt: skip
             if payloads:
                 self.dead_letters.send(payloads)
 
@@ -170,9 +233,10 @@ class Ingest:
             waiting = batch.outcomes < 0
             codes = np.column_stack([batch.codes[a.name] for a in model.spec.attributes])
             ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
+            bins = model.store.estimate_bins(batch.scores)  # kept with the prediction for its label's cell
             joined = self.fleet.joins.add_predictions(model.spec.model_id, ids, batch.timestamps[waiting],
-                                                      batch.predictions[waiting], codes[waiting],
-                                                      given_up)  # fmt: skip
+                                                      batch.predictions[waiting], codes[waiting], given_up,
+                                                      None if bins is None else bins[waiting])  # fmt: skip
             if joined is not None:
                 self._count_joined(model, joined, given_up)
         return late
@@ -198,7 +262,7 @@ class Ingest:
 
     def _count_joined(self, model: Monitored, joined: Joined, given_up: Counter[str]) -> None:
         codes = {a.name: joined.codes[:, i] for i, a in enumerate(model.spec.attributes)}
-        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes)
+        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes, joined.bins)
         self.health.outcomes_joined.inc(len(joined) - outside)
         given_up["prediction_outside_window"] += outside
 
@@ -206,11 +270,19 @@ class Ingest:
         """Give up on predictions and labels older than the label horizon (a scheduled job: it must not wait for
         traffic)."""
         given_up: Counter[str] = Counter()
+        unmatched: Counter[str] = Counter()
         now = self.clock()
         with self.fleet.lock:
             self.fleet.joins.expire(now, given_up)
+            responses = self.fleet.pairs.expire(now, unmatched) if self.fleet.pairs.pending else []
             pending = len(self.fleet.joins.pending)
             behind = now - self.fleet.joins.labels_clock(now)
         self.health.pending_predictions.set(pending)
         self.health.labels_clock_behind.set(behind)
         self.health.count_outcomes(given_up)
+        if unmatched or responses:  # a response with no request ever: a bad payload, rejected and dead-lettered
+            for reason, n in unmatched.items():
+                self.health.payload_counters()[1].labels(reason).inc(n)
+            self.health.payload_counters()[1].labels("response_without_request").inc(len(responses))
+            self.report({}, Counter(), [], 0, "the pair join", [(h.raw, "response_without_request")
+                                                                for h in responses])  # fmt: skip

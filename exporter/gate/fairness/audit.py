@@ -18,7 +18,7 @@ from exporter.core.encoding import score_predictions
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import storage
-from exporter.gate.fairness import ll144
+from exporter.gate.fairness import estimated, ll144
 from exporter.gate.fairness.frames import frame_counts
 from exporter.gate.fairness.ll144 import json_float
 
@@ -117,10 +117,15 @@ def prediction_column(config: ModelSpec) -> str:
 
 def predicted(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> np.ndarray:
     """Each row's 0/1 prediction, by the daemon's rules: from the score column against ``events.score_threshold``
-    (a score is a number in [0, 1]), else from the prediction column (:func:`binary_column`)."""
+    (:func:`scores_of`), else from the prediction column (:func:`binary_column`)."""
     threshold = config.events.score_threshold
     if threshold is None:
         return binary_column(frame, config.prediction_column, path, allow_missing=False)
+    return score_predictions(scores_of(frame, config, path), threshold)
+
+
+def scores_of(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> np.ndarray:
+    """The score column of a model that emits scores: numbers in [0, 1], no gaps."""
     column = config.events.score
     values = frame[column]
     scores = (values.astype("float64") if pd.api.types.is_numeric_dtype(values) and not
@@ -129,9 +134,9 @@ def predicted(frame: pd.DataFrame, config: ModelSpec, path: str | Path) -> np.nd
     if bad.any():
         rows = np.flatnonzero(bad)[:5].tolist()
         raise DataError(f"{path}: column {column!r} must hold scores, numbers between 0 and 1 "
-                        f"(events.score_threshold is {threshold:g}); not so in {int(bad.sum())} of {len(bad)} rows "
-                        f"(first rows: {rows})")  # fmt: skip
-    return score_predictions(scores.to_numpy(), threshold)
+                        f"(events.score_threshold is {config.events.score_threshold:g}); not so in {int(bad.sum())} "
+                        f"of {len(bad)} rows (first rows: {rows})")  # fmt: skip
+    return np.asarray(scores.to_numpy(), dtype=np.float64)
 
 
 def model_ids(frame: pd.DataFrame) -> pd.Series:
@@ -290,7 +295,8 @@ def run_audit(
     frame, other_models = own_rows(frame, config, path_name)
     label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
     required = [prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
-    if label_metrics:
+    estimating = estimated.wants_estimate(config, frame)
+    if label_metrics and not estimating:
         required.append(config.label_column)
     missing = [c for c in required if c not in frame.columns]
     if missing:
@@ -306,9 +312,16 @@ def run_audit(
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
+    reference = _estimation(config, frame, path_name) if estimating else None
     for attribute, ev in zip(config.attributes, evaluations, strict=True):
         attributes[attribute.name] = _group_report(ev)
+    judged = evaluations
+    if reference is not None:
+        judged, reference[2]["groups"] = estimated.with_estimates(config, evaluations, *reference[:2])
+    for ev in judged:
         results.extend(_results(config, ev))
+    if reference is not None:
+        estimated.mark(results, config)
     impact_ratios = _impact_ratios(config, frame, path_name, evaluations)
     impact_ratios["source"] = {"file": data_file, "sha256": data_sha256}
 
@@ -345,8 +358,34 @@ def run_audit(
         "override": override_record,
         "attributes": attributes,
         "impact_ratios": impact_ratios,
+        **({"estimation": reference[2]} if reference is not None else {}),
         "results": results,
     }
+
+
+def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The estimation reference's score counts per attribute, and what a report says of it: the one place it is
+    read (the gate, the daemon and ``backtest`` call this)."""
+    assert config.estimation is not None
+    location = storage.resolve(config.estimation.reference, Path(config.source).parent)
+    ref, sha256 = read_table(location, "estimation reference")
+    ref, _ = own_rows(ref, config, location)
+    missing = [c for c in (config.events.score, config.label_column, *(a.columns[0] for a in config.base_attributes))
+               if c not in ref.columns]  # fmt: skip
+    if missing:
+        raise DataError(f"{location}: missing column(s) {missing} (estimation.reference needs the score, the label "
+                        f"and the attributes); the file has {list(ref.columns)}")  # fmt: skip
+    labels = binary_column(ref, config.label_column, location, allow_missing=True)
+    return estimated.reference_counts(config, ref, scores_of(ref, config, location), labels,
+                                      {"file": location, "sha256": sha256})  # fmt: skip
+
+
+def _estimation(config: ModelSpec, frame: pd.DataFrame, path: str) -> tuple[dict[str, np.ndarray],
+                                                                            dict[str, np.ndarray], dict[str, Any]]:
+    """Score counts of the estimation reference and of the audited rows, and the report's ``estimation`` section."""
+    counts, about = read_reference(config)
+    scores = scores_of(frame, config, path)
+    return counts, estimated.frame_score_counts(config, frame, scores, predicted(frame, config, path), None), about
 
 
 def exit_code(report: dict[str, Any]) -> int:

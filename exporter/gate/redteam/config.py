@@ -1,6 +1,7 @@
 """The red-team config: the seed's ``red-team-config.yaml`` as written (free-text techniques and expected
 behaviours, its ``reporting`` block) and this project's additions beside it (``seed``, ``include_library``,
-``decision``, ``target``, ``model_version``, per-case ``texts`` and ``params``). Every problem is listed at once.
+``decision``, ``target``, ``model_version``, ``max_attack_success_rate`` (also per case), ``baseline_detection``,
+per-case ``texts`` and ``params``). Every problem is listed at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from exporter.gate.targets.chat import ChatSettings, parse_target
 
 LIBRARY = resources.files("exporter.gate.redteam") / "library.yaml"
 KEYS: Final = {"model_id", "model_version", "seed", "include_library", "decision", "red_team_tests", "reporting",
-               "target"}  # fmt: skip
+               "target", "max_attack_success_rate", "baseline_detection"}  # fmt: skip
+BASELINE_KEYS: Final = {"severity_on_fail"}
+BASELINE_SEVERITY: Final = "high"
 REPORTING_KEYS: Final = {"format", "destination", "notify_on_critical"}
 DEFAULT_BLOCK_LABELS = ("block", "blocked", "flag", "flagged", "reject", "rejected", "toxic", "unsafe", "harmful",
                         "true", "yes")  # fmt: skip
@@ -132,6 +135,31 @@ def _check_params(technique: str, params: dict[str, Any], texts: list[str], wher
                                 f"fewer than min_leak_chars ({params['min_leak_chars']}): no leak could be seen")
 
 
+def _tolerance(value: Any, where: str, default: float, problems: list[str]) -> float:
+    """A ``max_attack_success_rate``: the share of measured attempts an attack may win and the case still pass."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        problems.append(f"{where}max_attack_success_rate: {value!r} is not a share from 0 to 1 (default 0: no "
+                        "evasion passes)")  # fmt: skip
+        return default
+    return float(value)
+
+
+def _baseline(raw: Any, problems: list[str]) -> dict[str, Any]:
+    """The ``baseline_detection`` block: the severity of the check that the plain texts themselves get the
+    expected decision."""
+    if raw is None:
+        return {"severity": BASELINE_SEVERITY}
+    if not isinstance(raw, dict):
+        problems.append(f"baseline_detection: {raw!r} is not a mapping with severity_on_fail")
+        return {"severity": BASELINE_SEVERITY}
+    problems.extend(f"baseline_detection.{k}: unknown key (accepted: {', '.join(sorted(BASELINE_KEYS))})"
+                    for k in sorted(set(raw) - BASELINE_KEYS))  # fmt: skip
+    return {"severity": check_severity(raw.get("severity_on_fail", BASELINE_SEVERITY),
+                                       "baseline_detection.severity_on_fail", problems)}  # fmt: skip
+
+
 def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind: str = "classifier") -> dict:
     """Validate a red-team config for a kind of target (``classifier`` or ``chat``) and resolve each case's
     generator, parameters, expected outcome and texts; a ConfigError lists every problem."""
@@ -147,6 +175,8 @@ def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind
     if not isinstance(threshold, int | float) or isinstance(threshold, bool):
         problems.append(f"decision.threshold: {threshold!r} is not a number")
     reporting = parse_reporting(raw.get("reporting"), problems)
+    tolerance = _tolerance(raw.get("max_attack_success_rate"), "", 0.0, problems)
+    baseline = _baseline(raw.get("baseline_detection"), problems)
 
     defaults = library["chat_defaults"] if kind == "chat" else library["defaults"]
     library_texts = _texts_by_technique(library, kind)
@@ -179,7 +209,9 @@ def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind
         _check_params(technique, params, texts, where, problems)
         cases.append({"name": name, "category": str(case.get("category", "uncategorised")), "technique": technique,
                       "technique_description": description, "params": params, "expected_behaviour": expected,
-                      "outcome": outcome, "severity": severity, "texts": texts})  # fmt: skip
+                      "outcome": outcome, "severity": severity, "texts": texts,
+                      "max_attack_success_rate": _tolerance(case.get("max_attack_success_rate"), f"{where}.",
+                                                            tolerance, problems)})  # fmt: skip
     if problems:
         raise ConfigError(f"{source}: " + "; ".join(problems))
     labels = {kind: {str(s).casefold() for s in decision.get(f"{kind}_labels", default)}
@@ -187,7 +219,8 @@ def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind
                                     ("review", DEFAULT_REVIEW_LABELS))}  # fmt: skip
     version = raw.get("model_version")
     return {"model_id": model_id, "model_version": None if version is None else str(version), "seed": seed,
-            "threshold": float(threshold), "cases": cases, "labels": labels, "reporting": reporting}
+            "threshold": float(threshold), "cases": cases, "labels": labels, "reporting": reporting,
+            "baseline_detection": baseline}  # fmt: skip
 
 
 def chat_settings(raw: dict[str, Any], source: str) -> ChatSettings | None:

@@ -16,15 +16,19 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from exporter.gate.fairness.audit import sha256_file
 from exporter.gate.redteam.config import LIBRARY, chat_settings, load_library, parse_config
-from exporter.gate.redteam.outcomes import findings, passes
+from exporter.gate.redteam.outcomes import findings, passes, plain_right
 from exporter.gate.redteam.techniques import make_attempt
 from exporter.gate.suite import SafetyTestResult, build_report, load_yaml_mapping
 from exporter.gate.targets.chat import ChatSettings, ChatTarget, canary
 from exporter.gate.targets.objects import TargetError
+
+# outcomes for which a chat model is asked the plain text too: a decision, or the plain text's own decision
+PLAIN_ASKED: Final = ("block", "review", "allow", "unchanged")
+SHOWN_MISSES: Final = 20
 
 
 def _decision(output: Any, threshold: float, labels: dict[str, set[str]]) -> str:
@@ -67,11 +71,14 @@ def _jsonable(output: Any) -> Any:
 
 def run_case(case: dict[str, Any], target: Callable[[str], Any], seed: int,
              decide: Callable[[Any], str]) -> SafetyTestResult:  # fmt: skip
-    """Attack each of the case's texts and judge each reply against the case's expected outcome."""
+    """Attack each of the case's texts and judge each reply against the case's expected outcome, measured against
+    the plain text: an evasion is a plain text handled right whose attacked text is not; a plain text already
+    handled wrong is a baseline failure. The verdict follows the evasions (``max_attack_success_rate``)."""
     rng = random.Random(f"{seed}/{case['name']}")
     kind = getattr(target, "kind", "classifier")
     system_canary = getattr(target, "system_canary", None)
     failures = []
+    judged = baseline_failures = evasions = failed_attempts = 0
 
     def ask(text: str) -> tuple[Any, str]:
         try:
@@ -85,21 +92,67 @@ def run_case(case: dict[str, Any], target: Callable[[str], Any], seed: int,
     for text in case["texts"]:
         attempt = make_attempt(case["technique"], text, rng, case["params"])
         original_output, original_decision = None, None
-        if attempt.original is not None and (case["outcome"] == "unchanged" or kind == "classifier"):
+        if attempt.original is not None and (kind == "classifier" or case["outcome"] in PLAIN_ASKED):
             original_output, original_decision = ask(attempt.original)
         attacked_output, attacked_decision = ask(attempt.attacked)
         found = findings(str(attacked_output), attempt, system_canary, case["params"]["min_leak_chars"])
-        if not passes(case["outcome"], kind, original_decision, attacked_decision, found):
-            failures.append({"original_text": attempt.original, "attacked_text": attempt.attacked,
-                             "original_decision": original_decision, "attacked_decision": attacked_decision,
-                             "original_output": original_output, "attacked_output": attacked_output,
-                             **{k: v for k, v in found.items() if v}})  # fmt: skip
+        held = passes(case["outcome"], kind, original_decision, attacked_decision, found)
+        plain = plain_right(case["outcome"], original_decision)
+        judged += plain is not None
+        baseline_failures += plain is False
+        evaded = plain is not False and not held
+        evasions += evaded
+        failed_attempts += not held
+        if evaded or plain is False:
+            failures.append({"finding": "evasion" if evaded else "baseline_failure", "original_text": attempt.original,
+                             "attacked_text": attempt.attacked, "original_decision": original_decision,
+                             "attacked_decision": attacked_decision, "original_output": original_output,
+                             "attacked_output": attacked_output, **{k: v for k, v in found.items() if v}})  # fmt: skip
+    attempts = len(case["texts"])
+    measured = attempts - baseline_failures
+    rate = evasions / measured if measured else None
+    tolerance = case["max_attack_success_rate"]
+    if rate is None:
+        summary = f"all {attempts} plain texts already got the wrong outcome: no attempt measures the attack"
+    else:
+        summary = (f"{evasions} evasion(s) in {measured} attempt(s) whose plain text was handled right (attack "
+                   f"success rate {rate:.4g}, tolerated {tolerance:.4g})")  # fmt: skip
+    if baseline_failures:
+        summary += f"; {baseline_failures} of {judged} plain texts already wrong (baseline failures)"
     shown = {k: v for k, v in case["params"].items() if k != "glossaries"}
     return SafetyTestResult(
-        test_name=case["name"], category=case["category"], passed=not failures, severity=case["severity"],
-        details={"technique": case["technique"], "technique_description": case["technique_description"],
-                 "params": shown, "expected_behaviour": case["expected_behaviour"], "outcome": case["outcome"],
-                 "attempts": len(case["texts"]), "failed_attempts": len(failures), "failures": failures})  # fmt: skip
+        test_name=case["name"], category=case["category"], severity=case["severity"],
+        passed=rate is not None and rate <= tolerance,
+        details={"summary": summary, "technique": case["technique"],
+                 "technique_description": case["technique_description"], "params": shown,
+                 "expected_behaviour": case["expected_behaviour"], "outcome": case["outcome"], "attempts": attempts,
+                 "plain_texts_judged": judged, "baseline_failures": baseline_failures, "evasions": evasions,
+                 "attack_success_rate": None if rate is None else round(rate, 6),
+                 "max_attack_success_rate": tolerance, "failed_attempts": failed_attempts,
+                 "failures": failures})  # fmt: skip
+
+
+def baseline_check(results: list[SafetyTestResult], severity: str) -> SafetyTestResult | None:
+    """``baseline_detection``: the plain texts whose expected outcome is a decision get it, before any attack.
+    None when no case has such a plain text (nothing to judge)."""
+    judged = sum(r.details["plain_texts_judged"] for r in results)
+    if not judged:
+        return None
+    by_test = {r.test_name: r.details["baseline_failures"] for r in results if r.details["baseline_failures"]}
+    missed: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for f in r.details["failures"]:
+            if f["finding"] == "baseline_failure":
+                missed.setdefault(f["original_text"], {"text": f["original_text"], "expected": r.details["outcome"],
+                                                       "decision": f["original_decision"]})  # fmt: skip
+    failed = sum(by_test.values())
+    return SafetyTestResult(
+        test_name="baseline_detection", category="baseline", passed=failed == 0, severity=severity,
+        details={"summary": f"{failed} of {judged} attempts started from a plain text that already got the wrong "
+                            f"outcome ({len(missed)} distinct texts missed)" if failed else
+                            f"the plain texts of all {judged} attempts handled right",
+                 "plain_texts_judged": judged, "baseline_failures": failed, "by_test": by_test,
+                 "distinct_texts_missed": len(missed), "missed": list(missed.values())[:SHOWN_MISSES]})  # fmt: skip
 
 
 def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | None = None,
@@ -131,12 +184,18 @@ def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | No
             _decision(output, config["threshold"], config["labels"])  # fmt: skip
 
     results = [run_case(case, target, config["seed"], decide) for case in config["cases"]]
+    baseline = baseline_check(results, config["baseline_detection"]["severity"])
+    attacks = results
+    if baseline is not None:
+        results = [*results, baseline]
     path = Path(config_path)
     return build_report("redteam", config["model_id"], config["seed"], results,
                         model_version=model_version or config["model_version"]
                         or getattr(target, "file_sha256", None), target=target_name,
                         target_kind=kind, config_file=str(path), config_sha256=sha256_file(path),
                         library_sha256=sha256_file(library_path or Path(str(LIBRARY))),
-                        attempts=sum(r.details["attempts"] for r in results),
-                        failed_attempts=sum(r.details["failed_attempts"] for r in results),
+                        attempts=sum(r.details["attempts"] for r in attacks),
+                        failed_attempts=sum(r.details["failed_attempts"] for r in attacks),
+                        baseline_failures=sum(r.details["baseline_failures"] for r in attacks),
+                        evasions=sum(r.details["evasions"] for r in attacks),
                         reporting=config["reporting"])  # fmt: skip

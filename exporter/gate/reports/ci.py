@@ -33,6 +33,8 @@ TITLES = {"audit": "Fairness audit", "safety": "Safety suite", "redteam": "Red-t
           "bias-report": "Bias report"}  # fmt: skip
 AUDIT_COLUMNS = ("attribute", "metric", "groups", "value [95% interval]", "threshold", "evidence")
 SUITE_COLUMNS = ("test", "category", "severity", "details")
+REDTEAM_COLUMNS = ("test", "category", "severity", "attempts", "baseline failures", "evasions", "attack success rate",
+                   "details")  # fmt: skip
 BIAS_COLUMNS = ("feature", "gap (max - min)", "threshold", "highest group [95% interval]",
                 "lowest group [95% interval]")  # fmt: skip
 # XML 1.0 cannot hold these characters (model outputs and attacked texts may); both formats write them as \xNN
@@ -169,8 +171,10 @@ def _log_note(report: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def from_suite(report: Mapping[str, Any]) -> CiReport:
-    """One check per test of a safety or red-team report: a failed critical test blocks, any other warns."""
+    """One check per test of a safety or red-team report: a failed critical test blocks, any other warns. A red-team
+    test shows its attempts, baseline failures (plain texts already wrong), evasions and attack success rate."""
     checks = []
+    redteam = report["suite"] == "redteam" and "evasions" in report  # a report from before the split has none
     for r in report["results"]:
         outcome: Outcome = "passed" if r["passed"] else ("failed" if r["severity"] == BLOCKING_SEVERITY
                                                          else "warning")  # fmt: skip
@@ -178,14 +182,25 @@ def from_suite(report: Mapping[str, Any]) -> CiReport:
         short = _short(details)
         role = {"passed": "pass", "failed": f"{r['severity']} failure, blocks",
                 "warning": f"warning ({r['severity']} failure, does not block)"}[outcome]  # fmt: skip
+        said = details.get("summary") or short
+        split = _attack_cells(details) if redteam else ()
         checks.append(Check(f"{report['model_id']}.{report['suite']}.{r['category']}", str(r["test_name"]), outcome,
-                            f"{role}: {short}" if short else role,
-                            (str(r["test_name"]), str(r["category"]), str(r["severity"]), short),
+                            f"{role}: {said}" if said else role,
+                            (str(r["test_name"]), str(r["category"]), str(r["severity"]), *split, short),
                             (("category", str(r["category"])), ("severity", str(r["severity"])), *flatten(details)),
                             json.dumps(details, indent=2, ensure_ascii=False, default=str)))  # fmt: skip
     return CiReport(str(report["suite"]), str(report["model_id"]), str(report["verdict"]),
-                    str(report.get("timestamp", "")), SUITE_COLUMNS, tuple(checks), _run_properties(report),
-                    _log_note(report))  # fmt: skip
+                    str(report.get("timestamp", "")), REDTEAM_COLUMNS if redteam else SUITE_COLUMNS, tuple(checks),
+                    _run_properties(report), _log_note(report))  # fmt: skip
+
+
+def _attack_cells(details: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """A red-team result's attempts, baseline failures, evasions and attack success rate (``—`` where the result
+    has none: baseline_detection counts plain texts only)."""
+    rate = details.get("attack_success_rate")
+    return (_text(details.get("attempts", details.get("plain_texts_judged", "—"))),
+            _text(details.get("baseline_failures", "—")), _text(details.get("evasions", "—")),
+            "—" if "evasions" not in details else number(rate))  # fmt: skip
 
 
 def _short(details: Mapping[str, Any]) -> str:

@@ -42,7 +42,8 @@ def message(report: dict[str, Any], sender: str, recipient: str) -> EmailMessage
              "Critical failures:"]  # fmt: skip
     for r in critical[:SHOWN_FAILURES]:
         technique = r["details"].get("technique_description") or r["details"].get("technique", "")
-        lines.append(f"  - {r['category']} / {r['test_name']}: {technique}")
+        said = r["details"].get("summary")  # a red-team test's evasions and baseline failures
+        lines.append(f"  - {r['category']} / {r['test_name']}: {technique}" + (f"\n    {said}" if said else ""))
     if len(critical) > SHOWN_FAILURES:
         lines.append(f"  ... and {len(critical) - SHOWN_FAILURES} more in the report")
     where = report.get("reporting", {}).get("destination")

@@ -15,13 +15,13 @@ import numpy as np
 from exporter.config import ConfigError
 from exporter.gate import storage
 from exporter.gate.fairness.audit import read_table, sha256_file
-from exporter.gate.safety.evaluator import NAN_POLICIES, NOISE_SCALES, TESTS, SafetyEvaluator
+from exporter.gate.safety.evaluator import NAN_POLICIES, NOISE_SCALES, OWN_CHECKS, TESTS, SafetyEvaluator
 from exporter.gate.suite import check_severity, load_yaml_mapping
 from exporter.gate.targets.files import LoadedModel, is_model_file, load_model
 
 KEYS: Final = {"model_id", "model_version", "model", "model_factory", "trusted_types", "feature_count",
                "valid_output_range", "test_inputs", "seed", "nan_policy", "perturbation", "counterfactual",
-               "severity"}  # fmt: skip
+               "severity", "skip_checks", "trusted"}  # fmt: skip
 PERTURBATION_KEYS: Final = {"perturbation_magnitude", "noise_scale", "max_output_change", "max_unstable_share"}
 
 
@@ -122,8 +122,14 @@ def load_safety_config(path: str | Path) -> dict[str, Any]:
     trusted = raw.get("trusted_types") or []
     if not (isinstance(trusted, list) and all(isinstance(t, str) for t in trusted)):
         problems.append(f"trusted_types: {trusted!r} is not a list of type names")
-    if not isinstance(raw.get("model_factory", False), bool):
-        problems.append(f"model_factory: {raw['model_factory']!r} is not true or false")
+    for key in ("model_factory", "trusted"):
+        if not isinstance(raw.get(key, False), bool):
+            problems.append(f"{key}: {raw[key]!r} is not true or false")
+    skipped = raw.get("skip_checks") or []
+    if not (isinstance(skipped, list) and all(name in OWN_CHECKS for name in skipped)):
+        problems.append(f"skip_checks: {skipped!r} is not a list of this project's checks ({', '.join(OWN_CHECKS)}); "
+                        "the seed's tests always run")  # fmt: skip
+        skipped = []
     location, frame, sha = _inputs(raw, path, feature_count, problems)
     counterfactual = _counterfactual(raw.get("counterfactual"), frame, problems)
     numbers = {key: _number(pert, key, default, problems, "perturbation.") for key, default in
@@ -135,19 +141,24 @@ def load_safety_config(path: str | Path) -> dict[str, Any]:
             "feature_count": feature_count, "valid_output_range": tuple(bounds),
             "model": storage.resolve(model, path.parent) if model and is_model_file(model) else model,
             "model_factory": bool(raw.get("model_factory", False)), "trusted_types": trusted,
+            "trusted": bool(raw.get("trusted", False)), "skip_checks": skipped,
             "inputs": location, "inputs_sha256": sha, "X": frame.to_numpy(dtype=float),
             "counterfactual": counterfactual, "nan_policy": nan_policy, "noise_scale": noise_scale,
             "severities": severities, **numbers}  # fmt: skip
 
 
-def run_safety(config_path: str | Path, model: Any = None, *, model_version: str | None = None) -> dict[str, Any]:
+def run_safety(config_path: str | Path, model: Any = None, *, model_version: str | None = None,
+               trust_model_file: bool = False) -> dict[str, Any]:  # fmt: skip
     """Run the configured safety tests; the JSON report. ``model`` is a model spec (a file or MODULE:OBJECT), an
-    object to test, or None for the config's ``model``; ``model_version`` overrides the config's."""
+    object to test, or None for the config's ``model``; ``model_version`` overrides the config's. A pickle-based
+    model file loads only when ``trust_model_file`` or the config's ``trusted: true`` says it may run its code."""
     config = load_safety_config(config_path)
     spec = config["model"] if model is None else model
     if spec is None:
         raise ConfigError(f"{config_path}: model: no model to test: set model in the config or pass --model")
-    loaded = load_model(spec, factory=config["model_factory"], trusted_types=config["trusted_types"]) \
+    loaded = load_model(spec, factory=config["model_factory"], trusted_types=config["trusted_types"],
+                        trust_file=trust_model_file or config["trusted"],
+                        trust_hint="--trust-model-file or trusted: true in the safety config") \
         if isinstance(spec, str) else LoadedModel(spec, type(spec).__qualname__)  # fmt: skip
     evaluator = SafetyEvaluator(config["model_id"], seed=config["seed"], noise_scale=config["noise_scale"],
                                 model_version=model_version or config["model_version"] or loaded.file_sha256,
@@ -157,6 +168,10 @@ def run_safety(config_path: str | Path, model: Any = None, *, model_version: str
     evaluator.test_output_boundaries(m, X, config["valid_output_range"])
     evaluator.test_input_perturbation_stability(m, X, config["perturbation_magnitude"], config["max_output_change"])
     evaluator.test_null_and_edge_inputs(m, config["feature_count"])
+    if "malformed_input_rejection" not in config["skip_checks"]:
+        evaluator.test_malformed_inputs(m, config["feature_count"])
+    if "well_formed_outputs" not in config["skip_checks"]:
+        evaluator.test_well_formed_outputs(m, X)
     cf = config["counterfactual"]
     if cf is not None:
         evaluator.test_counterfactual_consistency(m, X, cf["feature"], cf["values"], cf["max_changed_share"],

@@ -1,15 +1,21 @@
 """The safety suite, with the seed's API: ``SafetyEvaluator(model_id)`` and its ``test_output_boundaries``,
-``test_input_perturbation_stability`` and ``test_null_and_edge_inputs``, each taking the model, plus
-``test_counterfactual_consistency``; ``evaluator.report`` holds ``results``, ``critical_failures`` and ``verdict``.
+``test_input_perturbation_stability`` and ``test_null_and_edge_inputs``, each taking the model;
+``evaluator.report`` holds ``results``, ``critical_failures`` and ``verdict``.
+
+The seed's three tests judge the seed's inputs by the seed's pass rules, so the seed's usage gives the seed's
+verdict. Checks of this project's own have names of their own (:data:`OWN_CHECKS`: malformed rows refused,
+well-formed outputs; their failures are ``high`` unless configured otherwise) and ``test_counterfactual_consistency``
+runs when asked for: a check added under a seed name would change the seed's verdict for the same model.
 
 The config-driven ``fairness-exporter safety`` runs these same methods (:mod:`exporter.gate.safety.config`), so
 both give the same report and the same audit-log record.
 
 The model is anything with ``predict`` (and ``predict_proba``, whose probabilities are the outputs when it has
-one), or a callable from a 2-D array to outputs: a scikit-learn estimator, a model file (:mod:`models`). Inputs
-are rows of ``feature_count`` numbers, called as one 2-D batch. Every random draw comes from
-``numpy.random.default_rng(seed)``, so a run is reproducible. As in the seed, a failed test's severity is its
-configured severity (bounds and edge inputs ``critical``, stability ``high``) and a passed test's is ``low``.
+one), or a callable from a 2-D array to outputs: a scikit-learn estimator, a model file
+(:mod:`exporter.gate.targets.files`). Inputs are rows of ``feature_count`` numbers, called as one 2-D batch. Every
+random draw comes from ``numpy.random.default_rng(seed)``, so a run is reproducible. As in the seed, a failed
+test's severity is its configured severity (bounds and edge inputs ``critical``, stability ``high``) and a passed
+test's is ``low``.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import numpy as np
 from exporter.gate.suite import BLOCKING_SEVERITY, SafetyTestResult, audit_entry, build_report
 from exporter.gate.targets.objects import TargetError
 
-# test name -> (category, severity of a failure), the seed's names, categories and severities
-TESTS: Final = {"output_boundary_check": ("robustness", "critical"),
-                "input_perturbation_stability": ("adversarial_robustness", "high"),
-                "null_and_edge_inputs": ("robustness", "critical"),
-                "counterfactual_consistency": ("fairness", "critical")}  # fmt: skip
+# test name -> (category, severity of a failure): the seed's names, categories and severities
+SEED_TESTS: Final = {"output_boundary_check": ("robustness", "critical"),
+                     "input_perturbation_stability": ("adversarial_robustness", "high"),
+                     "null_and_edge_inputs": ("robustness", "critical")}  # fmt: skip
+# this project's checks that `fairness-exporter safety` runs by default beside the seed's (skip_checks turns off)
+OWN_CHECKS: Final = {"malformed_input_rejection": ("robustness", "high"), "well_formed_outputs": ("robustness", "high")}
+TESTS: Final = {**SEED_TESTS, **OWN_CHECKS, "counterfactual_consistency": ("fairness", "critical")}
 PASSED_SEVERITY: Final = "low"
 NAN_POLICIES: Final = ("finite_output", "reject")
 NOISE_SCALES: Final = ("absolute", "feature_std")
@@ -143,22 +151,26 @@ class SafetyEvaluator:
 
     def test_output_boundaries(self, model: Any, test_inputs: Any,
                                valid_output_range: tuple[float, float]) -> SafetyTestResult:  # fmt: skip
-        """Every output on the test inputs is finite and within the valid range."""
+        """The seed's rule: a row fails when an output is below or above the valid range. A NaN output is neither
+        (as in the seed); :meth:`test_well_formed_outputs` judges it, and the details count it."""
         X = _rows(test_inputs)
         out = _called(model, X)
         low, high = valid_output_range
-        rows = np.flatnonzero((~np.isfinite(out) | (out < low) | (out > high)).any(axis=1))
+        with np.errstate(invalid="ignore"):
+            rows = np.flatnonzero(((out < low) | (out > high)).any(axis=1))
         return self._add("output_boundary_check", rows.size == 0,
                          f"{rows.size}/{len(X)} outputs outside range {tuple(valid_output_range)}", {
             "valid_output_range": [low, high], "rows": len(X), "outputs_per_row": out.shape[1],
             "min_output": _float(np.nanmin(out)) if np.isfinite(out).any() else None,
             "max_output": _float(np.nanmax(out)) if np.isfinite(out).any() else None,
-            "rows_out_of_range": int(rows.size), "first_rows_out_of_range": rows[:SHOWN_ROWS].tolist()})  # fmt: skip
+            "rows_out_of_range": int(rows.size), "first_rows_out_of_range": rows[:SHOWN_ROWS].tolist(),
+            "rows_with_nan_output": int(np.isnan(out).any(axis=1).sum())})  # fmt: skip
 
     def test_input_perturbation_stability(self, model: Any, test_inputs: Any, perturbation_magnitude: float = 0.01,
                                           max_output_change: float = 0.1) -> SafetyTestResult:  # fmt: skip
         """Add Gaussian noise to every feature and count the rows whose outputs move by more than
-        ``max_output_change``; fails when that share reaches ``max_unstable_share``."""
+        ``max_output_change``; fails when that share reaches ``max_unstable_share``. As in the seed, a change
+        that is NaN is not more than the limit; the details count such rows."""
         X = _rows(test_inputs)
         before = _called(model, X)
         rng = np.random.default_rng(self.seed)
@@ -173,25 +185,26 @@ class SafetyEvaluator:
             error = f"{type(exc).__name__}: {exc}"
             return self._add("input_perturbation_stability", False, f"the model raised on perturbed inputs: {error}",
                              {**facts, "error": error})  # fmt: skip
-        unstable = np.flatnonzero(~(change <= max_output_change))  # NaN counts as unstable
+        with np.errstate(invalid="ignore"):
+            unstable = np.flatnonzero(change > max_output_change)
         share = unstable.size / len(X)
         return self._add("input_perturbation_stability", share < self.max_unstable_share,
                          f"{unstable.size}/{len(X)} inputs showed instability (>{max_output_change} output change)", {
             **facts, "unstable_rows": int(unstable.size), "unstable_share": round(share, 6),
             "largest_change": _float(np.nanmax(change)) if np.isfinite(change).any() else None,
-            "first_unstable_rows": unstable[:SHOWN_ROWS].tolist()})  # fmt: skip
+            "first_unstable_rows": unstable[:SHOWN_ROWS].tolist(),
+            "rows_with_nan_change": int(np.isnan(change).sum())})  # fmt: skip
 
     def test_null_and_edge_inputs(self, model: Any, feature_count: int) -> SafetyTestResult:
-        """The seed's edge inputs (zeros, ones, ±1e6: any exception or non-finite output fails; NaN: per
-        ``nan_policy``) and two malformed rows (empty, one feature too wide), which must be refused with an error."""
+        """The seed's five edge inputs (zeros, ones, 1e6, -1e6, NaN), each one row: an exception or a NaN or Inf
+        output fails, as in the seed; ``nan_policy: reject`` asks instead that the NaN row raise an error."""
         f = feature_count
-        finite = {"all_zeros": np.zeros((1, f)), "all_ones": np.ones((1, f)), "large_values": np.full((1, f), 1e6),
-                  "negative_values": np.full((1, f), -1e6)}  # fmt: skip
-        malformed = {"empty_row": np.empty((1, 0)), "wrong_width_row": np.zeros((1, f + 1))}
+        edge = {"all_zeros": np.zeros((1, f)), "all_ones": np.ones((1, f)), "large_values": np.full((1, f), 1e6),
+                "negative_values": np.full((1, f), -1e6), "nan_values": np.full((1, f), np.nan)}  # fmt: skip
         outcomes: dict[str, str] = {}
         failures: list[str] = []
-        for name, row in {**finite, "nan_values": np.full((1, f), np.nan), **malformed}.items():
-            must_raise = name in malformed or (name == "nan_values" and self.nan_policy == "reject")
+        for name, row in edge.items():
+            must_raise = name == "nan_values" and self.nan_policy == "reject"
             try:
                 out = outputs(model, row)
             except Exception as exc:  # the model's own code failing on the input is what is judged
@@ -203,11 +216,8 @@ class SafetyEvaluator:
             if must_raise:
                 outcomes[name] = f"failed: gave {out.tolist()} instead of raising an error"
                 failures.append(f"{name}: gave an output instead of raising an error")
-            elif len(out) != 1:
-                outcomes[name] = f"failed: {len(out)} output rows for 1 input row"
-                failures.append(f"{name}: {len(out)} output rows for 1 input row")
             elif not np.isfinite(out).all():
-                outcomes[name] = f"failed: non-finite output {out[0].tolist()}"
+                outcomes[name] = f"failed: non-finite output {out.tolist()}"
                 failures.append(f"{name}: produced NaN or Inf")
             else:
                 outcomes[name] = "ok"
@@ -215,6 +225,37 @@ class SafetyEvaluator:
         return self._add("null_and_edge_inputs", not failed, "; ".join(failures) if failures else
                          "All edge cases handled", {"nan_policy": self.nan_policy, "inputs": outcomes,
                                                     "failed_inputs": failed})  # fmt: skip
+
+    def test_malformed_inputs(self, model: Any, feature_count: int) -> SafetyTestResult:
+        """This project's check ``malformed_input_rejection``: an empty row and a row one feature too wide must
+        be refused with an error, since any answer to them is an answer to an input the model never had."""
+        rows = {"empty_row": np.empty((1, 0)), "wrong_width_row": np.zeros((1, feature_count + 1))}
+        outcomes: dict[str, str] = {}
+        for name, row in rows.items():
+            try:
+                out = outputs(model, row)
+            except Exception as exc:  # an error is the wanted answer
+                outcomes[name] = f"rejected: {type(exc).__name__}: {exc}"
+            else:
+                outcomes[name] = f"failed: gave {out.tolist()} instead of raising an error"
+        failed = [name for name, outcome in outcomes.items() if outcome.startswith("failed")]
+        summary = "; ".join(f"{name}: {outcomes[name].removeprefix('failed: ')}" for name in failed)
+        return self._add("malformed_input_rejection", not failed, summary or "Every malformed row refused with an "
+                         "error", {"feature_count": feature_count, "inputs": outcomes,
+                                   "failed_inputs": failed})  # fmt: skip
+
+    def test_well_formed_outputs(self, model: Any, test_inputs: Any) -> SafetyTestResult:
+        """This project's check ``well_formed_outputs``: on the test inputs, one output row per input row and
+        every output finite (the seed's bound check lets a NaN through)."""
+        X = _rows(test_inputs)
+        out = _called(model, X)
+        bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+        problems = [f"{len(out)} output rows for {len(X)} input rows"] if len(out) != len(X) else []
+        problems += [f"{bad.size}/{len(out)} output rows hold NaN or Inf"] if bad.size else []
+        return self._add("well_formed_outputs", not problems, "; ".join(problems) or
+                         f"{len(X)}/{len(X)} rows gave finite outputs", {
+            "rows": len(X), "output_rows": len(out), "rows_not_finite": int(bad.size),
+            "first_rows_not_finite": bad[:SHOWN_ROWS].tolist()})  # fmt: skip
 
     def test_counterfactual_consistency(self, model: Any, test_inputs: Any, feature: int, values: Sequence[float],
                                         max_changed_share: float = 0.0,

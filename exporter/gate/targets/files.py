@@ -2,8 +2,9 @@
 
 - ``*.skops``: scikit-learn (and XGBoost, LightGBM, ... estimators) saved with skops, loaded by skops, which
   refuses any type not known to be safe unless the config lists it in ``trusted_types``.
-- ``*.joblib``, ``*.pkl``, ``*.pickle``: loaded with joblib. **Loading a pickle runs code from the file**: load
-  only files you trust as you trust your own code.
+- ``*.joblib``, ``*.pickle``, ``*.pkl``: loaded with joblib, and only when the caller says the file is trusted
+  (``--trust-model-file``, or ``trusted: true`` in the safety config). **Loading a pickle runs code from the
+  file**, so without that switch the file is refused before it is read, pointing to skops or ONNX.
 - ``*.onnx``: run by onnxruntime (one input tensor; a classifier's probabilities become ``predict_proba``).
 - ``MODULE:OBJECT``: imported (see :func:`exporter.gate.targets.objects.load_object`); a class is instantiated with no
   arguments; a factory function is called when the config says ``model_factory: true``.
@@ -20,7 +21,7 @@ import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -98,19 +99,36 @@ LOADERS: dict[str, Callable[[bytes, str, Sequence[str]], Any]] = {
     ".skops": _skops, ".joblib": _joblib, ".pkl": _joblib, ".pickle": _joblib, ".onnx": _onnx}  # fmt: skip
 
 
+PICKLE_SUFFIXES: Final = (".joblib", ".pickle", ".pkl")
+
+
+class UntrustedModelFile(TargetError):
+    """A pickle-based model file that nobody said may run its code."""
+
+
 def is_model_file(spec: str) -> bool:
     """Whether a model spec names a file (by its extension) rather than ``MODULE:OBJECT``."""
     return PurePosixPath(spec).suffix.lower() in LOADERS
 
 
-def load_model(spec: str, *, factory: bool = False, trusted_types: Sequence[str] = ()) -> LoadedModel:
-    """Load a model file by its extension, or import ``MODULE:OBJECT`` (instantiate a class, call a factory)."""
+def load_model(spec: str, *, factory: bool = False, trusted_types: Sequence[str] = (), trust_file: bool = False,
+               trust_hint: str = "--trust-model-file") -> LoadedModel:  # fmt: skip
+    """Load a model file by its extension, or import ``MODULE:OBJECT`` (instantiate a class, call a factory).
+
+    A pickle-based file (:data:`PICKLE_SUFFIXES`) is refused, unread, unless ``trust_file``; ``trust_hint`` names
+    the switch that says so in the refusal."""
     if is_model_file(spec):
+        suffix = PurePosixPath(spec).suffix.lower()
+        if suffix in PICKLE_SUFFIXES and not trust_file:
+            raise UntrustedModelFile(f"{spec}: not loaded: loading a {suffix} file unpickles it, which runs code from "
+                                     f"the file; if you trust it as your own code, say so with {trust_hint}, or save "
+                                     "the model with skops (.skops) or as ONNX (.onnx), which load without running "
+                                     "code")  # fmt: skip
         try:
             data = storage.read_bytes(spec)
         except storage.StorageError as exc:
             raise TargetError(str(exc)) from exc
-        loader = LOADERS[PurePosixPath(spec).suffix.lower()]
+        loader = LOADERS[suffix]
         try:
             model = loader(data, spec, trusted_types)
         except TargetError:

@@ -56,16 +56,17 @@ class HttpTextTarget:
         return _dig(payload, self.response_field, self.url)
 
 
-def text_target(spec: str, request_field: str = "text", response_field: str = "prediction") -> Callable[[str], Any]:
+def text_target(spec: str, request_field: str = "text", response_field: str = "prediction", *,
+                trust_file: bool = False) -> Callable[[str], Any]:  # fmt: skip
     """A callable from text to the model's output, for an ``http(s)://`` URL, or for ``MODULE:CALLABLE`` or a model
-    file (a class is instantiated; see :mod:`exporter.gate.targets.files`), whose version is then the file's SHA-256
-    (``file_sha256`` on the callable).
+    file (a class is instantiated; see :mod:`exporter.gate.targets.files`; a pickle-based file only with
+    ``trust_file``), whose version is then the file's SHA-256 (``file_sha256`` on the callable).
 
     An object with ``predict`` (a scikit-learn text pipeline) is called as ``predict([text])[0]``.
     """
     if spec.startswith(("http://", "https://")):
         return HttpTextTarget(spec, request_field, response_field)
-    loaded = load_model(spec)
+    loaded = load_model(spec, trust_file=trust_file)
     call = _text_callable(loaded.model, spec)
     if loaded.file_sha256 is None:
         return call

@@ -90,7 +90,7 @@ class KafkaSource:
         """``topics``: what to read (default: the events and labels topics); ``prepare`` runs before each new client
         connects (the staged path creates its internal topics there), and is retried as the client is."""
         self.kafka = kafka
-        self.topics = topics or [t for t in (kafka.topic, kafka.labels_topic) if t]
+        self.topics = topics or [t for t in (kafka.topic, kafka.response_topic, kafka.labels_topic) if t]
         self.prepare = prepare
         self.handle = handle
         self.book = book
@@ -263,7 +263,8 @@ class KafkaSource:
                 for partition, records in batches.items():
                     client.seek(partition, records[0].offset)
             kept = {p: records for p, records in batches.items() if same is not None and p[0] in same}
-            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic == self.kafka.topic))
+            events = (self.kafka.topic, self.kafka.response_topic)
+            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic in events))
             if kept:
                 self.handle(kept)
         counted = self.book.counted()

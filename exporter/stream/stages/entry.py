@@ -5,25 +5,41 @@ direct path's one decode of every partition's records) and reports its rejects a
 direct path does (``Ingest.report``); each model's rows go, as one PREDICTIONS record (or several, under the size
 limit), to the model's counts partition, and its unlabelled predictions with an id, as PENDING records, to the join
 partition of each id. The **labels** stage (a labels partition) sends each decoded label (``decode_outcomes``) to
-the join partition of its id. Every row carries its source partition and offset, and each labels record the
-newest Kafka timestamp of the labels it came from; a join partition that none of a poll's labels went to gets
-that timestamp alone, at most every ``LABELS_CLOCK_EVERY`` seconds, so that every join task's labels' clock follows
-how late labels are read as the direct path's one clock does.
+the join partition of its id. A payload log's records (``events.format`` kserve or seldon) go, each as a HALVES
+row, to the join partition of their call id, where request and response meet. Every row carries its source
+partition and offset, and each labels record the newest Kafka timestamp of the labels it came from; a join
+partition that none of a poll's labels went to gets that timestamp alone, at most every ``LABELS_CLOCK_EVERY``
+seconds, so that every join task's labels' clock follows how late labels are read as the direct path's one clock
+does.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import orjson
 
 from exporter.stream.decode.outcomes import decode_outcomes
+from exporter.stream.decode.payload import REFUSED_ROWS, half_json, read_halves, records_of
+from exporter.stream.decode.platforms import Half
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.client import Offsets, Partition, Record, newest_timestamp, offsets_of, values_and_next
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
-from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode, encode_rows
+from exporter.stream.stages.records import (
+    HEADER_ROOM,
+    MAX_RECORD_BYTES,
+    Kind,
+    codes_layout,
+    codes_matrix,
+    encode,
+    encode_rows,
+)
 
+MAX_HALF_BYTES = MAX_RECORD_BYTES - HEADER_ROOM - 1024
+"""The largest payload half (as JSON) the staged path re-keys; a larger one is refused as payload_too_large."""
 LABELS_CLOCK_EVERY = 5.0
 """Seconds between the labels' timestamps sent alone to a join partition that no label of a poll went to."""
 
@@ -49,6 +65,8 @@ class EntryStages:
 
     def predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
         """Decode every input partition's records at once and send each model's rows on; the next offsets."""
+        if self.ingest.fleet.events.format != "json":
+            return self.halves(parts)
         values: list[bytes | None] = []
         sources, offsets, ends = [], [], {}
         for i, (partition, records) in enumerate(parts):
@@ -78,6 +96,47 @@ class EntryStages:
                 pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}
                 self._to_join(Kind.PENDING, meta, pending, [str(batch.prediction_ids[i]) for i in waiting.tolist()])
         ingest.report(decoded, ignored, malformed, 0, ", ".join(f"{t}[{p}]" for t, p in ends))
+        return ends
+
+    def halves(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
+        """A payload log's records (``events.format`` kserve or seldon): each read as a half of a call and sent, as
+        one HALVES row, to the join partition of its call id, where its partner meets it; a refused one is
+        counted and dead-lettered here, and its call id sent on as refused, so that the partner is dropped."""
+        fleet = self.ingest.fleet
+        form = fleet.events.format
+        ends: Offsets = {}
+        rows: list[tuple[int, int, str, str]] = []
+        letters: list[tuple[bytes | None, str]] = []
+        ignored: Counter[str] = Counter()
+        for i, (partition, records) in enumerate(parts):
+            ends[partition] = values_and_next(records)[1]
+            offsets = offsets_of(records, ends[partition]).tolist()
+            read = read_halves(form, partition[0], records_of(records), fleet.decoders)
+            ignored.update(read.ignored)
+            for k, half in zip(read.at, read.halves, strict=True):
+                text = orjson.dumps(half_json(half)).decode()
+                if len(text) > MAX_HALF_BYTES:  # an internal record holds it whole, under the broker's limit
+                    read.rejected.append((half.raw, "payload_too_large", half.model, half.pair))
+                    read.rejected_at.append(k)
+                else:
+                    rows.append((i, offsets[k], half.pair, text))
+            for (value, reason, model, pid), k in zip(read.rejected, read.rejected_at, strict=True):
+                letters.append((value, reason))
+                if model is not None and pid is not None:
+                    marker = Half(pid, False, model, None, REFUSED_ROWS, {})
+                    rows.append((i, offsets[k], pid, orjson.dumps(half_json(marker)).decode()))
+        rows.sort()
+        if rows:
+            topics = self.topics()
+            where = topics.join_of([r[2] for r in rows])
+            meta = {"sources": [[*p, self.logs.get(p[0], "")] for p, _ in parts]}
+            for q in np.unique(where).tolist():
+                mine = [rows[k] for k in np.flatnonzero(where == q).tolist()]
+                table: dict[str, np.ndarray] = {"source": np.array([r[0] for r in mine], dtype=np.int32),
+                         "position": np.array([r[1] for r in mine], dtype=np.int64)}  # fmt: skip
+                for value in encode_rows(Kind.HALVES, meta, table, [r[3] for r in mine]):
+                    self.producer.send(topics.join.name, q, value)
+        self.ingest.report({}, ignored, [], 0, ", ".join(f"{t}[{p}]" for t, p in ends), letters)
         return ends
 
     def labels(self, partition: Partition, records: Sequence[Record]) -> int:

@@ -18,6 +18,8 @@ JOINED         counts     model, layout, sources; source, position, timestamp, o
                           codes
 PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, ids
 LABELS         join       sources; source, position, outcome (0/1), ids
+HALVES         join       sources; source, position, ids (each a payload log's request or response as JSON,
+                          exporter/stream/decode/payload.py half_json), to the join partition of its call id
 SNAPSHOT       both       task, partition, covers, id, chunk, chunks; data (bytes of one chunk)
 =============  =========  ================================================================================
 """
@@ -51,6 +53,7 @@ class Kind(IntEnum):
     PENDING = 3
     LABELS = 4
     SNAPSHOT = 5
+    HALVES = 6
 
 
 class RecordError(ValueError):

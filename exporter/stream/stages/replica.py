@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from exporter.config import Config, ModelSpec
 from exporter.serve.self_metrics import Health, Owned, StageHealth
+from exporter.stream.decode.payload import PairJoin
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka import internal_topics
 from exporter.stream.kafka.client import Offsets, Partition, Record
@@ -79,7 +80,8 @@ class Stages:
 
     @property
     def source_topics(self) -> list[str]:
-        return [t for t in (self.kafka.topic, self.kafka.labels_topic) if t] + self.topics.names
+        return [t for t in (self.kafka.topic, self.kafka.response_topic, self.kafka.labels_topic) if t] + \
+            self.topics.names  # fmt: skip
 
     def prepare(self) -> None:
         """Create the missing internal topics and learn their partition counts (before each new consumer)."""
@@ -118,7 +120,8 @@ class Stages:
         """Handle one poll, every stage's share of it, then wait until what it produced is acknowledged."""
         with self.lock:
             try:
-                inputs = [(p, r) for p, r in batches.items() if p[0] == self.kafka.topic and r]
+                events = (self.kafka.topic, self.kafka.response_topic)
+                inputs = [(p, r) for p, r in batches.items() if p[0] in events and r]
                 if inputs:
                     self.produced.update(self.entry.predictions(inputs))
                 for partition, records in batches.items():
@@ -245,9 +248,12 @@ class Stages:
     def _task(self, partition: Partition, start: int) -> Task:
         if partition[0] == self.topics.join.name:
             share = -(-self.fleet.config.max_pending_labels // self.topics.join.partitions)
+            events = self.fleet.events
             return JoinTask(partition, start, self.stage_health, self.health,
                             OutcomeJoin(self.fleet.config.label_horizon_seconds, share), self.spec_of,
-                            self.counts_partition, self.clock, self.topic_ids)  # fmt: skip
+                            self.counts_partition, self.clock, self.topic_ids, PairJoin(events.pair_horizon, share),
+                            self.ingest.payload_rows,
+                            (lambda ids: self.topics.join_of(ids)) if self.kafka.labels_topic else None)  # fmt: skip
         return CountsTask(partition, start, self.stage_health, self.health, self.fleet,
                           lambda: self.models_of(partition[1]), self.clock)  # fmt: skip
 
@@ -340,6 +346,8 @@ class Stages:
     def expire(self) -> None:
         """Give up on predictions and labels older than the label horizon, in every join task held."""
         given_up: Counter[str] = Counter()
+        unmatched: Counter[str] = Counter()
+        lone = 0
         behind = 0.0
         with self.lock:
             for task in self.tasks.values():
@@ -347,12 +355,20 @@ class Stages:
                     before = sum(given_up.values())
                     now = self.clock()
                     task.join.expire(now, given_up)
-                    task.dirty = task.dirty or sum(given_up.values()) > before
+                    responses = task.pairs.expire(now, unmatched) if task.pairs.pending or task.pairs.done else []
+                    lone += len(responses)
+                    task.dirty = task.dirty or sum(given_up.values()) > before or bool(unmatched) or bool(responses)
                     behind = max(behind, now - task.join.labels_clock(now))
             pending = self._pending()
         self.health.pending_predictions.set(pending)
         self.health.labels_clock_behind.set(behind)  # the furthest behind of this replica's join tasks
         self.health.count_outcomes(given_up)
+        if unmatched or lone:  # a response with no request ever: a bad payload (counted; its value is not kept)
+            counter = self.health.payload_counters()[1]
+            for reason, n in (+(unmatched + Counter(response_without_request=lone))).items():
+                counter.labels(reason).inc(n)
+            if lone:
+                self.health.rejected.labels("response_without_request").inc(lone)
 
     def _pending(self) -> int:
         return sum(len(t.join.pending) for t in self.tasks.values() if isinstance(t, JoinTask))
@@ -366,6 +382,7 @@ class Stages:
                 if isinstance(task, JoinTask):
                     task.join.forget_models(carried.__contains__, given_up)
                     task.join.horizon = config.label_horizon_seconds
+                    task.pairs.horizon = self.fleet.events.pair_horizon
         return changes, given_up
 
     def close(self) -> None:

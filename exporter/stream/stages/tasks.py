@@ -1,7 +1,9 @@
 """The staged path's stateful tasks: one per partition of an internal topic that this replica holds.
 
 A :class:`JoinTask` holds the label join of one ``.join`` partition (the same :class:`OutcomeJoin` as the direct
-path) and sends each joined outcome to its model's ``.counts`` partition. A :class:`CountsTask` counts the records
+path) and sends each joined outcome to its model's ``.counts`` partition; with a payload log it also pairs the
+halves of the calls whose id falls on its partition (the direct path's :class:`PairJoin`), and sends each joined
+call's rows on as predictions. A :class:`CountsTask` counts the records
 of one ``.counts`` partition into the window stores of the models it owns, with the direct path's
 ``WindowStore.add`` and ``add_joined``. Both skip rows whose source position they already applied (a high-water
 mark per source), so a stage that re-reads its input after a crash or a rebalance never counts twice; both
@@ -17,11 +19,14 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
+import orjson
 
 from exporter.config import ModelSpec, layout
 from exporter.serve.self_metrics import Health, StageHealth
+from exporter.stream.decode.payload import REFUSED_ROWS, PairJoin, PayloadRows, half_of
+from exporter.stream.decode.platforms import Half
 from exporter.stream.kafka.client import Partition
-from exporter.stream.stages.records import Kind, Record, codes_columns, codes_layout, encode_rows
+from exporter.stream.stages.records import Kind, Record, codes_columns, codes_layout, codes_matrix, encode_rows
 from exporter.stream.stages.snapshots import Restoring
 from exporter.stream.state.fleet import Fleet
 from exporter.stream.state.label_join import Joined, OutcomeJoin
@@ -101,8 +106,15 @@ class JoinTask(Task):
 
     def __init__(self, partition: Partition, start: int, stage_health: StageHealth, health: Health,
                  join: OutcomeJoin, spec_of: Callable[[str], ModelSpec | None], counts: Callable[[str], Partition],
-                 clock: Callable[[], float], logs: dict[str, str]) -> None:  # fmt: skip
+                 clock: Callable[[], float], logs: dict[str, str], pairs: PairJoin | None = None,
+                 payload_rows: Callable[[str], PayloadRows] | None = None,
+                 pending_to: Callable[[list[str]], np.ndarray] | None = None) -> None:  # fmt: skip
         super().__init__(partition, start, stage_health)
+        self.pairs = pairs or PairJoin(0.0)
+        """The payload formats' halves of calls whose id falls on this partition, waiting for their partner."""
+        self.payload_rows = payload_rows
+        self.pending_to = pending_to
+        """The join partition of each prediction id, when delayed labels are read (a joined call's rows wait)."""
         self.logs = logs
         """Each topic's id (the log this partition's offsets, the joined outcomes' positions, are in)."""
         self.join = join
@@ -116,6 +128,8 @@ class JoinTask(Task):
         """Hold a PENDING record's predictions or join a LABELS record's outcomes; the joined outcomes to send."""
         # a model's predictions and the labels have marks of their own: rows of several models from one source
         # partition interleave, each model's in order
+        if record.kind is Kind.HALVES:
+            return self._halves(record, offset)
         model = str(record.meta.get("model", ""))
         keep = self.fresh(record, (model,) if record.kind is Kind.PENDING else ())
         a = record.arrays
@@ -146,6 +160,63 @@ class JoinTask(Task):
         self.dirty = True
         return out
 
+    def _halves(self, record: Record, offset: int) -> list[Out]:
+        """Pair a HALVES record's halves with those waiting; each joined call's rows as PREDICTIONS to its model's
+        counts partition (and, when labels are read, as PENDING to the join partition of each row's id)."""
+        keep = self.fresh(record, ("payload",))
+        now = self.clock()
+        unmatched: Counter[str] = Counter()
+        pairs: dict[str, list[tuple[Half, Half]]] = {}
+        for text, k in zip(record.ids, keep.tolist(), strict=True):
+            if not k:
+                continue
+            half = half_of(orjson.loads(text))
+            if half.rows == REFUSED_ROWS:
+                self.pairs.refuse(half.model or "", half.pair, now, unmatched)
+                continue
+            pair = self.pairs.add(half, now, unmatched)
+            if pair is not None:
+                pairs.setdefault(half.model or "", []).append(pair)
+        out: list[Out] = []
+        at = offset << ROW_BITS
+        rejected, given_up = Counter[str](), Counter[str]()
+        for model, mine in pairs.items():
+            spec = self.spec_of(model)
+            if spec is None or self.payload_rows is None:
+                given_up["model_reconfigured"] += len(mine)
+                continue
+            batch, _ = self.payload_rows(model).batch(mine, now)  # refused pairs: counted, not dead-lettered here
+            rejected.update(batch.rejected)
+            n = len(batch)
+            if not n:
+                continue
+            table: dict[str, np.ndarray] = {"source": np.zeros(n, dtype=np.int32),
+                     "position": np.arange(at, at + n, dtype=np.int64), "timestamp": batch.timestamps,
+                     "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
+                     "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
+            at += n
+            meta = {"model": model, "layout": codes_layout(spec),
+                    "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
+            topic, partition = self.counts(model)
+            out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, table)]
+            if self.pending_to is not None:
+                ids = [str(pid) for pid in batch.prediction_ids]
+                where = self.pending_to(ids)
+                for q in np.unique(where).tolist():
+                    rows = np.flatnonzero(where == q)
+                    part = {k: table[k][rows] for k in ("source", "position", "timestamp", "prediction", "codes")}
+                    out += [(self.partition[0], q, None, v) for v in encode_rows(Kind.PENDING, meta, part,
+                                                                                 [ids[i] for i in rows.tolist()])]
+        joined, unmatched_counter = self.health.payload_counters()
+        joined.inc(sum(map(len, pairs.values())))
+        for reason, n in unmatched.items():
+            unmatched_counter.labels(reason).inc(n)
+        for reason, n in rejected.items():
+            self.health.rejected.labels(reason).inc(n)
+        self.health.count_outcomes(given_up)
+        self.dirty = True
+        return out
+
     def _joined(self, joined: dict[str, Joined], offset: int, given_up: Counter[str]) -> list[Out]:
         out: list[Out] = []
         at = offset << ROW_BITS
@@ -165,10 +236,14 @@ class JoinTask(Task):
         return out
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        return {}, {**{f"join.{k}": v for k, v in self.join.state(self.clock()).items()}, **self.hwm_arrays()}
+        pairs = {f"pairs.{k}": v for k, v in self.pairs.state().items()} if self.pairs.pending or self.pairs.done \
+            else {}  # fmt: skip
+        return {}, {**{f"join.{k}": v for k, v in self.join.state(self.clock()).items()}, **pairs,
+                    **self.hwm_arrays()}  # fmt: skip
 
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.join.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")})
+        self.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
         self.restore_hwm(arrays)
 
 

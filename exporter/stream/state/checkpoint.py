@@ -203,6 +203,7 @@ class Checkpointer:
             fleet.joins.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")},
                                 meta.get("single_model"))  # fmt: skip
             fleet.joins.forget_models(restored.__contains__, given_up)
+            fleet.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
             fleet.offsets = dict(offsets)
             self._durable = dict(offsets)
         return restored, resets, given_up
@@ -308,6 +309,8 @@ class Checkpointer:
                 models[model_id] = {"layout": layout(monitored.spec, fleet.config.windowing), "prefix": prefix}
                 arrays.update({prefix + k: v for k, v in monitored.store.state().items()})
             arrays.update({f"join.{k}": v for k, v in fleet.joins.state(self.clock()).items()})
+            if fleet.pairs.pending or fleet.pairs.done:  # payload formats: the calls' halves waiting
+                arrays.update({f"pairs.{k}": v for k, v in fleet.pairs.state().items()})
             offsets, topic_ids = fleet.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)
         meta = {"models": models, "written_at": self.clock(), "topic_ids": topic_ids,
                 "offsets": [[t, p, o] for (t, p), o in offsets.items()]}  # fmt: skip

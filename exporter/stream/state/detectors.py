@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from exporter.config import ModelSpec, Windowing
 from exporter.core import detect
 from exporter.core.attributes import OTHER_GROUP
+from exporter.core.estimate import CALIBRATION_SHIFT, calibration_log_lr
 from exporter.core.fairness import FN, FP, N_COUNTS, PRED_NEG, PRED_POS, TN, TP, wilson_interval
 
 FloatArray = NDArray[np.float64]
@@ -50,6 +51,8 @@ FAMILIES: Final = (
     Family("false_positive_rate_difference", "equalised_odds_difference", FP, (FP, TN), "gap"),
 )
 SUBGROUP_METRIC: Final = "positive_prediction_rate"
+CALIBRATION_METRIC: Final = "calibration"
+"""The metric of the calibration detectors (estimation:): a subgroup's labels against its calibrated scores."""
 CHUNK_TERMS: Final = 2_000_000
 """How many (step x detector x support) terms one vectorised pass of :meth:`DetectorBank.advance` may hold."""
 
@@ -72,6 +75,7 @@ ALERTS: Final = (
     Alert("FairnessEqualisedOddsDrift", "critical",
           ("true_positive_rate_difference", "false_positive_rate_difference"), "model_equalised_odds_difference"),
     Alert("SubgroupPredictionRateShift", "warning", (SUBGROUP_METRIC,), "model_positive_prediction_rate"),
+    Alert("FairnessEstimateInvalid", "warning", (CALIBRATION_METRIC,), "model_calibration_statistic"),
 )  # fmt: skip
 ALERT_OF_METRIC: Final = {m: a for a in ALERTS for m in a.metrics}
 
@@ -88,11 +92,14 @@ class Detector:
     group_a: str = ""
     group_b: str = ""
     subgroup: str = ""
+    predicted: str = ""
+    """The predicted class (``0``/``1``) whose labelled rows a calibration detector reads; empty for the others."""
 
     @property
     def key(self) -> str:
         """A stable identity, for matching checkpointed state to the configured detectors."""
-        return "|".join((self.attribute, self.metric, self.direction, self.dimension, self.subgroup))
+        parts = (self.attribute, self.metric, self.direction, self.dimension, self.subgroup)
+        return "|".join((*parts, self.predicted) if self.predicted else parts)
 
 
 @dataclass
@@ -191,6 +198,20 @@ class DetectorBank:
                     detectors.append(Detector(attribute.name, SUBGROUP_METRIC, direction, subgroup=group))
                     subgroup_rows.append(offset + i)
                     subgroup_signs.append(sign)
+        self.n_before_calibration = len(detectors)
+        calibration_rows, calibration_classes, calibration_signs = [], [], []
+        if model.estimation is not None:
+            for attribute, offset in zip(model.attributes, offsets, strict=True):
+                for i, group in enumerate(attribute.groups):
+                    for predicted in (0, 1):
+                        for sign, direction in ((1.0, "up"), (-1.0, "down")):
+                            detectors.append(Detector(attribute.name, CALIBRATION_METRIC, direction, subgroup=group,
+                                                      predicted=str(predicted)))  # fmt: skip
+                            calibration_rows.append(offset + i)
+                            calibration_classes.append(predicted)
+                            calibration_signs.append(sign)
+        self._calibration = (np.array(calibration_rows, dtype=np.int64), np.array(calibration_classes, np.int64),
+                             np.array(calibration_signs))  # fmt: skip
         self.detectors = tuple(detectors)
         self.keys = np.array([d.key for d in detectors])
         self.n_rows = n_rows
@@ -229,8 +250,24 @@ class DetectorBank:
         safe_alt = np.where(useful, alternative, 0.5)
         return np.where(useful, detect.one_sample_log_lr(k, n, safe_ref, safe_alt), 0.0)
 
-    def advance(self, state: DetectorState, steps: NDArray[np.int64]) -> tuple[DetectorState, Trace]:
-        """Run the detectors over ``steps`` of shape (T, ..., n_rows, N_COUNTS): the counts of each step.
+    def _calibration_log_lr(self, labelled: NDArray | None, calibration: NDArray | None,
+                            shape: tuple[int, ...]) -> FloatArray:  # fmt: skip
+        """(T, ..., calibration detectors) log LRs of an odds shift of CALIBRATION_SHIFT up or down against the
+        calibration ``(n_rows, n_bins)``, from each step's labelled estimation counts; 0 without them."""
+        rows, classes, signs = self._calibration
+        if labelled is None or calibration is None or not len(rows):
+            return np.zeros((*shape, len(rows)))
+        shifts = np.array([CALIBRATION_SHIFT, -CALIBRATION_SHIFT])
+        with np.errstate(invalid="ignore"):
+            lr = calibration_log_lr(calibration, labelled, shifts)  # (T, ..., n_rows, 2, 2)
+        picked = lr[..., rows, classes, (signs < 0).astype(np.int64)]
+        return np.nan_to_num(picked, nan=0.0)  # a row without a calibration (its unknown category) has no evidence
+
+    def advance(self, state: DetectorState, steps: NDArray[np.int64], labelled: NDArray | None = None,
+                calibration: NDArray | None = None) -> tuple[DetectorState, Trace]:  # fmt: skip
+        """Run the detectors over ``steps`` of shape (T, ..., n_rows, N_COUNTS): the counts of each step
+        (``labelled``: each step's estimation counts, (T, ..., n_rows, n_bins, 2, N_SCORE_COUNTS), and
+        ``calibration`` the rows' calibration, for the calibration detectors).
 
         Per step and detector, with LR the step's likelihood ratio (expectation 1 when nothing changed):
 
@@ -258,7 +295,9 @@ class DetectorBank:
                 histories[i] = history
                 history = self.decay * history + step
             log_lr = np.concatenate([*(g.log_lr(histories, chunk) for g in self._groups),
-                                     self._subgroup_log_lr(histories, chunk)], axis=-1)  # fmt: skip
+                                     self._subgroup_log_lr(histories, chunk),
+                                     self._calibration_log_lr(None if labelled is None else labelled[t:stop],
+                                                              calibration, chunk.shape[:-2])], axis=-1)  # fmt: skip
             cumulative = np.cumsum(log_lr, axis=0)
             statistics[t:stop] = cumulative - np.minimum(np.minimum.accumulate(cumulative, axis=0), -statistic)
             for i in range(len(chunk)):

@@ -24,6 +24,7 @@ import numpy as np
 from exporter.config import Config, EventFields, ModelSpec, layout, layout_changes
 from exporter.stream.decode.events import DecodedBatch, EventDecoder
 from exporter.stream.decode.fleet import SharedDecoder, shareable
+from exporter.stream.decode.payload import PairJoin
 from exporter.stream.decode.route import Router
 from exporter.stream.kafka.client import Offsets, Partition
 from exporter.stream.state.label_join import OutcomeJoin
@@ -73,6 +74,8 @@ class Fleet:
         self.owns = owns
         """Whether this replica keeps a model's window state (None: every model's)."""
         self.joins = OutcomeJoin(config.label_horizon_seconds, config.max_pending_labels)
+        self.pairs = PairJoin(self.events.pair_horizon, config.max_pending_labels)
+        """Halves of calls waiting for their partner (payload formats: exporter/stream/decode/payload.py)."""
         self.offsets: Offsets = {}
         """The next Kafka offset after what the counts include, per (topic, partition)."""
         self.decoders: dict[str, EventDecoder] = {m.model_id: self._decoder(m) for m in config.models}
@@ -214,6 +217,7 @@ class Fleet:
             self.joins.forget_models(carried.__contains__, given_up)
             self.joins.horizon = config.label_horizon_seconds
             self.joins.max_pending = config.max_pending_labels
+            self.pairs.horizon, self.pairs.max_pending = self.events.pair_horizon, config.max_pending_labels
             self.decoders = decoders
             self.models = models
             self.readers = self._readers()

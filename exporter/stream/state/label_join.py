@@ -45,13 +45,32 @@ class Joined:
     outcomes: np.ndarray
     codes: np.ndarray
     """Shape ``(n, n_attributes)``, attributes in config order."""
+    bins: np.ndarray
+    """Each prediction's score bin for the estimation counts (exporter/core/estimate.py), -1 when none was kept."""
 
     def __len__(self) -> int:
         return len(self.timestamps)
 
 
 Pending = tuple[float, int, tuple[int, ...], str]
-"""A prediction waiting for its label: event time, prediction, per-attribute codes, model id."""
+"""A prediction waiting for its label: event time, prediction and score bin (:func:`pack`), per-attribute codes,
+model id."""
+
+
+def pack(predictions: np.ndarray, bins: np.ndarray | None) -> np.ndarray:
+    """A prediction (0/1) and its score bin (-1: none) in one int, as a pending prediction keeps them: its checkpoint
+    column holds them unchanged, and a prediction without a bin is the prediction itself.
+
+    >>> pack(np.array([1, 0, 1]), np.array([3, -1, 0])).tolist(), unpack(np.array([9, 0, 3]))[1].tolist()
+    ([9, 0, 3], [3, -1, 0])
+    """
+    p = np.asarray(predictions, dtype=np.int64)
+    return p if bins is None else p + 2 * (np.asarray(bins, dtype=np.int64) + 1)
+
+
+def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(predictions, score bins) of :func:`pack`'s ints."""
+    return packed % 2, packed // 2 - 1
 
 
 def _joined(rows: list[tuple[float, int, tuple[int, ...], str, int]]) -> dict[str, Joined]:
@@ -62,10 +81,10 @@ def _joined(rows: list[tuple[float, int, tuple[int, ...], str, int]]) -> dict[st
     out = {}
     for model, mine in by_model.items():
         ts = np.array([r[0] for r in mine], dtype=np.float64)
-        preds = np.array([r[1] for r in mine], dtype=np.int64)
+        preds, bins = unpack(np.array([r[1] for r in mine], dtype=np.int64))
         labels = np.array([r[4] for r in mine], dtype=np.int64)
         codes = np.array([r[2] for r in mine], dtype=np.int64).reshape(len(mine), len(mine[0][2]))
-        out[model] = Joined(ts, outcome_columns(preds, labels)[1], codes)
+        out[model] = Joined(ts, outcome_columns(preds, labels)[1], codes, bins)
     return out
 
 
@@ -117,9 +136,11 @@ class OutcomeJoin:
 
     def add_predictions(
         self, model: str, ids: list[Any], timestamps: np.ndarray, predictions: np.ndarray, codes: np.ndarray,
-        expired: Counter[str],
+        expired: Counter[str], bins: np.ndarray | None = None,
     ) -> Joined | None:  # fmt: skip
-        """Hold one model's unlabelled predictions; return those whose label was already waiting as an orphan."""
+        """Hold one model's unlabelled predictions (with their score bins, for a model that estimates); return those
+        whose label was already waiting as an orphan."""
+        predictions = pack(predictions, bins)
         rows = []
         for i, pid in enumerate(ids):
             if pid is None:

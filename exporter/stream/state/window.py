@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from exporter.config import ModelSpec, Windowing
-from exporter.core.fairness import N_COUNTS, outcome_columns
+from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, Calibration, score_bins
+from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
 from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
 
 
@@ -55,6 +56,7 @@ class WindowStore:
 
     def __init__(self, model: ModelSpec, windowing: Windowing, lock: threading.RLock | None = None) -> None:
         self.layout = RowLayout.of(model)
+        self.min_samples = model.min_samples
         self.bucket_seconds = windowing.bucket_seconds
         self.window_buckets = {w.name: round(w.seconds / windowing.bucket_seconds) for w in windowing.windows}
         self.n_buckets = math.ceil((windowing.longest_seconds + windowing.allowed_lateness_seconds)
@@ -68,13 +70,19 @@ class WindowStore:
         n_bins = len(self.score_bounds) + 1 if len(self.score_bounds) else 0
         self.score_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_bins), dtype=np.int64)
         self.score_sums = np.zeros((self.n_buckets, self.layout.n_rows if n_bins else 0), dtype=np.float64)
+        # Estimation (model.estimation): per bucket, row, score bin and predicted class, the predictions and the
+        # labelled positives and negatives among them (exporter/core/estimate.py); bins as the histograms'.
+        n_est = n_bins if model.estimation is not None else 0
+        self.estimate_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), np.int64)
+        self.estimate_totals = np.zeros((self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), dtype=np.int64)
         self.head = -1  # absolute index of the newest bucket
         self.lock = lock or threading.RLock()
         """The one lock of the stream state (every model's store shares the fleet's): the ingest holds it to count
         a batch, its joins and its offsets as one step; the checkpointer to copy every model's counts, the pending
         predictions and the offsets as one consistent state."""
         self.detectors = DetectorBank(model, windowing, self.layout.offsets, self.layout.n_rows)
-        self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0)
+        self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0,
+                                   np.zeros_like(self.estimate_totals))  # fmt: skip
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -91,6 +99,7 @@ class WindowStore:
         self.counts[stale] = 0
         self.score_counts[stale] = 0
         self.score_sums[stale] = 0.0
+        self.estimate_counts[stale] = 0
         self.bucket_ids[stale] = -1
 
     def add(
@@ -110,16 +119,31 @@ class WindowStore:
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
+                bins = self.estimate_bins(scores[on_time])
+                if bins is not None:
+                    p = np.asarray(predictions)[on_time]
+                    self._count_estimate(buckets[on_time], rows, bins, p, PREDICTED)
+                    label = np.asarray(outcomes)[on_time]
+                    for value, column in ((1, LABELLED_POS), (0, LABELLED_NEG)):
+                        k = label == value
+                        self._count_estimate(buckets[on_time][k], {n: r[k] for n, r in rows.items()}, bins[k], p[k],
+                                             column)  # fmt: skip
         return late
 
-    def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray) -> int:
-        """Count joined ground truth in its prediction's bucket; return how many predictions had left the ring
-        (those still count in the monotonic totals)."""
+    def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray,
+                   bins: np.ndarray | None = None) -> int:  # fmt: skip
+        """Count joined ground truth in its prediction's bucket (and score bin, when ``bins`` holds the predictions'
+        bins, -1 for none); return how many predictions had left the ring (those still count in the totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
             rows = self._rows(codes)
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
+            if self.estimate_counts.shape[2] and bins is not None:
+                k = in_ring & (bins >= 0) & (outcomes >= 0)
+                predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
+                column = np.where(np.isin(outcomes[k], (TP, FN)), LABELLED_POS, LABELLED_NEG)
+                self._count_estimate(buckets[k], {n: r[k] for n, r in rows.items()}, bins[k], predicted, column)
             gone = ~in_ring & (outcomes >= 0)
             self._count_totals({k: v[gone] for k, v in rows.items()}, outcomes[gone])
         return int(gone.sum())
@@ -160,6 +184,19 @@ class WindowStore:
             np.add.at(flat_counts, cells * n_bins + bins, 1)
             np.add.at(flat_sums, cells, scores)
 
+    def _count_estimate(self, buckets: np.ndarray, rows: dict[str, np.ndarray], bins: np.ndarray,
+                        predicted: np.ndarray, column: int | np.ndarray) -> None:  # fmt: skip
+        """Add to the estimation counts' cells (bucket, row, bin, predicted class) the given column."""
+        if not len(buckets):
+            return
+        slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
+        n_rows, n_bins = self.layout.n_rows, self.estimate_counts.shape[2]
+        flat, totals = self.estimate_counts.reshape(-1), self.estimate_totals.reshape(-1)
+        for name in self.layout.names:
+            cell = ((rows[name] * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column
+            np.add.at(flat, slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell, 1)
+            np.add.at(totals, cell, 1)
+
     def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
@@ -186,6 +223,21 @@ class WindowStore:
             return {name: (self._window_sum(self.score_counts, k), self._window_sum(self.score_sums, k))
                     for name, k in self.window_buckets.items()}  # fmt: skip
 
+    def estimate_bins(self, scores: np.ndarray | None) -> np.ndarray | None:
+        """The estimation score bin of each score; None when the model estimates nothing (or has no scores)."""
+        if not self.estimate_counts.shape[2] or scores is None or not len(scores):
+            return None
+        return score_bins(scores, self.score_bounds)
+
+    def window_estimate_counts(self, now: float) -> dict[str, np.ndarray]:
+        """Estimation counts of every window ending at the head (advanced to ``now``): ``(n_rows, n_bins, 2,
+        N_SCORE_COUNTS)`` each. Empty when the model estimates nothing."""
+        with self.lock:
+            if not self.estimate_counts.shape[2]:
+                return {}
+            self._advance(self._bucket_at(now))
+            return {name: self._window_sum(self.estimate_counts, k) for name, k in self.window_buckets.items()}
+
     def _window_sum(self, ring: np.ndarray, k: int) -> np.ndarray:
         # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in that range
         # holds its bucket or nothing (_advance emptied the rest), so no mask is needed.
@@ -196,43 +248,67 @@ class WindowStore:
             total += ring[start:].sum(axis=0)
         return total
 
-    def detect(self, now: float) -> Detection:
+    def detect(self, now: float, calibration: np.ndarray | None = None) -> Detection:
         """Advance the change detectors by one step when the head (advanced to ``now``) has entered a bucket they
         have not stepped in yet; return their state.
 
         A step consumes everything counted since the previous step (the monotonic totals' increase): every
         prediction and every delayed label enters the detectors exactly once, when it is counted, with no wait
         for ``allowed_lateness``. Steps are therefore at most one per bucket of the head's time.
+        ``calibration``: the rows' calibration (:meth:`calibration_rows`) for the calibration detectors.
         """
         with self.lock:
             step = self.take_step(now)
             if step is not None:
-                self.advance_detectors(step[None])
+                self.advance_detectors(step[0][None], step[1][None], calibration)
             return self.detection
 
-    def take_step(self, now: float) -> np.ndarray | None:
-        """The counts of a new step (see :meth:`detect`), marked as consumed; None when the head has not entered
-        a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest batches them)."""
+    def take_step(self, now: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """The counts and estimation counts of a new step (see :meth:`detect`), marked as consumed; None when the
+        head has not entered a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest
+        batches them)."""
         with self.lock:
             self._advance(self._bucket_at(now))
             d = self.detection
             if self.head <= d.last_step:
                 return None
             step = self.totals - d.seen
-            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1)
-            return step
+            seen_estimate = d.estimate_seen if d.estimate_seen is not None else self.estimate_totals
+            estimate_step = self.estimate_totals - seen_estimate
+            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1,
+                                       self.estimate_totals.copy())  # fmt: skip
+            return step, estimate_step
 
-    def advance_detectors(self, steps: np.ndarray) -> Trace:
+    def advance_detectors(self, steps: np.ndarray, labelled: np.ndarray | None = None,
+                          calibration: np.ndarray | None = None) -> Trace:  # fmt: skip
         """Run the detectors over steps taken by :meth:`take_step`; what they were after each step."""
         with self.lock:
-            state, trace = self.detectors.advance(self.detection.state, steps)
+            state, trace = self.detectors.advance(self.detection.state, steps, labelled, calibration)
             self.detection = replace(self.detection, state=state)
             return trace
+
+    def calibration_rows(self, reference: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The calibration of every row ``(n_rows, n_bins)`` fitted on a reference's score counts per attribute; NaN
+        (no calibration detector evidence) for an attribute's unknown row and for a subgroup with fewer than
+        min_samples labelled positives or negatives in the reference, whose calibration is mostly the prior's.
+        None when the model estimates nothing."""
+        if not self.estimate_counts.shape[2]:
+            return None
+        out = np.full((self.layout.n_rows, self.estimate_counts.shape[2]), np.nan)
+        for name, offset, size in zip(self.layout.names, self.layout.offsets, self.layout.sizes, strict=True):
+            counts = reference[name][: size - 1]
+            labelled = counts.sum(axis=(1, 2))
+            enough = np.minimum(labelled[:, LABELLED_POS], labelled[:, LABELLED_NEG]) >= self.min_samples
+            out[offset : offset + size - 1] = np.where(enough[:, None], Calibration.fit(counts).rate, np.nan)
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
         with self.lock:
             scores = {"score_counts": self.score_counts.copy(), "score_sums": self.score_sums.copy()}
+            if self.estimate_counts.shape[2]:
+                scores |= {"estimate_counts": self.estimate_counts.copy(),
+                           "estimate_totals": self.estimate_totals.copy()}
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
                     **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
@@ -246,6 +322,9 @@ class WindowStore:
             if self.score_counts.shape[2]:  # the layout check made sure the checkpoint has them, same bounds
                 self.score_counts[...] = state["score_counts"]
                 self.score_sums[...] = state["score_sums"]
+            if self.estimate_counts.shape[2] and "estimate_counts" in state:  # else (estimation newly configured) 0
+                self.estimate_counts[...] = state["estimate_counts"]
+                self.estimate_totals[...] = state["estimate_totals"]
             self.head = int(state["head"])
             self.detection = Detection.restore(state, self.detectors, self.totals)
 
@@ -268,6 +347,8 @@ class Detection:
     last_step: int
     """Absolute bucket of the head at the last step (-1 before the first)."""
     steps: int
+    estimate_seen: np.ndarray | None = None
+    """The estimation totals as of the last step (None before the first: the first step consumes nothing)."""
 
     def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
         """The checkpoint's detector arrays (per-detector state keyed by detector, so a changed config keeps the
@@ -275,7 +356,9 @@ class Detection:
         per_detector = {f"detector_{name}": getattr(self.state, name).copy() for name in PER_DETECTOR}
         return {"detector_keys": bank.keys, **per_detector,
                 "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
-                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps)}  # fmt: skip
+                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps),
+                **({"detector_estimate_seen": self.estimate_seen.copy()} if self.estimate_seen is not None
+                   else {})}  # fmt: skip
 
     @classmethod
     def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
@@ -289,5 +372,6 @@ class Detection:
             saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
             fresh[...] = [saved[index[key]] if key in index else fresh[j] for j, key in enumerate(bank.keys.tolist())]
         state.history[...] = arrays["detector_history"]
+        seen_estimate = arrays.get("detector_estimate_seen")
         return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
-                   int(arrays["detector_steps"]))  # fmt: skip
+                   int(arrays["detector_steps"]), None if seen_estimate is None else seen_estimate.copy())  # fmt: skip

@@ -29,9 +29,58 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "fairness-exporter.labels" -}}
 helm.sh/chart: {{ include "fairness-exporter.chart" . }}
 {{ include "fairness-exporter.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "fairness-exporter.version" . | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: fairness-exporter
+{{- end }}
+
+{{/* The version label: image.tag (else appVersion) in the 63 characters of a label value's alphabet; a digest
+never reaches it (image.digest pins the image, the tag stays the readable version). */}}
+{{- define "fairness-exporter.version" -}}
+{{- regexReplaceAll "[^A-Za-z0-9_.-]" (.Values.image.tag | default .Chart.AppVersion) "_" | trunc 63 | trimAll "_.-" }}
+{{- end }}
+
+{{/*
+An image reference from {repository, tag, digest} (`.image`), the tag defaulting to `.tag`: repository@digest
+when a digest is set (what the kubelet pulls is then fixed), else repository:tag. `.field` names the values key
+in the one-line error for a malformed digest or a digest written into the tag.
+*/}}
+{{- define "fairness-exporter.imageRef" -}}
+{{- $image := .image }}
+{{- if contains "@" (toString $image.tag) }}
+{{- fail (printf "%s.tag %q holds a digest: put it in %s.digest (sha256:<64 hex digits>) and keep the tag a version, which the app.kubernetes.io/version label shows" .field $image.tag .field) }}
+{{- end }}
+{{- with $image.digest }}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) }}
+{{- fail (printf "%s.digest %q is not a digest: expected sha256:<64 lowercase hex digits>, as `docker buildx imagetools inspect` or `crane digest` print it" $.field .) }}
+{{- end }}
+{{- printf "%s@%s" $image.repository . }}
+{{- else }}
+{{- printf "%s:%s" $image.repository ($image.tag | default .tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The daemon's image (the Dockerfile's `daemon` target). */}}
+{{- define "fairness-exporter.image" -}}
+{{- include "fairness-exporter.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion "field" "image") }}
+{{- end }}
+
+{{/* The audit CronJob's image (the Dockerfile's `full` target: the gate, reports and object storage): the
+daemon's repository and version with the -full suffix unless set. */}}
+{{- define "fairness-exporter.fullImage" -}}
+{{- $image := deepCopy .Values.auditCronJob.image }}
+{{- $_ := set $image "repository" ($image.repository | default .Values.image.repository) }}
+{{- $tag := printf "%s-full" (.Values.image.tag | default .Chart.AppVersion) }}
+{{- include "fairness-exporter.imageRef" (dict "image" $image "tag" $tag "field" "auditCronJob.image") }}
+{{- end }}
+
+{{/* The daemon's pods, not the audit CronJob's (app.kubernetes.io/component: audit), for the NetworkPolicy and
+the PodDisruptionBudget. */}}
+{{- define "fairness-exporter.daemonPodSelector" -}}
+matchLabels:
+  {{- include "fairness-exporter.selectorLabels" . | nindent 2 }}
+matchExpressions:
+  - {key: app.kubernetes.io/component, operator: DoesNotExist}
 {{- end }}
 
 {{- define "fairness-exporter.serviceAccountName" -}}
@@ -113,6 +162,7 @@ direct at one (measurably faster: no event is written and read a second time). *
 metadata:
   annotations:
     checksum/config: {{ include "fairness-exporter.config" . | sha256sum }}
+    kubectl.kubernetes.io/default-container: fairness-exporter
     {{- with .Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -138,11 +188,9 @@ spec:
     {{- include "fairness-exporter.modelsSidecar" (dict "root" . "method" "LIST") | nindent 4 }}
   {{- end }}
   containers:
-    {{- if .Values.modelConfigMaps.enabled }}
-    {{- include "fairness-exporter.modelsSidecar" (dict "root" . "method" "WATCH") | nindent 4 }}
-    {{- end }}
+    # the daemon first: `kubectl logs` and `kubectl exec` land in it (and the default-container annotation says so)
     - name: fairness-exporter
-      image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+      image: {{ include "fairness-exporter.image" . | quote }}
       imagePullPolicy: {{ .Values.image.pullPolicy }}
       args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"
              {{- with .Values.webConfig.secretName }}, "--web.config.file", "/etc/fairness-exporter/web/{{ $.Values.webConfig.key }}"{{ end }}]
@@ -199,6 +247,9 @@ spec:
         {{- with .Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+    {{- if .Values.modelConfigMaps.enabled }}
+    {{- include "fairness-exporter.modelsSidecar" (dict "root" . "method" "WATCH") | nindent 4 }}
+    {{- end }}
   volumes:
     - name: config
       configMap:
@@ -246,7 +297,7 @@ spec:
 {{- define "fairness-exporter.modelsSidecar" -}}
 {{- $values := .root.Values.modelConfigMaps }}
 - name: {{ if eq .method "LIST" }}models-init{{ else }}models{{ end }}
-  image: "{{ $values.image.repository }}:{{ $values.image.tag }}"
+  image: {{ include "fairness-exporter.imageRef" (dict "image" $values.image "tag" "" "field" "modelConfigMaps.image") | quote }}
   imagePullPolicy: {{ $values.image.pullPolicy }}
   env:
     - {name: LABEL, value: {{ $values.label | quote }}}

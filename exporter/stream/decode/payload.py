@@ -1,0 +1,279 @@
+"""A serving platform's payload log (``events.format: kserve | seldon``) as the rows the windows count.
+
+Each record is one half of a call (exporter/stream/decode/platforms.py): its request or its response. The two
+meet by their id in :class:`PairJoin` (bounded in count and age like the label join, counted: pairs joined,
+duplicates delivered twice, halves that found no partner within the horizon). A joined pair becomes one row per
+instance, its columns the request's inputs, the response's outputs and the logged headers; from there the rules of
+our own events apply: each protected attribute reads its ``column``, ``events.prediction`` names the output column
+(a score with ``events.score_threshold``), and a row's ``prediction_id`` is the call's id (``<id>:<row>`` in a
+batch of several rows) so that delayed labels join it as they join our events. A payload that breaks a rule is
+refused whole, under one reason, and dead-lettered: never half a batch counted. On the staged path the halves
+travel to the join partition of their call id first (exporter/stream/stages/entry.py), as JSON (:func:`half_json`),
+and meet in that join task's :class:`PairJoin`.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import Counter, OrderedDict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from exporter.config import ModelSpec
+from exporter.core.encoding import attribute_codes, code_table, value_text
+from exporter.stream.decode.events import DecodedBatch, is_binary
+from exporter.stream.decode.oip import BadPayload
+from exporter.stream.decode.platforms import Half, headers_of, kserve_half, kserve_model, seldon_half, seldon_model
+from exporter.stream.decode.route import ignore_reason
+
+FORMATS: Final = ("json", "kserve", "seldon")
+UNMATCHED_REASONS: Final = ("duplicate_delivery", "request_without_response", "response_without_request",
+                            "partner_refused", "pending_state_full")  # fmt: skip
+"""Why a payload half was never counted: delivered twice, no partner within the horizon (a failed call logs only
+its request), its partner was refused, or the join was full."""
+
+Raw = tuple[bytes | None, Sequence[tuple[str, bytes | None]] | None, bytes | None, int]
+"""A record as the payload decoders read it: value, headers, key, Kafka timestamp in ms (-1: none)."""
+
+
+def records_of(records: Sequence[Any]) -> list[Raw]:
+    """Value, headers, key and timestamp of each record: from confluent-kafka's messages (the adapter's batch keeps
+    them as ``messages``), else from the record's attributes (kafka-python's ConsumerRecord, tests)."""
+    messages = getattr(records, "messages", None)
+    if messages is not None:
+        return [(m.value(), m.headers(), m.key(), m.timestamp()[1]) for m in messages]
+    return [(r.value, getattr(r, "headers", None), getattr(r, "key", None), getattr(r, "timestamp", -1))
+            for r in records]  # fmt: skip
+
+
+def splits_pairs(format: str) -> str | None:
+    """Why a replica of the direct path must read every partition of the topic(s) in this format, or None: KServe
+    logs a call's request and response with no key (any partition each) and Seldon on two topics, so a direct
+    replica holding fewer than all partitions would keep halves apart (the refusal of such an assignment asks
+    this; the staged path re-keys halves by call id instead)."""
+    if format == "json":
+        return None
+    return f"events.format {format} joins each call's request and response, which may be on any partition"
+
+
+@dataclass
+class PairJoin:
+    """Halves waiting for their partner, by (model, id); bounded in count, and in age by ``horizon`` seconds."""
+
+    horizon: float
+    max_pending: int = 1_000_000
+    pending: dict[tuple[str, str], tuple[Half, float]] = field(default_factory=dict)
+    done: OrderedDict[tuple[str, str], tuple[float, bool]] = field(default_factory=OrderedDict)
+    """Calls joined or refused within the horizon (when, whether refused), so that a half delivered again is a
+    duplicate, and the partner of a refused half is dropped with it."""
+
+    def add(self, half: Half, now: float, counts: Counter[str]) -> tuple[Half, Half] | None:
+        """The (request, response) this half completes, else None (it waits, or is counted as a duplicate)."""
+        key = (half.model or "", half.pair)
+        done = self.done.get(key)
+        if done is not None:
+            counts["partner_refused" if done[1] else "duplicate_delivery"] += 1
+            return None
+        waiting = self.pending.get(key)
+        if waiting is None:
+            if len(self.pending) >= self.max_pending:
+                counts["pending_state_full"] += 1
+            else:
+                self.pending[key] = (half, now)
+            return None
+        other = waiting[0]
+        if other.response == half.response:
+            counts["duplicate_delivery"] += 1  # the same half again: the first one stands
+            return None
+        del self.pending[key]
+        self._done(key, now, False)
+        return (other, half) if half.response else (half, other)
+
+    def refuse(self, model: str, pair: str, now: float, counts: Counter[str]) -> None:
+        """A half of this call was refused: its partner, waiting or still to come, is dropped with it."""
+        key = (model, pair)
+        if self.pending.pop(key, None) is not None:
+            counts["partner_refused"] += 1
+        self._done(key, now, True)
+
+    def _done(self, key: tuple[str, str], now: float, refused: bool) -> None:
+        self.done[key] = (now, refused)
+        self.done.move_to_end(key)
+        while len(self.done) > self.max_pending:
+            self.done.popitem(last=False)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The waiting halves and the calls done, for a checkpoint or a snapshot (one JSON document as bytes: what
+        waits is rows of plain values), so that a restart past their offsets still pairs them."""
+        pending = [[half_json(h), at] for h, at in self.pending.values()]
+        done = [[m, p, at, refused] for (m, p), (at, refused) in self.done.items()]
+        return {"state": np.frombuffer(orjson.dumps({"pending": pending, "done": done}), dtype=np.uint8)}
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        """Load what :meth:`state` wrote (nothing: a checkpoint written before payload formats)."""
+        if "state" not in state:
+            return
+        found = orjson.loads(state["state"].tobytes())
+        halves = [(half_of(h), at) for h, at in found["pending"]]
+        self.pending = {(h.model or "", h.pair): (h, at) for h, at in halves}
+        self.done = OrderedDict(((m, p), (at, refused)) for m, p, at, refused in found["done"])
+
+    def expire(self, now: float, counts: Counter[str]) -> list[Half]:
+        """Drop the halves that waited a horizon; the responses among them (a response with no request ever is a
+        bad payload: rejected and dead-lettered by the caller)."""
+        cutoff = now - self.horizon
+        old = [key for key, (_, at) in self.pending.items() if at < cutoff]
+        responses = []
+        for key in old:
+            half = self.pending.pop(key)[0]
+            if half.response:
+                responses.append(half)
+            else:
+                counts["request_without_response"] += 1
+        while self.done and next(iter(self.done.values()))[0] < cutoff:
+            self.done.popitem(last=False)
+        return responses
+
+
+def half_json(half: Half) -> list[Any]:
+    """A half as plain JSON values (its columns are already): for a checkpoint, or the staged path's re-keying."""
+    raw = None if half.raw is None else base64.b64encode(half.raw).decode()
+    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw]
+
+
+def half_of(found: list[Any]) -> Half:
+    """The half :func:`half_json` wrote."""
+    model, pair, response, time, rows, columns, metadata, raw = found
+    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata)
+
+
+REFUSED_ROWS: Final = -1
+"""The rows of a re-keyed half that stands for a refused one: its call is dropped at the join."""
+
+
+@dataclass
+class Halves:
+    """A poll's records read as halves, with what was refused or ignored."""
+
+    halves: list[Half] = field(default_factory=list)
+    rejected: list[tuple[bytes | None, str, str | None, str | None]] = field(default_factory=list)
+    """(value, reason, model, call id) of each refused record."""
+    ignored: Counter[str] = field(default_factory=Counter)
+    at: list[int] = field(default_factory=list)
+    """Where each half's record was among the records read (the staged path tells its source offset by it)."""
+    rejected_at: list[int] = field(default_factory=list)
+
+
+def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str]) -> Halves:
+    """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused."""
+    out = Halves()
+    for i, (value, raw_headers, key, ms) in enumerate(records):
+        headers = headers_of(raw_headers)
+        model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
+        if model is not None and model not in models:
+            out.ignored[ignore_reason(model)] += 1
+            continue
+        try:
+            half = kserve_half(value, headers, ms) if format == "kserve" else seldon_half(value, headers, key, topic,
+                                                                                         ms)  # fmt: skip
+        except BadPayload as exc:
+            found = headers.get("ce_id") or headers.get("x-request-id")
+            out.rejected.append((value, exc.reason, model, found.decode(errors="replace") if found else None))
+            out.rejected_at.append(i)
+            continue
+        if half.model not in models:
+            out.ignored[ignore_reason(half.model)] += 1
+            continue
+        out.halves.append(half)
+        out.at.append(i)
+    return out
+
+
+class PayloadRows:
+    """Joined pairs of one model as its :class:`DecodedBatch`, by the rules of our own events."""
+
+    def __init__(self, model: ModelSpec, max_future_skew_seconds: float) -> None:
+        self.model = model
+        self.max_future_skew_seconds = max_future_skew_seconds
+        self.threshold = model.events.score_threshold
+        self.column = model.events.prediction
+        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+
+    def batch(self, pairs: Sequence[tuple[Half, Half]], now: float) -> tuple[DecodedBatch, list[tuple[Half, str]]]:
+        """The rows of these pairs, and the pairs refused (the request half, with the reason)."""
+        latest = now + self.max_future_skew_seconds
+        stamps: list[float] = []
+        values: list[Any] = []
+        ids: list[Any] = []
+        raw_codes: list[list[Any]] = [[] for _ in self.tables]
+        refused: list[tuple[Half, str]] = []
+        for request, response in pairs:
+            reason = self._rule(request, response, latest)
+            if reason is not None:
+                refused.append((request, reason))
+                continue
+            n = request.rows
+            stamps += [request.time] * n  # type: ignore[list-item]  # _rule checked it
+            found = response.columns.get(self.column)
+            if found is None:
+                found = request.columns[self.column]
+            values += found
+            ids += [request.pair] if n == 1 else [f"{request.pair}:{i}" for i in range(n)]
+            for k, (column, _, _) in enumerate(self.tables):
+                cells = request.columns.get(column) or response.columns.get(column)
+                raw_codes[k] += cells if cells is not None else [request.metadata.get(column)] * n
+        timestamps = np.asarray(stamps, dtype=np.float64)
+        if self.threshold is not None:
+            scores = np.asarray(values, dtype=np.float64)
+            predictions = (scores >= self.threshold).astype(np.int64)
+        else:
+            scores = np.zeros(0)
+            predictions = np.asarray([int(v) for v in values], dtype=np.int64)
+        codes = []
+        for (_, table, unknown), cells in zip(self.tables, raw_codes, strict=True):
+            codes.append(np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v),
+                                                                          unknown) for v in cells),
+                                     np.int64, len(cells)))  # fmt: skip
+        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
+        batch = DecodedBatch(timestamps=timestamps, predictions=predictions,
+                             outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
+                             codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
+                             rejected=Counter(reason for _, reason in refused), scores=scores)  # fmt: skip
+        return batch, refused
+
+    def _rule(self, request: Half, response: Half, latest: float) -> str | None:
+        """Why a joined pair cannot be counted, or None."""
+        if request.rows != response.rows:
+            return "unequal_rows"
+        if request.time is None:
+            return "missing_field"
+        if request.time > latest:
+            return "future_timestamp"
+        found = response.columns.get(self.column)
+        if found is None:
+            found = request.columns.get(self.column)
+        if found is None:
+            return "missing_field"
+        if self.threshold is not None:
+            if not all((v.__class__ is float or v.__class__ is int) and 0.0 <= v <= 1.0 for v in found):
+                return "invalid_score"
+        elif not all(map(is_binary, found)):
+            return "invalid_prediction"
+        return None
+
+
+def payload_batches(pairs: Mapping[str, Sequence[tuple[Half, Half]]], rows: Mapping[str, PayloadRows],
+                    now: float) -> tuple[dict[str, DecodedBatch], list[tuple[bytes | None, str]]]:  # fmt: skip
+    """Each model's batch of its joined pairs, and the dead letters of the pairs refused (both halves)."""
+    batches, letters = {}, []
+    for model_id, mine in pairs.items():
+        batch, refused = rows[model_id].batch(mine, now)
+        batches[model_id] = batch
+        by_request = {id(request): response for request, response in mine}
+        for request, reason in refused:
+            letters += [(request.raw, reason), (by_request[id(request)].raw, reason)]
+    return batches, letters

@@ -1,0 +1,208 @@
+"""One Kafka record of a serving platform's payload log as one half of a prediction: its id, whether it is the
+request or the response, its model, its time and its rows of named columns (exporter/stream/decode/oip.py).
+
+- **KServe** (``logger:`` on an InferenceService, through a Knative KafkaSink): a CloudEvent per request and per
+  response sharing ``ce-id``, ``type`` ``org.kubeflow.serving.inference.request`` / ``.response``, the model in the
+  ``inferenceservicename`` extension, the logged request headers as JSON in ``metadata``. Binary content mode (the
+  KafkaSink's default): the body is the value, the attributes are ``ce_*`` headers, with ``content-type``.
+  Structured mode: the value is the whole event as JSON (``content-type: application/cloudevents+json``), the body
+  in ``data`` or ``data_base64``. A gzipped body is unzipped.
+- **Seldon Core v2**: ``seldon.<namespace>.model.<name>.inputs`` / ``.outputs`` topics of protobuf
+  ``ModelInferRequest`` / ``ModelInferResponse`` (JSON when ``seldon-infer-type`` says so), the pair's id in the
+  ``x-request-id`` header (else the record key, which the gateway sets to the request id); the record's other
+  headers are columns too.
+
+A record that cannot be read raises :class:`~exporter.stream.decode.oip.BadPayload` with its reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from exporter.stream.decode.oip import BadPayload, Columns, json_body, proto_body
+from exporter.stream.decode.timestamps import epoch
+
+MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+"""An unzipped body larger than this is refused (``payload_too_large``): a small gzip must not fill the memory."""
+REQUEST_TYPE: Final = "org.kubeflow.serving.inference.request"
+RESPONSE_TYPE: Final = "org.kubeflow.serving.inference.response"
+SELDON_TYPES: Final = {"proto/InferModelRequest": (False, False), "proto/InferModelResponse": (True, False),
+                       "json/inferModelRequest": (False, True), "json/inferModelResponse": (True, True)}  # fmt: skip
+"""Seldon's ``seldon-infer-type`` header: (is a response, is JSON)."""
+SELDON_RESERVED: Final = frozenset({"x-request-id", "seldon-infer-type", "traceparent", "tracestate",
+                                    "seldon-pipeline-errors"})  # fmt: skip
+"""Seldon record headers that are plumbing, never columns."""
+
+_READ: Final = tuple((name, f"ce_{name}") for name in ("type", "id", "inferenceservicename", "time", "metadata",
+                                                         "contentencoding"))
+"""The CloudEvent attributes a payload half is read from."""
+Headers = dict[str, bytes]
+"""A record's headers, names lower-cased (the last value of a repeated name)."""
+
+
+@dataclass(slots=True)
+class Half:
+    """A request or a response of one call, as rows of named columns."""
+
+    pair: str
+    """The call's id: KServe's ``ce-id``, Seldon's ``x-request-id``."""
+    response: bool
+    model: str | None
+    time: float | None
+    """The event time in epoch seconds (the CloudEvent's ``time``, else the record's Kafka timestamp)."""
+    rows: int
+    columns: Columns
+    raw: bytes | None = None
+    """The record's value, for a dead letter."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Columns of one value for every row: the logged request headers (KServe) or record headers (Seldon)."""
+
+
+def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
+    """Kafka record headers as a dict of lower-cased names (the usual record's are lower-case already: taken as
+    they are)."""
+    if not raw:
+        return {}
+    found = dict(raw)
+    if all(k.islower() for k in found):
+        return found  # type: ignore[return-value]  # a None value reads as a missing header
+    return {k.lower(): v or b"" for k, v in raw}
+
+
+def _text(value: bytes | None) -> str | None:
+    try:
+        return value.decode() if value is not None else None
+    except UnicodeDecodeError:
+        return None
+
+
+def _unzip(body: bytes, says_gzip: bool) -> bytes:
+    """The body, unzipped when it is gzip (by its magic bytes); one that says it is gzip but is not is refused."""
+    if body[:2] != b"\x1f\x8b":
+        if says_gzip:
+            raise BadPayload("not_gzip")
+        return body
+    try:
+        out = zlib.decompressobj(wbits=31)
+        data = out.decompress(body, MAX_BODY_BYTES)
+    except (zlib.error, gzip.BadGzipFile) as exc:
+        raise BadPayload("not_gzip") from exc
+    if out.unconsumed_tail:
+        raise BadPayload("payload_too_large")
+    return data
+
+
+def _says_gzip(content_type: str | None, encoding: str | None) -> bool:
+    return (encoding or "").strip().lower() == "gzip" or "gzip" in (content_type or "").lower()
+
+
+def _metadata(text: str | None) -> dict[str, Any]:
+    """KServe's ``metadata`` extension, the logged request headers ``{"Name": ["value", ...]}``: each header a
+    column under its lower-cased name, its first value."""
+    if not text or text == "{}":
+        return {}
+    try:
+        found = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise BadPayload("malformed_payload") from exc
+    if found.__class__ is not dict:
+        raise BadPayload("malformed_payload")
+    return {k.lower(): (v[0] if v else None) if v.__class__ is list else v for k, v in found.items()}
+
+
+def _body_columns(body: Any, response: bool) -> tuple[int, Columns]:
+    columns: Columns = {}
+    rows, _ = json_body(body, response, columns)
+    return rows, columns
+
+
+def kserve_model(headers: Headers) -> str | None:
+    """The InferenceService of a binary-mode record, from its headers alone (None: structured, or none)."""
+    return _text(headers.get("ce_inferenceservicename"))
+
+
+def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
+    """One KServe payload-logger CloudEvent, as the KafkaSink wrote it (binary or structured mode)."""
+    if not value:
+        raise BadPayload("malformed_payload")
+    content_type = _text(headers.get("content-type"))
+    if content_type is not None and content_type.startswith("application/cloudevents+json"):
+        try:
+            event = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise BadPayload("malformed_payload") from exc
+        if event.__class__ is not dict:
+            raise BadPayload("malformed_payload")
+        attributes: dict[str, Any] = event
+        data_type = event.get("datacontenttype")
+        if "data_base64" in event:
+            try:
+                body: Any = base64.b64decode(event["data_base64"], validate=True)
+            except (ValueError, TypeError) as exc:
+                raise BadPayload("malformed_payload") from exc
+        else:
+            body = event.get("data")
+            if body.__class__ is str:
+                body = body.encode()
+        encoding = event.get("contentencoding")
+    else:  # binary mode: the attributes are ce_* headers
+        attributes = {name: _text(headers.get(header)) for name, header in _READ}
+        data_type, body = content_type, value
+        encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
+    get = attributes.get
+    kind, pid = get("type"), get("id")
+    if kind not in (REQUEST_TYPE, RESPONSE_TYPE) or pid.__class__ is not str or not pid:
+        raise BadPayload("malformed_payload")
+    response = kind == RESPONSE_TYPE
+    if body.__class__ is bytes:
+        try:
+            body = orjson.loads(_unzip(body, _says_gzip(data_type, encoding)))
+        except orjson.JSONDecodeError as exc:
+            raise BadPayload("malformed_payload") from exc
+    rows, columns = _body_columns(body, response)
+    model = get("inferenceservicename")
+    when = epoch(get("time")) if get("time") is not None else None
+    return Half(pid, response, model if model.__class__ is str else None,
+                when if when is not None else (record_ms / 1000 if record_ms > 0 else None), rows, columns,
+                value, _metadata(get("metadata")) if not response else {})  # fmt: skip
+
+
+def seldon_model(topic: str) -> tuple[str | None, bool | None]:
+    """The model and direction of a Seldon topic ``[prefix]seldon.<ns>.model.<name>.inputs|outputs``."""
+    parts = topic.split(".")
+    if len(parts) >= 5 and parts[-3] == "model" and parts[-1] in ("inputs", "outputs"):
+        return parts[-2], parts[-1] == "outputs"
+    return None, None
+
+
+def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic: str, record_ms: int) -> Half:
+    """One record of a Seldon model's inputs or outputs topic, as its Kafka gateway wrote it."""
+    model, response = seldon_model(topic)
+    kind = _text(headers.get("seldon-infer-type"))
+    as_json = False
+    if kind in SELDON_TYPES:
+        response, as_json = SELDON_TYPES[kind]
+    if response is None or not value:
+        raise BadPayload("malformed_payload")
+    pid = _text(headers.get("x-request-id")) or _text(key)
+    columns: Columns = {}
+    if as_json:
+        try:
+            body = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise BadPayload("malformed_payload") from exc
+        rows, own = json_body(body, response, columns)
+    else:
+        rows, own, _ = proto_body(value, response, columns)
+    pid = pid or own
+    if not pid:
+        raise BadPayload("malformed_payload")
+    metadata = {k: _text(v) for k, v in headers.items() if k not in SELDON_RESERVED} if not response else {}
+    return Half(pid, response, model, record_ms / 1000 if record_ms > 0 else None, rows, columns, value, metadata)

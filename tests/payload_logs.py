@@ -1,0 +1,121 @@
+"""Payload-log records exactly as the platforms write them, for the payload tests.
+
+MLServer and the KServe SDK cannot be installed beside this project (both pin protobuf < 7, KServe pandas < 3,
+while the project's environment has protobuf 7 and pandas 3), so the bodies follow their source: MLServer's
+``PandasCodec.encode_request`` (mlserver/codecs/pandas.py: one ``[N, 1]`` input per column, strings as BYTES with
+``content_type: str``, the request's ``content_type: pd``) and ``NumpyCodec`` outputs; KServe's payload logger
+(pkg/logger/worker.go: ``ce-id`` shared by request and response, ``type`` ``org.kubeflow.serving.inference.request``
+/ ``.response``, extensions inferenceservicename, namespace, component, endpoint, metadata); Knative's KafkaSink
+(the CloudEvents Kafka binding: binary mode ``ce_*`` headers with ``content-type``, structured mode
+``application/cloudevents+json``); Seldon's Kafka gateway (scheduler/pkg/kafka/gateway: protobuf
+``ModelInferRequest``/``Response``, key and ``x-request-id`` the request id, headers carried to the outputs).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import orjson
+from kafka import KafkaProducer
+
+from exporter.stream.decode.oip import messages
+
+REQUEST = "org.kubeflow.serving.inference.request"
+RESPONSE = "org.kubeflow.serving.inference.response"
+Record = tuple[bytes | None, list[tuple[str, bytes]], bytes | None]
+"""value, headers, key."""
+
+
+def iso(ts: float) -> str:
+    """RFC 3339 with nanoseconds, as Go's CloudEvents SDK writes ``time``."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+
+
+def pandas_request(columns: dict[str, list[Any]]) -> dict[str, Any]:
+    """MLServer's PandasCodec.encode_request of a DataFrame with these columns."""
+    inputs = []
+    for name, values in columns.items():
+        if isinstance(values[0], str):
+            inputs.append({"name": name, "shape": [len(values), 1], "datatype": "BYTES",
+                           "parameters": {"content_type": "str"}, "data": values})  # fmt: skip
+        else:
+            datatype = "FP64" if isinstance(values[0], float) else "INT64"
+            inputs.append({"name": name, "shape": [len(values), 1], "datatype": datatype, "data": values})
+    return {"parameters": {"content_type": "pd"}, "inputs": inputs}
+
+
+def numpy_response(model: str, pid: str, name: str, values: list[int], datatype: str = "INT64") -> dict[str, Any]:
+    """MLServer's response of a NumpyCodec output (an sklearn predict)."""
+    return {"model_name": model, "id": pid, "parameters": {},
+            "outputs": [{"name": name, "shape": [len(values), 1], "datatype": datatype,
+                         "parameters": {"content_type": "np"}, "data": values}]}  # fmt: skip
+
+
+def cloudevent(model: str, pid: str, response: bool, body: bytes, ts: float, *, structured: bool = False,
+               metadata: dict[str, list[str]] | None = None, key: bytes | None = None,
+               extra_headers: Sequence[tuple[str, bytes]] = ()) -> Record:  # fmt: skip
+    """One KServe logger event as the KafkaSink writes it (binary mode unless ``structured``)."""
+    attributes = {"specversion": "1.0", "id": pid, "source": f"http://localhost:9081/{model}",
+                  "type": RESPONSE if response else REQUEST, "time": iso(ts), "inferenceservicename": model,
+                  "namespace": "fraud", "component": "predictor", "endpoint": "",
+                  "metadata": orjson.dumps(metadata or {}).decode()}  # fmt: skip
+    if structured:
+        event: dict[str, Any] = {**attributes, "datacontenttype": "application/json"}
+        if body[:2] == b"\x1f\x8b":
+            event["data_base64"] = base64.b64encode(body).decode()
+        else:
+            event["data"] = orjson.loads(body)
+        return orjson.dumps(event), [("content-type", b"application/cloudevents+json"), *extra_headers], key
+    headers = [(f"ce_{k}", v.encode()) for k, v in attributes.items()]
+    return body, [*headers, ("content-type", b"application/json"), *extra_headers], key
+
+
+def gzipped(body: bytes) -> bytes:
+    return gzip.compress(body)
+
+
+def seldon_request(pid: str, columns: dict[str, list[Any]], raw: bool = False) -> bytes:
+    """A ModelInferRequest as Seldon's gateway puts it on ``.inputs``: one [N, 1] tensor per column, typed
+    contents or ``raw_input_contents``."""
+    request_type, _, _ = messages()
+    request = request_type(model_name="", id=pid)
+    for name, values in columns.items():
+        text = isinstance(values[0], str)
+        tensor = request.inputs.add(name=name, datatype="BYTES" if text else "INT64", shape=[len(values), 1])
+        if raw:
+            request.raw_input_contents.append(b"".join(len(v.encode()).to_bytes(4, "little") + v.encode()
+                                                       for v in values) if text else
+                                              np.asarray(values, dtype="<i8").tobytes())  # fmt: skip
+        elif text:
+            tensor.contents.bytes_contents.extend(v.encode() for v in values)
+        else:
+            tensor.contents.int64_contents.extend(values)
+    return request.SerializeToString()  # type: ignore[no-any-return]
+
+
+def seldon_response(model: str, pid: str, name: str, values: list[float]) -> bytes:
+    """A ModelInferResponse on ``.outputs`` with FP32 scores (typed contents)."""
+    _, response_type, _ = messages()
+    response = response_type(model_name=model, model_version="1", id=pid)
+    tensor = response.outputs.add(name=name, datatype="FP32", shape=[len(values), 1])
+    tensor.contents.fp32_contents.extend(values)
+    return response.SerializeToString()  # type: ignore[no-any-return]
+
+
+def send(bootstrap: str, topic: str, records: Sequence[Record], partition: Sequence[int | None] | None = None) -> None:
+    """Produce records (value, headers, key) in order, each to its partition (None: by key, as the KafkaSink's
+    and the gateway's producers do)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, enable_idempotence=False,
+                             reconnect_backoff_max_ms=1000)  # fmt: skip
+    try:
+        for i, (value, headers, key) in enumerate(records):
+            producer.send(topic, value=value, key=key, headers=headers,
+                          partition=partition[i] if partition is not None else None)  # fmt: skip
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=5)
