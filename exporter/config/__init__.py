@@ -1,8 +1,9 @@
 """The YAML config shared by the audit gate, the daemon and ``backtest``: one ``ModelSpec`` per model and the
 daemon's shared settings beside them (see docs/contract.md).
 
-Modules import in one direction: ``yaml_file``, ``types`` <- ``toolkit`` <- ``sections_stream`` <- ``sections_model``
-<- ``load``. The names below load on first use, so reading a YAML file (the HTTP worker's web config) loads no numpy.
+Modules import in one direction: ``yaml_file``, ``types`` <- ``toolkit``, ``clients`` <- ``sections_stream`` <-
+``sections_model`` <- ``load``. The names below load on first use, so reading a YAML file (the HTTP worker's web
+config) loads no numpy.
 """
 
 from __future__ import annotations
