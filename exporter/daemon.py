@@ -168,6 +168,8 @@ class Daemon:
         """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers."""
         if not self.source.assigned_once.is_set():
             return False, "waiting for Kafka partitions"
+        if self.ingest.failing:  # a batch that raises, tried again: before the source's view, which it clouds
+            return False, self.ingest.failing
         if not self.source.broker_up:
             return False, "no Kafka broker answers"
         if self.computer.latest is None:
@@ -258,6 +260,9 @@ class Daemon:
                 self.health.reload_successful.set(0)
                 log.error("config reload refused: %s", exc)
                 return False, str(exc)
+            resets = self.fleet.resets(config)
+            if resets:  # before they go: their state kept on disk, counted, said in one line
+                self.checkpointer.keep(resets)
             changes, given_up = self.stages.apply(config) if self.stages is not None else self.fleet.apply(config)
             self.health.count_outcomes(given_up)
             if config.evaluation_interval_seconds != self.config.evaluation_interval_seconds:

@@ -202,11 +202,12 @@ def test_a_model_whose_layout_changed_starts_afresh_and_keeps_the_checkpoints_of
     group = {"attribute": "gender", "window": "1h", "subgroup": "male"}
     assert value(make_daemon(checkpoint=cp), "model_subgroup_samples", **group) == 8  # same layout: restored
     for changed, differs in (({"protected_attributes": [{"name": "gender", "groups": ["male", "female", "x"]}]},
-                              "attributes differ"), ({"windows": ["1h", "12h"]}, "windows differ"),
-                             ({"model_version": "2.0"}, "model_version differ")):  # fmt: skip
+                              "m1 (attributes: was"), ({"windows": ["1h", "12h"]}, "m1 (windows: was"),
+                             ({"model_version": "2.0"}, "m1 (model_version: was")):  # fmt: skip
         caplog.clear()
         d2 = make_daemon(checkpoint=cp, **changed)
-        assert differs in caplog.text and "it starts afresh" in caplog.text
+        assert "models reset (their layout changed): " + differs in caplog.text
+        assert "their previous state is kept in" in caplog.text  # tests/test_layout_changes.py: how
         assert value(d2, "model_subgroup_samples", **group) == 0  # afresh, as a reload would leave it
         assert d2.fleet.offsets == {("predictions", 1): 8}  # those events are not read again
         assert not d2.fleet.joins.pending  # their codes belong to the old layout

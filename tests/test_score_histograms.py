@@ -101,7 +101,7 @@ def test_histograms_survive_a_checkpoint_and_their_bounds_are_part_of_the_layout
     other = Daemon(make_config(checkpoint=cp, events={"score_threshold": 0.5, "score_buckets": [0.5]}),
                    registry=CollectorRegistry(), clock=Clock())
     other.checkpointer.restore()
-    assert "score_buckets differ" in caplog.text and "it starts afresh" in caplog.text
+    assert "m1 (score_buckets: was" in caplog.text and "their previous state is kept in" in caplog.text
     assert histogram(other, "gender", "male")["_count"] == 0
 
 

@@ -3,6 +3,7 @@ a port in use. Each is refused before anything runs, as one line per problem nam
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -12,9 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 from tooling import require_binary
 
 from exporter.config import layout, parse_config
+from exporter.daemon import Daemon
 from exporter.stream.state import checkpoint
 
 EXIT_BAD_INPUT = 2
@@ -123,6 +126,49 @@ def test_a_corrupt_checkpoint_is_one_line_with_a_hint(tmp_path: Path, damage: An
     damage(path)
     line = one_line(serve(tmp_path, checkpoint={"path": str(tmp_path / "ckpt")}))
     assert line.startswith(f"fairness-exporter serve: {path}: ") and expected in line
+    assert line.endswith("move it away to start with an empty window")
+
+
+def _damage_arrays(path: Path, damage: Any) -> None:
+    """Rewrite a real checkpoint with its arrays (or its metadata, ``__meta__``) changed by ``damage``."""
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    damage(arrays)
+    np.savez(path, **arrays)
+
+
+def _meta(change: dict[str, Any]) -> Any:
+    def damage(arrays: dict[str, Any]) -> None:
+        arrays["__meta__"] = np.array(json.dumps({**json.loads(str(arrays["__meta__"])), **change}))
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda a: a.pop("m0.counts"), "model m1: its counts array is missing"),
+        (lambda a: a.update({"m0.counts": a["m0.counts"][:10]}),
+         "model m1: its counts array is int64[10, 3, 6], expected int64[1446, 3, 6] for its layout"),
+        (lambda a: a.update({"m0.counts": a["m0.counts"].astype(float)}),
+         "model m1: its counts array is float64[1446, 3, 6], expected int64[1446, 3, 6] for its layout"),
+        (lambda a: a.pop("m0.head"), "model m1: its head array is missing"),
+        (lambda a: a.update({"m0.totals": np.zeros((2, 6), dtype=np.int64)}), "its totals array is int64[2, 6]"),
+        (lambda a: a.update({"m0.detector_statistic": np.zeros(3)}),
+         "unusable checkpoint (IndexError: index 3 is out of bounds"),
+        (lambda a: a.pop("join.pending_ts"), "unusable checkpoint (KeyError: 'pending_ts')"),
+        (_meta({"topic_ids": ["events"]}), "unusable checkpoint (topic_ids is not a mapping of topics to their ids)"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_whose_arrays_are_damaged_is_one_line_with_a_hint(tmp_path: Path, damage: Any,
+                                                                      expected: str) -> None:  # fmt: skip
+    """Before: a model's counts array missing or of the wrong shape exited 1 with a traceback."""
+    config = parse_config({**BASE, "checkpoint": {"path": str(tmp_path / "ckpt")}})
+    Daemon(config, registry=CollectorRegistry()).checkpointer.write()
+    path = tmp_path / "ckpt" / checkpoint.FLEET_FILE
+    _damage_arrays(path, damage)
+    line = one_line(serve(tmp_path, checkpoint={"path": str(tmp_path / "ckpt")}))
+    assert line.startswith(f"fairness-exporter serve: {path}: unusable checkpoint (") and expected in line
     assert line.endswith("move it away to start with an empty window")
 
 

@@ -1,8 +1,9 @@
 """The YAML config shared by the audit gate, the daemon and ``backtest``: one ``ModelSpec`` per model and the
 daemon's shared settings beside them (see docs/contract.md).
 
-Modules import in one direction: ``yaml_file``, ``types`` <- ``toolkit`` <- ``sections_stream`` <- ``sections_model``
-<- ``load``. The names below load on first use, so reading a YAML file (the HTTP worker's web config) loads no numpy.
+Modules import in one direction: ``yaml_file``, ``types`` <- ``toolkit``, ``clients`` <- ``sections_stream`` <-
+``sections_model`` <- ``load``. The names below load on first use, so reading a YAML file (the HTTP worker's web
+config) loads no numpy.
 """
 
 from __future__ import annotations
@@ -24,18 +25,20 @@ if TYPE_CHECKING:
         Window,
         Windowing,
         layout,
+        layout_changes,
         parse_duration,
     )
 
 _MODULES = {
     "load_config": "load", "parse_config": "load",
     **dict.fromkeys(["DEFAULT_PORT", "AlertingConfig", "Config", "ConfigError", "EventFields", "KafkaConfig",
-                     "MetricSpec", "ModelSpec", "Window", "Windowing", "layout", "parse_duration"], "types"),
+                     "MetricSpec", "ModelSpec", "Window", "Windowing", "layout", "layout_changes", "parse_duration"],
+                    "types"),
 }  # fmt: skip
 
 __all__ = [
     "DEFAULT_PORT", "AlertingConfig", "Config", "ConfigError", "EventFields", "KafkaConfig", "MetricSpec",
-    "ModelSpec", "Window", "Windowing", "layout", "load_config", "parse_config", "parse_duration",
+    "ModelSpec", "Window", "Windowing", "layout", "layout_changes", "load_config", "parse_config", "parse_duration",
 ]  # fmt: skip
 
 

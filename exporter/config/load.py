@@ -194,6 +194,8 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
         if isinstance(models_dir, str) and models_dir else None,
         source=source,
     )
+    if windows:
+        stream.check_periods(config, raw, errors)
     if errors.lines:
         raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(errors.lines))
     for note in errors.notes:

@@ -11,7 +11,7 @@ import itertools
 from typing import Any, Final
 
 from exporter.config import sections_stream as stream
-from exporter.config.toolkit import Errors, choice, get, positive_int, section, text
+from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.metric_table import METRIC_NAMES
@@ -41,7 +41,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
     alerting = stream.parse_alerting(section(raw, "alerting", errors, set(stream.ALERTING_KEYS)),
                                      errors)  # fmt: skip
-    min_samples = get(raw, "min_samples", 30, errors, "", positive_int)
+    min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)
     version = get(raw, "model_version", None, errors, "", text)
     estimation = parse_estimation(raw, events, errors)
     if model_id is None:
@@ -68,6 +68,19 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
                                "failure_policy.", text),
         source=source,
     )
+
+
+MAX_MIN_SAMPLES: Final = 1_000_000
+"""min_samples at most a million: a floor no group of a window reaches evaluates nothing, and a check that
+evaluated nothing must not look like one that passed (1e9 was accepted)."""
+
+
+def _sample_floor(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 1000.0 (YAML reads 1.0e+3 as a float, and 1e3 as text)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MIN_SAMPLES:
+        raise ValueError(f"expected a whole number from 1 to {MAX_MIN_SAMPLES:,}")
+    return value
 
 
 def _parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tuple[tuple[int, int], ...]:

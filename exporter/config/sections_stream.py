@@ -16,9 +16,11 @@ import re
 from pathlib import Path
 from typing import Any, Final
 
+from exporter.config.clients import kafka_python_problems, librdkafka_problems
 from exporter.config.toolkit import Errors, get, positive_int
 from exporter.config.types import (
     AlertingConfig,
+    Config,
     EventFields,
     InternalTopic,
     InternalTopics,
@@ -30,64 +32,11 @@ from exporter.config.types import (
 log = logging.getLogger(__name__)
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
-_SENTINEL: Final = "fairness.exporter.validation.sentinel"
-"""Set after a user's property: librdkafka refusing it (and only it) proves the user's property was accepted."""
 
 
 def _milliseconds(seconds: float) -> int:
     """A duration in whole milliseconds, the unit of the smallest duration the config accepts (exact arithmetic)."""
     return round(seconds * 1000)
-
-
-KAFKA_PYTHON_SET_BY_DAEMON: Final = {
-    "bootstrap_servers": "kafka.bootstrap_servers", "group_id": "kafka.group_id",
-    "auto_offset_reset": "kafka.auto_offset_reset", "enable_auto_commit": None, "max_poll_records": None,
-    "client_id": None,
-}  # fmt: skip
-"""Keywords the kafka-python source passes to KafkaConsumer itself (a second value would be a TypeError there)."""
-
-
-def kafka_python_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, problem) for each setting KafkaConsumer does not know, checked against its own DEFAULT_CONFIG."""
-    from kafka import KafkaConsumer
-
-    known = set(KafkaConsumer.DEFAULT_CONFIG)
-    problems = []
-    for key in client:
-        if key in KAFKA_PYTHON_SET_BY_DAEMON:
-            instead = KAFKA_PYTHON_SET_BY_DAEMON[key]
-            problems.append((key, f"set by the daemon itself{f'; use {instead}' if instead else ''}"))
-        elif key not in known:
-            problems.append((key, "not a kafka-python KafkaConsumer setting (see KafkaConsumer.DEFAULT_CONFIG; "
-                                  "kafka-python spells them with underscores, e.g. security_protocol)"))  # fmt: skip
-    return problems
-
-
-def librdkafka_problems(client: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, problem) for each property librdkafka refuses (unknown name or invalid value).
-
-    Each property is set on a throwaway consumer config followed by a property that does not exist: librdkafka
-    checks the properties in order and stops at the first it refuses, so the consumer is never created (no
-    thread, no connection) and the error says whether the user's property or the sentinel was refused.
-    """
-    try:
-        from confluent_kafka import Consumer, KafkaException
-    except ImportError:
-        return [("", "kafka.client_library is confluent-kafka, which is not installed: "
-                     "pip install 'fairness-exporter[confluent]'")]  # fmt: skip
-    problems = []
-    for key, value in client.items():
-        try:
-            Consumer({"group.id": "validation", key: value, _SENTINEL: 1})
-        except KafkaException as exc:
-            message = exc.args[0].str() if hasattr(exc.args[0], "str") else str(exc)
-            if _SENTINEL not in message:
-                problems.append((key, f"{value!r} refused by librdkafka: {message}"))
-        except (TypeError, ValueError) as exc:
-            problems.append((key, f"{value!r} refused by confluent-kafka: {exc}"))
-        else:  # pragma: no cover - the sentinel always fails; a consumer that got built must not linger
-            problems.append((key, "could not be checked"))
-    return problems
 
 
 def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
@@ -282,6 +231,46 @@ def parse_windows(raw: Any, bucket_raw: Any, errors: Errors) -> tuple[list[Windo
                                         f"{bucket_raw if bucket_raw is not None else '1m'}")  # fmt: skip
         windows.append(window)
     return windows, bucket
+
+
+MIN_EVALUATION_SECONDS: Final = 1.0
+"""evaluation_interval at least 1s: each computation takes the stream's lock and renders every series (1ms was
+accepted, and computed without pause)."""
+CHECKPOINT_SECONDS: Final = (1.0, 3600.0)
+"""checkpoint.interval between 1s (each checkpoint is an fsync'd file of every window) and 1h (a restart re-reads
+what was counted since the last one, and offsets are committed only as checkpoints cover them)."""
+MAX_RING_BUCKETS: Final = 1_000_000
+"""Buckets of the longest window plus allowed_lateness: every model keeps a row of counts per bucket in memory."""
+
+
+def _duration(seconds: float) -> str:
+    """A duration as the config writes it (1h, 90s, 100ms)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and _milliseconds(seconds) % _milliseconds(size) == 0:
+            return f"{_milliseconds(seconds) // _milliseconds(size)}{unit}"
+    return f"{_milliseconds(seconds)}ms"
+
+
+def check_periods(config: Config, raw: dict[str, Any], errors: Errors) -> None:
+    """The periods the daemon runs on, within bounds that work: evaluation_interval from 1s to the shortest window
+    (a window computed less often than its own length is skipped in part), checkpoint.interval from 1s to 1h, and
+    a ring of at most :data:`MAX_RING_BUCKETS` buckets."""
+    w = config.windowing
+    shortest = min(window.seconds for window in w.windows)
+    evaluation = config.evaluation_interval_seconds
+    if "evaluation_interval" in raw and not MIN_EVALUATION_SECONDS <= evaluation <= shortest:
+        errors.add("evaluation_interval", f"{raw['evaluation_interval']} is out of range: from 1s to the shortest "
+                                          f"window ({_duration(shortest)})")  # fmt: skip
+    low, high = CHECKPOINT_SECONDS
+    if config.checkpoint_path is not None or config.kafka.stages == "staged":
+        interval = config.checkpoint_interval_seconds
+        if not low <= interval <= high:
+            errors.add("checkpoint.interval", f"{_duration(interval)} is out of range: from 1s to 1h")
+    buckets = math.ceil((w.longest_seconds + w.allowed_lateness_seconds) / w.bucket_seconds)
+    if buckets > MAX_RING_BUCKETS:
+        errors.add("bucket", f"{_duration(w.bucket_seconds)} makes {buckets:,} buckets of the longest window plus "
+                             f"allowed_lateness ({_duration(w.longest_seconds + w.allowed_lateness_seconds)}), each "
+                             f"kept in memory per model: at most {MAX_RING_BUCKETS:,}; use a wider bucket")  # fmt: skip
 
 
 def check_listen(address: Any, errors: Errors) -> str:

@@ -234,6 +234,16 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
     }
 
 
+def layout_changes(was: dict[str, Any], now: dict[str, Any]) -> tuple[str, str] | None:
+    """How two :func:`layout` results differ (a model's state under the one cannot be the other's): the keys that
+    changed joined by "+" (a counter's label), and a line showing them; None when they are the same."""
+    keys = sorted(k for k in set(now) | set(was) if now.get(k) != was.get(k))
+    if not keys:
+        return None
+    before, after = {k: was.get(k) for k in keys}, {k: now.get(k) for k in keys}
+    return "+".join(keys), f"{', '.join(keys)}: was {before}, now {after}"
+
+
 @dataclass(frozen=True)
 class Config:
     """A validated config: the models, and the settings the daemon shares between them."""

@@ -1,7 +1,9 @@
 """Reading a YAML file a person wrote, in whatever an editor saved: UTF-8 with or without a byte-order mark, UTF-16
 or UTF-32 with one, CRLF or LF line ends. Any other encoding is refused in one line naming the file, the first
 byte that is not UTF-8 and where it is, never guessed: a Latin-1 ``é`` read as something else would make a group
-name that no event carries. Imports only PyYAML (the HTTP worker process reads its web configuration with it)."""
+name that no event carries. A key given twice in one mapping is refused in one line naming both lines (PyYAML
+keeps the last one in silence; Prometheus and Kubernetes refuse it). Imports only PyYAML (the HTTP worker process
+reads its web configuration with it)."""
 
 from __future__ import annotations
 
@@ -33,12 +35,39 @@ def decode(data: bytes, name: str) -> str:
                             f"line {line} ({hint}); save the file as UTF-8") from exc  # fmt: skip
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"line {line}: key {key!r} is given twice in one mapping (first at line {first}); keep one: "
+                         "YAML would silently use the last")  # fmt: skip
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (a merge key's ``<<`` values excepted, which
+    a mapping's own keys override by design)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, line, seen[key])
+            except TypeError:  # an unhashable key: the safe loader refuses it itself
+                continue
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> Any:
     """The file's YAML document (None for an empty file); OSError if it cannot be read, YamlFileError if it is
     not text or not YAML."""
     path = Path(path)
     text = decode(path.read_bytes(), str(path))
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except _DuplicateKey as exc:
+        raise YamlFileError(f"{path}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise YamlFileError(f"{path}: not valid YAML: {exc}") from exc

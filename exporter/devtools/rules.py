@@ -69,6 +69,8 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterConsumerErrors":   Tuning(0,    "15m", "warning"),
     # failed checkpoints over ERROR_WINDOW > threshold: offsets stay uncommitted, a restart re-reads and loses state
     "FairnessExporterCheckpointFailing": Tuning(0,   "10m", "warning"),
+    # records skipped over SKIP_WINDOW > threshold: a batch failed 3 times and these records failed alone too
+    "FairnessExporterRecordsSkipped":   Tuning(0,    "5m",  "warning"),
     # fairness_exporter_config_last_reload_successful == 0: a reload was refused, the previous config still runs
     "FairnessExporterConfigReloadFailed": Tuning(None, "5m", "warning"),
     # the staged path: no replica owns a model (its detectors and series are gone): every alert of it is blind
@@ -87,6 +89,7 @@ SHIFT_BASELINE = "7d"  # ... with the average over this one
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
 ERROR_WINDOW = "10m"  # FairnessExporterConsumerErrors and FairnessExporterCheckpointFailing: rate() window
+SKIP_WINDOW = "1h"  # FairnessExporterRecordsSkipped: increase() window (one skipped record keeps it an hour)
 RECORDING_WINDOWS = ("1h", "24h")  # increase() windows of the fleet-wide recording rules
 
 JOB = "fairness-exporter"
@@ -298,6 +301,17 @@ def _health_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             f"({{{{ $value | humanize }}}}/s over {ERROR_WINDOW}): no offset is committed meanwhile, and a "
             "restart would resume from the last good checkpoint, "
             "reading (not losing) the events since.",
+        ),
+        _alert(
+            "FairnessExporterRecordsSkipped",
+            f"increase(fairness_exporter_records_skipped_total[{SKIP_WINDOW}]) > "
+            f"{_fmt(TUNING['FairnessExporterRecordsSkipped'].threshold or 0)}",
+            fors["FairnessExporterRecordsSkipped"],
+            f"fairness-exporter {_label('instance')} skipped Kafka records it could not count.",
+            f"{_label('instance')} has skipped records for {fors['FairnessExporterRecordsSkipped']} "
+            f"({{{{ $value | humanize }}}} over the last {SKIP_WINDOW}): their batch failed 3 times and each failed "
+            "alone too. They are dead-lettered (with kafka.dead_letter_topic) and never counted; its log names each "
+            "with the error.",
         ),
         _alert(
             "FairnessExporterConfigReloadFailed",

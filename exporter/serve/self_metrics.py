@@ -65,6 +65,17 @@ class Health:
         self.log_resets = Counter("fairness_exporter_partition_resets",
                                   "Partitions read again from the start because their log was reset or the topic "
                                   "re-created.", registry=registry)  # fmt: skip
+        self.batch_failures = Counter("fairness_exporter_batch_failures",
+                                      "Tries to count a batch (a poll's predictions, a labels batch) that raised: "
+                                      "each batch is tried 3 times, then record by record.", registry=registry)
+        self.records_skipped = Counter("fairness_exporter_records_skipped",
+                                       "Kafka records that could not be counted even alone after their batch failed: "
+                                       "skipped (dead-lettered with kafka.dead_letter_topic), never counted.",
+                                       registry=registry)  # fmt: skip
+        self.model_resets = Counter("fairness_exporter_model_resets",
+                                    "Models whose state started afresh because its layout changed, at start or on "
+                                    "a reload, by what changed (reason); the old state is kept in a dated "
+                                    "checkpoint file.", ["model_id", "reason"], registry=registry)  # fmt: skip
         self.checkpoint_failures = Counter("fairness_exporter_checkpoint_failures",
                                            "Checkpoints that could not be written; offsets stay uncommitted until "
                                            "one succeeds.", registry=registry)  # fmt: skip

@@ -16,7 +16,9 @@ model's), or is rejected under one reason; nothing raises.
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,10 +39,12 @@ from exporter.stream.decode.timestamps import epoch, epochs
 
 REJECT_REASONS: Final = (
     "malformed_json", "missing_field", "invalid_prediction", "invalid_score", "invalid_label",
-    "invalid_timestamp", "future_timestamp", "invalid_prediction_id",
+    "invalid_timestamp", "future_timestamp", "invalid_prediction_id", "undecodable",
 )  # fmt: skip
 """Defects of the event itself. A value outside an attribute's groups (or missing) is no defect: the event counts,
-in that attribute's unknown category (code -1), exactly as the gate counts such a row."""
+in that attribute's unknown category (code -1), exactly as the gate counts such a row. ``undecodable``: a value
+that made the rules themselves raise (a defect no rule names yet, logged with its error): it is rejected alone,
+never its batch."""
 def is_valid_id(pid: object) -> bool:
     """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
     return pid is None or pid.__class__ is int or (pid.__class__ is str and len(pid) <= MAX_PREDICTION_ID_LENGTH)
@@ -51,6 +55,11 @@ def is_binary(value: object) -> TypeGuard[int | float]:
     never a string."""
     return value.__class__ is not str and value in (0, 1)
 
+
+log = logging.getLogger(__name__)
+LOG_EVERY_SECONDS: Final = 10.0
+_logged = [-LOG_EVERY_SECONDS]
+"""When an undecodable event was last logged (monotonic seconds)."""
 
 _OUTCOME: Final = {None: -1, 0: 0, 1: 1}
 """The outcome of a label the schema accepted: none (-1), 0 or 1 (False and True hash as 0 and 1)."""
@@ -192,7 +201,7 @@ class EventDecoder:
         if walked:
             rows: list[tuple[int, float, int, int, Any, list[int], float]] = []
             for i in sorted(walked):
-                outcome = self._walk(values[i], latest)
+                outcome = self.judge(values[i], latest)
                 if outcome in IGNORE_REASONS:
                     ignored[outcome] += 1
                 elif isinstance(outcome, str):
@@ -229,13 +238,24 @@ class EventDecoder:
             positions=np.asarray(at, dtype=np.int64),
         )
 
+    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
+        """:meth:`_walk`, and ``undecodable`` for a value it raised on (logged): one value's failure is its own."""
+        try:
+            return self._walk(raw, latest)
+        except Exception as exc:
+            now = time.monotonic()
+            if now - _logged[0] >= LOG_EVERY_SECONDS:  # a flood of them logs once in a while; each is counted
+                _logged[0] = now
+                log.warning("event rejected as undecodable (%s: %.200s); its batch reads on", type(exc).__name__, exc)
+            return "undecodable"
+
     def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
         """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
         reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or
         NaN)``."""
         try:
             event = orjson.loads(raw)
-        except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value)
+        except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value); nested past 1024 levels
             return "malformed_json"
         if event.__class__ is not dict:
             return "malformed_json"

@@ -5,6 +5,9 @@ which: ``... - at `$[i]...``` for a value of the wrong type or range, ``(byte n)
 the schema refuses costs one call more, not the whole batch's fall to one call per event: a bad producer's events
 no longer slow the good ones beside them. msgspec does not check the UTF-8 of the fields it skips; a line that is
 not UTF-8 is refused here too (the decoders' rules reject it as malformed JSON).
+
+Whatever else a value makes msgspec raise (``RecursionError`` for one nested past its depth, say) is never the
+batch's: the lines are then decoded value by value, and such a value is refused alone (the rules judge it).
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ def decode_lines(decoder: msgspec.json.Decoder[Any], joined: bytes, n: int,
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 lines = lines or _bounds(joined)
                 bad = _refused_line(exc, piece, line)
+            except Exception:  # e.g. RecursionError: not placed on a line, so value by value
+                return None
             else:
                 if len(structs) != stop - line:
                     return None
@@ -92,7 +97,7 @@ def decode_lines(decoder: msgspec.json.Decoder[Any], joined: bytes, n: int,
             if bad > line:  # the lines before it are accepted: decode them on their own
                 try:
                     before = decoder.decode_lines(view[lines[0][line] : lines[1][bad - 1]])
-                except (msgspec.ValidationError, msgspec.DecodeError):
+                except Exception:
                     return None  # a line that ran on into the next ones (an unclosed object): value by value
                 if len(before) != bad - line:
                     return None
@@ -140,8 +145,8 @@ def decode_one(decoder: msgspec.json.Decoder[Any], raw: bytes | None) -> Any:
         if not raw.isascii():  # type: ignore[union-attr]
             raw.decode()  # type: ignore[union-attr]
         return decoder.decode(raw)  # type: ignore[arg-type]
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, AttributeError, TypeError):
-        return None  # AttributeError, TypeError: a tombstone
+    except Exception:  # a tombstone (AttributeError, TypeError), a value nested too deep
+        return None  # (RecursionError), or anything else one value may cause: refused, the rules say why
 
 
 class Parser:

@@ -32,7 +32,7 @@ def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field
     for i, raw in enumerate(values):
         try:
             message = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
-        except (orjson.JSONDecodeError, TypeError):
+        except Exception:  # JSONDecodeError (nested past 1024 levels too), TypeError, anything: this one is invalid
             message = None
         pid = message.get(id_field) if message.__class__ is dict else None
         outcome = message.get(outcome_field) if message.__class__ is dict else None

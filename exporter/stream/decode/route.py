@@ -83,7 +83,7 @@ class Router:
                 structs = self._decoder.decode_lines(joined)
                 if len(structs) == len(values):  # a blank value would be skipped as an empty line
                     ids = list(map(self._value, structs))
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except Exception:  # a refused value, or one nested too deep (RecursionError): each read alone
                 ids = None
         routed = Routed()
         if ids is None:
@@ -101,10 +101,10 @@ class Router:
         shape than the path's (``{"meta": 5}`` for ``meta.model``) is read as the decoder reads it: no id."""
         try:
             return self._value(self._decoder.decode(raw))  # type: ignore[arg-type]  # a tombstone: TypeError
-        except msgspec.ValidationError:
-            found = model_of(raw, self._lookup)
         except (msgspec.DecodeError, TypeError):
             found = MALFORMED
+        except Exception:  # ValidationError, or one nested past msgspec's depth (RecursionError): the rules read it
+            found = model_of(raw, self._lookup)
         if found is MALFORMED:
             routed.malformed.append(raw)
         return found
@@ -119,7 +119,7 @@ def model_of(raw: bytes | None, get: Callable[[Any], Any]) -> Any:
     :data:`MALFORMED` when the value is no JSON object."""
     try:
         event = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
-    except (orjson.JSONDecodeError, TypeError):
+    except Exception:  # JSONDecodeError (nested past 1024 levels too), TypeError, or anything else: not an event
         return MALFORMED
     return get(event) if event.__class__ is dict else MALFORMED
 

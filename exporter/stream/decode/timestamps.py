@@ -1,4 +1,6 @@
-"""Epoch seconds of events' timestamps: ISO 8601 strings (naive means UTC) or finite epoch seconds.
+"""Epoch seconds of events' timestamps: ISO 8601 strings (naive means UTC) or epoch seconds, both within the years
+1 to 9999 (what an ISO string can name; a number beyond, infinities and NaN included, is invalid before any
+arithmetic: the window's bucket of -1e300 s is no int64).
 
 :func:`epoch` is the rule. :func:`epochs` applies it to a batch; for the usual batch (every timestamp an ISO
 string of one layout, such as ``2026-12-01T12:59:48.821358Z``) it checks the layout column by column and lets
@@ -9,18 +11,22 @@ out of range): it never decides that a timestamp is invalid.
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import UTC, datetime
 from functools import lru_cache
 from operator import attrgetter
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
+EARLIEST: Final = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+LATEST: Final = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC).timestamp()
+"""The epoch seconds an ISO 8601 string can name: a number outside them (NaN and infinities too) is invalid."""
+
 
 def epoch(t: object) -> float | None:
-    """Epoch seconds of an event's timestamp: ISO 8601 (naive means UTC) or finite epoch seconds; else None."""
+    """Epoch seconds of an event's timestamp: ISO 8601 (naive means UTC) or epoch seconds within
+    :data:`EARLIEST` .. :data:`LATEST`; else None."""
     if t.__class__ is str:
         try:
             d = datetime.fromisoformat(t)
@@ -28,7 +34,7 @@ def epoch(t: object) -> float | None:
             return None
         return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
     if t.__class__ is float or t.__class__ is int:
-        return float(t) if math.isfinite(t) else None
+        return float(t) if EARLIEST <= t <= LATEST else None  # NaN compares false
     return None
 
 
@@ -40,7 +46,7 @@ def epochs(stamps: list[Any]) -> np.ndarray | list[float | None]:
     characters) or a number, else a list (None where invalid)."""
     if stamps and set(map(type, stamps)) <= _NUMBERS:  # epoch seconds (never a bool: its type is bool)
         seconds = np.array(stamps, dtype=np.float64)
-        if np.isfinite(seconds).all():
+        if ((seconds >= EARLIEST) & (seconds <= LATEST)).all():  # NaN compares false: the rule says invalid
             return seconds
     fast = iso_epochs(stamps)
     if fast is not None:

@@ -4,8 +4,11 @@ the Kafka offsets they cover, in one file.
 Written atomically (temp file, fsync, rename, fsync of the directory), so a crash leaves either the previous
 checkpoint or the new one, never half of one. Offsets are committed to Kafka only after the checkpoint that
 covers them is durable; on start the daemon resumes from the checkpoint's offsets, so an event is counted
-exactly once across a crash. A model whose layout (groups, windows, bucket) differs from the one it was written
-under starts afresh, as it would on a reload; the other models keep their state. A checkpoint of a daemon of
+exactly once across a crash. A model whose layout (groups, windows, bucket, ...) differs from the one it was written
+under starts afresh, as it does on a reload; the other models keep their state, and the state it had is kept on
+disk in a dated file beside the checkpoint (:meth:`Checkpointer.keep`), said in one log line and counted in
+``fairness_exporter_model_resets_total``. A file that cannot be used (cut short, edited, an array missing or of
+another shape) stops the start with one line naming it. A checkpoint of a daemon of
 one model (format 1, ``<model_id>.checkpoint.npz``) is read into the fleet's when the config has that model alone.
 """
 
@@ -15,15 +18,17 @@ import json
 import logging
 import os
 import re
+import shutil
 import zipfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from exporter.config import Config, layout
+from exporter.config import Config, layout, layout_changes
 from exporter.serve.self_metrics import Health
 from exporter.stream.kafka.client import Offsets, Partition
 from exporter.stream.state.fleet import Fleet
@@ -81,6 +86,10 @@ def _check_meta(meta: Any, keys: tuple[str, ...]) -> str | None:
             isinstance(m, dict) and isinstance(m.get("layout"), dict) and isinstance(m.get("prefix"), str)
             for m in meta["models"].values())):  # fmt: skip
         return "models is not a mapping of model ids to their layout and array prefix"
+    topic_ids = meta.get("topic_ids", {})
+    if not (isinstance(topic_ids, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in topic_ids.items())):  # fmt: skip
+        return "topic_ids is not a mapping of topics to their ids"
     offsets = meta["offsets"]
     if not (isinstance(offsets, list) and all(isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
                                                 and all(isinstance(n, int) for n in o[1:]) for o in offsets)):
@@ -108,10 +117,22 @@ def read(path: Path, version: int = FORMAT_VERSION) -> tuple[dict[str, Any], dic
     return meta, arrays
 
 
-def _differs(written: dict[str, Any], wanted: dict[str, Any]) -> str:
-    keys = sorted(k for k in set(wanted) | set(written) if wanted.get(k) != written.get(k))
-    return (f"{', '.join(keys)} differ: checkpoint { {k: written.get(k) for k in keys} }, "
-            f"config { {k: wanted.get(k) for k in keys} }")  # fmt: skip
+def _unusable(path: Path, problem: str) -> CheckpointError:
+    return CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
+
+
+def _check_arrays(path: Path, model_id: str, state: dict[str, np.ndarray], fresh: dict[str, np.ndarray]) -> None:
+    """A model's arrays have the names, shapes and kinds its window store's have (an edited or mixed-up file
+    fails here in one line, not with a traceback later)."""
+    for key in ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums"):
+        if key not in fresh:
+            continue
+        if key not in state:
+            raise _unusable(path, f"model {model_id}: its {key} array is missing")
+        got, want = state[key], fresh[key]
+        if got.shape != want.shape or got.dtype.kind != want.dtype.kind:
+            raise _unusable(path, f"model {model_id}: its {key} array is {got.dtype}{list(got.shape)}, expected "
+                                  f"{want.dtype}{list(want.shape)} for its layout")  # fmt: skip
 
 
 class Checkpointer:
@@ -142,22 +163,42 @@ class Checkpointer:
                 log.info("no checkpoint at %s: starting with an empty window", self.path)
                 return
         meta, arrays = loaded
+        source = self._migrated or self.path
+        try:
+            restored, resets, given_up = self._restore(meta, arrays, source)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # any other damage: one line, never a traceback
+            raise _unusable(source, f"{type(exc).__name__}: {exc}") from exc
+        self.health.count_outcomes(given_up)
+        if resets:
+            self.keep(resets, source)
+        self.topic_ids.update(meta.get("topic_ids", {}))
+        log.info("restored checkpoint %s written at %s: %d of %d models, %d partitions, %d pending predictions",
+                 source, meta["written_at"], len(restored), len(self.fleet.models), len(meta["offsets"]),
+                 len(self.fleet.joins.pending))  # fmt: skip
+
+    def _restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray],
+                 source: Path) -> tuple[set[str], dict[str, tuple[str, str]], Counter[str]]:  # fmt: skip
+        """Load the state of every model whose layout is the config's; (restored, reset ones with the layout keys
+        that changed and how, labels given up)."""
         offsets = {(t, int(p)): int(o) for t, p, o in meta["offsets"]}
         fleet, given_up = self.fleet, Counter[str]()
         windowing = fleet.config.windowing
         with fleet.lock:
-            restored = set()
+            restored, resets = set(), {}
             for model_id, monitored in fleet.models.items():
                 written = meta["models"].get(model_id)
                 if written is None:
                     continue
-                wanted = layout(monitored.spec, windowing)
-                if written["layout"] != wanted:
-                    log.warning("checkpoint %s: model %s was written under another layout (%s): it starts afresh",
-                                self.path, model_id, _differs(written["layout"], wanted))  # fmt: skip
+                changed = layout_changes(written["layout"], layout(monitored.spec, windowing))
+                if changed is not None:
+                    resets[model_id] = changed
                     continue
                 prefix = written["prefix"]
-                monitored.store.restore({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
+                state = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+                _check_arrays(source, model_id, state, monitored.store.state())
+                monitored.store.restore(state)
                 restored.add(model_id)
             fleet.joins.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")},
                                 meta.get("single_model"))  # fmt: skip
@@ -165,11 +206,44 @@ class Checkpointer:
             fleet.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
             fleet.offsets = dict(offsets)
             self._durable = dict(offsets)
-        self.health.count_outcomes(given_up)
-        self.topic_ids.update(meta.get("topic_ids", {}))
-        log.info("restored checkpoint %s written at %s: %d of %d models, %d partitions, %d pending predictions",
-                 self._migrated or self.path, meta["written_at"], len(restored), len(fleet.models), len(offsets),
-                 len(fleet.joins.pending))  # fmt: skip
+        return restored, resets, given_up
+
+    def kept_path(self) -> Path:
+        """A new dated name beside the checkpoint for a state set aside (``fleet.checkpoint.<UTC time>.npz``)."""
+        assert self.path is not None
+        stamp = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y%m%dT%H%M%SZ")
+        path, n = self.path.with_name(f"{FLEET_FILE.removesuffix('.npz')}.{stamp}.npz"), 1
+        while path.exists():
+            n += 1
+            path = self.path.with_name(f"{FLEET_FILE.removesuffix('.npz')}.{stamp}-{n}.npz")
+        return path
+
+    def keep(self, resets: Mapping[str, tuple[str, str]], source: Path | None = None) -> Path | None:
+        """Models start afresh because their layout changed (``resets``: model id -> :func:`layout_changes`): keep
+        the state
+        they had in a dated file beside the checkpoint (``source``: the file read at start, linked; else the
+        state now, written), count each in ``fairness_exporter_model_resets_total{reason}``, and say so in one
+        line. Without checkpoints there is no file to keep: the line says that their counts are dropped."""
+        for model_id, (reason, _) in resets.items():
+            self.health.model_resets.labels(model_id, reason).inc()
+        models = "; ".join(f"{model_id} ({differs})" for model_id, (_, differs) in resets.items())
+        if self.path is None:
+            log.warning("models reset (their layout changed): %s; no checkpoint file keeps state (checkpoint.path "
+                        "unset, or kafka.stages: staged), so their previous counts are dropped", models)  # fmt: skip
+            return None
+        kept = self.kept_path()
+        if source is not None:
+            try:
+                os.link(source, kept)  # the file as read, before the next checkpoint replaces it
+            except OSError:
+                shutil.copy2(source, kept)
+        else:
+            meta, arrays, _ = self.snapshot()
+            write(kept, meta, arrays)
+        log.warning("models reset (their layout changed): %s; their previous state is kept in %s (to resume it, "
+                    "stop, restore the config it was written with and move that file to %s)", models, kept,
+                    self.path)  # fmt: skip
+        return kept
 
     def _single_model(self) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
         """The checkpoint of a daemon of one model (format 1) in the fleet's form; CheckpointError when the config
@@ -225,10 +299,8 @@ class Checkpointer:
             if topic_id is not None:
                 self.topic_ids[topic] = topic_id
 
-    def write(self) -> Offsets:
-        """Write a durable checkpoint of every model's counts, the pending predictions and the offsets; return the
-        offsets it covers. Raises what the file system raises (counted in ``checkpoint_failures``)."""
-        assert self.path is not None
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Offsets]:
+        """A checkpoint's metadata and arrays of the state now, and the offsets they cover."""
         fleet = self.fleet
         with fleet.lock:
             models, arrays = {}, {}
@@ -240,9 +312,17 @@ class Checkpointer:
             if fleet.pairs.pending or fleet.pairs.done:  # payload formats: the calls' halves waiting
                 arrays.update({f"pairs.{k}": v for k, v in fleet.pairs.state().items()})
             offsets, topic_ids = fleet.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)
-        written_at = self.clock()
-        meta = {"models": models, "written_at": written_at, "topic_ids": topic_ids,
+        meta = {"models": models, "written_at": self.clock(), "topic_ids": topic_ids,
                 "offsets": [[t, p, o] for (t, p), o in offsets.items()]}  # fmt: skip
+        return meta, arrays, offsets
+
+    def write(self) -> Offsets:
+        """Write a durable checkpoint of every model's counts, the pending predictions and the offsets; return the
+        offsets it covers. Raises what the file system raises (counted in ``checkpoint_failures``)."""
+        assert self.path is not None
+        fleet = self.fleet
+        meta, arrays, offsets = self.snapshot()
+        written_at = meta["written_at"]
         try:
             write(self.path, meta, arrays)
         except Exception:

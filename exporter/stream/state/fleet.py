@@ -5,7 +5,8 @@ The topic is read once: the router splits each batch by model id and each model 
 model's numbers are exactly those of a daemon configured with that model alone. A reload (:meth:`Fleet.apply`)
 swaps the models in one step: a model that is unchanged, or changed without changing the shape of its counts
 (thresholds, metrics, budget), keeps its counts and detector state; one whose attributes, windows or
-``model_version`` changed starts afresh; a removed one is gone at the next publication.
+``model_version`` changed starts afresh (:meth:`Fleet.resets`: the daemon first keeps its state on disk, says so and
+counts it); a removed one is gone at the next publication.
 
 Every model is decoded here, but a replica of the staged path keeps the window state only of the models it owns
 (``owns``, from exporter/stream/stages/replica.py); the direct path owns them all.
@@ -13,7 +14,6 @@ Every model is decoded here, but a replica of the staged path keeps the window s
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exporter.config import Config, EventFields, ModelSpec, layout
+from exporter.config import Config, EventFields, ModelSpec, layout, layout_changes
 from exporter.stream.decode.events import DecodedBatch, EventDecoder
 from exporter.stream.decode.fleet import SharedDecoder, shareable
 from exporter.stream.decode.payload import PairJoin
@@ -29,9 +29,6 @@ from exporter.stream.decode.route import Router
 from exporter.stream.kafka.client import Offsets, Partition
 from exporter.stream.state.label_join import OutcomeJoin
 from exporter.stream.state.window import WindowStore
-
-log = logging.getLogger(__name__)
-
 
 Decoded = tuple[dict[str, EventDecoder], dict[str, DecodedBatch], Counter[str], list[bytes | None]]
 """The decoders as of a batch, each model's share of it decoded (``positions``: in the whole batch), the events of
@@ -173,9 +170,20 @@ class Fleet:
 
     # --- reload -----------------------------------------------------------------------------------------------
 
+    def resets(self, config: Config) -> dict[str, tuple[str, str]]:
+        """The models that taking ``config`` starts afresh (their layout changed), each with
+        :func:`~exporter.config.layout_changes`: the daemon keeps their state on disk before (Checkpointer.keep)."""
+        with self.lock:
+            old = {m.model_id: m for m in self.config.models}
+            changes = {spec.model_id: layout_changes(layout(old[spec.model_id], self.config.windowing),
+                                                     layout(spec, config.windowing))
+                       for spec in config.models if spec.model_id in old}  # fmt: skip
+        return {model_id: changed for model_id, changed in changes.items() if changed is not None}
+
     def apply(self, config: Config) -> tuple[Changes, Counter[str]]:
         """Take a new (validated) config's models: what changed, and the waiting predictions given up."""
         changes, given_up = Changes(), Counter[str]()
+        resets = self.resets(config)
         with self.lock:
             old_specs = {m.model_id: m for m in self.config.models}
             old, old_decoders, old_config = self.models, self.decoders, self.config
@@ -186,7 +194,7 @@ class Fleet:
                 was_spec, was = old_specs.get(spec.model_id), old.get(spec.model_id)
                 if was_spec is None:
                     changes.added.append(spec.model_id)
-                elif layout(was_spec, old_config.windowing) != layout(spec, config.windowing):
+                elif spec.model_id in resets:
                     changes.restarted.append(spec.model_id)
                 elif was_spec == spec and old_config.windowing == config.windowing and \
                         old_config.max_future_skew_seconds == config.max_future_skew_seconds:  # fmt: skip
@@ -213,7 +221,4 @@ class Fleet:
             self.decoders = decoders
             self.models = models
             self.readers = self._readers()
-        if changes.restarted:
-            log.warning("reload: the attributes, groups, windows or model_version of %s changed: %s afresh",
-                        ", ".join(changes.restarted), "it starts" if len(changes.restarted) == 1 else "they start")
         return changes, given_up
