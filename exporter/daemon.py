@@ -112,7 +112,8 @@ class Daemon:
             self.stages.released = self._compute_now
             self.registry.register(OwnershipCollector(self.stages.owned, config.windowing.bucket_seconds))
         else:
-            self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health)
+            self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health,
+                                      on_refusal=self._refused)  # fmt: skip
         self.registry.register(ConsumerCollector(self.source.lag, lambda: self.source.broker_up))
         self.unjoined_level = Gauge("fairness_exporter_labels_max_unjoined_share", "alerting.max_unjoined_share: "
                                     "above this share of delayed labels that found no prediction, the label join is "
@@ -128,6 +129,8 @@ class Daemon:
         self.lifecycle = lifecycle
         """POST /-/reload reloads the config (``--web.enable-lifecycle``; off by default, as in Prometheus)."""
         self._stopped = threading.Event()
+        self._done = threading.Event()
+        """Set by SIGTERM, SIGINT, or a refusal: :meth:`run_forever` stops."""
         self._reloading = threading.Lock()
         self._fingerprint: tuple[tuple[str, int, int, int], ...] = ()
         self._loaded(config)
@@ -165,7 +168,13 @@ class Daemon:
         return True, "consumer and scheduler running"
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers."""
+        """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers
+        and (a direct replica) no other member of the group holds partitions of its topics."""
+        if self.source.refusal is not None:
+            return False, self.source.refusal
+        if (shared := self.source.shared) is not None:
+            return False, (f"{shared}: counting is paused until this replica holds them all again "
+                           "(kafka.stages: direct is one replica; use kafka.stages: staged for several)")
         if not self.source.assigned_once.is_set():
             return False, "waiting for Kafka partitions"
         if self.ingest.failing:  # a batch that raises, tried again: before the source's view, which it clouds
@@ -301,13 +310,19 @@ class Daemon:
         if self.http is not None:
             self.http.stop()
 
+    def _refused(self, line: str) -> None:
+        """The source refused to count (another member of a direct replica's group at start): stop, exit 2."""
+        self._done.set()
+
     def run_forever(self) -> None:
-        """Run until SIGTERM or SIGINT, then stop cleanly; SIGHUP reloads the config."""
-        done = threading.Event()
+        """Run until SIGTERM or SIGINT, then stop cleanly; SIGHUP reloads the config. ConfigError when the source
+        refused to count (the line names the group and says what to use instead)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
+            signal.signal(sig, lambda *_: self._done.set())
         signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, name="reload").start())
         self.start()
-        done.wait()
+        self._done.wait()
         log.info("stopping")
         self.stop()
+        if self.source.refusal is not None:
+            raise ConfigError(f"{self.config.source}: {self.source.refusal}")
