@@ -5,6 +5,7 @@ the stages of exporter/stream/stages/replica.py, and this replica computes and s
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import threading
@@ -17,12 +18,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
-from exporter.serve import web_config
+from exporter.serve import orphans, web_config
 from exporter.serve.collector import CachedExposition
 from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health, OwnershipCollector, StageHealth
 from exporter.serve.snapshot import Computer, FleetSnapshot
+from exporter.serve.web_config import ListenError
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.kafka.source import KafkaSource
@@ -238,15 +240,23 @@ class Daemon:
         """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
 
         The daemon binds and checks the web configuration itself, so that a port in use or a bad file stops it with
-        one line; scrapes are served by another process, which never waits for the GIL ingest holds.
+        one line (unless an orphaned worker of a dead daemon of this config holds the port: it is taken back);
+        scrapes are served by another process, which never waits for the GIL ingest holds.
         """
         config = self.config
         web = web_config.resolve(self.web_config_file, config.tls_cert_file, config.tls_key_file)
-        listening = bind(config.listen_address, config.listen_port)
+        owner = str(Path(config.source).resolve())
+        try:
+            listening = bind(config.listen_address, config.listen_port)
+        except ListenError as exc:  # held by the HTTP worker of a dead daemon of this config? take it back
+            in_use = isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EADDRINUSE
+            if not (in_use and config.listen_port and orphans.take_back(config.listen_port, owner)):
+                raise
+            listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
                                (", ".join(config.model_ids), web), self.health.http_worker_restarts,
                                self.health.http_auth_failures, self.stale_seconds,
-                               self.reload if self.lifecycle else None)  # fmt: skip
+                               self.reload if self.lifecycle else None, owner)  # fmt: skip
         self.http.start()
 
     # --- reload -----------------------------------------------------------------------------------------------
