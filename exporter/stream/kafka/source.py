@@ -142,11 +142,14 @@ class KafkaSource:
         else refuse if it never held them all (it is the newcomer), or pause everything it holds until it does."""
         held, every = client.assignment(), set[Partition]()
         for topic in self.topics:
-            ids = client.partitions(topic)
-            if not ids:  # not known now (no broker answers, the topic is being re-created): judged after next poll
+            ids = client.partitions(topic)  # [] for a topic that does not exist (now): it has no partition to miss
+            if ids is None:  # no broker answers: judged after the next poll
                 self._judge_assignment = True
                 return
             every.update((topic, p) for p in ids)
+        if not held and not every:  # nothing known yet
+            self._judge_assignment = True
+            return
         missing = every - held
         if not missing:
             if self.shared is not None:
