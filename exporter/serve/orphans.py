@@ -46,7 +46,7 @@ def die_with_parent() -> bool:
 
 
 def alive(pid: int) -> bool:
-    """Whether a process with this id exists (a zombie counts as dead)."""
+    """Whether a process with this id exists (a zombie counts as dead: its daemon is gone)."""
     try:
         state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -115,8 +115,10 @@ def orphans(port: int, owner: str) -> list[int]:
 
 
 def take_back(port: int, owner: str) -> bool:
-    """Kill the orphaned workers of this config that hold the port, and wait until the port's listening socket is
-    gone; whether there was one and the port is free now."""
+    """Kill the orphaned workers of this config that hold the port, and wait until the listening sockets they held
+    are gone (not merely the process: its main thread is a zombie while its other threads still hold its files);
+    whether there was one and its sockets are gone now."""
+    held = _listening_inodes(port)
     found = orphans(port, owner)
     for pid in found:
         log.warning("port %d is held by an HTTP worker (process %d) of a dead daemon of this config: taking it back",
@@ -125,7 +127,7 @@ def take_back(port: int, owner: str) -> bool:
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + GONE_SECONDS
     while found and time.monotonic() < deadline:
-        if not any(alive(pid) for pid in found) or not _listening_inodes(port):
+        if not _listening_inodes(port) & held:
             return True
         time.sleep(0.05)
     return False
