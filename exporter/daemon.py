@@ -5,6 +5,7 @@ the stages of exporter/stream/stages/replica.py, and this replica computes and s
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import threading
@@ -17,12 +18,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
-from exporter.serve import web_config
+from exporter.serve import orphans, web_config
 from exporter.serve.collector import CachedExposition
 from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
 from exporter.serve.self_metrics import ConsumerCollector, Health, OwnershipCollector, StageHealth
 from exporter.serve.snapshot import Computer, FleetSnapshot
+from exporter.serve.web_config import ListenError
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.kafka.source import KafkaSource
@@ -112,7 +114,8 @@ class Daemon:
             self.stages.released = self._compute_now
             self.registry.register(OwnershipCollector(self.stages.owned, config.windowing.bucket_seconds))
         else:
-            self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health)
+            self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health,
+                                      on_refusal=self._refused)  # fmt: skip
         self.registry.register(ConsumerCollector(self.source.lag, lambda: self.source.broker_up))
         self.unjoined_level = Gauge("fairness_exporter_labels_max_unjoined_share", "alerting.max_unjoined_share: "
                                     "above this share of delayed labels that found no prediction, the label join is "
@@ -128,6 +131,8 @@ class Daemon:
         self.lifecycle = lifecycle
         """POST /-/reload reloads the config (``--web.enable-lifecycle``; off by default, as in Prometheus)."""
         self._stopped = threading.Event()
+        self._done = threading.Event()
+        """Set by SIGTERM, SIGINT, or a refusal: :meth:`run_forever` stops."""
         self._reloading = threading.Lock()
         self._fingerprint: tuple[tuple[str, int, int, int], ...] = ()
         self._loaded(config)
@@ -165,7 +170,13 @@ class Daemon:
         return True, "consumer and scheduler running"
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers."""
+        """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers
+        and (a direct replica) no other member of the group holds partitions of its topics."""
+        if self.source.refusal is not None:
+            return False, self.source.refusal
+        if (shared := self.source.shared) is not None:
+            return False, (f"{shared}: counting is paused until this replica holds them all again "
+                           "(kafka.stages: direct is one replica; use kafka.stages: staged for several)")
         if not self.source.assigned_once.is_set():
             return False, "waiting for Kafka partitions"
         if self.ingest.failing:  # a batch that raises, tried again: before the source's view, which it clouds
@@ -229,15 +240,23 @@ class Daemon:
         """Bind the port, then serve /metrics and the probes from the HTTP worker process (serve/http_worker.py).
 
         The daemon binds and checks the web configuration itself, so that a port in use or a bad file stops it with
-        one line; scrapes are served by another process, which never waits for the GIL ingest holds.
+        one line (unless an orphaned worker of a dead daemon of this config holds the port: it is taken back);
+        scrapes are served by another process, which never waits for the GIL ingest holds.
         """
         config = self.config
         web = web_config.resolve(self.web_config_file, config.tls_cert_file, config.tls_key_file)
-        listening = bind(config.listen_address, config.listen_port)
+        owner = str(Path(config.source).resolve())
+        try:
+            listening = bind(config.listen_address, config.listen_port)
+        except ListenError as exc:  # held by the HTTP worker of a dead daemon of this config? take it back
+            in_use = isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EADDRINUSE
+            if not (in_use and config.listen_port and orphans.take_back(config.listen_port, owner)):
+                raise
+            listening = bind(config.listen_address, config.listen_port)
         self.http = HttpWorker(listening, self.exposition, self.registry, (self.healthy, self.ready),
                                (", ".join(config.model_ids), web), self.health.http_worker_restarts,
                                self.health.http_auth_failures, self.stale_seconds,
-                               self.reload if self.lifecycle else None)  # fmt: skip
+                               self.reload if self.lifecycle else None, owner)  # fmt: skip
         self.http.start()
 
     # --- reload -----------------------------------------------------------------------------------------------
@@ -301,13 +320,19 @@ class Daemon:
         if self.http is not None:
             self.http.stop()
 
+    def _refused(self, line: str) -> None:
+        """The source refused to count (another member of a direct replica's group at start): stop, exit 2."""
+        self._done.set()
+
     def run_forever(self) -> None:
-        """Run until SIGTERM or SIGINT, then stop cleanly; SIGHUP reloads the config."""
-        done = threading.Event()
+        """Run until SIGTERM or SIGINT, then stop cleanly; SIGHUP reloads the config. ConfigError when the source
+        refused to count (the line names the group and says what to use instead)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
+            signal.signal(sig, lambda *_: self._done.set())
         signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, name="reload").start())
         self.start()
-        done.wait()
+        self._done.wait()
         log.info("stopping")
         self.stop()
+        if self.source.refusal is not None:
+            raise ConfigError(f"{self.config.source}: {self.source.refusal}")

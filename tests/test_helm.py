@@ -469,6 +469,18 @@ def test_more_than_one_replica_runs_the_staged_path_with_the_internal_topics_of_
     assert ("internal_topics" in kafka) == (values["replicaCount"] > 1)
 
 
+@scenarios
+def test_a_direct_deployment_is_recreated_not_surged(helm: str, scenario: str) -> None:
+    """A surge pod of the direct path would join the old pod's consumer group and refuse to start (two direct
+    replicas never share a group), stalling the rollout: the old pod goes first. The staged path rolls as usual;
+    a StatefulSet replaces its pods one at a time anyway."""
+    objects = render(helm, scenario)
+    found = workload(objects)
+    staged = daemon_config(objects)["kafka"]["stages"] == "staged"
+    if found["kind"] == "Deployment":
+        assert found["spec"].get("strategy") == (None if staged else {"type": "Recreate"})
+
+
 def test_the_staged_path_refuses_a_checkpoint_volume(helm: str) -> None:
     result = run_helm(helm, "template", RELEASE, str(CHART), "--values", str(CI["checkpoint-statefulset"]),
                       "--set", "replicaCount=2")  # fmt: skip

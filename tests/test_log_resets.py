@@ -9,9 +9,9 @@ empty, manual and subscribed).
 
 Not here, for the test broker's sake (docs/faults.md): deleting a topic under a confluent-kafka consumer crashes
 librdkafka 2.16 on Tansu (SIGSEGV in ``rd_kafka_metadata_cache_find``, the library alone), so the deletion layouts
-run on kafka-python; and a consumer group whose topic gains partitions keeps its first assignment on Tansu 0.6
-(its SyncGroup answers every rejoin of generation 0 with the assignment it already holds), so a partition count
-that changes is tested with manual assignment.
+run on kafka-python. A member of a consumer group whose topic gains partitions keeps its first assignment on
+Tansu 0.6 (its SyncGroup answers every rejoin of generation 0 with the assignment it already holds): a subscribed
+source rejoins as a new member when it sees a topic re-created, and a new member is assigned every partition.
 """
 
 from __future__ import annotations
@@ -122,3 +122,26 @@ def test_subscribed_topic_recreated_with_logs_shorter_and_longer(
                 partition=partition)  # fmt: skip
     assert settled(daemon, topic, 3, 780) == 780
     assert resets(daemon) == 3
+
+
+@pytest.mark.parametrize("client_library", ["kafka-python"])
+def test_subscribed_topic_recreated_with_more_partitions_reads_every_new_partition_from_its_start(
+    kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon]
+) -> None:
+    """Issue 31 item 3: a topic of one partition (100 events) deleted and re-created with three, 30 events each,
+    under ``assignment: subscribe`` and ``auto_offset_reset: latest``. Before: 100 of 190 counted after minutes,
+    nothing logged but kafka-python's warning: Tansu hands a rejoining member its old assignment, partition 0 alone.
+    Now the source rejoins as a new member once it sees the topic's new id, and starts the partitions nobody counted
+    at 0, as under manual assignment: 190."""
+    recreate(kafka_broker, topic, 1)
+    group = {**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python")["kafka"],
+             "assignment": "subscribe", "client": GROUP_CLIENT["kafka-python"], "auto_offset_reset": "latest"}
+    daemon = running(kafka_broker.bootstrap_servers, topic, kafka=group)
+    wait_for(lambda: daemon.ready()[0], what="assigned")
+    fill(kafka_broker, topic, 100, 1, seed=5)
+    wait_for(lambda: consumed(daemon.port) == 100, what="100 events before the topic is re-created")
+    recreate(kafka_broker, topic, 3)
+    fill(kafka_broker, topic, 90, 3, seed=6)
+    assert settled(daemon, topic, 3, 190) == 190
+    # partition 0 restarts; 1 and 2 too when the group had already assigned them before the new id was seen
+    assert 1 <= (resets(daemon) or 0) <= 3

@@ -1,17 +1,18 @@
-"""Scale-out: two daemons in one consumer group share a topic's partitions, and the shipped recording rules, summing
-their counters, give the fleet-wide values one daemon computes over all the events.
+"""The fleet-wide recording rules: the counters of daemons that each counted part of a model's events, summed by
+the shipped rules, give the values one daemon computes over all the events.
 
-Each partition gets different selection rates, so the replicas' own rates differ from the fleet's: only summing
-numerators and denominators across replicas (not averaging their rates) gives the right answer. The recording
-rules are checked exactly with `promtool test rules` on the counters the replicas expose, and end to end with a
-real Prometheus scraping both replicas, where `increase()` extrapolation makes them approximate. The last tests
-change the group's membership after events were counted (scale-up, then scale-down): every event is still counted
-exactly once across the fleet.
+With ``kafka.stages: staged`` a model's counters move with the model: after a rebalance its old owner's series stop
+and its new owner's go on, and only the rules' sum over replicas covers the whole hour (two direct replicas in one
+group no longer share a topic: tests/test_direct_replicas.py). Here two daemons each read one part of the events
+(their own topic), like the old and the new owner of one model. Each part gets different selection rates, so the
+daemons' own rates differ from the fleet's: only summing numerators and denominators across daemons (not averaging
+their rates) gives the right answer. The recording rules are checked exactly with `promtool test rules` on the
+counters the daemons expose, and end to end with a real Prometheus scraping both, where `increase()`
+extrapolation makes them approximate.
 """
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import time
 import uuid
@@ -41,9 +42,7 @@ PARTITIONS = ((900, 0.7, 0.3), (600, 0.45, 0.35), (500, 0.2, 0.1))
 COUNTERS = ("fairness_predictions_total", "fairness_labelled_predictions_total")
 COUNTER_SERIES = sum(map(len, GROUPS.values())) * 6  # per replica: predicted 0/1 and tp/fp/tn/fn per subgroup
 WINDOWS = ("1h", "24h")
-CLIENT_LIBRARY = "kafka-python"  # the default; GROUP_CLIENT is in its setting names
-# Tansu holds a new member's JoinGroup for about session_timeout_ms / 2: 6 s keeps a rebalance near 3 s.
-GROUP_CLIENT = {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+CLIENT_LIBRARY = "kafka-python"
 
 generate = load_rule_generator()
 
@@ -52,11 +51,6 @@ def new_daemon(bootstrap: str, topic: str, **kafka: object) -> Daemon:
     """A daemon (not started) with the shared test config, these `kafka:` settings changed."""
     base = kafka_config(bootstrap, topic, CLIENT_LIBRARY)
     return Daemon(make_config(**{**base, "kafka": {**base["kafka"], **kafka}}))
-
-
-def replica(bootstrap: str, topic: str) -> Daemon:
-    """A daemon that joins the topic's consumer group (kafka.assignment: subscribe)."""
-    return new_daemon(bootstrap, topic, assignment="subscribe", client=GROUP_CLIENT)
 
 
 def partitioned_rows(seed: int = 17) -> pd.DataFrame:
@@ -112,12 +106,6 @@ def expected_counters(rows: pd.DataFrame) -> dict[tuple[str, str, str, str], flo
     return expected
 
 
-def assigned(daemon: Daemon) -> frozenset[int]:
-    """The partitions the replica's consumer holds right now (read from the test thread: a snapshot)."""
-    client = daemon.source.client
-    return frozenset(p for _, p in client.assignment()) if client is not None else frozenset()
-
-
 @dataclass
 class Fleet:
     replicas: list[Daemon]
@@ -130,21 +118,25 @@ class Fleet:
         return f"127.0.0.1:{daemon.port}"
 
 
+PARTS = (frozenset({0}), frozenset({1, 2}))
+"""The partitions of PARTITIONS each of the two daemons counts (from a topic of its own)."""
+
+
 @pytest.fixture(scope="module")
 def fleet(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """Two replicas in one group (and one daemon reading everything on its own), a Prometheus scraping the two
-    replicas with the shipped rules; the events are produced only after it has scraped their zero counters."""
+    """Two daemons that each count part of the events (and one daemon reading everything), a Prometheus scraping
+    the two with the shipped rules; the events are produced only after it has scraped their zero counters."""
     bootstrap = kafka_broker.bootstrap_servers
     topic = f"scale-out-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=len(PARTITIONS))
-    replicas = [replica(bootstrap, topic), replica(bootstrap, topic)]
+    for i, part in enumerate(PARTS):
+        kafka_broker.create_topic(f"{topic}-{i}", partitions=len(part))
+    replicas = [new_daemon(bootstrap, f"{topic}-{i}", group_id=f"g-{topic}-{i}") for i in range(len(PARTS))]
     single = new_daemon(bootstrap, topic, group_id=f"single-{topic}")  # manual assignment of every partition
     daemons = [*replicas, single]
     try:
         for d in daemons:
             d.start()
-        partitions = _wait_for_stable_split(replicas)
-
         targets = [f"127.0.0.1:{d.port}" for d in replicas]
         with PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets, rules=generate.rule_file()) as prom:
             zeros = "fairness_predictions_total == 0 or fairness_labelled_predictions_total == 0"
@@ -155,33 +147,18 @@ def fleet(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
             )
             rows = partitioned_rows()
             produce(bootstrap, topic, payloads(rows, time.time()), partition=lambda i, _: int(rows.partition[i]))
-            yield Fleet(replicas, single, rows, partitions, prom)
+            for i, part in enumerate(PARTS):
+                _produce_part(bootstrap, f"{topic}-{i}", rows[rows.partition.isin(part)], sorted(part))
+            yield Fleet(replicas, single, rows, list(PARTS), prom)
     finally:
         for daemon in daemons:
             daemon.stop()
 
 
-def _wait_for_stable_split(replicas: list[Daemon], hold: float = 2.0) -> list[frozenset[int]]:
-    """Wait until the replicas hold disjoint, non-empty sets of partitions covering the topic, for `hold` seconds.
-
-    Fails at once when a replica's consumer keeps failing (it is rebuilt after every error: a crash loop)."""
-    since: list[float | None] = [None]
-
-    def split() -> list[frozenset[int]] | None:
-        errors = [sample(scrape(r.port), "fairness_exporter_consumer_errors_total") for r in replicas]
-        if max(e or 0.0 for e in errors) >= 3:
-            raise AssertionError(f"consumer errors {errors}: a replica's consumer is failing over and over")
-        parts = [assigned(r) for r in replicas]
-        ok = all(parts) and sorted(p for part in parts for p in part) == list(range(len(PARTITIONS)))
-        if not ok:
-            since[0] = None
-            return None
-        since[0] = since[0] or time.monotonic()
-        return parts if time.monotonic() - since[0] >= hold else None
-
-    # Tansu has so far always given both members a share; if it ever gave one member everything, this fails
-    # rather than letting the test pass with one replica doing all the work.
-    return wait_until(split, 45, "both replicas to hold part of the partitions")
+def _produce_part(bootstrap: str, topic: str, rows: pd.DataFrame, partitions: list[int]) -> None:
+    """The rows to the topic of one daemon, each row's partition of PARTITIONS to its index among ``partitions``."""
+    where = [partitions.index(int(p)) for p in rows.partition]
+    produce(bootstrap, topic, payloads(rows, time.time()), partition=lambda j, _: where[j])
 
 
 def _consumed(daemon: Daemon) -> float:
@@ -202,17 +179,13 @@ def _counted(daemon: Daemon) -> bool:
     return predictions == len(GROUPS) * _consumed(daemon)
 
 
-def test_replicas_in_one_group_share_the_partitions_and_count_each_event_once(fleet: Fleet) -> None:
+def test_each_daemon_counts_its_part_and_the_single_daemon_everything(fleet: Fleet) -> None:
     _all_counted(fleet)
-    rows = fleet.rows
-    consumed = [_consumed(r) for r in fleet.replicas]
-    assert all(0 < c < len(rows) for c in consumed), consumed
-    assert [assigned(r) for r in fleet.replicas] == fleet.partitions, "a rebalance happened during the test"
     for replica, partitions in zip(fleet.replicas, fleet.partitions, strict=True):
-        mine = rows[rows.partition.isin(partitions)]
+        mine = fleet.rows[fleet.rows.partition.isin(partitions)]
         assert _consumed(replica) == len(mine)
         assert counter_samples(replica.port) == expected_counters(mine)
-    assert counter_samples(fleet.single.port) == expected_counters(rows)
+    assert counter_samples(fleet.single.port) == expected_counters(fleet.rows)
 
 
 def fleet_values(rows: pd.DataFrame, window: str) -> list[tuple[str, dict[str, str], float]]:
@@ -353,71 +326,3 @@ def test_a_real_prometheus_scraping_both_replicas_records_the_fleet_wide_values(
         wait_until(agrees, 20, "recorded fleet-wide values")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {mismatches}") from None
-
-
-@contextlib.contextmanager
-def _scaled_up(kafka_broker: EmbeddedBroker, topic: str) -> Iterator[tuple[Daemon, Daemon, pd.DataFrame]]:
-    """`first` alone reads the 3 partitions and counts 300 events; `second` joins the group, which splits the
-    partitions between them; 300 more events follow. Yields both replicas and the 600 rows once all are consumed
-    (by the replicas together, if each is counted once)."""
-    bootstrap = kafka_broker.bootstrap_servers
-    first, second = replica(bootstrap, topic), replica(bootstrap, topic)
-    before, after = (partitioned_rows(seed).sample(300, random_state=seed) for seed in (1, 2))
-    try:
-        first.start()
-        wait_until(lambda: len(assigned(first)) == len(PARTITIONS), 30, "the first replica to hold every partition")
-        _produce_spread(bootstrap, topic, before)
-        wait_until(lambda: _consumed(first) == len(before), 30, "the first events consumed")
-        second.start()
-        _wait_for_stable_split([first, second], hold=1.0)
-        _produce_spread(bootstrap, topic, after)
-        wait_until(lambda: _consumed(first) + _consumed(second) >= len(before) + len(after), 30, "600 events consumed")
-        time.sleep(1.5)  # a re-read of the first events would show up now
-        yield first, second, pd.concat([before, after])
-    finally:
-        first.stop()
-        second.stop()
-
-
-def _produce_spread(bootstrap: str, topic: str, rows: pd.DataFrame) -> None:
-    produce(bootstrap, topic, payloads(rows, time.time()), partition=lambda i, _: i % len(PARTITIONS))
-
-
-def _summed_counters(*counters: dict[tuple[str, str, str, str], float]) -> dict[tuple[str, str, str, str], float]:
-    total: dict[tuple[str, str, str, str], float] = {}
-    for one in counters:
-        for key, value in one.items():
-            total[key] = total.get(key, 0.0) + value
-    return total
-
-
-def test_a_replica_joining_a_running_group_takes_over_partitions_without_recounting(
-    kafka_broker: EmbeddedBroker, topic: str
-) -> None:
-    """Scale-up or rolling restart: the member that counted the first events commits them when its partitions are
-    revoked, so the newcomer starts after them; together they count every event exactly once."""
-    with _scaled_up(kafka_broker, topic) as (first, second, rows):
-        assert _consumed(second) > 0
-        assert _consumed(first) + _consumed(second) == len(rows)
-        wait_until(lambda: _counted(first) and _counted(second), 10, "the next computation's counters")
-        assert _summed_counters(counter_samples(first.port), counter_samples(second.port)) == expected_counters(rows)
-
-
-def test_a_replica_leaving_the_group_hands_its_partitions_back_without_recounting(
-    kafka_broker: EmbeddedBroker, topic: str
-) -> None:
-    """Scale-down after a scale-up: the remaining member takes the leaver's partitions back from the offsets the
-    leaver committed, not from what it had itself counted in them before the split."""
-    with _scaled_up(kafka_broker, topic) as (first, second, rows):
-        wait_until(lambda: _counted(second), 10, "the leaving replica's counters")
-        left, left_consumed = counter_samples(second.port), _consumed(second)
-        second.stop()
-        wait_until(lambda: len(assigned(first)) == len(PARTITIONS), 30, "the first replica to hold every partition")
-        last = partitioned_rows(seed=3).sample(150, random_state=3)
-        _produce_spread(kafka_broker.bootstrap_servers, topic, last)
-        everything = pd.concat([rows, last])
-        wait_until(lambda: _consumed(first) + left_consumed >= len(everything), 30, "every event consumed")
-        time.sleep(1.5)  # a re-read would show up now
-        assert _consumed(first) + left_consumed == len(everything)
-        wait_until(lambda: _counted(first), 10, "the next computation's counters")
-        assert _summed_counters(counter_samples(first.port), left) == expected_counters(everything)

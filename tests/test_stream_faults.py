@@ -98,7 +98,8 @@ def test_a_partition_handed_to_another_replica_takes_its_lag_series_with_it(
     kafka_broker: EmbeddedBroker, topic: str, client_library: str
 ) -> None:
     base = kafka_config(kafka_broker.bootstrap_servers, topic, client_library)
-    group = {**base["kafka"], "assignment": "subscribe",
+    # staged: two direct replicas in one group refuse to share (tests/test_direct_replicas.py)
+    group = {**base["kafka"], "assignment": "subscribe", "stages": "staged",
              "client": {"reconnect_backoff_max_ms": 500, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}}
     from daemon_config import make_config
 
@@ -108,22 +109,24 @@ def test_a_partition_handed_to_another_replica_takes_its_lag_series_with_it(
     second = Daemon(make_config(**{**base, "kafka": group}))
     try:
         first.start()
-        wait_for(lambda: len(lag_series(first)) == 3, what="lag of all 3 partitions on the only replica")
+        wait_for(lambda: len(lag_series(first, topic)) == 3, what="lag of all 3 partitions on the only replica")
         second.start()
-        wait_for(lambda: len(lag_series(first)) < 3, timeout=60, what="the first replica to hand partitions over")
+        wait_for(lambda: len(lag_series(first, topic)) < 3, timeout=60,
+                 what="the first replica to hand partitions over")  # fmt: skip
         produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(30, seed=4), time.time()),
                 partition=lambda i, _: i % 3)  # fmt: skip
-        wait_for(lambda: len(lag_series(second)) >= 1 and len(lag_series(first)) + len(lag_series(second)) == 3,
+        wait_for(lambda: len(lag_series(second, topic)) >= 1
+                 and len(lag_series(first, topic)) + len(lag_series(second, topic)) == 3,
                  timeout=60, what="each partition's lag series on exactly one replica")  # fmt: skip
-        assert not set(lag_series(first)) & set(lag_series(second))
+        assert not set(lag_series(first, topic)) & set(lag_series(second, topic))
     finally:
         second.stop()
         first.stop()
 
 
-def lag_series(daemon: Daemon) -> dict[str, float]:
+def lag_series(daemon: Daemon, topic: str | None = None) -> dict[str, float]:
     return {dict(labels)["partition"]: v for (name, labels), v in scrape(daemon.port).items()
-            if name == "fairness_exporter_consumer_lag_messages"}  # fmt: skip
+            if name == "fairness_exporter_consumer_lag_messages" and topic in (None, dict(labels)["topic"])}
 
 
 def test_a_consumer_group_reads_a_topic_recreated_on_a_broker_that_came_back_empty(

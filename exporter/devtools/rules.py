@@ -81,6 +81,8 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterModelStalled":     Tuning(3,    "5m",  "warning"),
     # labels of no known prediction / (those + labels joined) over 1h (stage_rules.py) > alerting.max_unjoined_share
     "FairnessExporterLabelJoinBroken":  Tuning(None, "15m", "warning"),
+    # a direct replica shares its consumer group: it counts nothing until it holds every partition again (blind)
+    "FairnessExporterPartitionsShared": Tuning(None, "5m",  "critical"),
 }
 # fmt: on
 

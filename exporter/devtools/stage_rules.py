@@ -1,5 +1,6 @@
-"""The alerts on the staged path's stages (a model owned by exactly one replica, and stepping) and on the label join
-of either path; their thresholds, `for:` and severities are in the TUNING table of exporter/devtools/rules.py."""
+"""The alerts on replicas: the staged path's stages (a model owned by exactly one replica, and stepping), the label
+join of either path, and a direct replica that shares its consumer group; their thresholds, `for:` and severities
+are in the TUNING table of exporter/devtools/rules.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ OWNED = "fairness_exporter_model_owned"
 
 
 def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The four alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
+    """The five alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
 
     def tuned(name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
         return alert(name, expr, fors[name], tuning[name].severity, summary, description)
@@ -62,5 +63,14 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
             f"for {fors['FairnessExporterLabelJoinBroken']}: the label join is broken (labels and predictions "
             "meeting on different replicas, or another prediction_id), not late. TPR, FPR and equalised odds miss "
             "those labels.",
+        ),
+        tuned(
+            "FairnessExporterPartitionsShared",
+            "fairness_exporter_partitions_shared == 1",
+            f"fairness-exporter {label('instance')} counts nothing: another member shares its consumer group.",
+            f"{label('instance')} runs kafka.stages: direct, and another member of its consumer group has held some "
+            f"partitions of its topics for {fors['FairnessExporterPartitionsShared']}: it counts nothing until it "
+            "holds them all again (its windows, detectors and alerts are frozen; /readyz says so), rather than count "
+            "a part of every model. Run one direct replica, or kafka.stages: staged for several.",
         ),
     ]

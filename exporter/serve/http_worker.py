@@ -12,7 +12,9 @@ bench/scrape.py). The worker has its own interpreter on the other core and serve
 
 One thread sends (the publisher), one receives (the supervisor: acknowledgements, formats the worker asks for, and
 its end). A worker that dies is logged, counted (``fairness_exporter_http_worker_restarts_total``) and started again
-on the same socket; a worker whose daemon is gone sees the end of its connection and exits.
+on the same socket. A worker dies with its daemon: the kernel kills it (a parent-death signal, exporter.serve.orphans,
+which is tied to the *thread* that started it: the supervisor, which lives as long as the worker may), and it exits
+at the end of its connection.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Final, NamedTuple
 from prometheus_client import CollectorRegistry, Counter
 
 from exporter.serve.collector import CachedExposition
+from exporter.serve.orphans import WORKER_MODULE
 from exporter.serve.web_config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -61,10 +64,11 @@ class HttpWorker:
         self, listening: socket.socket, exposition: CachedExposition, registry: CollectorRegistry,
         verdicts: tuple[Callable[[], tuple[bool, str]], Callable[[], tuple[bool, str]]],
         hello: tuple[str, WebConfig], restarts: Counter, auth_failures: Counter,
-        stale_seconds: float = STALE_SECONDS, reload: Callable[[], tuple[bool, str]] | None = None,
+        stale_seconds: float = STALE_SECONDS, reload: Callable[[], tuple[bool, str]] | None = None, owner: str = "",
     ) -> None:  # fmt: skip
         """``verdicts``: (healthy, ready); ``hello``: (model id, who may read); ``auth_failures``: the counter (by
-        ``reason``) of what the worker refused; ``reload``: what POST /-/reload calls (None: not served)."""
+        ``reason``) of what the worker refused; ``reload``: what POST /-/reload calls (None: not served); ``owner``:
+        the config file, on the worker's command line (a restarted daemon of it recognises an orphan by it)."""
         self.listening = listening
         self.port: int = listening.getsockname()[1]
         self.exposition = exposition
@@ -72,6 +76,7 @@ class HttpWorker:
         self.verdicts = verdicts
         self.hello = ("hello", *hello, reload is not None, stale_seconds)
         self.reload = reload
+        self.owner = owner
         self.restarts = restarts
         self.auth_failures = auth_failures
         self._refused: dict[str, int] = {}  # what the running worker reported refused, so far
@@ -84,21 +89,26 @@ class HttpWorker:
         self._stopping = threading.Event()
         self._sending = threading.Lock()
         self._sent: tuple[_Link, int] | None = None  # the worker holding which snapshot generation
+        self._spawned = threading.Event()
         self._threads = [threading.Thread(target=self._supervise, name="http-worker", daemon=True),
                          threading.Thread(target=self._publish_loop, name="http-publish", daemon=True)]
 
     def start(self) -> None:
-        self.link = self._spawn()
-        for thread in self._threads:
-            thread.start()
+        """Start the supervisor, which starts the worker (so that the worker's parent-death signal follows a thread
+        that lives as long as it does), then the publisher."""
+        self._threads[0].start()
+        self._spawned.wait()
+        if self.link is None:
+            raise RuntimeError("the HTTP worker process could not be started (see the log)")
+        self._threads[1].start()
 
     def _spawn(self) -> _Link:
         ours, theirs = multiprocessing.Pipe()
         source_root = str(Path(__file__).resolve().parents[2])  # `-m exporter...` works from a source tree too
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")]))}
         fds = (theirs.fileno(), self.listening.fileno())
-        process = subprocess.Popen([sys.executable, "-m", "exporter.serve.worker", *map(str, fds)], pass_fds=fds,
-                                   env=env)  # fmt: skip
+        process = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, *map(str, fds), str(os.getpid()), self.owner],
+                                   pass_fds=fds, env=env)  # fmt: skip
         theirs.close()  # the worker's end lives in the worker only: its exit is our end of file
         with self._sending:
             ours.send(self.hello)
@@ -140,7 +150,15 @@ class HttpWorker:
                 pass
 
     def _supervise(self) -> None:
-        """Receive from the worker; when it ends (not stopped by us), log it, count it and start another."""
+        """Start the worker; receive from it; when it ends (not stopped by us), log it, count it and start
+        another."""
+        try:
+            self.link = self._spawn()
+        except Exception:
+            log.exception("starting the HTTP worker process failed")
+            return
+        finally:
+            self._spawned.set()
         while True:
             link = self.link
             assert link is not None

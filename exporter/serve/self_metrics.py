@@ -100,6 +100,11 @@ class Health:
                                           "failed handshake), by reason.", ["reason"], registry=registry)
         self.consumer_errors = Counter("fairness_exporter_consumer_errors",
                                        "Errors talking to Kafka (the consumer retries).", registry=registry)
+        self.partitions_shared = Gauge("fairness_exporter_partitions_shared",
+                                       "1 while another member of this direct-path replica's consumer group holds "
+                                       "some partitions of its topics: it counts nothing until it holds them all "
+                                       "again (kafka.stages: direct is one replica; use staged for several).",
+                                       registry=registry)  # fmt: skip
         self.models = Gauge("fairness_exporter_models", "Models this daemon monitors (as of the last config load).",
                             registry=registry)  # fmt: skip
         self.reload_failures = Counter("fairness_exporter_config_reload_failures",

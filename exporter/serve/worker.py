@@ -1,8 +1,10 @@
 """The HTTP worker process: serves /metrics, /healthz, /readyz and the landing page from what the daemon publishes.
 
-Started by the daemon (exporter.serve.http_worker) as ``python -m exporter.serve.worker CONNECTION_FD SOCKET_FD``,
-on the listening socket the daemon bound, with one end of a ``multiprocessing.Pipe`` as its only link to the
-daemon. Scrapes never share a GIL with ingest: the daemon's threads can hold theirs for milliseconds at a time.
+Started by the daemon (exporter.serve.http_worker) as ``python -m exporter.serve.worker CONNECTION_FD SOCKET_FD
+DAEMON_PID CONFIG``, on the listening socket the daemon bound, with one end of a ``multiprocessing.Pipe`` as its only
+link to the daemon. It dies with the daemon (a parent-death signal; exporter.serve.orphans), and the daemon's
+process id and config file on its command line let a restarted daemon recognise an orphan that did not. Scrapes
+never share a GIL with ingest: the daemon's threads can hold theirs for milliseconds at a time.
 
 Messages from the daemon (pickled by ``Connection``): ``("hello", model_id, web_config, lifecycle, stale_seconds)``
 once; ``("reloaded", number, (applied, what))`` answering a ``("reload", number)`` the worker sent for a POST
@@ -11,8 +13,8 @@ once; ``("reloaded", number, (applied, what))`` answering a ``("reload", number)
 snapshot, live, healthy, ready)`` on every publication (``snapshot``: the snapshot's rendering per content type,
 None when unchanged; ``live``: the live registry's; the verdicts as ``(ok, why)``); ``("stop",)``. To the daemon:
 ``("ack", (seq, refused))`` once a publication is served (``refused``: the requests and handshakes refused so far,
-by reason), ``("want", accept)`` for a format not published yet. End of file on the connection (the daemon exited,
-even by SIGKILL) ends the worker.
+by reason), ``("want", accept)`` for a format not published yet. End of file on the connection (the daemon exited)
+ends the worker too.
 
 Imports neither numpy nor pandas (tests/test_architecture.py checks it).
 """
@@ -33,6 +35,7 @@ from prometheus_client.exposition import choose_encoder
 from exporter.serve.access import Failures, Guard
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
 from exporter.serve.http import HttpServer, make_app
+from exporter.serve.orphans import alive, die_with_parent
 from exporter.serve.web_config import WebConfigError
 
 log = logging.getLogger("exporter.serve.worker")
@@ -141,6 +144,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     connection = Connection(int(argv[1]))
     listening = socket.socket(fileno=int(argv[2]))
+    die_with_parent()
+    if len(argv) > 3 and not alive(int(argv[3])):  # it died before the signal was asked for: nobody would send it
+        return 0
     try:
         _, model_id, web_config, lifecycle, stale_seconds = connection.recv()
     except (EOFError, OSError):

@@ -2,7 +2,8 @@
 
 Two thin adapters implement it by calling their library and nothing more: :mod:`exporter.stream.kafka.kafka_python`
 (kafka-python) and :mod:`exporter.stream.kafka.confluent` (confluent-kafka). Every policy (where to start, what to
-commit, when a log was reset, what a rebalance does) lives once, in :class:`exporter.stream.kafka.source.KafkaSource`.
+commit, when a log was reset, what a rebalance does) lives once, in :class:`exporter.stream.kafka.source.KafkaSource`,
+which learns what was counted from one :class:`OffsetsBook`.
 """
 
 from __future__ import annotations
@@ -98,9 +99,11 @@ class Rebalance(Protocol):
 
     - ``revoked(partitions)`` runs *before* the partitions go to another member, on a thread where the client may
       still commit without waiting. The source makes what it counted durable (a checkpoint, if configured),
-      commits exactly that without waiting, and forgets the partitions' offsets, so no later commit or
-      checkpoint of this replica carries them (a stale offset would rewind their new owner, who would then
-      count events twice). A client closing down does not call it: a rebuilt consumer resumes from its offsets.
+      commits exactly that without waiting. On the staged path it forgets the partitions' offsets, so no later
+      commit or checkpoint of this replica carries them (a stale offset would rewind their new owner, who would
+      then count events twice). A direct replica keeps them: it counts only while it holds every partition, so
+      one it gets back resumes where it stopped, and only partitions held are ever committed. A client closing
+      down does not call it: a rebuilt consumer resumes from its offsets.
     - ``assigned(partitions, committed)`` runs *after* the group assigned them and *before* any of them is
       fetched, with the group's committed offsets of those partitions (fetched by the adapter; None when that
       failed). It returns where to start each one: after the last record this process counted, else the
@@ -136,6 +139,13 @@ class KafkaClient(Protocol):
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
         """The next records, per partition, in offset order; waits up to ``timeout`` seconds for some."""
 
+    def pause(self, partitions: list[Partition]) -> None:
+        """Fetch nothing more of these held partitions (they stay assigned) until :meth:`resume`, or until a new
+        assignment, which starts unpaused."""
+
+    def resume(self, partitions: list[Partition]) -> None:
+        """Fetch these held partitions again."""
+
     def seek(self, partition: Partition, offset: int) -> None:
         """Read the partition from this offset on. A new log (a re-created topic, a broker back empty) is read from
         offset 0, its first offset, not from a ListOffsets query, whose answer some brokers (Tansu) get wrong right
@@ -159,3 +169,32 @@ class KafkaClient(Protocol):
 
     def close(self) -> None:
         """Leave the group (without committing) and release the connections."""
+
+
+class OffsetsBook(Protocol):
+    """What the source needs to know of offsets, from the one object that keeps them (the checkpointer)."""
+
+    topic_ids: dict[str, str]
+    """The id of each topic the counted offsets belong to; the source keeps it current."""
+
+    def counted(self) -> Offsets:
+        """The next offset after the records counted, per partition: where to resume."""
+
+    def committable(self) -> Offsets:
+        """What may be committed to Kafka: the offsets a durable checkpoint covers (or, without checkpoints, the
+        counted ones)."""
+
+    def flush(self) -> None:
+        """Make what is counted durable now (a checkpoint), so that :meth:`committable` covers it."""
+
+    def forget(self, partitions: list[Partition]) -> None:
+        """These partitions were handed over: no later commit or checkpoint may carry their offsets."""
+
+    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
+        """These partitions of the topic start again at offset 0 of a new log named ``topic_id`` (None: the broker
+        has no topic ids); a new id also forgets every other offset of the topic. Done under the lock a checkpoint
+        copies the offsets and ids with, so that no checkpoint or commit pairs an old offset with the new log."""
+
+    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
+        """Where newly assigned partitions start, given the group's committed offsets (None: not known); one left
+        out starts at its committed offset (``auto_offset_reset`` if none)."""

@@ -178,6 +178,12 @@ class ConfluentClient:
         # brokers down" event, and only a metadata answer (connected(), every 5 s while down) proves one is back.
         return {key: _Batch(messages) for key, messages in batches.items()}
 
+    def pause(self, partitions: list[Partition]) -> None:
+        self.consumer.pause([ck.TopicPartition(*p) for p in partitions])
+
+    def resume(self, partitions: list[Partition]) -> None:
+        self.consumer.resume([ck.TopicPartition(*p) for p in partitions])
+
     def seek(self, partition: Partition, offset: int) -> None:
         self.consumer.seek(ck.TopicPartition(*partition, offset))
 

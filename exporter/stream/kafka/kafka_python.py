@@ -126,6 +126,12 @@ class KafkaPythonClient:
             raise GroupUnsettled(f"{what} for {GROUP_UNSETTLED_SECONDS:g} s while a broker answers; rebuilding the "
                                  "consumer")  # fmt: skip
 
+    def pause(self, partitions: list[Partition]) -> None:
+        self.consumer.pause(*(TopicPartition(*p) for p in partitions))
+
+    def resume(self, partitions: list[Partition]) -> None:
+        self.consumer.resume(*(TopicPartition(*p) for p in partitions))
+
     def seek(self, partition: Partition, offset: int) -> None:
         self.consumer.seek(TopicPartition(*partition), offset)
 

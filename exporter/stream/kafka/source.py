@@ -3,11 +3,19 @@
 It polls batches on its own thread and hands each partition's records to the ingest; it owns where each partition
 starts, what is committed and when, how a reset log is detected, and what a rebalance does (the contract is
 written once, on :class:`~exporter.stream.kafka.client.Rebalance`). What it knows of offsets comes from one
-:class:`OffsetsBook` (the checkpointer): what was counted, what is durable, and how to make it durable.
+:class:`~exporter.stream.kafka.client.OffsetsBook` (the checkpointer): what was counted, what is durable, and how to
+make it durable.
 
 Clients are not thread-safe, so every call into one happens on this thread (or in the rebalance callbacks the
 client runs). Errors that escape the client are counted and the client is rebuilt with a backoff: the source
 never crashes the daemon, and a rebuilt client resumes after the last record counted.
+
+The direct path (``kafka.stages: direct``) counts only what its replica reads, so a subscribed direct replica must
+hold every partition of its topics. One whose first assignment lacks some (another member of its group holds
+them) refuses before it counts a record (``refusal``, then the daemon exits 2); one that loses some later (a
+rebalance long after start) pauses every partition it holds and counts nothing (``shared`` says why: /readyz,
+``fairness_exporter_partitions_shared``) until it holds them all again, and then resumes each one where *it*
+stopped, so its window is never a part of the traffic, whatever another member counted meanwhile.
 """
 
 from __future__ import annotations
@@ -16,11 +24,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 from exporter.config import KafkaConfig
 from exporter.serve.self_metrics import Health, RateLimitedLog
-from exporter.stream.kafka.client import CommitFailed, KafkaClient, Offsets, Partition, Record
+from exporter.stream.kafka.client import CommitFailed, KafkaClient, Offsets, OffsetsBook, Partition, Record
 
 log = logging.getLogger(__name__)
 
@@ -33,35 +40,6 @@ CLOSE_SECONDS = 2.0
 
 Handler = Callable[[Mapping[Partition, Sequence[Record]]], None]
 """Counts what one poll returned, every partition's records at once."""
-
-
-class OffsetsBook(Protocol):
-    """What the source needs to know of offsets, from the one object that keeps them (the checkpointer)."""
-
-    topic_ids: dict[str, str]
-    """The id of each topic the counted offsets belong to; the source keeps it current."""
-
-    def counted(self) -> Offsets:
-        """The next offset after the records counted, per partition: where to resume."""
-
-    def committable(self) -> Offsets:
-        """What may be committed to Kafka: the offsets a durable checkpoint covers (or, without checkpoints, the
-        counted ones)."""
-
-    def flush(self) -> None:
-        """Make what is counted durable now (a checkpoint), so that :meth:`committable` covers it."""
-
-    def forget(self, partitions: list[Partition]) -> None:
-        """These partitions were handed over: no later commit or checkpoint may carry their offsets."""
-
-    def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
-        """These partitions of the topic start again at offset 0 of a new log named ``topic_id`` (None: the broker
-        has no topic ids); a new id also forgets every other offset of the topic. Done under the lock a checkpoint
-        copies the offsets and ids with, so that no checkpoint or commit pairs an old offset with the new log."""
-
-    def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
-        """Where newly assigned partitions start, given the group's committed offsets (None: not known); one left
-        out starts at its committed offset (``auto_offset_reset`` if none)."""
 
 
 def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> KafkaClient:
@@ -86,9 +64,11 @@ class KafkaSource:
     what each poll returned."""
 
     def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
-                 topics: list[str] | None = None, prepare: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 topics: list[str] | None = None, prepare: Callable[[], None] | None = None,
+                 on_refusal: Callable[[str], None] | None = None) -> None:  # fmt: skip
         """``topics``: what to read (default: the events and labels topics); ``prepare`` runs before each new client
-        connects (the staged path creates its internal topics there), and is retried as the client is."""
+        connects (the staged path creates its internal topics there), and is retried as the client is;
+        ``on_refusal(line)``: a subscribed direct replica found another member in its group at start, and stopped."""
         self.kafka = kafka
         self.topics = topics or [t for t in (kafka.topic, kafka.response_topic, kafka.labels_topic) if t]
         self.prepare = prepare
@@ -96,6 +76,16 @@ class KafkaSource:
         self.book = book
         self.health = health
         self.manual = kafka.assignment == "manual"
+        self.whole = kafka.stages == "direct" and not self.manual
+        """A subscribed direct replica: it must hold every partition of its topics, or count nothing."""
+        self.on_refusal = on_refusal
+        self.refusal: str | None = None
+        self.shared: str | None = None
+        """While another member of the group holds some of the topics' partitions: why counting is paused."""
+        self._whole_once = False
+        self._judge_assignment = False  # set by each assignment; judged by the source's thread after the poll
+        self._recreated: set[str] = set()  # topics re-created while the source ran (subscribed): new partitions at 0
+        self._rejoin = False
         self._errors = RateLimitedLog(log)
         self.client: KafkaClient | None = None
         self.assigned_once = threading.Event()
@@ -130,17 +120,62 @@ class KafkaSource:
     def revoked(self, partitions: list[Partition]) -> None:
         self.book.flush()
         self._commit(wait=False)
-        self.book.forget(partitions)
+        if not self.whole:  # a direct replica keeps them: one it gets back resumes where it stopped
+            self.book.forget(partitions)
         self._lag = {p: n for p, n in self._lag.items() if p not in partitions}
         for p in partitions:
             self._committed.pop(p, None)
 
     def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
-        if partitions:
+        if partitions and not self.whole:  # a direct replica is assigned once it knows it holds them all
             self.assigned_once.set()
-        return self.book.starts(partitions, committed)
+        self._judge_assignment = self.whole
+        starts = self.book.starts(partitions, committed)
+        if committed is not None:  # a partition of a re-created topic that nobody counted: none of it to skip
+            starts.update({p: 0 for p in partitions if p[0] in self._recreated and p not in starts | committed})
+        return starts
 
     # --- the consumer thread --------------------------------------------------------------------------------
+
+    def _judge(self, client: KafkaClient) -> None:
+        """A subscribed direct replica after an assignment: count on if it holds every partition of its topics;
+        else refuse if it never held them all (it is the newcomer), or pause everything it holds until it does."""
+        held, every = client.assignment(), set[Partition]()
+        for topic in self.topics:
+            ids = client.partitions(topic)  # [] for a topic that does not exist (now): it has no partition to miss
+            if ids is None:  # no broker answers: judged after the next poll
+                self._judge_assignment = True
+                return
+            every.update((topic, p) for p in ids)
+        if not held and not every:  # nothing known yet
+            self._judge_assignment = True
+            return
+        missing = every - held
+        if not missing:
+            if self.shared is not None:
+                log.warning("this replica holds every partition of %s again: counting resumes where it stopped",
+                            ", ".join(self.topics))  # fmt: skip
+                client.resume(sorted(held))
+            self.shared, self._whole_once = None, True
+            self.health.partitions_shared.set(0)
+            self.assigned_once.set()
+            return
+        why = (f"another member of consumer group {self.kafka.group_id!r} holds {len(missing)} of the {len(every)} "
+               f"partitions of {', '.join(self.topics)}")  # fmt: skip
+        if not self._whole_once:
+            self.refusal = (f"kafka.group_id: {why}: kafka.stages: direct counts what one replica reads, so every "
+                            "model would be split between the replicas; use kafka.stages: staged to run several")
+            self._stop.set()  # the daemon says it, in one line
+            if self.on_refusal is not None:
+                self.on_refusal(self.refusal)
+            return
+        client.pause(sorted(held))
+        if self.shared is None:
+            log.error("%s: counting is paused, so that no window holds a part of the traffic, until this replica "
+                      "holds them all again (run one replica of kafka.stages: direct, or use kafka.stages: staged)",
+                      why)  # fmt: skip
+        self.shared = why
+        self.health.partitions_shared.set(1)
 
     def _client_error(self, name: str, text: str) -> None:
         """What a client retries by itself (a broker down, a refused connection): count and log it."""
@@ -217,6 +252,9 @@ class KafkaSource:
         for p in partitions:
             client.seek(p, 0)
         self._committed = {p: o for p, o in self._committed.items() if p[0] != topic}
+        if not self.manual and topic_id != self.book.topic_ids.get(topic):
+            self._recreated.add(topic)
+            self._rejoin = True
         self.book.restart(topic, topic_id, partitions)
         self.health.log_resets.inc(len(partitions))
 
@@ -257,6 +295,15 @@ class KafkaSource:
 
     def _poll_once(self, client: KafkaClient) -> None:
         batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
+        if self._judge_assignment:
+            self._judge_assignment = False
+            self._judge(client)
+        if batches and (self.shared is not None or self.refusal is not None):  # not counted: read again later
+            held = client.assignment()
+            for partition, records in batches.items():
+                if partition in held:
+                    client.seek(partition, records[0].offset)
+            batches = {}
         if batches:
             same = self._same_logs(client, {t for t, _ in batches})
             if same is None:  # not told which log these records are of: fetch them again later
@@ -292,6 +339,13 @@ class KafkaSource:
                     self.broker_up = True
                     backoff = 1.0
                 self._poll_once(self.client)
+                if self._rejoin:
+                    self._rejoin = False
+                    log.warning("rejoining consumer group %r as a new member, so that it assigns every partition of "
+                                "the re-created topic (a member that rejoins may be handed its old assignment)",
+                                self.kafka.group_id)  # fmt: skip
+                    self._close()
+                    continue
                 now = time.monotonic()
                 if now - last_refresh >= REFRESH_SECONDS:
                     self.broker_up = self.client.connected()
@@ -308,6 +362,9 @@ class KafkaSource:
                 self._close()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+        if self.refusal is not None:  # it counted nothing: nothing to write, and no offset of its to commit
+            self._close()
+            return
         try:
             self.book.flush()
             if self.broker_up:  # committing to a broker that does not answer would only delay the shutdown

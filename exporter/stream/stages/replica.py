@@ -210,7 +210,7 @@ class Stages:
             if task.restoring is not None and lag.get(partition) == 0:
                 self._restored(task, None)
 
-    # --- the offsets book (exporter.stream.kafka.source.OffsetsBook) ----------------------------------------------
+    # --- the offsets book (exporter.stream.kafka.client.OffsetsBook) ----------------------------------------------
 
     def counted(self) -> Offsets:
         """Where each partition's reading has got to (a task's only once it was fetched: a log end cached from an
