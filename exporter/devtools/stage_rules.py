@@ -60,9 +60,9 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
             f"Delayed labels of {job} find no prediction.",
             f"Over the last {LABEL_JOIN_WINDOW}, {{{{ $value | humanizePercentage }}}} of the delayed labels that "
             f"{job} joined or gave up found no prediction within label_horizon, above alerting.max_unjoined_share, "
-            f"for {fors['FairnessExporterLabelJoinBroken']}: the label join is broken (labels and predictions "
-            "meeting on different replicas, or another prediction_id), not late. TPR, FPR and equalised odds miss "
-            "those labels.",
+            f"for {fors['FairnessExporterLabelJoinBroken']}: the label join is broken (labels carrying another "
+            "prediction_id than the predictions, or labels of a model not monitored), not late. TPR, FPR and "
+            "equalised odds miss those labels.",
         ),
         tuned(
             "FairnessExporterPartitionsShared",

@@ -50,16 +50,6 @@ def records_of(records: Sequence[Any]) -> list[Raw]:
             for r in records]  # fmt: skip
 
 
-def splits_pairs(format: str) -> str | None:
-    """Why a replica of the direct path must read every partition of the topic(s) in this format, or None: KServe
-    logs a call's request and response with no key (any partition each) and Seldon on two topics, so a direct
-    replica holding fewer than all partitions would keep halves apart (the refusal of such an assignment asks
-    this; the staged path re-keys halves by call id instead)."""
-    if format == "json":
-        return None
-    return f"events.format {format} joins each call's request and response, which may be on any partition"
-
-
 @dataclass
 class PairJoin:
     """Halves waiting for their partner, by (model, id); bounded in count, and in age by ``horizon`` seconds."""
