@@ -19,6 +19,10 @@ from exporter.core.encoding import attribute_codes, code_table, value_text
 from exporter.stream.decode.events import MAX_PREDICTION_ID_LENGTH, DecodedBatch
 from exporter.stream.decode.route import NO_MODEL_ID, UNCONFIGURED
 
+YEAR_1 = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+YEAR_9999_END = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC).timestamp()
+"""Epoch seconds are a timestamp only within the years an ISO 8601 string can name (1 to 9999)."""
+
 
 def _valid_id(pid: object) -> bool:
     """A prediction id the ground-truth join can hold: None (no join), an int, or a string of bounded length."""
@@ -108,7 +112,7 @@ class OracleDecoder:
                     except ValueError:
                         pass
                 elif t.__class__ is float or t.__class__ is int:
-                    ts = float(t) if isfinite(t) else None
+                    ts = float(t) if isfinite(t) and YEAR_1 <= t <= YEAR_9999_END else None
                 score = get(k_score)
                 if ts is None:
                     reason = "missing_field" if t is None else "invalid_timestamp"
