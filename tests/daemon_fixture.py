@@ -7,9 +7,12 @@ end of the test).
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -103,3 +106,28 @@ def running(client_library: str) -> Iterator[Callable[..., Daemon]]:
 
 def consumed(port: int) -> float:
     return sample(scrape(port), "fairness_exporter_events_consumed_total") or 0.0
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """Daemons a test builds itself and appends here: stopped after the test, whatever its outcome."""
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.stop()
+
+
+@dataclass
+class Replica:
+    """A ``serve`` process started by a test: its port, process and log file."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def page(self) -> dict[tuple[str, frozenset], float]:
+        """Its /metrics samples, or nothing while it does not answer."""
+        try:
+            return scrape(self.port)
+        except OSError:
+            return {}

@@ -27,12 +27,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import daemon_fixture
 import numpy as np
 import orjson
 import pytest
 import yaml
 from broker_fixture import produce
-from daemon_fixture import GROUP_CLIENT, scrape
+from daemon_fixture import GROUP_CLIENT
 from prometheus_fixture import wait_until
 from tooling import missing
 
@@ -45,17 +46,8 @@ COUNTERS = ("fairness_predictions_total", "fairness_labelled_predictions_total")
 SHARED = "fairness_exporter_partitions_shared"
 
 
-@dataclass
-class Replica:
-    port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def page(self) -> dict[tuple[str, frozenset], float]:
-        try:
-            return scrape(self.port)
-        except OSError:
-            return {}
+class Replica(daemon_fixture.Replica):
+    """A direct replica, with its readiness and per-model totals."""
 
     def readyz(self) -> tuple[int, str]:
         try:

@@ -92,16 +92,23 @@ def test_manual_topic_recreated_with_more_partitions_read_from_their_start_even_
     runs with ``auto_offset_reset: latest``. Before: 220 (partition 0 read twice, by two resets); and the new
     partitions started at their end, as ``latest`` says for a partition nothing is known of, though all of them
     appeared after the daemon started."""
-    recreate(kafka_broker, topic, 1)
-    daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
+    daemon = one_partition_then_three(kafka_broker, topic, running, {
         **kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python")["kafka"], "auto_offset_reset": "latest"})
+    assert settled(daemon, topic, 3, 190) == 190
+    assert resets(daemon) == 1
+
+
+def one_partition_then_three(kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon],
+                             kafka: dict) -> Daemon:  # fmt: skip
+    """The topic with one partition and 100 events counted, then deleted and re-created with three, 30 events each."""
+    recreate(kafka_broker, topic, 1)
+    daemon = running(kafka_broker.bootstrap_servers, topic, kafka=kafka)
     wait_for(lambda: daemon.ready()[0], what="assigned")
     fill(kafka_broker, topic, 100, 1, seed=5)
     wait_for(lambda: consumed(daemon.port) == 100, what="100 events before the topic is re-created")
     recreate(kafka_broker, topic, 3)
     fill(kafka_broker, topic, 90, 3, seed=6)
-    assert settled(daemon, topic, 3, 190) == 190
-    assert resets(daemon) == 1
+    return daemon
 
 
 @pytest.mark.parametrize("client_library", ["kafka-python"])
@@ -133,15 +140,9 @@ def test_subscribed_topic_recreated_with_more_partitions_reads_every_new_partiti
     nothing logged but kafka-python's warning: Tansu hands a rejoining member its old assignment, partition 0 alone.
     Now the source rejoins as a new member once it sees the topic's new id, and starts the partitions nobody counted
     at 0, as under manual assignment: 190."""
-    recreate(kafka_broker, topic, 1)
     group = {**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python")["kafka"],
              "assignment": "subscribe", "client": GROUP_CLIENT["kafka-python"], "auto_offset_reset": "latest"}
-    daemon = running(kafka_broker.bootstrap_servers, topic, kafka=group)
-    wait_for(lambda: daemon.ready()[0], what="assigned")
-    fill(kafka_broker, topic, 100, 1, seed=5)
-    wait_for(lambda: consumed(daemon.port) == 100, what="100 events before the topic is re-created")
-    recreate(kafka_broker, topic, 3)
-    fill(kafka_broker, topic, 90, 3, seed=6)
+    daemon = one_partition_then_three(kafka_broker, topic, running, group)
     assert settled(daemon, topic, 3, 190) == 190
     # partition 0 restarts; 1 and 2 too when the group had already assigned them before the new id was seen
     assert 1 <= (resets(daemon) or 0) <= 3

@@ -8,12 +8,10 @@ from __future__ import annotations
 import random
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 import yaml
 from broker_fixture import consume_all, produce
 from daemon_fixture import FAST_RECONNECT, sample, scrape, wait_for
@@ -121,16 +119,8 @@ def bad_payloads() -> list[Record]:
     return out
 
 
-@pytest.fixture
-def running() -> Iterator[list[Daemon]]:
-    daemons: list[Daemon] = []
-    yield daemons
-    for daemon in daemons:
-        daemon.stop()
-
-
 def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_request_id(
-    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon], client_library: str,
+    kafka_broker: EmbeddedBroker, tmp_path: Path, daemons: list[Daemon], client_library: str,
 ) -> None:  # fmt: skip
     topic, labels = f"kserve-{uuid.uuid4().hex[:8]}", f"labels-{uuid.uuid4().hex[:8]}"
     dead = f"dead-{uuid.uuid4().hex[:8]}"
@@ -142,7 +132,7 @@ def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_re
     path = tmp_path / "daemon.yaml"
     path.write_text(yaml.safe_dump(config(kafka_broker.bootstrap_servers, topic, labels, client_library, dead)))
     daemon = Daemon(load_config(path), clock=lambda: T0)
-    running.append(daemon)
+    daemons.append(daemon)
     daemon.start()
     send(kafka_broker.bootstrap_servers, topic, records)
 
@@ -191,7 +181,7 @@ def test_two_inference_services_on_one_topic_count_exactly_and_labels_join_by_re
 
 
 def test_a_restart_between_a_request_and_its_response_still_counts_the_call_once(
-    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon],
+    kafka_broker: EmbeddedBroker, tmp_path: Path, daemons: list[Daemon],
 ) -> None:  # fmt: skip
     topic = f"kserve-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=4)
@@ -214,7 +204,7 @@ def test_a_restart_between_a_request_and_its_response_still_counts_the_call_once
     finally:
         first.stop()  # its final checkpoint holds the 30 halves waiting, and the offsets past them
     second = Daemon(load_config(path), clock=lambda: T0)
-    running.append(second)
+    daemons.append(second)
     second.start()
     send(kafka_broker.bootstrap_servers, topic, requests[20:] + responses[:20])
     wait_for(lambda: sample(scrape(second.port), "fairness_exporter_payload_pairs_joined_total") == 30,

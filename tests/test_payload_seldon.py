@@ -7,11 +7,9 @@ from __future__ import annotations
 import random
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
 import yaml
 from daemon_fixture import FAST_RECONNECT, sample, scrape, wait_for
 from payload_logs import Record, seldon_request, seldon_response, send
@@ -21,16 +19,8 @@ from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 
 
-@pytest.fixture
-def running() -> Iterator[list[Daemon]]:
-    daemons: list[Daemon] = []
-    yield daemons
-    for daemon in daemons:
-        daemon.stop()
-
-
 def test_a_seldon_models_inputs_and_outputs_topics_count_exactly(
-    kafka_broker: EmbeddedBroker, tmp_path: Path, running: list[Daemon], client_library: str,
+    kafka_broker: EmbeddedBroker, tmp_path: Path, daemons: list[Daemon], client_library: str,
 ) -> None:  # fmt: skip
     namespace = f"ns{uuid.uuid4().hex[:6]}"
     inputs, outputs = f"seldon.{namespace}.model.income.inputs", f"seldon.{namespace}.model.income.outputs"
@@ -73,7 +63,7 @@ def test_a_seldon_models_inputs_and_outputs_topics_count_exactly(
     config = load_config(path)
     assert config.kafka.response_topic == outputs
     daemon = Daemon(config)  # the wall clock: Seldon's events are timed by their Kafka timestamps
-    running.append(daemon)
+    daemons.append(daemon)
     daemon.start()
     send(kafka_broker.bootstrap_servers, outputs, responses[:20])  # some responses read before their requests
     send(kafka_broker.bootstrap_servers, inputs, requests)

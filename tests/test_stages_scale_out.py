@@ -34,7 +34,7 @@ import orjson
 import pytest
 import yaml
 from broker_fixture import produce, read_partition
-from daemon_fixture import scrape
+from daemon_fixture import Replica, scrape
 from kafka import KafkaAdminClient, TopicPartition
 from prometheus_fixture import wait_until
 from tooling import missing
@@ -72,19 +72,6 @@ def config(bootstrap: str, topic: str, group: str, port: int, stages: str, libra
             "metrics": metrics, "min_samples": 5, "kafka": kafka, "windows": ["7d"], "bucket": "1d",
             "max_future_skew": "30d", "evaluation_interval": "1s", "listen": {"address": "127.0.0.1", "port": port},
             **({"checkpoint": {"interval": "1s"}} if stages == "staged" else {})}  # fmt: skip
-
-
-@dataclass
-class Replica:
-    port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def page(self) -> dict[tuple[str, frozenset], float]:
-        try:
-            return scrape(self.port)
-        except OSError:
-            return {}
 
 
 @dataclass
