@@ -1,0 +1,125 @@
+"""The staged path's poison batch (issue 31 item 1, ``kafka.stages: staged``) on the real broker, driven poll by
+poll as in tests/test_stages.py: the entry stages bound a unit that raises as the direct path does (3 tries, then
+record by record, a record that fails alone skipped and counted), every other event is counted exactly once
+(a retry re-sends rows at the same positions, which the counts and join tasks skip), and /readyz names the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from test_stages import (
+    INPUT,
+    LABELS,
+    MODELS,
+    T0,
+    daemon,
+    direct_state,
+    events,
+    group,
+    later_labels,
+    live,
+    records,
+    run,
+    staged_config,
+    starts,
+)
+
+from exporter.daemon import Daemon
+from exporter.devtools.embedded_broker import EmbeddedBroker
+from exporter.stream import bounded
+from exporter.stream.stages.entry import EntryStages
+from exporter.stream.state.fleet import Fleet
+
+__all__ = ["group"]  # the fixture
+
+
+def value(d: Daemon, name: str) -> float:
+    return d.registry.get_sample_value(name) or 0.0
+
+
+def ready(d: Daemon) -> Daemon:
+    d.source.assigned_once.set()
+    d.source.broker_up = True
+    d.computer.compute()
+    return d
+
+
+def same_counts(d: Daemon, bootstrap: str, good: list[dict[str, Any]]) -> None:
+    """The staged windows hold exactly what the direct path counts of the good events (and labels), once."""
+    direct = direct_state(bootstrap, [(INPUT, records(good)), (LABELS, records(later_labels(good)))])
+    assert d.stages is not None
+    for model_id in MODELS:
+        ours, theirs = d.stages.fleet.models[model_id].store, direct.fleet.models[model_id].store
+        assert ours.totals.sum() > 0
+        np.testing.assert_array_equal(ours.totals, theirs.totals)
+        np.testing.assert_array_equal(ours.window_counts(T0)["1h"], theirs.window_counts(T0)["1h"])
+
+
+@pytest.fixture
+def no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bounded, "RETRY_SECONDS", 0.0)
+
+
+def test_a_staged_batch_that_raises_is_tried_three_times_then_record_by_record(
+    kafka_broker: EmbeddedBroker, group: str, no_wait: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    d = ready(daemon(staged_config(bootstrap, group)))
+    stages = live(d)
+    real, seen = Fleet.decode, []
+
+    def decode(fleet: Fleet, values: list[bytes], now: float) -> Any:
+        if any(b'"poison"' in v for v in values):
+            seen.append(d.ready())
+            raise MemoryError("injected")
+        return real(fleet, values, now)
+
+    monkeypatch.setattr(Fleet, "decode", decode)
+    good = events(60, seed=31)
+    poison = {**good[0], "prediction_id": "poison", "poison": True}
+    batch = records([*good[:20], poison, *good[20:]])
+    labels = records(later_labels(good))
+    positions = starts(stages)
+    run(stages, bootstrap, [(INPUT, batch), (LABELS, labels)], positions)
+    assert len(seen) == 3 + 1  # three tries of the batch, then the poison record alone
+    assert seen[0] == (True, "serving computed metrics")
+    assert seen[1] == (False, "predictions[0] offsets 0..60 cannot be counted (MemoryError: injected); try 1 of 3, "
+                              "then record by record")  # fmt: skip
+    assert seen[3][1].startswith("predictions[0] offsets 0..60 cannot be counted (MemoryError: injected); try 3 of 3")
+    assert d.ready() == (True, "serving computed metrics")
+    assert value(d, "fairness_exporter_batch_failures_total") == 3
+    assert value(d, "fairness_exporter_records_skipped_total") == 1
+    assert stages.acked[(INPUT, 0)] == 61  # the partition reads on past the skipped record
+    same_counts(d, bootstrap, good)
+
+
+def test_a_staged_retry_after_rows_were_sent_is_skipped_by_the_receivers(
+    kafka_broker: EmbeddedBroker, group: str, no_wait: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit that fails after it sent some models' rows: its retry sends them again at the same positions, and the
+    counts and join tasks skip them (replayed), so every event is counted once and nothing is skipped."""
+    bootstrap = kafka_broker.bootstrap_servers
+    d = ready(daemon(staged_config(bootstrap, group)))
+    stages = live(d)
+    real: Callable[..., list[int]] = EntryStages._to_join
+    calls = []
+
+    def fails_once(self: EntryStages, *args: Any) -> list[int]:
+        calls.append(1)
+        if len(calls) == 2:  # the second model's pending rows, after both models' predictions rows went out
+            raise MemoryError("injected")
+        return real(self, *args)
+
+    monkeypatch.setattr(EntryStages, "_to_join", fails_once)
+    good = events(60, seed=32)
+    positions = starts(stages)
+    run(stages, bootstrap, [(INPUT, records(good)), (LABELS, records(later_labels(good)))], positions)
+    assert value(d, "fairness_exporter_batch_failures_total") == 1
+    assert value(d, "fairness_exporter_records_skipped_total") == 0
+    replayed = d.registry.get_sample_value("fairness_exporter_replayed_rows_total", {"stage": "counts"})
+    assert replayed and replayed > 0  # sent twice, counted once
+    same_counts(d, bootstrap, good)
