@@ -22,6 +22,7 @@ from test_stages import (
     group,
     later_labels,
     live,
+    pump,
     records,
     run,
     staged_config,
@@ -32,6 +33,7 @@ from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.stream import bounded
 from exporter.stream.stages.entry import EntryStages
+from exporter.stream.stages.tasks import CountsTask
 from exporter.stream.state.fleet import Fleet
 
 __all__ = ["group"]  # the fixture
@@ -123,3 +125,51 @@ def test_a_staged_retry_after_rows_were_sent_is_skipped_by_the_receivers(
     replayed = d.registry.get_sample_value("fairness_exporter_replayed_rows_total", {"stage": "counts"})
     assert replayed and replayed > 0  # sent twice, counted once
     same_counts(d, bootstrap, good)
+
+
+def test_a_task_that_cannot_apply_a_record_is_tried_from_its_snapshot_then_stopped_and_named(
+    kafka_broker: EmbeddedBroker, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An internal record a counts task cannot apply (injected for one model's rows) is never dropped: the poll is
+    abandoned and the task restored from its snapshot twice (as the source does after any failure), then the task
+    stops: its model leaves the replica, /readyz names it, the other models are counted."""
+    bootstrap = kafka_broker.bootstrap_servers
+    d = ready(daemon(staged_config(bootstrap, group)))
+    stages = live(d)
+    real = CountsTask.apply
+
+    def fails_on_hiring(task: CountsTask, record: Any, offset: int) -> Any:
+        if record.meta.get("model") == "hiring":
+            raise MemoryError("injected")
+        return real(task, record, offset)
+
+    monkeypatch.setattr(CountsTask, "apply", fails_on_hiring)
+    good = events(60, seed=33)
+    stages.handle_poll({(INPUT, 0): records(good)})
+    topic, target = stages.counts_partition("hiring")
+    assert stages.counts_partition("credit")[1] != target
+    said = []
+    for _ in range(2):
+        with pytest.raises(MemoryError):
+            pump(stages, bootstrap, topic, {target: 0})
+        said.append(d.ready())
+        assert not stages.tasks  # every task dropped: restored from its snapshot at the next assignment
+        live(d)  # what the source's new consumer does
+    pump(stages, bootstrap, topic, {target: 0})  # the third try: the task stops, the poll goes on
+    assert said[0] == (False, f"{topic}[{target}] offset 0 cannot be applied by its counts task (MemoryError: "
+                              "injected); try 1 of 3, each from the task's last snapshot, then the task stops")
+    assert d.ready() == (False, f"{topic}[{target}] offset 0 cannot be applied by its counts task (MemoryError: "
+                                "injected) in 3 tries: the task is stopped, the models hiring are not counted until "
+                                "a restart or another replica takes the partition")  # fmt: skip
+    assert (topic, target) not in stages.tasks and "hiring" not in stages.fleet.models
+    assert value(d, "fairness_exporter_batch_failures_total") == 3
+    assert d.registry.get_sample_value("fairness_exporter_stage_tasks_stopped", {"stage": "counts"}) == 1
+    assert (topic, target) not in stages.committable()  # nothing of it committed past its last snapshot
+    pump(stages, bootstrap, topic, {p: 0 for p in range(stages.topics.counts.partitions) if p != target})
+    direct = direct_state(bootstrap, [(INPUT, records(good))])  # the other model counted exactly
+    ours, theirs = stages.fleet.models["credit"].store, direct.fleet.models["credit"].store
+    assert ours.totals.sum() > 0
+    np.testing.assert_array_equal(ours.totals, theirs.totals)
+    stages.forget([(topic, target)])  # another replica takes it
+    assert d.ready() == (True, "serving computed metrics")
+    assert d.registry.get_sample_value("fairness_exporter_stage_tasks_stopped", {"stage": "counts"}) == 0
