@@ -6,11 +6,15 @@ record by record, a record that fails alone skipped and counted), every other ev
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
+from broker_fixture import produce
+from daemon_fixture import kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
 from test_stages import (
     INPUT,
     LABELS,
@@ -173,3 +177,45 @@ def test_a_task_that_cannot_apply_a_record_is_tried_from_its_snapshot_then_stopp
     stages.forget([(topic, target)])  # another replica takes it
     assert d.ready() == (True, "serving computed metrics")
     assert d.registry.get_sample_value("fairness_exporter_stage_tasks_stopped", {"stage": "counts"}) == 0
+
+
+def test_a_staged_daemon_skips_a_poison_event_and_counts_every_other_once(
+    kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon], client_library: str, no_wait: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The whole staged daemon (a consumer group, the internal topics): a batch whose decoding raises for one event
+    is tried 3 times and then record by record, the poison event is skipped and counted, the 50 events after it are
+    counted once, the input is read once (the consumer is never rebuilt) and /readyz never blames the broker."""
+    real, said = Fleet.decode, []
+    daemons: list[Daemon] = []
+
+    def decode(fleet: Fleet, values: list[bytes], now: float) -> Any:
+        if any(b'"poison"' in v for v in values):
+            said.append(daemons[0].ready())
+            raise MemoryError("injected")
+        return real(fleet, values, now)
+
+    monkeypatch.setattr(Fleet, "decode", decode)
+    bootstrap = kafka_broker.bootstrap_servers
+    poison = orjson.dumps({**orjson.loads(payloads(synthetic_rows(1, seed=1), time.time())[0]), "poison": True})
+    produce(bootstrap, topic, [poison, *payloads(synthetic_rows(50, seed=31), time.time())], partition=0)
+    daemons.append(running(bootstrap, topic, kafka={
+        **kafka_config(bootstrap, topic, client_library)["kafka"], "assignment": "subscribe", "stages": "staged",
+        "internal_topics": {"join": {"partitions": 1}, "counts": {"partitions": 1}}}))  # fmt: skip
+    daemon = daemons[0]
+
+    def counted() -> bool:
+        daemon.computer.compute()
+        return sample(scrape(daemon.port), "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
+                      subgroup="overall") == 50  # fmt: skip
+
+    wait_for(counted, what="the 50 events after the poison event, counted through the internal topics")
+    s = scrape(daemon.port)
+    assert len(said) == 3 + 1  # the batch, never "no Kafka broker answers"
+    assert all(why.startswith(f"{topic}[0] offsets 0..50 cannot be counted (MemoryError: injected); try ")
+               for _, why in said[1:])  # fmt: skip
+    assert sample(s, "fairness_exporter_records_skipped_total") == 1
+    assert sample(s, "fairness_exporter_batch_failures_total") == 3
+    assert sample(s, "fairness_exporter_events_consumed_total") == 51  # read once
+    assert sample(s, "fairness_exporter_consumer_errors_total") == 0
+    assert daemon.ready() == (True, "serving computed metrics")
