@@ -36,6 +36,7 @@ from test_stages import (
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.stream import bounded
+from exporter.stream.kafka.internal_producer import InternalProducer, ProduceFailed
 from exporter.stream.stages.entry import EntryStages
 from exporter.stream.stages.tasks import CountsTask
 from exporter.stream.state.fleet import Fleet
@@ -219,3 +220,43 @@ def test_a_staged_daemon_skips_a_poison_event_and_counts_every_other_once(
     assert sample(s, "fairness_exporter_events_consumed_total") == 51  # read once
     assert sample(s, "fairness_exporter_consumer_errors_total") == 0
     assert daemon.ready() == (True, "serving computed metrics")
+
+
+def test_internal_records_the_broker_refuses_are_sent_again_never_skipped_and_readyz_says_so(
+    kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon], client_library: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The internal producer's failure is not the input's: no record is skipped, the consumer is rebuilt and the
+    stages send again from what was acknowledged (counted once), and /readyz names the failure, not the broker."""
+    real, said = InternalProducer.flush, []
+    daemons: list[Daemon] = []
+
+    def refused_twice(producer: InternalProducer) -> None:
+        said.append(daemons[0].ready() if daemons else None)
+        if len(said) <= 2:
+            producer._pending = []  # what was queued stays unacknowledged: as a broker that refused it
+            raise ProduceFailed("injected")
+        real(producer)
+
+    monkeypatch.setattr(InternalProducer, "flush", refused_twice)
+    bootstrap = kafka_broker.bootstrap_servers
+    produce(bootstrap, topic, payloads(synthetic_rows(50, seed=32), time.time()), partition=0)
+    daemons.append(running(bootstrap, topic, kafka={
+        **kafka_config(bootstrap, topic, client_library)["kafka"], "assignment": "subscribe", "stages": "staged",
+        "internal_topics": {"join": {"partitions": 1}, "counts": {"partitions": 1}}}))  # fmt: skip
+    daemon = daemons[0]
+
+    def counted() -> bool:
+        daemon.computer.compute()
+        return sample(scrape(daemon.port), "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
+                      subgroup="overall") == 50  # fmt: skip
+
+    wait_for(counted, what="the 50 events, sent again after two refusals")
+    s = scrape(daemon.port)
+    assert (False, "handling a poll failed (ProduceFailed: injected); the consumer is rebuilt and reads again from "
+                   "what was acknowledged") in said  # fmt: skip
+    assert not any(r is not None and "no Kafka broker answers" in r[1] for r in said)
+    assert sample(s, "fairness_exporter_records_skipped_total") == 0
+    assert sample(s, "fairness_exporter_batch_failures_total") == 0
+    assert sample(s, "fairness_exporter_consumer_errors_total") >= 1
+    wait_for(lambda: daemon.ready() == (True, "serving computed metrics"), what="ready again")
