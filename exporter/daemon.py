@@ -179,8 +179,9 @@ class Daemon:
                            "(kafka.stages: direct is one replica; use kafka.stages: staged for several)")
         if not self.source.assigned_once.is_set():
             return False, "waiting for Kafka partitions"
-        if self.ingest.failing:  # a batch that raises, tried again: before the source's view, which it clouds
-            return False, self.ingest.failing
+        failing = self.stages.failing if self.stages is not None else self.ingest.failing
+        if failing or (failing := self.source.failing):  # before the broker's view, which a failure clouds
+            return False, failing
         if not self.source.broker_up:
             return False, "no Kafka broker answers"
         if self.computer.latest is None:

@@ -23,7 +23,7 @@ from test_labels_and_checkpoint import T0, Clock, Record, records, value
 
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
-from exporter.stream import ingest
+from exporter.stream import bounded
 from exporter.stream.decode import events as decode_events
 from exporter.stream.state.fleet import Fleet
 from exporter.stream.state.window import WindowStore
@@ -106,7 +106,7 @@ def test_a_timestamp_no_datetime_can_name_is_invalid_before_any_arithmetic(stamp
 
 @pytest.fixture
 def no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ingest, "RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(bounded, "RETRY_SECONDS", 0.0)
 
 
 def test_a_batch_that_raises_is_tried_three_times_then_record_by_record(no_wait: None,

@@ -83,6 +83,7 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterLabelJoinBroken":  Tuning(None, "15m", "warning"),
     # a direct replica shares its consumer group: it counts nothing until it holds every partition again (blind)
     "FairnessExporterPartitionsShared": Tuning(None, "5m",  "critical"),
+    "FairnessExporterStageTaskStopped": Tuning(None, "5m",  "warning"),  # staged: a task stopped on a record
 }
 # fmt: on
 

@@ -1,6 +1,6 @@
-"""The alerts on replicas: the staged path's stages (a model owned by exactly one replica, and stepping), the label
-join of either path, and a direct replica that shares its consumer group; their thresholds, `for:` and severities
-are in the TUNING table of exporter/devtools/rules.py."""
+"""The alerts on replicas: the staged path's stages (a model owned by exactly one replica, and stepping; a task
+stopped), the label join of either path, and a direct replica that shares its consumer group; their thresholds,
+`for:` and severities are in the TUNING table of exporter/devtools/rules.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ OWNED = "fairness_exporter_model_owned"
 
 
 def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The five alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
+    """The six alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
 
     def tuned(name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
         return alert(name, expr, fors[name], tuning[name].severity, summary, description)
@@ -72,5 +72,15 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
             f"partitions of its topics for {fors['FairnessExporterPartitionsShared']}: it counts nothing until it "
             "holds them all again (its windows, detectors and alerts are frozen; /readyz says so), rather than count "
             "a part of every model. Run one direct replica, or kafka.stages: staged for several.",
+        ),
+        tuned(
+            "FairnessExporterStageTaskStopped",
+            "fairness_exporter_stage_tasks_stopped > 0",
+            f"fairness-exporter {label('instance')} stopped {VALUE_0F} {label('stage')} task(s).",
+            f"{label('instance')} has held {VALUE_0F} {label('stage')} partition(s) whose task stopped on an "
+            "internal record it could not apply in 3 tries (each from its last snapshot), for "
+            f"{fors['FairnessExporterStageTaskStopped']}: what they hold is read but never counted (a counts "
+            "partition's models, or the labels and payload halves of a join partition) until a restart or another "
+            "replica takes them. /readyz and the log name each partition, offset and error.",
         ),
     ]

@@ -180,8 +180,14 @@ class StageHealth:
         self.snapshots = Counter("fairness_exporter_state_snapshots",
                                  "Snapshots of join or counts partitions written and acknowledged.", ["stage"],
                                  registry=registry)  # fmt: skip
+        self.stopped = Gauge("fairness_exporter_stage_tasks_stopped",
+                             "Join or counts partitions whose task stopped on an internal record it could not apply "
+                             "in 3 tries (each from its last snapshot): read, never applied, until a restart or "
+                             "another replica takes the partition; /readyz names each.", ["stage"],
+                             registry=registry)  # fmt: skip
         for stage in STAGES:
             self.replayed.labels(stage)
+            self.stopped.labels(stage)
             self.snapshots.labels(stage)
             for result in RESTORE_RESULTS:
                 self.restores.labels(stage, result)

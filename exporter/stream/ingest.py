@@ -14,24 +14,23 @@ under the same lock, so the counts, the join and the offsets stay one step), and
 model's rows.
 
 Nothing a batch holds can stall its partition. One value's failure is its own rejection (exporter/stream/decode/).
-A unit (a poll's predictions, one labels partition's batch) that raises anyway is tried :data:`ATTEMPTS` times,
-then record by record: a record that fails alone too is skipped (dead-lettered with reason ``unhandled``, counted
-in ``fairness_exporter_records_skipped_total``, logged at ERROR), so the partition reads on. While a unit fails,
-:attr:`Ingest.failing` says why (``/readyz``).
+A unit (a poll's predictions, one labels partition's batch) that raises anyway is bounded (exporter/stream/bounded.py,
+the staged path's entry stages' policy too): tried 3 times, then record by record, and a record that fails alone
+is skipped, dead-lettered and counted, so the partition reads on. While a unit fails, :attr:`Ingest.failing` says
+why (``/readyz``).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final
 
 import numpy as np
 
 from exporter.config import Config
 from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.stream.bounded import Bound
 from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
 from exporter.stream.decode.payload import PayloadRows, payload_batches, read_halves, records_of
@@ -41,11 +40,6 @@ from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.label_join import Joined
 
 log = logging.getLogger(__name__)
-ATTEMPTS: Final = 3
-"""Tries of a unit that raises before its records are tried one by one."""
-RETRY_SECONDS: Final = 1.0
-"""The wait before the second try (twice that before the third): a transient failure (memory) may pass."""
-Parts = Sequence[tuple[Partition, Sequence[Record]]]
 
 
 class Ingest:
@@ -60,14 +54,14 @@ class Ingest:
         self.clock = clock
         self.dead_letters = dead_letters
         self.rejections = RateLimitedLog(log)
-        self.failing: str | None = None
-        """Why the unit being handled failed, while it is retried (None otherwise): /readyz names it."""
+        self.bounded = Bound(health, dead_letters, lambda p: fleet.offsets_copy().get(p, -1), fleet.advance_offset)
+        """Handles each unit (a poll's predictions, a labels partition's batch) within the bound."""
         self._rows: dict[str, PayloadRows] = {}
 
     def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
         """Count what one poll returned (the source's handler): the predictions of every partition as one batch, so
         that each model's share of a poll is decoded and counted in one call however many models share the topic;
-        then the ground-truth events. Never raises: see :meth:`bounded`."""
+        then the ground-truth events. Never raises: see :attr:`bounded`."""
         topics = (self.kafka.topic, self.kafka.response_topic)
         predictions = [(partition, records) for partition, records in batches.items()
                        if partition[0] in topics and records]  # fmt: skip
@@ -77,49 +71,10 @@ class Ingest:
             if topic not in topics and records:
                 self.bounded([((topic, partition), records)], lambda parts: self.outcomes(*parts[0][0], parts[0][1]))
 
-    def bounded(self, parts: Parts, handle: Callable[[Parts], None]) -> None:
-        """``handle(parts)``, tried :data:`ATTEMPTS` times, then record by record; a record that fails alone is
-        skipped (:meth:`skip`). A failure after the unit's offsets were recorded (its counting done) is not tried
-        again: it would count the unit twice."""
-        where = ", ".join(f"{t}[{p}] offsets {r[0].offset}..{r[-1].offset}" for (t, p), r in parts)
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                handle(parts)
-            except Exception as exc:
-                self.health.batch_failures.inc()
-                self.failing = f"{where} cannot be counted ({type(exc).__name__}: {exc}); try {attempt} of " \
-                               f"{ATTEMPTS}, then record by record"  # fmt: skip
-                log.error("%s", self.failing, exc_info=attempt == 1)
-                if self._counted(parts):
-                    break
-                if attempt < ATTEMPTS:
-                    time.sleep(RETRY_SECONDS * attempt)
-                continue
-            self.failing = None
-            return
-        if not self._counted(parts):
-            for partition, records in parts:
-                for record in records:
-                    try:
-                        handle([(partition, [record])])
-                    except Exception as exc:
-                        if not self._counted([(partition, [record])]):
-                            self.skip(partition, record, exc)
-        self.failing = None
-
-    def _counted(self, parts: Parts) -> bool:
-        """Whether every partition of the unit has its offset recorded past the unit's last record."""
-        offsets = self.fleet.offsets_copy()
-        return all(offsets.get(partition, -1) > records[-1].offset for partition, records in parts)
-
-    def skip(self, partition: Partition, record: Record, exc: Exception) -> None:
-        """Give up on one record that cannot be counted even alone: dead-letter it, count it, read on."""
-        self.fleet.advance_offset(partition, record.offset + 1)
-        self.health.records_skipped.inc()
-        log.error("%s[%d] offset %d skipped: it cannot be counted (%s: %s)%s", *partition, record.offset,
-                  type(exc).__name__, exc, "; sent to the dead-letter topic" if self.dead_letters else "")  # fmt: skip
-        if self.dead_letters is not None:
-            self.dead_letters.send([(record.value, "unhandled")])
+    @property
+    def failing(self) -> str | None:
+        """Why the unit being handled failed, while it is retried (None otherwise): /readyz names it."""
+        return self.bounded.failing
 
     def handle(self, topic: str, partition: int, records: Sequence[Record]) -> None:
         """Count one partition's batch."""

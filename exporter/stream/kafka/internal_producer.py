@@ -55,7 +55,17 @@ class InternalProducer:
                              client_id=f"fairness-exporter-{kafka.group_id}", **{**known, **SETTINGS["kafka-python"]})
 
     def send(self, topic: str, partition: int, value: bytes, key: bytes | None = None) -> None:
-        """Queue one record for an explicit partition."""
+        """Queue one record for an explicit partition; ProduceFailed if the client refuses it (no broker answers
+        its metadata request, its buffer stays full): the producer's failure, never the input's."""
+        try:
+            self._send(topic, partition, value, key)
+        except ProduceFailed:
+            raise
+        except Exception as exc:
+            raise ProduceFailed(f"an internal record for {topic}[{partition}] could not be queued "
+                                f"({type(exc).__name__}: {exc})") from exc  # fmt: skip
+
+    def _send(self, topic: str, partition: int, value: bytes, key: bytes | None) -> None:
         if self._producer is None:
             self._producer = self._make()
         producer = self._producer

@@ -90,6 +90,9 @@ class KafkaSource:
         self.client: KafkaClient | None = None
         self.assigned_once = threading.Event()
         self.broker_up = False
+        self.failing: str | None = None
+        """Why the last poll's handler raised (None: it did not), until a poll is handled."""
+        self._handler_failed = False
         self._lag: dict[Partition, int] = {}
         self._committed: Offsets = {}
         self._partitions_seen: set[Partition] = set()
@@ -313,7 +316,14 @@ class KafkaSource:
             events = (self.kafka.topic, self.kafka.response_topic)
             self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic in events))
             if kept:
-                self.handle(kept)
+                try:
+                    self.handle(kept)
+                except Exception as exc:  # the handler's failure, not the broker's: /readyz names it
+                    self.failing = f"handling a poll failed ({type(exc).__name__}: {exc}); the consumer is rebuilt " \
+                                   "and reads again from what was acknowledged"  # fmt: skip
+                    self._handler_failed = True
+                    raise
+                self.failing = None
         counted = self.book.counted()
         lag, beyond = {}, []
         for p in client.assignment():
@@ -357,7 +367,9 @@ class KafkaSource:
                     last_commit = now
             except Exception as exc:
                 self.health.consumer_errors.inc()
-                self.broker_up = False
+                if not self._handler_failed:  # the client's failure: the handler's, if any, is not the cause now
+                    self.broker_up, self.failing = False, None
+                self._handler_failed = False
                 log.warning("Kafka consumer error (%s: %s); retrying in %.0fs", type(exc).__name__, exc, backoff)
                 self._close()
                 self._stop.wait(backoff)

@@ -16,16 +16,17 @@ does.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import orjson
 
+from exporter.stream.bounded import Parts
 from exporter.stream.decode.outcomes import decode_outcomes
 from exporter.stream.decode.payload import REFUSED_ROWS, half_json, read_halves, records_of
 from exporter.stream.decode.platforms import Half
 from exporter.stream.ingest import Ingest
-from exporter.stream.kafka.client import Offsets, Partition, Record, newest_timestamp, offsets_of, values_and_next
+from exporter.stream.kafka.client import Offsets, Partition, newest_timestamp, offsets_of, values_and_next
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
 from exporter.stream.stages.records import (
@@ -63,10 +64,12 @@ class EntryStages:
         self._clock_sent: dict[tuple[Partition, int], float] = {}
         """When each join partition last had a labels partition's timestamp (with its labels or alone)."""
 
-    def predictions(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
-        """Decode every input partition's records at once and send each model's rows on; the next offsets."""
+    def predictions(self, parts: Parts, produced: Offsets) -> None:
+        """Decode every input partition's records at once and send each model's rows on; the next offsets go to
+        ``produced`` before the rejects are reported (a failure there is not tried again: they would count twice)."""
         if self.ingest.fleet.events.format != "json":
-            return self.halves(parts)
+            self.halves(parts, produced)
+            return
         values: list[bytes | None] = []
         sources, offsets, ends = [], [], {}
         for i, (partition, records) in enumerate(parts):
@@ -95,10 +98,10 @@ class EntryStages:
                     (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
                 pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}
                 self._to_join(Kind.PENDING, meta, pending, [str(batch.prediction_ids[i]) for i in waiting.tolist()])
+        produced.update(ends)
         ingest.report(decoded, ignored, malformed, 0, ", ".join(f"{t}[{p}]" for t, p in ends))
-        return ends
 
-    def halves(self, parts: list[tuple[Partition, Sequence[Record]]]) -> Offsets:
+    def halves(self, parts: Parts, produced: Offsets) -> None:
         """A payload log's records (``events.format`` kserve or seldon): each read as a half of a call and sent, as
         one HALVES row, to the join partition of its call id, where its partner meets it; a refused one is
         counted and dead-lettered here, and its call id sent on as refused, so that the partner is dropped."""
@@ -136,11 +139,13 @@ class EntryStages:
                          "position": np.array([r[1] for r in mine], dtype=np.int64)}  # fmt: skip
                 for value in encode_rows(Kind.HALVES, meta, table, [r[3] for r in mine]):
                     self.producer.send(topics.join.name, q, value)
+        produced.update(ends)
         self.ingest.report({}, ignored, [], 0, ", ".join(f"{t}[{p}]" for t, p in ends), letters)
-        return ends
 
-    def labels(self, partition: Partition, records: Sequence[Record]) -> int:
-        """Send each decoded label to the join partition of its prediction id; the next offset."""
+    def labels(self, parts: Parts, produced: Offsets) -> None:
+        """Send each decoded label of one labels partition to the join partition of its prediction id; the next
+        offset goes to ``produced``."""
+        ((partition, records),) = parts
         values, end = values_and_next(records)
         fleet = self.ingest.fleet
         decoded = decode_outcomes(values, fleet.events.prediction_id, fleet.events.label)
@@ -156,7 +161,7 @@ class EntryStages:
         written = self._to_join(Kind.LABELS, meta, rows, decoded.prediction_ids)
         if newest is not None:
             self._send_label_time(partition, meta, written)
-        return end
+        produced[partition] = end
 
     def _send_label_time(self, partition: Partition, meta: dict[str, object], written: list[int]) -> None:
         """The labels' timestamp alone to each join partition that has had none of this labels partition's for

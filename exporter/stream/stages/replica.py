@@ -16,6 +16,10 @@ the replicas, and this module handles each record by its topic:
 Exactly once without transactions: every row carries its source position and receivers skip what they applied;
 an input offset is committed once all that was produced before it is acknowledged, and a task's offset once a
 snapshot of its state (written into its own partition) covers it. This object is the source's offsets book.
+
+No input record stalls its partition: the entry stages' units are bounded as the direct path's are
+(exporter/stream/bounded.py; a retry re-sends rows at the same positions, which receivers skip; a failure of the
+internal producer is never skipped); a task never drops a record it cannot apply (stages/failures.py).
 """
 
 from __future__ import annotations
@@ -28,16 +32,19 @@ from collections.abc import Callable, Mapping, Sequence
 
 from exporter.config import Config, ModelSpec
 from exporter.serve.self_metrics import Health, Owned, StageHealth
+from exporter.stream.bounded import Bound
 from exporter.stream.decode.payload import PairJoin
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka import internal_topics
 from exporter.stream.kafka.client import Offsets, Partition, Record
 from exporter.stream.kafka.dead_letters import DeadLetters
-from exporter.stream.kafka.internal_producer import InternalProducer
+from exporter.stream.kafka.internal_producer import InternalProducer, ProduceFailed
 from exporter.stream.stages.entry import EntryStages
+from exporter.stream.stages.failures import TaskFailures
 from exporter.stream.stages.records import Kind, RecordError, decode
+from exporter.stream.stages.records import Record as InternalRecord
 from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack, unpack
-from exporter.stream.stages.tasks import CountsTask, JoinTask, Out, Task
+from exporter.stream.stages.tasks import CountsTask, JoinTask, Out, Task, expire_joins
 from exporter.stream.state.fleet import Changes, Fleet
 from exporter.stream.state.label_join import OutcomeJoin
 
@@ -70,6 +77,9 @@ class Stages:
         """Input and labels partitions: the next offset after what the stages sent on."""
         self.acked: Offsets = {}
         """... after what the broker acknowledged: what may be committed."""
+        self.bounded = Bound(health, dead_letters, lambda p: self.produced.get(p, -1),
+                             lambda p, offset: self.produced.__setitem__(p, offset), (ProduceFailed,))  # fmt: skip
+        self.failures = TaskFailures(health, stage_health)
         self.lag: Callable[[], Mapping[Partition, int]] = dict
         """The source's lag per partition (the daemon sets it): a restoring task that caught up gives up."""
         self.released: Callable[[], None] = lambda: None
@@ -123,12 +133,12 @@ class Stages:
                 events = (self.kafka.topic, self.kafka.response_topic)
                 inputs = [(p, r) for p, r in batches.items() if p[0] in events and r]
                 if inputs:
-                    self.produced.update(self.entry.predictions(inputs))
+                    self.bounded(inputs, lambda parts: self.entry.predictions(parts, self.produced))
                 for partition, records in batches.items():
                     if not records:
                         continue
                     if partition[0] == self.kafka.labels_topic:
-                        self.produced[partition] = self.entry.labels(partition, records)
+                        self.bounded([(partition, records)], lambda parts: self.entry.labels(parts, self.produced))
                     elif partition in self.tasks:
                         self._task_records(self.tasks[partition], records)
                 self._give_up_caught_up()
@@ -140,9 +150,8 @@ class Stages:
             self.health.pending_predictions.set(self._pending())
 
     def _abandon(self) -> None:
-        """After a failure mid-poll (records the broker did not take): the tasks' state is ahead of what was sent,
-        so no snapshot may cover it. Drop every task (restored from its last snapshot at the next assignment) and
-        send the input again from what was acknowledged (the source rebuilds its consumer)."""
+        """After a failure mid-poll, no snapshot may cover the tasks' state: drop every task (restored from its last
+        snapshot at the next assignment), send the input again from what was acknowledged (a new consumer)."""
         for partition in list(self.tasks):
             self._drop(partition)
         self.produced = dict(self.acked)
@@ -169,8 +178,24 @@ class Stages:
                     self._restored(task, whole)
             elif restoring is not None:
                 restoring.buffered.append((offset, record))
-            else:
-                self._send(task.apply(record, offset))
+            elif not self._apply(task, record, offset):
+                return
+
+    failing = property(lambda self: self.bounded.failing or self.failures.failing, doc="Why not all is handled.")
+
+    def _apply(self, task: Task, record: InternalRecord, offset: int) -> bool:
+        """A task applies one internal record and its output is sent; False: the task stopped on it (dropped)."""
+        try:
+            out = task.apply(record, offset)
+        except Exception as exc:
+            held = ", ".join(self.models_of(task.partition[1])) if isinstance(task, CountsTask) else None
+            if not self.failures.failed(task.partition, task.stage, offset, exc, held):
+                raise
+            self._drop(task.partition)
+            return False
+        self.failures.applied(task.partition, offset)
+        self._send(out)
+        return True
 
     # --- restoring a task -----------------------------------------------------------------------------------
 
@@ -196,7 +221,8 @@ class Stages:
         task.covered = restoring.covers
         self._go_live(task)
         for offset, record in restoring.buffered:
-            self._send(task.apply(record, offset))
+            if not self._apply(task, record, offset):
+                return
 
     def _go_live(self, task: Task) -> None:
         if isinstance(task, CountsTask):
@@ -233,6 +259,9 @@ class Stages:
                     if partition in self.acked:
                         starts[partition] = self.acked[partition]
                     continue
+                if partition in self.failures.stopped and committed is not None:  # read, not applied, nothing committed
+                    starts[partition] = committed.get(partition, 0)
+                    continue
                 if committed is None:
                     raise RuntimeError(f"the committed offset of {partition[0]}[{partition[1]}] is not known: its "
                                        "state cannot be restored; the consumer is rebuilt to ask again")
@@ -263,6 +292,7 @@ class Stages:
             for partition in partitions:
                 self.produced.pop(partition, None)
                 self.acked.pop(partition, None)
+                self.failures.forget(partition)
                 self._drop(partition)
 
     def restart(self, topic: str, topic_id: str | None, partitions: list[Partition]) -> None:
@@ -345,30 +375,9 @@ class Stages:
 
     def expire(self) -> None:
         """Give up on predictions and labels older than the label horizon, in every join task held."""
-        given_up: Counter[str] = Counter()
-        unmatched: Counter[str] = Counter()
-        lone = 0
-        behind = 0.0
         with self.lock:
-            for task in self.tasks.values():
-                if isinstance(task, JoinTask) and task.restoring is None:
-                    before = sum(given_up.values())
-                    now = self.clock()
-                    task.join.expire(now, given_up)
-                    responses = task.pairs.expire(now, unmatched) if task.pairs.pending or task.pairs.done else []
-                    lone += len(responses)
-                    task.dirty = task.dirty or sum(given_up.values()) > before or bool(unmatched) or bool(responses)
-                    behind = max(behind, now - task.join.labels_clock(now))
-            pending = self._pending()
-        self.health.pending_predictions.set(pending)
-        self.health.labels_clock_behind.set(behind)  # the furthest behind of this replica's join tasks
-        self.health.count_outcomes(given_up)
-        if unmatched or lone:  # a response with no request ever: a bad payload (counted; its value is not kept)
-            counter = self.health.payload_counters()[1]
-            for reason, n in (+(unmatched + Counter(response_without_request=lone))).items():
-                counter.labels(reason).inc(n)
-            if lone:
-                self.health.rejected.labels("response_without_request").inc(lone)
+            expire_joins(self.tasks.values(), self.health)
+            self.health.pending_predictions.set(self._pending())
 
     def _pending(self) -> int:
         return sum(len(t.join.pending) for t in self.tasks.values() if isinstance(t, JoinTask))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import numpy as np
@@ -323,3 +323,28 @@ class CountsTask(Task):
                     log.warning("model %s was snapshotted under another layout: it starts afresh", model)
                 states[model] = None
         self.fleet.take(states)
+
+
+def expire_joins(tasks: Iterable[Task], health: Health) -> None:
+    """Give up on predictions and labels older than the label horizon, in every live join task of ``tasks``."""
+    given_up: Counter[str] = Counter()
+    unmatched: Counter[str] = Counter()
+    lone = 0
+    behind = 0.0
+    for task in tasks:
+        if isinstance(task, JoinTask) and task.restoring is None:
+            before = sum(given_up.values())
+            now = task.clock()
+            task.join.expire(now, given_up)
+            responses = task.pairs.expire(now, unmatched) if task.pairs.pending or task.pairs.done else []
+            lone += len(responses)
+            task.dirty = task.dirty or sum(given_up.values()) > before or bool(unmatched) or bool(responses)
+            behind = max(behind, now - task.join.labels_clock(now))
+    health.labels_clock_behind.set(behind)  # the furthest behind of this replica's join tasks
+    health.count_outcomes(given_up)
+    if unmatched or lone:  # a response with no request ever: a bad payload (counted; its value is not kept)
+        counter = health.payload_counters()[1]
+        for reason, n in (+(unmatched + Counter(response_without_request=lone))).items():
+            counter.labels(reason).inc(n)
+        if lone:
+            health.rejected.labels("response_without_request").inc(lone)
