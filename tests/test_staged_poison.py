@@ -200,17 +200,9 @@ def test_a_staged_daemon_skips_a_poison_event_and_counts_every_other_once(
     bootstrap = kafka_broker.bootstrap_servers
     poison = orjson.dumps({**orjson.loads(payloads(synthetic_rows(1, seed=1), time.time())[0]), "poison": True})
     produce(bootstrap, topic, [poison, *payloads(synthetic_rows(50, seed=31), time.time())], partition=0)
-    daemons.append(running(bootstrap, topic, kafka={
-        **kafka_config(bootstrap, topic, client_library)["kafka"], "assignment": "subscribe", "stages": "staged",
-        "internal_topics": {"join": {"partitions": 1}, "counts": {"partitions": 1}}}))  # fmt: skip
+    daemons.append(staged_daemon(running, bootstrap, topic, client_library))
     daemon = daemons[0]
-
-    def counted() -> bool:
-        daemon.computer.compute()
-        return sample(scrape(daemon.port), "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
-                      subgroup="overall") == 50  # fmt: skip
-
-    wait_for(counted, what="the 50 events after the poison event, counted through the internal topics")
+    wait_counted(daemon, 50, "the 50 events after the poison event, counted through the internal topics")
     s = scrape(daemon.port)
     assert len(said) == 3 + 1  # the batch, never "no Kafka broker answers"
     assert all(why.startswith(f"{topic}[0] offsets 0..50 cannot be counted (MemoryError: injected); try ")
@@ -241,17 +233,9 @@ def test_internal_records_the_broker_refuses_are_sent_again_never_skipped_and_re
     monkeypatch.setattr(InternalProducer, "flush", refused_twice)
     bootstrap = kafka_broker.bootstrap_servers
     produce(bootstrap, topic, payloads(synthetic_rows(50, seed=32), time.time()), partition=0)
-    daemons.append(running(bootstrap, topic, kafka={
-        **kafka_config(bootstrap, topic, client_library)["kafka"], "assignment": "subscribe", "stages": "staged",
-        "internal_topics": {"join": {"partitions": 1}, "counts": {"partitions": 1}}}))  # fmt: skip
+    daemons.append(staged_daemon(running, bootstrap, topic, client_library))
     daemon = daemons[0]
-
-    def counted() -> bool:
-        daemon.computer.compute()
-        return sample(scrape(daemon.port), "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
-                      subgroup="overall") == 50  # fmt: skip
-
-    wait_for(counted, what="the 50 events, sent again after two refusals")
+    wait_counted(daemon, 50, "the 50 events, sent again after two refusals")
     s = scrape(daemon.port)
     assert (False, "handling a poll failed (ProduceFailed: injected); the consumer is rebuilt and reads again from "
                    "what was acknowledged") in said  # fmt: skip
@@ -260,3 +244,21 @@ def test_internal_records_the_broker_refuses_are_sent_again_never_skipped_and_re
     assert sample(s, "fairness_exporter_batch_failures_total") == 0
     assert sample(s, "fairness_exporter_consumer_errors_total") >= 1
     wait_for(lambda: daemon.ready() == (True, "serving computed metrics"), what="ready again")
+
+
+def staged_daemon(running: Callable[..., Daemon], bootstrap: str, topic: str, client_library: str) -> Daemon:
+    """A whole staged daemon on the topic: a consumer group and internal topics of one partition each."""
+    return running(bootstrap, topic, kafka={
+        **kafka_config(bootstrap, topic, client_library)["kafka"], "assignment": "subscribe", "stages": "staged",
+        "internal_topics": {"join": {"partitions": 1}, "counts": {"partitions": 1}}})  # fmt: skip
+
+
+def wait_counted(daemon: Daemon, n: int, what: str) -> None:
+    """Until the daemon's 1h window shows ``n`` samples overall (computed on demand)."""
+
+    def counted() -> bool:
+        daemon.computer.compute()
+        return sample(scrape(daemon.port), "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
+                      subgroup="overall") == n  # fmt: skip
+
+    wait_for(counted, what=what)
