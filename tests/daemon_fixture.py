@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -131,3 +132,14 @@ class Replica:
             return scrape(self.port)
         except OSError:
             return {}
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    """A daemon's answer on one path: status and body; 0 and the error while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)

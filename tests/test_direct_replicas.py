@@ -19,8 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -50,13 +48,7 @@ class Replica(daemon_fixture.Replica):
     """A direct replica, with its readiness and per-model totals."""
 
     def readyz(self) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-        except OSError as exc:
-            return 0, str(exc)
+        return daemon_fixture.probe(self.port, "/readyz")
 
     def totals(self) -> dict[str, Counter[str]]:
         """Per model: predictions and labelled predictions counted (over one attribute: each event counts once)."""

@@ -13,13 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from daemon_fixture import probe
 from prometheus_fixture import wait_until
 
 from exporter.devtools.embedded_broker import free_port, terminate
@@ -44,19 +43,9 @@ def _serve(config: Path, log: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=log.open("wb"))  # fmt: skip
 
 
-def _get(port: int, path: str = "/healthz") -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
-
-
 def _serving(process: subprocess.Popen[bytes], port: int, log: Path) -> bool:
     assert process.poll() is None, f"the daemon exited {process.returncode}: {log.read_text()[-2000:]}"
-    return _get(port)[0] == 200
+    return probe(port, "/healthz")[0] == 200
 
 
 def _workers_of(pid: int) -> list[int]:
@@ -123,7 +112,7 @@ def orphan(tmp_path: Path) -> Iterator[tuple[int, Path, subprocess.Popen[bytes]]
     listening.close()
     ours.send(("hello", "m1", web_config.resolve(None, None, None), False, 30.0))
     try:
-        wait_until(lambda: _get(port, "/")[0] == 200, 30, "the worker serving its landing page")
+        wait_until(lambda: probe(port, "/")[0] == 200, 30, "the worker serving its landing page")
         stand_in.kill()
         stand_in.wait()
         yield port, config, worker
