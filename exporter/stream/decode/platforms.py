@@ -103,17 +103,27 @@ def _says_gzip(content_type: str | None, encoding: str | None) -> bool:
     return (encoding or "").strip().lower() == "gzip" or "gzip" in (content_type or "").lower()
 
 
+def _parsed(data: bytes | str) -> Any:
+    """A payload's JSON, or the payload refused as ``malformed_payload``."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadPayload("malformed_payload") from exc
+
+
+def _json_object(data: bytes | str) -> dict[str, Any]:
+    """A payload's JSON object (a CloudEvent, KServe's metadata), or the payload refused as ``malformed_payload``."""
+    found = _parsed(data)
+    if found.__class__ is not dict:
+        raise BadPayload("malformed_payload")
+    return found
+
 def _metadata(text: str | None) -> dict[str, Any]:
     """KServe's ``metadata`` extension, the logged request headers ``{"Name": ["value", ...]}``: each header a
     column under its lower-cased name, its first value."""
     if not text or text == "{}":
         return {}
-    try:
-        found = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise BadPayload("malformed_payload") from exc
-    if found.__class__ is not dict:
-        raise BadPayload("malformed_payload")
+    found = _json_object(text)
     return {k.lower(): (v[0] if v else None) if v.__class__ is list else v for k, v in found.items()}
 
 
@@ -134,12 +144,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
         raise BadPayload("malformed_payload")
     content_type = _text(headers.get("content-type"))
     if content_type is not None and content_type.startswith("application/cloudevents+json"):
-        try:
-            event = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise BadPayload("malformed_payload") from exc
-        if event.__class__ is not dict:
-            raise BadPayload("malformed_payload")
+        event = _json_object(value)
         attributes: dict[str, Any] = event
         data_type = event.get("datacontenttype")
         if "data_base64" in event:
@@ -162,10 +167,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
         raise BadPayload("malformed_payload")
     response = kind == RESPONSE_TYPE
     if body.__class__ is bytes:
-        try:
-            body = orjson.loads(_unzip(body, _says_gzip(data_type, encoding)))
-        except orjson.JSONDecodeError as exc:
-            raise BadPayload("malformed_payload") from exc
+        body = _parsed(_unzip(body, _says_gzip(data_type, encoding)))
     rows, columns = _body_columns(body, response)
     model = get("inferenceservicename")
     when = epoch(get("time")) if get("time") is not None else None
@@ -194,11 +196,7 @@ def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic:
     pid = _text(headers.get("x-request-id")) or _text(key)
     columns: Columns = {}
     if as_json:
-        try:
-            body = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise BadPayload("malformed_payload") from exc
-        rows, own = json_body(body, response, columns)
+        rows, own = json_body(_parsed(value), response, columns)
     else:
         rows, own, _ = proto_body(value, response, columns)
     pid = pid or own
