@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from exporter.config import KafkaConfig
-from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.health.counters import Health
+from exporter.health.logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

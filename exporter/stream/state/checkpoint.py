@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from exporter.config import Config, layout, layout_changes
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
 from exporter.stream.kafka.client import Offsets, Partition
 from exporter.stream.state.fleet import Fleet
 
