@@ -193,6 +193,8 @@ class Daemon:
         """Restore the checkpoint, bind the port, compute once, then start the schedule and the consumer."""
         self.computer.references = references(self.config)
         self.checkpointer.restore()
+        if self.ingest.dead_letters is not None:  # settings its producer refuses stop the start here
+            self.ingest.dead_letters.start(self.config.source)
         self._schedule(self.config)
         if self.config.kafka.labels_topic:
             expire = self.stages.expire if self.stages is not None else self.ingest.expire
