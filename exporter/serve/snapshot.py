@@ -13,7 +13,7 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core import estimate
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.window import Detection

@@ -326,7 +326,7 @@ class WindowStore:
                 self.estimate_counts[...] = state["estimate_counts"]
                 self.estimate_totals[...] = state["estimate_totals"]
             self.head = int(state["head"])
-            self.detection = Detection.restore(state, self.detectors, self.totals)
+            self.detection = Detection.restore(state, self.detectors)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
@@ -361,12 +361,10 @@ class Detection:
                    else {})}  # fmt: skip
 
     @classmethod
-    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
-        """The state a checkpoint holds; detectors it lacks start at 0, and a checkpoint without detector state
-        (an older version) starts them at its totals, so the counts before it are not one giant step."""
+    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank) -> Detection:
+        """The state a checkpoint holds (every one has detector state: one without is refused before); detectors
+        it lacks start at 0."""
         state = bank.initial_state()
-        if "detector_keys" not in arrays:
-            return cls(state, totals.copy(), -1, 0)
         index = {key: i for i, key in enumerate(arrays["detector_keys"].tolist())}
         for name in PER_DETECTOR:
             saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
