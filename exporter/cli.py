@@ -1,5 +1,5 @@
-"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``safety``, ``redteam``, ``audit-log verify``,
-``serve``, ``backtest`` and ``demo``."""
+"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``safety``, ``redteam``, ``counterfactual``,
+``audit-log verify``, ``serve``, ``backtest`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from exporter.gate.commands import (
     write_html,
     write_report,
 )
+from exporter.gate.counterfactual.command import add_parser as add_counterfactual
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
 EXTRA_OF_MODULE = {"pandas": "gate", "pyarrow": "gate", "fsspec": "gate"}
@@ -206,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     _suite_flags(redteam)
     _ci_report_flags(redteam)
     redteam.set_defaults(func=cmd_redteam)
+
+    add_counterfactual(sub, audit_log_default, _ci_report_flags)
 
     log = sub.add_parser("audit-log", help="inspect the audit log")
     log_sub = log.add_subparsers(dest="log_command", required=True)

@@ -1,0 +1,277 @@
+"""The counterfactual gate against scripted resume screeners on real OpenAI-compatible HTTP endpoints
+(tests/chat_servers.py, tests/scripted_screener.py): a screener that favours one group's names is failed with its
+flips listed, a fair one passes, unreadable answers are counted and never decide, a storm of 429s, 500s and timeouts
+is retried within the budget and never turns into a pass, and a rerun from the cache makes no call. The false-fail
+and detection rates are measured in-process over 200 seeded runs through the same extractor and statistics."""
+
+from __future__ import annotations
+
+import json
+import threading
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import chat_servers
+import numpy as np
+import pytest
+import scripted_screener
+import yaml
+
+from exporter.cli import main
+from exporter.gate import audit_log
+from exporter.gate.counterfactual import paired
+from exporter.gate.counterfactual.run import judge, plan
+from exporter.gate.counterfactual.suite import load_suite
+
+BIASED = {"female": 0.60, "male": 0.45}
+FAIR = {"female": 0.50, "male": 0.50}
+ITEMS = 200
+GROUP_KEYS = {"asked", "decided", "positive", "unparsed", "selection_rate", "ci_95"}
+PAIR_KEYS = {"groups", "both_positive", "a_only", "b_only", "neither", "mcnemar_p_value"}
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", chat_servers.KEY)
+
+
+@pytest.fixture(scope="module")
+def biased() -> Iterator[chat_servers.ChatServer]:
+    with chat_servers.serve(scripted_screener.screener(BIASED)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fair() -> Iterator[chat_servers.ChatServer]:
+    with chat_servers.serve(scripted_screener.screener(FAIR)) as server:
+        yield server
+
+
+def write_suite(tmp_path: Path, items: int = ITEMS, **extra: object) -> Path:
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(scripted_screener.suite(items, **extra)))
+    return path
+
+
+def counterfactual(capsys: pytest.CaptureFixture[str], tmp_path: Path, suite: Path, server: chat_servers.ChatServer,
+                   *args: str) -> tuple[int, dict, str]:  # fmt: skip
+    code = main(["counterfactual", str(suite), "--target", server.base_url, "--model", chat_servers.MODEL,
+                 "--cache", str(tmp_path / "cache"), "--audit-log", str(tmp_path / "log.jsonl"), *args])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip() else {}, err
+
+
+def test_a_screener_that_favours_womens_names_fails_with_its_flips_listed(
+        tmp_path: Path, biased: chat_servers.ChatServer, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    code, report, err = counterfactual(capsys, tmp_path, write_suite(tmp_path), biased, "--html",
+                                       str(tmp_path / "r.html"), "--junit", str(tmp_path / "junit.xml"))  # fmt: skip
+    assert (code, report["verdict"]) == (1, "FAIL")
+    groups = report["groups"]["gender"]
+    assert set(groups["female"]) == GROUP_KEYS and groups["female"]["asked"] == groups["male"]["asked"] == ITEMS
+    assert groups["female"]["positive"] == 126 and groups["male"]["positive"] == 98
+    assert groups["female"]["unparsed"] == groups["male"]["unparsed"] == 0
+    [pair] = report["pairs"]
+    assert set(pair) >= PAIR_KEYS and pair["groups"] == "female vs male"
+    assert (pair["both_positive"], pair["a_only"], pair["b_only"], pair["neither"]) == (80, 46, 18, 56)
+    assert pair["mcnemar_p_value"] == pytest.approx(0.000617, abs=1e-6) and pair["test"] == "mcnemar_exact"
+    flips = pair["flipped_items"]
+    assert len(flips) == 64 and Counter(f["female"]["decision"] for f in flips) == {True: 46, False: 18}
+    first = flips[0]
+    assert first["female"]["values"]["name"] in scripted_screener.FEMALE and first["male"]["answer"] in ("No.", \
+        "Yes - invite to interview.")  # fmt: skip
+    failed = {r["metric"]: r for r in report["results"] if r["counts_as"] == "blocking"}
+    assert set(failed) == {"disparate_impact_ratio", "demographic_parity_difference"}
+    assert failed["demographic_parity_difference"]["value"] == round((126 - 98) / 200, 4)
+    assert failed["disparate_impact_ratio"]["groups"] == "female vs male"
+    assert report["impact_ratios"]["attributes"]["gender"]["reference_category"] == "female"
+    assert "BLOCKING gender demographic_parity_difference" in err and "46 vs 18 flips" in err
+    page = (tmp_path / "r.html").read_text()
+    assert "Flipped items: female vs male (64)" in page and first["item_text"] in page
+    cases = ET.parse(tmp_path / "junit.xml").getroot().iter("testcase")
+    assert sum(c.find("failure") is not None for c in cases) == 2
+
+
+def test_a_fair_screener_passes_and_the_audit_log_names_target_model_suite_and_answers(
+        tmp_path: Path, fair: chat_servers.ChatServer, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    suite = write_suite(tmp_path)
+    code, report, _ = counterfactual(capsys, tmp_path, suite, fair)
+    assert (code, report["verdict"], report["blocking_failures"]) == (0, "PASS", 0)
+    [pair] = report["pairs"]
+    assert pair["a_only"] + pair["b_only"] > 0  # it flips, both ways alike
+    [record] = audit_log.records(tmp_path / "log.jsonl")
+    assert record["type"] == "counterfactual" and record["verdict"] == "PASS"
+    assert record["target"] == {"url": fair.base_url, "model": chat_servers.MODEL}
+    assert record["suite"]["sha256"] == report["suite_sha256"] and len(record["cache"]["sha256"]) == 64
+    assert audit_log.verify(tmp_path / "log.jsonl").problems == []
+
+
+def test_a_rerun_with_the_cache_makes_no_call_and_judges_the_same_answers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    suite = write_suite(tmp_path, items=60, min_samples=20)
+    with chat_servers.serve(scripted_screener.screener(FAIR)) as server:
+        first_code, first, _ = counterfactual(capsys, tmp_path, suite, server)
+        calls = server.calls
+        code, again, _ = counterfactual(capsys, tmp_path, suite, server)
+    assert calls == first["requests"]["sent"] == 120 and server.calls == calls
+    assert (again["requests"]["sent"], again["requests"]["cached"], again["requests"]["calls"]) == (0, 120, 0)
+    assert code == first_code == 0 and again["cache"]["sha256"] == first["cache"]["sha256"]
+    assert again["groups"] == first["groups"]
+
+
+def test_answers_the_extractor_cannot_read_are_unparsed_and_decide_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with chat_servers.serve(scripted_screener.free_text) as server:
+        code, report, err = counterfactual(capsys, tmp_path, write_suite(tmp_path, items=40), server)
+    assert (code, report["verdict"]) == (1, "FAIL") and "BLOCKING gender unparsed_share female: 1.0" in err
+    for block in report["groups"]["gender"].values():
+        assert block == {"asked": 40, "decided": 0, "positive": 0, "unparsed": 40, "selection_rate": None,
+                         "ci_95": [None, None]}  # fmt: skip
+    [pair] = report["pairs"]
+    assert (pair["both_positive"], pair["a_only"], pair["b_only"], pair["neither"]) == (0, 0, 0, 0)
+    comparisons = [r for r in report["results"] if r["attribute"] == "gender" and r["metric"] != "unparsed_share"]
+    assert {(r["value"], r["status"], r["counts_as"]) for r in comparisons} == {
+        (None, "insufficient_samples", "blocking")}  # fmt: skip
+    shares = [r for r in report["results"] if r["metric"] == "unparsed_share"]
+    assert [(r["groups"], r["value"], r["counts_as"]) for r in shares] == [("female", 1.0, "blocking"),
+                                                                           ("male", 1.0, "blocking")]
+
+
+def storm(plan_of: dict[str, list], every: list | None = None) -> chat_servers.Fault:
+    """Each prompt's calls in turn meet the faults of its plan (by the prompt's user text; ``every`` for the
+    others), then an answer."""
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def fault(request: dict) -> int | float | None:
+        user = request["messages"][-1]["content"]
+        with lock:
+            k = seen[user]
+            seen[user] += 1
+        faults = plan_of.get(user, every or [])
+        return faults[k] if k < len(faults) else None
+
+    return fault
+
+
+def user_texts(suite: Path) -> list[str]:
+    return [q.prompt.messages[-1][1] for q in plan(load_suite(suite, "http://x", "m"))]
+
+
+def test_a_storm_of_429_500_and_timeouts_is_retried_within_the_budget(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    suite = write_suite(tmp_path, items=30, min_samples=10, target={"url": "http://unused", "model": "m",
+                                                                     "timeout": 2.0},
+                        requests={"retries": 3, "backoff_seconds": 0, "concurrency": 8, "max_calls": 184})
+    timeouts = {p: [429, 500, 5.0] for p in user_texts(suite)[:4]}  # the third call of 4 prompts times out
+    with chat_servers.serve(scripted_screener.screener(FAIR), storm(timeouts, [429, 500])) as server:
+        code, report, _ = counterfactual(capsys, tmp_path, suite, server)
+    assert (code, report["verdict"]) == (0, "PASS")
+    assert (report["requests"]["sent"], report["requests"]["calls"], report["requests"]["retries"]) == (60, 184, 124)
+    assert server.calls == 184 and report["requests"]["failed"] == 0
+
+
+def test_a_storm_longer_than_the_retries_never_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = write_suite(tmp_path, items=30, min_samples=10,
+                        requests={"retries": 2, "backoff_seconds": 0, "concurrency": 8})
+    faults = {p: [503, 500, 502] for p in user_texts(suite)[:5]}
+    with chat_servers.serve(scripted_screener.screener(FAIR), storm(faults)) as server:
+        code, report, err = counterfactual(capsys, tmp_path, suite, server)
+    assert (code, report["verdict"]) == (1, "FAIL")
+    [failed] = [r for r in report["results"] if r["metric"] == "failed_requests"]
+    assert (failed["value"], failed["counts_as"], len(failed["errors"])) == (5.0, "blocking", 5)
+    assert "HTTP 502 (retries exhausted after 3 call(s))" in failed["errors"][0]["error"]
+    assert report["groups"]["gender"]["female"]["decided"] + report["groups"]["gender"]["male"]["decided"] == 55
+    with chat_servers.serve(scripted_screener.screener(FAIR), storm({}, [429] * 3)) as server:
+        code, report, err = counterfactual(capsys, tmp_path, write_suite(tmp_path / "..", items=30, min_samples=10,
+                                           requests={"retries": 2, "backoff_seconds": 0}), server)  # fmt: skip
+    assert code == 2 and "no request was answered" in err and server.calls == 180
+
+
+def test_a_budget_the_run_cannot_meet_is_refused_before_any_call(
+        tmp_path: Path, fair: chat_servers.ChatServer, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    before = fair.calls
+    code, _, err = counterfactual(capsys, tmp_path, write_suite(tmp_path), fair, "--max-calls", "399")
+    assert code == 2 and err.count("\n") == 1 and "400 requests are not in the cache" in err
+    assert fair.calls == before
+    record = audit_log.records(tmp_path / "log.jsonl")[-1]
+    assert record["type"] == "counterfactual_error" and record["model_id"] == "resume-screener-llm"
+
+
+def test_retries_share_the_budget_and_stop_when_it_is_spent(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    suite = write_suite(tmp_path, items=30, min_samples=10,
+                        requests={"retries": 5, "backoff_seconds": 0, "concurrency": 1, "max_calls": 70})
+    with chat_servers.serve(scripted_screener.screener(FAIR), storm({}, [429, 429])) as server:
+        code, report, _ = counterfactual(capsys, tmp_path, suite, server)
+    assert server.calls == report["requests"]["calls"] == 70  # 60 first calls and the 10 retries left
+    assert code == 1 and report["requests"]["failed"] == 60 - 5  # 10 retries answered 5 prompts (two each)
+
+
+def test_a_bad_suite_is_one_line_naming_every_field_and_exit_2(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    raw = scripted_screener.suite(10)
+    raw["decision"] = {"pattern": "(yes|no", "positive": "yes"}
+    raw["template"] = "Candidate {name} with pronoun {pronoun}: {item}"
+    raw["metrics"] = [{"name": "disparate_impact_ratio", "threshold": 8}]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code = main(["counterfactual", str(path), "--target", "http://127.0.0.1:9/v1", "--model", "m",
+                 "--audit-log", str(tmp_path / "log.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "decision.pattern: '(yes|no' is not a regular expression" in err
+    assert "leaves slot(s) {pronoun} of the template empty" in err and "metrics[0].threshold: 8" in err
+
+
+def test_the_example_suite_uses_the_shipped_names_and_resumes() -> None:
+    suite = load_suite(Path(__file__).parent.parent / "examples" / "counterfactual-screener.yaml")
+    gender, race = suite.attributes
+    assert [len(v) for v in gender.groups.values()] == [18, 18] and len(suite.items) == 20
+    # item i compares names that differ in the attribute only: a Black woman with a Black man, ...
+    assert [gender.filling(g, 0)["name"] for g in ("female", "male")] == ["Aisha", "Darnell"]
+    assert [race.filling(g, 1)["name"] for g in ("white", "black")] == ["Brad", "Darnell"]
+
+
+def simulate(rates: dict[str, float], runs: int, items: int, tmp_path: Path, **extra: object) -> list[str]:
+    """The verdicts of ``runs`` seeded runs of a scripted screener, answered in-process and judged by the same code
+    (plan, extractor, statistics, gate results) as the HTTP runs."""
+    suite = load_suite(write_suite(tmp_path, items=items, **extra), "http://in-process", "scripted")
+    asked = plan(suite)
+    verdicts = []
+    for seed in range(runs):
+        model = scripted_screener.screener(rates, seed)
+        report = judge(suite, asked, lambda p, m=model: [m("", p.messages[-1][1])])
+        verdicts.append("FAIL" if any(r["counts_as"] == "blocking" for r in report["results"]) else "PASS")
+    return verdicts
+
+
+def test_over_200_seeded_runs_a_fair_screener_fails_at_most_alpha_and_a_biased_one_is_caught(
+        tmp_path: Path) -> None:  # fmt: skip
+    false_fails = simulate(FAIR, 200, ITEMS, tmp_path).count("FAIL") / 200
+    detected = simulate(BIASED, 200, ITEMS, tmp_path).count("FAIL") / 200
+    print(f"fair screener false-fail rate {false_fails:.3f}; 0.60 vs 0.45 detected in {detected:.3f} of runs")
+    assert false_fails <= 0.05
+    assert detected >= 0.85
+
+
+def test_at_50_items_the_point_estimates_alone_fail_a_fair_screener_far_more_often_than_alpha(
+        tmp_path: Path) -> None:  # fmt: skip
+    paired_rule = simulate(FAIR, 200, 50, tmp_path, min_samples=20).count("FAIL") / 200
+    point_rule = simulate(FAIR, 200, 50, tmp_path, min_samples=20, verdict="point_estimate").count("FAIL") / 200
+    print(f"50 items: fair screener false-fail rate {paired_rule:.3f} (paired evidence), {point_rule:.3f} (point "
+          "estimates alone)")
+    assert paired_rule <= 0.05 < 0.15 <= point_rule
+
+
+def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_pairs() -> None:
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    a = np.array([[1]] * 30 + [[1]] * 12 + [[0]] * 3 + [[0]] * 55, dtype=np.int8)
+    b = np.array([[1]] * 30 + [[0]] * 12 + [[1]] * 3 + [[0]] * 55, dtype=np.int8)
+    counts = paired.compare(a, b)
+    assert (counts.both_positive, counts.a_only, counts.b_only, counts.neither) == (30, 12, 3, 55)
+    oracle = mcnemar([[30, 12], [3, 55]], exact=True).pvalue
+    assert counts.p_value == pytest.approx(oracle) and counts.p_value == pytest.approx(0.03515625)
+    assert paired.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
