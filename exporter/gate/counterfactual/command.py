@@ -53,24 +53,21 @@ def cmd_counterfactual(args: argparse.Namespace) -> int:
         write_report,
     )
     from exporter.gate.counterfactual.render import ci_report, counterfactual_html, summary
-    from exporter.gate.counterfactual.run import run_counterfactual
-    from exporter.gate.counterfactual.suite import load_suite
     from exporter.gate.suite import audit_entry
     from exporter.gate.targets.objects import TargetError
 
     facts: dict[str, Any] = {"suite": _file_facts(args.config), "target": {"url": args.target, "model": args.model}}
     if args.max_calls is not None and args.max_calls < 1:
         return _bad_input(args, "counterfactual", f"--max-calls {args.max_calls}: expected a whole number >= 1")
+    loaded: list[Any] = []
     try:
         try:
-            suite = None
-            suite = load_suite(args.config, args.target, args.model)
-            report = run_counterfactual(suite, args.cache, model_version=args.model_version,
-                                        max_calls=args.max_calls)  # fmt: skip
+            report = run_suite(args, loaded)
         except (ConfigError, TargetError, ImportError) as exc:
+            run = loaded[0] if loaded else None
             _log_run("counterfactual", args.audit_log, {
-                "type": "counterfactual_error", "error": str(exc), "model_id": getattr(suite, "model_id", None),
-                "model_version": args.model_version or getattr(suite, "model_version", None), **facts})  # fmt: skip
+                "type": "counterfactual_error", "error": str(exc), "model_id": getattr(run, "model_id", None),
+                "model_version": args.model_version or getattr(run, "model_version", None), **facts})  # fmt: skip
             return _bad_input(args, "counterfactual", str(exc))
         head = _log_run("counterfactual", args.audit_log, audit_entry(
             report, target=report["target"], suite={"file": report["suite_file"], "sha256": report["suite_sha256"]},
@@ -87,3 +84,22 @@ def cmd_counterfactual(args: argparse.Namespace) -> int:
     if args.html and not write_html(Path(args.html), counterfactual_html, report):
         return EXIT_BAD_INPUT
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
+
+
+def run_suite(args: argparse.Namespace, loaded: list[Any]) -> dict[str, Any]:
+    """Load the suite by its kind and run it; its run settings are appended to ``loaded`` once they are valid (the
+    error record of a later failure names its model)."""
+    from exporter.gate.counterfactual.suite import load_suite, suite_kind
+
+    options = {"model_version": args.model_version, "max_calls": args.max_calls}
+    if suite_kind(args.config) == "ambiguous":
+        from exporter.gate.counterfactual.ambiguous import load_ambiguous, run_ambiguous  # scipy: ImportError, exit 2
+
+        ambiguous = load_ambiguous(args.config, args.target, args.model)
+        loaded.append(ambiguous.run)
+        return run_ambiguous(ambiguous, args.cache, **options)
+    from exporter.gate.counterfactual.run import run_counterfactual
+
+    suite = load_suite(args.config, args.target, args.model)
+    loaded.append(suite.run)
+    return run_counterfactual(suite, args.cache, **options)

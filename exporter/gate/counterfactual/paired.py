@@ -17,6 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+try:
+    from scipy.stats import binomtest
+except ImportError as exc:  # the gate's other commands run without it
+    raise ImportError("the counterfactual gate's McNemar test needs scipy: pip install "
+                      "'fairness-exporter[reports]'") from exc  # fmt: skip
+
 POSITIVE, NEGATIVE, UNPARSED, FAILED = 1, 0, -1, -2
 """A decision cell: the extractor's outcome, an answer it could not read, or a request that got no answer."""
 
@@ -45,8 +51,6 @@ class PairCounts:
 def exact_p_value(k: int, m: int) -> float:
     """Two-sided exact binomial test of k successes in m trials at 1/2 (McNemar's exact test when k and m - k are
     the two kinds of discordant pairs); 1 when there is no trial."""
-    from scipy.stats import binomtest
-
     return float(binomtest(k, m, 0.5).pvalue) if m else 1.0
 
 

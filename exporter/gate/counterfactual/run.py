@@ -14,6 +14,7 @@ passes, and neither do unparsed answers over ``unparsed.max_share`` or a request
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,7 +30,7 @@ from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, wilson_interval
 from exporter.gate.counterfactual import paired
 from exporter.gate.counterfactual.calls import Cache, Outcome, Prompt, answers_hash, ask_all
-from exporter.gate.counterfactual.suite import ITEM_SLOT, CfAttribute, Suite, fill
+from exporter.gate.counterfactual.suite import ITEM_SLOT, CfAttribute, Requests, RunSettings, Suite, fill
 from exporter.gate.fairness import ll144
 from exporter.gate.fairness.audit import _results as gate_results
 from exporter.gate.fairness.ll144 import json_float
@@ -52,6 +53,11 @@ class Asked:
     prompt: Prompt
 
 
+def prompt(run: RunSettings, user: str) -> Prompt:
+    """A request's messages: the suite's system prompt (if any), then the filled template."""
+    return Prompt(((("system", run.system_prompt),) if run.system_prompt else ()) + (("user", user),))
+
+
 def plan(suite: Suite) -> list[Asked]:
     """Every request of the run, in a fixed order: per attribute, template, item and group."""
     out = []
@@ -61,8 +67,7 @@ def plan(suite: Suite) -> list[Asked]:
                 for group in a.group_names:
                     values = {**suite.slot_defaults, **a.filling(group, i)}
                     user = fill(template, {**values, ITEM_SLOT: item})
-                    messages = ((("system", suite.system_prompt),) if suite.system_prompt else ()) + (("user", user),)
-                    out.append(Asked(a.name, group, t, i, values, Prompt(messages)))
+                    out.append(Asked(a.name, group, t, i, values, prompt(suite.run, user)))
     return out
 
 
@@ -73,7 +78,7 @@ Answers = Callable[[Prompt], list[str] | None]
 def _decisions(suite: Suite, a: CfAttribute, asked: list[Asked], answers: Answers) -> tuple[dict[str, np.ndarray],
                                                                                              dict[tuple, list[str]]]:
     """Per group, the decision cells of shape (templates x items, samples); and each request's answers."""
-    n = suite.requests.samples
+    n = suite.run.requests.samples
     cells = {g: np.full((len(suite.templates) * len(suite.items), n), paired.FAILED, dtype=np.int8)
              for g in a.group_names}  # fmt: skip
     texts: dict[tuple, list[str]] = {}
@@ -123,20 +128,20 @@ def _flips(suite: Suite, a: CfAttribute, ga: str, gb: str, cells: dict[str, np.n
     return out
 
 
-def _share_rows(suite: Suite, a: CfAttribute, groups: dict[str, Any]) -> list[dict[str, Any]]:
+def share_rows(run: RunSettings, attribute: str, groups: dict[str, Any]) -> list[dict[str, Any]]:
     """Per group, the share of answers the extractor could not read, against ``unparsed.max_share``."""
     out = []
     for g, block in groups.items():
         k, n = block["unparsed"], block["asked"]
         lo, hi = wilson_interval(np.array([k]), np.array([n]))
         value = k / n if n else None
-        passed = value is not None and value <= suite.max_unparsed_share
-        out.append(_row(a.name, UNPARSED_METRIC, g, value, [json_float(lo[0]), json_float(hi[0])],
-                        suite.max_unparsed_share, passed, suite.unparsed_severity, {g: n}))
+        passed = value is not None and value <= run.max_unparsed_share
+        out.append(check_row(attribute, UNPARSED_METRIC, g, value, [json_float(lo[0]), json_float(hi[0])],
+                             run.max_unparsed_share, passed, run.unparsed_severity, {g: n}))
     return out
 
 
-def _row(attribute: str, metric: str, groups: str, value: float | None, ci: list[float | None], threshold: float,
+def check_row(attribute: str, metric: str, groups: str, value: float | None, ci: list[float | None], threshold: float,
          passed: bool, severity: str, samples: dict[str, int]) -> dict[str, Any]:  # fmt: skip
     """A result of the run's own checks, in the gate's result shape."""
     return {"attribute": attribute, "metric": metric, "groups": groups, "dimension": groups,
@@ -147,11 +152,11 @@ def _row(attribute: str, metric: str, groups: str, value: float | None, ci: list
             "support": sum(samples.values())}  # fmt: skip
 
 
-def _counts_as(suite: Suite, r: dict[str, Any], adjusted_p: float) -> str:
+def counts_as(run: RunSettings, r: dict[str, Any], adjusted_p: float) -> str:
     """What a comparison does to the verdict (see the module's docstring)."""
     if r["passed"]:
         return "pass"
-    if suite.verdict == "point_estimate" or r["status"] == "insufficient_samples" or adjusted_p < suite.alpha:
+    if run.verdict == "point_estimate" or r["status"] == "insufficient_samples" or adjusted_p < run.alpha:
         return str(r["severity"])
     return "warning"
 
@@ -159,8 +164,8 @@ def _counts_as(suite: Suite, r: dict[str, Any], adjusted_p: float) -> str:
 def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
     """The report's numbers from the answers: ``groups``, ``pairs``, ``impact_ratios`` and ``results`` (no I/O: the
     simulations call this with scripted answers)."""
-    spec = ModelSpec(model_id=suite.model_id, base_attributes=(), attributes=(), metrics=suite.metrics,
-                     min_samples=suite.min_samples)  # fmt: skip
+    spec = ModelSpec(model_id=suite.run.model_id, base_attributes=(), attributes=(), metrics=suite.metrics,
+                     min_samples=suite.run.min_samples)  # fmt: skip
     groups: dict[str, Any] = {}
     pairs: list[dict[str, Any]] = []
     rows: list[tuple[dict[str, Any], int]] = []  # a comparison's row and the index of its pair
@@ -169,9 +174,9 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
     for a in suite.attributes:
         cells, texts = _decisions(suite, a, [q for q in asked if q.attribute == a.name], answers)
         core = Attribute(a.name, (a.name,), a.group_names, a.pairs)
-        [ev] = evaluate_many([(core, _counts(a, cells))], suite.min_samples)
+        [ev] = evaluate_many([(core, _counts(a, cells))], suite.run.min_samples)
         groups[a.name] = _group_block(a, cells, ev)
-        checks.extend(_share_rows(suite, a, groups[a.name]))
+        checks.extend(share_rows(suite.run, a.name, groups[a.name]))
         decided = sum(g["decided"] for g in groups[a.name].values())
         tables[a.name] = ll144.attribute_table(ev, 0, max(decided, 1))
         first_pair = len(pairs)
@@ -188,62 +193,75 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
     adjusted = paired.holm([p["mcnemar_p_value"] for p in pairs])
     for p, q in zip(pairs, adjusted, strict=True):
         p["p_value_holm"] = q
-        p["differs"] = q < suite.alpha
+        p["differs"] = q < suite.run.alpha
     results = []
     for r, k in rows:
         r["mcnemar_p_value"], r["p_value_holm"] = pairs[k]["mcnemar_p_value"], adjusted[k]
-        r["counts_as"] = _counts_as(suite, r, adjusted[k])
+        r["counts_as"] = counts_as(suite.run, r, adjusted[k])
         results.append(r)
     impact_ratios = {"rate_kind": "selection_rate", "score_median": None, "date_range": None,
                      "small_category_share": ll144.SMALL_CATEGORY_SHARE,
-                     "source": {"file": suite.source, "manifest_sha256": suite.sha256}, "attributes": tables}
+                     "source": {"file": suite.run.source, "manifest_sha256": suite.run.sha256}, "attributes": tables}
     return {"groups": groups, "pairs": pairs, "impact_ratios": impact_ratios, "results": [*results, *checks]}
 
 
 def failed_row(outcome: Outcome, keys: Iterable[str]) -> dict[str, Any]:
     """The run's check that every request got an answer: a request that failed after its retries blocks."""
     failed = sorted({k for k in keys if outcome.answers[k].texts is None})
-    row = _row(RUN_ATTRIBUTE, FAILED_METRIC, "all", float(len(failed)), [None, None], 0.0, not failed, "blocking",
+    row = check_row(RUN_ATTRIBUTE, FAILED_METRIC, "all", float(len(failed)), [None, None], 0.0, not failed, "blocking",
                {"all": len(outcome.answers)})  # fmt: skip
     row["errors"] = [{"request": k, "error": outcome.answers[k].error} for k in failed[:20]]
     return row
+
+
+def ask(run: RunSettings, prompts: list[Prompt], cache_dir: str | Path, max_calls: int | None,
+        target: Any = None) -> tuple[Requests, dict[Prompt, str], Outcome]:  # fmt: skip
+    """Send the prompts (:func:`~exporter.gate.counterfactual.calls.ask_all`) under the suite's request settings,
+    ``max_calls`` (the command line's) over its budget."""
+    assert run.target is not None  # run_settings refuses a suite without one
+    requests = run.requests if max_calls is None else dataclasses.replace(run.requests, max_calls=max_calls)
+    keys, outcome = ask_all(prompts, run.target, requests, Cache(cache_dir), target)
+    return requests, keys, outcome
+
+
+def finish(run: RunSettings, kind: str, judged: dict[str, Any], requests: Requests, keys: dict[Prompt, str],
+           outcome: Outcome, cache_dir: str | Path, model_version: str | None,
+           **facts: Any) -> dict[str, Any]:  # fmt: skip
+    """The JSON report of a run of either kind: what was asked and how, the judged numbers, the verdict."""
+    assert run.target is not None
+    results = [*judged.pop("results"), failed_row(outcome, set(keys.values()))]
+    failed = [r for r in results if r["counts_as"] != "pass"]
+    blocking = [r for r in failed if r["counts_as"] == "blocking"]
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return {
+        "suite": "counterfactual", "kind": kind, "model_id": run.model_id,
+        "model_version": model_version or run.model_version, "timestamp": now,
+        "tool": f"fairness-exporter {__version__}", "suite_file": run.source, "suite_sha256": run.sha256,
+        "target": {"url": run.target.base_url, "model": run.target.model},
+        "cache": {"dir": str(cache_dir), "sha256": answers_hash(outcome.answers)},
+        "requests": {"planned": len(keys), "distinct": len(outcome.answers), "cached": outcome.cached,
+                     "sent": outcome.sent, "calls": outcome.calls, "retries": outcome.retries,
+                     "failed": sum(a.texts is None for a in outcome.answers.values()), "max_calls": requests.max_calls,
+                     "samples": requests.samples, "seed": requests.seed, "temperature": run.target.temperature,
+                     "concurrency": requests.concurrency},
+        **facts,
+        "min_samples": run.min_samples, "alpha": run.alpha, "decision": run.verdict,
+        "total_tests": len(results), "passed": len(results) - len(failed), "failed": len(failed),
+        "blocking_failures": len(blocking), "warning_failures": len(failed) - len(blocking),
+        "insufficient_samples": sum(r["status"] == "insufficient_samples" for r in results),
+        "inconclusive": sum(r["evidence"] == "inconclusive" for r in results),
+        "verdict": "FAIL" if blocking else "PASS",
+        **judged,
+        "results": results,
+    }  # fmt: skip
 
 
 def run_counterfactual(suite: Suite, cache_dir: str | Path, *, model_version: str | None = None,
                        max_calls: int | None = None, target: Any = None) -> dict[str, Any]:  # fmt: skip
     """Ask, read and judge a decision suite against its target; the JSON report. TargetError (exit 2) when the
     budget is too small or the endpoint answers nothing."""
-    assert suite.target is not None  # load_suite refuses a suite without one
-    requests = suite.requests if max_calls is None else type(suite.requests)(**{
-        **suite.requests.__dict__, "max_calls": max_calls})  # fmt: skip
     asked = plan(suite)
-    cache = Cache(cache_dir)
-    keys, outcome = ask_all([q.prompt for q in asked], suite.target, requests, cache, target)
-    report = judge(suite, asked, lambda p: outcome.answers[keys[p]].texts)
-    report["results"].append(failed_row(outcome, set(keys.values())))
-    results = report["results"]
-    failed = [r for r in results if r["counts_as"] != "pass"]
-    blocking = [r for r in failed if r["counts_as"] == "blocking"]
-    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    return {
-        "suite": "counterfactual", "kind": "decision", "model_id": suite.model_id,
-        "model_version": model_version or suite.model_version, "timestamp": now,
-        "tool": f"fairness-exporter {__version__}",
-        "suite_file": suite.source, "suite_sha256": suite.sha256,
-        "target": {"url": suite.target.base_url, "model": suite.target.model},
-        "cache": {"dir": str(cache_dir), "sha256": answers_hash(outcome.answers)},
-        "requests": {"planned": len(asked), "distinct": len(outcome.answers), "cached": outcome.cached,
-                     "sent": outcome.sent, "calls": outcome.calls, "retries": outcome.retries,
-                     "failed": sum(a.texts is None for a in outcome.answers.values()), "max_calls": requests.max_calls,
-                     "samples": requests.samples, "seed": requests.seed, "temperature": suite.target.temperature,
-                     "concurrency": requests.concurrency},
-        "items": len(suite.items), "items_source": suite.items_source, "templates": len(suite.templates),
-        "min_samples": suite.min_samples, "alpha": suite.alpha, "decision": suite.verdict,
-        "total_tests": len(results), "passed": len(results) - len(failed), "failed": len(failed),
-        "blocking_failures": len(blocking), "warning_failures": len(failed) - len(blocking),
-        "insufficient_samples": sum(r["status"] == "insufficient_samples" for r in results),
-        "inconclusive": sum(r["evidence"] == "inconclusive" for r in results),
-        "verdict": "FAIL" if blocking else "PASS",
-        **report,
-    }  # fmt: skip
-
+    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls, target)
+    judged = judge(suite, asked, lambda p: outcome.answers[keys[p]].texts)
+    return finish(suite.run, "decision", judged, requests, keys, outcome, cache_dir, model_version,
+                  items=len(suite.items), items_source=suite.items_source, templates=len(suite.templates))

@@ -79,8 +79,9 @@ class CfAttribute:
 
 
 @dataclass(frozen=True)
-class Suite:
-    """A validated counterfactual suite."""
+class RunSettings:
+    """What both kinds of suite share: the model, the target, how the requests are sent and how the verdict is
+    reached."""
 
     source: str
     sha256: str
@@ -88,6 +89,19 @@ class Suite:
     model_version: str | None
     target: ChatSettings | None
     system_prompt: str | None
+    min_samples: int = 30
+    alpha: float = 0.05
+    verdict: Literal["paired_evidence", "point_estimate"] = "paired_evidence"
+    max_unparsed_share: float = 0.05
+    unparsed_severity: Literal["blocking", "warning"] = "blocking"
+    requests: Requests = field(default_factory=Requests)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A validated decision suite (``kind: decision``, the default)."""
+
+    run: RunSettings
     templates: tuple[str, ...]
     attributes: tuple[CfAttribute, ...]
     items: tuple[str, ...]
@@ -95,12 +109,6 @@ class Suite:
     slot_defaults: dict[str, str]
     decision: Extractor
     metrics: tuple[MetricSpec, ...]
-    min_samples: int = 30
-    alpha: float = 0.05
-    verdict: Literal["paired_evidence", "point_estimate"] = "paired_evidence"
-    max_unparsed_share: float = 0.05
-    unparsed_severity: Literal["blocking", "warning"] = "blocking"
-    requests: Requests = field(default_factory=Requests)
 
 
 def fill(template: str, values: dict[str, str]) -> str:
@@ -310,21 +318,53 @@ def _check_slots(templates: tuple[str, ...], attributes: list[CfAttribute], defa
                        "template empty: give every value of its groups those slots, or set slot_defaults")  # fmt: skip
 
 
-def load_suite(path: str | Path, target: str | None = None, model: str | None = None) -> Suite:
-    """Read and validate a counterfactual suite; ``target`` / ``model`` (the command line's) replace the file's."""
-    path = Path(path)
-    raw = load_yaml_mapping(path)
-    errors = Errors()
-    errors.check_keys("", raw, KEYS)
-    kind = raw.get("kind", "decision")
-    if kind != "decision":
-        errors.add("kind", f"{kind!r}: this file is read as a decision suite (kind: decision); kind: ambiguous "
-                   "suites are read by the ambiguous-context reader")  # fmt: skip
+def run_settings(raw: dict[str, Any], path: Path, errors: Errors, target: str | None,
+                 model: str | None) -> RunSettings:  # fmt: skip
+    """The keys both kinds of suite share (model, target, requests, verdict, unparsed answers), validated."""
     model_id = raw.get("model_id")
     if not isinstance(model_id, str) or not model_id:
         errors.add("model_id", "required, a non-empty string")
     settings, system_prompt = _target(raw.get("target"), errors)
     settings = override_target(settings, target, model, errors)
+    if raw.get("system_prompt") is not None:
+        if not isinstance(raw["system_prompt"], str):
+            errors.add("system_prompt", f"{raw['system_prompt']!r} is not text")
+        system_prompt = str(raw["system_prompt"])
+    unparsed = raw.get("unparsed") or {}
+    if not isinstance(unparsed, dict):
+        errors.add("unparsed", f"{unparsed!r} is not a mapping with max_share, severity_on_fail")
+        unparsed = {}
+    errors.check_keys("unparsed", unparsed, UNPARSED_KEYS)
+    severity = unparsed.get("severity_on_fail", "blocking")
+    if severity not in ("blocking", "warning"):
+        errors.add("unparsed.severity_on_fail", f"{severity!r} is not blocking or warning")
+    verdict = raw.get("verdict", "paired_evidence")
+    if verdict not in VERDICTS:
+        errors.add("verdict", f"{verdict!r} is not one of {', '.join(VERDICTS)}")
+    return RunSettings(
+        source=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), model_id=str(model_id),
+        model_version=None if raw.get("model_version") is None else str(raw["model_version"]),
+        target=settings, system_prompt=system_prompt,
+        min_samples=_number(raw, "min_samples", 30, int, 1, 1_000_000, "", errors),
+        alpha=_number(raw, "alpha", 0.05, float, 1e-6, 0.5, "", errors), verdict=verdict,
+        max_unparsed_share=_number(unparsed, "max_share", 0.05, float, 0, 1, "unparsed.", errors),
+        unparsed_severity=severity, requests=_requests(raw.get("requests"), errors))  # fmt: skip
+
+
+def suite_kind(path: str | Path) -> str:
+    """The ``kind:`` of a suite file: ``decision`` (the default) or ``ambiguous``."""
+    return str(load_yaml_mapping(path).get("kind", "decision"))
+
+
+def load_suite(path: str | Path, target: str | None = None, model: str | None = None) -> Suite:
+    """Read and validate a decision suite; ``target`` / ``model`` (the command line's) replace the file's."""
+    path = Path(path)
+    raw = load_yaml_mapping(path)
+    errors = Errors()
+    errors.check_keys("", raw, KEYS)
+    if raw.get("kind", "decision") != "decision":
+        errors.add("kind", f"{raw['kind']!r} is not decision or ambiguous")
+    run = run_settings(raw, path, errors, target, model)
     base = path.parent
     templates = _templates(raw, errors)
     attributes_raw = raw.get("attributes")
@@ -347,29 +387,10 @@ def load_suite(path: str | Path, target: str | None = None, model: str | None = 
     items, items_source = _items(raw, base, errors)
     extractor = parse_extractor(raw.get("decision"), errors)
     metrics = parse_metrics(raw.get("metrics"), errors.within(""))
-    unparsed = raw.get("unparsed") or {}
-    if not isinstance(unparsed, dict):
-        errors.add("unparsed", f"{unparsed!r} is not a mapping with max_share, severity_on_fail")
-        unparsed = {}
-    errors.check_keys("unparsed", unparsed, UNPARSED_KEYS)
-    severity = unparsed.get("severity_on_fail", "blocking")
-    if severity not in ("blocking", "warning"):
-        errors.add("unparsed.severity_on_fail", f"{severity!r} is not blocking or warning")
-    verdict = raw.get("verdict", "paired_evidence")
-    if verdict not in VERDICTS:
-        errors.add("verdict", f"{verdict!r} is not one of {', '.join(VERDICTS)}")
-    suite = Suite(
-        source=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), model_id=str(model_id),
-        model_version=None if raw.get("model_version") is None else str(raw["model_version"]),
-        target=settings, system_prompt=system_prompt, templates=templates, attributes=tuple(attributes),
-        items=items, items_source=items_source, slot_defaults=defaults, decision=extractor, metrics=tuple(metrics),
-        min_samples=_number(raw, "min_samples", 30, int, 1, 1_000_000, "", errors),
-        alpha=_number(raw, "alpha", 0.05, float, 1e-6, 0.5, "", errors), verdict=verdict,
-        max_unparsed_share=_number(unparsed, "max_share", 0.05, float, 0, 1, "unparsed.", errors),
-        unparsed_severity=severity, requests=_requests(raw.get("requests"), errors))  # fmt: skip
     if errors.lines:
         raise ConfigError(f"{path}: " + "; ".join(errors.lines))
-    return suite
+    return Suite(run=run, templates=templates, attributes=tuple(attributes), items=items, items_source=items_source,
+                 slot_defaults=defaults, decision=extractor, metrics=tuple(metrics))  # fmt: skip
 
 
 def override_target(settings: ChatSettings | None, target: str | None, model: str | None,
