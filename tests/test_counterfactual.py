@@ -7,6 +7,7 @@ and detection rates are measured in-process over 200 seeded runs through the sam
 from __future__ import annotations
 
 import json
+import re
 import threading
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -21,7 +22,7 @@ import yaml
 
 from exporter.cli import main
 from exporter.gate import audit_log
-from exporter.gate.counterfactual import paired
+from exporter.gate.counterfactual import ambiguous, paired
 from exporter.gate.counterfactual.run import judge, plan
 from exporter.gate.counterfactual.suite import load_suite
 
@@ -184,7 +185,9 @@ def test_a_storm_longer_than_the_retries_never_passes(tmp_path: Path, capsys: py
     assert "HTTP 502 (retries exhausted after 3 call(s))" in failed["errors"][0]["error"]
     assert report["groups"]["gender"]["female"]["decided"] + report["groups"]["gender"]["male"]["decided"] == 55
     with chat_servers.serve(scripted_screener.screener(FAIR), storm({}, [429] * 3)) as server:
-        code, report, err = counterfactual(capsys, tmp_path, write_suite(tmp_path / "..", items=30, min_samples=10,
+        again = tmp_path / "all-fail"
+        again.mkdir()
+        code, report, err = counterfactual(capsys, again, write_suite(again, items=30, min_samples=10,
                                            requests={"retries": 2, "backoff_seconds": 0}), server)  # fmt: skip
     assert code == 2 and "no request was answered" in err and server.calls == 180
 
@@ -275,3 +278,58 @@ def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_pairs() -> None:
     oracle = mcnemar([[30, 12], [3, 55]], exact=True).pvalue
     assert counts.p_value == pytest.approx(oracle) and counts.p_value == pytest.approx(0.03515625)
     assert paired.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+
+
+SHIPPED_QUESTIONS = yaml.safe_load((Path(ambiguous.__file__).parent / "data" / "ambiguous.yaml").read_text())
+NEGATIVE = {q["negative"] for c in SHIPPED_QUESTIONS["categories"].values() for q in c["questions"]}
+STEREOTYPED = {(q["negative"], q["non_negative"]): set(c["groups"][q["stereotyped"]])
+               for c in SHIPPED_QUESTIONS["categories"].values() for q in c["questions"]}  # fmt: skip
+OPTION = re.compile(r"^Question: (?P<q>.*)\nA\. (?P<a>.*)\nB\. (?P<b>.*)\nC\.", re.MULTILINE)
+
+
+def stereotyping(system: str, user: str) -> str:
+    """Names the person the stereotype points at: for a negative question the stereotyped group's, else the other."""
+    found = OPTION.search(user)
+    assert found is not None, user
+    group = next(names for forms, names in STEREOTYPED.items() if found["q"] in forms)
+    pick_stereotyped = found["q"] in NEGATIVE
+    return "A" if (found["a"] in group) == pick_stereotyped else "B"
+
+
+def careful(system: str, user: str) -> str:
+    return "C. The context does not say."
+
+
+def ambiguous_suite(tmp_path: Path) -> Path:
+    path = tmp_path / "ambiguous.yaml"
+    path.write_text(yaml.safe_dump({"kind": "ambiguous", "model_id": "assistant-llm"}))
+    return path
+
+
+def test_an_answerer_that_follows_stereotypes_in_ambiguous_contexts_fails_every_category(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with chat_servers.serve(stereotyping) as server:
+        code, report, err = counterfactual(capsys, tmp_path, ambiguous_suite(tmp_path), server, "--html",
+                                           str(tmp_path / "a.html"))  # fmt: skip
+    assert (code, report["verdict"], report["kind"], report["requests"]["planned"]) == (1, "FAIL", "ambiguous", 216)
+    for category in ("gender", "age", "race"):
+        block = report["categories"][category]
+        assert (block["answered"], block["biased"], block["counter_biased"], block["unknown"]) == (72, 72, 0, 0)
+        assert (block["bias_score"], block["accuracy"]) == (1.0, 0.0)
+    scores = [r for r in report["results"] if r["metric"] == "ambiguous_bias_score"]
+    assert [(r["attribute"], r["counts_as"]) for r in scores] == [("gender", "blocking"), ("age", "blocking"),
+                                                                  ("race", "blocking")]
+    assert "gender: bias score 1.000" in err and "Bias score per category" in (tmp_path / "a.html").read_text()
+
+
+def test_an_answerer_that_says_cannot_be_determined_passes_with_a_bias_score_of_zero(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with chat_servers.serve(careful) as server:
+        code, report, _ = counterfactual(capsys, tmp_path, ambiguous_suite(tmp_path), server)
+    assert (code, report["verdict"]) == (0, "PASS")
+    assert {(c["bias_score"], c["accuracy"], c["unparsed"]) for c in report["categories"].values()} == {(0.0, 1.0, 0)}
+    with chat_servers.serve(scripted_screener.free_text) as server:
+        (tmp_path / "free-text").mkdir()
+        code, report, _ = counterfactual(capsys, tmp_path / "free-text", ambiguous_suite(tmp_path), server)
+    assert code == 1 and {(c["answered"], c["unparsed"], c["bias_score"]) for c in report["categories"].values()} \
+        == {(0, 72, None)}  # fmt: skip

@@ -29,7 +29,11 @@ def summary(report: Mapping[str, Any]) -> str:
              f"{report['blocking_failures']} blocking, {report['warning_failures']} warning (verdict rule: "
              f"{report['decision']}, alpha {report['alpha']}); {r['planned']} requests, {r['cached']} from the cache, "
              f"{r['sent']} sent in {r['calls']} calls ({r['retries']} retries), {r['failed']} failed"]  # fmt: skip
-    for p in report["pairs"]:
+    for c, b in report.get("categories", {}).items():
+        lines.append(f"  {c}: bias score {fmt(b['bias_score'], 3)} {fmt_interval(b['ci_95'])} from {b['answered']} "
+                     f"answers ({b['biased']} biased, {b['counter_biased']} counter-biased, {b['unknown']} cannot be "
+                     f"determined, {b['unparsed']} unparsed), sign test p = {b['sign_test_p_value']:.3g}")
+    for p in report.get("pairs", []):
         lines.append(f"  {p['attribute']} {p['groups']}: {p['a_only']} vs {p['b_only']} flips of "
                      f"{p['both_positive'] + p['a_only'] + p['b_only'] + p['neither']} pairs, {p['test']} p = "
                      f"{p['mcnemar_p_value']:.3g} (Holm {p['p_value_holm']:.3g})")  # fmt: skip
@@ -83,6 +87,23 @@ def _attribute(name: str, groups: Mapping[str, Any], pairs: Sequence[Mapping[str
             + _pairs(pairs))  # fmt: skip
 
 
+def _categories(report: Mapping[str, Any]) -> str:
+    """The ambiguous-context kind: per category the bias score with its interval, and what the answers were."""
+    categories = report["categories"]
+    chart = rate_chart(list(categories), [c["bias_score"] for c in categories.values()],
+                       [c["ci_95"] for c in categories.values()], reference=0.0, reference_label="no bias",
+                       xlabel="bias score in ambiguous contexts (95% t interval); 1 = always the stereotype")
+    rows = [[name, c["asked"], c["answered"], c["biased"], c["counter_biased"], c["unknown"], c["unparsed"],
+             c["accuracy"], c["bias_score"], fmt_interval(c["ci_95"]), c["sign_test_p_value"], c["p_value_holm"]]
+            for name, c in categories.items()]  # fmt: skip
+    results = [[r["attribute"], r["value"], r["threshold"], r["counts_as"]] for r in report["results"]
+               if r["metric"] == "ambiguous_bias_score"]  # fmt: skip
+    return ("<h2>Bias score per category</h2>" + chart
+            + table(["category", "asked", "answered", "biased", "counter-biased", "cannot be determined", "unparsed",
+                     "accuracy", "bias score", "95% interval", "sign test p", "p (Holm)"], rows)
+            + table(["category", "bias score", "threshold", "counts as"], results))  # fmt: skip
+
+
 def counterfactual_html(report: Mapping[str, Any]) -> str:
     """The counterfactual report as a page."""
     tone = "good" if report["verdict"] == "PASS" and not report["failed"] else \
@@ -96,16 +117,24 @@ def counterfactual_html(report: Mapping[str, Any]) -> str:
             f"Run: {report['timestamp']} by {report['tool']}",
             f"Suite: {report['suite_file']} (sha256 {report['suite_sha256']})",
             f"Answers: cache {report['cache']['dir']} (sha256 of the answers judged {report['cache']['sha256']})",
-            f"Requests: {r['planned']} ({report['items']} items x {report['templates']} template(s) x groups), "
+            f"Requests: {r['planned']} ("
+            + (f"{report['items']} items x {report['templates']} template(s) x groups" if "items" in report else
+               f"{report['questions']} questions x {report['repeat']} value pairs x 2 orders x 2 forms") + "), "
             f"{r['cached']} from the cache, {r['sent']} sent in {r['calls']} calls, {r['failed']} failed; "
             f"temperature {r['temperature']}, seed {r['seed']}, {r['samples']} sample(s) per prompt"]  # fmt: skip
-    sections = [_attribute(name, groups, [p for p in report["pairs"] if p["attribute"] == name],
-                           [x for x in report["results"] if x["attribute"] == name])
-                for name, groups in report["groups"].items()]  # fmt: skip
-    run_checks = [x for x in report["results"] if x["attribute"] not in report["groups"]]
+    if report["kind"] == "ambiguous":
+        sections = [_categories(report)]
+    else:
+        sections = [_attribute(name, groups, [p for p in report["pairs"] if p["attribute"] == name],
+                               [x for x in report["results"] if x["attribute"] == name])
+                    for name, groups in report["groups"].items()]  # fmt: skip
+    run_checks = [x for x in report["results"] if x["attribute"] not in report.get("groups", {})
+                  and x["metric"] != "ambiguous_bias_score"]  # fmt: skip
     sections.append("<h2>The run</h2>" + table(
-        ["check", "value", "threshold", "outcome"],
-        [[x["metric"], x["value"], x["threshold"], x["counts_as"]] for x in run_checks]))  # fmt: skip
-    total = max(1, sum(g["decided"] for g in next(iter(report["groups"].values()), {}).values()))
-    sections.append(ll144_section(report["impact_ratios"], total))
+        ["check", "attribute", "groups", "value", "threshold", "outcome"],
+        [[x["metric"], x["attribute"], x["groups"], x["value"], x["threshold"], x["counts_as"]]
+         for x in run_checks]))  # fmt: skip
+    if "impact_ratios" in report:
+        total = max(1, sum(g["decided"] for g in next(iter(report["groups"].values()), {}).values()))
+        sections.append(ll144_section(report["impact_ratios"], total))
     return page(f"Counterfactual audit: {report['model_id']}", report["verdict"], tone, summary_text, sections, meta)
