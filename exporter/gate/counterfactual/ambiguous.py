@@ -27,8 +27,9 @@ from exporter.config.toolkit import Errors
 from exporter.core.fairness import t_interval
 from exporter.gate.counterfactual import paired
 from exporter.gate.counterfactual.calls import Prompt
+from exporter.gate.counterfactual.names import SHIPPED_PREFIX, read_text_file
 from exporter.gate.counterfactual.run import ask, check_row, counts_as, finish, prompt, share_rows
-from exporter.gate.counterfactual.suite import SHIPPED_PREFIX, RunSettings, read_text_file, run_settings
+from exporter.gate.counterfactual.suite import RunSettings, run_settings
 from exporter.gate.fairness.ll144 import json_float
 from exporter.gate.suite import load_yaml_mapping
 

@@ -9,14 +9,11 @@ additions beside them (docs/ml/counterfactual.md lists them all).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
-import io
 import itertools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -25,14 +22,10 @@ from exporter.config.sections_model import parse_metrics
 from exporter.config.toolkit import Errors
 from exporter.config.types import MetricSpec
 from exporter.gate.counterfactual.extract import Extractor, parse_extractor
+from exporter.gate.counterfactual.names import name_list, read_text_file
 from exporter.gate.suite import load_yaml_mapping
 from exporter.gate.targets.chat import ChatSettings, parse_target
 
-DATA = resources.files("exporter.gate.counterfactual") / "data"
-NAME_LISTS: Final = {"bertrand-mullainathan-2004": "names-bertrand-mullainathan-2004.csv"}
-"""Shipped name lists (``names: {list: ...}``); data/PROVENANCE.md says where each comes from and its licence."""
-SHIPPED_PREFIX: Final = "shipped:"
-"""``items_file: shipped:resumes.txt`` (and ``questions_file`` of the ambiguous kind) names a file shipped in data/."""
 SLOT: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """A slot of a template: ``{name}``. Braces around anything else (a JSON example in the prompt) are left alone."""
 ITEM_SLOT: Final = "item"
@@ -116,65 +109,6 @@ def fill(template: str, values: dict[str, str]) -> str:
     return SLOT.sub(lambda m: values.get(m.group(1), m.group(0)), template)
 
 
-def shipped_text(name: str) -> str:
-    """A file shipped in data/ (``shipped:resumes.txt``)."""
-    return (DATA / name).read_text(encoding="utf-8")
-
-
-def read_text_file(value: str, base: Path, where: str, errors: Errors) -> str | None:
-    """A user's file (relative to the suite's folder) or a shipped one (``shipped:NAME``); None after an error."""
-    if value.startswith(SHIPPED_PREFIX):
-        name = value[len(SHIPPED_PREFIX):]
-        shipped = sorted(p.name for p in DATA.iterdir() if p.name != "PROVENANCE.md")
-        if name not in shipped:
-            errors.add(where, f"{value!r}: no such shipped file (shipped: {', '.join(shipped)})")
-            return None
-        return shipped_text(name)
-    path = base / value
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        errors.add(where, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
-        return None
-
-
-def _name_list(raw: Any, slot: str | None, base: Path, where: str, errors: Errors) -> dict[str, list[str]]:
-    """``names: {list: bertrand-mullainathan-2004 | file: PATH, by: gender | race}``: the first names of each value of
-    the ``by`` column, ordered so that position i holds the same values of the other columns in every group (item
-    i then compares, say, a White woman's name with a Black woman's)."""
-    if not isinstance(raw, dict) or set(raw) - {"list", "file", "by"} or ("list" in raw) == ("file" in raw):
-        errors.add(where, f"{raw!r} is not {{list: NAME or file: PATH, by: COLUMN}} (lists: {', '.join(NAME_LISTS)})")
-        return {}
-    if slot is None:
-        errors.add(where, "a name list fills one slot: give the attribute a slot (e.g. slot: name)")
-    if "list" in raw:
-        if raw["list"] not in NAME_LISTS:
-            errors.add(f"{where}.list", f"{raw['list']!r} is not a shipped list ({', '.join(NAME_LISTS)})")
-            return {}
-        text: str | None = shipped_text(NAME_LISTS[raw["list"]])
-    else:
-        text = read_text_file(str(raw["file"]), base, f"{where}.file", errors)
-    if text is None:
-        return {}
-    rows = list(csv.DictReader(io.StringIO(text)))
-    columns = list(rows[0]) if rows else []
-    by = raw.get("by")
-    if "first_name" not in columns or by not in columns or by == "first_name":
-        errors.add(where, f"by: {by!r}: the list needs a first_name column and the by column; it has {columns}")
-        return {}
-    others = [c for c in columns if c not in ("first_name", by)]
-    groups: dict[str, dict[tuple[str, ...], list[str]]] = {}
-    for row in rows:
-        groups.setdefault(row[by], {}).setdefault(tuple(row[c] for c in others), []).append(row["first_name"])
-    cells = sorted({cell for g in groups.values() for cell in g})
-    out = {}
-    for group, by_cell in groups.items():
-        # interleave the cells (female, male, female, ...) in one order for every group
-        columns_of_names = [by_cell.get(cell, []) for cell in cells]
-        out[group] = [n for row in itertools.zip_longest(*columns_of_names) for n in row if n is not None]
-    return out
-
-
 def _attribute(path: str, item: dict[str, Any], base: Path, errors: Errors) -> CfAttribute | None:
     name, slot = item.get("name"), item.get("slot")
     if not isinstance(name, str) or not name:
@@ -186,7 +120,7 @@ def _attribute(path: str, item: dict[str, Any], base: Path, errors: Errors) -> C
     if ("groups" in item) == ("names" in item):
         errors.add(path, "give either groups: {group: [values]} or names: {list: ..., by: ...}")
         return None
-    raw_groups = item["groups"] if "groups" in item else _name_list(item["names"], slot, base, f"{path}.names",
+    raw_groups = item["groups"] if "groups" in item else name_list(item["names"], slot, base, f"{path}.names",
                                                                      errors)  # fmt: skip
     if not isinstance(raw_groups, dict) or len(raw_groups) < 2:
         errors.add(f"{path}.groups", f"{raw_groups!r} is not a mapping of at least two groups to their values")
