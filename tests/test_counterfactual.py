@@ -21,8 +21,10 @@ import scripted_screener
 import yaml
 
 from exporter.cli import main
+from exporter.config.toolkit import Errors
 from exporter.gate import audit_log
 from exporter.gate.counterfactual import ambiguous, paired
+from exporter.gate.counterfactual.extract import Extractor, parse_extractor
 from exporter.gate.counterfactual.run import judge, plan
 from exporter.gate.counterfactual.suite import load_suite
 
@@ -333,3 +335,53 @@ def test_an_answerer_that_says_cannot_be_determined_passes_with_a_bias_score_of_
         code, report, _ = counterfactual(capsys, tmp_path / "free-text", ambiguous_suite(tmp_path), server)
     assert code == 1 and {(c["answered"], c["unparsed"], c["bias_score"]) for c in report["categories"].values()} \
         == {(0, 72, None)}  # fmt: skip
+
+
+def extractor(raw: dict) -> Extractor:
+    errors = Errors()
+    out = parse_extractor(raw, errors)
+    assert errors.lines == []
+    return out
+
+
+def test_the_extractor_reads_a_named_outcome_or_a_json_field_and_nothing_else() -> None:
+    regex = extractor({"pattern": r"^\W*(yes|no)\b", "positive": "yes"})
+    assert [regex.decide(t) for t in ("Yes.", "**no** - too junior", "I would say yes", "")] == [True, False, None,
+                                                                                                 None]
+    strict = extractor({"pattern": r"decision: (\w+)", "positive": ["invite", "shortlist"], "negative": "reject"})
+    assert [strict.decide(t) for t in ("decision: Shortlist", "decision: reject", "decision: maybe")] == [True, False,
+                                                                                                          None]
+    field = extractor({"json_field": "result.invite", "positive": True})
+    answers = ['```json\n{"result": {"invite": true, "why": "SQL"}}\n```', '{"result": {"invite": false}}',
+               '{"result": {}}', "Sure! I think they should be invited.", '{"result": {"invite": tru']
+    assert [field.decide(t) for t in answers] == [True, False, None, None, None]
+
+
+def test_n_samples_per_prompt_are_asked_in_one_request_and_tested_item_by_item(
+        tmp_path: Path, biased: chat_servers.ChatServer, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    before = len(biased.requests)
+    suite = write_suite(tmp_path, items=40, min_samples=20, requests={"samples": 3, "seed": 11})
+    code, report, _ = counterfactual(capsys, tmp_path, suite, biased)
+    sent = biased.requests[before:]
+    assert len(sent) == 80 and {(r["n"], r["seed"], r["temperature"]) for r in sent} == {(3, 11, 0.0)}
+    assert report["groups"]["gender"]["female"]["asked"] == 120 and report["pairs"][0]["test"] == "sign_test_by_item"
+    [pair] = report["pairs"]
+    assert (pair["both_positive"], pair["a_only"], pair["b_only"], pair["neither"]) == (51, 21, 3, 45)
+    # the screener answers the same 3 times: 7 items against 1, not 21 answers against 3 independent ones
+    assert pair["mcnemar_p_value"] == pytest.approx(2 * 9 / 256)
+    # so the point estimates' failure (0.60 vs 0.45) is not confirmed at 40 items: a warning, exit 0
+    assert code == 0 and {r["counts_as"] for r in report["results"] if r["attribute"] == "gender" and
+                          r["metric"] != "unparsed_share"} == {"warning"}
+
+
+def test_items_and_names_come_from_the_users_files(tmp_path: Path) -> None:
+    (tmp_path / "applications.txt").write_text("Loan for a bakery, 3 years trading\n\nLoan for a van, new business\n")
+    (tmp_path / "names.csv").write_text("first_name,gender\nMaria,female\nJose,male\nAna,female\nLuis,male\n")
+    raw = scripted_screener.suite(1, items_file="applications.txt")
+    del raw["items"]
+    raw["attributes"] = [{"name": "gender", "slot": "name", "names": {"file": "names.csv", "by": "gender"}}]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    suite = load_suite(tmp_path / "s.yaml", "http://127.0.0.1:1/v1", "m")
+    assert suite.items == ("Loan for a bakery, 3 years trading", "Loan for a van, new business")
+    assert suite.attributes[0].groups == {"female": ({"name": "Maria"}, {"name": "Ana"}),
+                                          "male": ({"name": "Jose"}, {"name": "Luis"})}
