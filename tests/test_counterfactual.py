@@ -385,3 +385,14 @@ def test_items_and_names_come_from_the_users_files(tmp_path: Path) -> None:
     assert suite.items == ("Loan for a bakery, 3 years trading", "Loan for a van, new business")
     assert suite.attributes[0].groups == {"female": ({"name": "Maria"}, {"name": "Ana"}),
                                           "male": ({"name": "Jose"}, {"name": "Luis"})}
+
+
+def test_the_docs_suite_loads(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "ml" / "counterfactual.md").read_text()
+    block = re.search(r"test_the_docs_suite_loads[^\n]*\n```yaml\n(.*?)```", page, re.DOTALL)
+    assert block is not None
+    (tmp_path / "suite.yaml").write_text(block.group(1))
+    suite = load_suite(tmp_path / "suite.yaml")
+    assert suite.run.target is not None and suite.run.target.base_url == "http://127.0.0.1:8000/v1"
+    assert [m.name for m in suite.metrics] == ["disparate_impact_ratio", "demographic_parity_difference"]
+    assert suite.attributes[0].filling("male", 4) == {"name": "Brad"}  # item 4 takes the 4th value, cycling
