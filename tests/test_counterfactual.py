@@ -69,7 +69,8 @@ def counterfactual(capsys: pytest.CaptureFixture[str], tmp_path: Path, suite: Pa
 def test_a_screener_that_favours_womens_names_fails_with_its_flips_listed(
         tmp_path: Path, biased: chat_servers.ChatServer, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     code, report, err = counterfactual(capsys, tmp_path, write_suite(tmp_path), biased, "--html",
-                                       str(tmp_path / "r.html"), "--junit", str(tmp_path / "junit.xml"))  # fmt: skip
+                                       str(tmp_path / "r.html"), "--junit", str(tmp_path / "junit.xml"),
+                                       "--summary-md", str(tmp_path / "summary.md"))  # fmt: skip
     assert (code, report["verdict"]) == (1, "FAIL")
     groups = report["groups"]["gender"]
     assert set(groups["female"]) == GROUP_KEYS and groups["female"]["asked"] == groups["male"]["asked"] == ITEMS
@@ -94,6 +95,7 @@ def test_a_screener_that_favours_womens_names_fails_with_its_flips_listed(
     assert "Flipped items: female vs male (64)" in page and first["item_text"] in page
     cases = ET.parse(tmp_path / "junit.xml").getroot().iter("testcase")
     assert sum(c.find("failure") is not None for c in cases) == 2
+    assert (tmp_path / "summary.md").read_text().startswith("### ❌ counterfactual: FAIL — resume-screener-llm")
 
 
 def test_a_fair_screener_passes_and_the_audit_log_names_target_model_suite_and_answers(
@@ -396,3 +398,16 @@ def test_the_docs_suite_loads(tmp_path: Path) -> None:
     assert suite.run.target is not None and suite.run.target.base_url == "http://127.0.0.1:8000/v1"
     assert [m.name for m in suite.metrics] == ["disparate_impact_ratio", "demographic_parity_difference"]
     assert suite.attributes[0].filling("male", 4) == {"name": "Brad"}  # item 4 takes the 4th value, cycling
+
+
+def test_a_wrong_key_or_model_stops_the_run_in_one_line_with_exit_2(
+        tmp_path: Path, fair: chat_servers.ChatServer, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    suite = write_suite(tmp_path, items=40)
+    code, _, err = counterfactual(capsys, tmp_path, suite, fair, "--model", "no-such-model")
+    assert code == 2 and err.count("\n") == 1 and "NotFoundError" in err
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+    code, _, err = counterfactual(capsys, tmp_path, suite, fair)
+    assert code == 2 and err.count("\n") == 1 and "AuthenticationError" in err
+    records = audit_log.records(tmp_path / "log.jsonl")
+    assert [r["type"] for r in records] == ["counterfactual_error"] * 2 and not list((tmp_path / "cache").glob("*/*"))

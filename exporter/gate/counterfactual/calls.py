@@ -29,6 +29,7 @@ from exporter.gate.targets.objects import TargetError
 RETRIED_STATUS: Final = frozenset({408, 409, 429})
 """Besides every 5xx: the statuses a server sends when it is busy, not when the request is wrong."""
 MAX_WAIT_SECONDS: Final = 60.0
+"""The longest wait before a retry: the server's Retry-After, or the doubled backoff, is capped at a minute."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,8 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
                     why = "retries exhausted" if attempt == requests.retries else "call budget spent"
                     return Answer(None, f"{exc} ({why} after {calls} call(s))", calls)
                 calls += 1
-                sleep(exc.wait if exc.wait is not None else requests.backoff_seconds * 2**attempt)
+                backoff = min(requests.backoff_seconds * 2**attempt, MAX_WAIT_SECONDS)
+                sleep(exc.wait if exc.wait is not None else backoff)
                 continue
             except RuntimeError as exc:
                 return Answer(None, str(exc), calls)
