@@ -74,11 +74,10 @@ class AmbiguousSuite:
 
 @dataclass(frozen=True)
 class Asked:
-    """One request: its question, form, which value pair, which order, and what each letter names."""
+    """One request: its question, its form, and the group each letter names."""
 
     question: Question
     negative: bool
-    pair: int
     letters: dict[str, str]
     prompt: Prompt
 
@@ -171,7 +170,7 @@ def plan(suite: AmbiguousSuite) -> list[Asked]:
                                                a=first, b=second)  # fmt: skip
                     letters = {"a": q.stereotyped if first == target else q.other,
                                "b": q.stereotyped if second == target else q.other}  # fmt: skip
-                    out.append(Asked(q, negative, k, letters, prompt(suite.run, user)))
+                    out.append(Asked(q, negative, letters, prompt(suite.run, user)))
     return out
 
 

@@ -16,7 +16,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +61,7 @@ class Answer:
     texts: list[str] | None
     error: str | None = None
     calls: int = 0
-    cached: bool = False
+    """HTTP calls spent on it in this run (0 when it came from the cache)."""
 
 
 class Cache:
@@ -179,9 +179,8 @@ class Outcome:
     retries: int
 
 
-def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Requests, cache: Cache,
-            target: Callable[[], DecisionTarget] | None = None,
-            sleep: Callable[[float], None] = time.sleep) -> tuple[dict[Prompt, str], Outcome]:  # fmt: skip
+def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Requests,
+            cache: Cache) -> tuple[dict[Prompt, str], Outcome]:  # fmt: skip
     """Ask every distinct prompt once (from the cache when it has the answer); the hash of each prompt and the
     outcome. TargetError before any call when the calls needed exceed ``max_calls``, or when the endpoint refuses
     the run (a wrong key, URL or model)."""
@@ -194,7 +193,7 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
             continue
         texts = cache.get(key)
         if texts is not None and len(texts) == requests.samples:
-            answers[key] = Answer(texts, cached=True)
+            answers[key] = Answer(texts)
         else:
             todo[key] = bodies[p]
     cached = len(answers)
@@ -204,7 +203,7 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
                           "items")  # fmt: skip
     if not todo:
         return keys, Outcome(answers, 0, cached, 0, 0)
-    client = (target or (lambda: DecisionTarget(settings)))()
+    client = DecisionTarget(settings)
     budget = Budget(requests.max_calls, len(todo))
 
     def one(key: str) -> Answer:
@@ -220,7 +219,7 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
                     return Answer(None, f"{exc} ({why} after {calls} call(s))", calls)
                 calls += 1
                 backoff = min(requests.backoff_seconds * 2**attempt, MAX_WAIT_SECONDS)
-                sleep(exc.wait if exc.wait is not None else backoff)
+                time.sleep(exc.wait if exc.wait is not None else backoff)
                 continue
             except RuntimeError as exc:
                 return Answer(None, str(exc), calls)

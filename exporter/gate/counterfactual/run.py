@@ -49,7 +49,6 @@ class Asked:
     group: str
     template: int
     item: int
-    values: dict[str, str]
     prompt: Prompt
 
 
@@ -67,7 +66,7 @@ def plan(suite: Suite) -> list[Asked]:
                 for group in a.group_names:
                     values = {**suite.slot_defaults, **a.filling(group, i)}
                     user = fill(template, {**values, ITEM_SLOT: item})
-                    out.append(Asked(a.name, group, t, i, values, prompt(suite.run, user)))
+                    out.append(Asked(a.name, group, t, i, prompt(suite.run, user)))
     return out
 
 
@@ -214,13 +213,13 @@ def failed_row(outcome: Outcome, keys: Iterable[str]) -> dict[str, Any]:
     return row
 
 
-def ask(run: RunSettings, prompts: list[Prompt], cache_dir: str | Path, max_calls: int | None,
-        target: Any = None) -> tuple[Requests, dict[Prompt, str], Outcome]:  # fmt: skip
+def ask(run: RunSettings, prompts: list[Prompt], cache_dir: str | Path,
+        max_calls: int | None) -> tuple[Requests, dict[Prompt, str], Outcome]:  # fmt: skip
     """Send the prompts (:func:`~exporter.gate.counterfactual.calls.ask_all`) under the suite's request settings,
     ``max_calls`` (the command line's) over its budget."""
     assert run.target is not None  # run_settings refuses a suite without one
     requests = run.requests if max_calls is None else dataclasses.replace(run.requests, max_calls=max_calls)
-    keys, outcome = ask_all(prompts, run.target, requests, Cache(cache_dir), target)
+    keys, outcome = ask_all(prompts, run.target, requests, Cache(cache_dir))
     return requests, keys, outcome
 
 
@@ -257,11 +256,11 @@ def finish(run: RunSettings, kind: str, judged: dict[str, Any], requests: Reques
 
 
 def run_counterfactual(suite: Suite, cache_dir: str | Path, *, model_version: str | None = None,
-                       max_calls: int | None = None, target: Any = None) -> dict[str, Any]:  # fmt: skip
+                       max_calls: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Ask, read and judge a decision suite against its target; the JSON report. TargetError (exit 2) when the
     budget is too small or the endpoint answers nothing."""
     asked = plan(suite)
-    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls, target)
+    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls)
     judged = judge(suite, asked, lambda p: outcome.answers[keys[p]].texts)
     return finish(suite.run, "decision", judged, requests, keys, outcome, cache_dir, model_version,
                   items=len(suite.items), items_source=suite.items_source, templates=len(suite.templates))
