@@ -209,23 +209,22 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
     def one(key: str) -> Answer:
         body = todo[key]
         budget.first_call()
-        calls = 1
-        for attempt in range(requests.retries + 1):
+        retries = 0
+        while True:
             try:
                 texts = client.complete(body)
             except Retryable as exc:
-                if attempt == requests.retries or not budget.retry():
-                    why = "retries exhausted" if attempt == requests.retries else "call budget spent"
-                    return Answer(None, f"{exc} ({why} after {calls} call(s))", calls)
-                calls += 1
-                backoff = min(requests.backoff_seconds * 2**attempt, MAX_WAIT_SECONDS)
+                if retries == requests.retries or not budget.retry():
+                    why = "retries exhausted" if retries == requests.retries else "call budget spent"
+                    return Answer(None, f"{exc} ({why} after {retries + 1} call(s))", retries + 1)
+                backoff = min(requests.backoff_seconds * 2**retries, MAX_WAIT_SECONDS)
+                retries += 1
                 time.sleep(exc.wait if exc.wait is not None else backoff)
                 continue
             except RuntimeError as exc:
-                return Answer(None, str(exc), calls)
+                return Answer(None, str(exc), retries + 1)
             cache.put(key, body, texts)
-            return Answer(texts, calls=calls)
-        raise AssertionError("unreachable")
+            return Answer(texts, calls=retries + 1)
 
     with ThreadPoolExecutor(max_workers=requests.concurrency) as pool:
         futures = {key: pool.submit(one, key) for key in todo}
