@@ -222,8 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("path")
     listing.add_argument("--model", help="only this model id")
     listing.add_argument("--version", help="only this model version")
-    listing.add_argument("--type", help="only this type of record: audit, bias_report, safety, redteam, or an "
-                         "*_error type")  # fmt: skip
+    listing.add_argument("--type", help="only this type of record: audit, bias_report, safety, redteam, "
+                         "counterfactual, or an *_error type")  # fmt: skip
     listing.add_argument("--json", action="store_true", help="print the whole records as JSON lines")
     listing.set_defaults(func=cmd_audit_log_list)
 
