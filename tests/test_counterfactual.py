@@ -101,8 +101,9 @@ def test_a_screener_that_favours_womens_names_fails_with_its_flips_listed(
 def test_a_fair_screener_passes_and_the_audit_log_names_target_model_suite_and_answers(
         tmp_path: Path, fair: chat_servers.ChatServer, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     suite = write_suite(tmp_path)
-    code, report, _ = counterfactual(capsys, tmp_path, suite, fair)
+    code, report, _ = counterfactual(capsys, tmp_path, suite, fair, "--report", str(tmp_path / "report.json"))
     assert (code, report["verdict"], report["blocking_failures"]) == (0, "PASS", 0)
+    assert json.loads((tmp_path / "report.json").read_text()) == report
     [pair] = report["pairs"]
     assert pair["a_only"] + pair["b_only"] > 0  # it flips, both ways alike
     [record] = audit_log.records(tmp_path / "log.jsonl")
