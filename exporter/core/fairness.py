@@ -54,11 +54,40 @@ def ratio(num: NDArray, den: NDArray) -> FloatArray:
     return out
 
 
-def rate_counts(counts: NDArray, rate: str) -> tuple[IntArray, IntArray]:
-    """(successes, trials) of one named rate for every row of a counts array."""
-    c = np.asarray(counts, dtype=np.int64)
+def exact(counts: NDArray) -> NDArray:
+    """A counts array as int64, unless its counts are weighted (floats: a proxy attribute's posterior sums)."""
+    c = np.asarray(counts)
+    return c if np.issubdtype(c.dtype, np.floating) else c.astype(np.int64)
+
+
+def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:
+    """(successes, trials) of one named rate for every row of a counts array.
+
+    A weighted counts array (a proxy attribute's, ``2 * N_COUNTS`` columns: the sums of the rows' posteriors p, then
+    of p(1 - p)) gives effective (successes, trials): the weighted rate over the trials its variance is worth
+    (:func:`effective_counts`), so every interval built on them carries the proxy's uncertainty.
+    """
+    c = exact(counts)
     numerator, denominator = RATES[rate]
-    return sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)  # type: ignore[return-value]
+    k, n = sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)
+    if c.shape[-1] == 2 * N_COUNTS:
+        qk, qn = sum(c[..., N_COUNTS + i] for i in numerator), sum(c[..., N_COUNTS + i] for i in denominator)
+        return effective_counts(k, n, qk, qn)  # type: ignore[arg-type]
+    return k, n  # type: ignore[return-value]  # sums of arrays
+
+
+def effective_counts(k: FloatArray, n: FloatArray, qk: FloatArray, qn: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """(rate x n_eff, n_eff) of a posterior-weighted rate ``k / n`` (k = sum p y, n = sum p; qk = sum p(1-p) y,
+    qn = sum p(1-p)), where n_eff is the sample size whose binomial variance is the rate's variance for the group's
+    true (self-reported) rate: the sampling variance as if the group's ``n`` members were known, r(1-r)/n, plus the
+    proxy's, from each row's unknown membership (Bernoulli p): sum p(1-p)(y - r)^2 / n^2 (the delta method)."""
+    r = ratio(k, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        proxy = ((1.0 - 2.0 * r) * qk + r * r * qn) / (n * n)
+        spread = r * (1.0 - r)
+        n_eff = np.where(spread > 0, spread / (spread / n + proxy), n)
+    n_eff = np.where(np.isnan(r), 0.0, n_eff)
+    return np.where(np.isnan(r), 0.0, r * n_eff), n_eff
 
 
 def wilson_interval(
@@ -172,7 +201,7 @@ def group_stats(counts: NDArray) -> GroupStats:
         values[rate] = ratio(k, n)
         if rate in _WITH_INTERVAL:
             values[f"{rate}_ci"] = wilson_interval(k, n)
-    c = np.asarray(counts, dtype=np.int64)
+    c = exact(counts)
     return GroupStats(samples=c[..., PRED_POS] + c[..., PRED_NEG], labelled=c[..., [TP, FP, TN, FN]].sum(axis=-1),
                       **values)  # type: ignore[arg-type]
 

