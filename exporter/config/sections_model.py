@@ -45,6 +45,8 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)
     version = get(raw, "model_version", None, errors, "", text)
     estimation = parse_estimation(raw, events, errors)
+    if estimation is not None and any(a.proxy for a in base):
+        errors.add("estimation", "not with a proxy attribute: the calibration is per group, and a proxy gives none")
     if model_id is None:
         return None
     return ModelSpec(

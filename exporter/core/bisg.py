@@ -65,11 +65,25 @@ class Tables:
     zcta: NDArray[np.float64]
     zcta_races: NDArray[np.float64]
 
-    def posteriors(self, surnames: Sequence[object], zctas: Sequence[object]) -> NDArray[np.float64]:
-        """Each row's posterior over :data:`CATEGORIES` (rows sum to 1), NaN where neither the surname nor the ZCTA
-        is known. Each distinct value is looked up once."""
+    def codes(self, surnames: Sequence[object], zctas: Sequence[object]) -> NDArray[np.int64]:
+        """Each row's evidence as one code: which row of the surname table and which of the ZCTA tables it has
+        (``(surname + 1) x (ZCTAs + 1) + zcta + 1``, -1 when it has neither), the code a proxy attribute's rows
+        carry through the daemon (its label join, checkpoint and internal topics) in place of a group's. Each
+        distinct value is looked up once."""
         s = _lookup(surnames, self.surnames, normalize_surname)
         z = _lookup(zctas, self.zctas, normalize_zcta)
+        return np.where((s < 0) & (z < 0), -1, (s + 1) * (len(self.zctas) + 1) + z + 1)
+
+    def posteriors(self, surnames: Sequence[object], zctas: Sequence[object]) -> NDArray[np.float64]:
+        """Each row's posterior over :data:`CATEGORIES` (rows sum to 1), NaN where neither the surname nor the ZCTA
+        is known."""
+        return self.posteriors_of(self.codes(surnames, zctas))
+
+    def posteriors_of(self, codes: NDArray[np.int64]) -> NDArray[np.float64]:
+        """The posteriors of rows by their :meth:`codes`."""
+        codes = np.asarray(codes, dtype=np.int64)
+        s, z = np.divmod(np.maximum(codes, 0), len(self.zctas) + 1)
+        s, z = np.where(codes < 0, -1, s - 1), np.where(codes < 0, -1, z - 1)
         out = np.full((len(s), len(CATEGORIES)), np.nan)
         both = (s >= 0) & (z >= 0)
         joint = self.surname[s[both]] * self.zcta[z[both]]
@@ -148,3 +162,11 @@ def group_weights(posteriors: NDArray[np.float64], groups: Sequence[str]) -> NDA
     columns = [CATEGORIES.index(g) for g in groups]
     known = np.nan_to_num(posteriors[:, columns])
     return np.column_stack([known, 1.0 - known.sum(axis=1)])
+
+
+def spread(shares: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Each share's Bernoulli variance p(1 - p), the proxy's part of a weighted rate's variance
+    (exporter/core/fairness.py effective_counts); none for the unknown category (last), which no comparison reads."""
+    out = shares * (1.0 - shares)
+    out[:, -1] = 0.0
+    return out

@@ -42,3 +42,10 @@ def score_predictions(scores: np.ndarray, threshold: float) -> np.ndarray:
     [0, 1, 1]
     """
     return (scores >= threshold).astype(np.int64)
+
+
+def proxy_columns(model: object) -> list[tuple[str, str]]:
+    """The (surname, ZCTA) columns of each proxy attribute of a model (a ModelSpec), in config order: their codes
+    follow the exact attributes' (exporter/core/bisg.py Tables.codes)."""
+    return [(a.proxy.surname, a.proxy.zcta) for a in model.base_attributes if a.proxy]  # type: ignore[attr-defined]
+

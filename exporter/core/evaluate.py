@@ -76,6 +76,8 @@ def evaluate_many(
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
     """
+    if not blocks:
+        return []
     widths = [np.shape(c)[-1] for _, c in blocks]
     if len(set(widths)) > 1:  # weighted counts (a proxy attribute's, twice as wide) are evaluated apart
         metrics = tuple(metrics)

@@ -103,13 +103,11 @@ class Tally:
 
 def proxy_cells(shares: np.ndarray, cell: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
     """A proxy attribute's batch per (group, cell), its unknown category last (``shares``: each row's share of each,
-    :func:`exporter.core.bisg.group_weights`): the sums of the shares, then of share x (1 - share) (the proxy's
-    variance; none for the unknown category, which no comparison reads)."""
+    :func:`exporter.core.bisg.group_weights`): the sums of the shares, then of their :func:`~exporter.core.bisg.spread`
+    (the proxy's variance)."""
     w = np.ones(len(cell)) if weights is None else weights.astype(np.float64)
-    spread = shares * (1.0 - shares)
-    spread[:, -1] = 0.0
     return np.concatenate([np.bincount(cell, weights=part[:, g] * w, minlength=CELLS)
-                           for part in (shares, spread) for g in range(shares.shape[1])])  # fmt: skip
+                           for part in (shares, bisg.spread(shares)) for g in range(shares.shape[1])])  # fmt: skip
 
 
 class Rows(Protocol):
