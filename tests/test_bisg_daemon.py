@@ -64,7 +64,8 @@ def frame() -> pd.DataFrame:
 
 
 def test_the_daemons_weighted_rates_equal_an_independent_computation(
-        kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon], frame: pd.DataFrame) -> None:  # fmt: skip
+        kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon],
+        frame: pd.DataFrame) -> None:  # fmt: skip
     produce(kafka_broker.bootstrap_servers, topic, events(frame, time.time() - 60))
     daemon = running(kafka_broker.bootstrap_servers, topic, **OVERRIDES)
     wait_for(lambda: consumed(daemon.port) == len(frame), what="every event consumed")
