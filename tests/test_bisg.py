@@ -114,22 +114,19 @@ def test_the_gates_weighted_rates_equal_an_independent_computation(tmp_path: Pat
 
 
 def test_the_interval_is_wider_than_sampling_alone(tmp_path: Path, frame: pd.DataFrame) -> None:
-    """The same weighted counts with the proxy's variance terms zeroed give the sampling-only interval."""
-    from exporter.core.fairness import N_COUNTS, group_stats
-
+    """Each group's 95% interval is the delta method's for sampling and the proxy: wider than the sampling-only
+    (sandwich) interval of the same weighted rate, sum p^2 (y - r)^2 / (sum p)^2, by the membership term."""
     (tmp_path / "c.yaml").write_text(CONFIG)
-    from exporter.config import load_config
-    from exporter.gate.fairness.frames import FrameRows, scan
-
-    counts = scan(load_config(tmp_path / "c.yaml").model(), FrameRows(frame.drop(columns="race")), "x").tally.counts()
-    with_proxy = group_stats(counts["race"][:4])
-    sampling = counts["race"][:4].copy()
-    sampling[:, N_COUNTS:] = 0.0
-    only_sampling = group_stats(sampling)
-    width = with_proxy.selection_rate_ci[1] - with_proxy.selection_rate_ci[0]
-    narrower = only_sampling.selection_rate_ci[1] - only_sampling.selection_rate_ci[0]
-    assert (width > narrower).all()
-    np.testing.assert_allclose(with_proxy.selection_rate, only_sampling.selection_rate, rtol=0, atol=1e-12)
+    block = run_audit(tmp_path / "c.yaml", frame.drop(columns="race"))["attributes"]["race"]["groups"]
+    p, y = surgeo_posteriors(frame).fillna(0.0), frame["prediction"].to_numpy()
+    for g in GROUPS:
+        w = p[g].to_numpy()
+        r = (w * y).sum() / w.sum()
+        sampling = 1.959964 * np.sqrt((w**2 * (y - r) ** 2).sum()) / w.sum()
+        both = 1.959964 * np.sqrt(r * (1 - r) / w.sum())  # + sum p (1 - p) (y - r)^2 / (sum p)^2
+        lower, upper = block[g]["selection_rate_ci"]
+        assert upper - lower > 2 * sampling
+        assert upper - lower == pytest.approx(2 * both, rel=0.02)  # Wilson's, near the normal one at these sizes
 
 
 def test_every_report_says_proxy_true(tmp_path: Path, frame: pd.DataFrame, capsys: pytest.CaptureFixture[str]) -> None:

@@ -162,11 +162,3 @@ def group_weights(posteriors: NDArray[np.float64], groups: Sequence[str]) -> NDA
     columns = [CATEGORIES.index(g) for g in groups]
     known = np.nan_to_num(posteriors[:, columns])
     return np.column_stack([known, 1.0 - known.sum(axis=1)])
-
-
-def spread(shares: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Each share's Bernoulli variance p(1 - p), the proxy's part of a weighted rate's variance
-    (exporter/core/fairness.py effective_counts); none for the unknown category (last), which no comparison reads."""
-    out = shares * (1.0 - shares)
-    out[:, -1] = 0.0
-    return out

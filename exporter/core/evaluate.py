@@ -78,12 +78,6 @@ def evaluate_many(
     """
     if not blocks:
         return []
-    widths = [np.shape(c)[-1] for _, c in blocks]
-    if len(set(widths)) > 1:  # weighted counts (a proxy attribute's, twice as wide) are evaluated apart
-        metrics = tuple(metrics)
-        parts = {w: iter(evaluate_many([b for b, bw in zip(blocks, widths, strict=True) if bw == w], min_samples,
-                                       metrics)) for w in set(widths)}  # fmt: skip
-        return [next(parts[w]) for w in widths]
     unknowns = [c[len(a.groups)] if len(c) > len(a.groups) else np.zeros(N_COUNTS, np.int64) for a, c in blocks]
     blocks = [(a, c[: len(a.groups)]) for a, c in blocks]
     counts = np.concatenate([c for _, c in blocks])
@@ -93,9 +87,9 @@ def evaluate_many(
     pair_starts = np.cumsum([0, *(len(p) for p in pairs)])
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
     groups = group_stats(counts)
-    overall = np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(len(blocks), -1)
+    overall = np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS)
     # every row counts once overall, whatever its group: a proxy attribute's weighted counts sum to whole rows
-    overall = group_stats(np.rint(overall[:, :N_COUNTS]) if counts.shape[-1] > N_COUNTS else overall)
+    overall = group_stats(np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall)
     comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics)
     out = []
     for k, (attribute, block) in enumerate(blocks):

@@ -63,31 +63,14 @@ def exact(counts: NDArray) -> NDArray:
 def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:
     """(successes, trials) of one named rate for every row of a counts array.
 
-    A weighted counts array (a proxy attribute's, ``2 * N_COUNTS`` columns: the sums of the rows' posteriors p, then
-    of p(1 - p)) gives effective (successes, trials): the weighted rate over the trials its variance is worth
-    (:func:`effective_counts`), so every interval built on them carries the proxy's uncertainty.
+    Weighted counts (a proxy attribute's: each row adds its posterior p of the group) give the weighted rate
+    ``sum p y / sum p``, and the binomial variance r(1 - r) / sum p of the intervals built on them is, by the delta
+    method, the rate's sampling variance sum p^2 (y - r)^2 / (sum p)^2 plus the proxy's, from each row's unknown
+    membership, sum p (1 - p) (y - r)^2 / (sum p)^2 (docs/auditor/proxy.md).
     """
     c = exact(counts)
     numerator, denominator = RATES[rate]
-    k, n = sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)
-    if c.shape[-1] == 2 * N_COUNTS:
-        qk, qn = sum(c[..., N_COUNTS + i] for i in numerator), sum(c[..., N_COUNTS + i] for i in denominator)
-        return effective_counts(k, n, qk, qn)  # type: ignore[arg-type]
-    return k, n  # type: ignore[return-value]  # sums of arrays
-
-
-def effective_counts(k: FloatArray, n: FloatArray, qk: FloatArray, qn: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """(rate x n_eff, n_eff) of a posterior-weighted rate ``k / n`` (k = sum p y, n = sum p; qk = sum p(1-p) y,
-    qn = sum p(1-p)), where n_eff is the sample size whose binomial variance is the rate's variance for the group's
-    true (self-reported) rate: the sampling variance as if the group's ``n`` members were known, r(1-r)/n, plus the
-    proxy's, from each row's unknown membership (Bernoulli p): sum p(1-p)(y - r)^2 / n^2 (the delta method)."""
-    r = ratio(k, n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        proxy = ((1.0 - 2.0 * r) * qk + r * r * qn) / (n * n)
-        spread = r * (1.0 - r)
-        n_eff = np.where(spread > 0, spread / (spread / n + proxy), n)
-    n_eff = np.where(np.isnan(r), 0.0, n_eff)
-    return np.where(np.isnan(r), 0.0, r * n_eff), n_eff
+    return sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)  # type: ignore[return-value]
 
 
 def wilson_interval(

@@ -92,22 +92,17 @@ class Tally:
         out = {}
         for attribute in self.config.attributes:
             n = len(attribute.groups)
-            if attribute.proxy is not None:  # the weighted counts, then their proxy variance terms
-                cells = self.cells.get(attribute.name, np.zeros(2 * (n + 1) * CELLS))
-                out[attribute.name] = np.hstack([half @ _cell_counts() for half in cells.reshape(2, n + 1, CELLS)])
-                continue
             cells = self.cells.get(attribute.name, np.zeros((n + 1) * CELLS, dtype=np.int64))
             out[attribute.name] = cells.reshape(n + 1, CELLS) @ _cell_counts()
         return out
 
 
 def proxy_cells(shares: np.ndarray, cell: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-    """A proxy attribute's batch per (group, cell), its unknown category last (``shares``: each row's share of each,
-    :func:`exporter.core.bisg.group_weights`): the sums of the shares, then of their :func:`~exporter.core.bisg.spread`
-    (the proxy's variance)."""
+    """A proxy attribute's batch per (group, cell), its unknown category last: the sums of the rows' ``shares`` of
+    each (:func:`exporter.core.bisg.group_weights`)."""
     w = np.ones(len(cell)) if weights is None else weights.astype(np.float64)
-    return np.concatenate([np.bincount(cell, weights=part[:, g] * w, minlength=CELLS)
-                           for part in (shares, bisg.spread(shares)) for g in range(shares.shape[1])])  # fmt: skip
+    return np.concatenate([np.bincount(cell, weights=shares[:, g] * w, minlength=CELLS)
+                           for g in range(shares.shape[1])])  # fmt: skip
 
 
 class Rows(Protocol):
