@@ -138,3 +138,52 @@ def test_the_proxy_counts_survive_a_checkpoint(frame: pd.DataFrame) -> None:
     for (_, a), (_, b) in zip(before, after, strict=True):
         np.testing.assert_array_equal(a.counts, b.counts)
     assert before[0][1].counts[:, 0].sum() > 0
+
+
+def test_the_staged_path_counts_the_proxy_as_the_direct_path_labels_joined_later_included(
+        kafka_broker: EmbeddedBroker, frame: pd.DataFrame) -> None:  # fmt: skip
+    """Our JSON events on four input partitions through the staged path, poll by poll (as tests/test_stages.py
+    drives it), then their labels from the labels topic: the proxy's counts equal the direct path's, and the TPR
+    of the joined labels is the independent computation's."""
+    import uuid
+
+    from prometheus_client import CollectorRegistry
+    from test_payload_staged import PayloadRecord, drain, live
+
+    from exporter.config import parse_config
+
+    t0 = 1_800_000_000.0
+
+    def config(stages: str, group: str) -> Daemon:
+        raw = {"model_id": "m1", **OVERRIDES, "windows": ["1h"], "bucket": "1m",
+               "listen": {"address": "127.0.0.1", "port": 0},
+               "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers, "topic": "bisg-in",
+                         "labels_topic": "bisg-labels", "group_id": group, "stages": stages,
+                         "assignment": "subscribe" if stages == "staged" else "manual",
+                         "internal_topics": {"join": {"partitions": 2}, "counts": {"partitions": 2}}}}  # fmt: skip
+        return Daemon(parse_config(raw, "test-bisg-staged"), registry=CollectorRegistry(), clock=lambda: t0 + 60)
+
+    values = [orjson.dumps({**orjson.loads(v), "label": None}) for v in events(frame, t0)]
+    poll: dict = {}
+    for i, v in enumerate(values):
+        poll.setdefault(("bisg-in", i % 4), []).append(PayloadRecord(v, i // 4, int(t0 * 1000), [], None))
+    labels = [PayloadRecord(orjson.dumps({"prediction_id": f"p{i}", "label": int(y)}), i, int(t0 * 1000), [], None)
+              for i, y in enumerate(frame["label"]) if i % 2]  # fmt: skip
+    staged = config("staged", f"bisg-{uuid.uuid4().hex[:8]}")
+    stages = live(staged)
+    positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
+    stages.handle_poll(poll)
+    drain(stages, kafka_broker.bootstrap_servers, positions)
+    stages.handle_poll({("bisg-labels", 0): labels})
+    drain(stages, kafka_broker.bootstrap_servers, positions)
+    direct = config("direct", "unused")
+    direct.ingest.handle_poll(poll)
+    direct.ingest.handle("bisg-labels", 0, labels)
+    ours = stages.fleet.models["m1"].store.window_proxy_counts(t0 + 60)["1h"]
+    theirs = direct.fleet.models["m1"].store.window_proxy_counts(t0 + 60)["1h"]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-9)
+    ((_, ev),) = proxied(direct.config.model(), direct.fleet.models["m1"].store.proxy, {"1h": theirs})
+    expected = truth(frame)
+    for i, g in enumerate(GROUPS):
+        assert abs(ev.groups.true_positive_rate[i] - expected[g]["tpr"]) < 1e-9
+        assert abs(ev.groups.selection_rate[i] - expected[g]["selection"]) < 1e-9

@@ -289,6 +289,8 @@ def run_audit(
         judged, estimation["groups"] = estimated.with_estimates(config, evaluations, reference, counted.tally.scores)
     for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
+        if attribute.proxy is not None:
+            attributes[attribute.name]["proxy_corrected"] = proxy.corrected(attribute, counted.tally)
         results.extend(_results(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)

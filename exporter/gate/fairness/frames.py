@@ -16,7 +16,7 @@ import pyarrow as pa
 from exporter.config import ModelSpec
 from exporter.core import bisg, estimate
 from exporter.core.encoding import attribute_codes, score_predictions, value_text
-from exporter.core.fairness import counts_from_arrays
+from exporter.core.fairness import RATES, counts_from_arrays
 from exporter.gate.data import columns as col
 from exporter.gate.data.columns import code_lut
 from exporter.gate.data.dataset import BATCH_ROWS, DataError
@@ -60,6 +60,8 @@ class Tally:
     config: ModelSpec
     cells: dict[str, np.ndarray] = field(default_factory=dict)
     scores: dict[str, np.ndarray] = field(default_factory=dict)
+    moments: dict[str, np.ndarray] = field(default_factory=dict)
+    """Each proxy attribute's sums of p p^T per cell (:func:`exporter.core.bisg.moments`), for the correction."""
 
     def add(self, base: Mapping[str, np.ndarray], y_pred: np.ndarray, y_true: np.ndarray | None,
             weights: np.ndarray | None = None, scores: np.ndarray | None = None,
@@ -76,6 +78,8 @@ class Tally:
                 assert proxies is not None
                 self.cells[attribute.name] = self.cells.get(attribute.name, 0) + proxy_cells(
                     bisg.group_weights(proxies[attribute.name], attribute.groups), cell, weights)
+                self.moments[attribute.name] = self.moments.get(attribute.name, 0) + bisg.moments(
+                    proxies[attribute.name], cell, CELLS, weights)
                 continue
             codes = attribute_codes(attribute, base)
             found = np.bincount(np.where(codes < 0, n, codes) * CELLS + cell, weights=weights,
@@ -95,6 +99,14 @@ class Tally:
             cells = self.cells.get(attribute.name, np.zeros((n + 1) * CELLS, dtype=np.int64))
             out[attribute.name] = cells.reshape(n + 1, CELLS) @ _cell_counts()
         return out
+
+
+def corrected(tally: Tally, name: str) -> dict[str, np.ndarray]:
+    """A proxy attribute's rates of each Census category, corrected for the posteriors' overlap
+    (:func:`exporter.core.bisg.corrected_rates`), from its moments per cell turned into moments per count column."""
+    by_column = np.einsum("kc,kgh->cgh", _cell_counts(), tally.moments.get(name, np.zeros((CELLS, 6, 6))))
+    return bisg.corrected_rates(by_column, {r: RATES[r] for r in ("selection_rate", "true_positive_rate",
+                                                                    "false_positive_rate")})  # fmt: skip
 
 
 def proxy_cells(shares: np.ndarray, cell: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
