@@ -31,9 +31,9 @@ class Evaluation:
     """Counts of the rows whose value is not one of the attribute's groups (or is missing): its unknown category."""
 
     @property
-    def unknown_samples(self) -> int:
-        """Predictions in the attribute's unknown category."""
-        return int(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
+    def unknown_samples(self) -> float:
+        """Predictions in the attribute's unknown category (a proxy attribute's: a sum of posteriors)."""
+        return float(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
 
     def values(self, metric: str) -> MetricValues:
         """Value, interval, half-width and support of one metric, per pair."""

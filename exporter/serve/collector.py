@@ -124,7 +124,7 @@ class SnapshotCollector(Collector):
         for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in (s.proxied if suffix else
                                                                                s.evaluations)):  # fmt: skip
             base = [snapshot.model_id, ev.attribute.name, window]
-            unknown.add(base, float(ev.unknown[PRED_POS] + ev.unknown[PRED_NEG]))
+            unknown.add(base, ev.unknown_samples)
             names = [*ev.attribute.groups, "overall"]
             for stats, offset in ((ev.groups, 0), (ev.overall, len(ev.attribute.groups))):
                 for i in range(len(stats.samples)):

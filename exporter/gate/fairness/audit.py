@@ -20,7 +20,6 @@ import pyarrow as pa
 from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.core.fairness import PRED_NEG, PRED_POS
 from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate import storage
 from exporter.gate.data import columns as col
@@ -96,7 +95,7 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
             "accuracy": json_float(g.accuracy[i]),
             "precision": json_float(g.precision[i]),
         }
-    return {"excluded_rows": ll144.count(ev.unknown[PRED_POS] + ev.unknown[PRED_NEG]),
+    return {"excluded_rows": ll144.count(ev.unknown_samples),
             "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
             "overall_samples": int(ev.overall.samples[0]), "groups": per_group,
             **proxy.about(ev.attribute)}  # fmt: skip
@@ -129,8 +128,8 @@ def _impact_ratios(
         "score_median": median_score,
         "small_category_share": ll144.SMALL_CATEGORY_SHARE,
         "date_range": counted.date_range,
-        "attributes": {ev.attribute.name: ll144.attribute_table(ev, ev.unknown[PRED_POS] + ev.unknown[PRED_NEG],
-                                                                counted.rows) for ev in evaluations},
+        "attributes": {ev.attribute.name: ll144.attribute_table(ev, ev.unknown_samples, counted.rows)
+                       for ev in evaluations},
     }
 
 

@@ -36,7 +36,7 @@ def count(x: float) -> int | float:
     return int(x) if float(x).is_integer() else round(float(x), 6)
 
 
-def attribute_table(ev: Evaluation, excluded_rows: int, total_rows: int) -> dict[str, Any]:
+def attribute_table(ev: Evaluation, excluded_rows: float, total_rows: int) -> dict[str, Any]:
     """One attribute's table from the evaluation whose selection rates are the LL144 rates (selection, or the share
     above the median score). Categories holding ``other`` are the unknown category, with the excluded rows."""
     groups = ev.attribute.groups
