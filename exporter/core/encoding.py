@@ -44,8 +44,8 @@ def score_predictions(scores: np.ndarray, threshold: float) -> np.ndarray:
     return (scores >= threshold).astype(np.int64)
 
 
-def proxy_columns(model: object) -> list[tuple[str, str]]:
-    """The (surname, ZCTA) columns of each proxy attribute of a model (a ModelSpec), in config order: their codes
-    follow the exact attributes' (exporter/core/bisg.py Tables.codes)."""
-    return [(a.proxy.surname, a.proxy.zcta) for a in model.base_attributes if a.proxy]  # type: ignore[attr-defined]
+def proxy_columns(attributes: Sequence[Attribute]) -> list[tuple[str, str]]:
+    """The (surname, ZCTA) columns of each proxy attribute, in config order: a decoder's codes of them follow the
+    exact attributes' (exporter/core/bisg.py Tables.codes)."""
+    return [(a.proxy.surname, a.proxy.zcta) for a in attributes if a.proxy]
 

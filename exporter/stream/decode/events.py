@@ -102,7 +102,7 @@ class EventDecoder:
                                             f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
         self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes if a.proxy is None]
-        self._proxies = proxy_columns(model)
+        self._proxies = proxy_columns(model.base_attributes)
         self._columns = [*(t[0] for t in self._tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
         """Where each of a row's base codes goes: the exact attributes' columns, then the proxy attributes'."""
         general = schema([model])

@@ -193,7 +193,7 @@ class PayloadRows:
         self.threshold = model.events.score_threshold
         self.column = model.events.prediction
         self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes if a.proxy is None]
-        self.proxies = proxy_columns(model)
+        self.proxies = proxy_columns(model.base_attributes)
         self.read = [*(t[0] for t in self.tables), *(c for pair in self.proxies for c in pair)]
         """The columns whose cells are read: the exact attributes', then each proxy's surname and ZCTA."""
         self.columns = [*(t[0] for t in self.tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
