@@ -121,6 +121,12 @@ def test_backtest_and_the_gate_give_the_daemons_numbers(tmp_path: Path, frame: p
                 checked += 1
     assert checked >= 6
     json.dumps(report)  # the report is JSON
+    # the same events as a parquet table: the same numbers
+    table.assign(model_id="m1", timestamp=[orjson.loads(v)["timestamp"] for v in lines]).to_parquet(
+        tmp_path / "events.parquet")  # fmt: skip
+    from_table = backtest(config, [str(tmp_path / "events.parquet")])
+    for a, b in zip(from_table["proxy"]["groups"], report["proxy"]["groups"], strict=True):
+        assert a["subgroup"] == b["subgroup"] and abs(a["selection_rate"] - b["selection_rate"]) < 1e-12
 
 
 def test_the_proxy_counts_survive_a_checkpoint(frame: pd.DataFrame) -> None:
