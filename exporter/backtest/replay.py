@@ -136,7 +136,35 @@ class Replay:
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
             **({"estimated": self._estimated()} if self.reference is not None else {}),
+            **({"proxy": self._proxied()} if self.store.proxy.attributes else {}),
         }  # fmt: skip
+
+    def _proxied(self) -> dict[str, Any]:
+        """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
+        from exporter.serve.snapshot import proxied
+
+        now = self._now if self._now > -math.inf else 0.0
+        evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
+        return {"as_of": _iso(now), "proxy": True,
+                "comparisons": [c for w, ev in evaluations for c in self._comparisons(
+                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy")],
+                "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),
+                            "selection_rate": _number(r)} for w, ev in evaluations for g, n, r in
+                           zip(ev.attribute.groups, ev.groups.samples, ev.groups.selection_rate, strict=True)]}
+
+    def _comparisons(self, window: str, attribute: Attribute, values: dict[str, Any], sufficient: Any,
+                     suffix: str) -> list[dict[str, Any]]:  # fmt: skip
+        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one)."""
+        thresholds, groups, out = self.config.thresholds(), attribute.groups, []
+        for metric, v in values.items():
+            ok, evidence = sufficient(metric), METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
+            out += [{"window": window, "attribute": attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
+                     "metric": f"{metric}{suffix}", "value": _number(v.value[k]) if ok[k] else None,
+                     "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
+                     "status": "ok" if ok[k] else "insufficient_samples",
+                     "evidence": evidence[k] if ok[k] else "inconclusive"}
+                    for k, (a, b) in enumerate(attribute.pairs)]  # fmt: skip
+        return out
 
     def _estimated(self) -> dict[str, Any]:
         """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
@@ -145,21 +173,12 @@ class Replay:
 
         assert self.reference is not None
         store, spec = self.store, self.config
-        thresholds = spec.thresholds()
         comparisons, calibration = [], []
         now = self._now if self._now > -math.inf else 0.0
         for window, est in estimated(spec, self.reference, store.window_estimate_counts(now), store.layout.split):
             groups = est.attribute.groups
-            for metric, v in est.values.items():
-                ok = est.sufficient(metric, spec.min_samples)
-                evidence = METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
-                for k, (a, b) in enumerate(est.attribute.pairs):
-                    comparisons.append({
-                        "window": window, "attribute": est.attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
-                        "metric": f"{metric}_estimated", "value": _number(v.value[k]) if ok[k] else None,
-                        "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
-                        "status": "ok" if ok[k] else "insufficient_samples",
-                        "evidence": evidence[k] if ok[k] else "inconclusive"})  # fmt: skip
+            comparisons += self._comparisons(window, est.attribute, est.values,
+                                             lambda m, e=est: e.sufficient(m, spec.min_samples), "_estimated")
             z = est.check.statistic
             calibration += [{"window": window, "attribute": est.attribute.name, "subgroup": g, "predicted": p,
                              "statistic": _number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
@@ -201,7 +220,7 @@ class Replay:
         blocks = []
         for window in self.windowing.windows:
             by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
-            for attribute in self.config.attributes:
+            for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip

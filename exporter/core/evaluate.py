@@ -31,9 +31,9 @@ class Evaluation:
     """Counts of the rows whose value is not one of the attribute's groups (or is missing): its unknown category."""
 
     @property
-    def unknown_samples(self) -> int:
-        """Predictions in the attribute's unknown category."""
-        return int(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
+    def unknown_samples(self) -> float:
+        """Predictions in the attribute's unknown category (a proxy attribute's: a sum of posteriors)."""
+        return float(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
 
     def values(self, metric: str) -> MetricValues:
         """Value, interval, half-width and support of one metric, per pair."""
@@ -76,6 +76,8 @@ def evaluate_many(
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
     """
+    if not blocks:
+        return []
     unknowns = [c[len(a.groups)] if len(c) > len(a.groups) else np.zeros(N_COUNTS, np.int64) for a, c in blocks]
     blocks = [(a, c[: len(a.groups)]) for a, c in blocks]
     counts = np.concatenate([c for _, c in blocks])
@@ -85,7 +87,9 @@ def evaluate_many(
     pair_starts = np.cumsum([0, *(len(p) for p in pairs)])
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
     groups = group_stats(counts)
-    overall = group_stats(np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS))
+    overall = np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS)
+    # every row counts once overall, whatever its group: a proxy attribute's weighted counts sum to whole rows
+    overall = group_stats(np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall)
     comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics)
     out = []
     for k, (attribute, block) in enumerate(blocks):

@@ -25,7 +25,7 @@ from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
 from exporter.gate.data.quantile import median
-from exporter.gate.fairness import estimated, ll144
+from exporter.gate.fairness import estimated, ll144, proxy
 from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
 
@@ -86,8 +86,8 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
     per_group = {}
     for i, name in enumerate(ev.attribute.groups):
         per_group[name] = {
-            "samples": int(g.samples[i]),
-            "labelled": int(g.labelled[i]),
+            "samples": ll144.count(g.samples[i]),
+            "labelled": ll144.count(g.labelled[i]),
             "selection_rate": json_float(g.selection_rate[i]),
             "selection_rate_ci": [json_float(g.selection_rate_ci[0][i]), json_float(g.selection_rate_ci[1][i])],
             "true_positive_rate": json_float(g.true_positive_rate[i]),
@@ -95,8 +95,10 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
             "accuracy": json_float(g.accuracy[i]),
             "precision": json_float(g.precision[i]),
         }
-    return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
-            "overall_samples": int(ev.overall.samples[0]), "groups": per_group}  # fmt: skip
+    return {"excluded_rows": ll144.count(ev.unknown_samples),
+            "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
+            "overall_samples": int(ev.overall.samples[0]), "groups": per_group,
+            **proxy.about(ev.attribute)}  # fmt: skip
 
 
 def _impact_ratios(
@@ -154,7 +156,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
             passed = ok and spec.passes(float(v.value[k]))
-            pair_samples = {groups[a]: int(samples[a]), groups[b]: int(samples[b])}
+            pair_samples = {groups[a]: ll144.count(samples[a]), groups[b]: ll144.count(samples[b])}
             out.append({
                 "attribute": ev.attribute.name,
                 "metric": spec.name,
@@ -174,6 +176,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
                 "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
                 "samples": pair_samples,
                 "support": int(v.support[k]),
+                **({"proxy": True} if ev.attribute.proxy else {}),
             })  # fmt: skip
     return out
 
@@ -285,6 +288,8 @@ def run_audit(
         judged, estimation["groups"] = estimated.with_estimates(config, evaluations, reference, counted.tally.scores)
     for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
+        if attribute.proxy is not None:
+            attributes[attribute.name]["proxy_corrected"] = proxy.corrected(attribute, counted.tally)
         results.extend(_results(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)

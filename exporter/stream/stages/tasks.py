@@ -26,7 +26,15 @@ from exporter.health.counters import Health, StageHealth
 from exporter.stream.decode.payload import REFUSED_ROWS, UNMATCHED_REASONS, PairJoin, PayloadRows, half_of
 from exporter.stream.decode.platforms import Half
 from exporter.stream.kafka.client import Partition
-from exporter.stream.stages.records import Kind, Record, codes_columns, codes_layout, codes_matrix, encode_rows
+from exporter.stream.stages.records import (
+    Kind,
+    Record,
+    codes_columns,
+    codes_dtype,
+    codes_layout,
+    codes_matrix,
+    encode_rows,
+)
 from exporter.stream.stages.snapshots import Restoring
 from exporter.stream.state.fleet import Fleet
 from exporter.stream.state.label_join import Joined, OutcomeJoin
@@ -228,7 +236,8 @@ class JoinTask(Task):
             topic, partition = self.counts(model)
             table: dict[str, np.ndarray] = {"source": np.zeros(len(rows), dtype=np.int32),
                      "position": np.arange(at, at + len(rows), dtype=np.int64), "timestamp": rows.timestamps,
-                     "outcome": rows.outcomes.astype(np.int8), "codes": rows.codes.astype(np.int32)}  # fmt: skip
+                     "outcome": rows.outcomes.astype(np.int8),
+                     "codes": rows.codes.astype(codes_dtype(spec))}  # fmt: skip
             at += len(rows)
             meta = {"model": model, "layout": codes_layout(spec),
                     "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
