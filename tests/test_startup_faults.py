@@ -182,7 +182,6 @@ def test_a_checkpoint_whose_arrays_are_damaged_is_one_line_with_a_hint(tmp_path:
     assert line.endswith("move it away to start with an empty window")
 
 
-
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
@@ -202,6 +201,7 @@ def test_a_damaged_proxy_window_is_one_line_with_a_hint(tmp_path: Path, damage: 
     _damage_arrays(path, damage)
     line = one_line(serve(tmp_path, **overrides))
     assert line.startswith(f"fairness-exporter serve: {path}: unusable checkpoint (") and expected in line
+
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
