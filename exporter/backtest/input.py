@@ -170,7 +170,7 @@ def _payload_dump(path: Path, config: Config) -> Iterator[Batch]:
                 except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
                     malformed += 1
                     continue
-                read = read_halves(form, topic, [raw], models)
+                read = read_halves(form, topic, [raw], models, config.kafka.response_topic)
                 ignored += sum(read.ignored.values())
                 arrival = raw[3] / 1000
                 for _, reason, model, pid in read.rejected:

@@ -89,6 +89,27 @@ class KafkaConfig:
     """direct: each replica counts what it reads; staged: ingest, label join and evaluation run as stages joined by
     internal topics, so each model lives whole on one replica of the group (exporter/stream/stages/replica.py)."""
     internal_topics: InternalTopics = field(default_factory=InternalTopics)
+    topics: tuple[str, ...] = ()
+    """Events topics read instead of ``topic`` (a fleet of Seldon models: each one's inputs topic, its outputs topic
+    beside it)."""
+    topic_pattern: tuple[str, ...] = ()
+    """Events topics by name instead of ``topic``: ``*`` stands for any run of characters but a dot
+    (``seldon.prod.model.*.inputs``, and Seldon's outputs beside it); topics that appear later are read too."""
+
+    def events_topics(self) -> list[str]:
+        """The events topics named in the config (a pattern's are found on the broker)."""
+        if self.topics or self.topic_pattern:
+            return list(self.topics)
+        return [t for t in (self.topic, self.response_topic) if t]
+
+    def reads_events(self, topic: str) -> bool:
+        """Whether this topic holds events (or a payload log's requests or responses), named or matched."""
+        return topic in self.events_topics() or any(re.fullmatch(topic_regex(p), topic) for p in self.topic_pattern)
+
+
+def topic_regex(pattern: str) -> str:
+    """A ``kafka.topic_pattern`` as a regular expression: ``*`` is any run of characters but a dot."""
+    return re.escape(pattern).replace(r"\*", "[^.]*")
 
 
 @dataclass(frozen=True)

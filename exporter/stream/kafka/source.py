@@ -70,7 +70,9 @@ class KafkaSource:
         connects (the staged path creates its internal topics there), and is retried as the client is;
         ``on_refusal(line)``: a subscribed direct replica found another member in its group at start, and stopped."""
         self.kafka = kafka
-        self.topics = topics or [t for t in (kafka.topic, kafka.response_topic, kafka.labels_topic) if t]
+        self.topics = topics or [*kafka.events_topics(), *([kafka.labels_topic] if kafka.labels_topic else [])]
+        self._named = list(self.topics)
+        """The topics named; ``kafka.topic_pattern`` adds those the cluster has that match (:meth:`_matched`)."""
         self.prepare = prepare
         self.handle = handle
         self.book = book
@@ -190,11 +192,25 @@ class KafkaSource:
             self.prepare()
         client = make_client(self.kafka, self._client_error)
         self._committed = {}
+        self._matched(client)
         if self.manual:
             self._assign_all(client, wait=30.0)
         else:
             client.subscribe(self.topics, self)
         return client
+
+    def _matched(self, client: KafkaClient) -> bool:
+        """Read the topics matching ``kafka.topic_pattern`` too, as the cluster has them now; whether they changed."""
+        if not self.kafka.topic_pattern:
+            return False
+        names = client.topic_names()
+        if names is None:  # no broker answers: the topics known stay
+            return False
+        topics = [*self._named, *sorted(t for t in names - set(self._named) if self.kafka.reads_events(t))]
+        changed, self.topics = topics != self.topics, topics
+        if changed:
+            log.info("reading %s (kafka.topic_pattern %s)", ", ".join(self.topics), ", ".join(self.kafka.topic_pattern))
+        return changed
 
     def _assign_all(self, client: KafkaClient, wait: float = 0.0) -> None:
         """Manual assignment: every partition of the topics, including partitions added since the last call."""
@@ -313,8 +329,7 @@ class KafkaSource:
                 for partition, records in batches.items():
                     client.seek(partition, records[0].offset)
             kept = {p: records for p, records in batches.items() if same is not None and p[0] in same}
-            events = (self.kafka.topic, self.kafka.response_topic)
-            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic in events))
+            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if self.kafka.reads_events(topic)))
             if kept:
                 try:
                     self.handle(kept)
@@ -359,6 +374,8 @@ class KafkaSource:
                 now = time.monotonic()
                 if now - last_refresh >= REFRESH_SECONDS:
                     self.broker_up = self.client.connected()
+                    if self._matched(self.client) and not self.manual:
+                        self.client.subscribe(self.topics, self)
                     if self.manual:
                         self._assign_all(self.client)
                     last_refresh = now

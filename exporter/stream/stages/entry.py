@@ -114,7 +114,8 @@ class EntryStages:
         for i, (partition, records) in enumerate(parts):
             ends[partition] = values_and_next(records)[1]
             offsets = offsets_of(records, ends[partition]).tolist()
-            read = read_halves(form, partition[0], records_of(records), fleet.decoders)
+            read = read_halves(form, partition[0], records_of(records), fleet.decoders,
+                               self.ingest.kafka.response_topic)
             ignored.update(read.ignored)
             for k, half in zip(read.at, read.halves, strict=True):
                 text = orjson.dumps(half_json(half)).decode()
