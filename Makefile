@@ -39,6 +39,16 @@ $(CHECKOV_VENV)/bin/checkov:
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install --quiet checkov==3.3.30
 
+# MLServer and the KServe SDK, whose own codecs, protobuf classes and CloudEvents make the payload tests' records
+# (tests/platform_payloads.py, run as a subprocess), in a venv of their own: they pin protobuf and pandas below the
+# project's, and each registers the inference.* protobuf messages. About 60 s and 700 MB.
+PLATFORMS_VENV := .venv-platforms
+$(PLATFORMS_VENV)/.installed:
+	$(PYTHON) -m venv $(PLATFORMS_VENV)
+	$(PLATFORMS_VENV)/bin/pip install --quiet mlserver==1.7.1 kserve==0.16.0 protobuf==5.29.6 pandas==2.3.3 \
+	  cloudevents==1.13.0
+	touch $@
+
 # Grafana's published dashboard schema (@grafana/schema) and tsc, pinned by tools/grafana-schema/package-lock.json,
 # for tests/test_dashboard.py; needs node and npm (Debian's nodejs and npm where missing)
 GRAFANA_SCHEMA := tools/grafana-schema
@@ -46,7 +56,8 @@ $(GRAFANA_SCHEMA)/node_modules/.package-lock.json: $(GRAFANA_SCHEMA)/package-loc
 	$(call apt_install,node npm,nodejs npm)
 	npm ci --prefix $(GRAFANA_SCHEMA) --no-audit --no-fund --silent
 
-test-deps: $(STAMP) $(CHECKOV_VENV)/bin/checkov $(GRAFANA_SCHEMA)/node_modules/.package-lock.json
+test-deps: $(STAMP) $(CHECKOV_VENV)/bin/checkov $(PLATFORMS_VENV)/.installed \
+           $(GRAFANA_SCHEMA)/node_modules/.package-lock.json
 	$(call apt_install,$(APT_TOOLS),$(APT_PACKAGES))
 
 # the demo with Prometheus, Alertmanager and a webhook sink: needs only the monitoring stack
@@ -74,4 +85,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(CHECKOV_VENV) $(PLATFORMS_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site

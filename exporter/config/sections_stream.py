@@ -182,6 +182,8 @@ def payload_layout(kafka: KafkaConfig, payload: str, errors: Errors) -> KafkaCon
                                            "beside it)")  # fmt: skip
         return dataclasses.replace(kafka, topics=tuple(t for pair in named for t in pair if t),
                                    topic_pattern=tuple(p for pair in patterns for p in pair if p))  # fmt: skip
+    if payload == "seldon" and any(line.startswith(("kafka.topics:", "kafka.topic_pattern:")) for line in errors.lines):
+        return kafka  # kafka.topic was not meant
     if payload == "seldon" and kafka.response_topic is None:
         outputs = seldon_outputs(kafka.topic)
         if outputs is None:

@@ -87,11 +87,11 @@ class PairJoin:
                 self.pending[key] = (half, now)
             return None
         other = waiting[0]
-        if other.response == half.response:
-            counts["duplicate_delivery"] += 1  # the same half again: the first one stands
-            return None
         if other.component != half.component:
             counts["other_component"] += 1  # the call meets within the component whose half came first
+            return None
+        if other.response == half.response:
+            counts["duplicate_delivery"] += 1  # the same half again: the first one stands
             return None
         del self.pending[key]
         self._done(key, now, False, half.component)
