@@ -43,10 +43,9 @@ $(CHECKOV_VENV)/bin/checkov:
 # (tests/platform_payloads.py, run as a subprocess), in a venv of their own: they pin protobuf and pandas below the
 # project's, and each registers the inference.* protobuf messages. About 60 s and 700 MB.
 PLATFORMS_VENV := .venv-platforms
-$(PLATFORMS_VENV)/.installed:
+$(PLATFORMS_VENV)/.installed: requirements/platforms.txt
 	$(PYTHON) -m venv $(PLATFORMS_VENV)
-	$(PLATFORMS_VENV)/bin/pip install --quiet mlserver==1.7.1 kserve==0.16.0 protobuf==5.29.6 pandas==2.3.3 \
-	  cloudevents==1.13.0
+	$(PLATFORMS_VENV)/bin/pip install --quiet --no-deps -r requirements/platforms.txt
 	touch $@
 
 # Grafana's published dashboard schema (@grafana/schema) and tsc, pinned by tools/grafana-schema/package-lock.json,

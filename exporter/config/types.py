@@ -9,6 +9,7 @@ shared settings it needs (:class:`Windowing` for the windows, :class:`KafkaConfi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -105,6 +106,12 @@ class KafkaConfig:
     def reads_events(self, topic: str) -> bool:
         """Whether this topic holds events (or a payload log's requests or responses), named or matched."""
         return topic in self.events_topics() or any(re.fullmatch(topic_regex(p), topic) for p in self.topic_pattern)
+
+    def topics_now(self, cluster: Callable[[], set[str] | None], named: list[str]) -> list[str] | None:
+        """The topics to read now: ``named``, and those of the cluster's (``cluster()``, asked only with a pattern)
+        that match ``topic_pattern``; None without a pattern, or while no broker answers (the topics known stay)."""
+        names = cluster() if self.topic_pattern else None
+        return None if names is None else [*named, *sorted(t for t in names - set(named) if self.reads_events(t))]
 
 
 def topic_regex(pattern: str) -> str:

@@ -71,8 +71,7 @@ class KafkaSource:
         ``on_refusal(line)``: a subscribed direct replica found another member in its group at start, and stopped."""
         self.kafka = kafka
         self.topics = topics or [*kafka.events_topics(), *([kafka.labels_topic] if kafka.labels_topic else [])]
-        self._named = list(self.topics)
-        """The topics named; ``kafka.topic_pattern`` adds those the cluster has that match (:meth:`_matched`)."""
+        self._named = list(self.topics)  # kafka.topic_pattern adds those the cluster has that match
         self.prepare = prepare
         self.handle = handle
         self.book = book
@@ -192,25 +191,12 @@ class KafkaSource:
             self.prepare()
         client = make_client(self.kafka, self._client_error)
         self._committed = {}
-        self._matched(client)
+        self.topics = self.kafka.topics_now(client.topic_names, self._named) or self.topics
         if self.manual:
             self._assign_all(client, wait=30.0)
         else:
             client.subscribe(self.topics, self)
         return client
-
-    def _matched(self, client: KafkaClient) -> bool:
-        """Read the topics matching ``kafka.topic_pattern`` too, as the cluster has them now; whether they changed."""
-        if not self.kafka.topic_pattern:
-            return False
-        names = client.topic_names()
-        if names is None:  # no broker answers: the topics known stay
-            return False
-        topics = [*self._named, *sorted(t for t in names - set(self._named) if self.kafka.reads_events(t))]
-        changed, self.topics = topics != self.topics, topics
-        if changed:
-            log.info("reading %s (kafka.topic_pattern %s)", ", ".join(self.topics), ", ".join(self.kafka.topic_pattern))
-        return changed
 
     def _assign_all(self, client: KafkaClient, wait: float = 0.0) -> None:
         """Manual assignment: every partition of the topics, including partitions added since the last call."""
@@ -374,8 +360,10 @@ class KafkaSource:
                 now = time.monotonic()
                 if now - last_refresh >= REFRESH_SECONDS:
                     self.broker_up = self.client.connected()
-                    if self._matched(self.client) and not self.manual:
-                        self.client.subscribe(self.topics, self)
+                    if (new := self.kafka.topics_now(self.client.topic_names, self._named)) not in (None, self.topics):
+                        self.topics = new
+                        if not self.manual:  # manual assignment takes them below
+                            self.client.subscribe(self.topics, self)
                     if self.manual:
                         self._assign_all(self.client)
                     last_refresh = now
