@@ -112,6 +112,42 @@ def test_a_fleet_of_seldon_models_made_by_mlserver_counts_exactly_in_one_daemon(
                    for r in ("malformed_payload", "unequal_rows"))  # fmt: skip
 
 
+
+def test_one_seldon_model_named_by_kafka_topic_reads_its_outputs_beside_it_as_before(
+    kafka_broker: EmbeddedBroker, tmp_path: Path, daemons: list[Daemon],
+) -> None:  # fmt: skip
+    """A config of one model (``kafka.topic``, as users have them) keeps its meaning, with MLServer's records."""
+    namespace = f"ns{uuid.uuid4().hex[:6]}"
+    calls, truth = _calls(namespace, random.Random(9))
+    calls = [c for c in calls[:FAILED] + calls[FAILED + 1:] if c["model"] == "income"]
+    records = platform_records("seldon", calls, tmp_path)
+    inputs = f"seldon.{namespace}.model.income.inputs"
+    for side in ("inputs", "outputs"):
+        kafka_broker.create_topic(f"seldon.{namespace}.model.income.{side}", partitions=2)
+    path = tmp_path / "daemon.yaml"
+    path.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers, "topic": inputs, "assignment": "manual",
+                  "client": FAST_RECONNECT["kafka-python"]},
+        "events": {"format": "seldon", "prediction": "proba", "score_threshold": 0.5},
+        "windows": ["1h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 5,
+        "listen": {"address": "127.0.0.1", "port": 0}, "model_id": "income",
+        "protected_attributes": [{"name": "gender", "groups": ["male", "female"]},
+                                 {"name": "region", "column": "x-region", "groups": ["north", "south"]}],
+    }))  # fmt: skip
+    daemon = Daemon(load_config(path))
+    daemons.append(daemon)
+    daemon.start()
+    send_placed(kafka_broker.bootstrap_servers, records)
+    wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_payload_pairs_joined_total") == len(calls),
+             what=f"{len(calls)} calls joined")  # fmt: skip
+    daemon.computer.compute()
+    page = scrape(daemon.port)
+    for (model, attribute, subgroup, y), n in truth.items():
+        if model == "income":
+            assert sample(page, "fairness_predictions_total", attribute=attribute, model_id=model, predicted=str(y),
+                          subgroup=subgroup) == n, (attribute, subgroup, y)  # fmt: skip
+    assert not sample(page, "fairness_exporter_payload_halves_unmatched_total", reason="duplicate_delivery")
+
 def _seldon(kafka: dict[str, Any]) -> dict[str, Any]:
     return {"kafka": kafka, "events": {"format": "seldon", "prediction": "proba", "score_threshold": 0.5},
             "models": [{"model_id": m, "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}]}
