@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from daemon_fixture import FAST_RECONNECT, sample, scrape, wait_for
+from daemon_fixture import FAST_RECONNECT, GROUP_CLIENT, sample, scrape, wait_for
 from payload_logs import platform_records, send_placed
 
 from exporter.config import ConfigError, load_config, parse_config
@@ -59,9 +59,12 @@ FAILED = 3
 """The call that failed: Seldon writes its error to seldon.<ns>.errors.errors, and no response."""
 
 
+@pytest.mark.parametrize("assignment", ["manual", "subscribe"])
 def test_a_fleet_of_seldon_models_made_by_mlserver_counts_exactly_in_one_daemon(
-    kafka_broker: EmbeddedBroker, tmp_path: Path, daemons: list[Daemon], client_library: str,
+    kafka_broker: EmbeddedBroker, tmp_path: Path, daemons: list[Daemon], client_library: str, assignment: str,
 ) -> None:  # fmt: skip
+    """Subscribed, a model's topics that appear later make the consumer subscribe again, and the group hands them
+    over; manual assignment takes them at its next look."""
     namespace = f"ns{uuid.uuid4().hex[:6]}"
     calls, truth = _calls(namespace, random.Random(5))
     records = platform_records("seldon", calls, tmp_path)
@@ -76,7 +79,8 @@ def test_a_fleet_of_seldon_models_made_by_mlserver_counts_exactly_in_one_daemon(
     path = tmp_path / "daemon.yaml"
     path.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers, "topic_pattern": f"{stem}.*.inputs",
-                  "assignment": "manual", "client_library": client_library, "client": FAST_RECONNECT[client_library]},
+                  "assignment": assignment, "client_library": client_library, "group_id": f"g-{namespace}",
+                  "client": (FAST_RECONNECT if assignment == "manual" else GROUP_CLIENT)[client_library]},
         "events": {"format": "seldon", "prediction": "proba", "score_threshold": 0.5},
         "windows": ["1h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 5,
         "listen": {"address": "127.0.0.1", "port": 0},
