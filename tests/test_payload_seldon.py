@@ -185,6 +185,9 @@ def test_a_list_of_seldon_inputs_topics_reads_each_ones_outputs_beside_it_and_ka
     ({"topic_pattern": "seldon.prod.*"}, "kafka.topic_pattern: 'seldon.prod.*': events.format seldon reads models' "
                                          "seldon.<namespace>.model.<name>.inputs topics (each one's .outputs beside "
                                          "it)"),
+    ({"topic_pattern": "seldon.prod.model.*.inputs", "dead_letter_topic": "seldon.prod.model.dlq.inputs"},
+     "kafka.topic_pattern: 'seldon.prod.model.*.inputs' matches 'seldon.prod.model.dlq.inputs', which would be read "
+     "as events"),
     ({"topics": ["seldon.prod.model.a.inputs"], "response_topic": "x"},
      "kafka.response_topic: is one topic beside kafka.topic; with kafka.topics, Seldon's outputs topics are read "
      "beside its inputs topics"),

@@ -27,6 +27,7 @@ from exporter.config.types import (
     KafkaConfig,
     Window,
     parse_duration,
+    topic_regex,
 )
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,10 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
     topics += values.get("topics", ())
     if len(set(topics)) != len(topics):
         errors.add("kafka", f"topic, labels_topic, dead_letter_topic and the internal topics must differ, got {topics}")
+    for pattern in values.get("topic_pattern", ()):
+        for topic in topics:
+            if re.fullmatch(topic_regex(pattern), str(topic)):
+                errors.add("kafka.topic_pattern", f"{pattern!r} matches {topic!r}, which would be read as events")
     client = raw.get("client") or {}
     if not isinstance(client, dict) or not all(isinstance(k, str) for k in client):
         errors.add("kafka.client", f"{client!r} is not a mapping of client settings")
