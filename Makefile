@@ -43,9 +43,10 @@ $(CHECKOV_VENV)/bin/checkov:
 # (tests/platform_payloads.py, run as a subprocess), in a venv of their own: they pin protobuf and pandas below the
 # project's, and each registers the inference.* protobuf messages. About 60 s and 700 MB.
 PLATFORMS_VENV := .venv-platforms
-$(PLATFORMS_VENV)/.installed: requirements/platforms.txt
+# Its lock (hashes, as requirements/test.lock): uv pip compile requirements/platforms.in --universal --generate-hashes.
+$(PLATFORMS_VENV)/.installed: requirements/platforms.lock
 	$(PYTHON) -m venv $(PLATFORMS_VENV)
-	$(PLATFORMS_VENV)/bin/pip install --quiet --no-deps -r requirements/platforms.txt
+	$(PLATFORMS_VENV)/bin/pip install --quiet --no-deps --require-hashes -r requirements/platforms.lock
 	touch $@
 
 # Grafana's published dashboard schema (@grafana/schema) and tsc, pinned by tools/grafana-schema/package-lock.json,
