@@ -81,7 +81,9 @@ def seldon(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def kserve(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each call: model (the InferenceService), topic, id, components (each logs the call: its request and
-    response), columns (name -> values, one [N, 1] tensor each), predictions, metadata (logged headers), time."""
+    response; under ``component_ids`` [its name] when given, as a stock transformer, which does not forward
+    ``Ce-Id``, makes its predictor log), columns (name -> values, one [N, 1] tensor each), predictions, metadata
+    (logged headers), time."""
     from cloudevents.http import CloudEvent
     from cloudevents.kafka import to_binary
     from kserve import InferInput, InferOutput, InferRequest, InferResponse
@@ -97,8 +99,9 @@ def kserve(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         when = datetime.fromtimestamp(call["time"], UTC)
         for component in call["components"]:
             for kind, body in (("request", request), ("response", response)):
+                logged_id = call.get("component_ids", {}).get(component, pid)
                 event = CloudEvent({
-                    "id": pid, "type": f"org.kubeflow.serving.inference.{kind}", "time": when.isoformat(),
+                    "id": logged_id, "type": f"org.kubeflow.serving.inference.{kind}", "time": when.isoformat(),
                     "source": f"http://localhost:9081/{component}", "datacontenttype": "application/json",
                     "recordedtime": when.isoformat(), "inferenceservicename": model, "namespace": "credit",
                     "component": component, "endpoint": "default",

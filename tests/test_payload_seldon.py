@@ -196,3 +196,13 @@ def test_a_fleet_of_topics_is_refused_in_one_line_naming_the_key(kafka: dict[str
     with pytest.raises(ConfigError) as caught:
         parse_config(_seldon(kafka), "fleet.yaml")
     assert [problem.strip() for problem in str(caught.value).splitlines()[1:]] == [line]
+
+
+def test_events_component_is_refused_where_no_component_logs() -> None:
+    raw = _seldon({"topic": "seldon.prod.model.income.inputs"})
+    raw["models"][0]["events"] = {"component": "transformer"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, "fleet.yaml")
+    assert [p.strip() for p in str(caught.value).splitlines()[1:]] == [
+        "models[0] (income).events.component: only KServe's payload logger names the component that logged a call "
+        "(events.format kserve)"]

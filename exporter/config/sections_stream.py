@@ -214,6 +214,9 @@ def parse_events(raw: dict[str, Any], errors: Errors) -> EventFields:
             values[key] = value
         elif key == "pair_horizon":
             values[key] = get(raw, key, 600.0, errors, "events.", parse_duration)
+        elif key == "component" and payload != "kserve":
+            errors.add("events.component", "only KServe's payload logger names the component that logged a call "
+                                           "(events.format kserve)")  # fmt: skip
         elif payload != "json" and key in PAYLOAD_UNUSED:
             errors.add(f"events.{key}", f"not read with events.format {payload}: a payload's rows name their "
                                         "columns (events.prediction names the output column, each protected "

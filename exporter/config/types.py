@@ -140,6 +140,9 @@ class EventFields:
     """json: our events at the paths above; kserve / seldon: the platform's payload log, whose rows name their
     columns (exporter/stream/decode/payload.py): ``prediction`` names the output column, each attribute its
     ``column``."""
+    component: str | None = None
+    """KServe: count only the calls this InferenceService component logged (``transformer``, ``predictor``); the
+    other components' logs of them, under ids of their own, are ignored (None: every component's)."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from exporter.serve.self_metrics import Health, RateLimitedLog
 from exporter.stream.bounded import Bound
 from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import PayloadRows, payload_batches, read_halves, records_of
+from exporter.stream.decode.payload import PayloadRows, components, payload_batches, read_halves, records_of
 from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.state.fleet import Fleet, Monitored
@@ -118,7 +118,8 @@ class Ingest:
         halves, rejected, ignored = [], [], Counter[str]()
         offsets: dict[Partition, int] = {}
         for partition, records in parts:
-            read = read_halves(form, partition[0], records_of(records), models, self.kafka.response_topic)
+            read = read_halves(form, partition[0], records_of(records), models, self.kafka.response_topic,
+                               components(fleet.config.models))  # fmt: skip
             halves += read.halves
             rejected += read.rejected
             ignored.update(read.ignored)

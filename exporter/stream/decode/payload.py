@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -175,10 +175,16 @@ class Halves:
     rejected_at: list[int] = field(default_factory=list)
 
 
+def components(models: Iterable[ModelSpec]) -> dict[str, str]:
+    """The KServe component whose log each model counts, where its ``events.component`` names one."""
+    return {m.model_id: m.events.component for m in models if m.events.component}
+
+
 def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str],
-                response_topic: str | None = None) -> Halves:  # fmt: skip
+                response_topic: str | None = None, counted: Mapping[str, str] | None = None) -> Halves:  # fmt: skip
     """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused.
-    ``response_topic``: the responses' topic when its name does not say so (``kafka.response_topic``)."""
+    ``response_topic``: the responses' topic when its name does not say so (``kafka.response_topic``);
+    ``counted``: the component whose log a model counts (:func:`components`), others ignored."""
     out = Halves()
     response = topic == response_topic if response_topic else None
     for i, (value, raw_headers, key, ms) in enumerate(records):
@@ -196,6 +202,9 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
             continue
         if half.model not in models:
             out.ignored[ignore_reason(half.model)] += 1
+            continue
+        if counted and half.component and counted.get(half.model or "", half.component) != half.component:
+            out.ignored["other_component"] += 1
             continue
         out.halves.append(half)
         out.at.append(i)
