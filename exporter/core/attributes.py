@@ -24,6 +24,8 @@ class Attribute:
     groups: tuple[str, ...]
     pairs: tuple[tuple[int, int], ...]
     base_sizes: tuple[int, ...] = field(default=())
+    source: str | None = None
+    """A base attribute read from a side source by id (``attribute_sources:``): its column is the record's key."""
 
     def combine(self, codes: list[np.ndarray]) -> np.ndarray:
         """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""

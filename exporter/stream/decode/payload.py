@@ -25,6 +25,7 @@ import orjson
 
 from exporter.config import ModelSpec
 from exporter.core.encoding import attribute_codes, code_table, value_text
+from exporter.core.side_table import id_text
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import Half, headers_of, kserve_half, kserve_model, seldon_half, seldon_model
@@ -191,7 +192,8 @@ class PayloadRows:
         self.max_future_skew_seconds = max_future_skew_seconds
         self.threshold = model.events.score_threshold
         self.column = model.events.prediction
-        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes if a.source is None]
+        self.sides = [(s.name, s.id) for s in model.attribute_sources]
 
     def batch(self, pairs: Sequence[tuple[Half, Half]], now: float) -> tuple[DecodedBatch, list[tuple[Half, str]]]:
         """The rows of these pairs, and the pairs refused (the request half, with the reason)."""
@@ -200,6 +202,7 @@ class PayloadRows:
         values: list[Any] = []
         ids: list[Any] = []
         raw_codes: list[list[Any]] = [[] for _ in self.tables]
+        sides: list[list[Any]] = [[] for _ in self.sides]
         refused: list[tuple[Half, str]] = []
         for request, response in pairs:
             reason = self._rule(request, response, latest)
@@ -213,9 +216,9 @@ class PayloadRows:
                 found = request.columns[self.column]
             values += found
             ids += [request.pair] if n == 1 else [f"{request.pair}:{i}" for i in range(n)]
-            for k, (column, _, _) in enumerate(self.tables):
+            for k, column in enumerate([column for column, _, _ in self.tables] + [c for _, c in self.sides]):
                 cells = request.columns.get(column) or response.columns.get(column)
-                raw_codes[k] += cells if cells is not None else [request.metadata.get(column)] * n
+                (raw_codes + sides)[k].extend(cells if cells is not None else [request.metadata.get(column)] * n)
         timestamps = np.asarray(stamps, dtype=np.float64)
         if self.threshold is not None:
             scores = np.asarray(values, dtype=np.float64)
@@ -228,11 +231,15 @@ class PayloadRows:
             codes.append(np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v),
                                                                           unknown) for v in cells),
                                      np.int64, len(cells)))  # fmt: skip
-        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
+        base = dict(zip((column for column, _, _ in self.tables), codes, strict=True))
+        base.update({a.columns[0]: np.full(len(timestamps), -1, dtype=np.int64) for a in self.model.base_attributes
+                     if a.source is not None})  # fmt: skip
         batch = DecodedBatch(timestamps=timestamps, predictions=predictions,
                              outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
                              codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
-                             rejected=Counter(reason for _, reason in refused), scores=scores)  # fmt: skip
+                             rejected=Counter(reason for _, reason in refused), scores=scores,
+                             side_ids={name: list(map(id_text, side))
+                                       for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
         return batch, refused
 
     def _rule(self, request: Half, response: Half, latest: float) -> str | None:

@@ -65,12 +65,14 @@ class KafkaSource:
 
     def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
                  topics: list[str] | None = None, prepare: Callable[[], None] | None = None,
-                 on_refusal: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 on_refusal: Callable[[str], None] | None = None,
+                 from_start: frozenset[str] = frozenset()) -> None:  # fmt: skip
         """``topics``: what to read (default: the events and labels topics); ``prepare`` runs before each new client
         connects (the staged path creates its internal topics there), and is retried as the client is;
         ``on_refusal(line)``: a subscribed direct replica found another member in its group at start, and stopped."""
         self.kafka = kafka
         self.topics = topics or [t for t in (kafka.topic, kafka.response_topic, kafka.labels_topic) if t]
+        self.from_start = from_start  # read from their start when nothing of them was counted (side tables)
         self.prepare = prepare
         self.handle = handle
         self.book = book
@@ -134,6 +136,7 @@ class KafkaSource:
             self.assigned_once.set()
         self._judge_assignment = self.whole
         starts = self.book.starts(partitions, committed)
+        starts.update({p: 0 for p in partitions if p[0] in self.from_start and p not in starts})
         if committed is not None:  # a partition of a re-created topic that nobody counted: none of it to skip
             starts.update({p: 0 for p in partitions if p[0] in self._recreated and p not in starts | committed})
         return starts
@@ -218,7 +221,8 @@ class KafkaSource:
             # A partition that appeared while the source ran (the topic grew, or came back with more partitions)
             # is read from its start whatever auto_offset_reset says: none of it was there to skip.
             new = 0 if self._partitions_seen else None
-            client.assign({p: counted.get(p, None if p in self._partitions_seen else new) for p in partitions})
+            client.assign({p: counted.get(p, 0 if p[0] in self.from_start else None if p in self._partitions_seen
+                                          else new) for p in partitions})  # fmt: skip
             self._partitions_seen.update(partitions)
             self.assigned_once.set()
 
