@@ -120,6 +120,30 @@ class SideTable:
             self.merge()
         return True
 
+    def load(self, hashes: np.ndarray, codes: np.ndarray) -> bool:
+        """Write many records at once, as :meth:`put` of each in order would (a later record of an id wins); False
+        when the ids would be more than ``max_records`` (nothing is written then)."""
+        last = len(hashes) - 1 - np.unique(hashes[::-1], return_index=True)[1]  # each id's last record
+        self.merge()
+        at = np.searchsorted(self.keys, hashes[last])
+        held = at < len(self.keys)
+        held[held] = self.keys[at[held]] == hashes[last][held]
+        if self.size + int((~held).sum()) > self.max_records:
+            return False
+        self.codes[at[held]] = codes[last][held]
+        new = last[~held]
+        self.keys = np.insert(self.keys, at[~held], hashes[new])
+        self.codes = np.insert(self.codes, at[~held], codes[new].astype(np.uint16), axis=0)
+        self.size = len(self.keys)
+        return True
+
+    def encode_column(self, field: str, values: Sequence[object]) -> np.ndarray:
+        """The code of each distinct value of a field (:meth:`encode`'s codes), then 0 for a missing cell (index
+        -1 of a column's distinct values)."""
+        problems: dict[str, int] = {}
+        return np.array([*(self.encode({field: v}, problems)[self.fields.index(field)] if field in self.fields
+                           else 0 for v in values), 0], dtype=np.uint16)  # fmt: skip
+
     def merge(self) -> None:
         """Fold the recent writes into the sorted arrays."""
         if not self._recent:
