@@ -22,9 +22,10 @@ class Scenario:
     the records after them (15%, and corrections of earlier ones, which must change nothing counted), and 5%
     never; ``truth``: (attribute, subgroup) -> [predictions, positives], ``unknown`` per attribute."""
 
-    before: list[tuple[str, dict[str, str] | None]] = field(default_factory=list)
+    before: list[tuple[str, dict[str, str] | None, float]] = field(default_factory=list)
     predictions: list[dict[str, Any]] = field(default_factory=list)
-    after: list[tuple[str, dict[str, str] | None]] = field(default_factory=list)
+    after: list[tuple[str, dict[str, str] | None, float]] = field(default_factory=list)
+    """(id, record or None for a tombstone, its time: the Kafka timestamp it is in force from)"""
     truth: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     never: int = 0
     positives: int = 0
@@ -40,17 +41,18 @@ def scenario(n: int, ts: float, seed: int = 7, model_id: str = "m1") -> Scenario
         when = rng.random()
         if when < 0.80:
             if i % 25 == 0:  # a wrong record first, corrected before the prediction: the correction counts
-                out.before.append((aid, {"gender": GENDERS[1 - GENDERS.index(record["gender"])], "race": "asian"}))
-            out.before.append((aid, record))
+                out.before.append((aid, {"gender": GENDERS[1 - GENDERS.index(record["gender"])], "race": "asian"},
+                                   ts - 12))  # fmt: skip
+            out.before.append((aid, record, ts - 10))
             if i % 30 == 1:  # corrected after the prediction: the prediction keeps the value it met
-                out.after.append((aid, {"gender": "female", "race": "black"}))
+                out.after.append((aid, {"gender": "female", "race": "black"}, ts + 8))
         elif when < 0.95:
-            out.after.append((aid, record))
+            out.after.append((aid, record, ts + 5))
         else:
             record = {}
             out.never += 1
             if i % 2:  # a record that was deleted (tombstone) before the prediction: as if never sent
-                out.before += [(aid, {"gender": "male", "race": "white"}), (aid, None)]
+                out.before += [(aid, {"gender": "male", "race": "white"}, ts - 12), (aid, None, ts - 10)]
         for attribute, value in record.items():
             out.truth[(attribute, value)][0] += 1
             out.truth[(attribute, value)][1] += prediction

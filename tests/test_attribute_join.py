@@ -43,10 +43,10 @@ def daemon(tmp_path: Path | None = None, **overrides: object) -> Daemon:
     return d
 
 
-def side(d: Daemon, records: list[tuple[str, dict | None]], start: int) -> int:
+def side(d: Daemon, records: list[tuple[str, dict | None, float]], start: int) -> int:
     d.clock.now += 1  # type: ignore[attr-defined]
-    batch = [Rec(None if v is None else orjson.dumps(v), start + i, k.encode(), int(d.clock() * 1000))
-             for i, (k, v) in enumerate(records)]  # fmt: skip
+    batch = [Rec(None if v is None else orjson.dumps(v), start + i, k.encode(), int(t * 1000))
+             for i, (k, v, t) in enumerate(records)]  # fmt: skip
     if batch:
         d.ingest.handle_poll({("applicant-demographics", 0): batch})
     return start + len(batch)
@@ -109,7 +109,7 @@ def test_a_prediction_waits_until_its_record_arrives() -> None:
                 "attributes": {"applicant_id": 17}}])  # fmt: skip
     assert samples(d)[("model_subgroup_samples", "gender", "overall")] == 0
     assert counter(d, "fairness_exporter_predictions_waiting_for_attributes") == 1
-    side(d, [("17", {"gender": "female", "race": "asian"})], 0)  # a numeric id is its text
+    side(d, [("17", {"gender": "female", "race": "asian"}, T0)], 0)  # a numeric id is its text
     got = samples(d)
     assert got[("model_subgroup_samples", "gender", "female")] == 1
     assert got[("model_subgroup_samples", "race", "asian")] == 1
@@ -158,3 +158,19 @@ def test_the_daemon_refuses_a_source_without_a_topic() -> None:
         "path": "demographics.parquet", "id": "applicant_id"}})  # fmt: skip
     with pytest.raises(ConfigError, match=r"attribute_sources.applicants.topic: required by the daemon"):
         Daemon(config, registry=CollectorRegistry())
+
+
+def test_a_correction_applies_to_predictions_made_after_it_whatever_the_reading_order() -> None:
+    d = daemon()
+    side(d, [("A", {"gender": "male", "race": "white"}, T0 - 100),
+             ("A", {"gender": "female", "race": "white"}, T0 - 50),
+             ("B", {"gender": "male", "race": "white"}, T0 + 200)], 0)  # B's record came long after its prediction
+    # read after the correction, as a restart replays them: the earlier one met the first record
+    events(d, [{"model_id": "m1", "prediction_id": f"p{i}", "timestamp": t, "prediction": 1,
+                "attributes": {"applicant_id": aid}} for i, (aid, t) in enumerate([("A", T0 - 80), ("A", T0 - 20),
+                                                                                    ("B", T0 - 30)])])  # fmt: skip
+    got = samples(d)
+    assert got[("model_subgroup_samples", "gender", "male")] == 1
+    assert got[("model_subgroup_samples", "gender", "female")] == 1
+    assert got[("model_subgroup_unknown_samples", "gender", "")] == 1  # B: beyond the horizon (1m), never joined
+    assert counter(d, "fairness_exporter_attribute_joins_total", source="applicants", outcome="never_joined") == 1

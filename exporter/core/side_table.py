@@ -4,15 +4,24 @@ Kafka Streams' KTable semantics: the latest record of an id wins, and a tombston
 one from a dataset, the daemon from a compacted topic; both look up each row's id through :meth:`SideTable.get`,
 so a prediction meets the same values on every path.
 
+A record is in force from its time (the side record's Kafka timestamp; none: always), as in Kafka Streams'
+versioned stream-table joins: a row looks up the version in force at its own event time, and a row older than every
+version of its id takes the first one, if it came within the horizon. So a correction applies to the predictions
+made after it, whatever order the topics are read in (a restart that reads a correction before replaying older
+predictions counts them as the first run did). The version a correction replaced is kept while a prediction of its
+time may still be read (:meth:`SideTable.forget_before`); a tombstone removes every version of its id.
+
 An id is held as a 64-bit hash of its UTF-8 text (:func:`id_hashes`), and a record as one small code per field
-(the index of its value among the values seen for that field, 0 for none): a sorted ``uint64`` array and a
-``uint16`` matrix, with recent writes in a dict merged in when it grows, so that 10^7 ids of two fields take about
-120 MB instead of the gigabytes a dict of dicts would. Two ids collide with probability about n^2 / 2^65 (3e-6 at
-10^7 ids). Values stay in the process: the table holds codes and the values' vocabulary, never a log line.
+(the index of its value among the values seen for that field, 0 for none) and the second it starts: a sorted
+``uint64`` array, a ``uint16`` matrix and a ``uint32`` array, with recent writes in a dict merged in when it grows,
+so that 10^7 ids of two fields take about 160 MB instead of the gigabytes a dict of dicts would. Two ids collide with
+probability about n^2 / 2^65 (3e-6 at 10^7 ids). Values stay in the process: the table holds codes and the values'
+vocabulary, never a log line.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -69,10 +78,14 @@ class SideTable:
         self.max_records = max_records
         self.keys = np.zeros(0, dtype=np.uint64)
         self.codes = np.zeros((0, len(self.fields)), dtype=np.uint16)
+        self.since = np.zeros(0, dtype=np.uint32)
+        """The second each id's record is in force from (its time, rounded up; 0: always)."""
+        self.previous: dict[int, tuple[tuple[int, ...], int]] = {}
+        """The version a correction replaced (codes, since), per id, until :meth:`forget_before` drops it."""
         self.values: list[list[str]] = [[] for _ in self.fields]
         """Per field, the values seen (code i + 1 is values[i]); in the process and its checkpoint only."""
         self._value_codes: list[dict[str, int]] = [{} for _ in self.fields]
-        self._recent: dict[int, tuple[int, ...] | None] = {}
+        self._recent: dict[int, tuple[tuple[int, ...], int] | None] = {}
         """Writes since the last merge (None: deleted), read before the sorted arrays."""
         self.size = 0
 
@@ -103,22 +116,41 @@ class SideTable:
             out.append(code)
         return tuple(out)
 
-    def _held(self, key: int) -> bool:
+    def _current(self, key: int) -> tuple[tuple[int, ...], int] | None:
         if key in self._recent:
-            return self._recent[key] is not None
+            return self._recent[key]
         at = int(np.searchsorted(self.keys, np.uint64(key)))
-        return at < len(self.keys) and int(self.keys[at]) == key
+        if at < len(self.keys) and int(self.keys[at]) == key:
+            return tuple(int(c) for c in self.codes[at]), int(self.since[at])
+        return None
 
-    def put(self, key: int, codes: tuple[int, ...] | None) -> bool:
-        """Write one record (None: a tombstone); False when it is a new id and the table is full."""
-        held = self._held(key)
-        if codes is not None and not held and self.size >= self.max_records:
+    def put(self, key: int, codes: tuple[int, ...] | None, time: float = 0.0) -> bool:
+        """Write one record (None: a tombstone) in force from ``time`` (epoch seconds; 0: always); False when it is
+        a new id and the table is full."""
+        held = self._current(key)
+        if codes is not None and held is None and self.size >= self.max_records:
             return False
-        self.size += (codes is not None) - held
-        self._recent[key] = codes
+        since = math.ceil(max(time, 0.0))
+        self.size += (codes is not None) - (held is not None)
+        if codes is None:
+            self.previous.pop(key, None)
+        elif held is not None and held[1] < since:
+            self.previous[key] = held
+        self._recent[key] = None if codes is None else (codes, since)
         if len(self._recent) > max(65536, len(self.keys) // 4):
             self.merge()
         return True
+
+    def forget_before(self, time: float) -> None:
+        """Drop the replaced versions whose successor is in force since before ``time``: no prediction read from
+        now on is older (it would be late, and dropped)."""
+        if not self.previous:
+            return
+        hashes = np.fromiter(self.previous, np.uint64, len(self.previous))
+        found, _, since = self._lookup(hashes)
+        for key, keep in zip(hashes.tolist(), (found & (since >= time)).tolist(), strict=True):
+            if not keep:
+                del self.previous[key]
 
     def load(self, hashes: np.ndarray, codes: np.ndarray) -> bool:
         """Write many records at once, as :meth:`put` of each in order would (a later record of an id wins); False
@@ -131,9 +163,11 @@ class SideTable:
         if self.size + int((~held).sum()) > self.max_records:
             return False
         self.codes[at[held]] = codes[last][held]
+        self.since[at[held]] = 0
         new = last[~held]
         self.keys = np.insert(self.keys, at[~held], hashes[new])
         self.codes = np.insert(self.codes, at[~held], codes[new].astype(np.uint16), axis=0)
+        self.since = np.insert(self.since, at[~held], np.zeros(len(new), dtype=np.uint32))
         self.size = len(self.keys)
         return True
 
@@ -155,31 +189,52 @@ class SideTable:
         keep = np.ones(len(self.keys), dtype=bool)
         keep[at[found]] = False
         live = [(k, v) for k, v in self._recent.items() if v is not None]
-        keys, codes = self.keys[keep], self.codes[keep]
+        keys, codes, since = self.keys[keep], self.codes[keep], self.since[keep]
         new = np.fromiter((k for k, _ in live), np.uint64, len(live))
-        rows = np.array([v for _, v in live], dtype=np.uint16).reshape(len(live), len(self.fields))
+        rows = np.array([v[0] for _, v in live], dtype=np.uint16).reshape(len(live), len(self.fields))
+        starts = np.array([v[1] for _, v in live], dtype=np.uint32)
         order = np.argsort(new)
-        new, rows = new[order], rows[order]
+        new, rows, starts = new[order], rows[order], starts[order]
         where = np.searchsorted(keys, new)
         self.keys = np.insert(keys, where, new)
         self.codes = np.insert(codes, where, rows, axis=0)
+        self.since = np.insert(since, where, starts)
         self._recent = {}
 
-    def get(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For each id hash: whether a record is held, and its codes (zeros where none)."""
+    def _lookup(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The current version of each id hash: whether one is held, its codes and since (zeros where none)."""
         n = len(hashes)
         codes = np.zeros((n, len(self.fields)), dtype=np.uint16)
+        since = np.zeros(n, dtype=np.int64)
         at = np.searchsorted(self.keys, hashes)
         found = at < len(self.keys)
         found[found] = self.keys[at[found]] == hashes[found]
         codes[found] = self.codes[at[found]]
+        since[found] = self.since[at[found]]
         if self._recent:
             for i, key in enumerate(hashes.tolist()):
                 if key in self._recent:
                     recent = self._recent[key]
                     found[i] = recent is not None
-                    codes[i] = recent if recent is not None else 0
-        return found, codes
+                    codes[i], since[i] = recent if recent is not None else (0, 0)
+        return found, codes, since
+
+    def get(self, hashes: np.ndarray, times: np.ndarray | None = None,
+            horizon: float = math.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """For each id hash (and the event time of its row; None: now): whether a version applies, its codes (zeros
+        where none), and whether the id's records all came later than ``horizon`` after the row (never joined).
+
+        The version in force at the row's time; for a row older than every version, the first one."""
+        found, codes, since = self._lookup(hashes)
+        if times is None:
+            return found, codes, np.zeros(len(hashes), dtype=bool)
+        if self.previous:
+            for i, key in enumerate(hashes.tolist()):
+                earlier = self.previous.get(key)
+                if earlier is not None and found[i] and since[i] > times[i]:  # the replaced one, if in force then
+                    codes[i], since[i] = earlier[0], earlier[1]
+        beyond = found & (since > np.asarray(times) + horizon)
+        return found & ~beyond, np.where(beyond[:, None], 0, codes).astype(np.uint16), beyond
 
     def lut(self, field: str, groups: Sequence[str]) -> np.ndarray:
         """Group code of each value code of a field (code 0, and values outside the groups: the unknown code)."""
@@ -190,7 +245,13 @@ class SideTable:
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint (recent writes merged first)."""
         self.merge()
-        out: dict[str, np.ndarray] = {"keys": self.keys, "codes": self.codes}
+        previous = list(self.previous.items())
+        out: dict[str, np.ndarray] = {
+            "keys": self.keys, "codes": self.codes, "since": self.since,
+            "previous_keys": np.array([k for k, _ in previous], dtype=np.uint64),
+            "previous_codes": np.array([v[0] for _, v in previous], dtype=np.uint16).reshape(len(previous),
+                                                                                             len(self.fields)),
+            "previous_since": np.array([v[1] for _, v in previous], dtype=np.uint32)}  # fmt: skip
         for k, values in enumerate(self.values):
             encoded = [v.encode() for v in values]
             out[f"values{k}_bytes"] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
@@ -201,6 +262,9 @@ class SideTable:
         """Load what :meth:`state` produced for the same fields."""
         self.keys = state["keys"].astype(np.uint64)
         self.codes = state["codes"].astype(np.uint16).reshape(len(self.keys), len(self.fields))
+        self.since = state["since"].astype(np.uint32)
+        self.previous = {int(k): (tuple(int(c) for c in codes), int(since)) for k, codes, since in zip(
+            state["previous_keys"].tolist(), state["previous_codes"], state["previous_since"].tolist(), strict=True)}
         self.size, self._recent = len(self.keys), {}
         for k in range(len(self.fields)):
             data = state[f"values{k}_bytes"].tobytes()

@@ -282,7 +282,7 @@ class Ingest:
         fleet = self.fleet
         with fleet.lock:
             fleet.attributes.clocks[name].labels_read((topic, partition), newest_timestamp(records), now)
-            arrived = fleet.attributes.records(name, read.keys, read.values, rejected)
+            arrived = fleet.attributes.records(name, read, rejected)
             outcomes: Counter[tuple[str, str]] = Counter()
             self._released(fleet.attributes.release(arrived, self._specs(), outcomes), now, given_up)
             fleet.advance_offset((topic, partition), next_offset)

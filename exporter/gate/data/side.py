@@ -97,7 +97,7 @@ class JoinedRows:
                 assert source is not None
                 if source not in found:
                     indices, hashes = _ids(batch.column(ids[source]))
-                    held, codes = self.tables[source].get(hashes)
+                    held, codes, _ = self.tables[source].get(hashes)
                     per_row = np.where(indices >= 0, held[indices], False)  # a missing id joins nothing
                     found[source] = (per_row, codes[indices])
                 table, (held_rows, codes) = self.tables[source], found[source]

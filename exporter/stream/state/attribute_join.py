@@ -47,6 +47,8 @@ class SideRecords:
 
     keys: list[str] = field(default_factory=list)
     values: list[dict[str, Any] | None] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    """Each record's Kafka timestamp in seconds (0: none), from which it is in force."""
     rejected: Counter[str] = field(default_factory=Counter)
     letters: list[tuple[bytes | None, str]] = field(default_factory=list)
 
@@ -55,7 +57,7 @@ class SideRecords:
              records: Sequence[tuple[bytes | None, Any, bytes | None, int]], offsets: Sequence[int]) -> SideRecords:
         """``records``: (value, headers, key, timestamp) of each record, at ``offsets``."""
         out = cls()
-        for i, (raw, _, key, _) in enumerate(records):
+        for i, (raw, _, key, stamp) in enumerate(records):
             reason, value = None, None
             if key is None:
                 reason = "missing_key"
@@ -73,6 +75,7 @@ class SideRecords:
                 continue
             out.keys.append(key.decode("utf-8", "replace"))  # type: ignore[union-attr]  # checked above
             out.values.append(value)
+            out.times.append(stamp / 1000 if stamp and stamp > 0 else 0.0)
         return out
 
 
@@ -94,6 +97,8 @@ class AttributeJoin:
         self.tables = {name: SideTable(self.fields[name], s.max_records) for name, s in self.sources.items()}
         self.clocks = {name: ReadClock(s.horizon_seconds) for name, s in self.sources.items()}
         self.max_pending = config.max_pending_labels
+        self.keep_seconds = config.windowing.longest_seconds + config.windowing.allowed_lateness_seconds
+        """How long a version a correction replaced is kept: a prediction older than that is late anyway."""
         self.held: dict[int, Held] = {}
         self.waiting: dict[tuple[str, int], list[int]] = {}
         self._next = 0
@@ -118,10 +123,13 @@ class AttributeJoin:
             outcomes[(name, "missing_id")] += int((~named).sum())
             at = np.flatnonzero(named)
             hashes = id_hashes([ids[i] for i in at.tolist()])  # type: ignore[misc]  # named: not None
-            found, codes = self.tables[name].get(hashes)
+            horizon = self.sources[name].horizon_seconds
+            found, codes, beyond = self.tables[name].get(hashes, batch.timestamps[at], horizon)
             outcomes[(name, "joined")] += int(found.sum())
+            outcomes[(name, "never_joined")] += int(beyond.sum())  # its records all came after the horizon
             self._fill(name, attributes, base, at[found], codes[found])
-            for i, h in zip(at[~found].tolist(), hashes[~found].tolist(), strict=True):
+            waiting = ~found & ~beyond
+            for i, h in zip(at[waiting].tolist(), hashes[waiting].tolist(), strict=True):
                 waits[i].append((name, h))
         held = np.array([bool(w) for w in waits], dtype=bool)
         if held.any():
@@ -149,15 +157,14 @@ class AttributeJoin:
 
     # --- side records -----------------------------------------------------------------------------------------
 
-    def records(self, name: str, keys: list[str], values: list[dict[str, Any] | None],
-                rejected: Counter[str]) -> list[tuple[str, int]]:  # fmt: skip
+    def records(self, name: str, read: SideRecords, rejected: Counter[str]) -> list[tuple[str, int]]:
         """Take a batch of one source's records in order (None: a tombstone); the (source, hash) now held that
         predictions wait for."""
         table, problems = self.tables[name], dict[str, int]()
-        hashes = id_hashes(keys).tolist()
+        hashes = id_hashes(read.keys).tolist()
         arrived = []
-        for h, value in zip(hashes, values, strict=True):
-            if not table.put(h, None if value is None else table.encode(value, problems)):
+        for h, value, time in zip(hashes, read.values, read.times, strict=True):
+            if not table.put(h, None if value is None else table.encode(value, problems), time):
                 rejected["table_full"] += 1
             elif value is not None and (name, h) in self.waiting:
                 arrived.append((name, h))
@@ -170,9 +177,12 @@ class AttributeJoin:
         ready: list[int] = []
         for wait in arrived:
             for row in self.waiting.pop(wait, []):
-                if row not in self.held:
+                held = self.held.get(row)
+                if held is None:
                     continue
-                outcomes[(wait[0], "joined_after_wait")] += 1
+                found = self.tables[wait[0]].get(np.array([wait[1]], dtype=np.uint64), np.array([held[0]]),
+                                                 self.sources[wait[0]].horizon_seconds)[0][0]  # fmt: skip
+                outcomes[(wait[0], "joined_after_wait" if found else "never_joined")] += 1
                 if not any(row in self.waiting.get(w, ()) for w in self.held[row][7]):
                     ready.append(row)
         return self._emit(ready, specs)
@@ -185,6 +195,7 @@ class AttributeJoin:
         for name, clock in self.clocks.items():
             clock.start_restored(now)
             cutoffs[name] = clock.labels_clock(now) - clock.horizon
+            self.tables[name].forget_before(now - self.keep_seconds)
         done = []
         for row, held in self.held.items():
             still = [w for w in held[7] if row in self.waiting.get(w, ())]
@@ -215,7 +226,9 @@ class AttributeJoin:
                 # the held codes were filled for the sources found at arrival; the awaited ones are looked up now
                 late = [(k, h) for k, h in waited if h is not None]
                 if late:
-                    found, codes = self.tables[name].get(np.array([h for _, h in late], dtype=np.uint64))
+                    found, codes, _ = self.tables[name].get(np.array([h for _, h in late], dtype=np.uint64),
+                                                            np.array([mine[k][0] for k, _ in late]),
+                                                            self.sources[name].horizon_seconds)  # fmt: skip
                     self._fill(name, attributes, base, np.array([k for k, _ in late])[found], codes[found])
             batch = DecodedBatch(timestamps=np.array([h[0] for h in mine], dtype=np.float64),
                                  predictions=np.array([h[1] for h in mine], dtype=np.int64),
