@@ -32,16 +32,18 @@ from exporter.core.encoding import code_table, value_text
 MAX_VALUES: Final = 4096
 """Distinct values kept per field: a demographic field has a handful; a field that holds one value per person (a
 name sent by mistake) stops growing here, and its further values read as missing (counted ``too_many_values``)."""
+MERGE_BEFORE_READ: Final = 256
+"""Recent writes a lookup reads beside the sorted arrays; more are merged in first."""
 _MIX: Final = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
 _SEED: Final = np.uint64(0x9E3779B97F4A7C15)
 
 
-def id_text(value: object) -> str | None:
+def id_text(value: object) -> str | int | None:
     """An id as the table keys it (a Kafka key's UTF-8 text): a number as :func:`value_text` writes it; None for a
     missing id (or an object or list, which names no id)."""
     if value is None or isinstance(value, dict | list):
         return None
-    return value if isinstance(value, str) else value_text(value)
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else value_text(value)
 
 
 def _fmix(h: np.ndarray) -> np.ndarray:
@@ -52,22 +54,30 @@ def _fmix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(33))
 
 
-def id_hashes(ids: Sequence[str]) -> np.ndarray:
-    """64-bit hashes of ids (vectorised over the batch, 8 bytes at a time, the length mixed in last).
+def id_hashes(ids: Sequence[str | int]) -> np.ndarray:
+    """64-bit hashes of ids' UTF-8 text (an int: its decimal text), vectorised over the batch: each id's bytes 8 at
+    a time, then its length, so that an id hashes the same in every batch.
 
-    >>> h = id_hashes(["a-1", "a-2", "a-1"]); bool(h[0] == h[2]), bool(h[0] == h[1])
+    >>> h = id_hashes(["a-1", "a-2", "a-1", "a-1-and-more"]); bool(h[0] == h[2]), bool(h[0] == h[1])
     (True, False)
+    >>> bool(id_hashes(["a-1"])[0] == h[0]), bool(id_hashes([17])[0] == id_hashes(["17"])[0])
+    (True, True)
     """
-    encoded = [i.encode() for i in ids]
-    n = len(encoded)
-    lengths = np.fromiter(map(len, encoded), np.int64, n)
-    words = (int(lengths.max(initial=0)) + 7) // 8
-    matrix = np.zeros((n, words * 8), dtype=np.uint8)
-    matrix[np.arange(words * 8) < lengths[:, None]] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    n = len(ids)
+    if not n:
+        return np.zeros(0, dtype=np.uint64)
+    try:
+        fixed = np.array(ids, dtype=np.bytes_)  # ASCII text and ints, in one pass in C
+    except UnicodeEncodeError:
+        fixed = np.array([i.encode() if isinstance(i, str) else str(i).encode() for i in ids], dtype=np.bytes_)
+    words = (fixed.dtype.itemsize + 7) // 8
+    lengths = np.char.str_len(fixed).astype(np.uint64)
+    matrix = fixed.astype(f"S{words * 8}").view("<u8").reshape(n, words)
     h = np.full(n, _SEED, dtype=np.uint64)
-    for word in matrix.view(np.uint64).T:
-        h = _fmix(h ^ word)
-    return _fmix(h ^ lengths.astype(np.uint64))
+    for j in range(words):
+        mixed = _fmix(h ^ matrix[:, j])
+        h = mixed if j == 0 else np.where(lengths > 8 * j, mixed, h)  # only the words within each id
+    return _fmix(h ^ lengths)
 
 
 class SideTable:
@@ -80,6 +90,10 @@ class SideTable:
         self.codes = np.zeros((0, len(self.fields)), dtype=np.uint16)
         self.since = np.zeros(0, dtype=np.uint32)
         """The second each id's record is in force from (its time, rounded up; 0: always)."""
+        self._shift = np.uint64(64)
+        self._directory = np.zeros(2, dtype=np.int64)
+        """Where the keys of each value of a hash's top bits begin (about 8 keys apart): a lookup searches only
+        among its own few keys, a handful of vectorised steps instead of a binary search of the whole table."""
         self.previous: dict[int, tuple[tuple[int, ...], int]] = {}
         """The version a correction replaced (codes, since), per id, until :meth:`forget_before` drops it."""
         self.values: list[list[str]] = [[] for _ in self.fields]
@@ -94,7 +108,7 @@ class SideTable:
 
     def nbytes(self) -> int:
         """Bytes of the sorted arrays (the bulk of the table once merged)."""
-        return self.keys.nbytes + self.codes.nbytes
+        return self.keys.nbytes + self.codes.nbytes + self.since.nbytes + self._directory.nbytes
 
     def encode(self, record: Mapping[str, object], problems: dict[str, int]) -> tuple[int, ...]:
         """A record's code per field (0: the field is missing, null, or past :data:`MAX_VALUES`)."""
@@ -168,6 +182,7 @@ class SideTable:
         self.keys = np.insert(self.keys, at[~held], hashes[new])
         self.codes = np.insert(self.codes, at[~held], codes[new].astype(np.uint16), axis=0)
         self.since = np.insert(self.since, at[~held], np.zeros(len(new), dtype=np.uint32))
+        self._index()
         self.size = len(self.keys)
         return True
 
@@ -200,23 +215,46 @@ class SideTable:
         self.codes = np.insert(codes, where, rows, axis=0)
         self.since = np.insert(since, where, starts)
         self._recent = {}
+        self._index()
+
+    def _index(self) -> None:
+        """Rebuild :attr:`_directory` after the keys changed."""
+        bits = max(0, int(len(self.keys)).bit_length() - 3)
+        self._shift = np.uint64(64 - bits)
+        starts = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits) if bits else np.zeros(1, np.uint64)
+        self._directory = np.append(np.searchsorted(self.keys, starts), len(self.keys)).astype(np.int64)
+
+    def _positions(self, hashes: np.ndarray) -> np.ndarray:
+        """Each hash's insertion point among the keys: a binary search within its directory range, all at once."""
+        top = (hashes >> self._shift).astype(np.int64) if self._shift < 64 else np.zeros(len(hashes), np.int64)
+        lo, hi = self._directory[top], self._directory[top + 1]
+        last = len(self.keys) - 1
+        while (active := lo < hi).any():
+            mid = (lo + hi) >> 1
+            right = active & (self.keys[np.minimum(mid, last)] < hashes)
+            lo = np.where(right, mid + 1, lo)
+            hi = np.where(active & ~right, mid, hi)
+        return lo
 
     def _lookup(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The current version of each id hash: whether one is held, its codes and since (zeros where none)."""
+        if len(self._recent) > MERGE_BEFORE_READ:
+            self.merge()  # one O(n) merge, rather than a look at the recent writes for every row read
         n = len(hashes)
-        codes = np.zeros((n, len(self.fields)), dtype=np.uint16)
-        since = np.zeros(n, dtype=np.int64)
-        at = np.searchsorted(self.keys, hashes)
-        found = at < len(self.keys)
-        found[found] = self.keys[at[found]] == hashes[found]
-        codes[found] = self.codes[at[found]]
-        since[found] = self.since[at[found]]
-        if self._recent:
-            for i, key in enumerate(hashes.tolist()):
-                if key in self._recent:
-                    recent = self._recent[key]
-                    found[i] = recent is not None
-                    codes[i], since[i] = recent if recent is not None else (0, 0)
+        if not len(self.keys):
+            codes, since, found = np.zeros((n, len(self.fields)), np.uint16), np.zeros(n, np.int64), np.zeros(n, bool)
+        else:
+            at = np.minimum(self._positions(hashes), len(self.keys) - 1)
+            found = self.keys[at] == hashes
+            codes, since = self.codes[at], self.since[at].astype(np.int64)
+            if not found.all():
+                codes[~found], since[~found] = 0, 0
+        if self._recent:  # the writes since the last merge override: only the rows they hit are visited
+            hit = np.flatnonzero(np.isin(hashes, np.fromiter(self._recent, np.uint64, len(self._recent))))
+            for i, key in zip(hit.tolist(), hashes[hit].tolist(), strict=True):
+                recent = self._recent[key]
+                found[i] = recent is not None
+                codes[i], since[i] = recent if recent is not None else (0, 0)
         return found, codes, since
 
     def get(self, hashes: np.ndarray, times: np.ndarray | None = None,
@@ -234,7 +272,9 @@ class SideTable:
                 if earlier is not None and found[i] and since[i] > times[i]:  # the replaced one, if in force then
                     codes[i], since[i] = earlier[0], earlier[1]
         beyond = found & (since > np.asarray(times) + horizon)
-        return found & ~beyond, np.where(beyond[:, None], 0, codes).astype(np.uint16), beyond
+        if beyond.any():
+            found, codes = found & ~beyond, np.where(beyond[:, None], 0, codes).astype(np.uint16)
+        return found, codes, beyond
 
     def lut(self, field: str, groups: Sequence[str]) -> np.ndarray:
         """Group code of each value code of a field (code 0, and values outside the groups: the unknown code)."""
@@ -266,6 +306,7 @@ class SideTable:
         self.previous = {int(k): (tuple(int(c) for c in codes), int(since)) for k, codes, since in zip(
             state["previous_keys"].tolist(), state["previous_codes"], state["previous_since"].tolist(), strict=True)}
         self.size, self._recent = len(self.keys), {}
+        self._index()
         for k in range(len(self.fields)):
             data = state[f"values{k}_bytes"].tobytes()
             ends = np.cumsum(state[f"values{k}_lengths"]).tolist()

@@ -85,7 +85,7 @@ class DecodedBatch:
     rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Where each accepted event was among the decoded values (the staged path tells its source offset by it)."""
-    side_ids: dict[str, list[str | None]] = field(default_factory=dict)
+    side_ids: dict[str, list[str | int | None]] = field(default_factory=dict)
     """Per side source of the model (``attribute_sources``), each event's id (None: missing); the attributes read
     from it have code -1 until exporter/stream/state/attribute_join.py joins them."""
 
@@ -189,7 +189,7 @@ class EventDecoder:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
             outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
-            sides = [list(map(id_text, map(g[f"side:{column}"], structs))) for _, column in self._sides]
+            sides = [list(map(g[f"side:{column}"], structs)) for _, column in self._sides]  # str, int or None
             codes = []
             for column, table, unknown in self._tables:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
@@ -206,7 +206,7 @@ class EventDecoder:
             scores = np.zeros(0)
 
         if walked:
-            rows: list[tuple[int, float, int, int, Any, list[int], float, list[str | None]]] = []
+            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any]]] = []
             for i in sorted(walked):
                 outcome = self.judge(values[i], latest)
                 if outcome in IGNORE_REASONS:
@@ -249,7 +249,7 @@ class EventDecoder:
             side_ids={name: side for (name, _), side in zip(self._sides, sides, strict=True)},
         )
 
-    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[str | None]]:
+    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
         """:meth:`_walk`, and ``undecodable`` for a value it raised on (logged): one value's failure is its own."""
         try:
             return self._walk(raw, latest)
@@ -260,7 +260,7 @@ class EventDecoder:
                 log.warning("event rejected as undecodable (%s: %.200s); its batch reads on", type(exc).__name__, exc)
             return "undecodable"
 
-    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[str | None]]:
+    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
         """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
         reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes (of those
         not read from a side source), score or NaN, side source ids)``."""

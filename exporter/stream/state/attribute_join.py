@@ -116,24 +116,29 @@ class AttributeJoin:
             return batch
         n = len(batch)
         base = {a.columns[0]: batch.codes[a.name].copy() for a in spec.base_attributes}
-        waits: list[list[tuple[str, int]]] = [[] for _ in range(n)]
+        waits: dict[int, list[tuple[str, int]]] = {}
         for name, attributes in sourced.items():
             ids = batch.side_ids[name]
-            named = np.array([i is not None for i in ids], dtype=bool)
-            outcomes[(name, "missing_id")] += int((~named).sum())
-            at = np.flatnonzero(named)
-            hashes = id_hashes([ids[i] for i in at.tolist()])  # type: ignore[misc]  # named: not None
+            if None in ids:
+                at = np.array([i for i, v in enumerate(ids) if v is not None], dtype=np.int64)
+                named: list[str | int] = [ids[i] for i in at.tolist()]
+            else:
+                at, named = np.arange(n), ids  # type: ignore[assignment]  # no None
+            outcomes[(name, "missing_id")] += n - len(at)
+            hashes = id_hashes(named)
             horizon = self.sources[name].horizon_seconds
             found, codes, beyond = self.tables[name].get(hashes, batch.timestamps[at], horizon)
             outcomes[(name, "joined")] += int(found.sum())
             outcomes[(name, "never_joined")] += int(beyond.sum())  # its records all came after the horizon
             self._fill(name, attributes, base, at[found], codes[found])
             waiting = ~found & ~beyond
-            for i, h in zip(at[waiting].tolist(), hashes[waiting].tolist(), strict=True):
-                waits[i].append((name, h))
-        held = np.array([bool(w) for w in waits], dtype=bool)
-        if held.any():
-            for i in np.flatnonzero(held).tolist():
+            if waiting.any():
+                for i, h in zip(at[waiting].tolist(), hashes[waiting].tolist(), strict=True):
+                    waits.setdefault(i, []).append((name, h))
+        held = np.zeros(n, dtype=bool)
+        if waits:
+            held[list(waits)] = True
+            for i in sorted(waits):
                 if len(self.held) >= self.max_pending:
                     for name, _ in waits[i]:
                         outcomes[(name, "pending_state_full")] += 1
@@ -321,10 +326,12 @@ class AttributeJoin:
 
 def _batch(spec: ModelSpec, batch: DecodedBatch, keep: np.ndarray, base: dict[str, np.ndarray]) -> DecodedBatch:
     """The kept events of a batch, every attribute's codes from the (filled-in) base codes."""
-    base = {column: codes[keep] for column, codes in base.items()}
+    whole = bool(keep.all())  # the usual batch: every record was there
+    base = base if whole else {column: codes[keep] for column, codes in base.items()}
     return DecodedBatch(
         timestamps=batch.timestamps[keep], predictions=batch.predictions[keep], outcomes=batch.outcomes[keep],
-        prediction_ids=[pid for pid, k in zip(batch.prediction_ids, keep.tolist(), strict=True) if k],
+        prediction_ids=batch.prediction_ids if whole else [pid for pid, k in zip(batch.prediction_ids,
+                                                                                  keep.tolist(), strict=True) if k],
         codes={a.name: attribute_codes(a, base) for a in spec.attributes},
         scores=batch.scores[keep] if len(batch.scores) else batch.scores,
     )  # fmt: skip
