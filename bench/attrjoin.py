@@ -4,9 +4,8 @@ the memory of a side table of 10^7 ids.
 (a) The default event format's events with their attributes inline, through ``Ingest.handle_poll`` (decode,
 validate, count into buckets) in batches of ``BATCH`` records; (b) the same events carrying only ``applicant_id``,
 whose gender and age group come from a side table of ``IDS`` ids filled beforehand (every record already there: the
-join's usual case), through the same call. Rounds interleave; the ratio (b)/(a) of the best rounds is the target's measure (at
-least 0.8; noise on a shared machine only ever adds time), the median ratio beside it. No broker: what the join
-costs is CPU in the handler, and the broker's share would be the same on both sides.
+join's usual case), through the same call. Rounds interleave; the ratio (b)/(a) of the best rounds is the target's
+measure (at least 0.8; noise on a shared machine only ever adds time), the median and CPU ratios beside it.
 
 The same two through the embedded broker (Tansu), as the daemon reads them: each kind of event produced once to a
 3-partition topic, then drained again and again, interleaved, by the source's consumer settings calling

@@ -219,7 +219,7 @@ class SideTable:
 
     def _index(self) -> None:
         """Rebuild :attr:`_directory` after the keys changed."""
-        bits = max(0, int(len(self.keys)).bit_length() - 3)
+        bits = max(0, len(self.keys).bit_length() - 3)
         self._shift = np.uint64(64 - bits)
         starts = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits) if bits else np.zeros(1, np.uint64)
         self._directory = np.append(np.searchsorted(self.keys, starts), len(self.keys)).astype(np.int64)
