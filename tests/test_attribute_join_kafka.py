@@ -86,24 +86,34 @@ def assert_truth(port: int, s: Scenario, restarted: bool = False) -> None:
                       outcome="never_joined") == s.never  # fmt: skip
 
 
+def started(path: Path, raw: dict, daemons: list[Daemon]) -> Daemon:
+    path.write_text(yaml.safe_dump(raw))
+    daemon = Daemon(load_config(path))
+    daemons.append(daemon)
+    daemon.start()
+    return daemon
+
+
+def the_rest_then_the_truth(broker: EmbeddedBroker, side: str, daemon: Daemon, s: Scenario) -> None:
+    """The records that come after the predictions; once every prediction is joined or given up, /metrics holds
+    the truth."""
+    send_side(broker, side, s.after)
+    wait_for(lambda: outcomes(daemon.port) == len(s.predictions), timeout=90, what="every prediction joined or "
+             "given up")  # fmt: skip
+    daemon.computer.compute()
+    assert_truth(daemon.port, s)
+
+
 def test_json_events_with_ids_only_count_the_truth(kafka_broker: EmbeddedBroker, tmp_path: Path,
                                                    daemons: list[Daemon], client_library: str) -> None:  # fmt: skip
     events, side = topics(kafka_broker)
     s = scenario(500, time.time() - 20)
     send_side(kafka_broker, side, s.before)
-    path = tmp_path / "daemon.yaml"
-    path.write_text(yaml.safe_dump(config(kafka_broker, events, side, client_library)))
-    daemon = Daemon(load_config(path))
-    daemons.append(daemon)
-    daemon.start()
+    daemon = started(tmp_path / "daemon.yaml", config(kafka_broker, events, side, client_library), daemons)
     send(kafka_broker.bootstrap_servers, events, [(orjson.dumps(p), [], None) for p in s.predictions])
     wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_events_consumed_total") == len(s.predictions),
              what="every prediction read")  # fmt: skip
-    send_side(kafka_broker, side, s.after)
-    wait_for(lambda: outcomes(daemon.port) == len(s.predictions), timeout=90, what="every prediction joined or "
-             "given up")  # fmt: skip
-    daemon.computer.compute()
-    assert_truth(daemon.port, s)
+    the_rest_then_the_truth(kafka_broker, side, daemon, s)
 
 
 def test_kserve_payloads_with_ids_only_count_the_truth(kafka_broker: EmbeddedBroker, tmp_path: Path,
@@ -113,11 +123,7 @@ def test_kserve_payloads_with_ids_only_count_the_truth(kafka_broker: EmbeddedBro
     s = scenario(300, ts, seed=11)
     send_side(kafka_broker, side, s.before)
     raw = config(kafka_broker, events, side, client_library, events={"format": "kserve", "prediction": "predict"})
-    path = tmp_path / "daemon.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    daemon = Daemon(load_config(path))
-    daemons.append(daemon)
-    daemon.start()
+    daemon = started(tmp_path / "daemon.yaml", raw, daemons)
     calls = []
     for p in s.predictions:
         request = pandas_request({"applicant_id": [p["attributes"]["applicant_id"]], "income": [52000]})
@@ -127,11 +133,7 @@ def test_kserve_payloads_with_ids_only_count_the_truth(kafka_broker: EmbeddedBro
     send(kafka_broker.bootstrap_servers, events, calls)
     wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_payload_pairs_joined_total") == len(s.predictions),
              what="every call joined")  # fmt: skip
-    send_side(kafka_broker, side, s.after)
-    wait_for(lambda: outcomes(daemon.port) == len(s.predictions), timeout=90, what="every prediction joined or "
-             "given up")  # fmt: skip
-    daemon.computer.compute()
-    assert_truth(daemon.port, s)
+    the_rest_then_the_truth(kafka_broker, side, daemon, s)
 
 
 def _serve(path: Path, log: Path) -> subprocess.Popen[bytes]:
