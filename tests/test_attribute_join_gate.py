@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 import pytest
 import yaml
@@ -108,3 +109,36 @@ def test_bad_input_is_refused_in_one_line_naming_the_field(tmp_path: Path, chang
                           str(tmp_path / "predictions.parquet")], capture_output=True, text=True)  # fmt: skip
     assert cli.returncode == 2 and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
     assert "female" not in cli.stderr and "black" not in cli.stderr
+
+
+def test_backtest_of_events_with_ids_only_reports_what_the_events_with_their_attributes_report(
+        tmp_path: Path) -> None:  # fmt: skip
+    from exporter.backtest.replay import backtest
+    from exporter.config import parse_config
+
+    rng = np.random.default_rng(9)
+    n, t0 = 6000, 1_800_000_000.0
+    people = {f"A{i:04d}": (str(rng.choice(["male", "female"])), str(rng.choice(["white", "black", "asian"])))
+              for i in range(1500)}  # fmt: skip
+    ids = [f"A{i:04d}" for i in rng.integers(0, 1600, n)]  # some have no record
+    inline, by_id = [], []
+    for k, aid in enumerate(ids):
+        gender, race = people.get(aid, (None, None))
+        rate = 0.6 if gender == "male" or k < n // 2 else 0.3  # a drift in the second half
+        event = {"model_id": "credit-v2", "prediction_id": f"p{k}", "timestamp": t0 + 3 * k,
+                 "prediction": int(rng.random() < rate)}  # fmt: skip
+        inline.append({**event, "attributes": {"gender": gender, "race": race}})
+        by_id.append({**event, "attributes": {"applicant_id": aid}})
+    for name, rows in (("inline.jsonl", inline), ("ids.jsonl", by_id)):
+        (tmp_path / name).write_bytes(b"\n".join(orjson.dumps(r) for r in rows))
+    pd.DataFrame([{"applicant_id": k, "gender": g, "race": r} for k, (g, r) in people.items()]).to_parquet(
+        tmp_path / "demographics.parquet")
+    plain = {"model_id": "credit-v2", "min_samples": 20, "windows": ["1h"], "bucket": "1m",
+             "protected_attributes": [{"name": "gender", "groups": ["male", "female"]},
+                                      {"name": "race", "groups": ["white", "black", "asian"]}]}  # fmt: skip
+    joined = {**plain, "attribute_sources": {"applicants": {"path": "demographics.parquet", "id": "applicant_id"}},
+              "protected_attributes": [{**a, "source": "applicants"} for a in plain["protected_attributes"]]}
+    expected = backtest(parse_config(plain, str(tmp_path / "plain.yaml")), [tmp_path / "inline.jsonl"])
+    got = backtest(parse_config(joined, str(tmp_path / "joined.yaml")), [tmp_path / "ids.jsonl"])
+    assert got["alerts"] == expected["alerts"] and expected["alerts"]
+    assert {k: v for k, v in got.items() if k != "alerts"} == {k: v for k, v in expected.items() if k != "alerts"}

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from exporter.config import ModelSpec
+from exporter.config.types import AttributeSource
 from exporter.core.side_table import SideTable, id_hashes
 from exporter.gate import storage
 from exporter.gate.data import columns as col
@@ -31,15 +32,14 @@ def _ids(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return indices, id_hashes(texts)
 
 
-def read_table(model: ModelSpec, name: str, batch_rows: int = BATCH_ROWS) -> SideTable:
-    """One source's dataset as a side table of the fields the model's attributes read from it."""
-    source = next(s for s in model.attribute_sources if s.name == name)
-    where = f"attribute_sources.{name}.path"
+def read_table(source: AttributeSource, fields: Sequence[str], config_source: str,
+               batch_rows: int = BATCH_ROWS) -> SideTable:  # fmt: skip
+    """One source's dataset as a side table of ``fields`` (a relative path is the config file's neighbour)."""
+    where = f"attribute_sources.{source.name}.path"
     if source.path is None:
-        raise DataError(f"{model.source}: {where}: required by the gate (a dataset with the {source.id!r} column); "
-                        "a topic is read by the daemon only")  # fmt: skip
-    location = storage.resolve(source.path, Path(model.source.split("#")[0]).parent)
-    fields = [a.columns[0] for a in model.sourced()[name]]
+        raise DataError(f"{config_source}: {where}: required by the gate and backtest (a dataset with the "
+                        f"{source.id!r} column); a topic is read by the daemon only")  # fmt: skip
+    location = storage.resolve(source.path, Path(config_source.split("#")[0]).parent)
     table = SideTable(fields, source.max_records)
     try:
         for batch in read_batches(location, [source.id, *fields], what=f"side table ({where})",
@@ -75,7 +75,9 @@ class JoinedRows:
             if source.id not in rows.columns:
                 raise DataError(f"{name}: no column {source.id!r}, the id attribute_sources.{source.name}.id joins "
                                 f"by; the file has {rows.columns}")  # fmt: skip
-        return cls(rows, model, {s: read_table(model, s, batch_rows) for s in sourced})
+        sources = {s.name: s for s in model.attribute_sources}
+        return cls(rows, model, {name: read_table(sources[name], [a.columns[0] for a in attributes], model.source,
+                                                  batch_rows) for name, attributes in sourced.items()})  # fmt: skip
 
     @property
     def columns(self) -> list[str]:

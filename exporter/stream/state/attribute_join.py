@@ -108,9 +108,11 @@ class AttributeJoin:
 
     # --- predictions ------------------------------------------------------------------------------------------
 
-    def resolve(self, spec: ModelSpec, batch: DecodedBatch, outcomes: Counter[tuple[str, str]]) -> DecodedBatch:
+    def resolve(self, spec: ModelSpec, batch: DecodedBatch, outcomes: Counter[tuple[str, str]],
+                wait: bool = True) -> DecodedBatch:  # fmt: skip
         """The events of a model's batch that can count now (their records found, or no id): their attributes
-        filled in; the others are held until their records arrive or the horizon passes."""
+        filled in; the others are held until their records arrive or the horizon passes (``wait``), else count at
+        once as never joined (a table read whole beforehand: ``backtest``)."""
         sourced = spec.sourced()
         if not sourced:
             return batch
@@ -132,7 +134,9 @@ class AttributeJoin:
             outcomes[(name, "never_joined")] += int(beyond.sum())  # its records all came after the horizon
             self._fill(name, attributes, base, at[found], codes[found])
             waiting = ~found & ~beyond
-            if waiting.any():
+            if not wait:
+                outcomes[(name, "never_joined")] += int(waiting.sum())
+            elif waiting.any():
                 for i, h in zip(at[waiting].tolist(), hashes[waiting].tolist(), strict=True):
                     waits.setdefault(i, []).append((name, h))
         held = np.zeros(n, dtype=bool)
@@ -150,8 +154,8 @@ class AttributeJoin:
                 self.held[row] = (float(batch.timestamps[i]), int(batch.predictions[i]), int(batch.outcomes[i]),
                                   score, batch.prediction_ids[i], spec.model_id,
                                   tuple(int(base[a.columns[0]][i]) for a in spec.base_attributes), tuple(waits[i]))
-                for wait in waits[i]:
-                    self.waiting.setdefault(wait, []).append(row)
+                for awaited in waits[i]:
+                    self.waiting.setdefault(awaited, []).append(row)
         return _batch(spec, batch, ~held, base)
 
     def _fill(self, name: str, attributes: Iterable[Any], base: dict[str, np.ndarray], rows: np.ndarray,
