@@ -39,7 +39,8 @@ WATCH_SECONDS = 5.0
 """How often the config file (and models_dir) are checked for a change, which reloads them."""
 RESTART_ONLY = (("kafka", "kafka"), ("listen_address", "listen.address"), ("listen_port", "listen.port"),
                 ("tls_cert_file", "listen.tls_cert_file"), ("tls_key_file", "listen.tls_key_file"),
-                ("checkpoint_path", "checkpoint.path"), ("attribute_sources", "attribute_sources"))  # fmt: skip
+                ("checkpoint_path", "checkpoint.path"), ("attribute_sources", "attribute_sources"),
+                ("attribute_fields", "the fields read from attribute_sources"))  # fmt: skip
 """Settings a running daemon cannot change (its consumer, its socket, its checkpoint file): (field, YAML key)."""
 
 

@@ -174,3 +174,14 @@ def test_a_correction_applies_to_predictions_made_after_it_whatever_the_reading_
     assert got[("model_subgroup_samples", "gender", "female")] == 1
     assert got[("model_subgroup_unknown_samples", "gender", "")] == 1  # B: beyond the horizon (1m), never joined
     assert counter(d, "fairness_exporter_attribute_joins_total", source="applicants", outcome="never_joined") == 1
+
+
+def test_a_reload_that_reads_other_fields_of_a_source_is_refused_and_one_that_does_not_is_applied() -> None:
+    d = daemon()
+    wider = make_config(protected_attributes=[*ATTRIBUTES, {"name": "age", "groups": ["young", "old"],
+                                                            "source": "applicants"}], attribute_sources=SOURCE)
+    d.loader = lambda: wider
+    applied, why = d.reload()
+    assert not applied and "the fields read from attribute_sources changed" in why
+    d.loader = lambda: make_config(protected_attributes=ATTRIBUTES, attribute_sources=SOURCE, min_samples=7)
+    assert d.reload()[0]

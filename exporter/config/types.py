@@ -313,3 +313,13 @@ class Config:
     def attribute_sources(self) -> dict[str, AttributeSource]:
         """Every side source a model's attributes name, by name (one definition each: checked by the config)."""
         return {s.name: s for m in self.models for s in m.attribute_sources}
+
+    @property
+    def attribute_fields(self) -> dict[str, tuple[str, ...]]:
+        """The record keys each side source's table keeps: the columns of the attributes that name it, in every
+        model, in order of appearance."""
+        out: dict[str, list[str]] = {name: [] for name in self.attribute_sources}
+        for model in self.models:
+            for name, attributes in model.sourced().items():
+                out[name] += [a.columns[0] for a in attributes if a.columns[0] not in out[name]]
+        return {name: tuple(fields) for name, fields in out.items()}

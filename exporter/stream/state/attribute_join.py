@@ -79,21 +79,12 @@ class SideRecords:
         return out
 
 
-def source_fields(config: Config) -> dict[str, tuple[str, ...]]:
-    """The record keys each source's table keeps: the columns of the attributes that name it, in every model."""
-    out: dict[str, list[str]] = {name: [] for name in config.attribute_sources}
-    for model in config.models:
-        for name, attributes in model.sourced().items():
-            out[name] += [a.columns[0] for a in attributes if a.columns[0] not in out[name]]
-    return {name: tuple(fields) for name, fields in out.items()}
-
-
 class AttributeJoin:
     """Every side source's table, and the predictions waiting for their records, bounded in count and age."""
 
     def __init__(self, config: Config) -> None:
         self.sources = config.attribute_sources
-        self.fields = source_fields(config)
+        self.fields = config.attribute_fields
         self.tables = {name: SideTable(self.fields[name], s.max_records) for name, s in self.sources.items()}
         self.clocks = {name: ReadClock(s.horizon_seconds) for name, s in self.sources.items()}
         self.max_pending = config.max_pending_labels
