@@ -185,3 +185,38 @@ def test_a_reload_that_reads_other_fields_of_a_source_is_refused_and_one_that_do
     assert not applied and "the fields read from attribute_sources changed" in why
     d.loader = lambda: make_config(protected_attributes=ATTRIBUTES, attribute_sources=SOURCE, min_samples=7)
     assert d.reload()[0]
+
+
+def test_a_side_record_that_is_no_json_object_is_dead_lettered_as_a_pointer_without_its_value() -> None:
+    d = daemon()
+    sent: list[tuple[bytes | None, str]] = []
+    d.ingest.dead_letters = type("Letters", (), {"send": lambda self, letters: sent.extend(letters)})()
+    d.ingest.handle_poll({("applicant-demographics", 1): [Rec(b'["female", "black"]', 41, b"A1")]})
+    assert [(orjson.loads(v), reason) for v, reason in sent] == [
+        ({"attribute_source": "applicants", "topic": "applicant-demographics", "partition": 1, "offset": 41},
+         "side_not_json_object")]  # fmt: skip
+
+
+def test_a_prediction_without_an_id_counts_at_once_as_unknown() -> None:
+    d = daemon()
+    events(d, [{"model_id": "m1", "prediction_id": "p", "timestamp": T0 - 30, "prediction": 1, "attributes": {}}])
+    assert samples(d)[("model_subgroup_unknown_samples", "gender", "")] == 1
+    assert counter(d, "fairness_exporter_attribute_joins_total", source="applicants", outcome="missing_id") == 1
+
+
+def test_a_checkpoint_whose_table_holds_other_fields_reads_the_side_topic_again(tmp_path: Path) -> None:
+    d = daemon(tmp_path)
+    side(d, [("A", {"gender": "male", "race": "white"}, T0 - 100)], 0)
+    events(d, [{"model_id": "m1", "prediction_id": "p", "timestamp": T0 - 30, "prediction": 1,
+                "attributes": {"applicant_id": "B"}}])  # fmt: skip
+    d.checkpointer.write()
+    narrower = make_config(protected_attributes=ATTRIBUTES[:1], attribute_sources=SOURCE,
+                           checkpoint={"path": str(tmp_path)})  # fmt: skip
+    again = Daemon(narrower, registry=CollectorRegistry(), clock=Clock())
+    again.checkpointer.restore()
+    assert ("applicant-demographics", 0) not in again.fleet.offsets  # read again from its start
+    assert ("predictions", 0) in again.fleet.offsets
+    assert len(again.fleet.attributes.tables["applicants"]) == 0
+    # the model's attributes changed too: it starts afresh, and the prediction that waited is given up, counted
+    assert not again.fleet.attributes.held
+    assert counter(again, "fairness_exporter_labels_dropped_total", reason="model_reconfigured") == 1

@@ -268,9 +268,10 @@ class AttributeJoin:
         })  # fmt: skip
         return out
 
-    def restore(self, state: Mapping[str, np.ndarray]) -> list[str]:
-        """Load what :meth:`state` produced; the names of the sources whose table was kept (a source whose fields
-        changed, or that is new, starts empty: its topic is read again from its start)."""
+    def restore(self, state: Mapping[str, np.ndarray]) -> tuple[list[str], int]:
+        """Load what :meth:`state` produced: the names of the sources whose table was kept (a source whose fields
+        changed, or that is new, starts empty: its topic is read again from its start, and the predictions that
+        wait for it wait on), and how many held predictions waited for a source no longer configured (dropped)."""
         kept = []
         k = 0
         while f"t{k}.keys" in state:
@@ -282,7 +283,7 @@ class AttributeJoin:
                 kept.append(name)
             k += 1
         if "held_ts" not in state:
-            return kept
+            return kept, 0
         pids = _unpack_ids("held_pid", state)  # type: ignore[arg-type]
         models = _unpack_ids("held_model", state)  # type: ignore[arg-type]
         flat, at = state["held_codes"].tolist(), 0
@@ -299,13 +300,14 @@ class AttributeJoin:
             waits.setdefault(row, []).append((name, int(h), bool(still)))
         self.held, self.waiting = {}, {}
         for i, held in enumerate(rows):
-            if i in waits and all(name in kept for name, _, _ in waits[i]):  # else its table is read again: dropped
-                self.held[i] = (*held[:7], tuple((name, h) for name, h, _ in waits[i]))
-                for name, h, still in waits[i]:
-                    if still:
-                        self.waiting.setdefault((name, h), []).append(i)
+            if i not in waits or not all(name in self.tables for name, _, _ in waits[i]):
+                continue
+            self.held[i] = (*held[:7], tuple((name, h) for name, h, _ in waits[i]))
+            for name, h, still in waits[i]:
+                if still:
+                    self.waiting.setdefault((name, h), []).append(i)
         self._next = len(rows)
-        return kept
+        return kept, len(rows) - len(self.held)
 
     def forget_models(self, keep: Collection[str]) -> int:
         """Drop the held predictions of models no longer kept as they were; how many."""

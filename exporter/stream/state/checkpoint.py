@@ -204,20 +204,25 @@ class Checkpointer:
                                 meta.get("single_model"))  # fmt: skip
             fleet.joins.forget_models(restored.__contains__, given_up)
             fleet.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
-            offsets = self._restore_sides(arrays, offsets)
+            offsets = self._restore_sides(arrays, offsets, restored, given_up)
             fleet.offsets = dict(offsets)
             self._durable = dict(offsets)
         return restored, resets, given_up
 
     # --- attribute_sources: side tables (exporter/stream/state/attribute_join.py) ---------------------------------
 
-    def _restore_sides(self, arrays: dict[str, np.ndarray], offsets: Offsets) -> Offsets:
-        """Restore the side tables; the offsets without those of a side topic whose table was not kept (its fields
-        changed, or it is new), which is then read again from its start."""
+    def _restore_sides(self, arrays: dict[str, np.ndarray], offsets: Offsets, restored: set[str],
+                       given_up: Counter[str]) -> Offsets:  # fmt: skip
+        """Restore the side tables and the predictions waiting for them (those of a model not restored, or waiting
+        for a source no longer configured, are counted as ``model_reconfigured``); the offsets without those of a
+        side topic whose table was not kept (its fields changed, or it is new), which is then read again from its
+        start."""
         attributes = self.fleet.attributes
         if not attributes:
             return offsets
-        kept = attributes.restore({k[len("side."):]: v for k, v in arrays.items() if k.startswith("side.")})
+        kept, dropped = attributes.restore({k[len("side."):]: v for k, v in arrays.items() if k.startswith("side.")})
+        if dropped := dropped + attributes.forget_models(restored):
+            given_up["model_reconfigured"] += dropped
         again = {s.topic for name, s in attributes.sources.items() if name not in kept}
         if again & {t for t, _ in offsets}:
             log.warning("side topic(s) %s are read again from their start: the checkpoint's tables hold other "
