@@ -146,6 +146,9 @@ def test_a_side_record_that_is_no_json_object_is_counted_and_its_values_stay_out
      "protected_attributes[0].source: 'people' is not among attribute_sources ['applicants']"),
     ({"attribute_sources": {"applicants": {"topic": "t"}}}, "attribute_sources.applicants.id: required"),
     ({"attribute_sources": {"applicants": {"id": "applicant_id"}}}, "attribute_sources.applicants: needs a topic"),
+    ({"kafka": {"stages": "staged"}}, "attribute_sources: kafka.stages: staged does not join side sources yet"),
+    ({"attribute_sources": {"applicants": {"id": "applicant_id", "topic": "predictions"}}},
+     "attribute_sources.applicants.topic: 'predictions' is already read as events or labels"),
 ])  # fmt: skip
 def test_a_bad_source_is_refused_in_one_line(overrides: dict, line: str) -> None:
     raw = {"protected_attributes": ATTRIBUTES, "attribute_sources": SOURCE, **overrides}
