@@ -266,12 +266,13 @@ class SideTable:
         found, codes, since = self._lookup(hashes)
         if times is None:
             return found, codes, np.zeros(len(hashes), dtype=bool)
-        if self.previous:
-            for i, key in enumerate(hashes.tolist()):
-                earlier = self.previous.get(key)
-                if earlier is not None and found[i] and since[i] > times[i]:  # the replaced one, if in force then
+        times = np.asarray(times)
+        if self.previous:  # only rows older than their id's current version may need the one it replaced
+            for i in np.flatnonzero(found & (since > times)).tolist():
+                earlier = self.previous.get(int(hashes[i]))
+                if earlier is not None:
                     codes[i], since[i] = earlier[0], earlier[1]
-        beyond = found & (since > np.asarray(times) + horizon)
+        beyond = found & (since > times + horizon)
         if beyond.any():
             found, codes = found & ~beyond, np.where(beyond[:, None], 0, codes).astype(np.uint16)
         return found, codes, beyond
