@@ -95,7 +95,6 @@ class Daemon:
         if no_topic:
             raise ConfigError(f"{config.source}: attribute_sources.{no_topic[0]}.topic: required by the daemon (a "
                               "compacted topic keyed by the id); a path is read by the gate only")  # fmt: skip
-        self.config = config
         self.web_config_file = web_config_file
         """Who may read /metrics and the probes (``--web.config.file``, exporter.serve.web_config)."""
         self.loader = loader

@@ -218,7 +218,8 @@ class Fleet:
             changes.removed = [model_id for model_id in old_specs if model_id not in decoders]
             carried = set(changes.kept) | set(changes.updated)
             self.joins.forget_models(carried.__contains__, given_up)
-            given_up["model_reconfigured"] += self.attributes.forget_models(carried)
+            if waited := self.attributes.forget_models(carried):  # predictions waiting for side records
+                given_up["model_reconfigured"] += waited
             self.joins.horizon = config.label_horizon_seconds
             self.joins.max_pending = config.max_pending_labels
             self.pairs.horizon, self.pairs.max_pending = self.events.pair_horizon, config.max_pending_labels
