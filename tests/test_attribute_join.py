@@ -223,3 +223,16 @@ def test_a_checkpoint_whose_table_holds_other_fields_reads_the_side_topic_again(
     # the model's attributes changed too: it starts afresh, and the prediction that waited is given up, counted
     assert not again.fleet.attributes.held
     assert counter(again, "fairness_exporter_labels_dropped_total", reason="model_reconfigured") == 1
+
+
+def test_events_the_schema_refuses_and_the_walk_accepts_keep_their_ids_in_order() -> None:
+    d = daemon()
+    side(d, [("A", {"gender": "male", "race": "white"}, T0 - 100), ("B", {"gender": "female", "race": "black"},
+             T0 - 100), ("C", {"gender": "female", "race": "asian"}, T0 - 100)], 0)  # fmt: skip
+    events(d, [{"model_id": "m1", "prediction_id": f"p{aid}", "timestamp": T0 - 30, "prediction": prediction,
+                "attributes": {"applicant_id": aid}}
+               for aid, prediction in (("A", 1), ("B", 1.0), ("C", 0))])  # B: 1.0, walked  # fmt: skip
+    got = samples(d)
+    assert got[("model_positive_prediction_rate", "gender", "female")] == 0.5  # B (1) and C (0)
+    assert got[("model_positive_prediction_rate", "race", "black")] == 1.0
+    assert got[("model_subgroup_samples", "race", "asian")] == 1

@@ -228,7 +228,8 @@ class EventDecoder:
                          for k, c in enumerate(codes)]  # fmt: skip
                 if self._threshold is not None:
                     scores = np.concatenate([scores, [r[6] for r in rows]])[order]
-                sides = [[[*side, *(r[7][k] for r in rows)][j] for j in order.tolist()] for k, side in enumerate(sides)]
+                merged = [[*side, *(r[7][k] for r in rows)] for k, side in enumerate(sides)]
+                sides = [[side[j] for j in order.tolist()] for side in merged]
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []

@@ -40,8 +40,8 @@ def paths_of(events: EventFields) -> tuple[str, ...]:
 def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the models' paths (one set: see :func:`paths_of`), and the attribute path of each role
     (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``, ``side:<id column>``) in it;
-    None when the paths
-    overlap in a way a Struct cannot hold (a field that is both a value and an object), where every event is walked.
+    None when the paths overlap in a way a Struct cannot hold (a field that is both a value and an object, or an
+    id column that is another model's attribute column), where every event is walked.
     ``strict``: only these models' events, and only their configured group names (or none) as attribute values."""
     f = models[0].events
     columns: dict[str, set[str]] = {}
@@ -51,7 +51,7 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
             if a.source is None:
                 columns.setdefault(a.columns[0], set()).update(code_table(a.groups)[0])
         sides.update(s.id for s in model.attribute_sources)
-    if strict and not all(columns.values()):
+    if (strict and not all(columns.values())) or sides & columns.keys():
         return None
     one = models[0] if len(models) == 1 else None
     # roles a schema-valid event must carry: the timestamp; for one model, its prediction (or the score it derives
