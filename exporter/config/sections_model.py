@@ -11,6 +11,7 @@ import itertools
 from typing import Any, Final
 
 from exporter.config import sections_stream as stream
+from exporter.config.sections_sources import attach, parse_sources
 from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core import bisg
@@ -20,7 +21,7 @@ from exporter.core.metric_table import METRIC_NAMES
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
-    "estimation",
+    "estimation", "attribute_sources",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -35,6 +36,8 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         model_id = None
     unknown_values = get(raw, "unknown_values", "reject", errors, "", choice("reject", "other"))
     base = parse_attributes(raw.get("protected_attributes"), unknown_values == "other", errors)
+    base, sources = attach(base, raw.get("protected_attributes"), parse_sources(raw.get("attribute_sources"), errors),
+                           errors)  # fmt: skip
     attributes = base + parse_intersections(raw.get("intersections"), base, errors)
     metrics = parse_metrics(raw.get("metrics"), errors)
     decision, inconclusive = parse_decision(raw, errors)
@@ -70,6 +73,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
                                "failure_policy.", text),
         source=source,
+        attribute_sources=sources,
     )
 
 
@@ -113,8 +117,8 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
         errors.add("protected_attributes", "required: a non-empty list of {name, groups, pairwise_comparisons}")
         return []
     out: list[Attribute] = []
-    for path, item in errors.mappings("protected_attributes", raw, {"name", "groups", "pairwise_comparisons", "column",
-                                                                    "proxy"}, " with name and groups"):
+    keys = {"name", "groups", "pairwise_comparisons", "column", "source", "proxy"}
+    for path, item in errors.mappings("protected_attributes", raw, keys, " with name and groups"):
         name = item.get("name")
         if not isinstance(name, str) or not name:
             errors.add(f"{path}.name", "required: the attribute's name")

@@ -189,6 +189,23 @@ class EstimationSpec:
 
 
 @dataclass(frozen=True)
+class AttributeSource:
+    """``attribute_sources.<name>``: protected attributes kept apart from the predictions, joined by an id the
+    predictions carry (exporter/core/side_table.py)."""
+
+    name: str
+    id: str
+    """The column holding the id, read where an attribute's column is read (events' attributes, payload columns)."""
+    topic: str | None = None
+    """The daemon's side: a compacted topic, key the id (UTF-8), value a JSON object {column: value}."""
+    path: str | None = None
+    """The gate's and backtest's side: a dataset (file, folder, glob or prefix) with the id column."""
+    horizon_seconds: float = 600.0
+    """How long a prediction waits for its record before its attributes count as unknown."""
+    max_records: int = 10_000_000
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One model, as the gate audits it and the daemon monitors it; see docs/contract.md for the YAML form."""
 
@@ -222,6 +239,16 @@ class ModelSpec:
     """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
     """The file (or ``file#models[i]``) the model was configured in."""
+    attribute_sources: tuple[AttributeSource, ...] = ()
+    """The side sources its attributes name (``source:``)."""
+
+    def sourced(self) -> dict[str, tuple[Attribute, ...]]:
+        """The base attributes read from each side source, by source name."""
+        out: dict[str, tuple[Attribute, ...]] = {}
+        for a in self.base_attributes:
+            if a.source is not None:
+                out[a.source] = (*out.get(a.source, ()), a)
+        return out
 
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""
@@ -315,3 +342,18 @@ class Config:
     @property
     def model_ids(self) -> tuple[str, ...]:
         return tuple(m.model_id for m in self.models)
+
+    @property
+    def attribute_sources(self) -> dict[str, AttributeSource]:
+        """Every side source a model's attributes name, by name (one definition each: checked by the config)."""
+        return {s.name: s for m in self.models for s in m.attribute_sources}
+
+    @property
+    def attribute_fields(self) -> dict[str, tuple[str, ...]]:
+        """The record keys each side source's table keeps: the columns of the attributes that name it, in every
+        model, in order of appearance."""
+        out: dict[str, list[str]] = {name: [] for name in self.attribute_sources}
+        for model in self.models:
+            for name, attributes in model.sourced().items():
+                out[name] += [a.columns[0] for a in attributes if a.columns[0] not in out[name]]
+        return {name: tuple(fields) for name, fields in out.items()}

@@ -36,6 +36,8 @@ class Attribute:
     base_sizes: tuple[int, ...] = field(default=())
     proxy: Proxy | None = None
     """Inferred, not read: each row adds its posterior probability of each group to that group's (float) counts."""
+    source: str | None = None
+    """A base attribute read from a side source by id (``attribute_sources:``): its column is the record's key."""
 
     def combine(self, codes: list[np.ndarray]) -> np.ndarray:
         """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""

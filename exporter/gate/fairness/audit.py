@@ -25,6 +25,7 @@ from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
 from exporter.gate.data.quantile import median
+from exporter.gate.data.side import JoinedRows
 from exporter.gate.fairness import estimated, ll144, proxy
 from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
@@ -273,6 +274,10 @@ def run_audit(
             rows, weights = spark_rows(config, data_file), "count"
         manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
+    if weights is not None and config.attribute_sources:
+        raise DataError(f"{config.source}: attribute_sources: --engine spark does not join side tables; audit with "
+                        "the local engine")  # fmt: skip
+    rows = JoinedRows.of(config, rows, path_name)  # attributes joined by id from their side tables, if any
     counted = count(config, rows, path_name, empty="the file has no rows" if data_file else
                     "the predictions have no rows", weights=weights)  # fmt: skip
     if weights is not None:  # counts of an engine: the date range is its own aggregation's

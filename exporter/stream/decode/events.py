@@ -32,6 +32,7 @@ import orjson
 from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, score_predictions, value_text
+from exporter.core.side_table import id_text
 from exporter.stream.decode.lines import Parser
 from exporter.stream.decode.paths import lookup
 from exporter.stream.decode.route import IGNORE_REASONS, ignore_reason
@@ -85,6 +86,9 @@ class DecodedBatch:
     rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Where each accepted event was among the decoded values (the staged path tells its source offset by it)."""
+    side_ids: dict[str, list[str | int | None]] = field(default_factory=dict)
+    """Per side source of the model (``attribute_sources``), each event's id (None: missing); the attributes read
+    from it have code -1 until exporter/stream/state/attribute_join.py joins them."""
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -101,10 +105,12 @@ class EventDecoder:
         self._paths = [lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
                                             f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
-        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes if a.proxy is None]
+        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes
+                        if a.proxy is None and a.source is None]  # fmt: skip
         self._proxies = proxy_columns(model.base_attributes)
         self._columns = [*(t[0] for t in self._tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
         """Where each of a row's base codes goes: the exact attributes' columns, then the proxy attributes'."""
+        self._sides = [(s.name, s.id) for s in model.attribute_sources]
         general = schema([model])
         self._decoder: msgspec.json.Decoder[Any] | None = None
         self._get: dict[str, Callable[[Any], Any]] = {}
@@ -188,6 +194,7 @@ class EventDecoder:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
             outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
+            sides = [list(map(g[f"side:{column}"], structs)) for _, column in self._sides]  # str, int or None
             codes = []
             for column, table, unknown in self._tables:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
@@ -202,11 +209,12 @@ class EventDecoder:
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._columns]
+            sides = [[] for _ in self._sides]
         if self._threshold is None or not structs:
             scores = np.zeros(0)
 
         if walked:
-            rows: list[tuple[int, float, int, int, Any, list[int], float]] = []
+            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any]]] = []
             for i in sorted(walked):
                 outcome = self.judge(values[i], latest)
                 if outcome in IGNORE_REASONS:
@@ -228,10 +236,14 @@ class EventDecoder:
                          for k, c in enumerate(codes)]  # fmt: skip
                 if self._threshold is not None:
                     scores = np.concatenate([scores, [r[6] for r in rows]])[order]
+                merged = [[*side, *(r[7][k] for r in rows)] for k, side in enumerate(sides)]
+                sides = [[side[j] for j in order.tolist()] for side in merged]
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
         base = dict(zip(self._columns, codes, strict=True))
+        base.update({a.columns[0]: np.full(len(timestamps), -1, dtype=np.int64) for a in self.model.base_attributes
+                     if a.source is not None})  # fmt: skip
         return DecodedBatch(
             timestamps=timestamps.astype(np.float64, copy=False),
             predictions=predictions.astype(np.int64, copy=False),
@@ -243,9 +255,10 @@ class EventDecoder:
             rejected_payloads=bad,
             scores=scores.astype(np.float64, copy=False),
             positions=np.asarray(at, dtype=np.int64),
+            side_ids={name: side for (name, _), side in zip(self._sides, sides, strict=True)},
         )
 
-    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
+    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
         """:meth:`_walk`, and ``undecodable`` for a value it raised on (logged): one value's failure is its own."""
         try:
             return self._walk(raw, latest)
@@ -256,10 +269,10 @@ class EventDecoder:
                 log.warning("event rejected as undecodable (%s: %.200s); its batch reads on", type(exc).__name__, exc)
             return "undecodable"
 
-    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
+    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
         """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
-        reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or
-        NaN)``."""
+        reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes (of those
+        not read from a side source), score or NaN, side source ids)``."""
         try:
             event = orjson.loads(raw)
         except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value); nested past 1024 levels
@@ -308,4 +321,5 @@ class EventDecoder:
             codes.append(unknown if code is None else code)
         for surname, zcta in self._proxies:
             codes.append(int(bisg.tables().codes([attrs.get(surname)], [attrs.get(zcta)])[0]))
-        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)
+        sides = [id_text(attrs.get(column)) for _, column in self._sides]
+        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score), sides

@@ -26,6 +26,7 @@ import orjson
 from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
+from exporter.core.side_table import id_text
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
@@ -220,8 +221,10 @@ class PayloadRows:
         self.max_future_skew_seconds = max_future_skew_seconds
         self.threshold = model.events.score_threshold
         self.column = model.events.prediction
-        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes if a.proxy is None]
+        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes
+                       if a.proxy is None and a.source is None]  # fmt: skip
         self.proxies = proxy_columns(model.base_attributes)
+        self.sides = [(s.name, s.id) for s in model.attribute_sources]
         self.read = [*(t[0] for t in self.tables), *(c for pair in self.proxies for c in pair)]
         """The columns whose cells are read: the exact attributes', then each proxy's surname and ZCTA."""
         self.columns = [*(t[0] for t in self.tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
@@ -233,6 +236,9 @@ class PayloadRows:
         values: list[Any] = []
         ids: list[Any] = []
         raw_codes: list[list[Any]] = [[] for _ in self.read]
+        sides: list[list[Any]] = [[] for _ in self.sides]
+        cells_of = [*raw_codes, *sides]
+        read = [*self.read, *(c for _, c in self.sides)]
         refused: list[tuple[Half, str]] = []
         for request, response in pairs:
             reason = self._rule(request, response, latest)
@@ -247,9 +253,9 @@ class PayloadRows:
             values += found
             call = request.id
             ids += [call] if n == 1 else [f"{call}:{i}" for i in range(n)]
-            for k, column in enumerate(self.read):
+            for k, column in enumerate(read):
                 cells = request.columns.get(column) or response.columns.get(column)
-                raw_codes[k] += cells if cells is not None else [request.metadata.get(column)] * n
+                cells_of[k].extend(cells if cells is not None else [request.metadata.get(column)] * n)
         timestamps = np.asarray(stamps, dtype=np.float64)
         if self.threshold is not None:
             scores = np.asarray(values, dtype=np.float64)
@@ -265,10 +271,14 @@ class PayloadRows:
         proxied = raw_codes[len(self.tables):]
         codes += [bisg.tables().codes(proxied[2 * k], proxied[2 * k + 1]) for k in range(len(self.proxies))]
         base = dict(zip(self.columns, codes, strict=True))
+        base.update({a.columns[0]: np.full(len(timestamps), -1, dtype=np.int64) for a in self.model.base_attributes
+                     if a.source is not None})  # fmt: skip
         batch = DecodedBatch(timestamps=timestamps, predictions=predictions,
                              outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
                              codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
-                             rejected=Counter(reason for _, reason in refused), scores=scores)  # fmt: skip
+                             rejected=Counter(reason for _, reason in refused), scores=scores,
+                             side_ids={name: list(map(id_text, side))
+                                       for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
         return batch, refused
 
     def _rule(self, request: Half, response: Half, latest: float) -> str | None:

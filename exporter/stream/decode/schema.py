@@ -39,16 +39,19 @@ def paths_of(events: EventFields) -> tuple[str, ...]:
 
 def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the models' paths (one set: see :func:`paths_of`), and the attribute path of each role
-    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``) in it; None when the paths
-    overlap in a way a Struct cannot hold (a field that is both a value and an object), where every event is walked.
+    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``, ``side:<id column>``) in it;
+    None when the paths overlap in a way a Struct cannot hold (a field that is both a value and an object, or an
+    id column that is another model's attribute column), where every event is walked.
     ``strict``: only these models' events, and only their configured group names (or none) as attribute values."""
     f = models[0].events
     columns: dict[str, set[str]] = {}
+    sides: set[str] = set()  # the id columns of side sources (attribute_sources): any id, joined later
     for model in models:
         for a in model.base_attributes:
-            if a.proxy is None:
+            if a.proxy is None and a.source is None:
                 columns.setdefault(a.columns[0], set()).update(code_table(a.groups)[0])
-    if strict and not all(columns.values()):
+        sides.update(s.id for s in model.attribute_sources)
+    if (strict and not all(columns.values())) or sides & columns.keys():
         return None
     # a proxy's surname and ZCTA: any text (a ZCTA may be a JSON integer), in the strict schema too
     free = {c for m in models for a in m.base_attributes if a.proxy for c in (a.proxy.surname, a.proxy.zcta)}
@@ -74,10 +77,12 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
                                    Literal[tuple(sorted(groups))] | None if strict else str | None)
     for column in free - set(columns):
         roles[f"attr:{column}"] = (f"{f.attributes}.{column}", str | int | None)
+    for column in sorted(sides - set(columns)):
+        roles[f"side:{column}"] = (f"{f.attributes}.{column}", _Id | None)
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():
-        *parents, leaf = path.split(".") if not role.startswith("attr:") else [*f.attributes.split("."),
-                                                                                role[len("attr:"):]]
+        *parents, leaf = path.split(".") if not role.startswith(("attr:", "side:")) else [*f.attributes.split("."),
+                                                                                          role[len("attr:"):]]
         node = tree
         for key in parents:
             child = node.setdefault(key, {})

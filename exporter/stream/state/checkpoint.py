@@ -220,9 +220,32 @@ class Checkpointer:
                                 meta.get("single_model"))  # fmt: skip
             fleet.joins.forget_models(restored.__contains__, given_up)
             fleet.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
+            offsets = self._restore_sides(arrays, offsets, restored, given_up)
             fleet.offsets = dict(offsets)
             self._durable = dict(offsets)
         return restored, resets, given_up
+
+    # --- attribute_sources: side tables (exporter/stream/state/attribute_join.py) ---------------------------------
+
+    def _restore_sides(self, arrays: dict[str, np.ndarray], offsets: Offsets, restored: set[str],
+                       given_up: Counter[str]) -> Offsets:  # fmt: skip
+        """Restore the side tables and the predictions waiting for them (those of a model not restored, or waiting
+        for a source no longer configured, are counted as ``model_reconfigured``); the offsets without those of a
+        side topic whose table was not kept (its fields changed, or it is new), which is then read again from its
+        start."""
+        attributes = self.fleet.attributes
+        if not attributes:
+            return offsets
+        kept, dropped = attributes.restore({k[len("side."):]: v for k, v in arrays.items() if k.startswith("side.")})
+        if dropped := dropped + attributes.forget_models(restored):
+            given_up["model_reconfigured"] += dropped
+        again = {s.topic for name, s in attributes.sources.items() if name not in kept}
+        if again & {t for t, _ in offsets}:
+            log.warning("side topic(s) %s are read again from their start: the checkpoint's tables hold other "
+                        "fields", ", ".join(sorted(t for t in again if t)))  # fmt: skip
+        return {p: o for p, o in offsets.items() if p[0] not in again}
+
+    # --- end of attribute_sources ------------------------------------------------------------------------------
 
     def kept_path(self) -> Path:
         """A new dated name beside the checkpoint for a state set aside (``fleet.checkpoint.<UTC time>.npz``)."""
@@ -325,6 +348,8 @@ class Checkpointer:
                 models[model_id] = {"layout": layout(monitored.spec, fleet.config.windowing), "prefix": prefix}
                 arrays.update({prefix + k: v for k, v in monitored.store.state().items()})
             arrays.update({f"join.{k}": v for k, v in fleet.joins.state(self.clock()).items()})
+            if fleet.attributes:  # attribute_sources: the side tables and the predictions waiting for them
+                arrays.update({f"side.{k}": v for k, v in fleet.attributes.state(self.clock()).items()})
             if fleet.pairs.pending or fleet.pairs.done:  # payload formats: the calls' halves waiting
                 arrays.update({f"pairs.{k}": v for k, v in fleet.pairs.state().items()})
             offsets, topic_ids = fleet.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)
