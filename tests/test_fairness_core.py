@@ -194,7 +194,10 @@ def test_each_metric_counts_what_its_rates_rest_on() -> None:
     assert support == {"demographic_parity_difference": 100, "disparate_impact_ratio": 100,
                        "equalised_odds_difference": 10, "equal_opportunity_difference": 10,
                        "false_positive_rate_difference": 40, "predictive_parity_difference": 20,
-                       "accuracy_difference": 50}  # fmt: skip
+                       "accuracy_difference": 50, "negative_predictive_value_difference": 30,
+                       "false_positive_rate_ratio": 40, "false_negative_rate_ratio": 10, "true_negative_rate_ratio": 40,
+                       "negative_predictive_value_ratio": 30, "false_discovery_rate_ratio": 20,
+                       "false_omission_rate_ratio": 30}  # fmt: skip
     assert METRICS["equalised_odds_difference"].counted == "labelled positives and labelled negatives"
 
 

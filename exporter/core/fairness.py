@@ -30,6 +30,11 @@ RATES: Final[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
     "false_positive_rate": ((FP,), (FP, TN)),
     "precision": ((TP,), (TP, FP)),
     "accuracy": ((TP, TN), (TP, FP, TN, FN)),
+    "false_negative_rate": ((FN,), (TP, FN)),
+    "true_negative_rate": ((TN,), (FP, TN)),
+    "negative_predictive_value": ((TN,), (TN, FN)),
+    "false_discovery_rate": ((FP,), (TP, FP)),
+    "false_omission_rate": ((FN,), (TN, FN)),
 }
 """Every per-group rate as (numerator columns, denominator columns) of a counts array."""
 RATE_TRIALS: Final = {
@@ -38,6 +43,11 @@ RATE_TRIALS: Final = {
     "false_positive_rate": "labelled negatives",
     "precision": "labelled predicted positives",
     "accuracy": "labelled predictions",
+    "false_negative_rate": "labelled positives",
+    "true_negative_rate": "labelled negatives",
+    "negative_predictive_value": "labelled predicted negatives",
+    "false_discovery_rate": "labelled predicted positives",
+    "false_omission_rate": "labelled predicted negatives",
 }
 """What the denominator of each rate counts: the basis of a comparison's sufficiency."""
 
@@ -157,6 +167,11 @@ class GroupStats:
     false_positive_rate_ci: tuple[FloatArray, FloatArray]
     accuracy: FloatArray
     precision: FloatArray
+    false_negative_rate: FloatArray
+    true_negative_rate: FloatArray
+    negative_predictive_value: FloatArray
+    false_discovery_rate: FloatArray
+    false_omission_rate: FloatArray
 
 
 _WITH_INTERVAL: Final = ("selection_rate", "true_positive_rate", "false_positive_rate")

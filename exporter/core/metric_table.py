@@ -177,6 +177,23 @@ METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
            "|PPV a - PPV b| (precision) over labelled positive predictions"),
     Metric("accuracy_difference", ("accuracy",), "difference", 0.05,
            "|accuracy a - accuracy b| over labelled predictions"),
+    # The error-rate ratios auditors read against the four-fifths tradition (Aequitas' disparities, folded to min/max
+    # so that 0.8 here is Aequitas' band 0.8..1.25). The differences of FNR, TNR, FDR and FOR are not rows: they
+    # equal equal_opportunity, false_positive_rate, predictive_parity and negative_predictive_value differences.
+    Metric("negative_predictive_value_difference", ("negative_predictive_value",), "difference", 0.05,
+           "|NPV a - NPV b| over labelled negative predictions"),
+    Metric("false_positive_rate_ratio", ("false_positive_rate",), "ratio", 0.80,
+           "min/max of the two false positive rates over labelled negatives"),
+    Metric("false_negative_rate_ratio", ("false_negative_rate",), "ratio", 0.80,
+           "min/max of the two false negative rates over labelled positives"),
+    Metric("true_negative_rate_ratio", ("true_negative_rate",), "ratio", 0.80,
+           "min/max of the two true negative rates (specificity) over labelled negatives"),
+    Metric("negative_predictive_value_ratio", ("negative_predictive_value",), "ratio", 0.80,
+           "min/max of the two negative predictive values over labelled negative predictions"),
+    Metric("false_discovery_rate_ratio", ("false_discovery_rate",), "ratio", 0.80,
+           "min/max of the two false discovery rates over labelled positive predictions"),
+    Metric("false_omission_rate_ratio", ("false_omission_rate",), "ratio", 0.80,
+           "min/max of the two false omission rates over labelled negative predictions"),
 )}
 # fmt: on
 METRIC_NAMES: Final = tuple(METRICS)

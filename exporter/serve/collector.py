@@ -87,8 +87,8 @@ class SnapshotCollector(Collector):
             "model_comparison_insufficient_samples",
             "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "
             "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), or the metric "
-            "is undefined (a ratio with no positive prediction in a group). Else 0, and the value is exported with "
-            "its interval however wide." + cadence,
+            "is undefined (a ratio whose rate is 0 in a group: no positive prediction, for disparate impact). Else 0, "
+            "and the value is exported with its interval however wide." + cadence,
             labels=[*_PAIR, "metric"],
         )
         evidence = GaugeMetricFamily(
