@@ -173,6 +173,15 @@ def assert_the_page_shows_the_report(samples: Samples, report: dict[str, Any], w
                 _close(_get(samples, model, f"{name}_lower", **labels), r["ci_95"][0], r)
                 _close(_get(samples, model, f"{name}_upper", **labels), r["ci_95"][1], r)
             checked += 1
+        for w in report["worst"]:  # each metric's worst comparison of each attribute, and how many were judged
+            labels = {"attribute": w["attribute"], "window": window, "metric": w["metric"]}
+            _close(_get(samples, model, "model_comparisons_judged", **labels), w["comparisons_judged"], w)
+            if w["dimension"] is not None:
+                a, b = w["dimension"].split("_vs_")
+                labels |= {"dimension": w["dimension"], "group_a": a, "group_b": b}
+                for suffix, expected in (("", w["value"]), ("_lower", w["ci_simultaneous"][0]),
+                                         ("_upper", w["ci_simultaneous"][1])):  # fmt: skip
+                    _close(_get(samples, model, f"model_worst_comparison{suffix}", **labels), expected, w)
     return checked
 
 
@@ -227,6 +236,16 @@ def test_compas_every_comparison_of_the_menu_is_fairlearns_number_in_the_gate_an
     assert (imprecise["value"], imprecise["passed"], imprecise["evidence"]) == (0.0207, True, "inconclusive")
     assert imprecise["samples_to_decide"] is not None
     assert assert_the_page_shows_the_report(samples, report, ("1h", "24h")) == 2 * len(results)
+    # each metric's worst comparison per attribute is Fairlearn's worst pair, its interval wider than the pair's own
+    assert report["multiplicity"] == "holm" and report["comparisons_judged"] == len(results)
+    assert len(report["worst"]) == len(MENU) * 3
+    for w in report["worst"]:
+        pairs = [r for r in results if (r["attribute"], r["metric"]) == (w["attribute"], w["metric"])]
+        pick = min if METRICS[w["metric"]].kind == "ratio" else max
+        expected = pick(fairlearn_value(w["metric"], frame, w["attribute"], *r["groups"].split(" vs ")) for r in pairs)
+        assert w["comparisons_judged"] == len(pairs) and abs(w["value"] - expected) <= 1e-9, (w, expected)
+        (own,) = [r for r in pairs if r["dimension"] == w["dimension"]]
+        assert w["ci_simultaneous"][0] <= own["ci_95"][0] + 1e-12 or len(pairs) == 1, (w, own)
 
     # the 427 rows of other races: race's unknown category, in the report, the LL144 table and on /metrics
     assert report["attributes"]["race"]["excluded_rows"] == 427 == int((~frame.race.isin(RACE_GROUPS)).sum())

@@ -206,7 +206,7 @@ class Replay:
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
         results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
-                                self.config.exported_metrics)
+                                self.config.exported_metrics, self.config.multiplicity, families=steps)
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
         self._pending.clear()

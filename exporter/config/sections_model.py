@@ -14,12 +14,13 @@ from exporter.config import sections_stream as stream
 from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
+from exporter.core.evaluate import MULTIPLICITY
 from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
-    "estimation",
+    "estimation", "multiplicity",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -67,6 +68,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
                                "failure_policy.", text),
         source=source,
+        multiplicity=get(raw, "multiplicity", "holm", errors, "", choice(*MULTIPLICITY)),
     )
 
 
@@ -105,13 +107,26 @@ def _parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tupl
     return tuple(pairs)
 
 
+def _reference_pairs(item: dict[str, Any], groups: list[str], path: str, errors: Errors) -> tuple[tuple[int, int], ...]:
+    """``reference_group: g`` (Aequitas' usage): each other group compared with g, as ``[group, g]``."""
+    reference = str(item["reference_group"])
+    if "pairwise_comparisons" in item:
+        errors.add(f"{path}.reference_group", "set either reference_group (each group against it) or "
+                                              "pairwise_comparisons, not both")  # fmt: skip
+    if reference not in groups:
+        errors.add(f"{path}.reference_group", f"{reference!r} is not in groups {groups}")
+        return ()
+    r = groups.index(reference)
+    return tuple((g, r) for g in range(len(groups)) if g != r)
+
+
 def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
     if not isinstance(raw, list) or not raw:
         errors.add("protected_attributes", "required: a non-empty list of {name, groups, pairwise_comparisons}")
         return []
     out: list[Attribute] = []
-    for path, item in errors.mappings("protected_attributes", raw, {"name", "groups", "pairwise_comparisons", "column"},
-                                      " with name and groups"):
+    keys = {"name", "groups", "pairwise_comparisons", "reference_group", "column"}
+    for path, item in errors.mappings("protected_attributes", raw, keys, " with name and groups"):
         name = item.get("name")
         if not isinstance(name, str) or not name:
             errors.add(f"{path}.name", "required: the attribute's name")
@@ -127,7 +142,10 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
             errors.add(f"{path}.groups", f"{groups} lists a group twice")
         if other and OTHER_GROUP in groups:
             errors.add(f"{path}.groups", f"{OTHER_GROUP!r} is reserved when unknown_values is 'other'")
-        pairs = _parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
+        if item.get("reference_group") is None:
+            pairs = _parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
+        else:
+            pairs = _reference_pairs(item, groups, path, errors)
         column = str(item.get("column", name))
         out.append(Attribute(name, (column,), tuple([*groups, OTHER_GROUP] if other else groups), pairs))
     return out

@@ -191,6 +191,9 @@ class ModelSpec:
     """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
     """The file (or ``file#models[i]``) the model was configured in."""
+    multiplicity: Literal["holm", "bonferroni", "none"] = "holm"
+    """How a comparison's ``fail`` evidence is judged across its metric's comparisons of one attribute
+    (docs/auditor/numbers.md#many-comparisons)."""
 
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""

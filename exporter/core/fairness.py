@@ -72,7 +72,7 @@ def rate_counts(counts: NDArray, rate: str) -> tuple[IntArray, IntArray]:
 
 
 def wilson_interval(
-    successes: NDArray, trials: NDArray, z: float = Z_95, continuity: bool = False
+    successes: NDArray, trials: NDArray, z: float | FloatArray = Z_95, continuity: bool = False
 ) -> tuple[FloatArray, FloatArray]:
     """Wilson score interval for a binomial proportion; NaN bounds where trials is 0.
 
@@ -120,7 +120,7 @@ def t_interval(
 
 
 def newcombe_interval(
-    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float = Z_95, continuity: bool = False
+    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float | FloatArray = Z_95, continuity: bool = False
 ) -> tuple[FloatArray, FloatArray]:
     """Newcombe's hybrid score interval for p1 - p2 from two Wilson intervals: method 10, or with ``continuity``
     method 11 (continuity-corrected Wilson intervals)."""
@@ -139,7 +139,7 @@ def abs_interval(lower: FloatArray, upper: FloatArray) -> tuple[FloatArray, Floa
 
 
 def ratio_interval(
-    k_num: NDArray, n_num: NDArray, k_den: NDArray, n_den: NDArray, z: float = Z_95
+    k_num: NDArray, n_num: NDArray, k_den: NDArray, n_den: NDArray, z: float | FloatArray = Z_95
 ) -> tuple[FloatArray, FloatArray]:
     """Katz log interval for a ratio of two proportions, with a 0.5 correction where a count is 0."""
     k_num, n_num, k_den, n_den = (np.asarray(a, dtype=np.float64) for a in (k_num, n_num, k_den, n_den))

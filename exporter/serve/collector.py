@@ -136,10 +136,35 @@ class SnapshotCollector(Collector):
         yield insufficient
         yield evidence
         yield from estimated_families(snapshots, cadence)
+        yield from self._worst(snapshots, cadence)
         yield from self._scores(snapshots, cadence)
         yield from self._settings(snapshots)
         yield from self._counters(snapshots)
         yield from detector_families(snapshots)
+
+    @staticmethod
+    def _worst(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
+        """Per attribute and metric: its worst comparison with the interval that holds over all its judged ones, and
+        how many were judged (the K of that interval and of the multiplicity rule)."""
+        attribute = ["model_id", "attribute", "window", "metric"]
+        worst = _Family("model_worst_comparison", "The metric's worst comparison of the attribute (largest "
+                        "difference, smallest ratio) over those judged, its bounds a 95% interval for the true worst "
+                        "that holds over all of them at once (Bonferroni); absent when none was judged." + cadence,
+                        [*attribute, "dimension", "group_a", "group_b"], bounds=True)  # fmt: skip
+        judged = GaugeMetricFamily("model_comparisons_judged", "Comparisons of the metric and attribute that have a "
+                                   "value (meet min_samples): the K over which the worst comparison's interval and "
+                                   "the multiplicity rule of its fail evidence hold." + cadence, labels=attribute)
+        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
+            groups = ev.attribute.groups
+            for metric in snapshot.metrics:
+                w = ev.worst(metric)
+                labels = [snapshot.model_id, ev.attribute.name, window, metric]
+                judged.add_metric(labels, float(w.judged[0]))
+                if w.pair[0] >= 0:
+                    a, b = (groups[g] for g in ev.attribute.pairs[w.pair[0]])
+                    worst.add([*labels, f"{a}_vs_{b}", a, b], w.value[0], w.lower[0], w.upper[0])
+        yield from worst.families()
+        yield judged
 
     @staticmethod
     def _scores(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:

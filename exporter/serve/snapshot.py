@@ -84,7 +84,7 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         for attribute in spec.attributes:
             keys.append(window.name)
             blocks.append((attribute, by_attribute[attribute.name]))
-    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics)
+    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity)
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)

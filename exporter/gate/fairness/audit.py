@@ -120,7 +120,7 @@ def _impact_ratios(
         median_score = median(scores, counted.rows)
         above = scan(config, rows, name, above=median_score)
         evaluations = evaluate_many([(a, above.tally.counts()[a.name]) for a in config.attributes],
-                                    config.min_samples)  # fmt: skip
+                                    config.min_samples, multiplicity=config.multiplicity)  # fmt: skip
     return {
         "rate_kind": "selection_rate" if median_score is None else "scoring_rate",
         "score_median": median_score,
@@ -151,6 +151,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
         v = ev.values(spec.name)
         sufficient = ev.sufficient(spec.name)
         evidence = ev.evidence(spec.name, spec.threshold).tolist()
+        judged = int(sufficient.sum())
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
             passed = ok and spec.passes(float(v.value[k]))
@@ -174,7 +175,32 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
                 "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
                 "samples": pair_samples,
                 "support": int(v.support[k]),
+                "comparisons_judged": judged,
             })  # fmt: skip
+    return out
+
+
+def _worst(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
+    """Per configured metric (observed, not estimated): its worst comparison of the attribute, with the interval
+    that holds over all its judged comparisons at once; none when no comparison was judged."""
+    out = []
+    groups = ev.attribute.groups
+    assert ev.simultaneous is not None
+    for spec in config.metrics:
+        if spec.name not in ev.simultaneous.metrics:
+            continue
+        worst = ev.worst(spec.name)
+        k = int(worst.pair[0])
+        a, b = ev.attribute.pairs[k] if k >= 0 else (None, None)
+        out.append({
+            "attribute": ev.attribute.name, "metric": spec.name,
+            "dimension": f"{groups[a]}_vs_{groups[b]}" if a is not None and b is not None else None,
+            "value": json_float(worst.value[0]), "ci_simultaneous": [json_float(worst.lower[0]),
+                                                                     json_float(worst.upper[0])],
+            "comparisons_judged": int(worst.judged[0]), "threshold": spec.threshold,
+            "evidence": str(METRICS[spec.name].evidence(worst.lower, worst.upper, spec.threshold)[0]) if k >= 0
+            else "inconclusive",
+        })  # fmt: skip
     return out
 
 
@@ -278,14 +304,17 @@ def run_audit(
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     all_counts = counted.tally.counts()
-    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
+    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
+                                multiplicity=config.multiplicity)  # fmt: skip
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
         reference, estimation = read_reference(config)
         judged, estimation["groups"] = estimated.with_estimates(config, evaluations, reference, counted.tally.scores)
+    worst: list[dict[str, Any]] = []
     for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
         results.extend(_results(config, judged_ev))
+        worst.extend(_worst(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)
     impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations)
@@ -321,10 +350,13 @@ def run_audit(
         "blocking_failures": len(blocking),
         "warning_failures": len(failed) - len(blocking),
         "insufficient_samples": sum(r["status"] == "insufficient_samples" for r in results),
+        "multiplicity": config.multiplicity,
+        "comparisons_judged": len(results) - sum(r["status"] == "insufficient_samples" for r in results),
         "verdict": verdict,
         "override": override_record,
         "attributes": attributes,
         "impact_ratios": impact_ratios,
+        "worst": worst,
         **({"estimation": estimation} if estimation is not None else {}),
         "results": results,
     }
