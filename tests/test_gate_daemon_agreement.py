@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sklearn.metrics import accuracy_score, precision_score
 from test_metric_menu import ORACLE_RATES
 
+from exporter.backtest.replay import backtest
 from exporter.config import Config, parse_config
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.daemon import Daemon
@@ -371,3 +372,48 @@ def test_a_shared_file_of_a_model_that_emits_scores_is_read_alike_by_the_gate_an
                                                    "(events.score_threshold is 0.6); not so in 1 of 1500 rows "
                                                    "(first rows: [3])")):  # fmt: skip
         run_audit(config, out_of_range)
+
+
+def test_the_worst_comparison_and_holm_evidence_agree_in_the_gate_the_daemon_and_backtest(tmp_path: Path) -> None:
+    """Three groups, two of their three gaps clearly beyond the threshold: the gate's worst[] and evidence (Holm, the
+    default), the daemon's /metrics and backtest's end-of-replay worst[] are one number, to 1e-9."""
+    config = parse_config({
+        "model_id": "m1", "min_samples": 30, "metrics": MENU, "windows": ["1h"],
+        "protected_attributes": [{"name": "group", "groups": ["a", "b", "c"]},
+                                 {"name": "site", "groups": ["x", "y"], "reference_group": "y"}],
+        "listen": {"address": "127.0.0.1", "port": 0},
+    }, "worst-config")  # fmt: skip
+    rng = np.random.default_rng(41)
+    n = 4500
+    group = rng.choice(["a", "b", "c"], size=n)
+    label = (rng.random(n) < 0.4).astype(int)
+    selected = np.select([group == "a", group == "b"], [0.5, 0.3], 0.27) + 0.2 * label
+    frame = pd.DataFrame({"model_id": "m1", "prediction_id": [f"p{i}" for i in range(n)],
+                          "timestamp": T0 - 1800 + np.arange(n) * 1700 / n, "group": group,
+                          "site": rng.choice(["x", "y"], size=n), "prediction": (rng.random(n) < selected).astype(int),
+                          "label": label})  # fmt: skip
+    events = [orjson.dumps({"model_id": "m1", "prediction_id": r.prediction_id, "timestamp": r.timestamp,
+                            "prediction": r.prediction, "label": r.label,
+                            "attributes": {"group": r.group, "site": r.site}}) for r in frame.itertuples()]
+    (tmp_path / "events.jsonl").write_bytes(b"\n".join(events) + b"\n")
+
+    report = run_audit(config, frame)
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [SimpleRecord(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    assert assert_the_page_shows_the_report(_parse(daemon.metrics_page()), report, ("1h",)) == len(report["results"])
+    replayed = {(w["attribute"], w["metric"]): w for w in backtest(config, [tmp_path / "events.jsonl"])["worst"]}
+
+    dpd = {r["dimension"]: r for r in report["results"]
+           if (r["attribute"], r["metric"]) == ("group", "demographic_parity_difference")}
+    assert [dpd[d]["evidence"] for d in ("a_vs_b", "a_vs_c", "b_vs_c")] == ["fail", "fail", "inconclusive"]
+    assert {r["comparisons_judged"] for r in dpd.values()} == {3}
+    assert len(report["worst"]) == len(replayed) == 2 * len(MENU)
+    for w in report["worst"]:
+        other = replayed[(w["attribute"], w["metric"])]
+        assert (other["window"], other["dimension"], other["comparisons_judged"]) == \
+            ("1h", w["dimension"], w["comparisons_judged"]), (w, other)  # fmt: skip
+        for mine, theirs in zip([w["value"], *w["ci_simultaneous"]], [other["value"], *other["ci_simultaneous"]],
+                                strict=True):  # fmt: skip
+            assert (mine is None and theirs is None) or abs(mine - theirs) <= 1e-9, (w, other)
+    assert {w["comparisons_judged"] for w in report["worst"] if w["attribute"] == "site"} == {1}  # against y alone

@@ -79,6 +79,8 @@ class Replay:
     _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
+    _last: dict[tuple[str, str], Evaluation] = field(default_factory=dict)
+    """The last block's evaluations: the replay's end is their last step."""
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
@@ -135,8 +137,26 @@ class Replay:
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
+            "worst": self._worst(),
             **({"estimated": self._estimated()} if self.reference is not None else {}),
         }  # fmt: skip
+
+    def _worst(self) -> list[dict[str, Any]]:
+        """As of the replay's end, per window, attribute and exported metric: the worst comparison with its
+        simultaneous interval and how many were judged, as the daemon shows them (model_worst_comparison)."""
+        out = []
+        for (window, name), ev in self._last.items():
+            attribute = self._attributes[name]
+            for metric in self.config.exported_metrics:
+                worst = ev.worst(metric)
+                k = int(worst.pair[-1]) % len(attribute.pairs) if worst.pair[-1] >= 0 else None
+                groups = [attribute.groups[g] for g in attribute.pairs[k]] if k is not None else None
+                out.append({"window": window, "attribute": name, "metric": metric,
+                            "dimension": "_vs_".join(groups) if groups else None,
+                            "value": _number(worst.value[-1]), "ci_simultaneous": [_number(worst.lower[-1]),
+                                                                                   _number(worst.upper[-1])],
+                            "comparisons_judged": int(worst.judged[-1])})  # fmt: skip
+        return out
 
     def _estimated(self) -> dict[str, Any]:
         """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
@@ -209,6 +229,7 @@ class Replay:
                                 self.config.exported_metrics, self.config.multiplicity, families=steps)
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
+        self._last = evaluations
         self._pending.clear()
         self._record_series(times, trace, evaluations)
 
