@@ -39,7 +39,7 @@ from fairlearn.metrics import (
 )
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from sklearn.metrics import accuracy_score, precision_score
+from sklearn.metrics import accuracy_score, precision_score, roc_auc_score
 from test_metric_menu import ORACLE_RATES
 
 from exporter.backtest.replay import backtest
@@ -53,14 +53,14 @@ from exporter.stream.kafka.client import SimpleRecord
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 # The seed's thresholds (bias-testing-config.yaml; disparate impact as a warning, as the four-fifths rule is
-# advisory), then every other metric of the menu at its default threshold.
+# advisory), then every other metric of the menu at its default threshold (but the score metrics: a test of their own).
 SEED_METRICS = [
     {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
     {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
     {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"},
 ]
 MENU = SEED_METRICS + [{"name": name, "threshold": m.default_threshold, "severity_on_fail": "blocking"}
-                       for name, m in METRICS.items() if not m.seed]  # fmt: skip
+                       for name, m in METRICS.items() if not m.seed and not m.scores]  # fmt: skip
 COMPAS_ATTRIBUTES = [
     {"name": "race", "groups": RACE_GROUPS},
     {"name": "sex", "groups": ["Male", "Female"]},
@@ -417,3 +417,57 @@ def test_the_worst_comparison_and_holm_evidence_agree_in_the_gate_the_daemon_and
                                 strict=True):  # fmt: skip
             assert (mine is None and theirs is None) or abs(mine - theirs) <= 1e-9, (w, other)
     assert {w["comparisons_judged"] for w in report["worst"] if w["attribute"] == "site"} == {1}  # against y alone
+
+
+DECILE_BUCKETS = [0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95]  # one bin per COMPAS decile (score / 10)
+
+
+def test_compas_auc_per_group_and_auc_difference_are_scikit_learns_in_the_gate_the_daemon_and_backtest(
+    tmp_path: Path,
+) -> None:
+    """COMPAS' decile scores (score = decile / 10, predicted positive from 0.5 as ProPublica did): each race's and
+    sex's AUC is scikit-learn's roc_auc_score of the deciles, and auc_difference its gap, to 1e-9, in the gate's
+    report, on the daemon's /metrics and in backtest's worst comparisons."""
+    frame = compas_frame()
+    config = parse_config({
+        "model_id": "compas", "protected_attributes": COMPAS_ATTRIBUTES[:2], "min_samples": 30, "windows": ["1h"],
+        "metrics": [*SEED_METRICS, {"name": "auc_difference", "threshold": 0.05}],
+        "events": {"score_threshold": 0.45, "score_buckets": DECILE_BUCKETS},
+        "listen": {"address": "127.0.0.1", "port": 0},
+    }, "compas-scores")  # fmt: skip
+    events = [orjson.dumps({"model_id": "compas", "prediction_id": f"p{i}", "timestamp": T0 - 60, "score": r.score,
+                            "label": int(r.label), "attributes": {"race": r.race, "sex": r.sex}})
+              for i, r in enumerate(frame.itertuples())]  # fmt: skip
+    (tmp_path / "compas.jsonl").write_bytes(b"\n".join(events) + b"\n")
+
+    report = run_audit(config, frame.drop(columns="prediction"))
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [SimpleRecord(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    samples = _parse(daemon.metrics_page())
+    assert assert_the_page_shows_the_report(samples, report, ("1h",)) == len(report["results"]) == 4 * 4
+    replayed = {(w["attribute"], w["metric"]): w for w in backtest(config, [tmp_path / "compas.jsonl"])["worst"]}
+
+    for attribute, groups in (("race", RACE_GROUPS), ("sex", ["Male", "Female"])):
+        oracle = {}
+        for group in groups:
+            rows = frame[frame[attribute] == group]
+            oracle[group] = roc_auc_score(rows.label, rows.score)
+            shown = report["attributes"][attribute]["groups"][group]
+            _close(shown["auc"], oracle[group], (attribute, group))
+            _close(_get(samples, "compas", "model_score_auc", attribute=attribute, window="1h", subgroup=group),
+                   oracle[group], (attribute, group))  # fmt: skip
+            for bound, side in zip(shown["auc_ci"], ("lower", "upper"), strict=True):
+                _close(_get(samples, "compas", f"model_score_auc_{side}", attribute=attribute, window="1h",
+                            subgroup=group), bound, (attribute, group, side))  # fmt: skip
+            assert shown["auc_ci"][0] < shown["auc"] < shown["auc_ci"][1]
+        gaps = [r for r in report["results"] if (r["attribute"], r["metric"]) == (attribute, "auc_difference")]
+        for r in gaps:
+            a, b = r["groups"].split(" vs ")
+            _close(r["exact_value"], abs(oracle[a] - oracle[b]), r)
+        (worst,) = [w for w in report["worst"] if (w["attribute"], w["metric"]) == (attribute, "auc_difference")]
+        other = replayed[(attribute, "auc_difference")]
+        assert (other["dimension"], other["comparisons_judged"]) == (worst["dimension"], len(gaps))
+        for mine, theirs in zip([worst["value"], *worst["ci_simultaneous"]],
+                                [other["value"], *other["ci_simultaneous"]], strict=True):  # fmt: skip
+            _close(theirs, mine, worst)

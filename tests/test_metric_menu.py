@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 from compas import RACE_GROUPS, compas_frame
 from fairlearn.metrics import MetricFrame, false_negative_rate, false_positive_rate, true_negative_rate
-from sklearn.metrics import precision_score
+from sklearn.metrics import precision_score, roc_auc_score
 
 from exporter.config import ConfigError, parse_config
+from exporter.core import scores
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import evaluate_many
 from exporter.core.fairness import N_COUNTS, RATES, counts_from_arrays, group_stats
@@ -23,7 +24,7 @@ from exporter.core.metric_table import METRICS, compare
 SEED_TABLE = ("demographic_parity_difference", "equalised_odds_difference", "disparate_impact_ratio",
               "equal_opportunity_difference", "false_positive_rate_difference", "predictive_parity_difference",
               "accuracy_difference")  # fmt: skip
-NEW_METRICS = [name for name in METRICS if name not in SEED_TABLE]
+NEW_METRICS = [name for name, m in METRICS.items() if name not in SEED_TABLE and not m.scores]
 
 
 def _npv(y_true: pd.Series, y_pred: pd.Series) -> float:
@@ -249,3 +250,56 @@ def test_multiplicity_accepts_its_three_rules_only() -> None:
     refused = "multiplicity: 'fdr' is invalid: expected one of holm, bonferroni, none"
     with pytest.raises(ConfigError, match=re.escape(refused)):
         parse_config({**_attribute_config(), "multiplicity": "fdr"}, "c")
+
+
+def _histograms(rng: np.random.Generator, reps: int, n: int, shift: float, bins: int = 10) -> np.ndarray:
+    """``reps`` groups' labelled score histograms ``(reps, bins, 2)``: n negatives and n positives each, scores
+    normal with the positives ``shift`` above, cut into ``bins`` equal bins of [-3, 3 + shift]."""
+    edges = np.linspace(-3, 3 + shift, bins + 1)[1:-1]
+    neg = np.apply_along_axis(np.bincount, 1, np.searchsorted(edges, rng.normal(0, 1, (reps, n))), minlength=bins)
+    pos = np.apply_along_axis(np.bincount, 1, np.searchsorted(edges, rng.normal(shift, 1, (reps, n))), minlength=bins)
+    return np.stack([neg, pos], axis=-1)
+
+
+def test_auc_from_a_labelled_score_histogram_is_scikit_learns_roc_auc_of_the_binned_scores() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        size = int(rng.integers(20, 400))
+        label = (rng.random(size) < rng.uniform(0.1, 0.9)).astype(int)
+        binned = np.minimum((rng.beta(2, 3, size) + 0.3 * label) * 8, 9).astype(int)  # ties within every bin
+        histogram = np.stack([np.bincount(binned[label == y], minlength=10) for y in (0, 1)], axis=-1)
+        value, variance, support = scores.auc(histogram[None])
+        assert abs(value[0] - roc_auc_score(label, binned)) < 1e-12
+        assert support[0] == min(label.sum(), size - label.sum()) and variance[0] > 0
+
+
+@pytest.mark.parametrize(("shift_a", "shift_b"), [(1.0, 1.0), (1.0, 0.6), (0.3, 0.3)])
+def test_the_auc_difference_interval_covers_95_percent_by_simulation(shift_a: float, shift_b: float) -> None:
+    """Two groups of 100 and of 400 labelled positives and negatives each, ten score bins, 4,000 draws: the signed
+    gap's DeLong interval holds the true gap (of the binned scores, from 200,000 draws) within about a point of
+    0.95 (measured 0.944 to 0.957 from 30 to 2,000 per group). The reported interval of |gap| folds it, and where it
+    reaches 0 it over-covers as every folded difference does (measured up to 0.977 at 30 to 100 per group)."""
+    rng = np.random.default_rng(4242)
+    reps = 4000
+    big_a, big_b = _histograms(rng, 1, 200_000, shift_a), _histograms(rng, 1, 200_000, shift_b)
+    signed = scores.auc(big_a)[0][0] - scores.auc(big_b)[0][0]
+    a = np.arange(0, 2 * reps, 2)
+    for n in (100, 400):
+        pairs = np.empty((2 * reps, 10, 2), dtype=np.int64)
+        pairs[0::2], pairs[1::2] = _histograms(rng, reps, n, shift_a), _histograms(rng, reps, n, shift_b)
+        value, variance, _ = scores.auc(pairs)
+        gap, half = value[0::2] - value[1::2], 1.959963984540054 * np.sqrt(variance[0::2] + variance[1::2])
+        assert abs(((gap - half <= signed) & (signed <= gap + half)).mean() - 0.95) <= 0.012, (shift_a, shift_b, n)
+        v = METRICS["auc_difference"].compute(np.zeros((2 * reps, N_COUNTS)), a, a + 1, histogram=pairs)
+        np.testing.assert_allclose(v.value, np.abs(gap), rtol=0, atol=1e-12)
+        folded = ((v.lower <= abs(signed) + 1e-12) & (abs(signed) - 1e-12 <= v.upper)).mean()
+        assert 0.94 <= folded <= 0.98, (shift_a, shift_b, n, folded)
+
+
+def test_a_score_metric_for_a_model_without_scores_is_refused() -> None:
+    raw = {**_attribute_config(), "metrics": [{"name": "auc_difference", "threshold": 0.05}]}
+    with pytest.raises(ConfigError, match=re.escape("metrics: auc_difference compares the model's scores: set "
+                                                    "events.score_threshold")):  # fmt: skip
+        parse_config(raw, "c")
+    model = parse_config({**raw, "events": {"score_threshold": 0.5}}, "c").model()
+    assert model.compares_scores and "auc_difference" in model.exported_metrics

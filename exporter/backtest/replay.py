@@ -79,6 +79,8 @@ class Replay:
     _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
+    _labelled: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """Per pending step, its windows' labelled score histograms (a score metric: auc_difference)."""
     _last: dict[tuple[str, str], Evaluation] = field(default_factory=dict)
     """The last block's evaluations: the replay's end is their last step."""
 
@@ -119,6 +121,8 @@ class Replay:
         if step is None:
             return
         self._pending.append((self._now, step, self.store.window_counts(self._now)))
+        if self.config.compares_scores:
+            self._labelled.append(self.store.window_estimate_counts(self._now))
         self.steps += 1
         if len(self._pending) >= FLUSH_STEPS:
             self._flush()
@@ -142,21 +146,10 @@ class Replay:
         }  # fmt: skip
 
     def _worst(self) -> list[dict[str, Any]]:
-        """As of the replay's end, per window, attribute and exported metric: the worst comparison with its
-        simultaneous interval and how many were judged, as the daemon shows them (model_worst_comparison)."""
-        out = []
-        for (window, name), ev in self._last.items():
-            attribute = self._attributes[name]
-            for metric in self.config.exported_metrics:
-                worst = ev.worst(metric)
-                k = int(worst.pair[-1]) % len(attribute.pairs) if worst.pair[-1] >= 0 else None
-                groups = [attribute.groups[g] for g in attribute.pairs[k]] if k is not None else None
-                out.append({"window": window, "attribute": name, "metric": metric,
-                            "dimension": "_vs_".join(groups) if groups else None,
-                            "value": _number(worst.value[-1]), "ci_simultaneous": [_number(worst.lower[-1]),
-                                                                                   _number(worst.upper[-1])],
-                            "comparisons_judged": int(worst.judged[-1])})  # fmt: skip
-        return out
+        """As of the replay's end (its last step), per window, attribute and exported metric: the worst comparison,
+        as the daemon shows it (model_worst_comparison)."""
+        return [{"window": window, **row} for (window, _), ev in self._last.items()
+                for row in ev.worst_rows(self.config.exported_metrics, family=-1)]
 
     def _estimated(self) -> dict[str, Any]:
         """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
@@ -218,19 +211,24 @@ class Replay:
                                              self._calibration)  # fmt: skip
         steps = len(times)
         evaluations: dict[tuple[str, str], Evaluation] = {}
-        blocks = []
+        blocks, histograms = [], []
         for window in self.windowing.windows:
             by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
+            labelled = [self.store.layout.split(h[window.name]) for h in self._labelled]
             for attribute in self.config.attributes:
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
+                histograms.extend([np.concatenate([h[attribute.name][:n_groups] for h in labelled])] if labelled
+                                  else [])  # fmt: skip
         results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
-                                self.config.exported_metrics, self.config.multiplicity, families=steps)
+                                self.config.exported_metrics, self.config.multiplicity, families=steps,
+                                scores=histograms if self.config.compares_scores else None)  # fmt: skip
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
         self._last = evaluations
         self._pending.clear()
+        self._labelled.clear()
         self._record_series(times, trace, evaluations)
 
         holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}

@@ -15,7 +15,7 @@ from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.evaluate import MULTIPLICITY
-from exporter.core.metric_table import METRIC_NAMES
+from exporter.core.metric_table import METRIC_NAMES, METRICS
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
@@ -40,6 +40,10 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     decision, inconclusive = parse_decision(raw, errors)
     columns = section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
+    for m in metrics if events.score_threshold is None else ():
+        if METRICS[m.name].scores:
+            errors.add("metrics", f"{m.name} compares the model's scores: set events.score_threshold (the score "
+                                  "field, and the threshold that makes its predictions)")  # fmt: skip
     alerting = stream.parse_alerting(section(raw, "alerting", errors, set(stream.ALERTING_KEYS)),
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)

@@ -213,6 +213,12 @@ class ModelSpec:
         return tuple(name for name, m in METRICS.items() if m.seed or name in configured)
 
     @property
+    def compares_scores(self) -> bool:
+        """Whether a configured metric compares scores (``auc_difference``): the labelled score histograms are
+        then kept per group, as for the estimation."""
+        return any(METRICS[m.name].scores for m in self.metrics)
+
+    @property
     def score_buckets(self) -> tuple[float, ...]:
         """Upper bounds of the score histograms; empty when the model emits no scores (no histograms)."""
         if self.events.score_threshold is None:
@@ -231,7 +237,7 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
         # estimation keeps counts per score bin and predicted class: configuring it (or dropping it) starts afresh
-        **({"estimation_counts": True} if model.estimation is not None else {}),
+        **({"estimation_counts": True} if model.estimation is not None or model.compares_scores else {}),
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
     }

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from exporter.core.attributes import Attribute
-from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, GroupStats, group_stats
+from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, group_stats
 from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
+from exporter.core.scores import auc as group_auc
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class Evaluation:
     estimate) is judged per comparison."""
     families: int = 1
     """The pairs are this many consecutive families of equal size (``backtest``'s stacked steps), each judged alone."""
+    histogram: np.ndarray | None = None
+    """Each group's labelled score histogram ``(n_groups, n_bins, 2)`` (:func:`labelled_histogram`), for a model
+    that emits scores and compares them (``auc_difference``)."""
 
     @property
     def unknown_samples(self) -> int:
@@ -65,6 +70,32 @@ class Evaluation:
             return states
         failing = fails(self, metric, threshold)
         return np.where(states == "fail", np.where(failing, "fail", "inconclusive"), states)
+
+    def worst_rows(self, metrics: Iterable[str], family: int = 0) -> list[dict[str, Any]]:
+        """What a report says of each metric's worst comparison in one family (the gate's ``worst[]``, backtest's
+        at its last step): the pair, value, simultaneous interval (None where undefined) and how many were judged.
+        Estimated metrics, judged one by one, have none."""
+        assert self.simultaneous is not None
+        groups, pairs = self.attribute.groups, self.attribute.pairs
+        out = []
+        for metric in (m for m in metrics if m in self.simultaneous.metrics):
+            w = self.worst(metric)
+            k = int(w.pair[family])
+            out.append({"attribute": self.attribute.name, "metric": metric,
+                        "dimension": "_vs_".join(groups[g] for g in pairs[k]) if k >= 0 else None,
+                        "value": _finite(w.value[family]),
+                        "ci_simultaneous": [_finite(w.lower[family]), _finite(w.upper[family])],
+                        "comparisons_judged": int(w.judged[family])})  # fmt: skip
+        return out
+
+    def auc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per group: the AUC of its scores and its 95% interval (DeLong's variance, normal, clipped to 0..1); None
+        without score histograms."""
+        if self.histogram is None:
+            return None
+        value, variance, _ = group_auc(self.histogram)
+        half = Z_95 * np.sqrt(variance)
+        return value, np.clip(value - half, 0.0, 1.0), np.clip(value + half, 0.0, 1.0)
 
     def family(self) -> np.ndarray:
         """Per pair: its family (0 but in ``backtest``'s stacked steps)."""
@@ -97,6 +128,10 @@ class Worst:
     lower: np.ndarray
     upper: np.ndarray
     judged: np.ndarray
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def worst_of(kind: str, values: MetricValues, simultaneous: MetricValues, judged: np.ndarray, family: np.ndarray,
@@ -145,7 +180,7 @@ def fails(ev: Evaluation, metric: str, threshold: float) -> np.ndarray:
         step = np.flatnonzero(left & (remaining < judged))  # a family where some failed: its others, at 95%/left
         if not step.size:
             return failed
-        again = m.compute(ev.counts, a[step], b[step], comparisons=remaining[step])
+        again = m.compute(ev.counts, a[step], b[step], comparisons=remaining[step], histogram=ev.histogram)
         newly = m.evidence(again.lower, again.upper, threshold) == "fail"
         if not newly.any():
             return failed
@@ -158,9 +193,16 @@ def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
     return type(stats)(**{k: tuple(a[rows] for a in v) if isinstance(v, tuple) else v[rows] for k, v in values.items()})
 
 
+def labelled_histogram(score_counts: np.ndarray) -> np.ndarray:
+    """Per group and score bin, its labelled negatives and positives ``(..., n_bins, 2)`` (both predicted classes) of
+    a score-counts array ``(..., n_bins, 2, N_SCORE_COUNTS)`` (:mod:`exporter.core.estimate`)."""
+    c = np.asarray(score_counts, dtype=np.int64).sum(axis=-2)
+    return np.stack([c[..., LABELLED_NEG], c[..., LABELLED_POS]], axis=-1)
+
+
 def evaluate_many(
     blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS,
-    multiplicity: str = "none", families: int = 1,
+    multiplicity: str = "none", families: int = 1, scores: Sequence[np.ndarray] | None = None,
 ) -> list[Evaluation]:  # fmt: skip
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
@@ -168,6 +210,7 @@ def evaluate_many(
     outside its groups), which counts for the overall rate but in no comparison. ``metrics``: the metrics to compute
     (default: all of the table). ``multiplicity``: how a fail is judged across a metric's comparisons
     (:data:`MULTIPLICITY`); ``families``: each block's pairs are this many families judged apart (``backtest``).
+    ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics.
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
@@ -183,9 +226,13 @@ def evaluate_many(
     groups = group_stats(counts)
     overall = group_stats(np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS))
     metrics = tuple(metrics)
-    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics)
+    histograms = None if scores is None else \
+        [labelled_histogram(h[: len(a.groups)]) for (a, _), h in zip(blocks, scores, strict=True)]  # fmt: skip
+    histogram = None if histograms is None else np.concatenate(histograms)
+    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram)
     simultaneous = _simultaneous(counts, global_pairs, comparisons, min_samples,
-                                 np.repeat(np.arange(len(pairs)), [len(p) for p in pairs]), pair_starts, families)
+                                 np.repeat(np.arange(len(pairs)), [len(p) for p in pairs]), pair_starts, families,
+                                 histogram)  # fmt: skip
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])
@@ -200,12 +247,14 @@ def evaluate_many(
             multiplicity=multiplicity,
             simultaneous=simultaneous.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             families=families,
+            histogram=None if histograms is None else histograms[k],
         ))  # fmt: skip
     return out
 
 
 def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, min_samples: int,
-                  block: np.ndarray, pair_starts: np.ndarray, families: int) -> Comparisons:  # fmt: skip
+                  block: np.ndarray, pair_starts: np.ndarray, families: int,
+                  histogram: np.ndarray | None) -> Comparisons:  # fmt: skip
     """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
     sufficient comparisons in a family put each of its pairs' intervals at 95%/K."""
     local = np.arange(len(pairs)) - pair_starts[block]
@@ -216,5 +265,6 @@ def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparison
     for name, v in comparisons.metrics.items():
         ok = (v.support >= min_samples) & ~np.isnan(v.value)
         judged = np.bincount(family, weights=ok, minlength=int(family.max(initial=-1)) + 1).astype(np.int64)
-        out[name] = METRICS[name].compute(counts, pairs[:, 0], pairs[:, 1], rates, np.maximum(judged[family], 1))
+        out[name] = METRICS[name].compute(counts, pairs[:, 0], pairs[:, 1], rates, np.maximum(judged[family], 1),
+                                          histogram)  # fmt: skip
     return Comparisons(comparisons.group_a, comparisons.group_b, out)

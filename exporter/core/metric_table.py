@@ -35,6 +35,7 @@ from exporter.core.fairness import (
     ratio,
     ratio_interval,
 )
+from exporter.core.scores import auc_gap
 
 CONFIDENCE: Final = 0.95
 EVIDENCE: Final = ("pass", "fail", "inconclusive")
@@ -75,6 +76,9 @@ class Metric:
     """The definition in words, used in HELP texts, reports and docs."""
     seed: bool = False
     """One of the seed's three metrics: the daemon exports it even when the config does not name it."""
+    scores: bool = False
+    """Compared from each group's labelled score histogram (:mod:`exporter.core.scores`), not from its counts: only
+    for a model that emits scores."""
 
     @property
     def prometheus_name(self) -> str:
@@ -89,7 +93,8 @@ class Metric:
     @property
     def counted(self) -> str:
         """What min_samples counts for this metric, per group: e.g. ``labelled positives and labelled negatives``."""
-        return " and ".join(RATE_TRIALS[r] for r in self.rates)
+        rates = ("true_positive_rate", "false_positive_rate") if self.scores else self.rates
+        return " and ".join(RATE_TRIALS[r] for r in rates)
 
     @property
     def help(self) -> str:
@@ -110,18 +115,25 @@ class Metric:
         return np.where(good, "pass", np.where(bad, "fail", "inconclusive"))
 
     def compute(self, counts: NDArray, a: NDArray, b: NDArray, rates: RateCounts | None = None,
-                comparisons: ArrayLike = 1) -> MetricValues:  # fmt: skip
+                comparisons: ArrayLike = 1, histogram: NDArray | None = None) -> MetricValues:  # fmt: skip
         """This metric for pairs ``(a[i], b[i])`` of rows of a ``(n_groups, N_COUNTS)`` counts array (``rates``:
         the (successes, trials) of rates already reduced from these counts, shared between metrics).
 
         ``comparisons`` (per pair, or one for all): how many comparisons the pair's interval must cover together
         with others (Bonferroni): 1 gives each pair its own 95% interval, K the intervals of a family of K whose
-        union covers 95% (the worst group's, and the fail side of ``multiplicity:``)."""
+        union covers 95% (the worst group's, and the fail side of ``multiplicity:``). ``histogram``: the groups'
+        labelled score histograms ``(n_groups, n_bins, 2)``, which a score metric compares (without it, it has
+        no value)."""
+        family = np.broadcast_to(np.asarray(comparisons, dtype=np.int64), np.shape(a))
+        if self.scores:
+            if histogram is None:
+                nan = np.full(np.shape(a), np.nan)
+                return MetricValues(nan, nan, nan, nan, np.zeros(np.shape(a), dtype=np.int64))
+            return MetricValues(*auc_gap(histogram, a, b, _zs(family)))
         rates = {} if rates is None else rates
         for rate in self.rates:
             if rate not in rates:
                 rates[rate] = rate_counts(counts, rate)
-        family = np.broadcast_to(np.asarray(comparisons, dtype=np.int64), np.shape(a))
         return _difference(self, rates, a, b, family) if self.kind == "difference" else \
             _ratio(self, rates, a, b, family)  # fmt: skip
 
@@ -216,9 +228,16 @@ METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
            "min/max of the two false discovery rates over labelled positive predictions"),
     Metric("false_omission_rate_ratio", ("false_omission_rate",), "ratio", 0.80,
            "min/max of the two false omission rates over labelled negative predictions"),
+    # Score-based parity (a model that emits scores): how well the scores rank within each group.
+    Metric("auc_difference", (), "difference", 0.05,
+           "|AUC a - AUC b| of the scores (binned by events.score_buckets) among labelled predictions",
+           scores=True),
 )}
 # fmt: on
 METRIC_NAMES: Final = tuple(METRICS)
+COUNT_METRICS: Final = tuple(name for name, m in METRICS.items() if not m.scores)
+"""The metrics of the counts alone: each has a seed-style function and a fleet-wide recording rule (a score metric
+needs the scores, and an AUC does not re-aggregate across replicas)."""
 
 
 @dataclass(frozen=True)
@@ -234,13 +253,15 @@ class Comparisons:
         return Comparisons(group_a, group_b, {k: v.take(rows) for k, v in self.metrics.items()})
 
 
-def compare(counts: NDArray, group_a: NDArray, group_b: NDArray, metrics: Iterable[str] = METRICS) -> Comparisons:
-    """The named metrics (default: every metric of :data:`METRICS`) for each pair of rows of ``counts``."""
+def compare(counts: NDArray, group_a: NDArray, group_b: NDArray, metrics: Iterable[str] = METRICS,
+            histogram: NDArray | None = None) -> Comparisons:  # fmt: skip
+    """The named metrics (default: every metric of :data:`METRICS`) for each pair of rows of ``counts`` (and of
+    ``histogram``, the groups' labelled score histograms, for the score metrics)."""
     a = np.asarray(group_a, dtype=np.int64)
     b = np.asarray(group_b, dtype=np.int64)
     c = np.asarray(counts, dtype=np.int64)
     rates: RateCounts = {}
-    return Comparisons(a, b, {name: METRICS[name].compute(c, a, b, rates) for name in metrics})
+    return Comparisons(a, b, {name: METRICS[name].compute(c, a, b, rates, histogram=histogram) for name in metrics})
 
 
 def samples_to_decide(half_width: float, value: float, threshold: float, samples: Mapping[str, int]) -> \

@@ -145,7 +145,8 @@ class SnapshotCollector(Collector):
     @staticmethod
     def _worst(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
         """Per attribute and metric: its worst comparison with the interval that holds over all its judged ones, and
-        how many were judged (the K of that interval and of the multiplicity rule)."""
+        how many were judged (the K of that interval and of the multiplicity rule); per subgroup, its scores' AUC
+        (a model comparing scores)."""
         attribute = ["model_id", "attribute", "window", "metric"]
         worst = _Family("model_worst_comparison", "The metric's worst comparison of the attribute (largest "
                         "difference, smallest ratio) over those judged, its bounds a 95% interval for the true worst "
@@ -154,8 +155,16 @@ class SnapshotCollector(Collector):
         judged = GaugeMetricFamily("model_comparisons_judged", "Comparisons of the metric and attribute that have a "
                                    "value (meet min_samples): the K over which the worst comparison's interval and "
                                    "the multiplicity rule of its fail evidence hold." + cadence, labels=attribute)
+        auc = _Family("model_score_auc", "AUC of the model's scores (binned by events.score_buckets) among the "
+                      "subgroup's labelled predictions, with DeLong's 95% interval; only with a score metric "
+                      "(auc_difference) configured." + cadence, ["model_id", "attribute", "window", "subgroup"],
+                      bounds=True)  # fmt: skip
         for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
             groups = ev.attribute.groups
+            scored = ev.auc()
+            if scored is not None:
+                for i, group in enumerate(groups):
+                    auc.add([snapshot.model_id, ev.attribute.name, window, group], *(x[i] for x in scored))
             for metric in snapshot.metrics:
                 w = ev.worst(metric)
                 labels = [snapshot.model_id, ev.attribute.name, window, metric]
@@ -165,6 +174,8 @@ class SnapshotCollector(Collector):
                     worst.add([*labels, f"{a}_vs_{b}", a, b], w.value[0], w.lower[0], w.upper[0])
         yield from worst.families()
         yield judged
+        if any(METRICS[m].scores for s in snapshots for m in s.metrics):
+            yield from auc.families()
 
     @staticmethod
     def _scores(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:

@@ -77,14 +77,17 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
     with store.lock:  # counts and score histograms of the same events
         windows = store.window_counts(now)
         window_scores = store.window_scores(now)
-        estimation = store.window_estimate_counts(now) if reference is not None else {}
-    keys, blocks = [], []
+        estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
+    keys, blocks, histograms = [], [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
+        labelled = store.layout.split(estimation[window.name]) if spec.compares_scores else {}
         for attribute in spec.attributes:
             keys.append(window.name)
             blocks.append((attribute, by_attribute[attribute.name]))
-    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity)
+            histograms.extend([labelled[attribute.name]] if labelled else [])
+    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity,
+                              scores=histograms if spec.compares_scores else None)  # fmt: skip
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -84,7 +85,10 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
 def _group_report(ev: Evaluation) -> dict[str, Any]:
     g = ev.groups
     per_group = {}
+    scored = ev.auc()
     for i, name in enumerate(ev.attribute.groups):
+        auc = {} if scored is None else {"auc": json_float(scored[0][i]),
+                                         "auc_ci": [json_float(scored[1][i]), json_float(scored[2][i])]}
         per_group[name] = {
             "samples": int(g.samples[i]),
             "labelled": int(g.labelled[i]),
@@ -94,6 +98,7 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
             "false_positive_rate": json_float(g.false_positive_rate[i]),
             "accuracy": json_float(g.accuracy[i]),
             "precision": json_float(g.precision[i]),
+            **auc,
         }
     return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
             "overall_samples": int(ev.overall.samples[0]), "groups": per_group}  # fmt: skip
@@ -182,25 +187,13 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
 
 def _worst(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
     """Per configured metric (observed, not estimated): its worst comparison of the attribute, with the interval
-    that holds over all its judged comparisons at once; none when no comparison was judged."""
-    out = []
-    groups = ev.attribute.groups
-    assert ev.simultaneous is not None
-    for spec in config.metrics:
-        if spec.name not in ev.simultaneous.metrics:
-            continue
-        worst = ev.worst(spec.name)
-        k = int(worst.pair[0])
-        a, b = ev.attribute.pairs[k] if k >= 0 else (None, None)
-        out.append({
-            "attribute": ev.attribute.name, "metric": spec.name,
-            "dimension": f"{groups[a]}_vs_{groups[b]}" if a is not None and b is not None else None,
-            "value": json_float(worst.value[0]), "ci_simultaneous": [json_float(worst.lower[0]),
-                                                                     json_float(worst.upper[0])],
-            "comparisons_judged": int(worst.judged[0]), "threshold": spec.threshold,
-            "evidence": str(METRICS[spec.name].evidence(worst.lower, worst.upper, spec.threshold)[0]) if k >= 0
-            else "inconclusive",
-        })  # fmt: skip
+    that holds over all its judged comparisons at once, and what that interval says against the threshold."""
+    out = ev.worst_rows(m.name for m in config.metrics)
+    for row in out:
+        lower, upper = (math.nan if x is None else x for x in row["ci_simultaneous"])
+        row["threshold"] = threshold = config.thresholds()[row["metric"]]
+        row["evidence"] = str(METRICS[row["metric"]].evidence(lower, upper, threshold)) if row["dimension"] else \
+            "inconclusive"  # fmt: skip
     return out
 
 
@@ -240,7 +233,8 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
                            if config.label_column in missing else ""))  # fmt: skip
     if config.score_column is not None and config.score_column not in rows.columns:
         raise DataError(f"{name}: no score column {config.score_column!r} (columns.score); the file has {rows.columns}")
-    return _found(config, rows, name, scan(config, rows, name, weights=weights, scores=estimable), empty)
+    return _found(config, rows, name, scan(config, rows, name, weights=weights,
+                                           scores=estimable or config.compares_scores), empty)  # fmt: skip
 
 
 def _found(config: ModelSpec, rows: Rows, name: str, counted: Scan, empty: str) -> Scan:
@@ -305,7 +299,9 @@ def run_audit(
     results: list[dict[str, Any]] = []
     all_counts = counted.tally.counts()
     evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
-                                multiplicity=config.multiplicity)  # fmt: skip
+                                multiplicity=config.multiplicity, scores=[counted.tally.scores[a.name]
+                                                                          for a in config.attributes]
+                                if config.compares_scores else None)  # fmt: skip
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
         reference, estimation = read_reference(config)
