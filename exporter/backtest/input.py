@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from exporter.config import Config, ModelSpec
+from exporter.core import bisg
 from exporter.core.encoding import attribute_codes
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
@@ -70,13 +71,11 @@ def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
 
     from exporter.gate.data import columns as col
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.fairness.frames import prediction_column
+    from exporter.gate.fairness.frames import attribute_columns, prediction_column
 
     try:
-        dataset = open_dataset(location, "events", ["model_id", *(a.columns[0] for m in models
-                                                                  for a in m.base_attributes)])  # fmt: skip
-        needed = {m.model_id: ["timestamp", prediction_column(m), *(a.columns[0] for a in m.base_attributes)]
-                  for m in models}  # fmt: skip
+        dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in attribute_columns(m))])
+        needed = {m.model_id: ["timestamp", prediction_column(m), *attribute_columns(m)] for m in models}
         for columns in [["model_id"], *needed.values()]:
             missing = [c for c in columns if c not in dataset.columns]
             if missing:
@@ -104,7 +103,9 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
               else np.full(batch.num_rows, -1, dtype=np.int64))  # fmt: skip
     checks.raise_first(config, location, batch.num_rows)
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
-    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes}
+    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) if a.proxy is None else
+            bisg.tables().codes(batch.column(a.proxy.surname).to_pylist(), batch.column(a.proxy.zcta).to_pylist())
+            for a in config.base_attributes}  # fmt: skip
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
     return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores)
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events
-from exporter.backtest.series import SERIES_OTHERS, Series
+from exporter.backtest.series import SERIES_OTHERS, Series, compared
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
@@ -143,6 +143,7 @@ class Replay:
             "series": self._series_report(),
             "worst": self._worst(),
             **({"estimated": self._estimated()} if self.reference is not None else {}),
+            **({"proxy": self._proxied()} if self.store.proxy.attributes else {}),
         }  # fmt: skip
 
     def _worst(self) -> list[dict[str, Any]]:
@@ -151,6 +152,33 @@ class Replay:
         return [{"window": window, **row} for (window, _), ev in self._last.items()
                 for row in ev.worst_rows(self.config.exported_metrics, family=-1)]
 
+    def _proxied(self) -> dict[str, Any]:
+        """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
+        from exporter.serve.snapshot import proxied
+
+        now = self._now if self._now > -math.inf else 0.0
+        evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
+        return {"as_of": _iso(now), "proxy": True,
+                "comparisons": [c for w, ev in evaluations for c in self._comparisons(
+                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy")],
+                "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),
+                            "selection_rate": _number(r)} for w, ev in evaluations for g, n, r in
+                           zip(ev.attribute.groups, ev.groups.samples, ev.groups.selection_rate, strict=True)]}
+
+    def _comparisons(self, window: str, attribute: Attribute, values: dict[str, Any], sufficient: Any,
+                     suffix: str) -> list[dict[str, Any]]:  # fmt: skip
+        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one)."""
+        thresholds, groups, out = self.config.thresholds(), attribute.groups, []
+        for metric, v in values.items():
+            ok, evidence = sufficient(metric), METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
+            out += [{"window": window, "attribute": attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
+                     "metric": f"{metric}{suffix}", "value": _number(v.value[k]) if ok[k] else None,
+                     "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
+                     "status": "ok" if ok[k] else "insufficient_samples",
+                     "evidence": evidence[k] if ok[k] else "inconclusive"}
+                    for k, (a, b) in enumerate(attribute.pairs)]  # fmt: skip
+        return out
+
     def _estimated(self) -> dict[str, Any]:
         """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
         daemon's computation makes them (serve/snapshot.py)."""
@@ -158,21 +186,12 @@ class Replay:
 
         assert self.reference is not None
         store, spec = self.store, self.config
-        thresholds = spec.thresholds()
         comparisons, calibration = [], []
         now = self._now if self._now > -math.inf else 0.0
         for window, est in estimated(spec, self.reference, store.window_estimate_counts(now), store.layout.split):
             groups = est.attribute.groups
-            for metric, v in est.values.items():
-                ok = est.sufficient(metric, spec.min_samples)
-                evidence = METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
-                for k, (a, b) in enumerate(est.attribute.pairs):
-                    comparisons.append({
-                        "window": window, "attribute": est.attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
-                        "metric": f"{metric}_estimated", "value": _number(v.value[k]) if ok[k] else None,
-                        "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
-                        "status": "ok" if ok[k] else "insufficient_samples",
-                        "evidence": evidence[k] if ok[k] else "inconclusive"})  # fmt: skip
+            comparisons += self._comparisons(window, est.attribute, est.values,
+                                             lambda m, e=est: e.sufficient(m, spec.min_samples), "_estimated")
             z = est.check.statistic
             calibration += [{"window": window, "attribute": est.attribute.name, "subgroup": g, "predicted": p,
                              "statistic": _number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
@@ -215,7 +234,7 @@ class Replay:
         for window in self.windowing.windows:
             by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
             labelled = [self.store.layout.split(h[window.name]) for h in self._labelled]
-            for attribute in self.config.attributes:
+            for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
@@ -278,7 +297,7 @@ class Replay:
         window = self.windowing.windows[0].name
         for i, detector in enumerate(self.store.detectors.detectors):
             attribute = attributes[detector.attribute]
-            value, lower, upper = _compared(detector, attribute, evaluations[(window, attribute.name)])
+            value, lower, upper = compared(detector, attribute, evaluations[(window, attribute.name)])
             block = {"step": np.arange(first, first + len(times)), "time": times, "value": value, "lower": lower,
                      "upper": upper, "statistic": trace.statistic[:, i], "alarm": trace.active[:, i]}  # fmt: skip
             if i not in self._series:
@@ -321,34 +340,12 @@ def _identity(detector: Detector) -> dict[str, Any]:
             "metric": detector.metric, "direction": detector.direction}  # fmt: skip
 
 
-def _compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
-    """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
-    selection rate) and its interval, NaN where the window has too few samples; a calibration detector shows
-    nothing here (its statistic is the report's ``estimated.calibration``)."""
-    if detector.predicted:
-        return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
-    if detector.subgroup:
-        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
-        stats = ev.groups
-        columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
-        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
-    else:
-        metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
-        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
-        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
-        columns = tuple(ev.metric(metric))
-        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
-    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
-    ok = ok & ~np.isnan(value)
-    return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
-
-
 def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
     """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
     in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
     out: dict[str, Any] = {}
     for window, ev in windows:
-        value, lower, upper = (float(c[t]) for c in _compared(detector, attribute, ev))
+        value, lower, upper = (float(c[t]) for c in compared(detector, attribute, ev))
         out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
     first = next(iter(out.values()), None)
     return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}

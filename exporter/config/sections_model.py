@@ -13,7 +13,8 @@ from typing import Any, Final
 from exporter.config import sections_stream as stream
 from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
-from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
+from exporter.core import bisg
+from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute, Proxy
 from exporter.core.evaluate import MULTIPLICITY
 from exporter.core.metric_table import METRIC_NAMES, METRICS
 
@@ -40,15 +41,20 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     decision, inconclusive = parse_decision(raw, errors)
     columns = section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
-    for m in metrics if events.score_threshold is None else ():
-        if METRICS[m.name].scores:
+    for m in (m for m in metrics if METRICS[m.name].scores):
+        if events.score_threshold is None:
             errors.add("metrics", f"{m.name} compares the model's scores: set events.score_threshold (the score "
                                   "field, and the threshold that makes its predictions)")  # fmt: skip
+        if any(a.proxy for a in base):
+            errors.add("metrics", f"{m.name} not with a proxy attribute: the score histograms are kept per known "
+                                  "group, and a proxy gives none")  # fmt: skip
     alerting = stream.parse_alerting(section(raw, "alerting", errors, set(stream.ALERTING_KEYS)),
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)
     version = get(raw, "model_version", None, errors, "", text)
     estimation = parse_estimation(raw, events, errors)
+    if estimation is not None and any(a.proxy for a in base):
+        errors.add("estimation", "not with a proxy attribute: the calibration is per group, and a proxy gives none")
     if model_id is None:
         return None
     return ModelSpec(
@@ -129,7 +135,7 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
         errors.add("protected_attributes", "required: a non-empty list of {name, groups, pairwise_comparisons}")
         return []
     out: list[Attribute] = []
-    keys = {"name", "groups", "pairwise_comparisons", "reference_group", "column"}
+    keys = {"name", "groups", "pairwise_comparisons", "reference_group", "column", "proxy"}
     for path, item in errors.mappings("protected_attributes", raw, keys, " with name and groups"):
         name = item.get("name")
         if not isinstance(name, str) or not name:
@@ -151,8 +157,38 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
         else:
             pairs = _reference_pairs(item, groups, path, errors)
         column = str(item.get("column", name))
+        proxy = _parse_proxy(item, path, groups, errors)
+        if proxy is not None:  # the mass of the categories not configured counts in no group: no `other` group
+            out.append(Attribute(name, (column,), tuple(groups), pairs, proxy=proxy))
+            continue
         out.append(Attribute(name, (column,), tuple([*groups, OTHER_GROUP] if other else groups), pairs))
     return out
+
+
+def _parse_proxy(item: dict[str, Any], path: str, groups: list[str], errors: Errors) -> Proxy | None:
+    """``proxy: {method: bisg, surname: COLUMN, zcta: COLUMN}``: the attribute inferred from those columns, its
+    groups some of the method's categories (docs/auditor/proxy.md)."""
+    if item.get("proxy") is None:
+        return None
+    within = errors.within(f"{path}.")
+    spec = section(item, "proxy", within, {"method", "surname", "zcta"})
+    method = get(spec, "method", None, within, "proxy.", choice(*bisg.METHODS))
+    columns = [get(spec, key, None, within, "proxy.", text) for key in ("surname", "zcta")]
+    for key in ("method", "surname", "zcta"):
+        if isinstance(item["proxy"], dict) and key not in spec:
+            within.add(f"proxy.{key}", "required: " + ("bisg" if key == "method" else "the column that holds it"))
+    if "column" in item:
+        errors.add(f"{path}.column", "a proxy attribute is inferred, not read from a column: remove column or proxy")
+    try:
+        bisg.data_folder()
+    except ImportError as exc:  # refused at start, not at the first event
+        within.add("proxy", str(exc))
+    outside = [g for g in groups if g not in bisg.CATEGORIES]
+    if outside:
+        errors.add(f"{path}.groups", f"{outside} are not BISG categories (accepted: {', '.join(bisg.CATEGORIES)})")
+    if method is None or None in columns:
+        return None
+    return Proxy(str(method), str(columns[0]), str(columns[1]))
 
 
 def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list[Attribute]:
@@ -173,6 +209,10 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
             errors.add(path, f"{unknown} not among protected_attributes {sorted(by_name)}")
             continue
         parts = [by_name[n] for n in names]
+        if any(p.proxy is not None for p in parts):
+            errors.add(path, f"{[p.name for p in parts if p.proxy]} are proxy attributes: an intersection needs "
+                             "each row's own group, which a proxy does not give")  # fmt: skip
+            continue
         groups = tuple(INTERSECTION_SEP.join(combo) for combo in itertools.product(*(p.groups for p in parts)))
         configured = [
             i

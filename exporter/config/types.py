@@ -238,6 +238,9 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
         # estimation keeps counts per score bin and predicted class: configuring it (or dropping it) starts afresh
         **({"estimation_counts": True} if model.estimation is not None or model.compares_scores else {}),
+        # a proxy attribute's counts are weighted floats, apart from the exact ones (exporter/stream/state/proxy.py)
+        **({"proxy_attributes": [a.name for a in model.attributes if a.proxy]}
+           if any(a.proxy for a in model.attributes) else {}),
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
     }

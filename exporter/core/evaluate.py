@@ -44,9 +44,9 @@ class Evaluation:
     that emits scores and compares them (``auc_difference``)."""
 
     @property
-    def unknown_samples(self) -> int:
-        """Predictions in the attribute's unknown category."""
-        return int(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
+    def unknown_samples(self) -> float:
+        """Predictions in the attribute's unknown category (a proxy attribute's: a sum of posteriors)."""
+        return float(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
 
     def values(self, metric: str) -> MetricValues:
         """Value, interval, half-width and support of one metric, per pair."""
@@ -215,6 +215,8 @@ def evaluate_many(
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
     """
+    if not blocks:
+        return []
     unknowns = [c[len(a.groups)] if len(c) > len(a.groups) else np.zeros(N_COUNTS, np.int64) for a, c in blocks]
     blocks = [(a, c[: len(a.groups)]) for a, c in blocks]
     counts = np.concatenate([c for _, c in blocks])
@@ -224,7 +226,9 @@ def evaluate_many(
     pair_starts = np.cumsum([0, *(len(p) for p in pairs)])
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
     groups = group_stats(counts)
-    overall = group_stats(np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS))
+    overall = np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS)
+    # every row counts once overall, whatever its group: a proxy attribute's weighted counts sum to whole rows
+    overall = group_stats(np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall)
     metrics = tuple(metrics)
     histograms = None if scores is None else \
         [labelled_histogram(h[: len(a.groups)]) for (a, _), h in zip(blocks, scores, strict=True)]  # fmt: skip

@@ -64,9 +64,21 @@ def ratio(num: NDArray, den: NDArray) -> FloatArray:
     return out
 
 
-def rate_counts(counts: NDArray, rate: str) -> tuple[IntArray, IntArray]:
-    """(successes, trials) of one named rate for every row of a counts array."""
-    c = np.asarray(counts, dtype=np.int64)
+def exact(counts: NDArray) -> NDArray:
+    """A counts array as int64, unless its counts are weighted (floats: a proxy attribute's posterior sums)."""
+    c = np.asarray(counts)
+    return c if np.issubdtype(c.dtype, np.floating) else c.astype(np.int64)
+
+
+def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:
+    """(successes, trials) of one named rate for every row of a counts array.
+
+    Weighted counts (a proxy attribute's: each row adds its posterior p of the group) give the weighted rate
+    ``sum p y / sum p``, and the binomial variance r(1 - r) / sum p of the intervals built on them is, by the delta
+    method, the rate's sampling variance sum p^2 (y - r)^2 / (sum p)^2 plus the proxy's, from each row's unknown
+    membership, sum p (1 - p) (y - r)^2 / (sum p)^2 (docs/auditor/proxy.md).
+    """
+    c = exact(counts)
     numerator, denominator = RATES[rate]
     return sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)  # type: ignore[return-value]
 
@@ -187,7 +199,7 @@ def group_stats(counts: NDArray) -> GroupStats:
         values[rate] = ratio(k, n)
         if rate in _WITH_INTERVAL:
             values[f"{rate}_ci"] = wilson_interval(k, n)
-    c = np.asarray(counts, dtype=np.int64)
+    c = exact(counts)
     return GroupStats(samples=c[..., PRED_POS] + c[..., PRED_NEG], labelled=c[..., [TP, FP, TN, FN]].sum(axis=-1),
                       **values)  # type: ignore[arg-type]
 

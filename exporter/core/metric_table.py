@@ -30,6 +30,7 @@ from exporter.core.fairness import (
     FloatArray,
     IntArray,
     abs_interval,
+    exact,
     newcombe_interval,
     rate_counts,
     ratio,
@@ -259,12 +260,12 @@ def compare(counts: NDArray, group_a: NDArray, group_b: NDArray, metrics: Iterab
     ``histogram``, the groups' labelled score histograms, for the score metrics)."""
     a = np.asarray(group_a, dtype=np.int64)
     b = np.asarray(group_b, dtype=np.int64)
-    c = np.asarray(counts, dtype=np.int64)
+    c = exact(counts)
     rates: RateCounts = {}
     return Comparisons(a, b, {name: METRICS[name].compute(c, a, b, rates, histogram=histogram) for name in metrics})
 
 
-def samples_to_decide(half_width: float, value: float, threshold: float, samples: Mapping[str, int]) -> \
+def samples_to_decide(half_width: float, value: float, threshold: float, samples: Mapping[str, float]) -> \
         dict[str, int] | None:  # fmt: skip
     """Samples per group at which the interval (half-width ~ 1/sqrt(n)) would no longer reach the threshold from
     the current value; None when the value sits on the threshold or is undefined."""

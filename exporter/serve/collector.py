@@ -30,6 +30,10 @@ from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, P
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
 _CI = "95% interval"
+PROXY = "_proxy"
+PROXIED = (" Proxy (proxy: true): the attribute was never collected; each prediction counts in each group by its BISG "
+           "posterior (surname and ZCTA), intervals include the proxy's uncertainty, and gaps are understated "
+           "(docs/auditor/proxy.md).")  # fmt: skip
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
 _GROUP = ["model_id", "attribute", "window", "subgroup"]
 
@@ -70,21 +74,36 @@ class SnapshotCollector(Collector):
             return
         snapshots = fleet.models
         cadence = f" Computed every {self.every} over the event-time window in the window label."
-        rate = _Family("model_positive_prediction_rate", "Share of predictions that are positive (selection rate)."
-                       + cadence, _GROUP, bounds=True)  # fmt: skip
-        tpr = _Family("model_true_positive_rate", "True positive rate among labelled predictions." + cadence, _GROUP,
-                      bounds=True)  # fmt: skip
-        fpr = _Family("model_false_positive_rate", "False positive rate among labelled predictions." + cadence,
+        yield from self._families(snapshots, cadence)
+        if any(s.proxied for s in snapshots):
+            yield from self._families(snapshots, PROXIED + cadence, PROXY)
+        yield from estimated_families(snapshots, cadence)
+        yield from self._worst(snapshots, cadence)
+        yield from self._scores(snapshots, cadence)
+        yield from self._settings(snapshots)
+        yield from self._counters(snapshots)
+        yield from detector_families(snapshots)
+
+    @staticmethod
+    def _families(snapshots: Sequence[Snapshot], cadence: str, suffix: str = "") -> Iterator[Metric]:
+        """The subgroups' rates and the comparisons of every evaluation; with ``suffix`` (PROXY), of the proxy
+        attributes' posterior-weighted evaluations, under names of their own."""
+        rate = _Family(f"model_positive_prediction_rate{suffix}", "Share of predictions that are positive (selection "
+                       "rate)." + cadence, _GROUP, bounds=True)  # fmt: skip
+        tpr = _Family(f"model_true_positive_rate{suffix}", "True positive rate among labelled predictions." + cadence,
                       _GROUP, bounds=True)  # fmt: skip
-        samples = _Family("model_subgroup_samples", "Predictions in the window." + cadence, _GROUP)
-        labelled = _Family("model_subgroup_labelled_samples", "Labelled predictions in the window." + cadence, _GROUP)
-        fraction = _Family("model_labelled_fraction", "Labelled / all predictions in the window: low means the "
-                           "model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
+        fpr = _Family(f"model_false_positive_rate{suffix}", "False positive rate among labelled predictions."
+                      + cadence, _GROUP, bounds=True)  # fmt: skip
+        samples = _Family(f"model_subgroup_samples{suffix}", "Predictions in the window." + cadence, _GROUP)
+        labelled = _Family(f"model_subgroup_labelled_samples{suffix}", "Labelled predictions in the window."
+                           + cadence, _GROUP)  # fmt: skip
+        fraction = _Family(f"model_labelled_fraction{suffix}", "Labelled / all predictions in the window: low means "
+                           "the model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
         exported = {m for snapshot in snapshots for m in snapshot.metrics}
-        pairs = {m: _Family(METRICS[m].prometheus_name, METRICS[m].help + cadence, _PAIR, bounds=True)
+        pairs = {m: _Family(METRICS[m].prometheus_name + suffix, METRICS[m].help + cadence, _PAIR, bounds=True)
                  for m in METRICS if m in exported}  # fmt: skip
         insufficient = GaugeMetricFamily(
-            "model_comparison_insufficient_samples",
+            f"model_comparison_insufficient_samples{suffix}",
             "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "
             "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), or the metric "
             "is undefined (a ratio whose rate is 0 in a group: no positive prediction, for disparate impact). Else 0, "
@@ -92,20 +111,21 @@ class SnapshotCollector(Collector):
             labels=[*_PAIR, "metric"],
         )
         evidence = GaugeMetricFamily(
-            "model_comparison_evidence",
+            f"model_comparison_evidence{suffix}",
             "1 for the state of what the metric's 95% interval says against its threshold (fairness_threshold), 0 for "
             "the two others: pass (wholly on the passing side), fail (wholly beyond), inconclusive (it contains the "
             "threshold, or the comparison has no value)." + cadence,
             labels=[*_PAIR, "metric", "evidence"],
         )
         thresholds = {s.model_id: {m: t for m, t, _ in s.thresholds} for s in snapshots}
-        unknown = _Family("model_subgroup_unknown_samples", "Predictions in the window whose value of the attribute "
-                          "is outside its groups or missing: its unknown category, counted in the overall rate and "
-                          "in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
+        unknown = _Family(f"model_subgroup_unknown_samples{suffix}", "Predictions in the window whose value of the "
+                          "attribute is outside its groups or missing: its unknown category, counted in the overall "
+                          "rate and in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
 
-        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
+        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in (s.proxied if suffix else
+                                                                               s.evaluations)):  # fmt: skip
             base = [snapshot.model_id, ev.attribute.name, window]
-            unknown.add(base, float(ev.unknown_samples))
+            unknown.add(base, ev.unknown_samples)
             names = [*ev.attribute.groups, "overall"]
             for stats, offset in ((ev.groups, 0), (ev.overall, len(ev.attribute.groups))):
                 for i in range(len(stats.samples)):
@@ -135,12 +155,6 @@ class SnapshotCollector(Collector):
             yield from family.families()
         yield insufficient
         yield evidence
-        yield from estimated_families(snapshots, cadence)
-        yield from self._worst(snapshots, cadence)
-        yield from self._scores(snapshots, cadence)
-        yield from self._settings(snapshots)
-        yield from self._counters(snapshots)
-        yield from detector_families(snapshots)
 
     @staticmethod
     def _worst(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:

@@ -13,9 +13,10 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core import estimate
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
+from exporter.stream.state.proxy import ProxyRing
 from exporter.stream.state.window import Detection
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class Snapshot:
     """The configured version of the model (fairness_model_info)."""
     estimated: tuple[tuple[str, estimate.Estimated], ...] = ()
     """(window, estimated comparisons) per window and attribute, for a model that estimates (estimation:)."""
+    proxied: tuple[tuple[str, Evaluation], ...] = ()
+    """(window, evaluation) for every window and proxy attribute (proxy:): posterior-weighted, never mixed with
+    :attr:`evaluations` (exporter/serve/proxy.py)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,15 @@ def estimated(spec: ModelSpec, reference: dict[str, np.ndarray], windows: dict[s
                  for window, counts in windows.items() for a in spec.attributes)  # fmt: skip
 
 
+def proxied(spec: ModelSpec, ring: ProxyRing, windows: dict[str, np.ndarray]) -> tuple[tuple[str, Evaluation], ...]:
+    """The evaluation of every window (its proxy counts, :meth:`WindowStore.window_proxy_counts`) and proxy
+    attribute, by the core's weighted counts (``backtest`` calls this too)."""
+    blocks = [(window, a, ring.split(counts)[a.name]) for window, counts in windows.items() for a in ring.attributes]
+    evaluated = evaluate_many([(a, c) for _, a, c in blocks], spec.min_samples, spec.exported_metrics,
+                              spec.multiplicity)  # fmt: skip
+    return tuple((window, ev) for (window, _, _), ev in zip(blocks, evaluated, strict=True))
+
+
 def compute_model(monitored: Monitored, windowing: Windowing, now: float,
                   thresholds: tuple[tuple[str, float, str], ...],
                   reference: dict[str, np.ndarray] | None = None) -> Snapshot:  # fmt: skip
@@ -76,6 +89,7 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
     detection = store.detect(now, store.calibration_rows(reference) if reference is not None else None)
     with store.lock:  # counts and score histograms of the same events
         windows = store.window_counts(now)
+        proxies = proxied(spec, store.proxy, store.window_proxy_counts(now))
         window_scores = store.window_scores(now)
         estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
     keys, blocks, histograms = [], [], []
@@ -83,21 +97,24 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         by_attribute = store.layout.split(windows[window.name])
         labelled = store.layout.split(estimation[window.name]) if spec.compares_scores else {}
         for attribute in spec.attributes:
-            keys.append(window.name)
-            blocks.append((attribute, by_attribute[attribute.name]))
-            histograms.extend([labelled[attribute.name]] if labelled else [])
+            if attribute.proxy is None:
+                keys.append(window.name)
+                blocks.append((attribute, by_attribute[attribute.name]))
+                histograms.extend([labelled[attribute.name]] if labelled else [])
     evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity,
                               scores=histograms if spec.compares_scores else None)  # fmt: skip
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)
-        scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes)
+        scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes
+                      if a.proxy is None)
     return Snapshot(spec.model_id, now, tuple(zip(keys, evaluated, strict=True)),
                     store.layout.split(store.totals_copy()), spec.exported_metrics, thresholds, detection,
                     store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores),
                     model_version=spec.model_version,
                     estimated=estimated(spec, reference, estimation, store.layout.split)
-                    if reference is not None and estimation else ())  # fmt: skip
+                    if reference is not None and estimation else (),
+                    proxied=proxies)  # fmt: skip
 
 
 class Computer:

@@ -29,11 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from exporter.config import Config
-from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.health.counters import Health
+from exporter.health.logs import RateLimitedLog
 from exporter.stream.bounded import Bound
-from exporter.stream.decode.events import DecodedBatch
+from exporter.stream.decode.events import REJECT_REASONS, DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import PayloadRows, payload_batches, read_halves, records_of
+from exporter.stream.decode.payload import UNMATCHED_REASONS, PayloadRows, payload_batches, read_halves, records_of
+from exporter.stream.decode.route import IGNORE_REASONS
 from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.state.fleet import Fleet, Monitored
@@ -57,6 +59,10 @@ class Ingest:
         self.bounded = Bound(health, dead_letters, lambda p: fleet.offsets_copy().get(p, -1), fleet.advance_offset)
         """Handles each unit (a poll's predictions, a labels partition's batch) within the bound."""
         self._rows: dict[str, PayloadRows] = {}
+        for reason in REJECT_REASONS:  # every reason at 0 from the start, so that a rate() sees the first one
+            health.rejected.labels(reason)
+        for reason in IGNORE_REASONS:
+            health.ignored.labels(reason)
 
     def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
         """Count what one poll returned (the source's handler): the predictions of every partition as one batch, so
@@ -143,7 +149,7 @@ class Ingest:
             pending = len(fleet.joins.pending)
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
-        joined, unmatched_counter = self.health.payload_counters()
+        joined, unmatched_counter = self.health.payload_counters(UNMATCHED_REASONS)
         joined.inc(sum(map(len, pairs.values())))
         for reason, n in unmatched.items():
             unmatched_counter.labels(reason).inc(n)
@@ -236,8 +242,9 @@ class Ingest:
         self.health.labels_clock_behind.set(behind)
         self.health.count_outcomes(given_up)
         if unmatched or responses:  # a response with no request ever: a bad payload, rejected and dead-lettered
+            counter = self.health.payload_counters(UNMATCHED_REASONS)[1]
             for reason, n in unmatched.items():
-                self.health.payload_counters()[1].labels(reason).inc(n)
-            self.health.payload_counters()[1].labels("response_without_request").inc(len(responses))
+                counter.labels(reason).inc(n)
+            counter.labels("response_without_request").inc(len(responses))
             self.report({}, Counter(), [], 0, "the pair join", [(h.raw, "response_without_request")
                                                                 for h in responses])  # fmt: skip

@@ -26,7 +26,7 @@ from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
 from exporter.gate.data.quantile import median
-from exporter.gate.fairness import estimated, ll144
+from exporter.gate.fairness import estimated, ll144, proxy
 from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
 
@@ -90,8 +90,8 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
         auc = {} if scored is None else {"auc": json_float(scored[0][i]),
                                          "auc_ci": [json_float(scored[1][i]), json_float(scored[2][i])]}
         per_group[name] = {
-            "samples": int(g.samples[i]),
-            "labelled": int(g.labelled[i]),
+            "samples": ll144.count(g.samples[i]),
+            "labelled": ll144.count(g.labelled[i]),
             "selection_rate": json_float(g.selection_rate[i]),
             "selection_rate_ci": [json_float(g.selection_rate_ci[0][i]), json_float(g.selection_rate_ci[1][i])],
             "true_positive_rate": json_float(g.true_positive_rate[i]),
@@ -100,8 +100,10 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
             "precision": json_float(g.precision[i]),
             **auc,
         }
-    return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
-            "overall_samples": int(ev.overall.samples[0]), "groups": per_group}  # fmt: skip
+    return {"excluded_rows": ll144.count(ev.unknown_samples),
+            "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
+            "overall_samples": int(ev.overall.samples[0]), "groups": per_group,
+            **proxy.about(ev.attribute)}  # fmt: skip
 
 
 def _impact_ratios(
@@ -160,7 +162,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
             passed = ok and spec.passes(float(v.value[k]))
-            pair_samples = {groups[a]: int(samples[a]), groups[b]: int(samples[b])}
+            pair_samples = {groups[a]: ll144.count(samples[a]), groups[b]: ll144.count(samples[b])}
             out.append({
                 "attribute": ev.attribute.name,
                 "metric": spec.name,
@@ -181,6 +183,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
                 "samples": pair_samples,
                 "support": int(v.support[k]),
                 "comparisons_judged": judged,
+                **({"proxy": True} if ev.attribute.proxy else {}),
             })  # fmt: skip
     return out
 
@@ -309,6 +312,8 @@ def run_audit(
     worst: list[dict[str, Any]] = []
     for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
+        if attribute.proxy is not None:
+            attributes[attribute.name]["proxy_corrected"] = proxy.corrected(attribute, counted.tally)
         results.extend(_results(config, judged_ev))
         worst.extend(_worst(config, judged_ev))
     if estimation is not None:

@@ -30,7 +30,8 @@ import numpy as np
 import orjson
 
 from exporter.config import ModelSpec
-from exporter.core.encoding import attribute_codes, code_table, score_predictions, value_text
+from exporter.core import bisg
+from exporter.core.encoding import attribute_codes, code_table, proxy_columns, score_predictions, value_text
 from exporter.stream.decode.lines import Parser
 from exporter.stream.decode.paths import lookup
 from exporter.stream.decode.route import IGNORE_REASONS, ignore_reason
@@ -100,7 +101,10 @@ class EventDecoder:
         self._paths = [lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
                                             f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
-        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes if a.proxy is None]
+        self._proxies = proxy_columns(model.base_attributes)
+        self._columns = [*(t[0] for t in self._tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
+        """Where each of a row's base codes goes: the exact attributes' columns, then the proxy attributes'."""
         general = schema([model])
         self._decoder: msgspec.json.Decoder[Any] | None = None
         self._get: dict[str, Callable[[Any], Any]] = {}
@@ -192,9 +196,12 @@ class EventDecoder:
                 lookup[None] = unknown  # a missing value: the unknown category, as the gate's blank cell
                 codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
                                          len(structs)))  # fmt: skip
+            for surname, zcta in self._proxies:
+                codes.append(bisg.tables().codes(list(map(g[f"attr:{surname}"], structs)),
+                                                 list(map(g[f"attr:{zcta}"], structs))))  # fmt: skip
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
-            ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
+            ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._columns]
         if self._threshold is None or not structs:
             scores = np.zeros(0)
 
@@ -224,7 +231,7 @@ class EventDecoder:
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
-        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
+        base = dict(zip(self._columns, codes, strict=True))
         return DecodedBatch(
             timestamps=timestamps.astype(np.float64, copy=False),
             predictions=predictions.astype(np.int64, copy=False),
@@ -299,4 +306,6 @@ class EventDecoder:
             v = attrs.get(column)
             code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
             codes.append(unknown if code is None else code)
+        for surname, zcta in self._proxies:
+            codes.append(int(bisg.tables().codes([attrs.get(surname)], [attrs.get(zcta)])[0]))
         return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)

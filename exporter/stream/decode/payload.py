@@ -24,7 +24,8 @@ import numpy as np
 import orjson
 
 from exporter.config import ModelSpec
-from exporter.core.encoding import attribute_codes, code_table, value_text
+from exporter.core import bisg
+from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import Half, headers_of, kserve_half, kserve_model, seldon_half, seldon_model
@@ -191,7 +192,11 @@ class PayloadRows:
         self.max_future_skew_seconds = max_future_skew_seconds
         self.threshold = model.events.score_threshold
         self.column = model.events.prediction
-        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes if a.proxy is None]
+        self.proxies = proxy_columns(model.base_attributes)
+        self.read = [*(t[0] for t in self.tables), *(c for pair in self.proxies for c in pair)]
+        """The columns whose cells are read: the exact attributes', then each proxy's surname and ZCTA."""
+        self.columns = [*(t[0] for t in self.tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
 
     def batch(self, pairs: Sequence[tuple[Half, Half]], now: float) -> tuple[DecodedBatch, list[tuple[Half, str]]]:
         """The rows of these pairs, and the pairs refused (the request half, with the reason)."""
@@ -199,7 +204,7 @@ class PayloadRows:
         stamps: list[float] = []
         values: list[Any] = []
         ids: list[Any] = []
-        raw_codes: list[list[Any]] = [[] for _ in self.tables]
+        raw_codes: list[list[Any]] = [[] for _ in self.read]
         refused: list[tuple[Half, str]] = []
         for request, response in pairs:
             reason = self._rule(request, response, latest)
@@ -213,7 +218,7 @@ class PayloadRows:
                 found = request.columns[self.column]
             values += found
             ids += [request.pair] if n == 1 else [f"{request.pair}:{i}" for i in range(n)]
-            for k, (column, _, _) in enumerate(self.tables):
+            for k, column in enumerate(self.read):
                 cells = request.columns.get(column) or response.columns.get(column)
                 raw_codes[k] += cells if cells is not None else [request.metadata.get(column)] * n
         timestamps = np.asarray(stamps, dtype=np.float64)
@@ -224,11 +229,13 @@ class PayloadRows:
             scores = np.zeros(0)
             predictions = np.asarray([int(v) for v in values], dtype=np.int64)
         codes = []
-        for (_, table, unknown), cells in zip(self.tables, raw_codes, strict=True):
+        for (_, table, unknown), cells in zip(self.tables, raw_codes, strict=False):
             codes.append(np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v),
                                                                           unknown) for v in cells),
                                      np.int64, len(cells)))  # fmt: skip
-        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
+        proxied = raw_codes[len(self.tables):]
+        codes += [bisg.tables().codes(proxied[2 * k], proxied[2 * k + 1]) for k in range(len(self.proxies))]
+        base = dict(zip(self.columns, codes, strict=True))
         batch = DecodedBatch(timestamps=timestamps, predictions=predictions,
                              outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
                              codes={a.name: attribute_codes(a, base) for a in self.model.attributes},

@@ -46,9 +46,12 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
     columns: dict[str, set[str]] = {}
     for model in models:
         for a in model.base_attributes:
-            columns.setdefault(a.columns[0], set()).update(code_table(a.groups)[0])
+            if a.proxy is None:
+                columns.setdefault(a.columns[0], set()).update(code_table(a.groups)[0])
     if strict and not all(columns.values()):
         return None
+    # a proxy's surname and ZCTA: any text (a ZCTA may be a JSON integer), in the strict schema too
+    free = {c for m in models for a in m.base_attributes if a.proxy for c in (a.proxy.surname, a.proxy.zcta)}
     one = models[0] if len(models) == 1 else None
     # roles a schema-valid event must carry: the timestamp; for one model, its prediction (or the score it derives
     # it from); for the strict schema, one of these models' ids
@@ -69,6 +72,8 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
     for column, groups in columns.items():
         roles[f"attr:{column}"] = (f"{f.attributes}.{column}",
                                    Literal[tuple(sorted(groups))] | None if strict else str | None)
+    for column in free - set(columns):
+        roles[f"attr:{column}"] = (f"{f.attributes}.{column}", str | int | None)
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():
         *parents, leaf = path.split(".") if not role.startswith("attr:") else [*f.attributes.split("."),

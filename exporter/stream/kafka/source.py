@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from exporter.config import KafkaConfig
-from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.health.counters import Health
+from exporter.health.logs import RateLimitedLog
 from exporter.stream.kafka.client import CommitFailed, KafkaClient, Offsets, OffsetsBook, Partition, Record
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from exporter.config import Config, ModelSpec
-from exporter.serve.self_metrics import Health, Owned, StageHealth
+from exporter.health.counters import Health, Owned, StageHealth
 from exporter.stream.bounded import Bound
 from exporter.stream.decode.payload import PairJoin
 from exporter.stream.ingest import Ingest

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from exporter.config import Config, layout, layout_changes
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
 from exporter.stream.kafka.client import Offsets, Partition
 from exporter.stream.state.fleet import Fleet
 
@@ -94,6 +94,9 @@ def _check_meta(meta: Any, keys: tuple[str, ...]) -> str | None:
     if not (isinstance(offsets, list) and all(isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
                                                 and all(isinstance(n, int) for n in o[1:]) for o in offsets)):
         return "offsets are not [topic, partition, offset] triples"
+    negative = [f"{t}[{p}] at {o}" for t, p, o in offsets if p < 0 or o < 0]
+    if negative:
+        return f"offsets: {', '.join(negative)}; partitions and offsets are 0 or more"
     return None
 
 
@@ -121,18 +124,31 @@ def _unusable(path: Path, problem: str) -> CheckpointError:
     return CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
 
 
+SHAPED = ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums")
+"""A model's arrays whose shape and kind its layout fixes (the detectors' follow the detectors configured)."""
+COUNTED = ("counts", "totals", "score_counts")
+"""A model's arrays of counts, which no event makes negative."""
+NEWLY_CONFIGURED = ("estimate_counts", "estimate_totals")
+"""Arrays a checkpoint may lack: estimation configured since it was written starts at 0."""
+
+
 def _check_arrays(path: Path, model_id: str, state: dict[str, np.ndarray], fresh: dict[str, np.ndarray]) -> None:
-    """A model's arrays have the names, shapes and kinds its window store's have (an edited or mixed-up file
-    fails here in one line, not with a traceback later)."""
-    for key in ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums"):
+    """A model has every array its window store has (its detectors' included), of the shapes and kinds of its
+    layout, and no negative count (an edited or mixed-up file fails here in one line, not with a traceback or a
+    wrong number later)."""
+    for key in fresh:
+        if key not in state and key not in NEWLY_CONFIGURED:
+            raise _unusable(path, f"model {model_id}: its {key} array is missing")
+    for key in SHAPED:
         if key not in fresh:
             continue
-        if key not in state:
-            raise _unusable(path, f"model {model_id}: its {key} array is missing")
         got, want = state[key], fresh[key]
         if got.shape != want.shape or got.dtype.kind != want.dtype.kind:
             raise _unusable(path, f"model {model_id}: its {key} array is {got.dtype}{list(got.shape)}, expected "
                                   f"{want.dtype}{list(want.shape)} for its layout")  # fmt: skip
+    for key in COUNTED:
+        if key in fresh and (low := state[key].min(initial=0)) < 0:
+            raise _unusable(path, f"model {model_id}: its {key} array holds {low}, and counts are 0 or more")
 
 
 class Checkpointer:

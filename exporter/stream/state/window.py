@@ -20,6 +20,7 @@ from exporter.config import ModelSpec, Windowing
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, Calibration, score_bins
 from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
 from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
+from exporter.stream.state.proxy import ProxyRing
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class WindowStore:
     """One model's bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
 
     def __init__(self, model: ModelSpec, windowing: Windowing, lock: threading.RLock | None = None) -> None:
-        self.layout = RowLayout.of(model)
+        exact = replace(model, attributes=tuple(a for a in model.attributes if a.proxy is None))
+        self.layout = RowLayout.of(exact)  # a proxy attribute's float counts are self.proxy's
         self.min_samples = model.min_samples
         self.bucket_seconds = windowing.bucket_seconds
         self.window_buckets = {w.name: round(w.seconds / windowing.bucket_seconds) for w in windowing.windows}
@@ -80,7 +82,8 @@ class WindowStore:
         """The one lock of the stream state (every model's store shares the fleet's): the ingest holds it to count
         a batch, its joins and its offsets as one step; the checkpointer to copy every model's counts, the pending
         predictions and the offsets as one consistent state."""
-        self.detectors = DetectorBank(model, windowing, self.layout.offsets, self.layout.n_rows)
+        self.proxy = ProxyRing(model, self.n_buckets)
+        self.detectors = DetectorBank(exact, windowing, self.layout.offsets, self.layout.n_rows)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0,
                                    np.zeros_like(self.estimate_totals))  # fmt: skip
 
@@ -100,6 +103,7 @@ class WindowStore:
         self.score_counts[stale] = 0
         self.score_sums[stale] = 0.0
         self.estimate_counts[stale] = 0
+        self.proxy.counts[stale] = 0.0
         self.bucket_ids[stale] = -1
 
     def add(
@@ -117,6 +121,10 @@ class WindowStore:
             rows = self._rows({k: v[on_time] for k, v in codes.items()})
             self._count(buckets[on_time], rows, predicted[on_time])
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
+            proxied, slots = {k: v[on_time] for k, v in codes.items()}, buckets[on_time] % self.n_buckets
+            self.proxy.add(slots, proxied, predicted[on_time])
+            labelled = outcome[on_time] >= 0
+            self.proxy.add(slots[labelled], {k: v[labelled] for k, v in proxied.items()}, outcome[on_time][labelled])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
                 bins = self.estimate_bins(scores[on_time])
@@ -139,6 +147,8 @@ class WindowStore:
             in_ring = buckets > self.head - self.n_buckets
             rows = self._rows(codes)
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
+            k = in_ring & (outcomes >= 0)
+            self.proxy.add(buckets[k] % self.n_buckets, {n: c[k] for n, c in codes.items()}, outcomes[k])
             if self.estimate_counts.shape[2] and bins is not None:
                 k = in_ring & (bins >= 0) & (outcomes >= 0)
                 predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
@@ -212,6 +222,13 @@ class WindowStore:
         with self.lock:
             self._advance(self._bucket_at(now))
             return {name: self._window_sum(self.counts, k) for name, k in self.window_buckets.items()}
+
+    def window_proxy_counts(self, now: float) -> dict[str, np.ndarray]:
+        """The proxy attributes' counts of every window ending at the head (:class:`ProxyRing`); empty without."""
+        with self.lock:
+            self._advance(self._bucket_at(now))
+            return {n: self._window_sum(self.proxy.counts, k) for n, k in self.window_buckets.items()} \
+                if self.proxy.attributes else {}  # fmt: skip
 
     def window_scores(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Score histograms of every window ending at the head (advanced to ``now``): per row, the count in each
@@ -311,6 +328,7 @@ class WindowStore:
                            "estimate_totals": self.estimate_totals.copy()}
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
+                    **({"proxy_counts": self.proxy.counts.copy()} if self.proxy.attributes else {}),
                     **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -319,6 +337,8 @@ class WindowStore:
             self.counts[...] = state["counts"]
             self.bucket_ids[...] = state["bucket_ids"]
             self.totals[...] = state["totals"]
+            if self.proxy.attributes:  # the layout check made sure the checkpoint has them
+                self.proxy.counts[...] = state["proxy_counts"]
             if self.score_counts.shape[2]:  # the layout check made sure the checkpoint has them, same bounds
                 self.score_counts[...] = state["score_counts"]
                 self.score_sums[...] = state["score_sums"]
@@ -326,7 +346,7 @@ class WindowStore:
                 self.estimate_counts[...] = state["estimate_counts"]
                 self.estimate_totals[...] = state["estimate_totals"]
             self.head = int(state["head"])
-            self.detection = Detection.restore(state, self.detectors, self.totals)
+            self.detection = Detection.restore(state, self.detectors)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
@@ -361,12 +381,10 @@ class Detection:
                    else {})}  # fmt: skip
 
     @classmethod
-    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
-        """The state a checkpoint holds; detectors it lacks start at 0, and a checkpoint without detector state
-        (an older version) starts them at its totals, so the counts before it are not one giant step."""
+    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank) -> Detection:
+        """The state a checkpoint holds (every one has detector state: one without is refused before); detectors
+        it lacks start at 0."""
         state = bank.initial_state()
-        if "detector_keys" not in arrays:
-            return cls(state, totals.copy(), -1, 0)
         index = {key: i for i, key in enumerate(arrays["detector_keys"].tolist())}
         for name in PER_DETECTOR:
             saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
