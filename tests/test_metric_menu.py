@@ -303,3 +303,19 @@ def test_a_score_metric_for_a_model_without_scores_is_refused() -> None:
         parse_config(raw, "c")
     model = parse_config({**raw, "events": {"score_threshold": 0.5}}, "c").model()
     assert model.compares_scores and "auc_difference" in model.exported_metrics
+
+
+def test_fails_judged_for_a_whole_batch_are_each_evaluations_own() -> None:
+    """The daemon judges the fails of every attribute and window of a fleet in one pass (thresholds given): the
+    evidence is the one each evaluation gives alone, Holm's steps included."""
+    rng = np.random.default_rng(3)
+    attribute = Attribute("g", ("g",), tuple("abcdef"), tuple(itertools.combinations(range(6), 2)))
+    blocks = [(attribute, np.column_stack([rng.integers(20, 400, (6, 2)), rng.integers(20, 200, (6, 4))]))
+              for _ in range(5)]  # fmt: skip
+    thresholds = {"demographic_parity_difference": 0.05, "disparate_impact_ratio": 0.8}
+    batch = evaluate_many(blocks, 30, list(thresholds), "holm", thresholds=thresholds)
+    alone = evaluate_many(blocks, 30, list(thresholds), "holm")
+    states = [ev.evidence(m, t) for ev in batch for m, t in thresholds.items()]
+    assert all(ev.failing for ev in batch) and not any(ev.failing for ev in alone)
+    assert [s.tolist() for s in states] == [ev.evidence(m, t).tolist() for ev in alone for m, t in thresholds.items()]
+    assert sum((s == "fail").sum() for s in states) > 10

@@ -160,17 +160,20 @@ class Replay:
         evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
         return {"as_of": _iso(now), "proxy": True,
                 "comparisons": [c for w, ev in evaluations for c in self._comparisons(
-                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy")],
+                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy", ev.evidence)],
                 "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),
                             "selection_rate": _number(r)} for w, ev in evaluations for g, n, r in
                            zip(ev.attribute.groups, ev.groups.samples, ev.groups.selection_rate, strict=True)]}
 
     def _comparisons(self, window: str, attribute: Attribute, values: dict[str, Any], sufficient: Any,
-                     suffix: str) -> list[dict[str, Any]]:  # fmt: skip
-        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one)."""
+                     suffix: str, judge: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one);
+        ``judge(metric, threshold)``: their evidence (a proxy's, under the multiplicity rule), else each alone."""
         thresholds, groups, out = self.config.thresholds(), attribute.groups, []
         for metric, v in values.items():
-            ok, evidence = sufficient(metric), METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
+            t = thresholds[metric]
+            ok, evidence = sufficient(metric), (judge(metric, t) if judge else
+                                                METRICS[metric].evidence(v.lower, v.upper, t)).tolist()  # fmt: skip
             out += [{"window": window, "attribute": attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
                      "metric": f"{metric}{suffix}", "value": _number(v.value[k]) if ok[k] else None,
                      "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,

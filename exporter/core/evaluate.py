@@ -6,7 +6,7 @@ reported (enough samples) and what its interval says are written once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -42,6 +42,8 @@ class Evaluation:
     histogram: np.ndarray | None = None
     """Each group's labelled score histogram ``(n_groups, n_bins, 2)`` (:func:`labelled_histogram`), for a model
     that emits scores and compares them (``auc_difference``)."""
+    failing: dict[tuple[str, float], np.ndarray] = field(default_factory=dict)
+    """Per (metric, threshold): :func:`fails` of the pairs, computed for the whole batch of evaluations at once."""
 
     @property
     def unknown_samples(self) -> float:
@@ -66,9 +68,13 @@ class Evaluation:
         v = self.values(metric)
         ok = self.sufficient(metric)
         states = np.where(ok, METRICS[metric].evidence(v.lower, v.upper, threshold), "inconclusive")
-        if self.multiplicity == "none" or self.simultaneous is None or metric not in self.simultaneous.metrics:
+        if self.multiplicity == "none" or self.simultaneous is None or metric not in self.simultaneous.metrics or \
+                not (states == "fail").any():  # fmt: skip
             return states
-        failing = fails(self, metric, threshold)
+        failing = self.failing.get((metric, threshold))
+        if failing is None:
+            failing = fails(metric, threshold, self.multiplicity, self.counts, np.array(self.attribute.pairs), ok,
+                            self.family(), self.simultaneous.metrics[metric], self.histogram)  # fmt: skip
         return np.where(states == "fail", np.where(failing, "fail", "inconclusive"), states)
 
     def worst_rows(self, metrics: Iterable[str], family: int = 0) -> list[dict[str, Any]]:
@@ -160,27 +166,28 @@ MULTIPLICITY = ("holm", "bonferroni", "none")
 95%/K (Bonferroni), or each alone. ``pass`` needs no adjustment (docs/auditor/numbers.md)."""
 
 
-def fails(ev: Evaluation, metric: str, threshold: float) -> np.ndarray:
-    """Per pair: whether its interval lies wholly beyond the threshold as one of the metric's K judged comparisons:
-    each at the 5%/K error level (Bonferroni), or Holm's step-down: once r of them fail, the others are judged again
-    at 5%/(K - r), until none more fails. That fails the same comparisons as Holm's rule on their p-values, since
-    an interval at a lower error level holds the one at a higher."""
-    assert ev.simultaneous is not None
+def fails(metric: str, threshold: float, multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
+          judged: np.ndarray, family: np.ndarray, simultaneous: MetricValues,
+          histogram: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    """Per pair (``pairs`` rows of ``counts``, ``judged`` the ones with a value, ``family`` their family): whether its
+    interval lies wholly beyond the threshold as one of its family's K judged comparisons: each at the 5%/K error
+    level (``simultaneous``: Bonferroni), or Holm's step-down: once r of them fail, the others are judged again at
+    5%/(K - r), until none more fails. That fails the same comparisons as Holm's rule on their p-values, since an
+    interval at a lower error level holds the one at a higher. Vectorised over families (one per attribute and
+    window of a whole fleet, in the daemon's computation)."""
     m = METRICS[metric]
-    ok, family = ev.sufficient(metric), ev.family()
-    w = ev.simultaneous.metrics[metric]
-    failed = ok & (m.evidence(w.lower, w.upper, threshold) == "fail")
-    if ev.multiplicity == "bonferroni":
+    failed = judged & (m.evidence(simultaneous.lower, simultaneous.upper, threshold) == "fail")
+    if multiplicity == "bonferroni":
         return failed
-    a, b = (np.array([p[i] for p in ev.attribute.pairs], dtype=np.int64) for i in (0, 1))
+    n = int(family.max(initial=-1)) + 1
+    size = np.bincount(family[judged], minlength=n)[family]
     while True:
-        left = ok & ~failed
-        remaining = np.bincount(family[left], minlength=ev.families)[family]
-        judged = np.bincount(family[ok], minlength=ev.families)[family]
-        step = np.flatnonzero(left & (remaining < judged))  # a family where some failed: its others, at 95%/left
+        left = judged & ~failed
+        remaining = np.bincount(family[left], minlength=n)[family]
+        step = np.flatnonzero(left & (remaining < size))  # a family where some failed: its others, at 5%/left
         if not step.size:
             return failed
-        again = m.compute(ev.counts, a[step], b[step], comparisons=remaining[step], histogram=ev.histogram)
+        again = m.compute(counts, pairs[step, 0], pairs[step, 1], comparisons=remaining[step], histogram=histogram)
         newly = m.evidence(again.lower, again.upper, threshold) == "fail"
         if not newly.any():
             return failed
@@ -203,6 +210,7 @@ def labelled_histogram(score_counts: np.ndarray) -> np.ndarray:
 def evaluate_many(
     blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS,
     multiplicity: str = "none", families: int = 1, scores: Sequence[np.ndarray] | None = None,
+    thresholds: Mapping[str, float] | None = None,
 ) -> list[Evaluation]:  # fmt: skip
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
@@ -210,7 +218,8 @@ def evaluate_many(
     outside its groups), which counts for the overall rate but in no comparison. ``metrics``: the metrics to compute
     (default: all of the table). ``multiplicity``: how a fail is judged across a metric's comparisons
     (:data:`MULTIPLICITY`); ``families``: each block's pairs are this many families judged apart (``backtest``).
-    ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics.
+    ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics. ``thresholds``:
+    the metrics' thresholds, to judge the fails of every block in one pass (the daemon's fleet).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
@@ -234,9 +243,15 @@ def evaluate_many(
         [labelled_histogram(h[: len(a.groups)]) for (a, _), h in zip(blocks, scores, strict=True)]  # fmt: skip
     histogram = None if histograms is None else np.concatenate(histograms)
     comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram)
-    simultaneous = _simultaneous(counts, global_pairs, comparisons, min_samples,
-                                 np.repeat(np.arange(len(pairs)), [len(p) for p in pairs]), pair_starts, families,
-                                 histogram)  # fmt: skip
+    block = np.repeat(np.arange(len(pairs)), [len(p) for p in pairs])
+    local_pair = np.arange(len(global_pairs)) - pair_starts[block]
+    family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
+    simultaneous = _simultaneous(counts, global_pairs, comparisons, min_samples, family, histogram)
+    failing = {}
+    for name, t in (thresholds or {}).items() if multiplicity != "none" else ():
+        v = comparisons.metrics[name]
+        failing[(name, t)] = fails(name, t, multiplicity, counts, global_pairs, (v.support >= min_samples) &
+                                   ~np.isnan(v.value), family, simultaneous.metrics[name], histogram)  # fmt: skip
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])
@@ -252,18 +267,15 @@ def evaluate_many(
             simultaneous=simultaneous.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             families=families,
             histogram=None if histograms is None else histograms[k],
+            failing={key: f[local] for key, f in failing.items()},
         ))  # fmt: skip
     return out
 
 
 def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, min_samples: int,
-                  block: np.ndarray, pair_starts: np.ndarray, families: int,
-                  histogram: np.ndarray | None) -> Comparisons:  # fmt: skip
+                  family: np.ndarray, histogram: np.ndarray | None) -> Comparisons:  # fmt: skip
     """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
     sufficient comparisons in a family put each of its pairs' intervals at 95%/K."""
-    local = np.arange(len(pairs)) - pair_starts[block]
-    per_family = np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
-    family = block * families + local // per_family
     rates: RateCounts = {}
     out = {}
     for name, v in comparisons.metrics.items():

@@ -102,7 +102,8 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
                 blocks.append((attribute, by_attribute[attribute.name]))
                 histograms.extend([labelled[attribute.name]] if labelled else [])
     evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity,
-                              scores=histograms if spec.compares_scores else None)  # fmt: skip
+                              scores=histograms if spec.compares_scores else None,
+                              thresholds={m: t for m, t, _ in thresholds})  # fmt: skip
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)
