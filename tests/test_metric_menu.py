@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -305,9 +306,10 @@ def test_a_score_metric_for_a_model_without_scores_is_refused() -> None:
     assert model.compares_scores and "auc_difference" in model.exported_metrics
 
 
-def test_fails_judged_for_a_whole_batch_are_each_evaluations_own() -> None:
-    """The daemon judges the fails of every attribute and window of a fleet in one pass (thresholds given): the
-    evidence is the one each evaluation gives alone, Holm's steps included."""
+def test_fails_and_worsts_judged_for_a_whole_batch_are_each_evaluations_own() -> None:
+    """The daemon judges the fails of every attribute and window of a fleet in one pass (thresholds given), and
+    finds every worst comparison in one pass: the evidence and the worst are each evaluation's alone, Holm's steps
+    included."""
     rng = np.random.default_rng(3)
     attribute = Attribute("g", ("g",), tuple("abcdef"), tuple(itertools.combinations(range(6), 2)))
     blocks = [(attribute, np.column_stack([rng.integers(20, 400, (6, 2)), rng.integers(20, 200, (6, 4))]))
@@ -319,3 +321,8 @@ def test_fails_judged_for_a_whole_batch_are_each_evaluations_own() -> None:
     assert all(ev.failing for ev in batch) and not any(ev.failing for ev in alone)
     assert [s.tolist() for s in states] == [ev.evidence(m, t).tolist() for ev in alone for m, t in thresholds.items()]
     assert sum((s == "fail").sum() for s in states) > 10
+    for ev in batch:
+        for metric in thresholds:
+            mine, own = ev.worst(metric), replace(ev, worsts={}).worst(metric)
+            for name in ("pair", "value", "lower", "upper", "judged"):
+                np.testing.assert_array_equal(getattr(mine, name), getattr(own, name))

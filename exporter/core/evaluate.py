@@ -44,6 +44,8 @@ class Evaluation:
     that emits scores and compares them (``auc_difference``)."""
     failing: dict[tuple[str, float], np.ndarray] = field(default_factory=dict)
     """Per (metric, threshold): :func:`fails` of the pairs, computed for the whole batch of evaluations at once."""
+    worsts: dict[str, Worst] = field(default_factory=dict)
+    """Per metric: :meth:`worst`, computed for the whole batch of evaluations at once."""
 
     @property
     def unknown_samples(self) -> float:
@@ -115,6 +117,8 @@ class Evaluation:
         """Per family: the largest difference (smallest ratio) over the judged comparisons, and an interval for the
         true worst that holds simultaneously over them (:func:`worst_of`)."""
         assert self.simultaneous is not None and metric in self.simultaneous.metrics, metric
+        if metric in self.worsts:
+            return self.worsts[metric]
         return worst_of(METRICS[metric].kind, self.values(metric), self.simultaneous.metrics[metric],
                         self.sufficient(metric), self.family(), self.families)  # fmt: skip
 
@@ -134,6 +138,13 @@ class Worst:
     lower: np.ndarray
     upper: np.ndarray
     judged: np.ndarray
+
+
+def _local_worst(w: Worst, first: int, families: int, pair_start: int) -> Worst:
+    """One block's families of a batch's :class:`Worst`, its pairs numbered within the block."""
+    part = slice(first, first + families)
+    return Worst(np.where(w.pair[part] >= 0, w.pair[part] - pair_start, -1), w.value[part], w.lower[part],
+                 w.upper[part], w.judged[part])
 
 
 def _finite(x: float) -> float | None:
@@ -247,11 +258,13 @@ def evaluate_many(
     local_pair = np.arange(len(global_pairs)) - pair_starts[block]
     family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
     simultaneous = _simultaneous(counts, global_pairs, comparisons, min_samples, family, histogram)
-    failing = {}
-    for name, t in (thresholds or {}).items() if multiplicity != "none" else ():
-        v = comparisons.metrics[name]
-        failing[(name, t)] = fails(name, t, multiplicity, counts, global_pairs, (v.support >= min_samples) &
-                                   ~np.isnan(v.value), family, simultaneous.metrics[name], histogram)  # fmt: skip
+    judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
+    failing = {(name, t): fails(name, t, multiplicity, counts, global_pairs, judged[name], family,
+                                simultaneous.metrics[name], histogram)
+               for name, t in ((thresholds or {}).items() if multiplicity != "none" else ())}  # fmt: skip
+    n_families = len(blocks) * families
+    worsts = {name: worst_of(METRICS[name].kind, v, simultaneous.metrics[name], judged[name], family, n_families)
+              for name, v in comparisons.metrics.items()}  # fmt: skip
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])
@@ -268,6 +281,7 @@ def evaluate_many(
             families=families,
             histogram=None if histograms is None else histograms[k],
             failing={key: f[local] for key, f in failing.items()},
+            worsts={name: _local_worst(w, k * families, families, pair_starts[k]) for name, w in worsts.items()},
         ))  # fmt: skip
     return out
 

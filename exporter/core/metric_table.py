@@ -61,8 +61,11 @@ class MetricValues:
         return self.lower, self.upper
 
     def take(self, rows: slice | NDArray) -> MetricValues:
-        """The same values restricted to some pairs."""
-        return MetricValues(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+        """The same values restricted to some pairs (the field names read once: a fleet takes thousands)."""
+        return MetricValues(*(getattr(self, name)[rows] for name in _VALUE_FIELDS))
+
+
+_VALUE_FIELDS: Final = tuple(f.name for f in fields(MetricValues))
 
 
 @dataclass(frozen=True)
