@@ -27,6 +27,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from exporter.core.fairness import (
     RATE_TRIALS,
+    Z_95,
     FloatArray,
     IntArray,
     abs_interval,
@@ -193,7 +194,8 @@ def _ratio(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray, family: In
     low, high = np.where(a_is_low, a, b), np.where(a_is_low, b, a)
     defined = (k[low] > 0) & (k[high] > 0)  # a group with no success has no meaningful ratio
     value = np.where(defined, ratio(k[low] * n[high], k[high] * n[low]), np.nan)
-    lo, hi = ratio_interval(k[low], n[low], k[high], n[high], _zs(family))
+    # alone, Z_95 as the ratio always had (inv_cdf differs in the last bit: reports stay bit for bit the same)
+    lo, hi = ratio_interval(k[low], n[low], k[high], n[high], np.where(family > 1, _zs(family), Z_95))
     lower = np.where(defined, np.clip(lo, 0.0, 1.0), np.nan)
     upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
     return MetricValues(value, lower, upper, (upper - lower) / 2.0, np.minimum(n[a], n[b]).astype(np.int64))
