@@ -42,6 +42,16 @@ $(CHECKOV_VENV)/bin/checkov:
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install --quiet checkov==3.3.30
 
+# MLServer and the KServe SDK, whose own codecs, protobuf classes and CloudEvents make the payload tests' records
+# (tests/platform_payloads.py, run as a subprocess), in a venv of their own: they pin protobuf and pandas below the
+# project's, and each registers the inference.* protobuf messages. About 60 s and 700 MB.
+PLATFORMS_VENV := .venv-platforms
+# Its lock (hashes, as requirements/test.lock) is compiled by `make lock`.
+$(PLATFORMS_VENV)/.installed: requirements/platforms.lock
+	$(PYTHON) -m venv $(PLATFORMS_VENV)
+	$(PLATFORMS_VENV)/bin/pip install --quiet --no-deps --require-hashes -r requirements/platforms.lock
+	touch $@
+
 # Grafana's published dashboard schema (@grafana/schema) and tsc, pinned by tools/grafana-schema/package-lock.json,
 # for tests/test_dashboard.py; needs node and npm (Debian's nodejs and npm where missing)
 GRAFANA_SCHEMA := tools/grafana-schema
@@ -49,7 +59,8 @@ $(GRAFANA_SCHEMA)/node_modules/.package-lock.json: $(GRAFANA_SCHEMA)/package-loc
 	$(call apt_install,node npm,nodejs npm)
 	npm ci --prefix $(GRAFANA_SCHEMA) --no-audit --no-fund --silent
 
-test-deps: $(STAMP) $(CHECKOV_VENV)/bin/checkov $(GRAFANA_SCHEMA)/node_modules/.package-lock.json
+test-deps: $(STAMP) $(CHECKOV_VENV)/bin/checkov $(PLATFORMS_VENV)/.installed \
+           $(GRAFANA_SCHEMA)/node_modules/.package-lock.json
 	$(call apt_install,$(APT_TOOLS),$(APT_PACKAGES))
 
 # the demo with Prometheus, Alertmanager and a webhook sink: needs only the monitoring stack
@@ -89,8 +100,9 @@ $(UV):
 lock: | $(UV)
 	$(UV_COMPILE) pyproject.toml requirements/build.in --extra test --universal --generate-hashes -o requirements/test.lock
 	$(UV_COMPILE) requirements/nodeps.in --no-deps --universal --generate-hashes -o requirements/nodeps.lock
+	$(UV_COMPILE) requirements/platforms.in --universal --generate-hashes -o requirements/platforms.lock
 	$(UV_COMPILE) pyproject.toml requirements/build.in $(addprefix --extra ,gate reports storage seldon) \
 	  -c requirements/test.lock --python-platform linux --no-annotate -o deploy/requirements.lock
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(UV_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(CHECKOV_VENV) $(UV_VENV) $(PLATFORMS_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site

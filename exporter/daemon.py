@@ -217,7 +217,8 @@ class Daemon:
         self.scheduler.start()
         self.source.start()
         log.info("fairness-exporter serving %s on port %d, reading %s from %s", self._models(), self.port,
-                 self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
+                 ", ".join(self.config.kafka.events_topics() + list(self.config.kafka.topic_pattern)),
+                 self.config.kafka.bootstrap_servers)  # fmt: skip
 
     def _compute_now(self) -> None:
         """Have the scheduled computation run now (models left this replica: their series leave /metrics)."""

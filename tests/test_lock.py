@@ -66,7 +66,7 @@ def test_the_test_lock_pins_every_requirement_of_the_test_environment() -> None:
 
 
 def test_every_line_of_the_test_locks_carries_hashes() -> None:
-    for name in ("test.lock", "nodeps.lock"):
+    for name in ("test.lock", "nodeps.lock", "platforms.lock"):
         text = (ROOT / "requirements" / name).read_text()
         entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 2)[2])
         assert len(entries) > 1

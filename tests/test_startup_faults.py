@@ -182,6 +182,27 @@ def test_a_checkpoint_whose_arrays_are_damaged_is_one_line_with_a_hint(tmp_path:
     assert line.endswith("move it away to start with an empty window")
 
 
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda a: a.pop("m0.proxy_counts"), "model m1: its proxy_counts array is missing"),
+        (lambda a: a.update({"m0.proxy_counts": a["m0.proxy_counts"] - 0.5}), "its proxy_counts array holds -0.5"),
+        (lambda a: a.update({"m0.proxy_counts": a["m0.proxy_counts"].astype(np.int64)}),
+         "its proxy_counts array is int64"),
+    ],
+)  # fmt: skip
+def test_a_damaged_proxy_window_is_one_line_with_a_hint(tmp_path: Path, damage: Any, expected: str) -> None:
+    """A BISG attribute's weighted counts are checked as the integer counts are."""
+    race = {"name": "race", "groups": ["white", "black"], "proxy": {"method": "bisg", "surname": "s", "zcta": "z"}}
+    overrides = {"protected_attributes": [*BASE["protected_attributes"], race],
+                 "checkpoint": {"path": str(tmp_path / "ckpt")}}  # fmt: skip
+    Daemon(parse_config({**BASE, **overrides}), registry=CollectorRegistry()).checkpointer.write()
+    path = tmp_path / "ckpt" / checkpoint.FLEET_FILE
+    _damage_arrays(path, damage)
+    line = one_line(serve(tmp_path, **overrides))
+    assert line.startswith(f"fairness-exporter serve: {path}: unusable checkpoint (") and expected in line
+
+
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     openssl = require_binary("openssl")

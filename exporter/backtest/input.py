@@ -18,7 +18,7 @@ import orjson
 from exporter.config import Config, ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, components, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
 
 if TYPE_CHECKING:
@@ -157,6 +157,7 @@ def _payload_dump(path: Path, config: Config) -> Iterator[Batch]:
     form, models = config.models[0].events.format, {m.model_id: m for m in config.models}
     join = PairJoin(config.models[0].events.pair_horizon, config.max_pending_labels)
     rows = {m: PayloadRows(spec, math.inf) for m, spec in models.items()}
+    counted = components(config.models)
     with path.open("rb") as f:
         while lines := list(itertools.islice(f, JSONL_CHUNK)):
             unmatched: Counter[str] = Counter()
@@ -171,7 +172,7 @@ def _payload_dump(path: Path, config: Config) -> Iterator[Batch]:
                 except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
                     malformed += 1
                     continue
-                read = read_halves(form, topic, [raw], models)
+                read = read_halves(form, topic, [raw], models, config.kafka.response_topic, counted)
                 ignored += sum(read.ignored.values())
                 arrival = raw[3] / 1000
                 for _, reason, model, pid in read.rejected:

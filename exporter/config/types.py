@@ -9,6 +9,7 @@ shared settings it needs (:class:`Windowing` for the windows, :class:`KafkaConfi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -89,6 +90,33 @@ class KafkaConfig:
     """direct: each replica counts what it reads; staged: ingest, label join and evaluation run as stages joined by
     internal topics, so each model lives whole on one replica of the group (exporter/stream/stages/replica.py)."""
     internal_topics: InternalTopics = field(default_factory=InternalTopics)
+    topics: tuple[str, ...] = ()
+    """Events topics read instead of ``topic`` (a fleet of Seldon models: each one's inputs topic, its outputs topic
+    beside it)."""
+    topic_pattern: tuple[str, ...] = ()
+    """Events topics by name instead of ``topic``: ``*`` stands for any run of characters but a dot
+    (``seldon.prod.model.*.inputs``, and Seldon's outputs beside it); topics that appear later are read too."""
+
+    def events_topics(self) -> list[str]:
+        """The events topics named in the config (a pattern's are found on the broker)."""
+        if self.topics or self.topic_pattern:
+            return list(self.topics)
+        return [t for t in (self.topic, self.response_topic) if t]
+
+    def reads_events(self, topic: str) -> bool:
+        """Whether this topic holds events (or a payload log's requests or responses), named or matched."""
+        return topic in self.events_topics() or any(re.fullmatch(topic_regex(p), topic) for p in self.topic_pattern)
+
+    def topics_now(self, cluster: Callable[[], set[str] | None], named: list[str]) -> list[str] | None:
+        """The topics to read now: ``named``, and those of the cluster's (``cluster()``, asked only with a pattern)
+        that match ``topic_pattern``; None without a pattern, or while no broker answers (the topics known stay)."""
+        names = cluster() if self.topic_pattern else None
+        return None if names is None else [*named, *sorted(t for t in names - set(named) if self.reads_events(t))]
+
+
+def topic_regex(pattern: str) -> str:
+    """A ``kafka.topic_pattern`` as a regular expression: ``*`` is any run of characters but a dot."""
+    return re.escape(pattern).replace(r"\*", "[^.]*")
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,9 @@ class EventFields:
     """json: our events at the paths above; kserve / seldon: the platform's payload log, whose rows name their
     columns (exporter/stream/decode/payload.py): ``prediction`` names the output column, each attribute its
     ``column``."""
+    component: str | None = None
+    """KServe: count only the calls this InferenceService component logged (``transformer``, ``predictor``); the
+    other components' logs of them, under ids of their own, are ignored (None: every component's)."""
 
 
 @dataclass(frozen=True)

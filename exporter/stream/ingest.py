@@ -34,7 +34,14 @@ from exporter.health.logs import RateLimitedLog
 from exporter.stream.bounded import Bound
 from exporter.stream.decode.events import REJECT_REASONS, DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import UNMATCHED_REASONS, PayloadRows, payload_batches, read_halves, records_of
+from exporter.stream.decode.payload import (
+    UNMATCHED_REASONS,
+    PayloadRows,
+    components,
+    payload_batches,
+    read_halves,
+    records_of,
+)
 from exporter.stream.decode.route import IGNORE_REASONS
 from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.kafka.dead_letters import DeadLetters
@@ -68,13 +75,13 @@ class Ingest:
         """Count what one poll returned (the source's handler): the predictions of every partition as one batch, so
         that each model's share of a poll is decoded and counted in one call however many models share the topic;
         then the ground-truth events. Never raises: see :attr:`bounded`."""
-        topics = (self.kafka.topic, self.kafka.response_topic)
+        events = self.kafka.reads_events
         predictions = [(partition, records) for partition, records in batches.items()
-                       if partition[0] in topics and records]  # fmt: skip
+                       if events(partition[0]) and records]  # fmt: skip
         if predictions:
             self.bounded(predictions, self.predictions)
         for (topic, partition), records in batches.items():
-            if topic not in topics and records:
+            if not events(topic) and records:
                 self.bounded([((topic, partition), records)], lambda parts: self.outcomes(*parts[0][0], parts[0][1]))
 
     @property
@@ -124,7 +131,8 @@ class Ingest:
         halves, rejected, ignored = [], [], Counter[str]()
         offsets: dict[Partition, int] = {}
         for partition, records in parts:
-            read = read_halves(form, partition[0], records_of(records), models)
+            read = read_halves(form, partition[0], records_of(records), models, self.kafka.response_topic,
+                               components(fleet.config.models))  # fmt: skip
             halves += read.halves
             rejected += read.rejected
             ignored.update(read.ignored)

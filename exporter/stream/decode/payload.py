@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -28,14 +28,23 @@ from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
-from exporter.stream.decode.platforms import Half, headers_of, kserve_half, kserve_model, seldon_half, seldon_model
+from exporter.stream.decode.platforms import (
+    Half,
+    headers_of,
+    kserve_half,
+    kserve_model,
+    pair_of,
+    seldon_half,
+    seldon_model,
+)
 from exporter.stream.decode.route import ignore_reason
 
 FORMATS: Final = ("json", "kserve", "seldon")
 UNMATCHED_REASONS: Final = ("duplicate_delivery", "request_without_response", "response_without_request",
-                            "partner_refused", "pending_state_full")  # fmt: skip
+                            "partner_refused", "pending_state_full", "other_component")  # fmt: skip
 """Why a payload half was never counted: delivered twice, no partner within the horizon (a failed call logs only
-its request), its partner was refused, or the join was full."""
+its request), its partner was refused, the join was full, or another component of the InferenceService (a
+transformer and its predictor) logged the same call, which counted once."""
 
 Raw = tuple[bytes | None, Sequence[tuple[str, bytes | None]] | None, bytes | None, int]
 """A record as the payload decoders read it: value, headers, key, Kafka timestamp in ms (-1: none)."""
@@ -58,16 +67,18 @@ class PairJoin:
     horizon: float
     max_pending: int = 1_000_000
     pending: dict[tuple[str, str], tuple[Half, float]] = field(default_factory=dict)
-    done: OrderedDict[tuple[str, str], tuple[float, bool]] = field(default_factory=OrderedDict)
-    """Calls joined or refused within the horizon (when, whether refused), so that a half delivered again is a
-    duplicate, and the partner of a refused half is dropped with it."""
+    done: OrderedDict[tuple[str, str], tuple[float, bool, str]] = field(default_factory=OrderedDict)
+    """Calls joined or refused within the horizon (when, whether refused, the component whose halves met), so that
+    a half delivered again is a duplicate, another component's half of the call is not counted again, and the
+    partner of a refused half is dropped with it."""
 
     def add(self, half: Half, now: float, counts: Counter[str]) -> tuple[Half, Half] | None:
         """The (request, response) this half completes, else None (it waits, or is counted as a duplicate)."""
         key = (half.model or "", half.pair)
         done = self.done.get(key)
         if done is not None:
-            counts["partner_refused" if done[1] else "duplicate_delivery"] += 1
+            counts["partner_refused" if done[1] else "duplicate_delivery" if done[2] == half.component else
+                   "other_component"] += 1  # fmt: skip
             return None
         waiting = self.pending.get(key)
         if waiting is None:
@@ -77,11 +88,14 @@ class PairJoin:
                 self.pending[key] = (half, now)
             return None
         other = waiting[0]
+        if other.component != half.component:
+            counts["other_component"] += 1  # the call meets within the component whose half came first
+            return None
         if other.response == half.response:
             counts["duplicate_delivery"] += 1  # the same half again: the first one stands
             return None
         del self.pending[key]
-        self._done(key, now, False)
+        self._done(key, now, False, half.component)
         return (other, half) if half.response else (half, other)
 
     def refuse(self, model: str, pair: str, now: float, counts: Counter[str]) -> None:
@@ -89,10 +103,10 @@ class PairJoin:
         key = (model, pair)
         if self.pending.pop(key, None) is not None:
             counts["partner_refused"] += 1
-        self._done(key, now, True)
+        self._done(key, now, True, "")
 
-    def _done(self, key: tuple[str, str], now: float, refused: bool) -> None:
-        self.done[key] = (now, refused)
+    def _done(self, key: tuple[str, str], now: float, refused: bool, component: str) -> None:
+        self.done[key] = (now, refused, component)
         self.done.move_to_end(key)
         while len(self.done) > self.max_pending:
             self.done.popitem(last=False)
@@ -101,7 +115,7 @@ class PairJoin:
         """The waiting halves and the calls done, for a checkpoint or a snapshot (one JSON document as bytes: what
         waits is rows of plain values), so that a restart past their offsets still pairs them."""
         pending = [[half_json(h), at] for h, at in self.pending.values()]
-        done = [[m, p, at, refused] for (m, p), (at, refused) in self.done.items()]
+        done = [[m, p, *value] for (m, p), value in self.done.items()]
         return {"state": np.frombuffer(orjson.dumps({"pending": pending, "done": done}), dtype=np.uint8)}
 
     def restore(self, state: Mapping[str, np.ndarray]) -> None:
@@ -111,7 +125,8 @@ class PairJoin:
         found = orjson.loads(state["state"].tobytes())
         halves = [(half_of(h), at) for h, at in found["pending"]]
         self.pending = {(h.model or "", h.pair): (h, at) for h, at in halves}
-        self.done = OrderedDict(((m, p), (at, refused)) for m, p, at, refused in found["done"])
+        self.done = OrderedDict(((m, p), (at, refused, "".join(component))) for m, p, at, refused, *component
+                                in found["done"])  # fmt: skip
 
     def expire(self, now: float, counts: Counter[str]) -> list[Half]:
         """Drop the halves that waited a horizon; the responses among them (a response with no request ever is a
@@ -133,13 +148,15 @@ class PairJoin:
 def half_json(half: Half) -> list[Any]:
     """A half as plain JSON values (its columns are already): for a checkpoint, or the staged path's re-keying."""
     raw = None if half.raw is None else base64.b64encode(half.raw).decode()
-    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw]
+    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw, half.call,
+            half.component]  # fmt: skip
 
 
 def half_of(found: list[Any]) -> Half:
-    """The half :func:`half_json` wrote."""
-    model, pair, response, time, rows, columns, metadata, raw = found
-    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata)
+    """The half :func:`half_json` wrote (one written before pipelines and components has neither)."""
+    model, pair, response, time, rows, columns, metadata, raw, *route = found
+    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata,
+                *route)  # fmt: skip
 
 
 REFUSED_ROWS: Final = -1
@@ -159,9 +176,18 @@ class Halves:
     rejected_at: list[int] = field(default_factory=list)
 
 
-def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str]) -> Halves:
-    """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused."""
+def components(models: Iterable[ModelSpec]) -> dict[str, str]:
+    """The KServe component whose log each model counts, where its ``events.component`` names one."""
+    return {m.model_id: m.events.component for m in models if m.events.component}
+
+
+def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str],
+                response_topic: str | None = None, counted: Mapping[str, str] | None = None) -> Halves:  # fmt: skip
+    """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused.
+    ``response_topic``: the responses' topic when its name does not say so (``kafka.response_topic``);
+    ``counted``: the component whose log a model counts (:func:`components`), others ignored."""
     out = Halves()
+    response = topic == response_topic if response_topic else None
     for i, (value, raw_headers, key, ms) in enumerate(records):
         headers = headers_of(raw_headers)
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
@@ -170,14 +196,16 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
             continue
         try:
             half = kserve_half(value, headers, ms) if format == "kserve" else seldon_half(value, headers, key, topic,
-                                                                                         ms)  # fmt: skip
+                                                                                         ms, response)  # fmt: skip
         except BadPayload as exc:
-            found = headers.get("ce_id") or headers.get("x-request-id")
-            out.rejected.append((value, exc.reason, model, found.decode(errors="replace") if found else None))
+            out.rejected.append((value, exc.reason, model, pair_of(format, headers)))
             out.rejected_at.append(i)
             continue
         if half.model not in models:
             out.ignored[ignore_reason(half.model)] += 1
+            continue
+        if counted and half.component and counted.get(half.model or "", half.component) != half.component:
+            out.ignored["other_component"] += 1
             continue
         out.halves.append(half)
         out.at.append(i)
@@ -217,7 +245,8 @@ class PayloadRows:
             if found is None:
                 found = request.columns[self.column]
             values += found
-            ids += [request.pair] if n == 1 else [f"{request.pair}:{i}" for i in range(n)]
+            call = request.id
+            ids += [call] if n == 1 else [f"{call}:{i}" for i in range(n)]
             for k, column in enumerate(self.read):
                 cells = request.columns.get(column) or response.columns.get(column)
                 raw_codes[k] += cells if cells is not None else [request.metadata.get(column)] * n

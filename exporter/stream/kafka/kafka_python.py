@@ -168,6 +168,18 @@ class KafkaPythonClient:
             return None
         return {topic: None if (i := cluster.topic_id(topic)) is None else str(i) for topic in topics}
 
+    def topic_names(self) -> set[str] | None:
+        """From a metadata request for every topic, sent now."""
+        cluster, manager = self.consumer._cluster, self.consumer._manager
+        stash, cluster.need_all_topic_metadata = cluster.need_all_topic_metadata, True
+        try:
+            self.consumer._net.run(manager.wait_for, manager.call_soon(cluster.refresh_metadata), TOPIC_IDS_TIMEOUT_MS)
+        except KafkaError:
+            return None
+        finally:
+            cluster.need_all_topic_metadata = stash
+        return set(cluster.topics())
+
     def connected(self) -> bool:
         client = self.consumer._client
         return any(client.connected(broker.node_id) for broker in client.cluster.brokers())

@@ -61,8 +61,7 @@ def _same_id(now: str | None, known: str | None) -> bool:
 
 
 class KafkaSource:
-    """Consumes the events topic (and the labels topic, if any) and calls ``handle({partition: records})`` with
-    what each poll returned."""
+    """Consumes the events topics (and the labels topic, if any); ``handle({partition: records})`` gets each poll."""
 
     def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
                  topics: list[str] | None = None, prepare: Callable[[], None] | None = None,
@@ -71,7 +70,8 @@ class KafkaSource:
         connects (the staged path creates its internal topics there), and is retried as the client is;
         ``on_refusal(line)``: a subscribed direct replica found another member in its group at start, and stopped."""
         self.kafka = kafka
-        self.topics = topics or [t for t in (kafka.topic, kafka.response_topic, kafka.labels_topic) if t]
+        self.topics = topics or [*kafka.events_topics(), *([kafka.labels_topic] if kafka.labels_topic else [])]
+        self._named = list(self.topics)  # kafka.topic_pattern adds those the cluster has that match
         self.prepare = prepare
         self.handle = handle
         self.book = book
@@ -191,6 +191,7 @@ class KafkaSource:
             self.prepare()
         client = make_client(self.kafka, self._client_error)
         self._committed = {}
+        self.topics = self.kafka.topics_now(client.topic_names, self._named) or self.topics
         if self.manual:
             self._assign_all(client, wait=30.0)
         else:
@@ -314,8 +315,7 @@ class KafkaSource:
                 for partition, records in batches.items():
                     client.seek(partition, records[0].offset)
             kept = {p: records for p, records in batches.items() if same is not None and p[0] in same}
-            events = (self.kafka.topic, self.kafka.response_topic)
-            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic in events))
+            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if self.kafka.reads_events(topic)))
             if kept:
                 try:
                     self.handle(kept)
@@ -360,6 +360,10 @@ class KafkaSource:
                 now = time.monotonic()
                 if now - last_refresh >= REFRESH_SECONDS:
                     self.broker_up = self.client.connected()
+                    if (new := self.kafka.topics_now(self.client.topic_names, self._named)) not in (None, self.topics):
+                        self.topics = new
+                        if not self.manual:  # manual assignment takes them below
+                            self.client.subscribe(self.topics, self)
                     if self.manual:
                         self._assign_all(self.client)
                     last_refresh = now

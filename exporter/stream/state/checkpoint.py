@@ -124,9 +124,9 @@ def _unusable(path: Path, problem: str) -> CheckpointError:
     return CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
 
 
-SHAPED = ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums")
+SHAPED = ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums", "proxy_counts")
 """A model's arrays whose shape and kind its layout fixes (the detectors' follow the detectors configured)."""
-COUNTED = ("counts", "totals", "score_counts")
+COUNTED = ("counts", "totals", "score_counts", "proxy_counts")
 """A model's arrays of counts, which no event makes negative."""
 NEWLY_CONFIGURED = ("estimate_counts", "estimate_totals")
 """Arrays a checkpoint may lack: estimation configured since it was written starts at 0."""
