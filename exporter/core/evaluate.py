@@ -109,10 +109,6 @@ class Evaluation:
         """Per pair: its family (0 but in ``backtest``'s stacked steps)."""
         return np.arange(len(self.attribute.pairs)) // max(len(self.attribute.pairs) // self.families, 1)
 
-    def judged(self, metric: str) -> np.ndarray:
-        """Per family: how many comparisons of the metric were judged (have a value)."""
-        return np.bincount(self.family(), weights=self.sufficient(metric), minlength=self.families).astype(np.int64)
-
     def worst(self, metric: str) -> Worst:
         """Per family: the largest difference (smallest ratio) over the judged comparisons, and an interval for the
         true worst that holds simultaneously over them (:func:`worst_of`)."""
