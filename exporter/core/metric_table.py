@@ -152,8 +152,11 @@ def _z(n_rates: int) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - CONFIDENCE) / (2 * n_rates))
 
 
-def _zs(intervals: IntArray) -> FloatArray:
-    """:func:`_z` per pair (a handful of distinct counts)."""
+def _zs(intervals: IntArray) -> FloatArray | float:
+    """:func:`_z` per pair (a handful of distinct counts; one number when they are all the same, as for the 95%
+    intervals of every comparison)."""
+    if intervals.size == 0 or (intervals == intervals.flat[0]).all():
+        return _z(int(intervals.flat[0]) if intervals.size else 1)
     values, inverse = np.unique(intervals, return_inverse=True)
     return np.array([_z(int(v)) for v in values], dtype=np.float64)[inverse.reshape(np.shape(intervals))]
 

@@ -43,7 +43,7 @@ def auc(histogram: NDArray) -> tuple[FloatArray, FloatArray, IntArray]:
 
 
 def auc_gap(histogram: NDArray, a: NDArray, b: NDArray,
-            z: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, IntArray]:
+            z: FloatArray | float) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, IntArray]:
     """Per pair: ``|AUC a - AUC b|``, its interval (the signed gap's normal interval at quantile ``z``, folded as a
     difference's), the half-width and the support (the smallest count of labelled positives or negatives)."""
     value, variance, support = auc(histogram)
