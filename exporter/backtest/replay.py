@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events
-from exporter.backtest.series import SERIES_OTHERS, Series
+from exporter.backtest.series import SERIES_OTHERS, Series, compared
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
@@ -79,6 +79,10 @@ class Replay:
     _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
+    _labelled: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """Per pending step, its windows' labelled score histograms (a score metric: auc_difference)."""
+    _last: dict[tuple[str, str], Evaluation] = field(default_factory=dict)
+    """The last block's evaluations: the replay's end is their last step."""
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
@@ -117,6 +121,8 @@ class Replay:
         if step is None:
             return
         self._pending.append((self._now, step, self.store.window_counts(self._now)))
+        if self.config.compares_scores:
+            self._labelled.append(self.store.window_estimate_counts(self._now))
         self.steps += 1
         if len(self._pending) >= FLUSH_STEPS:
             self._flush()
@@ -135,9 +141,16 @@ class Replay:
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
+            "worst": self._worst(),
             **({"estimated": self._estimated()} if self.reference is not None else {}),
             **({"proxy": self._proxied()} if self.store.proxy.attributes else {}),
         }  # fmt: skip
+
+    def _worst(self) -> list[dict[str, Any]]:
+        """As of the replay's end (its last step), per window, attribute and exported metric: the worst comparison,
+        as the daemon shows it (model_worst_comparison)."""
+        return [{"window": window, **row} for (window, _), ev in self._last.items()
+                for row in ev.worst_rows(self.config.exported_metrics, family=-1)]
 
     def _proxied(self) -> dict[str, Any]:
         """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
@@ -147,17 +160,20 @@ class Replay:
         evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
         return {"as_of": _iso(now), "proxy": True,
                 "comparisons": [c for w, ev in evaluations for c in self._comparisons(
-                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy")],
+                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy", ev.evidence)],
                 "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),
                             "selection_rate": _number(r)} for w, ev in evaluations for g, n, r in
                            zip(ev.attribute.groups, ev.groups.samples, ev.groups.selection_rate, strict=True)]}
 
     def _comparisons(self, window: str, attribute: Attribute, values: dict[str, Any], sufficient: Any,
-                     suffix: str) -> list[dict[str, Any]]:  # fmt: skip
-        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one)."""
+                     suffix: str, judge: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one);
+        ``judge(metric, threshold)``: their evidence (a proxy's, under the multiplicity rule), else each alone."""
         thresholds, groups, out = self.config.thresholds(), attribute.groups, []
         for metric, v in values.items():
-            ok, evidence = sufficient(metric), METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
+            t = thresholds[metric]
+            ok, evidence = sufficient(metric), (judge(metric, t) if judge else
+                                                METRICS[metric].evidence(v.lower, v.upper, t)).tolist()  # fmt: skip
             out += [{"window": window, "attribute": attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
                      "metric": f"{metric}{suffix}", "value": _number(v.value[k]) if ok[k] else None,
                      "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
@@ -217,18 +233,24 @@ class Replay:
                                              self._calibration)  # fmt: skip
         steps = len(times)
         evaluations: dict[tuple[str, str], Evaluation] = {}
-        blocks = []
+        blocks, histograms = [], []
         for window in self.windowing.windows:
             by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
+            labelled = [self.store.layout.split(h[window.name]) for h in self._labelled]
             for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
+                histograms.extend([np.concatenate([h[attribute.name][:n_groups] for h in labelled])] if labelled
+                                  else [])  # fmt: skip
         results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
-                                self.config.exported_metrics)
+                                self.config.exported_metrics, self.config.multiplicity, families=steps,
+                                scores=histograms if self.config.compares_scores else None)  # fmt: skip
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
+        self._last = evaluations
         self._pending.clear()
+        self._labelled.clear()
         self._record_series(times, trace, evaluations)
 
         holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
@@ -278,7 +300,7 @@ class Replay:
         window = self.windowing.windows[0].name
         for i, detector in enumerate(self.store.detectors.detectors):
             attribute = attributes[detector.attribute]
-            value, lower, upper = _compared(detector, attribute, evaluations[(window, attribute.name)])
+            value, lower, upper = compared(detector, attribute, evaluations[(window, attribute.name)])
             block = {"step": np.arange(first, first + len(times)), "time": times, "value": value, "lower": lower,
                      "upper": upper, "statistic": trace.statistic[:, i], "alarm": trace.active[:, i]}  # fmt: skip
             if i not in self._series:
@@ -321,34 +343,12 @@ def _identity(detector: Detector) -> dict[str, Any]:
             "metric": detector.metric, "direction": detector.direction}  # fmt: skip
 
 
-def _compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
-    """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
-    selection rate) and its interval, NaN where the window has too few samples; a calibration detector shows
-    nothing here (its statistic is the report's ``estimated.calibration``)."""
-    if detector.predicted:
-        return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
-    if detector.subgroup:
-        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
-        stats = ev.groups
-        columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
-        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
-    else:
-        metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
-        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
-        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
-        columns = tuple(ev.metric(metric))
-        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
-    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
-    ok = ok & ~np.isnan(value)
-    return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
-
-
 def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
     """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
     in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
     out: dict[str, Any] = {}
     for window, ev in windows:
-        value, lower, upper = (float(c[t]) for c in _compared(detector, attribute, ev))
+        value, lower, upper = (float(c[t]) for c in compared(detector, attribute, ev))
         out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
     first = next(iter(out.values()), None)
     return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}

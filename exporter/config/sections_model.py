@@ -16,12 +16,13 @@ from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core import bisg
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute, Proxy
-from exporter.core.metric_table import METRIC_NAMES
+from exporter.core.evaluate import MULTIPLICITY
+from exporter.core.metric_table import METRIC_NAMES, METRICS
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
-    "estimation", "attribute_sources",
+    "estimation", "attribute_sources", "multiplicity",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -43,6 +44,13 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     decision, inconclusive = parse_decision(raw, errors)
     columns = section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
+    for m in (m for m in metrics if METRICS[m.name].scores):
+        if events.score_threshold is None:
+            errors.add("metrics", f"{m.name} compares the model's scores: set events.score_threshold (the score "
+                                  "field, and the threshold that makes its predictions)")  # fmt: skip
+        if any(a.proxy for a in base):
+            errors.add("metrics", f"{m.name} not with a proxy attribute: the score histograms are kept per known "
+                                  "group, and a proxy gives none")  # fmt: skip
     alerting = stream.parse_alerting(section(raw, "alerting", errors, set(stream.ALERTING_KEYS)),
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)
@@ -74,6 +82,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
                                "failure_policy.", text),
         source=source,
         attribute_sources=sources,
+        multiplicity=get(raw, "multiplicity", "holm", errors, "", choice(*MULTIPLICITY)),
     )
 
 
@@ -112,12 +121,25 @@ def _parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tupl
     return tuple(pairs)
 
 
+def _reference_pairs(item: dict[str, Any], groups: list[str], path: str, errors: Errors) -> tuple[tuple[int, int], ...]:
+    """``reference_group: g`` (Aequitas' usage): each other group compared with g, as ``[group, g]``."""
+    reference = str(item["reference_group"])
+    if "pairwise_comparisons" in item:
+        errors.add(f"{path}.reference_group", "set either reference_group (each group against it) or "
+                                              "pairwise_comparisons, not both")  # fmt: skip
+    if reference not in groups:
+        errors.add(f"{path}.reference_group", f"{reference!r} is not in groups {groups}")
+        return ()
+    r = groups.index(reference)
+    return tuple((g, r) for g in range(len(groups)) if g != r)
+
+
 def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
     if not isinstance(raw, list) or not raw:
         errors.add("protected_attributes", "required: a non-empty list of {name, groups, pairwise_comparisons}")
         return []
     out: list[Attribute] = []
-    keys = {"name", "groups", "pairwise_comparisons", "column", "source", "proxy"}
+    keys = {"name", "groups", "pairwise_comparisons", "reference_group", "column", "source", "proxy"}
     for path, item in errors.mappings("protected_attributes", raw, keys, " with name and groups"):
         name = item.get("name")
         if not isinstance(name, str) or not name:
@@ -134,7 +156,10 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
             errors.add(f"{path}.groups", f"{groups} lists a group twice")
         if other and OTHER_GROUP in groups:
             errors.add(f"{path}.groups", f"{OTHER_GROUP!r} is reserved when unknown_values is 'other'")
-        pairs = _parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
+        if item.get("reference_group") is None:
+            pairs = _parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
+        else:
+            pairs = _reference_pairs(item, groups, path, errors)
         column = str(item.get("column", name))
         proxy = _parse_proxy(item, path, groups, errors)
         if proxy is not None:  # the mass of the categories not configured counts in no group: no `other` group

@@ -241,6 +241,9 @@ class ModelSpec:
     """The file (or ``file#models[i]``) the model was configured in."""
     attribute_sources: tuple[AttributeSource, ...] = ()
     """The side sources its attributes name (``source:``)."""
+    multiplicity: Literal["holm", "bonferroni", "none"] = "holm"
+    """How a comparison's ``fail`` evidence is judged across its metric's comparisons of one attribute
+    (docs/auditor/numbers.md#many-comparisons)."""
 
     def sourced(self) -> dict[str, tuple[Attribute, ...]]:
         """The base attributes read from each side source, by source name."""
@@ -268,6 +271,12 @@ class ModelSpec:
         return tuple(name for name, m in METRICS.items() if m.seed or name in configured)
 
     @property
+    def compares_scores(self) -> bool:
+        """Whether a configured metric compares scores (``auc_difference``): the labelled score histograms are
+        then kept per group, as for the estimation."""
+        return any(METRICS[m.name].scores for m in self.metrics)
+
+    @property
     def score_buckets(self) -> tuple[float, ...]:
         """Upper bounds of the score histograms; empty when the model emits no scores (no histograms)."""
         if self.events.score_threshold is None:
@@ -286,7 +295,7 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
         # estimation keeps counts per score bin and predicted class: configuring it (or dropping it) starts afresh
-        **({"estimation_counts": True} if model.estimation is not None else {}),
+        **({"estimation_counts": True} if model.estimation is not None or model.compares_scores else {}),
         # a proxy attribute's counts are weighted floats, apart from the exact ones (exporter/stream/state/proxy.py)
         **({"proxy_attributes": [a.name for a in model.attributes if a.proxy]}
            if any(a.proxy for a in model.attributes) else {}),

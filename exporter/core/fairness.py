@@ -30,6 +30,11 @@ RATES: Final[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
     "false_positive_rate": ((FP,), (FP, TN)),
     "precision": ((TP,), (TP, FP)),
     "accuracy": ((TP, TN), (TP, FP, TN, FN)),
+    "false_negative_rate": ((FN,), (TP, FN)),
+    "true_negative_rate": ((TN,), (FP, TN)),
+    "negative_predictive_value": ((TN,), (TN, FN)),
+    "false_discovery_rate": ((FP,), (TP, FP)),
+    "false_omission_rate": ((FN,), (TN, FN)),
 }
 """Every per-group rate as (numerator columns, denominator columns) of a counts array."""
 RATE_TRIALS: Final = {
@@ -38,6 +43,11 @@ RATE_TRIALS: Final = {
     "false_positive_rate": "labelled negatives",
     "precision": "labelled predicted positives",
     "accuracy": "labelled predictions",
+    "false_negative_rate": "labelled positives",
+    "true_negative_rate": "labelled negatives",
+    "negative_predictive_value": "labelled predicted negatives",
+    "false_discovery_rate": "labelled predicted positives",
+    "false_omission_rate": "labelled predicted negatives",
 }
 """What the denominator of each rate counts: the basis of a comparison's sufficiency."""
 
@@ -74,7 +84,7 @@ def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:
 
 
 def wilson_interval(
-    successes: NDArray, trials: NDArray, z: float = Z_95, continuity: bool = False
+    successes: NDArray, trials: NDArray, z: float | FloatArray = Z_95, continuity: bool = False
 ) -> tuple[FloatArray, FloatArray]:
     """Wilson score interval for a binomial proportion; NaN bounds where trials is 0.
 
@@ -122,7 +132,7 @@ def t_interval(
 
 
 def newcombe_interval(
-    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float = Z_95, continuity: bool = False
+    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float | FloatArray = Z_95, continuity: bool = False
 ) -> tuple[FloatArray, FloatArray]:
     """Newcombe's hybrid score interval for p1 - p2 from two Wilson intervals: method 10, or with ``continuity``
     method 11 (continuity-corrected Wilson intervals)."""
@@ -141,7 +151,7 @@ def abs_interval(lower: FloatArray, upper: FloatArray) -> tuple[FloatArray, Floa
 
 
 def ratio_interval(
-    k_num: NDArray, n_num: NDArray, k_den: NDArray, n_den: NDArray, z: float = Z_95
+    k_num: NDArray, n_num: NDArray, k_den: NDArray, n_den: NDArray, z: float | FloatArray = Z_95
 ) -> tuple[FloatArray, FloatArray]:
     """Katz log interval for a ratio of two proportions, with a 0.5 correction where a count is 0."""
     k_num, n_num, k_den, n_den = (np.asarray(a, dtype=np.float64) for a in (k_num, n_num, k_den, n_den))
@@ -169,6 +179,11 @@ class GroupStats:
     false_positive_rate_ci: tuple[FloatArray, FloatArray]
     accuracy: FloatArray
     precision: FloatArray
+    false_negative_rate: FloatArray
+    true_negative_rate: FloatArray
+    negative_predictive_value: FloatArray
+    false_discovery_rate: FloatArray
+    false_omission_rate: FloatArray
 
 
 _WITH_INTERVAL: Final = ("selection_rate", "true_positive_rate", "false_positive_rate")

@@ -39,7 +39,8 @@ def _summary(report: dict[str, Any]) -> str:
     lines = [f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} passed, "
              f"{report['blocking_failures']} blocking, {report['warning_failures']} warning, "
              f"{report['insufficient_samples']} with insufficient samples, {report['inconclusive']} inconclusive "
-             f"(decision: {report['decision']})"]  # fmt: skip
+             f"(decision: {report['decision']}); {report['comparisons_judged']} comparisons judged, a fail among "
+             f"each metric's of an attribute by {report['multiplicity']}"]  # fmt: skip
     lines += [f"  {_result_line(r, report['min_samples'], report['decision'])}" for r in report["results"]]
     return "\n".join(lines)
 
@@ -51,7 +52,7 @@ def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
     if r["value"] is None:
         why = (f"the smallest count of {METRICS[r['metric']].counted} in a group is {r['support']}, below "
                f"min_samples {min_samples}" if r["support"] < min_samples
-               else "undefined (a group has no positive prediction)")  # fmt: skip
+               else "undefined (the compared rate is 0 in a group)")  # fmt: skip
         text = f"{head}: no value: {why}; evidence {r['evidence']}"
     else:
         lo, hi = r["ci_95"]

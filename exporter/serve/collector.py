@@ -78,6 +78,7 @@ class SnapshotCollector(Collector):
         if any(s.proxied for s in snapshots):
             yield from self._families(snapshots, PROXIED + cadence, PROXY)
         yield from estimated_families(snapshots, cadence)
+        yield from self._worst(snapshots, cadence)
         yield from self._scores(snapshots, cadence)
         yield from self._settings(snapshots)
         yield from self._counters(snapshots)
@@ -105,8 +106,8 @@ class SnapshotCollector(Collector):
             f"model_comparison_insufficient_samples{suffix}",
             "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "
             "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), or the metric "
-            "is undefined (a ratio with no positive prediction in a group). Else 0, and the value is exported with "
-            "its interval however wide." + cadence,
+            "is undefined (a ratio whose rate is 0 in a group: no positive prediction, for disparate impact). Else 0, "
+            "and the value is exported with its interval however wide." + cadence,
             labels=[*_PAIR, "metric"],
         )
         evidence = GaugeMetricFamily(
@@ -154,6 +155,41 @@ class SnapshotCollector(Collector):
             yield from family.families()
         yield insufficient
         yield evidence
+
+    @staticmethod
+    def _worst(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
+        """Per attribute and metric: its worst comparison with the interval that holds over all its judged ones, and
+        how many were judged (the K of that interval and of the multiplicity rule); per subgroup, its scores' AUC
+        (a model comparing scores)."""
+        attribute = ["model_id", "attribute", "window", "metric"]
+        worst = _Family("model_worst_comparison", "The metric's worst comparison of the attribute (largest "
+                        "difference, smallest ratio) over those judged, its bounds a 95% interval for the true worst "
+                        "that holds over all of them at once (Bonferroni); absent when none was judged." + cadence,
+                        [*attribute, "dimension", "group_a", "group_b"], bounds=True)  # fmt: skip
+        judged = GaugeMetricFamily("model_comparisons_judged", "Comparisons of the metric and attribute that have a "
+                                   "value (meet min_samples): the K over which the worst comparison's interval and "
+                                   "the multiplicity rule of its fail evidence hold." + cadence, labels=attribute)
+        auc = _Family("model_score_auc", "AUC of the model's scores (binned by events.score_buckets) among the "
+                      "subgroup's labelled predictions, with DeLong's 95% interval; only with a score metric "
+                      "(auc_difference) configured." + cadence, ["model_id", "attribute", "window", "subgroup"],
+                      bounds=True)  # fmt: skip
+        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
+            groups = ev.attribute.groups
+            scored = ev.auc()
+            if scored is not None:
+                for i, group in enumerate(groups):
+                    auc.add([snapshot.model_id, ev.attribute.name, window, group], *(x[i] for x in scored))
+            for metric in snapshot.metrics:
+                w = ev.worst(metric)
+                labels = [snapshot.model_id, ev.attribute.name, window, metric]
+                judged.add_metric(labels, float(w.judged[0]))
+                if w.pair[0] >= 0:
+                    a, b = (groups[g] for g in ev.attribute.pairs[w.pair[0]])
+                    worst.add([*labels, f"{a}_vs_{b}", a, b], w.value[0], w.lower[0], w.upper[0])
+        yield from worst.families()
+        yield judged
+        if any(METRICS[m].scores for s in snapshots for m in s.metrics):
+            yield from auc.families()
 
     @staticmethod
     def _scores(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:

@@ -75,7 +75,8 @@ def proxied(spec: ModelSpec, ring: ProxyRing, windows: dict[str, np.ndarray]) ->
     """The evaluation of every window (its proxy counts, :meth:`WindowStore.window_proxy_counts`) and proxy
     attribute, by the core's weighted counts (``backtest`` calls this too)."""
     blocks = [(window, a, ring.split(counts)[a.name]) for window, counts in windows.items() for a in ring.attributes]
-    evaluated = evaluate_many([(a, c) for _, a, c in blocks], spec.min_samples, spec.exported_metrics)
+    evaluated = evaluate_many([(a, c) for _, a, c in blocks], spec.min_samples, spec.exported_metrics,
+                              spec.multiplicity)  # fmt: skip
     return tuple((window, ev) for (window, _, _), ev in zip(blocks, evaluated, strict=True))
 
 
@@ -90,15 +91,19 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         windows = store.window_counts(now)
         proxies = proxied(spec, store.proxy, store.window_proxy_counts(now))
         window_scores = store.window_scores(now)
-        estimation = store.window_estimate_counts(now) if reference is not None else {}
-    keys, blocks = [], []
+        estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
+    keys, blocks, histograms = [], [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
+        labelled = store.layout.split(estimation[window.name]) if spec.compares_scores else {}
         for attribute in spec.attributes:
             if attribute.proxy is None:
                 keys.append(window.name)
                 blocks.append((attribute, by_attribute[attribute.name]))
-    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics)
+                histograms.extend([labelled[attribute.name]] if labelled else [])
+    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity,
+                              scores=histograms if spec.compares_scores else None,
+                              thresholds={m: t for m, t, _ in thresholds})  # fmt: skip
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)

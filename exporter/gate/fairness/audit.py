@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -85,7 +86,10 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
 def _group_report(ev: Evaluation) -> dict[str, Any]:
     g = ev.groups
     per_group = {}
+    scored = ev.auc()
     for i, name in enumerate(ev.attribute.groups):
+        auc = {} if scored is None else {"auc": json_float(scored[0][i]),
+                                         "auc_ci": [json_float(scored[1][i]), json_float(scored[2][i])]}
         per_group[name] = {
             "samples": ll144.count(g.samples[i]),
             "labelled": ll144.count(g.labelled[i]),
@@ -95,6 +99,7 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
             "false_positive_rate": json_float(g.false_positive_rate[i]),
             "accuracy": json_float(g.accuracy[i]),
             "precision": json_float(g.precision[i]),
+            **auc,
         }
     return {"excluded_rows": ll144.count(ev.unknown_samples),
             "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
@@ -123,7 +128,7 @@ def _impact_ratios(
         median_score = median(scores, counted.rows)
         above = scan(config, rows, name, above=median_score)
         evaluations = evaluate_many([(a, above.tally.counts()[a.name]) for a in config.attributes],
-                                    config.min_samples)  # fmt: skip
+                                    config.min_samples, multiplicity=config.multiplicity)  # fmt: skip
     return {
         "rate_kind": "selection_rate" if median_score is None else "scoring_rate",
         "score_median": median_score,
@@ -154,6 +159,7 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
         v = ev.values(spec.name)
         sufficient = ev.sufficient(spec.name)
         evidence = ev.evidence(spec.name, spec.threshold).tolist()
+        judged = int(sufficient.sum())
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
             passed = ok and spec.passes(float(v.value[k]))
@@ -177,8 +183,21 @@ def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
                 "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
                 "samples": pair_samples,
                 "support": int(v.support[k]),
+                "comparisons_judged": judged,
                 **({"proxy": True} if ev.attribute.proxy else {}),
             })  # fmt: skip
+    return out
+
+
+def _worst(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
+    """Per configured metric (observed, not estimated): its worst comparison of the attribute, with the interval
+    that holds over all its judged comparisons at once, and what that interval says against the threshold."""
+    out = ev.worst_rows(m.name for m in config.metrics)
+    for row in out:
+        lower, upper = (math.nan if x is None else x for x in row["ci_simultaneous"])
+        row["threshold"] = threshold = config.thresholds()[row["metric"]]
+        row["evidence"] = str(METRICS[row["metric"]].evidence(lower, upper, threshold)) if row["dimension"] else \
+            "inconclusive"  # fmt: skip
     return out
 
 
@@ -218,7 +237,8 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
                            if config.label_column in missing else ""))  # fmt: skip
     if config.score_column is not None and config.score_column not in rows.columns:
         raise DataError(f"{name}: no score column {config.score_column!r} (columns.score); the file has {rows.columns}")
-    return _found(config, rows, name, scan(config, rows, name, weights=weights, scores=estimable), empty)
+    return _found(config, rows, name, scan(config, rows, name, weights=weights,
+                                           scores=estimable or config.compares_scores), empty)  # fmt: skip
 
 
 def _found(config: ModelSpec, rows: Rows, name: str, counted: Scan, empty: str) -> Scan:
@@ -286,16 +306,21 @@ def run_audit(
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     all_counts = counted.tally.counts()
-    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
+    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
+                                multiplicity=config.multiplicity, scores=[counted.tally.scores[a.name]
+                                                                          for a in config.attributes]
+                                if config.compares_scores else None)  # fmt: skip
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
         reference, estimation = read_reference(config)
         judged, estimation["groups"] = estimated.with_estimates(config, evaluations, reference, counted.tally.scores)
+    worst: list[dict[str, Any]] = []
     for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
         if attribute.proxy is not None:
             attributes[attribute.name]["proxy_corrected"] = proxy.corrected(attribute, counted.tally)
         results.extend(_results(config, judged_ev))
+        worst.extend(_worst(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)
     impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations)
@@ -331,10 +356,13 @@ def run_audit(
         "blocking_failures": len(blocking),
         "warning_failures": len(failed) - len(blocking),
         "insufficient_samples": sum(r["status"] == "insufficient_samples" for r in results),
+        "multiplicity": config.multiplicity,
+        "comparisons_judged": len(results) - sum(r["status"] == "insufficient_samples" for r in results),
         "verdict": verdict,
         "override": override_record,
         "attributes": attributes,
         "impact_ratios": impact_ratios,
+        "worst": worst,
         **({"estimation": estimation} if estimation is not None else {}),
         "results": results,
     }

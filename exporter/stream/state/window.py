@@ -72,9 +72,9 @@ class WindowStore:
         n_bins = len(self.score_bounds) + 1 if len(self.score_bounds) else 0
         self.score_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_bins), dtype=np.int64)
         self.score_sums = np.zeros((self.n_buckets, self.layout.n_rows if n_bins else 0), dtype=np.float64)
-        # Estimation (model.estimation): per bucket, row, score bin and predicted class, the predictions and the
-        # labelled positives and negatives among them (exporter/core/estimate.py); bins as the histograms'.
-        n_est = n_bins if model.estimation is not None else 0
+        # Estimation (model.estimation) or a score metric (auc_difference): per bucket, row, score bin and predicted
+        # class, the predictions and the labelled positives and negatives among them (exporter/core/estimate.py).
+        n_est = n_bins if model.estimation is not None or model.compares_scores else 0
         self.estimate_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), np.int64)
         self.estimate_totals = np.zeros((self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), dtype=np.int64)
         self.head = -1  # absolute index of the newest bucket
