@@ -103,8 +103,7 @@ class DecisionTarget(ChatTarget):
     """The red team's chat target asked with whole requests (``n`` answers, a seed), its client retrying nothing."""
 
     def __init__(self, settings: ChatSettings) -> None:
-        super().__init__(settings, system_canary="")
-        self._client = self._client.with_options(max_retries=0)
+        super().__init__(settings, system_canary="", max_retries=0)
 
     def complete(self, body: dict[str, Any]) -> list[str]:
         """The answers to one request; TargetError when the endpoint refuses every request (key, model, URL),
