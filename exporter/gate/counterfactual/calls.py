@@ -150,7 +150,6 @@ class Budget:
 
     left: int
     unstarted: int
-    retries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def first_call(self) -> None:
@@ -163,7 +162,6 @@ class Budget:
             if self.left - self.unstarted <= 0:
                 return False
             self.left -= 1
-            self.retries += 1
             return True
 
 
@@ -175,7 +173,11 @@ class Outcome:
     sent: int
     cached: int
     calls: int
-    retries: int
+
+    @property
+    def retries(self) -> int:
+        """Calls beyond each sent request's first."""
+        return self.calls - self.sent
 
 
 def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Requests,
@@ -201,7 +203,7 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
                           f"{requests.max_calls:,} calls: raise requests.max_calls (or --max-calls), or ask fewer "
                           "items")  # fmt: skip
     if not todo:
-        return keys, Outcome(answers, 0, cached, 0, 0)
+        return keys, Outcome(answers, 0, cached, 0)
     client = DecisionTarget(settings)
     budget = Budget(requests.max_calls, len(todo))
 
@@ -238,4 +240,4 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
     if all(answers[k].texts is None for k in todo) and cached == 0:
         first = answers[next(iter(todo))].error
         raise TargetError(f"{settings.base_url}: no request was answered ({sent} sent, {calls} calls): {first}")
-    return keys, Outcome(answers, sent, cached, calls, budget.retries)
+    return keys, Outcome(answers, sent, cached, calls)
