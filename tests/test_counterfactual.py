@@ -21,6 +21,7 @@ import scripted_screener
 import yaml
 
 from exporter.cli import main
+from exporter.config import ConfigError
 from exporter.config.toolkit import Errors
 from exporter.gate import audit_log
 from exporter.gate.counterfactual import ambiguous, paired
@@ -416,3 +417,19 @@ def test_a_wrong_key_or_model_stops_the_run_in_one_line_with_exit_2(
     assert code == 2 and err.count("\n") == 1 and "AuthenticationError" in err
     records = audit_log.records(tmp_path / "log.jsonl")
     assert [r["type"] for r in records] == ["counterfactual_error"] * 2 and not list((tmp_path / "cache").glob("*/*"))
+
+
+def test_thresholds_and_severities_out_of_range_are_listed_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "ambiguous.yaml"
+    path.write_text(yaml.safe_dump({"kind": "ambiguous", "model_id": "assistant-llm", "threshold": 1.5,
+                                    "severity_on_fail": "fatal", "unparsed": {"severity_on_fail": "loud"}}))
+    with pytest.raises(ConfigError) as refused:
+        ambiguous.load_ambiguous(path, "http://127.0.0.1:1/v1", "m")
+    assert str(refused.value).split(": ", 1)[1].split("; ") == [
+        "unparsed.severity_on_fail: 'loud' is not blocking or warning",
+        "threshold: 1.5 is not a number from 0 to 1",
+        "severity_on_fail: 'fatal' is not blocking or warning"]
+    path.write_text(yaml.safe_dump({"kind": "ambiguous", "model_id": "a", "threshold": 0.2,
+                                    "severity_on_fail": "warning"}))  # fmt: skip
+    suite = ambiguous.load_ambiguous(path, "http://127.0.0.1:1/v1", "m")
+    assert (suite.threshold, suite.severity, suite.run.unparsed_severity) == (0.2, "warning", "blocking")
