@@ -18,7 +18,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
-from exporter.core import bisg
 from exporter.health.counters import Health, StageHealth
 from exporter.serve import orphans, web_config
 from exporter.serve.collector import CachedExposition
@@ -60,21 +59,6 @@ def references(config: Config) -> dict[str, dict[str, np.ndarray]]:
             except ValueError as exc:
                 raise ConfigError(f"{model.source}: estimation.reference: {exc}") from exc
     return out
-
-
-def proxy_tables(config: Config) -> None:
-    """Read the Census tables of BISG (once per process) when a model has a proxy attribute, at start or at the
-    reload that adds one: the seconds they take are not paid by the first batch, and tables that cannot be read
-    are a ConfigError naming the attribute before any event is counted."""
-    for model in config.models:
-        for attribute in model.attributes:
-            if attribute.proxy is not None:
-                try:
-                    bisg.tables()
-                except (ImportError, OSError, ValueError) as exc:
-                    raise ConfigError(f"{model.source}: protected_attributes: {attribute.name}.proxy: the "
-                                      f"{attribute.proxy.method} tables cannot be read: {exc}") from exc
-                return
 
 
 def _fingerprint(config: Config) -> tuple[tuple[str, int, int, int], ...]:
@@ -208,7 +192,6 @@ class Daemon:
     def start(self) -> None:
         """Restore the checkpoint, bind the port, compute once, then start the schedule and the consumer."""
         self.computer.references = references(self.config)
-        proxy_tables(self.config)
         self.checkpointer.restore()
         if self.ingest.dead_letters is not None:  # settings its producer refuses stop the start here
             self.ingest.dead_letters.start(self.config.source)
@@ -295,7 +278,6 @@ class Daemon:
                     raise ConfigError(f"{config.source}: {', '.join(changed)} changed, which takes effect only on "
                                       "a restart; the running config is kept")  # fmt: skip
                 refs = references(config)
-                proxy_tables(config)
             except ConfigError as exc:
                 self.health.reload_failures.inc()
                 self.health.reload_successful.set(0)

