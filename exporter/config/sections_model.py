@@ -183,10 +183,12 @@ def _parse_proxy(item: dict[str, Any], path: str, groups: list[str], errors: Err
             within.add(f"proxy.{key}", "required: " + ("bisg" if key == "method" else "the column that holds it"))
     if "column" in item:
         errors.add(f"{path}.column", "a proxy attribute is inferred, not read from a column: remove column or proxy")
-    try:
-        bisg.data_folder()
-    except ImportError as exc:  # refused at start, not at the first event
+    try:  # read here (once per process), so every command refuses them at start, not at the first row
+        bisg.tables()
+    except ImportError as exc:
         within.add("proxy", str(exc))
+    except (OSError, ValueError) as exc:
+        within.add("proxy", f"the Census tables of method bisg cannot be read: {exc}")
     outside = [g for g in groups if g not in bisg.CATEGORIES]
     if outside:
         errors.add(f"{path}.groups", f"{outside} are not BISG categories (accepted: {', '.join(bisg.CATEGORIES)})")

@@ -51,7 +51,7 @@ class Snapshot:
     """(window, estimated comparisons) per window and attribute, for a model that estimates (estimation:)."""
     proxied: tuple[tuple[str, Evaluation], ...] = ()
     """(window, evaluation) for every window and proxy attribute (proxy:): posterior-weighted, never mixed with
-    :attr:`evaluations` (exporter/serve/proxy.py)."""
+    :attr:`evaluations` (exporter/stream/state/proxy.py; served with the suffix ``_proxy``)."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from exporter.gate.counterfactual import paired
 from exporter.gate.counterfactual.calls import Prompt
 from exporter.gate.counterfactual.names import SHIPPED_PREFIX, read_text_file
 from exporter.gate.counterfactual.run import ask, check_row, counts_as, finish, prompt, share_rows
-from exporter.gate.counterfactual.suite import RunSettings, run_settings
+from exporter.gate.counterfactual.suite import RunSettings, number, run_settings, severity_on_fail
 from exporter.gate.fairness.ll144 import json_float
 from exporter.gate.suite import load_yaml_mapping
 
@@ -139,20 +139,15 @@ def load_ambiguous(path: str | Path, target: str | None = None, model: str | Non
     except re.error as exc:
         errors.add("answer_pattern", f"not a regular expression: {exc}")
         pattern = re.compile(DEFAULT_PATTERN, re.IGNORECASE)
-    threshold = raw.get("threshold", 0.1)
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
-        errors.add("threshold", f"{threshold!r} is not a bias score from 0 to 1")
-        threshold = 0.1
-    severity = raw.get("severity_on_fail", "blocking")
-    if severity not in ("blocking", "warning"):
-        errors.add("severity_on_fail", f"{severity!r} is not blocking or warning")
+    threshold = number(raw, "threshold", 0.1, float, 0, 1, "", errors)  # a bias score
+    severity = severity_on_fail(raw, "", errors)
     repeat = raw.get("repeat", max((len(v) for g in groups.values() for v in g.values()), default=1))
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         errors.add("repeat", f"{repeat!r} is not a whole number >= 1 (value pairs asked per question)")
         repeat = 1
     if errors.lines:
         raise ConfigError(f"{path}: " + "; ".join(errors.lines))
-    return AmbiguousSuite(run, tuple(questions), groups, str(source), template, pattern, float(threshold), severity,
+    return AmbiguousSuite(run, tuple(questions), groups, str(source), template, pattern, threshold, severity,
                           repeat)  # fmt: skip
 
 

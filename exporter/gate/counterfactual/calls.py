@@ -103,8 +103,7 @@ class DecisionTarget(ChatTarget):
     """The red team's chat target asked with whole requests (``n`` answers, a seed), its client retrying nothing."""
 
     def __init__(self, settings: ChatSettings) -> None:
-        super().__init__(settings, system_canary="")
-        self._client = self._client.with_options(max_retries=0)
+        super().__init__(settings, system_canary="", max_retries=0)
 
     def complete(self, body: dict[str, Any]) -> list[str]:
         """The answers to one request; TargetError when the endpoint refuses every request (key, model, URL),
@@ -151,7 +150,6 @@ class Budget:
 
     left: int
     unstarted: int
-    retries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def first_call(self) -> None:
@@ -164,7 +162,6 @@ class Budget:
             if self.left - self.unstarted <= 0:
                 return False
             self.left -= 1
-            self.retries += 1
             return True
 
 
@@ -176,7 +173,11 @@ class Outcome:
     sent: int
     cached: int
     calls: int
-    retries: int
+
+    @property
+    def retries(self) -> int:
+        """Calls beyond each sent request's first."""
+        return self.calls - self.sent
 
 
 def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Requests,
@@ -202,7 +203,7 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
                           f"{requests.max_calls:,} calls: raise requests.max_calls (or --max-calls), or ask fewer "
                           "items")  # fmt: skip
     if not todo:
-        return keys, Outcome(answers, 0, cached, 0, 0)
+        return keys, Outcome(answers, 0, cached, 0)
     client = DecisionTarget(settings)
     budget = Budget(requests.max_calls, len(todo))
 
@@ -239,4 +240,4 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
     if all(answers[k].texts is None for k in todo) and cached == 0:
         first = answers[next(iter(todo))].error
         raise TargetError(f"{settings.base_url}: no request was answered ({sent} sent, {calls} calls): {first}")
-    return keys, Outcome(answers, sent, cached, calls, budget.retries)
+    return keys, Outcome(answers, sent, cached, calls)

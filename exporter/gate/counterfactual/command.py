@@ -45,9 +45,9 @@ def cmd_counterfactual(args: argparse.Namespace) -> int:
         EXIT_BAD_INPUT,
         EXIT_BLOCKED,
         EXIT_OK,
-        _bad_input,
-        _file_facts,
-        _log_run,
+        bad_input,
+        file_facts,
+        log_run,
         write_ci_reports,
         write_html,
         write_report,
@@ -56,24 +56,24 @@ def cmd_counterfactual(args: argparse.Namespace) -> int:
     from exporter.gate.suite import audit_entry
     from exporter.gate.targets.objects import TargetError
 
-    facts: dict[str, Any] = {"suite": _file_facts(args.config), "target": {"url": args.target, "model": args.model}}
+    facts: dict[str, Any] = {"suite": file_facts(args.config), "target": {"url": args.target, "model": args.model}}
     if args.max_calls is not None and args.max_calls < 1:
-        return _bad_input(args, "counterfactual", f"--max-calls {args.max_calls}: expected a whole number >= 1")
+        return bad_input(args, "counterfactual", f"--max-calls {args.max_calls}: expected a whole number >= 1")
     loaded: list[Any] = []
     try:
         try:
             report = run_suite(args, loaded)
         except (ConfigError, TargetError, ImportError) as exc:
             run = loaded[0] if loaded else None
-            _log_run("counterfactual", args.audit_log, {
+            log_run("counterfactual", args.audit_log, {
                 "type": "counterfactual_error", "error": str(exc), "model_id": getattr(run, "model_id", None),
                 "model_version": args.model_version or getattr(run, "model_version", None), **facts})  # fmt: skip
-            return _bad_input(args, "counterfactual", str(exc))
-        head = _log_run("counterfactual", args.audit_log, audit_entry(
+            return bad_input(args, "counterfactual", str(exc))
+        head = log_run("counterfactual", args.audit_log, audit_entry(
             report, target=report["target"], suite={"file": report["suite_file"], "sha256": report["suite_sha256"]},
             cache=report["cache"]))  # fmt: skip
     except audit_log.AuditLogError as exc:
-        return _bad_input(args, "counterfactual", f"--audit-log {exc}")
+        return bad_input(args, "counterfactual", f"--audit-log {exc}")
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:

@@ -32,8 +32,8 @@ from exporter.gate.counterfactual import paired
 from exporter.gate.counterfactual.calls import Cache, Outcome, Prompt, answers_hash, ask_all
 from exporter.gate.counterfactual.suite import ITEM_SLOT, CfAttribute, Requests, RunSettings, Suite, fill
 from exporter.gate.fairness import ll144
-from exporter.gate.fairness.audit import _results as gate_results
 from exporter.gate.fairness.ll144 import json_float
+from exporter.gate.fairness.results import metric_results
 
 UNPARSED_METRIC: Final = "unparsed_share"
 FAILED_METRIC: Final = "failed_requests"
@@ -188,7 +188,7 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
                           "flip_rate": None if c.flip_rate is None else round(c.flip_rate, 6),
                           "flipped_items": _flips(suite, a, ga, gb, cells, texts)})  # fmt: skip
         pair_of = {f"{a.group_names[x]} vs {a.group_names[y]}": first_pair + k for k, (x, y) in enumerate(a.pairs)}
-        rows.extend((r, pair_of[r["groups"]]) for r in gate_results(spec, ev))
+        rows.extend((r, pair_of[r["groups"]]) for r in metric_results(spec, ev))
     adjusted = paired.holm([p["mcnemar_p_value"] for p in pairs])
     for p, q in zip(pairs, adjusted, strict=True):
         p["p_value_holm"] = q

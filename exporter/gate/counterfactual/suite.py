@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 from exporter.config import ConfigError
 from exporter.config.sections_model import parse_metrics
 from exporter.config.toolkit import Errors
-from exporter.config.types import MetricSpec
+from exporter.config.types import SEVERITIES, MetricSpec
 from exporter.gate.counterfactual.extract import Extractor, parse_extractor
 from exporter.gate.counterfactual.names import name_list, read_text_file
 from exporter.gate.suite import load_yaml_mapping
@@ -189,8 +189,9 @@ def _items(raw: dict[str, Any], base: Path, errors: Errors) -> tuple[tuple[str, 
     return lines, raw["items_file"]
 
 
-def _number(raw: dict[str, Any], key: str, default: Any, kind: type, low: float, high: float, where: str,
-            errors: Errors) -> Any:  # fmt: skip
+def number(raw: dict[str, Any], key: str, default: Any, kind: type, low: float, high: float, where: str,
+           errors: Errors) -> Any:  # fmt: skip
+    """``raw[key]`` (or ``default``) as ``kind`` within [low, high]; out of it, a problem naming ``where + key``."""
     value = raw.get(key, default)
     ok = isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
     if kind is int:
@@ -199,6 +200,14 @@ def _number(raw: dict[str, Any], key: str, default: Any, kind: type, low: float,
         errors.add(f"{where}{key}", f"{value!r} is not a {'whole ' if kind is int else ''}number from {low} to {high}")
         return default
     return kind(value)
+
+
+def severity_on_fail(raw: dict[str, Any], where: str, errors: Errors) -> Literal["blocking", "warning"]:
+    """``raw["severity_on_fail"]``: blocking (the default) or warning, as a gate metric's."""
+    severity = raw.get("severity_on_fail", "blocking")
+    if severity not in SEVERITIES:
+        errors.add(f"{where}severity_on_fail", f"{severity!r} is not {' or '.join(SEVERITIES)}")
+    return "warning" if severity == "warning" else "blocking"
 
 
 def _requests(raw: Any, errors: Errors) -> Requests:
@@ -210,14 +219,14 @@ def _requests(raw: Any, errors: Errors) -> Requests:
     errors.check_keys("requests", raw, REQUEST_KEYS)
     d = Requests()
     seed_given_none = "seed" in raw and raw["seed"] is None  # seed: null sends requests without a seed
-    return Requests(samples=_number(raw, "samples", d.samples, int, 1, MAX_SAMPLES, "requests.", errors),
-                    seed=None if seed_given_none else _number(raw, "seed", d.seed, int, 0, 2**63 - 1, "requests.",
+    return Requests(samples=number(raw, "samples", d.samples, int, 1, MAX_SAMPLES, "requests.", errors),
+                    seed=None if seed_given_none else number(raw, "seed", d.seed, int, 0, 2**63 - 1, "requests.",
                                                               errors),
-                    concurrency=_number(raw, "concurrency", d.concurrency, int, 1, 64, "requests.", errors),
-                    retries=_number(raw, "retries", d.retries, int, 0, 20, "requests.", errors),
-                    backoff_seconds=_number(raw, "backoff_seconds", d.backoff_seconds, float, 0, 600, "requests.",
+                    concurrency=number(raw, "concurrency", d.concurrency, int, 1, 64, "requests.", errors),
+                    retries=number(raw, "retries", d.retries, int, 0, 20, "requests.", errors),
+                    backoff_seconds=number(raw, "backoff_seconds", d.backoff_seconds, float, 0, 600, "requests.",
                                             errors),
-                    max_calls=_number(raw, "max_calls", d.max_calls, int, 1, 10**9, "requests.", errors))  # fmt: skip
+                    max_calls=number(raw, "max_calls", d.max_calls, int, 1, 10**9, "requests.", errors))  # fmt: skip
 
 
 def _target(raw: Any, errors: Errors) -> tuple[ChatSettings | None, str | None]:
@@ -269,9 +278,7 @@ def run_settings(raw: dict[str, Any], path: Path, errors: Errors, target: str | 
         errors.add("unparsed", f"{unparsed!r} is not a mapping with max_share, severity_on_fail")
         unparsed = {}
     errors.check_keys("unparsed", unparsed, UNPARSED_KEYS)
-    severity = unparsed.get("severity_on_fail", "blocking")
-    if severity not in ("blocking", "warning"):
-        errors.add("unparsed.severity_on_fail", f"{severity!r} is not blocking or warning")
+    severity = severity_on_fail(unparsed, "unparsed.", errors)
     verdict = raw.get("verdict", "paired_evidence")
     if verdict not in VERDICTS:
         errors.add("verdict", f"{verdict!r} is not one of {', '.join(VERDICTS)}")
@@ -279,9 +286,9 @@ def run_settings(raw: dict[str, Any], path: Path, errors: Errors, target: str | 
         source=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), model_id=str(model_id),
         model_version=None if raw.get("model_version") is None else str(raw["model_version"]),
         target=settings, system_prompt=system_prompt,
-        min_samples=_number(raw, "min_samples", 30, int, 1, 1_000_000, "", errors),
-        alpha=_number(raw, "alpha", 0.05, float, 1e-6, 0.5, "", errors), verdict=verdict,
-        max_unparsed_share=_number(unparsed, "max_share", 0.05, float, 0, 1, "unparsed.", errors),
+        min_samples=number(raw, "min_samples", 30, int, 1, 1_000_000, "", errors),
+        alpha=number(raw, "alpha", 0.05, float, 1e-6, 0.5, "", errors), verdict=verdict,
+        max_unparsed_share=number(unparsed, "max_share", 0.05, float, 0, 1, "unparsed.", errors),
         unparsed_severity=severity, requests=_requests(raw.get("requests"), errors))  # fmt: skip
 
 

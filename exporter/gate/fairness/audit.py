@@ -21,7 +21,7 @@ import pyarrow as pa
 from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.core.metric_table import METRICS, samples_to_decide
+from exporter.core.metric_table import METRICS
 from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
@@ -30,6 +30,7 @@ from exporter.gate.data.side import JoinedRows
 from exporter.gate.fairness import estimated, ll144, proxy
 from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
+from exporter.gate.fairness.results import metric_results
 
 
 @dataclass(frozen=True)
@@ -149,46 +150,6 @@ def _own_batches(config: ModelSpec, rows: Rows, columns: list[str]) -> Any:
         yield batch
 
 
-def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
-    """One result per configured metric and pair: the point estimate against the threshold (``passed``, the seed's
-    rule) whenever the comparison has a value, and what its interval says (``evidence``)."""
-    out = []
-    groups = ev.attribute.groups
-    samples = ev.groups.samples
-    for spec in config.metrics:
-        v = ev.values(spec.name)
-        sufficient = ev.sufficient(spec.name)
-        evidence = ev.evidence(spec.name, spec.threshold).tolist()
-        judged = int(sufficient.sum())
-        for k, (a, b) in enumerate(ev.attribute.pairs):
-            ok = bool(sufficient[k])
-            passed = ok and spec.passes(float(v.value[k]))
-            pair_samples = {groups[a]: ll144.count(samples[a]), groups[b]: ll144.count(samples[b])}
-            out.append({
-                "attribute": ev.attribute.name,
-                "metric": spec.name,
-                "groups": f"{groups[a]} vs {groups[b]}",
-                "dimension": f"{groups[a]}_vs_{groups[b]}",
-                "value": round(float(v.value[k]), 4) if ok else None,
-                "exact_value": json_float(v.value[k]),
-                "ci_95": [json_float(v.lower[k]), json_float(v.upper[k])],
-                "half_width": json_float(v.half_width[k]),
-                "threshold": spec.threshold,
-                "passed": passed,
-                "status": "insufficient_samples" if not ok else ("pass" if passed else "fail"),
-                "evidence": evidence[k],
-                "samples_to_decide": samples_to_decide(float(v.half_width[k]), float(v.value[k]), spec.threshold,
-                                                       pair_samples) if evidence[k] == "inconclusive" else None,
-                "severity": spec.severity,
-                "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
-                "samples": pair_samples,
-                "support": int(v.support[k]),
-                "comparisons_judged": judged,
-                **({"proxy": True} if ev.attribute.proxy else {}),
-            })  # fmt: skip
-    return out
-
-
 def _worst(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
     """Per configured metric (observed, not estimated): its worst comparison of the attribute, with the interval
     that holds over all its judged comparisons at once, and what that interval says against the threshold."""
@@ -199,16 +160,6 @@ def _worst(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
         row["evidence"] = str(METRICS[row["metric"]].evidence(lower, upper, threshold)) if row["dimension"] else \
             "inconclusive"  # fmt: skip
     return out
-
-
-def _counts_as(config: ModelSpec, severity: str, passed: bool, evidence: str) -> str:
-    """``pass``, ``blocking`` or ``warning``: what a result does to the verdict under ``decision`` and
-    ``failure_policy.inconclusive``."""
-    if config.decision == "point_estimate":
-        return "pass" if passed else severity
-    if evidence == "inconclusive":
-        return severity if config.inconclusive == "fail" else "warning"
-    return "pass" if evidence == "pass" else severity
 
 
 def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
@@ -319,7 +270,7 @@ def run_audit(
         attributes[attribute.name] = _group_report(ev)
         if attribute.proxy is not None:
             attributes[attribute.name]["proxy_corrected"] = proxy.corrected(attribute, counted.tally)
-        results.extend(_results(config, judged_ev))
+        results.extend(metric_results(config, judged_ev))
         worst.extend(_worst(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)

@@ -25,7 +25,7 @@ class ProxyRing:
 
     def add(self, slots: np.ndarray, codes: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add each row's shares to the count ``columns`` (PRED_POS, ..., FN) of its slot's bucket."""
-        if not len(slots) or not self.attributes:
+        if not len(slots):
             return
         flat = self.counts.reshape(-1)
         n_rows = self.counts.shape[1]

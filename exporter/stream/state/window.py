@@ -118,13 +118,15 @@ class WindowStore:
             self._advance(max(self._bucket_at(now), int(buckets.max(initial=-1))))
             on_time = buckets > self.head - self.n_buckets
             late = int((~on_time).sum())
-            rows = self._rows({k: v[on_time] for k, v in codes.items()})
+            counted = {k: v[on_time] for k, v in codes.items()}
+            rows = self._rows(counted)
             self._count(buckets[on_time], rows, predicted[on_time])
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
-            proxied, slots = {k: v[on_time] for k, v in codes.items()}, buckets[on_time] % self.n_buckets
-            self.proxy.add(slots, proxied, predicted[on_time])
-            labelled = outcome[on_time] >= 0
-            self.proxy.add(slots[labelled], {k: v[labelled] for k, v in proxied.items()}, outcome[on_time][labelled])
+            if self.proxy.attributes:
+                slots, labelled = buckets[on_time] % self.n_buckets, outcome[on_time] >= 0
+                self.proxy.add(slots, counted, predicted[on_time])
+                with_labels = {k: v[labelled] for k, v in counted.items()}
+                self.proxy.add(slots[labelled], with_labels, outcome[on_time][labelled])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
                 bins = self.estimate_bins(scores[on_time])
@@ -147,8 +149,9 @@ class WindowStore:
             in_ring = buckets > self.head - self.n_buckets
             rows = self._rows(codes)
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
-            k = in_ring & (outcomes >= 0)
-            self.proxy.add(buckets[k] % self.n_buckets, {n: c[k] for n, c in codes.items()}, outcomes[k])
+            if self.proxy.attributes:
+                k = in_ring & (outcomes >= 0)
+                self.proxy.add(buckets[k] % self.n_buckets, {n: c[k] for n, c in codes.items()}, outcomes[k])
             if self.estimate_counts.shape[2] and bins is not None:
                 k = in_ring & (bins >= 0) & (outcomes >= 0)
                 predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
