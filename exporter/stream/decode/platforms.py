@@ -89,7 +89,7 @@ def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
     if not raw:
         return {}
     found = dict(raw)
-    if all(k.islower() for k in found):
+    if all(map(str.islower, found)):
         return found  # type: ignore[return-value]  # a None value reads as a missing header
     return {k.lower(): v or b"" for k, v in raw}
 
