@@ -78,7 +78,7 @@ def _split(name: str, values: Sequence[Any], shape: Sequence[int], out: Columns)
     return rows
 
 
-def _text(values: Sequence[Any]) -> list[Any]:
+def _text(values: list[Any]) -> list[Any]:
     """BYTES elements as text (protobuf gives bytes; JSON gives strings already). Bytes without a NUL are decoded
     in one call, joined by NULs and split again: a NUL is one byte in UTF-8 and ends no sequence, so the joined
     text is valid exactly when every element is."""
@@ -276,8 +276,9 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
         elif datatype == "FP16":
             raise BadPayload("shape_mismatch")  # FP16 has no typed contents: raw only
         else:
-            values = getattr(tensor.contents, _CONTENTS[datatype])
-        values = _text(values) if datatype == "BYTES" else list(values)
+            values = list(getattr(tensor.contents, _CONTENTS[datatype]))  # one C call, no Python step per value
+        if datatype == "BYTES":
+            values = _text(values)
         n = _split(tensor.name, values, list(tensor.shape), out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")
