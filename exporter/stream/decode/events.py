@@ -160,11 +160,13 @@ class EventDecoder:
     def batch(
         self, values: Sequence[bytes], structs: list[Any], at: list[int], walked: list[int], ignored: Counter[str],
         g: Mapping[str, Callable[[Any], Any]], now: float, shared: bool = False,
+        epoch_seconds: np.ndarray | None = None,
     ) -> DecodedBatch:  # fmt: skip
         """The batch of this model's ``values``: ``structs`` (at positions ``at``) parsed by a schema whose role
         getters are ``g``, the positions of those it refused (``walked``), and what was ignored. ``shared``: the
         schema of several models, which requires neither prediction nor score: an event without the one this
-        model needs is walked (the rules say missing_field)."""
+        model needs is walked (the rules say missing_field). ``epoch_seconds``: the structs' timestamps, already
+        read by :func:`epochs` (valid, every one) over a whole fleet's batch at once."""
         if shared:
             needed = list(map(g["score"] if self._threshold is not None else g["pred"], structs))
             lacking = [k for k, value in enumerate(needed) if value is None] if None in needed else []
@@ -172,8 +174,12 @@ class EventDecoder:
                 walked = sorted([*walked, *(at[k] for k in lacking)])
                 keep = sorted(set(range(len(structs))) - set(lacking))
                 structs, at = [structs[k] for k in keep], [at[k] for k in keep]
+                epoch_seconds = None if epoch_seconds is None else epoch_seconds[keep]
         latest = now + self.max_future_skew_seconds
-        stamps = epochs(list(map(g["ts"], structs))) if structs else []
+        if epoch_seconds is not None:
+            stamps: np.ndarray | list[float | None] = epoch_seconds
+        else:
+            stamps = epochs(list(map(g["ts"], structs))) if structs else []
         if stamps.__class__ is list and None in stamps:  # an unparseable ISO string: the walk says which reason
             unparsed = {k for k, t in enumerate(stamps) if t is None}
             walked.extend(at[k] for k in unparsed)

@@ -18,6 +18,8 @@ import base64
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from itertools import repeat
 from typing import Any, Final
 
 import numpy as np
@@ -252,7 +254,7 @@ class PayloadRows:
                 found = request.columns[self.column]
             values += found
             call = request.id
-            ids += [call] if n == 1 else [f"{call}:{i}" for i in range(n)]
+            ids += [call] if n == 1 else map(call.__add__, _suffixes(n))
             for k, column in enumerate(read):
                 cells = request.columns.get(column) or response.columns.get(column)
                 cells_of[k].extend(cells if cells is not None else [request.metadata.get(column)] * n)
@@ -263,11 +265,8 @@ class PayloadRows:
         else:
             scores = np.zeros(0)
             predictions = np.asarray([int(v) for v in values], dtype=np.int64)
-        codes = []
-        for (_, table, unknown), cells in zip(self.tables, raw_codes, strict=False):
-            codes.append(np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v),
-                                                                          unknown) for v in cells),
-                                     np.int64, len(cells)))  # fmt: skip
+        codes = [_codes(cells, table, unknown) for (_, table, unknown), cells in zip(self.tables, raw_codes,
+                                                                                    strict=False)]  # fmt: skip
         proxied = raw_codes[len(self.tables):]
         codes += [bisg.tables().codes(proxied[2 * k], proxied[2 * k + 1]) for k in range(len(self.proxies))]
         base = dict(zip(self.columns, codes, strict=True))
@@ -295,11 +294,32 @@ class PayloadRows:
         if found is None:
             return "missing_field"
         if self.threshold is not None:
-            if not all((v.__class__ is float or v.__class__ is int) and 0.0 <= v <= 1.0 for v in found):
-                return "invalid_score"
+            if not set(map(type, found)) <= _NUMBERS or not (all(map(_ZERO.__le__, found)) and
+                                                             all(map(_ONE.__ge__, found))):  # fmt: skip
+                return "invalid_score"  # not a number (a bool is none), or outside [0, 1] (NaN too)
         elif not all(map(is_binary, found)):
             return "invalid_prediction"
         return None
+
+
+_NUMBERS: Final = frozenset({float, int})
+_TEXT: Final = frozenset({str, type(None)})
+_ZERO: Final = 0.0
+_ONE: Final = 1.0
+
+
+@cache
+def _suffixes(n: int) -> list[str]:
+    """``:0`` .. ``:<n-1>``: what a call's id takes for each row of a batch of ``n``."""
+    return [f":{i}" for i in range(n)]
+
+
+def _codes(cells: list[Any], table: Mapping[str, int], unknown: int) -> np.ndarray:
+    """The code of each cell (a missing one: ``unknown``); text looked up as it is, other values by their text."""
+    if set(map(type, cells)) <= _TEXT:  # looked up in one pass with no Python frame per cell
+        return np.fromiter(map(table.get, cells, repeat(unknown, len(cells))), np.int64, len(cells))
+    return np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v), unknown)
+                        for v in cells), np.int64, len(cells))  # fmt: skip
 
 
 def payload_batches(pairs: Mapping[str, Sequence[tuple[Half, Half]]], rows: Mapping[str, PayloadRows],

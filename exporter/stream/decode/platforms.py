@@ -46,9 +46,10 @@ SELDON_RESERVED: Final = frozenset({"x-request-id", "seldon-infer-type", "tracep
                                     "seldon-pipeline-errors", "pipeline", "x-pipeline-version"})  # fmt: skip
 """Seldon record headers that are plumbing, never columns."""
 
-_READ: Final = tuple((name, f"ce_{name}") for name in ("type", "id", "inferenceservicename", "time", "metadata",
-                                                         "contentencoding", "component"))
+_NAMES: Final = ("type", "id", "inferenceservicename", "time", "metadata", "contentencoding", "component")
 """The CloudEvent attributes a payload half is read from."""
+_HEADERS: Final = tuple(f"ce_{name}" for name in _NAMES)
+"""Their headers in binary content mode."""
 Headers = dict[str, bytes]
 """A record's headers, names lower-cased (the last value of a repeated name)."""
 
@@ -89,7 +90,7 @@ def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
     if not raw:
         return {}
     found = dict(raw)
-    if all(k.islower() for k in found):
+    if all(map(str.islower, found)):
         return found  # type: ignore[return-value]  # a None value reads as a missing header
     return {k.lower(): v or b"" for k, v in raw}
 
@@ -185,7 +186,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
                 body = body.encode()
         encoding = event.get("contentencoding")
     else:  # binary mode: the attributes are ce_* headers
-        attributes = {name: _text(headers.get(header)) for name, header in _READ}
+        attributes = dict(zip(_NAMES, map(_text, map(headers.get, _HEADERS)), strict=True))
         data_type, body = content_type, value
         encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
     get = attributes.get
