@@ -196,7 +196,10 @@ def fleet_values(rows: pd.DataFrame, window: str) -> list[tuple[str, dict[str, s
         rate = c.n1 / (c.n1 + c.n0)
         # the other rates of the core, as PromQL divides the summed counts
         rates = {"true_positive_rate": c.tp / (c.tp + c.fn), "false_positive_rate": c.fp / (c.fp + c.tn),
-                 "precision": c.tp / (c.tp + c.fp), "accuracy": (c.tp + c.tn) / (c.tp + c.fp + c.tn + c.fn)}
+                 "precision": c.tp / (c.tp + c.fp), "accuracy": (c.tp + c.tn) / (c.tp + c.fp + c.tn + c.fn),
+                 "false_negative_rate": c.fn / (c.fn + c.tp), "true_negative_rate": c.tn / (c.tn + c.fp),
+                 "negative_predictive_value": c.tn / (c.tn + c.fn), "false_discovery_rate": c.fp / (c.fp + c.tp),
+                 "false_omission_rate": c.fn / (c.fn + c.tn)}
         for subgroup in GROUPS[attribute]:
             at = {"attribute": attribute, "subgroup": subgroup}
             for predicted, column in (("1", "n1"), ("0", "n0")):
@@ -225,7 +228,13 @@ def fleet_values(rows: pd.DataFrame, window: str) -> list[tuple[str, dict[str, s
              {"attribute": attribute}, spread["precision"]),
             (f"model_attribute:fairness_accuracy_difference:max_minus_min_{window}",
              {"attribute": attribute}, spread["accuracy"]),
+            (f"model_attribute:fairness_negative_predictive_value_difference:max_minus_min_{window}",
+             {"attribute": attribute}, spread["negative_predictive_value"]),
         ]  # fmt: skip
+        ratios = ("false_positive_rate", "false_negative_rate", "true_negative_rate", "negative_predictive_value",
+                  "false_discovery_rate", "false_omission_rate")
+        values += [(f"model_attribute:fairness_{name}_ratio:min_over_max_{window}", {"attribute": attribute},
+                    float(rates[name].min() / rates[name].max())) for name in ratios]  # fmt: skip
     return values
 
 
