@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--engine", choices=("local", "spark"), default="local",
                        help="who counts the rows: local (record batches in bounded memory, the default) or spark (one "
                        "aggregation on the Spark master of the usual Spark settings; the spark extra)")  # fmt: skip
+    audit.add_argument("--baseline", help="data of an earlier period (read like the predictions): the report then "
+                       "explains each gap's change from it over the config's segments")
     audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "

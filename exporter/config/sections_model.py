@@ -14,12 +14,14 @@ from exporter.config import sections_stream as stream
 from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
+from exporter.core.explain import DEFAULT_SEGMENT_CAP
 from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
     "estimation",
+    "segments", "segment_values", "strata",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -44,6 +46,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)
     version = get(raw, "model_version", None, errors, "", text)
     estimation = parse_estimation(raw, events, errors)
+    segments, segment_values, strata = parse_segments(raw, errors)
     if model_id is None:
         return None
     return ModelSpec(
@@ -67,6 +70,9 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
                                "failure_policy.", text),
         source=source,
+        segments=segments,
+        segment_values=segment_values,
+        strata=strata,
     )
 
 
@@ -229,3 +235,31 @@ def parse_estimation(raw: dict[str, Any], events: EventFields, errors: Errors) -
         errors.add("estimation", "needs events.score_threshold: estimates calibrate the model's scores, and a model "
                                  "without scores has none")  # fmt: skip
     return EstimationSpec(reference) if reference is not None else None
+
+
+def parse_segments(raw: dict[str, Any], errors: Errors) -> tuple[tuple[str, ...], int, tuple[str, ...]]:
+    """``segments: [channel, region]`` (columns whose values explain a gap's change), ``segment_values`` (the values
+    kept per column, the rest counted as ``other``) and ``strata: [income_band]`` (the columns conditional parity is
+    conditioned on, their combined values capped alike)."""
+    out = []
+    for key in ("segments", "strata"):
+        value = raw.get(key)
+        columns: list[str] = []
+        if value is not None and not (isinstance(value, list) and value
+                                      and all(isinstance(c, str) and c for c in value)):  # fmt: skip
+            errors.add(key, f"{value!r} is not a non-empty list of column names")
+        elif value is not None:
+            columns = list(dict.fromkeys(value))
+        out.append(tuple(columns))
+    cap = get(raw, "segment_values", DEFAULT_SEGMENT_CAP, errors, "", _segment_cap)
+    return out[0], cap, out[1]
+
+
+MAX_SEGMENT_VALUES: Final = 1000
+"""A cap on values per segment column: a column of ids would otherwise make the daemon's state as large as them."""
+
+
+def _segment_cap(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SEGMENT_VALUES:
+        raise ValueError(f"expected a whole number from 1 to {MAX_SEGMENT_VALUES}")
+    return value

@@ -191,6 +191,12 @@ class ModelSpec:
     """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
     """The file (or ``file#models[i]``) the model was configured in."""
+    segments: tuple[str, ...] = ()
+    """Columns whose values explain a gap's change (:mod:`exporter.core.explain`)."""
+    segment_values: int = 20
+    """Values kept per segment column (and per combination of strata); the rest are counted as ``other``."""
+    strata: tuple[str, ...] = ()
+    """Columns conditional parity is conditioned on (:mod:`exporter.core.conditional`)."""
 
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""

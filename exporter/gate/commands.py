@@ -101,7 +101,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             if args.model_version is not None:
                 config = dataclasses.replace(config, model_version=args.model_version)
             data = dataset_location(config, args.predictions)
-            report = run_audit(config, data, override=override, engine=args.engine)
+            report = run_audit(config, data, override=override, engine=args.engine, baseline=args.baseline)
         except (ConfigError, DataError) as exc:
             _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
                                          "config": _file_facts(args.config), "data": _file_facts(data)})  # fmt: skip

@@ -26,8 +26,9 @@ from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
 from exporter.gate.data.quantile import median
 from exporter.gate.fairness import estimated, ll144
-from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
+from exporter.gate.fairness.frames import BatchCounter, FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
+from exporter.gate.fairness.segments import SegmentTally, explain_change
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
 
 
 def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predictions have no rows",
-          weights: str | None = None) -> Scan:  # fmt: skip
+          weights: str | None = None, also: BatchCounter | None = None) -> Scan:  # fmt: skip
     """Count a model's rows in one pass, after checking the columns it needs; DataError for rows that cannot be
     audited (a missing column, no rows of this model, a value that is no 0/1 or score)."""
     label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
@@ -214,7 +215,10 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
                            if config.label_column in missing else ""))  # fmt: skip
     if config.score_column is not None and config.score_column not in rows.columns:
         raise DataError(f"{name}: no score column {config.score_column!r} (columns.score); the file has {rows.columns}")
-    return _found(config, rows, name, scan(config, rows, name, weights=weights, scores=estimable), empty)
+    absent = [c for c in (also.columns if also is not None else []) if c not in rows.columns]
+    if absent:
+        raise DataError(f"{name}: missing column(s) {absent} named by segments/strata; the file has {rows.columns}")
+    return _found(config, rows, name, scan(config, rows, name, weights=weights, scores=estimable, also=also), empty)
 
 
 def _found(config: ModelSpec, rows: Rows, name: str, counted: Scan, empty: str) -> Scan:
@@ -244,10 +248,13 @@ def run_audit(
     now: datetime | None = None,
     model_id: str | None = None,
     engine: str = "local",
+    baseline: pd.DataFrame | str | Path | None = None,
 ) -> dict[str, Any]:
     """Audit predictions (a DataFrame, or a dataset: a file, folder, glob or prefix of parquet or CSV files) against
     a model's config (a config or its file: its only model, or ``model_id`` of its ``models:``); return the
-    JSON-ready report. ``engine="spark"`` counts the dataset with Spark (:mod:`exporter.spark`).
+    JSON-ready report. ``engine="spark"`` counts the dataset with Spark (:mod:`exporter.spark`). ``baseline``: the
+    data of an earlier period, read the same way: the report then explains each gap's change from it over the
+    config's ``segments`` (``explanations``).
 
     Raises ConfigError or DataError (both ValueError) for input that cannot be audited.
     """
@@ -270,8 +277,16 @@ def run_audit(
             rows, weights = spark_rows(config, data_file), "count"
         manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
+    segmented = SegmentTally(config) if config.segments or config.strata else None
+    if segmented is not None and weights is not None:
+        raise DataError("segments and strata are counted by the local engine only: audit without --engine spark")
+    if baseline is not None and not config.segments:
+        raise DataError(f"{config.source}: --baseline explains a gap's change over the config's segments: "
+                        "name the columns in segments: [...]")  # fmt: skip
+    before = None if baseline is None else _baseline(config, baseline, segmented)
+    current = segmented.fresh() if segmented is not None else None
     counted = count(config, rows, path_name, empty="the file has no rows" if data_file else
-                    "the predictions have no rows", weights=weights)  # fmt: skip
+                    "the predictions have no rows", weights=weights, also=current)  # fmt: skip
     if weights is not None:  # counts of an engine: the date range is its own aggregation's
         counted.date_range = getattr(rows, "date_range", None)
 
@@ -327,7 +342,33 @@ def run_audit(
         "impact_ratios": impact_ratios,
         **({"estimation": estimation} if estimation is not None else {}),
         "results": results,
+        **(_explained(config, before, current) if before is not None and current is not None else {}),
     }
+
+
+def _baseline(config: ModelSpec, baseline: pd.DataFrame | str | Path, tally: SegmentTally | None) -> \
+        tuple[dict[str, Any], SegmentTally]:  # fmt: skip
+    """Count the baseline's rows by segment (first, so its values take the table's first codes); what the report
+    says of it."""
+    assert tally is not None
+    if isinstance(baseline, pd.DataFrame):
+        rows: Rows = FrameRows(baseline)
+        about: dict[str, Any] = {"file": None, "manifest_sha256": None}
+    else:
+        location = str(baseline)
+        dataset = open_dataset(location, "baseline", text_columns(config))
+        rows, about = dataset, {"file": location, "manifest_sha256": dataset.manifest().sha256}
+    counted = count(config, rows, about["file"] or "<baseline>", empty="the baseline has no rows", also=tally)
+    return {**about, "rows": counted.rows}, tally
+
+
+def _explained(config: ModelSpec, before: tuple[dict[str, Any], SegmentTally], current: SegmentTally) -> \
+        dict[str, Any]:  # fmt: skip
+    """The report's baseline, segment tables and explanations."""
+    about, baseline = before
+    return {"baseline": about,
+            "segment_values": {"baseline": baseline.describe(), "current": current.describe()},
+            "explanations": explain_change(config, baseline, current)}  # fmt: skip
 
 
 def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
