@@ -14,6 +14,7 @@ from exporter.config import sections_stream as stream
 from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
+from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.explain import DEFAULT_SEGMENT_CAP
 from exporter.core.metric_table import METRIC_NAMES
 
@@ -47,6 +48,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     version = get(raw, "model_version", None, errors, "", text)
     estimation = parse_estimation(raw, events, errors)
     segments, segment_values, strata = parse_segments(raw, errors)
+    check_conditional(metrics, strata, errors)
     if model_id is None:
         return None
     return ModelSpec(
@@ -195,8 +197,9 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         name, threshold = item.get("name"), item.get("threshold")
         severity = item.get("severity_on_fail", "blocking")
         ok = True
-        if name not in METRIC_NAMES:
-            errors.add(f"{path}.name", f"unknown metric {name!r} (accepted: {', '.join(METRIC_NAMES)})")
+        if name not in METRIC_NAMES and name not in CONDITIONAL_METRICS:
+            errors.add(f"{path}.name", f"unknown metric {name!r} (accepted: "
+                                       f"{', '.join([*METRIC_NAMES, *CONDITIONAL_METRICS])})")  # fmt: skip
             ok = False
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
             errors.add(f"{path}.threshold", f"{threshold!r} is not a number between 0 and 1")
@@ -263,3 +266,15 @@ def _segment_cap(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SEGMENT_VALUES:
         raise ValueError(f"expected a whole number from 1 to {MAX_SEGMENT_VALUES}")
     return value
+
+
+def check_conditional(metrics: list[MetricSpec], strata: tuple[str, ...], errors: Errors) -> None:
+    """A conditional metric needs ``strata:``; the gate computes it, the daemon does not export it yet (a note)."""
+    for spec in metrics:
+        if spec.name not in CONDITIONAL_METRICS:
+            continue
+        if not strata:
+            errors.add("strata", f"required by {spec.name}: the columns it is conditioned on, e.g. "
+                                 "strata: [income_band]")  # fmt: skip
+        errors.note(f"metrics ({spec.name})", f"{spec.name} is computed by the gate (audit) only: the daemon does not "
+                                          "export it yet")  # fmt: skip

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from exporter.core.attributes import Attribute
+from exporter.core.conditional import metric
 from exporter.core.metric_table import METRICS
 
 SEVERITIES: Final = ("blocking", "warning")
@@ -45,7 +46,7 @@ class MetricSpec:
 
     def passes(self, value: float) -> bool:
         """The point estimate against the threshold, in the metric's pass direction (from the metric table)."""
-        return METRICS[self.name].passes(value, self.threshold)
+        return metric(self.name).passes(value, self.threshold)
 
 
 @dataclass(frozen=True)

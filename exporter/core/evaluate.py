@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from exporter.core.attributes import Attribute
+from exporter.core.conditional import metric as conditional_metric
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, GroupStats, group_stats
 from exporter.core.metric_table import METRICS, Comparisons, MetricValues, compare
 
@@ -50,7 +51,8 @@ class Evaluation:
         """Per pair: ``pass``, ``fail`` or ``inconclusive`` from the interval against the threshold; an insufficient
         comparison is ``inconclusive``."""
         v = self.values(metric)
-        return np.where(self.sufficient(metric), METRICS[metric].evidence(v.lower, v.upper, threshold), "inconclusive")
+        judged = conditional_metric(metric).evidence(v.lower, v.upper, threshold)
+        return np.where(self.sufficient(metric), judged, "inconclusive")
 
     def metric(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, lower, upper) per pair."""

@@ -19,8 +19,9 @@ import pyarrow as pa
 
 from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
+from exporter.core.conditional import metric
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.core.metric_table import METRICS, samples_to_decide
+from exporter.core.metric_table import samples_to_decide
 from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
@@ -28,7 +29,7 @@ from exporter.gate.data.quantile import median
 from exporter.gate.fairness import estimated, ll144
 from exporter.gate.fairness.frames import BatchCounter, FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
-from exporter.gate.fairness.segments import SegmentTally, explain_change
+from exporter.gate.fairness.segments import SegmentTally, explain_change, mark_conditional, with_conditional
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
           weights: str | None = None, also: BatchCounter | None = None) -> Scan:  # fmt: skip
     """Count a model's rows in one pass, after checking the columns it needs; DataError for rows that cannot be
     audited (a missing column, no rows of this model, a value that is no 0/1 or score)."""
-    label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
+    label_metrics = [m.name for m in config.metrics if metric(m.name).needs_labels]
     estimable = estimated.estimable(config)  # then data without a label column is estimated, not refused
     missing = [c for c in required_columns(config, rows.columns, bool(label_metrics) and not estimable)
                if c not in rows.columns]  # fmt: skip
@@ -294,6 +295,7 @@ def run_audit(
     results: list[dict[str, Any]] = []
     all_counts = counted.tally.counts()
     evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
+    evaluations, conditional = with_conditional(config, evaluations, current)
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
         reference, estimation = read_reference(config)
@@ -303,6 +305,7 @@ def run_audit(
         results.extend(_results(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)
+    mark_conditional(results, config, conditional, current)
     impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations)
     impact_ratios["source"] = {"file": data_file, "manifest_sha256": manifest and manifest.sha256}
 

@@ -9,15 +9,18 @@ the same values; rows past the cap, or missing a value, are counted under ``othe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from exporter.config import ModelSpec
+from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, conditional_compare
 from exporter.core.encoding import attribute_codes, value_text
+from exporter.core.evaluate import Evaluation
 from exporter.core.explain import SegmentValues, explanations
+from exporter.core.metric_table import Comparisons
 from exporter.gate.data import columns as col
 from exporter.gate.fairness.frames import CELLS, cell_counts
 
@@ -122,3 +125,39 @@ def explain_change(config: ModelSpec, baseline: SegmentTally, current: SegmentTa
             parts[column] = (names, base, cur)
         out.extend(explanations(attribute, [m.name for m in config.metrics], parts))
     return out
+
+
+def with_conditional(config: ModelSpec, evaluations: list[Evaluation], tally: SegmentTally | None) -> \
+        tuple[list[Evaluation], dict[tuple[str, str], Stratified]]:  # fmt: skip
+    """The evaluations with the configured conditional metrics among their comparisons (from the counts per
+    stratum), and each one's strata used and dropped, by (attribute, metric)."""
+    names = [m.name for m in config.metrics if m.name in CONDITIONAL_METRICS]
+    if not names or tally is None:
+        return evaluations, {}
+    key = STRATA_SEP.join(config.strata)
+    out, found = [], {}
+    for ev in evaluations:
+        _, strata = tally.counts(ev.attribute.name, key)
+        c = ev.comparisons
+        for name in names:
+            found[ev.attribute.name, name] = conditional_compare(name, strata, c.group_a, c.group_b)
+        values = {name: found[ev.attribute.name, name].values for name in names}
+        out.append(replace(ev, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values})))
+    return out, found
+
+
+def mark_conditional(results: list[dict[str, Any]], config: ModelSpec, found: Mapping[tuple[str, str], Stratified],
+                     tally: SegmentTally | None) -> None:  # fmt: skip
+    """Each conditional result's signed gap and strata: the columns, the strata used, and those dropped (one group
+    only) or counted under ``other`` (past the cap)."""
+    pair_index: dict[tuple[str, str], int] = {}
+    for r in results:
+        s = found.get((r["attribute"], r["metric"]))
+        if s is None or tally is None:
+            continue
+        k = pair_index[r["attribute"], r["metric"]] = pair_index.get((r["attribute"], r["metric"]), -1) + 1
+        key = STRATA_SEP.join(config.strata)
+        r["signed_value"] = None if not np.isfinite(s.signed[k]) else float(s.signed[k])
+        r["strata"] = {"columns": list(config.strata), "used": int(s.strata_used[k]),
+                       "dropped_one_group_only": int(s.strata_dropped[k]),
+                       "rows_in_other": tally.overflow_rows.get(key, 0) + tally.missing_rows.get(key, 0)}  # fmt: skip

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.metric_table import METRICS
 from exporter.gate.suite import BLOCKING_SEVERITY
 
@@ -158,7 +159,7 @@ def _explanation(e: Mapping[str, Any]) -> str:
 def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridden: bool) -> Check:
     value = r["value"] if r.get("value") is not None else r.get("exact_value")
     shown = with_interval(value, r.get("ci_95"))
-    metric = METRICS.get(r["metric"])
+    metric = METRICS.get(r["metric"]) or CONDITIONAL_METRICS.get(r["metric"])
     side = "" if metric is None else ("≤ " if metric.kind == "difference" else "≥ ")
     threshold = f"{side}{r['threshold']}"
     evidence = str(r.get("evidence"))
