@@ -97,9 +97,10 @@ def test_the_terms_add_up_to_the_change_exactly_with_empty_cells() -> None:
     for _ in range(200):
         base, cur = _random_counts(rng, 3, 7), _random_counts(rng, 3, 7)
         for rate in ("selection_rate", "accuracy"):
-            d = decompose(base, cur, 2, 0, rate)
-            if np.isfinite(d.change):
-                assert abs((d.mix + d.rate).sum() - d.change) < 1e-12
+            d = decompose(base, cur, [2, 1], [0, 2], rate)
+            for k in range(2):
+                if np.isfinite(d.change[k]):
+                    assert abs((d.mix[k] + d.rate[k]).sum() - d.change[k]) < 1e-12
 
 
 def test_the_gap_is_the_cores_signed_difference_of_the_groups_rates() -> None:
@@ -107,10 +108,10 @@ def test_the_gap_is_the_cores_signed_difference_of_the_groups_rates() -> None:
     cur = np.zeros((2, 2, N_COUNTS), np.int64)
     base[:, :, PRED_POS], base[:, :, PRED_NEG] = [[3, 5], [2, 2]], [[7, 5], [8, 8]]
     cur[:, :, PRED_POS], cur[:, :, PRED_NEG] = [[6, 0], [2, 2]], [[4, 0], [8, 8]]  # group a's second cell empties
-    d = decompose(base, cur, 0, 1, "selection_rate")
-    assert (d.baseline, d.current) == pytest.approx((8 / 20 - 4 / 20, 6 / 10 - 4 / 20))
+    d = decompose(base, cur, [0], [1], "selection_rate")
+    assert (d.baseline[0], d.current[0]) == pytest.approx((8 / 20 - 4 / 20, 6 / 10 - 4 / 20))
     # the empty cell takes the baseline's rate 0.5: mix = (0 - 0.5) * 0.5 for a, 0 for b
-    assert d.mix[1] == pytest.approx(-0.25) and d.rate[1] == 0.0
+    assert d.mix[0, 1] == pytest.approx(-0.25) and d.rate[0, 1] == 0.0
 
 
 def test_the_intervals_cover_the_planted_terms_at_their_nominal_rate() -> None:
@@ -135,9 +136,9 @@ def test_the_intervals_cover_the_planted_terms_at_their_nominal_rate() -> None:
             positives = rng.binomial(sizes, r)
             counts[:, :, PRED_POS], counts[:, :, PRED_NEG] = positives, sizes - positives
             periods.append(counts)
-        d = decompose(periods[0], periods[1], 0, 1, "selection_rate")
-        covered_mix += np.abs(d.mix - true_mix) <= 1.959963984540054 * d.mix_se
-        covered_rate += np.abs(d.rate - true_rate) <= 1.959963984540054 * d.rate_se
+        d = decompose(periods[0], periods[1], [0], [1], "selection_rate")
+        covered_mix += np.abs(d.mix[0] - true_mix) <= 1.959963984540054 * d.mix_se[0]
+        covered_rate += np.abs(d.rate[0] - true_rate) <= 1.959963984540054 * d.rate_se[0]
     coverage = np.concatenate([covered_mix, covered_rate]) / draws
     # the third segment's rate term is 0 by construction (no change at all): its coverage is checked as the others
     assert coverage.min() >= 0.93 and coverage.max() <= 0.975, coverage

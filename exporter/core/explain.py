@@ -19,12 +19,13 @@ is Goodman's, ``x^2 var(y) + y^2 var(x) + var(x) var(y)``. Pure functions, no I/
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from exporter.core.attributes import Attribute
 from exporter.core.encoding import value_text
@@ -72,10 +73,11 @@ class SegmentValues:
 
 @dataclass(frozen=True)
 class Decomposition:
-    """One comparison's change split over one segment column's values (arrays aligned with the values)."""
+    """Pairs of groups' changes split over one segment column's values: arrays ``(n_pairs,)`` for the gaps and
+    ``(n_pairs, n_values)`` for the terms."""
 
-    baseline: float
-    current: float
+    baseline: FloatArray
+    current: FloatArray
     mix: FloatArray
     rate: FloatArray
     mix_se: FloatArray
@@ -84,27 +86,29 @@ class Decomposition:
     """Per value, group a's own rate term (``rate_as``): which group's rate moved."""
 
     @property
-    def change(self) -> float:
+    def change(self) -> FloatArray:
         return self.current - self.baseline
 
 
-def decompose(baseline: NDArray, current: NDArray, a: int, b: int, rate: str) -> Decomposition:
-    """The change of ``rate_a - rate_b`` between two counts arrays of shape ``(n_groups, n_values, N_COUNTS)``
-    (per group and segment value), split per value into mix and rate terms with their standard errors.
+def decompose(baseline: NDArray, current: NDArray, a: ArrayLike, b: ArrayLike, rate: str) -> Decomposition:
+    """The change of ``rate_a - rate_b`` for pairs ``(a[i], b[i])`` between two counts arrays of shape
+    ``(n_groups, n_values, N_COUNTS)`` (per group and segment value), split per value into mix and rate terms with
+    their standard errors.
 
     >>> base = np.zeros((2, 2, 6), int); cur = np.zeros((2, 2, 6), int)
     >>> base[0, :, :2] = [[5, 5], [5, 5]]; base[1, :, :2] = [[5, 5], [5, 5]]  # both 0.5 in both segments
     >>> cur[0, :, :2] = [[9, 1], [5, 5]]; cur[1, :, :2] = [[5, 5], [5, 5]]    # a's rate in segment 0 rose to 0.9
-    >>> d = decompose(base, cur, 0, 1, "selection_rate")
-    >>> round(d.change, 3), d.mix.round(3).tolist(), d.rate.round(3).tolist()
-    (0.2, [0.0, 0.0], [0.2, 0.0])
+    >>> d = decompose(base, cur, [0], [1], "selection_rate")
+    >>> d.change.round(3).tolist(), d.mix.round(3).tolist(), d.rate.round(3).tolist()
+    ([0.2], [[0.0, 0.0]], [[0.2, 0.0]])
     """
-    k0, n0 = rate_counts(np.asarray(baseline)[[a, b]], rate)  # (2 groups, n_values)
-    k1, n1 = rate_counts(np.asarray(current)[[a, b]], rate)
-    total0, total1 = n0.sum(axis=1, keepdims=True), n1.sum(axis=1, keepdims=True)
+    groups = np.stack([np.atleast_1d(np.asarray(a, np.int64)), np.atleast_1d(np.asarray(b, np.int64))], axis=1)
+    k0, n0 = rate_counts(np.asarray(baseline)[groups], rate)  # (n_pairs, 2 groups, n_values)
+    k1, n1 = rate_counts(np.asarray(current)[groups], rate)
+    total0, total1 = n0.sum(axis=-1, keepdims=True), n1.sum(axis=-1, keepdims=True)
     w0, w1 = ratio(n0, total0), ratio(n1, total1)
     r0, r1 = ratio(k0, n0), ratio(k1, n1)
-    g0, g1 = ratio(k0.sum(axis=1), total0[:, 0]), ratio(k1.sum(axis=1), total1[:, 0])
+    g0, g1 = ratio(k0.sum(axis=-1), total0[..., 0]), ratio(k1.sum(axis=-1), total1[..., 0])
     copy0, copy1 = (n0 == 0) & (n1 > 0), (n1 == 0) & (n0 > 0)
     r0, r1 = np.where(copy0, r1, r0), np.where(copy1, r0, r1)
     empty = (n0 == 0) & (n1 == 0)
@@ -125,13 +129,13 @@ def decompose(baseline: NDArray, current: NDArray, a: int, b: int, rate: str) ->
     var_mix = mean_r**2 * var_w + diff_w**2 * var_mean_r + var_w * var_mean_r
     var_rate = diff_r**2 * var_w / 4.0 + mean_w**2 * var_diff_r + var_w / 4.0 * var_diff_r
     return Decomposition(
-        baseline=float(g0[0] - g0[1]),
-        current=float(g1[0] - g1[1]),
-        mix=mix[0] - mix[1],
-        rate=within[0] - within[1],
-        mix_se=np.sqrt(var_mix.sum(axis=0)),
-        rate_se=np.sqrt(var_rate.sum(axis=0)),
-        group_rate=within[0],
+        baseline=g0[:, 0] - g0[:, 1],
+        current=g1[:, 0] - g1[:, 1],
+        mix=mix[:, 0] - mix[:, 1],
+        rate=within[:, 0] - within[:, 1],
+        mix_se=np.sqrt(var_mix.sum(axis=1)),
+        rate_se=np.sqrt(var_rate.sum(axis=1)),
+        group_rate=within[:, 0],
     )
 
 
@@ -144,18 +148,24 @@ _RATE_WORDS: Final = {"selection_rate": "selection rate", "true_positive_rate": 
 
 
 def explainable(metrics: Iterable[str]) -> list[str]:
-    """The metrics whose change is explained: the differences (a ratio's change does not split into sums)."""
-    return [m for m in metrics if METRICS[m].kind == "difference"]
+    """The metrics whose change is explained: the differences of the metric table (a ratio's change does not split
+    into sums; a conditional metric is no difference of two rates)."""
+    return [m for m in metrics if m in METRICS and METRICS[m].kind == "difference"]
 
 
 def explanations(attribute: Attribute, metrics: Iterable[str], segments: SegmentCounts) -> list[dict[str, Any]]:
-    """One JSON-ready explanation per explainable metric, rate of it, and configured pair of ``attribute``."""
+    """One JSON-ready explanation per explainable metric, rate of it, and configured pair of ``attribute``; each
+    rate is decomposed once, for every pair at once."""
+    a, b = (np.array([p[i] for p in attribute.pairs], np.int64) for i in (0, 1))
+    decomposed: dict[str, dict[str, Decomposition]] = {}
     out = []
     for metric in explainable(metrics):
         for rate in METRICS[metric].rates:
-            for a, b in attribute.pairs:
-                parts = {col: (names, decompose(base, cur, a, b, rate)) for col, (names, base, cur) in segments.items()}
-                out.append(_explanation(attribute, metric, rate, (a, b), parts))
+            if rate not in decomposed:
+                decomposed[rate] = {col: decompose(base, cur, a, b, rate) for col, (_, base, cur) in segments.items()}
+            for k, pair in enumerate(attribute.pairs):
+                parts = {col: (segments[col][0], d) for col, d in decomposed[rate].items()}
+                out.append(_explanation(attribute, metric, rate, pair, k, parts))
     return out
 
 
@@ -163,47 +173,42 @@ def _number(x: float) -> float | None:
     return None if not np.isfinite(x) else float(x)
 
 
-def _explanation(attribute: Attribute, metric: str, rate: str, pair: tuple[int, int],
+def _explanation(attribute: Attribute, metric: str, rate: str, pair: tuple[int, int], k: int,
                  parts: Mapping[str, tuple[Sequence[str], Decomposition]]) -> dict[str, Any]:  # fmt: skip
+    """The explanation of pair ``k`` of the decompositions."""
     group_a, group_b = (attribute.groups[i] for i in pair)
     first = next(iter(parts.values()))[1] if parts else None
+    baseline, current = (float(first.baseline[k]), float(first.current[k])) if first else (math.nan, math.nan)
+    change = current - baseline
     rows: list[dict[str, Any]] = []
-    for column, (names, d) in parts.items():
-        for i, value in enumerate(names):
-            rows.append({
-                "column": column, "value": value, "mix": float(d.mix[i]), "rate": float(d.rate[i]),
-                "mix_ci_95": [float(d.mix[i] - Z_95 * d.mix_se[i]), float(d.mix[i] + Z_95 * d.mix_se[i])],
-                "rate_ci_95": [float(d.rate[i] - Z_95 * d.rate_se[i]), float(d.rate[i] + Z_95 * d.rate_se[i])],
-                "_group_rate": float(d.group_rate[i]),
-            })  # fmt: skip
-    defined = first is not None and np.isfinite(first.change)
-    if not defined:
-        rows = []
+    if math.isfinite(change):
+        for column, (names, d) in parts.items():
+            mix, within, own = d.mix[k].tolist(), d.rate[k].tolist(), d.group_rate[k].tolist()
+            mix_half, rate_half = (Z_95 * d.mix_se[k]).tolist(), (Z_95 * d.rate_se[k]).tolist()
+            rows.extend({"column": column, "value": value, "mix": m, "rate": r, "mix_ci_95": [m - mh, m + mh],
+                         "rate_ci_95": [r - rh, r + rh], "_group_rate": g}
+                        for value, m, r, mh, rh, g in zip(names, mix, within, mix_half, rate_half, own, strict=True))
     rows.sort(key=lambda r: -max(abs(r["mix"]), abs(r["rate"])))
-    explanation = {
-        "attribute": attribute.name,
-        "metric": metric,
-        "rate": rate,
-        "comparison": f"{group_a} vs {group_b}",
-        "baseline_value": _number(first.baseline) if first else None,
-        "current_value": _number(first.current) if first else None,
-        "change": _number(first.change) if first else None,
-        "summary": _sentence(rate, group_a, group_b, first, rows, parts) if defined and first else
+    summary = _sentence(rate, group_a, group_b, (baseline, current), rows, parts, k) if rows else (
         f"the {_RATE_WORDS[rate]} gap {group_a} vs {group_b} is undefined in a period (a group without "
-        f"{'rows' if rate == 'selection_rate' else 'trials of the rate'}), or no segment column is configured",
-        "segments": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
-    }
-    return explanation
+        f"{'rows' if rate == 'selection_rate' else 'trials of the rate'}), or no segment column is configured")
+    for r in rows:
+        del r["_group_rate"]
+    return {"attribute": attribute.name, "metric": metric, "rate": rate, "comparison": f"{group_a} vs {group_b}",
+            "baseline_value": _number(baseline), "current_value": _number(current), "change": _number(change),
+            "summary": summary, "segments": rows}  # fmt: skip
 
 
-def _sentence(rate: str, group_a: str, group_b: str, first: Decomposition, rows: list[dict[str, Any]],
-              parts: Mapping[str, tuple[Sequence[str], Decomposition]]) -> str:  # fmt: skip
+def _sentence(rate: str, group_a: str, group_b: str, gaps: tuple[float, float], rows: list[dict[str, Any]],
+              parts: Mapping[str, tuple[Sequence[str], Decomposition]], k: int) -> str:  # fmt: skip
     """One sentence naming the largest term: ``the selection rate gap f vs m rose by 0.060 (0.030 to 0.090):
     +0.050 from f's selection rate within channel=broker, +0.010 from the mix over channel``; a mix term is named as
     ``the share of rows in channel=broker``."""
     word = _RATE_WORDS[rate]
-    head = (f"the {word} gap {group_a} vs {group_b} {'rose' if first.change >= 0 else 'fell'} by "
-            f"{abs(first.change):.3f} ({first.baseline:.3f} to {first.current:.3f})")  # fmt: skip
+    baseline, current = gaps
+    change = current - baseline
+    head = (f"the {word} gap {group_a} vs {group_b} {'rose' if change >= 0 else 'fell'} by "
+            f"{abs(change):.3f} ({baseline:.3f} to {current:.3f})")  # fmt: skip
     top = rows[0]
     kind = "rate" if abs(top["rate"]) >= abs(top["mix"]) else "mix"
     column, value = top["column"], top["value"]
@@ -214,8 +219,8 @@ def _sentence(rate: str, group_a: str, group_b: str, first: Decomposition, rows:
     else:
         what = f"the share of rows in {column}={value}"
     d = parts[column][1]
-    other_kind = float((d.mix if kind == "rate" else d.rate).sum())
-    rest = float((d.rate if kind == "rate" else d.mix).sum()) - top[kind]
+    other_kind = float((d.mix if kind == "rate" else d.rate)[k].sum())
+    rest = float((d.rate if kind == "rate" else d.mix)[k].sum()) - top[kind]
     clauses = [f"{top[kind]:+.3f} from {what}"]
     if abs(other_kind) >= 0.0005:
         clauses.append(f"{other_kind:+.3f} from the {'mix' if kind == 'rate' else 'rates'} over {column}")
