@@ -248,9 +248,8 @@ def parse_segments(raw: dict[str, Any], errors: Errors) -> tuple[tuple[str, ...]
     for key in ("segments", "strata"):
         value = raw.get(key)
         columns: list[str] = []
-        if value is not None and not (isinstance(value, list) and value
-                                      and all(isinstance(c, str) and c for c in value)):  # fmt: skip
-            errors.add(key, f"{value!r} is not a non-empty list of column names")
+        if value is not None and not (isinstance(value, list) and all(isinstance(c, str) and c for c in value)):
+            errors.add(key, f"{value!r} is not a list of column names")
         elif value is not None:
             columns = list(dict.fromkeys(value))
         out.append(tuple(columns))

@@ -84,6 +84,8 @@ class Decomposition:
     rate_se: FloatArray
     group_rate: FloatArray
     """Per value, group a's own rate term (``rate_as``): which group's rate moved."""
+    trials: NDArray[np.int64]
+    """Per value, the rate's trials of both groups in both periods (a value without any is left out)."""
 
     @property
     def change(self) -> FloatArray:
@@ -136,6 +138,7 @@ def decompose(baseline: NDArray, current: NDArray, a: ArrayLike, b: ArrayLike, r
         mix_se=np.sqrt(var_mix.sum(axis=1)),
         rate_se=np.sqrt(var_rate.sum(axis=1)),
         group_rate=within[:, 0],
+        trials=(n0 + n1).sum(axis=1),
     )
 
 
@@ -187,7 +190,8 @@ def _explanation(attribute: Attribute, metric: str, rate: str, pair: tuple[int, 
             mix_half, rate_half = (Z_95 * d.mix_se[k]).tolist(), (Z_95 * d.rate_se[k]).tolist()
             rows.extend({"column": column, "value": value, "mix": m, "rate": r, "mix_ci_95": [m - mh, m + mh],
                          "rate_ci_95": [r - rh, r + rh], "_group_rate": g}
-                        for value, m, r, mh, rh, g in zip(names, mix, within, mix_half, rate_half, own, strict=True))
+                        for value, m, r, mh, rh, g, n in zip(names, mix, within, mix_half, rate_half, own,
+                                                              d.trials[k].tolist(), strict=True) if n)  # fmt: skip
     rows.sort(key=lambda r: -max(abs(r["mix"]), abs(r["rate"])))
     summary = _sentence(rate, group_a, group_b, (baseline, current), rows, parts, k) if rows else (
         f"the {_RATE_WORDS[rate]} gap {group_a} vs {group_b} is undefined in a period (a group without "
