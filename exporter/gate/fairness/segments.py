@@ -78,21 +78,27 @@ class SegmentTally:
                 self.cells[attribute.name, key] = self.cells.get((attribute.name, key), 0) + found
 
     def _codes(self, key: str, arrays: list[pa.Array]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each row's value code, whether its value overflowed the cap, whether it is missing."""
+        """Each row's value code, whether its value overflowed the cap, whether it is missing: the table is asked
+        once per distinct value (per distinct combination of the strata's columns), in order of first sight."""
         table = self.tables[key]
         parts = [col.distinct(a) for a in arrays]
-        stacked = np.stack([indices.astype(np.int64) for indices, _ in parts])
-        combos, rows = np.unique(stacked, axis=1, return_inverse=True)
-        lut, over, blank = [], [], []
-        for combo in combos.T:
-            values = [vals[i] if i >= 0 else None for i, (_, vals) in zip(combo, parts, strict=True)]
-            gap = any(col.is_missing(v) for v in values)
-            code, overflowed = table.code(None if gap else STRATA_SEP.join(value_text(v) for v in values))
-            lut.append(code)
-            over.append(overflowed)
-            blank.append(gap)
+        combined = np.zeros(len(arrays[0]), np.int64)
+        for indices, values in parts:  # a mixed-radix number of each column's index (+1: missing is 0)
+            combined = combined * (len(values) + 1) + (indices.astype(np.int64) + 1)
+        combos, first, rows = np.unique(combined, return_index=True, return_inverse=True)
+        lut = np.empty(len(combos), np.int64)
+        over = np.zeros(len(combos), bool)
+        blank = np.zeros(len(combos), bool)
+        for k in np.argsort(first, kind="stable").tolist():  # first sight decides who gets a code under the cap
+            digits, rest = [], int(combos[k])
+            for _, values in reversed(parts):
+                rest, digit = divmod(rest, len(values) + 1)
+                digits.append(values[digit - 1] if digit else None)
+            chosen = digits[::-1]
+            blank[k] = any(col.is_missing(v) for v in chosen)
+            lut[k], over[k] = table.code(None if blank[k] else STRATA_SEP.join(value_text(v) for v in chosen))
         rows = rows.reshape(-1)
-        return np.array(lut, np.int64)[rows], np.array(over, bool)[rows], np.array(blank, bool)[rows]
+        return lut[rows], over[rows], blank[rows]
 
     def counts(self, attribute_name: str, key: str) -> tuple[tuple[str, ...], np.ndarray]:
         """The value names of a key and the core's counts ``(n_groups, n_values, N_COUNTS)`` of an attribute's groups
