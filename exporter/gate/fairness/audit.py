@@ -263,6 +263,8 @@ def run_audit(
         config = load_config(config)
     if isinstance(config, Config):
         config = config.model(model_id)
+    if engine == "spark" and (config.segments or config.strata):
+        raise DataError("segments and strata are counted by the local engine only: audit without --engine spark")
     data_file: str | None = None
     manifest: Manifest | None = None
     weights = None
@@ -279,8 +281,6 @@ def run_audit(
         manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
     segmented = SegmentTally(config) if config.segments or config.strata else None
-    if segmented is not None and weights is not None:
-        raise DataError("segments and strata are counted by the local engine only: audit without --engine spark")
     if baseline is not None and not config.segments:
         raise DataError(f"{config.source}: --baseline explains a gap's change over the config's segments: "
                         "name the columns in segments: [...]")  # fmt: skip
