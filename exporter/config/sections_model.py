@@ -48,7 +48,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     version = get(raw, "model_version", None, errors, "", text)
     estimation = parse_estimation(raw, events, errors)
     segments, segment_values, strata = parse_segments(raw, errors)
-    check_conditional(metrics, segments, strata, errors)
+    check_conditional(metrics, strata, errors)
     if model_id is None:
         return None
     return ModelSpec(
@@ -267,13 +267,9 @@ def _segment_cap(value: Any) -> int:
     return value
 
 
-def check_conditional(metrics: list[MetricSpec], segments: tuple[str, ...], strata: tuple[str, ...],
-                      errors: Errors) -> None:  # fmt: skip
-    """A conditional metric needs ``strata:``; the gate computes it and explains with ``segments:``, the daemon does
-    neither yet (a note, so a daemon's operator is told)."""
-    if segments:
-        errors.note("segments", "counted by the gate (audit --baseline) only: the daemon does not explain changes "
-                                "yet (docs/ml/explanations.md)")  # fmt: skip
+def check_conditional(metrics: list[MetricSpec], strata: tuple[str, ...], errors: Errors) -> None:
+    """A conditional metric needs ``strata:``; the gate computes it, the daemon does not yet (a note, so a
+    daemon's operator is told)."""
     for spec in metrics:
         if spec.name not in CONDITIONAL_METRICS:
             continue

@@ -238,6 +238,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         **({"estimation_counts": True} if model.estimation is not None else {}),
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
+        # counts per segment value: their columns and cap are the shape (and meaning) of that axis
+        **({"segments": list(model.segments), "segment_values": model.segment_values} if model.segments else {}),
     }
 
 

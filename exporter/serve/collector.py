@@ -6,6 +6,7 @@ by itself. Each snapshot is serialised once (CachedExposition); a scrape never t
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.estimated import calibration_detector_families, estimated_families
-from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
+from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, EXPLANATIONS, MAX_FORMATS, Page, Pages
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
 _CI = "95% interval"
@@ -298,8 +299,11 @@ class CachedExposition:
         families are built once, whatever the number of formats."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collected(list(SnapshotCollector(lambda: snapshot, self.every).collect())))
+        explained = {m.model_id: m.explained for m in snapshot.models if m.explained is not None}
         with self._rendering:
             texts = {kind: encoder(registry) for kind, encoder in self._encoders.items()}
+            if explained:
+                texts[EXPLANATIONS] = json.dumps(explained, allow_nan=False).encode()
             self._current = (registry, self._current[1] + 1, texts)
 
     def ask(self, accept: str) -> str:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.serve.self_metrics import Health
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
+from exporter.stream.state.segments import explain
 from exporter.stream.state.window import Detection
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class Snapshot:
     """The configured version of the model (fairness_model_info)."""
     estimated: tuple[tuple[str, estimate.Estimated], ...] = ()
     """(window, estimated comparisons) per window and attribute, for a model that estimates (estimation:)."""
+    explained: dict[str, Any] | None = None
+    """Per window, why each gap moved since the window before it (``segments:``; /explain serves it)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         windows = store.window_counts(now)
         window_scores = store.window_scores(now)
         estimation = store.window_estimate_counts(now) if reference is not None else {}
+        by_segment = store.segments.snapshot(now) if spec.segments else None
     keys, blocks = [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
@@ -94,7 +99,9 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
                     store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores),
                     model_version=spec.model_version,
                     estimated=estimated(spec, reference, estimation, store.layout.split)
-                    if reference is not None and estimation else ())  # fmt: skip
+                    if reference is not None and estimation else (),
+                    explained=explain(spec, by_segment, store.segments, store.layout.split)
+                    if by_segment is not None else None)  # fmt: skip
 
 
 class Computer:

@@ -76,6 +76,8 @@ class DecodedBatch:
     prediction_ids: list[Any]
     codes: dict[str, np.ndarray]
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
+    segments: dict[str, list[Any]] = field(default_factory=dict)
+    """Per segment column (``segments:``): every accepted event's value (None: missing), coded by the window store."""
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: Counter[str] = field(default_factory=Counter)
     """Events of no model of ours (another model's, or none), by reason (decode.route.IGNORE_REASONS)."""
@@ -184,6 +186,7 @@ class EventDecoder:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
             outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
+            segments = {c: list(map(g.get(f"seg:{c}") or g[f"attr:{c}"], structs)) for c in self.model.segments}
             codes = []
             for column, table, unknown in self._tables:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
@@ -195,11 +198,12 @@ class EventDecoder:
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
+            segments = {c: [] for c in self.model.segments}
         if self._threshold is None or not structs:
             scores = np.zeros(0)
 
         if walked:
-            rows: list[tuple[int, float, int, int, Any, list[int], float]] = []
+            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any]]] = []
             for i in sorted(walked):
                 outcome = self.judge(values[i], latest)
                 if outcome in IGNORE_REASONS:
@@ -221,6 +225,9 @@ class EventDecoder:
                          for k, c in enumerate(codes)]  # fmt: skip
                 if self._threshold is not None:
                     scores = np.concatenate([scores, [r[6] for r in rows]])[order]
+                for k, c in enumerate(self.model.segments):
+                    merged = segments[c] + [r[7][k] for r in rows]
+                    segments[c] = [merged[i] for i in order.tolist()]
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
@@ -231,6 +238,7 @@ class EventDecoder:
             outcomes=outcomes.astype(np.int64, copy=False),
             prediction_ids=ids,
             codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
+            segments=segments,
             rejected=rejected,
             ignored=ignored,
             rejected_payloads=bad,
@@ -238,7 +246,7 @@ class EventDecoder:
             positions=np.asarray(at, dtype=np.int64),
         )
 
-    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
+    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
         """:meth:`_walk`, and ``undecodable`` for a value it raised on (logged): one value's failure is its own."""
         try:
             return self._walk(raw, latest)
@@ -249,10 +257,10 @@ class EventDecoder:
                 log.warning("event rejected as undecodable (%s: %.200s); its batch reads on", type(exc).__name__, exc)
             return "undecodable"
 
-    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float]:
+    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
         """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
         reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or
-        NaN)``."""
+        NaN, segment values)``."""
         try:
             event = orjson.loads(raw)
         except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value); nested past 1024 levels
@@ -299,4 +307,5 @@ class EventDecoder:
             v = attrs.get(column)
             code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
             codes.append(unknown if code is None else code)
-        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score)
+        segments = [attrs.get(c) for c in self.model.segments]
+        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score), segments

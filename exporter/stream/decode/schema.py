@@ -39,7 +39,8 @@ def paths_of(events: EventFields) -> tuple[str, ...]:
 
 def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the models' paths (one set: see :func:`paths_of`), and the attribute path of each role
-    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``) in it; None when the paths
+    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``, ``seg:<column>`` for a segment
+    column that is no attribute's) in it; None when the paths
     overlap in a way a Struct cannot hold (a field that is both a value and an object), where every event is walked.
     ``strict``: only these models' events, and only their configured group names (or none) as attribute values."""
     f = models[0].events
@@ -69,10 +70,12 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
     for column, groups in columns.items():
         roles[f"attr:{column}"] = (f"{f.attributes}.{column}",
                                    Literal[tuple(sorted(groups))] | None if strict else str | None)
+    for column in sorted({c for m in models for c in m.segments} - set(columns)):  # any text: a segment's value
+        roles[f"seg:{column}"] = (f"{f.attributes}.{column}", str | None)
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():
-        *parents, leaf = path.split(".") if not role.startswith("attr:") else [*f.attributes.split("."),
-                                                                                role[len("attr:"):]]
+        *parents, leaf = path.split(".") if not role.startswith(("attr:", "seg:")) else [*f.attributes.split("."),
+                                                                                          role.split(":", 1)[1]]
         node = tree
         for key in parents:
             child = node.setdefault(key, {})

@@ -20,6 +20,7 @@ from exporter.config import ModelSpec, Windowing
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, Calibration, score_bins
 from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
 from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
+from exporter.stream.state.segments import SegmentCounts
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class WindowStore:
         self.detectors = DetectorBank(model, windowing, self.layout.offsets, self.layout.n_rows)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0,
                                    np.zeros_like(self.estimate_totals))  # fmt: skip
+        self.segments = SegmentCounts(model, windowing, self.layout.n_rows)
+        """Counts per (subgroup x segment value) for the explanations (``segments:``), in coarser buckets."""
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -104,10 +107,11 @@ class WindowStore:
 
     def add(
         self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
-        now: float, scores: np.ndarray | None = None,
+        now: float, scores: np.ndarray | None = None, segment_codes: np.ndarray | None = None,
     ) -> int:  # fmt: skip
-        """Count a decoded batch (and its scores, when the store keeps score histograms); return how many events
-        were late (and therefore not counted)."""
+        """Count a decoded batch (and its scores, when the store keeps score histograms; its segment values'
+        codes, :meth:`SegmentCounts.codes`, when the model has segments); return how many events were late (and
+        therefore not counted)."""
         buckets = self.bucket_of(timestamps)
         predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
@@ -117,6 +121,9 @@ class WindowStore:
             rows = self._rows({k: v[on_time] for k, v in codes.items()})
             self._count(buckets[on_time], rows, predicted[on_time])
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
+            if segment_codes is not None:
+                self._count_segments(np.asarray(timestamps)[on_time], rows, predicted[on_time], outcome[on_time],
+                                     segment_codes[on_time], now)  # fmt: skip
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
                 bins = self.estimate_bins(scores[on_time])
@@ -131,14 +138,18 @@ class WindowStore:
         return late
 
     def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray,
-                   bins: np.ndarray | None = None) -> int:  # fmt: skip
+                   bins: np.ndarray | None = None, segment_codes: np.ndarray | None = None) -> int:  # fmt: skip
         """Count joined ground truth in its prediction's bucket (and score bin, when ``bins`` holds the predictions'
-        bins, -1 for none); return how many predictions had left the ring (those still count in the totals)."""
+        bins, -1 for none; and segment values, when the prediction waited with their codes); return how many
+        predictions had left the ring (those still count in the totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
             rows = self._rows(codes)
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
+            if segment_codes is not None:
+                self._count_segments(np.asarray(timestamps)[in_ring], {k: v[in_ring] for k, v in rows.items()},
+                                     None, outcomes[in_ring], segment_codes[in_ring], self.head * self.bucket_seconds)
             if self.estimate_counts.shape[2] and bins is not None:
                 k = in_ring & (bins >= 0) & (outcomes >= 0)
                 predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
@@ -196,6 +207,15 @@ class WindowStore:
             cell = ((rows[name] * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column
             np.add.at(flat, slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell, 1)
             np.add.at(totals, cell, 1)
+
+    def _count_segments(self, timestamps: np.ndarray, rows: dict[str, np.ndarray], predicted: np.ndarray | None,
+                        outcome: np.ndarray, segment_codes: np.ndarray, now: float) -> None:  # fmt: skip
+        """Count events on time in the segment ring: their predicted class (unless None) and their outcome."""
+        if predicted is not None:
+            self.segments.add(timestamps, rows, predicted, segment_codes, now)
+        labelled = outcome >= 0
+        self.segments.add(timestamps[labelled], {k: v[labelled] for k, v in rows.items()}, outcome[labelled],
+                          segment_codes[labelled], now)  # fmt: skip
 
     def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
@@ -311,7 +331,7 @@ class WindowStore:
                            "estimate_totals": self.estimate_totals.copy()}
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
-                    **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
+                    **(scores if self.score_counts.shape[2] else {}), **self.segments.state()}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         """Load what :meth:`state` produced."""
@@ -327,6 +347,7 @@ class WindowStore:
                 self.estimate_totals[...] = state["estimate_totals"]
             self.head = int(state["head"])
             self.detection = Detection.restore(state, self.detectors, self.totals)
+            self.segments.restore(state)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""

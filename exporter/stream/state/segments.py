@@ -1,0 +1,154 @@
+"""A model's counts per (subgroup x segment value), for the explanations of a gap's change (``segments:``).
+
+One more axis of the window store's additive counts, in a ring of its own with coarser buckets: the longest window
+over :data:`BUCKETS_PER_WINDOW` (a whole number of the store's buckets). At the store's 1-minute buckets, three
+columns of 20 values at 100 models would hold 7.8 GB (bench/explain.py); at 1-hour buckets for a 24h window, 131 MB.
+The ring holds two of each window (the current one and the one a period before it, the baseline) plus the allowed
+lateness. Each column's values are coded by a bounded table (:class:`exporter.core.explain.SegmentValues`) kept with
+the counts in the checkpoint, so a code means the same value after a restart; values past the cap and missing ones
+count as ``other``, and are counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from exporter.config import ModelSpec, Windowing
+from exporter.core.explain import SegmentValues, explanations
+from exporter.core.fairness import N_COUNTS
+
+BUCKETS_PER_WINDOW: Final = 24
+"""Buckets of the segment ring in the longest window: its explanations' resolution in time."""
+
+
+def segment_bucket_seconds(windowing: Windowing) -> int:
+    """The width of the segment ring's buckets: the longest window over :data:`BUCKETS_PER_WINDOW`, in whole buckets
+    of the window store (at least one)."""
+    bucket = windowing.bucket_seconds
+    return int(max(bucket, windowing.longest_seconds // BUCKETS_PER_WINDOW // bucket * bucket))
+
+
+class SegmentCounts:
+    """The ring ``(buckets, subgroup rows, columns x (cap + 1) values, N_COUNTS)`` and each column's value table;
+    empty (no axis at all) for a model without segments. Guarded by the window store's lock."""
+
+    def __init__(self, model: ModelSpec, windowing: Windowing, n_rows: int) -> None:
+        self.columns = model.segments
+        self.width = model.segment_values + 1
+        self.tables = {c: SegmentValues(model.segment_values) for c in self.columns}
+        self.bucket_seconds = segment_bucket_seconds(windowing)
+        self.window_buckets = {w.name: max(1, round(w.seconds / self.bucket_seconds)) for w in windowing.windows}
+        lateness = math.ceil(windowing.allowed_lateness_seconds / self.bucket_seconds)
+        self.n_buckets = 2 * max(self.window_buckets.values(), default=1) + lateness + 1 if self.columns else 0
+        self.counts = np.zeros((self.n_buckets, n_rows, len(self.columns) * self.width, N_COUNTS), np.int64)
+        self.bucket_ids = np.full(self.n_buckets, -1, np.int64)
+        self.head = -1
+        self.overflow_rows = np.zeros(len(self.columns), np.int64)
+        self.missing_rows = np.zeros(len(self.columns), np.int64)
+
+    def codes(self, values: Mapping[str, Sequence[Any]]) -> np.ndarray:
+        """Each event's value code per column ``(n_events, n_columns)``, offset to the column's block of values;
+        counts the events whose value overflowed the cap or is missing."""
+        out = []
+        for k, column in enumerate(self.columns):
+            table, found = self.tables[column], values[column]
+            coded = [table.code(v) for v in found]
+            self.overflow_rows[k] += sum(over for _, over in coded)
+            self.missing_rows[k] += sum(v is None for v in found)
+            out.append(np.fromiter((code for code, _ in coded), np.int64, len(coded)) + k * self.width)
+        return np.stack(out, axis=1) if out else np.zeros((0, 0), np.int64)
+
+    def add(self, timestamps: np.ndarray, rows: Mapping[str, np.ndarray], columns: np.ndarray, codes: np.ndarray,
+            now: float) -> None:  # fmt: skip
+        """Count events (already on time for the window store) in their bucket: each attribute's state row, its
+        count column, its value codes."""
+        if not self.columns or not len(timestamps):
+            return
+        buckets = np.floor(np.asarray(timestamps) / self.bucket_seconds).astype(np.int64)
+        self._advance(max(math.floor(now / self.bucket_seconds), int(buckets.max())))
+        keep = buckets > self.head - self.n_buckets
+        slots = buckets[keep] % self.n_buckets
+        self.bucket_ids[slots] = buckets[keep]
+        n_rows, n_values = self.counts.shape[1], self.counts.shape[2]
+        flat = self.counts.reshape(-1)
+        for row in rows.values():
+            for k in range(codes.shape[1]):
+                cell = (slots * n_rows + row[keep]) * n_values + codes[keep, k]
+                np.add.at(flat, cell * N_COUNTS + columns[keep], 1)
+
+    def _advance(self, head: int) -> None:
+        if head <= self.head:
+            return
+        self.head = head
+        stale = (self.bucket_ids >= 0) & (self.bucket_ids <= head - self.n_buckets)
+        self.counts[stale] = 0
+        self.bucket_ids[stale] = -1
+
+    def windows(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per window: the baseline's and the current's counts ``(n_rows, n_columns x (cap + 1), N_COUNTS)``, the
+        current being the window's last buckets up to the head (advanced to ``now``), the baseline the same length
+        before them."""
+        self._advance(math.floor(now / self.bucket_seconds))
+        out = {}
+        for name, k in self.window_buckets.items():
+            current = [(self.head - i) % self.n_buckets for i in range(k)]
+            baseline = [(self.head - k - i) % self.n_buckets for i in range(k)]
+            out[name] = (self.counts[baseline].sum(axis=0), self.counts[current].sum(axis=0))
+        return out
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The checkpoint's arrays: the ring, and each column's values in code order."""
+        if not self.columns:
+            return {}
+        return {"segment_counts": self.counts.copy(), "segment_bucket_ids": self.bucket_ids.copy(),
+                "segment_head": np.array(self.head), "segment_overflow": self.overflow_rows.copy(),
+                "segment_missing": self.missing_rows.copy(),
+                **{f"segment_values_{k}": np.array(self.tables[c].values, dtype=np.str_)
+                   for k, c in enumerate(self.columns)}}  # fmt: skip
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        """Load what :meth:`state` produced (the layout check made sure the columns and cap are the same)."""
+        if not self.columns or "segment_counts" not in state:
+            return
+        self.counts[...] = state["segment_counts"]
+        self.bucket_ids[...] = state["segment_bucket_ids"]
+        self.head = int(state["segment_head"])
+        self.overflow_rows[...] = state["segment_overflow"]
+        self.missing_rows[...] = state["segment_missing"]
+        for k, c in enumerate(self.columns):
+            self.tables[c] = SegmentValues(self.width - 1, [str(v) for v in state[f"segment_values_{k}"].tolist()])
+
+    def snapshot(self, now: float) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[str, ...]], int]:
+        """Under the store's lock: every window's baseline and current counts, each column's value names, the
+        head bucket (what :func:`explain` needs, copied, so it computes outside the lock)."""
+        windows = self.windows(now)
+        return windows, [self.tables[c].names for c in self.columns], self.head
+
+
+def explain(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[str, ...]], int],
+            counts: SegmentCounts, split: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, Any]:
+    """Per window: when its baseline and current periods are (epoch seconds), and the explanations of every
+    configured difference metric's change from the one to the other (:func:`exporter.core.explain.explanations`,
+    the gate's own), per attribute and pair."""
+    windows, names, head = taken
+    out: dict[str, Any] = {}
+    for window, (baseline, current) in windows.items():
+        k, width = counts.window_buckets[window], counts.width
+        b, c = split(baseline), split(current)
+        found = []
+        for attribute in spec.attributes:
+            n = len(attribute.groups)
+            parts = {}
+            for j, column in enumerate(counts.columns):
+                used = [*range(len(names[j]) - 1), width - 1]
+                block = slice(j * width, (j + 1) * width)
+                parts[column] = (names[j], b[attribute.name][:n, block][:, used], c[attribute.name][:n, block][:, used])
+            found.extend(explanations(attribute, [m.name for m in spec.metrics], parts))
+        edge = (head + 1) * counts.bucket_seconds
+        out[window] = {"baseline": [edge - 2 * k * counts.bucket_seconds, edge - k * counts.bucket_seconds],
+                       "current": [edge - k * counts.bucket_seconds, edge], "explanations": found}  # fmt: skip
+    return out

@@ -1,0 +1,102 @@
+"""The daemon's explanations: counts per (subgroup x segment value) in its windows, and ``GET /explain`` answering
+what the gate's report says of the same rows (a window against the one before it, the gate's --baseline)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+from broker_fixture import produce
+from daemon_config import make_config
+from daemon_fixture import consumed, wait_for
+
+from exporter.daemon import Daemon
+from exporter.devtools.embedded_broker import EmbeddedBroker
+from exporter.gate.fairness.audit import run_audit
+
+CHANNELS = ("broker", "web", "branch")
+SETTINGS: dict[str, Any] = {
+    "segments": ["channel"], "windows": ["10m"], "bucket": "10s", "allowed_lateness": "15m",
+    "metrics": [{"name": "demographic_parity_difference", "threshold": 0.05},
+                {"name": "equal_opportunity_difference", "threshold": 0.05}],
+}  # fmt: skip
+
+
+def _rows(rng: np.random.Generator, n: int, female_broker: float) -> pd.DataFrame:
+    """Rows with a channel; women's selection rate at the broker is ``female_broker``, every other rate 0.5 (0.3 in
+    branches); half the rows labelled."""
+    gender = rng.choice(["male", "female"], n)
+    channel = rng.choice(CHANNELS, n, p=[0.3, 0.5, 0.2])
+    rate = np.where(channel == "branch", 0.3, 0.5)
+    rate = np.where((gender == "female") & (channel == "broker"), female_broker, rate)
+    prediction = (rng.random(n) < rate).astype(int)
+    label = np.where(rng.random(n) < 0.5, -1, np.where(rng.random(n) < 0.8, prediction, 1 - prediction))
+    return pd.DataFrame({"gender": gender, "age": rng.choice(["young", "old"], n), "channel": channel,
+                         "prediction": prediction, "label": label})  # fmt: skip
+
+
+def _events(rows: pd.DataFrame, ts: float, first: int) -> list[bytes]:
+    return [orjson.dumps({"model_id": "m1", "prediction_id": f"p{first + i}", "timestamp": ts,
+                          "prediction": int(r.prediction), "label": None if r.label < 0 else int(r.label),
+                          "attributes": {"gender": r.gender, "age": r.age, "channel": r.channel}})
+            for i, r in enumerate(rows.itertuples())]  # fmt: skip
+
+
+def _explain(port: int, query: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/explain?{query}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _by_segment(explanation: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(s["column"], s["value"]): s for s in explanation["segments"]}
+
+
+def test_explain_answers_the_gates_explanation_of_the_same_rows(kafka_broker: EmbeddedBroker, topic: str,
+                                                                running: Callable[..., Daemon]) -> None:  # fmt: skip
+    rng = np.random.default_rng(3)
+    before, after = _rows(rng, 2000, 0.5), _rows(rng, 2000, 0.2)
+    now = time.time()
+    # the window is the last 10 minutes, its baseline the 10 before: events 14 and 4 minutes old, well inside each
+    produce(kafka_broker.bootstrap_servers, topic, _events(before, now - 840, 0) + _events(after, now - 240, 2000))
+    daemon = running(kafka_broker.bootstrap_servers, topic, **SETTINGS)
+    wait_for(lambda: consumed(daemon.port) == 4000, what="4000 events consumed")
+    daemon.computer.compute()
+
+    status, answer = _explain(daemon.port, "model=m1&attribute=gender&metric=demographic_parity_difference")
+    assert status == 200 and answer["window"] == "10m"
+    assert answer["baseline"][1] == answer["current"][0] and answer["current"][1] - answer["current"][0] == 600
+    unlabelled = {"label": lambda f: f.label.where(f.label >= 0)}
+    report = run_audit(make_config(**SETTINGS).model(), after.assign(**unlabelled),
+                       baseline=before.assign(**unlabelled))
+    gate = [e for e in report["explanations"]
+            if e["attribute"] == "gender" and e["metric"] == "demographic_parity_difference"]  # fmt: skip
+    assert len(answer["explanations"]) == len(gate) == 1
+    got, want = answer["explanations"][0], gate[0]
+    assert (got["comparison"], got["summary"]) == (want["comparison"], want["summary"])
+    for key in ("baseline_value", "current_value", "change"):
+        assert got[key] == pytest.approx(want[key], abs=1e-9)
+    assert _by_segment(got).keys() == _by_segment(want).keys() == {("channel", c) for c in CHANNELS}
+    for key, segment in _by_segment(want).items():
+        for term in ("mix", "rate"):
+            assert _by_segment(got)[key][term] == pytest.approx(segment[term], abs=1e-9)
+            assert _by_segment(got)[key][f"{term}_ci_95"] == pytest.approx(segment[f"{term}_ci_95"], abs=1e-9)
+    assert "female's selection rate within channel=broker" in got["summary"]
+
+    # the labelled metric too (the TPR within channels), and a 404 that says what exists
+    status, tpr = _explain(daemon.port, "model=m1&attribute=gender&metric=equal_opportunity_difference")
+    want_tpr = next(e for e in report["explanations"]
+                    if e["attribute"] == "gender" and e["metric"] == "equal_opportunity_difference")  # fmt: skip
+    assert status == 200 and tpr["explanations"][0]["change"] == pytest.approx(want_tpr["change"], abs=1e-9)
+    status, refused = _explain(daemon.port, "model=m2&attribute=gender&metric=demographic_parity_difference")
+    assert status == 404 and refused["models"] == ["m1"]
