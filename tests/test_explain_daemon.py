@@ -8,6 +8,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 from broker_fixture import produce
 from daemon_config import make_config
 from daemon_fixture import consumed, wait_for
+from prometheus_client import CollectorRegistry
 
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
@@ -100,3 +103,51 @@ def test_explain_answers_the_gates_explanation_of_the_same_rows(kafka_broker: Em
     assert status == 200 and tpr["explanations"][0]["change"] == pytest.approx(want_tpr["change"], abs=1e-9)
     status, refused = _explain(daemon.port, "model=m2&attribute=gender&metric=demographic_parity_difference")
     assert status == 404 and refused["models"] == ["m1"]
+
+
+T0 = 1_800_000_000.0
+
+
+@dataclass
+class _Record:
+    value: bytes
+    offset: int
+
+
+def _make(tmp_path: Path) -> Daemon:
+    config = make_config(kafka={"labels_topic": "labels"}, checkpoint={"path": str(tmp_path / "state")},
+                         **SETTINGS)  # fmt: skip
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.checkpointer.restore()  # what start() does first
+    return daemon
+
+
+def test_delayed_labels_walked_events_and_a_restart_keep_the_explanation(tmp_path: Path) -> None:
+    """Labels that arrive later count in their prediction's segment; a segment value sent as a number (an event the
+    schema hands to the walk) is its text, as in the gate; a checkpoint keeps the counts and each column's values."""
+    rng = np.random.default_rng(5)
+    before, after = _rows(rng, 600, 0.5), _rows(rng, 600, 0.2)
+    for frame in (before, after):
+        frame["channel"] = frame["channel"].astype(object)
+        frame.loc[frame.index[:40], "channel"] = 7  # a number: the gate reads it as "7", the daemon's walk too
+    events = [orjson.loads(e) | {"label": None} for e in _events(before, T0 - 840, 0) + _events(after, T0 - 240, 600)]
+    labels = [{"prediction_id": e["prediction_id"], "label": int(r.label)}
+              for e, r in zip(events, pd.concat([before, after]).itertuples(), strict=True) if r.label >= 0]
+    first = _make(tmp_path)
+    first.ingest.handle("predictions", 0, [_Record(orjson.dumps(e), i) for i, e in enumerate(events)])
+    first.checkpointer.write()
+    second = _make(tmp_path)  # restored: counts, value tables and the predictions waiting for their labels
+    second.ingest.handle("labels", 0, [_Record(orjson.dumps(y), i) for i, y in enumerate(labels)])
+    explained = second.computer.compute().models[0].explained
+    assert explained is not None
+    unlabelled = {"label": lambda f: f.label.where(f.label >= 0)}
+    gate = run_audit(make_config(**SETTINGS).model(), after.assign(**unlabelled), baseline=before.assign(**unlabelled))
+    got = {(e["attribute"], e["metric"], e["comparison"]): e for e in explained["10m"]["explanations"]}
+    assert len(got) == len(gate["explanations"]) == 4
+    for want in gate["explanations"]:
+        e = got[want["attribute"], want["metric"], want["comparison"]]
+        assert e["change"] == pytest.approx(want["change"], abs=1e-9)
+        assert _by_segment(e).keys() == _by_segment(want).keys() and ("channel", "7") in _by_segment(e)
+        for key, segment in _by_segment(want).items():
+            assert (_by_segment(e)[key]["mix"], _by_segment(e)[key]["rate"]) == pytest.approx(
+                (segment["mix"], segment["rate"]), abs=1e-9)
