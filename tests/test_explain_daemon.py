@@ -20,6 +20,7 @@ from broker_fixture import produce
 from daemon_config import make_config
 from daemon_fixture import consumed, wait_for
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
@@ -151,3 +152,15 @@ def test_delayed_labels_walked_events_and_a_restart_keep_the_explanation(tmp_pat
         for key, segment in _by_segment(want).items():
             assert (_by_segment(e)[key]["mix"], _by_segment(e)[key]["rate"]) == pytest.approx(
                 (segment["mix"], segment["rate"]), abs=1e-9)
+    # /metrics: the three largest terms of each explained rate's change, rank 1 the largest (what alerts name)
+    dpd = next(e for e in gate["explanations"]
+               if e["metric"] == "demographic_parity_difference" and e["attribute"] == "gender")  # fmt: skip
+    terms = sorted(((s[t], f"{s['column']}={s['value']}", t) for s in dpd["segments"] for t in ("rate", "mix")),
+                   key=lambda x: -abs(x[0]))  # fmt: skip
+    page = {(s.labels["rank"], s.labels["segment"], s.labels["term"]): s.value
+            for family in text_string_to_metric_families(second.metrics_page()) for s in family.samples
+            if s.name == "model_explanation_top_contribution" and s.labels["rate"] == "selection_rate"
+            and s.labels["attribute"] == "gender"}  # fmt: skip
+    assert page.keys() == {(str(rank), segment, term) for rank, (_, segment, term) in enumerate(terms[:3], start=1)}
+    assert [page[str(rank), s, t] for rank, (_, s, t) in enumerate(terms[:3], start=1)] == pytest.approx(
+        [v for v, _, _ in terms[:3]], abs=1e-9)

@@ -35,6 +35,10 @@ _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
 _GROUP = ["model_id", "attribute", "window", "subgroup"]
 
 
+TOP_TERMS = 3
+"""Terms of each explained change on /metrics (model_explanation_top_contribution)."""
+
+
 class _Family:
     """A gauge with optional _lower/_upper companions, filled with finite values only."""
 
@@ -141,6 +145,35 @@ class SnapshotCollector(Collector):
         yield from self._settings(snapshots)
         yield from self._counters(snapshots)
         yield from detector_families(snapshots)
+        yield from self._explanations(snapshots, cadence)
+
+    @staticmethod
+    def _explanations(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
+        """The largest terms of each explained change (``segments:``): :data:`TOP_TERMS` series per comparison, rate
+        and window, whatever the number of segment values, for the paging alerts' descriptions; /explain has all."""
+        if not any(s.explained for s in snapshots):
+            return
+        family = GaugeMetricFamily(
+            "model_explanation_top_contribution", f"The {TOP_TERMS} largest terms (rank 1 the largest) of the change "
+            "of the gap rate_a - rate_b from the window before this one (segments:): the segment (column=value), the "
+            "term (mix: the groups' shares of it moved; rate: their rates within it moved), its contribution; GET "
+            "/explain has every term with its interval." + cadence,
+            labels=[*_PAIR, "rate", "rank", "segment", "term"])  # fmt: skip
+        for snapshot in snapshots:
+            seen = set()
+            for window, found in (snapshot.explained or {}).items():
+                for e in found["explanations"]:
+                    key = (window, e["attribute"], e["comparison"], e["rate"])
+                    if key in seen:  # one rate's change, explained once for every metric comparing it
+                        continue
+                    seen.add(key)
+                    a, b = e["comparison"].split(" vs ", 1)
+                    terms = sorted(((s[t], f"{s['column']}={s['value']}", t) for s in e["segments"]
+                                    for t in ("rate", "mix")), key=lambda x: -abs(x[0]))[:TOP_TERMS]  # fmt: skip
+                    for rank, (value, segment, term) in enumerate(terms, start=1):
+                        family.add_metric([snapshot.model_id, e["attribute"], window, f"{a}_vs_{b}", a, b, e["rate"],
+                                           str(rank), segment, term], value)  # fmt: skip
+        yield family
 
     @staticmethod
     def _scores(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
