@@ -97,6 +97,10 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if report["rejected"] > report["events"]:  # of the configured models' events, most were refused
         print(f"fairness-exporter backtest: warning: most events were rejected: {report['events']:,} replayed, "
               f"{refused}", file=sys.stderr)  # fmt: skip
+    for a in report["alerts"]:  # each page's explanation (segments:), as /explain said it then
+        if a.get("explanation"):
+            print(f"{a['fired_at']} {a['alert']} {a['attribute']} {a.get('dimension')}: {a['explanation']['summary']}",
+                  file=sys.stderr)  # fmt: skip
     firing = sum(a["resolved_at"] is None for a in report["alerts"])
     steps = f" in {report['steps']} steps" if "steps" in report else ""  # a fleet's models each take their own
     print(f"{ids}: {report['events']} events replayed{steps}, {len(report['alerts'])} alert(s), {firing} still "

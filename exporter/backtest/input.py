@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -44,6 +44,8 @@ class Columns:
     ignored: int = 0
     scores: np.ndarray | None = None
     """Each event's score, for a model that emits scores (its histograms and estimation counts)."""
+    segments: dict[str, list[Any]] = field(default_factory=dict)
+    """Each event's value of every segment column (``segments:``; None: missing), for the explanations."""
 
 
 Batch = tuple[dict[str, Columns], int, int]
@@ -58,7 +60,7 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
             _, batches, ignored, malformed = fleet.decode(values, math.inf)
             own = {model_id: sum(batch.ignored.values()) for model_id, batch in batches.items()}
             columns = {model_id: Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
-                                         batch.rejected, own[model_id], batch.scores)
+                                         batch.rejected, own[model_id], batch.scores, batch.segments)
                        for model_id, batch in batches.items()}  # fmt: skip
             yield columns, sum(ignored.values()) - sum(own.values()), len(malformed)
 
@@ -75,8 +77,8 @@ def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
     try:
         dataset = open_dataset(location, "events", ["model_id", *(a.columns[0] for m in models
                                                                   for a in m.base_attributes)])  # fmt: skip
-        needed = {m.model_id: ["timestamp", prediction_column(m), *(a.columns[0] for a in m.base_attributes)]
-                  for m in models}  # fmt: skip
+        needed = {m.model_id: ["timestamp", prediction_column(m), *(a.columns[0] for a in m.base_attributes),
+                               *m.segments] for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:
             missing = [c for c in columns if c not in dataset.columns]
             if missing:
@@ -106,7 +108,9 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
     base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes}
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores)
+    segments = {c: [None if col.is_missing(v) else v for v in batch.column(c).to_pylist()] for c in config.segments}
+    return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores,
+                   segments=segments)
 
 
 def _seconds(location: str, stamps: pa.Array) -> np.ndarray:

@@ -29,6 +29,7 @@ from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
+from exporter.stream.state.segments import paged
 from exporter.stream.state.window import WindowStore
 
 
@@ -77,6 +78,8 @@ class Replay:
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
     _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
+    _segments: list[Any] = field(default_factory=list)
+    """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
 
@@ -106,9 +109,11 @@ class Replay:
             part = slice(int(start), int(stop))
             self._now = float(heads[stop - 1])
             scores = columns.scores[part] if columns.scores is not None and len(columns.scores) else None
+            segments = self.store.segments.codes({c: v[part] for c, v in columns.segments.items()}) \
+                if self.config.segments and columns.segments else None  # fmt: skip
             self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
                                         columns.predictions[part], columns.labels[part], self._now,
-                                        scores=scores)  # fmt: skip
+                                        scores=scores, segment_codes=segments)  # fmt: skip
             self.events += int(stop - start)
 
     def compute(self) -> None:
@@ -117,6 +122,7 @@ class Replay:
         if step is None:
             return
         self._pending.append((self._now, step, self.store.window_counts(self._now)))
+        self._segments.append(self.store.segments.snapshot(self._now) if self.config.segments else None)
         self.steps += 1
         if len(self._pending) >= FLUSH_STEPS:
             self._flush()
@@ -210,6 +216,7 @@ class Replay:
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
         self._pending.clear()
+        segments, self._segments = self._segments, []
         self._record_series(times, trace, evaluations)
 
         holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
@@ -245,11 +252,21 @@ class Replay:
                     state = _Open(float(times[t]))
                 if state.entry is None and times[t] - state.since >= hold:
                     state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
+                    if source[0] == "detector" and segments[t] is not None:
+                        state.entry["explanation"] = self._explained(state.entry, segments[t])
                     self.alerts.append(state.entry)
             if state is None:
                 self._open.pop(key, None)
             else:
                 self._open[key] = state
+
+    def _explained(self, entry: dict[str, Any], taken: Any) -> dict[str, Any] | None:
+        """Why the paged gap moved, as the daemon's /explain said it at that step (the longest window)."""
+        from exporter.devtools.rule_text import EXPLAINED_RATES
+
+        found = paged(self.config, taken, self.store, entry, EXPLAINED_RATES.get(entry.get("metric", "")))
+        return found and {**found, "baseline": [_iso(t) for t in found["baseline"]],
+                          "current": [_iso(t) for t in found["current"]]}  # fmt: skip
 
     def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)

@@ -219,7 +219,7 @@ def explain_answer(document: bytes | None, query: str) -> tuple[str, bytes]:
         return "404 Not Found", json.dumps({"error": f"no explanations of model {asked['model']!r} (its config "
                                                     "has no segments, or no computation ran yet)",
                                             "models": sorted(models)}).encode()  # fmt: skip
-    window = asked.get("window") or list(windows)[-1]
+    window = asked.get("window") or max(windows, key=lambda w: windows[w]["current"][1] - windows[w]["current"][0])
     if window not in windows:
         return "404 Not Found", json.dumps({"error": f"no window {window!r}", "windows": list(windows)}).encode()
     found = [e for e in windows[window]["explanations"]

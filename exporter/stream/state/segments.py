@@ -152,3 +152,14 @@ def explain(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.ndarray
         out[window] = {"baseline": [edge - 2 * k * counts.bucket_seconds, edge - k * counts.bucket_seconds],
                        "current": [edge - k * counts.bucket_seconds, edge], "explanations": found}  # fmt: skip
     return out
+
+
+def paged(spec: ModelSpec, taken: Any, store: Any, entry: Mapping[str, Any], rate: str | None) -> dict[str, Any] | None:
+    """The explanation of a paged comparison (an alert's ``attribute``, ``group_a``, ``group_b``) of one rate, in the
+    longest window, with that window's periods; None when no configured difference metric explains the rate."""
+    window = max(store.segments.window_buckets, key=store.segments.window_buckets.get)
+    found = explain(spec, taken, store.segments, store.layout.split)[window]
+    comparison = f"{entry.get('group_a')} vs {entry.get('group_b')}"
+    e = next((e for e in found["explanations"] if e["attribute"] == entry["attribute"] and e["rate"] == rate
+              and e["comparison"] == comparison), None)  # fmt: skip
+    return None if e is None else {"window": window, "baseline": found["baseline"], "current": found["current"], **e}
