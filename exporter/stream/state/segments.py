@@ -62,6 +62,16 @@ class SegmentCounts:
             out.append(np.fromiter((code for code, _ in coded), np.int64, len(coded)) + k * self.width)
         return np.stack(out, axis=1) if out else np.zeros((0, 0), np.int64)
 
+    def count(self, timestamps: np.ndarray, rows: Mapping[str, np.ndarray], predicted: np.ndarray | None,
+              outcome: np.ndarray, codes: np.ndarray, now: float) -> None:  # fmt: skip
+        """Count events the window store counted (on time): their predicted class (None: a joined label alone) and
+        their outcome, when labelled."""
+        if predicted is not None:
+            self.add(timestamps, rows, predicted, codes, now)
+        labelled = outcome >= 0
+        self.add(timestamps[labelled], {k: v[labelled] for k, v in rows.items()}, outcome[labelled], codes[labelled],
+                 now)  # fmt: skip
+
     def add(self, timestamps: np.ndarray, rows: Mapping[str, np.ndarray], columns: np.ndarray, codes: np.ndarray,
             now: float) -> None:  # fmt: skip
         """Count events (already on time for the window store) in their bucket: each attribute's state row, its

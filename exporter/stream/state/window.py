@@ -122,8 +122,8 @@ class WindowStore:
             self._count(buckets[on_time], rows, predicted[on_time])
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
             if segment_codes is not None:
-                self._count_segments(np.asarray(timestamps)[on_time], rows, predicted[on_time], outcome[on_time],
-                                     segment_codes[on_time], now)  # fmt: skip
+                self.segments.count(np.asarray(timestamps)[on_time], rows, predicted[on_time], outcome[on_time],
+                                    segment_codes[on_time], now)  # fmt: skip
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
                 bins = self.estimate_bins(scores[on_time])
@@ -148,8 +148,8 @@ class WindowStore:
             rows = self._rows(codes)
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
             if segment_codes is not None:
-                self._count_segments(np.asarray(timestamps)[in_ring], {k: v[in_ring] for k, v in rows.items()},
-                                     None, outcomes[in_ring], segment_codes[in_ring], self.head * self.bucket_seconds)
+                self.segments.count(np.asarray(timestamps)[in_ring], {k: v[in_ring] for k, v in rows.items()}, None,
+                                    outcomes[in_ring], segment_codes[in_ring], self.head * self.bucket_seconds)
             if self.estimate_counts.shape[2] and bins is not None:
                 k = in_ring & (bins >= 0) & (outcomes >= 0)
                 predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
@@ -207,15 +207,6 @@ class WindowStore:
             cell = ((rows[name] * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column
             np.add.at(flat, slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell, 1)
             np.add.at(totals, cell, 1)
-
-    def _count_segments(self, timestamps: np.ndarray, rows: dict[str, np.ndarray], predicted: np.ndarray | None,
-                        outcome: np.ndarray, segment_codes: np.ndarray, now: float) -> None:  # fmt: skip
-        """Count events on time in the segment ring: their predicted class (unless None) and their outcome."""
-        if predicted is not None:
-            self.segments.add(timestamps, rows, predicted, segment_codes, now)
-        labelled = outcome >= 0
-        self.segments.add(timestamps[labelled], {k: v[labelled] for k, v in rows.items()}, outcome[labelled],
-                          segment_codes[labelled], now)  # fmt: skip
 
     def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
