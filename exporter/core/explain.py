@@ -38,6 +38,24 @@ DEFAULT_SEGMENT_CAP: Final = 20
 """Values kept per segment column unless ``segment_values`` says otherwise."""
 
 
+STRATA_SEP: Final = "|"
+"""Joins the values of several strata columns into one stratum's name."""
+
+
+def segment_keys(segments: Sequence[str], strata: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Every key counted per (subgroup x value) and its columns: each segment column, then the strata (one key for
+    all their columns, its values their values joined by :data:`STRATA_SEP`)."""
+    out: dict[str, tuple[str, ...]] = {c: (c,) for c in segments}
+    if strata:
+        out[STRATA_SEP.join(strata)] = tuple(strata)
+    return out
+
+
+def key_value(values: Sequence[object]) -> str | None:
+    """The value of a key from its columns' values (None: one of them is missing)."""
+    return None if any(v is None for v in values) else STRATA_SEP.join(value_text(v) for v in values)
+
+
 @dataclass
 class SegmentValues:
     """A segment column's bounded table of values: the first ``cap`` distinct values seen get codes ``0..cap-1``,

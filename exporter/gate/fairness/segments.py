@@ -17,23 +17,17 @@ import pyarrow as pa
 
 from exporter.config import ModelSpec
 from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, conditional_compare
-from exporter.core.encoding import attribute_codes, value_text
+from exporter.core.encoding import attribute_codes
 from exporter.core.evaluate import Evaluation
-from exporter.core.explain import SegmentValues, explanations
+from exporter.core.explain import STRATA_SEP, SegmentValues, explanations, key_value, segment_keys
 from exporter.core.metric_table import Comparisons
 from exporter.gate.data import columns as col
 from exporter.gate.fairness.frames import CELLS, cell_counts
 
-STRATA_SEP = "|"
-"""Joins the values of several strata columns into one stratum's name."""
-
 
 def keys(config: ModelSpec) -> dict[str, tuple[str, ...]]:
-    """Every counted key and its columns: each segment column, then the strata (one key for all their columns)."""
-    out: dict[str, tuple[str, ...]] = {c: (c,) for c in config.segments}
-    if config.strata:
-        out[STRATA_SEP.join(config.strata)] = config.strata
-    return out
+    """Every counted key and its columns (:func:`exporter.core.explain.segment_keys`)."""
+    return segment_keys(config.segments, config.strata)
 
 
 @dataclass
@@ -95,8 +89,9 @@ class SegmentTally:
                 rest, digit = divmod(rest, len(values) + 1)
                 digits.append(values[digit - 1] if digit else None)
             chosen = digits[::-1]
-            blank[k] = any(col.is_missing(v) for v in chosen)
-            lut[k], over[k] = table.code(None if blank[k] else STRATA_SEP.join(value_text(v) for v in chosen))
+            value = key_value([None if col.is_missing(v) else v for v in chosen])
+            blank[k] = value is None
+            lut[k], over[k] = table.code(value)
         rows = rows.reshape(-1)
         return lut[rows], over[rows], blank[rows]
 
