@@ -203,3 +203,42 @@ def test_backtest_explains_each_page_as_the_gate_explains_its_two_windows(tmp_pa
     for key, segment in _by_segment(want).items():
         assert _by_segment(e)[key]["rate"] == pytest.approx(segment["rate"], abs=1e-9)
         assert _by_segment(e)[key]["mix_ci_95"] == pytest.approx(segment["mix_ci_95"], abs=1e-9)
+
+
+def test_the_daemon_exports_the_conditional_metrics_as_the_gate_computes_them(tmp_path: Path) -> None:
+    """Simpson's paradox, as in the gate's test: on /metrics the raw gap, and beside it the conditional ones with
+    their intervals, evidence and thresholds, equal to the gate's on the same rows."""
+    parts = []
+    for group, high in (("female", 0.25), ("male", 0.5)):
+        for band, share, rate in (("high", high, 0.6), ("low", 1 - high, 0.2)):
+            n = int(2000 * share)
+            k = round(n * rate)
+            parts.append(pd.DataFrame({"gender": group, "age": "young", "income_band": band,
+                                       "prediction": [1] * k + [0] * (n - k)}))  # fmt: skip
+    rows = pd.concat(parts, ignore_index=True).assign(label=-1)
+    names = ("conditional_demographic_parity_difference", "conditional_demographic_disparity")
+    settings = {"strata": ["income_band"], "windows": ["10m"], "bucket": "10s", "allowed_lateness": "15m",
+                "metrics": [{"name": "demographic_parity_difference", "threshold": 0.05},
+                            *({"name": n, "threshold": 0.05} for n in names)]}  # fmt: skip
+    config = make_config(checkpoint={"path": str(tmp_path / "state")}, **settings)
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    events = [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": T0 - 120,
+                            "prediction": int(r.prediction), "label": None,
+                            "attributes": {"gender": r.gender, "age": r.age, "income_band": r.income_band}})
+              for i, r in enumerate(rows.itertuples())]  # fmt: skip
+    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    page = {(s.name, s.labels.get("metric", "")): s.value
+            for family in text_string_to_metric_families(daemon.metrics_page()) for s in family.samples
+            if (s.labels.get("attribute") == "gender" and s.labels.get("evidence", "pass") == "pass")
+            or s.name == "fairness_threshold"}  # fmt: skip
+    gate = {r["metric"]: r for r in run_audit(make_config(**settings).model(), rows.assign(label=None))["results"]
+            if r["attribute"] == "gender"}  # fmt: skip
+    assert page["model_demographic_parity_difference", ""] == pytest.approx(0.10) == gate[
+        "demographic_parity_difference"]["exact_value"]
+    for name in names:
+        assert page[f"model_{name}", ""] == pytest.approx(gate[name]["exact_value"], abs=1e-9)
+        assert page[f"model_{name}_upper", ""] == pytest.approx(gate[name]["ci_95"][1], abs=1e-9)
+        assert page["model_comparison_evidence", name] == 1.0 and gate[name]["evidence"] == "pass"
+    assert page["model_conditional_demographic_parity_difference", ""] == pytest.approx(0.0, abs=1e-12)
+    assert {m for (n, m) in page if n == "fairness_threshold"} >= set(names)

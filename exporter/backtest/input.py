@@ -78,7 +78,7 @@ def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
         dataset = open_dataset(location, "events", ["model_id", *(a.columns[0] for m in models
                                                                   for a in m.base_attributes)])  # fmt: skip
         needed = {m.model_id: ["timestamp", prediction_column(m), *(a.columns[0] for a in m.base_attributes),
-                               *m.segments] for m in models}  # fmt: skip
+                               *m.counted_columns] for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:
             missing = [c for c in columns if c not in dataset.columns]
             if missing:
@@ -108,7 +108,8 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
     base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes}
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    segments = {c: [None if col.is_missing(v) else v for v in batch.column(c).to_pylist()] for c in config.segments}
+    segments = {c: [None if col.is_missing(v) else v for v in batch.column(c).to_pylist()]
+                for c in config.counted_columns}  # fmt: skip
     return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores,
                    segments=segments)
 

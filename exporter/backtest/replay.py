@@ -110,7 +110,7 @@ class Replay:
             self._now = float(heads[stop - 1])
             scores = columns.scores[part] if columns.scores is not None and len(columns.scores) else None
             segments = self.store.segments.codes({c: v[part] for c, v in columns.segments.items()}) \
-                if self.config.segments and columns.segments else None  # fmt: skip
+                if self.config.counted_columns and columns.segments else None  # fmt: skip
             self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
                                         columns.predictions[part], columns.labels[part], self._now,
                                         scores=scores, segment_codes=segments)  # fmt: skip

@@ -268,13 +268,8 @@ def _segment_cap(value: Any) -> int:
 
 
 def check_conditional(metrics: list[MetricSpec], strata: tuple[str, ...], errors: Errors) -> None:
-    """A conditional metric needs ``strata:``; the gate computes it, the daemon does not yet (a note, so a
-    daemon's operator is told)."""
+    """A conditional metric needs ``strata:``."""
     for spec in metrics:
-        if spec.name not in CONDITIONAL_METRICS:
-            continue
-        if not strata:
+        if spec.name in CONDITIONAL_METRICS and not strata:
             errors.add("strata", f"required by {spec.name}: the columns it is conditioned on, e.g. "
                                  "strata: [income_band]")  # fmt: skip
-        errors.note(f"metrics ({spec.name})", f"{spec.name} is computed by the gate (audit) only: the daemon does not "
-                                          "export it yet")  # fmt: skip

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from exporter.core.attributes import Attribute
-from exporter.core.conditional import metric
+from exporter.core.conditional import CONDITIONAL_METRICS, metric
 from exporter.core.metric_table import METRICS
 
 SEVERITIES: Final = ("blocking", "warning")
@@ -202,19 +202,30 @@ class ModelSpec:
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""
         configured = {m.name: m.threshold for m in self.metrics}
-        return {name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics}
+        return {**{name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics},
+                **{m.name: m.threshold for m in self.metrics if m.name in self.conditional_metrics}}
 
     def severities(self) -> dict[str, str]:
         """The severity_on_fail of every exported metric; ``none`` for a seed metric exported without being
         configured (the gate does not judge it)."""
         configured = {m.name: m.severity for m in self.metrics}
-        return {name: configured.get(name, "none") for name in self.exported_metrics}
+        return {name: configured.get(name, "none") for name in (*self.exported_metrics, *self.conditional_metrics)}
+
+    @property
+    def conditional_metrics(self) -> tuple[str, ...]:
+        """The configured conditional metrics (``strata:``), exported beside the others."""
+        return tuple(m.name for m in self.metrics if m.name in CONDITIONAL_METRICS)
 
     @property
     def exported_metrics(self) -> tuple[str, ...]:
         """Metrics on /metrics: the seed's three (as always) and every configured one, in table order."""
         configured = {m.name for m in self.metrics}
         return tuple(name for name, m in METRICS.items() if m.seed or name in configured)
+
+    @property
+    def counted_columns(self) -> tuple[str, ...]:
+        """The columns counted per (subgroup x value): the segments', then the strata's."""
+        return tuple(dict.fromkeys([*self.segments, *self.strata]))
 
     @property
     def score_buckets(self) -> tuple[float, ...]:
@@ -239,7 +250,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
         # counts per segment value: their columns and cap are the shape (and meaning) of that axis
-        **({"segments": list(model.segments), "segment_values": model.segment_values} if model.segments else {}),
+        **({"segments": list(model.segments), "strata": list(model.strata), "segment_values": model.segment_values}
+           if model.counted_columns else {}),
     }
 
 

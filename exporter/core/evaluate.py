@@ -6,8 +6,8 @@ reported (enough samples) and what its interval says are written once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,12 @@ class Evaluation:
     def unknown_samples(self) -> int:
         """Predictions in the attribute's unknown category."""
         return int(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
+
+    def with_metrics(self, values: Mapping[str, MetricValues]) -> Evaluation:
+        """The same evaluation with more metrics among its comparisons (the conditional ones, from counts per
+        stratum), for the same pairs."""
+        c = self.comparisons
+        return replace(self, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values}))
 
     def values(self, metric: str) -> MetricValues:
         """Value, interval, half-width and support of one metric, per pair."""

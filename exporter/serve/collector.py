@@ -24,6 +24,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from exporter.core.conditional import CONDITIONAL_METRICS
+from exporter.core.conditional import metric as table_metric
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.estimated import calibration_detector_families, estimated_families
@@ -86,8 +88,8 @@ class SnapshotCollector(Collector):
         fraction = _Family("model_labelled_fraction", "Labelled / all predictions in the window: low means the "
                            "model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
         exported = {m for snapshot in snapshots for m in snapshot.metrics}
-        pairs = {m: _Family(METRICS[m].prometheus_name, METRICS[m].help + cadence, _PAIR, bounds=True)
-                 for m in METRICS if m in exported}  # fmt: skip
+        pairs = {m: _Family(table_metric(m).prometheus_name, table_metric(m).help + cadence, _PAIR, bounds=True)
+                 for m in [*METRICS, *CONDITIONAL_METRICS] if m in exported}  # fmt: skip
         insufficient = GaugeMetricFamily(
             "model_comparison_insufficient_samples",
             "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "

@@ -17,7 +17,7 @@ from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.serve.self_metrics import Health
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
-from exporter.stream.state.segments import explain
+from exporter.stream.state.segments import conditional, explain
 from exporter.stream.state.window import Detection
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         windows = store.window_counts(now)
         window_scores = store.window_scores(now)
         estimation = store.window_estimate_counts(now) if reference is not None else {}
-        by_segment = store.segments.snapshot(now) if spec.segments else None
+        by_segment = store.segments.snapshot(now) if spec.counted_columns else None
     keys, blocks = [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
@@ -90,18 +90,26 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
             keys.append(window.name)
             blocks.append((attribute, by_attribute[attribute.name]))
     evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics)
+    metrics = spec.exported_metrics
+    if by_segment is not None and spec.conditional_metrics:  # over the strata's counts, as the gate's (strata:)
+        pairs = {a.name: (np.array([p[0] for p in a.pairs], np.int64), np.array([p[1] for p in a.pairs], np.int64))
+                 for a in spec.attributes}  # fmt: skip
+        found = conditional(spec, by_segment, store.segments, store.layout.split, pairs)
+        evaluated = [ev.with_metrics({n: s.values for n, s in found[window, ev.attribute.name].items()})
+                     for window, ev in zip(keys, evaluated, strict=True)]  # fmt: skip
+        metrics = (*metrics, *spec.conditional_metrics)
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)
         scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes)
     return Snapshot(spec.model_id, now, tuple(zip(keys, evaluated, strict=True)),
-                    store.layout.split(store.totals_copy()), spec.exported_metrics, thresholds, detection,
+                    store.layout.split(store.totals_copy()), metrics, thresholds, detection,
                     store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores),
                     model_version=spec.model_version,
                     estimated=estimated(spec, reference, estimation, store.layout.split)
                     if reference is not None and estimation else (),
                     explained=explain(spec, by_segment, store.segments, store.layout.split)
-                    if by_segment is not None else None)  # fmt: skip
+                    if by_segment is not None and spec.segments else None)  # fmt: skip
 
 
 class Computer:

@@ -182,7 +182,8 @@ class Ingest:
 
     def _count(self, model: Monitored, batch: DecodedBatch, now: float, given_up: Counter[str]) -> int:
         """Count one model's share of a batch (under the fleet's lock); how many of its events were late."""
-        segments = model.store.segments.codes(batch.segments) if model.spec.segments and batch.segments else None
+        segments = model.store.segments.codes(batch.segments) if model.spec.counted_columns and batch.segments \
+            else None  # fmt: skip
         late = model.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
                                scores=batch.scores, segment_codes=segments)  # fmt: skip
         if self.kafka.labels_topic:
@@ -221,7 +222,7 @@ class Ingest:
     def _count_joined(self, model: Monitored, joined: Joined, given_up: Counter[str]) -> None:
         attributes = model.spec.attributes
         codes = {a.name: joined.codes[:, i] for i, a in enumerate(attributes)}
-        segments = joined.codes[:, len(attributes):] if model.spec.segments else None
+        segments = joined.codes[:, len(attributes):] if model.spec.counted_columns else None
         outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes, joined.bins, segments)
         self.health.outcomes_joined.inc(len(joined) - outside)
         given_up["prediction_outside_window"] += outside

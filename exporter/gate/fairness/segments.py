@@ -9,7 +9,7 @@ the same values; rows past the cap, or missing a value, are counted under ``othe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,6 @@ from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, condition
 from exporter.core.encoding import attribute_codes
 from exporter.core.evaluate import Evaluation
 from exporter.core.explain import STRATA_SEP, SegmentValues, explanations, key_value, segment_keys
-from exporter.core.metric_table import Comparisons
 from exporter.gate.data import columns as col
 from exporter.gate.fairness.frames import CELLS, cell_counts
 
@@ -142,8 +141,7 @@ def with_conditional(config: ModelSpec, evaluations: list[Evaluation], tally: Se
         c = ev.comparisons
         for name in names:
             found[ev.attribute.name, name] = conditional_compare(name, strata, c.group_a, c.group_b)
-        values = {name: found[ev.attribute.name, name].values for name in names}
-        out.append(replace(ev, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values})))
+        out.append(ev.with_metrics({name: found[ev.attribute.name, name].values for name in names}))
     return out, found
 
 

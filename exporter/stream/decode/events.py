@@ -186,7 +186,7 @@ class EventDecoder:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
             outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
-            segments = {c: list(map(g.get(f"seg:{c}") or g[f"attr:{c}"], structs)) for c in self.model.segments}
+            segments = {c: list(map(g.get(f"seg:{c}") or g[f"attr:{c}"], structs)) for c in self.model.counted_columns}
             codes = []
             for column, table, unknown in self._tables:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
@@ -198,7 +198,7 @@ class EventDecoder:
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
-            segments = {c: [] for c in self.model.segments}
+            segments = {c: [] for c in self.model.counted_columns}
         if self._threshold is None or not structs:
             scores = np.zeros(0)
 
@@ -225,7 +225,7 @@ class EventDecoder:
                          for k, c in enumerate(codes)]  # fmt: skip
                 if self._threshold is not None:
                     scores = np.concatenate([scores, [r[6] for r in rows]])[order]
-                for k, c in enumerate(self.model.segments):
+                for k, c in enumerate(self.model.counted_columns):
                     merged = segments[c] + [r[7][k] for r in rows]
                     segments[c] = [merged[i] for i in order.tolist()]
 
@@ -307,5 +307,5 @@ class EventDecoder:
             v = attrs.get(column)
             code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
             codes.append(unknown if code is None else code)
-        segments = [attrs.get(c) for c in self.model.segments]
+        segments = [attrs.get(c) for c in self.model.counted_columns]
         return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score), segments

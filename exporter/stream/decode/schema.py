@@ -70,7 +70,7 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
     for column, groups in columns.items():
         roles[f"attr:{column}"] = (f"{f.attributes}.{column}",
                                    Literal[tuple(sorted(groups))] | None if strict else str | None)
-    for column in sorted({c for m in models for c in m.segments} - set(columns)):  # any text: a segment's value
+    for column in sorted({c for m in models for c in m.counted_columns} - set(columns)):  # any text: a segment's
         roles[f"seg:{column}"] = (f"{f.attributes}.{column}", str | None)
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():

@@ -18,7 +18,8 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.config import ModelSpec, Windowing
-from exporter.core.explain import SegmentValues, explanations
+from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, conditional_compare
+from exporter.core.explain import STRATA_SEP, SegmentValues, explanations, key_value, segment_keys
 from exporter.core.fairness import N_COUNTS
 
 BUCKETS_PER_WINDOW: Final = 24
@@ -33,11 +34,14 @@ def segment_bucket_seconds(windowing: Windowing) -> int:
 
 
 class SegmentCounts:
-    """The ring ``(buckets, subgroup rows, columns x (cap + 1) values, N_COUNTS)`` and each column's value table;
-    empty (no axis at all) for a model without segments. Guarded by the window store's lock."""
+    """The ring ``(buckets, subgroup rows, keys x (cap + 1) values, N_COUNTS)`` and each key's value table (a key:
+    a segment column, or the strata's columns together: :func:`exporter.core.explain.segment_keys`); empty (no axis
+    at all) for a model without segments or strata. Guarded by the window store's lock."""
 
     def __init__(self, model: ModelSpec, windowing: Windowing, n_rows: int) -> None:
-        self.columns = model.segments
+        self.key_columns = segment_keys(model.segments, model.strata)
+        self.columns = tuple(self.key_columns)
+        """The keys, the segment columns first (in config order), then the strata's."""
         self.width = model.segment_values + 1
         self.tables = {c: SegmentValues(model.segment_values) for c in self.columns}
         self.bucket_seconds = segment_bucket_seconds(windowing)
@@ -55,7 +59,9 @@ class SegmentCounts:
         counts the events whose value overflowed the cap or is missing."""
         out = []
         for k, column in enumerate(self.columns):
-            table, found = self.tables[column], values[column]
+            parts = [values[c] for c in self.key_columns[column]]
+            found = parts[0] if len(parts) == 1 else [key_value(v) for v in zip(*parts, strict=True)]
+            table = self.tables[column]
             coded = [table.code(v) for v in found]
             self.overflow_rows[k] += sum(over for _, over in coded)
             self.missing_rows[k] += sum(v is None for v in found)
@@ -153,7 +159,7 @@ def explain(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.ndarray
         for attribute in spec.attributes:
             n = len(attribute.groups)
             parts = {}
-            for j, column in enumerate(counts.columns):
+            for j, column in enumerate(spec.segments):
                 used = [*range(len(names[j]) - 1), width - 1]
                 block = slice(j * width, (j + 1) * width)
                 parts[column] = (names[j], b[attribute.name][:n, block][:, used], c[attribute.name][:n, block][:, used])
@@ -173,3 +179,24 @@ def paged(spec: ModelSpec, taken: Any, store: Any, entry: Mapping[str, Any], rat
     e = next((e for e in found["explanations"] if e["attribute"] == entry["attribute"] and e["rate"] == rate
               and e["comparison"] == comparison), None)  # fmt: skip
     return None if e is None else {"window": window, "baseline": found["baseline"], "current": found["current"], **e}
+
+
+def conditional(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[str, ...]], int],
+                counts: SegmentCounts, split: Callable[[np.ndarray], dict[str, np.ndarray]],
+                pairs: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[tuple[str, str], dict[str, Stratified]]:
+    """The configured conditional metrics (``strata:``) of every window's current period and attribute, for the
+    pairs ``(group_a, group_b)`` of each attribute, by (window, attribute)."""
+    names = [m.name for m in spec.metrics if m.name in CONDITIONAL_METRICS]
+    if not names or not spec.strata:
+        return {}
+    windows, table_names, _ = taken
+    k, width = counts.columns.index(STRATA_SEP.join(spec.strata)), counts.width
+    used = [*range(len(table_names[k]) - 1), width - 1]
+    out = {}
+    for window, (_, current) in windows.items():
+        by_attribute = split(current)
+        for attribute in spec.attributes:
+            strata = by_attribute[attribute.name][: len(attribute.groups), k * width : (k + 1) * width][:, used]
+            a, b = pairs[attribute.name]
+            out[window, attribute.name] = {name: conditional_compare(name, strata, a, b) for name in names}
+    return out
