@@ -20,6 +20,7 @@ import pytest
 from broker_fixture import produce
 from daemon_config import make_config
 from daemon_fixture import consumed, wait_for
+from payload_logs import cloudevent
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -114,6 +115,16 @@ T0 = 1_800_000_000.0
 @dataclass
 class _Record:
     value: bytes
+    offset: int
+
+
+@dataclass
+class _Logged:
+    """A payload-log record as the client hands it over: value, headers, key, offset."""
+
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    key: bytes | None
     offset: int
 
 
@@ -242,3 +253,30 @@ def test_the_daemon_exports_the_conditional_metrics_as_the_gate_computes_them(tm
         assert page["model_comparison_evidence", name] == 1.0 and gate[name]["evidence"] == "pass"
     assert page["model_conditional_demographic_parity_difference", ""] == pytest.approx(0.0, abs=1e-12)
     assert {m for (n, m) in page if n == "fairness_threshold"} >= set(names)
+
+
+def test_a_kserve_payload_log_is_explained_as_the_gate_explains_its_rows(tmp_path: Path) -> None:
+    """A payload's row columns are the segment columns, as they are the attributes: v1 instances with a channel."""
+    rng = np.random.default_rng(11)
+    before, after = _rows(rng, 400, 0.5), _rows(rng, 400, 0.2)
+    records = []
+    for frame, ts in ((before, T0 - 840), (after, T0 - 240)):
+        for r in frame.itertuples():
+            pid = f"c{len(records)}"
+            body = orjson.dumps({"instances": [{"gender": r.gender, "age": r.age, "channel": r.channel}]})
+            records += [cloudevent("m1", pid, False, body, ts), cloudevent("m1", pid, True,
+                                                                         orjson.dumps({"predictions": [r.prediction]}),
+                                                                         ts)]  # fmt: skip
+    config = make_config(events={"format": "kserve", "prediction": "predictions"}, **SETTINGS)
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [_Logged(*r, offset=i) for i, r in enumerate(records)])
+    explained = daemon.computer.compute().models[0].explained
+    assert explained is not None
+    settings = {**SETTINGS, "metrics": SETTINGS["metrics"][:1]}  # the payloads carry no labels
+    gate = run_audit(make_config(**settings).model(), after.drop(columns="label"),
+                     baseline=before.drop(columns="label"))
+    got = {(e["attribute"], e["comparison"]): e for e in explained["10m"]["explanations"]
+           if e["metric"] == "demographic_parity_difference"}  # fmt: skip
+    for want in gate["explanations"]:
+        e = got[want["attribute"], want["comparison"]]
+        assert e["change"] == pytest.approx(want["change"], abs=1e-9) and e["summary"] == want["summary"]

@@ -200,6 +200,9 @@ class PayloadRows:
         values: list[Any] = []
         ids: list[Any] = []
         raw_codes: list[list[Any]] = [[] for _ in self.tables]
+        segments: dict[str, list[Any]] = {c: [] for c in self.model.counted_columns}
+        # each attribute's and segment's cells: the request's column, else the response's, else a logged header
+        targets = [*zip(raw_codes, (t[0] for t in self.tables), strict=True), *((v, c) for c, v in segments.items())]
         refused: list[tuple[Half, str]] = []
         for request, response in pairs:
             reason = self._rule(request, response, latest)
@@ -213,9 +216,9 @@ class PayloadRows:
                 found = request.columns[self.column]
             values += found
             ids += [request.pair] if n == 1 else [f"{request.pair}:{i}" for i in range(n)]
-            for k, (column, _, _) in enumerate(self.tables):
-                cells = request.columns.get(column) or response.columns.get(column)
-                raw_codes[k] += cells if cells is not None else [request.metadata.get(column)] * n
+            for cells, column in targets:
+                found_cells = request.columns.get(column) or response.columns.get(column)
+                cells += found_cells if found_cells is not None else [request.metadata.get(column)] * n
         timestamps = np.asarray(stamps, dtype=np.float64)
         if self.threshold is not None:
             scores = np.asarray(values, dtype=np.float64)
@@ -232,7 +235,8 @@ class PayloadRows:
         batch = DecodedBatch(timestamps=timestamps, predictions=predictions,
                              outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
                              codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
-                             rejected=Counter(reason for _, reason in refused), scores=scores)  # fmt: skip
+                             rejected=Counter(reason for _, reason in refused), scores=scores,
+                             segments=segments)  # fmt: skip
         return batch, refused
 
     def _rule(self, request: Half, response: Half, latest: float) -> str | None:
