@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.backtest.replay import backtest
+from exporter.config import ConfigError
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.gate.fairness.audit import run_audit
@@ -280,3 +281,24 @@ def test_a_kserve_payload_log_is_explained_as_the_gate_explains_its_rows(tmp_pat
     for want in gate["explanations"]:
         e = got[want["attribute"], want["comparison"]]
         assert e["change"] == pytest.approx(want["change"], abs=1e-9) and e["summary"] == want["summary"]
+
+
+def test_baseline_offset_compares_the_window_with_one_further_back(tmp_path: Path) -> None:
+    """baseline_offset: 20m compares the last 10 minutes with 20 to 30 minutes ago (events 14 minutes old, in the
+    window just before, count in neither); an offset shorter than the longest window is refused."""
+    rng = np.random.default_rng(13)
+    before, skipped, after = _rows(rng, 600, 0.5), _rows(rng, 600, 0.9), _rows(rng, 600, 0.2)
+    settings = {**SETTINGS, "allowed_lateness": "30m", "baseline_offset": "20m"}
+    daemon = Daemon(make_config(**settings), registry=CollectorRegistry(), clock=lambda: T0)
+    events = _events(before, T0 - 1500, 0) + _events(skipped, T0 - 840, 600) + _events(after, T0 - 240, 1200)
+    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
+    explained = daemon.computer.compute().models[0].explained
+    assert explained is not None and explained["10m"]["current"][0] - explained["10m"]["baseline"][1] == 600
+    unlabelled = {"label": lambda f: f.label.where(f.label >= 0)}
+    gate = run_audit(make_config(**SETTINGS).model(), after.assign(**unlabelled), baseline=before.assign(**unlabelled))
+    got = {(e["attribute"], e["metric"], e["comparison"]): e for e in explained["10m"]["explanations"]}
+    for want in gate["explanations"]:
+        assert got[want["attribute"], want["metric"], want["comparison"]]["change"] == pytest.approx(
+            want["change"], abs=1e-9)
+    with pytest.raises(ConfigError, match="baseline_offset: m1: 300 s is shorter than the longest window"):
+        make_config(**{**settings, "baseline_offset": "5m"})

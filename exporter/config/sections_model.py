@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from exporter.config import sections_stream as stream
 from exporter.config.toolkit import Errors, choice, get, section, text
-from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
+from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec, parse_duration
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
 from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.explain import DEFAULT_SEGMENT_CAP
@@ -22,7 +22,7 @@ MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
     "estimation",
-    "segments", "segment_values", "strata",
+    "segments", "segment_values", "strata", "baseline_offset",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -75,6 +75,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         segments=segments,
         segment_values=segment_values,
         strata=strata,
+        baseline_offset=get(raw, "baseline_offset", None, errors, "", parse_duration),
     )
 
 

@@ -198,6 +198,9 @@ class ModelSpec:
     """Values kept per segment column (and per combination of strata); the rest are counted as ``other``."""
     strata: tuple[str, ...] = ()
     """Columns conditional parity is conditioned on (:mod:`exporter.core.conditional`)."""
+    baseline_offset: float | None = None
+    """The daemon's explanations: how far before each window its baseline window ends (seconds); None: the window's
+    own length (the window just before it)."""
 
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""
@@ -250,8 +253,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
         # counts per segment value: their columns and cap are the shape (and meaning) of that axis
-        **({"segments": list(model.segments), "strata": list(model.strata), "segment_values": model.segment_values}
-           if model.counted_columns else {}),
+        **({"segments": list(model.segments), "strata": list(model.strata), "segment_values": model.segment_values,
+            "baseline_offset": model.baseline_offset} if model.counted_columns else {}),
     }
 
 

@@ -46,8 +46,12 @@ class SegmentCounts:
         self.tables = {c: SegmentValues(model.segment_values) for c in self.columns}
         self.bucket_seconds = segment_bucket_seconds(windowing)
         self.window_buckets = {w.name: max(1, round(w.seconds / self.bucket_seconds)) for w in windowing.windows}
+        # how far before a window its baseline ends, in buckets: baseline_offset, else the window's own length
+        offset = None if model.baseline_offset is None else max(1, round(model.baseline_offset / self.bucket_seconds))
+        self.offsets = {name: k if offset is None else offset for name, k in self.window_buckets.items()}
         lateness = math.ceil(windowing.allowed_lateness_seconds / self.bucket_seconds)
-        self.n_buckets = 2 * max(self.window_buckets.values(), default=1) + lateness + 1 if self.columns else 0
+        self.n_buckets = max((k + self.offsets[name] for name, k in self.window_buckets.items()), default=2) \
+            + lateness + 1 if self.columns else 0  # fmt: skip
         self.counts = np.zeros((self.n_buckets, n_rows, len(self.columns) * self.width, N_COUNTS), np.int64)
         self.bucket_ids = np.full(self.n_buckets, -1, np.int64)
         self.head = -1
@@ -106,13 +110,13 @@ class SegmentCounts:
 
     def windows(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per window: the baseline's and the current's counts ``(n_rows, n_columns x (cap + 1), N_COUNTS)``, the
-        current being the window's last buckets up to the head (advanced to ``now``), the baseline the same length
-        before them."""
+        current being the window's last buckets up to the head (advanced to ``now``), the baseline as many ending
+        ``baseline_offset`` (default: the window's length) before them."""
         self._advance(math.floor(now / self.bucket_seconds))
         out = {}
         for name, k in self.window_buckets.items():
             current = [(self.head - i) % self.n_buckets for i in range(k)]
-            baseline = [(self.head - k - i) % self.n_buckets for i in range(k)]
+            baseline = [(self.head - self.offsets[name] - i) % self.n_buckets for i in range(k)]
             out[name] = (self.counts[baseline].sum(axis=0), self.counts[current].sum(axis=0))
         return out
 
@@ -164,9 +168,10 @@ def explain(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.ndarray
                 block = slice(j * width, (j + 1) * width)
                 parts[column] = (names[j], b[attribute.name][:n, block][:, used], c[attribute.name][:n, block][:, used])
             found.extend(explanations(attribute, [m.name for m in spec.metrics], parts))
-        edge = (head + 1) * counts.bucket_seconds
-        out[window] = {"baseline": [edge - 2 * k * counts.bucket_seconds, edge - k * counts.bucket_seconds],
-                       "current": [edge - k * counts.bucket_seconds, edge], "explanations": found}  # fmt: skip
+        edge, width_s = (head + 1) * counts.bucket_seconds, counts.bucket_seconds
+        back = counts.offsets[window] * width_s
+        out[window] = {"baseline": [edge - back - k * width_s, edge - back],
+                       "current": [edge - k * width_s, edge], "explanations": found}  # fmt: skip
     return out
 
 
