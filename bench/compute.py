@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from bench.report import Section, fmt, package_version, standalone, table
 from exporter.config import Config, parse_config
 from exporter.core.attributes import Attribute
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
 from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.stream.state.fleet import Fleet
 from exporter.stream.state.window import WindowStore

@@ -29,9 +29,9 @@ _MODULES = {
 def _public() -> dict[str, str]:
     """Each public name and its module: one function per metric of the table, in the seed-style API. Built on
     first use: ``import exporter`` loads no numpy, so the HTTP worker process (exporter.serve.worker) stays small."""
-    from exporter.core.metric_table import METRIC_NAMES
+    from exporter.core.metric_table import COUNT_METRICS
 
-    return {**_MODULES, **dict.fromkeys(METRIC_NAMES, "exporter.gate.fairness.seed_api")}
+    return {**_MODULES, **dict.fromkeys(COUNT_METRICS, "exporter.gate.fairness.seed_api")}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
-"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``safety``, ``redteam``, ``audit-log verify``,
-``serve``, ``backtest`` and ``demo``."""
+"""The ``fairness-exporter`` command: ``audit``, ``bias-report``, ``safety``, ``redteam``, ``counterfactual``,
+``audit-log verify``, ``serve``, ``backtest`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from exporter.gate.commands import (
     write_html,
     write_report,
 )
+from exporter.gate.counterfactual.command import add_parser as add_counterfactual
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
 EXTRA_OF_MODULE = {"pandas": "gate", "pyarrow": "gate", "fsspec": "gate"}
@@ -213,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     _ci_report_flags(redteam)
     redteam.set_defaults(func=cmd_redteam)
 
+    add_counterfactual(sub, audit_log_default, _ci_report_flags)
+
     log = sub.add_parser("audit-log", help="inspect the audit log")
     log_sub = log.add_subparsers(dest="log_command", required=True)
     verify = log_sub.add_parser("verify", help="detect edited, reordered or deleted records (with "
@@ -225,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("path")
     listing.add_argument("--model", help="only this model id")
     listing.add_argument("--version", help="only this model version")
-    listing.add_argument("--type", help="only this type of record: audit, bias_report, safety, redteam, or an "
-                         "*_error type")  # fmt: skip
+    listing.add_argument("--type", help="only this type of record: audit, bias_report, safety, redteam, "
+                         "counterfactual, or an *_error type")  # fmt: skip
     listing.add_argument("--json", action="store_true", help="print the whole records as JSON lines")
     listing.set_defaults(func=cmd_audit_log_list)
 

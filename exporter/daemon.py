@@ -18,11 +18,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
+from exporter.health.counters import Health, StageHealth
 from exporter.serve import orphans, web_config
 from exporter.serve.collector import CachedExposition
 from exporter.serve.http import bind
 from exporter.serve.http_worker import STALE_SECONDS, HttpWorker
-from exporter.serve.self_metrics import ConsumerCollector, Health, OwnershipCollector, StageHealth
+from exporter.serve.self_metrics import ConsumerCollector, OwnershipCollector
 from exporter.serve.snapshot import Computer, FleetSnapshot
 from exporter.serve.web_config import ListenError
 from exporter.stream.ingest import Ingest
@@ -39,7 +40,8 @@ WATCH_SECONDS = 5.0
 """How often the config file (and models_dir) are checked for a change, which reloads them."""
 RESTART_ONLY = (("kafka", "kafka"), ("listen_address", "listen.address"), ("listen_port", "listen.port"),
                 ("tls_cert_file", "listen.tls_cert_file"), ("tls_key_file", "listen.tls_key_file"),
-                ("checkpoint_path", "checkpoint.path"))  # fmt: skip
+                ("checkpoint_path", "checkpoint.path"), ("attribute_sources", "attribute_sources"),
+                ("attribute_fields", "the fields read from attribute_sources"))  # fmt: skip
 """Settings a running daemon cannot change (its consumer, its socket, its checkpoint file): (field, YAML key)."""
 
 
@@ -90,6 +92,10 @@ class Daemon:
         watch_seconds: float = WATCH_SECONDS,
     ) -> None:  # fmt: skip
         self.config = config
+        no_topic = sorted(s.name for s in config.attribute_sources.values() if s.topic is None)
+        if no_topic:
+            raise ConfigError(f"{config.source}: attribute_sources.{no_topic[0]}.topic: required by the daemon (a "
+                              "compacted topic keyed by the id); a path is read by the gate only")  # fmt: skip
         self.web_config_file = web_config_file
         """Who may read /metrics and the probes (``--web.config.file``, exporter.serve.web_config)."""
         self.loader = loader
@@ -114,8 +120,11 @@ class Daemon:
             self.stages.released = self._compute_now
             self.registry.register(OwnershipCollector(self.stages.owned, config.windowing.bucket_seconds))
         else:
+            sides = [s.topic for s in config.attribute_sources.values() if s.topic is not None]
             self.source = KafkaSource(config.kafka, self.ingest.handle_poll, self.checkpointer, self.health,
-                                      on_refusal=self._refused)  # fmt: skip
+                                      [*config.kafka.events_topics(), *filter(None, [config.kafka.labels_topic]),
+                                       *sides],
+                                      on_refusal=self._refused, from_start=frozenset(sides))  # fmt: skip
         self.registry.register(ConsumerCollector(self.source.lag, lambda: self.source.broker_up))
         self.unjoined_level = Gauge("fairness_exporter_labels_max_unjoined_share", "alerting.max_unjoined_share: "
                                     "above this share of delayed labels that found no prediction, the label join is "
@@ -192,8 +201,10 @@ class Daemon:
         """Restore the checkpoint, bind the port, compute once, then start the schedule and the consumer."""
         self.computer.references = references(self.config)
         self.checkpointer.restore()
+        if self.ingest.dead_letters is not None:  # settings its producer refuses stop the start here
+            self.ingest.dead_letters.start(self.config.source)
         self._schedule(self.config)
-        if self.config.kafka.labels_topic:
+        if self.config.kafka.labels_topic or self.config.attribute_sources:
             expire = self.stages.expire if self.stages is not None else self.ingest.expire
             self.scheduler.add_job(expire, "interval", seconds=EXPIRY_EVERY_SECONDS, id="expire", max_instances=1,
                                    coalesce=True)  # fmt: skip
@@ -214,7 +225,8 @@ class Daemon:
         self.scheduler.start()
         self.source.start()
         log.info("fairness-exporter serving %s on port %d, reading %s from %s", self._models(), self.port,
-                 self.config.kafka.topic, self.config.kafka.bootstrap_servers)  # fmt: skip
+                 ", ".join(self.config.kafka.events_topics() + list(self.config.kafka.topic_pattern)),
+                 self.config.kafka.bootstrap_servers)  # fmt: skip
 
     def _compute_now(self) -> None:
         """Have the scheduled computation run now (models left this replica: their series leave /metrics)."""

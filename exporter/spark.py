@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from exporter.config import ModelSpec
 from exporter.gate.data.dataset import BATCH_ROWS, DataError, open_dataset
-from exporter.gate.fairness.frames import prediction_column
+from exporter.gate.fairness.frames import attribute_columns, prediction_column
 
 COUNT = "count"
 """The aggregation's column of rows per combination of values."""
@@ -28,8 +28,7 @@ COUNT = "count"
 
 def counted_columns(config: ModelSpec, columns: Sequence[str]) -> list[str]:
     """The columns the gate reads, of those the data has: what the aggregation groups by."""
-    wanted = ["model_id", prediction_column(config), config.label_column,
-              *(a.columns[0] for a in config.base_attributes)]  # fmt: skip
+    wanted = ["model_id", prediction_column(config), config.label_column, *attribute_columns(config)]
     return [c for c in dict.fromkeys(wanted) if c in columns]
 
 

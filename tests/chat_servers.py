@@ -61,16 +61,26 @@ def guarded(system: str, user: str) -> str:
 class ChatServer:
     base_url: str
     requests: list[dict] = field(default_factory=list)
+    calls: int = 0
+    """Every POST to the completions route, the faulted ones too (``requests`` holds the answered ones)."""
+
+
+Fault = Callable[[dict], "int | float | None"]
+"""Before answering a request: None to answer it, an HTTP status to send instead (with ``Retry-After: 0``), or
+seconds to wait before answering (longer than the client's timeout: a timeout)."""
 
 
 @contextmanager
-def serve(answer: Callable[[str, str], str]) -> Iterator[ChatServer]:
+def serve(answer: Callable[[str, str], str], fault: Fault | None = None) -> Iterator[ChatServer]:
     state = ChatServer("")
+    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, payload: dict) -> None:
             body = json.dumps(payload).encode()
             self.send_response(status)
+            if status in (429, 503):
+                self.send_header("Retry-After", "0")
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -85,13 +95,21 @@ def serve(answer: Callable[[str, str], str]) -> Iterator[ChatServer]:
             if request.get("model") != MODEL:
                 return self._send(404, {"error": {"message": f"model {request.get('model')!r} does not exist",
                                                   "type": "invalid_request_error"}})  # fmt: skip
-            state.requests.append(request)
+            with lock:
+                state.calls += 1
+            what = fault(request) if fault is not None else None
+            if isinstance(what, int):
+                return self._send(what, {"error": {"message": f"fault {what}", "type": "server_error"}})
+            if isinstance(what, float):
+                time.sleep(what)
+            with lock:
+                state.requests.append(request)
             messages = {m["role"]: m["content"] for m in request["messages"]}
-            reply = answer(messages.get("system", ""), messages["user"])
+            replies = [answer(messages.get("system", ""), messages["user"]) for _ in range(request.get("n", 1))]
             self._send(200, {"id": f"chatcmpl-{len(state.requests)}", "object": "chat.completion",
                              "created": int(time.time()), "model": MODEL,
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                                          "finish_reason": "stop"}],
+                             "choices": [{"index": k, "message": {"role": "assistant", "content": reply},
+                                          "finish_reason": "stop"} for k, reply in enumerate(replies)],
                              "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})  # fmt: skip
             return None
 

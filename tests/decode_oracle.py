@@ -20,8 +20,9 @@ from exporter.stream.decode.events import MAX_PREDICTION_ID_LENGTH, DecodedBatch
 from exporter.stream.decode.route import NO_MODEL_ID, UNCONFIGURED
 
 YEAR_1 = datetime(1, 1, 1, tzinfo=UTC).timestamp()
-YEAR_9999_END = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC).timestamp()
-"""Epoch seconds are a timestamp only within the years an ISO 8601 string can name (1 to 9999)."""
+YEAR_10000 = 253_402_300_800
+"""Epoch seconds are a timestamp only within the years an ISO 8601 string can name (1 to 9999): below the first
+second of year 10000."""
 
 
 def _valid_id(pid: object) -> bool:
@@ -112,7 +113,7 @@ class OracleDecoder:
                     except ValueError:
                         pass
                 elif t.__class__ is float or t.__class__ is int:
-                    ts = float(t) if isfinite(t) and YEAR_1 <= t <= YEAR_9999_END else None
+                    ts = float(t) if isfinite(t) and YEAR_1 <= t < YEAR_10000 else None
                 score = get(k_score)
                 if ts is None:
                     reason = "missing_field" if t is None else "invalid_timestamp"

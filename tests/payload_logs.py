@@ -1,7 +1,11 @@
 """Payload-log records exactly as the platforms write them, for the payload tests.
 
-MLServer and the KServe SDK cannot be installed beside this project (both pin protobuf < 7, KServe pandas < 3,
-while the project's environment has protobuf 7 and pandas 3), so the bodies follow their source: MLServer's
+:func:`platform_records` has the platforms' own code make them: MLServer's codecs and protobuf converters, the
+KServe SDK and the CloudEvents SDK, run by tests/platform_payloads.py in .venv-platforms (``make test-deps``), as a
+subprocess, since they cannot be installed beside this project (both pin protobuf < 7, KServe pandas < 3, while
+the project's environment has protobuf 7 and pandas 3; and the two register the same protobuf messages). The
+builders below write the same formats by hand, from the platforms' source, for the cases those tests need one
+record at a time (bad payloads, gzip, structured mode, dumps): MLServer's
 ``PandasCodec.encode_request`` (mlserver/codecs/pandas.py: one ``[N, 1]`` input per column, strings as BYTES with
 ``content_type: str``, the request's ``content_type: pd``) and ``NumpyCodec`` outputs; KServe's payload logger
 (pkg/logger/worker.go: ``ce-id`` shared by request and response, ``type`` ``org.kubeflow.serving.inference.request``
@@ -15,13 +19,17 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
+import subprocess
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 from kafka import KafkaProducer
+from tooling import missing
 
 from exporter.stream.decode.oip import messages
 
@@ -116,6 +124,47 @@ def send(bootstrap: str, topic: str, records: Sequence[Record], partition: Seque
         for i, (value, headers, key) in enumerate(records):
             producer.send(topic, value=value, key=key, headers=headers,
                           partition=partition[i] if partition is not None else None)  # fmt: skip
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=5)
+
+
+PLATFORMS_PYTHON = Path(__file__).resolve().parent.parent / ".venv-platforms" / "bin" / "python"
+"""Where ``make test-deps`` installs MLServer and the KServe SDK (Makefile ``PLATFORMS_VENV``)."""
+Placed = tuple[str, int | None, Record]
+"""A record with its topic and partition (None: by key, as the producer chooses)."""
+
+
+def platform_records(platform: str, calls: list[dict[str, Any]], workdir: Path) -> list[Placed]:
+    """The records of these calls as the platform's own code makes them (tests/platform_payloads.py, in
+    .venv-platforms); ``platform``: seldon or kserve."""
+    if not PLATFORMS_PYTHON.is_file():
+        missing("MLServer and the KServe SDK are not installed (`make test-deps` puts them in .venv-platforms)")
+    spec, out = workdir / f"{platform}-calls.json", workdir / f"{platform}-records.jsonl"
+    spec.write_text(json.dumps(calls))
+    script = Path(__file__).with_name("platform_payloads.py")
+    done = subprocess.run([str(PLATFORMS_PYTHON), str(script), platform, str(spec), str(out)], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def unb64(text: str | None) -> bytes | None:
+        return None if text is None else base64.b64decode(text)
+
+    placed = []
+    for line in out.read_text().splitlines():
+        r = json.loads(line)
+        headers = [(k, unb64(v) or b"") for k, v in r["headers"]]
+        placed.append((r["topic"], r["partition"], (unb64(r["value"]), headers, unb64(r["key"]))))
+    return placed
+
+
+def send_placed(bootstrap: str, records: Sequence[Placed]) -> None:
+    """Produce records, each to its topic and partition, in order."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, enable_idempotence=False,
+                             reconnect_backoff_max_ms=1000)  # fmt: skip
+    try:
+        for topic, partition, (value, headers, key) in records:
+            producer.send(topic, value=value, key=key, headers=headers, partition=partition)
         producer.flush(timeout=30)
     finally:
         producer.close(timeout=5)

@@ -50,6 +50,16 @@ def test_stream_and_serve_never_import_the_gate() -> None:
     assert not offending
 
 
+def test_stream_never_imports_serve_and_health_imports_neither() -> None:
+    """serve/ renders what stream/ counts, so the arrows run serve -> stream -> health: the daemon's own counters live
+    in exporter/health, below both, at any depth of a file."""
+    graph = _import_graph()
+    upward = {f"{name}: {target}" for name, targets in graph.items() for target in targets
+              if (name.startswith("exporter.stream") and target.startswith("exporter.serve"))
+              or (name.startswith("exporter.health") and target.startswith(("exporter.stream", "exporter.serve")))}
+    assert not upward, sorted(upward)
+
+
 def test_the_http_worker_process_loads_neither_numpy_nor_pandas() -> None:
     """The worker (python -m exporter.serve.worker) serves bytes: it stays small and starts fast."""
     code = ("import sys, exporter.serve.worker; "

@@ -29,6 +29,9 @@ stamps = (st.floats(NOW - 7200, NOW + 7200) | st.integers(int(NOW) - 7200, int(N
           | st.sampled_from(["2027-01-15T08:00:00Z", "2027-01-15t08:00:00z", "2027-01-15T08:00:00.9999999Z",
                              "2027-01-15", "20270115T080000Z", "2027-01-15T08:00:00+0100", "2027-01-15T08:00Z",
                              "2027-01-15T08:00:00,5Z", "2027-01-15T08"])
+          # the edges of years 1 and 9999 as numbers: the last microsecond of 9999 rounds up to year 10000
+          | st.sampled_from([253402300800, 253402300800.0, 253402300799, 253402300799.99997, -62135596800,
+                             -62135596800.00002, -62135596801])
           | json_values)  # fmt: skip
 binary = st.sampled_from([0, 1, 0.0, 1.0, True, False, None, "1", 2, -0.0])
 ids = (st.text(max_size=300) | st.integers(-(2**64), 2**64) | st.sampled_from(["p" * 256, "p" * 257, "é" * 256])

@@ -39,8 +39,10 @@ from fairlearn.metrics import (
 )
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from sklearn.metrics import accuracy_score, precision_score
+from sklearn.metrics import accuracy_score, precision_score, roc_auc_score
+from test_metric_menu import ORACLE_RATES
 
+from exporter.backtest.replay import backtest
 from exporter.config import Config, parse_config
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.daemon import Daemon
@@ -51,14 +53,14 @@ from exporter.stream.kafka.client import SimpleRecord
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 # The seed's thresholds (bias-testing-config.yaml; disparate impact as a warning, as the four-fifths rule is
-# advisory), then every other metric of the menu at its default threshold.
+# advisory), then every other metric of the menu at its default threshold (but the score metrics: a test of their own).
 SEED_METRICS = [
     {"name": "demographic_parity_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
     {"name": "equalised_odds_difference", "threshold": 0.05, "severity_on_fail": "blocking"},
     {"name": "disparate_impact_ratio", "threshold": 0.80, "severity_on_fail": "warning"},
 ]
 MENU = SEED_METRICS + [{"name": name, "threshold": m.default_threshold, "severity_on_fail": "blocking"}
-                       for name, m in METRICS.items() if not m.seed]  # fmt: skip
+                       for name, m in METRICS.items() if not m.seed and not m.scores]  # fmt: skip
 COMPAS_ATTRIBUTES = [
     {"name": "race", "groups": RACE_GROUPS},
     {"name": "sex", "groups": ["Male", "Female"]},
@@ -122,7 +124,11 @@ def fairlearn_value(metric: str, rows: pd.DataFrame, attribute: str, a: str, b: 
     if metric == "equal_opportunity_difference":
         return float(equal_opportunity_difference(y, p, sensitive_features=s))
     rate = {"false_positive_rate_difference": false_positive_rate, "accuracy_difference": accuracy_score,
-            "predictive_parity_difference": lambda t, q: precision_score(t, q, zero_division=np.nan)}[metric]
+            "predictive_parity_difference": lambda t, q: precision_score(t, q, zero_division=np.nan)}.get(metric)
+    if rate is None:  # the menu of issue 41: MetricFrame's difference or ratio (min/max) of the metric's rate
+        (of,) = METRICS[metric].rates
+        frame = MetricFrame(metrics=ORACLE_RATES[of], y_true=y, y_pred=p, sensitive_features=s)
+        return float(frame.difference() if METRICS[metric].kind == "difference" else frame.ratio())
     by_group = MetricFrame(metrics=rate, y_true=y, y_pred=p, sensitive_features=s).by_group
     return float(abs(by_group[a] - by_group[b]))
 
@@ -168,6 +174,15 @@ def assert_the_page_shows_the_report(samples: Samples, report: dict[str, Any], w
                 _close(_get(samples, model, f"{name}_lower", **labels), r["ci_95"][0], r)
                 _close(_get(samples, model, f"{name}_upper", **labels), r["ci_95"][1], r)
             checked += 1
+        for w in report["worst"]:  # each metric's worst comparison of each attribute, and how many were judged
+            labels = {"attribute": w["attribute"], "window": window, "metric": w["metric"]}
+            _close(_get(samples, model, "model_comparisons_judged", **labels), w["comparisons_judged"], w)
+            if w["dimension"] is not None:
+                a, b = w["dimension"].split("_vs_")
+                labels |= {"dimension": w["dimension"], "group_a": a, "group_b": b}
+                for suffix, expected in (("", w["value"]), ("_lower", w["ci_simultaneous"][0]),
+                                         ("_upper", w["ci_simultaneous"][1])):  # fmt: skip
+                    _close(_get(samples, model, f"model_worst_comparison{suffix}", **labels), expected, w)
     return checked
 
 
@@ -195,7 +210,7 @@ def test_compas_every_comparison_of_the_menu_is_fairlearns_number_in_the_gate_an
     assert _consumed(samples) == 7214
     assert not [v for (name, _), v in samples.items() if name == "fairness_exporter_events_rejected_total" and v]
     results = report["results"]
-    assert len(results) == len(MENU) * (3 + 1 + 3) == 49
+    assert len(results) == len(MENU) * (3 + 1 + 3)
     for r in results:
         a, b = r["groups"].split(" vs ")
         expected = fairlearn_value(r["metric"], frame, r["attribute"], a, b)
@@ -221,7 +236,17 @@ def test_compas_every_comparison_of_the_menu_is_fairlearns_number_in_the_gate_an
     imprecise = by_key[("equalised_odds_difference", "Male vs Female")]
     assert (imprecise["value"], imprecise["passed"], imprecise["evidence"]) == (0.0207, True, "inconclusive")
     assert imprecise["samples_to_decide"] is not None
-    assert assert_the_page_shows_the_report(samples, report, ("1h", "24h")) == 2 * 49
+    assert assert_the_page_shows_the_report(samples, report, ("1h", "24h")) == 2 * len(results)
+    # each metric's worst comparison per attribute is Fairlearn's worst pair, its interval wider than the pair's own
+    assert report["multiplicity"] == "holm" and report["comparisons_judged"] == len(results)
+    assert len(report["worst"]) == len(MENU) * 3
+    for w in report["worst"]:
+        pairs = [r for r in results if (r["attribute"], r["metric"]) == (w["attribute"], w["metric"])]
+        pick = min if METRICS[w["metric"]].kind == "ratio" else max
+        expected = pick(fairlearn_value(w["metric"], frame, w["attribute"], *r["groups"].split(" vs ")) for r in pairs)
+        assert w["comparisons_judged"] == len(pairs) and abs(w["value"] - expected) <= 1e-9, (w, expected)
+        (own,) = [r for r in pairs if r["dimension"] == w["dimension"]]
+        assert w["ci_simultaneous"][0] <= own["ci_95"][0] + 1e-12 or len(pairs) == 1, (w, own)
 
     # the 427 rows of other races: race's unknown category, in the report, the LL144 table and on /metrics
     assert report["attributes"]["race"]["excluded_rows"] == 427 == int((~frame.race.isin(RACE_GROUPS)).sum())
@@ -347,3 +372,102 @@ def test_a_shared_file_of_a_model_that_emits_scores_is_read_alike_by_the_gate_an
                                                    "(events.score_threshold is 0.6); not so in 1 of 1500 rows "
                                                    "(first rows: [3])")):  # fmt: skip
         run_audit(config, out_of_range)
+
+
+def test_the_worst_comparison_and_holm_evidence_agree_in_the_gate_the_daemon_and_backtest(tmp_path: Path) -> None:
+    """Three groups, two of their three gaps clearly beyond the threshold: the gate's worst[] and evidence (Holm, the
+    default), the daemon's /metrics and backtest's end-of-replay worst[] are one number, to 1e-9."""
+    config = parse_config({
+        "model_id": "m1", "min_samples": 30, "metrics": MENU, "windows": ["1h"],
+        "protected_attributes": [{"name": "group", "groups": ["a", "b", "c"]},
+                                 {"name": "site", "groups": ["x", "y"], "reference_group": "y"}],
+        "listen": {"address": "127.0.0.1", "port": 0},
+    }, "worst-config")  # fmt: skip
+    rng = np.random.default_rng(41)
+    n = 4500
+    group = rng.choice(["a", "b", "c"], size=n)
+    label = (rng.random(n) < 0.4).astype(int)
+    selected = np.select([group == "a", group == "b"], [0.5, 0.3], 0.27) + 0.2 * label
+    frame = pd.DataFrame({"model_id": "m1", "prediction_id": [f"p{i}" for i in range(n)],
+                          "timestamp": T0 - 1800 + np.arange(n) * 1700 / n, "group": group,
+                          "site": rng.choice(["x", "y"], size=n), "prediction": (rng.random(n) < selected).astype(int),
+                          "label": label})  # fmt: skip
+    events = [orjson.dumps({"model_id": "m1", "prediction_id": r.prediction_id, "timestamp": r.timestamp,
+                            "prediction": r.prediction, "label": r.label,
+                            "attributes": {"group": r.group, "site": r.site}}) for r in frame.itertuples()]
+    (tmp_path / "events.jsonl").write_bytes(b"\n".join(events) + b"\n")
+
+    report = run_audit(config, frame)
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [SimpleRecord(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    assert assert_the_page_shows_the_report(_parse(daemon.metrics_page()), report, ("1h",)) == len(report["results"])
+    replayed = {(w["attribute"], w["metric"]): w for w in backtest(config, [tmp_path / "events.jsonl"])["worst"]}
+
+    dpd = {r["dimension"]: r for r in report["results"]
+           if (r["attribute"], r["metric"]) == ("group", "demographic_parity_difference")}
+    assert [dpd[d]["evidence"] for d in ("a_vs_b", "a_vs_c", "b_vs_c")] == ["fail", "fail", "inconclusive"]
+    assert {r["comparisons_judged"] for r in dpd.values()} == {3}
+    assert len(report["worst"]) == len(replayed) == 2 * len(MENU)
+    for w in report["worst"]:
+        other = replayed[(w["attribute"], w["metric"])]
+        assert (other["window"], other["dimension"], other["comparisons_judged"]) == \
+            ("1h", w["dimension"], w["comparisons_judged"]), (w, other)  # fmt: skip
+        for mine, theirs in zip([w["value"], *w["ci_simultaneous"]], [other["value"], *other["ci_simultaneous"]],
+                                strict=True):  # fmt: skip
+            assert (mine is None and theirs is None) or abs(mine - theirs) <= 1e-9, (w, other)
+    assert {w["comparisons_judged"] for w in report["worst"] if w["attribute"] == "site"} == {1}  # against y alone
+
+
+DECILE_BUCKETS = [0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95]  # one bin per COMPAS decile (score / 10)
+
+
+def test_compas_auc_per_group_and_auc_difference_are_scikit_learns_in_the_gate_the_daemon_and_backtest(
+    tmp_path: Path,
+) -> None:
+    """COMPAS' decile scores (score = decile / 10, predicted positive from 0.5 as ProPublica did): each race's and
+    sex's AUC is scikit-learn's roc_auc_score of the deciles, and auc_difference its gap, to 1e-9, in the gate's
+    report, on the daemon's /metrics and in backtest's worst comparisons."""
+    frame = compas_frame()
+    config = parse_config({
+        "model_id": "compas", "protected_attributes": COMPAS_ATTRIBUTES[:2], "min_samples": 30, "windows": ["1h"],
+        "metrics": [*SEED_METRICS, {"name": "auc_difference", "threshold": 0.05}],
+        "events": {"score_threshold": 0.45, "score_buckets": DECILE_BUCKETS},
+        "listen": {"address": "127.0.0.1", "port": 0},
+    }, "compas-scores")  # fmt: skip
+    events = [orjson.dumps({"model_id": "compas", "prediction_id": f"p{i}", "timestamp": T0 - 60, "score": r.score,
+                            "label": int(r.label), "attributes": {"race": r.race, "sex": r.sex}})
+              for i, r in enumerate(frame.itertuples())]  # fmt: skip
+    (tmp_path / "compas.jsonl").write_bytes(b"\n".join(events) + b"\n")
+
+    report = run_audit(config, frame.drop(columns="prediction"))
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [SimpleRecord(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    samples = _parse(daemon.metrics_page())
+    assert assert_the_page_shows_the_report(samples, report, ("1h",)) == len(report["results"]) == 4 * 4
+    replayed = {(w["attribute"], w["metric"]): w for w in backtest(config, [tmp_path / "compas.jsonl"])["worst"]}
+
+    for attribute, groups in (("race", RACE_GROUPS), ("sex", ["Male", "Female"])):
+        oracle = {}
+        for group in groups:
+            rows = frame[frame[attribute] == group]
+            oracle[group] = roc_auc_score(rows.label, rows.score)
+            shown = report["attributes"][attribute]["groups"][group]
+            _close(shown["auc"], oracle[group], (attribute, group))
+            _close(_get(samples, "compas", "model_score_auc", attribute=attribute, window="1h", subgroup=group),
+                   oracle[group], (attribute, group))  # fmt: skip
+            for bound, side in zip(shown["auc_ci"], ("lower", "upper"), strict=True):
+                _close(_get(samples, "compas", f"model_score_auc_{side}", attribute=attribute, window="1h",
+                            subgroup=group), bound, (attribute, group, side))  # fmt: skip
+            assert shown["auc_ci"][0] < shown["auc"] < shown["auc_ci"][1]
+        gaps = [r for r in report["results"] if (r["attribute"], r["metric"]) == (attribute, "auc_difference")]
+        for r in gaps:
+            a, b = r["groups"].split(" vs ")
+            _close(r["exact_value"], abs(oracle[a] - oracle[b]), r)
+        (worst,) = [w for w in report["worst"] if (w["attribute"], w["metric"]) == (attribute, "auc_difference")]
+        other = replayed[(attribute, "auc_difference")]
+        assert (other["dimension"], other["comparisons_judged"]) == (worst["dimension"], len(gaps))
+        for mine, theirs in zip([worst["value"], *worst["ci_simultaneous"]],
+                                [other["value"], *other["ci_simultaneous"]], strict=True):  # fmt: skip
+            _close(theirs, mine, worst)

@@ -96,7 +96,7 @@ def _computed_server() -> HttpWorker:
     """The real HTTP worker over a real snapshot of the test config (every fairness family present, zeros)."""
     from daemon_config import make_config
 
-    from exporter.serve.self_metrics import Health
+    from exporter.health.counters import Health
     from exporter.serve.snapshot import Computer
     from exporter.stream.state.fleet import Fleet
 

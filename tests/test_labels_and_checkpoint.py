@@ -285,8 +285,9 @@ def test_the_constructor_does_no_io_start_restores_and_binds(tmp_path: Path) -> 
 
 
 def test_a_dead_letter_producer_that_cannot_be_made_drops_the_dead_letters_not_the_batch() -> None:
-    # a consumer-only setting in kafka.client, which KafkaProducer refuses (ValueError)
-    config = make_config(kafka={"dead_letter_topic": "dlq", "client": {"session_timeout_ms": 6000}})
+    # no broker answers kafka-python's producer as it is made (settings it refuses stop the start instead:
+    # tests/test_dead_letters.py)
+    config = make_config(kafka={"dead_letter_topic": "dlq", "bootstrap_servers": "127.0.0.1:1"})
     d = Daemon(config, registry=CollectorRegistry(), clock=Clock())
     d.ingest.handle("predictions", 0, [Record(b"{broken", 0), *records(predictions(1, 3, "male", "a"), start=1)])
     assert value(d, "fairness_exporter_dead_letters_failed_total", reason="no_producer") == 1

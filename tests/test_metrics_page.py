@@ -29,6 +29,12 @@ VARYING = re.compile(r"^(fairness_exporter_build_info\{.*|\S*(_created|_timestam
 
 
 RELATIVE = 1e-9
+METRICS = [{"name": name, "threshold": threshold} for name, threshold in (
+    ("demographic_parity_difference", 0.05), ("disparate_impact_ratio", 0.8),
+    # the error-rate ratios and NPV of issue 41
+    ("negative_predictive_value_difference", 0.05), ("false_positive_rate_ratio", 0.8),
+    ("false_negative_rate_ratio", 0.8), ("true_negative_rate_ratio", 0.8), ("negative_predictive_value_ratio", 0.8),
+    ("false_discovery_rate_ratio", 0.8), ("false_omission_rate_ratio", 0.8))]  # fmt: skip
 
 
 def masked(page: str) -> str:
@@ -37,7 +43,8 @@ def masked(page: str) -> str:
 
 def fixed_page() -> str:
     """40 men (30 predicted positive, 20 of them labelled) and 40 women (10 positive), a few bad events."""
-    daemon = Daemon(make_config(model_version="2026.01.3"), registry=CollectorRegistry(), clock=lambda: T0)
+    daemon = Daemon(make_config(model_version="2026.01.3", metrics=METRICS), registry=CollectorRegistry(),
+                    clock=lambda: T0)  # fmt: skip
     events = [event("male", "young" if i % 2 else "old", prediction=int(i < 30), ts=T0 - 60,
                     label=(i % 2) if i < 20 else None, prediction_id=f"m{i}") for i in range(40)]
     events += [event("female", "young" if i % 3 else "old", prediction=int(i < 10), ts=T0 - 120,

@@ -177,6 +177,54 @@ def test_a_seldon_json_record_says_so_in_its_infer_type_header() -> None:
     assert (got.pair, got.response, got.columns) == ("r", True, {"proba": [0.5]})
 
 
+def test_a_seldon_outputs_record_is_a_response_whatever_the_copied_request_header_says() -> None:
+    """The model gateway copies the request record's headers onto the response (worker.go produce): the topic says
+    request or response, the header only protobuf or JSON; JSON with no header is read on either topic."""
+    outputs, inputs = "seldon.prod.model.income.outputs", "seldon.prod.model.income.inputs"
+    proto = seldon_half(seldon_response("income", "r", "proba", [0.25]), {"x-request-id": b"r", "seldon-infer-type":
+                        b"proto/InferModelRequest"}, None, outputs, 1000)  # fmt: skip
+    assert (proto.response, proto.columns) == (True, {"proba": [0.25]})
+    body = orjson.dumps({"id": "r", "outputs": [{"name": "proba", "shape": [1], "datatype": "FP64", "data": [0.5]}]})
+    for headers in ({"seldon-infer-type": b"json/inferModelRequest"}, {}):
+        got = seldon_half(body, {"x-request-id": b"r", **headers}, None, outputs, 1000)
+        assert (got.response, got.columns) == (True, {"proba": [0.5]})
+    request = orjson.dumps(pandas_request({"gender": ["male"]}))
+    got = seldon_half(b"  " + request, {}, b"k1", inputs, 1000)  # no header, no x-request-id: the key is the id
+    assert (got.pair, got.response, got.columns) == ("k1", False, {"gender": ["male"]})
+    custom = seldon_half(body, {"x-request-id": b"r"}, None, "my-responses", 1000, response=True)
+    assert custom.response and seldon_half(request, {}, b"k", "my-requests", 1000, response=False).response is False
+
+
+def test_one_id_through_two_seldon_pipelines_is_two_calls_and_its_rows_keep_the_request_id() -> None:
+    topic = "seldon.prod.model.income.inputs"
+    body = seldon_request("r", {"gender": ["male"], "age": [1]})
+    halves = [seldon_half(body, {"x-request-id": b"r", "pipeline": p}, f"0.{p.decode()}.r".encode(), topic, 1000)
+              for p in (b"scoring", b"audit")]  # fmt: skip
+    assert [(h.pair, h.id) for h in halves] == [("scoring.r", "r"), ("audit.r", "r")]
+    join, counts = PairJoin(horizon=60.0), Counter[str]()
+    for h in halves:
+        assert join.add(h, 0.0, counts) is None
+    assert counts == {} and len(join.pending) == 2
+
+
+def test_a_call_two_kserve_components_log_meets_within_the_first_one_and_counts_once() -> None:
+    join, counts = PairJoin(horizon=60.0), Counter[str]()
+
+    def logged(component: str, response: bool) -> Half:
+        return Half("a", response, "m", T, 1, {}, component=component)
+
+    assert join.add(logged("transformer", False), 0.0, counts) is None
+    assert join.add(logged("predictor", False), 0.0, counts) is None
+    assert join.add(logged("predictor", True), 0.0, counts) is None  # not the transformer's request's partner
+    pair = join.add(logged("transformer", True), 0.0, counts)
+    assert pair is not None and {h.component for h in pair} == {"transformer"}
+    assert join.add(logged("transformer", True), 0.0, counts) is None
+    assert counts == {"other_component": 2, "duplicate_delivery": 1}
+    restored = PairJoin(horizon=60.0)
+    restored.restore(join.state())
+    assert restored.add(logged("predictor", True), 1.0, counts) is None and counts["other_component"] == 3
+
+
 def test_a_response_alone_past_the_horizon_is_rejected_and_a_lone_request_counted_unanswered() -> None:
     from prometheus_client import CollectorRegistry
 

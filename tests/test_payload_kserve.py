@@ -12,10 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 from broker_fixture import consume_all, produce
 from daemon_fixture import FAST_RECONNECT, sample, scrape, wait_for
-from payload_logs import Record, cloudevent, gzipped, numpy_response, pandas_request, send
+from payload_logs import (
+    Record,
+    cloudevent,
+    gzipped,
+    numpy_response,
+    pandas_request,
+    platform_records,
+    send,
+    send_placed,
+)
 
 from exporter.config import load_config
 from exporter.daemon import Daemon
@@ -217,3 +227,57 @@ def test_a_restart_between_a_request_and_its_response_still_counts_the_call_once
             assert sample(page, "fairness_predictions_total", attribute="gender", model_id="loans-v1",
                           predicted=str(y), subgroup=sex) == expected  # fmt: skip
     assert sample(page, "fairness_exporter_events_consumed_total") == 30  # the second read only the new records
+
+
+@pytest.mark.parametrize("ids", ["shared", "own"])
+def test_a_call_logged_by_a_transformer_and_its_predictor_counts_once(
+    kafka_broker: EmbeddedBroker, tmp_path: Path, daemons: list[Daemon], ids: str,
+) -> None:  # fmt: skip
+    """Both components of an InferenceService log each call (the KServe SDK's bodies, the CloudEvents SDK's Kafka
+    binding), on random partitions. Under one ce-id their halves never meet across components and each call counts
+    once; under an id each (KServe's own transformer does not forward ``Ce-Id``), ``events.component`` names the
+    log counted, and the other's is ignored."""
+    topic = f"kserve-{uuid.uuid4().hex[:8]}"
+    kafka_broker.create_topic(topic, partitions=4)
+    rng = random.Random(11)
+    truth: Counter[tuple[str, str, int]] = Counter()
+    calls = []
+    for _ in range(30):
+        n = rng.randint(1, 3)
+        genders, region = [rng.choice(GENDERS) for _ in range(n)], rng.choice(REGIONS)
+        predictions = [rng.randint(0, 1) for _ in range(n)]
+        calls.append({"model": "credit-v2", "topic": topic, "id": str(uuid.uuid4()),
+                      "components": ["transformer", "predictor"], "time": T0 - 60,
+                      "component_ids": {"predictor": str(uuid.uuid4())} if ids == "own" else {},
+                      "columns": {"gender": genders, "age": [rng.randint(18, 90) for _ in range(n)]},
+                      "predictions": predictions, "metadata": {"X-Region": [region]}})  # fmt: skip
+        for g, y in zip(genders, predictions, strict=True):
+            truth[("gender", g, y)] += 1
+            truth[("region", region, y)] += 1
+    records = platform_records("kserve", calls, tmp_path)
+    assert len(records) == 4 * len(calls)
+    path = tmp_path / "daemon.yaml"
+    raw = config(kafka_broker.bootstrap_servers, topic, f"labels-{topic}")
+    if ids == "own":
+        raw["models"][0]["events"]["component"] = "transformer"
+    path.write_text(yaml.safe_dump(raw))
+    kafka_broker.create_topic(f"labels-{topic}", partitions=1)
+    daemon = Daemon(load_config(path), clock=lambda: T0)
+    daemons.append(daemon)
+    daemon.start()
+    send_placed(kafka_broker.bootstrap_servers, records)
+    wait_for(lambda: (sample(scrape(daemon.port), "fairness_exporter_events_consumed_total") or 0) == len(records),
+             what="every record read")  # fmt: skip
+    daemon.computer.compute()
+    page = scrape(daemon.port)
+    assert sample(page, "fairness_exporter_payload_pairs_joined_total") == len(calls)
+    for (attribute, subgroup, y), n in truth.items():
+        assert sample(page, "fairness_predictions_total", attribute=attribute, model_id="credit-v2", predicted=str(y),
+                      subgroup=subgroup) == n, (attribute, subgroup, y)  # fmt: skip
+    unmatched = {r: sample(page, "fairness_exporter_payload_halves_unmatched_total", reason=r)
+                 for r in ("duplicate_delivery", "other_component")}  # fmt: skip
+    ignored = sample(page, "fairness_exporter_events_ignored_total", reason="other_component")
+    if ids == "shared":
+        assert (unmatched, ignored) == ({"duplicate_delivery": 0, "other_component": 2 * len(calls)}, None)
+    else:
+        assert (unmatched, ignored) == ({"duplicate_delivery": 0, "other_component": 0}, 2 * len(calls))

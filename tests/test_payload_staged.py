@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import random
 import uuid
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
-from payload_logs import cloudevent
+from payload_logs import cloudevent, platform_records
 from prometheus_client import CollectorRegistry
 from test_payload_kserve import T0, Truth, traffic
 from test_stages import pump
@@ -177,3 +178,55 @@ def test_a_half_too_large_for_an_internal_record_is_refused_with_its_call(kafka_
     assert value("fairness_exporter_events_rejected_total", {"reason": "payload_too_large"}) == 1
     assert value("fairness_exporter_payload_halves_unmatched_total", {"reason": "partner_refused"}) == 1
     assert value("fairness_exporter_payload_pairs_joined_total") == 0
+
+
+def test_a_fleet_of_seldon_models_by_topic_pattern_counts_on_the_staged_path_as_on_the_direct_path(
+    kafka_broker: EmbeddedBroker, tmp_path: Path,
+) -> None:  # fmt: skip
+    """MLServer's records of three Seldon models (tests/test_payload_seldon.py's calls: proto and JSON, direct and
+    through pipelines, one id through two pipelines) read by ``kafka.topic_pattern``: each half goes to the join
+    partition of its call, and the staged path counts what the direct path counts."""
+    from test_payload_seldon import FAILED, _calls
+    from test_payload_seldon import MODELS as SELDON_MODELS
+
+    bootstrap, namespace = kafka_broker.bootstrap_servers, f"ns{uuid.uuid4().hex[:6]}"
+    calls, _ = _calls(namespace, random.Random(13))
+    records = platform_records("seldon", calls, tmp_path)
+    del records[2 * FAILED + 1]  # the failed call's response, never written
+    polls: list[dict[Partition, list[PayloadRecord]]] = [{}, {}]
+    for i, (topic, partition, (value, headers, key)) in enumerate(records):
+        batch = polls[i * 2 // len(records)].setdefault((topic, partition or 0), [])
+        offset = sum(len(p.get((topic, partition or 0), [])) for p in polls)
+        batch.append(PayloadRecord(value, offset, int(T0 * 1000), headers, key))
+
+    def config(stages: str, group: str) -> Config:
+        return parse_config({
+            "events": {"format": "seldon", "prediction": "proba", "score_threshold": 0.5},
+            "models": [{"model_id": m, "protected_attributes": [
+                {"name": "gender", "groups": ["male", "female"]},
+                {"name": "region", "column": "x-region", "groups": ["north", "south"]}]} for m in SELDON_MODELS],
+            "kafka": {"bootstrap_servers": bootstrap, "topic_pattern": f"seldon.{namespace}.model.*.inputs",
+                      "group_id": group, "stages": stages,
+                      "assignment": "subscribe" if stages == "staged" else "manual",
+                      "internal_topics": {"join": {"partitions": 3}, "counts": {"partitions": 4}}},
+            "windows": ["1h"], "bucket": "1m", "min_samples": 5, "listen": {"address": "127.0.0.1", "port": 0},
+        }, "test-payload-staged-seldon")  # fmt: skip
+
+    staged = daemon(config("staged", f"seldon-{uuid.uuid4().hex[:8]}"))
+    stages = live(staged)
+    positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
+    direct = daemon(config("direct", "unused"))
+    for poll in polls:
+        stages.handle_poll(poll)
+        drain(stages, bootstrap, positions)
+        direct.ingest.handle_poll(poll)
+    answered = len(calls) - 2  # the failed call, and the unconfigured model's
+    for d in (staged, direct):
+        assert d.registry.get_sample_value("fairness_exporter_payload_pairs_joined_total") == answered
+        assert d.registry.get_sample_value("fairness_exporter_payload_halves_unmatched_total",
+                                           {"reason": "duplicate_delivery"}) == 0  # fmt: skip
+    for model in SELDON_MODELS:
+        ours, theirs = counts_of(stages, model), counts_of(direct, model)
+        assert ours[1].sum() > 0
+        np.testing.assert_array_equal(ours[0], theirs[0])
+        np.testing.assert_array_equal(ours[1], theirs[1])

@@ -87,7 +87,8 @@ def test_a_value_the_rules_raise_on_is_rejected_as_undecodable_alone(monkeypatch
     assert len(batch) == 2 and dict(batch.rejected) == {"undecodable": 1}
 
 
-@pytest.mark.parametrize("stamp", [b"-1e300", b"1e300", b"-9.3e18", b"-1e17", b"1e12", b"-1e12"])
+@pytest.mark.parametrize("stamp", [b"-1e300", b"1e300", b"-9.3e18", b"-1e17", b"1e12", b"-1e12", b"253402300800",
+                                   b"253402300800.0"])  # fmt: skip
 def test_a_timestamp_no_datetime_can_name_is_invalid_before_any_arithmetic(stamp: bytes) -> None:
     """Before: -1e300 reached the window's int64 cast (RuntimeWarning: invalid value encountered in cast) and
     -1e17 was counted as late. Numbers are valid within the years 1..9999, as ISO 8601 strings are."""
@@ -102,6 +103,8 @@ def test_a_timestamp_no_datetime_can_name_is_invalid_before_any_arithmetic(stamp
             assert store.add(decoded.timestamps, decoded.codes, decoded.predictions, decoded.outcomes, T0) == 0
     edges = Fleet(config).decode([GOOD.replace(str(T0 - 60).encode(), s) for s in (b"-62135596800", b"0")], T0)
     assert not edges[1]["m1"].rejected  # the first second of year 1 is valid, and late
+    last = Fleet(config).decode([GOOD.replace(str(T0 - 60).encode(), b"253402300799.99997")], T0)
+    assert dict(last[1]["m1"].rejected) == {"future_timestamp": 1}  # the last second of year 9999 is a time
 
 
 @pytest.fixture

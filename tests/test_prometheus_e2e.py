@@ -63,10 +63,16 @@ def biased_rows() -> pd.DataFrame:
     return rows
 
 
+def score(prediction: int, i: int) -> float:
+    """A score whose prediction at the 0.5 threshold is ``prediction``, spread over the histogram's bins (the
+    model emits scores, so auc_difference has data)."""
+    return round(0.5 + 0.49 * (i % 7) / 6, 3) if prediction else round(0.49 * (i % 5) / 4, 3)
+
+
 def site_payloads(rows: pd.DataFrame, ts: float) -> list[bytes]:
     """The topic's events, with `site` among the attributes where the row has one."""
     return [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": ts, "prediction": int(r.prediction),
-                          "label": None if r.label < 0 else int(r.label),
+                          "score": score(int(r.prediction), i), "label": None if r.label < 0 else int(r.label),
                           "attributes": {"gender": r.gender, "age": r.age,
                                          **({"site": r.site} if isinstance(r.site, str) else {})}})
             for i, r in enumerate(rows.itertuples())]  # fmt: skip
@@ -76,7 +82,7 @@ def side_traffic(now: float, n: int = 20) -> list[bytes]:
     """Events the windows never count: late ones, other models' and malformed ones (so health rates are > 0)."""
     old = now - 3 * 86400
     late = [orjson.dumps({"model_id": "m1", "prediction_id": f"late{i}", "timestamp": old, "prediction": 1,
-                          "attributes": {"gender": "male", "age": "old"}}) for i in range(n)]  # fmt: skip
+                          "score": 0.9, "attributes": {"gender": "male", "age": "old"}}) for i in range(n)]  # fmt: skip
     foreign = [orjson.dumps({"model_id": "another-model", "timestamp": now})] * n
     return late + foreign + [b"{not json"] * n
 
@@ -129,12 +135,13 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
     """A daemon on its own topic, a Prometheus scraping it with the rules (every `for:` 5s), then the traffic."""
     topic = f"prometheus-e2e-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=3)
-    # every metric of the table, so every dashboard panel has data;
+    # every metric of the table, so every dashboard panel has data (a model emitting scores, for auc_difference);
     # 5-second buckets: the detectors take a step every 5 s (their alarm level follows from the bucket).
     every_metric = [{"name": name, "threshold": m.default_threshold}
                     for name, m in METRICS.items()]  # fmt: skip
     daemon = Daemon(make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python",
                                                metrics=every_metric), bucket="5s", unknown_values="other",
+                                events={"score_threshold": 0.5},
                                 protected_attributes=[{"name": "gender", "groups": ["male", "female"]},
                                                       {"name": "age", "groups": ["young", "old"]},
                                                       {"name": "site", "groups": list(SMALL_PAIR)}]))  # fmt: skip

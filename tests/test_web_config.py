@@ -26,10 +26,10 @@ from tooling import require_binary
 
 from exporter.cli import main
 from exporter.daemon import Daemon
+from exporter.health.counters import Health
 from exporter.serve.collector import CachedExposition
 from exporter.serve.http import bind
 from exporter.serve.http_worker import HttpWorker
-from exporter.serve.self_metrics import Health
 from exporter.serve.web_config import WebConfig, WebConfigError, load
 
 PASSWORD = "s3cret scraper"

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.core.fairness import TP
 from exporter.gate.fairness.audit import run_audit
+from exporter.health.counters import Health
 from exporter.serve.collector import SnapshotCollector
-from exporter.serve.self_metrics import Health
 from exporter.serve.snapshot import Computer
 from exporter.stream.state.fleet import Fleet
 

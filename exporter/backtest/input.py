@@ -16,8 +16,10 @@ import numpy as np
 import orjson
 
 from exporter.config import Config, ModelSpec
+from exporter.core import bisg
 from exporter.core.encoding import attribute_codes
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.decode.events import DecodedBatch
+from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, components, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
 
 if TYPE_CHECKING:
@@ -52,15 +54,40 @@ Batch = tuple[dict[str, Columns], int, int]
 """Each model's columns of a chunk of events, and the chunk's events of no model and that were no event at all."""
 
 
+def _sides(config: Config, fleet: Fleet) -> None:
+    """The side tables of ``attribute_sources`` read whole from their paths, by the gate's reader (loaded only
+    then): each event then looks its id up as the daemon's join does, without waiting."""
+    if not fleet.attributes:
+        return
+    from exporter.gate.data.dataset import DataError
+    from exporter.gate.data.side import read_table
+
+    for name, source in fleet.attributes.sources.items():
+        try:
+            fleet.attributes.tables[name] = read_table(source, fleet.attributes.fields[name], config.source)
+        except DataError as exc:
+            raise BacktestError(str(exc)) from exc
+
+
+def _joined(fleet: Fleet, batches: dict[str, DecodedBatch]) -> dict[str, DecodedBatch]:
+    """Each model's batch with its attributes joined from the side tables (the batch itself without any)."""
+    if not fleet.attributes:
+        return batches
+    specs = {m.model_id: m for m in fleet.config.models}
+    return {m: fleet.attributes.resolve(specs[m], b, Counter(), wait=False) for m, b in batches.items()}
+
+
 def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
     """JSON lines through the daemon's own decoding (no future-timestamp bound: the clock is the events')."""
     with path.open("rb") as f:
         while lines := list(itertools.islice(f, JSONL_CHUNK)):
             values = [line.rstrip(b"\r\n") for line in lines if not line.isspace()]  # lines: one parse per batch
-            _, batches, ignored, malformed = fleet.decode(values, math.inf)
-            own = {model_id: sum(batch.ignored.values()) for model_id, batch in batches.items()}
+            _, decoded, ignored, malformed = fleet.decode(values, math.inf)
+            batches = _joined(fleet, decoded)
+            own = {model_id: sum(batch.ignored.values()) for model_id, batch in decoded.items()}
             columns = {model_id: Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
-                                         batch.rejected, own[model_id], batch.scores, batch.segments)
+                                         decoded[model_id].rejected, own[model_id], batch.scores,
+                                         batch.segments)
                        for model_id, batch in batches.items()}  # fmt: skip
             yield columns, sum(ignored.values()) - sum(own.values()), len(malformed)
 
@@ -72,13 +99,12 @@ def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
 
     from exporter.gate.data import columns as col
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.fairness.frames import prediction_column
+    from exporter.gate.fairness.frames import attribute_columns, prediction_column
 
     try:
-        dataset = open_dataset(location, "events", ["model_id", *(a.columns[0] for m in models
-                                                                  for a in m.base_attributes)])  # fmt: skip
-        needed = {m.model_id: ["timestamp", prediction_column(m), *(a.columns[0] for a in m.base_attributes),
-                               *m.counted_columns] for m in models}  # fmt: skip
+        dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in attribute_columns(m))])
+        needed = {m.model_id: ["timestamp", prediction_column(m), *attribute_columns(m), *m.counted_columns]
+                  for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:
             missing = [c for c in columns if c not in dataset.columns]
             if missing:
@@ -106,7 +132,9 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
               else np.full(batch.num_rows, -1, dtype=np.int64))  # fmt: skip
     checks.raise_first(config, location, batch.num_rows)
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
-    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes}
+    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) if a.proxy is None else
+            bisg.tables().codes(batch.column(a.proxy.surname).to_pylist(), batch.column(a.proxy.zcta).to_pylist())
+            for a in config.base_attributes}  # fmt: skip
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
     segments = {c: [None if col.is_missing(v) else v for v in batch.column(c).to_pylist()]
                 for c in config.counted_columns}  # fmt: skip
@@ -154,13 +182,14 @@ def _record(line: bytes) -> tuple[str, Raw]:
                                           int(record.get("ts", -1)))  # fmt: skip
 
 
-def _payload_dump(path: Path, config: Config) -> Iterator[Batch]:
+def _payload_dump(path: Path, config: Config, fleet: Fleet) -> Iterator[Batch]:
     """A dump of a payload log's topic(s) (``events.format`` kserve or seldon), in the order recorded: the same
     reading of each record, pair join and rows as the daemon's (exporter/stream/decode/payload.py); a record's
     Kafka timestamp is its arrival time in the join."""
     form, models = config.models[0].events.format, {m.model_id: m for m in config.models}
     join = PairJoin(config.models[0].events.pair_horizon, config.max_pending_labels)
     rows = {m: PayloadRows(spec, math.inf) for m, spec in models.items()}
+    counted = components(config.models)
     with path.open("rb") as f:
         while lines := list(itertools.islice(f, JSONL_CHUNK)):
             unmatched: Counter[str] = Counter()
@@ -175,7 +204,7 @@ def _payload_dump(path: Path, config: Config) -> Iterator[Batch]:
                 except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
                     malformed += 1
                     continue
-                read = read_halves(form, topic, [raw], models)
+                read = read_halves(form, topic, [raw], models, config.kafka.response_topic, counted)
                 ignored += sum(read.ignored.values())
                 arrival = raw[3] / 1000
                 for _, reason, model, pid in read.rejected:
@@ -188,8 +217,8 @@ def _payload_dump(path: Path, config: Config) -> Iterator[Batch]:
                         pairs.setdefault(half.model, []).append(pair)  # type: ignore[arg-type]  # a model's
                 refused["response_without_request"] += len(join.expire(arrival, unmatched))
             batches, _ = payload_batches(pairs, rows, math.inf)
-            columns = {m: Columns(b.timestamps, b.predictions, b.outcomes, b.codes, b.rejected)
-                       for m, b in batches.items()}  # fmt: skip
+            columns = {m: Columns(b.timestamps, b.predictions, b.outcomes, b.codes, batches[m].rejected)
+                       for m, b in _joined(fleet, batches).items()}  # fmt: skip
             if +refused:  # refused before they had rows: counted with the first model's columns
                 first = config.models[0].model_id
                 columns.setdefault(first, _empty(config.models[0])).rejected.update(+refused)
@@ -205,12 +234,16 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
     """The events of every input, in order, split by model: JSON lines (our events, or a dump of a payload log's
     topic with ``events.format`` kserve or seldon), or parquet/CSV datasets (a file, folder, glob or prefix)."""
     fleet = Fleet(config)
+    _sides(config, fleet)
     payloads = bool(config.models) and config.models[0].events.format != "json"
     for name in paths:
         if _is_table(str(name)):
+            if fleet.attributes:
+                raise BacktestError(f"{name}: attribute_sources: backtest joins side tables to JSON lines and "
+                                    "payload dumps; replay the events as JSON lines")  # fmt: skip
             yield from _table(str(name), config.models)
             continue
         path = Path(name)
         if not path.is_file():
             raise BacktestError(f"{path}: no such events file")
-        yield from (_payload_dump(path, config) if payloads else _jsonl(path, fleet))
+        yield from (_payload_dump(path, config, fleet) if payloads else _jsonl(path, fleet))

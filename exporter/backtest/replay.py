@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events
-from exporter.backtest.series import SERIES_OTHERS, Series
+from exporter.backtest.series import SERIES_OTHERS, Series, compared, identity, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS
-from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
+from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
 from exporter.stream.state.segments import paged
 from exporter.stream.state.window import WindowStore
 
@@ -82,6 +82,10 @@ class Replay:
     """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
+    _labelled: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """Per pending step, its windows' labelled score histograms (a score metric: auc_difference)."""
+    _last: dict[tuple[str, str], Evaluation] = field(default_factory=dict)
+    """The last block's evaluations: the replay's end is their last step."""
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
@@ -123,6 +127,8 @@ class Replay:
             return
         self._pending.append((self._now, step, self.store.window_counts(self._now)))
         self._segments.append(self.store.segments.snapshot(self._now) if self.config.segments else None)
+        if self.config.compares_scores:
+            self._labelled.append(self.store.window_estimate_counts(self._now))
         self.steps += 1
         if len(self._pending) >= FLUSH_STEPS:
             self._flush()
@@ -141,8 +147,46 @@ class Replay:
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
+            "worst": self._worst(),
             **({"estimated": self._estimated()} if self.reference is not None else {}),
+            **({"proxy": self._proxied()} if self.store.proxy.attributes else {}),
         }  # fmt: skip
+
+    def _worst(self) -> list[dict[str, Any]]:
+        """As of the replay's end (its last step), per window, attribute and exported metric: the worst comparison,
+        as the daemon shows it (model_worst_comparison)."""
+        return [{"window": window, **row} for (window, _), ev in self._last.items()
+                for row in ev.worst_rows(self.config.exported_metrics, family=-1)]
+
+    def _proxied(self) -> dict[str, Any]:
+        """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
+        from exporter.serve.snapshot import proxied
+
+        now = self._now if self._now > -math.inf else 0.0
+        evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
+        return {"as_of": _iso(now), "proxy": True,
+                "comparisons": [c for w, ev in evaluations for c in self._comparisons(
+                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy", ev.evidence)],
+                "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),
+                            "selection_rate": _number(r)} for w, ev in evaluations for g, n, r in
+                           zip(ev.attribute.groups, ev.groups.samples, ev.groups.selection_rate, strict=True)]}
+
+    def _comparisons(self, window: str, attribute: Attribute, values: dict[str, Any], sufficient: Any,
+                     suffix: str, judge: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one);
+        ``judge(metric, threshold)``: their evidence (a proxy's, under the multiplicity rule), else each alone."""
+        thresholds, groups, out = self.config.thresholds(), attribute.groups, []
+        for metric, v in values.items():
+            t = thresholds[metric]
+            ok, evidence = sufficient(metric), (judge(metric, t) if judge else
+                                                METRICS[metric].evidence(v.lower, v.upper, t)).tolist()  # fmt: skip
+            out += [{"window": window, "attribute": attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
+                     "metric": f"{metric}{suffix}", "value": _number(v.value[k]) if ok[k] else None,
+                     "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
+                     "status": "ok" if ok[k] else "insufficient_samples",
+                     "evidence": evidence[k] if ok[k] else "inconclusive"}
+                    for k, (a, b) in enumerate(attribute.pairs)]  # fmt: skip
+        return out
 
     def _estimated(self) -> dict[str, Any]:
         """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
@@ -151,21 +195,12 @@ class Replay:
 
         assert self.reference is not None
         store, spec = self.store, self.config
-        thresholds = spec.thresholds()
         comparisons, calibration = [], []
         now = self._now if self._now > -math.inf else 0.0
         for window, est in estimated(spec, self.reference, store.window_estimate_counts(now), store.layout.split):
             groups = est.attribute.groups
-            for metric, v in est.values.items():
-                ok = est.sufficient(metric, spec.min_samples)
-                evidence = METRICS[metric].evidence(v.lower, v.upper, thresholds[metric]).tolist()
-                for k, (a, b) in enumerate(est.attribute.pairs):
-                    comparisons.append({
-                        "window": window, "attribute": est.attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
-                        "metric": f"{metric}_estimated", "value": _number(v.value[k]) if ok[k] else None,
-                        "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
-                        "status": "ok" if ok[k] else "insufficient_samples",
-                        "evidence": evidence[k] if ok[k] else "inconclusive"})  # fmt: skip
+            comparisons += self._comparisons(window, est.attribute, est.values,
+                                             lambda m, e=est: e.sufficient(m, spec.min_samples), "_estimated")
             z = est.check.statistic
             calibration += [{"window": window, "attribute": est.attribute.name, "subgroup": g, "predicted": p,
                              "statistic": _number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
@@ -185,7 +220,7 @@ class Replay:
             alert = ALERT_OF_METRIC[detector.metric]
             c = series.columns
             out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
-                        **_identity(detector), "alerted": i in self._alerted, "window": window,
+                        **identity(detector), "alerted": i in self._alerted, "window": window,
                         "threshold": thresholds.get(alert.shown.removeprefix("model_")), "alarm_level": bank.level,
                         "max_statistic": _number(series.max_statistic), "steps_per_point": series.width,
                         "points": {"time": [_iso(t) for t in c["time"]],
@@ -204,19 +239,25 @@ class Replay:
                                              self._calibration)  # fmt: skip
         steps = len(times)
         evaluations: dict[tuple[str, str], Evaluation] = {}
-        blocks = []
+        blocks, histograms = [], []
         for window in self.windowing.windows:
             by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
-            for attribute in self.config.attributes:
+            labelled = [self.store.layout.split(h[window.name]) for h in self._labelled]
+            for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute,
                                np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
+                histograms.extend([np.concatenate([h[attribute.name][:n_groups] for h in labelled])] if labelled
+                                  else [])  # fmt: skip
         results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
-                                self.config.exported_metrics)
+                                self.config.exported_metrics, self.config.multiplicity, families=steps,
+                                scores=histograms if self.config.compares_scores else None)  # fmt: skip
         for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
             evaluations[(window_name, attribute.name)] = ev
+        self._last = evaluations
         self._pending.clear()
         segments, self._segments = self._segments, []
+        self._labelled.clear()
         self._record_series(times, trace, evaluations)
 
         holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
@@ -276,7 +317,7 @@ class Replay:
         window = self.windowing.windows[0].name
         for i, detector in enumerate(self.store.detectors.detectors):
             attribute = attributes[detector.attribute]
-            value, lower, upper = _compared(detector, attribute, evaluations[(window, attribute.name)])
+            value, lower, upper = compared(detector, attribute, evaluations[(window, attribute.name)])
             block = {"step": np.arange(first, first + len(times)), "time": times, "value": value, "lower": lower,
                      "upper": upper, "statistic": trace.statistic[:, i], "alarm": trace.active[:, i]}  # fmt: skip
             if i not in self._series:
@@ -292,10 +333,10 @@ class Replay:
             self._alerted.add(int(source[1]))
             alert = ALERT_OF_METRIC[detector.metric]
             attribute = self._attributes[detector.attribute]
-            shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
-                                                 for w in self.windowing.windows], t)  # fmt: skip
+            windows = shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
+                                                  for w in self.windowing.windows], t)  # fmt: skip
             return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
-                    **_identity(detector), "window": None, **shown,
+                    **identity(detector), "window": None, **windows,
                     "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
                     "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
         _, name, tuning, metric, window, attribute_name, k = source
@@ -307,49 +348,6 @@ class Replay:
                 "dimension": f"{attribute.groups[a]}_vs_{attribute.groups[b]}", "group_a": attribute.groups[a],
                 "group_b": attribute.groups[b], "window": window, "value": float(value),
                 "interval": [float(lower), float(upper)], "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
-
-
-def _identity(detector: Detector) -> dict[str, Any]:
-    if detector.predicted:
-        return {"subgroup": detector.subgroup, "predicted": detector.predicted, "metric": detector.metric,
-                "direction": detector.direction}  # fmt: skip
-    if detector.subgroup:
-        return {"subgroup": detector.subgroup, "direction": detector.direction}
-    return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
-            "metric": detector.metric, "direction": detector.direction}  # fmt: skip
-
-
-def _compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
-    """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
-    selection rate) and its interval, NaN where the window has too few samples; a calibration detector shows
-    nothing here (its statistic is the report's ``estimated.calibration``)."""
-    if detector.predicted:
-        return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
-    if detector.subgroup:
-        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
-        stats = ev.groups
-        columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
-        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
-    else:
-        metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
-        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
-        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
-        columns = tuple(ev.metric(metric))
-        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
-    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
-    ok = ok & ~np.isnan(value)
-    return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
-
-
-def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
-    """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
-    in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
-    out: dict[str, Any] = {}
-    for window, ev in windows:
-        value, lower, upper = (float(c[t]) for c in _compared(detector, attribute, ev))
-        out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
-    first = next(iter(out.values()), None)
-    return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}
 
 
 def _number(x: float) -> float | None:

@@ -1,12 +1,17 @@
 """The backtest report's bounded time series: per detector, at most SERIES_POINTS points however long the replay,
-keeping the peaks of its statistic (so every alarm's height survives the downsampling)."""
+keeping the peaks of its statistic (so every alarm's height survives the downsampling), and what each step shows."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from exporter.core.attributes import Attribute
+from exporter.core.evaluate import Evaluation
+from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector
 
 SERIES_POINTS = 500
 """At most this many points per detector's series in the report (see :func:`keep_peaks`)."""
@@ -40,3 +45,47 @@ class Series:
         while len(self.columns["step"]) > SERIES_POINTS:
             self.width *= 2
             self.columns = keep_peaks(self.columns, self.width)
+
+
+def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
+    """What a detector's alert shows at every step of a stacked evaluation: the compared metric (the subgroup's
+    selection rate) and its interval, NaN where the window has too few samples; a calibration detector shows
+    nothing here (its statistic is the report's ``estimated.calibration``)."""
+    if detector.predicted:
+        return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
+    if detector.subgroup:
+        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
+        stats = ev.groups
+        columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
+        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
+    else:
+        metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
+        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
+        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
+        columns = tuple(ev.metric(metric))
+        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
+    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
+    ok = ok & ~np.isnan(value)
+    return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
+
+
+def identity(detector: Detector) -> dict[str, Any]:
+    """What names a detector in an alert: its subgroup or comparison, metric and direction."""
+    if detector.predicted:
+        return {"subgroup": detector.subgroup, "predicted": detector.predicted, "metric": detector.metric,
+                "direction": detector.direction}  # fmt: skip
+    if detector.subgroup:
+        return {"subgroup": detector.subgroup, "direction": detector.direction}
+    return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
+            "metric": detector.metric, "direction": detector.direction}  # fmt: skip
+
+
+def shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
+    """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
+    in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
+    out: dict[str, Any] = {}
+    for window, ev in windows:
+        value, lower, upper = (float(c[t]) for c in compared(detector, attribute, ev))
+        out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
+    first = next(iter(out.values()), None)
+    return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from exporter.config import sections_stream as stream
 from exporter.config.sections_model import MERGED_SECTIONS, MODEL_KEYS, parse_model
+from exporter.config.sections_sources import check_daemon_sources
 from exporter.config.toolkit import Errors, expand_env, get, port, positive_int, section
 from exporter.config.types import (
     DEFAULT_PORT,
@@ -206,6 +207,7 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
     )
     if windows:
         stream.check_periods(config, raw, errors)
+    check_daemon_sources(config, errors)
     if errors.lines:
         raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(errors.lines))
     for note in errors.notes:

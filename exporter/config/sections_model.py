@@ -11,17 +11,21 @@ import itertools
 from typing import Any, Final
 
 from exporter.config import sections_stream as stream
+from exporter.config.sections_sources import attach, parse_sources
 from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec, parse_duration
-from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute
+from exporter.core import bisg
+from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute, Proxy
 from exporter.core.conditional import CONDITIONAL_METRICS
+from exporter.core.conditional import metric as any_metric
+from exporter.core.evaluate import MULTIPLICITY
 from exporter.core.explain import DEFAULT_SEGMENT_CAP
 from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
-    "estimation",
+    "estimation", "attribute_sources", "multiplicity",
     "segments", "segment_values", "strata", "baseline_offset",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
@@ -37,18 +41,30 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         model_id = None
     unknown_values = get(raw, "unknown_values", "reject", errors, "", choice("reject", "other"))
     base = parse_attributes(raw.get("protected_attributes"), unknown_values == "other", errors)
+    base, sources = attach(base, raw.get("protected_attributes"), parse_sources(raw.get("attribute_sources"), errors),
+                           errors)  # fmt: skip
     attributes = base + parse_intersections(raw.get("intersections"), base, errors)
     metrics = parse_metrics(raw.get("metrics"), errors)
     decision, inconclusive = parse_decision(raw, errors)
     columns = section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
+    for m in (m for m in metrics if any_metric(m.name).scores):
+        if events.score_threshold is None:
+            errors.add("metrics", f"{m.name} compares the model's scores: set events.score_threshold (the score "
+                                  "field, and the threshold that makes its predictions)")  # fmt: skip
+        if any(a.proxy for a in base):
+            errors.add("metrics", f"{m.name} not with a proxy attribute: the score histograms are kept per known "
+                                  "group, and a proxy gives none")  # fmt: skip
     alerting = stream.parse_alerting(section(raw, "alerting", errors, set(stream.ALERTING_KEYS)),
                                      errors)  # fmt: skip
     min_samples = get(raw, "min_samples", 30, errors, "", _sample_floor)
     version = get(raw, "model_version", None, errors, "", text)
     estimation = parse_estimation(raw, events, errors)
+    if estimation is not None and any(a.proxy for a in base):
+        errors.add("estimation", "not with a proxy attribute: the calibration is per group, and a proxy gives none")
     segments, segment_values, strata = parse_segments(raw, errors)
     check_conditional(metrics, strata, errors)
+    check_counted(base, segments, strata, errors)
     if model_id is None:
         return None
     return ModelSpec(
@@ -72,6 +88,8 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         report_destination=get(raw.get("failure_policy") or {}, "report_destination", None, errors,
                                "failure_policy.", text),
         source=source,
+        attribute_sources=sources,
+        multiplicity=get(raw, "multiplicity", "holm", errors, "", choice(*MULTIPLICITY)),
         segments=segments,
         segment_values=segment_values,
         strata=strata,
@@ -114,13 +132,26 @@ def _parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tupl
     return tuple(pairs)
 
 
+def _reference_pairs(item: dict[str, Any], groups: list[str], path: str, errors: Errors) -> tuple[tuple[int, int], ...]:
+    """``reference_group: g`` (Aequitas' usage): each other group compared with g, as ``[group, g]``."""
+    reference = str(item["reference_group"])
+    if "pairwise_comparisons" in item:
+        errors.add(f"{path}.reference_group", "set either reference_group (each group against it) or "
+                                              "pairwise_comparisons, not both")  # fmt: skip
+    if reference not in groups:
+        errors.add(f"{path}.reference_group", f"{reference!r} is not in groups {groups}")
+        return ()
+    r = groups.index(reference)
+    return tuple((g, r) for g in range(len(groups)) if g != r)
+
+
 def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
     if not isinstance(raw, list) or not raw:
         errors.add("protected_attributes", "required: a non-empty list of {name, groups, pairwise_comparisons}")
         return []
     out: list[Attribute] = []
-    for path, item in errors.mappings("protected_attributes", raw, {"name", "groups", "pairwise_comparisons", "column"},
-                                      " with name and groups"):
+    keys = {"name", "groups", "pairwise_comparisons", "reference_group", "column", "source", "proxy"}
+    for path, item in errors.mappings("protected_attributes", raw, keys, " with name and groups"):
         name = item.get("name")
         if not isinstance(name, str) or not name:
             errors.add(f"{path}.name", "required: the attribute's name")
@@ -136,10 +167,45 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
             errors.add(f"{path}.groups", f"{groups} lists a group twice")
         if other and OTHER_GROUP in groups:
             errors.add(f"{path}.groups", f"{OTHER_GROUP!r} is reserved when unknown_values is 'other'")
-        pairs = _parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
+        if item.get("reference_group") is None:
+            pairs = _parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
+        else:
+            pairs = _reference_pairs(item, groups, path, errors)
         column = str(item.get("column", name))
+        proxy = _parse_proxy(item, path, groups, errors)
+        if proxy is not None:  # the mass of the categories not configured counts in no group: no `other` group
+            out.append(Attribute(name, (column,), tuple(groups), pairs, proxy=proxy))
+            continue
         out.append(Attribute(name, (column,), tuple([*groups, OTHER_GROUP] if other else groups), pairs))
     return out
+
+
+def _parse_proxy(item: dict[str, Any], path: str, groups: list[str], errors: Errors) -> Proxy | None:
+    """``proxy: {method: bisg, surname: COLUMN, zcta: COLUMN}``: the attribute inferred from those columns, its
+    groups some of the method's categories (docs/auditor/proxy.md)."""
+    if item.get("proxy") is None:
+        return None
+    within = errors.within(f"{path}.")
+    spec = section(item, "proxy", within, {"method", "surname", "zcta"})
+    method = get(spec, "method", None, within, "proxy.", choice(*bisg.METHODS))
+    columns = [get(spec, key, None, within, "proxy.", text) for key in ("surname", "zcta")]
+    for key in ("method", "surname", "zcta"):
+        if isinstance(item["proxy"], dict) and key not in spec:
+            within.add(f"proxy.{key}", "required: " + ("bisg" if key == "method" else "the column that holds it"))
+    if "column" in item:
+        errors.add(f"{path}.column", "a proxy attribute is inferred, not read from a column: remove column or proxy")
+    try:  # read here (once per process), so every command refuses them at start, not at the first row
+        bisg.tables()
+    except ImportError as exc:
+        within.add("proxy", str(exc))
+    except (OSError, ValueError) as exc:
+        within.add("proxy", f"the Census tables of method bisg cannot be read: {exc}")
+    outside = [g for g in groups if g not in bisg.CATEGORIES]
+    if outside:
+        errors.add(f"{path}.groups", f"{outside} are not BISG categories (accepted: {', '.join(bisg.CATEGORIES)})")
+    if method is None or None in columns:
+        return None
+    return Proxy(str(method), str(columns[0]), str(columns[1]))
 
 
 def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list[Attribute]:
@@ -160,6 +226,10 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
             errors.add(path, f"{unknown} not among protected_attributes {sorted(by_name)}")
             continue
         parts = [by_name[n] for n in names]
+        if any(p.proxy is not None for p in parts):
+            errors.add(path, f"{[p.name for p in parts if p.proxy]} are proxy attributes: an intersection needs "
+                             "each row's own group, which a proxy does not give")  # fmt: skip
+            continue
         groups = tuple(INTERSECTION_SEP.join(combo) for combo in itertools.product(*(p.groups for p in parts)))
         configured = [
             i
@@ -274,3 +344,12 @@ def check_conditional(metrics: list[MetricSpec], strata: tuple[str, ...], errors
         if spec.name in CONDITIONAL_METRICS and not strata:
             errors.add("strata", f"required by {spec.name}: the columns it is conditioned on, e.g. "
                                  "strata: [income_band]")  # fmt: skip
+
+
+def check_counted(base: list[Attribute], segments: tuple[str, ...], strata: tuple[str, ...], errors: Errors) -> None:
+    """Segments and strata are counted per known group of every attribute: a proxy attribute (a posterior, no group)
+    and an attribute joined by id (its group known only after the join) have none there."""
+    for key, columns in (("segments", segments), ("strata", strata)):
+        for a in (a for a in base if columns and (a.proxy is not None or a.source is not None)):
+            why = "a proxy attribute has no group per row" if a.proxy is not None else "its group is joined by id"
+            errors.add(key, f"not with attribute {a.name!r}: {why}, and {key} are counted per group")

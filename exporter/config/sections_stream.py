@@ -27,6 +27,7 @@ from exporter.config.types import (
     KafkaConfig,
     Window,
     parse_duration,
+    topic_regex,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
             values[key] = topic
         else:
             errors.add(f"kafka.{key}", f"{topic!r} is not a topic name (1 to 249 of A-Z a-z 0-9 . _ -)")
+    _events_topics(raw, values, errors)
     group_id = raw.get("group_id", defaults.group_id)
     if isinstance(group_id, str) and group_id:
         values["group_id"] = group_id
@@ -74,10 +76,17 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
         errors.add("kafka.assignment", "manual reads every partition, but kafka.stages: staged shares them among the "
                                        "consumer group's replicas: use subscribe")  # fmt: skip
     values["internal_topics"] = _internal_topics(raw.get("internal_topics"), errors)
-    topics = [values.get(k) for k in ("topic", "response_topic", "labels_topic", "dead_letter_topic") if values.get(k)]
+    named = ("response_topic", "labels_topic", "dead_letter_topic") if "topics" in values or "topic_pattern" in values \
+        else ("topic", "response_topic", "labels_topic", "dead_letter_topic")  # fmt: skip
+    topics = [values.get(k) for k in named if values.get(k)]
     topics += [t.name for t in (values["internal_topics"].join, values["internal_topics"].counts) if t.name]
+    topics += values.get("topics", ())
     if len(set(topics)) != len(topics):
         errors.add("kafka", f"topic, labels_topic, dead_letter_topic and the internal topics must differ, got {topics}")
+    for pattern in values.get("topic_pattern", ()):
+        for topic in topics:
+            if re.fullmatch(topic_regex(pattern), str(topic)):
+                errors.add("kafka.topic_pattern", f"{pattern!r} matches {topic!r}, which would be read as events")
     client = raw.get("client") or {}
     if not isinstance(client, dict) or not all(isinstance(k, str) for k in client):
         errors.add("kafka.client", f"{client!r} is not a mapping of client settings")
@@ -88,6 +97,38 @@ def parse_kafka(raw: dict[str, Any], errors: Errors) -> KafkaConfig:
             errors.add(f"kafka.client.{key}" if key else "kafka.client_library", problem)
         values["client"] = client
     return KafkaConfig(**values)
+
+
+_PATTERN = re.compile(r"^[A-Za-z0-9._*-]{1,249}$")
+"""A topic pattern: a topic name whose ``*`` stand for any run of characters but a dot."""
+
+
+def _events_topics(raw: dict[str, Any], values: dict[str, Any], errors: Errors) -> None:
+    """kafka.topics (a list of topic names) or kafka.topic_pattern (a name with ``*``), each instead of
+    kafka.topic: one of the three."""
+    given = [k for k in ("topic", "topics", "topic_pattern") if raw.get(k) is not None]
+    if len(given) > 1:
+        errors.add(f"kafka.{given[1]}", f"give one of kafka.topic, kafka.topics and kafka.topic_pattern, not "
+                                        f"{' and '.join(f'kafka.{k}' for k in given)}")  # fmt: skip
+        return
+    topics, pattern = raw.get("topics"), raw.get("topic_pattern")
+    if topics is not None:
+        if not (isinstance(topics, list) and topics and all(isinstance(t, str) and _TOPIC.match(t) for t in topics)):
+            errors.add("kafka.topics", f"{topics!r} is not a non-empty list of topic names (each 1 to 249 of A-Z a-z "
+                                       "0-9 . _ -)")  # fmt: skip
+        elif len(set(topics)) != len(topics):
+            errors.add("kafka.topics", f"{topics!r} names a topic twice")
+        else:
+            values["topics"] = tuple(topics)
+    if pattern is not None:
+        if isinstance(pattern, str) and _PATTERN.match(pattern) and "*" in pattern:
+            values["topic_pattern"] = (pattern,)
+        else:
+            errors.add("kafka.topic_pattern", f"{pattern!r} is not a topic name with * for any run of characters "
+                                              "but a dot, such as seldon.prod.model.*.inputs")  # fmt: skip
+    if (topics is not None or pattern is not None) and raw.get("response_topic") is not None:
+        errors.add("kafka.response_topic", f"is one topic beside kafka.topic; with kafka.{given[0]}, Seldon's "
+                                           "outputs topics are read beside its inputs topics")  # fmt: skip
 
 
 def _internal_topics(raw: Any, errors: Errors) -> InternalTopics:
@@ -135,6 +176,19 @@ def payload_layout(kafka: KafkaConfig, payload: str, errors: Errors) -> KafkaCon
     if payload == "seldon" and importlib.util.find_spec("google.protobuf") is None:
         errors.add("events.format", "seldon reads protobuf, which is not installed: pip install "
                                     "'fairness-exporter[seldon]'")  # fmt: skip
+    if payload == "seldon" and (kafka.topics or kafka.topic_pattern):
+        named = [(t, seldon_outputs(t)) for t in kafka.topics]
+        patterns = [(p, seldon_outputs(p)) for p in kafka.topic_pattern]
+        for name, outputs in named + patterns:
+            if outputs is None:
+                key = "topics" if kafka.topics else "topic_pattern"
+                errors.add(f"kafka.{key}", f"{name!r}: events.format seldon reads models' "
+                                           "seldon.<namespace>.model.<name>.inputs topics (each one's .outputs "
+                                           "beside it)")  # fmt: skip
+        return dataclasses.replace(kafka, topics=tuple(t for pair in named for t in pair if t),
+                                   topic_pattern=tuple(p for pair in patterns for p in pair if p))  # fmt: skip
+    if payload == "seldon" and any(line.startswith(("kafka.topics:", "kafka.topic_pattern:")) for line in errors.lines):
+        return kafka  # kafka.topic was not meant
     if payload == "seldon" and kafka.response_topic is None:
         outputs = seldon_outputs(kafka.topic)
         if outputs is None:
@@ -160,6 +214,9 @@ def parse_events(raw: dict[str, Any], errors: Errors) -> EventFields:
             values[key] = value
         elif key == "pair_horizon":
             values[key] = get(raw, key, 600.0, errors, "events.", parse_duration)
+        elif key == "component" and payload != "kserve":
+            errors.add("events.component", "only KServe's payload logger names the component that logged a call "
+                                           "(events.format kserve)")  # fmt: skip
         elif payload != "json" and key in PAYLOAD_UNUSED:
             errors.add(f"events.{key}", f"not read with events.format {payload}: a payload's rows name their "
                                         "columns (events.prediction names the output column, each protected "

@@ -9,6 +9,7 @@ shared settings it needs (:class:`Windowing` for the windows, :class:`KafkaConfi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -90,6 +91,33 @@ class KafkaConfig:
     """direct: each replica counts what it reads; staged: ingest, label join and evaluation run as stages joined by
     internal topics, so each model lives whole on one replica of the group (exporter/stream/stages/replica.py)."""
     internal_topics: InternalTopics = field(default_factory=InternalTopics)
+    topics: tuple[str, ...] = ()
+    """Events topics read instead of ``topic`` (a fleet of Seldon models: each one's inputs topic, its outputs topic
+    beside it)."""
+    topic_pattern: tuple[str, ...] = ()
+    """Events topics by name instead of ``topic``: ``*`` stands for any run of characters but a dot
+    (``seldon.prod.model.*.inputs``, and Seldon's outputs beside it); topics that appear later are read too."""
+
+    def events_topics(self) -> list[str]:
+        """The events topics named in the config (a pattern's are found on the broker)."""
+        if self.topics or self.topic_pattern:
+            return list(self.topics)
+        return [t for t in (self.topic, self.response_topic) if t]
+
+    def reads_events(self, topic: str) -> bool:
+        """Whether this topic holds events (or a payload log's requests or responses), named or matched."""
+        return topic in self.events_topics() or any(re.fullmatch(topic_regex(p), topic) for p in self.topic_pattern)
+
+    def topics_now(self, cluster: Callable[[], set[str] | None], named: list[str]) -> list[str] | None:
+        """The topics to read now: ``named``, and those of the cluster's (``cluster()``, asked only with a pattern)
+        that match ``topic_pattern``; None without a pattern, or while no broker answers (the topics known stay)."""
+        names = cluster() if self.topic_pattern else None
+        return None if names is None else [*named, *sorted(t for t in names - set(named) if self.reads_events(t))]
+
+
+def topic_regex(pattern: str) -> str:
+    """A ``kafka.topic_pattern`` as a regular expression: ``*`` is any run of characters but a dot."""
+    return re.escape(pattern).replace(r"\*", "[^.]*")
 
 
 @dataclass(frozen=True)
@@ -113,6 +141,9 @@ class EventFields:
     """json: our events at the paths above; kserve / seldon: the platform's payload log, whose rows name their
     columns (exporter/stream/decode/payload.py): ``prediction`` names the output column, each attribute its
     ``column``."""
+    component: str | None = None
+    """KServe: count only the calls this InferenceService component logged (``transformer``, ``predictor``); the
+    other components' logs of them, under ids of their own, are ignored (None: every component's)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +190,23 @@ class EstimationSpec:
 
 
 @dataclass(frozen=True)
+class AttributeSource:
+    """``attribute_sources.<name>``: protected attributes kept apart from the predictions, joined by an id the
+    predictions carry (exporter/core/side_table.py)."""
+
+    name: str
+    id: str
+    """The column holding the id, read where an attribute's column is read (events' attributes, payload columns)."""
+    topic: str | None = None
+    """The daemon's side: a compacted topic, key the id (UTF-8), value a JSON object {column: value}."""
+    path: str | None = None
+    """The gate's and backtest's side: a dataset (file, folder, glob or prefix) with the id column."""
+    horizon_seconds: float = 600.0
+    """How long a prediction waits for its record before its attributes count as unknown."""
+    max_records: int = 10_000_000
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One model, as the gate audits it and the daemon monitors it; see docs/contract.md for the YAML form."""
 
@@ -201,6 +249,19 @@ class ModelSpec:
     baseline_offset: float | None = None
     """The daemon's explanations: how far before each window its baseline window ends (seconds); None: the window's
     own length (the window just before it)."""
+    attribute_sources: tuple[AttributeSource, ...] = ()
+    """The side sources its attributes name (``source:``)."""
+    multiplicity: Literal["holm", "bonferroni", "none"] = "holm"
+    """How a comparison's ``fail`` evidence is judged across its metric's comparisons of one attribute
+    (docs/auditor/numbers.md#many-comparisons)."""
+
+    def sourced(self) -> dict[str, tuple[Attribute, ...]]:
+        """The base attributes read from each side source, by source name."""
+        out: dict[str, tuple[Attribute, ...]] = {}
+        for a in self.base_attributes:
+            if a.source is not None:
+                out[a.source] = (*out.get(a.source, ()), a)
+        return out
 
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""
@@ -231,6 +292,12 @@ class ModelSpec:
         return tuple(dict.fromkeys([*self.segments, *self.strata]))
 
     @property
+    def compares_scores(self) -> bool:
+        """Whether a configured metric compares scores (``auc_difference``): the labelled score histograms are
+        then kept per group, as for the estimation."""
+        return any(metric(m.name).scores for m in self.metrics)
+
+    @property
     def score_buckets(self) -> tuple[float, ...]:
         """Upper bounds of the score histograms; empty when the model emits no scores (no histograms)."""
         if self.events.score_threshold is None:
@@ -249,7 +316,10 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         "allowed_lateness_seconds": windowing.allowed_lateness_seconds,
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
         # estimation keeps counts per score bin and predicted class: configuring it (or dropping it) starts afresh
-        **({"estimation_counts": True} if model.estimation is not None else {}),
+        **({"estimation_counts": True} if model.estimation is not None or model.compares_scores else {}),
+        # a proxy attribute's counts are weighted floats, apart from the exact ones (exporter/stream/state/proxy.py)
+        **({"proxy_attributes": [a.name for a in model.attributes if a.proxy]}
+           if any(a.proxy for a in model.attributes) else {}),
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
         # counts per segment value: their columns and cap are the shape (and meaning) of that axis
@@ -305,3 +375,18 @@ class Config:
     @property
     def model_ids(self) -> tuple[str, ...]:
         return tuple(m.model_id for m in self.models)
+
+    @property
+    def attribute_sources(self) -> dict[str, AttributeSource]:
+        """Every side source a model's attributes name, by name (one definition each: checked by the config)."""
+        return {s.name: s for m in self.models for s in m.attribute_sources}
+
+    @property
+    def attribute_fields(self) -> dict[str, tuple[str, ...]]:
+        """The record keys each side source's table keeps: the columns of the attributes that name it, in every
+        model, in order of appearance."""
+        out: dict[str, list[str]] = {name: [] for name in self.attribute_sources}
+        for model in self.models:
+            for name, attributes in model.sourced().items():
+                out[name] += [a.columns[0] for a in attributes if a.columns[0] not in out[name]]
+        return {name: tuple(fields) for name, fields in out.items()}

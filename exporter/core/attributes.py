@@ -12,6 +12,16 @@ INTERSECTION_SEP: Final = ":"
 
 
 @dataclass(frozen=True)
+class Proxy:
+    """``proxy:`` of an attribute never collected: each row's group is inferred, as posterior probabilities over the
+    groups, from other columns (``bisg``: the surname and the ZCTA, exporter/core/bisg.py)."""
+
+    method: str
+    surname: str
+    zcta: str
+
+
+@dataclass(frozen=True)
 class Attribute:
     """A protected attribute (or an intersection of several) and its bounded set of subgroups.
 
@@ -24,6 +34,10 @@ class Attribute:
     groups: tuple[str, ...]
     pairs: tuple[tuple[int, int], ...]
     base_sizes: tuple[int, ...] = field(default=())
+    proxy: Proxy | None = None
+    """Inferred, not read: each row adds its posterior probability of each group to that group's (float) counts."""
+    source: str | None = None
+    """A base attribute read from a side source by id (``attribute_sources:``): its column is the record's key."""
 
     def combine(self, codes: list[np.ndarray]) -> np.ndarray:
         """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""

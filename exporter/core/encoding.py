@@ -42,3 +42,9 @@ def score_predictions(scores: np.ndarray, threshold: float) -> np.ndarray:
     [0, 1, 1]
     """
     return (scores >= threshold).astype(np.int64)
+
+
+def proxy_columns(attributes: Sequence[Attribute]) -> list[tuple[str, str]]:
+    """The (surname, ZCTA) columns of each proxy attribute, in config order: a decoder's codes of them follow the
+    exact attributes' (exporter/core/bisg.py Tables.codes)."""
+    return [(a.proxy.surname, a.proxy.zcta) for a in attributes if a.proxy]

@@ -57,7 +57,8 @@ PRIOR_STRENGTH: Final = 4.0
 REPLICATES: Final = 1000
 SEED: Final = 33
 """The bootstrap's fixed seed: an estimate is a function of its counts alone."""
-ESTIMATED_METRICS: Final = tuple(name for name, m in METRICS.items() if m.needs_labels and m.kind == "difference")
+ESTIMATED_METRICS: Final = tuple(name for name, m in METRICS.items()
+                                 if m.needs_labels and m.kind == "difference" and not m.scores)
 """The label-based metrics that have an estimate."""
 CALIBRATION_SHIFT: Final = 0.5
 """The calibration detector's alternatives: the log odds of a positive label shifted by this much, up or down."""

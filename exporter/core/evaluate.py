@@ -14,8 +14,10 @@ import numpy as np
 
 from exporter.core.attributes import Attribute
 from exporter.core.conditional import metric as conditional_metric
-from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, GroupStats, group_stats
-from exporter.core.metric_table import METRICS, Comparisons, MetricValues, compare
+from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, group_stats
+from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
+from exporter.core.scores import auc as group_auc
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,26 @@ class Evaluation:
     min_samples: int
     unknown: np.ndarray = field(default_factory=lambda: np.zeros(N_COUNTS, dtype=np.int64))
     """Counts of the rows whose value is not one of the attribute's groups (or is missing): its unknown category."""
+    multiplicity: str = "none"
+    """How a ``fail`` is judged across the comparisons of one metric (see :data:`MULTIPLICITY`)."""
+    simultaneous: Comparisons | None = None
+    """Each pair's interval as one of the family of its metric's sufficient comparisons (Bonferroni over them):
+    the worst comparison's interval and the first step of the multiplicity rules. A metric absent from it (an
+    estimate) is judged per comparison."""
+    families: int = 1
+    """The pairs are this many consecutive families of equal size (``backtest``'s stacked steps), each judged alone."""
+    histogram: np.ndarray | None = None
+    """Each group's labelled score histogram ``(n_groups, n_bins, 2)`` (:func:`labelled_histogram`), for a model
+    that emits scores and compares them (``auc_difference``)."""
+    failing: dict[tuple[str, float], np.ndarray] = field(default_factory=dict)
+    """Per (metric, threshold): :func:`fails` of the pairs, computed for the whole batch of evaluations at once."""
+    worsts: dict[str, Worst] = field(default_factory=dict)
+    """Per metric: :meth:`worst`, computed for the whole batch of evaluations at once."""
 
     @property
-    def unknown_samples(self) -> int:
-        """Predictions in the attribute's unknown category."""
-        return int(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
+    def unknown_samples(self) -> float:
+        """Predictions in the attribute's unknown category (a proxy attribute's: a sum of posteriors)."""
+        return float(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
 
     def with_metrics(self, values: Mapping[str, MetricValues]) -> Evaluation:
         """The same evaluation with more metrics among its comparisons (the conditional ones, from counts per
@@ -55,15 +72,140 @@ class Evaluation:
 
     def evidence(self, metric: str, threshold: float) -> np.ndarray:
         """Per pair: ``pass``, ``fail`` or ``inconclusive`` from the interval against the threshold; an insufficient
-        comparison is ``inconclusive``."""
+        comparison is ``inconclusive``. ``pass`` reads the pair's own 95% interval; ``fail`` reads it as one of the
+        metric's comparisons under :attr:`multiplicity` (:func:`fails`)."""
         v = self.values(metric)
-        judged = conditional_metric(metric).evidence(v.lower, v.upper, threshold)
-        return np.where(self.sufficient(metric), judged, "inconclusive")
+        ok = self.sufficient(metric)
+        states = np.where(ok, conditional_metric(metric).evidence(v.lower, v.upper, threshold), "inconclusive")
+        if self.multiplicity == "none" or self.simultaneous is None or metric not in self.simultaneous.metrics or \
+                not (states == "fail").any():  # fmt: skip
+            return states
+        failing = self.failing.get((metric, threshold))
+        if failing is None:
+            failing = fails(metric, threshold, self.multiplicity, self.counts, np.array(self.attribute.pairs), ok,
+                            self.family(), self.simultaneous.metrics[metric], self.histogram)  # fmt: skip
+        return np.where(states == "fail", np.where(failing, "fail", "inconclusive"), states)
+
+    def worst_rows(self, metrics: Iterable[str], family: int = 0) -> list[dict[str, Any]]:
+        """What a report says of each metric's worst comparison in one family (the gate's ``worst[]``, backtest's
+        at its last step): the pair, value, simultaneous interval (None where undefined) and how many were judged.
+        Estimated metrics, judged one by one, have none."""
+        assert self.simultaneous is not None
+        groups, pairs = self.attribute.groups, self.attribute.pairs
+        out = []
+        for metric in (m for m in metrics if m in self.simultaneous.metrics):
+            w = self.worst(metric)
+            k = int(w.pair[family])
+            out.append({"attribute": self.attribute.name, "metric": metric,
+                        "dimension": "_vs_".join(groups[g] for g in pairs[k]) if k >= 0 else None,
+                        "value": _finite(w.value[family]),
+                        "ci_simultaneous": [_finite(w.lower[family]), _finite(w.upper[family])],
+                        "comparisons_judged": int(w.judged[family])})  # fmt: skip
+        return out
+
+    def auc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per group: the AUC of its scores and its 95% interval (DeLong's variance, normal, clipped to 0..1); None
+        without score histograms."""
+        if self.histogram is None:
+            return None
+        value, variance, _ = group_auc(self.histogram)
+        half = Z_95 * np.sqrt(variance)
+        return value, np.clip(value - half, 0.0, 1.0), np.clip(value + half, 0.0, 1.0)
+
+    def family(self) -> np.ndarray:
+        """Per pair: its family (0 but in ``backtest``'s stacked steps)."""
+        return np.arange(len(self.attribute.pairs)) // max(len(self.attribute.pairs) // self.families, 1)
+
+    def worst(self, metric: str) -> Worst:
+        """Per family: the largest difference (smallest ratio) over the judged comparisons, and an interval for the
+        true worst that holds simultaneously over them (:func:`worst_of`)."""
+        assert self.simultaneous is not None and metric in self.simultaneous.metrics, metric
+        if metric in self.worsts:
+            return self.worsts[metric]
+        return worst_of(METRICS[metric].kind, self.values(metric), self.simultaneous.metrics[metric],
+                        self.sufficient(metric), self.family(), self.families)  # fmt: skip
 
     def metric(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, lower, upper) per pair."""
         v = self.values(metric)
         return v.value, v.lower, v.upper
+
+
+@dataclass(frozen=True)
+class Worst:
+    """Per family of comparisons (one but in ``backtest``): the worst comparison of a metric and its simultaneous
+    interval; ``pair`` is -1 (and the numbers NaN) when none was judged."""
+
+    pair: np.ndarray
+    value: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    judged: np.ndarray
+
+
+def _local_worst(w: Worst, first: int, families: int, pair_start: int) -> Worst:
+    """One block's families of a batch's :class:`Worst`, its pairs numbered within the block."""
+    part = slice(first, first + families)
+    return Worst(np.where(w.pair[part] >= 0, w.pair[part] - pair_start, -1), w.value[part], w.lower[part],
+                 w.upper[part], w.judged[part])
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def worst_of(kind: str, values: MetricValues, simultaneous: MetricValues, judged: np.ndarray, family: np.ndarray,
+             families: int) -> Worst:  # fmt: skip
+    """Per family, over its ``judged`` pairs: the worst value (a difference's largest, a ratio's smallest) and, from
+    every pair's interval at 95%/K (Bonferroni over the K judged), the max (a ratio: min) of their lower and of their
+    upper bounds: if every interval holds its pair's true value, which happens with 95% probability at least, this
+    one holds the true worst. Vectorised over families (``backtest`` judges a day of steps at once)."""
+    sign = -1.0 if kind == "ratio" else 1.0  # the worst is the largest of sign * value
+    key = np.where(judged, sign * values.value, -np.inf)
+    order = np.lexsort((-key, family))  # by family, the worst first
+    first = np.searchsorted(family[order], np.arange(families))
+    count = np.bincount(family[judged], minlength=families)
+    pair = np.where(count > 0, order[np.minimum(first, len(order) - 1)] if len(order) else -1, -1)
+    bounds = []
+    for side in (simultaneous.lower, simultaneous.upper):
+        top = np.full(families, -np.inf)
+        np.maximum.at(top, family[judged], sign * side[judged])
+        bounds.append(np.where(count > 0, sign * top, np.nan))
+    value = np.where(count > 0, values.value[np.maximum(pair, 0)] if len(order) else np.nan, np.nan)
+    return Worst(pair.astype(np.int64), value, bounds[0], bounds[1], count.astype(np.int64))
+
+
+MULTIPLICITY = ("holm", "bonferroni", "none")
+"""How ``fail`` is judged across one metric's comparisons of an attribute: Holm's step-down (the default), each at
+95%/K (Bonferroni), or each alone. ``pass`` needs no adjustment (docs/auditor/numbers.md)."""
+
+
+def fails(metric: str, threshold: float, multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
+          judged: np.ndarray, family: np.ndarray, simultaneous: MetricValues,
+          histogram: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    """Per pair (``pairs`` rows of ``counts``, ``judged`` the ones with a value, ``family`` their family): whether its
+    interval lies wholly beyond the threshold as one of its family's K judged comparisons: each at the 5%/K error
+    level (``simultaneous``: Bonferroni), or Holm's step-down: once r of them fail, the others are judged again at
+    5%/(K - r), until none more fails. That fails the same comparisons as Holm's rule on their p-values, since an
+    interval at a lower error level holds the one at a higher. Vectorised over families (one per attribute and
+    window of a whole fleet, in the daemon's computation)."""
+    m = METRICS[metric]
+    failed = judged & (m.evidence(simultaneous.lower, simultaneous.upper, threshold) == "fail")
+    if multiplicity == "bonferroni":
+        return failed
+    n = int(family.max(initial=-1)) + 1
+    size = np.bincount(family[judged], minlength=n)[family]
+    while True:
+        left = judged & ~failed
+        remaining = np.bincount(family[left], minlength=n)[family]
+        step = np.flatnonzero(left & (remaining < size))  # a family where some failed: its others, at 5%/left
+        if not step.size:
+            return failed
+        again = m.compute(counts, pairs[step, 0], pairs[step, 1], comparisons=remaining[step], histogram=histogram)
+        newly = m.evidence(again.lower, again.upper, threshold) == "fail"
+        if not newly.any():
+            return failed
+        failed[step[newly]] = True
 
 
 def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
@@ -72,18 +214,32 @@ def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
     return type(stats)(**{k: tuple(a[rows] for a in v) if isinstance(v, tuple) else v[rows] for k, v in values.items()})
 
 
+def labelled_histogram(score_counts: np.ndarray) -> np.ndarray:
+    """Per group and score bin, its labelled negatives and positives ``(..., n_bins, 2)`` (both predicted classes) of
+    a score-counts array ``(..., n_bins, 2, N_SCORE_COUNTS)`` (:mod:`exporter.core.estimate`)."""
+    c = np.asarray(score_counts, dtype=np.int64).sum(axis=-2)
+    return np.stack([c[..., LABELLED_NEG], c[..., LABELLED_POS]], axis=-1)
+
+
 def evaluate_many(
-    blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS
-) -> list[Evaluation]:
+    blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS,
+    multiplicity: str = "none", families: int = 1, scores: Sequence[np.ndarray] | None = None,
+    thresholds: Mapping[str, float] | None = None,
+) -> list[Evaluation]:  # fmt: skip
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
     ``counts`` has a row per group, optionally followed by one more row: the attribute's unknown category (rows
     outside its groups), which counts for the overall rate but in no comparison. ``metrics``: the metrics to compute
-    (default: all of the table).
+    (default: all of the table). ``multiplicity``: how a fail is judged across a metric's comparisons
+    (:data:`MULTIPLICITY`); ``families``: each block's pairs are this many families judged apart (``backtest``).
+    ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics. ``thresholds``:
+    the metrics' thresholds, to judge the fails of every block in one pass (the daemon's fleet).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
     """
+    if not blocks:
+        return []
     unknowns = [c[len(a.groups)] if len(c) > len(a.groups) else np.zeros(N_COUNTS, np.int64) for a, c in blocks]
     blocks = [(a, c[: len(a.groups)]) for a, c in blocks]
     counts = np.concatenate([c for _, c in blocks])
@@ -93,8 +249,25 @@ def evaluate_many(
     pair_starts = np.cumsum([0, *(len(p) for p in pairs)])
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
     groups = group_stats(counts)
-    overall = group_stats(np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS))
-    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics)
+    overall = np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS)
+    # every row counts once overall, whatever its group: a proxy attribute's weighted counts sum to whole rows
+    overall = group_stats(np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall)
+    metrics = tuple(metrics)
+    histograms = None if scores is None else \
+        [labelled_histogram(h[: len(a.groups)]) for (a, _), h in zip(blocks, scores, strict=True)]  # fmt: skip
+    histogram = None if histograms is None else np.concatenate(histograms)
+    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram)
+    block = np.repeat(np.arange(len(pairs)), [len(p) for p in pairs])
+    local_pair = np.arange(len(global_pairs)) - pair_starts[block]
+    family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
+    simultaneous = _simultaneous(counts, global_pairs, comparisons, min_samples, family, histogram)
+    judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
+    failing = {(name, t): fails(name, t, multiplicity, counts, global_pairs, judged[name], family,
+                                simultaneous.metrics[name], histogram)
+               for name, t in ((thresholds or {}).items() if multiplicity != "none" else ())}  # fmt: skip
+    n_families = len(blocks) * families
+    worsts = {name: worst_of(METRICS[name].kind, v, simultaneous.metrics[name], judged[name], family, n_families)
+              for name, v in comparisons.metrics.items()}  # fmt: skip
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])
@@ -106,5 +279,25 @@ def evaluate_many(
             comparisons=comparisons.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             min_samples=min_samples,
             unknown=unknowns[k],
+            multiplicity=multiplicity,
+            simultaneous=simultaneous.take(local, pairs[k][:, 0], pairs[k][:, 1]),
+            families=families,
+            histogram=None if histograms is None else histograms[k],
+            failing={key: f[local] for key, f in failing.items()},
+            worsts={name: _local_worst(w, k * families, families, pair_starts[k]) for name, w in worsts.items()},
         ))  # fmt: skip
     return out
+
+
+def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, min_samples: int,
+                  family: np.ndarray, histogram: np.ndarray | None) -> Comparisons:  # fmt: skip
+    """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
+    sufficient comparisons in a family put each of its pairs' intervals at 95%/K."""
+    rates: RateCounts = {}
+    out = {}
+    for name, v in comparisons.metrics.items():
+        ok = (v.support >= min_samples) & ~np.isnan(v.value)
+        judged = np.bincount(family, weights=ok, minlength=int(family.max(initial=-1)) + 1).astype(np.int64)
+        out[name] = METRICS[name].compute(counts, pairs[:, 0], pairs[:, 1], rates, np.maximum(judged[family], 1),
+                                          histogram)  # fmt: skip
+    return Comparisons(comparisons.group_a, comparisons.group_b, out)

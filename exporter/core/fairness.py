@@ -30,6 +30,11 @@ RATES: Final[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
     "false_positive_rate": ((FP,), (FP, TN)),
     "precision": ((TP,), (TP, FP)),
     "accuracy": ((TP, TN), (TP, FP, TN, FN)),
+    "false_negative_rate": ((FN,), (TP, FN)),
+    "true_negative_rate": ((TN,), (FP, TN)),
+    "negative_predictive_value": ((TN,), (TN, FN)),
+    "false_discovery_rate": ((FP,), (TP, FP)),
+    "false_omission_rate": ((FN,), (TN, FN)),
 }
 """Every per-group rate as (numerator columns, denominator columns) of a counts array."""
 RATE_TRIALS: Final = {
@@ -38,6 +43,11 @@ RATE_TRIALS: Final = {
     "false_positive_rate": "labelled negatives",
     "precision": "labelled predicted positives",
     "accuracy": "labelled predictions",
+    "false_negative_rate": "labelled positives",
+    "true_negative_rate": "labelled negatives",
+    "negative_predictive_value": "labelled predicted negatives",
+    "false_discovery_rate": "labelled predicted positives",
+    "false_omission_rate": "labelled predicted negatives",
 }
 """What the denominator of each rate counts: the basis of a comparison's sufficiency."""
 
@@ -54,15 +64,27 @@ def ratio(num: NDArray, den: NDArray) -> FloatArray:
     return out
 
 
-def rate_counts(counts: NDArray, rate: str) -> tuple[IntArray, IntArray]:
-    """(successes, trials) of one named rate for every row of a counts array."""
-    c = np.asarray(counts, dtype=np.int64)
+def exact(counts: NDArray) -> NDArray:
+    """A counts array as int64, unless its counts are weighted (floats: a proxy attribute's posterior sums)."""
+    c = np.asarray(counts)
+    return c if np.issubdtype(c.dtype, np.floating) else c.astype(np.int64)
+
+
+def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:
+    """(successes, trials) of one named rate for every row of a counts array.
+
+    Weighted counts (a proxy attribute's: each row adds its posterior p of the group) give the weighted rate
+    ``sum p y / sum p``, and the binomial variance r(1 - r) / sum p of the intervals built on them is, by the delta
+    method, the rate's sampling variance sum p^2 (y - r)^2 / (sum p)^2 plus the proxy's, from each row's unknown
+    membership, sum p (1 - p) (y - r)^2 / (sum p)^2 (docs/auditor/proxy.md).
+    """
+    c = exact(counts)
     numerator, denominator = RATES[rate]
     return sum(c[..., i] for i in numerator), sum(c[..., i] for i in denominator)  # type: ignore[return-value]
 
 
 def wilson_interval(
-    successes: NDArray, trials: NDArray, z: float = Z_95, continuity: bool = False
+    successes: NDArray, trials: NDArray, z: float | FloatArray = Z_95, continuity: bool = False
 ) -> tuple[FloatArray, FloatArray]:
     """Wilson score interval for a binomial proportion; NaN bounds where trials is 0.
 
@@ -110,7 +132,7 @@ def t_interval(
 
 
 def newcombe_interval(
-    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float = Z_95, continuity: bool = False
+    k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float | FloatArray = Z_95, continuity: bool = False
 ) -> tuple[FloatArray, FloatArray]:
     """Newcombe's hybrid score interval for p1 - p2 from two Wilson intervals: method 10, or with ``continuity``
     method 11 (continuity-corrected Wilson intervals)."""
@@ -129,7 +151,7 @@ def abs_interval(lower: FloatArray, upper: FloatArray) -> tuple[FloatArray, Floa
 
 
 def ratio_interval(
-    k_num: NDArray, n_num: NDArray, k_den: NDArray, n_den: NDArray, z: float = Z_95
+    k_num: NDArray, n_num: NDArray, k_den: NDArray, n_den: NDArray, z: float | FloatArray = Z_95
 ) -> tuple[FloatArray, FloatArray]:
     """Katz log interval for a ratio of two proportions, with a 0.5 correction where a count is 0."""
     k_num, n_num, k_den, n_den = (np.asarray(a, dtype=np.float64) for a in (k_num, n_num, k_den, n_den))
@@ -157,6 +179,11 @@ class GroupStats:
     false_positive_rate_ci: tuple[FloatArray, FloatArray]
     accuracy: FloatArray
     precision: FloatArray
+    false_negative_rate: FloatArray
+    true_negative_rate: FloatArray
+    negative_predictive_value: FloatArray
+    false_discovery_rate: FloatArray
+    false_omission_rate: FloatArray
 
 
 _WITH_INTERVAL: Final = ("selection_rate", "true_positive_rate", "false_positive_rate")
@@ -172,7 +199,7 @@ def group_stats(counts: NDArray) -> GroupStats:
         values[rate] = ratio(k, n)
         if rate in _WITH_INTERVAL:
             values[f"{rate}_ci"] = wilson_interval(k, n)
-    c = np.asarray(counts, dtype=np.int64)
+    c = exact(counts)
     return GroupStats(samples=c[..., PRED_POS] + c[..., PRED_NEG], labelled=c[..., [TP, FP, TN, FN]].sum(axis=-1),
                       **values)  # type: ignore[arg-type]
 

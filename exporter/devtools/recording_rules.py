@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, RATES, TN, TP
-from exporter.core.metric_table import METRICS
+from exporter.core.metric_table import COUNT_METRICS, METRICS
 
 REPLICA_LABELS = ("instance", "pod")  # labels that tell replicas apart; recording rules sum them away
 
@@ -97,5 +97,6 @@ def recording_rules(window: str) -> list[dict[str, Any]]:
         for counter in ("predictions", "labelled_predictions")
     ]  # fmt: skip
     rules += [{"record": _rate_record(rate, window), "expr": _ratio(*_rate_parts(rate, window))} for rate in RATES]
-    rules += [{"record": _metric_record(metric, window), "expr": _metric_expr(metric, window)} for metric in METRICS]
+    rules += [{"record": _metric_record(metric, window), "expr": _metric_expr(metric, window)}
+              for metric in COUNT_METRICS]
     return rules

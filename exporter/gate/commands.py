@@ -27,7 +27,7 @@ EXIT_OK, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
 SUMMARY_LINES = 15
 
 
-def _file_facts(path: str | None) -> dict[str, Any]:
+def file_facts(path: str | None) -> dict[str, Any]:
     from exporter.gate.fairness.audit import sha256_file
 
     p = Path(path) if path else None
@@ -39,7 +39,8 @@ def _summary(report: dict[str, Any]) -> str:
     lines = [f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} passed, "
              f"{report['blocking_failures']} blocking, {report['warning_failures']} warning, "
              f"{report['insufficient_samples']} with insufficient samples, {report['inconclusive']} inconclusive "
-             f"(decision: {report['decision']})"]  # fmt: skip
+             f"(decision: {report['decision']}); {report['comparisons_judged']} comparisons judged, a fail among "
+             f"each metric's of an attribute by {report['multiplicity']}"]  # fmt: skip
     lines += [f"  {_result_line(r, report['min_samples'], report['decision'])}" for r in report["results"]]
     return "\n".join(lines)
 
@@ -51,7 +52,7 @@ def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
     if r["value"] is None:
         why = (f"the smallest count of {metric(r['metric']).counted} in a group is {r['support']}, below "
                f"min_samples {min_samples}" if r["support"] < min_samples
-               else "undefined (a group has no positive prediction)")  # fmt: skip
+               else "undefined (the compared rate is 0 in a group)")  # fmt: skip
         text = f"{head}: no value: {why}; evidence {r['evidence']}"
     else:
         lo, hi = r["ci_95"]
@@ -69,7 +70,7 @@ def _audit_log_key() -> bytes | None:
     return key_from_env()
 
 
-def _log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
+def log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
     """Append a run to the audit log (HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set); say what it recovered."""
     from exporter.gate import audit_log
 
@@ -103,17 +104,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
             data = dataset_location(config, args.predictions)
             report = run_audit(config, data, override=override, engine=args.engine, baseline=args.baseline)
         except (ConfigError, DataError) as exc:
-            _log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
-                                         "config": _file_facts(args.config), "data": _file_facts(data)})  # fmt: skip
-            return _bad_input(args, "audit", str(exc))
-        head = _log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
+            log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
+                                         "config": file_facts(args.config), "data": file_facts(data)})  # fmt: skip
+            return bad_input(args, "audit", str(exc))
+        head = log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
                                             "model_id": report["model_id"], "model_version": report["model_version"],
-                                            "verdict": report["verdict"], "config": _file_facts(args.config),
+                                            "verdict": report["verdict"], "config": file_facts(args.config),
                                             "data": {"file": report["data_file"],
                                                      "manifest_sha256": report["data_manifest_sha256"]},
                                             "override": report["override"], "report": report})  # fmt: skip
     except audit_log.AuditLogError as exc:
-        return _bad_input(args, "audit", f"--audit-log {exc}")
+        return bad_input(args, "audit", f"--audit-log {exc}")
     report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.report:
@@ -162,7 +163,7 @@ def write_ci_reports(args: argparse.Namespace, report: CiReport) -> None:
         write_report(Path(args.summary_md), ci_reports.markdown(report))
 
 
-def _bad_input(args: argparse.Namespace, command: str, message: str) -> int:
+def bad_input(args: argparse.Namespace, command: str, message: str) -> int:
     """A run that could not evaluate anything: one line on stderr, an errored check in the CI reports, exit 2."""
     from exporter.gate.reports import ci as ci_reports
 
@@ -201,18 +202,18 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
             reports[name] = auditor.evaluate_dataset(name)
             manifests[name] = open_dataset(name).manifest().sha256
     except (DataError, ImportError) as exc:
-        return _bad_input(args, "bias-report", str(exc))
+        return bad_input(args, "bias-report", str(exc))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     from exporter.gate.audit_log import AuditLogError
 
     try:
-        _log_run("bias-report", args.audit_log, {
+        log_run("bias-report", args.audit_log, {
             "type": "bias_report", "timestamp": _now(), "model_id": args.model_id,
             "model_version": args.model_version, "verdict": "FAIL" if biased else "PASS",
             "data": [{"file": name, "manifest_sha256": manifests[name]} for name in args.data],
             "report": reports})  # fmt: skip
     except AuditLogError as exc:
-        return _bad_input(args, "bias-report", f"--audit-log {exc}")
+        return bad_input(args, "bias-report", f"--audit-log {exc}")
     if args.html and not write_html(Path(args.html), bias_html, reports):
         return EXIT_BAD_INPUT
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
@@ -256,21 +257,21 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
     from exporter.gate.suite import audit_entry
     from exporter.gate.targets.objects import TargetError
 
-    facts = {"config": _file_facts(args.config), "model": model}
+    facts = {"config": file_facts(args.config), "model": model}
     try:
         try:
             report = run()
         except (ConfigError, DataError, TargetError, ImportError) as exc:
-            _log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc),
+            log_run(suite, args.audit_log, {"type": f"{suite}_error", "error": str(exc),
                                              **_model_facts(None, args), **facts})  # fmt: skip
-            return _bad_input(args, suite, str(exc))
+            return bad_input(args, suite, str(exc))
         facts["model"] = report.get("model", model)  # what was loaded: a class spec, a file
         reporting = report.get("reporting") or {}
         if reporting.get("notify_on_critical") and report["critical_failures"]:
             report["notifications"] = _notify(suite, report, reporting["notify_on_critical"])
-        head = _log_run(suite, args.audit_log, audit_entry(report, **facts))
+        head = log_run(suite, args.audit_log, audit_entry(report, **facts))
     except audit_log.AuditLogError as exc:
-        return _bad_input(args, suite, f"--audit-log {exc}")
+        return bad_input(args, suite, f"--audit-log {exc}")
     report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
     _emit(report, args.report, _suite_summary(report))
     write_ci_reports(args, ci_reports.from_suite(report))

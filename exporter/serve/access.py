@@ -30,10 +30,6 @@ from exporter.serve.web_config import WebConfig, WebConfigError, load, server_co
 
 log = logging.getLogger(__name__)
 
-AUTH_FAILURES: Final = ("no_credentials", "unknown_user", "wrong_password", "client_certificate_missing",
-                        "client_certificate_invalid", "client_certificate_not_allowed", "tls_handshake_failed")
-"""Reasons a request or a connection was refused (``tls_handshake_failed``: any other failed handshake, e.g.
-plain HTTP on the TLS port, or a client that gave up)."""
 CACHED_CHECKS: Final = 100
 """Verified (user, hash, password) outcomes kept; the oldest goes first."""
 RELOAD_CHECK_SECONDS: Final = 1.0
@@ -95,7 +91,7 @@ class Access:
             return False
 
     def refusal(self, path: str, authorization: str, certificate: dict[str, Any] | None) -> str | None:
-        """Why this request may not be served (one of :data:`AUTH_FAILURES`), or None."""
+        """Why this request may not be served (one of exporter/health/counters.py AUTH_FAILURES), or None."""
         config = self.config
         if path in config.excluded_paths:
             return None

@@ -29,16 +29,17 @@ from exporter.core.conditional import metric as table_metric
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.estimated import calibration_detector_families, estimated_families
+from exporter.serve.explained import explanation_families
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, EXPLANATIONS, MAX_FORMATS, Page, Pages
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
 _CI = "95% interval"
+PROXY = "_proxy"
+PROXIED = (" Proxy (proxy: true): the attribute was never collected; each prediction counts in each group by its BISG "
+           "posterior (surname and ZCTA), intervals include the proxy's uncertainty, and gaps are understated "
+           "(docs/auditor/proxy.md).")  # fmt: skip
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
 _GROUP = ["model_id", "attribute", "window", "subgroup"]
-
-
-TOP_TERMS = 3
-"""Terms of each explained change on /metrics (model_explanation_top_contribution)."""
 
 
 class _Family:
@@ -77,42 +78,60 @@ class SnapshotCollector(Collector):
             return
         snapshots = fleet.models
         cadence = f" Computed every {self.every} over the event-time window in the window label."
-        rate = _Family("model_positive_prediction_rate", "Share of predictions that are positive (selection rate)."
-                       + cadence, _GROUP, bounds=True)  # fmt: skip
-        tpr = _Family("model_true_positive_rate", "True positive rate among labelled predictions." + cadence, _GROUP,
-                      bounds=True)  # fmt: skip
-        fpr = _Family("model_false_positive_rate", "False positive rate among labelled predictions." + cadence,
+        yield from self._families(snapshots, cadence)
+        if any(s.proxied for s in snapshots):
+            yield from self._families(snapshots, PROXIED + cadence, PROXY)
+        yield from estimated_families(snapshots, cadence)
+        yield from self._worst(snapshots, cadence)
+        yield from self._scores(snapshots, cadence)
+        yield from self._settings(snapshots)
+        yield from self._counters(snapshots)
+        yield from detector_families(snapshots)
+        yield from explanation_families(snapshots, cadence)
+
+    @staticmethod
+    def _families(snapshots: Sequence[Snapshot], cadence: str, suffix: str = "") -> Iterator[Metric]:
+        """The subgroups' rates and the comparisons of every evaluation; with ``suffix`` (PROXY), of the proxy
+        attributes' posterior-weighted evaluations, under names of their own."""
+        rate = _Family(f"model_positive_prediction_rate{suffix}", "Share of predictions that are positive (selection "
+                       "rate)." + cadence, _GROUP, bounds=True)  # fmt: skip
+        tpr = _Family(f"model_true_positive_rate{suffix}", "True positive rate among labelled predictions." + cadence,
                       _GROUP, bounds=True)  # fmt: skip
-        samples = _Family("model_subgroup_samples", "Predictions in the window." + cadence, _GROUP)
-        labelled = _Family("model_subgroup_labelled_samples", "Labelled predictions in the window." + cadence, _GROUP)
-        fraction = _Family("model_labelled_fraction", "Labelled / all predictions in the window: low means the "
-                           "model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
+        fpr = _Family(f"model_false_positive_rate{suffix}", "False positive rate among labelled predictions."
+                      + cadence, _GROUP, bounds=True)  # fmt: skip
+        samples = _Family(f"model_subgroup_samples{suffix}", "Predictions in the window." + cadence, _GROUP)
+        labelled = _Family(f"model_subgroup_labelled_samples{suffix}", "Labelled predictions in the window."
+                           + cadence, _GROUP)  # fmt: skip
+        fraction = _Family(f"model_labelled_fraction{suffix}", "Labelled / all predictions in the window: low means "
+                           "the model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
         exported = {m for snapshot in snapshots for m in snapshot.metrics}
-        pairs = {m: _Family(table_metric(m).prometheus_name, table_metric(m).help + cadence, _PAIR, bounds=True)
+        pairs = {m: _Family(table_metric(m).prometheus_name + suffix, table_metric(m).help + cadence, _PAIR,
+                            bounds=True)
                  for m in [*METRICS, *CONDITIONAL_METRICS] if m in exported}  # fmt: skip
         insufficient = GaugeMetricFamily(
-            "model_comparison_insufficient_samples",
+            f"model_comparison_insufficient_samples{suffix}",
             "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "
             "metric counts (predictions; labelled positives and negatives for TPR/FPR-based metrics), or the metric "
-            "is undefined (a ratio with no positive prediction in a group). Else 0, and the value is exported with "
-            "its interval however wide." + cadence,
+            "is undefined (a ratio whose rate is 0 in a group: no positive prediction, for disparate impact). Else 0, "
+            "and the value is exported with its interval however wide." + cadence,
             labels=[*_PAIR, "metric"],
         )
         evidence = GaugeMetricFamily(
-            "model_comparison_evidence",
+            f"model_comparison_evidence{suffix}",
             "1 for the state of what the metric's 95% interval says against its threshold (fairness_threshold), 0 for "
             "the two others: pass (wholly on the passing side), fail (wholly beyond), inconclusive (it contains the "
             "threshold, or the comparison has no value)." + cadence,
             labels=[*_PAIR, "metric", "evidence"],
         )
         thresholds = {s.model_id: {m: t for m, t, _ in s.thresholds} for s in snapshots}
-        unknown = _Family("model_subgroup_unknown_samples", "Predictions in the window whose value of the attribute "
-                          "is outside its groups or missing: its unknown category, counted in the overall rate and "
-                          "in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
+        unknown = _Family(f"model_subgroup_unknown_samples{suffix}", "Predictions in the window whose value of the "
+                          "attribute is outside its groups or missing: its unknown category, counted in the overall "
+                          "rate and in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
 
-        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
+        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in (s.proxied if suffix else
+                                                                               s.evaluations)):  # fmt: skip
             base = [snapshot.model_id, ev.attribute.name, window]
-            unknown.add(base, float(ev.unknown_samples))
+            unknown.add(base, ev.unknown_samples)
             names = [*ev.attribute.groups, "overall"]
             for stats, offset in ((ev.groups, 0), (ev.overall, len(ev.attribute.groups))):
                 for i in range(len(stats.samples)):
@@ -142,40 +161,41 @@ class SnapshotCollector(Collector):
             yield from family.families()
         yield insufficient
         yield evidence
-        yield from estimated_families(snapshots, cadence)
-        yield from self._scores(snapshots, cadence)
-        yield from self._settings(snapshots)
-        yield from self._counters(snapshots)
-        yield from detector_families(snapshots)
-        yield from self._explanations(snapshots, cadence)
 
     @staticmethod
-    def _explanations(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
-        """The largest terms of each explained change (``segments:``): :data:`TOP_TERMS` series per comparison, rate
-        and window, whatever the number of segment values, for the paging alerts' descriptions; /explain has all."""
-        if not any(s.explained for s in snapshots):
-            return
-        family = GaugeMetricFamily(
-            "model_explanation_top_contribution", f"The {TOP_TERMS} largest terms (rank 1 the largest) of the change "
-            "of the gap rate_a - rate_b from the window before this one (segments:): the segment (column=value), the "
-            "term (mix: the groups' shares of it moved; rate: their rates within it moved), its contribution; GET "
-            "/explain has every term with its interval." + cadence,
-            labels=[*_PAIR, "rate", "rank", "segment", "term"])  # fmt: skip
-        for snapshot in snapshots:
-            seen = set()
-            for window, found in (snapshot.explained or {}).items():
-                for e in found["explanations"]:
-                    key = (window, e["attribute"], e["comparison"], e["rate"])
-                    if key in seen:  # one rate's change, explained once for every metric comparing it
-                        continue
-                    seen.add(key)
-                    a, b = e["comparison"].split(" vs ", 1)
-                    terms = sorted(((s[t], f"{s['column']}={s['value']}", t) for s in e["segments"]
-                                    for t in ("rate", "mix")), key=lambda x: -abs(x[0]))[:TOP_TERMS]  # fmt: skip
-                    for rank, (value, segment, term) in enumerate(terms, start=1):
-                        family.add_metric([snapshot.model_id, e["attribute"], window, f"{a}_vs_{b}", a, b, e["rate"],
-                                           str(rank), segment, term], value)  # fmt: skip
-        yield family
+    def _worst(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
+        """Per attribute and metric: its worst comparison with the interval that holds over all its judged ones, and
+        how many were judged (the K of that interval and of the multiplicity rule); per subgroup, its scores' AUC
+        (a model comparing scores)."""
+        attribute = ["model_id", "attribute", "window", "metric"]
+        worst = _Family("model_worst_comparison", "The metric's worst comparison of the attribute (largest "
+                        "difference, smallest ratio) over those judged, its bounds a 95% interval for the true worst "
+                        "that holds over all of them at once (Bonferroni); absent when none was judged." + cadence,
+                        [*attribute, "dimension", "group_a", "group_b"], bounds=True)  # fmt: skip
+        judged = GaugeMetricFamily("model_comparisons_judged", "Comparisons of the metric and attribute that have a "
+                                   "value (meet min_samples): the K over which the worst comparison's interval and "
+                                   "the multiplicity rule of its fail evidence hold." + cadence, labels=attribute)
+        auc = _Family("model_score_auc", "AUC of the model's scores (binned by events.score_buckets) among the "
+                      "subgroup's labelled predictions, with DeLong's 95% interval; only with a score metric "
+                      "(auc_difference) configured." + cadence, ["model_id", "attribute", "window", "subgroup"],
+                      bounds=True)  # fmt: skip
+        for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
+            groups = ev.attribute.groups
+            scored = ev.auc()
+            if scored is not None:
+                for i, group in enumerate(groups):
+                    auc.add([snapshot.model_id, ev.attribute.name, window, group], *(x[i] for x in scored))
+            for metric in (m for m in snapshot.metrics if m in METRICS):  # the conditional ones: no worst
+                w = ev.worst(metric)
+                labels = [snapshot.model_id, ev.attribute.name, window, metric]
+                judged.add_metric(labels, float(w.judged[0]))
+                if w.pair[0] >= 0:
+                    a, b = (groups[g] for g in ev.attribute.pairs[w.pair[0]])
+                    worst.add([*labels, f"{a}_vs_{b}", a, b], w.value[0], w.lower[0], w.upper[0])
+        yield from worst.families()
+        yield judged
+        if any(table_metric(m).scores for s in snapshots for m in s.metrics):
+            yield from auc.families()
 
     @staticmethod
     def _scores(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:

@@ -14,11 +14,12 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core import estimate
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
+from exporter.stream.state.detection import Detection
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
+from exporter.stream.state.proxy import ProxyRing
 from exporter.stream.state.segments import conditional, explain
-from exporter.stream.state.window import Detection
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class Snapshot:
     """(window, estimated comparisons) per window and attribute, for a model that estimates (estimation:)."""
     explained: dict[str, Any] | None = None
     """Per window, why each gap moved since the window before it (``segments:``; /explain serves it)."""
+    proxied: tuple[tuple[str, Evaluation], ...] = ()
+    """(window, evaluation) for every window and proxy attribute (proxy:): posterior-weighted, never mixed with
+    :attr:`evaluations` (exporter/stream/state/proxy.py; served with the suffix ``_proxy``)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,15 @@ def estimated(spec: ModelSpec, reference: dict[str, np.ndarray], windows: dict[s
                  for window, counts in windows.items() for a in spec.attributes)  # fmt: skip
 
 
+def proxied(spec: ModelSpec, ring: ProxyRing, windows: dict[str, np.ndarray]) -> tuple[tuple[str, Evaluation], ...]:
+    """The evaluation of every window (its proxy counts, :meth:`WindowStore.window_proxy_counts`) and proxy
+    attribute, by the core's weighted counts (``backtest`` calls this too)."""
+    blocks = [(window, a, ring.split(counts)[a.name]) for window, counts in windows.items() for a in ring.attributes]
+    evaluated = evaluate_many([(a, c) for _, a, c in blocks], spec.min_samples, spec.exported_metrics,
+                              spec.multiplicity)  # fmt: skip
+    return tuple((window, ev) for (window, _, _), ev in zip(blocks, evaluated, strict=True))
+
+
 def compute_model(monitored: Monitored, windowing: Windowing, now: float,
                   thresholds: tuple[tuple[str, float, str], ...],
                   reference: dict[str, np.ndarray] | None = None) -> Snapshot:  # fmt: skip
@@ -80,16 +93,22 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
     detection = store.detect(now, store.calibration_rows(reference) if reference is not None else None)
     with store.lock:  # counts and score histograms of the same events
         windows = store.window_counts(now)
+        proxies = proxied(spec, store.proxy, store.window_proxy_counts(now))
         window_scores = store.window_scores(now)
-        estimation = store.window_estimate_counts(now) if reference is not None else {}
+        estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
         by_segment = store.segments.snapshot(now) if spec.counted_columns else None
-    keys, blocks = [], []
+    keys, blocks, histograms = [], [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
+        labelled = store.layout.split(estimation[window.name]) if spec.compares_scores else {}
         for attribute in spec.attributes:
-            keys.append(window.name)
-            blocks.append((attribute, by_attribute[attribute.name]))
-    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics)
+            if attribute.proxy is None:
+                keys.append(window.name)
+                blocks.append((attribute, by_attribute[attribute.name]))
+                histograms.extend([labelled[attribute.name]] if labelled else [])
+    evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity,
+                              scores=histograms if spec.compares_scores else None,
+                              thresholds={m: t for m, t, _ in thresholds if m in spec.exported_metrics})  # fmt: skip
     metrics = spec.exported_metrics
     if by_segment is not None and spec.conditional_metrics:  # over the strata's counts, as the gate's (strata:)
         pairs = {a.name: (np.array([p[0] for p in a.pairs], np.int64), np.array([p[1] for p in a.pairs], np.int64))
@@ -101,7 +120,8 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)
-        scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes)
+        scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes
+                      if a.proxy is None)
     return Snapshot(spec.model_id, now, tuple(zip(keys, evaluated, strict=True)),
                     store.layout.split(store.totals_copy()), metrics, thresholds, detection,
                     store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores),
@@ -109,7 +129,8 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
                     estimated=estimated(spec, reference, estimation, store.layout.split)
                     if reference is not None and estimation else (),
                     explained=explain(spec, by_segment, store.segments, store.layout.split)
-                    if by_segment is not None and spec.segments else None)  # fmt: skip
+                    if by_segment is not None and spec.segments else None,
+                    proxied=proxies)  # fmt: skip
 
 
 class Computer:

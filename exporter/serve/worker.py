@@ -140,7 +140,10 @@ class Published:
 
 
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the daemon stops us
+    # Ctrl-C, and a SIGTERM to the whole process group (systemd's default, kill -- -PGID), reach us with the daemon,
+    # which stops us in its own shutdown (and the kernel kills us if it dies): not our exit, nor a worker to restart
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     connection = Connection(int(argv[1]))
     listening = socket.socket(fileno=int(argv[2]))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
 from exporter.stream.kafka.client import Partition, Record
 from exporter.stream.kafka.dead_letters import DeadLetters
 

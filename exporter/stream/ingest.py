@@ -28,14 +28,25 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from exporter.config import Config
-from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.config import Config, ModelSpec
+from exporter.health.counters import Health
+from exporter.health.logs import RateLimitedLog
+from exporter.health.side import SideHealth
 from exporter.stream.bounded import Bound
-from exporter.stream.decode.events import DecodedBatch
+from exporter.stream.decode.events import REJECT_REASONS, DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import PayloadRows, payload_batches, read_halves, records_of
+from exporter.stream.decode.payload import (
+    UNMATCHED_REASONS,
+    PayloadRows,
+    components,
+    payload_batches,
+    read_halves,
+    records_of,
+)
+from exporter.stream.decode.route import IGNORE_REASONS
 from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.kafka.dead_letters import DeadLetters
+from exporter.stream.state.attribute_join import JOIN_OUTCOMES, SIDE_REJECTS, SideRecords
 from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.label_join import Joined
 
@@ -57,18 +68,28 @@ class Ingest:
         self.bounded = Bound(health, dead_letters, lambda p: fleet.offsets_copy().get(p, -1), fleet.advance_offset)
         """Handles each unit (a poll's predictions, a labels partition's batch) within the bound."""
         self._rows: dict[str, PayloadRows] = {}
+        for reason in REJECT_REASONS:  # every reason at 0 from the start, so that a rate() sees the first one
+            health.rejected.labels(reason)
+        for reason in IGNORE_REASONS:
+            health.ignored.labels(reason)
+        self.side_topics = {s.topic: name for name, s in config.attribute_sources.items() if s.topic is not None}
+        """Side sources' topics (``attribute_sources``): read as tables (exporter/stream/state/attribute_join.py)."""
+        self.side_health = SideHealth(health.registry, list(config.attribute_sources), JOIN_OUTCOMES, SIDE_REJECTS) \
+            if config.attribute_sources else None  # fmt: skip
 
     def handle_poll(self, batches: Mapping[Partition, Sequence[Record]]) -> None:
         """Count what one poll returned (the source's handler): the predictions of every partition as one batch, so
         that each model's share of a poll is decoded and counted in one call however many models share the topic;
         then the ground-truth events. Never raises: see :attr:`bounded`."""
-        topics = (self.kafka.topic, self.kafka.response_topic)
+        events = self.kafka.reads_events
         predictions = [(partition, records) for partition, records in batches.items()
-                       if partition[0] in topics and records]  # fmt: skip
+                       if events(partition[0]) and records]  # fmt: skip
         if predictions:
             self.bounded(predictions, self.predictions)
         for (topic, partition), records in batches.items():
-            if topic not in topics and records:
+            if topic in self.side_topics and records:
+                self.bounded([((topic, partition), records)], lambda parts: self.side(*parts[0][0], parts[0][1]))
+            elif not events(topic) and records:
                 self.bounded([((topic, partition), records)], lambda parts: self.outcomes(*parts[0][0], parts[0][1]))
 
     @property
@@ -118,7 +139,8 @@ class Ingest:
         halves, rejected, ignored = [], [], Counter[str]()
         offsets: dict[Partition, int] = {}
         for partition, records in parts:
-            read = read_halves(form, partition[0], records_of(records), models)
+            read = read_halves(form, partition[0], records_of(records), models, self.kafka.response_topic,
+                               components(fleet.config.models))  # fmt: skip
             halves += read.halves
             rejected += read.rejected
             ignored.update(read.ignored)
@@ -143,7 +165,7 @@ class Ingest:
             pending = len(fleet.joins.pending)
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
-        joined, unmatched_counter = self.health.payload_counters()
+        joined, unmatched_counter = self.health.payload_counters(UNMATCHED_REASONS)
         joined.inc(sum(map(len, pairs.values())))
         for reason, n in unmatched.items():
             unmatched_counter.labels(reason).inc(n)
@@ -181,7 +203,17 @@ class Ingest:
                 self.dead_letters.send(payloads)
 
     def _count(self, model: Monitored, batch: DecodedBatch, now: float, given_up: Counter[str]) -> int:
-        """Count one model's share of a batch (under the fleet's lock); how many of its events were late."""
+        """Count one model's share of a batch (under the fleet's lock), its events that wait for side records held
+        back; how many of its events were late."""
+        joins = self.fleet.attributes
+        if joins and model.spec.attribute_sources:
+            outcomes: Counter[tuple[str, str]] = Counter()
+            batch = joins.resolve(model.spec, batch, outcomes)
+            self._side_counted(outcomes)
+        return self._add(model, batch, now, given_up)
+
+    def _add(self, model: Monitored, batch: DecodedBatch, now: float, given_up: Counter[str]) -> int:
+        """Count events whose attributes are all known (under the fleet's lock); how many were late."""
         segments = model.store.segments.codes(batch.segments) if model.spec.counted_columns and batch.segments \
             else None  # fmt: skip
         late = model.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
@@ -234,6 +266,10 @@ class Ingest:
         unmatched: Counter[str] = Counter()
         now = self.clock()
         with self.fleet.lock:
+            if self.fleet.attributes:
+                outcomes: Counter[tuple[str, str]] = Counter()
+                self._released(self.fleet.attributes.expire(now, self._specs(), outcomes), now, given_up)
+                self._side_counted(outcomes)
             self.fleet.joins.expire(now, given_up)
             responses = self.fleet.pairs.expire(now, unmatched) if self.fleet.pairs.pending else []
             pending = len(self.fleet.joins.pending)
@@ -242,8 +278,55 @@ class Ingest:
         self.health.labels_clock_behind.set(behind)
         self.health.count_outcomes(given_up)
         if unmatched or responses:  # a response with no request ever: a bad payload, rejected and dead-lettered
+            counter = self.health.payload_counters(UNMATCHED_REASONS)[1]
             for reason, n in unmatched.items():
-                self.health.payload_counters()[1].labels(reason).inc(n)
-            self.health.payload_counters()[1].labels("response_without_request").inc(len(responses))
+                counter.labels(reason).inc(n)
+            counter.labels("response_without_request").inc(len(responses))
             self.report({}, Counter(), [], 0, "the pair join", [(h.raw, "response_without_request")
                                                                 for h in responses])  # fmt: skip
+
+    # --- side sources (attribute_sources) -----------------------------------------------------------------------
+
+    def side(self, topic: str, partition: int, records: Sequence[Record]) -> None:
+        """Take one side partition's records into its source's table, and count the predictions they release. A
+        value that is no JSON object is refused, counted and dead-lettered as a pointer (topic, partition, offset):
+        the dead letter never holds the record's values."""
+        name = self.side_topics[topic]
+        next_offset = records.next_offset() if isinstance(records, Batch) else records[-1].offset + 1
+        messages = getattr(records, "messages", None)  # confluent-kafka's batch keeps its messages
+        offsets = [m.offset() for m in messages] if messages is not None else [r.offset for r in records]
+        read = SideRecords.read(name, topic, partition, records_of(records), offsets)
+        now = self.clock()
+        given_up: Counter[str] = Counter()
+        rejected: Counter[str] = Counter(read.rejected)
+        assert self.side_health is not None
+        fleet = self.fleet
+        with fleet.lock:
+            fleet.attributes.clocks[name].labels_read((topic, partition), newest_timestamp(records), now)
+            arrived = fleet.attributes.records(name, read, rejected)
+            outcomes: Counter[tuple[str, str]] = Counter()
+            self._released(fleet.attributes.release(arrived, self._specs(), outcomes), now, given_up)
+            fleet.advance_offset((topic, partition), next_offset)
+            self._side_counted(outcomes)
+            self.side_health.size.labels(name).set(len(fleet.attributes.tables[name]))
+        self.side_health.records.labels(name).inc(len(read.keys))
+        for reason, n in rejected.items():
+            self.side_health.rejected.labels(name, reason).inc(n)
+        self.health.count_outcomes(given_up)
+        if read.letters and self.dead_letters is not None:
+            self.dead_letters.send(read.letters)
+
+    def _specs(self) -> dict[str, ModelSpec]:
+        return {m: monitored.spec for m, monitored in self.fleet.models.items()}
+
+    def _released(self, batches: Mapping[str, DecodedBatch], now: float, given_up: Counter[str]) -> None:
+        """Count predictions released by the attribute join (under the fleet's lock), in their event-time buckets."""
+        late = sum(self._add(self.fleet.models[m], batch, now, given_up) for m, batch in batches.items()
+                   if m in self.fleet.models)  # fmt: skip
+        if late:
+            self.health.late.inc(late)
+
+    def _side_counted(self, outcomes: Counter[tuple[str, str]]) -> None:
+        if self.side_health is not None:
+            self.side_health.count(outcomes)
+            self.side_health.waiting.set(len(self.fleet.attributes.held))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -21,14 +22,16 @@ from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
 from exporter.core.conditional import metric
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.core.metric_table import samples_to_decide
+from exporter.core.metric_table import METRICS
 from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Manifest, open_dataset
 from exporter.gate.data.quantile import median
-from exporter.gate.fairness import estimated, ll144
+from exporter.gate.data.side import JoinedRows
+from exporter.gate.fairness import estimated, ll144, proxy
 from exporter.gate.fairness.frames import BatchCounter, FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
+from exporter.gate.fairness.results import metric_results
 from exporter.gate.fairness.segments import SegmentTally, explain_change, mark_conditional, with_conditional
 
 
@@ -86,19 +89,25 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
 def _group_report(ev: Evaluation) -> dict[str, Any]:
     g = ev.groups
     per_group = {}
+    scored = ev.auc()
     for i, name in enumerate(ev.attribute.groups):
+        auc = {} if scored is None else {"auc": json_float(scored[0][i]),
+                                         "auc_ci": [json_float(scored[1][i]), json_float(scored[2][i])]}
         per_group[name] = {
-            "samples": int(g.samples[i]),
-            "labelled": int(g.labelled[i]),
+            "samples": ll144.count(g.samples[i]),
+            "labelled": ll144.count(g.labelled[i]),
             "selection_rate": json_float(g.selection_rate[i]),
             "selection_rate_ci": [json_float(g.selection_rate_ci[0][i]), json_float(g.selection_rate_ci[1][i])],
             "true_positive_rate": json_float(g.true_positive_rate[i]),
             "false_positive_rate": json_float(g.false_positive_rate[i]),
             "accuracy": json_float(g.accuracy[i]),
             "precision": json_float(g.precision[i]),
+            **auc,
         }
-    return {"excluded_rows": ev.unknown_samples, "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
-            "overall_samples": int(ev.overall.samples[0]), "groups": per_group}  # fmt: skip
+    return {"excluded_rows": ll144.count(ev.unknown_samples),
+            "overall_selection_rate": json_float(ev.overall.selection_rate[0]),
+            "overall_samples": int(ev.overall.samples[0]), "groups": per_group,
+            **proxy.about(ev.attribute)}  # fmt: skip
 
 
 def _impact_ratios(
@@ -122,7 +131,7 @@ def _impact_ratios(
         median_score = median(scores, counted.rows)
         above = scan(config, rows, name, above=median_score)
         evaluations = evaluate_many([(a, above.tally.counts()[a.name]) for a in config.attributes],
-                                    config.min_samples)  # fmt: skip
+                                    config.min_samples, multiplicity=config.multiplicity)  # fmt: skip
     return {
         "rate_kind": "selection_rate" if median_score is None else "scoring_rate",
         "score_median": median_score,
@@ -143,51 +152,16 @@ def _own_batches(config: ModelSpec, rows: Rows, columns: list[str]) -> Any:
         yield batch
 
 
-def _results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
-    """One result per configured metric and pair: the point estimate against the threshold (``passed``, the seed's
-    rule) whenever the comparison has a value, and what its interval says (``evidence``)."""
-    out = []
-    groups = ev.attribute.groups
-    samples = ev.groups.samples
-    for spec in config.metrics:
-        v = ev.values(spec.name)
-        sufficient = ev.sufficient(spec.name)
-        evidence = ev.evidence(spec.name, spec.threshold).tolist()
-        for k, (a, b) in enumerate(ev.attribute.pairs):
-            ok = bool(sufficient[k])
-            passed = ok and spec.passes(float(v.value[k]))
-            pair_samples = {groups[a]: int(samples[a]), groups[b]: int(samples[b])}
-            out.append({
-                "attribute": ev.attribute.name,
-                "metric": spec.name,
-                "groups": f"{groups[a]} vs {groups[b]}",
-                "dimension": f"{groups[a]}_vs_{groups[b]}",
-                "value": round(float(v.value[k]), 4) if ok else None,
-                "exact_value": json_float(v.value[k]),
-                "ci_95": [json_float(v.lower[k]), json_float(v.upper[k])],
-                "half_width": json_float(v.half_width[k]),
-                "threshold": spec.threshold,
-                "passed": passed,
-                "status": "insufficient_samples" if not ok else ("pass" if passed else "fail"),
-                "evidence": evidence[k],
-                "samples_to_decide": samples_to_decide(float(v.half_width[k]), float(v.value[k]), spec.threshold,
-                                                       pair_samples) if evidence[k] == "inconclusive" else None,
-                "severity": spec.severity,
-                "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
-                "samples": pair_samples,
-                "support": int(v.support[k]),
-            })  # fmt: skip
+def _worst(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
+    """Per configured metric (observed, not estimated): its worst comparison of the attribute, with the interval
+    that holds over all its judged comparisons at once, and what that interval says against the threshold."""
+    out = ev.worst_rows(m.name for m in config.metrics)
+    for row in out:
+        lower, upper = (math.nan if x is None else x for x in row["ci_simultaneous"])
+        row["threshold"] = threshold = config.thresholds()[row["metric"]]
+        row["evidence"] = str(METRICS[row["metric"]].evidence(lower, upper, threshold)) if row["dimension"] else \
+            "inconclusive"  # fmt: skip
     return out
-
-
-def _counts_as(config: ModelSpec, severity: str, passed: bool, evidence: str) -> str:
-    """``pass``, ``blocking`` or ``warning``: what a result does to the verdict under ``decision`` and
-    ``failure_policy.inconclusive``."""
-    if config.decision == "point_estimate":
-        return "pass" if passed else severity
-    if evidence == "inconclusive":
-        return severity if config.inconclusive == "fail" else "warning"
-    return "pass" if evidence == "pass" else severity
 
 
 def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
@@ -219,7 +193,8 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
     absent = [c for c in (also.columns if also is not None else []) if c not in rows.columns]
     if absent:
         raise DataError(f"{name}: missing column(s) {absent} named by segments/strata; the file has {rows.columns}")
-    return _found(config, rows, name, scan(config, rows, name, weights=weights, scores=estimable, also=also), empty)
+    return _found(config, rows, name, scan(config, rows, name, weights=weights,
+                                           scores=estimable or config.compares_scores, also=also), empty)  # fmt: skip
 
 
 def _found(config: ModelSpec, rows: Rows, name: str, counted: Scan, empty: str) -> Scan:
@@ -280,6 +255,10 @@ def run_audit(
             rows, weights = spark_rows(config, data_file), "count"
         manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
+    if weights is not None and config.attribute_sources:
+        raise DataError(f"{config.source}: attribute_sources: --engine spark does not join side tables; audit with "
+                        "the local engine")  # fmt: skip
+    rows = JoinedRows.of(config, rows, path_name)  # attributes joined by id from their side tables, if any
     segmented = SegmentTally(config) if config.segments or config.strata else None
     if baseline is not None and not config.segments:
         raise DataError(f"{config.source}: --baseline explains a gap's change over the config's segments: "
@@ -294,15 +273,22 @@ def run_audit(
     attributes: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
     all_counts = counted.tally.counts()
-    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples)
+    evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
+                                multiplicity=config.multiplicity, scores=[counted.tally.scores[a.name]
+                                                                          for a in config.attributes]
+                                if config.compares_scores else None)  # fmt: skip
     evaluations, conditional = with_conditional(config, evaluations, current)
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
         reference, estimation = read_reference(config)
         judged, estimation["groups"] = estimated.with_estimates(config, evaluations, reference, counted.tally.scores)
+    worst: list[dict[str, Any]] = []
     for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
-        results.extend(_results(config, judged_ev))
+        if attribute.proxy is not None:
+            attributes[attribute.name]["proxy_corrected"] = proxy.corrected(attribute, counted.tally)
+        results.extend(metric_results(config, judged_ev))
+        worst.extend(_worst(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)
     mark_conditional(results, config, conditional, current)
@@ -339,10 +325,13 @@ def run_audit(
         "blocking_failures": len(blocking),
         "warning_failures": len(failed) - len(blocking),
         "insufficient_samples": sum(r["status"] == "insufficient_samples" for r in results),
+        "multiplicity": config.multiplicity,
+        "comparisons_judged": len(results) - sum(r["status"] == "insufficient_samples" for r in results),
         "verdict": verdict,
         "override": override_record,
         "attributes": attributes,
         "impact_ratios": impact_ratios,
+        "worst": worst,
         **({"estimation": estimation} if estimation is not None else {}),
         "results": results,
         **(_explained(config, before, current) if before is not None and current is not None else {}),

@@ -64,7 +64,11 @@ def with_estimates(config: ModelSpec, evaluations: list[Evaluation], reference: 
         c = ev.comparisons
         result = estimate.estimate_attribute(ev.attribute, reference[ev.attribute.name], audited[ev.attribute.name],
                                              names)  # fmt: skip
-        out.append(replace(ev, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **result.values})))
+        observed = ev.simultaneous  # an estimate's comparisons are judged one by one (no worst, no multiplicity)
+        assert observed is not None
+        out.append(replace(ev, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **result.values}),
+                           simultaneous=Comparisons(c.group_a, c.group_b, {k: v for k, v in observed.metrics.items()
+                                                                           if k not in result.values})))  # fmt: skip
         rates = {rate: result.estimate.rate(rate) for rate in ESTIMATED_RATES}
         groups[ev.attribute.name] = {g: {rate: {"value": json_float(v[i]), "ci_95": [json_float(lo[i]),
                                                                                      json_float(hi[i])]}

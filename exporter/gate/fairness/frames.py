@@ -14,9 +14,9 @@ import pandas as pd
 import pyarrow as pa
 
 from exporter.config import ModelSpec
-from exporter.core import estimate
+from exporter.core import bisg, estimate
 from exporter.core.encoding import attribute_codes, score_predictions, value_text
-from exporter.core.fairness import counts_from_arrays
+from exporter.core.fairness import RATES, counts_from_arrays
 from exporter.gate.data import columns as col
 from exporter.gate.data.columns import code_lut
 from exporter.gate.data.dataset import BATCH_ROWS, DataError
@@ -65,16 +65,27 @@ class Tally:
     config: ModelSpec
     cells: dict[str, np.ndarray] = field(default_factory=dict)
     scores: dict[str, np.ndarray] = field(default_factory=dict)
+    moments: dict[str, np.ndarray] = field(default_factory=dict)
+    """Each proxy attribute's sums of p p^T per cell (:func:`exporter.core.bisg.moments`), for the correction."""
 
     def add(self, base: Mapping[str, np.ndarray], y_pred: np.ndarray, y_true: np.ndarray | None,
-            weights: np.ndarray | None = None, scores: np.ndarray | None = None) -> None:  # fmt: skip
+            weights: np.ndarray | None = None, scores: np.ndarray | None = None,
+            proxies: Mapping[str, np.ndarray] | None = None) -> None:  # fmt: skip
         """Count a batch: each base attribute's codes (by column), predictions, labels (-1: unlabelled); ``weights``
-        when each row stands for that many (counts an engine already aggregated); ``scores`` to count score bins."""
+        when each row stands for that many (counts an engine already aggregated); ``scores`` to count score bins;
+        ``proxies``: each proxy attribute's posteriors (:meth:`exporter.core.bisg.Tables.posteriors`)."""
         cell = row_cells(y_pred, y_true)
         bounds = np.asarray(self.config.score_buckets, dtype=np.float64)
         bins = None if scores is None else estimate.score_bins(scores, bounds)
         for attribute in self.config.attributes:
             n = len(attribute.groups)
+            if attribute.proxy is not None:
+                assert proxies is not None
+                self.cells[attribute.name] = self.cells.get(attribute.name, 0) + proxy_cells(
+                    bisg.group_weights(proxies[attribute.name], attribute.groups), cell, weights)
+                self.moments[attribute.name] = self.moments.get(attribute.name, 0) + bisg.moments(
+                    proxies[attribute.name], cell, CELLS, weights)
+                continue
             codes = attribute_codes(attribute, base)
             found = np.bincount(np.where(codes < 0, n, codes) * CELLS + cell, weights=weights,
                                 minlength=(n + 1) * CELLS)  # fmt: skip
@@ -93,6 +104,22 @@ class Tally:
             cells = self.cells.get(attribute.name, np.zeros((n + 1) * CELLS, dtype=np.int64))
             out[attribute.name] = cells.reshape(n + 1, CELLS) @ cell_counts()
         return out
+
+
+def corrected(tally: Tally, name: str) -> dict[str, np.ndarray]:
+    """A proxy attribute's rates of each Census category, corrected for the posteriors' overlap
+    (:func:`exporter.core.bisg.corrected_rates`), from its moments per cell turned into moments per count column."""
+    by_column = np.einsum("kc,kgh->cgh", cell_counts(), tally.moments.get(name, np.zeros((CELLS, 6, 6))))
+    return bisg.corrected_rates(by_column, {r: RATES[r] for r in ("selection_rate", "true_positive_rate",
+                                                                    "false_positive_rate")})  # fmt: skip
+
+
+def proxy_cells(shares: np.ndarray, cell: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+    """A proxy attribute's batch per (group, cell), its unknown category last: the sums of the rows' ``shares`` of
+    each (:func:`exporter.core.bisg.group_weights`)."""
+    w = np.ones(len(cell)) if weights is None else weights.astype(np.float64)
+    return np.concatenate([np.bincount(cell, weights=shares[:, g] * w, minlength=CELLS)
+                           for g in range(shares.shape[1])])  # fmt: skip
 
 
 class BatchCounter(Protocol):
@@ -193,13 +220,19 @@ class Scan:
 
 def required_columns(config: ModelSpec, columns: Sequence[str], needs_labels: bool) -> list[str]:
     """The columns the audit reads and the file must have (the label column only when a metric needs labels)."""
-    required = [prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
+    required = [prediction_column(config), *attribute_columns(config)]
     return [*required, config.label_column] if needs_labels and config.label_column not in required else required
+
+
+def attribute_columns(config: ModelSpec) -> list[str]:
+    """The columns the attributes are read from: each one's column, a proxy's surname and ZCTA columns."""
+    return list(dict.fromkeys(c for a in config.base_attributes
+                              for c in ((a.proxy.surname, a.proxy.zcta) if a.proxy else a.columns[:1])))  # fmt: skip
 
 
 def text_columns(config: ModelSpec) -> list[str]:
     """The columns read as dictionaries when they hold text: the attributes and model_id."""
-    return ["model_id", *(a.columns[0] for a in config.base_attributes)]
+    return ["model_id", *attribute_columns(config)]
 
 
 def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None, weights: str | None = None,
@@ -209,7 +242,7 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
     ``scores``: count score bins too (:class:`Tally`), for a model that emits scores. ``also``: more counts of the
     same rows (segments and strata)."""
     available = set(rows.columns)
-    reading = [prediction_column(config), *(a.columns[0] for a in config.base_attributes)]
+    reading = [prediction_column(config), *attribute_columns(config)]
     optional = ["model_id", config.label_column, config.timestamp_column,
                 *([config.score_column] if config.score_column else [])]
     reading = list(dict.fromkeys([*reading, *(c for c in optional if c in available), *([weights] if weights else []),
@@ -229,7 +262,11 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
             w = w[own] if w is not None else None
         offset = result.rows
         result.rows += batch.num_rows if w is None else int(w.sum())
-        base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes}
+        base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes
+                if a.proxy is None}
+        proxies = {a.name: bisg.tables().posteriors(batch.column(a.proxy.surname).to_pylist(),
+                                                    batch.column(a.proxy.zcta).to_pylist())
+                   for a in config.base_attributes if a.proxy is not None}  # fmt: skip
         y_pred, values = predictions(config, batch, result.checks, offset, w)
         y_true = (col.binary(batch.column(config.label_column), result.checks.unlabelled, result.checks.label,
                              offset, w) if config.label_column in available else None)  # fmt: skip
@@ -244,7 +281,7 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
             if above is not None:
                 y_pred, y_true = (ranked > above).astype(np.int64), None
         if (y_pred >= 0).all():  # else the audit refuses the file after the pass, naming the values
-            result.tally.add(base, y_pred, y_true, w, binned)
+            result.tally.add(base, y_pred, y_true, w, binned, proxies)
             if also is not None:
                 also.add(batch, base, row_cells(y_pred, y_true), w)
         if config.timestamp_column in available:

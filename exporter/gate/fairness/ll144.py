@@ -31,7 +31,12 @@ def json_float(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
-def attribute_table(ev: Evaluation, excluded_rows: int, total_rows: int) -> dict[str, Any]:
+def count(x: float) -> int | float:
+    """A report's count: a whole number, or a proxy attribute's sum of posteriors (to 6 places)."""
+    return int(x) if float(x).is_integer() else round(float(x), 6)
+
+
+def attribute_table(ev: Evaluation, excluded_rows: float, total_rows: int) -> dict[str, Any]:
     """One attribute's table from the evaluation whose selection rates are the LL144 rates (selection, or the share
     above the median score). Categories holding ``other`` are the unknown category, with the excluded rows."""
     groups = ev.attribute.groups
@@ -45,16 +50,17 @@ def attribute_table(ev: Evaluation, excluded_rows: int, total_rows: int) -> dict
     best = rates[reference] if reference is not None else math.nan
     categories = [{
         "category": groups[i],
-        "samples": int(samples[i]),
-        "share": samples[i] / total_rows,
+        "samples": count(samples[i]),
+        "share": float(samples[i] / total_rows),
         "rate": json_float(rates[i]),
         "impact_ratio": json_float(rates[i] / best) if best > 0 else None,
         "small_category": bool(small[i]),
     } for i in np.flatnonzero(~unknown)]  # fmt: skip
     return {
-        "unknown_rows": int(excluded_rows + samples[unknown].sum()),
+        "unknown_rows": count(excluded_rows + samples[unknown].sum()),
         "reference_category": groups[reference] if reference is not None else None,
         "categories": categories,
+        **({"proxy": True} if ev.attribute.proxy else {}),
     }
 
 
@@ -80,7 +86,8 @@ def csv_rows(report: dict[str, Any]) -> list[list[Any]]:
     head = [report["model_id"], table["source"]["file"] or "", table["source"]["manifest_sha256"] or "",
             dates.get("start") or "", dates.get("end") or ""]  # fmt: skip
     out = []
-    for attribute, block in table["attributes"].items():
+    for name, block in table["attributes"].items():
+        attribute = f"{name} (proxy: true)" if block.get("proxy") else name
         for row in block["categories"]:
             out.append([*head, attribute, row["category"], row["samples"], f"{row['share']:.4f}", table["rate_kind"],
                         "" if row["rate"] is None else f"{row['rate']:.4f}",

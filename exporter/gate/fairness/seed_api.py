@@ -11,7 +11,7 @@ import numpy as np
 
 from exporter.config import MetricSpec
 from exporter.core.fairness import counts_from_arrays
-from exporter.core.metric_table import METRICS
+from exporter.core.metric_table import COUNT_METRICS, METRICS
 from exporter.gate.fairness.frames import encode
 
 
@@ -78,7 +78,7 @@ def _direction(name: str) -> str:
 
 
 SEED_FUNCTIONS: Final[dict[str, Callable[..., FairnessResult]]] = {
-    name: (_labelled if m.needs_labels else _unlabelled)(name) for name, m in METRICS.items()
+    name: (_labelled if METRICS[name].needs_labels else _unlabelled)(name) for name in COUNT_METRICS
 }
 """One function per metric of the table: ``(y_pred, protected_attribute, group_a_value, group_b_value,
 threshold)``, with ``y_true`` first for metrics that need labels (the seed's signatures)."""

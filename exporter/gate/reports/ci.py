@@ -170,11 +170,13 @@ def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridde
     outcome: Outcome = "passed" if r["counts_as"] == "pass" else "warning" if r["counts_as"] == "warning" else "failed"
     role = {"passed": "pass", "warning": "warning (does not block)",
             "failed": "blocking, overridden" if overridden else "blocking"}[outcome]  # fmt: skip
-    message = "; ".join([f"{role}: {shown}, threshold {threshold}, evidence {evidence}", *reasons])
+    proxy = ["proxy: true (groups inferred by BISG, rates posterior-weighted)"] if r.get("proxy") else []
+    message = "; ".join([f"{role}: {shown}, threshold {threshold}, evidence {evidence}", *reasons, *proxy])
     samples = ", ".join(f"{g} {n}" for g, n in (r.get("samples") or {}).items())
     details = (f"{r['attribute']} {r['metric']} {r['groups']}: samples {samples} (support {r.get('support')}), "
                f"severity {r.get('severity')}, point estimate passes: {_text(r.get('passed'))}")
-    cells = (str(r["attribute"]), str(r["metric"]), str(r["groups"]), shown, threshold, evidence)
+    attribute = f"{r['attribute']} (proxy: true)" if r.get("proxy") else str(r["attribute"])
+    cells = (attribute, str(r["metric"]), str(r["groups"]), shown, threshold, evidence)
     return Check(f"{model_id}.{r['attribute']}", f"{r['metric']} {r['groups']}", outcome, message,
                  cells, flatten(r), details, "; ".join(reasons))
 

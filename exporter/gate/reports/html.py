@@ -222,7 +222,8 @@ def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapp
     comparison_rows = [[r["metric"], r["groups"], r["value"], fmt_interval(r["ci_95"]), r["threshold"],
                         r["severity"], OUTCOMES.get(r["status"], r["status"]), r["evidence"],
                         fmt_samples(r["samples_to_decide"])] for r in results]  # fmt: skip
-    return (f"<h2>{escape(name)}</h2>{chart}"
+    proxy = (f"<p class=\"meta\">proxy: true. {escape(block['proxy_bias'])}</p>" if block.get("proxy") else "")
+    return (f"<h2>{escape(name)}{' (proxy: true)' if block.get('proxy') else ''}</h2>{proxy}{chart}"
             f"<p class=\"meta\">Rows excluded (value not a configured group): {block['excluded_rows']}</p>"
             + table(["group", "rows", "selection rate", "95% interval", "TPR", "FPR"], group_rows)
             + table(["metric", "groups", "value", "95% interval", "threshold", "severity", "point estimate",
@@ -246,7 +247,7 @@ def ll144_section(table_dict: Mapping[str, Any], total_rows: int) -> str:
         rows = [[r["category"], r["samples"], r["share"], r["rate"], r["impact_ratio"],
                  "under 2%" if r["small_category"] else ""] for r in block["categories"]]  # fmt: skip
         rows.append(["(unknown)", block["unknown_rows"], block["unknown_rows"] / total_rows, None, None, ""])
-        parts.append(f"<h3>{escape(name)}</h3>"
+        parts.append(f"<h3>{escape(name)}{' (proxy: true)' if block.get('proxy') else ''}</h3>"
                      + table(["category", "rows", "share", rate, "impact ratio", "flag"], rows))  # fmt: skip
     return "".join(parts)
 

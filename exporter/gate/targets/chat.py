@@ -75,7 +75,8 @@ class ChatTarget:
 
     kind: Final = "chat"
 
-    def __init__(self, settings: ChatSettings, system_canary: str) -> None:
+    def __init__(self, settings: ChatSettings, system_canary: str, max_retries: int = 2) -> None:
+        """``max_retries``: the client's own retries of a failed request (the counterfactual gate counts its own)."""
         try:
             import openai
         except ImportError as exc:
@@ -88,7 +89,7 @@ class ChatTarget:
         self._openai = openai
         # local servers (vLLM, llama.cpp, Ollama) take any key; the client insists on one
         self._client = openai.OpenAI(base_url=settings.base_url, api_key=key or "none", timeout=settings.timeout,
-                                     max_retries=2)  # fmt: skip
+                                     max_retries=max_retries)  # fmt: skip
 
     @property
     def name(self) -> str:

@@ -30,7 +30,9 @@ import numpy as np
 import orjson
 
 from exporter.config import ModelSpec
-from exporter.core.encoding import attribute_codes, code_table, score_predictions, value_text
+from exporter.core import bisg
+from exporter.core.encoding import attribute_codes, code_table, proxy_columns, score_predictions, value_text
+from exporter.core.side_table import id_text
 from exporter.stream.decode.lines import Parser
 from exporter.stream.decode.paths import lookup
 from exporter.stream.decode.route import IGNORE_REASONS, ignore_reason
@@ -65,6 +67,11 @@ _OUTCOME: Final = {None: -1, 0: 0, 1: 1}
 """The outcome of a label the schema accepted: none (-1), 0 or 1 (False and True hash as 0 and 1)."""
 
 
+Walked = tuple[float, int, int, Any, list[int], float, list[Any], list[Any]]
+"""A walked event's row: timestamp, prediction, outcome, prediction id, base attribute codes, score or NaN, side
+source ids, segment values."""
+
+
 @dataclass
 class DecodedBatch:
     """Accepted events as columns, and what happened to the others."""
@@ -86,6 +93,9 @@ class DecodedBatch:
     rejected_payloads: list[tuple[bytes, str]] = field(default_factory=list)
     positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Where each accepted event was among the decoded values (the staged path tells its source offset by it)."""
+    side_ids: dict[str, list[str | int | None]] = field(default_factory=dict)
+    """Per side source of the model (``attribute_sources``), each event's id (None: missing); the attributes read
+    from it have code -1 until exporter/stream/state/attribute_join.py joins them."""
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -102,7 +112,12 @@ class EventDecoder:
         self._paths = [lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
                                             f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
-        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes
+                        if a.proxy is None and a.source is None]  # fmt: skip
+        self._proxies = proxy_columns(model.base_attributes)
+        self._columns = [*(t[0] for t in self._tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
+        """Where each of a row's base codes goes: the exact attributes' columns, then the proxy attributes'."""
+        self._sides = [(s.name, s.id) for s in model.attribute_sources]
         general = schema([model])
         self._decoder: msgspec.json.Decoder[Any] | None = None
         self._get: dict[str, Callable[[Any], Any]] = {}
@@ -152,11 +167,13 @@ class EventDecoder:
     def batch(
         self, values: Sequence[bytes], structs: list[Any], at: list[int], walked: list[int], ignored: Counter[str],
         g: Mapping[str, Callable[[Any], Any]], now: float, shared: bool = False,
+        epoch_seconds: np.ndarray | None = None,
     ) -> DecodedBatch:  # fmt: skip
         """The batch of this model's ``values``: ``structs`` (at positions ``at``) parsed by a schema whose role
         getters are ``g``, the positions of those it refused (``walked``), and what was ignored. ``shared``: the
         schema of several models, which requires neither prediction nor score: an event without the one this
-        model needs is walked (the rules say missing_field)."""
+        model needs is walked (the rules say missing_field). ``epoch_seconds``: the structs' timestamps, already
+        read by :func:`epochs` (valid, every one) over a whole fleet's batch at once."""
         if shared:
             needed = list(map(g["score"] if self._threshold is not None else g["pred"], structs))
             lacking = [k for k, value in enumerate(needed) if value is None] if None in needed else []
@@ -164,8 +181,12 @@ class EventDecoder:
                 walked = sorted([*walked, *(at[k] for k in lacking)])
                 keep = sorted(set(range(len(structs))) - set(lacking))
                 structs, at = [structs[k] for k in keep], [at[k] for k in keep]
+                epoch_seconds = None if epoch_seconds is None else epoch_seconds[keep]
         latest = now + self.max_future_skew_seconds
-        stamps = epochs(list(map(g["ts"], structs))) if structs else []
+        if epoch_seconds is not None:
+            stamps: np.ndarray | list[float | None] = epoch_seconds
+        else:
+            stamps = epochs(list(map(g["ts"], structs))) if structs else []
         if stamps.__class__ is list and None in stamps:  # an unparseable ISO string: the walk says which reason
             unparsed = {k for k, t in enumerate(stamps) if t is None}
             walked.extend(at[k] for k in unparsed)
@@ -186,7 +207,9 @@ class EventDecoder:
                 predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
             outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
-            segments = {c: list(map(g.get(f"seg:{c}") or g[f"attr:{c}"], structs)) for c in self.model.counted_columns}
+            sides = [list(map(g[f"side:{column}"], structs)) for _, column in self._sides]  # str, int or None
+            segments = {c: list(map(g.get(f"seg:{c}") or g.get(f"attr:{c}") or g[f"side:{c}"], structs))
+                        for c in self.model.counted_columns}  # fmt: skip
             codes = []
             for column, table, unknown in self._tables:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
@@ -195,15 +218,19 @@ class EventDecoder:
                 lookup[None] = unknown  # a missing value: the unknown category, as the gate's blank cell
                 codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
                                          len(structs)))  # fmt: skip
+            for surname, zcta in self._proxies:
+                codes.append(bisg.tables().codes(list(map(g[f"attr:{surname}"], structs)),
+                                                 list(map(g[f"attr:{zcta}"], structs))))  # fmt: skip
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
-            ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._tables]
+            ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._columns]
+            sides = [[] for _ in self._sides]
             segments = {c: [] for c in self.model.counted_columns}
         if self._threshold is None or not structs:
             scores = np.zeros(0)
 
         if walked:
-            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any]]] = []
+            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any], list[Any]]] = []
             for i in sorted(walked):
                 outcome = self.judge(values[i], latest)
                 if outcome in IGNORE_REASONS:
@@ -225,13 +252,17 @@ class EventDecoder:
                          for k, c in enumerate(codes)]  # fmt: skip
                 if self._threshold is not None:
                     scores = np.concatenate([scores, [r[6] for r in rows]])[order]
+                merged = [[*side, *(r[7][k] for r in rows)] for k, side in enumerate(sides)]
+                sides = [[side[j] for j in order.tolist()] for side in merged]
                 for k, c in enumerate(self.model.counted_columns):
-                    merged = segments[c] + [r[7][k] for r in rows]
+                    merged = segments[c] + [r[8][k] for r in rows]
                     segments[c] = [merged[i] for i in order.tolist()]
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
-        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
+        base = dict(zip(self._columns, codes, strict=True))
+        base.update({a.columns[0]: np.full(len(timestamps), -1, dtype=np.int64) for a in self.model.base_attributes
+                     if a.source is not None})  # fmt: skip
         return DecodedBatch(
             timestamps=timestamps.astype(np.float64, copy=False),
             predictions=predictions.astype(np.int64, copy=False),
@@ -244,9 +275,10 @@ class EventDecoder:
             rejected_payloads=bad,
             scores=scores.astype(np.float64, copy=False),
             positions=np.asarray(at, dtype=np.int64),
+            side_ids={name: side for (name, _), side in zip(self._sides, sides, strict=True)},
         )
 
-    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
+    def judge(self, raw: bytes, latest: float) -> str | Walked:
         """:meth:`_walk`, and ``undecodable`` for a value it raised on (logged): one value's failure is its own."""
         try:
             return self._walk(raw, latest)
@@ -257,10 +289,10 @@ class EventDecoder:
                 log.warning("event rejected as undecodable (%s: %.200s); its batch reads on", type(exc).__name__, exc)
             return "undecodable"
 
-    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
+    def _walk(self, raw: bytes, latest: float) -> str | Walked:
         """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
-        reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes, score or
-        NaN, segment values)``."""
+        reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes (of those
+        not read from a side source), score or NaN, side source ids, segment values)``."""
         try:
             event = orjson.loads(raw)
         except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value); nested past 1024 levels
@@ -307,5 +339,8 @@ class EventDecoder:
             v = attrs.get(column)
             code = None if v is None else table.get(v if v.__class__ is str else value_text(v))
             codes.append(unknown if code is None else code)
+        for surname, zcta in self._proxies:
+            codes.append(int(bisg.tables().codes([attrs.get(surname)], [attrs.get(zcta)])[0]))
+        sides = [id_text(attrs.get(column)) for _, column in self._sides]
         segments = [attrs.get(c) for c in self.model.counted_columns]
-        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score), segments
+        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score), sides, segments

@@ -16,12 +16,14 @@ from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from exporter.stream.decode.events import DecodedBatch, EventDecoder
 from exporter.stream.decode.lines import Parser
 from exporter.stream.decode.paths import lookup
 from exporter.stream.decode.route import MALFORMED, ModelGroups, ignore_reason, model_of, take
 from exporter.stream.decode.schema import paths_of, schema
+from exporter.stream.decode.timestamps import epochs
 
 
 class SharedDecoder:
@@ -47,6 +49,10 @@ class SharedDecoder:
         ids = [get_model(event) if event is not None else model_of(raw, self._model_of)
                for event, raw in zip(slots, values, strict=True)] if refused else list(map(get_model, slots))
         groups = ModelGroups(ids, self._ids, self._number)
+        # Every event's timestamp read at once, not once per model: when each one is valid (else each model reads
+        # its own, as alone, and its walk says which reason).
+        stamps = None if refused or not slots else epochs(list(map(self._get["ts"], slots)))
+        whole = stamps if stamps.__class__ is np.ndarray else None
         batches: dict[str, DecodedBatch] = {}
         for model_id, order in groups.by_model.items():
             positions = order.tolist()
@@ -57,7 +63,8 @@ class SharedDecoder:
                 structs = [events[i] for i in at]
             else:
                 at, walked, structs = list(range(len(events))), [], events
-            batch = self.decoders[model_id].batch(mine, structs, at, walked, Counter(), self._get, now, shared=True)
+            batch = self.decoders[model_id].batch(mine, structs, at, walked, Counter(), self._get, now, shared=True,
+                                                  epoch_seconds=None if whole is None else whole[order])  # fmt: skip
             batch.positions = order[batch.positions]  # where its events were in the whole batch
             batches[model_id] = batch
         ignored: Counter[str] = Counter()

@@ -60,8 +60,11 @@ def _flat(data: Any) -> list[Any]:
 
 def _split(name: str, values: Sequence[Any], shape: Sequence[int], out: Columns) -> int:
     """Put a tensor's row-major values into ``out`` as columns; its number of rows."""
-    if not shape or any(d.__class__ is not int or d < 0 for d in shape):
+    if not shape:
         raise BadPayload("shape_mismatch")
+    for d in shape:
+        if d.__class__ is not int or d < 0:
+            raise BadPayload("shape_mismatch")
     rows, width = shape[0], 1
     for d in shape[1:]:
         width *= d
@@ -76,8 +79,16 @@ def _split(name: str, values: Sequence[Any], shape: Sequence[int], out: Columns)
 
 
 def _text(values: list[Any]) -> list[Any]:
-    """BYTES elements as text (protobuf gives bytes; JSON gives strings already)."""
+    """BYTES elements as text (protobuf gives bytes; JSON gives strings already). Bytes without a NUL are decoded
+    in one call, joined by NULs and split again: a NUL is one byte in UTF-8 and ends no sequence, so the joined
+    text is valid exactly when every element is."""
     try:
+        joined = b"\x00".join(values)
+    except TypeError:
+        joined = None  # not all bytes: each element on its own
+    try:
+        if joined is not None and joined.count(b"\x00") == len(values) - 1:
+            return joined.decode().split("\x00")
         return [v.decode() if v.__class__ is bytes else v for v in values]
     except UnicodeDecodeError as exc:
         raise BadPayload("not_utf8") from exc
@@ -265,7 +276,7 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
         elif datatype == "FP16":
             raise BadPayload("shape_mismatch")  # FP16 has no typed contents: raw only
         else:
-            values = list(getattr(tensor.contents, _CONTENTS[datatype]))
+            values = list(getattr(tensor.contents, _CONTENTS[datatype]))  # one C call, no Python step per value
         if datatype == "BYTES":
             values = _text(values)
         n = _split(tensor.name, values, list(tensor.shape), out)

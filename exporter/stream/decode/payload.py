@@ -16,25 +16,38 @@ from __future__ import annotations
 
 import base64
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from itertools import repeat
 from typing import Any, Final
 
 import numpy as np
 import orjson
 
 from exporter.config import ModelSpec
-from exporter.core.encoding import attribute_codes, code_table, value_text
+from exporter.core import bisg
+from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
+from exporter.core.side_table import id_text
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
-from exporter.stream.decode.platforms import Half, headers_of, kserve_half, kserve_model, seldon_half, seldon_model
+from exporter.stream.decode.platforms import (
+    Half,
+    headers_of,
+    kserve_half,
+    kserve_model,
+    pair_of,
+    seldon_half,
+    seldon_model,
+)
 from exporter.stream.decode.route import ignore_reason
 
 FORMATS: Final = ("json", "kserve", "seldon")
 UNMATCHED_REASONS: Final = ("duplicate_delivery", "request_without_response", "response_without_request",
-                            "partner_refused", "pending_state_full")  # fmt: skip
+                            "partner_refused", "pending_state_full", "other_component")  # fmt: skip
 """Why a payload half was never counted: delivered twice, no partner within the horizon (a failed call logs only
-its request), its partner was refused, or the join was full."""
+its request), its partner was refused, the join was full, or another component of the InferenceService (a
+transformer and its predictor) logged the same call, which counted once."""
 
 Raw = tuple[bytes | None, Sequence[tuple[str, bytes | None]] | None, bytes | None, int]
 """A record as the payload decoders read it: value, headers, key, Kafka timestamp in ms (-1: none)."""
@@ -57,16 +70,18 @@ class PairJoin:
     horizon: float
     max_pending: int = 1_000_000
     pending: dict[tuple[str, str], tuple[Half, float]] = field(default_factory=dict)
-    done: OrderedDict[tuple[str, str], tuple[float, bool]] = field(default_factory=OrderedDict)
-    """Calls joined or refused within the horizon (when, whether refused), so that a half delivered again is a
-    duplicate, and the partner of a refused half is dropped with it."""
+    done: OrderedDict[tuple[str, str], tuple[float, bool, str]] = field(default_factory=OrderedDict)
+    """Calls joined or refused within the horizon (when, whether refused, the component whose halves met), so that
+    a half delivered again is a duplicate, another component's half of the call is not counted again, and the
+    partner of a refused half is dropped with it."""
 
     def add(self, half: Half, now: float, counts: Counter[str]) -> tuple[Half, Half] | None:
         """The (request, response) this half completes, else None (it waits, or is counted as a duplicate)."""
         key = (half.model or "", half.pair)
         done = self.done.get(key)
         if done is not None:
-            counts["partner_refused" if done[1] else "duplicate_delivery"] += 1
+            counts["partner_refused" if done[1] else "duplicate_delivery" if done[2] == half.component else
+                   "other_component"] += 1  # fmt: skip
             return None
         waiting = self.pending.get(key)
         if waiting is None:
@@ -76,11 +91,14 @@ class PairJoin:
                 self.pending[key] = (half, now)
             return None
         other = waiting[0]
+        if other.component != half.component:
+            counts["other_component"] += 1  # the call meets within the component whose half came first
+            return None
         if other.response == half.response:
             counts["duplicate_delivery"] += 1  # the same half again: the first one stands
             return None
         del self.pending[key]
-        self._done(key, now, False)
+        self._done(key, now, False, half.component)
         return (other, half) if half.response else (half, other)
 
     def refuse(self, model: str, pair: str, now: float, counts: Counter[str]) -> None:
@@ -88,10 +106,10 @@ class PairJoin:
         key = (model, pair)
         if self.pending.pop(key, None) is not None:
             counts["partner_refused"] += 1
-        self._done(key, now, True)
+        self._done(key, now, True, "")
 
-    def _done(self, key: tuple[str, str], now: float, refused: bool) -> None:
-        self.done[key] = (now, refused)
+    def _done(self, key: tuple[str, str], now: float, refused: bool, component: str) -> None:
+        self.done[key] = (now, refused, component)
         self.done.move_to_end(key)
         while len(self.done) > self.max_pending:
             self.done.popitem(last=False)
@@ -100,7 +118,7 @@ class PairJoin:
         """The waiting halves and the calls done, for a checkpoint or a snapshot (one JSON document as bytes: what
         waits is rows of plain values), so that a restart past their offsets still pairs them."""
         pending = [[half_json(h), at] for h, at in self.pending.values()]
-        done = [[m, p, at, refused] for (m, p), (at, refused) in self.done.items()]
+        done = [[m, p, *value] for (m, p), value in self.done.items()]
         return {"state": np.frombuffer(orjson.dumps({"pending": pending, "done": done}), dtype=np.uint8)}
 
     def restore(self, state: Mapping[str, np.ndarray]) -> None:
@@ -110,7 +128,8 @@ class PairJoin:
         found = orjson.loads(state["state"].tobytes())
         halves = [(half_of(h), at) for h, at in found["pending"]]
         self.pending = {(h.model or "", h.pair): (h, at) for h, at in halves}
-        self.done = OrderedDict(((m, p), (at, refused)) for m, p, at, refused in found["done"])
+        self.done = OrderedDict(((m, p), (at, refused, "".join(component))) for m, p, at, refused, *component
+                                in found["done"])  # fmt: skip
 
     def expire(self, now: float, counts: Counter[str]) -> list[Half]:
         """Drop the halves that waited a horizon; the responses among them (a response with no request ever is a
@@ -132,13 +151,15 @@ class PairJoin:
 def half_json(half: Half) -> list[Any]:
     """A half as plain JSON values (its columns are already): for a checkpoint, or the staged path's re-keying."""
     raw = None if half.raw is None else base64.b64encode(half.raw).decode()
-    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw]
+    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw, half.call,
+            half.component]  # fmt: skip
 
 
 def half_of(found: list[Any]) -> Half:
-    """The half :func:`half_json` wrote."""
-    model, pair, response, time, rows, columns, metadata, raw = found
-    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata)
+    """The half :func:`half_json` wrote (one written before pipelines and components has neither)."""
+    model, pair, response, time, rows, columns, metadata, raw, *route = found
+    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata,
+                *route)  # fmt: skip
 
 
 REFUSED_ROWS: Final = -1
@@ -158,9 +179,18 @@ class Halves:
     rejected_at: list[int] = field(default_factory=list)
 
 
-def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str]) -> Halves:
-    """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused."""
+def components(models: Iterable[ModelSpec]) -> dict[str, str]:
+    """The KServe component whose log each model counts, where its ``events.component`` names one."""
+    return {m.model_id: m.events.component for m in models if m.events.component}
+
+
+def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str],
+                response_topic: str | None = None, counted: Mapping[str, str] | None = None) -> Halves:  # fmt: skip
+    """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused.
+    ``response_topic``: the responses' topic when its name does not say so (``kafka.response_topic``);
+    ``counted``: the component whose log a model counts (:func:`components`), others ignored."""
     out = Halves()
+    response = topic == response_topic if response_topic else None
     for i, (value, raw_headers, key, ms) in enumerate(records):
         headers = headers_of(raw_headers)
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
@@ -169,14 +199,16 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
             continue
         try:
             half = kserve_half(value, headers, ms) if format == "kserve" else seldon_half(value, headers, key, topic,
-                                                                                         ms)  # fmt: skip
+                                                                                         ms, response)  # fmt: skip
         except BadPayload as exc:
-            found = headers.get("ce_id") or headers.get("x-request-id")
-            out.rejected.append((value, exc.reason, model, found.decode(errors="replace") if found else None))
+            out.rejected.append((value, exc.reason, model, pair_of(format, headers)))
             out.rejected_at.append(i)
             continue
         if half.model not in models:
             out.ignored[ignore_reason(half.model)] += 1
+            continue
+        if counted and half.component and counted.get(half.model or "", half.component) != half.component:
+            out.ignored["other_component"] += 1
             continue
         out.halves.append(half)
         out.at.append(i)
@@ -191,7 +223,13 @@ class PayloadRows:
         self.max_future_skew_seconds = max_future_skew_seconds
         self.threshold = model.events.score_threshold
         self.column = model.events.prediction
-        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes]
+        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes
+                       if a.proxy is None and a.source is None]  # fmt: skip
+        self.proxies = proxy_columns(model.base_attributes)
+        self.sides = [(s.name, s.id) for s in model.attribute_sources]
+        self.read = [*(t[0] for t in self.tables), *(c for pair in self.proxies for c in pair)]
+        """The columns whose cells are read: the exact attributes', then each proxy's surname and ZCTA."""
+        self.columns = [*(t[0] for t in self.tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
 
     def batch(self, pairs: Sequence[tuple[Half, Half]], now: float) -> tuple[DecodedBatch, list[tuple[Half, str]]]:
         """The rows of these pairs, and the pairs refused (the request half, with the reason)."""
@@ -199,10 +237,12 @@ class PayloadRows:
         stamps: list[float] = []
         values: list[Any] = []
         ids: list[Any] = []
-        raw_codes: list[list[Any]] = [[] for _ in self.tables]
+        raw_codes: list[list[Any]] = [[] for _ in self.read]
+        sides: list[list[Any]] = [[] for _ in self.sides]
         segments: dict[str, list[Any]] = {c: [] for c in self.model.counted_columns}
-        # each attribute's and segment's cells: the request's column, else the response's, else a logged header
-        targets = [*zip(raw_codes, (t[0] for t in self.tables), strict=True), *((v, c) for c, v in segments.items())]
+        # each attribute's, id's and segment's cells: the request's column, else the response's, else a logged header
+        cells_of = [*raw_codes, *sides, *segments.values()]
+        read = [*self.read, *(c for _, c in self.sides), *segments]
         refused: list[tuple[Half, str]] = []
         for request, response in pairs:
             reason = self._rule(request, response, latest)
@@ -215,10 +255,11 @@ class PayloadRows:
             if found is None:
                 found = request.columns[self.column]
             values += found
-            ids += [request.pair] if n == 1 else [f"{request.pair}:{i}" for i in range(n)]
-            for cells, column in targets:
-                found_cells = request.columns.get(column) or response.columns.get(column)
-                cells += found_cells if found_cells is not None else [request.metadata.get(column)] * n
+            call = request.id
+            ids += [call] if n == 1 else map(call.__add__, _suffixes(n))
+            for k, column in enumerate(read):
+                cells = request.columns.get(column) or response.columns.get(column)
+                cells_of[k].extend(cells if cells is not None else [request.metadata.get(column)] * n)
         timestamps = np.asarray(stamps, dtype=np.float64)
         if self.threshold is not None:
             scores = np.asarray(values, dtype=np.float64)
@@ -226,17 +267,20 @@ class PayloadRows:
         else:
             scores = np.zeros(0)
             predictions = np.asarray([int(v) for v in values], dtype=np.int64)
-        codes = []
-        for (_, table, unknown), cells in zip(self.tables, raw_codes, strict=True):
-            codes.append(np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v),
-                                                                          unknown) for v in cells),
-                                     np.int64, len(cells)))  # fmt: skip
-        base = {a.columns[0]: c for a, c in zip(self.model.base_attributes, codes, strict=True)}
+        codes = [_codes(cells, table, unknown) for (_, table, unknown), cells in zip(self.tables, raw_codes,
+                                                                                    strict=False)]  # fmt: skip
+        proxied = raw_codes[len(self.tables):]
+        codes += [bisg.tables().codes(proxied[2 * k], proxied[2 * k + 1]) for k in range(len(self.proxies))]
+        base = dict(zip(self.columns, codes, strict=True))
+        base.update({a.columns[0]: np.full(len(timestamps), -1, dtype=np.int64) for a in self.model.base_attributes
+                     if a.source is not None})  # fmt: skip
         batch = DecodedBatch(timestamps=timestamps, predictions=predictions,
                              outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
                              codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
                              rejected=Counter(reason for _, reason in refused), scores=scores,
-                             segments=segments)  # fmt: skip
+                             segments=segments,
+                             side_ids={name: list(map(id_text, side))
+                                       for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
         return batch, refused
 
     def _rule(self, request: Half, response: Half, latest: float) -> str | None:
@@ -253,11 +297,32 @@ class PayloadRows:
         if found is None:
             return "missing_field"
         if self.threshold is not None:
-            if not all((v.__class__ is float or v.__class__ is int) and 0.0 <= v <= 1.0 for v in found):
-                return "invalid_score"
+            if not set(map(type, found)) <= _NUMBERS or not (all(map(_ZERO.__le__, found)) and
+                                                             all(map(_ONE.__ge__, found))):  # fmt: skip
+                return "invalid_score"  # not a number (a bool is none), or outside [0, 1] (NaN too)
         elif not all(map(is_binary, found)):
             return "invalid_prediction"
         return None
+
+
+_NUMBERS: Final = frozenset({float, int})
+_TEXT: Final = frozenset({str, type(None)})
+_ZERO: Final = 0.0
+_ONE: Final = 1.0
+
+
+@cache
+def _suffixes(n: int) -> list[str]:
+    """``:0`` .. ``:<n-1>``: what a call's id takes for each row of a batch of ``n``."""
+    return [f":{i}" for i in range(n)]
+
+
+def _codes(cells: list[Any], table: Mapping[str, int], unknown: int) -> np.ndarray:
+    """The code of each cell (a missing one: ``unknown``); text looked up as it is, other values by their text."""
+    if set(map(type, cells)) <= _TEXT:  # looked up in one pass with no Python frame per cell
+        return np.fromiter(map(table.get, cells, repeat(unknown, len(cells))), np.int64, len(cells))
+    return np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v), unknown)
+                        for v in cells), np.int64, len(cells))  # fmt: skip
 
 
 def payload_batches(pairs: Mapping[str, Sequence[tuple[Half, Half]]], rows: Mapping[str, PayloadRows],

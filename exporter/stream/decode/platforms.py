@@ -8,9 +8,14 @@ request or the response, its model, its time and its rows of named columns (expo
   Structured mode: the value is the whole event as JSON (``content-type: application/cloudevents+json``), the body
   in ``data`` or ``data_base64``. A gzipped body is unzipped.
 - **Seldon Core v2**: ``seldon.<namespace>.model.<name>.inputs`` / ``.outputs`` topics of protobuf
-  ``ModelInferRequest`` / ``ModelInferResponse`` (JSON when ``seldon-infer-type`` says so), the pair's id in the
-  ``x-request-id`` header (else the record key, which the gateway sets to the request id); the record's other
-  headers are columns too.
+  ``ModelInferRequest`` / ``ModelInferResponse``, or JSON. The topic says request or response (as Seldon's own
+  ``seldon pipeline inspect`` reads it): the model gateway copies the request record's headers, its
+  ``seldon-infer-type`` included, onto the response it writes (scheduler/pkg/kafka/gateway/worker.go), so that
+  header says only protobuf or JSON; a record without it is JSON when it starts with ``{`` (the gateway's "general
+  case": it tries protobuf, then JSON). The call's id is the ``x-request-id`` header (else the record key, else the
+  message's ``id``); the ``pipeline`` header names the pipeline it came through (the pipeline gateway keys records
+  ``<partition>.<pipeline>.<id>`` since 2.10, ``<pipeline>.<id>`` before): the same id through two pipelines is two
+  calls of the model. The request record's other headers are columns too.
 
 A record that cannot be read raises :class:`~exporter.stream.decode.oip.BadPayload` with its reason.
 """
@@ -33,16 +38,18 @@ MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """An unzipped body larger than this is refused (``payload_too_large``): a small gzip must not fill the memory."""
 REQUEST_TYPE: Final = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE: Final = "org.kubeflow.serving.inference.response"
-SELDON_TYPES: Final = {"proto/InferModelRequest": (False, False), "proto/InferModelResponse": (True, False),
-                       "json/inferModelRequest": (False, True), "json/inferModelResponse": (True, True)}  # fmt: skip
-"""Seldon's ``seldon-infer-type`` header: (is a response, is JSON)."""
+SELDON_TYPES: Final = {"proto/InferModelRequest": False, "proto/InferModelResponse": False,
+                       "json/inferModelRequest": True, "json/inferModelResponse": True}  # fmt: skip
+"""Seldon's ``seldon-infer-type`` header: whether the body is JSON (on an ``.outputs`` record it is the request's
+header, copied: it never says the record is a response)."""
 SELDON_RESERVED: Final = frozenset({"x-request-id", "seldon-infer-type", "traceparent", "tracestate",
-                                    "seldon-pipeline-errors"})  # fmt: skip
+                                    "seldon-pipeline-errors", "pipeline", "x-pipeline-version"})  # fmt: skip
 """Seldon record headers that are plumbing, never columns."""
 
-_READ: Final = tuple((name, f"ce_{name}") for name in ("type", "id", "inferenceservicename", "time", "metadata",
-                                                         "contentencoding"))
+_NAMES: Final = ("type", "id", "inferenceservicename", "time", "metadata", "contentencoding", "component")
 """The CloudEvent attributes a payload half is read from."""
+_HEADERS: Final = tuple(f"ce_{name}" for name in _NAMES)
+"""Their headers in binary content mode."""
 Headers = dict[str, bytes]
 """A record's headers, names lower-cased (the last value of a repeated name)."""
 
@@ -52,7 +59,8 @@ class Half:
     """A request or a response of one call, as rows of named columns."""
 
     pair: str
-    """The call's id: KServe's ``ce-id``, Seldon's ``x-request-id``."""
+    """What a request and its response meet by: the call's id (KServe's ``ce-id``, Seldon's ``x-request-id``, as
+    ``<pipeline>.<id>`` when the record names its pipeline: :attr:`call`)."""
     response: bool
     model: str | None
     time: float | None
@@ -63,6 +71,17 @@ class Half:
     """The record's value, for a dead letter."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Columns of one value for every row: the logged request headers (KServe) or record headers (Seldon)."""
+    call: str | None = None
+    """The call's own id when ``pair`` also names the pipeline it came through (Seldon): the rows' prediction id,
+    which delayed labels name."""
+    component: str = ""
+    """The InferenceService component that logged it (KServe's ``component``): a transformer and its predictor
+    logging one call under one ``ce-id`` are one call, whose halves meet within one component."""
+
+    @property
+    def id(self) -> str:
+        """The id the rows carry: the call's, without its pipeline."""
+        return self.call or self.pair
 
 
 def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
@@ -71,7 +90,7 @@ def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
     if not raw:
         return {}
     found = dict(raw)
-    if all(k.islower() for k in found):
+    if all(map(str.islower, found)):
         return found  # type: ignore[return-value]  # a None value reads as a missing header
     return {k.lower(): v or b"" for k, v in raw}
 
@@ -133,6 +152,15 @@ def _body_columns(body: Any, response: bool) -> tuple[int, Columns]:
     return rows, columns
 
 
+def pair_of(format: str, headers: Headers) -> str | None:
+    """The pair id of a record from its headers alone, as its half would carry it (None: they do not say): the
+    partner of a record refused is dropped by it."""
+    if format == "kserve":
+        return _text(headers.get("ce_id")) or None
+    pid, pipeline = _text(headers.get("x-request-id")), _text(headers.get("pipeline"))
+    return None if not pid else f"{pipeline}.{pid}" if pipeline else pid
+
+
 def kserve_model(headers: Headers) -> str | None:
     """The InferenceService of a binary-mode record, from its headers alone (None: structured, or none)."""
     return _text(headers.get("ce_inferenceservicename"))
@@ -158,7 +186,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
                 body = body.encode()
         encoding = event.get("contentencoding")
     else:  # binary mode: the attributes are ce_* headers
-        attributes = {name: _text(headers.get(header)) for name, header in _READ}
+        attributes = dict(zip(_NAMES, map(_text, map(headers.get, _HEADERS)), strict=True))
         data_type, body = content_type, value
         encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
     get = attributes.get
@@ -171,9 +199,11 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
     rows, columns = _body_columns(body, response)
     model = get("inferenceservicename")
     when = epoch(get("time")) if get("time") is not None else None
+    component = get("component")
     return Half(pid, response, model if model.__class__ is str else None,
                 when if when is not None else (record_ms / 1000 if record_ms > 0 else None), rows, columns,
-                value, _metadata(get("metadata")) if not response else {})  # fmt: skip
+                value, _metadata(get("metadata")) if not response else {}, None,
+                component if component.__class__ is str else "")  # fmt: skip
 
 
 def seldon_model(topic: str) -> tuple[str | None, bool | None]:
@@ -184,15 +214,16 @@ def seldon_model(topic: str) -> tuple[str | None, bool | None]:
     return None, None
 
 
-def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic: str, record_ms: int) -> Half:
-    """One record of a Seldon model's inputs or outputs topic, as its Kafka gateway wrote it."""
-    model, response = seldon_model(topic)
-    kind = _text(headers.get("seldon-infer-type"))
-    as_json = False
-    if kind in SELDON_TYPES:
-        response, as_json = SELDON_TYPES[kind]
+def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic: str, record_ms: int,
+                response: bool | None = None) -> Half:  # fmt: skip
+    """One record of a Seldon model's inputs or outputs topic, as its gateway wrote it; ``response``: the direction
+    of a topic whose name does not say it (``kafka.response_topic``)."""
+    model, by_name = seldon_model(topic)
+    response = by_name if by_name is not None else response
     if response is None or not value:
         raise BadPayload("malformed_payload")
+    kind = _text(headers.get("seldon-infer-type"))
+    as_json = SELDON_TYPES[kind] if kind in SELDON_TYPES else value.lstrip()[:1] == b"{"
     pid = _text(headers.get("x-request-id")) or _text(key)
     columns: Columns = {}
     if as_json:
@@ -202,5 +233,8 @@ def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic:
     pid = pid or own
     if not pid:
         raise BadPayload("malformed_payload")
+    pipeline = _text(headers.get("pipeline"))
     metadata = {k: _text(v) for k, v in headers.items() if k not in SELDON_RESERVED} if not response else {}
-    return Half(pid, response, model, record_ms / 1000 if record_ms > 0 else None, rows, columns, value, metadata)
+    return Half(f"{pipeline}.{pid}" if pipeline else pid, response, model,
+                record_ms / 1000 if record_ms > 0 else None, rows, columns, value, metadata,
+                pid if pipeline else None)  # fmt: skip

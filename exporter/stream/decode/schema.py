@@ -39,17 +39,23 @@ def paths_of(events: EventFields) -> tuple[str, ...]:
 
 def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the models' paths (one set: see :func:`paths_of`), and the attribute path of each role
-    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``, ``seg:<column>`` for a segment
-    column that is no attribute's) in it; None when the paths
-    overlap in a way a Struct cannot hold (a field that is both a value and an object), where every event is walked.
+    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``, ``side:<id column>``,
+    ``seg:<column>`` for a segment column that is no attribute's or id's) in it; None when the paths overlap in a way
+    a Struct cannot hold (a field that is both a value and an object, or an id column that is another model's
+    attribute column), where every event is walked.
     ``strict``: only these models' events, and only their configured group names (or none) as attribute values."""
     f = models[0].events
     columns: dict[str, set[str]] = {}
+    sides: set[str] = set()  # the id columns of side sources (attribute_sources): any id, joined later
     for model in models:
         for a in model.base_attributes:
-            columns.setdefault(a.columns[0], set()).update(code_table(a.groups)[0])
-    if strict and not all(columns.values()):
+            if a.proxy is None and a.source is None:
+                columns.setdefault(a.columns[0], set()).update(code_table(a.groups)[0])
+        sides.update(s.id for s in model.attribute_sources)
+    if (strict and not all(columns.values())) or sides & columns.keys():
         return None
+    # a proxy's surname and ZCTA: any text (a ZCTA may be a JSON integer), in the strict schema too
+    free = {c for m in models for a in m.base_attributes if a.proxy for c in (a.proxy.surname, a.proxy.zcta)}
     one = models[0] if len(models) == 1 else None
     # roles a schema-valid event must carry: the timestamp; for one model, its prediction (or the score it derives
     # it from); for the strict schema, one of these models' ids
@@ -70,12 +76,16 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
     for column, groups in columns.items():
         roles[f"attr:{column}"] = (f"{f.attributes}.{column}",
                                    Literal[tuple(sorted(groups))] | None if strict else str | None)
-    for column in sorted({c for m in models for c in m.counted_columns} - set(columns)):  # any text: a segment's
-        roles[f"seg:{column}"] = (f"{f.attributes}.{column}", str | None)
+    for column in free - set(columns):
+        roles[f"attr:{column}"] = (f"{f.attributes}.{column}", str | int | None)
+    for column in sorted(sides - set(columns)):
+        roles[f"side:{column}"] = (f"{f.attributes}.{column}", _Id | None)
+    for column in sorted({c for m in models for c in m.counted_columns} - set(columns) - free - sides):
+        roles[f"seg:{column}"] = (f"{f.attributes}.{column}", str | None)  # any text: a segment's
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():
-        *parents, leaf = path.split(".") if not role.startswith(("attr:", "seg:")) else [*f.attributes.split("."),
-                                                                                          role.split(":", 1)[1]]
+        *parents, leaf = path.split(".") if not role.startswith(("attr:", "side:", "seg:")) else \
+            [*f.attributes.split("."), role.split(":", 1)[1]]  # fmt: skip
         node = tree
         for key in parents:
             child = node.setdefault(key, {})

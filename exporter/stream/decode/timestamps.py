@@ -20,13 +20,15 @@ from typing import Any, Final
 import numpy as np
 
 EARLIEST: Final = datetime(1, 1, 1, tzinfo=UTC).timestamp()
-LATEST: Final = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC).timestamp()
-"""The epoch seconds an ISO 8601 string can name: a number outside them (NaN and infinities too) is invalid."""
+END: Final = datetime(9999, 12, 31, tzinfo=UTC).timestamp() + 86_400
+"""From EARLIEST up to END (253402300800, the first second of year 10000, exact in a float64) are the epoch seconds
+an ISO 8601 string can name: a number outside them (NaN and infinities too) is invalid. END is excluded: the last
+microsecond of year 9999 as a float64 rounds up to it, so a bound at that microsecond let year 10000 in."""
 
 
 def epoch(t: object) -> float | None:
     """Epoch seconds of an event's timestamp: ISO 8601 (naive means UTC) or epoch seconds within
-    :data:`EARLIEST` .. :data:`LATEST`; else None."""
+    :data:`EARLIEST` up to :data:`END` (excluded); else None."""
     if t.__class__ is str:
         try:
             d = datetime.fromisoformat(t)
@@ -34,7 +36,7 @@ def epoch(t: object) -> float | None:
             return None
         return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
     if t.__class__ is float or t.__class__ is int:
-        return float(t) if EARLIEST <= t <= LATEST else None  # NaN compares false
+        return float(t) if EARLIEST <= t < END else None  # NaN compares false
     return None
 
 
@@ -46,7 +48,7 @@ def epochs(stamps: list[Any]) -> np.ndarray | list[float | None]:
     characters) or a number, else a list (None where invalid)."""
     if stamps and set(map(type, stamps)) <= _NUMBERS:  # epoch seconds (never a bool: its type is bool)
         seconds = np.array(stamps, dtype=np.float64)
-        if ((seconds >= EARLIEST) & (seconds <= LATEST)).all():  # NaN compares false: the rule says invalid
+        if ((seconds >= EARLIEST) & (seconds < END)).all():  # NaN compares false: the rule says invalid
             return seconds
     fast = iso_epochs(stamps)
     if fast is not None:

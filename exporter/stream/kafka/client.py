@@ -161,6 +161,9 @@ class KafkaClient(Protocol):
         that does not exist now, or on a broker without topic ids (before Kafka 2.8); None in all when no broker
         answered in time."""
 
+    def topic_names(self) -> set[str] | None:
+        """Every topic the cluster has now (None while no broker answers)."""
+
     def connected(self) -> bool:
         """Whether any broker answers."""
 

@@ -214,6 +214,12 @@ class ConfluentClient:
                 ids[topic] = str(uuid.UUID(int=(high % 2**64) << 64 | low % 2**64))  # Java's signed longs
         return ids
 
+    def topic_names(self) -> set[str] | None:
+        try:
+            return set(self.consumer.list_topics(timeout=METADATA_TIMEOUT_SECONDS).topics)
+        except ck.KafkaException:
+            return None
+
     def connected(self) -> bool:
         """False from librdkafka's "all brokers down" until a metadata request succeeds again."""
         if self._down:

@@ -1,8 +1,13 @@
 """Forward rejected events to the dead-letter topic, with a ``reason`` header, through the configured client.
 
+The producer takes the producer's keys of ``kafka.client`` only (the staged path's producer's rule,
+:func:`~exporter.stream.kafka.internal_producer.producer_config`), and is made when the daemon starts: settings it
+refuses stop the start in one line (exit 2), rather than every dead letter being dropped later; only a broker that
+does not answer yet (kafka-python's producer asks one at once) leaves it to be made at a later dead letter.
+
 Sending never raises into the ingest: an event is counted (as rejected) exactly once whatever happens to its dead
-letter. A dead letter that cannot be sent (too large for the producer, a producer that cannot be made, a delivery
-that fails) is counted by reason in ``fairness_exporter_dead_letters_failed_total``, logged, and dropped.
+letter. A dead letter that cannot be sent (too large for the producer, no producer while no broker answers, a
+delivery that fails) is counted by reason in ``fairness_exporter_dead_letters_failed_total``, logged, and dropped.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import logging
 import time
 from typing import Any
 
-from exporter.config import KafkaConfig
-from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.config import ConfigError, KafkaConfig
+from exporter.health.counters import Health
+from exporter.health.logs import RateLimitedLog
+from exporter.stream.kafka.internal_producer import producer_config
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +29,14 @@ RETRY_PRODUCER_SECONDS = 60.0
 # Each library's own name and default for the largest request (record batch) a producer sends.
 SIZE_LIMIT = {"kafka-python": ("max_request_size", 1_048_576), "confluent-kafka": ("message.max.bytes", 1_000_000)}
 PRODUCER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "kafka-python": {"max_block_ms": 1000, "request_timeout_ms": 10_000, "delivery_timeout_ms": 30_000},
+    "kafka-python": {"max_block_ms": 1000, "request_timeout_ms": 10_000, "delivery_timeout_ms": 30_000,
+                     "bootstrap_timeout_ms": 5000},
     "confluent-kafka": {"message.timeout.ms": 30_000}}  # fmt: skip
 """A dead letter that cannot be delivered (its topic deleted, no broker) is counted as failed within 30 s, not
 held for the libraries' 2 and 5 minutes, or for good (seen with kafka-python); kafka-python's send() waits at most
 1 s for a topic's metadata, on the consumer thread (its default: 60 s per batch with a reject, after the topic was
-deleted). ``kafka.client`` overrides them."""
+deleted), and its producer waits at most 5 s for a broker when it is made (its default: 30 s). ``kafka.client``
+overrides them."""
 
 
 class DeadLetters:
@@ -50,15 +59,37 @@ class DeadLetters:
         self._log.warning(reason, "dropped %d dead letter(s): " + message, n, *args)
 
     def _make_producer(self) -> Any:
-        if self.kafka.client_library == "confluent-kafka":
+        library = self.kafka.client_library
+        if library == "confluent-kafka":
             from confluent_kafka import Producer
 
-            return Producer({"bootstrap.servers": self.kafka.bootstrap_servers,
-                             **PRODUCER_DEFAULTS["confluent-kafka"], **self.kafka.client})  # fmt: skip
+            return Producer(producer_config(self.kafka, PRODUCER_DEFAULTS[library], {}))
         from kafka import KafkaProducer
 
-        return KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers.split(","),
-                             **{**PRODUCER_DEFAULTS["kafka-python"], **self.kafka.client})  # fmt: skip
+        return KafkaProducer(**producer_config(self.kafka, PRODUCER_DEFAULTS[library], {}))
+
+    def _unreachable(self, exc: Exception) -> bool:
+        """The producer could not be made because no broker answered (kafka-python asks one as it is made;
+        librdkafka's never does): not its settings' fault."""
+        if self.kafka.client_library == "confluent-kafka":
+            return False
+        from kafka.errors import KafkaConnectionError, RetriableError
+
+        return isinstance(exc, RetriableError | KafkaConnectionError)  # "Unable to bootstrap" is a KafkaTimeoutError
+
+    def start(self, source: str) -> None:
+        """Make the producer (the daemon's start): settings it refuses are a ConfigError naming ``kafka.client`` in
+        the config file ``source``; a broker that does not answer yet leaves it to the next dead letter."""
+        try:
+            self._producer = self._make_producer()
+        except Exception as exc:
+            if not self._unreachable(exc):
+                raise ConfigError(f"{source}: kafka.client: the dead-letter producer of kafka.dead_letter_topic "
+                                  f"cannot be made with these settings ({type(exc).__name__}: {exc})") from exc
+            self._failed_at = time.monotonic()
+            self._log.warning("no_producer", "the dead-letter producer cannot reach a broker yet (%s: %s); it is "
+                              "made again at a dead letter %.0fs from now", type(exc).__name__, exc,
+                              RETRY_PRODUCER_SECONDS)  # fmt: skip
 
     def _ready(self) -> bool:
         if self._producer is None and time.monotonic() - self._failed_at >= RETRY_PRODUCER_SECONDS:
@@ -66,8 +97,9 @@ class DeadLetters:
                 self._producer = self._make_producer()
             except Exception as exc:
                 self._failed_at = time.monotonic()
-                self._failed("no_producer", 0, "cannot make the dead-letter producer (%s: %s); retrying in %.0fs",
-                             type(exc).__name__, exc, RETRY_PRODUCER_SECONDS)  # fmt: skip
+                self._log.warning("no_producer", "cannot make the dead-letter producer (%s: %s); trying again at a "
+                                  "dead letter %.0fs from now", type(exc).__name__, exc,
+                                  RETRY_PRODUCER_SECONDS)  # fmt: skip
         return self._producer is not None
 
     def send(self, payloads: list[tuple[bytes | None, str]]) -> None:
@@ -79,7 +111,7 @@ class DeadLetters:
         if not fitting:
             return
         if not self._ready():
-            self._failed("no_producer", len(fitting), "no dead-letter producer")
+            self._failed("no_producer", len(fitting), "no dead-letter producer (it could not be made: see above)")
             return
         for i, (value, reason) in enumerate(fitting):
             try:

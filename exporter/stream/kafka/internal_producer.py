@@ -10,6 +10,7 @@ commits an input offset only after that.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from exporter.config import KafkaConfig
@@ -24,6 +25,20 @@ SETTINGS = {
     "confluent-kafka": {"enable.idempotence": False, "max.in.flight": 1, "acks": "all", "linger.ms": LINGER_MS},
 }  # fmt: skip
 """What ordering and durability need, in each library's names (they override ``kafka.client``)."""
+
+
+def producer_config(kafka: KafkaConfig, defaults: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A producer's keywords (kafka-python) or properties (confluent-kafka): ``kafka.client`` over ``defaults`` and
+    under ``settings``. ``kafka.client`` is the consumer's, so only the producer's own keys are taken from it:
+    kafka-python's KafkaProducer refuses a consumer-only key (``session_timeout_ms``: "Unrecognized configs");
+    librdkafka ignores consumer properties in a producer, with one warning each on the log given here."""
+    if kafka.client_library == "confluent-kafka":
+        return {"bootstrap.servers": kafka.bootstrap_servers, **defaults, **kafka.client, **settings,
+                "logger": log.getChild("librdkafka")}  # fmt: skip
+    from kafka import KafkaProducer
+
+    known = {k: v for k, v in kafka.client.items() if k in KafkaProducer.DEFAULT_CONFIG}
+    return {"bootstrap_servers": kafka.bootstrap_servers.split(","), **defaults, **known, **settings}
 
 
 class ProduceFailed(RuntimeError):
@@ -46,13 +61,11 @@ class InternalProducer:
         if kafka.client_library == "confluent-kafka":
             from confluent_kafka import Producer
 
-            return Producer({"bootstrap.servers": kafka.bootstrap_servers, **kafka.client,
-                             **SETTINGS["confluent-kafka"], "logger": log.getChild("librdkafka")})  # fmt: skip
+            return Producer(producer_config(kafka, {}, SETTINGS["confluent-kafka"]))
         from kafka import KafkaProducer
 
-        known = {k: v for k, v in kafka.client.items() if k in KafkaProducer.DEFAULT_CONFIG}
-        return KafkaProducer(bootstrap_servers=kafka.bootstrap_servers.split(","),
-                             client_id=f"fairness-exporter-{kafka.group_id}", **{**known, **SETTINGS["kafka-python"]})
+        return KafkaProducer(**producer_config(kafka, {}, {"client_id": f"fairness-exporter-{kafka.group_id}",
+                                                           **SETTINGS["kafka-python"]}))  # fmt: skip
 
     def send(self, topic: str, partition: int, value: bytes, key: bytes | None = None) -> None:
         """Queue one record for an explicit partition; ProduceFailed if the client refuses it (no broker answers

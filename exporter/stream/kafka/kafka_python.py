@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
-from kafka.errors import KafkaError
+from kafka.errors import Cancelled, KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from exporter.config import KafkaConfig
@@ -33,6 +34,17 @@ interleaved rounds), 4 or 10 MB partition fetches and 5,000 or 10,000 records pe
 noise (docs/sre/performance.md): kafka-python's cost is parsing records in Python, not round trips. ``kafka.client``
 overrides them."""
 
+
+
+def _not_a_cancelled_refresh(record: logging.LogRecord) -> bool:
+    """kafka-python logs at ERROR a metadata request that closing the consumer cancelled ("Metadata refresh: failed
+    Cancelled"), on every shutdown or rebuild while one is in flight: no fault, so not logged. (A request a broker
+    failed ends in another error, still logged.)"""
+    return not (record.msg == "Metadata refresh: failed %s" and isinstance(record.args, tuple) and record.args
+                and isinstance(record.args[0], Cancelled))  # fmt: skip
+
+
+logging.getLogger("kafka.cluster").addFilter(_not_a_cancelled_refresh)
 
 GROUP_UNSETTLED_SECONDS = 90.0
 """A subscribed consumer that has been without a settled group membership (no coordinator known, or a join or sync
@@ -155,6 +167,18 @@ class KafkaPythonClient:
         except KafkaError:
             return None
         return {topic: None if (i := cluster.topic_id(topic)) is None else str(i) for topic in topics}
+
+    def topic_names(self) -> set[str] | None:
+        """From a metadata request for every topic, sent now."""
+        cluster, manager = self.consumer._cluster, self.consumer._manager
+        stash, cluster.need_all_topic_metadata = cluster.need_all_topic_metadata, True
+        try:
+            self.consumer._net.run(manager.wait_for, manager.call_soon(cluster.refresh_metadata), TOPIC_IDS_TIMEOUT_MS)
+        except KafkaError:
+            return None
+        finally:
+            cluster.need_all_topic_metadata = stash
+        return set(cluster.topics())
 
     def connected(self) -> bool:
         client = self.consumer._client

@@ -1,14 +1,10 @@
 """The Kafka source: one consumer policy over either client library.
 
-It polls batches on its own thread and hands each partition's records to the ingest; it owns where each partition
-starts, what is committed and when, how a reset log is detected, and what a rebalance does (the contract is
-written once, on :class:`~exporter.stream.kafka.client.Rebalance`). What it knows of offsets comes from one
-:class:`~exporter.stream.kafka.client.OffsetsBook` (the checkpointer): what was counted, what is durable, and how to
-make it durable.
-
-Clients are not thread-safe, so every call into one happens on this thread (or in the rebalance callbacks the
-client runs). Errors that escape the client are counted and the client is rebuilt with a backoff: the source
-never crashes the daemon, and a rebuilt client resumes after the last record counted.
+It polls batches on its own thread and hands them to the ingest; it owns where each partition starts, what is
+committed and when, how a reset log is detected, and what a rebalance does (the contract: ``client.Rebalance``).
+Offsets come from one ``client.OffsetsBook`` (the checkpointer): what was counted, what is durable, how to make it so.
+Clients are not thread-safe: every call into one happens on this thread (or in its rebalance callbacks). Errors that
+escape the client are counted and the client rebuilt with a backoff, resuming after the last record counted.
 
 The direct path (``kafka.stages: direct``) counts only what its replica reads, so a subscribed direct replica must
 hold every partition of its topics. One whose first assignment lacks some (another member of its group holds
@@ -26,7 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from exporter.config import KafkaConfig
-from exporter.serve.self_metrics import Health, RateLimitedLog
+from exporter.health.counters import Health
+from exporter.health.logs import RateLimitedLog
 from exporter.stream.kafka.client import CommitFailed, KafkaClient, Offsets, OffsetsBook, Partition, Record
 
 log = logging.getLogger(__name__)
@@ -60,17 +57,19 @@ def _same_id(now: str | None, known: str | None) -> bool:
 
 
 class KafkaSource:
-    """Consumes the events topic (and the labels topic, if any) and calls ``handle({partition: records})`` with
-    what each poll returned."""
+    """Consumes the events topics (and the labels topic, if any); ``handle({partition: records})`` gets each poll."""
 
     def __init__(self, kafka: KafkaConfig, handle: Handler, book: OffsetsBook, health: Health,
                  topics: list[str] | None = None, prepare: Callable[[], None] | None = None,
-                 on_refusal: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 on_refusal: Callable[[str], None] | None = None,
+                 from_start: frozenset[str] = frozenset()) -> None:  # fmt: skip
         """``topics``: what to read (default: the events and labels topics); ``prepare`` runs before each new client
         connects (the staged path creates its internal topics there), and is retried as the client is;
         ``on_refusal(line)``: a subscribed direct replica found another member in its group at start, and stopped."""
         self.kafka = kafka
-        self.topics = topics or [t for t in (kafka.topic, kafka.response_topic, kafka.labels_topic) if t]
+        self.topics = topics or [*kafka.events_topics(), *([kafka.labels_topic] if kafka.labels_topic else [])]
+        self._named = list(self.topics)  # kafka.topic_pattern adds those the cluster has that match
+        self.from_start = from_start  # read from their start when nothing of them was counted (side tables)
         self.prepare = prepare
         self.handle = handle
         self.book = book
@@ -134,6 +133,7 @@ class KafkaSource:
             self.assigned_once.set()
         self._judge_assignment = self.whole
         starts = self.book.starts(partitions, committed)
+        starts.update({p: 0 for p in partitions if p[0] in self.from_start and p not in starts})
         if committed is not None:  # a partition of a re-created topic that nobody counted: none of it to skip
             starts.update({p: 0 for p in partitions if p[0] in self._recreated and p not in starts | committed})
         return starts
@@ -190,6 +190,7 @@ class KafkaSource:
             self.prepare()
         client = make_client(self.kafka, self._client_error)
         self._committed = {}
+        self.topics = self.kafka.topics_now(client.topic_names, self._named) or self.topics
         if self.manual:
             self._assign_all(client, wait=30.0)
         else:
@@ -218,7 +219,8 @@ class KafkaSource:
             # A partition that appeared while the source ran (the topic grew, or came back with more partitions)
             # is read from its start whatever auto_offset_reset says: none of it was there to skip.
             new = 0 if self._partitions_seen else None
-            client.assign({p: counted.get(p, None if p in self._partitions_seen else new) for p in partitions})
+            client.assign({p: counted.get(p, 0 if p[0] in self.from_start else None if p in self._partitions_seen
+                                          else new) for p in partitions})  # fmt: skip
             self._partitions_seen.update(partitions)
             self.assigned_once.set()
 
@@ -313,8 +315,7 @@ class KafkaSource:
                 for partition, records in batches.items():
                     client.seek(partition, records[0].offset)
             kept = {p: records for p, records in batches.items() if same is not None and p[0] in same}
-            events = (self.kafka.topic, self.kafka.response_topic)
-            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if topic in events))
+            self.health.consumed.inc(sum(len(r) for (topic, _), r in kept.items() if self.kafka.reads_events(topic)))
             if kept:
                 try:
                     self.handle(kept)
@@ -359,6 +360,10 @@ class KafkaSource:
                 now = time.monotonic()
                 if now - last_refresh >= REFRESH_SECONDS:
                     self.broker_up = self.client.connected()
+                    if (new := self.kafka.topics_now(self.client.topic_names, self._named)) not in (None, self.topics):
+                        self.topics = new
+                        if not self.manual:  # manual assignment takes them below
+                            self.client.subscribe(self.topics, self)
                     if self.manual:
                         self._assign_all(self.client)
                     last_refresh = now

@@ -23,7 +23,7 @@ import orjson
 
 from exporter.stream.bounded import Parts
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import REFUSED_ROWS, half_json, read_halves, records_of
+from exporter.stream.decode.payload import REFUSED_ROWS, components, half_json, read_halves, records_of
 from exporter.stream.decode.platforms import Half
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.client import Offsets, Partition, newest_timestamp, offsets_of, values_and_next
@@ -114,7 +114,8 @@ class EntryStages:
         for i, (partition, records) in enumerate(parts):
             ends[partition] = values_and_next(records)[1]
             offsets = offsets_of(records, ends[partition]).tolist()
-            read = read_halves(form, partition[0], records_of(records), fleet.decoders)
+            read = read_halves(form, partition[0], records_of(records), fleet.decoders,
+                               self.ingest.kafka.response_topic, components(fleet.config.models))
             ignored.update(read.ignored)
             for k, half in zip(read.at, read.halves, strict=True):
                 text = orjson.dumps(half_json(half)).decode()

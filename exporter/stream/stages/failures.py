@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from exporter.serve.self_metrics import Health, StageHealth
+from exporter.health.counters import Health, StageHealth
 from exporter.stream.bounded import ATTEMPTS
 from exporter.stream.kafka.client import Partition
 

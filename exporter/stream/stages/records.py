@@ -82,7 +82,8 @@ class Record:
 def codes_layout(spec: ModelSpec) -> int:
     """What the codes of a model's rows mean (its attributes and their groups, in order): a receiver configured
     otherwise (a reload that reached the replicas one at a time) does not count them."""
-    return zlib.crc32(orjson.dumps([[a.name, list(a.groups)] for a in spec.attributes]))
+    return zlib.crc32(orjson.dumps([[a.name, list(a.groups), *([a.proxy.method] if a.proxy else [])]
+                                    for a in spec.attributes]))  # fmt: skip
 
 
 def encode(kind: Kind, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
@@ -154,8 +155,14 @@ def _cuts(widths: np.ndarray, budget: int) -> list[int]:
 
 
 def codes_matrix(spec: ModelSpec, codes: dict[str, np.ndarray]) -> np.ndarray:
-    """A batch's codes as one int32 column per attribute (in the spec's order)."""
-    return np.column_stack([codes[a.name] for a in spec.attributes]).astype(np.int32, copy=False)
+    """A batch's codes as one int32 column per attribute (in the spec's order); int64 for a model with a proxy
+    attribute, whose codes name a surname and a ZCTA (exporter/core/bisg.py Tables.codes)."""
+    return np.column_stack([codes[a.name] for a in spec.attributes]).astype(codes_dtype(spec), copy=False)
+
+
+def codes_dtype(spec: ModelSpec) -> type[np.signedinteger]:
+    """The integer type of a model's codes on the internal topics."""
+    return np.int64 if any(a.proxy for a in spec.attributes) else np.int32
 
 
 def codes_columns(spec: ModelSpec, matrix: np.ndarray) -> dict[str, np.ndarray]:

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from exporter.config import Config, ModelSpec
-from exporter.serve.self_metrics import Health, Owned, StageHealth
+from exporter.health.counters import Health, Owned, StageHealth
 from exporter.stream.bounded import Bound
 from exporter.stream.decode.payload import PairJoin
 from exporter.stream.ingest import Ingest
@@ -90,8 +90,8 @@ class Stages:
 
     @property
     def source_topics(self) -> list[str]:
-        return [t for t in (self.kafka.topic, self.kafka.response_topic, self.kafka.labels_topic) if t] + \
-            self.topics.names  # fmt: skip
+        return [*self.kafka.events_topics(), *([self.kafka.labels_topic] if self.kafka.labels_topic else []),
+                *self.topics.names]  # fmt: skip
 
     def prepare(self) -> None:
         """Create the missing internal topics and learn their partition counts (before each new consumer)."""
@@ -130,8 +130,7 @@ class Stages:
         """Handle one poll, every stage's share of it, then wait until what it produced is acknowledged."""
         with self.lock:
             try:
-                events = (self.kafka.topic, self.kafka.response_topic)
-                inputs = [(p, r) for p, r in batches.items() if p[0] in events and r]
+                inputs = [(p, r) for p, r in batches.items() if self.kafka.reads_events(p[0]) and r]
                 if inputs:
                     self.bounded(inputs, lambda parts: self.entry.predictions(parts, self.produced))
                 for partition, records in batches.items():

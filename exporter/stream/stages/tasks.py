@@ -22,11 +22,19 @@ import numpy as np
 import orjson
 
 from exporter.config import ModelSpec, layout
-from exporter.serve.self_metrics import Health, StageHealth
-from exporter.stream.decode.payload import REFUSED_ROWS, PairJoin, PayloadRows, half_of
+from exporter.health.counters import Health, StageHealth
+from exporter.stream.decode.payload import REFUSED_ROWS, UNMATCHED_REASONS, PairJoin, PayloadRows, half_of
 from exporter.stream.decode.platforms import Half
 from exporter.stream.kafka.client import Partition
-from exporter.stream.stages.records import Kind, Record, codes_columns, codes_layout, codes_matrix, encode_rows
+from exporter.stream.stages.records import (
+    Kind,
+    Record,
+    codes_columns,
+    codes_dtype,
+    codes_layout,
+    codes_matrix,
+    encode_rows,
+)
 from exporter.stream.stages.snapshots import Restoring
 from exporter.stream.state.fleet import Fleet
 from exporter.stream.state.label_join import Joined, OutcomeJoin
@@ -207,7 +215,7 @@ class JoinTask(Task):
                     part = {k: table[k][rows] for k in ("source", "position", "timestamp", "prediction", "codes")}
                     out += [(self.partition[0], q, None, v) for v in encode_rows(Kind.PENDING, meta, part,
                                                                                  [ids[i] for i in rows.tolist()])]
-        joined, unmatched_counter = self.health.payload_counters()
+        joined, unmatched_counter = self.health.payload_counters(UNMATCHED_REASONS)
         joined.inc(sum(map(len, pairs.values())))
         for reason, n in unmatched.items():
             unmatched_counter.labels(reason).inc(n)
@@ -228,7 +236,8 @@ class JoinTask(Task):
             topic, partition = self.counts(model)
             table: dict[str, np.ndarray] = {"source": np.zeros(len(rows), dtype=np.int32),
                      "position": np.arange(at, at + len(rows), dtype=np.int64), "timestamp": rows.timestamps,
-                     "outcome": rows.outcomes.astype(np.int8), "codes": rows.codes.astype(np.int32)}  # fmt: skip
+                     "outcome": rows.outcomes.astype(np.int8),
+                     "codes": rows.codes.astype(codes_dtype(spec))}  # fmt: skip
             at += len(rows)
             meta = {"model": model, "layout": codes_layout(spec),
                     "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
@@ -343,7 +352,7 @@ def expire_joins(tasks: Iterable[Task], health: Health) -> None:
     health.labels_clock_behind.set(behind)  # the furthest behind of this replica's join tasks
     health.count_outcomes(given_up)
     if unmatched or lone:  # a response with no request ever: a bad payload (counted; its value is not kept)
-        counter = health.payload_counters()[1]
+        counter = health.payload_counters(UNMATCHED_REASONS)[1]
         for reason, n in (+(unmatched + Counter(response_without_request=lone))).items():
             counter.labels(reason).inc(n)
         if lone:

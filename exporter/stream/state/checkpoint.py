@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from exporter.config import Config, layout, layout_changes
-from exporter.serve.self_metrics import Health
+from exporter.health.counters import Health
 from exporter.stream.kafka.client import Offsets, Partition
 from exporter.stream.state.fleet import Fleet
 
@@ -94,6 +94,9 @@ def _check_meta(meta: Any, keys: tuple[str, ...]) -> str | None:
     if not (isinstance(offsets, list) and all(isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
                                                 and all(isinstance(n, int) for n in o[1:]) for o in offsets)):
         return "offsets are not [topic, partition, offset] triples"
+    negative = [f"{t}[{p}] at {o}" for t, p, o in offsets if p < 0 or o < 0]
+    if negative:
+        return f"offsets: {', '.join(negative)}; partitions and offsets are 0 or more"
     return None
 
 
@@ -121,18 +124,32 @@ def _unusable(path: Path, problem: str) -> CheckpointError:
     return CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
 
 
+SHAPED = ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums", "proxy_counts", "segment_counts",
+          "segment_bucket_ids", "segment_head", "segment_overflow", "segment_missing")
+"""A model's arrays whose shape and kind its layout fixes (the detectors' follow the detectors configured)."""
+COUNTED = ("counts", "totals", "score_counts", "proxy_counts", "segment_counts", "segment_overflow", "segment_missing")
+"""A model's arrays of counts, which no event makes negative."""
+NEWLY_CONFIGURED = ("estimate_counts", "estimate_totals")
+"""Arrays a checkpoint may lack: estimation configured since it was written starts at 0."""
+
+
 def _check_arrays(path: Path, model_id: str, state: dict[str, np.ndarray], fresh: dict[str, np.ndarray]) -> None:
-    """A model's arrays have the names, shapes and kinds its window store's have (an edited or mixed-up file
-    fails here in one line, not with a traceback later)."""
-    for key in ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums"):
+    """A model has every array its window store has (its detectors' included), of the shapes and kinds of its
+    layout, and no negative count (an edited or mixed-up file fails here in one line, not with a traceback or a
+    wrong number later)."""
+    for key in fresh:
+        if key not in state and key not in NEWLY_CONFIGURED:
+            raise _unusable(path, f"model {model_id}: its {key} array is missing")
+    for key in SHAPED:
         if key not in fresh:
             continue
-        if key not in state:
-            raise _unusable(path, f"model {model_id}: its {key} array is missing")
         got, want = state[key], fresh[key]
         if got.shape != want.shape or got.dtype.kind != want.dtype.kind:
             raise _unusable(path, f"model {model_id}: its {key} array is {got.dtype}{list(got.shape)}, expected "
                                   f"{want.dtype}{list(want.shape)} for its layout")  # fmt: skip
+    for key in COUNTED:
+        if key in fresh and (low := state[key].min(initial=0)) < 0:
+            raise _unusable(path, f"model {model_id}: its {key} array holds {low}, and counts are 0 or more")
 
 
 class Checkpointer:
@@ -204,9 +221,32 @@ class Checkpointer:
                                 meta.get("single_model"))  # fmt: skip
             fleet.joins.forget_models(restored.__contains__, given_up)
             fleet.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
+            offsets = self._restore_sides(arrays, offsets, restored, given_up)
             fleet.offsets = dict(offsets)
             self._durable = dict(offsets)
         return restored, resets, given_up
+
+    # --- attribute_sources: side tables (exporter/stream/state/attribute_join.py) ---------------------------------
+
+    def _restore_sides(self, arrays: dict[str, np.ndarray], offsets: Offsets, restored: set[str],
+                       given_up: Counter[str]) -> Offsets:  # fmt: skip
+        """Restore the side tables and the predictions waiting for them (those of a model not restored, or waiting
+        for a source no longer configured, are counted as ``model_reconfigured``); the offsets without those of a
+        side topic whose table was not kept (its fields changed, or it is new), which is then read again from its
+        start."""
+        attributes = self.fleet.attributes
+        if not attributes:
+            return offsets
+        kept, dropped = attributes.restore({k[len("side."):]: v for k, v in arrays.items() if k.startswith("side.")})
+        if dropped := dropped + attributes.forget_models(restored):
+            given_up["model_reconfigured"] += dropped
+        again = {s.topic for name, s in attributes.sources.items() if name not in kept}
+        if again & {t for t, _ in offsets}:
+            log.warning("side topic(s) %s are read again from their start: the checkpoint's tables hold other "
+                        "fields", ", ".join(sorted(t for t in again if t)))  # fmt: skip
+        return {p: o for p, o in offsets.items() if p[0] not in again}
+
+    # --- end of attribute_sources ------------------------------------------------------------------------------
 
     def kept_path(self) -> Path:
         """A new dated name beside the checkpoint for a state set aside (``fleet.checkpoint.<UTC time>.npz``)."""
@@ -309,6 +349,8 @@ class Checkpointer:
                 models[model_id] = {"layout": layout(monitored.spec, fleet.config.windowing), "prefix": prefix}
                 arrays.update({prefix + k: v for k, v in monitored.store.state().items()})
             arrays.update({f"join.{k}": v for k, v in fleet.joins.state(self.clock()).items()})
+            if fleet.attributes:  # attribute_sources: the side tables and the predictions waiting for them
+                arrays.update({f"side.{k}": v for k, v in fleet.attributes.state(self.clock()).items()})
             if fleet.pairs.pending or fleet.pairs.done:  # payload formats: the calls' halves waiting
                 arrays.update({f"pairs.{k}": v for k, v in fleet.pairs.state().items()})
             offsets, topic_ids = fleet.offsets_copy(), dict(self.topic_ids)  # of one log each (see restart)

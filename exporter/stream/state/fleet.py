@@ -27,6 +27,7 @@ from exporter.stream.decode.fleet import SharedDecoder, shareable
 from exporter.stream.decode.payload import PairJoin
 from exporter.stream.decode.route import Router
 from exporter.stream.kafka.client import Offsets, Partition
+from exporter.stream.state.attribute_join import AttributeJoin
 from exporter.stream.state.label_join import OutcomeJoin
 from exporter.stream.state.window import WindowStore
 
@@ -76,6 +77,8 @@ class Fleet:
         self.joins = OutcomeJoin(config.label_horizon_seconds, config.max_pending_labels)
         self.pairs = PairJoin(self.events.pair_horizon, config.max_pending_labels)
         """Halves of calls waiting for their partner (payload formats: exporter/stream/decode/payload.py)."""
+        self.attributes = AttributeJoin(config)
+        """Side sources' tables and the predictions waiting for their records (``attribute_sources``)."""
         self.offsets: Offsets = {}
         """The next Kafka offset after what the counts include, per (topic, partition)."""
         self.decoders: dict[str, EventDecoder] = {m.model_id: self._decoder(m) for m in config.models}
@@ -215,6 +218,8 @@ class Fleet:
             changes.removed = [model_id for model_id in old_specs if model_id not in decoders]
             carried = set(changes.kept) | set(changes.updated)
             self.joins.forget_models(carried.__contains__, given_up)
+            if waited := self.attributes.forget_models(carried):  # predictions waiting for side records
+                given_up["model_reconfigured"] += waited
             self.joins.horizon = config.label_horizon_seconds
             self.joins.max_pending = config.max_pending_labels
             self.pairs.horizon, self.pairs.max_pending = self.events.pair_horizon, config.max_pending_labels

@@ -88,38 +88,31 @@ def _joined(rows: list[tuple[float, int, tuple[int, ...], str, int]]) -> dict[st
     return out
 
 
-class OutcomeJoin:
-    """Pending predictions (of every model) and orphan labels, both bounded in count and in age.
+class ReadClock:
+    """How far a delayed input (labels, or a side source's records) has been read: what a waiting prediction's
+    expiry is measured against, so that a daemon that lags, or restarts after an outage, does not give up on
+    predictions whose partner is still unread in the log."""
 
-    Labels carry no model: a prediction id is unique among the models one daemon monitors (a request id, a UUID).
-    """
-
-    def __init__(self, horizon_seconds: float, max_pending: int = 1_000_000) -> None:
+    def __init__(self, horizon_seconds: float) -> None:
         self.horizon = horizon_seconds
-        self.max_pending = max_pending
-        self.pending: dict[str, Pending] = {}
-        self.orphans: dict[str, tuple[int, float]] = {}
-        self.recently_joined: OrderedDict[str, float] = OrderedDict()
-        """Ids joined within the horizon (when their label arrived, oldest first), so that a second label of one is
-        counted as a duplicate; bounded in age like the rest, so memory stops growing once a horizon has passed."""
         self.label_delays: dict[object, tuple[float, float]] = {}
-        """Per labels source (a labels partition): how far behind its newest label was when read (the read time
-        minus the label's Kafka timestamp, in seconds), and when it was read."""
+        """Per source of the input (a partition): how far behind its newest record was when read (the read time
+        minus the record's Kafka timestamp, in seconds), and when it was read."""
         self.restored_clock: tuple[float, float | None] | None = None
-        """The labels' clock a checkpoint recorded, and since when it holds: it stands until a label is read again,
-        for at most one horizon."""
+        """The clock a checkpoint recorded, and since when it holds: it stands until a record is read again, for at
+        most one horizon."""
 
     def labels_read(self, source: object, newest_label_time: float | None, now: float) -> None:
-        """Note that labels of this source were read at ``now``, the newest of them stamped ``newest_label_time``
+        """Note that records of this source were read at ``now``, the newest of them stamped ``newest_label_time``
         (None: the records carry no timestamp, and this source does not hold the clock back)."""
         if newest_label_time is not None and newest_label_time > 0:
             self.label_delays[source] = (max(0.0, now - newest_label_time), now)
             self.restored_clock = None
 
     def labels_clock(self, now: float) -> float:
-        """The time up to which labels have been read: the wall clock held back by the largest delay of a labels
-        source read within the horizon; after a restart, the checkpoint's clock until a label is read again (for
-        at most one horizon); else the wall clock."""
+        """The time up to which the input has been read: the wall clock held back by the largest delay of a source
+        read within the horizon; after a restart, the checkpoint's clock until a record is read again (for at most
+        one horizon); else the wall clock."""
         recent = [delay for delay, at in self.label_delays.values() if at >= now - self.horizon]
         if recent:
             return now - max(recent)
@@ -128,6 +121,27 @@ class OutcomeJoin:
             if since is None or now - since < self.horizon:
                 return min(clock, now)
         return now
+
+    def start_restored(self, now: float) -> None:
+        """The horizon a restored clock may hold for starts at the first expiry after the restart."""
+        if self.restored_clock is not None and self.restored_clock[1] is None:
+            self.restored_clock = (self.restored_clock[0], now)
+
+
+class OutcomeJoin(ReadClock):
+    """Pending predictions (of every model) and orphan labels, both bounded in count and in age.
+
+    Labels carry no model: a prediction id is unique among the models one daemon monitors (a request id, a UUID).
+    """
+
+    def __init__(self, horizon_seconds: float, max_pending: int = 1_000_000) -> None:
+        super().__init__(horizon_seconds)
+        self.max_pending = max_pending
+        self.pending: dict[str, Pending] = {}
+        self.orphans: dict[str, tuple[int, float]] = {}
+        self.recently_joined: OrderedDict[str, float] = OrderedDict()
+        """Ids joined within the horizon (when their label arrived, oldest first), so that a second label of one is
+        counted as a duplicate; bounded in age like the rest, so memory stops growing once a horizon has passed."""
 
     def _remember_joined(self, pid: str, at: float) -> None:
         self.recently_joined[pid] = at
@@ -182,8 +196,7 @@ class OutcomeJoin:
         """Drop the predictions whose labels would have been read by now (event time a horizon behind the labels'
         clock), and orphan labels that waited a horizon."""
         cutoff = now - self.horizon
-        if self.restored_clock is not None and self.restored_clock[1] is None:
-            self.restored_clock = (self.restored_clock[0], now)  # the horizon it may hold for starts now
+        self.start_restored(now)
         labels_cutoff = self.labels_clock(now) - self.horizon
         old = [pid for pid, (ts, _, _, _) in self.pending.items() if ts < labels_cutoff]
         for pid in old:

@@ -19,7 +19,9 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, Calibration, score_bins
 from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
-from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
+from exporter.stream.state.detection import Detection
+from exporter.stream.state.detectors import DetectorBank, Trace
+from exporter.stream.state.proxy import ProxyRing
 from exporter.stream.state.segments import SegmentCounts
 
 
@@ -56,7 +58,8 @@ class WindowStore:
     """One model's bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
 
     def __init__(self, model: ModelSpec, windowing: Windowing, lock: threading.RLock | None = None) -> None:
-        self.layout = RowLayout.of(model)
+        exact = replace(model, attributes=tuple(a for a in model.attributes if a.proxy is None))
+        self.layout = RowLayout.of(exact)  # a proxy attribute's float counts are self.proxy's
         self.min_samples = model.min_samples
         self.bucket_seconds = windowing.bucket_seconds
         self.window_buckets = {w.name: round(w.seconds / windowing.bucket_seconds) for w in windowing.windows}
@@ -71,9 +74,9 @@ class WindowStore:
         n_bins = len(self.score_bounds) + 1 if len(self.score_bounds) else 0
         self.score_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_bins), dtype=np.int64)
         self.score_sums = np.zeros((self.n_buckets, self.layout.n_rows if n_bins else 0), dtype=np.float64)
-        # Estimation (model.estimation): per bucket, row, score bin and predicted class, the predictions and the
-        # labelled positives and negatives among them (exporter/core/estimate.py); bins as the histograms'.
-        n_est = n_bins if model.estimation is not None else 0
+        # Estimation (model.estimation) or a score metric (auc_difference): per bucket, row, score bin and predicted
+        # class, the predictions and the labelled positives and negatives among them (exporter/core/estimate.py).
+        n_est = n_bins if model.estimation is not None or model.compares_scores else 0
         self.estimate_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), np.int64)
         self.estimate_totals = np.zeros((self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), dtype=np.int64)
         self.head = -1  # absolute index of the newest bucket
@@ -81,7 +84,8 @@ class WindowStore:
         """The one lock of the stream state (every model's store shares the fleet's): the ingest holds it to count
         a batch, its joins and its offsets as one step; the checkpointer to copy every model's counts, the pending
         predictions and the offsets as one consistent state."""
-        self.detectors = DetectorBank(model, windowing, self.layout.offsets, self.layout.n_rows)
+        self.proxy = ProxyRing(model, self.n_buckets)
+        self.detectors = DetectorBank(exact, windowing, self.layout.offsets, self.layout.n_rows)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0,
                                    np.zeros_like(self.estimate_totals))  # fmt: skip
         self.segments = SegmentCounts(model, windowing, self.layout.n_rows)
@@ -103,6 +107,7 @@ class WindowStore:
         self.score_counts[stale] = 0
         self.score_sums[stale] = 0.0
         self.estimate_counts[stale] = 0
+        self.proxy.counts[stale] = 0.0
         self.bucket_ids[stale] = -1
 
     def add(
@@ -118,12 +123,18 @@ class WindowStore:
             self._advance(max(self._bucket_at(now), int(buckets.max(initial=-1))))
             on_time = buckets > self.head - self.n_buckets
             late = int((~on_time).sum())
-            rows = self._rows({k: v[on_time] for k, v in codes.items()})
+            counted = {k: v[on_time] for k, v in codes.items()}
+            rows = self._rows(counted)
             self._count(buckets[on_time], rows, predicted[on_time])
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
             if segment_codes is not None:
                 self.segments.count(np.asarray(timestamps)[on_time], rows, predicted[on_time], outcome[on_time],
                                     segment_codes[on_time], now)  # fmt: skip
+            if self.proxy.attributes:
+                slots, labelled = buckets[on_time] % self.n_buckets, outcome[on_time] >= 0
+                self.proxy.add(slots, counted, predicted[on_time])
+                with_labels = {k: v[labelled] for k, v in counted.items()}
+                self.proxy.add(slots[labelled], with_labels, outcome[on_time][labelled])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets[on_time], rows, scores[on_time])
                 bins = self.estimate_bins(scores[on_time])
@@ -150,6 +161,9 @@ class WindowStore:
             if segment_codes is not None:
                 self.segments.count(np.asarray(timestamps)[in_ring], {k: v[in_ring] for k, v in rows.items()}, None,
                                     outcomes[in_ring], segment_codes[in_ring], self.head * self.bucket_seconds)
+            if self.proxy.attributes:
+                k = in_ring & (outcomes >= 0)
+                self.proxy.add(buckets[k] % self.n_buckets, {n: c[k] for n, c in codes.items()}, outcomes[k])
             if self.estimate_counts.shape[2] and bins is not None:
                 k = in_ring & (bins >= 0) & (outcomes >= 0)
                 predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
@@ -223,6 +237,13 @@ class WindowStore:
         with self.lock:
             self._advance(self._bucket_at(now))
             return {name: self._window_sum(self.counts, k) for name, k in self.window_buckets.items()}
+
+    def window_proxy_counts(self, now: float) -> dict[str, np.ndarray]:
+        """The proxy attributes' counts of every window ending at the head (:class:`ProxyRing`); empty without."""
+        with self.lock:
+            self._advance(self._bucket_at(now))
+            return {n: self._window_sum(self.proxy.counts, k) for n, k in self.window_buckets.items()} \
+                if self.proxy.attributes else {}  # fmt: skip
 
     def window_scores(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Score histograms of every window ending at the head (advanced to ``now``): per row, the count in each
@@ -322,6 +343,7 @@ class WindowStore:
                            "estimate_totals": self.estimate_totals.copy()}
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
+                    **({"proxy_counts": self.proxy.counts.copy()} if self.proxy.attributes else {}),
                     **(scores if self.score_counts.shape[2] else {}), **self.segments.state()}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -330,6 +352,8 @@ class WindowStore:
             self.counts[...] = state["counts"]
             self.bucket_ids[...] = state["bucket_ids"]
             self.totals[...] = state["totals"]
+            if self.proxy.attributes:  # the layout check made sure the checkpoint has them
+                self.proxy.counts[...] = state["proxy_counts"]
             if self.score_counts.shape[2]:  # the layout check made sure the checkpoint has them, same bounds
                 self.score_counts[...] = state["score_counts"]
                 self.score_sums[...] = state["score_sums"]
@@ -337,53 +361,10 @@ class WindowStore:
                 self.estimate_counts[...] = state["estimate_counts"]
                 self.estimate_totals[...] = state["estimate_totals"]
             self.head = int(state["head"])
-            self.detection = Detection.restore(state, self.detectors, self.totals)
+            self.detection = Detection.restore(state, self.detectors)
             self.segments.restore(state)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
         with self.lock:
             return self.totals.copy()
-
-
-PER_DETECTOR = ("statistic", "evidence", "active")
-
-
-@dataclass(frozen=True)
-class Detection:
-    """The detectors' state as of one step: statistics, what of the totals they have consumed, which step."""
-
-    state: DetectorState
-    seen: np.ndarray
-    """The monotonic totals as of the last step: the next step consumes totals - seen."""
-    last_step: int
-    """Absolute bucket of the head at the last step (-1 before the first)."""
-    steps: int
-    estimate_seen: np.ndarray | None = None
-    """The estimation totals as of the last step (None before the first: the first step consumes nothing)."""
-
-    def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
-        """The checkpoint's detector arrays (per-detector state keyed by detector, so a changed config keeps the
-        detectors it still has)."""
-        per_detector = {f"detector_{name}": getattr(self.state, name).copy() for name in PER_DETECTOR}
-        return {"detector_keys": bank.keys, **per_detector,
-                "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
-                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps),
-                **({"detector_estimate_seen": self.estimate_seen.copy()} if self.estimate_seen is not None
-                   else {})}  # fmt: skip
-
-    @classmethod
-    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank, totals: np.ndarray) -> Detection:
-        """The state a checkpoint holds; detectors it lacks start at 0, and a checkpoint without detector state
-        (an older version) starts them at its totals, so the counts before it are not one giant step."""
-        state = bank.initial_state()
-        if "detector_keys" not in arrays:
-            return cls(state, totals.copy(), -1, 0)
-        index = {key: i for i, key in enumerate(arrays["detector_keys"].tolist())}
-        for name in PER_DETECTOR:
-            saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
-            fresh[...] = [saved[index[key]] if key in index else fresh[j] for j, key in enumerate(bank.keys.tolist())]
-        state.history[...] = arrays["detector_history"]
-        seen_estimate = arrays.get("detector_estimate_seen")
-        return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
-                   int(arrays["detector_steps"]), None if seen_estimate is None else seen_estimate.copy())  # fmt: skip

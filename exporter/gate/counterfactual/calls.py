@@ -1,0 +1,243 @@
+"""Send the suite's prompts to the chat target: each distinct request once, its answers cached on disk by the
+request's hash (a rerun sends nothing it has an answer for), at most ``concurrency`` at a time, a 429, a 5xx or a
+timeout retried with backoff, and every HTTP call counted against the budget, which is checked before the first.
+
+The client is the red team's :class:`~exporter.gate.targets.chat.ChatTarget` (its key handling, its timeout, its
+refusal of a wrong key, URL or model), with the client's own retries off: retries are counted here, so that
+``max_calls`` bounds every call the run makes. A request that still fails is a failed request (counted, blocking),
+never an answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from exporter.gate.counterfactual.suite import Requests
+from exporter.gate.targets.chat import ChatSettings, ChatTarget
+from exporter.gate.targets.objects import TargetError
+
+RETRIED_STATUS: Final = frozenset({408, 409, 429})
+"""Besides every 5xx: the statuses a server sends when it is busy, not when the request is wrong."""
+MAX_WAIT_SECONDS: Final = 60.0
+"""The longest wait before a retry: the server's Retry-After, or the doubled backoff, is capped at a minute."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request: its messages and the parameters fixed for the whole run."""
+
+    messages: tuple[tuple[str, str], ...]
+
+    def body(self, settings: ChatSettings, requests: Requests) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": settings.model, "messages": [{"role": r, "content": c} for r, c in
+                                                                      self.messages],
+                                "temperature": settings.temperature, "max_tokens": settings.max_tokens,
+                                "n": requests.samples}  # fmt: skip
+        if requests.seed is not None:
+            body["seed"] = requests.seed
+        return body
+
+
+def request_hash(settings: ChatSettings, body: dict[str, Any]) -> str:
+    """What identifies an answer: the endpoint and everything sent (model, messages, temperature, n, seed)."""
+    canonical = json.dumps({"base_url": settings.base_url.rstrip("/"), **body}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class Answer:
+    """The answers to one request (``samples`` texts), or why there are none."""
+
+    texts: list[str] | None
+    error: str | None = None
+    calls: int = 0
+    """HTTP calls spent on it in this run (0 when it came from the cache)."""
+
+
+class Cache:
+    """Answers on disk, one JSON file per request hash (``DIR/ab/abcd....json``), written atomically."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def _path(self, key: str) -> Path:
+        return self.directory / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> list[str] | None:
+        try:
+            record = json.loads(self._path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        texts = record.get("answers") if isinstance(record, dict) else None
+        return texts if isinstance(texts, list) and all(isinstance(t, str) for t in texts) else None
+
+    def put(self, key: str, body: dict[str, Any], texts: list[str]) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"request": body, "answers": texts}, f, ensure_ascii=False)
+        os.replace(tmp, path)
+
+
+def answers_hash(answers: dict[str, Answer]) -> str:
+    """The SHA-256 of exactly the answers a report was computed from (request hash and answers, in hash order):
+    the audit log names it, so a rerun from the same cache is seen to judge the same answers."""
+    digest = hashlib.sha256()
+    for key in sorted(answers):
+        digest.update(json.dumps([key, answers[key].texts, answers[key].error], ensure_ascii=False).encode())
+    return digest.hexdigest()
+
+
+class DecisionTarget(ChatTarget):
+    """The red team's chat target asked with whole requests (``n`` answers, a seed), its client retrying nothing."""
+
+    def __init__(self, settings: ChatSettings) -> None:
+        super().__init__(settings, system_canary="", max_retries=0)
+
+    def complete(self, body: dict[str, Any]) -> list[str]:
+        """The answers to one request; TargetError when the endpoint refuses every request (key, model, URL),
+        :class:`Retryable` when it may answer later, RuntimeError when it refused this request."""
+        errors = self._openai
+        try:
+            response = self._client.chat.completions.create(**body)
+        except (errors.AuthenticationError, errors.PermissionDeniedError, errors.NotFoundError) as exc:
+            raise TargetError(f"{self.settings.base_url}: {type(exc).__name__}: {exc}") from exc
+        except errors.APIStatusError as exc:
+            if exc.status_code in RETRIED_STATUS or exc.status_code >= 500:
+                raise Retryable(f"HTTP {exc.status_code}", _retry_after(exc.response.headers)) from exc
+            raise RuntimeError(f"HTTP {exc.status_code}: {exc}") from exc
+        except errors.APIConnectionError as exc:  # refused, reset or timed out (APITimeoutError)
+            raise Retryable(type(exc).__name__, None) from exc
+        texts = [c.message.content or "" for c in sorted(response.choices, key=lambda c: c.index)]
+        if len(texts) != body["n"]:
+            raise RuntimeError(f"{len(texts)} answer(s) for n={body['n']}: the endpoint does not take n; set "
+                               "requests.samples: 1")  # fmt: skip
+        return texts
+
+
+class Retryable(Exception):
+    """A failure the same request may not meet again: 429, 5xx, a timeout or a dropped connection."""
+
+    def __init__(self, reason: str, wait: float | None) -> None:
+        super().__init__(reason)
+        self.wait = wait
+
+
+def _retry_after(headers: Any) -> float | None:
+    """The server's Retry-After (seconds) or retry-after-ms, capped at a minute; None when it sent neither."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            return min(float(headers.get(name)) * scale, MAX_WAIT_SECONDS)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+@dataclass
+class Budget:
+    """HTTP calls left. Each request not yet started holds one in reserve, so retries never starve a first call."""
+
+    left: int
+    unstarted: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def first_call(self) -> None:
+        with self.lock:
+            self.left -= 1
+            self.unstarted -= 1
+
+    def retry(self) -> bool:
+        with self.lock:
+            if self.left - self.unstarted <= 0:
+                return False
+            self.left -= 1
+            return True
+
+
+@dataclass
+class Outcome:
+    """What the run's calls did: the answers by request hash, and the calls and retries it spent."""
+
+    answers: dict[str, Answer]
+    sent: int
+    cached: int
+    calls: int
+
+    @property
+    def retries(self) -> int:
+        """Calls beyond each sent request's first."""
+        return self.calls - self.sent
+
+
+def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Requests,
+            cache: Cache) -> tuple[dict[Prompt, str], Outcome]:  # fmt: skip
+    """Ask every distinct prompt once (from the cache when it has the answer); the hash of each prompt and the
+    outcome. TargetError before any call when the calls needed exceed ``max_calls``, or when the endpoint refuses
+    the run (a wrong key, URL or model)."""
+    bodies = {p: p.body(settings, requests) for p in prompts}
+    keys = {p: request_hash(settings, b) for p, b in bodies.items()}
+    answers: dict[str, Answer] = {}
+    todo: dict[str, dict[str, Any]] = {}
+    for p, key in keys.items():
+        if key in answers or key in todo:
+            continue
+        texts = cache.get(key)
+        if texts is not None and len(texts) == requests.samples:
+            answers[key] = Answer(texts)
+        else:
+            todo[key] = bodies[p]
+    cached = len(answers)
+    if len(todo) > requests.max_calls:
+        raise TargetError(f"requests.max_calls: {len(todo):,} requests are not in the cache and the budget is "
+                          f"{requests.max_calls:,} calls: raise requests.max_calls (or --max-calls), or ask fewer "
+                          "items")  # fmt: skip
+    if not todo:
+        return keys, Outcome(answers, 0, cached, 0)
+    client = DecisionTarget(settings)
+    budget = Budget(requests.max_calls, len(todo))
+
+    def one(key: str) -> Answer:
+        body = todo[key]
+        budget.first_call()
+        retries = 0
+        while True:
+            try:
+                texts = client.complete(body)
+            except Retryable as exc:
+                if retries == requests.retries or not budget.retry():
+                    why = "retries exhausted" if retries == requests.retries else "call budget spent"
+                    return Answer(None, f"{exc} ({why} after {retries + 1} call(s))", retries + 1)
+                backoff = min(requests.backoff_seconds * 2**retries, MAX_WAIT_SECONDS)
+                retries += 1
+                time.sleep(exc.wait if exc.wait is not None else backoff)
+                continue
+            except RuntimeError as exc:
+                return Answer(None, str(exc), retries + 1)
+            cache.put(key, body, texts)
+            return Answer(texts, calls=retries + 1)
+
+    with ThreadPoolExecutor(max_workers=requests.concurrency) as pool:
+        futures = {key: pool.submit(one, key) for key in todo}
+        try:
+            for key, future in futures.items():
+                answers[key] = future.result()
+        except TargetError:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    sent = len(todo)
+    calls = sum(a.calls for a in answers.values())
+    if all(answers[k].texts is None for k in todo) and cached == 0:
+        first = answers[next(iter(todo))].error
+        raise TargetError(f"{settings.base_url}: no request was answered ({sent} sent, {calls} calls): {first}")
+    return keys, Outcome(answers, sent, cached, calls)

@@ -1,0 +1,79 @@
+"""The values that fill an attribute's slot, from files: the shipped name lists (data/PROVENANCE.md says where
+each comes from and under which licence), the shipped items, and the user's own files beside the suite.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+from exporter.config.toolkit import Errors
+
+DATA = resources.files("exporter.gate.counterfactual") / "data"
+NAME_LISTS: Final = {"bertrand-mullainathan-2004": "names-bertrand-mullainathan-2004.csv"}
+"""Shipped name lists (``names: {list: ...}``); data/PROVENANCE.md says where each comes from and its licence."""
+SHIPPED_PREFIX: Final = "shipped:"
+"""``items_file: shipped:resumes.txt`` (and ``questions_file`` of the ambiguous kind) names a file shipped in data/."""
+
+
+def shipped_text(name: str) -> str:
+    """A file shipped in data/ (``shipped:resumes.txt``)."""
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def read_text_file(value: str, base: Path, where: str, errors: Errors) -> str | None:
+    """A user's file (relative to the suite's folder) or a shipped one (``shipped:NAME``); None after an error."""
+    if value.startswith(SHIPPED_PREFIX):
+        name = value[len(SHIPPED_PREFIX):]
+        shipped = sorted(p.name for p in DATA.iterdir() if p.name != "PROVENANCE.md")
+        if name not in shipped:
+            errors.add(where, f"{value!r}: no such shipped file (shipped: {', '.join(shipped)})")
+            return None
+        return shipped_text(name)
+    path = base / value
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        errors.add(where, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
+        return None
+
+
+def name_list(raw: Any, slot: str | None, base: Path, where: str, errors: Errors) -> dict[str, list[str]]:
+    """``names: {list: bertrand-mullainathan-2004 | file: PATH, by: gender | race}``: the first names of each value of
+    the ``by`` column, ordered so that position i holds the same values of the other columns in every group (item
+    i then compares, say, a White woman's name with a Black woman's)."""
+    if not isinstance(raw, dict) or set(raw) - {"list", "file", "by"} or ("list" in raw) == ("file" in raw):
+        errors.add(where, f"{raw!r} is not {{list: NAME or file: PATH, by: COLUMN}} (lists: {', '.join(NAME_LISTS)})")
+        return {}
+    if slot is None:
+        errors.add(where, "a name list fills one slot: give the attribute a slot (e.g. slot: name)")
+    if "list" in raw:
+        if raw["list"] not in NAME_LISTS:
+            errors.add(f"{where}.list", f"{raw['list']!r} is not a shipped list ({', '.join(NAME_LISTS)})")
+            return {}
+        text: str | None = shipped_text(NAME_LISTS[raw["list"]])
+    else:
+        text = read_text_file(str(raw["file"]), base, f"{where}.file", errors)
+    if text is None:
+        return {}
+    rows = list(csv.DictReader(io.StringIO(text)))
+    columns = list(rows[0]) if rows else []
+    by = raw.get("by")
+    if "first_name" not in columns or by not in columns or by == "first_name":
+        errors.add(where, f"by: {by!r}: the list needs a first_name column and the by column; it has {columns}")
+        return {}
+    others = [c for c in columns if c not in ("first_name", by)]
+    groups: dict[str, dict[tuple[str, ...], list[str]]] = {}
+    for row in rows:
+        groups.setdefault(row[by], {}).setdefault(tuple(row[c] for c in others), []).append(row["first_name"])
+    cells = sorted({cell for g in groups.values() for cell in g})
+    out = {}
+    for group, by_cell in groups.items():
+        # interleave the cells (female, male, female, ...) in one order for every group
+        columns_of_names = [by_cell.get(cell, []) for cell in cells]
+        out[group] = [n for row in itertools.zip_longest(*columns_of_names) for n in row if n is not None]
+    return out

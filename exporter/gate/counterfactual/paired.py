@@ -1,0 +1,85 @@
+"""The paired evidence: each item was asked once per group with everything else fixed, so two groups' decisions on
+the same item form a pair. Concordant pairs say nothing about a difference; the discordant ones (decided for one
+group and not the other: a flip) do. McNemar's exact test asks whether the flips go one way more often than a fair
+coin would send them (scipy's binomial test on the discordant pairs), which has far more power than comparing two
+rates as if they came from different people.
+
+With ``samples`` > 1 answers per prompt the pairs within an item are not independent, so the test is the sign test
+over items (an item counts for the group whose share of positive answers is higher); with one sample it is exactly
+McNemar's exact test. The p-values of every pair of the run are adjusted together (Holm), so the chance that a fair
+model fails anywhere in the run stays under ``alpha``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+try:
+    from scipy.stats import binomtest
+except ImportError as exc:  # the gate's other commands run without it
+    raise ImportError("the counterfactual gate's McNemar test needs scipy: pip install "
+                      "'fairness-exporter[reports]'") from exc  # fmt: skip
+
+POSITIVE, NEGATIVE, UNPARSED, FAILED = 1, 0, -1, -2
+"""A decision cell: the extractor's outcome, an answer it could not read, or a request that got no answer."""
+
+
+@dataclass(frozen=True)
+class PairCounts:
+    """Two groups' decisions on the same (item, sample): both positive, only a, only b, neither, and the
+    p-value of the exact test on the flips."""
+
+    both_positive: int
+    a_only: int
+    b_only: int
+    neither: int
+    p_value: float
+    test: str
+
+    @property
+    def paired(self) -> int:
+        return self.both_positive + self.a_only + self.b_only + self.neither
+
+    @property
+    def flip_rate(self) -> float | None:
+        return (self.a_only + self.b_only) / self.paired if self.paired else None
+
+
+def exact_p_value(k: int, m: int) -> float:
+    """Two-sided exact binomial test of k successes in m trials at 1/2 (McNemar's exact test when k and m - k are
+    the two kinds of discordant pairs); 1 when there is no trial."""
+    return float(binomtest(k, m, 0.5).pvalue) if m else 1.0
+
+
+def compare(a: NDArray[np.int8], b: NDArray[np.int8]) -> PairCounts:
+    """Pair two groups' decisions, arrays of shape (prompts, samples) of POSITIVE / NEGATIVE / UNPARSED / FAILED;
+    a pair with an undecided side is left out."""
+    decided = (a >= 0) & (b >= 0)
+    pa, pb = (a == POSITIVE) & decided, (b == POSITIVE) & decided
+    na, nb = (a == NEGATIVE) & decided, (b == NEGATIVE) & decided
+    both, a_only, b_only, neither = (int((x & y).sum()) for x, y in ((pa, pb), (pa, nb), (na, pb), (na, nb)))
+    if a.shape[1] == 1:
+        return PairCounts(both, a_only, b_only, neither, exact_p_value(a_only, a_only + b_only), "mcnemar_exact")
+    da, db = (a >= 0).sum(axis=1), (b >= 0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share_a = np.where(da > 0, (a == POSITIVE).sum(axis=1) / np.maximum(da, 1), np.nan)
+        share_b = np.where(db > 0, (b == POSITIVE).sum(axis=1) / np.maximum(db, 1), np.nan)
+    items = (da > 0) & (db > 0)
+    higher_a, higher_b = int((items & (share_a > share_b)).sum()), int((items & (share_a < share_b)).sum())
+    return PairCounts(both, a_only, b_only, neither, exact_p_value(higher_a, higher_a + higher_b), "sign_test_by_item")
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment: the family-wise error of rejecting where the adjusted p is under alpha is at most
+    alpha, whatever the dependence between the tests."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

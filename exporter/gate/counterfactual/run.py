@@ -1,0 +1,266 @@
+"""The counterfactual run: every item asked once per group value (one request per template, item, attribute and
+group), each answer read by the extractor, then per group the selection rate, per pair the flips and McNemar's
+test, and the seed's metrics judged through the audit gate's own code (the core's evaluation, the gate's result
+rows, the LL144 table), so ``0.06`` means here what it means in ``audit``.
+
+The verdict (``verdict: paired_evidence``, the default): a comparison fails when its point estimate crosses the
+seed's threshold (the gate's ``passed``) *and* the paired test says the groups were treated differently (McNemar's
+exact test, Holm-adjusted over the run's pairs, under ``alpha``). A crossing the paired test cannot tell from chance
+is a warning. So a model that treats the groups alike fails with probability at most ``alpha`` however few items
+the suite has, while the seed's thresholds still set what size of difference matters. ``verdict: point_estimate``
+judges the point estimates alone, as the gate does by default. A comparison without enough decided answers never
+passes, and neither do unparsed answers over ``unparsed.max_share`` or a request that got no answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from exporter import __version__
+from exporter.config.types import ModelSpec
+from exporter.core.attributes import Attribute
+from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, wilson_interval
+from exporter.gate.counterfactual import paired
+from exporter.gate.counterfactual.calls import Cache, Outcome, Prompt, answers_hash, ask_all
+from exporter.gate.counterfactual.suite import ITEM_SLOT, CfAttribute, Requests, RunSettings, Suite, fill
+from exporter.gate.fairness import ll144
+from exporter.gate.fairness.ll144 import json_float
+from exporter.gate.fairness.results import metric_results
+
+UNPARSED_METRIC: Final = "unparsed_share"
+FAILED_METRIC: Final = "failed_requests"
+RUN_ATTRIBUTE: Final = "(run)"
+SHOWN_ANSWER_CHARS: Final = 400
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One request of the plan: which attribute and group it varies, on which template and item."""
+
+    attribute: str
+    group: str
+    template: int
+    item: int
+    prompt: Prompt
+
+
+def prompt(run: RunSettings, user: str) -> Prompt:
+    """A request's messages: the suite's system prompt (if any), then the filled template."""
+    return Prompt(((("system", run.system_prompt),) if run.system_prompt else ()) + (("user", user),))
+
+
+def plan(suite: Suite) -> list[Asked]:
+    """Every request of the run, in a fixed order: per attribute, template, item and group."""
+    out = []
+    for a in suite.attributes:
+        for t, template in enumerate(suite.templates):
+            for i, item in enumerate(suite.items):
+                for group in a.group_names:
+                    values = {**suite.slot_defaults, **a.filling(group, i)}
+                    user = fill(template, {**values, ITEM_SLOT: item})
+                    out.append(Asked(a.name, group, t, i, prompt(suite.run, user)))
+    return out
+
+
+Answers = Callable[[Prompt], list[str] | None]
+"""A prompt's answers (``samples`` texts), or None when its request got none."""
+
+
+def _decisions(suite: Suite, a: CfAttribute, asked: list[Asked], answers: Answers) -> tuple[dict[str, np.ndarray],
+                                                                                             dict[tuple, list[str]]]:
+    """Per group, the decision cells of shape (templates x items, samples); and each request's answers."""
+    n = suite.run.requests.samples
+    cells = {g: np.full((len(suite.templates) * len(suite.items), n), paired.FAILED, dtype=np.int8)
+             for g in a.group_names}  # fmt: skip
+    texts: dict[tuple, list[str]] = {}
+    for q in asked:
+        got = answers(q.prompt)
+        if got is None:
+            continue
+        row = q.template * len(suite.items) + q.item
+        texts[(q.group, row)] = got
+        for j, text in enumerate(got[:n]):
+            d = suite.decision.decide(text)
+            cells[q.group][row, j] = paired.UNPARSED if d is None else int(d)
+    return cells, texts
+
+
+def _counts(a: CfAttribute, cells: dict[str, np.ndarray]) -> np.ndarray:
+    """The core's count rows: per group, positive and negative decisions (no labels)."""
+    counts = np.zeros((len(a.group_names), N_COUNTS), dtype=np.int64)
+    for k, g in enumerate(a.group_names):
+        counts[k, PRED_POS] = int((cells[g] == paired.POSITIVE).sum())
+        counts[k, PRED_NEG] = int((cells[g] == paired.NEGATIVE).sum())
+    return counts
+
+
+def _group_block(a: CfAttribute, cells: dict[str, np.ndarray], ev: Evaluation) -> dict[str, Any]:
+    lower, upper = ev.groups.selection_rate_ci
+    return {g: {"asked": int(cells[g].size), "decided": int((cells[g] >= 0).sum()),
+                "positive": int((cells[g] == paired.POSITIVE).sum()),
+                "unparsed": int((cells[g] == paired.UNPARSED).sum()),
+                "selection_rate": json_float(ev.groups.selection_rate[k]),
+                "ci_95": [json_float(lower[k]), json_float(upper[k])]}
+            for k, g in enumerate(a.group_names)}  # fmt: skip
+
+
+def _flips(suite: Suite, a: CfAttribute, ga: str, gb: str, cells: dict[str, np.ndarray],
+           texts: dict[tuple, list[str]]) -> list[dict[str, Any]]:  # fmt: skip
+    """The prompts decided differently for the two groups, side by side (sample by sample)."""
+    out = []
+    rows, samples = np.nonzero((cells[ga] >= 0) & (cells[gb] >= 0) & (cells[ga] != cells[gb]))
+    for row, j in zip(rows.tolist(), samples.tolist(), strict=True):
+        t, i = divmod(row, len(suite.items))
+        out.append({"template": t, "item": i, "sample": j, "item_text": suite.items[i],
+                    ga: {"values": a.filling(ga, i), "decision": bool(cells[ga][row, j]),
+                         "answer": texts[(ga, row)][j][:SHOWN_ANSWER_CHARS]},
+                    gb: {"values": a.filling(gb, i), "decision": bool(cells[gb][row, j]),
+                         "answer": texts[(gb, row)][j][:SHOWN_ANSWER_CHARS]}})  # fmt: skip
+    return out
+
+
+def share_rows(run: RunSettings, attribute: str, groups: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group, the share of answers the extractor could not read, against ``unparsed.max_share``."""
+    out = []
+    for g, block in groups.items():
+        k, n = block["unparsed"], block["asked"]
+        lo, hi = wilson_interval(np.array([k]), np.array([n]))
+        value = k / n if n else None
+        passed = value is not None and value <= run.max_unparsed_share
+        out.append(check_row(attribute, UNPARSED_METRIC, g, value, [json_float(lo[0]), json_float(hi[0])],
+                             run.max_unparsed_share, passed, run.unparsed_severity, {g: n}))
+    return out
+
+
+def check_row(attribute: str, metric: str, groups: str, value: float | None, ci: list[float | None], threshold: float,
+         passed: bool, severity: str, samples: dict[str, int]) -> dict[str, Any]:  # fmt: skip
+    """A result of the run's own checks, in the gate's result shape."""
+    return {"attribute": attribute, "metric": metric, "groups": groups, "dimension": groups,
+            "value": None if value is None else round(value, 4), "exact_value": value, "ci_95": ci,
+            "half_width": None, "threshold": threshold, "passed": passed, "status": "pass" if passed else "fail",
+            "evidence": "pass" if passed else "fail", "samples_to_decide": None, "severity": severity,
+            "counts_as": "pass" if passed else severity, "samples": samples,
+            "support": sum(samples.values())}  # fmt: skip
+
+
+def counts_as(run: RunSettings, r: dict[str, Any], adjusted_p: float) -> str:
+    """What a comparison does to the verdict (see the module's docstring)."""
+    if r["passed"]:
+        return "pass"
+    if run.verdict == "point_estimate" or r["status"] == "insufficient_samples" or adjusted_p < run.alpha:
+        return str(r["severity"])
+    return "warning"
+
+
+def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
+    """The report's numbers from the answers: ``groups``, ``pairs``, ``impact_ratios`` and ``results`` (no I/O: the
+    simulations call this with scripted answers)."""
+    spec = ModelSpec(model_id=suite.run.model_id, base_attributes=(), attributes=(), metrics=suite.metrics,
+                     min_samples=suite.run.min_samples)  # fmt: skip
+    groups: dict[str, Any] = {}
+    pairs: list[dict[str, Any]] = []
+    rows: list[tuple[dict[str, Any], int]] = []  # a comparison's row and the index of its pair
+    checks: list[dict[str, Any]] = []
+    tables: dict[str, Any] = {}
+    for a in suite.attributes:
+        cells, texts = _decisions(suite, a, [q for q in asked if q.attribute == a.name], answers)
+        core = Attribute(a.name, (a.name,), a.group_names, a.pairs)
+        [ev] = evaluate_many([(core, _counts(a, cells))], suite.run.min_samples)
+        groups[a.name] = _group_block(a, cells, ev)
+        checks.extend(share_rows(suite.run, a.name, groups[a.name]))
+        decided = sum(g["decided"] for g in groups[a.name].values())
+        tables[a.name] = ll144.attribute_table(ev, 0, max(decided, 1))
+        first_pair = len(pairs)
+        for x, y in a.pairs:
+            ga, gb = a.group_names[x], a.group_names[y]
+            c = paired.compare(cells[ga], cells[gb])
+            pairs.append({"attribute": a.name, "groups": f"{ga} vs {gb}", "both_positive": c.both_positive,
+                          "a_only": c.a_only, "b_only": c.b_only, "neither": c.neither,
+                          "mcnemar_p_value": c.p_value, "test": c.test,
+                          "flip_rate": None if c.flip_rate is None else round(c.flip_rate, 6),
+                          "flipped_items": _flips(suite, a, ga, gb, cells, texts)})  # fmt: skip
+        pair_of = {f"{a.group_names[x]} vs {a.group_names[y]}": first_pair + k for k, (x, y) in enumerate(a.pairs)}
+        rows.extend((r, pair_of[r["groups"]]) for r in metric_results(spec, ev))
+    adjusted = paired.holm([p["mcnemar_p_value"] for p in pairs])
+    for p, q in zip(pairs, adjusted, strict=True):
+        p["p_value_holm"] = q
+        p["differs"] = q < suite.run.alpha
+    results = []
+    for r, k in rows:
+        r["mcnemar_p_value"], r["p_value_holm"] = pairs[k]["mcnemar_p_value"], adjusted[k]
+        r["counts_as"] = counts_as(suite.run, r, adjusted[k])
+        results.append(r)
+    impact_ratios = {"rate_kind": "selection_rate", "score_median": None, "date_range": None,
+                     "small_category_share": ll144.SMALL_CATEGORY_SHARE,
+                     "source": {"file": suite.run.source, "manifest_sha256": suite.run.sha256}, "attributes": tables}
+    return {"groups": groups, "pairs": pairs, "impact_ratios": impact_ratios, "results": [*results, *checks]}
+
+
+def failed_row(outcome: Outcome, keys: Iterable[str]) -> dict[str, Any]:
+    """The run's check that every request got an answer: a request that failed after its retries blocks."""
+    failed = sorted({k for k in keys if outcome.answers[k].texts is None})
+    row = check_row(RUN_ATTRIBUTE, FAILED_METRIC, "all", float(len(failed)), [None, None], 0.0, not failed, "blocking",
+               {"all": len(outcome.answers)})  # fmt: skip
+    row["errors"] = [{"request": k, "error": outcome.answers[k].error} for k in failed[:20]]
+    return row
+
+
+def ask(run: RunSettings, prompts: list[Prompt], cache_dir: str | Path,
+        max_calls: int | None) -> tuple[Requests, dict[Prompt, str], Outcome]:  # fmt: skip
+    """Send the prompts (:func:`~exporter.gate.counterfactual.calls.ask_all`) under the suite's request settings,
+    ``max_calls`` (the command line's) over its budget."""
+    assert run.target is not None  # run_settings refuses a suite without one
+    requests = run.requests if max_calls is None else dataclasses.replace(run.requests, max_calls=max_calls)
+    keys, outcome = ask_all(prompts, run.target, requests, Cache(cache_dir))
+    return requests, keys, outcome
+
+
+def finish(run: RunSettings, kind: str, judged: dict[str, Any], requests: Requests, keys: dict[Prompt, str],
+           outcome: Outcome, cache_dir: str | Path, model_version: str | None,
+           **facts: Any) -> dict[str, Any]:  # fmt: skip
+    """The JSON report of a run of either kind: what was asked and how, the judged numbers, the verdict."""
+    assert run.target is not None
+    results = [*judged.pop("results"), failed_row(outcome, set(keys.values()))]
+    failed = [r for r in results if r["counts_as"] != "pass"]
+    blocking = [r for r in failed if r["counts_as"] == "blocking"]
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return {
+        "suite": "counterfactual", "kind": kind, "model_id": run.model_id,
+        "model_version": model_version or run.model_version, "timestamp": now,
+        "tool": f"fairness-exporter {__version__}", "suite_file": run.source, "suite_sha256": run.sha256,
+        "target": {"url": run.target.base_url, "model": run.target.model},
+        "cache": {"dir": str(cache_dir), "sha256": answers_hash(outcome.answers)},
+        "requests": {"planned": len(keys), "distinct": len(outcome.answers), "cached": outcome.cached,
+                     "sent": outcome.sent, "calls": outcome.calls, "retries": outcome.retries,
+                     "failed": sum(a.texts is None for a in outcome.answers.values()), "max_calls": requests.max_calls,
+                     "samples": requests.samples, "seed": requests.seed, "temperature": run.target.temperature,
+                     "concurrency": requests.concurrency},
+        **facts,
+        "min_samples": run.min_samples, "alpha": run.alpha, "decision": run.verdict,
+        "total_tests": len(results), "passed": len(results) - len(failed), "failed": len(failed),
+        "blocking_failures": len(blocking), "warning_failures": len(failed) - len(blocking),
+        "insufficient_samples": sum(r["status"] == "insufficient_samples" for r in results),
+        "inconclusive": sum(r["evidence"] == "inconclusive" for r in results),
+        "verdict": "FAIL" if blocking else "PASS",
+        **judged,
+        "results": results,
+    }  # fmt: skip
+
+
+def run_counterfactual(suite: Suite, cache_dir: str | Path, *, model_version: str | None = None,
+                       max_calls: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Ask, read and judge a decision suite against its target; the JSON report. TargetError (exit 2) when the
+    budget is too small or the endpoint answers nothing."""
+    asked = plan(suite)
+    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls)
+    judged = judge(suite, asked, lambda p: outcome.answers[keys[p]].texts)
+    return finish(suite.run, "decision", judged, requests, keys, outcome, cache_dir, model_version,
+                  items=len(suite.items), items_source=suite.items_source, templates=len(suite.templates))
