@@ -245,3 +245,32 @@ def test_segments_are_refused_with_the_spark_engine(tmp_path: Path) -> None:
     frame.to_csv(tmp_path / "rows.csv", index=False)
     with pytest.raises(ValueError, match="local engine only"):
         run_audit(_config(tmp_path), tmp_path / "rows.csv", engine="spark", baseline=frame)
+
+
+SIDE = "attribute_sources: {applicants: {id: applicant_id, topic: applicant-demographics}}\n"
+NOT_COUNTED = [
+    ("  - {name: race, groups: [white, black], proxy: {method: bisg, surname: s, zcta: z}}\nsegments: [channel]\n",
+     "  segments: not with attribute 'race': a proxy attribute has no group per row, and segments are counted per "
+     "group"),
+    ("  - {name: race, groups: [white, black], proxy: {method: bisg, surname: s, zcta: z}}\nstrata: [band]\n"
+     "metrics: [{name: conditional_demographic_parity_difference, threshold: 0.05}]\n",
+     "  strata: not with attribute 'race': a proxy attribute has no group per row, and strata are counted per group"),
+    ("  - {name: gender, groups: [male, female], source: applicants}\nsegments: [channel]\n" + SIDE,
+     "  segments: not with attribute 'gender': its group is joined by id, and segments are counted per group"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("attributes", "line"), NOT_COUNTED)
+@pytest.mark.parametrize("command", ["audit", "serve"])
+def test_segments_and_strata_are_refused_with_a_proxy_or_joined_attribute_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], attributes: str, line: str, command: str) -> None:  # fmt: skip
+    """Segments and strata are counted per group of every attribute: a BISG proxy (a posterior per row) and an
+    attribute joined by id (its group known after the join) have none there, so the gate and the daemon refuse the
+    config in one line naming the field rather than count them under no group."""
+    config = tmp_path / "c.yaml"
+    config.write_text("model_id: m\nkafka: {bootstrap_servers: '127.0.0.1:1'}\nprotected_attributes:\n" + attributes)
+    (tmp_path / "p.csv").write_text("s,z,gender,channel,band,prediction\nSmith,60601,male,web,a,1\n")
+    argv = ["audit", str(config), str(tmp_path / "p.csv")] if command == "audit" else ["serve", "--config",
+                                                                                        str(config)]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[1:] == [line]
