@@ -263,7 +263,8 @@ NOT_COUNTED = [
 @pytest.mark.parametrize(("attributes", "line"), NOT_COUNTED)
 @pytest.mark.parametrize("command", ["audit", "serve"])
 def test_segments_and_strata_are_refused_with_a_proxy_or_joined_attribute_in_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], attributes: str, line: str, command: str) -> None:  # fmt: skip
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], attributes: str, line: str,
+        command: str) -> None:  # fmt: skip
     """Segments and strata are counted per group of every attribute: a BISG proxy (a posterior per row) and an
     attribute joined by id (its group known after the join) have none there, so the gate and the daemon refuse the
     config in one line naming the field rather than count them under no group."""
