@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench import alerts, anysize, compute, estimate, fleet, ingest, payloads, refused, scale, scrape, soak
+from bench import alerts, anysize, compute, estimate, explain, fleet, ingest, payloads, refused, scale, scrape, soak
 from bench.report import Section, history_table, machine, machine_table, table, verdict
 
 BENCHMARKS = {"ingest": ingest.run, "compute": compute.run, "scrape": scrape.run, "alerts": alerts.run,
               "fleet": fleet.run, "refused": refused.run, "scale": scale.run, "estimate": estimate.run,
-              "payloads": payloads.run, "anysize": anysize.run, "soak": soak.run}
+              "payloads": payloads.run, "anysize": anysize.run, "explain": explain.run, "soak": soak.run}
 ON_DEMAND = ("soak",)
 """Run only when named with --only, or (the soak) when --minutes is given: a plain full run stays short."""
 RESULTS = Path(__file__).with_name("RESULTS.md")

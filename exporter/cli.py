@@ -98,6 +98,10 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if report["rejected"] > report["events"]:  # of the configured models' events, most were refused
         print(f"fairness-exporter backtest: warning: most events were rejected: {report['events']:,} replayed, "
               f"{refused}", file=sys.stderr)  # fmt: skip
+    for a in report["alerts"]:  # each page's explanation (segments:), as /explain said it then
+        if a.get("explanation"):
+            print(f"{a['fired_at']} {a['alert']} {a['attribute']} {a.get('dimension')}: {a['explanation']['summary']}",
+                  file=sys.stderr)  # fmt: skip
     firing = sum(a["resolved_at"] is None for a in report["alerts"])
     steps = f" in {report['steps']} steps" if "steps" in report else ""  # a fleet's models each take their own
     print(f"{ids}: {report['events']} events replayed{steps}, {len(report['alerts'])} alert(s), {firing} still "
@@ -143,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--engine", choices=("local", "spark"), default="local",
                        help="who counts the rows: local (record batches in bounded memory, the default) or spark (one "
                        "aggregation on the Spark master of the usual Spark settings; the spark extra)")  # fmt: skip
+    audit.add_argument("--baseline", help="data of an earlier period (read like the predictions): the report then "
+                       "explains each gap's change from it over the config's segments")
     audit.add_argument("--model", help="the model to audit when the config lists several (models: or models_dir:)")
     audit.add_argument("--report", help="also write the JSON report to this file")
     audit.add_argument("--impact-ratios-csv", help="also write an NYC LL144-style table: selection rate and impact "

@@ -67,9 +67,10 @@ def test_errors_name_the_model_and_are_listed_at_once() -> None:
     assert errors_of(raw) == [
         "models[1] (credit-scorer-v4).kafka: shared by every model: set it at the top level",
         "models[1] (credit-scorer-v4).metrics[0].threshold: 8 is not a number between 0 and 1",
-        "models[2] (hiring-screener-v2).colour: unknown key (accepted: alerting, attribute_sources, columns, decision, "
-        "estimation, evaluation_dataset, events, failure_policy, intersections, metrics, min_samples, model_id, "
-        "model_version, multiplicity, protected_attributes, unknown_values)",
+        "models[2] (hiring-screener-v2).colour: unknown key (accepted: alerting, attribute_sources, baseline_offset, "
+        "columns, decision, estimation, evaluation_dataset, events, failure_policy, intersections, metrics, "
+        "min_samples, model_id, model_version, multiplicity, protected_attributes, segment_values, segments, strata, "
+        "unknown_values)",
         "models[2] (hiring-screener-v2).windows: shared by every model: set it at the top level",
         "models[3]: 'not a model' is not a mapping with a model_id",
         "models: model_id 'hiring-screener-v2' is configured twice",

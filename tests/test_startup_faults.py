@@ -205,6 +205,26 @@ def test_a_damaged_proxy_window_is_one_line_with_a_hint(tmp_path: Path, damage: 
     assert line.startswith(f"fairness-exporter serve: {path}: unusable checkpoint (") and expected in line
 
 
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda a: a.pop("m0.segment_counts"), "model m1: its segment_counts array is missing"),
+        (lambda a: a.update({"m0.segment_counts": a["m0.segment_counts"] - 3}), "its segment_counts array holds -3"),
+        (lambda a: a.update({"m0.segment_overflow": a["m0.segment_overflow"] - 2}),
+         "its segment_overflow array holds -2"),
+        (lambda a: a.update({"m0.segment_counts": a["m0.segment_counts"][:2]}), "its segment_counts array is int64[2,"),
+    ],
+)  # fmt: skip
+def test_a_damaged_segment_window_is_one_line_with_a_hint(tmp_path: Path, damage: Any, expected: str) -> None:
+    """The counts per segment value (segments:) are checked as the window's counts are."""
+    overrides = {"segments": ["channel"], "checkpoint": {"path": str(tmp_path / "ckpt")}}
+    Daemon(parse_config({**BASE, **overrides}), registry=CollectorRegistry()).checkpointer.write()
+    path = tmp_path / "ckpt" / checkpoint.FLEET_FILE
+    _damage_arrays(path, damage)
+    line = one_line(serve(tmp_path, **overrides))
+    assert line.startswith(f"fairness-exporter serve: {path}: unusable checkpoint (") and expected in line
+
+
 def test_census_tables_that_cannot_be_read_stop_the_start_in_one_line(tmp_path: Path) -> None:
     """Before: the daemon started and found the missing tables at the first proxy row (a traceback per batch). The
     config reads them, so every command (audit, backtest, serve, a reload) refuses them at start."""

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -46,6 +46,8 @@ class Columns:
     ignored: int = 0
     scores: np.ndarray | None = None
     """Each event's score, for a model that emits scores (its histograms and estimation counts)."""
+    segments: dict[str, list[Any]] = field(default_factory=dict)
+    """Each event's value of every segment column (``segments:``; None: missing), for the explanations."""
 
 
 Batch = tuple[dict[str, Columns], int, int]
@@ -84,7 +86,8 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
             batches = _joined(fleet, decoded)
             own = {model_id: sum(batch.ignored.values()) for model_id, batch in decoded.items()}
             columns = {model_id: Columns(batch.timestamps, batch.predictions, batch.outcomes, batch.codes,
-                                         decoded[model_id].rejected, own[model_id], batch.scores)
+                                         decoded[model_id].rejected, own[model_id], batch.scores,
+                                         batch.segments)
                        for model_id, batch in batches.items()}  # fmt: skip
             yield columns, sum(ignored.values()) - sum(own.values()), len(malformed)
 
@@ -100,7 +103,8 @@ def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
 
     try:
         dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in attribute_columns(m))])
-        needed = {m.model_id: ["timestamp", prediction_column(m), *attribute_columns(m)] for m in models}
+        needed = {m.model_id: ["timestamp", prediction_column(m), *attribute_columns(m), *m.counted_columns]
+                  for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:
             missing = [c for c in columns if c not in dataset.columns]
             if missing:
@@ -132,7 +136,10 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
             bisg.tables().codes(batch.column(a.proxy.surname).to_pylist(), batch.column(a.proxy.zcta).to_pylist())
             for a in config.base_attributes}  # fmt: skip
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
-    return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores)
+    segments = {c: [None if col.is_missing(v) else v for v in batch.column(c).to_pylist()]
+                for c in config.counted_columns}  # fmt: skip
+    return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores,
+                   segments=segments)
 
 
 def _seconds(location: str, stamps: pa.Array) -> np.ndarray:

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events
-from exporter.backtest.series import SERIES_OTHERS, Series, compared
+from exporter.backtest.series import SERIES_OTHERS, Series, compared, identity, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS
-from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
+from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
+from exporter.stream.state.segments import paged
 from exporter.stream.state.window import WindowStore
 
 
@@ -77,6 +78,8 @@ class Replay:
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
     _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
+    _segments: list[Any] = field(default_factory=list)
+    """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[dict[str, np.ndarray]] = field(default_factory=list)
@@ -110,9 +113,11 @@ class Replay:
             part = slice(int(start), int(stop))
             self._now = float(heads[stop - 1])
             scores = columns.scores[part] if columns.scores is not None and len(columns.scores) else None
+            segments = self.store.segments.codes({c: v[part] for c, v in columns.segments.items()}) \
+                if self.config.counted_columns and columns.segments else None  # fmt: skip
             self.late += self.store.add(columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
                                         columns.predictions[part], columns.labels[part], self._now,
-                                        scores=scores)  # fmt: skip
+                                        scores=scores, segment_codes=segments)  # fmt: skip
             self.events += int(stop - start)
 
     def compute(self) -> None:
@@ -121,6 +126,7 @@ class Replay:
         if step is None:
             return
         self._pending.append((self._now, step, self.store.window_counts(self._now)))
+        self._segments.append(self.store.segments.snapshot(self._now) if self.config.segments else None)
         if self.config.compares_scores:
             self._labelled.append(self.store.window_estimate_counts(self._now))
         self.steps += 1
@@ -214,7 +220,7 @@ class Replay:
             alert = ALERT_OF_METRIC[detector.metric]
             c = series.columns
             out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
-                        **_identity(detector), "alerted": i in self._alerted, "window": window,
+                        **identity(detector), "alerted": i in self._alerted, "window": window,
                         "threshold": thresholds.get(alert.shown.removeprefix("model_")), "alarm_level": bank.level,
                         "max_statistic": _number(series.max_statistic), "steps_per_point": series.width,
                         "points": {"time": [_iso(t) for t in c["time"]],
@@ -250,6 +256,7 @@ class Replay:
             evaluations[(window_name, attribute.name)] = ev
         self._last = evaluations
         self._pending.clear()
+        segments, self._segments = self._segments, []
         self._labelled.clear()
         self._record_series(times, trace, evaluations)
 
@@ -286,11 +293,21 @@ class Replay:
                     state = _Open(float(times[t]))
                 if state.entry is None and times[t] - state.since >= hold:
                     state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
+                    if source[0] == "detector" and segments[t] is not None:
+                        state.entry["explanation"] = self._explained(state.entry, segments[t])
                     self.alerts.append(state.entry)
             if state is None:
                 self._open.pop(key, None)
             else:
                 self._open[key] = state
+
+    def _explained(self, entry: dict[str, Any], taken: Any) -> dict[str, Any] | None:
+        """Why the paged gap moved, as the daemon's /explain said it at that step (the longest window)."""
+        from exporter.devtools.rule_text import EXPLAINED_RATES
+
+        found = paged(self.config, taken, self.store, entry, EXPLAINED_RATES.get(entry.get("metric", "")))
+        return found and {**found, "baseline": [_iso(t) for t in found["baseline"]],
+                          "current": [_iso(t) for t in found["current"]]}  # fmt: skip
 
     def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
@@ -316,10 +333,10 @@ class Replay:
             self._alerted.add(int(source[1]))
             alert = ALERT_OF_METRIC[detector.metric]
             attribute = self._attributes[detector.attribute]
-            shown = _shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
-                                                 for w in self.windowing.windows], t)  # fmt: skip
+            windows = shown(detector, attribute, [(w.name, evaluations[(w.name, attribute.name)])
+                                                  for w in self.windowing.windows], t)  # fmt: skip
             return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
-                    **_identity(detector), "window": None, **shown,
+                    **identity(detector), "window": None, **windows,
                     "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
                     "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
         _, name, tuning, metric, window, attribute_name, k = source
@@ -331,27 +348,6 @@ class Replay:
                 "dimension": f"{attribute.groups[a]}_vs_{attribute.groups[b]}", "group_a": attribute.groups[a],
                 "group_b": attribute.groups[b], "window": window, "value": float(value),
                 "interval": [float(lower), float(upper)], "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
-
-
-def _identity(detector: Detector) -> dict[str, Any]:
-    if detector.predicted:
-        return {"subgroup": detector.subgroup, "predicted": detector.predicted, "metric": detector.metric,
-                "direction": detector.direction}  # fmt: skip
-    if detector.subgroup:
-        return {"subgroup": detector.subgroup, "direction": detector.direction}
-    return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
-            "metric": detector.metric, "direction": detector.direction}  # fmt: skip
-
-
-def _shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
-    """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
-    in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
-    out: dict[str, Any] = {}
-    for window, ev in windows:
-        value, lower, upper = (float(c[t]) for c in compared(detector, attribute, ev))
-        out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
-    first = next(iter(out.values()), None)
-    return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}
 
 
 def _number(x: float) -> float | None:

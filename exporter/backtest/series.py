@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,3 +67,25 @@ def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[
     value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
     ok = ok & ~np.isnan(value)
     return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
+
+
+def identity(detector: Detector) -> dict[str, Any]:
+    """What names a detector in an alert: its subgroup or comparison, metric and direction."""
+    if detector.predicted:
+        return {"subgroup": detector.subgroup, "predicted": detector.predicted, "metric": detector.metric,
+                "direction": detector.direction}  # fmt: skip
+    if detector.subgroup:
+        return {"subgroup": detector.subgroup, "direction": detector.direction}
+    return {"dimension": detector.dimension, "group_a": detector.group_a, "group_b": detector.group_b,
+            "metric": detector.metric, "direction": detector.direction}  # fmt: skip
+
+
+def shown(detector: Detector, attribute: Attribute, windows: list[tuple[str, Evaluation]], t: int) -> dict[str, Any]:
+    """What the alert's annotation shows at step t of a stacked evaluation: the compared metric with its interval
+    in every window (None where the window has too few samples), and the first window's as `value`/`interval`."""
+    out: dict[str, Any] = {}
+    for window, ev in windows:
+        value, lower, upper = (float(c[t]) for c in compared(detector, attribute, ev))
+        out[window] = None if math.isnan(value) else {"value": value, "interval": [lower, upper]}
+    first = next(iter(out.values()), None)
+    return {"value": first and first["value"], "interval": first and first["interval"], "windows": out}

@@ -168,7 +168,17 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
     kafka = stream.payload_layout(kafka, models[0].events.format if models else "json", errors)
     listen = section(raw, "listen", errors, {"address", "port", "tls_cert_file", "tls_key_file"})
     checkpoint = _checkpoint(raw.get("checkpoint"), kafka.stages, errors)
+    if any(m.counted_columns for m in models) and kafka.stages == "staged":
+        errors.note("segments", "the daemon counts segments and strata on the direct path only: with kafka.stages: "
+                                "staged its /explain and conditional metrics have no counts (the gate's audit has "
+                                "them)")  # fmt: skip
     windows, bucket = stream.parse_windows(raw.get("windows", ["1h", "24h"]), raw.get("bucket"), errors)
+    longest = max((w.seconds for w in windows), default=0.0)
+    for m in models:
+        if m.baseline_offset is not None and m.baseline_offset < longest:
+            errors.add("baseline_offset", f"{m.model_id}: {m.baseline_offset:g} s is shorter than the longest window "
+                                          f"({longest:g} s): a baseline would overlap the window it is compared "
+                                          "with")  # fmt: skip
     tls = {key: listen.get(key) for key in ("tls_cert_file", "tls_key_file")}
     for key, value in tls.items():
         if value is not None and not (isinstance(value, str) and value):

@@ -13,16 +13,20 @@ from typing import Any, Final
 from exporter.config import sections_stream as stream
 from exporter.config.sections_sources import attach, parse_sources
 from exporter.config.toolkit import Errors, choice, get, section, text
-from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec
+from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec, parse_duration
 from exporter.core import bisg
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute, Proxy
+from exporter.core.conditional import CONDITIONAL_METRICS
+from exporter.core.conditional import metric as any_metric
 from exporter.core.evaluate import MULTIPLICITY
-from exporter.core.metric_table import METRIC_NAMES, METRICS
+from exporter.core.explain import DEFAULT_SEGMENT_CAP
+from exporter.core.metric_table import METRIC_NAMES
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",
     "unknown_values", "columns", "events", "alerting", "model_version", "evaluation_dataset",
     "estimation", "attribute_sources", "multiplicity",
+    "segments", "segment_values", "strata", "baseline_offset",
 })  # fmt: skip
 """Keys of one model; at the top level of a file with ``models:``, each is the default of every model."""
 MERGED_SECTIONS: Final = frozenset({"events", "alerting", "failure_policy", "columns"})
@@ -44,7 +48,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     decision, inconclusive = parse_decision(raw, errors)
     columns = section(raw, "columns", errors, {"prediction", "label", "score", "timestamp"})
     events = stream.parse_events(section(raw, "events", errors, set(EventFields.__dataclass_fields__)), errors)
-    for m in (m for m in metrics if METRICS[m.name].scores):
+    for m in (m for m in metrics if any_metric(m.name).scores):
         if events.score_threshold is None:
             errors.add("metrics", f"{m.name} compares the model's scores: set events.score_threshold (the score "
                                   "field, and the threshold that makes its predictions)")  # fmt: skip
@@ -58,6 +62,9 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     estimation = parse_estimation(raw, events, errors)
     if estimation is not None and any(a.proxy for a in base):
         errors.add("estimation", "not with a proxy attribute: the calibration is per group, and a proxy gives none")
+    segments, segment_values, strata = parse_segments(raw, errors)
+    check_conditional(metrics, strata, errors)
+    check_counted(base, segments, strata, errors)
     if model_id is None:
         return None
     return ModelSpec(
@@ -83,6 +90,10 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         source=source,
         attribute_sources=sources,
         multiplicity=get(raw, "multiplicity", "holm", errors, "", choice(*MULTIPLICITY)),
+        segments=segments,
+        segment_values=segment_values,
+        strata=strata,
+        baseline_offset=get(raw, "baseline_offset", None, errors, "", parse_duration),
     )
 
 
@@ -257,8 +268,9 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
         name, threshold = item.get("name"), item.get("threshold")
         severity = item.get("severity_on_fail", "blocking")
         ok = True
-        if name not in METRIC_NAMES:
-            errors.add(f"{path}.name", f"unknown metric {name!r} (accepted: {', '.join(METRIC_NAMES)})")
+        if name not in METRIC_NAMES and name not in CONDITIONAL_METRICS:
+            errors.add(f"{path}.name", f"unknown metric {name!r} (accepted: "
+                                       f"{', '.join([*METRIC_NAMES, *CONDITIONAL_METRICS])})")  # fmt: skip
             ok = False
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold <= 1:
             errors.add(f"{path}.threshold", f"{threshold!r} is not a number between 0 and 1")
@@ -297,3 +309,47 @@ def parse_estimation(raw: dict[str, Any], events: EventFields, errors: Errors) -
         errors.add("estimation", "needs events.score_threshold: estimates calibrate the model's scores, and a model "
                                  "without scores has none")  # fmt: skip
     return EstimationSpec(reference) if reference is not None else None
+
+
+def parse_segments(raw: dict[str, Any], errors: Errors) -> tuple[tuple[str, ...], int, tuple[str, ...]]:
+    """``segments: [channel, region]`` (columns whose values explain a gap's change), ``segment_values`` (the values
+    kept per column, the rest counted as ``other``) and ``strata: [income_band]`` (the columns conditional parity is
+    conditioned on, their combined values capped alike)."""
+    out = []
+    for key in ("segments", "strata"):
+        value = raw.get(key)
+        columns: list[str] = []
+        if value is not None and not (isinstance(value, list) and all(isinstance(c, str) and c for c in value)):
+            errors.add(key, f"{value!r} is not a list of column names")
+        elif value is not None:
+            columns = list(dict.fromkeys(value))
+        out.append(tuple(columns))
+    cap = get(raw, "segment_values", DEFAULT_SEGMENT_CAP, errors, "", _segment_cap)
+    return out[0], cap, out[1]
+
+
+MAX_SEGMENT_VALUES: Final = 1000
+"""A cap on values per segment column: a column of ids would otherwise make the daemon's state as large as them."""
+
+
+def _segment_cap(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SEGMENT_VALUES:
+        raise ValueError(f"expected a whole number from 1 to {MAX_SEGMENT_VALUES}")
+    return value
+
+
+def check_conditional(metrics: list[MetricSpec], strata: tuple[str, ...], errors: Errors) -> None:
+    """A conditional metric needs ``strata:``."""
+    for spec in metrics:
+        if spec.name in CONDITIONAL_METRICS and not strata:
+            errors.add("strata", f"required by {spec.name}: the columns it is conditioned on, e.g. "
+                                 "strata: [income_band]")  # fmt: skip
+
+
+def check_counted(base: list[Attribute], segments: tuple[str, ...], strata: tuple[str, ...], errors: Errors) -> None:
+    """Segments and strata are counted per known group of every attribute: a proxy attribute (a posterior, no group)
+    and an attribute joined by id (its group known only after the join) have none there."""
+    for key, columns in (("segments", segments), ("strata", strata)):
+        for a in (a for a in base if columns and (a.proxy is not None or a.source is not None)):
+            why = "a proxy attribute has no group per row" if a.proxy is not None else "its group is joined by id"
+            errors.add(key, f"not with attribute {a.name!r}: {why}, and {key} are counted per group")

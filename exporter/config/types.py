@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from exporter.core.attributes import Attribute
+from exporter.core.conditional import CONDITIONAL_METRICS, metric
 from exporter.core.metric_table import METRICS
 
 SEVERITIES: Final = ("blocking", "warning")
@@ -46,7 +47,7 @@ class MetricSpec:
 
     def passes(self, value: float) -> bool:
         """The point estimate against the threshold, in the metric's pass direction (from the metric table)."""
-        return METRICS[self.name].passes(value, self.threshold)
+        return metric(self.name).passes(value, self.threshold)
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,15 @@ class ModelSpec:
     """failure_policy.report_destination: a folder or URL that receives every report, named by model and time."""
     source: str = "<config>"
     """The file (or ``file#models[i]``) the model was configured in."""
+    segments: tuple[str, ...] = ()
+    """Columns whose values explain a gap's change (:mod:`exporter.core.explain`)."""
+    segment_values: int = 20
+    """Values kept per segment column (and per combination of strata); the rest are counted as ``other``."""
+    strata: tuple[str, ...] = ()
+    """Columns conditional parity is conditioned on (:mod:`exporter.core.conditional`)."""
+    baseline_offset: float | None = None
+    """The daemon's explanations: how far before each window its baseline window ends (seconds); None: the window's
+    own length (the window just before it)."""
     attribute_sources: tuple[AttributeSource, ...] = ()
     """The side sources its attributes name (``source:``)."""
     multiplicity: Literal["holm", "bonferroni", "none"] = "holm"
@@ -256,13 +266,19 @@ class ModelSpec:
     def thresholds(self) -> dict[str, float]:
         """The threshold of every exported metric: as configured, else the metric table's default."""
         configured = {m.name: m.threshold for m in self.metrics}
-        return {name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics}
+        return {**{name: configured.get(name, METRICS[name].default_threshold) for name in self.exported_metrics},
+                **{m.name: m.threshold for m in self.metrics if m.name in self.conditional_metrics}}
 
     def severities(self) -> dict[str, str]:
         """The severity_on_fail of every exported metric; ``none`` for a seed metric exported without being
         configured (the gate does not judge it)."""
         configured = {m.name: m.severity for m in self.metrics}
-        return {name: configured.get(name, "none") for name in self.exported_metrics}
+        return {name: configured.get(name, "none") for name in (*self.exported_metrics, *self.conditional_metrics)}
+
+    @property
+    def conditional_metrics(self) -> tuple[str, ...]:
+        """The configured conditional metrics (``strata:``), exported beside the others."""
+        return tuple(m.name for m in self.metrics if m.name in CONDITIONAL_METRICS)
 
     @property
     def exported_metrics(self) -> tuple[str, ...]:
@@ -271,10 +287,15 @@ class ModelSpec:
         return tuple(name for name, m in METRICS.items() if m.seed or name in configured)
 
     @property
+    def counted_columns(self) -> tuple[str, ...]:
+        """The columns counted per (subgroup x value): the segments', then the strata's."""
+        return tuple(dict.fromkeys([*self.segments, *self.strata]))
+
+    @property
     def compares_scores(self) -> bool:
         """Whether a configured metric compares scores (``auc_difference``): the labelled score histograms are
         then kept per group, as for the estimation."""
-        return any(METRICS[m.name].scores for m in self.metrics)
+        return any(metric(m.name).scores for m in self.metrics)
 
     @property
     def score_buckets(self) -> tuple[float, ...]:
@@ -301,6 +322,9 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
            if any(a.proxy for a in model.attributes) else {}),
         # another version's counts are another model's: a new version starts afresh (and so does its checkpoint)
         **({"model_version": model.model_version} if model.model_version is not None else {}),
+        # counts per segment value: their columns and cap are the shape (and meaning) of that axis
+        **({"segments": list(model.segments), "strata": list(model.strata), "segment_values": model.segment_values,
+            "baseline_offset": model.baseline_offset} if model.counted_columns else {}),
     }
 
 

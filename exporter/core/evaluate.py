@@ -7,12 +7,13 @@ reported (enough samples) and what its interval says are written once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from exporter.core.attributes import Attribute
+from exporter.core.conditional import metric as conditional_metric
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, group_stats
 from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
@@ -52,6 +53,12 @@ class Evaluation:
         """Predictions in the attribute's unknown category (a proxy attribute's: a sum of posteriors)."""
         return float(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
 
+    def with_metrics(self, values: Mapping[str, MetricValues]) -> Evaluation:
+        """The same evaluation with more metrics among its comparisons (the conditional ones, from counts per
+        stratum), for the same pairs."""
+        c = self.comparisons
+        return replace(self, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values}))
+
     def values(self, metric: str) -> MetricValues:
         """Value, interval, half-width and support of one metric, per pair."""
         return self.comparisons.metrics[metric]
@@ -69,7 +76,7 @@ class Evaluation:
         metric's comparisons under :attr:`multiplicity` (:func:`fails`)."""
         v = self.values(metric)
         ok = self.sufficient(metric)
-        states = np.where(ok, METRICS[metric].evidence(v.lower, v.upper, threshold), "inconclusive")
+        states = np.where(ok, conditional_metric(metric).evidence(v.lower, v.upper, threshold), "inconclusive")
         if self.multiplicity == "none" or self.simultaneous is None or metric not in self.simultaneous.metrics or \
                 not (states == "fail").any():  # fmt: skip
             return states

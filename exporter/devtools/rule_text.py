@@ -30,3 +30,22 @@ def alert(name: str, expr: str, for_: str, severity: str, summary: str, descript
         "annotations": {"summary": summary, "description": description,
                         "runbook_url": f"{RUNBOOK_URL}#{name.lower()}"},
     }  # fmt: skip
+
+
+EXPLAINED_RATES = {"demographic_parity_difference": "selection_rate", "disparate_impact_ratio": "selection_rate",
+                   "true_positive_rate_difference": "true_positive_rate",
+                   "false_positive_rate_difference": "false_positive_rate"}  # fmt: skip
+"""The rate whose gap a pair detector's metric watches: its explanation (model_explanation_top_contribution)."""
+
+
+def explained(metrics: tuple[str, ...]) -> str:
+    """An annotation fragment naming the largest term of the change of the alert's gap in every window, for a
+    model with ``segments:`` (nothing for a model without: the query finds no series)."""
+    rates = "|".join(dict.fromkeys(EXPLAINED_RATES[m] for m in metrics if m in EXPLAINED_RATES))
+    if not rates:
+        return ""
+    query = ('printf "model_explanation_top_contribution{model_id=%q,attribute=%q,dimension=%q,instance=%q,rank=%q,'
+             'rate=~%q}" $labels.model_id $labels.attribute $labels.dimension $labels.instance "1" "' + rates + '"')
+    return ("{{ with " + query + " | query }}Largest term of the change since the window before: {{ range . | "
+            'sortByLabel "window" }}{{ .Labels.window }}: {{ .Labels.segment }} {{ .Labels.term }} '
+            '{{ printf "%+.3f" .Value }} ({{ .Labels.rate }}); {{ end }}{{ end }}')

@@ -24,7 +24,7 @@ import yaml
 from exporter.devtools.estimate_rules import calibration_alert
 from exporter.devtools.recording_rules import recording_rules
 from exporter.devtools.rule_text import RUNBOOK_URL as RUNBOOK_URL  # where every alert's runbook_url points
-from exporter.devtools.rule_text import VALUE_3F, alert
+from exporter.devtools.rule_text import VALUE_3F, alert, explained
 from exporter.devtools.rule_text import fmt as _fmt
 from exporter.devtools.rule_text import label as _label
 from exporter.devtools.stage_rules import stage_alerts
@@ -169,7 +169,7 @@ def _detector_alert(alert: Alert, fors: Mapping[str, str]) -> dict[str, Any]:
         + (_label("subgroup") if subgroup else _label("dimension")) + ".",
         f"Model {_label('model_id')}, {where}, direction {_label('direction')}: the change detector on "
         f"{_label('instance')} is in alarm (evidence now {VALUE_3F} nats): {meaning} (the detector's reference "
-        f"value). Now: {_shown(alert.shown, shown_keys)}",
+        f"value). Now: {_shown(alert.shown, shown_keys)}{'' if subgroup else explained(alert.metrics)}",
     )
 
 

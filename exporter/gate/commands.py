@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.config import ConfigError, load_config
-from exporter.core.metric_table import METRICS
+from exporter.core.conditional import metric
 
 if TYPE_CHECKING:
     from exporter.gate.audit_log import Head
@@ -50,7 +50,7 @@ def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
     inconclusive row says how many samples per group would decide it, an insufficient one why it has no value."""
     head = f"{r['status'].upper()} {r['severity']} {r['attribute']} {r['metric']} {r['groups']}"
     if r["value"] is None:
-        why = (f"the smallest count of {METRICS[r['metric']].counted} in a group is {r['support']}, below "
+        why = (f"the smallest count of {metric(r['metric']).counted} in a group is {r['support']}, below "
                f"min_samples {min_samples}" if r["support"] < min_samples
                else "undefined (the compared rate is 0 in a group)")  # fmt: skip
         text = f"{head}: no value: {why}; evidence {r['evidence']}"
@@ -102,7 +102,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             if args.model_version is not None:
                 config = dataclasses.replace(config, model_version=args.model_version)
             data = dataset_location(config, args.predictions)
-            report = run_audit(config, data, override=override, engine=args.engine)
+            report = run_audit(config, data, override=override, engine=args.engine, baseline=args.baseline)
         except (ConfigError, DataError) as exc:
             log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
                                          "config": file_facts(args.config), "data": file_facts(data)})  # fmt: skip

@@ -6,6 +6,7 @@ by itself. Each snapshot is serialised once (CachedExposition); a scrape never t
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -23,10 +24,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from exporter.core.conditional import CONDITIONAL_METRICS
+from exporter.core.conditional import metric as table_metric
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, TN, TP
 from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.estimated import calibration_detector_families, estimated_families
-from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
+from exporter.serve.explained import explanation_families
+from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, EXPLANATIONS, MAX_FORMATS, Page, Pages
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
 _CI = "95% interval"
@@ -83,6 +87,7 @@ class SnapshotCollector(Collector):
         yield from self._settings(snapshots)
         yield from self._counters(snapshots)
         yield from detector_families(snapshots)
+        yield from explanation_families(snapshots, cadence)
 
     @staticmethod
     def _families(snapshots: Sequence[Snapshot], cadence: str, suffix: str = "") -> Iterator[Metric]:
@@ -100,8 +105,9 @@ class SnapshotCollector(Collector):
         fraction = _Family(f"model_labelled_fraction{suffix}", "Labelled / all predictions in the window: low means "
                            "the model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
         exported = {m for snapshot in snapshots for m in snapshot.metrics}
-        pairs = {m: _Family(METRICS[m].prometheus_name + suffix, METRICS[m].help + cadence, _PAIR, bounds=True)
-                 for m in METRICS if m in exported}  # fmt: skip
+        pairs = {m: _Family(table_metric(m).prometheus_name + suffix, table_metric(m).help + cadence, _PAIR,
+                            bounds=True)
+                 for m in [*METRICS, *CONDITIONAL_METRICS] if m in exported}  # fmt: skip
         insufficient = GaugeMetricFamily(
             f"model_comparison_insufficient_samples{suffix}",
             "1 when the metric has no value for the comparison: a group has fewer than min_samples of what the "
@@ -179,7 +185,7 @@ class SnapshotCollector(Collector):
             if scored is not None:
                 for i, group in enumerate(groups):
                     auc.add([snapshot.model_id, ev.attribute.name, window, group], *(x[i] for x in scored))
-            for metric in snapshot.metrics:
+            for metric in (m for m in snapshot.metrics if m in METRICS):  # the conditional ones: no worst
                 w = ev.worst(metric)
                 labels = [snapshot.model_id, ev.attribute.name, window, metric]
                 judged.add_metric(labels, float(w.judged[0]))
@@ -188,7 +194,7 @@ class SnapshotCollector(Collector):
                     worst.add([*labels, f"{a}_vs_{b}", a, b], w.value[0], w.lower[0], w.upper[0])
         yield from worst.families()
         yield judged
-        if any(METRICS[m].scores for s in snapshots for m in s.metrics):
+        if any(table_metric(m).scores for s in snapshots for m in s.metrics):
             yield from auc.families()
 
     @staticmethod
@@ -348,8 +354,11 @@ class CachedExposition:
         families are built once, whatever the number of formats."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collected(list(SnapshotCollector(lambda: snapshot, self.every).collect())))
+        explained = {m.model_id: m.explained for m in snapshot.models if m.explained is not None}
         with self._rendering:
             texts = {kind: encoder(registry) for kind, encoder in self._encoders.items()}
+            if explained:
+                texts[EXPLANATIONS] = json.dumps(explained, allow_nan=False).encode()
             self._current = (registry, self._current[1] + 1, texts)
 
     def ask(self, accept: str) -> str:

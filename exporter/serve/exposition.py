@@ -17,6 +17,9 @@ from prometheus_client.exposition import choose_encoder
 OM_EOF: Final = b"# EOF\n"
 MAX_FORMATS: Final = 4
 """Formats kept per snapshot: the text format, OpenMetrics and a few escaping variants clients may ask for."""
+EXPLANATIONS: Final = "application/json; explanations"
+"""The key of the snapshot's explanations (``segments:``) among its renderings: published with them, served on
+/explain, never a /metrics page."""
 DEFAULT_CONTENT_TYPE: Final = choose_encoder("")[1]
 """The text format 0.0.4: served when a client asks for none, or for a format beyond :data:`MAX_FORMATS`."""
 
@@ -87,6 +90,11 @@ class Pages:
                 pages[kind, False] = Page(head.text + tail, kind, False)
                 pages[kind, True] = Page(gzip_one_member(head, tail), kind, True)
         self._pages = pages
+
+    def document(self, kind: str) -> bytes | None:
+        """A rendering of the snapshot that is no /metrics page (:data:`EXPLANATIONS`); None if not published."""
+        rendered = self._snapshot.get(kind)
+        return None if rendered is None else rendered.text
 
     def formats(self) -> set[str]:
         """The content types this publication has pages for."""

@@ -1,4 +1,4 @@
-"""The HTTP endpoints: /metrics, a landing page, /healthz and /readyz; served in the HTTP worker process.
+"""The HTTP endpoints: /metrics, a landing page, /healthz, /readyz and /explain; served in the HTTP worker process.
 
 The daemon binds the socket (:func:`bind`, so that a bad address or a port in use stops it with one line) and checks
 the web configuration (exporter.serve.web_config); the worker process (exporter.serve.worker) serves the app on
@@ -12,10 +12,12 @@ from __future__ import annotations
 import errno
 import html
 import ipaddress
+import json
 import logging
 import socket
 import ssl
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any, Final
@@ -87,12 +89,13 @@ def make_app(
     pages: Callable[[str, str], Page | str], model_id: str,
     healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]], guard: Guard | None = None,
     reload: Callable[[], tuple[bool, str]] | None = None,
+    explained: Callable[[], bytes | None] | None = None,
 ) -> Callable[..., Iterable[bytes]]:  # fmt: skip
     """The WSGI application of the daemon. ``pages(accept_encoding, accept)`` is the /metrics page (the cached
     snapshot then the live registry), or why there is none yet (503). ``guard``: who may read (every path, the
     probes too, unless the web configuration excludes them). ``reload``: POST or PUT ``/-/reload`` reloads the
     config, as Prometheus does with ``--web.enable-lifecycle`` (200, or 500 with why it was refused); without it
-    the path is not served."""
+    the path is not served. ``explained``: the latest snapshot's explanations (JSON), for ``GET /explain``."""
     landing = (f"<html><head><title>fairness-exporter</title></head><body><h1>fairness-exporter {__version__}</h1>"
                f"<p>Monitoring model <b>{html.escape(model_id)}</b>.</p><ul><li><a href='/metrics'>/metrics</a></li>"
                "<li><a href='/healthz'>/healthz</a></li><li><a href='/readyz'>/readyz</a></li></ul></body></html>"
@@ -111,6 +114,9 @@ def make_app(
             return "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")], text
         if path == "/":
             return "200 OK", [("Content-Type", "text/html; charset=utf-8")], landing
+        if path == EXPLAIN_PATH and explained is not None:
+            status, body = explain_answer(explained(), environ.get("QUERY_STRING", ""))
+            return status, [("Content-Type", "application/json")], body
         if path == RELOAD_PATH and reload is not None:
             if environ.get("REQUEST_METHOD") not in RELOAD_METHODS:
                 return "405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "POST, PUT")], \
@@ -193,3 +199,35 @@ class HttpServer:
         if self.thread.is_alive():  # shutdown() waits for serve_forever, forever if it never ran
             self.server.shutdown()
         self.server.server_close()
+
+
+EXPLAIN_PATH = "/explain"
+
+
+def explain_answer(document: bytes | None, query: str) -> tuple[str, bytes]:
+    """``GET /explain?model=M&attribute=A&metric=X[&window=W]``: the explanations of one model's attribute and
+    metric in a window (default: the longest), each as the gate's report writes it, with when the window and its
+    baseline are; 404 naming what exists when the query names nothing explained."""
+    asked = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
+    models = json.loads(document) if document else {}
+    missing = [k for k in ("model", "attribute", "metric") if k not in asked]
+    if missing:
+        return "400 Bad Request", json.dumps({"error": f"name {', '.join(missing)}: /explain?model=M&attribute=A"
+                                                       f"&metric=X[&window=W]", "models": sorted(models)}).encode()
+    windows = models.get(asked["model"])
+    if windows is None:
+        return "404 Not Found", json.dumps({"error": f"no explanations of model {asked['model']!r} (its config "
+                                                    "has no segments, or no computation ran yet)",
+                                            "models": sorted(models)}).encode()  # fmt: skip
+    window = asked.get("window") or max(windows, key=lambda w: windows[w]["current"][1] - windows[w]["current"][0])
+    if window not in windows:
+        return "404 Not Found", json.dumps({"error": f"no window {window!r}", "windows": list(windows)}).encode()
+    found = [e for e in windows[window]["explanations"]
+             if e["attribute"] == asked["attribute"] and e["metric"] == asked["metric"]]  # fmt: skip
+    if not found:
+        return "404 Not Found", json.dumps({"error": f"no explanation of {asked['metric']!r} for attribute "
+                                                    f"{asked['attribute']!r} (only difference metrics configured "
+                                                    "for the model are explained)"}).encode()  # fmt: skip
+    return "200 OK", json.dumps({"model_id": asked["model"], "window": window,
+                                 "baseline": windows[window]["baseline"], "current": windows[window]["current"],
+                                 "explanations": found}).encode()  # fmt: skip

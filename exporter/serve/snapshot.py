@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -14,10 +15,11 @@ from exporter.config import ModelSpec, Windowing
 from exporter.core import estimate
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.health.counters import Health
+from exporter.stream.state.detection import Detection
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.proxy import ProxyRing
-from exporter.stream.state.window import Detection
+from exporter.stream.state.segments import conditional, explain
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class Snapshot:
     """The configured version of the model (fairness_model_info)."""
     estimated: tuple[tuple[str, estimate.Estimated], ...] = ()
     """(window, estimated comparisons) per window and attribute, for a model that estimates (estimation:)."""
+    explained: dict[str, Any] | None = None
+    """Per window, why each gap moved since the window before it (``segments:``; /explain serves it)."""
     proxied: tuple[tuple[str, Evaluation], ...] = ()
     """(window, evaluation) for every window and proxy attribute (proxy:): posterior-weighted, never mixed with
     :attr:`evaluations` (exporter/stream/state/proxy.py; served with the suffix ``_proxy``)."""
@@ -92,6 +96,7 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         proxies = proxied(spec, store.proxy, store.window_proxy_counts(now))
         window_scores = store.window_scores(now)
         estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
+        by_segment = store.segments.snapshot(now) if spec.counted_columns else None
     keys, blocks, histograms = [], [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
@@ -103,18 +108,28 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
                 histograms.extend([labelled[attribute.name]] if labelled else [])
     evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity,
                               scores=histograms if spec.compares_scores else None,
-                              thresholds={m: t for m, t, _ in thresholds})  # fmt: skip
+                              thresholds={m: t for m, t, _ in thresholds if m in spec.exported_metrics})  # fmt: skip
+    metrics = spec.exported_metrics
+    if by_segment is not None and spec.conditional_metrics:  # over the strata's counts, as the gate's (strata:)
+        pairs = {a.name: (np.array([p[0] for p in a.pairs], np.int64), np.array([p[1] for p in a.pairs], np.int64))
+                 for a in spec.attributes}  # fmt: skip
+        found = conditional(spec, by_segment, store.segments, store.layout.split, pairs)
+        evaluated = [ev.with_metrics({n: s.values for n, s in found[window, ev.attribute.name].items()})
+                     for window, ev in zip(keys, evaluated, strict=True)]  # fmt: skip
+        metrics = (*metrics, *spec.conditional_metrics)
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in window_scores.items():
         bins_of, sums_of = store.layout.split(bins), store.layout.split(sums)
         scores.extend((window_name, a.name, bins_of[a.name], sums_of[a.name]) for a in spec.attributes
                       if a.proxy is None)
     return Snapshot(spec.model_id, now, tuple(zip(keys, evaluated, strict=True)),
-                    store.layout.split(store.totals_copy()), spec.exported_metrics, thresholds, detection,
+                    store.layout.split(store.totals_copy()), metrics, thresholds, detection,
                     store.detectors, score_bounds=spec.score_buckets, scores=tuple(scores),
                     model_version=spec.model_version,
                     estimated=estimated(spec, reference, estimation, store.layout.split)
                     if reference is not None and estimation else (),
+                    explained=explain(spec, by_segment, store.segments, store.layout.split)
+                    if by_segment is not None and spec.segments else None,
                     proxied=proxies)  # fmt: skip
 
 

@@ -33,7 +33,7 @@ from typing import Any, Final
 from prometheus_client.exposition import choose_encoder
 
 from exporter.serve.access import Failures, Guard
-from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, MAX_FORMATS, Page, Pages
+from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, EXPLANATIONS, MAX_FORMATS, Page, Pages
 from exporter.serve.http import HttpServer, make_app
 from exporter.serve.orphans import alive, die_with_parent
 from exporter.serve.web_config import WebConfigError
@@ -161,7 +161,8 @@ def main(argv: list[str]) -> int:
         return 2
     published = Published(connection, stale_seconds, guard.failures)
     app = make_app(published.page, model_id, published.healthy, published.ready, guard,
-                   published.reload if lifecycle else None)  # fmt: skip
+                   published.reload if lifecycle else None,
+                   lambda: published.pages.document(EXPLANATIONS))  # fmt: skip
     server = HttpServer(app, listening, guard)
     server.start()
     published.receive()  # until the daemon stops us or is gone

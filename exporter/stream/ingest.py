@@ -214,11 +214,15 @@ class Ingest:
 
     def _add(self, model: Monitored, batch: DecodedBatch, now: float, given_up: Counter[str]) -> int:
         """Count events whose attributes are all known (under the fleet's lock); how many were late."""
+        segments = model.store.segments.codes(batch.segments) if model.spec.counted_columns and batch.segments \
+            else None  # fmt: skip
         late = model.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes, now,
-                               scores=batch.scores)  # fmt: skip
+                               scores=batch.scores, segment_codes=segments)  # fmt: skip
         if self.kafka.labels_topic:
             waiting = batch.outcomes < 0
-            codes = np.column_stack([batch.codes[a.name] for a in model.spec.attributes])
+            # a prediction waits with its segment values' codes after its attributes', for its label's cells
+            codes = np.column_stack([*(batch.codes[a.name] for a in model.spec.attributes),
+                                     *(segments.T if segments is not None else [])])  # fmt: skip
             ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
             bins = model.store.estimate_bins(batch.scores)  # kept with the prediction for its label's cell
             joined = self.fleet.joins.add_predictions(model.spec.model_id, ids, batch.timestamps[waiting],
@@ -248,8 +252,10 @@ class Ingest:
         self.health.count_outcomes(given_up)
 
     def _count_joined(self, model: Monitored, joined: Joined, given_up: Counter[str]) -> None:
-        codes = {a.name: joined.codes[:, i] for i, a in enumerate(model.spec.attributes)}
-        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes, joined.bins)
+        attributes = model.spec.attributes
+        codes = {a.name: joined.codes[:, i] for i, a in enumerate(attributes)}
+        segments = joined.codes[:, len(attributes):] if model.spec.counted_columns else None
+        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes, joined.bins, segments)
         self.health.outcomes_joined.inc(len(joined) - outside)
         given_up["prediction_outside_window"] += outside
 

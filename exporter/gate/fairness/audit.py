@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
+from exporter.core.conditional import metric
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS
 from exporter.gate import storage
@@ -28,9 +29,10 @@ from exporter.gate.data.dataset import DataError, Manifest, open_dataset
 from exporter.gate.data.quantile import median
 from exporter.gate.data.side import JoinedRows
 from exporter.gate.fairness import estimated, ll144, proxy
-from exporter.gate.fairness.frames import FrameRows, Rows, Scan, required_columns, scan, text_columns
+from exporter.gate.fairness.frames import BatchCounter, FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
 from exporter.gate.fairness.results import metric_results
+from exporter.gate.fairness.segments import SegmentTally, explain_change, mark_conditional, with_conditional
 
 
 @dataclass(frozen=True)
@@ -174,10 +176,10 @@ def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
 
 
 def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predictions have no rows",
-          weights: str | None = None) -> Scan:  # fmt: skip
+          weights: str | None = None, also: BatchCounter | None = None) -> Scan:  # fmt: skip
     """Count a model's rows in one pass, after checking the columns it needs; DataError for rows that cannot be
     audited (a missing column, no rows of this model, a value that is no 0/1 or score)."""
-    label_metrics = [m.name for m in config.metrics if METRICS[m.name].needs_labels]
+    label_metrics = [m.name for m in config.metrics if metric(m.name).needs_labels]
     estimable = estimated.estimable(config)  # then data without a label column is estimated, not refused
     missing = [c for c in required_columns(config, rows.columns, bool(label_metrics) and not estimable)
                if c not in rows.columns]  # fmt: skip
@@ -188,8 +190,11 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
                            if config.label_column in missing else ""))  # fmt: skip
     if config.score_column is not None and config.score_column not in rows.columns:
         raise DataError(f"{name}: no score column {config.score_column!r} (columns.score); the file has {rows.columns}")
+    absent = [c for c in (also.columns if also is not None else []) if c not in rows.columns]
+    if absent:
+        raise DataError(f"{name}: missing column(s) {absent} named by segments/strata; the file has {rows.columns}")
     return _found(config, rows, name, scan(config, rows, name, weights=weights,
-                                           scores=estimable or config.compares_scores), empty)  # fmt: skip
+                                           scores=estimable or config.compares_scores, also=also), empty)  # fmt: skip
 
 
 def _found(config: ModelSpec, rows: Rows, name: str, counted: Scan, empty: str) -> Scan:
@@ -219,10 +224,13 @@ def run_audit(
     now: datetime | None = None,
     model_id: str | None = None,
     engine: str = "local",
+    baseline: pd.DataFrame | str | Path | None = None,
 ) -> dict[str, Any]:
     """Audit predictions (a DataFrame, or a dataset: a file, folder, glob or prefix of parquet or CSV files) against
     a model's config (a config or its file: its only model, or ``model_id`` of its ``models:``); return the
-    JSON-ready report. ``engine="spark"`` counts the dataset with Spark (:mod:`exporter.spark`).
+    JSON-ready report. ``engine="spark"`` counts the dataset with Spark (:mod:`exporter.spark`). ``baseline``: the
+    data of an earlier period, read the same way: the report then explains each gap's change from it over the
+    config's ``segments`` (``explanations``).
 
     Raises ConfigError or DataError (both ValueError) for input that cannot be audited.
     """
@@ -230,6 +238,8 @@ def run_audit(
         config = load_config(config)
     if isinstance(config, Config):
         config = config.model(model_id)
+    if engine == "spark" and (config.segments or config.strata):
+        raise DataError("segments and strata are counted by the local engine only: audit without --engine spark")
     data_file: str | None = None
     manifest: Manifest | None = None
     weights = None
@@ -249,8 +259,14 @@ def run_audit(
         raise DataError(f"{config.source}: attribute_sources: --engine spark does not join side tables; audit with "
                         "the local engine")  # fmt: skip
     rows = JoinedRows.of(config, rows, path_name)  # attributes joined by id from their side tables, if any
+    segmented = SegmentTally(config) if config.segments or config.strata else None
+    if baseline is not None and not config.segments:
+        raise DataError(f"{config.source}: --baseline explains a gap's change over the config's segments: "
+                        "name the columns in segments: [...]")  # fmt: skip
+    before = None if baseline is None else _baseline(config, baseline, segmented)
+    current = segmented.fresh() if segmented is not None else None
     counted = count(config, rows, path_name, empty="the file has no rows" if data_file else
-                    "the predictions have no rows", weights=weights)  # fmt: skip
+                    "the predictions have no rows", weights=weights, also=current)  # fmt: skip
     if weights is not None:  # counts of an engine: the date range is its own aggregation's
         counted.date_range = getattr(rows, "date_range", None)
 
@@ -261,6 +277,7 @@ def run_audit(
                                 multiplicity=config.multiplicity, scores=[counted.tally.scores[a.name]
                                                                           for a in config.attributes]
                                 if config.compares_scores else None)  # fmt: skip
+    evaluations, conditional = with_conditional(config, evaluations, current)
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
         reference, estimation = read_reference(config)
@@ -274,6 +291,7 @@ def run_audit(
         worst.extend(_worst(config, judged_ev))
     if estimation is not None:
         estimated.mark(results, config)
+    mark_conditional(results, config, conditional, current)
     impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations)
     impact_ratios["source"] = {"file": data_file, "manifest_sha256": manifest and manifest.sha256}
 
@@ -316,7 +334,33 @@ def run_audit(
         "worst": worst,
         **({"estimation": estimation} if estimation is not None else {}),
         "results": results,
+        **(_explained(config, before, current) if before is not None and current is not None else {}),
     }
+
+
+def _baseline(config: ModelSpec, baseline: pd.DataFrame | str | Path, tally: SegmentTally | None) -> \
+        tuple[dict[str, Any], SegmentTally]:  # fmt: skip
+    """Count the baseline's rows by segment (first, so its values take the table's first codes); what the report
+    says of it."""
+    assert tally is not None
+    if isinstance(baseline, pd.DataFrame):
+        rows: Rows = FrameRows(baseline)
+        about: dict[str, Any] = {"file": None, "manifest_sha256": None}
+    else:
+        location = str(baseline)
+        dataset = open_dataset(location, "baseline", text_columns(config))
+        rows, about = dataset, {"file": location, "manifest_sha256": dataset.manifest().sha256}
+    counted = count(config, rows, about["file"] or "<baseline>", empty="the baseline has no rows", also=tally)
+    return {**about, "rows": counted.rows}, tally
+
+
+def _explained(config: ModelSpec, before: tuple[dict[str, Any], SegmentTally], current: SegmentTally) -> \
+        dict[str, Any]:  # fmt: skip
+    """The report's baseline, segment tables and explanations."""
+    about, baseline = before
+    return {"baseline": about,
+            "segment_values": {"baseline": baseline.describe(), "current": current.describe()},
+            "explanations": explain_change(config, baseline, current)}  # fmt: skip
 
 
 def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

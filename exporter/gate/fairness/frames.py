@@ -43,8 +43,13 @@ def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[s
     return code_lut(list(distinct), groups)[positions]  # position -1 picks the trailing unknown
 
 
+def row_cells(y_pred: np.ndarray, y_true: np.ndarray | None) -> np.ndarray:
+    """Each row's cell (:data:`CELLS`) from its 0/1 prediction and its label (-1: unlabelled; None: no label column)."""
+    return y_pred * 3 + (1 if y_true is None else y_true + 1)
+
+
 @cache
-def _cell_counts() -> np.ndarray:
+def cell_counts() -> np.ndarray:
     """What one row of each cell adds to its group's counts, by the core's own reduction."""
     return np.vstack([counts_from_arrays(np.zeros(1, np.int64), 1, np.array([p]), np.array([label]))[0]
                       for p in (0, 1) for label in (-1, 0, 1)])  # fmt: skip
@@ -69,7 +74,7 @@ class Tally:
         """Count a batch: each base attribute's codes (by column), predictions, labels (-1: unlabelled); ``weights``
         when each row stands for that many (counts an engine already aggregated); ``scores`` to count score bins;
         ``proxies``: each proxy attribute's posteriors (:meth:`exporter.core.bisg.Tables.posteriors`)."""
-        cell = y_pred * 3 + (1 if y_true is None else y_true + 1)
+        cell = row_cells(y_pred, y_true)
         bounds = np.asarray(self.config.score_buckets, dtype=np.float64)
         bins = None if scores is None else estimate.score_bins(scores, bounds)
         for attribute in self.config.attributes:
@@ -97,14 +102,14 @@ class Tally:
         for attribute in self.config.attributes:
             n = len(attribute.groups)
             cells = self.cells.get(attribute.name, np.zeros((n + 1) * CELLS, dtype=np.int64))
-            out[attribute.name] = cells.reshape(n + 1, CELLS) @ _cell_counts()
+            out[attribute.name] = cells.reshape(n + 1, CELLS) @ cell_counts()
         return out
 
 
 def corrected(tally: Tally, name: str) -> dict[str, np.ndarray]:
     """A proxy attribute's rates of each Census category, corrected for the posteriors' overlap
     (:func:`exporter.core.bisg.corrected_rates`), from its moments per cell turned into moments per count column."""
-    by_column = np.einsum("kc,kgh->cgh", _cell_counts(), tally.moments.get(name, np.zeros((CELLS, 6, 6))))
+    by_column = np.einsum("kc,kgh->cgh", cell_counts(), tally.moments.get(name, np.zeros((CELLS, 6, 6))))
     return bisg.corrected_rates(by_column, {r: RATES[r] for r in ("selection_rate", "true_positive_rate",
                                                                     "false_positive_rate")})  # fmt: skip
 
@@ -115,6 +120,17 @@ def proxy_cells(shares: np.ndarray, cell: np.ndarray, weights: np.ndarray | None
     w = np.ones(len(cell)) if weights is None else weights.astype(np.float64)
     return np.concatenate([np.bincount(cell, weights=shares[:, g] * w, minlength=CELLS)
                            for g in range(shares.shape[1])])  # fmt: skip
+
+
+class BatchCounter(Protocol):
+    """More counts of the same rows, taken in the same pass (:class:`exporter.gate.fairness.segments.SegmentTally`):
+    the columns it reads, and a batch's rows with their base attribute codes and cells."""
+
+    @property
+    def columns(self) -> list[str]: ...
+
+    def add(self, batch: pa.RecordBatch, base: Mapping[str, np.ndarray], cell: np.ndarray,
+            weights: np.ndarray | None) -> None: ...  # fmt: skip
 
 
 class Rows(Protocol):
@@ -220,15 +236,17 @@ def text_columns(config: ModelSpec) -> list[str]:
 
 
 def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None, weights: str | None = None,
-         scores: bool = False) -> Scan:  # fmt: skip
+         scores: bool = False, also: BatchCounter | None = None) -> Scan:  # fmt: skip
     """Count a model's rows, a batch at a time: with ``above``, the rows whose LL144 score column is above it (the
     scoring rate) in place of the predictions. ``weights``: the column saying how many rows each row stands for.
-    ``scores``: count score bins too (:class:`Tally`), for a model that emits scores."""
+    ``scores``: count score bins too (:class:`Tally`), for a model that emits scores. ``also``: more counts of the
+    same rows (segments and strata)."""
     available = set(rows.columns)
     reading = [prediction_column(config), *attribute_columns(config)]
     optional = ["model_id", config.label_column, config.timestamp_column,
                 *([config.score_column] if config.score_column else [])]
-    reading = list(dict.fromkeys([*reading, *(c for c in optional if c in available), *([weights] if weights else [])]))
+    reading = list(dict.fromkeys([*reading, *(c for c in optional if c in available), *([weights] if weights else []),
+                                  *(also.columns if also is not None else [])]))  # fmt: skip
     result = Scan(Tally(config))
     dates: list[dict[str, Any]] = []
     for batch in rows.batches(reading):
@@ -264,6 +282,8 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
                 y_pred, y_true = (ranked > above).astype(np.int64), None
         if (y_pred >= 0).all():  # else the audit refuses the file after the pass, naming the values
             result.tally.add(base, y_pred, y_true, w, binned, proxies)
+            if also is not None:
+                also.add(batch, base, row_cells(y_pred, y_true), w)
         if config.timestamp_column in available:
             stamps = batch.column(config.timestamp_column).to_pandas()
             dates.append(ll144.date_range(pd.DataFrame({config.timestamp_column: stamps}), config.timestamp_column)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.metric_table import METRICS
 from exporter.gate.suite import BLOCKING_SEVERITY
 
@@ -68,6 +69,8 @@ class CiReport:
     checks: tuple[Check, ...]
     properties: Properties = ()
     notes: tuple[str, ...] = ()
+    appendix: tuple[str, ...] = ()
+    """Markdown blocks after the checks' table (the audit's segment explanations)."""
 
 
 def number(x: Any) -> str:
@@ -116,7 +119,7 @@ def flatten(record: Mapping[str, Any], prefix: str = "", text: Callable[[Any], s
 def _run_properties(report: Mapping[str, Any]) -> Properties:
     """The run's own facts (model, verdict, files and their hashes, audit-log head): the report's scalars and
     its one-level records, without the per-check lists and the per-group tables."""
-    skip = {"results", "attributes", "impact_ratios"}
+    skip = {"results", "attributes", "impact_ratios", "explanations", "segment_values"}
     return flatten({k: v for k, v in report.items() if k not in skip})
 
 
@@ -130,13 +133,33 @@ def from_audit(report: Mapping[str, Any]) -> CiReport:
         o = report["override"]
         notes.append(f"Overridden by {o.get('author')}: {o.get('justification')}")
     return CiReport("audit", str(report["model_id"]), str(report["verdict"]), str(report.get("timestamp", "")),
-                    AUDIT_COLUMNS, checks, _run_properties(report), (*notes, *_log_note(report)))  # fmt: skip
+                    AUDIT_COLUMNS, checks, _run_properties(report), (*notes, *_log_note(report)),
+                    tuple(_explanation(e) for e in report.get("explanations", ())))  # fmt: skip
+
+
+EXPLAINED_ROWS = 8
+"""Segments of an explanation the Markdown table shows, the largest first."""
+
+
+def _explanation(e: Mapping[str, Any]) -> str:
+    """One explanation as Markdown: its sentence, then a table of its largest terms, each with a bar of its size."""
+    top = e["segments"][:EXPLAINED_ROWS]
+    scale = max([abs(s[k]) for s in top for k in ("mix", "rate")] + [1e-12])
+    bar = lambda x: ("🟥" if x < 0 else "🟦") * round(8 * abs(x) / scale)  # noqa: E731
+    lines = [f"#### {_cell(e['attribute'])} · {_cell(e['metric'])} · {_cell(e['comparison'])}", "",
+             _cell(e["summary"]), ""]  # fmt: skip
+    if top:
+        lines += ["| segment | mix [95% interval] | | rate [95% interval] | |", "|---|---|---|---|---|"]
+        lines += [f"| {_cell(str(s['column']))}={_cell(str(s['value']))} | {with_interval(s['mix'], s['mix_ci_95'])} "
+                  f"| {bar(s['mix'])} | {with_interval(s['rate'], s['rate_ci_95'])} | {bar(s['rate'])} |"
+                  for s in top]  # fmt: skip
+    return "\n".join(lines)
 
 
 def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridden: bool) -> Check:
     value = r["value"] if r.get("value") is not None else r.get("exact_value")
     shown = with_interval(value, r.get("ci_95"))
-    metric = METRICS.get(r["metric"])
+    metric = METRICS.get(r["metric"]) or CONDITIONAL_METRICS.get(r["metric"])
     side = "" if metric is None else ("≤ " if metric.kind == "difference" else "≥ ")
     threshold = f"{side}{r['threshold']}"
     evidence = str(r.get("evidence"))
@@ -309,4 +332,6 @@ def markdown(report: CiReport) -> str:
              "|" + "---|" * (len(report.columns) + 1)]  # fmt: skip
     lines += ["| " + " | ".join(_cell(c) for c in (*check.cells, _outcome_cell(report, check))) + " |"
               for check in report.checks]  # fmt: skip
+    if report.appendix:
+        lines += ["", "### Why the gaps moved (segment explanations)", *(f"\n{block}" for block in report.appendix)]
     return "\n".join(lines)

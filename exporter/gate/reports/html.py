@@ -252,6 +252,31 @@ def ll144_section(table_dict: Mapping[str, Any], total_rows: int) -> str:
     return "".join(parts)
 
 
+EXPLAINED_SEGMENTS = 8
+"""Segments (each with its mix and rate terms) an explanation's chart and table show, the largest first."""
+
+
+def explanations_section(explanations: Sequence[Mapping[str, Any]]) -> str:
+    """Why each gap moved from the baseline: its sentence, the largest terms as signed bars with their 95% interval
+    (the dashed line is the whole change), and their table."""
+    parts = ["<h2>Why the gaps moved (segment explanations)</h2>"]
+    for e in explanations:
+        parts.append(f"<h3>{escape(e['attribute'])} · {escape(e['metric'])} · {escape(e['comparison'])}</h3>"
+                     f"<p>{escape(e['summary'])}</p>")  # fmt: skip
+        top = e["segments"][:EXPLAINED_SEGMENTS]
+        if not top:
+            continue
+        terms = [(f"{s['column']}={s['value']} {kind}", s[kind], s[f"{kind}_ci_95"]) for s in top
+                 for kind in ("rate", "mix")]  # fmt: skip
+        parts.append(rate_chart([t[0] for t in terms], [t[1] for t in terms], [t[2] for t in terms],
+                                xlabel="contribution to the change of the gap (95% interval)",
+                                reference=e["change"], reference_label=f"change {fmt(e['change'])}"))  # fmt: skip
+        parts.append(table(["segment", "mix", "95% interval", "rate", "95% interval"],
+                           [[f"{s['column']}={s['value']}", s["mix"], fmt_interval(s["mix_ci_95"]), s["rate"],
+                             fmt_interval(s["rate_ci_95"])] for s in top]))  # fmt: skip
+    return "".join(parts)
+
+
 def audit_html(report: Mapping[str, Any]) -> str:
     """The audit gate's report as a page."""
     tone = {"PASS": "good", "FAIL": "bad"}.get(report["verdict"], "warn")
@@ -268,6 +293,8 @@ def audit_html(report: Mapping[str, Any]) -> str:
                 for name, block in report["attributes"].items()]  # fmt: skip
     if "impact_ratios" in report:
         sections.append(ll144_section(report["impact_ratios"], report["rows"]))
+    if report.get("explanations"):
+        sections.append(explanations_section(report["explanations"]))
     return page(f"Fairness audit: {report['model_id']}", report["verdict"], tone, summary, sections, meta)
 
 

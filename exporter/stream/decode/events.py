@@ -67,6 +67,11 @@ _OUTCOME: Final = {None: -1, 0: 0, 1: 1}
 """The outcome of a label the schema accepted: none (-1), 0 or 1 (False and True hash as 0 and 1)."""
 
 
+Walked = tuple[float, int, int, Any, list[int], float, list[Any], list[Any]]
+"""A walked event's row: timestamp, prediction, outcome, prediction id, base attribute codes, score or NaN, side
+source ids, segment values."""
+
+
 @dataclass
 class DecodedBatch:
     """Accepted events as columns, and what happened to the others."""
@@ -78,6 +83,8 @@ class DecodedBatch:
     prediction_ids: list[Any]
     codes: dict[str, np.ndarray]
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
+    segments: dict[str, list[Any]] = field(default_factory=dict)
+    """Per segment column (``segments:``): every accepted event's value (None: missing), coded by the window store."""
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: Counter[str] = field(default_factory=Counter)
     """Events of no model of ours (another model's, or none), by reason (decode.route.IGNORE_REASONS)."""
@@ -201,6 +208,8 @@ class EventDecoder:
             outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
             ids = list(map(g["id"], structs))
             sides = [list(map(g[f"side:{column}"], structs)) for _, column in self._sides]  # str, int or None
+            segments = {c: list(map(g.get(f"seg:{c}") or g.get(f"attr:{c}") or g[f"side:{c}"], structs))
+                        for c in self.model.counted_columns}  # fmt: skip
             codes = []
             for column, table, unknown in self._tables:
                 # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
@@ -216,11 +225,12 @@ class EventDecoder:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._columns]
             sides = [[] for _ in self._sides]
+            segments = {c: [] for c in self.model.counted_columns}
         if self._threshold is None or not structs:
             scores = np.zeros(0)
 
         if walked:
-            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any]]] = []
+            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any], list[Any]]] = []
             for i in sorted(walked):
                 outcome = self.judge(values[i], latest)
                 if outcome in IGNORE_REASONS:
@@ -244,6 +254,9 @@ class EventDecoder:
                     scores = np.concatenate([scores, [r[6] for r in rows]])[order]
                 merged = [[*side, *(r[7][k] for r in rows)] for k, side in enumerate(sides)]
                 sides = [[side[j] for j in order.tolist()] for side in merged]
+                for k, c in enumerate(self.model.counted_columns):
+                    merged = segments[c] + [r[8][k] for r in rows]
+                    segments[c] = [merged[i] for i in order.tolist()]
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)
         bad = [(values[i], reason) for i, reason in sorted(rejects)] if self.keep_rejected else []
@@ -256,6 +269,7 @@ class EventDecoder:
             outcomes=outcomes.astype(np.int64, copy=False),
             prediction_ids=ids,
             codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
+            segments=segments,
             rejected=rejected,
             ignored=ignored,
             rejected_payloads=bad,
@@ -264,7 +278,7 @@ class EventDecoder:
             side_ids={name: side for (name, _), side in zip(self._sides, sides, strict=True)},
         )
 
-    def judge(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
+    def judge(self, raw: bytes, latest: float) -> str | Walked:
         """:meth:`_walk`, and ``undecodable`` for a value it raised on (logged): one value's failure is its own."""
         try:
             return self._walk(raw, latest)
@@ -275,10 +289,10 @@ class EventDecoder:
                 log.warning("event rejected as undecodable (%s: %.200s); its batch reads on", type(exc).__name__, exc)
             return "undecodable"
 
-    def _walk(self, raw: bytes, latest: float) -> str | tuple[float, int, int, Any, list[int], float, list[Any]]:
+    def _walk(self, raw: bytes, latest: float) -> str | Walked:
         """The rules, over the parsed JSON: why it is ignored (another model's, see IGNORE_REASONS), a rejection
         reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes (of those
-        not read from a side source), score or NaN, side source ids)``."""
+        not read from a side source), score or NaN, side source ids, segment values)``."""
         try:
             event = orjson.loads(raw)
         except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value); nested past 1024 levels
@@ -328,4 +342,5 @@ class EventDecoder:
         for surname, zcta in self._proxies:
             codes.append(int(bisg.tables().codes([attrs.get(surname)], [attrs.get(zcta)])[0]))
         sides = [id_text(attrs.get(column)) for _, column in self._sides]
-        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score), sides
+        segments = [attrs.get(c) for c in self.model.counted_columns]
+        return ts, int(pred), int(label), pid, codes, math.nan if score is None else float(score), sides, segments

@@ -239,8 +239,10 @@ class PayloadRows:
         ids: list[Any] = []
         raw_codes: list[list[Any]] = [[] for _ in self.read]
         sides: list[list[Any]] = [[] for _ in self.sides]
-        cells_of = [*raw_codes, *sides]
-        read = [*self.read, *(c for _, c in self.sides)]
+        segments: dict[str, list[Any]] = {c: [] for c in self.model.counted_columns}
+        # each attribute's, id's and segment's cells: the request's column, else the response's, else a logged header
+        cells_of = [*raw_codes, *sides, *segments.values()]
+        read = [*self.read, *(c for _, c in self.sides), *segments]
         refused: list[tuple[Half, str]] = []
         for request, response in pairs:
             reason = self._rule(request, response, latest)
@@ -276,6 +278,7 @@ class PayloadRows:
                              outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
                              codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
                              rejected=Counter(reason for _, reason in refused), scores=scores,
+                             segments=segments,
                              side_ids={name: list(map(id_text, side))
                                        for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
         return batch, refused

@@ -39,9 +39,10 @@ def paths_of(events: EventFields) -> tuple[str, ...]:
 
 def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgspec.Struct], dict[str, str]] | None:
     """A ``Struct`` type for the models' paths (one set: see :func:`paths_of`), and the attribute path of each role
-    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``, ``side:<id column>``) in it;
-    None when the paths overlap in a way a Struct cannot hold (a field that is both a value and an object, or an
-    id column that is another model's attribute column), where every event is walked.
+    (``model``, ``id``, ``ts``, ``pred``, ``score``, ``label``, ``attr:<column>``, ``side:<id column>``,
+    ``seg:<column>`` for a segment column that is no attribute's or id's) in it; None when the paths overlap in a way
+    a Struct cannot hold (a field that is both a value and an object, or an id column that is another model's
+    attribute column), where every event is walked.
     ``strict``: only these models' events, and only their configured group names (or none) as attribute values."""
     f = models[0].events
     columns: dict[str, set[str]] = {}
@@ -79,10 +80,12 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
         roles[f"attr:{column}"] = (f"{f.attributes}.{column}", str | int | None)
     for column in sorted(sides - set(columns)):
         roles[f"side:{column}"] = (f"{f.attributes}.{column}", _Id | None)
+    for column in sorted({c for m in models for c in m.counted_columns} - set(columns) - free - sides):
+        roles[f"seg:{column}"] = (f"{f.attributes}.{column}", str | None)  # any text: a segment's
     tree: dict[str, Any] = {}
     for role, (path, _) in roles.items():
-        *parents, leaf = path.split(".") if not role.startswith(("attr:", "side:")) else [*f.attributes.split("."),
-                                                                                          role[len("attr:"):]]
+        *parents, leaf = path.split(".") if not role.startswith(("attr:", "side:", "seg:")) else \
+            [*f.attributes.split("."), role.split(":", 1)[1]]  # fmt: skip
         node = tree
         for key in parents:
             child = node.setdefault(key, {})

@@ -19,8 +19,10 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, Calibration, score_bins
 from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
-from exporter.stream.state.detectors import DetectorBank, DetectorState, Trace
+from exporter.stream.state.detection import Detection
+from exporter.stream.state.detectors import DetectorBank, Trace
 from exporter.stream.state.proxy import ProxyRing
+from exporter.stream.state.segments import SegmentCounts
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class WindowStore:
         self.detectors = DetectorBank(exact, windowing, self.layout.offsets, self.layout.n_rows)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0,
                                    np.zeros_like(self.estimate_totals))  # fmt: skip
+        self.segments = SegmentCounts(model, windowing, self.layout.n_rows)
+        """Counts per (subgroup x segment value) for the explanations (``segments:``), in coarser buckets."""
 
     def bucket_of(self, timestamps: np.ndarray) -> np.ndarray:
         """Absolute bucket index of epoch-second timestamps."""
@@ -108,10 +112,11 @@ class WindowStore:
 
     def add(
         self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
-        now: float, scores: np.ndarray | None = None,
+        now: float, scores: np.ndarray | None = None, segment_codes: np.ndarray | None = None,
     ) -> int:  # fmt: skip
-        """Count a decoded batch (and its scores, when the store keeps score histograms); return how many events
-        were late (and therefore not counted)."""
+        """Count a decoded batch (and its scores, when the store keeps score histograms; its segment values'
+        codes, :meth:`SegmentCounts.codes`, when the model has segments); return how many events were late (and
+        therefore not counted)."""
         buckets = self.bucket_of(timestamps)
         predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
@@ -122,6 +127,9 @@ class WindowStore:
             rows = self._rows(counted)
             self._count(buckets[on_time], rows, predicted[on_time])
             self._count_outcomes(buckets[on_time], rows, outcome[on_time])
+            if segment_codes is not None:
+                self.segments.count(np.asarray(timestamps)[on_time], rows, predicted[on_time], outcome[on_time],
+                                    segment_codes[on_time], now)  # fmt: skip
             if self.proxy.attributes:
                 slots, labelled = buckets[on_time] % self.n_buckets, outcome[on_time] >= 0
                 self.proxy.add(slots, counted, predicted[on_time])
@@ -141,14 +149,18 @@ class WindowStore:
         return late
 
     def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray,
-                   bins: np.ndarray | None = None) -> int:  # fmt: skip
+                   bins: np.ndarray | None = None, segment_codes: np.ndarray | None = None) -> int:  # fmt: skip
         """Count joined ground truth in its prediction's bucket (and score bin, when ``bins`` holds the predictions'
-        bins, -1 for none); return how many predictions had left the ring (those still count in the totals)."""
+        bins, -1 for none; and segment values, when the prediction waited with their codes); return how many
+        predictions had left the ring (those still count in the totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
             rows = self._rows(codes)
             self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
+            if segment_codes is not None:
+                self.segments.count(np.asarray(timestamps)[in_ring], {k: v[in_ring] for k, v in rows.items()}, None,
+                                    outcomes[in_ring], segment_codes[in_ring], self.head * self.bucket_seconds)
             if self.proxy.attributes:
                 k = in_ring & (outcomes >= 0)
                 self.proxy.add(buckets[k] % self.n_buckets, {n: c[k] for n, c in codes.items()}, outcomes[k])
@@ -332,7 +344,7 @@ class WindowStore:
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
                     **({"proxy_counts": self.proxy.counts.copy()} if self.proxy.attributes else {}),
-                    **(scores if self.score_counts.shape[2] else {})}  # fmt: skip
+                    **(scores if self.score_counts.shape[2] else {}), **self.segments.state()}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         """Load what :meth:`state` produced."""
@@ -350,49 +362,9 @@ class WindowStore:
                 self.estimate_totals[...] = state["estimate_totals"]
             self.head = int(state["head"])
             self.detection = Detection.restore(state, self.detectors)
+            self.segments.restore(state)
 
     def totals_copy(self) -> np.ndarray:
         """The monotonic totals since start (or since the checkpoint they were restored from)."""
         with self.lock:
             return self.totals.copy()
-
-
-PER_DETECTOR = ("statistic", "evidence", "active")
-
-
-@dataclass(frozen=True)
-class Detection:
-    """The detectors' state as of one step: statistics, what of the totals they have consumed, which step."""
-
-    state: DetectorState
-    seen: np.ndarray
-    """The monotonic totals as of the last step: the next step consumes totals - seen."""
-    last_step: int
-    """Absolute bucket of the head at the last step (-1 before the first)."""
-    steps: int
-    estimate_seen: np.ndarray | None = None
-    """The estimation totals as of the last step (None before the first: the first step consumes nothing)."""
-
-    def arrays(self, bank: DetectorBank) -> dict[str, np.ndarray]:
-        """The checkpoint's detector arrays (per-detector state keyed by detector, so a changed config keeps the
-        detectors it still has)."""
-        per_detector = {f"detector_{name}": getattr(self.state, name).copy() for name in PER_DETECTOR}
-        return {"detector_keys": bank.keys, **per_detector,
-                "detector_history": self.state.history.copy(), "detector_seen": self.seen.copy(),
-                "detector_last_step": np.array(self.last_step), "detector_steps": np.array(self.steps),
-                **({"detector_estimate_seen": self.estimate_seen.copy()} if self.estimate_seen is not None
-                   else {})}  # fmt: skip
-
-    @classmethod
-    def restore(cls, arrays: dict[str, np.ndarray], bank: DetectorBank) -> Detection:
-        """The state a checkpoint holds (every one has detector state: one without is refused before); detectors
-        it lacks start at 0."""
-        state = bank.initial_state()
-        index = {key: i for i, key in enumerate(arrays["detector_keys"].tolist())}
-        for name in PER_DETECTOR:
-            saved, fresh = arrays[f"detector_{name}"], getattr(state, name)
-            fresh[...] = [saved[index[key]] if key in index else fresh[j] for j, key in enumerate(bank.keys.tolist())]
-        state.history[...] = arrays["detector_history"]
-        seen_estimate = arrays.get("detector_estimate_seen")
-        return cls(state, arrays["detector_seen"].copy(), int(arrays["detector_last_step"]),
-                   int(arrays["detector_steps"]), None if seen_estimate is None else seen_estimate.copy())  # fmt: skip

@@ -1,0 +1,120 @@
+"""Parity conditional on strata (legitimate factors such as an income band): does a gap survive within them?
+
+* ``conditional_demographic_parity_difference`` and ``conditional_equal_opportunity_difference``: the
+  Mantel-Haenszel risk difference of the two groups' selection rates (TPRs) over the strata, weights
+  ``n_as * n_bs / n_s``, with Sato's (1989) variance, which stays consistent when strata are many and small. A
+  stratum holding one group only has weight 0: it drops out, counted.
+* ``conditional_demographic_disparity``: SageMaker Clarify's CDD (CDDPL on predictions), under its own name so a user
+  moving from Clarify finds the same number: per stratum, group a's share of the rejections minus its share of the
+  acceptances (0 where there is none), averaged with the strata's sizes as weights; over the rows of the two groups
+  compared (Clarify compares a facet with all other rows: the same number when the attribute has two groups).
+
+Like every difference of the metric table, ``value`` is the absolute gap with its folded 95% interval; the signed one
+(a - b, or Clarify's sign: positive when group a is over-represented among rejections) is kept beside it. Counts are
+per (group, stratum): ``(n_groups, n_strata, N_COUNTS)``. Pure functions, no I/O, no pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from exporter.core.fairness import PRED_NEG, PRED_POS, Z_95, FloatArray, IntArray, abs_interval, rate_counts
+from exporter.core.metric_table import METRICS, Metric, MetricValues
+
+# fmt: off
+CONDITIONAL_METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
+    Metric("conditional_demographic_parity_difference", ("selection_rate",), "difference", 0.05,
+           "|Mantel-Haenszel risk difference of the selection rates a - b over the strata| (weights n_as n_bs / n_s, "
+           "Sato's variance)"),
+    Metric("conditional_equal_opportunity_difference", ("true_positive_rate",), "difference", 0.05,
+           "|Mantel-Haenszel risk difference of the TPRs a - b over the strata| (weights n_as n_bs / n_s, over "
+           "labelled positives, Sato's variance)"),
+    Metric("conditional_demographic_disparity", ("selection_rate",), "difference", 0.05,
+           "|SageMaker Clarify's conditional demographic disparity (CDDPL)|: per stratum, group a's share of the "
+           "rejections minus its share of the acceptances, weighted by the strata's sizes"),
+)}
+# fmt: on
+
+
+def metric(name: str) -> Metric:
+    """A metric of the table or a conditional one, by name."""
+    return METRICS[name] if name in METRICS else CONDITIONAL_METRICS[name]
+
+
+@dataclass(frozen=True)
+class Stratified:
+    """A conditional metric for pairs of groups: its values, the signed gap, and the strata used and dropped."""
+
+    values: MetricValues
+    signed: FloatArray
+    strata_used: IntArray
+    strata_dropped: IntArray
+    """Strata with rows of one of the two groups only (no within-stratum comparison: weight 0)."""
+
+
+def mantel_haenszel(k_a: NDArray, n_a: NDArray, k_b: NDArray, n_b: NDArray) -> tuple[FloatArray, FloatArray]:
+    """The Mantel-Haenszel risk difference of a - b over the last axis (strata) and Sato's variance of it; NaN when
+    no stratum holds both groups.
+
+    >>> rd, var = mantel_haenszel(np.array([30, 10]), np.array([100, 50]), np.array([20, 30]), np.array([100, 100]))
+    >>> round(float(rd), 4), round(float(var), 6)
+    (0.02, 0.002286)
+    """
+    x1, m1, x0, m0 = (np.asarray(v, dtype=np.float64) for v in (k_a, n_a, k_b, n_b))
+    t = m1 + m0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(t > 0, m1 * m0 / t, 0.0)
+        big_w = w.sum(axis=-1)
+        rd = np.where(t > 0, (x1 * m0 - x0 * m1) / t, 0.0).sum(axis=-1) / big_w
+        p = np.where(t > 0, (m1**2 * x0 - m0**2 * x1 + m1 * m0 * (m0 - m1) / 2.0) / t**2, 0.0).sum(axis=-1)
+        q = np.where(t > 0, (x1 * (m0 - x0) + x0 * (m1 - x1)) / (2.0 * t), 0.0).sum(axis=-1)
+        var = np.maximum(rd * p + q, 0.0) / big_w**2
+    undefined = ~(big_w > 0)
+    return np.where(undefined, np.nan, rd), np.where(undefined, np.nan, var)
+
+
+def clarify_cdd(strata: NDArray, a: NDArray, b: NDArray) -> tuple[FloatArray, FloatArray]:
+    """Clarify's CDD of group a among the rows of groups a and b (per pair), and a delta-method variance (each
+    stratum's two shares binomial given its rejections and acceptances)."""
+    c = np.asarray(strata, dtype=np.float64)
+    pos_a, neg_a = c[a][..., PRED_POS], c[a][..., PRED_NEG]
+    rejected = neg_a + c[b][..., PRED_NEG]
+    accepted = pos_a + c[b][..., PRED_POS]
+    size = rejected + accepted
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q0 = np.where(rejected > 0, neg_a / rejected, 0.0)
+        q1 = np.where(accepted > 0, pos_a / accepted, 0.0)
+        v = np.where(rejected > 0, q0 * (1 - q0) / rejected, 0.0) + np.where(accepted > 0, q1 * (1 - q1) / accepted,
+                                                                              0.0)  # fmt: skip
+        total = size.sum(axis=-1)
+        cdd = (size * (q0 - q1)).sum(axis=-1) / total
+        var = (size**2 * v).sum(axis=-1) / total**2
+    empty = ~(total > 0)
+    return np.where(empty, np.nan, cdd), np.where(empty, np.nan, var)
+
+
+def conditional_compare(name: str, strata: NDArray, group_a: NDArray, group_b: NDArray) -> Stratified:
+    """One conditional metric for pairs ``(group_a[i], group_b[i])`` of the groups of a ``(n_groups, n_strata,
+    N_COUNTS)`` counts array."""
+    a, b = np.asarray(group_a, dtype=np.int64), np.asarray(group_b, dtype=np.int64)
+    (rate,) = CONDITIONAL_METRICS[name].rates
+    k, n = rate_counts(strata, rate)  # (n_groups, n_strata)
+    both = (n[a] > 0) & (n[b] > 0)
+    dropped = ((n[a] > 0) ^ (n[b] > 0)).sum(axis=-1)
+    if name == "conditional_demographic_disparity":
+        signed, var = clarify_cdd(strata, a, b)
+        used = ((n[a] > 0) | (n[b] > 0)).sum(axis=-1)
+        dropped = np.zeros_like(dropped)
+        support = np.minimum(n[a].sum(axis=-1), n[b].sum(axis=-1))
+    else:
+        signed, var = mantel_haenszel(k[a], n[a], k[b], n[b])
+        used = both.sum(axis=-1)
+        support = np.minimum(np.where(both, n[a], 0).sum(axis=-1), np.where(both, n[b], 0).sum(axis=-1))
+    half = Z_95 * np.sqrt(var)
+    lower, upper = abs_interval(signed - half, signed + half)
+    values = MetricValues(np.abs(signed), lower, upper, half, support.astype(np.int64))
+    return Stratified(values, signed, used.astype(np.int64), dropped.astype(np.int64))

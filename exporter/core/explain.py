@@ -1,0 +1,251 @@
+"""Why a gap moved: Kitagawa's symmetric decomposition of a change in a signed gap over a segment column's values.
+
+A group's rate is the mix-weighted mean of its rates within segments, ``r_g = sum_s w_gs * r_gs`` (``w_gs``: the
+share of group g's trials in segment s), so the change of ``D = r_a - r_b`` from a baseline (0) to a current (1)
+period splits exactly, per segment s, into
+
+* ``mix_gs  = (w1_gs - w0_gs) * (r1_gs + r0_gs) / 2``: the group's rows moved into or out of the segment;
+* ``rate_gs = (w1_gs + w0_gs) / 2 * (r1_gs - r0_gs)``: the group's rate within the segment moved;
+
+and a segment's ``mix = mix_as - mix_bs``, ``rate = rate_as - rate_bs``. An empty cell takes the other period's
+rate (its weight is 0, so the identity ``sum_s (mix + rate) = D1 - D0`` stays exact). The gate (two datasets), the
+daemon (a window and the one a period before it) and ``backtest`` all call :func:`explanations`.
+
+Each term's 95% interval is a normal one from the delta method: within a group and period, the segment shares are
+multinomial and the rates within segments binomial given the segment sizes (so a share and a rate are
+uncorrelated); the periods and groups are independent; the variance of each product of two independent factors
+is Goodman's, ``x^2 var(y) + y^2 var(x) + var(x) var(y)``. Pure functions, no I/O, no pandas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from exporter.core.attributes import Attribute
+from exporter.core.encoding import value_text
+from exporter.core.fairness import Z_95, FloatArray, rate_counts, ratio
+from exporter.core.metric_table import METRICS
+
+OTHER_SEGMENT: Final = "other"
+"""The segment value every value past a column's cap (and every missing value) is counted under."""
+DEFAULT_SEGMENT_CAP: Final = 20
+"""Values kept per segment column unless ``segment_values`` says otherwise."""
+
+
+STRATA_SEP: Final = "|"
+"""Joins the values of several strata columns into one stratum's name."""
+
+
+def segment_keys(segments: Sequence[str], strata: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Every key counted per (subgroup x value) and its columns: each segment column, then the strata (one key for
+    all their columns, its values their values joined by :data:`STRATA_SEP`)."""
+    out: dict[str, tuple[str, ...]] = {c: (c,) for c in segments}
+    if strata:
+        out[STRATA_SEP.join(strata)] = tuple(strata)
+    return out
+
+
+def key_value(values: Sequence[object]) -> str | None:
+    """The value of a key from its columns' values (None: one of them is missing)."""
+    return None if any(v is None for v in values) else STRATA_SEP.join(value_text(v) for v in values)
+
+
+@dataclass
+class SegmentValues:
+    """A segment column's bounded table of values: the first ``cap`` distinct values seen get codes ``0..cap-1``,
+    a missing value and every value after the cap the code ``cap`` (``other``), which the caller counts."""
+
+    cap: int = DEFAULT_SEGMENT_CAP
+    values: list[str] = field(default_factory=list)
+    _codes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._codes = {v: i for i, v in enumerate(self.values)}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The value of each code: the kept values in order of first sight, then ``other``."""
+        return (*self.values, OTHER_SEGMENT)
+
+    def code(self, value: object) -> tuple[int, bool]:
+        """The code of one value (as :func:`value_text` writes it; None: missing), and whether it overflowed the cap
+        (a missing value goes to ``other`` without overflowing)."""
+        if value is None:
+            return self.cap, False
+        text = value_text(value)
+        found = self._codes.get(text)
+        if found is not None:
+            return found, False
+        if len(self.values) < self.cap:
+            self._codes[text] = len(self.values)
+            self.values.append(text)
+            return len(self.values) - 1, False
+        return self.cap, True
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """Pairs of groups' changes split over one segment column's values: arrays ``(n_pairs,)`` for the gaps and
+    ``(n_pairs, n_values)`` for the terms."""
+
+    baseline: FloatArray
+    current: FloatArray
+    mix: FloatArray
+    rate: FloatArray
+    mix_se: FloatArray
+    rate_se: FloatArray
+    group_rate: FloatArray
+    """Per value, group a's own rate term (``rate_as``): which group's rate moved."""
+    trials: NDArray[np.int64]
+    """Per value, the rate's trials of both groups in both periods (a value without any is left out)."""
+
+    @property
+    def change(self) -> FloatArray:
+        return self.current - self.baseline
+
+
+def decompose(baseline: NDArray, current: NDArray, a: ArrayLike, b: ArrayLike, rate: str) -> Decomposition:
+    """The change of ``rate_a - rate_b`` for pairs ``(a[i], b[i])`` between two counts arrays of shape
+    ``(n_groups, n_values, N_COUNTS)`` (per group and segment value), split per value into mix and rate terms with
+    their standard errors.
+
+    >>> base = np.zeros((2, 2, 6), int); cur = np.zeros((2, 2, 6), int)
+    >>> base[0, :, :2] = [[5, 5], [5, 5]]; base[1, :, :2] = [[5, 5], [5, 5]]  # both 0.5 in both segments
+    >>> cur[0, :, :2] = [[9, 1], [5, 5]]; cur[1, :, :2] = [[5, 5], [5, 5]]    # a's rate in segment 0 rose to 0.9
+    >>> d = decompose(base, cur, [0], [1], "selection_rate")
+    >>> d.change.round(3).tolist(), d.mix.round(3).tolist(), d.rate.round(3).tolist()
+    ([0.2], [[0.0, 0.0]], [[0.2, 0.0]])
+    """
+    groups = np.stack([np.atleast_1d(np.asarray(a, np.int64)), np.atleast_1d(np.asarray(b, np.int64))], axis=1)
+    k0, n0 = rate_counts(np.asarray(baseline)[groups], rate)  # (n_pairs, 2 groups, n_values)
+    k1, n1 = rate_counts(np.asarray(current)[groups], rate)
+    total0, total1 = n0.sum(axis=-1, keepdims=True), n1.sum(axis=-1, keepdims=True)
+    w0, w1 = ratio(n0, total0), ratio(n1, total1)
+    r0, r1 = ratio(k0, n0), ratio(k1, n1)
+    g0, g1 = ratio(k0.sum(axis=-1), total0[..., 0]), ratio(k1.sum(axis=-1), total1[..., 0])
+    copy0, copy1 = (n0 == 0) & (n1 > 0), (n1 == 0) & (n0 > 0)
+    r0, r1 = np.where(copy0, r1, r0), np.where(copy1, r0, r1)
+    empty = (n0 == 0) & (n1 == 0)
+    r0, r1 = np.where(empty, 0.0, r0), np.where(empty, 0.0, r1)
+    w0, w1 = np.nan_to_num(w0), np.nan_to_num(w1)  # a group with no trials in a period: its change is undefined
+    mix = (w1 - w0) * (r1 + r0) / 2.0
+    within = (w1 + w0) / 2.0 * (r1 - r0)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var_w = w0 * (1 - w0) / total0 + w1 * (1 - w1) / total1  # var(w1 - w0)
+        var_r0 = np.where(n0 > 0, r0 * (1 - r0) / n0, 0.0)
+        var_r1 = np.where(n1 > 0, r1 * (1 - r1) / n1, 0.0)
+    # An empty cell's rate is the other period's: the two are one variable (correlation 1).
+    var_mean_r = np.where(copy0, var_r1, np.where(copy1, var_r0, (var_r0 + var_r1) / 4.0))  # var((r1 + r0) / 2)
+    var_diff_r = np.where(copy0 | copy1, 0.0, var_r0 + var_r1)  # var(r1 - r0)
+    mean_r, diff_w = (r1 + r0) / 2.0, w1 - w0
+    mean_w, diff_r = (w1 + w0) / 2.0, r1 - r0
+    var_mix = mean_r**2 * var_w + diff_w**2 * var_mean_r + var_w * var_mean_r
+    var_rate = diff_r**2 * var_w / 4.0 + mean_w**2 * var_diff_r + var_w / 4.0 * var_diff_r
+    return Decomposition(
+        baseline=g0[:, 0] - g0[:, 1],
+        current=g1[:, 0] - g1[:, 1],
+        mix=mix[:, 0] - mix[:, 1],
+        rate=within[:, 0] - within[:, 1],
+        mix_se=np.sqrt(var_mix.sum(axis=1)),
+        rate_se=np.sqrt(var_rate.sum(axis=1)),
+        group_rate=within[:, 0],
+        trials=(n0 + n1).sum(axis=1),
+    )
+
+
+SegmentCounts = Mapping[str, tuple[Sequence[str], NDArray, NDArray]]
+"""Per segment column: its value names, the baseline's and the current's counts ``(n_groups, n_values, N_COUNTS)``
+(the attribute's groups only, values in the order of the names)."""
+
+_RATE_WORDS: Final = {"selection_rate": "selection rate", "true_positive_rate": "TPR",
+                      "false_positive_rate": "FPR", "precision": "precision", "accuracy": "accuracy"}  # fmt: skip
+
+
+def explainable(metrics: Iterable[str]) -> list[str]:
+    """The metrics whose change is explained: the differences of the metric table (a ratio's change does not split
+    into sums; a conditional metric is no difference of two rates)."""
+    return [m for m in metrics if m in METRICS and METRICS[m].kind == "difference"]
+
+
+def explanations(attribute: Attribute, metrics: Iterable[str], segments: SegmentCounts) -> list[dict[str, Any]]:
+    """One JSON-ready explanation per explainable metric, rate of it, and configured pair of ``attribute``; each
+    rate is decomposed once, for every pair at once."""
+    a, b = (np.array([p[i] for p in attribute.pairs], np.int64) for i in (0, 1))
+    decomposed: dict[str, dict[str, Decomposition]] = {}
+    out = []
+    for metric in explainable(metrics):
+        for rate in METRICS[metric].rates:
+            if rate not in decomposed:
+                decomposed[rate] = {col: decompose(base, cur, a, b, rate) for col, (_, base, cur) in segments.items()}
+            for k, pair in enumerate(attribute.pairs):
+                parts = {col: (segments[col][0], d) for col, d in decomposed[rate].items()}
+                out.append(_explanation(attribute, metric, rate, pair, k, parts))
+    return out
+
+
+def _number(x: float) -> float | None:
+    return None if not np.isfinite(x) else float(x)
+
+
+def _explanation(attribute: Attribute, metric: str, rate: str, pair: tuple[int, int], k: int,
+                 parts: Mapping[str, tuple[Sequence[str], Decomposition]]) -> dict[str, Any]:  # fmt: skip
+    """The explanation of pair ``k`` of the decompositions."""
+    group_a, group_b = (attribute.groups[i] for i in pair)
+    first = next(iter(parts.values()))[1] if parts else None
+    baseline, current = (float(first.baseline[k]), float(first.current[k])) if first else (math.nan, math.nan)
+    change = current - baseline
+    rows: list[dict[str, Any]] = []
+    if math.isfinite(change):
+        for column, (names, d) in parts.items():
+            mix, within, own = d.mix[k].tolist(), d.rate[k].tolist(), d.group_rate[k].tolist()
+            mix_half, rate_half = (Z_95 * d.mix_se[k]).tolist(), (Z_95 * d.rate_se[k]).tolist()
+            rows.extend({"column": column, "value": value, "mix": m, "rate": r, "mix_ci_95": [m - mh, m + mh],
+                         "rate_ci_95": [r - rh, r + rh], "_group_rate": g}
+                        for value, m, r, mh, rh, g, n in zip(names, mix, within, mix_half, rate_half, own,
+                                                              d.trials[k].tolist(), strict=True) if n)  # fmt: skip
+    rows.sort(key=lambda r: -max(abs(r["mix"]), abs(r["rate"])))
+    summary = _sentence(rate, group_a, group_b, (baseline, current), rows, parts, k) if rows else (
+        f"the {_RATE_WORDS[rate]} gap {group_a} vs {group_b} is undefined in a period (a group without "
+        f"{'rows' if rate == 'selection_rate' else 'trials of the rate'}), or no segment column is configured")
+    for r in rows:
+        del r["_group_rate"]
+    return {"attribute": attribute.name, "metric": metric, "rate": rate, "comparison": f"{group_a} vs {group_b}",
+            "baseline_value": _number(baseline), "current_value": _number(current), "change": _number(change),
+            "summary": summary, "segments": rows}  # fmt: skip
+
+
+def _sentence(rate: str, group_a: str, group_b: str, gaps: tuple[float, float], rows: list[dict[str, Any]],
+              parts: Mapping[str, tuple[Sequence[str], Decomposition]], k: int) -> str:  # fmt: skip
+    """One sentence naming the largest term: ``the selection rate gap f vs m rose by 0.060 (0.030 to 0.090):
+    +0.050 from f's selection rate within channel=broker, +0.010 from the mix over channel``; a mix term is named as
+    ``the share of rows in channel=broker``."""
+    word = _RATE_WORDS[rate]
+    baseline, current = gaps
+    change = current - baseline
+    head = (f"the {word} gap {group_a} vs {group_b} {'rose' if change >= 0 else 'fell'} by "
+            f"{abs(change):.3f} ({baseline:.3f} to {current:.3f})")  # fmt: skip
+    top = rows[0]
+    kind = "rate" if abs(top["rate"]) >= abs(top["mix"]) else "mix"
+    column, value = top["column"], top["value"]
+    if kind == "rate":
+        own = top["_group_rate"]
+        who = group_a if abs(own) >= abs(top["rate"] - own) else group_b
+        what = f"{who}'s {word} within {column}={value}"
+    else:
+        what = f"the share of rows in {column}={value}"
+    d = parts[column][1]
+    other_kind = float((d.mix if kind == "rate" else d.rate)[k].sum())
+    rest = float((d.rate if kind == "rate" else d.mix)[k].sum()) - top[kind]
+    clauses = [f"{top[kind]:+.3f} from {what}"]
+    if abs(other_kind) >= 0.0005:
+        clauses.append(f"{other_kind:+.3f} from the {'mix' if kind == 'rate' else 'rates'} over {column}")
+    if abs(rest) >= 0.0005:
+        clauses.append(f"{rest:+.3f} from the {'rates' if kind == 'rate' else 'mix'} of the other {column} values")
+    return f"{head}: {', '.join(clauses)}"
