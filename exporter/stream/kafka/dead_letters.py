@@ -53,12 +53,18 @@ class DeadLetters:
         if self.kafka.client_library == "confluent-kafka":
             from confluent_kafka import Producer
 
+            # never the topic's creator: librdkafka's producers create a topic they do not find, by default
             return Producer({"bootstrap.servers": self.kafka.bootstrap_servers,
-                             **PRODUCER_DEFAULTS["confluent-kafka"], **self.kafka.client})  # fmt: skip
+                             **PRODUCER_DEFAULTS["confluent-kafka"], **self.kafka.client,
+                             "allow.auto.create.topics": False})  # fmt: skip
         from kafka import KafkaProducer
 
-        return KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers.split(","),
-                             **{**PRODUCER_DEFAULTS["kafka-python"], **self.kafka.client})  # fmt: skip
+        from exporter.stream.kafka.kafka_python import no_topic_creation
+
+        producer = KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers.split(","),
+                                 **{**PRODUCER_DEFAULTS["kafka-python"], **self.kafka.client})  # fmt: skip
+        no_topic_creation(producer._metadata)
+        return producer
 
     def _ready(self) -> bool:
         if self._producer is None and time.monotonic() - self._failed_at >= RETRY_PRODUCER_SECONDS:

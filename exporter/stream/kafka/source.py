@@ -12,10 +12,18 @@ never crashes the daemon, and a rebuilt client resumes after the last record cou
 
 The direct path (``kafka.stages: direct``) counts only what its replica reads, so a subscribed direct replica must
 hold every partition of its topics. One whose first assignment lacks some (another member of its group holds
-them) refuses before it counts a record (``refusal``, then the daemon exits 2); one that loses some later (a
-rebalance long after start) pauses every partition it holds and counts nothing (``shared`` says why: /readyz,
+them) counts nothing and waits one session timeout and :data:`GHOST_REJOIN_SECONDS` for them: a member that died
+without leaving the group (its own predecessor, SIGKILLed or OOM-killed and restarted at once) holds its partitions
+until its session times out, then the group hands them over. If they do not come, the other member is alive: it
+refuses before it counts a record (``refusal``, then the daemon exits 2). One that loses some later (a rebalance
+long after start) pauses every partition it holds and counts nothing (``shared`` says why: /readyz,
 ``fairness_exporter_partitions_shared``) until it holds them all again, and then resumes each one where *it*
-stopped, so its window is never a part of the traffic, whatever another member counted meanwhile.
+stopped, so its window is never a part of the traffic, whatever another member counted meanwhile. With static
+membership (``group_instance_id`` / ``group.instance.id`` in ``kafka.client``, as the Helm chart sets from the pod
+name) a restarted replica takes its predecessor's member id and its partitions at once, with no wait.
+
+``idle`` says why nothing is read while the client runs (a topic read does not exist: the daemon never creates
+one; a subscribed direct replica holds no partition); /readyz answers 503 with it.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ COMMIT_EVERY_SECONDS = 1.0
 REFRESH_SECONDS = 5.0
 """How often manual assignment looks for new partitions and the source asks whether a broker answers."""
 CLOSE_SECONDS = 2.0
+GHOST_REJOIN_SECONDS = 30.0
+"""How long after a dead member's session timeout the group may take to evict it and hand its partitions over
+(Tansu notices it at the next heartbeat of another member, then holds each JoinGroup and SyncGroup up to 3 s)."""
 
 Handler = Callable[[Mapping[Partition, Sequence[Record]]], None]
 """Counts what one poll returned, every partition's records at once."""
@@ -83,6 +94,11 @@ class KafkaSource:
         self.shared: str | None = None
         """While another member of the group holds some of the topics' partitions: why counting is paused."""
         self._whole_once = False
+        self._ghost_deadline: float | None = None
+        """Until when (time.monotonic()) a direct replica that never held every partition waits for them."""
+        self.idle: str | None = None
+        """Why nothing is read although the client runs (None: it reads)."""
+        self._absent: list[str] = []
         self._judge_assignment = False  # set by each assignment; judged by the source's thread after the poll
         self._recreated: set[str] = set()  # topics re-created while the source ran (subscribed): new partitions at 0
         self._rejoin = False
@@ -159,12 +175,14 @@ class KafkaSource:
                 log.warning("this replica holds every partition of %s again: counting resumes where it stopped",
                             ", ".join(self.topics))  # fmt: skip
                 client.resume(sorted(held))
-            self.shared, self._whole_once = None, True
+            self.shared, self._whole_once, self._ghost_deadline = None, True, None
             self.health.partitions_shared.set(0)
             self.assigned_once.set()
             return
         why = (f"another member of consumer group {self.kafka.group_id!r} holds {len(missing)} of the {len(every)} "
                f"partitions of {', '.join(self.topics)}")  # fmt: skip
+        if not self._whole_once and self._wait_for_ghost(client, held, why):
+            return
         if not self._whole_once:
             self.refusal = (f"kafka.group_id: {why}: kafka.stages: direct counts what one replica reads, so every "
                             "model would be split between the replicas; use kafka.stages: staged to run several")
@@ -179,6 +197,22 @@ class KafkaSource:
                       why)  # fmt: skip
         self.shared = why
         self.health.partitions_shared.set(1)
+
+    def _wait_for_ghost(self, client: KafkaClient, held: set[Partition], why: str) -> bool:
+        """A replica that never held every partition: whether to wait (counting nothing) for a member that may be
+        dead to time out, rather than refuse now."""
+        now = time.monotonic()
+        if self._ghost_deadline is None:
+            self._ghost_deadline = now + client.session_seconds + GHOST_REJOIN_SECONDS
+            log.warning("%s: waiting up to %.0f s for them (a member that died without leaving the group, such as "
+                        "this replica's own predecessor, holds them until its session times out) before refusing",
+                        why, self._ghost_deadline - now)  # fmt: skip
+        if now >= self._ghost_deadline:
+            return False
+        client.pause(sorted(held))
+        self.shared = f"{why}; waiting {self._ghost_deadline - now:.0f} s more for them before refusing"
+        self.health.partitions_shared.set(1)
+        return True
 
     def _client_error(self, name: str, text: str) -> None:
         """What a client retries by itself (a broker down, a refused connection): count and log it."""
@@ -208,6 +242,7 @@ class KafkaSource:
                 time.sleep(0.2)
                 ids = client.partitions(topic)
             if not ids:
+                self._absent = [topic] if ids == [] else self._absent
                 raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
             partitions += [(topic, p) for p in ids]
         held = client.assignment()
@@ -259,7 +294,7 @@ class KafkaSource:
             self._recreated.add(topic)
             self._rejoin = True
         self.book.restart(topic, topic_id, partitions)
-        self.health.log_resets.inc(len(partitions))
+        self.health.log_resets.labels("new_log").inc(len(partitions))
 
     def _same_log(self, client: KafkaClient, topic: str, topic_id: str | None) -> bool:
         """Whether the topic's id, as the cluster gives it now, names the log its counted offsets belong to; if
@@ -283,22 +318,36 @@ class KafkaSource:
         ids = client.topic_ids(topics)
         return None if ids is None else {t for t in topics if self._same_log(client, t, ids.get(t))}
 
-    def _beyond_end(self, client: KafkaClient, beyond: list[Partition]) -> None:
+    def _beyond_end(self, client: KafkaClient, beyond: Offsets) -> None:
         """Partitions whose next offset lies beyond the end of their log (some brokers answer such a fetch with
         nothing rather than OFFSET_OUT_OF_RANGE): a new log, if the topic's id changed (then all its partitions
-        start over), else a log cut short or a broker without topic ids (then these partitions start over)."""
+        start over); the same log cut short (a broker that lost its tail), or a broker without topic ids, then
+        each goes on from the end. Every record below the end was counted (its offset is below the one counted in
+        this log), so reading it from 0 counted it twice (140 events became 240); records written to the cut log
+        before it was seen to be cut, at offsets below its end, are not counted (`partition_resets{reason=
+        "beyond_end"}` and its alert say so)."""
         topics = {t for t, _ in beyond}
         ids = client.topic_ids(topics)
         if ids is None:
             return  # told after a later poll
+        counted = self.book.counted()
         for topic in sorted(topics):
-            if self._same_log(client, topic, ids.get(topic)):
-                self._restart(client, topic, ids.get(topic), sorted(p for p in beyond if p[0] == topic),
-                              "the next offset is beyond the end of the log")  # fmt: skip
+            if not self._same_log(client, topic, ids.get(topic)):
+                continue
+            ends = {p: end for p, end in sorted(beyond.items()) if p[0] == topic}
+            log.error("%s: the next offset to read lies beyond the end of the log (%s), which is the same topic's "
+                      "(a broker that lost the log's tail?): reading on from the end, so that nothing is counted "
+                      "twice; records written there since the log was cut, below its end, are not counted",
+                      ", ".join(f"{t}[{p}]" for t, p in ends), ", ".join(f"{counted.get(p)} > {end}" for p, end in
+                                                                        ends.items()))  # fmt: skip
+            for partition, end in ends.items():
+                client.seek(partition, end)
+                self.book.resume_at(partition, end)
+            self.health.log_resets.labels("beyond_end").inc(len(ends))
 
     def _poll_once(self, client: KafkaClient) -> None:
         batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
-        if self._judge_assignment:
+        if self._judge_assignment or (self._ghost_deadline is not None and time.monotonic() >= self._ghost_deadline):
             self._judge_assignment = False
             self._judge(client)
         if batches and (self.shared is not None or self.refusal is not None):  # not counted: read again later
@@ -324,20 +373,37 @@ class KafkaSource:
                     self._handler_failed = True
                     raise
                 self.failing = None
-        counted = self.book.counted()
-        lag, beyond = {}, []
-        for p in client.assignment():
+        counted, held = self.book.counted(), client.assignment()
+        lag, beyond = {}, {}
+        for p in held:
             end = client.bounds(p).end
             position = counted.get(p)
             if end is None or position is None:
                 continue
             if position > end:
-                beyond.append(p)
+                beyond[p] = end
                 continue
             lag[p] = end - position
         if beyond:
             self._beyond_end(client, beyond)
         self._lag = lag
+        self.idle = self._why_idle(held)
+
+    def _why_idle(self, held: set[Partition]) -> str | None:
+        """Why nothing is read now, though the client runs (None: it reads)."""
+        if self._absent:
+            return (f"topic {', '.join(self._absent)} does not exist: nothing is read until it is created (the daemon "
+                    "never creates a topic it reads)")  # fmt: skip
+        if self.whole and not held:
+            return (f"this replica holds no partition of {', '.join(self.topics)} (its consumer group is "
+                    "rebalancing): nothing is read")  # fmt: skip
+        return None
+
+    def _look_for_topics(self, client: KafkaClient) -> None:
+        """Note which topics read do not exist now (a broker that does not answer leaves what was known)."""
+        found = {topic: client.partitions(topic) for topic in self.topics}
+        if all(ids is not None for ids in found.values()):
+            self._absent = [topic for topic, ids in found.items() if not ids]
 
     def _run(self) -> None:
         backoff = 1.0
@@ -359,6 +425,8 @@ class KafkaSource:
                 now = time.monotonic()
                 if now - last_refresh >= REFRESH_SECONDS:
                     self.broker_up = self.client.connected()
+                    if self.broker_up:
+                        self._look_for_topics(self.client)
                     if self.manual:
                         self._assign_all(self.client)
                     last_refresh = now

@@ -306,15 +306,23 @@ class Stages:
                         offsets.pop(partition)
             for partition in partitions:
                 task = self.tasks.get(partition)
-                if task is None:
-                    self.produced[partition] = self.acked[partition] = 0
-                    continue
-                if task.restoring is not None:  # its snapshot was in the old log
+                if task is not None and task.restoring is not None:  # its snapshot was in the old log
                     task.restoring.buffered.clear()
                     self._restored(task, None)
-                task.consumed, task.covered, task.fetched, task.dirty = 0, None, False, True
+                self.resume_at(partition, 0)
             if topic_id is not None:
                 self.topic_ids[topic] = topic_id
+
+    def resume_at(self, partition: Partition, offset: int) -> None:
+        """Reading goes on from ``offset`` of the partition's log. Past the end of the same log (a broker lost its
+        tail), rows sent from there carry positions the receivers may have applied already: those are skipped as
+        replays (``fairness_exporter_replayed_rows_total``), never counted twice."""
+        with self.lock:
+            task = self.tasks.get(partition)
+            if task is None:
+                self.produced[partition] = self.acked[partition] = offset
+                return
+            task.consumed, task.covered, task.fetched, task.dirty = offset, None, False, True
 
     def _drop(self, partition: Partition) -> None:
         task = self.tasks.pop(partition, None)
