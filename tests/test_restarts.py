@@ -24,14 +24,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import daemon_fixture
-import orjson
 import pytest
 import yaml
 from broker_fixture import produce
 from daemon_config import make_config
-from daemon_fixture import (FAST_RECONNECT, GROUP_CLIENT, consumed, kafka_config, payloads, probe, sample, scrape,
-                            synthetic_rows, wait_for)  # fmt: skip
+from daemon_fixture import (
+    FAST_RECONNECT,
+    GROUP_CLIENT,
+    consumed,
+    kafka_config,
+    payloads,
+    probe,
+    sample,
+    scrape,
+    synthetic_rows,
+    wait_for,
+)
 from kafka import KafkaAdminClient
 from tooling import missing
 
@@ -134,8 +142,9 @@ def test_a_direct_daemon_killed_and_restarted_at_once_takes_its_own_place_and_co
     topic = f"restart-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, partitions=3)
     instance = "fairness-exporter-0" if membership == "static" else ""
+    # the session timeout is the ghost's too, whatever a library's default
     client = {**FAST_RECONNECT[_library(library)], **({INSTANCE_KEY[library]: instance} if instance else {}),
-              SESSION_KEY[library]: SESSION_SECONDS * 1000}  # the ghost's too, whatever a library's default  # fmt: skip
+              SESSION_KEY[library]: SESSION_SECONDS * 1000}  # fmt: skip
     serve = Serve(tmp_path, kafka_broker.bootstrap_servers, topic, library, client)
     ghost: subprocess.Popen[str] | None = None
     try:
@@ -148,7 +157,8 @@ def test_a_direct_daemon_killed_and_restarted_at_once_takes_its_own_place_and_co
         first.wait()
         killed = time.monotonic()
         ghost = subprocess.Popen([sys.executable, "-c", GHOST, kafka_broker.bootstrap_servers, f"g-{topic}", topic,
-                                  str(SESSION_SECONDS * 1000), instance], stdout=subprocess.PIPE, text=True)  # fmt: skip
+                                  str(SESSION_SECONDS * 1000), instance],
+                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert ghost.stdout is not None and ghost.stdout.readline() == "joined\n"
         last = serve.start()
         started = time.monotonic()
@@ -176,3 +186,131 @@ def test_a_direct_daemon_killed_and_restarted_at_once_takes_its_own_place_and_co
         if ghost is not None:
             terminate(ghost, 5)  # type: ignore[arg-type]
         serve.stop()
+
+
+# --- 2. ready means reading -------------------------------------------------------------------------------------
+
+
+# confluent-kafka: a subscribed librdkafka consumer whose topic stays away for seconds after a broker restart raises
+# SystemError from consume() (a TypeError left set inside confluent-kafka 2.16.1) and, rebuilt, is never assigned the
+# topic once it is created again (seen on the code before this change as well): not fixed here (docs/faults.md).
+@pytest.mark.parametrize("client_library", ["kafka-python"])
+def test_a_subscribed_daemon_is_not_ready_while_a_broker_back_empty_gives_it_nothing_to_read(
+    fresh_broker: EmbeddedBroker, running: Callable[..., Daemon], client_library: str
+) -> None:
+    """After a broker restart with an empty log the topic is gone until its owner creates it again, and then the
+    group assigns it: before, /readyz answered 200 "serving computed metrics" throughout (24 s holding no
+    partition). Now it names what it waits for, and serves again once it reads: every event counted."""
+    fresh_broker.create_topic("events", partitions=3)
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(200, seed=7), time.time()))
+    group = {**kafka_config(fresh_broker.bootstrap_servers, "events", client_library)["kafka"],
+             "assignment": "subscribe", "client": GROUP_CLIENT[client_library]}  # fmt: skip
+    daemon = running(fresh_broker.bootstrap_servers, "events", kafka=group)
+    wait_for(lambda: consumed(daemon.port) == 200 and daemon.ready()[0], 120, "200 events and ready")
+    fresh_broker.restart()
+    wait_for(lambda: daemon.ready() == (False, "topic events does not exist: nothing is read until it is created "
+                                                "(the daemon never creates a topic it reads)"), 60,
+             "not ready, naming the missing topic")  # fmt: skip
+    assert "events" not in topics_of(fresh_broker)
+    fresh_broker.create_topic("events", partitions=3)
+    produce(fresh_broker.bootstrap_servers, "events", payloads(synthetic_rows(1000, seed=8), time.time()))
+    wait_for(lambda: consumed(daemon.port) >= 1200 and daemon.ready()[0], 300, "the 1000 events and ready again")
+    daemon.computer.compute()
+    assert overall(daemon.port) == 1200
+
+
+# --- 3. the daemon never creates a topic ----------------------------------------------------------------------------
+
+
+def test_no_topic_the_daemon_reads_or_dead_letters_to_is_created_by_it(
+    kafka_broker: EmbeddedBroker, running: Callable[..., Daemon], client_library: str
+) -> None:
+    """Events, labels and dead-letter topics that do not exist stay so: /readyz names the topics read; a dead letter
+    fails (counted), its topic not created. Before: kafka-python's consumer created the events and labels topics
+    with the broker's default partition count (its metadata requests ignore allow_auto_create_topics), and
+    librdkafka's producer the dead-letter topic. Once the owner creates them, every event is counted."""
+    topic = f"absent-{uuid.uuid4().hex[:8]}"
+    labels, dead = f"{topic}-labels", f"{topic}-dlq"
+    # no consumer-only keys: the dead-letter producer is given kafka.client too (issue 38 item 5)
+    group = {**kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"],
+             "assignment": "subscribe", "labels_topic": labels, "dead_letter_topic": dead}  # fmt: skip
+    daemon = running(kafka_broker.bootstrap_servers, topic, kafka=group)
+    wait_for(lambda: daemon.ready() == (False, f"topic {topic}, {labels} does not exist: nothing is read until it "
+                                               "is created (the daemon never creates a topic it reads)"), 60,
+             "not ready, naming both topics")  # fmt: skip
+    assert not {topic, labels} & topics_of(kafka_broker)
+    kafka_broker.create_topic(topic, partitions=2)
+    kafka_broker.create_topic(labels, partitions=1)
+    produce(kafka_broker.bootstrap_servers, topic, [*payloads(synthetic_rows(50, seed=9), time.time()), b"{bad"])
+    wait_for(lambda: sample(scrape(daemon.port), "fairness_exporter_dead_letters_failed_total",
+                            reason="send_failed") == 1, 90, "the dead letter failed")  # fmt: skip
+    assert dead not in topics_of(kafka_broker)
+    wait_for(lambda: daemon.ready()[0], 60, "ready once the topics exist")
+    daemon.computer.compute()
+    assert overall(daemon.port) == 50
+
+
+@pytest.mark.parametrize("client_library", ["kafka-python"])  # librdkafka 2.16 dies on a deletion (docs/faults.md)
+def test_a_topic_deleted_under_the_daemon_is_not_created_again_by_it(
+    kafka_broker: EmbeddedBroker, topic: str, running: Callable[..., Daemon], client_library: str
+) -> None:
+    """Deleted while the daemon runs (manual assignment here; subscribed above), the topic stays deleted and /readyz
+    names it; re-created by its owner with another partition count, every partition is read from its start. Before:
+    it existed again within a second, with the broker's default partition count."""
+    produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(90, seed=10), time.time()))
+    daemon = running(kafka_broker.bootstrap_servers, topic)
+    wait_for(lambda: consumed(daemon.port) == 90 and daemon.ready()[0], 60, "90 events and ready")
+    kafka_broker.delete_topic(topic)
+    wait_for(lambda: daemon.ready() == (False, f"topic {topic} does not exist: nothing is read until it is created "
+                                               "(the daemon never creates a topic it reads)"), 60,
+             "not ready, naming the topic")  # fmt: skip
+    assert topic not in topics_of(kafka_broker)
+    kafka_broker.create_topic(topic, partitions=2)
+    produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(40, seed=11), time.time()),
+            partition=lambda i, _: i % 2)  # fmt: skip
+    wait_for(lambda: consumed(daemon.port) >= 130 and daemon.ready()[0], 90, "the 40 new events and ready")
+    daemon.computer.compute()
+    assert overall(daemon.port) == 130
+
+
+# --- 4. an offset beyond the end of the same log ------------------------------------------------------------------
+
+
+def test_a_checkpointed_offset_beyond_the_end_of_the_same_log_reads_on_from_the_end(
+    kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path, client_library: str
+) -> None:
+    """The checkpoint says 100 records more than the log holds, in the same log (a broker that lost its tail):
+    before, the partition was read again from 0 and 140 events became 280. Now it reads on from the end: the 140
+    stay 140, the events written after are counted, and the reset is counted under ``beyond_end``."""
+    config = {**kafka_config(kafka_broker.bootstrap_servers, topic, client_library),
+              "checkpoint": {"path": str(tmp_path), "interval": "1s"}}  # fmt: skip
+    produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(140, seed=12), time.time()), partition=0)
+    daemon = Daemon(make_config(**config))
+    daemon.start()
+    try:
+        wait_for(lambda: consumed(daemon.port) == 140, 60, "140 events")
+    finally:
+        daemon.stop()
+    path = tmp_path / checkpoint.FLEET_FILE
+    loaded = checkpoint.read(path)
+    assert loaded is not None
+    meta, arrays = loaded
+    assert [topic, 0, 140] in meta["offsets"] and meta["topic_ids"].get(topic)
+    meta["offsets"] = [[t, p, o + 100 if p == 0 else o] for t, p, o in meta["offsets"]]
+    checkpoint.write(path, meta, arrays)
+
+    daemon = Daemon(make_config(**config))
+    daemon.start()
+    try:
+        resets = lambda: sample(scrape(daemon.port), "fairness_exporter_partition_resets_total",  # noqa: E731
+                                reason="beyond_end")  # fmt: skip
+        wait_for(lambda: resets() == 1, 60, "the reset counted")
+        produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(50, seed=13), time.time()),
+                partition=0)  # fmt: skip
+        wait_for(lambda: consumed(daemon.port) >= 50, 60, "the 50 later events")
+        daemon.computer.compute()
+        assert overall(daemon.port) == 190
+        assert resets() == 1
+        assert sample(scrape(daemon.port), "fairness_exporter_partition_resets_total", reason="new_log") == 0
+    finally:
+        daemon.stop()

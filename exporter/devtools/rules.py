@@ -71,6 +71,8 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterCheckpointFailing": Tuning(0,   "10m", "warning"),
     # records skipped over SKIP_WINDOW > threshold: a batch failed 3 times and these records failed alone too
     "FairnessExporterRecordsSkipped":   Tuning(0,    "5m",  "warning"),
+    # partitions found beyond the end of their own log over SKIP_WINDOW > threshold: read on from the end
+    "FairnessExporterLogCutShort":      Tuning(0,    "5m",  "warning"),
     # fairness_exporter_config_last_reload_successful == 0: a reload was refused, the previous config still runs
     "FairnessExporterConfigReloadFailed": Tuning(None, "5m", "warning"),
     # the staged path: no replica owns a model (its detectors and series are gone): every alert of it is blind
@@ -315,6 +317,19 @@ def _health_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             f"({{{{ $value | humanize }}}} over the last {SKIP_WINDOW}): their batch failed 3 times and each failed "
             "alone too. They are dead-lettered (with kafka.dead_letter_topic) and never counted; its log names each "
             "with the error.",
+        ),
+        _alert(
+            "FairnessExporterLogCutShort",
+            f'increase(fairness_exporter_partition_resets_total{{reason="beyond_end"}}[{SKIP_WINDOW}]) > '
+            f"{_fmt(TUNING['FairnessExporterLogCutShort'].threshold or 0)}",
+            fors["FairnessExporterLogCutShort"],
+            f"fairness-exporter {_label('instance')} found a Kafka log shorter than what it had counted.",
+            f"{_label('instance')} has found {{{{ $value | humanize }}}} partition(s) within the last {SKIP_WINDOW} "
+            f"(pending for {fors['FairnessExporterLogCutShort']}) whose log, the same topic's, ends before the "
+            "offset it had counted (a broker that lost the log's tail, "
+            "a checkpoint restored against an older broker state): it reads on from the end, so nothing is counted "
+            "twice, but records written to the cut log before it was seen, below its end, are not counted. Its log "
+            "names each partition, the offset and the end.",
         ),
         _alert(
             "FairnessExporterConfigReloadFailed",

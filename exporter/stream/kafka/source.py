@@ -400,10 +400,18 @@ class KafkaSource:
         return None
 
     def _look_for_topics(self, client: KafkaClient) -> None:
-        """Note which topics read do not exist now (a broker that does not answer leaves what was known)."""
+        """Note which topics read do not exist now (a broker that does not answer leaves what was known). One that
+        appears is read from its start, and a subscribed source rejoins its group as a new member for it (a member
+        that rejoins may be handed the assignment it held: none of the new topic's partitions)."""
         found = {topic: client.partitions(topic) for topic in self.topics}
-        if all(ids is not None for ids in found.values()):
-            self._absent = [topic for topic, ids in found.items() if not ids]
+        if any(ids is None for ids in found.values()):
+            return
+        absent = [topic for topic, ids in found.items() if not ids]
+        appeared = set(self._absent) - set(absent)
+        if appeared and not self.manual:
+            self._recreated.update(appeared)
+            self._rejoin = True
+        self._absent = absent
 
     def _run(self) -> None:
         backoff = 1.0
@@ -418,8 +426,8 @@ class KafkaSource:
                 if self._rejoin:
                     self._rejoin = False
                     log.warning("rejoining consumer group %r as a new member, so that it assigns every partition of "
-                                "the re-created topic (a member that rejoins may be handed its old assignment)",
-                                self.kafka.group_id)  # fmt: skip
+                                "the re-created (or new) topic (a member that rejoins may be handed its old "
+                                "assignment)", self.kafka.group_id)  # fmt: skip
                     self._close()
                     continue
                 now = time.monotonic()
