@@ -71,8 +71,6 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterCheckpointFailing": Tuning(0,   "10m", "warning"),
     # records skipped over SKIP_WINDOW > threshold: a batch failed 3 times and these records failed alone too
     "FairnessExporterRecordsSkipped":   Tuning(0,    "5m",  "warning"),
-    # partitions found beyond the end of their own log over SKIP_WINDOW > threshold: read on from the end
-    "FairnessExporterLogCutShort":      Tuning(0,    "5m",  "warning"),
     # fairness_exporter_config_last_reload_successful == 0: a reload was refused, the previous config still runs
     "FairnessExporterConfigReloadFailed": Tuning(None, "5m", "warning"),
     # the staged path: no replica owns a model (its detectors and series are gone): every alert of it is blind
@@ -86,6 +84,7 @@ TUNING: dict[str, Tuning] = {
     # a direct replica shares its consumer group: it counts nothing until it holds every partition again (blind)
     "FairnessExporterPartitionsShared": Tuning(None, "5m",  "critical"),
     "FairnessExporterStageTaskStopped": Tuning(None, "5m",  "warning"),  # staged: a task stopped on a record
+    "FairnessExporterLogCutShort":      Tuning(0,    "5m",  "warning"),  # a partition beyond its log's end
 }
 # fmt: on
 
@@ -319,19 +318,6 @@ def _health_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
             "with the error.",
         ),
         _alert(
-            "FairnessExporterLogCutShort",
-            f'increase(fairness_exporter_partition_resets_total{{reason="beyond_end"}}[{SKIP_WINDOW}]) > '
-            f"{_fmt(TUNING['FairnessExporterLogCutShort'].threshold or 0)}",
-            fors["FairnessExporterLogCutShort"],
-            f"fairness-exporter {_label('instance')} found a Kafka log shorter than what it had counted.",
-            f"{_label('instance')} has found {{{{ $value | humanize }}}} partition(s) within the last {SKIP_WINDOW} "
-            f"(pending for {fors['FairnessExporterLogCutShort']}) whose log, the same topic's, ends before the "
-            "offset it had counted (a broker that lost the log's tail, "
-            "a checkpoint restored against an older broker state): it reads on from the end, so nothing is counted "
-            "twice, but records written to the cut log before it was seen, below its end, are not counted. Its log "
-            "names each partition, the offset and the end.",
-        ),
-        _alert(
             "FairnessExporterConfigReloadFailed",
             "time() - fairness_exporter_config_last_reload_success_timestamp_seconds\n"
             "and on (job, instance) fairness_exporter_config_last_reload_successful == 0",
@@ -349,8 +335,7 @@ def rule_file(*, for_durations: str | Mapping[str, str] | None = None) -> dict[s
     """The plain Prometheus/promtool rule file `{"groups": [...]}` (the PrometheusRule's `spec`).
 
     `for_durations`: None keeps TUNING's `for:`; a duration string such as "5s" sets every alert's `for:`;
-    a mapping {alert name: duration} replaces only those alerts' (unknown names raise ValueError).
-    """
+    a mapping {alert name: duration} replaces only those alerts' (unknown names raise ValueError)."""
     fors = _effective_for(for_durations)
     return {
         "groups": [

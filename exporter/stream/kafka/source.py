@@ -10,20 +10,8 @@ Clients are not thread-safe, so every call into one happens on this thread (or i
 client runs). Errors that escape the client are counted and the client is rebuilt with a backoff: the source
 never crashes the daemon, and a rebuilt client resumes after the last record counted.
 
-The direct path (``kafka.stages: direct``) counts only what its replica reads, so a subscribed direct replica must
-hold every partition of its topics. One whose first assignment lacks some (another member of its group holds
-them) counts nothing and waits one session timeout and :data:`GHOST_REJOIN_SECONDS` for them: a member that died
-without leaving the group (its own predecessor, SIGKILLed or OOM-killed and restarted at once) holds its partitions
-until its session times out, then the group hands them over. If they do not come, the other member is alive: it
-refuses before it counts a record (``refusal``, then the daemon exits 2). One that loses some later (a rebalance
-long after start) pauses every partition it holds and counts nothing (``shared`` says why: /readyz,
-``fairness_exporter_partitions_shared``) until it holds them all again, and then resumes each one where *it*
-stopped, so its window is never a part of the traffic, whatever another member counted meanwhile. With static
-membership (``group_instance_id`` / ``group.instance.id`` in ``kafka.client``, as the Helm chart sets from the pod
-name) a restarted replica takes its predecessor's member id and its partitions at once, with no wait.
-
-``idle`` says why nothing is read while the client runs (a topic read does not exist: the daemon never creates
-one; a subscribed direct replica holds no partition); /readyz answers 503 with it.
+A subscribed direct replica must hold every partition of its topics (:mod:`exporter.stream.kafka.whole`); ``idle``
+says why nothing is read while the client runs (/readyz answers 503 with it): the daemon never creates a topic.
 """
 
 from __future__ import annotations
@@ -36,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from exporter.config import KafkaConfig
 from exporter.serve.self_metrics import Health, RateLimitedLog
 from exporter.stream.kafka.client import CommitFailed, KafkaClient, Offsets, OffsetsBook, Partition, Record
+from exporter.stream.kafka.whole import WholeReplica
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +34,6 @@ COMMIT_EVERY_SECONDS = 1.0
 REFRESH_SECONDS = 5.0
 """How often manual assignment looks for new partitions and the source asks whether a broker answers."""
 CLOSE_SECONDS = 2.0
-GHOST_REJOIN_SECONDS = 30.0
-"""How long after a dead member's session timeout the group may take to evict it and hand its partitions over
-(Tansu notices it at the next heartbeat of another member, then holds each JoinGroup and SyncGroup up to 3 s)."""
-
 Handler = Callable[[Mapping[Partition, Sequence[Record]]], None]
 """Counts what one poll returned, every partition's records at once."""
 
@@ -87,24 +72,18 @@ class KafkaSource:
         self.book = book
         self.health = health
         self.manual = kafka.assignment == "manual"
-        self.whole = kafka.stages == "direct" and not self.manual
-        """A subscribed direct replica: it must hold every partition of its topics, or count nothing."""
         self.on_refusal = on_refusal
-        self.refusal: str | None = None
-        self.shared: str | None = None
-        """While another member of the group holds some of the topics' partitions: why counting is paused."""
-        self._whole_once = False
-        self._ghost_deadline: float | None = None
-        """Until when (time.monotonic()) a direct replica that never held every partition waits for them."""
+        self.assigned_once = threading.Event()
+        self.whole = WholeReplica(kafka.group_id, self.topics, health, self.assigned_once) \
+            if kafka.stages == "direct" and not self.manual else None  # fmt: skip
+        """A subscribed direct replica: it must hold every partition of its topics, or count nothing."""
         self.idle: str | None = None
         """Why nothing is read although the client runs (None: it reads)."""
         self._absent: list[str] = []
-        self._judge_assignment = False  # set by each assignment; judged by the source's thread after the poll
         self._recreated: set[str] = set()  # topics re-created while the source ran (subscribed): new partitions at 0
         self._rejoin = False
         self._errors = RateLimitedLog(log)
         self.client: KafkaClient | None = None
-        self.assigned_once = threading.Event()
         self.broker_up = False
         self.failing: str | None = None
         """Why the last poll's handler raised (None: it did not), until a poll is handled."""
@@ -126,6 +105,14 @@ class KafkaSource:
         self._thread.join(timeout)
 
     @property
+    def refusal(self) -> str | None:
+        return None if self.whole is None else self.whole.refusal
+
+    @property
+    def shared(self) -> str | None:
+        return None if self.whole is None else self.whole.shared
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
@@ -139,80 +126,24 @@ class KafkaSource:
     def revoked(self, partitions: list[Partition]) -> None:
         self.book.flush()
         self._commit(wait=False)
-        if not self.whole:  # a direct replica keeps them: one it gets back resumes where it stopped
+        if self.whole is None:  # a direct replica keeps them: one it gets back resumes where it stopped
             self.book.forget(partitions)
         self._lag = {p: n for p, n in self._lag.items() if p not in partitions}
         for p in partitions:
             self._committed.pop(p, None)
 
     def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
-        if partitions and not self.whole:  # a direct replica is assigned once it knows it holds them all
-            self.assigned_once.set()
-        self._judge_assignment = self.whole
+        if self.whole is None:
+            if partitions:  # a direct replica is assigned once it knows it holds them all
+                self.assigned_once.set()
+        else:
+            self.whole.pending = True
         starts = self.book.starts(partitions, committed)
         if committed is not None:  # a partition of a re-created topic that nobody counted: none of it to skip
             starts.update({p: 0 for p in partitions if p[0] in self._recreated and p not in starts | committed})
         return starts
 
     # --- the consumer thread --------------------------------------------------------------------------------
-
-    def _judge(self, client: KafkaClient) -> None:
-        """A subscribed direct replica after an assignment: count on if it holds every partition of its topics;
-        else refuse if it never held them all (it is the newcomer), or pause everything it holds until it does."""
-        held, every = client.assignment(), set[Partition]()
-        for topic in self.topics:
-            ids = client.partitions(topic)  # [] for a topic that does not exist (now): it has no partition to miss
-            if ids is None:  # no broker answers: judged after the next poll
-                self._judge_assignment = True
-                return
-            every.update((topic, p) for p in ids)
-        if not held and not every:  # nothing known yet
-            self._judge_assignment = True
-            return
-        missing = every - held
-        if not missing:
-            if self.shared is not None:
-                log.warning("this replica holds every partition of %s again: counting resumes where it stopped",
-                            ", ".join(self.topics))  # fmt: skip
-                client.resume(sorted(held))
-            self.shared, self._whole_once, self._ghost_deadline = None, True, None
-            self.health.partitions_shared.set(0)
-            self.assigned_once.set()
-            return
-        why = (f"another member of consumer group {self.kafka.group_id!r} holds {len(missing)} of the {len(every)} "
-               f"partitions of {', '.join(self.topics)}")  # fmt: skip
-        if not self._whole_once and self._wait_for_ghost(client, held, why):
-            return
-        if not self._whole_once:
-            self.refusal = (f"kafka.group_id: {why}: kafka.stages: direct counts what one replica reads, so every "
-                            "model would be split between the replicas; use kafka.stages: staged to run several")
-            self._stop.set()  # the daemon says it, in one line
-            if self.on_refusal is not None:
-                self.on_refusal(self.refusal)
-            return
-        client.pause(sorted(held))
-        if self.shared is None:
-            log.error("%s: counting is paused, so that no window holds a part of the traffic, until this replica "
-                      "holds them all again (run one replica of kafka.stages: direct, or use kafka.stages: staged)",
-                      why)  # fmt: skip
-        self.shared = why
-        self.health.partitions_shared.set(1)
-
-    def _wait_for_ghost(self, client: KafkaClient, held: set[Partition], why: str) -> bool:
-        """A replica that never held every partition: whether to wait (counting nothing) for a member that may be
-        dead to time out, rather than refuse now."""
-        now = time.monotonic()
-        if self._ghost_deadline is None:
-            self._ghost_deadline = now + client.session_seconds + GHOST_REJOIN_SECONDS
-            log.warning("%s: waiting up to %.0f s for them (a member that died without leaving the group, such as "
-                        "this replica's own predecessor, holds them until its session times out) before refusing",
-                        why, self._ghost_deadline - now)  # fmt: skip
-        if now >= self._ghost_deadline:
-            return False
-        client.pause(sorted(held))
-        self.shared = f"{why}; waiting {self._ghost_deadline - now:.0f} s more for them before refusing"
-        self.health.partitions_shared.set(1)
-        return True
 
     def _client_error(self, name: str, text: str) -> None:
         """What a client retries by itself (a broker down, a refused connection): count and log it."""
@@ -320,12 +251,9 @@ class KafkaSource:
 
     def _beyond_end(self, client: KafkaClient, beyond: Offsets) -> None:
         """Partitions whose next offset lies beyond the end of their log (some brokers answer such a fetch with
-        nothing rather than OFFSET_OUT_OF_RANGE): a new log, if the topic's id changed (then all its partitions
-        start over); the same log cut short (a broker that lost its tail), or a broker without topic ids, then
-        each goes on from the end. Every record below the end was counted (its offset is below the one counted in
-        this log), so reading it from 0 counted it twice (140 events became 240); records written to the cut log
-        before it was seen to be cut, at offsets below its end, are not counted (`partition_resets{reason=
-        "beyond_end"}` and its alert say so)."""
+        nothing rather than OFFSET_OUT_OF_RANGE): a new log if the topic's id changed (all its partitions start
+        over), else the same log cut short (a broker lost its tail): each reads on from its end, below which every
+        record was counted (read from 0, 140 events became 240); what the cut log got before it was seen is lost."""
         topics = {t for t, _ in beyond}
         ids = client.topic_ids(topics)
         if ids is None:
@@ -335,11 +263,9 @@ class KafkaSource:
             if not self._same_log(client, topic, ids.get(topic)):
                 continue
             ends = {p: end for p, end in sorted(beyond.items()) if p[0] == topic}
-            log.error("%s: the next offset to read lies beyond the end of the log (%s), which is the same topic's "
-                      "(a broker that lost the log's tail?): reading on from the end, so that nothing is counted "
-                      "twice; records written there since the log was cut, below its end, are not counted",
-                      ", ".join(f"{t}[{p}]" for t, p in ends), ", ".join(f"{counted.get(p)} > {end}" for p, end in
-                                                                        ends.items()))  # fmt: skip
+            log.error("%s: the next offset to read lies beyond the end of the same log (%s: a broker lost its tail?): "
+                      "reading on from the end, so that nothing is counted twice", ", ".join(f"{t}[{p}]" for t, p in
+                      ends), ", ".join(f"{counted.get(p)} > {end}" for p, end in ends.items()))  # fmt: skip
             for partition, end in ends.items():
                 client.seek(partition, end)
                 self.book.resume_at(partition, end)
@@ -347,9 +273,12 @@ class KafkaSource:
 
     def _poll_once(self, client: KafkaClient) -> None:
         batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
-        if self._judge_assignment or (self._ghost_deadline is not None and time.monotonic() >= self._ghost_deadline):
-            self._judge_assignment = False
-            self._judge(client)
+        if self.whole is not None and self.whole.due():
+            self.whole.judge(client)
+            if self.refusal is not None:
+                self._stop.set()  # the daemon says it, in one line
+                if self.on_refusal is not None:
+                    self.on_refusal(self.refusal)
         if batches and (self.shared is not None or self.refusal is not None):  # not counted: read again later
             held = client.assignment()
             for partition, records in batches.items():
@@ -394,7 +323,7 @@ class KafkaSource:
         if self._absent:
             return (f"topic {', '.join(self._absent)} does not exist: nothing is read until it is created (the daemon "
                     "never creates a topic it reads)")  # fmt: skip
-        if self.whole and not held:
+        if self.whole is not None and not held:
             return (f"this replica holds no partition of {', '.join(self.topics)} (its consumer group is "
                     "rebalancing): nothing is read")  # fmt: skip
         return None
