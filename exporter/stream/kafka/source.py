@@ -173,7 +173,7 @@ class KafkaSource:
                 time.sleep(0.2)
                 ids = client.partitions(topic)
             if not ids:
-                self._absent = [topic] if ids == [] else self._absent
+                self._absent, self.idle = ([topic], self._why_idle(set())) if ids == [] else (self._absent, self.idle)
                 raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
             partitions += [(topic, p) for p in ids]
         held = client.assignment()
