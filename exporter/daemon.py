@@ -179,13 +179,16 @@ class Daemon:
         return True, "consumer and scheduler running"
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers
-        and (a direct replica) no other member of the group holds partitions of its topics."""
+        """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers,
+        every topic read exists and (a direct replica) it holds partitions, and no other member of the group holds
+        partitions of its topics."""
         if self.source.refusal is not None:
             return False, self.source.refusal
         if (shared := self.source.shared) is not None:
             return False, (f"{shared}: counting is paused until this replica holds them all again "
                            "(kafka.stages: direct is one replica; use kafka.stages: staged for several)")
+        if self.source.idle is not None:
+            return False, self.source.idle
         if not self.source.assigned_once.is_set():
             return False, "waiting for Kafka partitions"
         failing = self.stages.failing if self.stages is not None else self.ingest.failing

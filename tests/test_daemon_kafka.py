@@ -71,6 +71,7 @@ def test_bad_late_and_foreign_events_are_counted_and_excluded(kafka_broker: Embe
     late = payloads(synthetic_rows(5, seed=4), now - 3 * 86400)
     foreign = [orjson.dumps({"model_id": "other-model", "timestamp": now})] * 4
     produce(kafka_broker.bootstrap_servers, topic, good + bad + unknown + late + foreign + [b""])
+    kafka_broker.create_topic(f"{topic}-dlq")  # the daemon never creates it
     daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
         **kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"],
         "dead_letter_topic": f"{topic}-dlq"})

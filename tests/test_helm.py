@@ -294,7 +294,28 @@ def test_config_is_the_values_config(helm: str, scenario: str) -> None:
             for key, topic in values["internalTopics"].items()}  # fmt: skip
     elif values["checkpoint"]["enabled"]:
         expected["checkpoint"] = {key: values["checkpoint"][key] for key in ("path", "interval")}
+    if not staged and expected["kafka"].get("assignment", "subscribe") == "subscribe" and values["staticMembership"]:
+        key = INSTANCE_KEY[expected["kafka"].get("client_library", "kafka-python")]
+        expected["kafka"]["client"] = {key: "${FAIRNESS_EXPORTER_POD_NAME}", **expected["kafka"]["client"]}
     assert daemon_config(render(helm, scenario)) == expected
+
+
+INSTANCE_KEY = {"kafka-python": "group_instance_id", "confluent-kafka": "group.instance.id"}
+
+
+@pytest.mark.parametrize("library", ["kafka-python", "confluent-kafka"])
+def test_a_direct_replica_is_a_static_member_named_by_its_pod(helm: str, library: str) -> None:
+    """A container restarted in its pod takes its dead predecessor's member id and partitions at once (issue 38
+    item 1; tests/test_restarts.py); not on the staged path, nor when the config names an instance itself."""
+    objects = render(helm, "default", "--set", f"config.kafka.client_library={library}")
+    assert daemon_config(objects)["kafka"]["client"][INSTANCE_KEY[library]] == "${FAIRNESS_EXPORTER_POD_NAME}"
+    (pod_name,) = [e for e in container(objects)["env"] if e["name"] == "FAIRNESS_EXPORTER_POD_NAME"]
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    own = INSTANCE_KEY[library].replace(".", "\\.")  # helm --set escapes a dot in a key
+    for extra in (("--set", "replicaCount=3"), ("--set", "staticMembership=false"),
+                  ("--set", "config.kafka.assignment=manual"), ("--set", f"config.kafka.client.{own}=mine")):
+        objects = render(helm, "default", *extra)
+        assert "FAIRNESS_EXPORTER_POD_NAME" not in yaml.safe_dump(objects), extra
 
 
 @scenarios
@@ -488,9 +509,11 @@ def test_the_staged_path_refuses_a_checkpoint_volume(helm: str) -> None:
     assert "the state lives in the internal topics" in result.stderr
 
 
-def test_a_fleet_renders_from_values_with_the_top_level_keys_as_defaults(helm: str) -> None:
+def test_a_fleet_renders_from_values_with_the_top_level_keys_as_defaults(helm: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from exporter.config import parse_config
 
+    monkeypatch.setenv("FAIRNESS_EXPORTER_POD_NAME", "fairness-exporter-0")  # the downward API's, in the pod
     config = parse_config(daemon_config(render(helm, "fleet")), "fleet ConfigMap")
     assert config.model_ids == ("hiring-screener-v2", "credit-scorer-v4", "content-moderation-v5")
     hiring, credit, _ = config.models

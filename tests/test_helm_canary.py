@@ -141,10 +141,11 @@ def evaluation_rows(female_rate: float) -> pd.DataFrame:
 
 @pytest.mark.parametrize(("female_rate", "exit_code"), [(0.4, 0), (0.2, 1)])
 def test_each_container_runs_the_audit_gate_as_rendered(helm: str, tmp_path: Path, female_rate: float,
-                                                       exit_code: int) -> None:  # fmt: skip
+                                                       exit_code: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The containers' commands, with the pod's mounts mapped to local folders: a blocking failure is exit 1 for
     the Job, and every run lands in the one hash-chained audit log, which verifies. The first container names its
     data; the second reads its model's evaluation_dataset from the config."""
+    monkeypatch.setenv("FAIRNESS_EXPORTER_POD_NAME", "audit-0")  # the downward API's, as the job's env says
     objects = render(helm, "canary")
     config = daemon_config(objects)
     for model in config["models"]:

@@ -62,7 +62,7 @@ def settled(daemon: Daemon, topic: str, partitions: int, events: int) -> float |
 
 
 def resets(daemon: Daemon) -> float | None:
-    return sample(scrape(daemon.port), "fairness_exporter_partition_resets_total")
+    return sample(scrape(daemon.port), "fairness_exporter_partition_resets_total", reason="new_log")
 
 
 def test_manual_one_partition_broker_back_empty_with_a_longer_log(

@@ -70,7 +70,7 @@ def test_after_the_broker_comes_back_empty_the_window_keeps_its_counts_and_reads
     wait_for(lambda: consumed(daemon.port) >= 1200, timeout=90, what="the 1000 events after the restart")
     daemon.computer.compute()
     assert overall(daemon.port) == 1200
-    assert sample(scrape(daemon.port), "fairness_exporter_partition_resets_total") == 3
+    assert sample(scrape(daemon.port), "fairness_exporter_partition_resets_total", reason="new_log") == 3
     assert daemon.healthy()[0]
 
 

@@ -84,6 +84,7 @@ TUNING: dict[str, Tuning] = {
     # a direct replica shares its consumer group: it counts nothing until it holds every partition again (blind)
     "FairnessExporterPartitionsShared": Tuning(None, "5m",  "critical"),
     "FairnessExporterStageTaskStopped": Tuning(None, "5m",  "warning"),  # staged: a task stopped on a record
+    "FairnessExporterLogCutShort":      Tuning(0,    "5m",  "warning"),  # a partition beyond its log's end
 }
 # fmt: on
 
@@ -334,8 +335,7 @@ def rule_file(*, for_durations: str | Mapping[str, str] | None = None) -> dict[s
     """The plain Prometheus/promtool rule file `{"groups": [...]}` (the PrometheusRule's `spec`).
 
     `for_durations`: None keeps TUNING's `for:`; a duration string such as "5s" sets every alert's `for:`;
-    a mapping {alert name: duration} replaces only those alerts' (unknown names raise ValueError).
-    """
+    a mapping {alert name: duration} replaces only those alerts' (unknown names raise ValueError)."""
     fors = _effective_for(for_durations)
     return {
         "groups": [

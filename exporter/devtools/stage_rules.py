@@ -1,6 +1,7 @@
 """The alerts on replicas: the staged path's stages (a model owned by exactly one replica, and stepping; a task
-stopped), the label join of either path, and a direct replica that shares its consumer group; their thresholds,
-`for:` and severities are in the TUNING table of exporter/devtools/rules.py."""
+stopped), the label join of either path, a direct replica that shares its consumer group, and a log found shorter
+than what was counted; their thresholds, `for:` and severities are in the TUNING table of
+exporter/devtools/rules.py."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Any
 from exporter.devtools.rule_text import VALUE_0F, alert, fmt, label
 
 LABEL_JOIN_WINDOW = "1h"  # FairnessExporterLabelJoinBroken: rate() window
+CUT_WINDOW = "1h"  # FairnessExporterLogCutShort: increase() window (one partition found keeps it an hour)
 OWNED = "fairness_exporter_model_owned"
 
 
 def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The six alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
+    """The seven alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
 
     def tuned(name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
         return alert(name, expr, fors[name], tuning[name].severity, summary, description)
@@ -82,5 +84,17 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
             f"{fors['FairnessExporterStageTaskStopped']}: what they hold is read but never counted (a counts "
             "partition's models, or the labels and payload halves of a join partition) until a restart or another "
             "replica takes them. /readyz and the log name each partition, offset and error.",
+        ),
+        tuned(
+            "FairnessExporterLogCutShort",
+            f'increase(fairness_exporter_partition_resets_total{{reason="beyond_end"}}[{CUT_WINDOW}]) > '
+            f"{fmt(tuning['FairnessExporterLogCutShort'].threshold or 0)}",
+            f"fairness-exporter {label('instance')} found a Kafka log shorter than what it had counted.",
+            f"{label('instance')} has found {{{{ $value | humanize }}}} partition(s) within the last {CUT_WINDOW} "
+            f"(pending for {fors['FairnessExporterLogCutShort']}) whose log, the same topic's, ends before the "
+            "offset it had counted (a broker that lost the log's tail, a checkpoint restored against an older broker "
+            "state): it reads on from the end, so nothing is counted twice, but records written to the cut log "
+            "before it was seen, below its end, are not counted. Its log names each partition, the offset and the "
+            "end.",
         ),
     ]

@@ -20,6 +20,7 @@ OUTCOME_DROP_REASONS = ("prediction_outside_window", "duplicate_label", "duplica
 replaced the one waiting; ``model_reconfigured``: its model was removed, or its attributes changed, by a
 reload)."""
 DEAD_LETTER_FAILURES = ("too_large", "no_producer", "send_failed")
+PARTITION_RESETS = ("new_log", "beyond_end")
 AUTH_FAILURES = ("no_credentials", "unknown_user", "wrong_password", "client_certificate_missing",
                  "client_certificate_invalid", "client_certificate_not_allowed", "tls_handshake_failed")
 """Reasons a request or a connection was refused (``tls_handshake_failed``: any other failed handshake, e.g.
@@ -64,8 +65,10 @@ class Health:
                                             "(still counted as rejected), by reason.", ["reason"],
                                             registry=registry)  # fmt: skip
         self.log_resets = Counter("fairness_exporter_partition_resets",
-                                  "Partitions read again from the start because their log was reset or the topic "
-                                  "re-created.", registry=registry)  # fmt: skip
+                                  "Partitions whose next offset the daemon moved, by reason: new_log (the topic was "
+                                  "re-created, or a broker came back empty: read again from its start), beyond_end "
+                                  "(the same log ends before the offset counted, a broker lost its tail: read on "
+                                  "from its end, nothing counted twice).", ["reason"], registry=registry)  # fmt: skip
         self.batch_failures = Counter("fairness_exporter_batch_failures",
                                       "Tries to count a batch (a poll's predictions, a labels batch) that raised: "
                                       "each batch is tried 3 times, then record by record.", registry=registry)
@@ -126,6 +129,8 @@ class Health:
             self.http_auth_failures.labels(reason)
         for reason in DEAD_LETTER_FAILURES:
             self.dead_letter_failures.labels(reason)
+        for reason in PARTITION_RESETS:
+            self.log_resets.labels(reason)
 
     def payload_counters(self, reasons: Iterable[str]) -> tuple[Counter, Counter]:
         """The payload formats' pair counters (``events.format`` kserve or seldon), registered on first use so that a

@@ -124,6 +124,9 @@ class KafkaClient(Protocol):
     """One consumer of one library. Not thread-safe: the source calls it from its own thread only (and the
     client calls :class:`Rebalance` from the thread its library uses)."""
 
+    session_seconds: float
+    """The group session timeout: how long a member that stopped heartbeating (killed) keeps its partitions."""
+
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
         """Join the consumer group for these topics."""
 
@@ -198,6 +201,11 @@ class OffsetsBook(Protocol):
         has no topic ids); a new id also forgets every other offset of the topic. Done under the lock a checkpoint
         copies the offsets and ids with, so that no checkpoint or commit pairs an old offset with the new log."""
 
+    def resume_at(self, partition: Partition, offset: int) -> None:
+        """Reading goes on from ``offset`` of the partition's log, the log its offsets were counted in (its end,
+        which lies before the offset counted: a broker lost the log's tail); what was counted stays counted."""
+
     def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
         """Where newly assigned partitions start, given the group's committed offsets (None: not known); one left
         out starts at its committed offset (``auto_offset_reset`` if none)."""
+

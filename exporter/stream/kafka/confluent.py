@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 METADATA_TIMEOUT_SECONDS = 2.0
 # librdkafka's names. Against a broker that is down, librdkafka retried every ~50 ms (its 100 ms start, with jitter,
-# never grew): 1 s keeps that to a couple of errors a second. session.timeout.ms is kafka-python's default
-# (librdkafka's is 45 s): how long a member that died holds its partitions, and how long a commit waits for an
-# unreachable group coordinator.
+# never grew): 1 s keeps that to a couple of errors a second. session.timeout.ms 10 s (librdkafka's default is 45 s,
+# as is kafka-python 3's; ours is 10 s on both): how long a member that died holds its partitions, and how long a
+# commit waits for an unreachable group coordinator. allow.auto.create.topics is off by default for a consumer.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.ms": 1000, "reconnect.backoff.max.ms": 5000,
                                    "topic.metadata.refresh.interval.ms": 30_000, "session.timeout.ms": 10_000}
 FETCH_DEFAULTS: dict[str, Any] = {"fetch.queue.backoff.ms": 10} if ck.libversion()[1] >= 0x02040000 else {}
@@ -115,6 +115,7 @@ class ConfluentClient:
         self._admin_settings = {"bootstrap.servers": kafka.bootstrap_servers, **kafka.client,
                                 "logger": log.getChild("librdkafka")}  # fmt: skip
         self._admin: AdminClient | None = None
+        self.session_seconds = int(settings["session.timeout.ms"]) / 1000
         self.consumer = ck.Consumer({
             "bootstrap.servers": kafka.bootstrap_servers,
             "group.id": kafka.group_id,

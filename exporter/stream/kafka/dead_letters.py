@@ -63,10 +63,16 @@ class DeadLetters:
         if library == "confluent-kafka":
             from confluent_kafka import Producer
 
-            return Producer(producer_config(self.kafka, PRODUCER_DEFAULTS[library], {}))
+            # never the topic's creator: librdkafka's producers create a topic they do not find, by default
+            return Producer(producer_config(self.kafka, PRODUCER_DEFAULTS[library],
+                                            {"allow.auto.create.topics": False}))  # fmt: skip
         from kafka import KafkaProducer
 
-        return KafkaProducer(**producer_config(self.kafka, PRODUCER_DEFAULTS[library], {}))
+        from exporter.stream.kafka.kafka_python import no_topic_creation
+
+        producer = KafkaProducer(**producer_config(self.kafka, PRODUCER_DEFAULTS[library], {}))
+        no_topic_creation(producer._metadata)
+        return producer
 
     def _unreachable(self, exc: Exception) -> bool:
         """The producer could not be made because no broker answered (kafka-python asks one as it is made;

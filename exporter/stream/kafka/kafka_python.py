@@ -20,13 +20,11 @@ COMMIT_TIMEOUT_MS = 5000
 TOPIC_IDS_TIMEOUT_MS = 2000
 # kafka-python 3 backs off up to 30 s between reconnects; a monitor should notice a returning broker sooner. Its
 # constructor waits for a broker up to bootstrap_timeout_ms (30 s): a SIGTERM then waited that long; the source
-# retries a constructor that gave up, with its own backoff.
+# retries a constructor that gave up, with its own backoff. session_timeout_ms: how long a member that died (a
+# SIGKILL, an OOM kill) holds its partitions; kafka-python 3's default is 45 s (KIP-735), which a restarted direct
+# replica waited out before it could read (~78 s to ready); 10 s as on confluent-kafka.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000,
-                                   "bootstrap_timeout_ms": 3000, "allow_auto_create_topics": False}  # fmt: skip
-"""``allow_auto_create_topics`` off: a monitor never creates the topic it reads. With kafka-python's default, the
-consumer's metadata request re-creates a topic that was just deleted, with the broker's default partition count,
-before its owner re-creates it as intended (seen in CI: a topic re-created with three partitions came back with
-four). confluent-kafka's consumers default to no auto-creation already."""
+                                   "bootstrap_timeout_ms": 3000, "session_timeout_ms": 10_000}  # fmt: skip
 FETCH_DEFAULTS: dict[str, Any] = {}
 """Fetch sizes beyond kafka-python's own defaults (fetch_max_bytes 50 MB, max_partition_fetch_bytes 1 MB), with
 the source's max_poll_records of 20,000: none. Measured on the shipped source (300,000 events, 3 partitions,
@@ -55,6 +53,15 @@ the SyncGroup answer of its rejoin with the old member id (the state stays REBAL
 about one full suite in five), and now and then a fresh consumer's first join never settles either (seen: still
 REBALANCING after 300 s). A new consumer joins as a new member. A healthy rebalance on Tansu takes 20 s at
 most, and the daemon's members poll continuously, so no healthy join waits this long for a slow member."""
+
+
+def no_topic_creation(cluster: Any) -> None:
+    """Make a kafka-python client's metadata requests never create a topic (a monitor never creates the topic it
+    reads, nor its dead-letter topic). kafka-python 3.0.12 builds them from its ``ClusterMetadata``'s own config,
+    which it makes without the client's ``allow_auto_create_topics`` (``kafka/net/manager.py``): that setting has
+    no effect, and a consumer's request for a topic just deleted re-created it, with the broker's default partition
+    count, within a second (seen in CI: a topic re-created with three partitions came back with four)."""
+    cluster.config["allow_auto_create_topics"] = False
 
 
 class GroupUnsettled(RuntimeError):
@@ -98,6 +105,8 @@ class KafkaPythonClient:
             client_id=f"fairness-exporter-{kafka.group_id}",
             **{**CLIENT_DEFAULTS, **FETCH_DEFAULTS, **kafka.client},
         )
+        no_topic_creation(self.consumer._cluster)
+        self.session_seconds = self.consumer.config["session_timeout_ms"] / 1000
         self._subscribed = False
         self._unsettled_since: float | None = None  # time.monotonic() since when the membership is not settled
 

@@ -6,12 +6,8 @@ Offsets come from one ``client.OffsetsBook`` (the checkpointer): what was counte
 Clients are not thread-safe: every call into one happens on this thread (or in its rebalance callbacks). Errors that
 escape the client are counted and the client rebuilt with a backoff, resuming after the last record counted.
 
-The direct path (``kafka.stages: direct``) counts only what its replica reads, so a subscribed direct replica must
-hold every partition of its topics. One whose first assignment lacks some (another member of its group holds
-them) refuses before it counts a record (``refusal``, then the daemon exits 2); one that loses some later (a
-rebalance long after start) pauses every partition it holds and counts nothing (``shared`` says why: /readyz,
-``fairness_exporter_partitions_shared``) until it holds them all again, and then resumes each one where *it*
-stopped, so its window is never a part of the traffic, whatever another member counted meanwhile.
+A subscribed direct replica must hold every partition of its topics (:mod:`exporter.stream.kafka.whole`); ``idle``
+says why nothing is read while the client runs (/readyz answers 503 with it): the daemon never creates a topic.
 """
 
 from __future__ import annotations
@@ -25,6 +21,8 @@ from exporter.config import KafkaConfig
 from exporter.health.counters import Health
 from exporter.health.logs import RateLimitedLog
 from exporter.stream.kafka.client import CommitFailed, KafkaClient, Offsets, OffsetsBook, Partition, Record
+from exporter.stream.kafka.library import make_client
+from exporter.stream.kafka.whole import WholeReplica
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +32,8 @@ COMMIT_EVERY_SECONDS = 1.0
 REFRESH_SECONDS = 5.0
 """How often manual assignment looks for new partitions and the source asks whether a broker answers."""
 CLOSE_SECONDS = 2.0
-
 Handler = Callable[[Mapping[Partition, Sequence[Record]]], None]
 """Counts what one poll returned, every partition's records at once."""
-
-
-def make_client(kafka: KafkaConfig, on_error: Callable[[str, str], None]) -> KafkaClient:
-    """The adapter of the configured client library."""
-    if kafka.client_library == "confluent-kafka":
-        from exporter.stream.kafka.confluent import ConfluentClient
-
-        return ConfluentClient(kafka, on_error)
-    from exporter.stream.kafka.kafka_python import KafkaPythonClient
-
-    return KafkaPythonClient(kafka, MAX_RECORDS)
 
 
 def _same_id(now: str | None, known: str | None) -> bool:
@@ -75,19 +61,18 @@ class KafkaSource:
         self.book = book
         self.health = health
         self.manual = kafka.assignment == "manual"
-        self.whole = kafka.stages == "direct" and not self.manual
-        """A subscribed direct replica: it must hold every partition of its topics, or count nothing."""
         self.on_refusal = on_refusal
-        self.refusal: str | None = None
-        self.shared: str | None = None
-        """While another member of the group holds some of the topics' partitions: why counting is paused."""
-        self._whole_once = False
-        self._judge_assignment = False  # set by each assignment; judged by the source's thread after the poll
+        self.assigned_once = threading.Event()
+        self.whole = WholeReplica(kafka.group_id, self.topics, health, self.assigned_once) \
+            if kafka.stages == "direct" and not self.manual else None  # fmt: skip
+        """A subscribed direct replica: it must hold every partition of its topics, or count nothing."""
+        self.idle: str | None = None
+        """Why nothing is read although the client runs (None: it reads)."""
+        self._absent: list[str] = []
         self._recreated: set[str] = set()  # topics re-created while the source ran (subscribed): new partitions at 0
         self._rejoin = False
         self._errors = RateLimitedLog(log)
         self.client: KafkaClient | None = None
-        self.assigned_once = threading.Event()
         self.broker_up = False
         self.failing: str | None = None
         """Why the last poll's handler raised (None: it did not), until a poll is handled."""
@@ -109,6 +94,14 @@ class KafkaSource:
         self._thread.join(timeout)
 
     @property
+    def refusal(self) -> str | None:
+        return None if self.whole is None else self.whole.refusal
+
+    @property
+    def shared(self) -> str | None:
+        return None if self.whole is None else self.whole.shared
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
@@ -122,16 +115,18 @@ class KafkaSource:
     def revoked(self, partitions: list[Partition]) -> None:
         self.book.flush()
         self._commit(wait=False)
-        if not self.whole:  # a direct replica keeps them: one it gets back resumes where it stopped
+        if self.whole is None:  # a direct replica keeps them: one it gets back resumes where it stopped
             self.book.forget(partitions)
         self._lag = {p: n for p, n in self._lag.items() if p not in partitions}
         for p in partitions:
             self._committed.pop(p, None)
 
     def assigned(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
-        if partitions and not self.whole:  # a direct replica is assigned once it knows it holds them all
-            self.assigned_once.set()
-        self._judge_assignment = self.whole
+        if self.whole is None:
+            if partitions:  # a direct replica is assigned once it knows it holds them all
+                self.assigned_once.set()
+        else:
+            self.whole.pending = True
         starts = self.book.starts(partitions, committed)
         starts.update({p: 0 for p in partitions if p[0] in self.from_start and p not in starts})
         if committed is not None:  # a partition of a re-created topic that nobody counted: none of it to skip
@@ -139,46 +134,6 @@ class KafkaSource:
         return starts
 
     # --- the consumer thread --------------------------------------------------------------------------------
-
-    def _judge(self, client: KafkaClient) -> None:
-        """A subscribed direct replica after an assignment: count on if it holds every partition of its topics;
-        else refuse if it never held them all (it is the newcomer), or pause everything it holds until it does."""
-        held, every = client.assignment(), set[Partition]()
-        for topic in self.topics:
-            ids = client.partitions(topic)  # [] for a topic that does not exist (now): it has no partition to miss
-            if ids is None:  # no broker answers: judged after the next poll
-                self._judge_assignment = True
-                return
-            every.update((topic, p) for p in ids)
-        if not held and not every:  # nothing known yet
-            self._judge_assignment = True
-            return
-        missing = every - held
-        if not missing:
-            if self.shared is not None:
-                log.warning("this replica holds every partition of %s again: counting resumes where it stopped",
-                            ", ".join(self.topics))  # fmt: skip
-                client.resume(sorted(held))
-            self.shared, self._whole_once = None, True
-            self.health.partitions_shared.set(0)
-            self.assigned_once.set()
-            return
-        why = (f"another member of consumer group {self.kafka.group_id!r} holds {len(missing)} of the {len(every)} "
-               f"partitions of {', '.join(self.topics)}")  # fmt: skip
-        if not self._whole_once:
-            self.refusal = (f"kafka.group_id: {why}: kafka.stages: direct counts what one replica reads, so every "
-                            "model would be split between the replicas; use kafka.stages: staged to run several")
-            self._stop.set()  # the daemon says it, in one line
-            if self.on_refusal is not None:
-                self.on_refusal(self.refusal)
-            return
-        client.pause(sorted(held))
-        if self.shared is None:
-            log.error("%s: counting is paused, so that no window holds a part of the traffic, until this replica "
-                      "holds them all again (run one replica of kafka.stages: direct, or use kafka.stages: staged)",
-                      why)  # fmt: skip
-        self.shared = why
-        self.health.partitions_shared.set(1)
 
     def _client_error(self, name: str, text: str) -> None:
         """What a client retries by itself (a broker down, a refused connection): count and log it."""
@@ -188,7 +143,7 @@ class KafkaSource:
     def _connect(self) -> KafkaClient:
         if self.prepare is not None:
             self.prepare()
-        client = make_client(self.kafka, self._client_error)
+        client = make_client(self.kafka, self._client_error, MAX_RECORDS)
         self._committed = {}
         self.topics = self.kafka.topics_now(client.topic_names, self._named) or self.topics
         if self.manual:
@@ -209,6 +164,7 @@ class KafkaSource:
                 time.sleep(0.2)
                 ids = client.partitions(topic)
             if not ids:
+                self._absent, self.idle = ([topic], self._why_idle(set())) if ids == [] else (self._absent, self.idle)
                 raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
             partitions += [(topic, p) for p in ids]
         held = client.assignment()
@@ -261,7 +217,7 @@ class KafkaSource:
             self._recreated.add(topic)
             self._rejoin = True
         self.book.restart(topic, topic_id, partitions)
-        self.health.log_resets.inc(len(partitions))
+        self.health.log_resets.labels("new_log").inc(len(partitions))
 
     def _same_log(self, client: KafkaClient, topic: str, topic_id: str | None) -> bool:
         """Whether the topic's id, as the cluster gives it now, names the log its counted offsets belong to; if
@@ -285,24 +241,36 @@ class KafkaSource:
         ids = client.topic_ids(topics)
         return None if ids is None else {t for t in topics if self._same_log(client, t, ids.get(t))}
 
-    def _beyond_end(self, client: KafkaClient, beyond: list[Partition]) -> None:
+    def _beyond_end(self, client: KafkaClient, beyond: Offsets) -> None:
         """Partitions whose next offset lies beyond the end of their log (some brokers answer such a fetch with
-        nothing rather than OFFSET_OUT_OF_RANGE): a new log, if the topic's id changed (then all its partitions
-        start over), else a log cut short or a broker without topic ids (then these partitions start over)."""
+        nothing rather than OFFSET_OUT_OF_RANGE): a new log if the topic's id changed (all its partitions start
+        over), else the same log cut short (a broker lost its tail): each reads on from its end, below which every
+        record was counted (read from 0, 140 events became 240); what the cut log got before it was seen is lost."""
         topics = {t for t, _ in beyond}
         ids = client.topic_ids(topics)
         if ids is None:
             return  # told after a later poll
+        counted = self.book.counted()
         for topic in sorted(topics):
-            if self._same_log(client, topic, ids.get(topic)):
-                self._restart(client, topic, ids.get(topic), sorted(p for p in beyond if p[0] == topic),
-                              "the next offset is beyond the end of the log")  # fmt: skip
+            if not self._same_log(client, topic, ids.get(topic)):
+                continue
+            ends = {p: end for p, end in sorted(beyond.items()) if p[0] == topic}
+            log.error("%s: the next offset to read lies beyond the end of the same log (%s: a broker lost its tail?): "
+                      "reading on from the end, so that nothing is counted twice", ", ".join(f"{t}[{p}]" for t, p in
+                      ends), ", ".join(f"{counted.get(p)} > {end}" for p, end in ends.items()))  # fmt: skip
+            for partition, end in ends.items():
+                client.seek(partition, end)
+                self.book.resume_at(partition, end)
+            self.health.log_resets.labels("beyond_end").inc(len(ends))
 
     def _poll_once(self, client: KafkaClient) -> None:
         batches: Mapping[Partition, Sequence[Record]] = client.poll(POLL_SECONDS, MAX_RECORDS)
-        if self._judge_assignment:
-            self._judge_assignment = False
-            self._judge(client)
+        if self.whole is not None and self.whole.due():
+            self.whole.judge(client)
+            if self.refusal is not None:
+                self._stop.set()  # the daemon says it, in one line
+                if self.on_refusal is not None:
+                    self.on_refusal(self.refusal)
         if batches and (self.shared is not None or self.refusal is not None):  # not counted: read again later
             held = client.assignment()
             for partition, records in batches.items():
@@ -325,20 +293,45 @@ class KafkaSource:
                     self._handler_failed = True
                     raise
                 self.failing = None
-        counted = self.book.counted()
-        lag, beyond = {}, []
-        for p in client.assignment():
+        counted, held = self.book.counted(), client.assignment()
+        lag, beyond = {}, {}
+        for p in held:
             end = client.bounds(p).end
             position = counted.get(p)
             if end is None or position is None:
                 continue
             if position > end:
-                beyond.append(p)
+                beyond[p] = end
                 continue
             lag[p] = end - position
         if beyond:
             self._beyond_end(client, beyond)
         self._lag = lag
+        self.idle = self._why_idle(held)
+
+    def _why_idle(self, held: set[Partition]) -> str | None:
+        """Why nothing is read now, though the client runs (None: it reads)."""
+        if self._absent:
+            return (f"topic {', '.join(self._absent)} does not exist: nothing is read until it is created (the daemon "
+                    "never creates a topic it reads)")  # fmt: skip
+        if self.whole is not None and not held:
+            return (f"this replica holds no partition of {', '.join(self.topics)} (its consumer group is "
+                    "rebalancing): nothing is read")  # fmt: skip
+        return None
+
+    def _look_for_topics(self, client: KafkaClient) -> None:
+        """Note which topics read do not exist now (a broker that does not answer leaves what was known). One that
+        appears is read from its start, and a subscribed source rejoins its group as a new member for it (a member
+        that rejoins may be handed the assignment it held: none of the new topic's partitions)."""
+        found = {topic: client.partitions(topic) for topic in self.topics}
+        if any(ids is None for ids in found.values()):
+            return
+        absent = [topic for topic, ids in found.items() if not ids]
+        appeared = set(self._absent) - set(absent)
+        if appeared and not self.manual:
+            self._recreated.update(appeared)
+            self._rejoin = True
+        self._absent = absent
 
     def _run(self) -> None:
         backoff = 1.0
@@ -353,8 +346,8 @@ class KafkaSource:
                 if self._rejoin:
                     self._rejoin = False
                     log.warning("rejoining consumer group %r as a new member, so that it assigns every partition of "
-                                "the re-created topic (a member that rejoins may be handed its old assignment)",
-                                self.kafka.group_id)  # fmt: skip
+                                "the re-created (or new) topic (a member that rejoins may be handed its old "
+                                "assignment)", self.kafka.group_id)  # fmt: skip
                     self._close()
                     continue
                 now = time.monotonic()
@@ -364,6 +357,8 @@ class KafkaSource:
                         self.topics = new
                         if not self.manual:  # manual assignment takes them below
                             self.client.subscribe(self.topics, self)
+                    if self.broker_up:
+                        self._look_for_topics(self.client)
                     if self.manual:
                         self._assign_all(self.client)
                     last_refresh = now

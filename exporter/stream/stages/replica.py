@@ -17,9 +17,9 @@ Exactly once without transactions: every row carries its source position and rec
 an input offset is committed once all that was produced before it is acknowledged, and a task's offset once a
 snapshot of its state (written into its own partition) covers it. This object is the source's offsets book.
 
-No input record stalls its partition: the entry stages' units are bounded as the direct path's are
-(exporter/stream/bounded.py; a retry re-sends rows at the same positions, which receivers skip; a failure of the
-internal producer is never skipped); a task never drops a record it cannot apply (stages/failures.py).
+No input record stalls its partition: entry units are bounded as the direct path's (exporter/stream/bounded.py; a
+retry re-sends rows at the same positions, which receivers skip; a failure of the internal producer is never
+skipped); a task never drops a record it cannot apply (stages/failures.py).
 """
 
 from __future__ import annotations
@@ -248,9 +248,8 @@ class Stages:
             return {**self.acked, **{p: t.covered for p, t in self.tasks.items() if t.covered is not None}}
 
     def starts(self, partitions: list[Partition], committed: Offsets | None) -> Offsets:
-        """An internal partition starts a task at its committed offset (0: none yet), which then looks for the
-        snapshot covering it; an input partition resumes after what this process sent on, else (left out) at
-        its committed offset."""
+        """An internal partition starts a task at its committed offset (0: none yet), which then looks for the snapshot
+        covering it; an input partition resumes after what this process sent on, else (left out) at its commit."""
         with self.lock:
             starts = {}
             for partition in partitions:
@@ -304,16 +303,19 @@ class Stages:
                     for partition in [p for p in offsets if p[0] == topic and p not in partitions]:
                         offsets.pop(partition)
             for partition in partitions:
-                task = self.tasks.get(partition)
-                if task is None:
-                    self.produced[partition] = self.acked[partition] = 0
-                    continue
-                if task.restoring is not None:  # its snapshot was in the old log
+                if (task := self.tasks.get(partition)) is not None and task.restoring is not None:  # in the old log
                     task.restoring.buffered.clear()
                     self._restored(task, None)
-                task.consumed, task.covered, task.fetched, task.dirty = 0, None, False, True
+                self.resume_at(partition, 0)
             if topic_id is not None:
                 self.topic_ids[topic] = topic_id
+
+    def resume_at(self, partition: Partition, offset: int) -> None:  # rows of positions applied: skipped (replays)
+        with self.lock:
+            if (task := self.tasks.get(partition)) is None:
+                self.produced[partition] = self.acked[partition] = offset
+            else:
+                task.consumed, task.covered, task.fetched, task.dirty = offset, None, False, True
 
     def _drop(self, partition: Partition) -> None:
         task = self.tasks.pop(partition, None)

@@ -339,6 +339,12 @@ class Checkpointer:
             if topic_id is not None:
                 self.topic_ids[topic] = topic_id
 
+    def resume_at(self, partition: Partition, offset: int) -> None:
+        with self.fleet.lock:
+            self.fleet.advance_offset(partition, offset)
+            if partition in self._durable:  # nothing beyond the log's end is committed
+                self._durable[partition] = min(self._durable[partition], offset)
+
     def snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray], Offsets]:
         """A checkpoint's metadata and arrays of the state now, and the offsets they cover."""
         fleet = self.fleet

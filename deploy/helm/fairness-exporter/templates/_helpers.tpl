@@ -147,6 +147,12 @@ path in the config and the volume's mount path cannot disagree.
 {{- else if .Values.checkpoint.enabled }}
 {{- $_ := set $config "checkpoint" (dict "path" .Values.checkpoint.path "interval" .Values.checkpoint.interval) }}
 {{- end }}
+{{- if eq (include "fairness-exporter.staticMember" .) "true" }}
+{{- $client := deepCopy (default (dict) $kafka.client) }}
+{{- $key := ternary "group.instance.id" "group_instance_id" (eq (dig "client_library" "kafka-python" $kafka) "confluent-kafka") }}
+{{- $_ := set $client $key "${FAIRNESS_EXPORTER_POD_NAME}" }}
+{{- $_ := set $kafka "client" $client }}
+{{- end }}
 {{- $_ := set $config "kafka" $kafka }}
 {{- toYaml $config }}
 {{- end }}
@@ -155,6 +161,30 @@ path in the config and the volume's mount path cannot disagree.
 direct at one (measurably faster: no event is written and read a second time). */}}
 {{- define "fairness-exporter.stages" -}}
 {{- dig "kafka" "stages" (ternary "staged" "direct" (gt (int .Values.replicaCount) 1)) .Values.config }}
+{{- end }}
+
+{{/* "true" when the consumer is a static member of its group named by the pod (staticMembership): one direct,
+subscribed replica, whose config sets no instance id of its own. */}}
+{{- define "fairness-exporter.staticMember" -}}
+{{- $kafka := default (dict) .Values.config.kafka }}
+{{- $client := default (dict) $kafka.client }}
+{{- $own := or (hasKey $client "group_instance_id") (hasKey $client "group.instance.id") }}
+{{- and .Values.staticMembership (eq (include "fairness-exporter.stages" .) "direct") (eq (dig "assignment" "subscribe" $kafka) "subscribe") (not $own) }}
+{{- end }}
+
+{{/* A container's environment (`.root` the chart, `.extra` more entries): the pod's name when the config names
+the consumer's static member by it (the daemon's config is the audit job's too, and every ${NAME} in it must be
+set), then `env`, then `.extra`. */}}
+{{- define "fairness-exporter.env" -}}
+{{- if eq (include "fairness-exporter.staticMember" .root) "true" }}
+- name: FAIRNESS_EXPORTER_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
+{{- with concat .root.Values.env .extra }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* The pod template shared by the Deployment and the StatefulSet. */}}
@@ -198,9 +228,9 @@ spec:
         - name: metrics
           containerPort: {{ include "fairness-exporter.port" . }}
           protocol: TCP
-      {{- with .Values.env }}
+      {{- with include "fairness-exporter.env" (dict "root" . "extra" list) }}
       env:
-        {{- toYaml . | nindent 8 }}
+        {{- . | nindent 8 }}
       {{- end }}
       {{- with .Values.envFrom }}
       envFrom:
