@@ -1,0 +1,84 @@
+"""The local engine's counts of a parquet dataset on this machine, by DuckDB where that is the faster way.
+
+Measured (``python -m bench --only anysize``, docs/sre/performance.md): for 10^7 rows in ten files, DuckDB's one
+``GROUP BY`` over the columns the gate reads took 0.23-0.42 s in the gate's process, where the gate's own pass
+(pyarrow batches, codes, bincounts) took 0.84 s, 0.38 s of it decoding parquet alone; DuckDB reading through
+pyarrow's dataset took 0.72 s, no gain, so DuckDB reads the files itself. The aggregation is the Spark engine's
+(:mod:`exporter.spark`): every combination of the values the gate reads with its number of rows, a table of a few
+hundred rows, which :func:`exporter.gate.fairness.frames.scan` reads weighted by ``count``: the value rules, the
+checks, the core and the report are the row pass's.
+
+Used only where an aggregation gives every number the row pass gives: local parquet files, the columns counted as
+the files hold them (no hive partition among them: pyarrow's parsing of folder names is the reference), types cast
+to the dataset's schema as pyarrow reads it, and a model without what needs each row (LL144 scores, scores against
+a threshold, BISG proxies, side sources, segments and strata, a timestamp column's date range). Anything else, or
+DuckDB absent or failing, and the row pass runs as before; a refusal is worded by the row pass, which names rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from exporter.config import ModelSpec
+from exporter.gate.data.dataset import Dataset
+from exporter.spark import COUNT, CountedRows, counted_columns
+
+MEMORY = "512MB"
+"""DuckDB's memory limit: its hash table of combinations stays small for categorical data; data whose combinations
+would not fit (free text in an attribute column) fails there and is counted by the row pass in the memory of a
+batch."""
+
+
+class LocalCounts(CountedRows):
+    """DuckDB's counts, told apart from another engine's: a refusal found in them is worded by the row pass."""
+
+
+def usable(config: ModelSpec, dataset: Dataset) -> bool:
+    """Whether one aggregation of this dataset gives the model's every number."""
+    import pyarrow.dataset as ds
+    from pyarrow import fs as pafs
+
+    partitions = {key for f in dataset.arrow.get_fragments() for key in ds.get_partition_keys(f.partition_expression)}
+    columns = counted_columns(config, dataset.columns)
+    return (dataset.format == "parquet" and isinstance(dataset.arrow.filesystem, pafs.LocalFileSystem)
+            and config.score_column is None and config.events.score_threshold is None
+            and not any(a.proxy for a in config.base_attributes) and not config.attribute_sources
+            and not config.segments and not config.strata and config.timestamp_column not in dataset.columns
+            and not partitions & set(columns)
+            and len({c.lower() for c in dataset.columns}) == len(dataset.columns)  # DuckDB's names ignore case
+            and not any(ch in f for f in dataset.arrow.files for ch in "*?[{"))  # fmt: skip
+
+
+def local_rows(config: ModelSpec, dataset: Dataset) -> tuple[Any, str | None]:
+    """The rows the local engine counts: DuckDB's counts and their weight column where usable, else the dataset
+    and no weights (the row pass)."""
+    if not usable(config, dataset):
+        return dataset, None
+    try:
+        import duckdb
+    except ImportError:  # the same numbers, from the row pass
+        return dataset, None
+    columns = counted_columns(config, dataset.columns)
+    names = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
+    con = duckdb.connect(config={"memory_limit": MEMORY})
+    try:
+        con.execute("SET enable_progress_bar = false")
+        table = con.sql(f"SELECT {names}, count(*) AS {COUNT} FROM read_parquet($files, hive_partitioning = false, "
+                        f"union_by_name = true) GROUP BY ALL", params={"files": list(dataset.arrow.files)}
+                        ).to_arrow_table()  # fmt: skip
+    except duckdb.Error:  # out of memory, a file DuckDB cannot read: the row pass reads it or says why
+        return dataset, None
+    finally:
+        con.close()
+    try:
+        arrays = [table.column(i).cast(_read_type(dataset.schema.field(c).type)) for i, c in enumerate(columns)]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # values pyarrow's schema cannot hold: the row pass says so
+        return dataset, None
+    return LocalCounts(pa.table([*arrays, table.column(COUNT)], names=[*columns, COUNT])), COUNT
+
+
+def _read_type(kind: pa.DataType) -> pa.DataType:
+    """The type the row pass gives a column's values (a dictionary's values)."""
+    return kind.value_type if pa.types.is_dictionary(kind) else kind
