@@ -6,7 +6,10 @@ child process of its own, timed by the wall clock, its peak RSS read from the ke
 
 * ours: ``fairness-exporter audit CONFIG FOLDER`` (record batches, counts per batch, the manifest's hashes, the
   report); its start-up is the same command on the shipped example (3,000 rows): Python's imports, mostly;
-* DuckDB: the three ``GROUP BY attribute, prediction, label`` counts over the same files, and nothing else.
+* DuckDB: the fastest DuckDB query that yields the counts the gate needs, and nothing else: one ``GROUP BY`` over
+  the three attributes, the prediction and the label (360 combinations), rolled up per attribute in Python.
+  Measured at 10^7 rows in ten files (best of 3, same process): 0.31 s, where one scan with ``GROUPING SETS`` of
+  the three (attribute, prediction, label) took 0.39 s and three separate ``GROUP BY``s 0.46 s.
 
 Every group's rows, labelled rows and positive predictions must equal DuckDB's. Then `backtest` replays a day of
 10^7 events from parquet (one model, 1-minute buckets, 1h and 24h windows) and reports events per second; that its
@@ -46,15 +49,21 @@ BACKTEST_EVENTS = 10**7
 """A day of events, about 7,000 a minute: enough that the replay's time is its reading and counting rather than the
 detectors' fixed work per one-minute step (1,440 steps a day whatever the volume)."""
 DUCKDB = """
-import json, sys, duckdb
+import collections, json, sys, duckdb
 con = duckdb.connect()
 con.execute("SET enable_progress_bar = false")
+names = sys.argv[2].split(",")
+rows = con.execute(f"SELECT {', '.join(names)}, prediction, label, count(*) "
+                   f"FROM read_parquet('{sys.argv[1]}/*.parquet') GROUP BY ALL").fetchall()
 out = {}
-for a in sys.argv[2].split(","):
-    out[a] = con.execute(f"SELECT {a}, prediction, label, count(*) FROM read_parquet('{sys.argv[1]}/*.parquet') "
-                         f"GROUP BY ALL").fetchall()
+for i, a in enumerate(names):
+    rolled = collections.Counter()
+    for row in rows:
+        rolled[(row[i], row[-3], row[-2])] += row[-1]
+    out[a] = [[*key, n] for key, n in rolled.items()]
 print(json.dumps(out))
 """
+"""The baseline: one scan, one GROUP BY of every combination, rolled up per attribute (see the module's text)."""
 
 
 def write_rows(folder: Path, rows: int, seed: int = 1) -> None:

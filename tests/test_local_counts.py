@@ -120,3 +120,31 @@ def test_a_refusal_found_in_duckdbs_counts_is_worded_by_the_row_pass(
     with pytest.raises(DataError) as local:
         run_audit(config, data, now=NOW)
     assert str(local.value) == str(by_rows.value) and "missing values (first rows: [" in str(local.value)
+
+
+STAMPS = {"float seconds": pa.array([1.8e9 + 0.25, np.nan, None, 1.7e9 + 0.5, 1.75e9], pa.float64()),
+          "int seconds": pa.array([1_800_000_000, None, 1_700_000_000, 1_750_000_000, 1_760_000_000], pa.int64()),
+          "UTC timestamps": pa.array([1_800_000_000_123_456, None, 1_700_000_000_000_001, 1, 2],
+                                     pa.timestamp("us", tz="UTC")),
+          "local timestamps": pa.array([1_800_000_000_123, None, 1_700_000_000_000, 5, 6],
+                                       pa.timestamp("ms", tz="America/New_York")),
+          "naive timestamps": pa.array([1_800_000_000, None, 1_700_000_000, 5, 6], pa.timestamp("s")),
+          "text dates": pa.array(["2026-01-02", None, "not a date", "2025-12-31T23:00:00+01:00", "2026-01-01"]),
+          "seconds past pandas' range": pa.array([1e300, 1.7e9, None, 1.8e9, -np.inf], pa.float64())}  # fmt: skip
+"""Each case's stamps repeat down the rows; the first model's rows see every one of them."""
+
+
+@pytest.mark.parametrize("case", STAMPS)
+def test_the_ll144_date_range_is_the_row_pass_s(config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                case: str) -> None:  # fmt: skip
+    data = tmp_path / "data"
+    for seed in (1, 2):
+        write(data, seed)
+        table = pq.read_table(data / f"part-{seed}.parquet")
+        stamps = STAMPS[case].take(pa.array(np.arange(table.num_rows) % len(STAMPS[case])))
+        pq.write_table(table.append_column("timestamp", stamps), data / f"part-{seed}.parquet")
+    rows, _ = local_rows(config, open_dataset(str(data), "predictions", text_columns(config)))
+    assert isinstance(rows, LocalCounts) == (case not in ("text dates", "seconds past pandas' range"))
+    report = run_audit(config, data, now=NOW)
+    assert report["impact_ratios"]["date_range"] == row_pass(config, data, monkeypatch)["impact_ratios"]["date_range"]
+    assert report["impact_ratios"]["date_range"]["start"] is not None
