@@ -148,3 +148,23 @@ def test_the_ll144_date_range_is_the_row_pass_s(config: Any, tmp_path: Path, mon
     report = run_audit(config, data, now=NOW)
     assert report["impact_ratios"]["date_range"] == row_pass(config, data, monkeypatch)["impact_ratios"]["date_range"]
     assert report["impact_ratios"]["date_range"]["start"] is not None
+
+
+@pytest.mark.parametrize(("column", "kind", "by_duckdb"), [
+    ("prediction", pa.bool_(), True), ("age", pa.int8(), True), ("age", pa.float32(), True),
+    ("age", pa.string(), True), ("age", pa.decimal128(21, 1), False)])  # fmt: skip
+def test_column_types_duckdb_returns_as_pyarrow_reads_them_and_others_by_the_row_pass(
+        config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, column: str, kind: pa.DataType,
+        by_duckdb: bool) -> None:  # fmt: skip
+    data = tmp_path / "data"
+    for seed in (1, 2):
+        write(data, seed)
+        table = pq.read_table(data / f"part-{seed}.parquet")
+        i = table.schema.get_field_index(column)
+        pq.write_table(table.set_column(i, column, table.column(column).cast(kind)), data / f"part-{seed}.parquet")
+    rows, _ = local_rows(config, open_dataset(str(data), "predictions", text_columns(config)))
+    assert isinstance(rows, LocalCounts) == by_duckdb
+    report = run_audit(config, data, now=NOW)
+    assert {k: v for k, v in report.items() if k != "timestamp"} == \
+        {k: v for k, v in row_pass(config, data, monkeypatch).items() if k != "timestamp"}  # fmt: skip
+    assert report["attributes"]["gender"]["groups"]["f"]["samples"] > 0

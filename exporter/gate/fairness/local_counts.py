@@ -48,6 +48,7 @@ def usable(config: ModelSpec, dataset: Dataset) -> bool:
             and not any(a.proxy for a in config.base_attributes) and not config.attribute_sources
             and not config.segments and not config.strata and _dated(config, dataset)
             and not partitions & {*columns, config.timestamp_column}
+            and all(_plain(_read_type(dataset.schema.field(c).type)) for c in columns)
             and len({c.lower() for c in dataset.columns}) == len(dataset.columns)  # DuckDB's names ignore case
             and not any(ch in f for f in dataset.arrow.files for ch in "*?[{"))  # fmt: skip
 
@@ -78,6 +79,13 @@ def local_rows(config: ModelSpec, dataset: Dataset) -> tuple[Any, str | None]:
     if dates is False:
         return dataset, None
     return LocalCounts(pa.table([*arrays, table.column(COUNT)], names=[*columns, COUNT]), dates or None), COUNT
+
+
+def _plain(kind: pa.DataType) -> bool:
+    """Text, integers, floats and booleans: the types whose values DuckDB returns as pyarrow reads them (a
+    nanosecond timestamp, a half float or a nested type is counted by the row pass)."""
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+            or kind in (pa.float32(), pa.float64(), pa.bool_()))  # fmt: skip
 
 
 def _name(column: str) -> str:
