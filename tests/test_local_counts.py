@@ -168,3 +168,14 @@ def test_column_types_duckdb_returns_as_pyarrow_reads_them_and_others_by_the_row
     assert {k: v for k, v in report.items() if k != "timestamp"} == \
         {k: v for k, v in row_pass(config, data, monkeypatch).items() if k != "timestamp"}  # fmt: skip
     assert report["attributes"]["gender"]["groups"]["f"]["samples"] > 0
+
+
+def test_duckdb_out_of_memory_is_the_row_pass(config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    write(data, 1, rows=200_000)
+    dataset = open_dataset(str(data), "predictions", text_columns(config))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("exporter.gate.fairness.local_counts.MEMORY", "1MB")
+    assert local_rows(config, dataset) == (dataset, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "data"]  # nothing spilled into the cwd
+    assert_counts(run_audit(config, data, now=NOW), data)

@@ -65,7 +65,7 @@ def local_rows(config: ModelSpec, dataset: Dataset) -> tuple[Any, str | None]:
     columns = counted_columns(config, dataset.columns)
     source = "read_parquet($files, hive_partitioning = false, union_by_name = true)"
     params = {"files": list(dataset.arrow.files)}
-    con = duckdb.connect(config={"memory_limit": MEMORY})
+    con = duckdb.connect(config={"memory_limit": MEMORY, "temp_directory": ""})  # no spilling into the cwd's .tmp
     try:
         con.execute("SET enable_progress_bar = false")
         table = con.sql(f"SELECT {', '.join(map(_name, columns))}, count(*) AS {COUNT} FROM {source} GROUP BY ALL",
