@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,18 +29,25 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    """One small local SparkSession for the file: one core, two shuffle partitions, no UI."""
+    """One small local SparkSession for the file: one core, two shuffle partitions, no UI, Python workers of this
+    interpreter (the attribute join runs the gate's code in them)."""
     if importlib.util.find_spec("pyspark") is None:
         missing("pyspark (the spark extra) is not installed")
     if shutil.which("java") is None:
         missing("a Java runtime (pyspark needs one) is not on PATH")
     from pyspark.sql import SparkSession
 
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # read when the context starts its Python workers
     session = (SparkSession.builder.master("local[1]").appName("test_spark")
                .config("spark.sql.shuffle.partitions", 2).config("spark.ui.enabled", False).getOrCreate())  # fmt: skip
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+    if before is None:
+        del os.environ["PYSPARK_PYTHON"]
+    else:
+        os.environ["PYSPARK_PYTHON"] = before
 
 
 def test_the_shipped_example_reports_the_same_with_spark(spark: Any) -> None:
@@ -133,3 +142,26 @@ def test_a_bisg_proxy_attribute_reports_the_same_with_spark(spark: Any, tmp_path
     for group, stats in local["attributes"]["race"]["groups"].items():
         assert stats["selection_rate"] == pytest.approx(spark_report["attributes"]["race"]["groups"][group][
             "selection_rate"], abs=1e-12)  # fmt: skip
+
+
+def test_attributes_joined_by_id_report_the_same_with_spark(spark: Any, tmp_path: Path) -> None:
+    """attribute_sources with --engine spark: the side table is the local gate's (the latest row of an id wins, a
+    blank value is missing, an id without a row is unknown), broadcast and looked up by the same join; a predictions
+    folder of parquet parts and a CSV file give the local report."""
+    from test_attribute_join_gate import CONFIG, data
+
+    predictions, demographics = data(2000, seed=4)
+    folder = tmp_path / "predictions"
+    folder.mkdir()
+    predictions.iloc[:1200].to_parquet(folder / "part-0.parquet")
+    predictions.iloc[1200:].to_parquet(folder / "part-1.parquet")
+    predictions.to_csv(tmp_path / "predictions.csv", index=False)
+    demographics.to_parquet(tmp_path / "demographics.parquet")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    for location in (folder, tmp_path / "predictions.csv"):
+        local = run_audit(tmp_path / "config.yaml", location, now=NOW)
+        assert run_audit(tmp_path / "config.yaml", location, now=NOW, engine="spark") == local
+    assert local["attributes"]["gender"]["excluded_rows"] > 100 and local["verdict"] == "FAIL"
+    (tmp_path / "predictions.csv").write_text(predictions.rename(columns={"applicant_id": "customer"}).to_csv())
+    with pytest.raises(ValueError, match=r"no column 'applicant_id', the id attribute_sources.applicants.id joins by"):
+        run_audit(tmp_path / "config.yaml", tmp_path / "predictions.csv", now=NOW, engine="spark")

@@ -56,6 +56,13 @@ def read_table(source: AttributeSource, fields: Sequence[str], config_source: st
     return table
 
 
+def read_tables(model: ModelSpec, batch_rows: int = BATCH_ROWS) -> dict[str, SideTable]:
+    """The side table of every source the model's attributes name, with the fields they read from it."""
+    sources = {s.name: s for s in model.attribute_sources}
+    return {name: read_table(sources[name], [a.columns[0] for a in attributes], model.source, batch_rows)
+            for name, attributes in model.sourced().items()}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class JoinedRows:
     """Rows whose sourced attribute columns come from side tables, by the id column each source names."""
@@ -75,9 +82,7 @@ class JoinedRows:
             if source.id not in rows.columns:
                 raise DataError(f"{name}: no column {source.id!r}, the id attribute_sources.{source.name}.id joins "
                                 f"by; the file has {rows.columns}")  # fmt: skip
-        sources = {s.name: s for s in model.attribute_sources}
-        return cls(rows, model, {name: read_table(sources[name], [a.columns[0] for a in attributes], model.source,
-                                                  batch_rows) for name, attributes in sourced.items()})  # fmt: skip
+        return cls(rows, model, read_tables(model, batch_rows))
 
     @property
     def columns(self) -> list[str]:
