@@ -13,6 +13,7 @@ caller already started); without any, pyspark runs locally. Needs the ``spark`` 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,10 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
     except Exception as exc:  # Spark's analysis and IO errors arrive through py4j
         if isinstance(exc, DataError):
             raise
+        module = re.search(r"No module named '([^']+)'", str(exc))
+        if module:  # the attribute join runs our code in the executors' Python
+            raise DataError(f"{location}: attribute_sources: the Spark executors' Python cannot import "
+                            f"{module[1]!r}: set PYSPARK_PYTHON to an interpreter with fairness-exporter") from exc
         raise DataError(f"{location}: Spark cannot count it: {' '.join(str(exc).split())[:300]}") from exc
 
 

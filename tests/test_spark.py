@@ -165,3 +165,26 @@ def test_attributes_joined_by_id_report_the_same_with_spark(spark: Any, tmp_path
     (tmp_path / "predictions.csv").write_text(predictions.rename(columns={"applicant_id": "customer"}).to_csv())
     with pytest.raises(ValueError, match=r"no column 'applicant_id', the id attribute_sources.applicants.id joins by"):
         run_audit(tmp_path / "config.yaml", tmp_path / "predictions.csv", now=NOW, engine="spark")
+
+
+def test_executors_without_our_python_packages_are_told_in_one_line(tmp_path: Path) -> None:
+    """The join runs the gate's code in the executors' Python: one that cannot import it is named, exit 2."""
+    import subprocess
+    import venv
+
+    from test_attribute_join_gate import CONFIG, data
+
+    if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+        missing("pyspark and a Java runtime")
+    venv.create(tmp_path / "bare", with_pip=False)  # a Python without pyarrow, numpy or pandas
+    predictions, demographics = data(200)
+    predictions.to_parquet(tmp_path / "predictions.parquet")
+    demographics.to_parquet(tmp_path / "demographics.parquet")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    env = {**os.environ, "PYSPARK_PYTHON": str(tmp_path / "bare/bin/python"),
+           "PYSPARK_SUBMIT_ARGS": "--master local[1] --conf spark.ui.enabled=false pyspark-shell"}  # fmt: skip
+    cli = subprocess.run([sys.executable, "-m", "exporter.cli", "audit", str(tmp_path / "config.yaml"),
+                          str(tmp_path / "predictions.parquet"), "--engine", "spark"], capture_output=True,
+                         text=True, env=env, cwd=ROOT)  # fmt: skip
+    last = cli.stderr.strip().splitlines()[-1]
+    assert cli.returncode == 2 and "the Spark executors' Python cannot import" in last and "PYSPARK_PYTHON" in last
