@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from s3_fixture import S3
+from test_attribute_join_gate import written
 
 from exporter.backtest.input import BacktestError
 from exporter.backtest.replay import backtest
@@ -46,11 +48,7 @@ def recorded(n: int = 6000, seed: int = 9) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_backtest_of_an_id_only_folder_equals_the_merged_table_and_the_gates_counts(tmp_path: Path) -> None:
     events, demographics = recorded()
-    folder = tmp_path / "events"
-    folder.mkdir()
-    events.iloc[:3500].to_parquet(folder / "part-0.parquet")
-    events.iloc[3500:].to_parquet(folder / "part-1.parquet")
-    demographics.to_parquet(tmp_path / "demographics.parquet")
+    folder = written(events, demographics, tmp_path / "events", 3500)
     merged = events.merge(demographics.drop_duplicates("applicant_id", keep="last"), on="applicant_id", how="left")
     merged.drop(columns="applicant_id").to_parquet(tmp_path / "merged.parquet")
     joined = parse_config(JOINED, str(tmp_path / "joined.yaml"))
@@ -69,6 +67,17 @@ def test_backtest_of_an_id_only_folder_equals_the_merged_table_and_the_gates_cou
     assert len(gate["worst"]) == 4 and all(replayed[(w["attribute"], w["metric"])] == {k: w[k] for k in (
         "attribute", "metric", "dimension", "value", "ci_simultaneous", "comparisons_judged")}
         for w in gate["worst"])  # fmt: skip
+
+
+def test_backtest_of_a_bucket_prefix_joins_as_the_local_folder(s3: S3, tmp_path: Path) -> None:
+    events, demographics = recorded(2000, seed=3)
+    folder = written(events, demographics, tmp_path / "events", 800)
+    fs = s3.filesystem()
+    fs.mkdir("lake")
+    fs.put(f"{folder}/", "lake/credit/2026-01/", recursive=True)
+    joined = parse_config(JOINED, str(tmp_path / "joined.yaml"))
+    local = backtest(joined, [folder])
+    assert backtest(joined, ["s3://lake/credit/"]) == local and local["events"] == 2000
 
 
 def test_backtest_of_a_table_without_the_id_column_is_one_line(tmp_path: Path) -> None:

@@ -148,15 +148,11 @@ def test_attributes_joined_by_id_report_the_same_with_spark(spark: Any, tmp_path
     """attribute_sources with --engine spark: the side table is the local gate's (the latest row of an id wins, a
     blank value is missing, an id without a row is unknown), broadcast and looked up by the same join; a predictions
     folder of parquet parts and a CSV file give the local report."""
-    from test_attribute_join_gate import CONFIG, data
+    from test_attribute_join_gate import CONFIG, data, written
 
     predictions, demographics = data(2000, seed=4)
-    folder = tmp_path / "predictions"
-    folder.mkdir()
-    predictions.iloc[:1200].to_parquet(folder / "part-0.parquet")
-    predictions.iloc[1200:].to_parquet(folder / "part-1.parquet")
+    folder = written(predictions, demographics, tmp_path / "predictions", 1200)
     predictions.to_csv(tmp_path / "predictions.csv", index=False)
-    demographics.to_parquet(tmp_path / "demographics.parquet")
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     for location in (folder, tmp_path / "predictions.csv"):
         local = run_audit(tmp_path / "config.yaml", location, now=NOW)
