@@ -255,10 +255,8 @@ def run_audit(
             rows, weights = spark_rows(config, data_file), "count"
         manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
-    if weights is not None and config.attribute_sources:
-        raise DataError(f"{config.source}: attribute_sources: --engine spark does not join side tables; audit with "
-                        "the local engine")  # fmt: skip
-    rows = JoinedRows.of(config, rows, path_name)  # attributes joined by id from their side tables, if any
+    if weights is None:  # attributes joined by id from their side tables, if any (an engine joined its own)
+        rows = JoinedRows.of(config, rows, path_name)
     segmented = SegmentTally(config) if config.segments or config.strata else None
     if baseline is not None and not config.segments:
         raise DataError(f"{config.source}: --baseline explains a gap's change over the config's segments: "
