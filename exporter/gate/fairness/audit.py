@@ -276,7 +276,9 @@ def run_audit(
     evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
                                 multiplicity=config.multiplicity, scores=[counted.tally.scores[a.name]
                                                                           for a in config.attributes]
-                                if config.compares_scores else None)  # fmt: skip
+                                if config.compares_scores else None,
+                                score_sums=[counted.tally.score_sums.get(a.name) for a in config.attributes]
+                                if config.calibrates else None)  # fmt: skip
     evaluations, conditional = with_conditional(config, evaluations, current)
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
