@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from prometheus_client import CollectorRegistry
 from sklearn.calibration import calibration_curve
-from test_gate_daemon_agreement import T0, _close, _parse, assert_the_page_shows_the_report
+from test_gate_daemon_agreement import T0, _close, _get, _parse, assert_the_page_shows_the_report
 
 from exporter.backtest.replay import backtest
 from exporter.config import Config, layout, layout_changes, parse_config
@@ -93,6 +93,14 @@ def test_calibration_difference_is_the_oracles_in_the_gate_the_daemon_with_late_
     checked = 0
     for attribute in ("group", "site"):
         ece = {g: oracle_ece(rows) for g, rows in frame.groupby(attribute)}
+        for group, value in ece.items():  # each group's ECE, in the report and on /metrics, with the same bounds
+            shown = report["attributes"][attribute]["groups"][group]
+            _close(shown["calibration_error"], value, (attribute, group))
+            assert shown["calibration_error_ci"][0] <= value <= shown["calibration_error_ci"][1]
+            for name, expected in (("", value), ("_lower", shown["calibration_error_ci"][0]),
+                                   ("_upper", shown["calibration_error_ci"][1])):  # fmt: skip
+                _close(_get(samples, "m1", f"model_score_calibration_error{name}", attribute=attribute, window="1h",
+                            subgroup=group), expected, (attribute, group, name))  # fmt: skip
         key = (attribute, "calibration_difference")
         for r in (r for r in report["results"] if (r["attribute"], r["metric"]) == key):
             a, b = r["groups"].split(" vs ")

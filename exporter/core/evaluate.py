@@ -17,7 +17,9 @@ from exporter.core.conditional import metric as conditional_metric
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, group_stats
 from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
+from exporter.core.scores import SCORE_SUM
 from exporter.core.scores import auc as group_auc
+from exporter.core.scores import calibration as group_calibration
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,16 @@ class Evaluation:
         value, variance, _ = group_auc(self.histogram)
         half = Z_95 * np.sqrt(variance)
         return value, np.clip(value - half, 0.0, 1.0), np.clip(value + half, 0.0, 1.0)
+
+    def calibration(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per group: the expected calibration error of its scores and its 95% interval (conservative: the plug-in
+        less the bound on its upward bias and noise, up to the plug-in plus its noise; clipped to 0..1); None
+        without the labelled scores' sums (a model that does not configure ``calibration_difference``)."""
+        if self.histogram is None or np.isnan(self.histogram[..., SCORE_SUM]).all():
+            return None
+        value, bias, variance, _ = group_calibration(self.histogram)
+        spread = Z_95 * np.sqrt(variance)
+        return value, np.clip(value - bias - spread, 0.0, 1.0), np.clip(value + spread, 0.0, 1.0)
 
     def family(self) -> np.ndarray:
         """Per pair: its family (0 but in ``backtest``'s stacked steps)."""

@@ -89,10 +89,12 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
 def _group_report(ev: Evaluation) -> dict[str, Any]:
     g = ev.groups
     per_group = {}
-    scored = ev.auc()
+    scored, calibrated = ev.auc(), ev.calibration()
     for i, name in enumerate(ev.attribute.groups):
         auc = {} if scored is None else {"auc": json_float(scored[0][i]),
                                          "auc_ci": [json_float(scored[1][i]), json_float(scored[2][i])]}
+        auc |= {} if calibrated is None else {"calibration_error": json_float(calibrated[0][i]), "calibration_error_ci":
+                                              [json_float(calibrated[1][i]), json_float(calibrated[2][i])]}
         per_group[name] = {
             "samples": ll144.count(g.samples[i]),
             "labelled": ll144.count(g.labelled[i]),
