@@ -21,7 +21,7 @@ from sklearn.calibration import calibration_curve
 from test_gate_daemon_agreement import T0, _close, _get, _parse, assert_the_page_shows_the_report
 
 from exporter.backtest.replay import backtest
-from exporter.config import Config, layout, layout_changes, parse_config
+from exporter.config import Config, ConfigError, layout, layout_changes, parse_config
 from exporter.core.fairness import Z_95
 from exporter.core.scores import calibration, calibration_gap
 from exporter.daemon import Daemon
@@ -186,3 +186,12 @@ def test_ece_of_a_histogram_is_the_weighted_mean_gap_and_empty_groups_have_none(
     ece, bias, variance, n = calibration(np.concatenate([histogram, np.zeros_like(histogram)]))
     _close(float(ece[0]), oracle_ece(rows), "ece")
     assert int(n[0]) == 3000 and 0 < variance[0] < bias[0] ** 2 and np.isnan(ece[1])
+
+
+def test_the_staged_path_with_late_labels_is_refused_for_calibration_in_one_line() -> None:
+    """Its label join keeps no score for a late label: the sums would miss every late label, so it is refused."""
+    raw = {**_raw_without_calibration(), "metrics": [{"name": "calibration_difference", "threshold": 0.05}],
+           "kafka": {"stages": "staged", "labels_topic": "labels", "group_id": "g"}}
+    with pytest.raises(ConfigError, match=r"calibration_difference not with kafka\.stages: staged"):
+        parse_config(raw, "staged-config")
+    parse_config({**raw, "kafka": {"stages": "staged", "group_id": "g"}}, "inline-labels")  # inline labels: fine
