@@ -33,7 +33,7 @@ BOUNDS = np.round(np.arange(1, 10) / 10, 1)  # the default score_buckets: scikit
 GROUPS = ["a", "b", "c"]
 
 
-def _config(**kafka: str) -> Config:
+def _config(checkpoint: str | None = None, **kafka: str) -> Config:
     return parse_config({
         "model_id": "m1", "min_samples": 30, "windows": ["1h"],
         "protected_attributes": [{"name": "group", "groups": GROUPS}, {"name": "site", "groups": ["x", "y"]}],
@@ -41,7 +41,7 @@ def _config(**kafka: str) -> Config:
                     {"name": "calibration_difference", "threshold": 0.05},
                     {"name": "auc_difference", "threshold": 0.05}],
         "events": {"score_threshold": 0.5}, "listen": {"address": "127.0.0.1", "port": 0},
-        **({"kafka": kafka} if kafka else {}),
+        **({"kafka": kafka} if kafka else {}), **({"checkpoint": {"path": checkpoint}} if checkpoint else {}),
     }, "calibration-config")  # fmt: skip
 
 
@@ -72,13 +72,7 @@ def test_calibration_difference_is_the_oracles_in_the_gate_the_daemon_with_late_
 ) -> None:
     frame = _frame(6000, 41)
     config = _config(labels_topic="labels")
-    late = np.random.default_rng(7).random(len(frame)) < 0.4  # these labels come later, on the labels topic
-    events = [orjson.dumps({"model_id": "m1", "prediction_id": r.prediction_id, "timestamp": r.timestamp,
-                            "score": r.score, **({} if late[i] else {"label": r.label}),
-                            "attributes": {"group": r.group, "site": r.site}})
-              for i, r in enumerate(frame.itertuples())]  # fmt: skip
-    labels = [orjson.dumps({"prediction_id": r.prediction_id, "label": r.label}) for r in frame[late].itertuples()]
-    inline = [orjson.dumps({**orjson.loads(e), "label": int(y)}) for e, y in zip(events, frame.label, strict=True)]
+    events, labels, inline = _events(frame)
     (tmp_path / "events.jsonl").write_bytes(b"\n".join(inline) + b"\n")
 
     report = run_audit(config, frame)
@@ -114,6 +108,37 @@ def test_calibration_difference_is_the_oracles_in_the_gate_the_daemon_with_late_
             _close(theirs, mine, worst)
     assert checked == 4
     assert ece["x"] < 0.05 and oracle_ece(frame[frame.group == "b"]) > 0.05  # the groups differ as built
+
+
+def _events(frame: pd.DataFrame) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """The prediction events (40% without their label), the late labels, and every event with its label inline."""
+    late = np.random.default_rng(7).random(len(frame)) < 0.4  # these labels come later, on the labels topic
+    events = [orjson.dumps({"model_id": "m1", "prediction_id": r.prediction_id, "timestamp": r.timestamp,
+                            "score": r.score, **({} if late[i] else {"label": r.label}),
+                            "attributes": {"group": r.group, "site": r.site}})
+              for i, r in enumerate(frame.itertuples())]  # fmt: skip
+    labels = [orjson.dumps({"prediction_id": r.prediction_id, "label": r.label}) for r in frame[late].itertuples()]
+    inline = [orjson.dumps({**orjson.loads(e), "label": int(y)}) for e, y in zip(events, frame.label, strict=True)]
+    return events, labels, inline
+
+
+def test_a_waiting_predictions_score_survives_a_checkpoint_for_its_late_label(tmp_path: Path) -> None:
+    """Predictions wait for their labels across a restart: the labels read by the restored daemon add the scores
+    the checkpoint kept, and every value and bound is the gate's."""
+    frame = _frame(3000, 43)
+    config = _config(str(tmp_path), labels_topic="labels")
+    events, labels, _ = _events(frame)
+    first = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    first.checkpointer.restore()
+    first.ingest.handle("predictions", 0, [SimpleRecord(e, i) for i, e in enumerate(events)])
+    first.checkpointer.write()
+    second = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    second.checkpointer.restore()
+    assert len(second.fleet.joins.pending) == len(labels) > 1000
+    second.ingest.handle("labels", 0, [SimpleRecord(e, i) for i, e in enumerate(labels)])
+    second.computer.compute()
+    report = run_audit(config, frame)
+    assert assert_the_page_shows_the_report(_parse(second.metrics_page()), report, ("1h",)) == len(report["results"])
 
 
 def test_a_calibrating_models_state_survives_a_checkpoint_and_switching_it_on_is_a_layout_change() -> None:
