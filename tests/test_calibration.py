@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pandas as pd
 import pytest
+from compas import RACE_GROUPS, compas_frame
 from prometheus_client import CollectorRegistry
 from sklearn.calibration import calibration_curve
 from test_gate_daemon_agreement import T0, _close, _get, _parse, assert_the_page_shows_the_report
@@ -220,3 +221,39 @@ def test_the_staged_path_with_late_labels_is_refused_for_calibration_in_one_line
     with pytest.raises(ConfigError, match=r"calibration_difference not with kafka\.stages: staged"):
         parse_config(raw, "staged-config")
     parse_config({**raw, "kafka": {"stages": "staged", "group_id": "g"}}, "inline-labels")  # inline labels: fine
+
+
+def test_compas_deciles_calibration_per_race_and_sex_is_the_oracles_in_the_gate_and_the_daemon() -> None:
+    """COMPAS' decile scores (decile / 10: one decile per default bin), its two-year recidivism as the label: each
+    race's and sex's ECE and every calibration_difference equal the pandas / scikit-learn oracle to 1e-9, in the
+    gate's report and on the daemon's /metrics."""
+    frame = compas_frame()
+    config = parse_config({
+        "model_id": "compas", "min_samples": 30, "windows": ["1h"], "events": {"score_threshold": 0.45},
+        "protected_attributes": [{"name": "race", "groups": RACE_GROUPS},
+                                 {"name": "sex", "groups": ["Male", "Female"]}],
+        "metrics": [{"name": "calibration_difference", "threshold": 0.05}],
+        "listen": {"address": "127.0.0.1", "port": 0},
+    }, "compas-calibration")  # fmt: skip
+    events = [orjson.dumps({"model_id": "compas", "prediction_id": f"p{i}", "timestamp": T0 - 60, "score": r.score,
+                            "label": int(r.label), "attributes": {"race": r.race, "sex": r.sex}})
+              for i, r in enumerate(frame.itertuples())]  # fmt: skip
+    report = run_audit(config, frame.drop(columns="prediction"))
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [SimpleRecord(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    samples = _parse(daemon.metrics_page())
+    assert assert_the_page_shows_the_report(samples, report, ("1h",)) == len(report["results"])
+    checked = 0
+    for attribute, groups in (("race", RACE_GROUPS), ("sex", ["Male", "Female"])):
+        ece = {g: oracle_ece(frame[frame[attribute] == g]) for g in groups}
+        for group, value in ece.items():
+            _close(report["attributes"][attribute]["groups"][group]["calibration_error"], value, (attribute, group))
+            _close(_get(samples, "compas", "model_score_calibration_error", attribute=attribute, window="1h",
+                        subgroup=group), value, (attribute, group))  # fmt: skip
+        gaps = [r for r in report["results"] if (r["attribute"], r["metric"]) == (attribute, "calibration_difference")]
+        for r in gaps:
+            a, b = r["groups"].split(" vs ")
+            _close(r["exact_value"], abs(ece[a] - ece[b]), r)
+            checked += 1
+    assert checked == 3 + 1
