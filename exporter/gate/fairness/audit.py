@@ -31,6 +31,7 @@ from exporter.gate.data.side import JoinedRows
 from exporter.gate.fairness import estimated, ll144, proxy
 from exporter.gate.fairness.frames import BatchCounter, FrameRows, Rows, Scan, required_columns, scan, text_columns
 from exporter.gate.fairness.ll144 import json_float
+from exporter.gate.fairness.local_counts import LocalCounts, local_rows
 from exporter.gate.fairness.results import metric_results
 from exporter.gate.fairness.segments import SegmentTally, explain_change, mark_conditional, with_conditional
 
@@ -255,6 +256,8 @@ def run_audit(
             from exporter.spark import spark_rows
 
             rows, weights = spark_rows(config, data_file), "count"
+        else:  # DuckDB's counts where they are faster and the same (exporter/gate/fairness/local_counts.py)
+            rows, weights = local_rows(config, dataset)
         manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
     if weights is None:  # attributes joined by id from their side tables, if any (an engine joined its own)
@@ -265,8 +268,14 @@ def run_audit(
                         "name the columns in segments: [...]")  # fmt: skip
     before = None if baseline is None else _baseline(config, baseline, segmented)
     current = segmented.fresh() if segmented is not None else None
-    counted = count(config, rows, path_name, empty="the file has no rows" if data_file else
-                    "the predictions have no rows", weights=weights, also=current)  # fmt: skip
+    empty = "the file has no rows" if data_file else "the predictions have no rows"
+    try:
+        counted = count(config, rows, path_name, empty=empty, weights=weights, also=current)
+    except DataError:
+        if not isinstance(rows, LocalCounts):
+            raise
+        rows, weights = dataset, None  # the row pass words the refusal, naming rows
+        counted = count(config, rows, path_name, empty=empty, also=current)
     if weights is not None:  # counts of an engine: the date range is its own aggregation's
         counted.date_range = getattr(rows, "date_range", None)
 
