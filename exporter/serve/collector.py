@@ -114,27 +114,27 @@ class SnapshotCollector(Collector):
                          for family, name in ((rate, "selection_rate"), (tpr, "true_positive_rate"),
                                               (fpr, "false_positive_rate"))]  # fmt: skip
                 for i, (n, n_labelled) in enumerate(zip(stats.samples.tolist(), stats.labelled.tolist(), strict=True)):
-                    labels = [*base, names[offset + i]]
+                    named = dict(zip(_GROUP, [*base, names[offset + i]], strict=True))
                     for family, value, lower, upper in rates:
-                        family.add(labels, value[i], lower[i], upper[i])
-                    samples.add(labels, n)
-                    labelled.add(labels, n_labelled)
+                        family.add_named(named, value[i], lower[i], upper[i])
+                    samples.add_named(named, n)
+                    labelled.add_named(named, n_labelled)
                     if n:
-                        fraction.add(labels, n_labelled / n)
-            compared = [[*base, f"{ga}_vs_{gb}", ga, gb] for ga, gb in
+                        fraction.add_named(named, n_labelled / n)
+            compared = [dict(zip(_PAIR, [*base, f"{ga}_vs_{gb}", ga, gb], strict=True)) for ga, gb in
                         ((ev.attribute.groups[a], ev.attribute.groups[b]) for a, b in ev.attribute.pairs)]
             for metric in snapshot.metrics:
                 family = pairs[metric]
                 value, lower, upper = (x.tolist() for x in ev.metric(metric))
                 ok = ev.sufficient(metric).tolist()
                 states = ev.evidence(metric, thresholds[snapshot.model_id][metric]).tolist()
-                for k, labels in enumerate(compared):
-                    named = {**dict(zip(_PAIR, labels, strict=True)), "metric": metric}
-                    put(insufficient, named, 0.0 if ok[k] else 1.0)
+                for k, named in enumerate(compared):
+                    judged = {**named, "metric": metric}
+                    put(insufficient, judged, 0.0 if ok[k] else 1.0)
                     for state in EVIDENCE:
-                        put(evidence, {**named, "evidence": state}, 1.0 if states[k] == state else 0.0)
+                        put(evidence, {**judged, "evidence": state}, 1.0 if states[k] == state else 0.0)
                     if ok[k]:
-                        family.add(labels, value[k], lower[k], upper[k])
+                        family.add_named(named, value[k], lower[k], upper[k])
 
         for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()

@@ -22,9 +22,13 @@ class Family:
         )  # fmt: skip
 
     def add(self, labels: list[str], value: float, lower: float = math.nan, upper: float = math.nan) -> None:
+        self.add_named(dict(zip(self.labels, labels, strict=True)), value, lower, upper)
+
+    def add_named(self, named: dict[str, str], value: float, lower: float = math.nan, upper: float = math.nan) -> None:
+        """As :meth:`add`, from labels already named: one dict shared by the gauge, its bounds and any other family of
+        the same labels (encoders only read it)."""
         if math.isnan(value):
             return
-        named = dict(zip(self.labels, labels, strict=True))  # one dict for the gauge and its bounds: encoders read it
         put(self.main, named, float(value))
         for family, bound in zip(self.bounds, (lower, upper), strict=False):
             if not math.isnan(bound):
