@@ -11,6 +11,8 @@ import pytest
 from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry, generate_latest
 
+from exporter.config import parse_config
+from exporter.core.evaluate import evaluate_many
 from exporter.core.fairness import TP
 from exporter.gate.fairness.audit import run_audit
 from exporter.health.counters import Health
@@ -211,3 +213,50 @@ def test_unknown_values_count_in_their_attributes_unknown_row_and_everywhere_els
     assert h.value("model_subgroup_unknown_samples", **base) == 1
     assert h.value("model_subgroup_samples", subgroup="overall", **base) == 2
     assert h.value("model_positive_prediction_rate", subgroup="overall", **base) == 0.5
+
+
+def test_each_model_of_a_fleet_gets_the_numbers_of_its_own_evaluation() -> None:
+    """The computation evaluates the models of alike settings in one pass: each model's numbers (values, intervals,
+    simultaneous intervals, evidence with Holm or Bonferroni, worst comparisons) are those of evaluating it alone."""
+    race, sex = {"name": "race", "groups": ["a", "b", "c"]}, {"name": "sex", "groups": ["f", "m"]}
+    metrics = [{"name": "demographic_parity_difference", "threshold": 0.02},
+               {"name": "false_positive_rate_ratio", "threshold": 0.9},
+               {"name": "equalised_odds_difference", "threshold": 0.05}]  # fmt: skip
+    models = [{"model_id": "m0", "protected_attributes": [race, sex], "metrics": metrics},
+              {"model_id": "m1", "protected_attributes": [race, sex], "metrics": metrics},  # alike m0
+              {"model_id": "m2", "protected_attributes": [race], "metrics": metrics, "min_samples": 400},
+              {"model_id": "m3", "protected_attributes": [race, sex], "metrics": metrics[:1],
+               "multiplicity": "bonferroni"}]  # fmt: skip
+    config = parse_config({"kafka": {"topic": "p"}, "windows": ["1h", "24h"], "min_samples": 30, "models": models},
+                          "fleet.yaml")  # fmt: skip
+    fleet = Fleet(config)
+    rng = np.random.default_rng(11)
+    for k, monitored in enumerate(fleet.models.values()):
+        n = 4000
+        codes = {a.name: rng.integers(0, len(a.groups), n) for a in monitored.spec.attributes}
+        shift = 0.05 * k * codes["race"]
+        predictions = (rng.random(n) < 0.3 + shift).astype(np.int64)
+        labels = np.where(rng.random(n) < 0.5, (rng.random(n) < 0.4 + shift).astype(np.int64), -1)
+        monitored.store.add(rng.uniform(T0 - 80_000, T0, n), codes, predictions, labels, T0)
+    snapshot = Computer(fleet, Health(CollectorRegistry()), Clock(T0)).compute()
+    states = []
+    for s, monitored in zip(snapshot.models, fleet.models.values(), strict=True):
+        spec = monitored.spec
+        thresholds = {m: t for m, t, _ in s.thresholds if m in spec.exported_metrics}
+        alone = evaluate_many([(ev.attribute, np.vstack([ev.counts, ev.unknown])) for _, ev in s.evaluations],
+                              spec.min_samples, spec.exported_metrics, spec.multiplicity, thresholds=thresholds)
+        for (_, ev), own in zip(s.evaluations, alone, strict=True):
+            assert ev.min_samples == spec.min_samples and ev.multiplicity == spec.multiplicity
+            for name in ("selection_rate", "false_positive_rate_ci", "samples"):
+                np.testing.assert_array_equal(getattr(ev.groups, name), getattr(own.groups, name))
+            for metric, t in thresholds.items():
+                for f in ("value", "lower", "upper", "half_width", "support"):
+                    np.testing.assert_array_equal(getattr(ev.values(metric), f), getattr(own.values(metric), f))
+                for f in ("lower", "upper"):
+                    np.testing.assert_array_equal(getattr(ev.simultaneous.metrics[metric], f),
+                                                  getattr(own.simultaneous.metrics[metric], f))  # fmt: skip
+                np.testing.assert_array_equal(ev.evidence(metric, t), own.evidence(metric, t))
+                for f in ("pair", "value", "lower", "upper", "judged"):
+                    np.testing.assert_array_equal(getattr(ev.worst(metric), f), getattr(own.worst(metric), f))
+                states.extend(ev.evidence(metric, t).tolist())
+    assert {"pass", "fail", "inconclusive"} <= set(states)

@@ -7,7 +7,6 @@ by itself. Each snapshot is serialised once (CachedExposition); a scrape never t
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
@@ -31,38 +30,15 @@ from exporter.core.metric_table import EVIDENCE, METRICS
 from exporter.serve.estimated import calibration_detector_families, estimated_families
 from exporter.serve.explained import explanation_families
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, EXPLANATIONS, MAX_FORMATS, Page, Pages
+from exporter.serve.families import Family, put
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
 
-_CI = "95% interval"
 PROXY = "_proxy"
 PROXIED = (" Proxy (proxy: true): the attribute was never collected; each prediction counts in each group by its BISG "
            "posterior (surname and ZCTA), intervals include the proxy's uncertainty, and gaps are understated "
            "(docs/auditor/proxy.md).")  # fmt: skip
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
 _GROUP = ["model_id", "attribute", "window", "subgroup"]
-
-
-class _Family:
-    """A gauge with optional _lower/_upper companions, filled with finite values only."""
-
-    def __init__(self, name: str, doc: str, labels: list[str], bounds: bool = False) -> None:
-        self.main = GaugeMetricFamily(name, doc, labels=labels)
-        self.bounds = (
-            (GaugeMetricFamily(f"{name}_lower", f"Lower bound of the {_CI} of {name}.", labels=labels),
-             GaugeMetricFamily(f"{name}_upper", f"Upper bound of the {_CI} of {name}.", labels=labels))
-            if bounds else ()
-        )  # fmt: skip
-
-    def add(self, labels: list[str], value: float, lower: float = math.nan, upper: float = math.nan) -> None:
-        if math.isnan(value):
-            return
-        self.main.add_metric(labels, float(value))
-        for family, bound in zip(self.bounds, (lower, upper), strict=False):
-            if not math.isnan(bound):
-                family.add_metric(labels, float(bound))
-
-    def families(self) -> list[Metric]:
-        return [self.main, *self.bounds]
 
 
 class SnapshotCollector(Collector):
@@ -93,19 +69,19 @@ class SnapshotCollector(Collector):
     def _families(snapshots: Sequence[Snapshot], cadence: str, suffix: str = "") -> Iterator[Metric]:
         """The subgroups' rates and the comparisons of every evaluation; with ``suffix`` (PROXY), of the proxy
         attributes' posterior-weighted evaluations, under names of their own."""
-        rate = _Family(f"model_positive_prediction_rate{suffix}", "Share of predictions that are positive (selection "
+        rate = Family(f"model_positive_prediction_rate{suffix}", "Share of predictions that are positive (selection "
                        "rate)." + cadence, _GROUP, bounds=True)  # fmt: skip
-        tpr = _Family(f"model_true_positive_rate{suffix}", "True positive rate among labelled predictions." + cadence,
+        tpr = Family(f"model_true_positive_rate{suffix}", "True positive rate among labelled predictions." + cadence,
                       _GROUP, bounds=True)  # fmt: skip
-        fpr = _Family(f"model_false_positive_rate{suffix}", "False positive rate among labelled predictions."
+        fpr = Family(f"model_false_positive_rate{suffix}", "False positive rate among labelled predictions."
                       + cadence, _GROUP, bounds=True)  # fmt: skip
-        samples = _Family(f"model_subgroup_samples{suffix}", "Predictions in the window." + cadence, _GROUP)
-        labelled = _Family(f"model_subgroup_labelled_samples{suffix}", "Labelled predictions in the window."
+        samples = Family(f"model_subgroup_samples{suffix}", "Predictions in the window." + cadence, _GROUP)
+        labelled = Family(f"model_subgroup_labelled_samples{suffix}", "Labelled predictions in the window."
                            + cadence, _GROUP)  # fmt: skip
-        fraction = _Family(f"model_labelled_fraction{suffix}", "Labelled / all predictions in the window: low means "
+        fraction = Family(f"model_labelled_fraction{suffix}", "Labelled / all predictions in the window: low means "
                            "the model's error rates are not yet known." + cadence, _GROUP)  # fmt: skip
         exported = {m for snapshot in snapshots for m in snapshot.metrics}
-        pairs = {m: _Family(table_metric(m).prometheus_name + suffix, table_metric(m).help + cadence, _PAIR,
+        pairs = {m: Family(table_metric(m).prometheus_name + suffix, table_metric(m).help + cadence, _PAIR,
                             bounds=True)
                  for m in [*METRICS, *CONDITIONAL_METRICS] if m in exported}  # fmt: skip
         insufficient = GaugeMetricFamily(
@@ -124,7 +100,7 @@ class SnapshotCollector(Collector):
             labels=[*_PAIR, "metric", "evidence"],
         )
         thresholds = {s.model_id: {m: t for m, t, _ in s.thresholds} for s in snapshots}
-        unknown = _Family(f"model_subgroup_unknown_samples{suffix}", "Predictions in the window whose value of the "
+        unknown = Family(f"model_subgroup_unknown_samples{suffix}", "Predictions in the window whose value of the "
                           "attribute is outside its groups or missing: its unknown category, counted in the overall "
                           "rate and in no comparison." + cadence, ["model_id", "attribute", "window"])  # fmt: skip
 
@@ -134,28 +110,31 @@ class SnapshotCollector(Collector):
             unknown.add(base, ev.unknown_samples)
             names = [*ev.attribute.groups, "overall"]
             for stats, offset in ((ev.groups, 0), (ev.overall, len(ev.attribute.groups))):
-                for i in range(len(stats.samples)):
-                    labels = [*base, names[offset + i]]
-                    rate.add(labels, stats.selection_rate[i], *(b[i] for b in stats.selection_rate_ci))
-                    tpr.add(labels, stats.true_positive_rate[i], *(b[i] for b in stats.true_positive_rate_ci))
-                    fpr.add(labels, stats.false_positive_rate[i], *(b[i] for b in stats.false_positive_rate_ci))
-                    samples.add(labels, stats.samples[i])
-                    labelled.add(labels, stats.labelled[i])
-                    if stats.samples[i]:
-                        fraction.add(labels, stats.labelled[i] / stats.samples[i])
+                rates = [(family, getattr(stats, name).tolist(), *(b.tolist() for b in getattr(stats, f"{name}_ci")))
+                         for family, name in ((rate, "selection_rate"), (tpr, "true_positive_rate"),
+                                              (fpr, "false_positive_rate"))]  # fmt: skip
+                for i, (n, n_labelled) in enumerate(zip(stats.samples.tolist(), stats.labelled.tolist(), strict=True)):
+                    named = dict(zip(_GROUP, [*base, names[offset + i]], strict=True))
+                    for family, value, lower, upper in rates:
+                        family.add_named(named, value[i], lower[i], upper[i])
+                    samples.add_named(named, n)
+                    labelled.add_named(named, n_labelled)
+                    if n:
+                        fraction.add_named(named, n_labelled / n)
+            compared = [dict(zip(_PAIR, [*base, f"{ga}_vs_{gb}", ga, gb], strict=True)) for ga, gb in
+                        ((ev.attribute.groups[a], ev.attribute.groups[b]) for a, b in ev.attribute.pairs)]
             for metric in snapshot.metrics:
                 family = pairs[metric]
-                value, lower, upper = ev.metric(metric)
-                ok = ev.sufficient(metric)
+                value, lower, upper = (x.tolist() for x in ev.metric(metric))
+                ok = ev.sufficient(metric).tolist()
                 states = ev.evidence(metric, thresholds[snapshot.model_id][metric]).tolist()
-                for k, (a, b) in enumerate(ev.attribute.pairs):
-                    ga, gb = ev.attribute.groups[a], ev.attribute.groups[b]
-                    labels = [*base, f"{ga}_vs_{gb}", ga, gb]
-                    insufficient.add_metric([*labels, metric], 0.0 if ok[k] else 1.0)
+                for k, named in enumerate(compared):
+                    judged = {**named, "metric": metric}
+                    put(insufficient, judged, 0.0 if ok[k] else 1.0)
                     for state in EVIDENCE:
-                        evidence.add_metric([*labels, metric, state], 1.0 if states[k] == state else 0.0)
+                        put(evidence, {**judged, "evidence": state}, 1.0 if states[k] == state else 0.0)
                     if ok[k]:
-                        family.add(labels, value[k], lower[k], upper[k])
+                        family.add_named(named, value[k], lower[k], upper[k])
 
         for family in (rate, tpr, fpr, samples, labelled, fraction, unknown, *pairs.values()):
             yield from family.families()
@@ -168,18 +147,18 @@ class SnapshotCollector(Collector):
         how many were judged (the K of that interval and of the multiplicity rule); per subgroup, its scores' AUC
         (a model comparing scores)."""
         attribute = ["model_id", "attribute", "window", "metric"]
-        worst = _Family("model_worst_comparison", "The metric's worst comparison of the attribute (largest "
+        worst = Family("model_worst_comparison", "The metric's worst comparison of the attribute (largest "
                         "difference, smallest ratio) over those judged, its bounds a 95% interval for the true worst "
                         "that holds over all of them at once (Bonferroni); absent when none was judged." + cadence,
                         [*attribute, "dimension", "group_a", "group_b"], bounds=True)  # fmt: skip
         judged = GaugeMetricFamily("model_comparisons_judged", "Comparisons of the metric and attribute that have a "
                                    "value (meet min_samples): the K over which the worst comparison's interval and "
                                    "the multiplicity rule of its fail evidence hold." + cadence, labels=attribute)
-        auc = _Family("model_score_auc", "AUC of the model's scores (binned by events.score_buckets) among the "
+        auc = Family("model_score_auc", "AUC of the model's scores (binned by events.score_buckets) among the "
                       "subgroup's labelled predictions, with DeLong's 95% interval; only with a score metric "
                       "(auc_difference) configured." + cadence, ["model_id", "attribute", "window", "subgroup"],
                       bounds=True)  # fmt: skip
-        ece = _Family("model_score_calibration_error", "Expected calibration error of the model's scores over the "
+        ece = Family("model_score_calibration_error", "Expected calibration error of the model's scores over the "
                       "score bins among the subgroup's labelled predictions, with a conservative 95% interval; only "
                       "with calibration_difference configured." + cadence, ["model_id", "attribute", "window",
                       "subgroup"], bounds=True)  # fmt: skip
