@@ -394,6 +394,6 @@ class Stages:
         return changes, given_up
 
     def close(self) -> None:
-        if self.sides is not None:
+        if self.sides is not None and self.sides.source.alive:
             self.sides.source.stop()
         self.producer.close()
