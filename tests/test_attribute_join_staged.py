@@ -17,17 +17,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import orjson
+import pytest
 import yaml
 from daemon_config import make_config
 from daemon_fixture import GROUP_CLIENT, Replica, probe, sample, scrape, wait_for
-from payload_logs import send
+from payload_logs import cloudevent, numpy_response, pandas_request, send
 from prometheus_client import CollectorRegistry
 from side_traffic import ATTRIBUTES, GENDERS, RACES, SOURCE, scenario
-from test_attribute_join import Clock, Rec, events
+from test_attribute_join import Clock, Rec
 from test_attribute_join import assert_truth as assert_truth_in_memory
 from test_attribute_join import daemon as direct_daemon
 from test_attribute_join_kafka import assert_truth, counted, send_side, started, topics
 from test_attribute_join_kafka import config as direct_config
+from test_payload_staged import PayloadRecord
 from test_stages import pump
 from test_stages_scale_out import _snapshots_cover_everything
 
@@ -138,10 +140,27 @@ def safe(read: object) -> float:
         return -1.0
 
 
-def in_memory_config(bootstrap: str, group: str) -> Config:
+KSERVE = {"format": "kserve", "prediction": "predict"}
+
+
+def in_memory_config(bootstrap: str, group: str, form: str) -> Config:
     return make_config(protected_attributes=ATTRIBUTES, attribute_sources=SOURCE,
                        kafka={"bootstrap_servers": bootstrap, "topic": "predictions", "group_id": group,
-                              "stages": "staged", "internal_topics": {"counts": {"partitions": 2}}})  # fmt: skip
+                              "stages": "staged", "internal_topics": {"counts": {"partitions": 2}}},
+                       events=KSERVE if form == "kserve" else None)  # fmt: skip
+
+
+def inputs(form: str, predictions: list[dict], ts: float) -> list:
+    """The predictions as our JSON events, or as a KServe payload log (a request with the id column, a response)."""
+    if form == "json":
+        return [Rec(orjson.dumps(p), i) for i, p in enumerate(predictions)]
+    calls = []
+    for p in predictions:
+        request = pandas_request({"applicant_id": [p["attributes"]["applicant_id"]], "income": [52000]})
+        calls.append(cloudevent("m1", p["prediction_id"], False, orjson.dumps(request), ts))
+        response = numpy_response("m1", p["prediction_id"], "predict", [p["prediction"]])
+        calls.append(cloudevent("m1", p["prediction_id"], True, orjson.dumps(response), ts))
+    return [PayloadRecord(value, i, int(ts * 1000), headers, key) for i, (value, headers, key) in enumerate(calls)]
 
 
 def side_records(records: list[tuple[str, dict | None, float]], start: int) -> list[Rec]:
@@ -149,12 +168,13 @@ def side_records(records: list[tuple[str, dict | None, float]], start: int) -> l
             for i, (k, v, t) in enumerate(records)]  # fmt: skip
 
 
-def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records(kafka_broker: EmbeddedBroker
-                                                                                 ) -> None:  # fmt: skip
+@pytest.mark.parametrize("form", ["json", "kserve"])
+def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records(kafka_broker: EmbeddedBroker,
+                                                                                 form: str) -> None:  # fmt: skip
     bootstrap, group = kafka_broker.bootstrap_servers, f"sides-{uuid.uuid4().hex[:8]}"
     t0 = Clock().now
     s = scenario(300, t0 - 20, seed=3)
-    first = Daemon(in_memory_config(bootstrap, group), registry=CollectorRegistry(), clock=Clock())
+    first = Daemon(in_memory_config(bootstrap, group, form), registry=CollectorRegistry(), clock=Clock())
     stages = first.stages
     assert stages is not None and stages.sides is not None
     stages.prepare()
@@ -162,8 +182,9 @@ def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records
     stages.starts(internal, {})
     before = side_records(s.before, 0)
     stages.sides.handle_poll({("applicant-demographics", 0): before})
-    stages.handle_poll({("predictions", 0): [Rec(orjson.dumps(p), i) for i, p in enumerate(s.predictions)]})
-    pump(stages, bootstrap, stages.topics.counts.name, dict.fromkeys(range(stages.topics.counts.partitions), 0))
+    stages.handle_poll({("predictions", 0): inputs(form, s.predictions, t0 - 20)})
+    for topic in (stages.topics.join, stages.topics.counts):  # a payload's halves meet in the join tasks first
+        pump(stages, bootstrap, topic.name, dict.fromkeys(range(topic.partitions), 0))
     held = sum(len(t.attributes.held) for t in stages.sides.live())  # type: ignore[union-attr]
     assert held > 0  # the 15% whose records come later and the 5% never: in the snapshot below
     stages.snapshot(force=True)
@@ -171,7 +192,7 @@ def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records
     first.stop()
 
     # another replica: it reads the whole side topic (the records after the predictions too), then takes over
-    second = Daemon(in_memory_config(bootstrap, group), registry=CollectorRegistry(), clock=Clock())
+    second = Daemon(in_memory_config(bootstrap, group, form), registry=CollectorRegistry(), clock=Clock())
     stages = second.stages
     assert stages is not None and stages.sides is not None
     stages.prepare()
@@ -188,9 +209,9 @@ def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records
     stages.expire()
     assert sum(len(t.attributes.held) for t in stages.sides.live()) == 0  # type: ignore[union-attr]
 
-    direct = direct_daemon()
+    direct = direct_daemon(events=KSERVE if form == "kserve" else None)
     direct.ingest.handle_poll({("applicant-demographics", 0): before})
-    events(direct, s.predictions)
+    direct.ingest.handle_poll({("predictions", 0): inputs(form, s.predictions, t0 - 20)})
     direct.ingest.handle_poll({("applicant-demographics", 0): side_records(s.after, len(before))})
     direct.clock.now += 300  # type: ignore[attr-defined]
     direct.ingest.expire()
