@@ -23,7 +23,7 @@ from daemon_config import make_config
 from daemon_fixture import GROUP_CLIENT, Replica, probe, sample, scrape, wait_for
 from payload_logs import cloudevent, numpy_response, pandas_request, send
 from prometheus_client import CollectorRegistry
-from side_traffic import ATTRIBUTES, GENDERS, RACES, SOURCE, scenario
+from side_traffic import ATTRIBUTES, GENDERS, RACES, SOURCE, Scenario, scenario
 from test_attribute_join import Clock, Rec
 from test_attribute_join import assert_truth as assert_truth_in_memory
 from test_attribute_join import daemon as direct_daemon
@@ -36,6 +36,7 @@ from test_stages_scale_out import _snapshots_cover_everything
 from exporter.config import Config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker, free_port
+from exporter.stream.stages.replica import Stages
 
 HORIZON = 90  # seconds: the predictions wait through a replica's kill and the rebalance that follows
 SERIES = ("fairness_predictions_total", "model_subgroup_samples", "model_subgroup_unknown_samples")
@@ -168,25 +169,31 @@ def side_records(records: list[tuple[str, dict | None, float]], start: int) -> l
             for i, (k, v, t) in enumerate(records)]  # fmt: skip
 
 
+def replica_with_waiting(bootstrap: str, group: str, form: str, s: Scenario, before: list[Rec]
+                         ) -> tuple[Daemon, Stages, int]:  # fmt: skip
+    """A staged replica that read the records before the predictions, then the predictions; how many wait."""
+    d = Daemon(in_memory_config(bootstrap, group, form), registry=CollectorRegistry(), clock=Clock())
+    stages = d.stages
+    assert stages is not None and stages.sides is not None
+    stages.prepare()
+    stages.starts([(t.name, p) for t in (stages.topics.join, stages.topics.counts) for p in range(t.partitions)], {})
+    stages.sides.handle_poll({("applicant-demographics", 0): before})
+    stages.handle_poll({("predictions", 0): inputs(form, s.predictions, s.predictions[0]["timestamp"])})
+    for topic in (stages.topics.join, stages.topics.counts):  # a payload's halves meet in the join tasks first
+        pump(stages, bootstrap, topic.name, dict.fromkeys(range(topic.partitions), 0))
+    return d, stages, sum(len(t.attributes.held) for t in stages.sides.live())  # type: ignore[misc,union-attr]
+
+
 @pytest.mark.parametrize("form", ["json", "kserve"])
 def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records(kafka_broker: EmbeddedBroker,
                                                                                  form: str) -> None:  # fmt: skip
     bootstrap, group = kafka_broker.bootstrap_servers, f"sides-{uuid.uuid4().hex[:8]}"
     t0 = Clock().now
     s = scenario(300, t0 - 20, seed=3)
-    first = Daemon(in_memory_config(bootstrap, group, form), registry=CollectorRegistry(), clock=Clock())
-    stages = first.stages
-    assert stages is not None and stages.sides is not None
-    stages.prepare()
-    internal = [(t.name, p) for t in (stages.topics.join, stages.topics.counts) for p in range(t.partitions)]
-    stages.starts(internal, {})
     before = side_records(s.before, 0)
-    stages.sides.handle_poll({("applicant-demographics", 0): before})
-    stages.handle_poll({("predictions", 0): inputs(form, s.predictions, t0 - 20)})
-    for topic in (stages.topics.join, stages.topics.counts):  # a payload's halves meet in the join tasks first
-        pump(stages, bootstrap, topic.name, dict.fromkeys(range(topic.partitions), 0))
-    held = sum(len(t.attributes.held) for t in stages.sides.live())  # type: ignore[union-attr]
+    first, stages, held = replica_with_waiting(bootstrap, group, form, s, before)
     assert held > 0  # the 15% whose records come later and the 5% never: in the snapshot below
+    internal = [(t.name, p) for t in (stages.topics.join, stages.topics.counts) for p in range(t.partitions)]
     stages.snapshot(force=True)
     committed = {p: o for p, o in stages.committable().items() if p in internal}
     first.stop()
@@ -211,7 +218,7 @@ def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records
 
     direct = direct_daemon(events=KSERVE if form == "kserve" else None)
     direct.ingest.handle_poll({("applicant-demographics", 0): before})
-    direct.ingest.handle_poll({("predictions", 0): inputs(form, s.predictions, t0 - 20)})
+    direct.ingest.handle_poll({("predictions", 0): inputs(form, s.predictions, s.predictions[0]["timestamp"])})
     direct.ingest.handle_poll({("applicant-demographics", 0): side_records(s.after, len(before))})
     direct.clock.now += 300  # type: ignore[attr-defined]
     direct.ingest.expire()
@@ -219,3 +226,18 @@ def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records
     assert_truth_in_memory(second, s)
     store, theirs = second.fleet.models["m1"].store, direct.fleet.models["m1"].store
     assert (store.totals == theirs.totals).all() and store.totals.sum() > 0
+
+
+def test_a_reload_that_resets_the_model_gives_up_its_waiting_predictions(kafka_broker: EmbeddedBroker) -> None:
+    s = scenario(200, Clock().now - 20, seed=4)
+    bootstrap = kafka_broker.bootstrap_servers
+    _, stages, held = replica_with_waiting(bootstrap, f"sides-{uuid.uuid4().hex[:8]}", "json", s,
+                                           side_records(s.before, 0))  # fmt: skip
+    assert held > 0
+    changed = [ATTRIBUTES[0], {**ATTRIBUTES[1], "groups": [*RACES, "other"]}]  # another layout: the model resets
+    config = make_config(protected_attributes=changed, attribute_sources=SOURCE,
+                         kafka={"bootstrap_servers": bootstrap, "topic": "predictions", "group_id": "g",
+                                "stages": "staged", "internal_topics": {"counts": {"partitions": 2}}})  # fmt: skip
+    _, given_up = stages.apply(config)
+    assert given_up["model_reconfigured"] == held
+    assert sum(len(t.attributes.held) for t in stages.sides.live()) == 0  # type: ignore[union-attr]
