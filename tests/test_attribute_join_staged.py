@@ -64,10 +64,7 @@ def test_the_staged_path_equals_the_direct_one_through_a_sigkill(kafka_broker: E
         port = free_port()
         path = tmp_path / f"replica-{i}.yaml"
         path.write_text(yaml.safe_dump(staged(kafka_broker, events, side, library, port)))
-        log = tmp_path / f"replica-{i}.log"
-        replicas.append(Replica(port, subprocess.Popen([sys.executable, "-m", "exporter.cli", "serve", "--config",
-                                                         str(path)], stdout=log.open("ab"),
-                                                        stderr=subprocess.STDOUT), log))  # fmt: skip
+        replicas.append(serve(port, path, tmp_path / f"replica-{i}.log"))
     raw = direct_config(kafka_broker, events, side, "kafka-python")
     raw["attribute_sources"]["applicants"]["horizon"] = f"{HORIZON}s"
     direct = started(tmp_path / "direct.yaml", raw, daemons)
@@ -109,6 +106,15 @@ def test_the_staged_path_equals_the_direct_one_through_a_sigkill(kafka_broker: E
                           result="restored")  # fmt: skip
         assert restored and restored >= 1  # the model came from the victim's snapshot, not afresh
         assert probe(survivor.port, "/readyz")[0] == 200  # its side table read (the topic was empty at its start)
+
+        # the victim restarts: it reads the (now full) side topic again before it is ready; the model stays whole
+        back = serve(victim.port, tmp_path / f"replica-{replicas.index(victim)}.yaml", victim.log)
+        replicas[replicas.index(victim)] = back
+        wait_for(lambda: probe(back.port, "/readyz")[0] == 200, timeout=120, what="the restarted replica ready")
+        assert (sample(back.page(), "fairness_exporter_side_records_total", source="applicants") or 0) == \
+            len(s.before) + len(s.after)  # fmt: skip
+        wait_for(lambda: len(owned(replicas)) == 1 and subgroup_counts(owned(replicas)[0].page()) == theirs,
+                 timeout=60, what="m1 on one replica again, its counts the direct daemon's")  # fmt: skip
     finally:
         for r in replicas:
             if r.process.poll() is None:
@@ -116,6 +122,11 @@ def test_the_staged_path_equals_the_direct_one_through_a_sigkill(kafka_broker: E
                 r.process.wait(20)
     logs = "".join(r.log.read_text() for r in replicas)
     assert not any(value in logs for value in (*GENDERS, *RACES))  # the firewall: no value in a log line
+
+
+def serve(port: int, path: Path, log: Path) -> Replica:
+    return Replica(port, subprocess.Popen([sys.executable, "-m", "exporter.cli", "serve", "--config", str(path)],
+                                          stdout=log.open("ab"), stderr=subprocess.STDOUT), log)  # fmt: skip
 
 
 def owned(replicas: list[Replica]) -> list[Replica]:
