@@ -131,7 +131,10 @@ class SideStage:
 
     @property
     def behind(self) -> str | None:
-        """Why this replica is not ready yet: its side tables are still being read (None: they were read)."""
+        """Why this replica is not ready: its side consumer fails or reads nothing (a side topic absent), or its
+        tables have not been read to their ends yet (None: they were)."""
+        if why := self.source.failing or self.source.idle:
+            return f"attribute sources: {why}"
         if self.caught_up:
             return None
         return f"reading the attribute sources' topics {', '.join(self.topics)} from their start (their records " \
