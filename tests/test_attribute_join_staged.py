@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import orjson
 import pytest
 import yaml
@@ -29,7 +30,7 @@ from test_attribute_join import assert_truth as assert_truth_in_memory
 from test_attribute_join import daemon as direct_daemon
 from test_attribute_join_kafka import assert_truth, counted, send_side, started, topics
 from test_attribute_join_kafka import config as direct_config
-from test_payload_staged import PayloadRecord
+from test_payload_staged import PayloadRecord, drain
 from test_stages import pump
 from test_stages_scale_out import _snapshots_cover_everything
 
@@ -155,10 +156,10 @@ def safe(read: object) -> float:
 KSERVE = {"format": "kserve", "prediction": "predict"}
 
 
-def in_memory_config(bootstrap: str, group: str, form: str) -> Config:
+def in_memory_config(bootstrap: str, group: str, form: str, **kafka: object) -> Config:
     return make_config(protected_attributes=ATTRIBUTES, attribute_sources=SOURCE,
                        kafka={"bootstrap_servers": bootstrap, "topic": "predictions", "group_id": group,
-                              "stages": "staged", "internal_topics": {"counts": {"partitions": 2}}},
+                              "stages": "staged", "internal_topics": {"counts": {"partitions": 2}}, **kafka},
                        events=KSERVE if form == "kserve" else None)  # fmt: skip
 
 
@@ -252,3 +253,45 @@ def test_a_reload_that_resets_the_model_gives_up_its_waiting_predictions(kafka_b
     _, given_up = stages.apply(config)
     assert given_up["model_reconfigured"] == held
     assert sum(len(t.attributes.held) for t in stages.sides.live()) == 0  # type: ignore[union-attr]
+
+
+def test_delayed_labels_join_predictions_whose_attributes_were_joined(kafka_broker: EmbeddedBroker) -> None:
+    """With kafka.labels_topic: a counts task sends its predictions to wait for their labels once their attributes
+    are joined (at once, when their record arrives, or as unknown after the horizon); the labels count in the
+    joined subgroups, as on the direct path."""
+    bootstrap, t0 = kafka_broker.bootstrap_servers, Clock().now
+    s = scenario(300, t0 - 20, seed=6)
+    before, after = side_records(s.before, 0), side_records(s.after, len(s.before))
+    labels = [Rec(orjson.dumps({"prediction_id": p["prediction_id"], "label": int(i % 3 == 0)}), i)
+              for i, p in enumerate(s.predictions)]  # fmt: skip
+    d = Daemon(in_memory_config(bootstrap, f"sides-{uuid.uuid4().hex[:8]}", "json", labels_topic="labels"),
+               registry=CollectorRegistry(), clock=Clock())  # fmt: skip
+    stages = d.stages
+    assert stages is not None and stages.sides is not None
+    stages.prepare()
+    stages.starts([(t.name, p) for t in (stages.topics.join, stages.topics.counts) for p in range(t.partitions)], {})
+    positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
+    stages.sides.handle_poll({("applicant-demographics", 0): before})
+    stages.handle_poll({("predictions", 0): inputs("json", s.predictions, t0 - 20)})
+    drain(stages, bootstrap, positions)
+    stages.sides.handle_poll({("applicant-demographics", 0): after})
+    d.clock.now += 300  # type: ignore[attr-defined]  # past the side horizon, not the labels'
+    stages.sides.caught_up = True  # no side consumer runs here
+    stages.expire()
+    drain(stages, bootstrap, positions)
+    stages.handle_poll({("labels", 0): labels})
+    drain(stages, bootstrap, positions)
+
+    direct = direct_daemon(kafka={"topic": "predictions", "labels_topic": "labels"})
+    direct.ingest.handle_poll({("applicant-demographics", 0): before})
+    direct.ingest.handle_poll({("predictions", 0): inputs("json", s.predictions, t0 - 20)})
+    direct.ingest.handle_poll({("applicant-demographics", 0): after})
+    direct.clock.now += 300  # type: ignore[attr-defined]
+    direct.ingest.expire()
+    direct.ingest.handle("labels", 0, labels)
+    assert d.registry.get_sample_value("fairness_exporter_labels_joined_total") == \
+        direct.registry.get_sample_value("fairness_exporter_labels_joined_total") == len(s.predictions)  # fmt: skip
+    assert_truth_in_memory(d, s)
+    ours, theirs = d.fleet.models["m1"].store, direct.fleet.models["m1"].store
+    np.testing.assert_array_equal(ours.totals, theirs.totals)
+    np.testing.assert_array_equal(ours.window_counts(d.clock.now)["1h"], theirs.window_counts(d.clock.now)["1h"])

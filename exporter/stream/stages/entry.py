@@ -94,7 +94,7 @@ class EntryStages:
             topic, counts = self.topics().counts_of(model_id)
             for value in encode_rows(Kind.PREDICTIONS, meta, rows, side_ids(spec, batch)):
                 self.producer.send(topic, counts, value, model_id.encode())
-            if ingest.kafka.labels_topic:
+            if ingest.kafka.labels_topic and not spec.sourced():  # else its counts task sends them, joined
                 waiting = np.flatnonzero((batch.outcomes < 0) & np.fromiter(
                     (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
                 pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}

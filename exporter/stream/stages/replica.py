@@ -68,8 +68,8 @@ class Stages:
         self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns)
         self.ingest = Ingest(config, self.fleet, health, clock, dead_letters)
         self.producer = InternalProducer(config.kafka)
-        self.sides = SideStage(config, self.ingest, health, self.lock, self.tasks.values) \
-            if config.attribute_sources else None  # fmt: skip
+        self.sides = SideStage(config, self.ingest, health, self.lock, self.tasks.values, self.producer,
+                               lambda: self.topics) if config.attribute_sources else None  # fmt: skip
         self.topic_ids: dict[str, str] = {}
         """Each topic's id, kept current by the source: the log a row's position is in."""
         self.entry = EntryStages(self.ingest, self.producer, lambda: self.topics, self.topic_ids)

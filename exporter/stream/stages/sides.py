@@ -14,6 +14,7 @@ gives up on no waiting prediction (its table would not have had the chance to ho
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -22,9 +23,13 @@ import numpy as np
 
 from exporter.config import Config
 from exporter.health.counters import Health
+from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.client import Offsets, Partition, Record
+from exporter.stream.kafka.internal_producer import InternalProducer
+from exporter.stream.kafka.internal_topics import InternalTopics
 from exporter.stream.kafka.source import KafkaSource
+from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode_rows
 from exporter.stream.stages.tasks import CountsTask
 from exporter.stream.state.attribute_join import AttributeJoin, SideRecords
 
@@ -69,7 +74,8 @@ class SideStage:
     """This replica's side tables, the consumer that fills them, and the counts tasks' joins through them."""
 
     def __init__(self, config: Config, ingest: Ingest, health: Health, lock: threading.RLock,
-                 tasks: Callable[[], Iterable[object]]) -> None:  # fmt: skip
+                 tasks: Callable[[], Iterable[object]], producer: InternalProducer,
+                 topics: Callable[[], InternalTopics]) -> None:  # fmt: skip
         self.join = AttributeJoin(config)
         """The tables and read clocks (no waiting prediction: those are the counts tasks')."""
         self.ingest = ingest
@@ -77,6 +83,11 @@ class SideStage:
         self.lock = lock
         """The stages' lock: a side record's release and a counts record's count are never interleaved."""
         self.tasks = tasks
+        self.producer, self.topics_now = producer, topics
+        self.log = uuid.uuid4().hex
+        """The log this replica's PENDING rows are in (their positions count from 0 in it): a new owner's rows are
+        never taken for its predecessor's, and a prediction it sends again is a duplicate of its id to the join."""
+        self.sent = 0
         self.book = SideBook(self._observe)
         self.topics = sorted(ingest.side_topics)
         self.source = KafkaSource(replace(config.kafka, assignment="manual"), self.handle_poll, self.book, health,
@@ -104,8 +115,8 @@ class SideStage:
             now = self.ingest.clock()
             self.join.clocks[name].labels_read(partition, newest, now)
             tasks = self.live()
-            arrived = self.join.records(name, read, rejected,
-                                        lambda wait: any(wait in t.attributes.waiting for t in tasks))  # type: ignore[union-attr]
+            waited = {w for t in tasks for w in t.attributes.waiting}  # type: ignore[union-attr]  # live(): joins
+            arrived = self.join.records(name, read, rejected, waited.__contains__)
             specs = {m: monitored.spec for m, monitored in self.ingest.fleet.models.items()}
             for task in tasks:
                 assert task.attributes is not None
@@ -146,6 +157,8 @@ class SideStage:
         """A counts task went live (restored, with its waiting predictions): those whose records this replica's
         table already holds (read while the task was restored, or before it came here) count now."""
         assert task.attributes is not None
+        if self.ingest.kafka.labels_topic:
+            task.forward = self.forward
         with self.lock:
             waits = list(task.attributes.waiting)
             arrived = []
@@ -157,6 +170,32 @@ class SideStage:
             specs = {m: monitored.spec for m, monitored in self.ingest.fleet.models.items()}
             task.count(task.attributes.release(arrived, specs, task.side_outcomes))
             self.counted(self.live())
+
+    def forward(self, partition: Partition, model: str, batch: DecodedBatch) -> None:
+        """A counts task counted predictions of a model with sources: those without a label wait for it in the join
+        partition of their id, with their attributes joined (the entry stage sends those of the other models)."""
+        monitored = self.ingest.fleet.models.get(model)
+        if monitored is None or not monitored.spec.sourced():
+            return
+        spec = monitored.spec
+        at = np.flatnonzero((batch.outcomes < 0) & np.fromiter((p is not None for p in batch.prediction_ids), bool,
+                                                               len(batch)))  # fmt: skip
+        if not len(at):
+            return
+        rows: dict[str, np.ndarray] = {
+                "source": np.zeros(len(at), dtype=np.int32), "position": np.arange(self.sent, self.sent + len(at)),
+                "timestamp": batch.timestamps[at], "prediction": batch.predictions[at].astype(np.int8),
+                "codes": codes_matrix(spec, {k: v[at] for k, v in batch.codes.items()})}  # fmt: skip
+        self.sent += len(at)
+        meta: dict[str, object] = {"model": model, "layout": codes_layout(spec), "sources": [[*partition, self.log]]}
+        ids = [str(batch.prediction_ids[i]) for i in at.tolist()]
+        topics = self.topics_now()
+        where = topics.join_of(ids)
+        for q in np.unique(where).tolist():
+            mine = np.flatnonzero(where == q)
+            for value in encode_rows(Kind.PENDING, meta, {k: v[mine] for k, v in rows.items()},
+                                     [ids[i] for i in mine.tolist()]):  # fmt: skip
+                self.producer.send(topics.join.name, q, value)
 
     def expire(self) -> None:
         """Count the waiting predictions of every live counts task whose records would have been read by now (not

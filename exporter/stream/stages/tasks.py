@@ -212,7 +212,7 @@ class JoinTask(Task):
             topic, partition = self.counts(model)
             out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, table,
                                                                                 side_ids(spec, batch))]
-            if self.pending_to is not None:
+            if self.pending_to is not None and not spec.sourced():  # else its counts task sends them, joined
                 ids = [str(pid) for pid in batch.prediction_ids]
                 where = self.pending_to(ids)
                 for q in np.unique(where).tolist():
@@ -281,6 +281,8 @@ class CountsTask(Task):
         predictions waiting for their records this task's own (in its snapshot)."""
         self.side_outcomes: Counter[tuple[str, str]] = Counter()
         """What became of the ids looked up since the stages last counted them (exporter/health/side.py)."""
+        self.forward: Callable[[Partition, str, DecodedBatch], None] | None = None
+        """Sends a model's joined predictions on to wait for their labels (stages/sides.py, as the task goes live)."""
         self._restored: tuple[dict[str, Any], dict[str, np.ndarray]] = ({"models": {}}, {})
 
     def apply(self, record: Record, offset: int) -> list[Out]:
@@ -321,6 +323,8 @@ class CountsTask(Task):
                 late += monitored.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes,
                                             self.clock(), scores=batch.scores)  # fmt: skip
                 self.dirty = True
+                if self.forward is not None:
+                    self.forward(self.partition, model, batch)
         if late:
             self.health.late.inc(late)
 
