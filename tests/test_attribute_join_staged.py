@@ -181,10 +181,10 @@ def side_records(records: list[tuple[str, dict | None, float]], start: int) -> l
             for i, (k, v, t) in enumerate(records)]  # fmt: skip
 
 
-def replica_with_waiting(bootstrap: str, group: str, form: str, s: Scenario, before: list[Rec]
+def replica_with_waiting(bootstrap: str, group: str, form: str, s: Scenario, before: list[Rec], **kafka: object
                          ) -> tuple[Daemon, Stages, int]:  # fmt: skip
     """A staged replica that read the records before the predictions, then the predictions; how many wait."""
-    d = Daemon(in_memory_config(bootstrap, group, form), registry=CollectorRegistry(), clock=Clock())
+    d = Daemon(in_memory_config(bootstrap, group, form, **kafka), registry=CollectorRegistry(), clock=Clock())
     stages = d.stages
     assert stages is not None and stages.sides is not None
     stages.prepare()
@@ -196,14 +196,15 @@ def replica_with_waiting(bootstrap: str, group: str, form: str, s: Scenario, bef
     return d, stages, sum(len(t.attributes.held) for t in stages.sides.live())  # type: ignore[misc,union-attr]
 
 
-@pytest.mark.parametrize("form", ["json", "kserve"])
-def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records(kafka_broker: EmbeddedBroker,
-                                                                                 form: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(("form", "labels"), [("json", False), ("kserve", False), ("json", True)])
+def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records(
+        kafka_broker: EmbeddedBroker, form: str, labels: bool) -> None:  # fmt: skip
     bootstrap, group = kafka_broker.bootstrap_servers, f"sides-{uuid.uuid4().hex[:8]}"
     t0 = Clock().now
     s = scenario(300, t0 - 20, seed=3)
     before = side_records(s.before, 0)
-    first, stages, held = replica_with_waiting(bootstrap, group, form, s, before)
+    kafka = {"labels_topic": "labels"} if labels else {}  # then the delayed labels join after the takeover
+    first, stages, held = replica_with_waiting(bootstrap, group, form, s, before, **kafka)
     assert held > 0  # the 15% whose records come later and the 5% never: in the snapshot below
     internal = [(t.name, p) for t in (stages.topics.join, stages.topics.counts) for p in range(t.partitions)]
     stages.snapshot(force=True)
@@ -211,14 +212,15 @@ def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records
     first.stop()
 
     # another replica: it reads the whole side topic (the records after the predictions too), then takes over
-    second = Daemon(in_memory_config(bootstrap, group, form), registry=CollectorRegistry(), clock=Clock())
+    second = Daemon(in_memory_config(bootstrap, group, form, **kafka), registry=CollectorRegistry(), clock=Clock())
     stages = second.stages
     assert stages is not None and stages.sides is not None
     stages.prepare()
     stages.sides.handle_poll({("applicant-demographics", 0): before + side_records(s.after, len(before))})
     stages.starts(internal, committed)
-    pump(stages, bootstrap, stages.topics.counts.name, {p: committed.get((stages.topics.counts.name, p), 0)
-                                                        for p in range(stages.topics.counts.partitions)})  # fmt: skip
+    positions = {t.name: {p: committed.get((t.name, p), 0) for p in range(t.partitions)}
+                 for t in (stages.topics.join, stages.topics.counts)}  # fmt: skip
+    drain(stages, bootstrap, positions)
     assert second.registry.get_sample_value("fairness_exporter_state_restores_total",
                                             {"stage": "counts", "result": "restored"}) >= 1  # fmt: skip
     # those whose records it read count as it goes live; only those with no record ever still wait
@@ -227,13 +229,25 @@ def test_waiting_predictions_restore_on_a_replica_whose_table_read_their_records
     stages.sides.caught_up = True  # no side consumer runs here (the broker test above covers catching up)
     stages.expire()
     assert sum(len(t.attributes.held) for t in stages.sides.live()) == 0  # type: ignore[union-attr]
+    replies = [Rec(orjson.dumps({"prediction_id": p["prediction_id"], "label": int(i % 3 == 0)}), i)
+               for i, p in enumerate(s.predictions)]  # fmt: skip
+    if labels:
+        drain(stages, bootstrap, positions)
+        stages.handle_poll({("labels", 0): replies})
+        drain(stages, bootstrap, positions)
 
-    direct = direct_daemon(events=KSERVE if form == "kserve" else None)
+    direct = direct_daemon(events=KSERVE if form == "kserve" else None, kafka={"topic": "predictions", **kafka})
     direct.ingest.handle_poll({("applicant-demographics", 0): before})
     direct.ingest.handle_poll({("predictions", 0): inputs(form, s.predictions, s.predictions[0]["timestamp"])})
     direct.ingest.handle_poll({("applicant-demographics", 0): side_records(s.after, len(before))})
     direct.clock.now += 300  # type: ignore[attr-defined]
     direct.ingest.expire()
+    if labels:
+        direct.ingest.handle("labels", 0, replies)
+        assert second.registry.get_sample_value("fairness_exporter_labels_joined_total") == \
+            direct.registry.get_sample_value("fairness_exporter_labels_joined_total") == len(s.predictions)
+        np.testing.assert_array_equal(second.fleet.models["m1"].store.window_counts(second.clock.now)["1h"],
+                                      direct.fleet.models["m1"].store.window_counts(second.clock.now)["1h"])
     assert_truth_in_memory(direct, s)
     assert_truth_in_memory(second, s)
     store, theirs = second.fleet.models["m1"].store, direct.fleet.models["m1"].store
