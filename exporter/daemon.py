@@ -227,6 +227,8 @@ class Daemon:
         self.computer.compute()
         self.scheduler.start()
         self.source.start()
+        if self.stages is not None and self.stages.sides is not None:  # every replica reads the side topics whole
+            self.stages.sides.source.start()
         log.info("fairness-exporter serving %s on port %d, reading %s from %s", self._models(), self.port,
                  ", ".join(self.config.kafka.events_topics() + list(self.config.kafka.topic_pattern)),
                  self.config.kafka.bootstrap_servers)  # fmt: skip

@@ -146,7 +146,6 @@ def test_a_side_record_that_is_no_json_object_is_counted_and_its_values_stay_out
      "protected_attributes[0].source: 'people' is not among attribute_sources ['applicants']"),
     ({"attribute_sources": {"applicants": {"topic": "t"}}}, "attribute_sources.applicants.id: required"),
     ({"attribute_sources": {"applicants": {"id": "applicant_id"}}}, "attribute_sources.applicants: needs a topic"),
-    ({"kafka": {"stages": "staged"}}, "attribute_sources: kafka.stages: staged does not join side sources yet"),
     ({"attribute_sources": {"applicants": {"id": "applicant_id", "topic": "predictions"}}},
      "attribute_sources.applicants.topic: 'predictions' is already read as events or labels"),
     # a pattern of events topics that matches the side topic would count its records as predictions too

@@ -69,16 +69,13 @@ def attach(attributes: list[Attribute], raw: Any, sources: dict[str, AttributeSo
 
 def check_daemon_sources(config: Config, errors: Errors) -> None:
     """What the daemon's side of the sources needs: one definition of each source across the models; each used
-    source on a topic of its own; the direct path (the staged path does not carry the table to its replicas yet)."""
+    source on a topic of its own."""
     seen: dict[str, AttributeSource] = {}
     for model in config.models:
         for source in model.attribute_sources:
             if seen.setdefault(source.name, source) != source:
                 errors.add(f"attribute_sources.{source.name}", "defined differently by two models; define it once, at "
                                                                "the top level")  # fmt: skip
-    if seen and config.kafka.stages == "staged":
-        errors.add("attribute_sources", "kafka.stages: staged does not join side sources yet: use kafka.stages: "
-                                        "direct (one replica reads the whole side topic)")  # fmt: skip
     kafka = config.kafka
     for source in seen.values():
         if source.topic is not None and (kafka.reads_events(source.topic) or source.topic == kafka.labels_topic):

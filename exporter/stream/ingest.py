@@ -52,6 +52,10 @@ from exporter.stream.state.label_join import Joined, score_bits
 
 log = logging.getLogger(__name__)
 
+SideTake = Callable[[str, Partition, SideRecords, Counter[str], float | None, int], None]
+"""Takes one side partition's records (source name, partition, records read, rejects to add to, their newest
+Kafka timestamp, the next offset) into the tables, and counts the predictions they release."""
+
 
 class Ingest:
     """Counts predictions and ground-truth outcomes into every model's window, joins them, forwards dead
@@ -292,34 +296,41 @@ class Ingest:
 
     # --- side sources (attribute_sources) -----------------------------------------------------------------------
 
-    def side(self, topic: str, partition: int, records: Sequence[Record]) -> None:
+    def side(self, topic: str, partition: int, records: Sequence[Record], take: SideTake | None = None) -> None:
         """Take one side partition's records into its source's table, and count the predictions they release. A
         value that is no JSON object is refused, counted and dead-lettered as a pointer (topic, partition, offset):
-        the dead letter never holds the record's values."""
+        the dead letter never holds the record's values. ``take``: what takes them (the staged path's stages);
+        by default the fleet's join."""
         name = self.side_topics[topic]
         next_offset = records.next_offset() if isinstance(records, Batch) else records[-1].offset + 1
         messages = getattr(records, "messages", None)  # confluent-kafka's batch keeps its messages
         offsets = [m.offset() for m in messages] if messages is not None else [r.offset for r in records]
         read = SideRecords.read(name, topic, partition, records_of(records), offsets)
-        now = self.clock()
-        given_up: Counter[str] = Counter()
         rejected: Counter[str] = Counter(read.rejected)
         assert self.side_health is not None
-        fleet = self.fleet
-        with fleet.lock:
-            fleet.attributes.clocks[name].labels_read((topic, partition), newest_timestamp(records), now)
-            arrived = fleet.attributes.records(name, read, rejected)
-            outcomes: Counter[tuple[str, str]] = Counter()
-            self._released(fleet.attributes.release(arrived, self._specs(), outcomes), now, given_up)
-            fleet.advance_offset((topic, partition), next_offset)
-            self._side_counted(outcomes)
-            self.side_health.size.labels(name).set(len(fleet.attributes.tables[name]))
+        (take or self._take_side)(name, (topic, partition), read, rejected, newest_timestamp(records), next_offset)
         self.side_health.records.labels(name).inc(len(read.keys))
         for reason, n in rejected.items():
             self.side_health.rejected.labels(name, reason).inc(n)
-        self.health.count_outcomes(given_up)
         if read.letters and self.dead_letters is not None:
             self.dead_letters.send(read.letters)
+
+    def _take_side(self, name: str, partition: Partition, read: SideRecords, rejected: Counter[str],
+                   newest: float | None, next_offset: int) -> None:  # fmt: skip
+        """The direct path's :data:`SideTake`: the fleet's join, and its offsets."""
+        assert self.side_health is not None
+        now = self.clock()
+        given_up: Counter[str] = Counter()
+        fleet = self.fleet
+        with fleet.lock:
+            fleet.attributes.clocks[name].labels_read(partition, newest, now)
+            arrived = fleet.attributes.records(name, read, rejected)
+            outcomes: Counter[tuple[str, str]] = Counter()
+            self._released(fleet.attributes.release(arrived, self._specs(), outcomes), now, given_up)
+            fleet.advance_offset(partition, next_offset)
+            self._side_counted(outcomes)
+            self.side_health.size.labels(name).set(len(fleet.attributes.tables[name]))
+        self.health.count_outcomes(given_up)
 
     def _specs(self) -> dict[str, ModelSpec]:
         return {m: monitored.spec for m, monitored in self.fleet.models.items()}

@@ -297,7 +297,7 @@ class KafkaSource:
         lag, beyond = {}, {}
         for p in held:
             end = client.bounds(p).end
-            position = counted.get(p)
+            position = counted.get(p, 0 if p[0] in self.from_start else None)  # a side topic not read yet: from 0
             if end is None or position is None:
                 continue
             if position > end:

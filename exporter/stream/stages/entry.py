@@ -37,6 +37,7 @@ from exporter.stream.stages.records import (
     codes_matrix,
     encode,
     encode_rows,
+    side_ids,
 )
 
 MAX_HALF_BYTES = MAX_RECORD_BYTES - HEADER_ROOM - 1024
@@ -91,9 +92,9 @@ class EntryStages:
                     "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
             meta = {"model": model_id, "layout": codes_layout(spec), "sources": meta_sources}
             topic, counts = self.topics().counts_of(model_id)
-            for value in encode_rows(Kind.PREDICTIONS, meta, rows):
+            for value in encode_rows(Kind.PREDICTIONS, meta, rows, side_ids(spec, batch)):
                 self.producer.send(topic, counts, value, model_id.encode())
-            if ingest.kafka.labels_topic:
+            if ingest.kafka.labels_topic and not spec.sourced():  # else its counts task sends them, joined
                 waiting = np.flatnonzero((batch.outcomes < 0) & np.fromiter(
                     (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
                 pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}

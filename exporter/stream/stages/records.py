@@ -13,10 +13,13 @@ source is named by topic, partition and log (the topic's id: a re-created topic'
 kind           topic      meta; rows
 =============  =========  ================================================================================
 PREDICTIONS    counts     model, layout, sources; source, position, timestamp, prediction, outcome (inline
-                          label or -1), codes (one column per attribute), score (empty without scores)
+                          label or -1), codes (one column per attribute), score (empty without scores); for a
+                          model with attribute_sources, ids (each row's side ids, :func:`side_ids`)
 JOINED         counts     model, layout, sources; source, position, timestamp, outcome (TP/FP/TN/FN column),
                           codes
-PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, ids
+PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, ids (a model
+                          with attribute_sources: from its counts task once joined, the source its counts
+                          partition in a log of the replica's own, stages/sides.py)
 LABELS         join       sources; source, position, outcome (0/1), ids
 HALVES         join       sources; source, position, ids (each a payload log's request or response as JSON,
                           exporter/stream/decode/payload.py half_json), to the join partition of its call id
@@ -37,6 +40,7 @@ import numpy as np
 import orjson
 
 from exporter.config import ModelSpec
+from exporter.stream.decode.events import DecodedBatch
 
 MAGIC: Final = b"FXI"
 VERSION: Final = 1
@@ -168,3 +172,22 @@ def codes_dtype(spec: ModelSpec) -> type[np.signedinteger]:
 def codes_columns(spec: ModelSpec, matrix: np.ndarray) -> dict[str, np.ndarray]:
     """The codes of a record's rows per attribute, as the window store counts them."""
     return {a.name: matrix[:, i].astype(np.int64) for i, a in enumerate(spec.attributes)}
+
+
+def side_ids(spec: ModelSpec, batch: DecodedBatch) -> list[str] | None:
+    """Each row's prediction id and its ids in the model's side sources (``attribute_sources``), one JSON array per
+    row (the sources in the order of ``spec.sourced()``), for the join of its counts task (the sourced attributes'
+    codes are -1 until then; a prediction waits for its label from there); None: the model has no source."""
+    names = list(spec.sourced())
+    if not names:
+        return None
+    return [orjson.dumps(ids).decode() for ids in zip(batch.prediction_ids, *(batch.side_ids[name] for name in names),
+                                                      strict=True)]  # fmt: skip
+
+
+def with_side_ids(spec: ModelSpec, batch: DecodedBatch, ids: list[str]) -> DecodedBatch:
+    """A batch rebuilt from a record (:func:`side_ids` inverted): its prediction ids and ``side_ids`` per source."""
+    rows = [orjson.loads(text) for text in ids]
+    batch.prediction_ids = [row[0] for row in rows]
+    batch.side_ids = {name: [row[k + 1] for row in rows] for k, name in enumerate(spec.sourced())}
+    return batch

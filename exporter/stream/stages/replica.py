@@ -11,7 +11,7 @@ the replicas, and this module handles each record by its topic:
   model's counts partition;
 - **evaluate** (a counts partition): a :class:`~exporter.stream.stages.tasks.CountsTask`, which counts into the
   window stores of the models whose id hashes to that partition: this replica owns them, computes them and
-  exports their series.
+  exports their series; with ``attribute_sources`` it first joins their side records by id (stages/sides.py).
 
 Exactly once without transactions: every row carries its source position and receivers skip what they applied;
 an input offset is committed once all that was produced before it is acknowledged, and a task's offset once a
@@ -43,8 +43,9 @@ from exporter.stream.stages.entry import EntryStages
 from exporter.stream.stages.failures import TaskFailures
 from exporter.stream.stages.records import Kind, RecordError, decode
 from exporter.stream.stages.records import Record as InternalRecord
+from exporter.stream.stages.sides import SideStage
 from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack, unpack
-from exporter.stream.stages.tasks import CountsTask, JoinTask, Out, Task, expire_joins
+from exporter.stream.stages.tasks import CountsTask, JoinTask, Task, expire_joins, pending
 from exporter.stream.state.fleet import Changes, Fleet
 from exporter.stream.state.label_join import OutcomeJoin
 
@@ -56,10 +57,7 @@ class Stages:
 
     def __init__(self, config: Config, health: Health, stage_health: StageHealth, clock: Callable[[], float],
                  dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
-        self.kafka = config.kafka
-        self.health = health
-        self.stage_health = stage_health
-        self.clock = clock
+        self.kafka, self.health, self.stage_health, self.clock = config.kafka, health, stage_health, clock
         self.lock = threading.RLock()
         """Serialises the stages: a poll's handling, snapshots, rebalances, reloads (the window stores have the
         fleet's lock, so a computation never waits for a flush)."""
@@ -70,6 +68,8 @@ class Stages:
         self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns)
         self.ingest = Ingest(config, self.fleet, health, clock, dead_letters)
         self.producer = InternalProducer(config.kafka)
+        self.sides = SideStage(config, self.ingest, health, self.lock, self.tasks.values, self.producer,
+                               lambda: self.topics) if config.attribute_sources else None  # fmt: skip
         self.topic_ids: dict[str, str] = {}
         """Each topic's id, kept current by the source: the log a row's position is in."""
         self.entry = EntryStages(self.ingest, self.producer, lambda: self.topics, self.topic_ids)
@@ -115,11 +115,9 @@ class Stages:
     def owned(self) -> list[Owned]:
         """Every configured model: its counts partition, whether this replica owns it, its last step."""
         out: list[Owned] = []
-        bucket = self.fleet.config.windowing.bucket_seconds
-        models = self.fleet.models
+        bucket, models = self.fleet.config.windowing.bucket_seconds, self.fleet.models
         for model_id in self.fleet.config.model_ids:
-            topic, partition = self.counts_partition(model_id)
-            monitored = models.get(model_id)
+            (topic, partition), monitored = self.counts_partition(model_id), models.get(model_id)
             last = monitored.store.detection.last_step if monitored is not None else -1
             out.append((model_id, topic, partition, monitored is not None, last * bucket if last >= 0 else None))
         return out
@@ -146,7 +144,7 @@ class Stages:
                 self._abandon()
                 raise
             self.acked.update(self.produced)
-            self.health.pending_predictions.set(self._pending())
+            self.health.pending_predictions.set(pending(self.tasks.values()))
 
     def _abandon(self) -> None:
         """After a failure mid-poll, no snapshot may cover the tasks' state: drop every task (restored from its last
@@ -154,10 +152,6 @@ class Stages:
         for partition in list(self.tasks):
             self._drop(partition)
         self.produced = dict(self.acked)
-
-    def _send(self, out: list[Out]) -> None:
-        for topic, partition, key, value in out:
-            self.producer.send(topic, partition, value, key)
 
     def _task_records(self, task: Task, records: Sequence[Record]) -> None:
         """A join or counts partition's records, through its task (buffered while it looks for its snapshot)."""
@@ -180,7 +174,8 @@ class Stages:
             elif not self._apply(task, record, offset):
                 return
 
-    failing = property(lambda self: self.bounded.failing or self.failures.failing, doc="Why not all is handled.")
+    failing = property(lambda self: self.bounded.failing or self.failures.failing or (self.sides and self.sides.behind),
+                       doc="Why not all is handled, or the side topics not yet read to their ends.")  # fmt: skip
 
     def _apply(self, task: Task, record: InternalRecord, offset: int) -> bool:
         """A task applies one internal record and its output is sent; False: the task stopped on it (dropped)."""
@@ -193,7 +188,8 @@ class Stages:
             self._drop(task.partition)
             return False
         self.failures.applied(task.partition, offset)
-        self._send(out)
+        for topic, partition, key, value in out:
+            self.producer.send(topic, partition, value, key)
         return True
 
     # --- restoring a task -----------------------------------------------------------------------------------
@@ -227,6 +223,8 @@ class Stages:
         if isinstance(task, CountsTask):
             self.live_counts.add(task.partition[1])
             task.take()
+            if self.sides is not None:
+                self.sides.live_now(task)
 
     def _give_up_caught_up(self) -> None:
         """A restoring task that has read its whole partition without a whole snapshot starts empty."""
@@ -281,8 +279,8 @@ class Stages:
                             self.counts_partition, self.clock, self.topic_ids, PairJoin(events.pair_horizon, share),
                             self.ingest.payload_rows,
                             (lambda ids: self.topics.join_of(ids)) if self.kafka.labels_topic else None)  # fmt: skip
-        return CountsTask(partition, start, self.stage_health, self.health, self.fleet,
-                          lambda: self.models_of(partition[1]), self.clock)  # fmt: skip
+        return CountsTask(partition, start, self.stage_health, self.health, self.fleet, lambda: self.models_of(
+            partition[1]), self.clock, self.sides.join if self.sides else None)  # fmt: skip
 
     def forget(self, partitions: list[Partition]) -> None:
         """Revoked (or reset): no commit of this replica carries them; a counts partition's models leave now."""
@@ -375,25 +373,27 @@ class Stages:
                 self.stage_health.snapshots.labels(task.stage).inc()
 
     def expire(self) -> None:
-        """Give up on predictions and labels older than the label horizon, in every join task held."""
+        """Give up on predictions waiting past their horizon (for labels, or for side records) in every task held."""
         with self.lock:
             expire_joins(self.tasks.values(), self.health)
-            self.health.pending_predictions.set(self._pending())
-
-    def _pending(self) -> int:
-        return sum(len(t.join.pending) for t in self.tasks.values() if isinstance(t, JoinTask))
+            self.health.pending_predictions.set(pending(self.tasks.values()))
+            if self.sides is not None:
+                self.sides.expire()
 
     def apply(self, config: Config) -> tuple[Changes, Counter[str]]:
-        """A reload: the fleet's models, and the join tasks forget the predictions of models reconfigured."""
+        """A reload: the fleet's models, and the tasks forget the waiting predictions of models reconfigured."""
         with self.lock:
             changes, given_up = self.fleet.apply(config)
             carried = set(changes.kept) | set(changes.updated)
             for task in self.tasks.values():
                 if isinstance(task, JoinTask):
                     task.join.forget_models(carried.__contains__, given_up)
-                    task.join.horizon = config.label_horizon_seconds
-                    task.pairs.horizon = self.fleet.events.pair_horizon
+                    task.join.horizon, task.pairs.horizon = config.label_horizon_seconds, self.fleet.events.pair_horizon
+                elif isinstance(task, CountsTask) and task.attributes is not None:
+                    given_up["model_reconfigured"] += task.attributes.forget_models(carried)
         return changes, given_up
 
     def close(self) -> None:
+        if self.sides is not None and self.sides.source.alive:
+            self.sides.source.stop()
         self.producer.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -23,6 +23,7 @@ import orjson
 
 from exporter.config import ModelSpec, layout
 from exporter.health.counters import Health, StageHealth
+from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.payload import REFUSED_ROWS, UNMATCHED_REASONS, PairJoin, PayloadRows, half_of
 from exporter.stream.decode.platforms import Half
 from exporter.stream.kafka.client import Partition
@@ -34,8 +35,11 @@ from exporter.stream.stages.records import (
     codes_layout,
     codes_matrix,
     encode_rows,
+    side_ids,
+    with_side_ids,
 )
 from exporter.stream.stages.snapshots import Restoring
+from exporter.stream.state.attribute_join import AttributeJoin
 from exporter.stream.state.fleet import Fleet
 from exporter.stream.state.label_join import Joined, OutcomeJoin
 
@@ -206,8 +210,9 @@ class JoinTask(Task):
             meta = {"model": model, "layout": codes_layout(spec),
                     "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
             topic, partition = self.counts(model)
-            out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, table)]
-            if self.pending_to is not None:
+            out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, table,
+                                                                                side_ids(spec, batch))]
+            if self.pending_to is not None and not spec.sourced():  # else its counts task sends them, joined
                 ids = [str(pid) for pid in batch.prediction_ids]
                 where = self.pending_to(ids)
                 for q in np.unique(where).tolist():
@@ -263,13 +268,21 @@ class CountsTask(Task):
     stage = "counts"
 
     def __init__(self, partition: Partition, start: int, stage_health: StageHealth, health: Health, fleet: Fleet,
-                 models: Callable[[], list[str]], clock: Callable[[], float]) -> None:  # fmt: skip
+                 models: Callable[[], list[str]], clock: Callable[[], float],
+                 sides: AttributeJoin | None = None) -> None:  # fmt: skip
         super().__init__(partition, start, stage_health)
         self.fleet = fleet
         self.health = health
         self.models = models
         """The configured models of this partition."""
         self.clock = clock
+        self.attributes = AttributeJoin(fleet.config, sides) if sides else None
+        """With ``attribute_sources``: the direct path's join over this replica's side tables (``sides``), the
+        predictions waiting for their records this task's own (in its snapshot)."""
+        self.side_outcomes: Counter[tuple[str, str]] = Counter()
+        """What became of the ids looked up since the stages last counted them (exporter/health/side.py)."""
+        self.forward: Callable[[Partition, str, DecodedBatch], None] | None = None
+        """Sends a model's joined predictions on to wait for their labels (stages/sides.py, as the task goes live)."""
         self._restored: tuple[dict[str, Any], dict[str, np.ndarray]] = ({"models": {}}, {})
 
     def apply(self, record: Record, offset: int) -> list[Out]:
@@ -287,10 +300,13 @@ class CountsTask(Task):
         codes = codes_columns(monitored.spec, a["codes"])
         store = monitored.store
         if record.kind is Kind.PREDICTIONS:
-            late = store.add(a["timestamp"], codes, a["prediction"].astype(np.int64), a["outcome"].astype(np.int64),
-                             self.clock(), scores=a["score"])  # fmt: skip
-            if late:
-                self.health.late.inc(late)
+            batch = DecodedBatch(a["timestamp"], a["prediction"].astype(np.int64), a["outcome"].astype(np.int64),
+                                 [None] * len(a["timestamp"]), codes, scores=a["score"])  # fmt: skip
+            if self.attributes is not None and monitored.spec.sourced():
+                ids = [text for text, k in zip(record.ids, keep.tolist(), strict=True) if k]
+                batch = self.attributes.resolve(monitored.spec, with_side_ids(monitored.spec, batch, ids),
+                                                self.side_outcomes)  # fmt: skip
+            self.count({model: batch})
         elif record.kind is Kind.JOINED:
             outside = store.add_joined(a["timestamp"], codes, a["outcome"].astype(np.int64))
             self.health.outcomes_joined.inc(len(a["position"]) - outside)
@@ -298,8 +314,24 @@ class CountsTask(Task):
         self.dirty = True
         return []
 
+    def count(self, batches: Mapping[str, DecodedBatch]) -> None:
+        """Count models' predictions whose attributes are known (those released by the join too, in their own
+        event-time buckets)."""
+        late = 0
+        for model, batch in batches.items():
+            if (monitored := self.fleet.models.get(model)) is not None and len(batch):
+                late += monitored.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes,
+                                            self.clock(), scores=batch.scores)  # fmt: skip
+                self.dirty = True
+                if self.forward is not None:
+                    self.forward(self.partition, model, batch)
+        if late:
+            self.health.late.inc(late)
+
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         models, arrays = {}, self.hwm_arrays()
+        if self.attributes is not None:
+            arrays.update({f"side.{k}": v for k, v in self.attributes.held_state().items()})
         windowing = self.fleet.config.windowing
         with self.fleet.lock:
             for i, model in enumerate(self.models()):
@@ -313,6 +345,8 @@ class CountsTask(Task):
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Restore the hwm marks; the models' arrays are taken by :meth:`take` (with the fleet's current specs)."""
         self.restore_hwm(arrays)
+        if self.attributes is not None:
+            self.attributes.restore({k[len("side."):]: v for k, v in arrays.items() if k.startswith("side.")})
         self._restored = (meta, arrays)
 
     def take(self) -> None:
@@ -357,3 +391,8 @@ def expire_joins(tasks: Iterable[Task], health: Health) -> None:
             counter.labels(reason).inc(n)
         if lone:
             health.rejected.labels("response_without_request").inc(lone)
+
+
+def pending(tasks: Iterable[Task]) -> int:
+    """The predictions waiting for their labels in the join tasks of ``tasks``."""
+    return sum(len(t.join.pending) for t in tasks if isinstance(t, JoinTask))

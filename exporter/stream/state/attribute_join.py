@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -82,11 +82,15 @@ class SideRecords:
 class AttributeJoin:
     """Every side source's table, and the predictions waiting for their records, bounded in count and age."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, shared: AttributeJoin | None = None) -> None:
+        """``shared``: a join whose tables and read clocks this one uses, its waiting predictions its own (the
+        staged path: one table per replica, the waiting predictions of each counts task apart)."""
         self.sources = config.attribute_sources
         self.fields = config.attribute_fields
-        self.tables = {name: SideTable(self.fields[name], s.max_records) for name, s in self.sources.items()}
-        self.clocks = {name: ReadClock(s.horizon_seconds) for name, s in self.sources.items()}
+        self.tables: dict[str, SideTable] = shared.tables if shared is not None else \
+            {name: SideTable(self.fields[name], s.max_records) for name, s in self.sources.items()}  # fmt: skip
+        self.clocks: dict[str, ReadClock] = shared.clocks if shared is not None else \
+            {name: ReadClock(s.horizon_seconds) for name, s in self.sources.items()}  # fmt: skip
         self.max_pending = config.max_pending_labels
         self.keep_seconds = config.windowing.longest_seconds + config.windowing.allowed_lateness_seconds
         """How long a version a correction replaced is kept: a prediction older than that is late anyway."""
@@ -157,16 +161,18 @@ class AttributeJoin:
 
     # --- side records -----------------------------------------------------------------------------------------
 
-    def records(self, name: str, read: SideRecords, rejected: Counter[str]) -> list[tuple[str, int]]:
+    def records(self, name: str, read: SideRecords, rejected: Counter[str],
+                waited: Callable[[tuple[str, int]], bool] | None = None) -> list[tuple[str, int]]:  # fmt: skip
         """Take a batch of one source's records in order (None: a tombstone); the (source, hash) now held that
-        predictions wait for."""
+        predictions wait for (``waited``: whether one is waited for, by default in this join)."""
         table, problems = self.tables[name], dict[str, int]()
+        waited = waited or self.waiting.__contains__
         hashes = id_hashes(read.keys).tolist()
         arrived = []
         for h, value, time in zip(hashes, read.values, read.times, strict=True):
             if not table.put(h, None if value is None else table.encode(value, problems), time):
                 rejected["table_full"] += 1
-            elif value is not None and (name, h) in self.waiting:
+            elif value is not None and waited((name, h)):
                 arrived.append((name, h))
         rejected.update(problems)
         return arrived
@@ -248,10 +254,14 @@ class AttributeJoin:
             out.update({f"t{k}.{key}": v for key, v in table.state().items()})
             out.update(_pack_ids(f"t{k}.fields", [name, *table.fields]))
             out[f"t{k}.clock"] = np.array([self.clocks[name].labels_clock(now)], dtype=np.float64)
+        return {**out, **self.held_state()}
+
+    def held_state(self) -> dict[str, np.ndarray]:
+        """The held predictions alone (a staged counts task's snapshot: its replica's table is not in it)."""
         rows = list(self.held.items())
         waits = [(i, name, h, row in self.waiting.get((name, h), ())) for i, (row, held) in enumerate(rows)
                  for name, h in held[7]]  # fmt: skip
-        out.update({
+        return {
             "held_ts": np.array([h[0] for _, h in rows], dtype=np.float64),
             "held_pred": np.array([h[1] for _, h in rows], dtype=np.int64),
             "held_outcome": np.array([h[2] for _, h in rows], dtype=np.int64),
@@ -265,8 +275,7 @@ class AttributeJoin:
             **_pack_ids("wait_source", [w[1] for w in waits]),
             "wait_hash": np.array([w[2] for w in waits], dtype=np.uint64),
             "wait_open": np.array([w[3] for w in waits], dtype=bool),
-        })  # fmt: skip
-        return out
+        }  # fmt: skip
 
     def restore(self, state: Mapping[str, np.ndarray]) -> tuple[list[str], int]:
         """Load what :meth:`state` produced: the names of the sources whose table was kept (a source whose fields
