@@ -4,7 +4,8 @@ keeping the peaks of its statistic (so every alarm's height survives the downsam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,28 @@ SERIES_POINTS = 500
 SERIES_OTHERS = 3
 """Besides the detectors that paged, the report's `series` has this many others: those with the largest statistic."""
 SERIES_COLUMNS = ("step", "time", "value", "lower", "upper", "statistic", "alarm")
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def number(x: float) -> float | None:
+    """A report number: None for NaN (too few samples) or an infinite value."""
+    return float(x) if math.isfinite(x) else None
+
+
+def stacked(attribute: Attribute, copies: int) -> Attribute:
+    """One attribute standing for ``copies`` steps of itself: its groups and pairs repeated, so that one
+    evaluation (the daemon's own code) covers every step at once."""
+    n, pairs = len(attribute.groups), np.array(attribute.pairs, dtype=np.int64).reshape(-1, 2)
+    repeated = (pairs[None] + n * np.arange(copies)[:, None, None]).reshape(-1, 2)
+    return replace(attribute, groups=attribute.groups * copies, pairs=tuple((a, b) for a, b in repeated.tolist()))
+
+
+def by_step(rows: np.ndarray) -> np.ndarray:
+    """``(rows, steps, ...)`` counts as one block of every step's rows, step after step: a stacked attribute's."""
+    return rows.swapaxes(0, 1).reshape(-1, *rows.shape[2:])
 
 
 def keep_peaks(columns: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
