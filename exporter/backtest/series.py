@@ -35,7 +35,7 @@ def stacked(attribute: Attribute, copies: int) -> Attribute:
     evaluation (the daemon's own code) covers every step at once."""
     n, pairs = len(attribute.groups), np.array(attribute.pairs, dtype=np.int64).reshape(-1, 2)
     repeated = (pairs[None] + n * np.arange(copies)[:, None, None]).reshape(-1, 2)
-    return replace(attribute, groups=attribute.groups * copies, pairs=tuple((a, b) for a, b in repeated.tolist()))
+    return replace(attribute, groups=attribute.groups * copies, pairs=tuple(zip(*repeated.T.tolist(), strict=True)))
 
 
 def by_step(rows: np.ndarray) -> np.ndarray:
@@ -62,12 +62,16 @@ class Series:
     max_statistic: float = -math.inf
 
     def extend(self, block: dict[str, np.ndarray]) -> None:
+        """Append a block of later steps, then keep the peaks of bins as wide as it takes to stay within
+        SERIES_POINTS: one pass at the final width, which keeps what halving the points pass after pass kept (a
+        bin's earliest largest statistic is its halves' earliest largest)."""
         self.max_statistic = max(self.max_statistic, float(np.max(block["statistic"], initial=-math.inf)))
         merged = {k: np.concatenate([self.columns[k], block[k]]) for k in SERIES_COLUMNS}
-        self.columns = keep_peaks(merged, self.width)
-        while len(self.columns["step"]) > SERIES_POINTS:
-            self.width *= 2
-            self.columns = keep_peaks(self.columns, self.width)
+        width = self.width
+        while len(np.unique(merged["step"] // width)) > SERIES_POINTS:
+            width *= 2
+        self.width = width
+        self.columns = merged if width == 1 else keep_peaks(merged, width)  # width 1: one step per bin already
 
 
 def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
