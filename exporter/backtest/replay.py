@@ -227,14 +227,11 @@ class Replay:
         for i in [*sorted(self._alerted), *others]:
             detector, series = bank.detectors[i], self._series[i]
             alert = ALERT_OF_METRIC[detector.metric]
-            c = series.columns
             out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
                         **identity(detector), "alerted": i in self._alerted, "window": window,
                         "threshold": thresholds.get(alert.shown.removeprefix("model_")), "alarm_level": bank.level,
                         "max_statistic": number(series.max_statistic), "steps_per_point": series.width,
-                        "points": {"time": [iso(t) for t in c["time"]],
-                                   **{k: [number(x) for x in c[k]] for k in ("value", "lower", "upper", "statistic")},
-                                   "alarm": [bool(x) for x in c["alarm"]]}})  # fmt: skip
+                        "points": series.points()})  # fmt: skip
         return out
 
     # --- alert conditions, over a block of steps ----------------------------------------------------------

@@ -68,10 +68,20 @@ class Series:
         self.max_statistic = max(self.max_statistic, float(np.max(block["statistic"], initial=-math.inf)))
         merged = {k: np.concatenate([self.columns[k], block[k]]) for k in SERIES_COLUMNS}
         width = self.width
-        while len(np.unique(merged["step"] // width)) > SERIES_POINTS:
+        while np.count_nonzero(np.diff(merged["step"] // width)) >= SERIES_POINTS:  # steps increase: bins change
             width *= 2
         self.width = width
         self.columns = merged if width == 1 else keep_peaks(merged, width)  # width 1: one step per bin already
+
+
+    def points(self) -> dict[str, list[Any]]:
+        """The points as the report has them: ISO times, numbers (None: NaN or infinite), alarms."""
+        c = self.columns
+        times = {t: iso(t) for t in set(c["time"].tolist())}  # a replay's series share their steps' times
+        return {"time": [times[t] for t in c["time"].tolist()],
+                **{k: [x if math.isfinite(x) else None for x in c[k].tolist()]
+                   for k in ("value", "lower", "upper", "statistic")},
+                "alarm": c["alarm"].tolist()}  # fmt: skip
 
 
 def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:

@@ -54,7 +54,7 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
     ends = np.r_[starts[1:], len(heads)]
     with store.lock:
         d = store.detection
-        first = bool(np.isfinite(now)) and head_buckets[0] > store.head and store.head > d.last_step
+        first = int(bool(np.isfinite(now) and head_buckets[0] > store.head > d.last_step))  # a step before the batch
         step_heads = np.r_[[store.head] if first else [], head_buckets[starts[:-1]]].astype(np.int64)
         times = np.r_[[now] if first else [], heads[ends[:-1] - 1]]
         buckets = store.bucket_of(timestamps)
@@ -67,8 +67,10 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         cell = np.concatenate([r * N_COUNTS + predicted[on_time] for r in rows.values()]
                               + [r[labelled] * N_COUNTS + outcome[on_time][labelled] for r in rows.values()])
         bucket = buckets[on_time]
-        first_step = part * cells + first * cells  # where each event starts counting: the step after its part
-        per_part = np.bincount(part[index] * cells + cell, minlength=len(starts) * cells).reshape(-1, cells)
+        size = (len(step_heads) + 1) * cells  # a row per step, and one for what no step of this batch sees yet
+        start = (part + first) * cells  # each event's first step: the one after its part
+        opened = np.bincount(start[index] + cell, minlength=size)
+        per_part = opened.reshape(-1, cells)[first:]
         pending = (store.totals - d.seen).reshape(-1)
         counts = np.concatenate([pending[None, :], per_part[:-1]] if first else [per_part[:-1]])
         if len(step_heads) and not first:
@@ -76,20 +78,20 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         counts = counts.reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
         ring = store.counts.reshape(n, cells)
         held = np.flatnonzero(store.bucket_ids >= 0)
-        ids, size = store.bucket_ids[held], (len(step_heads) + 1) * cells
-        opened = np.bincount(first_step[index] + cell, minlength=size)
+        ids = store.bucket_ids[held]
         windows = {}
         for name, k in store.window_buckets.items():
             after = np.searchsorted(step_heads, bucket + k - 1, side="right") * cells  # the step it leaves at
-            closed = np.bincount(np.maximum(after, first_step)[index] + cell, minlength=size)
+            closed = np.bincount(np.maximum(after, start)[index] + cell, minlength=size)
             span = (opened - closed).reshape(-1, cells)
             np.add.at(span, np.searchsorted(step_heads, ids, side="left"), ring[held])
             np.add.at(span, np.searchsorted(step_heads, ids + k - 1, side="right"), -ring[held])
             windows[name] = np.cumsum(span[:-1], axis=0).reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
         store._advance(int(head_buckets[-1]))
-        kept = bucket[index] > store.head - n
-        slots = store._slots(bucket[index][kept])
-        ring += np.bincount(slots * cells + cell[kept], minlength=n * cells).reshape(n, cells)
+        in_ring = bucket > store.head - n  # an event whose bucket left the ring since was emptied with it
+        store._slots(bucket[in_ring])
+        kept = in_ring[index]
+        ring += np.bincount((bucket % n)[index][kept] * cells + cell[kept], minlength=n * cells).reshape(n, cells)
         store.totals += per_part.sum(axis=0).reshape(-1, N_COUNTS)
         if len(step_heads):
             store.detection = Detection(d.state, store.totals - per_part[-1].reshape(-1, N_COUNTS),
