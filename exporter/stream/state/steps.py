@@ -66,11 +66,16 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         index = np.concatenate([np.arange(len(part))] * len(rows) + [labelled] * len(rows))
         cell = np.concatenate([r * N_COUNTS + predicted[on_time] for r in rows.values()]
                               + [r[labelled] * N_COUNTS + outcome[on_time][labelled] for r in rows.values()])
-        bucket = buckets[on_time]
-        size = (len(step_heads) + 1) * cells  # a row per step, and one for what no step of this batch sees yet
-        start = (part + first) * cells  # each event's first step: the one after its part
-        opened = np.bincount(start[index] + cell, minlength=size)
-        per_part = opened.reshape(-1, cells)[first:]
+        bucket, part_heads = buckets[on_time], head_buckets[starts]
+        # An event of its part's head bucket (most: the head is the newest event) counts by its part's rows; an
+        # older one (late or out of order) on its own.
+        older = np.flatnonzero((bucket != part_heads[part])[index])
+        older_events, older_cells = index[older], cell[older]
+        size, rows = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first seen at step p+first
+        opened = np.bincount((part[index] + first) * cells + cell, minlength=size).reshape(-1, cells)
+        per_part = opened[first:]
+        opened_older = np.bincount((part[older_events] + first) * cells + older_cells, minlength=size)
+        current = per_part - opened_older.reshape(-1, cells)[first:]  # each part's events of its head bucket
         pending = (store.totals - d.seen).reshape(-1)
         counts = np.concatenate([pending[None, :], per_part[:-1]] if first else [per_part[:-1]])
         if len(step_heads) and not first:
@@ -80,18 +85,23 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         held = np.flatnonzero(store.bucket_ids >= 0)
         ids = store.bucket_ids[held]
         windows = {}
-        for name, k in store.window_buckets.items():
-            after = np.searchsorted(step_heads, bucket + k - 1, side="right") * cells  # the step it leaves at
-            closed = np.bincount(np.maximum(after, start)[index] + cell, minlength=size)
-            span = (opened - closed).reshape(-1, cells)
+        for name, k in store.window_buckets.items():  # a count leaves a window at the first step past b + k - 1
+            span = opened.copy()
+            np.add.at(span, np.maximum(np.searchsorted(step_heads, part_heads + k - 1, side="right"), rows), -current)
+            leaves = np.searchsorted(step_heads, bucket[older_events] + k - 1, side="right")
+            span -= np.bincount(np.maximum(leaves, part[older_events] + first) * cells + older_cells,
+                                minlength=size).reshape(-1, cells)  # fmt: skip
             np.add.at(span, np.searchsorted(step_heads, ids, side="left"), ring[held])
             np.add.at(span, np.searchsorted(step_heads, ids + k - 1, side="right"), -ring[held])
             windows[name] = np.cumsum(span[:-1], axis=0).reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
         store._advance(int(head_buckets[-1]))
         in_ring = bucket > store.head - n  # an event whose bucket left the ring since was emptied with it
         store._slots(bucket[in_ring])
-        kept = in_ring[index]
-        ring += np.bincount((bucket % n)[index][kept] * cells + cell[kept], minlength=n * cells).reshape(n, cells)
+        kept = part_heads > store.head - n
+        np.add.at(ring, part_heads[kept] % n, current[kept])
+        kept = in_ring[older_events]
+        ring += np.bincount((bucket[older_events][kept] % n) * cells + older_cells[kept],
+                            minlength=n * cells).reshape(n, cells)  # fmt: skip
         store.totals += per_part.sum(axis=0).reshape(-1, N_COUNTS)
         if len(step_heads):
             store.detection = Detection(d.state, store.totals - per_part[-1].reshape(-1, N_COUNTS),
