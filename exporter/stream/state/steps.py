@@ -71,6 +71,7 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         # older one (late or out of order) on its own.
         older = np.flatnonzero((bucket != part_heads[part])[index])
         older_events, older_cells = index[older], cell[older]
+        older_buckets = bucket[older_events]
         size, rows = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first seen at step p+first
         opened = np.bincount((part[index] + first) * cells + cell, minlength=size).reshape(-1, cells)
         per_part = opened[first:]
@@ -88,19 +89,17 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         for name, k in store.window_buckets.items():  # a count leaves a window at the first step past b + k - 1
             span = opened.copy()
             np.add.at(span, np.maximum(np.searchsorted(step_heads, part_heads + k - 1, side="right"), rows), -current)
-            leaves = np.searchsorted(step_heads, bucket[older_events] + k - 1, side="right")
+            leaves = np.searchsorted(step_heads, older_buckets + k - 1, side="right")
             span -= np.bincount(np.maximum(leaves, part[older_events] + first) * cells + older_cells,
                                 minlength=size).reshape(-1, cells)  # fmt: skip
             np.add.at(span, np.searchsorted(step_heads, ids, side="left"), ring[held])
             np.add.at(span, np.searchsorted(step_heads, ids + k - 1, side="right"), -ring[held])
             windows[name] = np.cumsum(span[:-1], axis=0).reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
         store._advance(int(head_buckets[-1]))
-        in_ring = bucket > store.head - n  # an event whose bucket left the ring since was emptied with it
-        store._slots(bucket[in_ring])
-        kept = part_heads > store.head - n
-        np.add.at(ring, part_heads[kept] % n, current[kept])
-        kept = in_ring[older_events]
-        ring += np.bincount((bucket[older_events][kept] % n) * cells + older_cells[kept],
+        kept = part_heads > store.head - n  # a count whose bucket left the ring since was emptied with it
+        np.add.at(ring, store._slots(part_heads[kept]), current[kept])
+        kept = older_buckets > store.head - n
+        ring += np.bincount(store._slots(older_buckets[kept]) * cells + older_cells[kept],
                             minlength=n * cells).reshape(n, cells)  # fmt: skip
         store.totals += per_part.sum(axis=0).reshape(-1, N_COUNTS)
         if len(step_heads):
