@@ -4,7 +4,8 @@ Everything the audit computes is a function of per-group counts, so Spark only h
 the columns the gate reads (model_id, prediction or score, label, the base attributes) returns each combination of
 values with its number of rows, a table of a few hundred rows however large the data. The gate then reads that
 table exactly as it reads a file, each combination weighted by its count (:func:`exporter.gate.fairness.frames.scan`),
-so the encoding, the checks, the core, the report and the audit log are the local path's.
+so the encoding, the checks, the core, the report and the audit log are the local path's. Attributes joined by id
+(``attribute_sources``) are joined before the aggregation by the gate's own side table and join (:func:`joined`).
 
 The master comes from the usual Spark settings (``spark-defaults.conf``, ``PYSPARK_SUBMIT_ARGS``, or a session the
 caller already started); without any, pyspark runs locally. Needs the ``spark`` extra (pyspark) and a Java runtime.
@@ -12,6 +13,7 @@ caller already started); without any, pyspark runs locally. Needs the ``spark`` 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,11 +78,45 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
     spark = SparkSession.builder.appName(f"fairness-exporter audit {config.model_id}").getOrCreate()
     try:
         df = read(spark, location)
-        return CountedRows(counts(df, config).toArrow(), date_range(df, config))
+        return CountedRows(counts(joined(spark, df, config, location), config).toArrow(), date_range(df, config))
     except Exception as exc:  # Spark's analysis and IO errors arrive through py4j
         if isinstance(exc, DataError):
             raise
+        module = re.search(r"No module named '([^']+)'", str(exc))
+        if module:  # the attribute join runs our code in the executors' Python
+            raise DataError(f"{location}: attribute_sources: the Spark executors' Python cannot import "
+                            f"{module[1]!r}: set PYSPARK_PYTHON to an interpreter with fairness-exporter") from exc
         raise DataError(f"{location}: Spark cannot count it: {' '.join(str(exc).split())[:300]}") from exc
+
+
+def joined(spark: Any, df: Any, config: ModelSpec, location: str) -> Any:
+    """The rows with the attributes of ``attribute_sources`` joined by id (the rows themselves without any): each
+    side table is read by the gate's own reader on the driver (exporter/gate/data/side.py: the same latest row per
+    id, the same values), broadcast, and looked up a record batch at a time by the gate's own join, so the counts
+    are the local engine's. The executors' Python must import ``exporter`` (the package installed with pyspark)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from exporter.gate.data.side import join_columns, read_tables
+
+    names = [a.columns[0] for a in config.base_attributes if a.source is not None]
+    if not names:
+        return df
+    ids = [s.id for s in config.attribute_sources if s.name in config.sourced()]
+    for source in config.attribute_sources:
+        if source.id not in df.columns:
+            raise DataError(f"{location}: no column {source.id!r}, the id attribute_sources.{source.name}.id joins by; "
+                            f"the file has {df.columns}")  # fmt: skip
+    tables = spark.sparkContext.broadcast(read_tables(config))
+    df = df.select(*dict.fromkeys([*(c for c in counted_columns(config, df.columns) if c not in names), *ids]))
+    schema = StructType([*df.schema.fields, *(StructField(name, StringType()) for name in names)])
+
+    def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            found = join_columns(config, tables.value, batch)
+            yield pa.RecordBatch.from_arrays([*batch.columns, *(found[n].cast(pa.string()) for n in names)],
+                                             names=[*batch.schema.names, *names])  # fmt: skip
+
+    return df.mapInArrow(join, schema)
 
 
 def date_range(df: Any, config: ModelSpec) -> dict[str, Any] | None:

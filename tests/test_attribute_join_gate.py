@@ -48,6 +48,15 @@ def data(n: int = 3000, seed: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
     return predictions, pd.concat([stale, demographics], ignore_index=True)  # the stale rows come first
 
 
+def written(rows: pd.DataFrame, demographics: pd.DataFrame, folder: Path, split: int) -> Path:
+    """``rows`` as a folder of two parquet parts (split at row ``split``), demographics.parquet beside it."""
+    folder.mkdir()
+    rows.iloc[:split].to_parquet(folder / "part-0.parquet")
+    rows.iloc[split:].to_parquet(folder / "part-1.parquet")
+    demographics.to_parquet(folder.parent / "demographics.parquet")
+    return folder
+
+
 def comparable(report: dict) -> dict:
     return {k: report[k] for k in ("rows", "attributes", "results", "verdict")} | {
         "impact_ratios": {k: v for k, v in report["impact_ratios"].items() if k != "source"}}
@@ -55,11 +64,7 @@ def comparable(report: dict) -> dict:
 
 def test_a_predictions_folder_with_ids_only_gives_the_report_of_the_merged_table(tmp_path: Path) -> None:
     predictions, demographics = data()
-    folder = tmp_path / "predictions"
-    folder.mkdir()
-    predictions.iloc[:1700].to_parquet(folder / "part-0.parquet")
-    predictions.iloc[1700:].to_parquet(folder / "part-1.parquet")
-    demographics.to_parquet(tmp_path / "demographics.parquet")
+    folder = written(predictions, demographics, tmp_path / "predictions", 1700)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     joined = run_audit(tmp_path / "config.yaml", folder)
     latest = demographics.drop_duplicates("applicant_id", keep="last")

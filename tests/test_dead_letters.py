@@ -30,6 +30,7 @@ def test_dead_letters_arrive_when_kafka_client_holds_consumer_only_settings(
     now = time.time()
     bad = [b"{broken", orjson.dumps(event(prediction=7, ts=now))]
     produce(kafka_broker.bootstrap_servers, topic, [orjson.dumps(event(ts=now)), *bad])
+    kafka_broker.create_topic(f"{topic}-dlq")  # the daemon never creates it
     settings = kafka_config(kafka_broker.bootstrap_servers, topic, client_library)["kafka"]
     daemon = running(kafka_broker.bootstrap_servers, topic, kafka={
         **settings, "client": GROUP_CLIENT[client_library], "dead_letter_topic": f"{topic}-dlq"})  # fmt: skip

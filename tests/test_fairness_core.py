@@ -197,7 +197,8 @@ def test_each_metric_counts_what_its_rates_rest_on() -> None:
                        "accuracy_difference": 50, "negative_predictive_value_difference": 30,
                        "false_positive_rate_ratio": 40, "false_negative_rate_ratio": 10, "true_negative_rate_ratio": 40,
                        "negative_predictive_value_ratio": 30, "false_discovery_rate_ratio": 20,
-                       "false_omission_rate_ratio": 30, "auc_difference": 0}  # fmt: skip (no scores: no AUC)
+                       "false_omission_rate_ratio": 30, "auc_difference": 0,
+                       "calibration_difference": 0}  # fmt: skip (no scores: no AUC, no ECE)
     assert METRICS["equalised_odds_difference"].counted == "labelled positives and labelled negatives"
 
 

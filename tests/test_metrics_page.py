@@ -34,7 +34,9 @@ METRICS = [{"name": name, "threshold": threshold} for name, threshold in (
     # the error-rate ratios and NPV of issue 41
     ("negative_predictive_value_difference", 0.05), ("false_positive_rate_ratio", 0.8),
     ("false_negative_rate_ratio", 0.8), ("true_negative_rate_ratio", 0.8), ("negative_predictive_value_ratio", 0.8),
-    ("false_discovery_rate_ratio", 0.8), ("false_omission_rate_ratio", 0.8))]  # fmt: skip
+    ("false_discovery_rate_ratio", 0.8), ("false_omission_rate_ratio", 0.8),
+    # the score metrics of issue 41 (the events carry scores, each on its prediction's side of the threshold)
+    ("auc_difference", 0.05), ("calibration_difference", 0.05))]  # fmt: skip
 
 
 def masked(page: str) -> str:
@@ -43,13 +45,16 @@ def masked(page: str) -> str:
 
 def fixed_page() -> str:
     """40 men (30 predicted positive, 20 of them labelled) and 40 women (10 positive), a few bad events."""
-    daemon = Daemon(make_config(model_version="2026.01.3", metrics=METRICS), registry=CollectorRegistry(),
-                    clock=lambda: T0)  # fmt: skip
+    daemon = Daemon(make_config(model_version="2026.01.3", metrics=METRICS, events={"score_threshold": 0.5}),
+                    registry=CollectorRegistry(), clock=lambda: T0)  # fmt: skip
     events = [event("male", "young" if i % 2 else "old", prediction=int(i < 30), ts=T0 - 60,
                     label=(i % 2) if i < 20 else None, prediction_id=f"m{i}") for i in range(40)]
     events += [event("female", "young" if i % 3 else "old", prediction=int(i < 10), ts=T0 - 120,
                      label=1 if i < 15 else None, prediction_id=f"f{i}") for i in range(40)]  # fmt: skip
-    values = [orjson.dumps(e) for e in events] + [b"{oops", orjson.dumps(event(prediction="1"))]
+    for i, e in enumerate(events):  # a score of 0.6..0.9 for a positive prediction, 0.1..0.4 for a negative one
+        e["score"] = 0.1 * (i % 4) + (0.6 if e.pop("prediction") else 0.1)
+    bad = {k: v for k, v in event().items() if k != "prediction"} | {"score": "1"}  # text: an invalid score
+    values = [orjson.dumps(e) for e in events] + [b"{oops", orjson.dumps(bad)]
     daemon.ingest.handle("predictions", 0, [SimpleRecord(v, i) for i, v in enumerate(values)])
     daemon.computer.compute()
     return masked(daemon.metrics_page())

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,18 +29,25 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    """One small local SparkSession for the file: one core, two shuffle partitions, no UI."""
+    """One small local SparkSession for the file: one core, two shuffle partitions, no UI, Python workers of this
+    interpreter (the attribute join runs the gate's code in them)."""
     if importlib.util.find_spec("pyspark") is None:
         missing("pyspark (the spark extra) is not installed")
     if shutil.which("java") is None:
         missing("a Java runtime (pyspark needs one) is not on PATH")
     from pyspark.sql import SparkSession
 
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # read when the context starts its Python workers
     session = (SparkSession.builder.master("local[1]").appName("test_spark")
                .config("spark.sql.shuffle.partitions", 2).config("spark.ui.enabled", False).getOrCreate())  # fmt: skip
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+    if before is None:
+        del os.environ["PYSPARK_PYTHON"]
+    else:
+        os.environ["PYSPARK_PYTHON"] = before
 
 
 def test_the_shipped_example_reports_the_same_with_spark(spark: Any) -> None:
@@ -133,3 +142,45 @@ def test_a_bisg_proxy_attribute_reports_the_same_with_spark(spark: Any, tmp_path
     for group, stats in local["attributes"]["race"]["groups"].items():
         assert stats["selection_rate"] == pytest.approx(spark_report["attributes"]["race"]["groups"][group][
             "selection_rate"], abs=1e-12)  # fmt: skip
+
+
+def test_attributes_joined_by_id_report_the_same_with_spark(spark: Any, tmp_path: Path) -> None:
+    """attribute_sources with --engine spark: the side table is the local gate's (the latest row of an id wins, a
+    blank value is missing, an id without a row is unknown), broadcast and looked up by the same join; a predictions
+    folder of parquet parts and a CSV file give the local report."""
+    from test_attribute_join_gate import CONFIG, data, written
+
+    predictions, demographics = data(2000, seed=4)
+    folder = written(predictions, demographics, tmp_path / "predictions", 1200)
+    predictions.to_csv(tmp_path / "predictions.csv", index=False)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    for location in (folder, tmp_path / "predictions.csv"):
+        local = run_audit(tmp_path / "config.yaml", location, now=NOW)
+        assert run_audit(tmp_path / "config.yaml", location, now=NOW, engine="spark") == local
+    assert local["attributes"]["gender"]["excluded_rows"] > 100 and local["verdict"] == "FAIL"
+    (tmp_path / "predictions.csv").write_text(predictions.rename(columns={"applicant_id": "customer"}).to_csv())
+    with pytest.raises(ValueError, match=r"no column 'applicant_id', the id attribute_sources.applicants.id joins by"):
+        run_audit(tmp_path / "config.yaml", tmp_path / "predictions.csv", now=NOW, engine="spark")
+
+
+def test_executors_without_our_python_packages_are_told_in_one_line(tmp_path: Path) -> None:
+    """The join runs the gate's code in the executors' Python: one that cannot import it is named, exit 2."""
+    import subprocess
+    import venv
+
+    from test_attribute_join_gate import CONFIG, data
+
+    if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+        missing("pyspark and a Java runtime")
+    venv.create(tmp_path / "bare", with_pip=False)  # a Python without pyarrow, numpy or pandas
+    predictions, demographics = data(200)
+    predictions.to_parquet(tmp_path / "predictions.parquet")
+    demographics.to_parquet(tmp_path / "demographics.parquet")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    env = {**os.environ, "PYSPARK_PYTHON": str(tmp_path / "bare/bin/python"),
+           "PYSPARK_SUBMIT_ARGS": "--master local[1] --conf spark.ui.enabled=false pyspark-shell"}  # fmt: skip
+    cli = subprocess.run([sys.executable, "-m", "exporter.cli", "audit", str(tmp_path / "config.yaml"),
+                          str(tmp_path / "predictions.parquet"), "--engine", "spark"], capture_output=True,
+                         text=True, env=env, cwd=ROOT)  # fmt: skip
+    last = cli.stderr.strip().splitlines()[-1]
+    assert cli.returncode == 2 and "the Spark executors' Python cannot import" in last and "PYSPARK_PYTHON" in last

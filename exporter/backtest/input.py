@@ -7,7 +7,7 @@ import base64
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ import orjson
 from exporter.config import Config, ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes
+from exporter.core.side_table import SideTable
 from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, components, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
@@ -92,18 +93,20 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
             yield columns, sum(ignored.values()) - sum(own.values()), len(malformed)
 
 
-def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
+def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, SideTable]) -> Iterator[Batch]:
     """A parquet/CSV dataset (file, folder, glob or prefix) with the gate's columns plus timestamp, model_id and
-    prediction_id, a record batch at a time through the gate's encoding."""
+    prediction_id, a record batch at a time through the gate's encoding; a model's attributes of
+    ``attribute_sources`` joined by id from ``tables`` per batch, by the gate's join."""
     import pyarrow as pa  # parquet/CSV only: the daemon image replays JSON lines without pyarrow
 
     from exporter.gate.data import columns as col
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.fairness.frames import attribute_columns, prediction_column
+    from exporter.gate.data.side import join_columns
+    from exporter.gate.fairness.frames import prediction_column
 
     try:
-        dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in attribute_columns(m))])
-        needed = {m.model_id: ["timestamp", prediction_column(m), *attribute_columns(m), *m.counted_columns]
+        dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in _read_from(m))])
+        needed = {m.model_id: ["timestamp", prediction_column(m), *_read_from(m), *m.counted_columns]
                   for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:
             missing = [c for c in columns if c not in dataset.columns]
@@ -114,10 +117,26 @@ def _table(location: str, models: Sequence[ModelSpec]) -> Iterator[Batch]:
         for batch in dataset.batches(reading):
             indices, ids = col.text(batch.column("model_id"))
             codes = np.array([*ids, ""], dtype=object)[indices]
-            out = {m.model_id: _model_rows(location, m, batch.filter(pa.array(codes == m.model_id))) for m in models}
+            out = {}
+            for m in models:
+                rows = batch.filter(pa.array(codes == m.model_id))
+                for name, joined in join_columns(m, tables, rows).items():
+                    rows = rows.append_column(name, joined)
+                out[m.model_id] = _model_rows(location, m, rows)
             yield out, int(len(codes) - sum(len(c.timestamps) for c in out.values())), 0
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
+
+
+def _read_from(model: ModelSpec) -> list[str]:
+    """The columns a model's attributes are read from: the gate's, with the id column of each source in place of
+    the attributes joined from it."""
+    from exporter.gate.fairness.frames import attribute_columns
+
+    joined = {a.columns[0] for a in model.base_attributes if a.source is not None}
+    ids = {s.name: s.id for s in model.attribute_sources}
+    return list(dict.fromkeys([*(c for c in attribute_columns(model) if c not in joined),
+                               *(ids[name] for name in model.sourced())]))  # fmt: skip
 
 
 def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Columns:
@@ -238,10 +257,7 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
     payloads = bool(config.models) and config.models[0].events.format != "json"
     for name in paths:
         if _is_table(str(name)):
-            if fleet.attributes:
-                raise BacktestError(f"{name}: attribute_sources: backtest joins side tables to JSON lines and "
-                                    "payload dumps; replay the events as JSON lines")  # fmt: skip
-            yield from _table(str(name), config.models)
+            yield from _table(str(name), config.models, fleet.attributes.tables)
             continue
         path = Path(name)
         if not path.is_file():

@@ -69,8 +69,8 @@ class Replay:
     """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
-    _labelled: list[dict[str, np.ndarray]] = field(default_factory=list)
-    """Per pending step, its windows' labelled score histograms (a score metric: auc_difference)."""
+    _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
+    """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
     _last: dict[tuple[str, str], Evaluation] = field(default_factory=dict)
     """The last block's evaluations: the replay's end is their last step."""
 
@@ -137,7 +137,8 @@ class Replay:
         self._pending.append((self._now, step, self.store.window_counts(self._now)))
         self._segments.append(self.store.segments.snapshot(self._now) if self.config.segments else None)
         if self.config.compares_scores:
-            self._labelled.append(self.store.window_estimate_counts(self._now))
+            self._labelled.append((self.store.window_estimate_counts(self._now),
+                                   self.store.window_labelled_sums(self._now)))  # fmt: skip
         self.steps += 1
         if len(self._pending) >= FLUSH_STEPS:
             self._flush()
@@ -244,21 +245,21 @@ class Replay:
                                              np.stack([step[1] for _, step, _ in self._pending]),
                                              self._calibration)  # fmt: skip
         steps = len(times)
-        evaluations: dict[tuple[str, str], Evaluation] = {}
-        blocks, histograms = [], []
+        blocks, histograms, sums = [], [], []  # type: list[Any], list[np.ndarray], list[np.ndarray]
+        split = self.store.layout.split
         for window in self.windowing.windows:  # rows first, then steps: each attribute's block cut once
-            by_attribute = self.store.layout.split(np.stack([counts[window.name] for _, _, counts in self._pending], 1))
-            labelled = self.store.layout.split(np.stack([h[window.name] for h in self._labelled], 1)) \
-                if self._labelled else {}  # fmt: skip
+            by_attribute = split(np.stack([counts[window.name] for _, _, counts in self._pending], 1))
+            stepped = [split(np.stack([x[window.name] for x in xs], 1)) if xs else {}
+                       for xs in ([h for h, _ in self._labelled], [s for _, s in self._labelled if s])]  # fmt: skip
             for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
                 blocks.append((window.name, attribute, by_step(by_attribute[attribute.name][:n_groups])))
-                histograms.extend([by_step(labelled[attribute.name][:n_groups])] if labelled else [])
+                for out, rows in zip((histograms, sums), stepped, strict=True):
+                    out.extend([by_step(rows[attribute.name][:n_groups])] if rows else [])
         results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
                                 self.config.exported_metrics, self.config.multiplicity, families=steps,
-                                scores=histograms if self.config.compares_scores else None)  # fmt: skip
-        for (window_name, attribute, _), ev in zip(blocks, results, strict=True):
-            evaluations[(window_name, attribute.name)] = ev
+                                scores=histograms or None, score_sums=sums or None)  # fmt: skip
+        evaluations = {(window_name, a.name): ev for (window_name, a, _), ev in zip(blocks, results, strict=True)}
         self._last = evaluations
         self._pending.clear()
         segments, self._segments = self._segments, []

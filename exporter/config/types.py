@@ -298,6 +298,12 @@ class ModelSpec:
         return any(metric(m.name).scores for m in self.metrics)
 
     @property
+    def calibrates(self) -> bool:
+        """Whether ``calibration_difference`` is configured: the labelled scores' sums are then kept per score bin (a
+        waiting prediction keeps its score for its label)."""
+        return any(m.name == "calibration_difference" for m in self.metrics)
+
+    @property
     def score_buckets(self) -> tuple[float, ...]:
         """Upper bounds of the score histograms; empty when the model emits no scores (no histograms)."""
         if self.events.score_threshold is None:
@@ -317,6 +323,8 @@ def layout(model: ModelSpec, windowing: Windowing) -> dict[str, Any]:
         **({"score_buckets": list(model.score_buckets)} if model.score_buckets else {}),
         # estimation keeps counts per score bin and predicted class: configuring it (or dropping it) starts afresh
         **({"estimation_counts": True} if model.estimation is not None or model.compares_scores else {}),
+        # calibration keeps the labelled scores' sums per score bin, and a waiting prediction its score
+        **({"labelled_score_sums": True} if model.calibrates else {}),
         # a proxy attribute's counts are weighted floats, apart from the exact ones (exporter/stream/state/proxy.py)
         **({"proxy_attributes": [a.name for a in model.attributes if a.proxy]}
            if any(a.proxy for a in model.attributes) else {}),

@@ -17,7 +17,9 @@ from exporter.core.conditional import metric as conditional_metric
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, group_stats
 from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
+from exporter.core.scores import SCORE_SUM
 from exporter.core.scores import auc as group_auc
+from exporter.core.scores import calibration as group_calibration
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,8 @@ class Evaluation:
     families: int = 1
     """The pairs are this many consecutive families of equal size (``backtest``'s stacked steps), each judged alone."""
     histogram: np.ndarray | None = None
-    """Each group's labelled score histogram ``(n_groups, n_bins, 2)`` (:func:`labelled_histogram`), for a model
-    that emits scores and compares them (``auc_difference``)."""
+    """Each group's labelled score histogram ``(n_groups, n_bins, 3)`` (:func:`labelled_histogram`), for a model
+    that emits scores and compares them (``auc_difference``, ``calibration_difference``)."""
     failing: dict[tuple[str, float], np.ndarray] = field(default_factory=dict)
     """Per (metric, threshold): :func:`fails` of the pairs, computed for the whole batch of evaluations at once."""
     worsts: dict[str, Worst] = field(default_factory=dict)
@@ -111,6 +113,16 @@ class Evaluation:
         value, variance, _ = group_auc(self.histogram)
         half = Z_95 * np.sqrt(variance)
         return value, np.clip(value - half, 0.0, 1.0), np.clip(value + half, 0.0, 1.0)
+
+    def calibration(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per group: the expected calibration error of its scores and its 95% interval (conservative: the plug-in
+        less the bound on its upward bias and noise, up to the plug-in plus its noise; clipped to 0..1); None
+        without the labelled scores' sums (a model that does not configure ``calibration_difference``)."""
+        if self.histogram is None or np.isnan(self.histogram[..., SCORE_SUM]).all():
+            return None
+        value, bias, variance, _ = group_calibration(self.histogram)
+        spread = Z_95 * np.sqrt(variance)
+        return value, np.clip(value - bias - spread, 0.0, 1.0), np.clip(value + spread, 0.0, 1.0)
 
     def family(self) -> np.ndarray:
         """Per pair: its family (0 but in ``backtest``'s stacked steps)."""
@@ -214,17 +226,19 @@ def _rows(stats: Any, rows: slice | np.ndarray) -> Any:
     return type(stats)(**{k: tuple(a[rows] for a in v) if isinstance(v, tuple) else v[rows] for k, v in values.items()})
 
 
-def labelled_histogram(score_counts: np.ndarray) -> np.ndarray:
-    """Per group and score bin, its labelled negatives and positives ``(..., n_bins, 2)`` (both predicted classes) of
-    a score-counts array ``(..., n_bins, 2, N_SCORE_COUNTS)`` (:mod:`exporter.core.estimate`)."""
+def labelled_histogram(score_counts: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
+    """Per group and score bin, its labelled negatives and positives (both predicted classes) of a score-counts array
+    ``(..., n_bins, 2, N_SCORE_COUNTS)`` (:mod:`exporter.core.estimate`), and the sum of their scores ``(..., n_bins)``
+    (NaN when not kept: no calibration): ``(..., n_bins, 3)``."""
     c = np.asarray(score_counts, dtype=np.int64).sum(axis=-2)
-    return np.stack([c[..., LABELLED_NEG], c[..., LABELLED_POS]], axis=-1)
+    total = np.full(c.shape[:-1], np.nan) if sums is None else np.asarray(sums, dtype=np.float64)
+    return np.stack([c[..., LABELLED_NEG], c[..., LABELLED_POS], total], axis=-1)
 
 
 def evaluate_many(
     blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS,
     multiplicity: str = "none", families: int = 1, scores: Sequence[np.ndarray] | None = None,
-    thresholds: Mapping[str, float] | None = None,
+    thresholds: Mapping[str, float] | None = None, score_sums: Sequence[np.ndarray | None] | None = None,
 ) -> list[Evaluation]:  # fmt: skip
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
@@ -232,7 +246,8 @@ def evaluate_many(
     outside its groups), which counts for the overall rate but in no comparison. ``metrics``: the metrics to compute
     (default: all of the table). ``multiplicity``: how a fail is judged across a metric's comparisons
     (:data:`MULTIPLICITY`); ``families``: each block's pairs are this many families judged apart (``backtest``).
-    ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics. ``thresholds``:
+    ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics, and ``score_sums``
+    its labelled scores' sums per score bin, for the calibration. ``thresholds``:
     the metrics' thresholds, to judge the fails of every block in one pass (the daemon's fleet).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
@@ -253,8 +268,10 @@ def evaluate_many(
     # every row counts once overall, whatever its group: a proxy attribute's weighted counts sum to whole rows
     overall = group_stats(np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall)
     metrics = tuple(metrics)
-    histograms = None if scores is None else \
-        [labelled_histogram(h[: len(a.groups)]) for (a, _), h in zip(blocks, scores, strict=True)]  # fmt: skip
+    sums = [None if s is None else s[: len(a.groups)] for (a, _), s in
+            zip(blocks, score_sums or [None] * len(blocks), strict=True)]  # fmt: skip
+    histograms = None if scores is None else [labelled_histogram(h[: len(a.groups)], s) for (a, _), h, s in
+                                              zip(blocks, scores, sums, strict=True)]  # fmt: skip
     histogram = None if histograms is None else np.concatenate(histograms)
     comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram)
     block = np.repeat(np.arange(len(pairs)), [len(p) for p in pairs])

@@ -16,7 +16,7 @@ so adding a metric is one entry here (see docs/adding-a-metric.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from functools import cache
 from statistics import NormalDist
@@ -37,7 +37,7 @@ from exporter.core.fairness import (
     ratio,
     ratio_interval,
 )
-from exporter.core.scores import auc_gap
+from exporter.core.scores import auc_gap, calibration_gap
 
 CONFIDENCE: Final = 0.95
 EVIDENCE: Final = ("pass", "fail", "inconclusive")
@@ -81,9 +81,11 @@ class Metric:
     """The definition in words, used in HELP texts, reports and docs."""
     seed: bool = False
     """One of the seed's three metrics: the daemon exports it even when the config does not name it."""
-    scores: bool = False
-    """Compared from each group's labelled score histogram (:mod:`exporter.core.scores`), not from its counts: only
-    for a model that emits scores."""
+    scores: ScoreGap | None = None
+    """Compared from each group's labelled score histogram by this function (:mod:`exporter.core.scores`), not from
+    its counts: only for a model that emits scores."""
+    trials: tuple[str, ...] = ()
+    """A score metric's: the rates whose trials its support (what min_samples counts) is, per group."""
 
     @property
     def prometheus_name(self) -> str:
@@ -98,7 +100,7 @@ class Metric:
     @property
     def counted(self) -> str:
         """What min_samples counts for this metric, per group: e.g. ``labelled positives and labelled negatives``."""
-        rates = ("true_positive_rate", "false_positive_rate") if self.scores else self.rates
+        rates = self.trials or self.rates
         return " and ".join(RATE_TRIALS[r] for r in rates)
 
     @property
@@ -127,14 +129,14 @@ class Metric:
         ``comparisons`` (per pair, or one for all): how many comparisons the pair's interval must cover together
         with others (Bonferroni): 1 gives each pair its own 95% interval, K the intervals of a family of K whose
         union covers 95% (the worst group's, and the fail side of ``multiplicity:``). ``histogram``: the groups'
-        labelled score histograms ``(n_groups, n_bins, 2)``, which a score metric compares (without it, it has
-        no value)."""
+        labelled score histograms ``(n_groups, n_bins, 3)`` (negatives, positives, score sum per bin), which a
+        score metric compares (without it, it has no value)."""
         family = np.broadcast_to(np.asarray(comparisons, dtype=np.int64), np.shape(a))
         if self.scores:
             if histogram is None:
                 nan = np.full(np.shape(a), np.nan)
                 return MetricValues(nan, nan, nan, nan, np.zeros(np.shape(a), dtype=np.int64))
-            return MetricValues(*auc_gap(histogram, a, b, _zs(family)))
+            return MetricValues(*self.scores(histogram, a, b, _zs(family)))
         rates = {} if rates is None else rates
         for rate in self.rates:
             if rate not in rates:
@@ -144,6 +146,9 @@ class Metric:
 
 
 RateCounts = dict[str, tuple[IntArray, IntArray]]
+ScoreGap = Callable[[NDArray, NDArray, NDArray, "FloatArray | float"],
+                    tuple[FloatArray, FloatArray, FloatArray, FloatArray, IntArray]]
+"""A score metric's function of the groups' labelled score histograms, pairs and quantile (:mod:`.scores`)."""
 
 
 @cache
@@ -237,10 +242,13 @@ METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
            "min/max of the two false discovery rates over labelled positive predictions"),
     Metric("false_omission_rate_ratio", ("false_omission_rate",), "ratio", 0.80,
            "min/max of the two false omission rates over labelled negative predictions"),
-    # Score-based parity (a model that emits scores): how well the scores rank within each group.
+    # Score-based parity (a model that emits scores): how well the scores rank, and how well they are calibrated,
     Metric("auc_difference", (), "difference", 0.05,
            "|AUC a - AUC b| of the scores (binned by events.score_buckets) among labelled predictions",
-           scores=True),
+           scores=auc_gap, trials=("true_positive_rate", "false_positive_rate")),
+    Metric("calibration_difference", (), "difference", 0.05,
+           "|ECE a - ECE b|: expected calibration errors over the score bins (events.score_buckets) among labelled "
+           "predictions", scores=calibration_gap, trials=("accuracy",)),
 )}
 # fmt: on
 METRIC_NAMES: Final = tuple(METRICS)

@@ -1,4 +1,5 @@
-"""Score-based parity: each group's AUC from its labelled score histogram, and the gap between two groups.
+"""Score-based parity: each group's AUC and expected calibration error from its labelled score histogram, and the
+gap between two groups.
 
 A group's labelled score histogram (per score bin, ascending, its labelled negatives and positives; the daemon and
 the gate keep it as the estimation's score counts, reduced by :func:`exporter.core.evaluate.labelled_histogram`) is
@@ -6,6 +7,12 @@ all the AUC needs: the probability that a positive scores above a negative, a ti
 which is scikit-learn's ``roc_auc_score`` of the binned scores. Its variance is DeLong's, from each positive's and
 each negative's placement, which a histogram gives per bin. Groups are independent samples, so the variance of a gap
 is the sum of theirs. Pure functions of additive counts, numpy only.
+
+The expected calibration error needs one more column per bin: the sum of the labelled predictions' scores
+(``histogram[..., 2]``; the daemon keeps it per bin beside the counts, a late label adding its prediction's score).
+ECE of a group over the score bins: ``sum_b (n_b / n) |pos_b / n_b - mean score_b| = sum_b |pos_b - score sum_b| / n``
+over its labelled predictions. Its interval (:func:`calibration_gap`) is a conservative bound, not a normal interval:
+see docs/auditor/numbers.md#calibration-within-groups.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from exporter.core.fairness import FloatArray, IntArray, abs_interval
+
+SCORE_SUM: int = 2
+"""Column of a labelled score histogram holding the bin's sum of labelled scores (after negatives and positives)."""
 
 
 def auc(histogram: NDArray) -> tuple[FloatArray, FloatArray, IntArray]:
@@ -52,3 +62,45 @@ def auc_gap(histogram: NDArray, a: NDArray, b: NDArray,
     lower, upper = abs_interval(gap - half, gap + half)
     return np.abs(gap), np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), half, \
         np.minimum(support[a], support[b]).astype(np.int64)  # fmt: skip
+
+
+def calibration(histogram: NDArray) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+    """Per group of a labelled score histogram with score sums ``(n_groups, n_bins, 3)``: its expected calibration
+    error; ``bias``, a bound on how far noise can lift it (``sum_b w_b sigma_b``, ``sigma_b`` the standard error of a
+    bin's mean label, its rate shrunk by a half count); ``variance``, that of its noise (``sum_b w_b^2 sigma_b^2``
+    plus the bins' shares' multinomial variance); and its labelled predictions. NaN without one.
+
+    >>> e, _, _, n = calibration(np.array([[[3, 1, 0.8], [1, 3, 2.8]]]))  # 8 rows: |1 - 0.8| + |3 - 2.8| over 8
+    >>> round(float(e[0]), 4), int(n[0])
+    (0.05, 8)
+    """
+    h = np.asarray(histogram, dtype=np.float64)
+    pos, rows, sums = h[..., 1], h[..., 0] + h[..., 1], h[..., SCORE_SUM]
+    n = rows.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ece = np.abs(pos - sums).sum(axis=-1) / n
+        shrunk = (pos + 0.5) / (rows + 1.0)
+        sigma2 = np.where(rows > 0, shrunk * (1.0 - shrunk) / rows, 0.0)
+        share = rows / n[..., None]
+        gap2 = np.where(rows > 0, ((pos - sums) / rows) ** 2, 0.0)
+        bias = (share * np.sqrt(sigma2)).sum(axis=-1)
+        variance = (share**2 * sigma2).sum(axis=-1) + ((share * gap2).sum(axis=-1) - ece**2) / n
+    ok = n > 0
+    return np.where(ok, ece, np.nan), np.where(ok, bias, np.nan), np.where(ok, variance, np.nan), \
+        n.astype(np.int64)  # fmt: skip
+
+
+def calibration_gap(histogram: NDArray, a: NDArray, b: NDArray,
+                    z: FloatArray | float) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, IntArray]:
+    """Per pair: ``|ECE a - ECE b|``, its interval, the half-width and the support (the smaller group's labelled
+    predictions). A plug-in ECE errs upward by at most its noise's absolute value, ``sum_b w_b |e_b|`` (mean at most
+    ``bias``), and downward by at most a zero-mean sum (``|d| - |d + e| <= -sign(d) e``), so the signed gap
+    ``ECE a - ECE b`` lies within ``[gap - bias_a - z s, gap + bias_b + z s]``, ``s`` the root of both variances;
+    folded as a difference's."""
+    value, bias, variance, n = calibration(histogram)
+    gap = value[a] - value[b]
+    spread = z * np.sqrt(variance[a] + variance[b])
+    low, high = gap - bias[a] - spread, gap + bias[b] + spread
+    lower, upper = abs_interval(low, high)
+    return np.abs(gap), np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), (high - low) / 2.0, \
+        np.minimum(n[a], n[b]).astype(np.int64)  # fmt: skip

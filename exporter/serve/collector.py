@@ -179,12 +179,15 @@ class SnapshotCollector(Collector):
                       "subgroup's labelled predictions, with DeLong's 95% interval; only with a score metric "
                       "(auc_difference) configured." + cadence, ["model_id", "attribute", "window", "subgroup"],
                       bounds=True)  # fmt: skip
+        ece = _Family("model_score_calibration_error", "Expected calibration error of the model's scores over the "
+                      "score bins among the subgroup's labelled predictions, with a conservative 95% interval; only "
+                      "with calibration_difference configured." + cadence, ["model_id", "attribute", "window",
+                      "subgroup"], bounds=True)  # fmt: skip
         for snapshot, window, ev in ((s, w, e) for s in snapshots for w, e in s.evaluations):
             groups = ev.attribute.groups
-            scored = ev.auc()
-            if scored is not None:
-                for i, group in enumerate(groups):
-                    auc.add([snapshot.model_id, ev.attribute.name, window, group], *(x[i] for x in scored))
+            for family, scored in ((auc, ev.auc()), (ece, ev.calibration())):
+                for i, group in enumerate(groups) if scored is not None else ():
+                    family.add([snapshot.model_id, ev.attribute.name, window, group], *(x[i] for x in scored or ()))
             for metric in (m for m in snapshot.metrics if m in METRICS):  # the conditional ones: no worst
                 w = ev.worst(metric)
                 labels = [snapshot.model_id, ev.attribute.name, window, metric]
@@ -195,7 +198,7 @@ class SnapshotCollector(Collector):
         yield from worst.families()
         yield judged
         if any(table_metric(m).scores for s in snapshots for m in s.metrics):
-            yield from auc.families()
+            yield from (*auc.families(), *ece.families())
 
     @staticmethod
     def _scores(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:

@@ -96,18 +96,21 @@ def compute_model(monitored: Monitored, windowing: Windowing, now: float,
         proxies = proxied(spec, store.proxy, store.window_proxy_counts(now))
         window_scores = store.window_scores(now)
         estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
+        labelled_sums = store.window_labelled_sums(now)
         by_segment = store.segments.snapshot(now) if spec.counted_columns else None
-    keys, blocks, histograms = [], [], []
+    keys, blocks, histograms, labelled_sums_of = [], [], [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
         labelled = store.layout.split(estimation[window.name]) if spec.compares_scores else {}
+        summed = store.layout.split(labelled_sums[window.name]) if labelled_sums else {}
         for attribute in spec.attributes:
             if attribute.proxy is None:
                 keys.append(window.name)
                 blocks.append((attribute, by_attribute[attribute.name]))
                 histograms.extend([labelled[attribute.name]] if labelled else [])
+                labelled_sums_of.extend([summed[attribute.name]] if summed else [])
     evaluated = evaluate_many(blocks, spec.min_samples, spec.exported_metrics, spec.multiplicity,
-                              scores=histograms if spec.compares_scores else None,
+                              scores=histograms if spec.compares_scores else None, score_sums=labelled_sums_of or None,
                               thresholds={m: t for m, t, _ in thresholds if m in spec.exported_metrics})  # fmt: skip
     metrics = spec.exported_metrics
     if by_segment is not None and spec.conditional_metrics:  # over the strata's counts, as the gate's (strata:)

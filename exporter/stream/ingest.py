@@ -48,7 +48,7 @@ from exporter.stream.kafka.client import Batch, Partition, Record, newest_timest
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.state.attribute_join import JOIN_OUTCOMES, SIDE_REJECTS, SideRecords
 from exporter.stream.state.fleet import Fleet, Monitored
-from exporter.stream.state.label_join import Joined
+from exporter.stream.state.label_join import Joined, score_bits
 
 log = logging.getLogger(__name__)
 
@@ -220,9 +220,11 @@ class Ingest:
                                scores=batch.scores, segment_codes=segments)  # fmt: skip
         if self.kafka.labels_topic:
             waiting = batch.outcomes < 0
-            # a prediction waits with its segment values' codes after its attributes', for its label's cells
+            # a prediction waits with its segment values' codes after its attributes', for its label's cells; a
+            # calibrating model's with its score last (its float64's bits: exact), for its bin's sum of labelled scores
             codes = np.column_stack([*(batch.codes[a.name] for a in model.spec.attributes),
-                                     *(segments.T if segments is not None else [])])  # fmt: skip
+                                     *(segments.T if segments is not None else []),
+                                     *([score_bits(batch.scores)] if model.spec.calibrates else [])])  # fmt: skip
             ids = [pid for pid, w in zip(batch.prediction_ids, waiting, strict=True) if w]
             bins = model.store.estimate_bins(batch.scores)  # kept with the prediction for its label's cell
             joined = self.fleet.joins.add_predictions(model.spec.model_id, ids, batch.timestamps[waiting],
@@ -254,8 +256,11 @@ class Ingest:
     def _count_joined(self, model: Monitored, joined: Joined, given_up: Counter[str]) -> None:
         attributes = model.spec.attributes
         codes = {a.name: joined.codes[:, i] for i, a in enumerate(attributes)}
-        segments = joined.codes[:, len(attributes):] if model.spec.counted_columns else None
-        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes, joined.bins, segments)
+        calibrates = model.spec.calibrates
+        segments = joined.codes[:, len(attributes) : joined.codes.shape[1] - calibrates] \
+            if model.spec.counted_columns else None  # fmt: skip
+        scores = np.ascontiguousarray(joined.codes[:, -1]).view(np.float64) if calibrates else None
+        outside = model.store.add_joined(joined.timestamps, codes, joined.outcomes, joined.bins, segments, scores)
         self.health.outcomes_joined.inc(len(joined) - outside)
         given_up["prediction_outside_window"] += outside
 

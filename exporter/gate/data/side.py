@@ -9,7 +9,7 @@ had been columns of the predictions. Values stay in the process: errors name col
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +56,13 @@ def read_table(source: AttributeSource, fields: Sequence[str], config_source: st
     return table
 
 
+def read_tables(model: ModelSpec, batch_rows: int = BATCH_ROWS) -> dict[str, SideTable]:
+    """The side table of every source the model's attributes name, with the fields they read from it."""
+    sources = {s.name: s for s in model.attribute_sources}
+    return {name: read_table(sources[name], [a.columns[0] for a in attributes], model.source, batch_rows)
+            for name, attributes in model.sourced().items()}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class JoinedRows:
     """Rows whose sourced attribute columns come from side tables, by the id column each source names."""
@@ -75,36 +82,44 @@ class JoinedRows:
             if source.id not in rows.columns:
                 raise DataError(f"{name}: no column {source.id!r}, the id attribute_sources.{source.name}.id joins "
                                 f"by; the file has {rows.columns}")  # fmt: skip
-        sources = {s.name: s for s in model.attribute_sources}
-        return cls(rows, model, {name: read_table(sources[name], [a.columns[0] for a in attributes], model.source,
-                                                  batch_rows) for name, attributes in sourced.items()})  # fmt: skip
+        return cls(rows, model, read_tables(model, batch_rows))
 
     @property
     def columns(self) -> list[str]:
         return [*self.rows.columns, *(a.columns[0] for a in self.model.base_attributes if a.source is not None)]
 
     def batches(self, columns: Sequence[str], batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-        joined = {a.columns[0]: a for a in self.model.base_attributes if a.source is not None}
+        joined = {a.columns[0]: a.source for a in self.model.base_attributes if a.source is not None}
         ids = {s.name: s.id for s in self.model.attribute_sources}
         reading = list(dict.fromkeys([*(c for c in columns if c not in joined),
-                                      *(ids[joined[c].source] for c in columns if c in joined)]))  # type: ignore[index]
+                                      *(ids[joined[c]] for c in columns if c in joined)]))
         for batch in self.rows.batches(reading, batch_rows):
-            found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-            out = []
-            for c in columns:
-                if c not in joined:
-                    out.append(batch.column(c))
-                    continue
-                source = joined[c].source
-                assert source is not None
-                if source not in found:
-                    indices, hashes = _ids(batch.column(ids[source]))
-                    held, codes, _ = self.tables[source].get(hashes)
-                    per_row = np.where(indices >= 0, held[indices], False)  # a missing id joins nothing
-                    found[source] = (per_row, codes[indices])
-                table, (held_rows, codes) = self.tables[source], found[source]
-                k = table.fields.index(c)
-                values = codes[:, k].astype(np.int32) - 1
-                out.append(pa.DictionaryArray.from_arrays(pa.array(values, mask=~held_rows | (values < 0)),
-                                                          pa.array(table.values[k], type=pa.string())))  # fmt: skip
-            yield pa.RecordBatch.from_arrays(out, names=list(columns))
+            found = join_columns(self.model, self.tables, batch)
+            yield pa.RecordBatch.from_arrays([found[c] if c in joined else batch.column(c) for c in columns],
+                                             names=list(columns))  # fmt: skip
+
+
+def join_columns(model: ModelSpec, tables: Mapping[str, SideTable], batch: pa.RecordBatch) -> dict[str, pa.Array]:
+    """The model's sourced attribute columns for a batch that holds its sources' id columns: each row's value of
+    its id's record (a dictionary array of the values' text; null for a missing id, an id without a record or a
+    record without the field). The one join of the gate, ``backtest``'s tables and ``--engine spark``."""
+    ids = {s.name: s.id for s in model.attribute_sources}
+    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    out = {}
+    for attribute in model.base_attributes:
+        source = attribute.source
+        if source is None:
+            continue
+        table = tables[source]
+        if source not in found:
+            indices, hashes = _ids(batch.column(ids[source]))
+            held, codes, _ = table.get(hashes)
+            held = np.append(held, False)  # index -1, a missing id, joins nothing
+            codes = np.vstack([codes, np.zeros((1, len(table.fields)), dtype=codes.dtype)])
+            found[source] = (held[indices], codes[indices])
+        held_rows, codes = found[source]
+        k = table.fields.index(attribute.columns[0])
+        values = codes[:, k].astype(np.int32) - 1
+        out[attribute.columns[0]] = pa.DictionaryArray.from_arrays(pa.array(values, mask=~held_rows | (values < 0)),
+                                                                   pa.array(table.values[k], type=pa.string()))
+    return out

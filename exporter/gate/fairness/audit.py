@@ -89,10 +89,12 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
 def _group_report(ev: Evaluation) -> dict[str, Any]:
     g = ev.groups
     per_group = {}
-    scored = ev.auc()
+    scored, calibrated = ev.auc(), ev.calibration()
     for i, name in enumerate(ev.attribute.groups):
         auc = {} if scored is None else {"auc": json_float(scored[0][i]),
                                          "auc_ci": [json_float(scored[1][i]), json_float(scored[2][i])]}
+        auc |= {} if calibrated is None else {"calibration_error": json_float(calibrated[0][i]), "calibration_error_ci":
+                                              [json_float(calibrated[1][i]), json_float(calibrated[2][i])]}
         per_group[name] = {
             "samples": ll144.count(g.samples[i]),
             "labelled": ll144.count(g.labelled[i]),
@@ -255,10 +257,8 @@ def run_audit(
             rows, weights = spark_rows(config, data_file), "count"
         manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
-    if weights is not None and config.attribute_sources:
-        raise DataError(f"{config.source}: attribute_sources: --engine spark does not join side tables; audit with "
-                        "the local engine")  # fmt: skip
-    rows = JoinedRows.of(config, rows, path_name)  # attributes joined by id from their side tables, if any
+    if weights is None:  # attributes joined by id from their side tables, if any (an engine joined its own)
+        rows = JoinedRows.of(config, rows, path_name)
     segmented = SegmentTally(config) if config.segments or config.strata else None
     if baseline is not None and not config.segments:
         raise DataError(f"{config.source}: --baseline explains a gap's change over the config's segments: "
@@ -276,7 +276,9 @@ def run_audit(
     evaluations = evaluate_many([(a, all_counts[a.name]) for a in config.attributes], config.min_samples,
                                 multiplicity=config.multiplicity, scores=[counted.tally.scores[a.name]
                                                                           for a in config.attributes]
-                                if config.compares_scores else None)  # fmt: skip
+                                if config.compares_scores else None,
+                                score_sums=[counted.tally.score_sums.get(a.name) for a in config.attributes]
+                                if config.calibrates else None)  # fmt: skip
     evaluations, conditional = with_conditional(config, evaluations, current)
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset

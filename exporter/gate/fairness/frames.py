@@ -65,6 +65,9 @@ class Tally:
     config: ModelSpec
     cells: dict[str, np.ndarray] = field(default_factory=dict)
     scores: dict[str, np.ndarray] = field(default_factory=dict)
+    score_sums: dict[str, np.ndarray] = field(default_factory=dict)
+    """A calibrating model's (``calibration_difference``): each attribute's labelled scores' sum per (group, score
+    bin), as the daemon keeps them (:attr:`exporter.stream.state.window.WindowStore.labelled_sums`)."""
     moments: dict[str, np.ndarray] = field(default_factory=dict)
     """Each proxy attribute's sums of p p^T per cell (:func:`exporter.core.bisg.moments`), for the correction."""
 
@@ -94,6 +97,11 @@ class Tally:
             if bins is not None:
                 binned = estimate.score_counts(codes, n, bins, len(bounds) + 1, y_pred, y_true, weights)
                 self.scores[attribute.name] = self.scores.get(attribute.name, 0) + binned
+            if scores is not None and bins is not None and y_true is not None and self.config.calibrates:
+                summed = np.where(y_true >= 0, scores, 0.0) * (1 if weights is None else weights)
+                self.score_sums[attribute.name] = self.score_sums.get(attribute.name, 0) + np.bincount(
+                    np.where(codes < 0, n, codes) * (len(bounds) + 1) + bins, weights=summed,
+                    minlength=(n + 1) * (len(bounds) + 1)).reshape(n + 1, len(bounds) + 1)  # fmt: skip
 
     def counts(self) -> dict[str, np.ndarray]:
         """Counts of every configured attribute: a row per group, then one row for its unknown category (values

@@ -73,6 +73,16 @@ def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return packed % 2, packed // 2 - 1
 
 
+def score_bits(scores: np.ndarray) -> np.ndarray:
+    """Scores as the int64s of their float64 bits: a calibrating model's waiting prediction keeps its score, exactly,
+    as the last of its codes (``.view(np.float64)`` gives it back).
+
+    >>> score_bits(np.array([0.25])).view(np.float64).tolist()
+    [0.25]
+    """
+    return np.ascontiguousarray(scores, dtype=np.float64).view(np.int64)
+
+
 def _joined(rows: list[tuple[float, int, tuple[int, ...], str, int]]) -> dict[str, Joined]:
     """Joined rows ``(time, prediction, codes, model, label)``, grouped by model."""
     by_model: dict[str, list[tuple[float, int, tuple[int, ...], str, int]]] = {}

@@ -39,8 +39,8 @@ class Steps:
 
 def batchable(store: WindowStore, counts_segments: bool) -> bool:
     """Whether the store counts nothing but predictions and labels (``counts_segments``: its model's segments)."""
-    return not (store.score_counts.shape[2] or store.estimate_counts.shape[2] or store.proxy.attributes
-                or counts_segments)  # fmt: skip
+    return not (store.score_counts.shape[2] or store.estimate_counts.shape[2] or store.labelled_sums.shape[2]
+                or store.proxy.attributes or counts_segments)  # fmt: skip
 
 
 def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray,
@@ -72,7 +72,7 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         older = np.flatnonzero((bucket != part_heads[part])[index])
         older_events, older_cells = index[older], cell[older]
         older_buckets = bucket[older_events]
-        size, rows = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first seen at step p+first
+        size, seen_at = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first in step p+first
         opened = np.bincount((part[index] + first) * cells + cell, minlength=size).reshape(-1, cells)
         per_part = opened[first:]
         opened_older = np.bincount((part[older_events] + first) * cells + older_cells, minlength=size)
@@ -88,7 +88,8 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         windows = {}
         for name, k in store.window_buckets.items():  # a count leaves a window at the first step past b + k - 1
             span = opened.copy()
-            np.add.at(span, np.maximum(np.searchsorted(step_heads, part_heads + k - 1, side="right"), rows), -current)
+            leaves = np.searchsorted(step_heads, part_heads + k - 1, side="right")
+            np.add.at(span, np.maximum(leaves, seen_at), -current)
             leaves = np.searchsorted(step_heads, older_buckets + k - 1, side="right")
             span -= np.bincount(np.maximum(leaves, part[older_events] + first) * cells + older_cells,
                                 minlength=size).reshape(-1, cells)  # fmt: skip

@@ -79,6 +79,8 @@ class WindowStore:
         n_est = n_bins if model.estimation is not None or model.compares_scores else 0
         self.estimate_counts = np.zeros((self.n_buckets, self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), np.int64)
         self.estimate_totals = np.zeros((self.layout.n_rows, n_est, 2, N_SCORE_COUNTS), dtype=np.int64)
+        # Calibration (calibration_difference): per bucket, row and score bin, the sum of the labelled scores.
+        self.labelled_sums = np.zeros((self.n_buckets, self.layout.n_rows, n_bins if model.calibrates else 0))
         self.head = -1  # absolute index of the newest bucket
         self.lock = lock or threading.RLock()
         """The one lock of the stream state (every model's store shares the fleet's): the ingest holds it to count
@@ -107,6 +109,7 @@ class WindowStore:
         self.score_counts[stale] = 0
         self.score_sums[stale] = 0.0
         self.estimate_counts[stale] = 0
+        self.labelled_sums[stale] = 0.0
         self.proxy.counts[stale] = 0.0
         self.bucket_ids[stale] = -1
 
@@ -146,13 +149,16 @@ class WindowStore:
                         k = label == value
                         self._count_estimate(buckets[on_time][k], {n: r[k] for n, r in rows.items()}, bins[k], p[k],
                                              column)  # fmt: skip
+                    self._sum_labelled(buckets[on_time], rows, bins, scores[on_time], label >= 0)
         return late
 
     def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray,
-                   bins: np.ndarray | None = None, segment_codes: np.ndarray | None = None) -> int:  # fmt: skip
+                   bins: np.ndarray | None = None, segment_codes: np.ndarray | None = None,
+                   scores: np.ndarray | None = None) -> int:  # fmt: skip
         """Count joined ground truth in its prediction's bucket (and score bin, when ``bins`` holds the predictions'
-        bins, -1 for none; and segment values, when the prediction waited with their codes); return how many
-        predictions had left the ring (those still count in the totals)."""
+        bins, -1 for none; and segment values, when the prediction waited with their codes; and its score, for the
+        calibration, when it waited with it); return how many predictions had left the ring (those still count in
+        the totals)."""
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
@@ -169,6 +175,8 @@ class WindowStore:
                 predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
                 column = np.where(np.isin(outcomes[k], (TP, FN)), LABELLED_POS, LABELLED_NEG)
                 self._count_estimate(buckets[k], {n: r[k] for n, r in rows.items()}, bins[k], predicted, column)
+                if scores is not None:
+                    self._sum_labelled(buckets, rows, bins, scores, k)
             gone = ~in_ring & (outcomes >= 0)
             self._count_totals({k: v[gone] for k, v in rows.items()}, outcomes[gone])
         return int(gone.sum())
@@ -222,6 +230,16 @@ class WindowStore:
             np.add.at(flat, slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell, 1)
             np.add.at(totals, cell, 1)
 
+    def _sum_labelled(self, buckets: np.ndarray, rows: dict[str, np.ndarray], bins: np.ndarray, scores: np.ndarray,
+                      labelled: np.ndarray) -> None:  # fmt: skip
+        """Add the labelled predictions' scores (where ``labelled``) to their (bucket, row, bin)'s sum."""
+        if not self.labelled_sums.shape[2]:
+            return
+        k = labelled & (bins >= 0)
+        slots, n_rows, n_bins = buckets[k] % self.n_buckets, self.layout.n_rows, self.labelled_sums.shape[2]
+        for name in self.layout.names:
+            np.add.at(self.labelled_sums.reshape(-1), (slots * n_rows + rows[name][k]) * n_bins + bins[k], scores[k])
+
     def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
         flat_totals = self.totals.reshape(-1)
@@ -269,6 +287,14 @@ class WindowStore:
                 return {}
             self._advance(self._bucket_at(now))
             return {name: self._window_sum(self.estimate_counts, k) for name, k in self.window_buckets.items()}
+
+    def window_labelled_sums(self, now: float) -> dict[str, np.ndarray]:
+        """As :meth:`window_estimate_counts`, the labelled scores' sums ``(n_rows, n_bins)``; empty without."""
+        with self.lock:
+            if not self.labelled_sums.shape[2]:
+                return {}
+            self._advance(self._bucket_at(now))
+            return {name: self._window_sum(self.labelled_sums, k) for name, k in self.window_buckets.items()}
 
     def _window_sum(self, ring: np.ndarray, k: int) -> np.ndarray:
         # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in that range
@@ -341,6 +367,8 @@ class WindowStore:
             if self.estimate_counts.shape[2]:
                 scores |= {"estimate_counts": self.estimate_counts.copy(),
                            "estimate_totals": self.estimate_totals.copy()}
+            if self.labelled_sums.shape[2]:
+                scores["labelled_sums"] = self.labelled_sums.copy()
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
                     **({"proxy_counts": self.proxy.counts.copy()} if self.proxy.attributes else {}),
@@ -360,6 +388,8 @@ class WindowStore:
             if self.estimate_counts.shape[2] and "estimate_counts" in state:  # else (estimation newly configured) 0
                 self.estimate_counts[...] = state["estimate_counts"]
                 self.estimate_totals[...] = state["estimate_totals"]
+            if self.labelled_sums.shape[2]:  # the layout check made sure the checkpoint has them
+                self.labelled_sums[...] = state["labelled_sums"]
             self.head = int(state["head"])
             self.detection = Detection.restore(state, self.detectors)
             self.segments.restore(state)
