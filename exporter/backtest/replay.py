@@ -256,7 +256,8 @@ class Replay:
                 blocks.append((window.name, attribute, by_step(by_attribute[attribute.name][:n_groups])))
                 for out, rows in zip((histograms, sums), stepped, strict=True):
                     out.extend([by_step(rows[attribute.name][:n_groups])] if rows else [])
-        results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
+        stacks = {a.name: stacked(a, steps) for _, a, _ in blocks}  # one per attribute: every window's
+        results = evaluate_many([(stacks[a.name], c) for _, a, c in blocks], self.config.min_samples,
                                 self.config.exported_metrics, self.config.multiplicity, families=steps,
                                 scores=histograms or None, score_sums=sums or None)  # fmt: skip
         evaluations = {(window_name, a.name): ev for (window_name, a, _), ev in zip(blocks, results, strict=True)}
