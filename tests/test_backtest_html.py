@@ -115,3 +115,20 @@ def test_chromium_renders_the_backtest_report(replayed: tuple[dict, str, Path], 
     assert (packed != 0xFFFFFF).mean() > 0.05
     assert (packed == 0xFDE8E7).sum() > 10000  # the red banner: pages fired
     assert (packed == int(BAR[1:], 16)).sum() > 200  # the gap's line
+
+
+def test_a_series_extended_block_by_block_keeps_the_peaks_of_every_step_at_its_final_width() -> None:
+    rng = np.random.default_rng(4)
+    statistic = rng.integers(0, 4, 5_000).astype(float)  # ties everywhere
+    statistic[rng.random(5_000) < 0.05] = np.nan
+    everything = {"step": np.arange(5_000), "time": rng.random(5_000), "value": rng.random(5_000),
+                  "lower": rng.random(5_000), "upper": rng.random(5_000), "statistic": statistic,
+                  "alarm": rng.random(5_000) < 0.5}  # fmt: skip
+    series = backtest_series.Series({k: v[:0] for k, v in everything.items()})
+    for start, stop in ((0, 7), (7, 400), (400, 1_440), (1_440, 1_441), (1_441, 5_000)):
+        series.extend({k: v[start:stop] for k, v in everything.items()})
+        width = 1 << int(np.ceil(np.log2(stop / backtest_series.SERIES_POINTS))) if stop > 500 else 1
+        assert series.width == width
+        expected = backtest_series.keep_peaks({k: v[:stop] for k, v in everything.items()}, width)
+        for k, v in expected.items():
+            np.testing.assert_array_equal(series.columns[k], v)

@@ -15,27 +15,22 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events
-from exporter.backtest.series import SERIES_OTHERS, Series, compared, identity, shown
+from exporter.backtest.series import SERIES_OTHERS, Series, by_step, compared, identity, iso, number, shown, stacked
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
 from exporter.stream.state.segments import paged
+from exporter.stream.state.steps import add_stepped, batchable
 from exporter.stream.state.window import WindowStore
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-
 
 FLUSH_STEPS = 1440
 """Steps evaluated in one vectorised pass (a day of one-minute buckets)."""
@@ -45,14 +40,6 @@ class _Open:
 
     since: float
     entry: dict[str, Any] | None = None
-
-
-def stacked(attribute: Attribute, copies: int) -> Attribute:
-    """One attribute standing for ``copies`` steps of itself: its groups and pairs repeated, so that one
-    evaluation (the daemon's own code) covers every step at once."""
-    n = len(attribute.groups)
-    pairs = tuple((a + i * n, b + i * n) for i in range(copies) for a, b in attribute.pairs)
-    return replace(attribute, groups=attribute.groups * copies, pairs=pairs)
 
 
 @dataclass
@@ -90,6 +77,8 @@ class Replay:
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
         self._calibration = self.store.calibration_rows(self.reference) if self.reference is not None else None
+        self._batched = batchable(self.store, bool(self.config.counted_columns or self.config.segments))
+        self._no_estimate = np.zeros_like(self.store.estimate_totals)
         self._attributes = {a.name: a for a in self.config.attributes}
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
@@ -105,6 +94,8 @@ class Replay:
             return
         bucket = self.store.bucket_seconds
         heads = np.maximum.accumulate(np.maximum(columns.timestamps, self._now))
+        if self._batched and columns.timestamps.min() >= 0:
+            return self._feed_stepped(columns, heads)
         head_buckets = np.floor(heads / bucket).astype(np.int64)
         cuts = np.flatnonzero(np.diff(head_buckets)) + 1
         for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(heads)], strict=True):
@@ -119,6 +110,24 @@ class Replay:
                                         columns.predictions[part], columns.labels[part], self._now,
                                         scores=scores, segment_codes=segments)  # fmt: skip
             self.events += int(stop - start)
+
+    def _feed_stepped(self, columns: Columns, heads: np.ndarray) -> None:
+        """What :meth:`feed` does, a day of head buckets at a time (:func:`add_stepped`: the same counts)."""
+        cuts = np.flatnonzero(np.diff(np.floor(heads / self.store.bucket_seconds))) + 1
+        ends = np.r_[cuts[FLUSH_STEPS - 1 :: FLUSH_STEPS], len(heads)]
+        for start, stop in zip(np.r_[0, ends[:-1]], ends, strict=True):
+            part = slice(int(start), int(stop))
+            taken = add_stepped(self.store, columns.timestamps[part], {k: v[part] for k, v in columns.codes.items()},
+                                columns.predictions[part], columns.labels[part], heads[part], self._now)
+            self._now = float(heads[stop - 1])
+            self.late, self.events = self.late + taken.late, self.events + int(stop - start)
+            for t, now in enumerate(taken.times.tolist()):
+                windows = {w: c[t] for w, c in taken.windows.items()}
+                self._pending.append((now, (taken.counts[t], self._no_estimate), windows))
+                self._segments.append(None)
+                self.steps += 1
+                if len(self._pending) >= FLUSH_STEPS:
+                    self._flush()
 
     def compute(self) -> None:
         """The scheduled computation at the simulated now: the detectors' step and the windows' counts."""
@@ -165,11 +174,11 @@ class Replay:
 
         now = self._now if self._now > -math.inf else 0.0
         evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
-        return {"as_of": _iso(now), "proxy": True,
+        return {"as_of": iso(now), "proxy": True,
                 "comparisons": [c for w, ev in evaluations for c in self._comparisons(
                     w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy", ev.evidence)],
                 "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),
-                            "selection_rate": _number(r)} for w, ev in evaluations for g, n, r in
+                            "selection_rate": number(r)} for w, ev in evaluations for g, n, r in
                            zip(ev.attribute.groups, ev.groups.samples, ev.groups.selection_rate, strict=True)]}
 
     def _comparisons(self, window: str, attribute: Attribute, values: dict[str, Any], sufficient: Any,
@@ -182,8 +191,8 @@ class Replay:
             ok, evidence = sufficient(metric), (judge(metric, t) if judge else
                                                 METRICS[metric].evidence(v.lower, v.upper, t)).tolist()  # fmt: skip
             out += [{"window": window, "attribute": attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
-                     "metric": f"{metric}{suffix}", "value": _number(v.value[k]) if ok[k] else None,
-                     "ci_95": [_number(v.lower[k]), _number(v.upper[k])] if ok[k] else None,
+                     "metric": f"{metric}{suffix}", "value": number(v.value[k]) if ok[k] else None,
+                     "ci_95": [number(v.lower[k]), number(v.upper[k])] if ok[k] else None,
                      "status": "ok" if ok[k] else "insufficient_samples",
                      "evidence": evidence[k] if ok[k] else "inconclusive"}
                     for k, (a, b) in enumerate(attribute.pairs)]  # fmt: skip
@@ -204,8 +213,8 @@ class Replay:
                                              lambda m, e=est: e.sufficient(m, spec.min_samples), "_estimated")
             z = est.check.statistic
             calibration += [{"window": window, "attribute": est.attribute.name, "subgroup": g, "predicted": p,
-                             "statistic": _number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
-        return {"as_of": _iso(now), "comparisons": comparisons, "calibration": calibration}
+                             "statistic": number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
+        return {"as_of": iso(now), "comparisons": comparisons, "calibration": calibration}
 
     def _series_report(self) -> list[dict[str, Any]]:
         """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
@@ -219,14 +228,11 @@ class Replay:
         for i in [*sorted(self._alerted), *others]:
             detector, series = bank.detectors[i], self._series[i]
             alert = ALERT_OF_METRIC[detector.metric]
-            c = series.columns
             out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
                         **identity(detector), "alerted": i in self._alerted, "window": window,
                         "threshold": thresholds.get(alert.shown.removeprefix("model_")), "alarm_level": bank.level,
-                        "max_statistic": _number(series.max_statistic), "steps_per_point": series.width,
-                        "points": {"time": [_iso(t) for t in c["time"]],
-                                   **{k: [_number(x) for x in c[k]] for k in ("value", "lower", "upper", "statistic")},
-                                   "alarm": [bool(x) for x in c["alarm"]]}})  # fmt: skip
+                        "max_statistic": number(series.max_statistic), "steps_per_point": series.width,
+                        "points": series.points()})  # fmt: skip
         return out
 
     # --- alert conditions, over a block of steps ----------------------------------------------------------
@@ -240,17 +246,18 @@ class Replay:
                                              self._calibration)  # fmt: skip
         steps = len(times)
         blocks, histograms, sums = [], [], []  # type: list[Any], list[np.ndarray], list[np.ndarray]
-        for window in self.windowing.windows:
-            by_attribute = [self.store.layout.split(counts[window.name]) for _, _, counts in self._pending]
-            labelled = [self.store.layout.split(h[window.name]) for h, _ in self._labelled]
-            summed = [self.store.layout.split(s[window.name]) for _, s in self._labelled if s]
+        split = self.store.layout.split
+        for window in self.windowing.windows:  # rows first, then steps: each attribute's block cut once
+            by_attribute = split(np.stack([counts[window.name] for _, _, counts in self._pending], 1))
+            stepped = [split(np.stack([x[window.name] for x in xs], 1)) if xs else {}
+                       for xs in ([h for h, _ in self._labelled], [s for _, s in self._labelled if s])]  # fmt: skip
             for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
                 n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
-                blocks.append((window.name, attribute,
-                               np.concatenate([b[attribute.name][:n_groups] for b in by_attribute])))  # fmt: skip
-                for out, stepped in ((histograms, labelled), (sums, summed)):
-                    out.extend([np.concatenate([h[attribute.name][:n_groups] for h in stepped])] if stepped else [])
-        results = evaluate_many([(stacked(a, steps), c) for _, a, c in blocks], self.config.min_samples,
+                blocks.append((window.name, attribute, by_step(by_attribute[attribute.name][:n_groups])))
+                for out, rows in zip((histograms, sums), stepped, strict=True):
+                    out.extend([by_step(rows[attribute.name][:n_groups])] if rows else [])
+        stacks = {a.name: stacked(a, steps) for _, a, _ in blocks}  # one per attribute: every window's
+        results = evaluate_many([(stacks[a.name], c) for _, a, c in blocks], self.config.min_samples,
                                 self.config.exported_metrics, self.config.multiplicity, families=steps,
                                 scores=histograms or None, score_sums=sums or None)  # fmt: skip
         evaluations = {(window_name, a.name): ev for (window_name, a, _), ev in zip(blocks, results, strict=True)}
@@ -286,7 +293,7 @@ class Replay:
                 if not active[t]:
                     if state is not None:
                         if state.entry is not None:
-                            state.entry["resolved_at"] = _iso(times[t])
+                            state.entry["resolved_at"] = iso(times[t])
                         state = None
                     continue
                 if state is None:
@@ -306,8 +313,8 @@ class Replay:
         from exporter.devtools.rule_text import EXPLAINED_RATES
 
         found = paged(self.config, taken, self.store, entry, EXPLAINED_RATES.get(entry.get("metric", "")))
-        return found and {**found, "baseline": [_iso(t) for t in found["baseline"]],
-                          "current": [_iso(t) for t in found["current"]]}  # fmt: skip
+        return found and {**found, "baseline": [iso(t) for t in found["baseline"]],
+                          "current": [iso(t) for t in found["current"]]}  # fmt: skip
 
     def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
@@ -338,7 +345,7 @@ class Replay:
             return {"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
                     **identity(detector), "window": None, **windows,
                     "statistic": float(statistics[t, source[1]]), "alarm_level": bank.level,
-                    "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
+                    "fired_at": iso(now), "resolved_at": None}  # fmt: skip
         _, name, tuning, metric, window, attribute_name, k = source
         attribute = self._attributes[attribute_name]
         a, b = attribute.pairs[k]
@@ -347,12 +354,7 @@ class Replay:
         return {"alert": name, "severity": tuning.severity, "attribute": attribute_name,
                 "dimension": f"{attribute.groups[a]}_vs_{attribute.groups[b]}", "group_a": attribute.groups[a],
                 "group_b": attribute.groups[b], "window": window, "value": float(value),
-                "interval": [float(lower), float(upper)], "fired_at": _iso(now), "resolved_at": None}  # fmt: skip
-
-
-def _number(x: float) -> float | None:
-    """A report number: None for NaN (too few samples) or an infinite value."""
-    return float(x) if math.isfinite(x) else None
+                "interval": [float(lower), float(upper)], "fired_at": iso(now), "resolved_at": None}  # fmt: skip
 
 
 def _seconds(duration: str) -> float:

@@ -4,7 +4,8 @@ keeping the peaks of its statistic (so every alarm's height survives the downsam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,28 @@ SERIES_POINTS = 500
 SERIES_OTHERS = 3
 """Besides the detectors that paged, the report's `series` has this many others: those with the largest statistic."""
 SERIES_COLUMNS = ("step", "time", "value", "lower", "upper", "statistic", "alarm")
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def number(x: float) -> float | None:
+    """A report number: None for NaN (too few samples) or an infinite value."""
+    return float(x) if math.isfinite(x) else None
+
+
+def stacked(attribute: Attribute, copies: int) -> Attribute:
+    """One attribute standing for ``copies`` steps of itself: its groups and pairs repeated, so that one
+    evaluation (the daemon's own code) covers every step at once."""
+    n, pairs = len(attribute.groups), np.array(attribute.pairs, dtype=np.int64).reshape(-1, 2)
+    repeated = (pairs[None] + n * np.arange(copies)[:, None, None]).reshape(-1, 2)
+    return replace(attribute, groups=attribute.groups * copies, pairs=tuple(zip(*repeated.T.tolist(), strict=True)))
+
+
+def by_step(rows: np.ndarray) -> np.ndarray:
+    """``(rows, steps, ...)`` counts as one block of every step's rows, step after step: a stacked attribute's."""
+    return rows.swapaxes(0, 1).reshape(-1, *rows.shape[2:])
 
 
 def keep_peaks(columns: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
@@ -39,12 +62,26 @@ class Series:
     max_statistic: float = -math.inf
 
     def extend(self, block: dict[str, np.ndarray]) -> None:
+        """Append a block of later steps, then keep the peaks of bins as wide as it takes to stay within
+        SERIES_POINTS: one pass at the final width, which keeps what halving the points pass after pass kept (a
+        bin's earliest largest statistic is its halves' earliest largest)."""
         self.max_statistic = max(self.max_statistic, float(np.max(block["statistic"], initial=-math.inf)))
         merged = {k: np.concatenate([self.columns[k], block[k]]) for k in SERIES_COLUMNS}
-        self.columns = keep_peaks(merged, self.width)
-        while len(self.columns["step"]) > SERIES_POINTS:
-            self.width *= 2
-            self.columns = keep_peaks(self.columns, self.width)
+        width = self.width
+        while np.count_nonzero(np.diff(merged["step"] // width)) >= SERIES_POINTS:  # steps increase: bins change
+            width *= 2
+        self.width = width
+        self.columns = merged if width == 1 else keep_peaks(merged, width)  # width 1: one step per bin already
+
+
+    def points(self) -> dict[str, list[Any]]:
+        """The points as the report has them: ISO times, numbers (None: NaN or infinite), alarms."""
+        c = self.columns
+        times = {t: iso(t) for t in set(c["time"].tolist())}  # a replay's series share their steps' times
+        return {"time": [times[t] for t in c["time"].tolist()],
+                **{k: [x if math.isfinite(x) else None for x in c[k].tolist()]
+                   for k in ("value", "lower", "upper", "statistic")},
+                "alarm": c["alarm"].tolist()}  # fmt: skip
 
 
 def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:

@@ -91,9 +91,11 @@ def log_hypergeometric_mgf(log_psi: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, k
     base += (log_factorial(n_a) + log_factorial(n_b) + log_factorial(k) + log_factorial(n_a + n_b - k)
              - log_factorial(n_a + n_b))[:, None]  # fmt: skip
     base = np.where(valid, base, -np.inf)
-    terms = base[:, None, :] + lp[:, :, None] * x[:, None, :]
+    terms = np.multiply(lp[:, :, None], x[:, None, :])  # in place from here: the arrays are large, the ops cheap
+    terms += base[:, None, :]
     peak = terms.max(axis=2)
-    out = peak + np.log(np.exp(terms - peak[:, :, None]).sum(axis=2))
+    terms -= peak[:, :, None]
+    out = peak + np.log(np.exp(terms, out=terms).sum(axis=2))
     return out.reshape((*counts_shape, *extra))
 
 

@@ -1,0 +1,110 @@
+"""Many steps of a window store at once: a batch of events that arrives while the head crosses several buckets,
+counted with the detectors' step and the windows' counts at each bucket the head leaves, in a few vectorised calls.
+
+The result is, to the count, what :meth:`WindowStore.add` per bucket of the head, followed by
+:meth:`WindowStore.take_step` and :meth:`WindowStore.window_counts` whenever the head moves on, gives (the
+backtest's replay before; tests/test_window_steps.py checks the two against each other, late and out-of-order
+events included). It is for a store that counts predictions and labels only (:func:`batchable`): score histograms,
+estimation counts, proxy attributes and segment counts keep the per-bucket path.
+
+How: an event of bucket ``b`` counted before the step at head ``h`` is in a window of ``k`` buckets at that step
+when ``h - k < b <= h``, i.e. at the steps from its own on to the last one with ``h <= b + k - 1``: a range of
+steps. Each window's counts per step are then the running sum of +1 at a range's first step and -1 after its last
+(one ``bincount`` each), plus the ring's earlier contents taken the same way. Integers throughout: nothing rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from exporter.core.fairness import N_COUNTS, outcome_columns
+from exporter.stream.state.detection import Detection
+from exporter.stream.state.window import WindowStore
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The steps a batch took: per step, the head's time, the step's counts (``take_step``'s first array) and
+    every window's counts (``window_counts``); and the batch's late events."""
+
+    times: np.ndarray
+    counts: np.ndarray
+    """(steps, n_rows, N_COUNTS)"""
+    windows: dict[str, np.ndarray]
+    """window name -> (steps, n_rows, N_COUNTS)"""
+    late: int
+
+
+def batchable(store: WindowStore, counts_segments: bool) -> bool:
+    """Whether the store counts nothing but predictions and labels (``counts_segments``: its model's segments)."""
+    return not (store.score_counts.shape[2] or store.estimate_counts.shape[2] or store.labelled_sums.shape[2]
+                or store.proxy.attributes or counts_segments)  # fmt: skip
+
+
+def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray,
+                outcomes: np.ndarray, heads: np.ndarray, now: float) -> Steps:  # fmt: skip
+    """Count a batch in order, each event when the head is at ``heads`` (the running newest time, epoch seconds
+    >= 0, not decreasing, from ``now``: the head before the batch, -inf before any event), taking a step each
+    time the head enters a new bucket (not before the first event ever)."""
+    n, width, cells = store.n_buckets, store.bucket_seconds, store.layout.n_rows * N_COUNTS
+    head_buckets = np.floor(heads / width).astype(np.int64)
+    starts = np.r_[0, np.flatnonzero(np.diff(head_buckets)) + 1]
+    ends = np.r_[starts[1:], len(heads)]
+    with store.lock:
+        d = store.detection
+        first = int(bool(np.isfinite(now) and head_buckets[0] > store.head > d.last_step))  # a step before the batch
+        step_heads = np.r_[[store.head] if first else [], head_buckets[starts[:-1]]].astype(np.int64)
+        times = np.r_[[now] if first else [], heads[ends[:-1] - 1]]
+        buckets = store.bucket_of(timestamps)
+        on_time = buckets > head_buckets - n
+        predicted, outcome = outcome_columns(predictions, outcomes)
+        rows = store._rows({k: v[on_time] for k, v in codes.items()})
+        part = np.repeat(np.arange(len(starts)), ends - starts)[on_time]
+        labelled = np.flatnonzero(outcome[on_time] >= 0)
+        index = np.concatenate([np.arange(len(part))] * len(rows) + [labelled] * len(rows))
+        cell = np.concatenate([r * N_COUNTS + predicted[on_time] for r in rows.values()]
+                              + [r[labelled] * N_COUNTS + outcome[on_time][labelled] for r in rows.values()])
+        bucket, part_heads = buckets[on_time], head_buckets[starts]
+        # An event of its part's head bucket (most: the head is the newest event) counts by its part's rows; an
+        # older one (late or out of order) on its own.
+        older = np.flatnonzero((bucket != part_heads[part])[index])
+        older_events, older_cells = index[older], cell[older]
+        older_buckets = bucket[older_events]
+        size, seen_at = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first in step p+first
+        opened = np.bincount((part[index] + first) * cells + cell, minlength=size).reshape(-1, cells)
+        per_part = opened[first:]
+        opened_older = np.bincount((part[older_events] + first) * cells + older_cells, minlength=size)
+        current = per_part - opened_older.reshape(-1, cells)[first:]  # each part's events of its head bucket
+        pending = (store.totals - d.seen).reshape(-1)
+        counts = np.concatenate([pending[None, :], per_part[:-1]] if first else [per_part[:-1]])
+        if len(step_heads) and not first:
+            counts[0] += pending  # what was counted since the last step, before this batch
+        counts = counts.reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
+        ring = store.counts.reshape(n, cells)
+        held = np.flatnonzero(store.bucket_ids >= 0)
+        ids = store.bucket_ids[held]
+        windows = {}
+        for name, k in store.window_buckets.items():  # a count leaves a window at the first step past b + k - 1
+            span = opened.copy()
+            leaves = np.searchsorted(step_heads, part_heads + k - 1, side="right")
+            np.add.at(span, np.maximum(leaves, seen_at), -current)
+            leaves = np.searchsorted(step_heads, older_buckets + k - 1, side="right")
+            span -= np.bincount(np.maximum(leaves, part[older_events] + first) * cells + older_cells,
+                                minlength=size).reshape(-1, cells)  # fmt: skip
+            np.add.at(span, np.searchsorted(step_heads, ids, side="left"), ring[held])
+            np.add.at(span, np.searchsorted(step_heads, ids + k - 1, side="right"), -ring[held])
+            windows[name] = np.cumsum(span[:-1], axis=0).reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
+        store._advance(int(head_buckets[-1]))
+        kept = part_heads > store.head - n  # a count whose bucket left the ring since was emptied with it
+        np.add.at(ring, store._slots(part_heads[kept]), current[kept])
+        kept = older_buckets > store.head - n
+        ring += np.bincount(store._slots(older_buckets[kept]) * cells + older_cells[kept],
+                            minlength=n * cells).reshape(n, cells)  # fmt: skip
+        store.totals += per_part.sum(axis=0).reshape(-1, N_COUNTS)
+        if len(step_heads):
+            store.detection = Detection(d.state, store.totals - per_part[-1].reshape(-1, N_COUNTS),
+                                        int(step_heads[-1]), d.steps + len(step_heads),
+                                        store.estimate_totals.copy())  # fmt: skip
+    return Steps(times, counts, windows, int((~on_time).sum()))
