@@ -286,7 +286,7 @@ class Replay:
                         conditions[:, k], _seconds(tuning.for_),
                         ("seed", name, tuning, metric, window_name, attribute_name, k))  # fmt: skip
 
-        for key in set(self._open) | set(holding):
+        for key in sorted(set(self._open) | set(holding), key=str):  # in one order whatever PYTHONHASHSEED
             active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
             state = self._open.get(key)
             for t in range(steps):  # only series that hold somewhere in the block, or held before it
