@@ -10,6 +10,7 @@ prediction's score, so the late label adds that score to its bin's sum.
 from __future__ import annotations
 
 import threading
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,11 @@ from sklearn.calibration import calibration_curve
 from test_gate_daemon_agreement import T0, _close, _get, _parse, assert_the_page_shows_the_report
 
 from exporter.backtest.replay import backtest
-from exporter.config import Config, ConfigError, layout, layout_changes, parse_config
+from exporter.config import Config, layout, layout_changes, parse_config
 from exporter.core.fairness import Z_95
 from exporter.core.scores import calibration, calibration_gap
 from exporter.daemon import Daemon
+from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.gate.fairness.audit import run_audit
 from exporter.stream.kafka.client import SimpleRecord
 from exporter.stream.state.window import WindowStore
@@ -214,13 +216,29 @@ def test_ece_of_a_histogram_is_the_weighted_mean_gap_and_empty_groups_have_none(
     assert int(n[0]) == 3000 and 0 < variance[0] < bias[0] ** 2 and np.isnan(ece[1])
 
 
-def test_the_staged_path_with_late_labels_is_refused_for_calibration_in_one_line() -> None:
-    """Its label join keeps no score for a late label: the sums would miss every late label, so it is refused."""
-    raw = {**_raw_without_calibration(), "metrics": [{"name": "calibration_difference", "threshold": 0.05}],
-           "kafka": {"stages": "staged", "labels_topic": "labels", "group_id": "g"}}
-    with pytest.raises(ConfigError, match=r"calibration_difference not with kafka\.stages: staged"):
-        parse_config(raw, "staged-config")
-    parse_config({**raw, "kafka": {"stages": "staged", "group_id": "g"}}, "inline-labels")  # inline labels: fine
+def test_late_labels_take_their_predictions_scores_on_the_staged_path_too(kafka_broker: EmbeddedBroker) -> None:
+    """The staged path's join partitions hold a waiting prediction with its score, and its JOINED row carries it to
+    the counts task: each group's ECE, AUC and their gaps on the staged daemon's page are the gate's report. Before:
+    the staged join kept no score, so every late label was missing from the score counts (and calibration was
+    refused there)."""
+    from test_stages import live, run, starts
+
+    frame = _frame(3000, 43)
+    group = f"staged-scores-{uuid.uuid4().hex[:8]}"
+    config = _config(bootstrap_servers=kafka_broker.bootstrap_servers, topic="predictions", labels_topic="labels",
+                     group_id=group, stages="staged",
+                     internal_topics={"join": {"partitions": 2}, "counts": {"partitions": 2}})  # type: ignore[arg-type]
+    report = run_audit(config, frame)
+    events, labels, _ = _events(frame)
+    daemon = Daemon(config, registry=CollectorRegistry(), clock=lambda: T0)
+    stages = live(daemon)
+    run(stages, kafka_broker.bootstrap_servers, [("predictions", [SimpleRecord(e, i) for i, e in enumerate(events)]),
+                                                 ("labels", [SimpleRecord(e, i) for i, e in enumerate(labels)])],
+        starts(stages))  # fmt: skip
+    assert daemon.registry.get_sample_value("fairness_exporter_labels_joined_total") == len(labels) > 1000
+    daemon.computer.compute()
+    samples = _parse(daemon.metrics_page())
+    assert assert_the_page_shows_the_report(samples, report, ("1h",)) == len(report["results"]) == 3 * (3 + 1)
 
 
 def test_compas_deciles_calibration_per_race_and_sex_is_the_oracles_in_the_gate_and_the_daemon() -> None:

@@ -172,9 +172,6 @@ def parse_config(raw: Any, source: str = "<config>", base_dir: str | Path | None
         errors.note("segments", "the daemon counts segments and strata on the direct path only: with kafka.stages: "
                                 "staged its /explain and conditional metrics have no counts (the gate's audit has "
                                 "them)")  # fmt: skip
-    if kafka.stages == "staged" and kafka.labels_topic and any(m.calibrates for m in models):
-        errors.add("metrics", "calibration_difference not with kafka.stages: staged and a labels_topic: the staged "
-                              "label join keeps no score for a late label (use kafka.stages: direct)")  # fmt: skip
     windows, bucket = stream.parse_windows(raw.get("windows", ["1h", "24h"]), raw.get("bucket"), errors)
     longest = max((w.seconds for w in windows), default=0.0)
     for m in models:

@@ -37,6 +37,7 @@ from exporter.stream.stages.records import (
     codes_matrix,
     encode,
     encode_rows,
+    pending_rows,
     side_ids,
 )
 
@@ -97,8 +98,8 @@ class EntryStages:
             if ingest.kafka.labels_topic and not spec.sourced():  # else its counts task sends them, joined
                 waiting = np.flatnonzero((batch.outcomes < 0) & np.fromiter(
                     (pid is not None for pid in batch.prediction_ids), bool, len(batch)))  # fmt: skip
-                pending = {k: rows[k][waiting] for k in ("source", "position", "timestamp", "prediction", "codes")}
-                self._to_join(Kind.PENDING, meta, pending, [str(batch.prediction_ids[i]) for i in waiting.tolist()])
+                self._to_join(Kind.PENDING, meta, pending_rows(rows, waiting),
+                              [str(batch.prediction_ids[i]) for i in waiting.tolist()])  # fmt: skip
         produced.update(ends)
         ingest.report(decoded, ignored, malformed, 0, ", ".join(f"{t}[{p}]" for t, p in ends))
 
@@ -186,7 +187,7 @@ class EntryStages:
         partitions: list[int] = np.unique(where).tolist()
         for q in partitions:
             mine = np.flatnonzero(where == q)
-            part = {k: v[mine] for k, v in rows.items()}
+            part = {k: v[mine] if len(v) == len(ids) else v for k, v in rows.items()}  # score: empty or a row each
             for value in encode_rows(kind, meta, part, [ids[i] for i in mine.tolist()]):
                 self.producer.send(topics.join.name, q, value)
         return partitions

@@ -16,8 +16,9 @@ PREDICTIONS    counts     model, layout, sources; source, position, timestamp, p
                           label or -1), codes (one column per attribute), score (empty without scores); for a
                           model with attribute_sources, ids (each row's side ids, :func:`side_ids`)
 JOINED         counts     model, layout, sources; source, position, timestamp, outcome (TP/FP/TN/FN column),
-                          codes
-PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, ids (a model
+                          codes, score (the prediction's, for its score bin and calibration; empty without)
+PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, score (empty
+                          without scores; absent from records written before it), ids (a model
                           with attribute_sources: from its counts task once joined, the source its counts
                           partition in a log of the replica's own, stages/sides.py)
 LABELS         join       sources; source, position, outcome (0/1), ids
@@ -41,6 +42,8 @@ import orjson
 
 from exporter.config import ModelSpec
 from exporter.stream.decode.events import DecodedBatch
+from exporter.stream.state.label_join import Joined, score_bits
+from exporter.stream.state.window import WindowStore
 
 MAGIC: Final = b"FXI"
 VERSION: Final = 1
@@ -191,3 +194,42 @@ def with_side_ids(spec: ModelSpec, batch: DecodedBatch, ids: list[str]) -> Decod
     batch.prediction_ids = [row[0] for row in rows]
     batch.side_ids = {name: [row[k + 1] for row in rows] for k, name in enumerate(spec.sourced())}
     return batch
+
+
+PENDING_COLUMNS: Final = ("source", "position", "timestamp", "prediction", "codes", "score")
+
+
+def pending_rows(rows: dict[str, np.ndarray], at: np.ndarray) -> dict[str, np.ndarray]:
+    """The PENDING columns of a row table's rows ``at``: a waiting prediction takes its score to its label (the
+    score bin of the estimation and AUC counts, the calibration's sums), as the direct path's waiting ones do."""
+    return {k: rows[k][at] if k != "score" or len(rows[k]) else rows[k] for k in PENDING_COLUMNS}
+
+
+def waiting_codes(spec: ModelSpec, arrays: dict[str, np.ndarray], keep: np.ndarray) -> np.ndarray:
+    """The codes a PENDING record's kept predictions wait with in the join: a model that emits scores keeps each
+    score last, as its float64's bits (NaN from a record written without scores: its label joins without a bin)."""
+    codes = arrays["codes"][keep].astype(np.int64)
+    if spec.events.score_threshold is None:
+        return codes
+    score = arrays.get("score", np.zeros(0))
+    scores = score[keep] if len(score) == len(keep) else np.full(int(keep.sum()), np.nan)
+    return np.column_stack([codes, score_bits(scores)])
+
+
+def joined_columns(spec: ModelSpec, rows: Joined) -> dict[str, np.ndarray]:
+    """The codes and scores of a JOINED record (:func:`waiting_codes` split again)."""
+    n = len(spec.attributes)
+    score = np.ascontiguousarray(rows.codes[:, n]).view(np.float64) if rows.codes.shape[1] > n else np.zeros(0)
+    return {"codes": rows.codes[:, :n].astype(codes_dtype(spec)), "score": score}
+
+
+def joined_scores(spec: ModelSpec, store: WindowStore, arrays: dict[str, np.ndarray]
+                  ) -> tuple[np.ndarray | None, np.ndarray | None]:  # fmt: skip
+    """``add_joined``'s score bins and scores of a JOINED record's rows (None, None without scores)."""
+    scores = arrays.get("score", np.zeros(0))
+    if not len(scores):
+        return None, None
+    bins = store.estimate_bins(scores)
+    if bins is not None:
+        bins = np.where(np.isnan(scores), -1, bins)
+    return bins, scores if spec.calibrates else None

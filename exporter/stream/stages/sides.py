@@ -29,7 +29,7 @@ from exporter.stream.kafka.client import Offsets, Partition, Record
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
 from exporter.stream.kafka.source import KafkaSource
-from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode_rows
+from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode_rows, pending_rows
 from exporter.stream.stages.tasks import CountsTask
 from exporter.stream.state.attribute_join import AttributeJoin, SideRecords
 
@@ -185,7 +185,8 @@ class SideStage:
         rows: dict[str, np.ndarray] = {
                 "source": np.zeros(len(at), dtype=np.int32), "position": np.arange(self.sent, self.sent + len(at)),
                 "timestamp": batch.timestamps[at], "prediction": batch.predictions[at].astype(np.int8),
-                "codes": codes_matrix(spec, {k: v[at] for k, v in batch.codes.items()})}  # fmt: skip
+                "codes": codes_matrix(spec, {k: v[at] for k, v in batch.codes.items()}),
+                "score": batch.scores[at] if len(batch.scores) else batch.scores}  # fmt: skip
         self.sent += len(at)
         meta: dict[str, object] = {"model": model, "layout": codes_layout(spec), "sources": [[*partition, self.log]]}
         ids = [str(batch.prediction_ids[i]) for i in at.tolist()]
@@ -193,7 +194,7 @@ class SideStage:
         where = topics.join_of(ids)
         for q in np.unique(where).tolist():
             mine = np.flatnonzero(where == q)
-            for value in encode_rows(Kind.PENDING, meta, {k: v[mine] for k, v in rows.items()},
+            for value in encode_rows(Kind.PENDING, meta, pending_rows(rows, mine),
                                      [ids[i] for i in mine.tolist()]):  # fmt: skip
                 self.producer.send(topics.join.name, q, value)
 

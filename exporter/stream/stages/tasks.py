@@ -31,11 +31,14 @@ from exporter.stream.stages.records import (
     Kind,
     Record,
     codes_columns,
-    codes_dtype,
     codes_layout,
     codes_matrix,
     encode_rows,
+    joined_columns,
+    joined_scores,
+    pending_rows,
     side_ids,
+    waiting_codes,
     with_side_ids,
 )
 from exporter.stream.stages.snapshots import Restoring
@@ -154,7 +157,7 @@ class JoinTask(Task):
             else:
                 ids = [pid for pid, k in zip(record.ids, keep.tolist(), strict=True) if k]
                 found = self.join.add_predictions(model, ids, a["timestamp"][keep], a["prediction"][keep].astype(
-                    np.int64), a["codes"][keep].astype(np.int64), given_up)  # fmt: skip
+                    np.int64), waiting_codes(spec, a, keep), given_up)  # fmt: skip
                 if found is not None:
                     joined[model] = found
         elif record.kind is Kind.LABELS:
@@ -215,11 +218,9 @@ class JoinTask(Task):
             if self.pending_to is not None and not spec.sourced():  # else its counts task sends them, joined
                 ids = [str(pid) for pid in batch.prediction_ids]
                 where = self.pending_to(ids)
-                for q in np.unique(where).tolist():
-                    rows = np.flatnonzero(where == q)
-                    part = {k: table[k][rows] for k in ("source", "position", "timestamp", "prediction", "codes")}
-                    out += [(self.partition[0], q, None, v) for v in encode_rows(Kind.PENDING, meta, part,
-                                                                                 [ids[i] for i in rows.tolist()])]
+                for q, rows in ((q, np.flatnonzero(where == q)) for q in np.unique(where).tolist()):
+                    out += [(self.partition[0], q, None, v) for v in encode_rows(
+                        Kind.PENDING, meta, pending_rows(table, rows), [ids[i] for i in rows.tolist()])]
         joined, unmatched_counter = self.health.payload_counters(UNMATCHED_REASONS)
         joined.inc(sum(map(len, pairs.values())))
         for reason, n in unmatched.items():
@@ -241,8 +242,7 @@ class JoinTask(Task):
             topic, partition = self.counts(model)
             table: dict[str, np.ndarray] = {"source": np.zeros(len(rows), dtype=np.int32),
                      "position": np.arange(at, at + len(rows), dtype=np.int64), "timestamp": rows.timestamps,
-                     "outcome": rows.outcomes.astype(np.int8),
-                     "codes": rows.codes.astype(codes_dtype(spec))}  # fmt: skip
+                     "outcome": rows.outcomes.astype(np.int8), **joined_columns(spec, rows)}  # fmt: skip
             at += len(rows)
             meta = {"model": model, "layout": codes_layout(spec),
                     "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
@@ -308,7 +308,8 @@ class CountsTask(Task):
                                                 self.side_outcomes)  # fmt: skip
             self.count({model: batch})
         elif record.kind is Kind.JOINED:
-            outside = store.add_joined(a["timestamp"], codes, a["outcome"].astype(np.int64))
+            bins, scores = joined_scores(monitored.spec, store, a)  # its prediction's, for the score counts
+            outside = store.add_joined(a["timestamp"], codes, a["outcome"].astype(np.int64), bins, scores=scores)
             self.health.outcomes_joined.inc(len(a["position"]) - outside)
             self.health.count_outcomes({"prediction_outside_window": outside} if outside else {})
         self.dirty = True
