@@ -38,6 +38,7 @@ from exporter.stream.stages.records import (
     encode,
     encode_rows,
     pending_rows,
+    rows_at,
     side_ids,
 )
 
@@ -187,7 +188,6 @@ class EntryStages:
         partitions: list[int] = np.unique(where).tolist()
         for q in partitions:
             mine = np.flatnonzero(where == q)
-            part = {k: v[mine] if len(v) == len(ids) else v for k, v in rows.items()}  # score: empty or a row each
-            for value in encode_rows(kind, meta, part, [ids[i] for i in mine.tolist()]):
+            for value in encode_rows(kind, meta, rows_at(rows, mine, len(ids)), [ids[i] for i in mine.tolist()]):
                 self.producer.send(topics.join.name, q, value)
         return partitions

@@ -199,10 +199,16 @@ def with_side_ids(spec: ModelSpec, batch: DecodedBatch, ids: list[str]) -> Decod
 PENDING_COLUMNS: Final = ("source", "position", "timestamp", "prediction", "codes", "score")
 
 
+def rows_at(rows: dict[str, np.ndarray], at: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """The rows ``at`` (indices or a mask) of a row table of ``n`` rows; a column of another length (an empty
+    score: a model without scores) is kept whole."""
+    return {k: v[at] if len(v) == n else v for k, v in rows.items()}
+
+
 def pending_rows(rows: dict[str, np.ndarray], at: np.ndarray) -> dict[str, np.ndarray]:
     """The PENDING columns of a row table's rows ``at``: a waiting prediction takes its score to its label (the
     score bin of the estimation and AUC counts, the calibration's sums), as the direct path's waiting ones do."""
-    return {k: rows[k][at] if k != "score" or len(rows[k]) else rows[k] for k in PENDING_COLUMNS}
+    return rows_at({k: rows[k] for k in PENDING_COLUMNS}, at, len(rows["position"]))
 
 
 def waiting_codes(spec: ModelSpec, arrays: dict[str, np.ndarray], keep: np.ndarray) -> np.ndarray:

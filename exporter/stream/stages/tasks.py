@@ -37,6 +37,7 @@ from exporter.stream.stages.records import (
     joined_columns,
     joined_scores,
     pending_rows,
+    rows_at,
     side_ids,
     waiting_codes,
     with_side_ids,
@@ -296,7 +297,7 @@ class CountsTask(Task):
         keep = self.fresh(record, (model,))
         if not keep.any():
             return []
-        a = {k: v[keep] if len(v) == len(keep) else v for k, v in record.arrays.items()}  # score: empty or a row each
+        a = rows_at(record.arrays, keep, len(keep))
         codes = codes_columns(monitored.spec, a["codes"])
         store = monitored.store
         if record.kind is Kind.PREDICTIONS:
