@@ -11,6 +11,11 @@ OTHER_GROUP: Final = "other"
 INTERSECTION_SEP: Final = ":"
 
 
+def titled(name: str, proxy: object) -> str:
+    """An attribute's name as every report heads it: marked apart when its groups were inferred (``proxy:``)."""
+    return f"{name} (proxy: true)" if proxy else name
+
+
 @dataclass(frozen=True)
 class Proxy:
     """``proxy:`` of an attribute never collected: each row's group is inferred, as posterior probabilities over the

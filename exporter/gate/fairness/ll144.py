@@ -13,7 +13,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP
+from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, titled
 from exporter.core.evaluate import Evaluation
 
 SMALL_CATEGORY_SHARE: Final = 0.02
@@ -87,7 +87,7 @@ def csv_rows(report: dict[str, Any]) -> list[list[Any]]:
             dates.get("start") or "", dates.get("end") or ""]  # fmt: skip
     out = []
     for name, block in table["attributes"].items():
-        attribute = f"{name} (proxy: true)" if block.get("proxy") else name
+        attribute = titled(name, block.get("proxy"))
         for row in block["categories"]:
             out.append([*head, attribute, row["category"], row["samples"], f"{row['share']:.4f}", table["rate_kind"],
                         "" if row["rate"] is None else f"{row['rate']:.4f}",

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from exporter.core.attributes import titled
 from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.metric_table import METRICS
 from exporter.gate.suite import BLOCKING_SEVERITY
@@ -175,7 +176,7 @@ def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridde
     samples = ", ".join(f"{g} {n}" for g, n in (r.get("samples") or {}).items())
     details = (f"{r['attribute']} {r['metric']} {r['groups']}: samples {samples} (support {r.get('support')}), "
                f"severity {r.get('severity')}, point estimate passes: {_text(r.get('passed'))}")
-    attribute = f"{r['attribute']} (proxy: true)" if r.get("proxy") else str(r["attribute"])
+    attribute = titled(str(r["attribute"]), r.get("proxy"))
     cells = (attribute, str(r["metric"]), str(r["groups"]), shown, threshold, evidence)
     return Check(f"{model_id}.{r['attribute']}", f"{r['metric']} {r['groups']}", outcome, message,
                  cells, flatten(r), details, "; ".join(reasons))

@@ -14,6 +14,8 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+from exporter.core.attributes import titled
+
 MATPLOTLIB_HINT = "HTML reports need matplotlib: pip install 'fairness-exporter[reports]'"
 
 # A status in the gate's results (the point estimate against the threshold) -> as a reader reads it.
@@ -223,7 +225,7 @@ def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapp
                         r["severity"], OUTCOMES.get(r["status"], r["status"]), r["evidence"],
                         fmt_samples(r["samples_to_decide"])] for r in results]  # fmt: skip
     proxy = (f"<p class=\"meta\">proxy: true. {escape(block['proxy_bias'])}</p>" if block.get("proxy") else "")
-    return (f"<h2>{escape(name)}{' (proxy: true)' if block.get('proxy') else ''}</h2>{proxy}{chart}"
+    return (f"<h2>{escape(titled(name, block.get('proxy')))}</h2>{proxy}{chart}"
             f"<p class=\"meta\">Rows excluded (value not a configured group): {block['excluded_rows']}</p>"
             + table(["group", "rows", "selection rate", "95% interval", "TPR", "FPR"], group_rows)
             + table(["metric", "groups", "value", "95% interval", "threshold", "severity", "point estimate",
@@ -247,7 +249,7 @@ def ll144_section(table_dict: Mapping[str, Any], total_rows: int) -> str:
         rows = [[r["category"], r["samples"], r["share"], r["rate"], r["impact_ratio"],
                  "under 2%" if r["small_category"] else ""] for r in block["categories"]]  # fmt: skip
         rows.append(["(unknown)", block["unknown_rows"], block["unknown_rows"] / total_rows, None, None, ""])
-        parts.append(f"<h3>{escape(name)}{' (proxy: true)' if block.get('proxy') else ''}</h3>"
+        parts.append(f"<h3>{escape(titled(name, block.get('proxy')))}</h3>"
                      + table(["category", "rows", "share", rate, "impact ratio", "flag"], rows))  # fmt: skip
     return "".join(parts)
 
