@@ -125,7 +125,10 @@ class Daemon:
                                       [*config.kafka.events_topics(), *filter(None, [config.kafka.labels_topic]),
                                        *sides],
                                       on_refusal=self._refused, from_start=frozenset(sides))  # fmt: skip
-        self.registry.register(ConsumerCollector(self.source.lag, lambda: self.source.broker_up))
+        # the lag of every consumer: the staged path's side consumer reads its topics apart from the group's source
+        lags = [self.source.lag, *([self.stages.sides.source.lag] if self.stages and self.stages.sides else [])]
+        self.registry.register(ConsumerCollector(lambda: {p: n for lag in lags for p, n in lag().items()},
+                                                 lambda: self.source.broker_up))  # fmt: skip
         self.unjoined_level = Gauge("fairness_exporter_labels_max_unjoined_share", "alerting.max_unjoined_share: "
                                     "above this share of delayed labels that found no prediction, the label join is "
                                     "broken.", registry=self.registry) if config.kafka.labels_topic else None

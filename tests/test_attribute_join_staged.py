@@ -114,6 +114,9 @@ def test_the_staged_path_equals_the_direct_one_through_a_sigkill(kafka_broker: E
         wait_for(lambda: probe(back.port, "/readyz")[0] == 200, timeout=120, what="the restarted replica ready")
         assert (sample(back.page(), "fairness_exporter_side_records_total", source="applicants") or 0) == \
             len(s.before) + len(s.after)  # fmt: skip
+        page = back.page()  # its side consumer's lag is on its page with the group's (read to the end: 0)
+        lag = "fairness_exporter_consumer_lag_messages"
+        assert [sample(page, lag, topic=side, partition=p) for p in "01"] == [0, 0]
         wait_for(lambda: len(owned(replicas)) == 1 and subgroup_counts(owned(replicas)[0].page()) == theirs,
                  timeout=60, what="m1 on one replica again, its counts the direct daemon's")  # fmt: skip
     finally:
