@@ -269,15 +269,14 @@ def test_version_in_the_image_is_the_package_version(image: str, request: pytest
     assert output.split() == ["fairness-exporter", version("fairness-exporter")]
 
 
-def test_the_daemon_image_backtests_json_lines_as_the_package_does(container: Container, tmp_path: Path) -> None:
-    """`backtest` of the topic's JSON lines runs in the daemon image (no pandas) and reports what the package
-    reports on the same events."""
+def backtest_in_image(container: Container, tmp_path: Path, config: dict, lines: list[bytes]) -> dict:
+    """`backtest` of JSON lines run in the daemon image: its report, checked equal to the package's on the same
+    config and events."""
     data = tmp_path / "data"
     data.mkdir()
-    config = yaml.safe_load(DEMO_CONFIG.read_text())
     config["kafka"]["bootstrap_servers"] = "unused:9092"
     (data / "config.yaml").write_text(yaml.safe_dump(config))
-    (data / "events.jsonl").write_bytes(b"\n".join(orjson.dumps(e) for e in events(2_000, seed=11)) + b"\n")
+    (data / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     for path in (tmp_path, data, *data.iterdir()):
         path.chmod(0o755 if path.is_dir() else 0o644)
     done = subprocess.run([require_binary("buildah"), "run", "--isolation", "chroot", "-v", f"{data}:/data:ro",
@@ -286,8 +285,16 @@ def test_the_daemon_image_backtests_json_lines_as_the_package_does(container: Co
     assert done.returncode == 0, done.stderr
     here = subprocess.run([sys.executable, "-m", "exporter.cli", "backtest", "--config", str(data / "config.yaml"),
                            str(data / "events.jsonl")], capture_output=True, text=True, check=True)  # fmt: skip
-    assert json.loads(done.stdout) == json.loads(here.stdout)
-    assert json.loads(done.stdout)["events"] == 2_000
+    report: dict = json.loads(done.stdout)
+    assert report == json.loads(here.stdout)
+    return report
+
+
+def test_the_daemon_image_backtests_json_lines_as_the_package_does(container: Container, tmp_path: Path) -> None:
+    """`backtest` of the topic's JSON lines runs in the daemon image (no pandas) and reports what the package
+    reports on the same events."""
+    lines = [orjson.dumps(e) for e in events(2_000, seed=11)]
+    assert backtest_in_image(container, tmp_path, yaml.safe_load(DEMO_CONFIG.read_text()), lines)["events"] == 2_000
 
 
 def test_the_daemon_image_counts_bisg_proxies_as_the_package_does(container: Container, tmp_path: Path) -> None:
@@ -297,24 +304,10 @@ def test_the_daemon_image_counts_bisg_proxies_as_the_package_does(container: Con
     from test_bisg_daemon import OVERRIDES
     from test_bisg_daemon import events as bisg_events
 
-    data = tmp_path / "data"
-    data.mkdir()
     config = {**yaml.safe_load(DEMO_CONFIG.read_text()), **OVERRIDES, "model_id": "m1"}
-    config["kafka"]["bootstrap_servers"] = "unused:9092"
-    (data / "config.yaml").write_text(yaml.safe_dump(config))
-    (data / "events.jsonl").write_bytes(b"\n".join(bisg_events(applicants(3_000, seed=5), 1.8e9)) + b"\n")
-    for path in (tmp_path, data, *data.iterdir()):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    done = subprocess.run([require_binary("buildah"), "run", "--isolation", "chroot", "-v", f"{data}:/data:ro",
-                           container.name, "--", "fairness-exporter", "backtest", "--config", "/data/config.yaml",
-                           "/data/events.jsonl"], capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    here = subprocess.run([sys.executable, "-m", "exporter.cli", "backtest", "--config", str(data / "config.yaml"),
-                           str(data / "events.jsonl")], capture_output=True, text=True, check=True)  # fmt: skip
-    report = json.loads(done.stdout)
-    assert report == json.loads(here.stdout) and report["events"] == 3_000
+    report = backtest_in_image(container, tmp_path, config, bisg_events(applicants(3_000, seed=5), 1.8e9))
     weights = [g["samples"] for g in report["proxy"]["groups"] if g["window"] == "1h" and g["attribute"] == "race"]
-    assert len(weights) == 4 and 2_500 < sum(weights) < 3_000  # posterior-weighted: evaluated, not left out
+    assert report["events"] == 3_000 and len(weights) == 4 and 2_500 < sum(weights) < 3_000  # weighted, evaluated
 
 
 def test_the_gate_in_the_daemon_image_names_the_extra_it_needs(container: Container, tmp_path: Path) -> None:
