@@ -15,8 +15,8 @@ import numpy as np
 from exporter.core.attributes import Attribute
 from exporter.core.conditional import metric as conditional_metric
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
-from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, group_stats
-from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, exact, group_stats
+from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare, compute_many
 from exporter.core.scores import SCORE_SUM
 from exporter.core.scores import auc as group_auc
 from exporter.core.scores import calibration as group_calibration
@@ -201,23 +201,41 @@ def fails(metric: str, threshold: float, multiplicity: str, counts: np.ndarray, 
     5%/(K - r), until none more fails. That fails the same comparisons as Holm's rule on their p-values, since an
     interval at a lower error level holds the one at a higher. Vectorised over families (one per attribute and
     window of a whole fleet, in the daemon's computation)."""
-    m = METRICS[metric]
-    failed = judged & (m.evidence(simultaneous.lower, simultaneous.upper, threshold) == "fail")
+    return fails_many({metric: threshold}, multiplicity, counts, pairs, {metric: judged}, family,
+                      {metric: simultaneous}, histogram)[metric, threshold]  # fmt: skip
+
+
+def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
+               judged: Mapping[str, np.ndarray], family: np.ndarray, simultaneous: Mapping[str, MetricValues],
+               histogram: np.ndarray | None, rates: RateCounts | None = None) -> dict[tuple[str, float], np.ndarray]:
+    """:func:`fails` of several metrics at their thresholds, each Holm step of all of them in one
+    :func:`compute_many` pass."""
+    failed = {}
+    for name, t in thresholds.items():
+        s = simultaneous[name]
+        failed[name] = judged[name] & (METRICS[name].evidence(s.lower, s.upper, t) == "fail")
     if multiplicity == "bonferroni":
-        return failed
+        return {(name, t): failed[name] for name, t in thresholds.items()}
     n = int(family.max(initial=-1)) + 1
-    size = np.bincount(family[judged], minlength=n)[family]
-    while True:
-        left = judged & ~failed
-        remaining = np.bincount(family[left], minlength=n)[family]
-        step = np.flatnonzero(left & (remaining < size))  # a family where some failed: its others, at 5%/left
-        if not step.size:
-            return failed
-        again = m.compute(counts, pairs[step, 0], pairs[step, 1], comparisons=remaining[step], histogram=histogram)
-        newly = m.evidence(again.lower, again.upper, threshold) == "fail"
-        if not newly.any():
-            return failed
-        failed[step[newly]] = True
+    size = {name: np.bincount(family[judged[name]], minlength=n)[family] for name in thresholds}
+    stepping = list(thresholds)
+    while stepping:
+        steps, remaining = {}, {}
+        for name in stepping:
+            left = judged[name] & ~failed[name]
+            remaining[name] = np.bincount(family[left], minlength=n)[family]
+            step = np.flatnonzero(left & (remaining[name] < size[name]))  # some failed: its others, at 5%/left
+            if step.size:
+                steps[name] = step
+        again = compute_many(counts, [(METRICS[name], pairs[step, 0], pairs[step, 1], remaining[name][step])
+                                      for name, step in steps.items()], rates, histogram)  # fmt: skip
+        stepping = []
+        for (name, step), values in zip(steps.items(), again, strict=True):
+            newly = METRICS[name].evidence(values.lower, values.upper, thresholds[name]) == "fail"
+            if newly.any():
+                failed[name][step[newly]] = True
+                stepping.append(name)
+    return {(name, t): failed[name] for name, t in thresholds.items()}
 
 
 _GROUP_FIELDS = tuple(f.name for f in fields(GroupStats))
@@ -268,25 +286,30 @@ def evaluate_many(
     pairs = [np.array(a.pairs, dtype=np.int64).reshape(-1, 2) for a, _ in blocks]
     pair_starts = np.cumsum([0, *(len(p) for p in pairs)])
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
-    groups = group_stats(counts)
     overall = np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS)
     # every row counts once overall, whatever its group: a proxy attribute's weighted counts sum to whole rows
-    overall = group_stats(np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall)
+    overall = np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall
+    rates: RateCounts = {}
+    if overall.dtype == counts.dtype:  # one pass over the groups and the overall rows (the pairs index the groups)
+        counts = exact(np.concatenate([counts, overall]))
+        both = group_stats(counts, rates)
+        groups, overall = _rows(both, slice(0, starts[-1])), _rows(both, slice(starts[-1], None))
+    else:
+        groups, overall = group_stats(counts, rates), group_stats(overall)
     metrics = tuple(metrics)
     sums = [None if s is None else s[: len(a.groups)] for (a, _), s in
             zip(blocks, score_sums or [None] * len(blocks), strict=True)]  # fmt: skip
     histograms = None if scores is None else [labelled_histogram(h[: len(a.groups)], s) for (a, _), h, s in
                                               zip(blocks, scores, sums, strict=True)]  # fmt: skip
     histogram = None if histograms is None else np.concatenate(histograms)
-    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram)
+    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram, rates)
     block = np.repeat(np.arange(len(pairs)), [len(p) for p in pairs])
     local_pair = np.arange(len(global_pairs)) - pair_starts[block]
     family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
-    simultaneous = _simultaneous(counts, global_pairs, comparisons, min_samples, family, histogram)
     judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
-    failing = {(name, t): fails(name, t, multiplicity, counts, global_pairs, judged[name], family,
-                                simultaneous.metrics[name], histogram)
-               for name, t in ((thresholds or {}).items() if multiplicity != "none" else ())}  # fmt: skip
+    simultaneous = _simultaneous(counts, global_pairs, comparisons, judged, family, histogram, rates)
+    failing = fails_many((thresholds or {}) if multiplicity != "none" else {}, multiplicity, counts, global_pairs,
+                         judged, family, simultaneous.metrics, histogram, rates)  # fmt: skip
     n_families = len(blocks) * families
     worsts = {name: worst_of(METRICS[name].kind, v, simultaneous.metrics[name], judged[name], family, n_families)
               for name, v in comparisons.metrics.items()}  # fmt: skip
@@ -311,15 +334,27 @@ def evaluate_many(
     return out
 
 
-def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, min_samples: int,
-                  family: np.ndarray, histogram: np.ndarray | None) -> Comparisons:  # fmt: skip
+def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, judged: Mapping[str, np.ndarray],
+                  family: np.ndarray, histogram: np.ndarray | None, rates: RateCounts) -> Comparisons:  # fmt: skip
     """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
-    sufficient comparisons in a family put each of its pairs' intervals at 95%/K."""
-    rates: RateCounts = {}
+    judged comparisons in a family put each of its pairs' intervals at 95%/K, all metrics in one pass. A family of
+    K <= 1 keeps its 95% intervals, which is what 95%/1 computes again."""
+    n = int(family.max(initial=-1)) + 1
+    requests, wider = [], {}
+    for name, ok in judged.items():
+        k = np.maximum(np.bincount(family, weights=ok, minlength=n).astype(np.int64)[family], 1)
+        wider[name] = np.flatnonzero(k > 1)
+        if wider[name].size:
+            at = wider[name]
+            requests.append((METRICS[name], pairs[at, 0], pairs[at, 1], k[at]))
+    found = iter(compute_many(counts, requests, rates, histogram))
     out = {}
-    for name, v in comparisons.metrics.items():
-        ok = (v.support >= min_samples) & ~np.isnan(v.value)
-        judged = np.bincount(family, weights=ok, minlength=int(family.max(initial=-1)) + 1).astype(np.int64)
-        out[name] = METRICS[name].compute(counts, pairs[:, 0], pairs[:, 1], rates, np.maximum(judged[family], 1),
-                                          histogram)  # fmt: skip
+    for name, alone in comparisons.metrics.items():
+        at = wider[name]
+        if not at.size:
+            out[name] = alone
+        elif at.size == len(pairs):
+            out[name] = next(found)
+        else:
+            out[name] = alone.replaced(at, next(found))
     return Comparisons(comparisons.group_a, comparisons.group_b, out)
