@@ -213,7 +213,7 @@ def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.nd
     failed = {}
     for name, t in thresholds.items():
         s = simultaneous[name]
-        failed[name] = judged[name] & (METRICS[name].evidence(s.lower, s.upper, t) == "fail")
+        failed[name] = judged[name] & METRICS[name].fails(s.lower, s.upper, t)
     if multiplicity == "bonferroni":
         return {(name, t): failed[name] for name, t in thresholds.items()}
     n = int(family.max(initial=-1)) + 1
@@ -227,11 +227,13 @@ def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.nd
             step = np.flatnonzero(left & (remaining[name] < size[name]))  # some failed: its others, at 5%/left
             if step.size:
                 steps[name] = step
+        if not steps:
+            break
         again = compute_many(counts, [(METRICS[name], pairs[step, 0], pairs[step, 1], remaining[name][step])
                                       for name, step in steps.items()], rates, histogram)  # fmt: skip
         stepping = []
         for (name, step), values in zip(steps.items(), again, strict=True):
-            newly = METRICS[name].evidence(values.lower, values.upper, thresholds[name]) == "fail"
+            newly = METRICS[name].fails(values.lower, values.upper, thresholds[name])
             if newly.any():
                 failed[name][step[newly]] = True
                 stepping.append(name)

@@ -67,7 +67,7 @@ def ratio(num: NDArray, den: NDArray) -> FloatArray:
 def exact(counts: NDArray) -> NDArray:
     """A counts array as int64, unless its counts are weighted (floats: a proxy attribute's posterior sums)."""
     c = np.asarray(counts)
-    return c if np.issubdtype(c.dtype, np.floating) else c.astype(np.int64)
+    return c if c.dtype == np.int64 or np.issubdtype(c.dtype, np.floating) else c.astype(np.int64)
 
 
 def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:

@@ -122,11 +122,19 @@ class Metric:
     def evidence(self, lower: ArrayLike, upper: ArrayLike, threshold: float) -> NDArray[np.str_]:
         """Per interval: ``pass`` when it lies wholly on the passing side of the threshold, ``fail`` when wholly
         beyond it, else (or undefined) ``inconclusive``."""
+        good, bad = self._sides(lower, upper, threshold)
+        return np.where(good, "pass", np.where(bad, "fail", "inconclusive"))
+
+    def fails(self, lower: ArrayLike, upper: ArrayLike, threshold: float) -> NDArray[np.bool_]:
+        """Per interval: whether :meth:`evidence` says ``fail``."""
+        good, bad = self._sides(lower, upper, threshold)
+        return bad & ~good
+
+    def _sides(self, lower: ArrayLike, upper: ArrayLike, threshold: float) -> tuple[NDArray[np.bool_], ...]:
+        """(wholly on the passing side, wholly beyond) per interval."""
         lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
         with np.errstate(invalid="ignore"):  # NaN bounds compare False: inconclusive
-            good, bad = (hi <= threshold, lo > threshold) if self.kind == "difference" else \
-                (lo >= threshold, hi < threshold)  # fmt: skip
-        return np.where(good, "pass", np.where(bad, "fail", "inconclusive"))
+            return (hi <= threshold, lo > threshold) if self.kind == "difference" else (lo >= threshold, hi < threshold)
 
     def compute(self, counts: NDArray, a: NDArray, b: NDArray, rates: RateCounts | None = None,
                 comparisons: ArrayLike = 1, histogram: NDArray | None = None) -> MetricValues:  # fmt: skip
