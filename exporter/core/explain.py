@@ -194,7 +194,9 @@ def explainable(metrics: Iterable[str]) -> list[str]:
 
 def explanations(attribute: Attribute, metrics: Iterable[str], segments: SegmentCounts) -> list[dict[str, Any]]:
     """One JSON-ready explanation per explainable metric, rate of it, and configured pair of ``attribute``; every
-    rate is decomposed once, for every pair and rate at once, and its terms sorted once for every pair."""
+    rate is decomposed once, for every pair and rate at once, and its terms sorted once for every pair. Two metrics
+    of one rate (equal opportunity and equalised odds, of the TPR) explain its change alike: their explanations of
+    a pair differ in ``metric`` only and share one ``segments`` list (read, not changed, by every consumer)."""
     a, b = (np.array([p[i] for p in attribute.pairs], np.int64) for i in (0, 1))
     explained = explainable(metrics)
     rates = list(dict.fromkeys(rate for metric in explained for rate in METRICS[metric].rates))
@@ -204,8 +206,16 @@ def explanations(attribute: Attribute, metrics: Iterable[str], segments: Segment
              for rate in found}  # fmt: skip
     parts.update({rate: {} for rate in rates if rate not in parts})
     terms = {rate: _Terms.of(parts[rate]) for rate in rates}
-    return [_explanation(attribute, metric, rate, pair, k, parts[rate], terms[rate]) for metric in explained
-            for rate in METRICS[metric].rates for k, pair in enumerate(attribute.pairs)]  # fmt: skip
+    made: dict[tuple[str, int], dict[str, Any]] = {}
+    out = []
+    for metric in explained:
+        for rate in METRICS[metric].rates:
+            for k, pair in enumerate(attribute.pairs):
+                same = made.get((rate, k))
+                if same is None:
+                    made[rate, k] = same = _explanation(attribute, metric, rate, pair, k, parts[rate], terms[rate])
+                out.append(same if same["metric"] == metric else {**same, "metric": metric})
+    return out
 
 
 @dataclass(frozen=True)
