@@ -172,19 +172,36 @@ def worst_of(kind: str, values: MetricValues, simultaneous: MetricValues, judged
     every pair's interval at 95%/K (Bonferroni over the K judged), the max (a ratio: min) of their lower and of their
     upper bounds: if every interval holds its pair's true value, which happens with 95% probability at least, this
     one holds the true worst. Vectorised over families (``backtest`` judges a day of steps at once)."""
-    sign = -1.0 if kind == "ratio" else 1.0  # the worst is the largest of sign * value
-    key = np.where(judged, sign * values.value, -np.inf)
+    return worsts_of([kind], [values], [simultaneous], [judged], family, families)[0]
+
+
+def worsts_of(kinds: Sequence[str], values: Sequence[MetricValues], simultaneous: Sequence[MetricValues],
+              judged: Sequence[np.ndarray], family: np.ndarray, families: int) -> list[Worst]:  # fmt: skip
+    """:func:`worst_of` of several metrics of the same pairs, in one pass: each metric's families are families of
+    their own."""
+    if not kinds:
+        return []
+    size, n = len(family), len(kinds) * families
+    signs = np.array([-1.0 if kind == "ratio" else 1.0 for kind in kinds])  # the worst is the largest sign * value
+    sign, family_sign = np.repeat(signs, size), np.repeat(signs, families)
+    family = np.add.outer(np.arange(len(kinds)) * families, family).ravel()
+    ok = np.concatenate(judged)
+    value = np.concatenate([v.value for v in values])
+    key = np.where(ok, sign * value, -np.inf)
     order = np.lexsort((-key, family))  # by family, the worst first
-    first = np.searchsorted(family[order], np.arange(families))
-    count = np.bincount(family[judged], minlength=families)
+    first = np.searchsorted(family[order], np.arange(n))
+    count = np.bincount(family[ok], minlength=n)
     pair = np.where(count > 0, order[np.minimum(first, len(order) - 1)] if len(order) else -1, -1)
     bounds = []
-    for side in (simultaneous.lower, simultaneous.upper):
-        top = np.full(families, -np.inf)
-        np.maximum.at(top, family[judged], sign * side[judged])
-        bounds.append(np.where(count > 0, sign * top, np.nan))
-    value = np.where(count > 0, values.value[np.maximum(pair, 0)] if len(order) else np.nan, np.nan)
-    return Worst(pair.astype(np.int64), value, bounds[0], bounds[1], count.astype(np.int64))
+    for side in (np.concatenate([s.lower for s in simultaneous]), np.concatenate([s.upper for s in simultaneous])):
+        top = np.full(n, -np.inf)
+        np.maximum.at(top, family[ok], sign[ok] * side[ok])
+        bounds.append(np.where(count > 0, family_sign * top, np.nan))
+    worst = np.where(count > 0, value[np.maximum(pair, 0)] if len(order) else np.nan, np.nan)
+    local = np.where(pair >= 0, pair - np.repeat(np.arange(len(kinds)) * size, families), -1).astype(np.int64)
+    count = count.astype(np.int64)
+    return [Worst(local[part], worst[part], bounds[0][part], bounds[1][part], count[part])
+            for part in (slice(i * families, (i + 1) * families) for i in range(len(kinds)))]  # fmt: skip
 
 
 MULTIPLICITY = ("holm", "bonferroni", "none")
@@ -313,8 +330,10 @@ def evaluate_many(
     failing = fails_many((thresholds or {}) if multiplicity != "none" else {}, multiplicity, counts, global_pairs,
                          judged, family, simultaneous.metrics, histogram, rates)  # fmt: skip
     n_families = len(blocks) * families
-    worsts = {name: worst_of(METRICS[name].kind, v, simultaneous.metrics[name], judged[name], family, n_families)
-              for name, v in comparisons.metrics.items()}  # fmt: skip
+    names = list(comparisons.metrics)
+    worsts = dict(zip(names, worsts_of([METRICS[name].kind for name in names], list(comparisons.metrics.values()),
+                                       [simultaneous.metrics[name] for name in names], [judged[name] for name in names],
+                                       family, n_families), strict=True))  # fmt: skip
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])

@@ -98,31 +98,27 @@ def wilson_interval(
 def _wilson(successes: NDArray, trials: NDArray, z: float | FloatArray,
             continuity: bool | NDArray) -> tuple[FloatArray, FloatArray, FloatArray]:  # fmt: skip
     """(rate, lower, upper) of :func:`wilson_interval`, ``continuity`` for all or per element (each element's
-    bounds are those it has alone: the two kinds are computed on their own elements)."""
-    if not isinstance(continuity, bool):
-        if continuity.all() or not continuity.any():
-            return _wilson(successes, trials, z, bool(continuity.size) and bool(continuity.all()))
-        p, lower, upper = (np.empty(np.shape(successes)) for _ in range(3))
-        zs = None if np.ndim(z) == 0 else np.broadcast_to(z, np.shape(successes))
-        for part, corrected in ((continuity, True), (~continuity, False)):
-            p[part], lower[part], upper[part] = _wilson(np.asarray(successes)[part], np.asarray(trials)[part],
-                                                        z if zs is None else zs[part], corrected)  # fmt: skip
-        return p, lower, upper
+    bounds are those it has alone: both formulas are elementwise)."""
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
     p = ratio(k, n)
     z2 = z * z
+    some, every = (continuity, continuity) if isinstance(continuity, bool) else \
+        (bool(continuity.any()), bool(continuity.size) and bool(continuity.all()))  # fmt: skip
     with np.errstate(divide="ignore", invalid="ignore"):
-        if continuity:
+        if some:
             q, denom = 1.0 - p, 2.0 * (n + z2)
             lower = (2 * n * p + z2 - 1 - z * np.sqrt(np.maximum(z2 - 2 - 1 / n + 4 * p * (n * q + 1), 0))) / denom
             upper = (2 * n * p + z2 + 1 + z * np.sqrt(np.maximum(z2 + 2 - 1 / n + 4 * p * (n * q - 1), 0))) / denom
             lower, upper = np.where(k == 0, 0.0, lower), np.where(k == n, 1.0, upper)
-        else:
+        if not every:
             denom = 1.0 + z2 / n
             centre = (p + z2 / (2.0 * n)) / denom
             half = z * np.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
-            lower, upper = centre - half, centre + half
+            if some:
+                lower, upper = np.where(continuity, lower, centre - half), np.where(continuity, upper, centre + half)
+            else:
+                lower, upper = centre - half, centre + half
     nan = np.isnan(p)
     return p, np.where(nan, np.nan, np.clip(lower, 0.0, 1.0)), np.where(nan, np.nan, np.clip(upper, 0.0, 1.0))
 
