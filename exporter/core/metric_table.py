@@ -63,7 +63,8 @@ class MetricValues:
 
     def take(self, rows: slice | NDArray) -> MetricValues:
         """The same values restricted to some pairs (the field names read once: a fleet takes thousands)."""
-        return MetricValues(*(getattr(self, name)[rows] for name in _VALUE_FIELDS))
+        return MetricValues(self.value[rows], self.lower[rows], self.upper[rows], self.half_width[rows],
+                            self.support[rows])
 
     def replaced(self, rows: NDArray, other: MetricValues) -> MetricValues:
         """The same values with those of some pairs (``rows``) replaced by ``other``'s, in order."""
@@ -231,7 +232,7 @@ def _split(requests: Sequence[Request], widths: Sequence[int], columns: Sequence
         part = slice(start, start + w * size)
         start += w * size
         if w == 1:
-            value, lower, upper, half, support = (c[part] for c in columns)
+            value, lower, upper, half, support = [c[part] for c in columns]
         else:  # np.maximum propagates NaN: a metric with an undefined component is undefined.
             value, lower, upper, half = (np.maximum.reduce(c[part].reshape(w, size)) for c in columns[:4])
             support = np.minimum.reduce(columns[4][part].reshape(w, size))
