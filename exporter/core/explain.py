@@ -152,7 +152,8 @@ def decompose_columns(baselines: Sequence[NDArray], currents: Sequence[NDArray],
     r0, r1 = np.where(copy0, r1, r0), np.where(copy1, r0, r1)
     empty = (n0 == 0) & (n1 == 0)
     r0, r1 = np.where(empty, 0.0, r0), np.where(empty, 0.0, r1)
-    w0, w1 = np.nan_to_num(w0), np.nan_to_num(w1)  # a group with no trials in a period: its change is undefined
+    # a group with no trials in a period: its change is undefined (a share is a ratio in 0..1, or NaN)
+    w0, w1 = np.where(np.isnan(w0), 0.0, w0), np.where(np.isnan(w1), 0.0, w1)
     mix = (w1 - w0) * (r1 + r0) / 2.0
     within = (w1 + w0) / 2.0 * (r1 - r0)
 
