@@ -356,22 +356,32 @@ def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparison
     """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
     judged comparisons in a family put each of its pairs' intervals at 95%/K, all metrics in one pass. A family of
     K <= 1 keeps its 95% intervals, which is what 95%/1 computes again."""
-    n = int(family.max(initial=-1)) + 1
+    names = list(comparisons.metrics)
+    if not names or not len(pairs):
+        return comparisons
+    n = int(family.max()) + 1
+    # every metric's K per pair in one pass: each metric's families are families of their own
+    index = np.add.outer(np.arange(len(names)) * n, family).ravel()
+    ok = np.concatenate([judged[name] for name in names])
+    k = np.maximum(np.bincount(index, weights=ok, minlength=len(names) * n).astype(np.int64)[index], 1)
+    k = k.reshape(len(names), len(pairs))
+    wide = k > 1
+    every, some = wide.all(axis=1).tolist(), wide.any(axis=1).tolist()
+    a, b = pairs[:, 0], pairs[:, 1]
     requests, wider = [], {}
-    for name, ok in judged.items():
-        k = np.maximum(np.bincount(family, weights=ok, minlength=n).astype(np.int64)[family], 1)
-        wider[name] = np.flatnonzero(k > 1)
-        if wider[name].size:
-            at = wider[name]
-            requests.append((METRICS[name], pairs[at, 0], pairs[at, 1], k[at]))
+    for i, name in enumerate(names):
+        if every[i]:
+            requests.append((METRICS[name], a, b, k[i]))
+        elif some[i]:
+            wider[name] = at = np.flatnonzero(wide[i])
+            requests.append((METRICS[name], a[at], b[at], k[i][at]))
     found = iter(compute_many(counts, requests, rates, histogram))
     out = {}
-    for name, alone in comparisons.metrics.items():
-        at = wider[name]
-        if not at.size:
-            out[name] = alone
-        elif at.size == len(pairs):
+    for i, (name, alone) in enumerate(comparisons.metrics.items()):
+        if every[i]:
             out[name] = next(found)
+        elif some[i]:
+            out[name] = alone.replaced(wider[name], next(found))
         else:
-            out[name] = alone.replaced(at, next(found))
+            out[name] = alone
     return Comparisons(comparisons.group_a, comparisons.group_b, out)
