@@ -227,34 +227,36 @@ def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.nd
                histogram: np.ndarray | None, rates: RateCounts | None = None) -> dict[tuple[str, float], np.ndarray]:
     """:func:`fails` of several metrics at their thresholds, each Holm step of all of them in one
     :func:`compute_many` pass."""
-    failed = {}
-    for name, t in thresholds.items():
-        s = simultaneous[name]
-        failed[name] = judged[name] & METRICS[name].fails(s.lower, s.upper, t)
-    if multiplicity == "bonferroni":
-        return {(name, t): failed[name] for name, t in thresholds.items()}
-    n = int(family.max(initial=-1)) + 1
-    size = {name: np.bincount(family[judged[name]], minlength=n)[family] for name in thresholds}
-    stepping = list(thresholds)
-    while stepping:
-        steps, remaining = {}, {}
-        for name in stepping:
-            left = judged[name] & ~failed[name]
-            remaining[name] = np.bincount(family[left], minlength=n)[family]
-            step = np.flatnonzero(left & (remaining[name] < size[name]))  # some failed: its others, at 5%/left
-            if step.size:
-                steps[name] = step
-        if not steps:
-            break
-        again = compute_many(counts, [(METRICS[name], pairs[step, 0], pairs[step, 1], remaining[name][step])
-                                      for name, step in steps.items()], rates, histogram)  # fmt: skip
-        stepping = []
-        for (name, step), values in zip(steps.items(), again, strict=True):
-            newly = METRICS[name].fails(values.lower, values.upper, thresholds[name])
+    names, size = list(thresholds), len(family)
+    if not names:
+        return {}
+    failed = np.concatenate([judged[name] & METRICS[name].fails(simultaneous[name].lower, simultaneous[name].upper,
+                                                                 thresholds[name]) for name in names])  # fmt: skip
+    out = {(name, thresholds[name]): failed[i * size : (i + 1) * size] for i, name in enumerate(names)}  # views
+    if multiplicity == "bonferroni" or not size:
+        return out
+    # every metric's families are families of their own: one bincount per step for all metrics
+    n = int(family.max()) + 1
+    index = np.add.outer(np.arange(len(names)) * n, family).ravel()
+    ok = np.concatenate([judged[name] for name in names])
+    total = np.bincount(index[ok], minlength=len(names) * n)[index]
+    stepping = np.ones(len(names), dtype=bool)
+    while True:
+        left = ok & ~failed & np.repeat(stepping, size)
+        remaining = np.bincount(index[left], minlength=len(names) * n)[index]
+        step = np.flatnonzero(left & (remaining < total))  # a family where some failed: its others, at 5%/left
+        if not step.size:
+            return out
+        bounds = np.searchsorted(step, np.arange(len(names) + 1) * size).tolist()
+        steps = [(i, step[bounds[i] : bounds[i + 1]]) for i in range(len(names)) if bounds[i] < bounds[i + 1]]
+        again = compute_many(counts, [(METRICS[names[i]], pairs[at - i * size, 0], pairs[at - i * size, 1],
+                                       remaining[at]) for i, at in steps], rates, histogram)  # fmt: skip
+        stepping[:] = False
+        for (i, at), values in zip(steps, again, strict=True):
+            newly = METRICS[names[i]].fails(values.lower, values.upper, thresholds[names[i]])
             if newly.any():
-                failed[name][step[newly]] = True
-                stepping.append(name)
-    return {(name, t): failed[name] for name, t in thresholds.items()}
+                failed[at[newly]] = True
+                stepping[i] = True
 
 
 def _rows(stats: GroupStats, rows: slice | np.ndarray) -> GroupStats:
