@@ -7,7 +7,7 @@ reported (enough samples) and what its interval says are written once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -15,8 +15,8 @@ import numpy as np
 from exporter.core.attributes import Attribute
 from exporter.core.conditional import metric as conditional_metric
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
-from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, group_stats
-from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, exact, group_stats
+from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare, compute_many
 from exporter.core.scores import SCORE_SUM
 from exporter.core.scores import auc as group_auc
 from exporter.core.scores import calibration as group_calibration
@@ -172,19 +172,36 @@ def worst_of(kind: str, values: MetricValues, simultaneous: MetricValues, judged
     every pair's interval at 95%/K (Bonferroni over the K judged), the max (a ratio: min) of their lower and of their
     upper bounds: if every interval holds its pair's true value, which happens with 95% probability at least, this
     one holds the true worst. Vectorised over families (``backtest`` judges a day of steps at once)."""
-    sign = -1.0 if kind == "ratio" else 1.0  # the worst is the largest of sign * value
-    key = np.where(judged, sign * values.value, -np.inf)
+    return worsts_of([kind], [values], [simultaneous], [judged], family, families)[0]
+
+
+def worsts_of(kinds: Sequence[str], values: Sequence[MetricValues], simultaneous: Sequence[MetricValues],
+              judged: Sequence[np.ndarray], family: np.ndarray, families: int) -> list[Worst]:  # fmt: skip
+    """:func:`worst_of` of several metrics of the same pairs, in one pass: each metric's families are families of
+    their own."""
+    if not kinds:
+        return []
+    size, n = len(family), len(kinds) * families
+    signs = np.array([-1.0 if kind == "ratio" else 1.0 for kind in kinds])  # the worst is the largest sign * value
+    sign, family_sign = np.repeat(signs, size), np.repeat(signs, families)
+    family = np.add.outer(np.arange(len(kinds)) * families, family).ravel()
+    ok = np.concatenate(judged)
+    value = np.concatenate([v.value for v in values])
+    key = np.where(ok, sign * value, -np.inf)
     order = np.lexsort((-key, family))  # by family, the worst first
-    first = np.searchsorted(family[order], np.arange(families))
-    count = np.bincount(family[judged], minlength=families)
+    first = np.searchsorted(family[order], np.arange(n))
+    count = np.bincount(family[ok], minlength=n)
     pair = np.where(count > 0, order[np.minimum(first, len(order) - 1)] if len(order) else -1, -1)
     bounds = []
-    for side in (simultaneous.lower, simultaneous.upper):
-        top = np.full(families, -np.inf)
-        np.maximum.at(top, family[judged], sign * side[judged])
-        bounds.append(np.where(count > 0, sign * top, np.nan))
-    value = np.where(count > 0, values.value[np.maximum(pair, 0)] if len(order) else np.nan, np.nan)
-    return Worst(pair.astype(np.int64), value, bounds[0], bounds[1], count.astype(np.int64))
+    for side in (np.concatenate([s.lower for s in simultaneous]), np.concatenate([s.upper for s in simultaneous])):
+        top = np.full(n, -np.inf)
+        np.maximum.at(top, family[ok], sign[ok] * side[ok])
+        bounds.append(np.where(count > 0, family_sign * top, np.nan))
+    worst = np.where(count > 0, value[np.maximum(pair, 0)] if len(order) else np.nan, np.nan)
+    local = np.where(pair >= 0, pair - np.repeat(np.arange(len(kinds)) * size, families), -1).astype(np.int64)
+    count = count.astype(np.int64)
+    return [Worst(local[part], worst[part], bounds[0][part], bounds[1][part], count[part])
+            for part in (slice(i * families, (i + 1) * families) for i in range(len(kinds)))]  # fmt: skip
 
 
 MULTIPLICITY = ("holm", "bonferroni", "none")
@@ -201,34 +218,52 @@ def fails(metric: str, threshold: float, multiplicity: str, counts: np.ndarray, 
     5%/(K - r), until none more fails. That fails the same comparisons as Holm's rule on their p-values, since an
     interval at a lower error level holds the one at a higher. Vectorised over families (one per attribute and
     window of a whole fleet, in the daemon's computation)."""
-    m = METRICS[metric]
-    failed = judged & (m.evidence(simultaneous.lower, simultaneous.upper, threshold) == "fail")
-    if multiplicity == "bonferroni":
-        return failed
-    n = int(family.max(initial=-1)) + 1
-    size = np.bincount(family[judged], minlength=n)[family]
+    return fails_many({metric: threshold}, multiplicity, counts, pairs, {metric: judged}, family,
+                      {metric: simultaneous}, histogram)[metric, threshold]  # fmt: skip
+
+
+def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
+               judged: Mapping[str, np.ndarray], family: np.ndarray, simultaneous: Mapping[str, MetricValues],
+               histogram: np.ndarray | None, rates: RateCounts | None = None) -> dict[tuple[str, float], np.ndarray]:
+    """:func:`fails` of several metrics at their thresholds, each Holm step of all of them in one
+    :func:`compute_many` pass."""
+    names, size = list(thresholds), len(family)
+    if not names:
+        return {}
+    failed = np.concatenate([judged[name] & METRICS[name].fails(simultaneous[name].lower, simultaneous[name].upper,
+                                                                 thresholds[name]) for name in names])  # fmt: skip
+    out = {(name, thresholds[name]): failed[i * size : (i + 1) * size] for i, name in enumerate(names)}  # views
+    if multiplicity == "bonferroni" or not size:
+        return out
+    # every metric's families are families of their own: one bincount per step for all metrics
+    n = int(family.max()) + 1
+    index = np.add.outer(np.arange(len(names)) * n, family).ravel()
+    ok = np.concatenate([judged[name] for name in names])
+    total = np.bincount(index[ok], minlength=len(names) * n)[index]
+    stepping = np.ones(len(names), dtype=bool)
     while True:
-        left = judged & ~failed
-        remaining = np.bincount(family[left], minlength=n)[family]
-        step = np.flatnonzero(left & (remaining < size))  # a family where some failed: its others, at 5%/left
+        left = ok & ~failed & np.repeat(stepping, size)
+        remaining = np.bincount(index[left], minlength=len(names) * n)[index]
+        step = np.flatnonzero(left & (remaining < total))  # a family where some failed: its others, at 5%/left
         if not step.size:
-            return failed
-        again = m.compute(counts, pairs[step, 0], pairs[step, 1], comparisons=remaining[step], histogram=histogram)
-        newly = m.evidence(again.lower, again.upper, threshold) == "fail"
-        if not newly.any():
-            return failed
-        failed[step[newly]] = True
-
-
-_GROUP_FIELDS = tuple(f.name for f in fields(GroupStats))
+            return out
+        bounds = np.searchsorted(step, np.arange(len(names) + 1) * size).tolist()
+        steps = [(i, step[bounds[i] : bounds[i + 1]]) for i in range(len(names)) if bounds[i] < bounds[i + 1]]
+        again = compute_many(counts, [(METRICS[names[i]], pairs[at - i * size, 0], pairs[at - i * size, 1],
+                                       remaining[at]) for i, at in steps], rates, histogram)  # fmt: skip
+        stepping[:] = False
+        for (i, at), values in zip(steps, again, strict=True):
+            newly = METRICS[names[i]].fails(values.lower, values.upper, thresholds[names[i]])
+            if newly.any():
+                failed[at[newly]] = True
+                stepping[i] = True
 
 
 def _rows(stats: GroupStats, rows: slice | np.ndarray) -> GroupStats:
-    """The same group statistics (pairs of arrays for intervals), restricted to some rows (the field names read once:
-    a fleet takes thousands)."""
-    values = [getattr(stats, name) for name in _GROUP_FIELDS]
-    return GroupStats(*(tuple(a[rows] for a in v) if isinstance(v, tuple) else v[rows]  # type: ignore[arg-type]
-                        for v in values))  # fmt: skip
+    """The same group statistics (pairs of arrays for intervals), restricted to some rows (a fleet takes
+    thousands)."""
+    return GroupStats(*[(v[0][rows], v[1][rows]) if type(v) is tuple else v[rows]  # type: ignore[arg-type]
+                        for v in vars(stats).values()])  # fmt: skip
 
 
 def labelled_histogram(score_counts: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
@@ -268,28 +303,35 @@ def evaluate_many(
     pairs = [np.array(a.pairs, dtype=np.int64).reshape(-1, 2) for a, _ in blocks]
     pair_starts = np.cumsum([0, *(len(p) for p in pairs)])
     global_pairs = np.concatenate([p + s for p, s in zip(pairs, starts, strict=False)])
-    groups = group_stats(counts)
     overall = np.add.reduceat(counts, starts[:-1], axis=0) + np.array(unknowns).reshape(-1, N_COUNTS)
     # every row counts once overall, whatever its group: a proxy attribute's weighted counts sum to whole rows
-    overall = group_stats(np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall)
+    overall = np.rint(overall) if np.issubdtype(overall.dtype, np.floating) else overall
+    rates: RateCounts = {}
+    if overall.dtype == counts.dtype:  # one pass over the groups and the overall rows (the pairs index the groups)
+        counts = exact(np.concatenate([counts, overall]))
+        both = group_stats(counts, rates)
+        groups, overall = _rows(both, slice(0, starts[-1])), _rows(both, slice(starts[-1], None))
+    else:
+        groups, overall = group_stats(counts, rates), group_stats(overall)
     metrics = tuple(metrics)
     sums = [None if s is None else s[: len(a.groups)] for (a, _), s in
             zip(blocks, score_sums or [None] * len(blocks), strict=True)]  # fmt: skip
     histograms = None if scores is None else [labelled_histogram(h[: len(a.groups)], s) for (a, _), h, s in
                                               zip(blocks, scores, sums, strict=True)]  # fmt: skip
     histogram = None if histograms is None else np.concatenate(histograms)
-    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram)
+    comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram, rates)
     block = np.repeat(np.arange(len(pairs)), [len(p) for p in pairs])
     local_pair = np.arange(len(global_pairs)) - pair_starts[block]
     family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
-    simultaneous = _simultaneous(counts, global_pairs, comparisons, min_samples, family, histogram)
     judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
-    failing = {(name, t): fails(name, t, multiplicity, counts, global_pairs, judged[name], family,
-                                simultaneous.metrics[name], histogram)
-               for name, t in ((thresholds or {}).items() if multiplicity != "none" else ())}  # fmt: skip
+    simultaneous = _simultaneous(counts, global_pairs, comparisons, judged, family, histogram, rates)
+    failing = fails_many((thresholds or {}) if multiplicity != "none" else {}, multiplicity, counts, global_pairs,
+                         judged, family, simultaneous.metrics, histogram, rates)  # fmt: skip
     n_families = len(blocks) * families
-    worsts = {name: worst_of(METRICS[name].kind, v, simultaneous.metrics[name], judged[name], family, n_families)
-              for name, v in comparisons.metrics.items()}  # fmt: skip
+    names = list(comparisons.metrics)
+    worsts = dict(zip(names, worsts_of([METRICS[name].kind for name in names], list(comparisons.metrics.values()),
+                                       [simultaneous.metrics[name] for name in names], [judged[name] for name in names],
+                                       family, n_families), strict=True))  # fmt: skip
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])
@@ -311,15 +353,37 @@ def evaluate_many(
     return out
 
 
-def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, min_samples: int,
-                  family: np.ndarray, histogram: np.ndarray | None) -> Comparisons:  # fmt: skip
+def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, judged: Mapping[str, np.ndarray],
+                  family: np.ndarray, histogram: np.ndarray | None, rates: RateCounts) -> Comparisons:  # fmt: skip
     """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
-    sufficient comparisons in a family put each of its pairs' intervals at 95%/K."""
-    rates: RateCounts = {}
+    judged comparisons in a family put each of its pairs' intervals at 95%/K, all metrics in one pass. A family of
+    K <= 1 keeps its 95% intervals, which is what 95%/1 computes again."""
+    names = list(comparisons.metrics)
+    if not names or not len(pairs):
+        return comparisons
+    n = int(family.max()) + 1
+    # every metric's K per pair in one pass: each metric's families are families of their own
+    index = np.add.outer(np.arange(len(names)) * n, family).ravel()
+    ok = np.concatenate([judged[name] for name in names])
+    k = np.maximum(np.bincount(index, weights=ok, minlength=len(names) * n).astype(np.int64)[index], 1)
+    k = k.reshape(len(names), len(pairs))
+    wide = k > 1
+    every, some = wide.all(axis=1).tolist(), wide.any(axis=1).tolist()
+    a, b = pairs[:, 0], pairs[:, 1]
+    requests, wider = [], {}
+    for i, name in enumerate(names):
+        if every[i]:
+            requests.append((METRICS[name], a, b, k[i]))
+        elif some[i]:
+            wider[name] = at = np.flatnonzero(wide[i])
+            requests.append((METRICS[name], a[at], b[at], k[i][at]))
+    found = iter(compute_many(counts, requests, rates, histogram))
     out = {}
-    for name, v in comparisons.metrics.items():
-        ok = (v.support >= min_samples) & ~np.isnan(v.value)
-        judged = np.bincount(family, weights=ok, minlength=int(family.max(initial=-1)) + 1).astype(np.int64)
-        out[name] = METRICS[name].compute(counts, pairs[:, 0], pairs[:, 1], rates, np.maximum(judged[family], 1),
-                                          histogram)  # fmt: skip
+    for i, (name, alone) in enumerate(comparisons.metrics.items()):
+        if every[i]:
+            out[name] = next(found)
+        elif some[i]:
+            out[name] = alone.replaced(wider[name], next(found))
+        else:
+            out[name] = alone
     return Comparisons(comparisons.group_a, comparisons.group_b, out)

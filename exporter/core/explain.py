@@ -122,18 +122,38 @@ def decompose(baseline: NDArray, current: NDArray, a: ArrayLike, b: ArrayLike, r
     >>> d.change.round(3).tolist(), d.mix.round(3).tolist(), d.rate.round(3).tolist()
     ([0.2], [[0.0, 0.0]], [[0.2, 0.0]])
     """
+    return decompose_columns([baseline], [current], a, b, (rate,))[rate][0]
+
+
+def decompose_columns(baselines: Sequence[NDArray], currents: Sequence[NDArray], a: ArrayLike, b: ArrayLike,
+                      rates: Sequence[str]) -> dict[str, list[Decomposition]]:  # fmt: skip
+    """:func:`decompose` of several segment columns (their counts ``(n_groups, n_values, N_COUNTS)``, as many values
+    as each has) and rates, all in one pass: per rate, one decomposition per column. Elementwise but for the integer
+    totals per column: each column's and rate's numbers are those it has alone."""
     groups = np.stack([np.atleast_1d(np.asarray(a, np.int64)), np.atleast_1d(np.asarray(b, np.int64))], axis=1)
-    k0, n0 = rate_counts(np.asarray(baseline)[groups], rate)  # (n_pairs, 2 groups, n_values)
-    k1, n1 = rate_counts(np.asarray(current)[groups], rate)
-    total0, total1 = n0.sum(axis=-1, keepdims=True), n1.sum(axis=-1, keepdims=True)
+    widths = [np.shape(c)[1] for c in baselines]
+    ends = np.cumsum(widths)
+    base = np.concatenate([np.asarray(c) for c in baselines], axis=1)[groups]  # (n_pairs, 2 groups, n_values, 6)
+    cur = np.concatenate([np.asarray(c) for c in currents], axis=1)[groups]
+    # (n_rates, n_pairs, 2 groups, n_values): the columns' values side by side
+    k0, n0 = (np.stack(x) for x in zip(*(rate_counts(base, rate) for rate in rates), strict=True))
+    k1, n1 = (np.stack(x) for x in zip(*(rate_counts(cur, rate) for rate in rates), strict=True))
+
+    def per_column(x: NDArray) -> NDArray:  # each column's sum over its values (integers: exact in any order)
+        running = np.concatenate([np.zeros((*x.shape[:-1], 1), x.dtype), np.cumsum(x, axis=-1)], axis=-1)
+        return running[..., ends] - running[..., ends - widths]
+
+    sum0, sum1 = per_column(n0), per_column(n1)
+    total0, total1 = np.repeat(sum0, widths, axis=-1), np.repeat(sum1, widths, axis=-1)
     w0, w1 = ratio(n0, total0), ratio(n1, total1)
     r0, r1 = ratio(k0, n0), ratio(k1, n1)
-    g0, g1 = ratio(k0.sum(axis=-1), total0[..., 0]), ratio(k1.sum(axis=-1), total1[..., 0])
+    g0, g1 = ratio(per_column(k0), sum0), ratio(per_column(k1), sum1)  # (n_rates, n_pairs, 2 groups, n_columns)
     copy0, copy1 = (n0 == 0) & (n1 > 0), (n1 == 0) & (n0 > 0)
     r0, r1 = np.where(copy0, r1, r0), np.where(copy1, r0, r1)
     empty = (n0 == 0) & (n1 == 0)
     r0, r1 = np.where(empty, 0.0, r0), np.where(empty, 0.0, r1)
-    w0, w1 = np.nan_to_num(w0), np.nan_to_num(w1)  # a group with no trials in a period: its change is undefined
+    # a group with no trials in a period: its change is undefined (a share is a ratio in 0..1, or NaN)
+    w0, w1 = np.where(np.isnan(w0), 0.0, w0), np.where(np.isnan(w1), 0.0, w1)
     mix = (w1 - w0) * (r1 + r0) / 2.0
     within = (w1 + w0) / 2.0 * (r1 - r0)
 
@@ -148,16 +168,15 @@ def decompose(baseline: NDArray, current: NDArray, a: ArrayLike, b: ArrayLike, r
     mean_w, diff_r = (w1 + w0) / 2.0, r1 - r0
     var_mix = mean_r**2 * var_w + diff_w**2 * var_mean_r + var_w * var_mean_r
     var_rate = diff_r**2 * var_w / 4.0 + mean_w**2 * var_diff_r + var_w / 4.0 * var_diff_r
-    return Decomposition(
-        baseline=g0[:, 0] - g0[:, 1],
-        current=g1[:, 0] - g1[:, 1],
-        mix=mix[:, 0] - mix[:, 1],
-        rate=within[:, 0] - within[:, 1],
-        mix_se=np.sqrt(var_mix.sum(axis=1)),
-        rate_se=np.sqrt(var_rate.sum(axis=1)),
-        group_rate=within[:, 0],
-        trials=(n0 + n1).sum(axis=1),
-    )
+    baselines_, currents_ = g0[:, :, 0] - g0[:, :, 1], g1[:, :, 0] - g1[:, :, 1]
+    mixes, rates_ = mix[:, :, 0] - mix[:, :, 1], within[:, :, 0] - within[:, :, 1]
+    mix_se, rate_se = np.sqrt(var_mix.sum(axis=2)), np.sqrt(var_rate.sum(axis=2))
+    trials = (n0 + n1).sum(axis=2)
+    columns = [slice(end - width, end) for end, width in zip(ends.tolist(), widths, strict=True)]
+    return {rate: [Decomposition(baseline=baselines_[i, :, c], current=currents_[i, :, c], mix=mixes[i, :, v],
+                                 rate=rates_[i, :, v], mix_se=mix_se[i, :, v], rate_se=rate_se[i, :, v],
+                                 group_rate=within[i, :, 0, v], trials=trials[i, :, v])
+                   for c, v in enumerate(columns)] for i, rate in enumerate(rates)}  # fmt: skip
 
 
 SegmentCounts = Mapping[str, tuple[Sequence[str], NDArray, NDArray]]
@@ -175,19 +194,73 @@ def explainable(metrics: Iterable[str]) -> list[str]:
 
 
 def explanations(attribute: Attribute, metrics: Iterable[str], segments: SegmentCounts) -> list[dict[str, Any]]:
-    """One JSON-ready explanation per explainable metric, rate of it, and configured pair of ``attribute``; each
-    rate is decomposed once, for every pair at once."""
+    """One JSON-ready explanation per explainable metric, rate of it, and configured pair of ``attribute``; every
+    rate is decomposed once, for every pair and rate at once, and its terms sorted once for every pair. Two metrics
+    of one rate (equal opportunity and equalised odds, of the TPR) explain its change alike: their explanations of
+    a pair differ in ``metric`` only and share one ``segments`` list (read, not changed, by every consumer)."""
     a, b = (np.array([p[i] for p in attribute.pairs], np.int64) for i in (0, 1))
-    decomposed: dict[str, dict[str, Decomposition]] = {}
+    explained = explainable(metrics)
+    rates = list(dict.fromkeys(rate for metric in explained for rate in METRICS[metric].rates))
+    found = decompose_columns([base for _, base, _ in segments.values()], [cur for _, _, cur in segments.values()],
+                              a, b, rates) if rates and segments else {}  # fmt: skip
+    parts = {rate: {col: (names, d) for (col, (names, _, _)), d in zip(segments.items(), found[rate], strict=True)}
+             for rate in found}  # fmt: skip
+    parts.update({rate: {} for rate in rates if rate not in parts})
+    terms = {rate: _Terms.of(parts[rate]) for rate in rates}
+    made: dict[tuple[str, int], dict[str, Any]] = {}
     out = []
-    for metric in explainable(metrics):
+    for metric in explained:
         for rate in METRICS[metric].rates:
-            if rate not in decomposed:
-                decomposed[rate] = {col: decompose(base, cur, a, b, rate) for col, (_, base, cur) in segments.items()}
             for k, pair in enumerate(attribute.pairs):
-                parts = {col: (segments[col][0], d) for col, d in decomposed[rate].items()}
-                out.append(_explanation(attribute, metric, rate, pair, k, parts))
+                same = made.get((rate, k))
+                if same is None:
+                    made[rate, k] = same = _explanation(attribute, metric, rate, pair, k, parts[rate], terms[rate])
+                out.append(same if same["metric"] == metric else {**same, "metric": metric})
     return out
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """One rate's terms over every segment column's values, as lists per pair (one numpy pass for all pairs): each
+    pair's values with trials, largest of |mix| and |rate| first (ties: column then value order)."""
+
+    columns: list[str]
+    values: list[Any]
+    order: list[list[int]]
+    mix: list[list[float]]
+    rate: list[list[float]]
+    mix_ci: tuple[list[list[float]], list[list[float]]]
+    rate_ci: tuple[list[list[float]], list[list[float]]]
+    group_rate: list[list[float]]
+
+    @classmethod
+    def of(cls, parts: Mapping[str, tuple[Sequence[str], Decomposition]]) -> _Terms:
+        if not parts:
+            return cls([], [], [], [], [], ([], []), ([], []), [])
+        decompositions = [d for _, d in parts.values()]
+
+        def joined(name: str) -> NDArray:
+            return np.concatenate([getattr(d, name) for d in decompositions], axis=1)
+
+        mix, within, trials = joined("mix"), joined("rate"), joined("trials")
+        mix_half, rate_half = Z_95 * joined("mix_se"), Z_95 * joined("rate_se")
+        size_mix, size_rate = np.abs(mix), np.abs(within)
+        key = -np.where(size_rate > size_mix, size_rate, size_mix)  # -max(|mix|, |rate|), as Python's max picks
+        order = np.argsort(np.where(trials > 0, key, np.inf), axis=1, kind="stable")
+        kept = (trials > 0).sum(axis=1).tolist()
+        return cls([col for col, (names, _) in parts.items() for _ in names],
+                   [v for names, _ in parts.values() for v in names],
+                   [row[:n] for row, n in zip(order.tolist(), kept, strict=True)], mix.tolist(), within.tolist(),
+                   ((mix - mix_half).tolist(), (mix + mix_half).tolist()),
+                   ((within - rate_half).tolist(), (within + rate_half).tolist()), joined("group_rate").tolist())
+
+    def rows(self, k: int) -> list[dict[str, Any]]:
+        """Pair ``k``'s terms, sorted."""
+        columns, values, mix, rate = self.columns, self.values, self.mix[k], self.rate[k]
+        (mix_lo, mix_hi), (rate_lo, rate_hi) = ((lo[k], hi[k]) for lo, hi in (self.mix_ci, self.rate_ci))
+        return [{"column": columns[i], "value": values[i], "mix": mix[i], "rate": rate[i],
+                 "mix_ci_95": [mix_lo[i], mix_hi[i]], "rate_ci_95": [rate_lo[i], rate_hi[i]]}
+                for i in self.order[k]]  # fmt: skip
 
 
 def _number(x: float) -> float | None:
@@ -195,37 +268,28 @@ def _number(x: float) -> float | None:
 
 
 def _explanation(attribute: Attribute, metric: str, rate: str, pair: tuple[int, int], k: int,
-                 parts: Mapping[str, tuple[Sequence[str], Decomposition]]) -> dict[str, Any]:  # fmt: skip
+                 parts: Mapping[str, tuple[Sequence[str], Decomposition]],
+                 terms: _Terms) -> dict[str, Any]:  # fmt: skip
     """The explanation of pair ``k`` of the decompositions."""
     group_a, group_b = (attribute.groups[i] for i in pair)
     first = next(iter(parts.values()))[1] if parts else None
     baseline, current = (float(first.baseline[k]), float(first.current[k])) if first else (math.nan, math.nan)
     change = current - baseline
-    rows: list[dict[str, Any]] = []
-    if math.isfinite(change):
-        for column, (names, d) in parts.items():
-            mix, within, own = d.mix[k].tolist(), d.rate[k].tolist(), d.group_rate[k].tolist()
-            mix_half, rate_half = (Z_95 * d.mix_se[k]).tolist(), (Z_95 * d.rate_se[k]).tolist()
-            rows.extend({"column": column, "value": value, "mix": m, "rate": r, "mix_ci_95": [m - mh, m + mh],
-                         "rate_ci_95": [r - rh, r + rh], "_group_rate": g}
-                        for value, m, r, mh, rh, g, n in zip(names, mix, within, mix_half, rate_half, own,
-                                                              d.trials[k].tolist(), strict=True) if n)  # fmt: skip
-    rows.sort(key=lambda r: -max(abs(r["mix"]), abs(r["rate"])))
-    summary = _sentence(rate, group_a, group_b, (baseline, current), rows, parts, k) if rows else (
+    rows = terms.rows(k) if math.isfinite(change) else []
+    summary = _sentence(rate, group_a, group_b, (baseline, current), rows, parts, k,
+                        terms.group_rate[k][terms.order[k][0]]) if rows else (
         f"the {_RATE_WORDS[rate]} gap {group_a} vs {group_b} is undefined in a period (a group without "
         f"{'rows' if rate == 'selection_rate' else 'trials of the rate'}), or no segment column is configured")
-    for r in rows:
-        del r["_group_rate"]
     return {"attribute": attribute.name, "metric": metric, "rate": rate, "comparison": f"{group_a} vs {group_b}",
             "baseline_value": _number(baseline), "current_value": _number(current), "change": _number(change),
             "summary": summary, "segments": rows}  # fmt: skip
 
 
 def _sentence(rate: str, group_a: str, group_b: str, gaps: tuple[float, float], rows: list[dict[str, Any]],
-              parts: Mapping[str, tuple[Sequence[str], Decomposition]], k: int) -> str:  # fmt: skip
+              parts: Mapping[str, tuple[Sequence[str], Decomposition]], k: int, own: float) -> str:  # fmt: skip
     """One sentence naming the largest term: ``the selection rate gap f vs m rose by 0.060 (0.030 to 0.090):
     +0.050 from f's selection rate within channel=broker, +0.010 from the mix over channel``; a mix term is named as
-    ``the share of rows in channel=broker``."""
+    ``the share of rows in channel=broker``; ``own``: the top row's rate term of group a alone."""
     word = _RATE_WORDS[rate]
     baseline, current = gaps
     change = current - baseline
@@ -235,7 +299,6 @@ def _sentence(rate: str, group_a: str, group_b: str, gaps: tuple[float, float], 
     kind = "rate" if abs(top["rate"]) >= abs(top["mix"]) else "mix"
     column, value = top["column"], top["value"]
     if kind == "rate":
-        own = top["_group_rate"]
         who = group_a if abs(own) >= abs(top["rate"] - own) else group_b
         what = f"{who}'s {word} within {column}={value}"
     else:

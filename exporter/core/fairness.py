@@ -67,7 +67,7 @@ def ratio(num: NDArray, den: NDArray) -> FloatArray:
 def exact(counts: NDArray) -> NDArray:
     """A counts array as int64, unless its counts are weighted (floats: a proxy attribute's posterior sums)."""
     c = np.asarray(counts)
-    return c if np.issubdtype(c.dtype, np.floating) else c.astype(np.int64)
+    return c if c.dtype == np.int64 or np.issubdtype(c.dtype, np.floating) else c.astype(np.int64)
 
 
 def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:
@@ -91,23 +91,36 @@ def wilson_interval(
     ``continuity``: with Yates' continuity correction (Newcombe 1998, method 4), whose coverage reaches its level
     at (nearly) every rate and size, not just on average: what a Bonferroni union of intervals needs.
     """
+    _, lower, upper = _wilson(successes, trials, z, continuity)
+    return lower, upper
+
+
+def _wilson(successes: NDArray, trials: NDArray, z: float | FloatArray,
+            continuity: bool | NDArray) -> tuple[FloatArray, FloatArray, FloatArray]:  # fmt: skip
+    """(rate, lower, upper) of :func:`wilson_interval`, ``continuity`` for all or per element (each element's
+    bounds are those it has alone: both formulas are elementwise)."""
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
     p = ratio(k, n)
     z2 = z * z
+    some, every = (continuity, continuity) if isinstance(continuity, bool) else \
+        (bool(continuity.any()), bool(continuity.size) and bool(continuity.all()))  # fmt: skip
     with np.errstate(divide="ignore", invalid="ignore"):
-        if continuity:
+        if some:
             q, denom = 1.0 - p, 2.0 * (n + z2)
             lower = (2 * n * p + z2 - 1 - z * np.sqrt(np.maximum(z2 - 2 - 1 / n + 4 * p * (n * q + 1), 0))) / denom
             upper = (2 * n * p + z2 + 1 + z * np.sqrt(np.maximum(z2 + 2 - 1 / n + 4 * p * (n * q - 1), 0))) / denom
             lower, upper = np.where(k == 0, 0.0, lower), np.where(k == n, 1.0, upper)
-        else:
+        if not every:
             denom = 1.0 + z2 / n
             centre = (p + z2 / (2.0 * n)) / denom
             half = z * np.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
-            lower, upper = centre - half, centre + half
+            if some:
+                lower, upper = np.where(continuity, lower, centre - half), np.where(continuity, upper, centre + half)
+            else:
+                lower, upper = centre - half, centre + half
     nan = np.isnan(p)
-    return np.where(nan, np.nan, np.clip(lower, 0.0, 1.0)), np.where(nan, np.nan, np.clip(upper, 0.0, 1.0))
+    return p, np.where(nan, np.nan, np.clip(lower, 0.0, 1.0)), np.where(nan, np.nan, np.clip(upper, 0.0, 1.0))
 
 
 def t_interval(
@@ -136,11 +149,22 @@ def newcombe_interval(
 ) -> tuple[FloatArray, FloatArray]:
     """Newcombe's hybrid score interval for p1 - p2 from two Wilson intervals: method 10, or with ``continuity``
     method 11 (continuity-corrected Wilson intervals)."""
-    p1, p2 = ratio(k1, n1), ratio(k2, n2)
-    l1, u1 = wilson_interval(k1, n1, z, continuity)
-    l2, u2 = wilson_interval(k2, n2, z, continuity)
+    _, lower, upper = newcombe(k1, n1, k2, n2, z, continuity)
+    return lower, upper
+
+
+def newcombe(k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float | FloatArray,
+             continuity: bool | NDArray) -> tuple[FloatArray, FloatArray, FloatArray]:  # fmt: skip
+    """``p1 - p2`` and :func:`newcombe_interval` of it, ``continuity`` for all pairs or per pair; both groups'
+    Wilson intervals in one call (numpy's cost per call dominates on a handful of pairs)."""
+    size = np.size(k1)
+    both = np.concatenate([k1, k2]), np.concatenate([n1, n2])
+    tiled = (z if np.ndim(z) == 0 else np.concatenate([z, z]),
+             continuity if isinstance(continuity, bool) else np.concatenate([continuity, continuity]))
+    p, lower, upper = _wilson(*both, *tiled)
+    p1, p2, l1, l2, u1, u2 = p[:size], p[size:], lower[:size], lower[size:], upper[:size], upper[size:]
     d = p1 - p2
-    return d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + np.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return d, d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + np.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 
 
 def abs_interval(lower: FloatArray, upper: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -190,16 +214,22 @@ _WITH_INTERVAL: Final = ("selection_rate", "true_positive_rate", "false_positive
 """The per-group rates exported with their interval (the others are only compared, each comparison with its own)."""
 
 
-def group_stats(counts: NDArray) -> GroupStats:
+def group_stats(counts: NDArray, rates: dict[str, tuple[NDArray, NDArray]] | None = None) -> GroupStats:
     """Every rate of :data:`RATES` for every group (with a Wilson interval for the exported ones), NaN where
-    undefined."""
-    values: dict[str, object] = {}
+    undefined. ``rates``: the rates' (successes, trials) already reduced from these counts; the missing ones are
+    added to it (:func:`exporter.core.metric_table.compare` shares them)."""
+    rates = {} if rates is None else rates
     for rate in RATES:
-        k, n = rate_counts(counts, rate)
-        values[rate] = ratio(k, n)
-        if rate in _WITH_INTERVAL:
-            values[f"{rate}_ci"] = wilson_interval(k, n)
+        if rate not in rates:
+            rates[rate] = rate_counts(counts, rate)
     c = exact(counts)
+    # one call per step for all rates (numpy's cost per call dominates on a handful of groups); row by row the
+    # same numbers as each rate alone
+    k, n = (np.stack([rates[rate][i] for rate in RATES]) for i in (0, 1))
+    values: dict[str, object] = dict(zip(RATES, ratio(k, n), strict=True))
+    shown = [list(RATES).index(rate) for rate in _WITH_INTERVAL]
+    lower, upper = wilson_interval(k[shown], n[shown])
+    values.update({f"{rate}_ci": (lower[i], upper[i]) for i, rate in enumerate(_WITH_INTERVAL)})
     return GroupStats(samples=c[..., PRED_POS] + c[..., PRED_NEG], labelled=c[..., [TP, FP, TN, FN]].sum(axis=-1),
                       **values)  # type: ignore[arg-type]
 

@@ -16,7 +16,7 @@ so adding a metric is one entry here (see docs/adding-a-metric.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from statistics import NormalDist
@@ -32,7 +32,7 @@ from exporter.core.fairness import (
     IntArray,
     abs_interval,
     exact,
-    newcombe_interval,
+    newcombe,
     rate_counts,
     ratio,
     ratio_interval,
@@ -63,7 +63,15 @@ class MetricValues:
 
     def take(self, rows: slice | NDArray) -> MetricValues:
         """The same values restricted to some pairs (the field names read once: a fleet takes thousands)."""
-        return MetricValues(*(getattr(self, name)[rows] for name in _VALUE_FIELDS))
+        return MetricValues(self.value[rows], self.lower[rows], self.upper[rows], self.half_width[rows],
+                            self.support[rows])
+
+    def replaced(self, rows: NDArray, other: MetricValues) -> MetricValues:
+        """The same values with those of some pairs (``rows``) replaced by ``other``'s, in order."""
+        columns = [getattr(self, name).copy() for name in _VALUE_FIELDS]
+        for column, name in zip(columns, _VALUE_FIELDS, strict=True):
+            column[rows] = getattr(other, name)
+        return MetricValues(*columns)
 
 
 _VALUE_FIELDS: Final = tuple(f.name for f in fields(MetricValues))
@@ -115,11 +123,19 @@ class Metric:
     def evidence(self, lower: ArrayLike, upper: ArrayLike, threshold: float) -> NDArray[np.str_]:
         """Per interval: ``pass`` when it lies wholly on the passing side of the threshold, ``fail`` when wholly
         beyond it, else (or undefined) ``inconclusive``."""
+        good, bad = self._sides(lower, upper, threshold)
+        return np.where(good, "pass", np.where(bad, "fail", "inconclusive"))
+
+    def fails(self, lower: ArrayLike, upper: ArrayLike, threshold: float) -> NDArray[np.bool_]:
+        """Per interval: whether :meth:`evidence` says ``fail``."""
+        good, bad = self._sides(lower, upper, threshold)
+        return bad & ~good
+
+    def _sides(self, lower: ArrayLike, upper: ArrayLike, threshold: float) -> tuple[NDArray[np.bool_], ...]:
+        """(wholly on the passing side, wholly beyond) per interval."""
         lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
         with np.errstate(invalid="ignore"):  # NaN bounds compare False: inconclusive
-            good, bad = (hi <= threshold, lo > threshold) if self.kind == "difference" else \
-                (lo >= threshold, hi < threshold)  # fmt: skip
-        return np.where(good, "pass", np.where(bad, "fail", "inconclusive"))
+            return (hi <= threshold, lo > threshold) if self.kind == "difference" else (lo >= threshold, hi < threshold)
 
     def compute(self, counts: NDArray, a: NDArray, b: NDArray, rates: RateCounts | None = None,
                 comparisons: ArrayLike = 1, histogram: NDArray | None = None) -> MetricValues:  # fmt: skip
@@ -132,17 +148,8 @@ class Metric:
         labelled score histograms ``(n_groups, n_bins, 3)`` (negatives, positives, score sum per bin), which a
         score metric compares (without it, it has no value)."""
         family = np.broadcast_to(np.asarray(comparisons, dtype=np.int64), np.shape(a))
-        if self.scores:
-            if histogram is None:
-                nan = np.full(np.shape(a), np.nan)
-                return MetricValues(nan, nan, nan, nan, np.zeros(np.shape(a), dtype=np.int64))
-            return MetricValues(*self.scores(histogram, a, b, _zs(family)))
-        rates = {} if rates is None else rates
-        for rate in self.rates:
-            if rate not in rates:
-                rates[rate] = rate_counts(counts, rate)
-        return _difference(self, rates, a, b, family) if self.kind == "difference" else \
-            _ratio(self, rates, a, b, family)  # fmt: skip
+        (out,) = compute_many(counts, [(self, np.asarray(a), np.asarray(b), family)], rates, histogram)
+        return out
 
 
 RateCounts = dict[str, tuple[IntArray, IntArray]]
@@ -157,56 +164,127 @@ def _z(n_rates: int) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - CONFIDENCE) / (2 * n_rates))
 
 
-def _zs(intervals: IntArray) -> FloatArray | float:
-    """:func:`_z` per pair (a handful of distinct counts; one number when they are all the same, as for the 95%
-    intervals of every comparison)."""
-    if intervals.size == 0 or (intervals == intervals.flat[0]).all():
-        return _z(int(intervals.flat[0]) if intervals.size else 1)
-    values, inverse = np.unique(intervals, return_inverse=True)
-    return np.array([_z(int(v)) for v in values], dtype=np.float64)[inverse.reshape(np.shape(intervals))]
+def _zs(intervals: IntArray) -> FloatArray:
+    """:func:`_z` per pair (of a handful of distinct counts)."""
+    return _z_table(int(intervals.max(initial=1)))[intervals]
 
 
-def _newcombe(k: IntArray, n: IntArray, a: NDArray, b: NDArray, intervals: IntArray) -> tuple[FloatArray, FloatArray]:
-    """Newcombe's interval per pair at the level of one of ``intervals`` simultaneous ones. Bonferroni guarantees
-    its level only if each component reaches its own: method 10 covers its level on average but dips about 0.3
-    points below it (0.972 for 0.975 at rate 0.5, 100 per group), so a pair in a union (intervals > 1) uses the
-    continuity-corrected method 11, which stays above it."""
-    z, union = _zs(intervals), intervals > 1
-    if union.all() or not union.any():
-        return newcombe_interval(k[a], n[a], k[b], n[b], z, continuity=bool(union.all()) and union.size > 0)
-    plain = newcombe_interval(k[a], n[a], k[b], n[b], z)
-    corrected = newcombe_interval(k[a], n[a], k[b], n[b], z, continuity=True)
-    return np.where(union, corrected[0], plain[0]), np.where(union, corrected[1], plain[1])
+@cache
+def _z_table(largest: int) -> FloatArray:
+    """:func:`_z` of 1..largest at those positions (NaN at 0)."""
+    return np.array([math.nan, *(_z(n) for n in range(1, largest + 1))])
 
 
-def _difference(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray, family: IntArray) -> MetricValues:
-    intervals = len(metric.rates) * family
-    parts = []
-    for rate in metric.rates:
-        k, n = rates[rate]
-        lo, hi = _newcombe(k, n, a, b, intervals)
-        folded = abs_interval(lo, hi)
-        value = np.abs(ratio(k[a], n[a]) - ratio(k[b], n[b]))
-        parts.append((value, *folded, (hi - lo) / 2.0, np.minimum(n[a], n[b])))
-    # np.maximum propagates NaN: a metric with an undefined component is undefined.
-    value, lower, upper, half, _ = (np.maximum.reduce([p[i] for p in parts]) for i in range(5))
-    support = np.minimum.reduce([p[4] for p in parts])
-    return MetricValues(value, lower, upper, half, support.astype(np.int64))
+Request = tuple[Metric, NDArray, NDArray, NDArray]
+"""A metric for pairs ``(a[i], b[i])``, each pair's interval one of ``comparisons[i]`` (:meth:`Metric.compute`)."""
 
 
-def _ratio(metric: Metric, rates: RateCounts, a: NDArray, b: NDArray, family: IntArray) -> MetricValues:
-    (rate,) = metric.rates
-    k, n = rates[rate]
-    p = ratio(k, n)
-    a_is_low = p[a] <= p[b]
-    low, high = np.where(a_is_low, a, b), np.where(a_is_low, b, a)
-    defined = (k[low] > 0) & (k[high] > 0)  # a group with no success has no meaningful ratio
-    value = np.where(defined, ratio(k[low] * n[high], k[high] * n[low]), np.nan)
+def compute_many(counts: NDArray, requests: Sequence[Request], rates: RateCounts | None = None,
+                 histogram: NDArray | None = None) -> list[MetricValues]:  # fmt: skip
+    """:meth:`Metric.compute` of each request, all in one vectorised pass per kind (numpy's cost per call dominates
+    on a handful of pairs: a model's metrics, its simultaneous intervals and Holm's steps cost about one metric).
+    Each pair's numbers are those it has alone: every step is elementwise."""
+    rates = {} if rates is None else rates
+    for metric, *_ in requests:
+        for rate in metric.rates:
+            if rate not in rates:
+                rates[rate] = rate_counts(counts, rate)
+    out: list[MetricValues | None] = [None] * len(requests)
+    kinds: dict[object, list[int]] = {"difference": [], "ratio": []}
+    for i, (metric, *_) in enumerate(requests):
+        kinds.setdefault(metric.scores or metric.kind, []).append(i)
+    differences, ratios = kinds.pop("difference"), kinds.pop("ratio")
+    if differences or ratios:  # every rate's counts of every pair, gathered once
+        counted = [requests[i] for i in differences + ratios]
+        widths = [len(m.rates) for m, *_ in counted]
+        gathered = _gathered(rates, counted, [m.rates for m, *_ in counted])
+        cut = sum(len(a) * w for (_, a, _, _), w in zip(counted[: len(differences)], widths, strict=False))
+        found = _differences(counted[: len(differences)], widths, [g[:cut] for g in gathered]) + \
+            _ratios(counted[len(differences):], [g[cut:] for g in gathered])  # fmt: skip
+        for i, values in zip(differences + ratios, found, strict=True):
+            out[i] = values
+    for gap, members in kinds.items():
+        for i, values in zip(members, _score_gaps(gap, histogram, [requests[i] for i in members]),  # type: ignore[arg-type]
+                             strict=True):  # fmt: skip
+            out[i] = values
+    return out  # type: ignore[return-value]
+
+
+def _gathered(rates: RateCounts, requests: Sequence[Request], slots: Sequence[tuple[str, ...]]) -> list[NDArray]:
+    """For each request's pairs, repeated once per rate of its ``slots``: the rate's successes and trials of a, of
+    b, and the comparisons times the request's count of rates, concatenated."""
+    names = list(dict.fromkeys(r for rs in slots for r in rs))
+    k, n = (np.stack([rates[r][i] for r in names]) for i in (0, 1))
+    parts = [(names.index(r), a, b, f * len(rs)) for (_, a, b, f), rs in zip(requests, slots, strict=True)
+             for r in rs]  # fmt: skip
+    sizes = [len(a) for _, a, _, _ in parts]
+    which = np.repeat([w for w, *_ in parts], sizes)
+    a, b, family = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+    return [k[which, a], n[which, a], k[which, b], n[which, b], family]
+
+
+def _split(requests: Sequence[Request], widths: Sequence[int], columns: Sequence[NDArray]) -> list[MetricValues]:
+    """Cut the batch's columns (value, lower, upper, half-width, support) back per request; a request of ``w`` rates
+    (equalised odds) takes the largest of its ``w`` runs of pairs (the smallest support)."""
+    out, start = [], 0
+    for (_, a, _, _), w in zip(requests, widths, strict=True):
+        size = len(a)
+        part = slice(start, start + w * size)
+        start += w * size
+        if w == 1:
+            value, lower, upper, half, support = [c[part] for c in columns]
+        else:  # np.maximum propagates NaN: a metric with an undefined component is undefined.
+            value, lower, upper, half = (np.maximum.reduce(c[part].reshape(w, size)) for c in columns[:4])
+            support = np.minimum.reduce(columns[4][part].reshape(w, size))
+        out.append(MetricValues(value, lower, upper, half, support.astype(np.int64)))
+    return out
+
+
+def _differences(requests: Sequence[Request], widths: Sequence[int], gathered: Sequence[NDArray]) -> list[MetricValues]:
+    """Each difference metric's pairs, every rate of it an interval at the level of ``rates x comparisons``
+    simultaneous ones (Newcombe's; continuity-corrected in a union, see :func:`_newcombe_in_union`)."""
+    ka, na, kb, nb, intervals = gathered
+    d, lo, hi = newcombe(ka, na, kb, nb, _zs(intervals), _newcombe_in_union(intervals))
+    lower, upper = abs_interval(lo, hi)
+    columns = (np.abs(d), lower, upper, (hi - lo) / 2.0, np.minimum(na, nb))
+    return _split(requests, widths[: len(requests)], columns)
+
+
+def _newcombe_in_union(intervals: IntArray) -> NDArray[np.bool_]:
+    """Per pair, whether its Newcombe interval is one of a union (intervals > 1). Bonferroni guarantees its level only
+    if each component reaches its own: method 10 covers its level on average but dips about 0.3 points below it
+    (0.972 for 0.975 at rate 0.5, 100 per group), so a pair in a union uses the continuity-corrected method 11,
+    which stays above it."""
+    return np.asarray(intervals > 1)
+
+
+def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[MetricValues]:
+    """Each ratio metric's pairs: min/max of the two rates, a Katz interval at 95%/comparisons, clipped to 0..1."""
+    ka, na, kb, nb, family = gathered
+    a_is_low = ratio(ka, na) <= ratio(kb, nb)
+    k_low, k_high = np.where(a_is_low, ka, kb), np.where(a_is_low, kb, ka)
+    n_low, n_high = np.where(a_is_low, na, nb), np.where(a_is_low, nb, na)
+    defined = (k_low > 0) & (k_high > 0)  # a group with no success has no meaningful ratio
+    value = np.where(defined, ratio(k_low * n_high, k_high * n_low), np.nan)
     # alone, Z_95 as the ratio always had (inv_cdf differs in the last bit: reports stay bit for bit the same)
-    lo, hi = ratio_interval(k[low], n[low], k[high], n[high], np.where(family > 1, _zs(family), Z_95))
+    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, _zs(family), Z_95))
     lower = np.where(defined, np.clip(lo, 0.0, 1.0), np.nan)
     upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
-    return MetricValues(value, lower, upper, (upper - lower) / 2.0, np.minimum(n[a], n[b]).astype(np.int64))
+    columns = (value, lower, upper, (upper - lower) / 2.0, np.minimum(na, nb))
+    return _split(requests, [1] * len(requests), columns)
+
+
+def _score_gaps(gap: ScoreGap, histogram: NDArray | None, requests: Sequence[Request]) -> list[MetricValues]:
+    """Each score metric's pairs (of one function), compared from the groups' labelled score histograms."""
+    a = np.concatenate([a for _, a, _, _ in requests])
+    if histogram is None:
+        nan = np.full(np.shape(a), np.nan)
+        columns: tuple[NDArray, ...] = (nan, nan, nan, nan, np.zeros(np.shape(a), dtype=np.int64))
+    else:
+        b = np.concatenate([b for _, _, b, _ in requests])
+        family = np.concatenate([np.broadcast_to(f, np.shape(a_)) for _, a_, _, f in requests])
+        columns = gap(histogram, a, b, _zs(family))
+    return _split(requests, [1] * len(requests), columns)
 
 
 # fmt: off
@@ -271,14 +349,16 @@ class Comparisons:
 
 
 def compare(counts: NDArray, group_a: NDArray, group_b: NDArray, metrics: Iterable[str] = METRICS,
-            histogram: NDArray | None = None) -> Comparisons:  # fmt: skip
+            histogram: NDArray | None = None, rates: RateCounts | None = None) -> Comparisons:  # fmt: skip
     """The named metrics (default: every metric of :data:`METRICS`) for each pair of rows of ``counts`` (and of
-    ``histogram``, the groups' labelled score histograms, for the score metrics)."""
+    ``histogram``, the groups' labelled score histograms, for the score metrics), in one pass (``rates``: as for
+    :func:`compute_many`)."""
     a = np.asarray(group_a, dtype=np.int64)
     b = np.asarray(group_b, dtype=np.int64)
-    c = exact(counts)
-    rates: RateCounts = {}
-    return Comparisons(a, b, {name: METRICS[name].compute(c, a, b, rates, histogram=histogram) for name in metrics})
+    names = tuple(metrics)
+    ones = np.ones(np.shape(a), dtype=np.int64)
+    found = compute_many(exact(counts), [(METRICS[name], a, b, ones) for name in names], rates, histogram)
+    return Comparisons(a, b, dict(zip(names, found, strict=True)))
 
 
 def samples_to_decide(half_width: float, value: float, threshold: float, samples: Mapping[str, float]) -> \
