@@ -29,6 +29,7 @@ from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.core.side_table import id_text
+from exporter.stream.decode import seldon_batch
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
@@ -191,6 +192,9 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     ``counted``: the component whose log a model counts (:func:`components`), others ignored."""
     out = Halves()
     response = topic == response_topic if response_topic else None
+    fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
+    if fast is not None:
+        return Halves(fast, at=list(range(len(records))))
     for i, (value, raw_headers, key, ms) in enumerate(records):
         headers = headers_of(raw_headers)
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]

@@ -1,0 +1,79 @@
+"""A poll of Seldon records made by MLServer is read in one pass (exporter/stream/decode/seldon_batch.py) into
+exactly the halves each record gives read alone; a poll it does not certify (JSON, a broken record, records of
+another shape) is read record by record, with the same refusals."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from payload_logs import platform_records
+
+from exporter.stream.decode import seldon_batch
+from exporter.stream.decode.oip import BadPayload
+from exporter.stream.decode.payload import Raw, read_halves
+from exporter.stream.decode.platforms import headers_of, seldon_half
+
+
+def _one_by_one(topic: str, records: list[Raw]) -> list[Any]:
+    out: list[Any] = []
+    for value, headers, key, ms in records:
+        try:
+            out.append(seldon_half(value, headers_of(headers), key, topic, ms))
+        except BadPayload as exc:
+            out.append(exc.reason)
+    return out
+
+
+def _polls(calls: list[dict[str, Any]], tmp_path: Path) -> dict[str, list[Raw]]:
+    polls: dict[str, list[Raw]] = defaultdict(list)
+    for i, (topic, _, (value, headers, key)) in enumerate(platform_records("seldon", calls, tmp_path)):
+        polls[topic].append((value, headers, key, 1_800_000_000_000 + i))
+    return polls
+
+
+def _calls(rng: random.Random, model: str, n: int, rows: int, **variant: Any) -> list[dict[str, Any]]:
+    return [{"model": model, "namespace": "ns", "id": str(uuid.UUID(int=rng.getrandbits(128))), "partition": 0,
+             "pipeline": (None, "scoring")[k % 2], "json": False, "raw": False,
+             "columns": {"gender": [rng.choice(["male", "female", "ünknown"]) for _ in range(rows)],
+                         "age": [rng.randint(-(2**40), 2**40) for _ in range(rows)]},
+             "headers": {"x-region": rng.choice(["north", "south"])},
+             "scores": [rng.random() for _ in range(rows)], **variant} for k in range(n)]  # fmt: skip
+
+
+def test_a_usual_poll_is_read_in_one_pass_into_the_halves_of_each_record_read_alone(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    calls = (_calls(rng, "typed", 40, 3) + _calls(rng, "raw", 40, 2, raw=True) + _calls(rng, "one", 30, 1)
+             + _calls(rng, "bare", 20, 4, typed_header=False))  # fmt: skip
+    polls = _polls(calls, tmp_path)
+    assert len(polls) == 8
+    for topic, records in polls.items():
+        model = topic.split(".")[-2]
+        fast = seldon_batch.halves(topic, records, {model}, None)
+        assert fast is not None, topic  # each of these polls is the usual one
+        alone = _one_by_one(topic, records)
+        assert fast == alone
+        assert read_halves("seldon", topic, records, {model}).halves == alone
+        assert all(h.rows == len(h.columns["gender" if "inputs" in topic else "proba"]) for h in fast)
+
+
+def test_a_poll_it_does_not_certify_is_read_record_by_record_with_the_same_refusals(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    polls = _polls(_calls(rng, "m", 12, 2) + _calls(rng, "m", 3, 5) + _calls(rng, "m", 2, 2, json=True), tmp_path)
+    requests = polls["seldon.ns.model.m.inputs"]
+    shapes_differ = requests[:15]  # 2-row and 5-row calls in one poll
+    broken = requests[:12]
+    broken[4] = (broken[4][0][:-3], *broken[4][1:])  # cut short: malformed_payload
+    broken[7] = (broken[7][0].replace(b"male", b"ma\xffe", 1), *broken[7][1:])  # not UTF-8
+    broken[9] = (None, *broken[9][1:])
+    for poll in (shapes_differ, broken, requests):  # requests: with two JSON records
+        assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
+        read = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
+        alone = _one_by_one("seldon.ns.model.m.inputs", poll)
+        assert read.halves == [h for h in alone if not isinstance(h, str)]
+        assert [reason for _, reason, _, _ in read.rejected] == [h for h in alone if isinstance(h, str)]
+    assert [h for h in _one_by_one("seldon.ns.model.m.inputs", broken) if isinstance(h, str)] == [
+        "malformed_payload", "not_utf8", "malformed_payload"]
