@@ -1,6 +1,7 @@
 """A poll of Seldon records made by MLServer is read in one pass (exporter/stream/decode/seldon_batch.py) into
 exactly the halves each record gives read alone; a poll it does not certify (JSON, a broken record, records of
-another shape) is read record by record, with the same refusals."""
+another shape) is read record by record, with the same refusals. A batch of joined pairs counts and refuses each
+pair as a batch of that pair alone would."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any
 
 from payload_logs import platform_records
 
+from exporter.config import parse_config
 from exporter.stream.decode import seldon_batch
 from exporter.stream.decode.oip import BadPayload
-from exporter.stream.decode.payload import Raw, read_halves
-from exporter.stream.decode.platforms import headers_of, seldon_half
+from exporter.stream.decode.payload import PayloadRows, Raw, read_halves
+from exporter.stream.decode.platforms import Half, headers_of, seldon_half
 
 
 def _one_by_one(topic: str, records: list[Raw]) -> list[Any]:
@@ -77,3 +79,37 @@ def test_a_poll_it_does_not_certify_is_read_record_by_record_with_the_same_refus
         assert [reason for _, reason, _, _ in read.rejected] == [h for h in alone if isinstance(h, str)]
     assert [h for h in _one_by_one("seldon.ns.model.m.inputs", broken) if isinstance(h, str)] == [
         "malformed_payload", "not_utf8", "malformed_payload"]
+
+
+def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_alone() -> None:
+    """The value rule is checked over the whole batch at once, and pair by pair only when it fails somewhere."""
+    attributes = [{"name": "gender", "groups": ["male", "female"]}]
+    scored = parse_config({"model_id": "m", "events": {"format": "kserve", "prediction": "p", "score_threshold": 0.5},
+                           "protected_attributes": attributes}).models[0]  # fmt: skip
+    labelled = parse_config({"model_id": "m", "events": {"format": "kserve", "prediction": "p"},
+                             "protected_attributes": attributes}).models[0]  # fmt: skip
+    t = 1_800_000_000.0
+
+    def pair(k: int, values: list[Any], time: float | None = t, column: str = "p") -> tuple[Half, Half]:
+        rows = len(values)
+        request = Half(f"c{k}", False, "m", time, rows, {"gender": ["male", "female", "x"][:rows]})
+        return request, Half(f"c{k}", True, "m", time, rows, {column: values})
+
+    for model, good, bad in ((scored, [[0.25, 1.0], [0.0], [1, 0.5, 0.75]], [[float("nan")], [1.5], [True], ["0.3"],
+                                                                            [0.5, -0.1]]),
+                             (labelled, [[0, 1], [1.0], [True, False, 1]], [[2], ["1"], [0.5, 1], [None]])):  # fmt: skip
+        pairs = [pair(k, v) for k, v in enumerate(good + bad)]
+        pairs += [pair(90, [0.5], time=None), pair(91, [0.5], time=t + 3600), pair(92, [0.5], column="other")]
+        rng = random.Random(len(pairs))
+        for trial in range(20):
+            chosen = rng.sample(pairs, k=rng.randint(1, len(pairs))) if trial else pairs
+            rows = PayloadRows(model, 300.0)
+            batch, refused = rows.batch(chosen, t)
+            alone = [rows.batch([p], t) for p in chosen]
+            assert [(h.pair, reason) for h, reason in refused] == [(h.pair, reason) for _, r in alone
+                                                                    for h, reason in r]  # fmt: skip
+            assert batch.prediction_ids == [i for b, _ in alone for i in b.prediction_ids]
+            assert batch.predictions.tolist() == [p for b, _ in alone for p in b.predictions.tolist()]
+            assert batch.codes["gender"].tolist() == [c for b, _ in alone for c in b.codes["gender"].tolist()]
+        batch, refused = PayloadRows(model, 300.0).batch(pairs, t)
+        assert len(refused) == len(bad) + 3 and len(batch.predictions) == sum(map(len, good))

@@ -19,7 +19,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any, Final
 
 import numpy as np
@@ -247,18 +247,19 @@ class PayloadRows:
         # each attribute's, id's and segment's cells: the request's column, else the response's, else a logged header
         cells_of = [*raw_codes, *sides, *segments.values()]
         read = [*self.read, *(c for _, c in self.sides), *segments]
-        refused: list[tuple[Half, str]] = []
-        for request, response in pairs:
-            reason = self._rule(request, response, latest)
-            if reason is not None:
-                refused.append((request, reason))
+        reasons = [self._rule(request, response, latest) for request, response in pairs]
+        found_of = [None if reason else self._found(request, response)
+                    for (request, response), reason in zip(pairs, reasons, strict=True)]  # fmt: skip
+        if not self._valid(list(chain.from_iterable(f for f in found_of if f is not None))):  # which pairs break it
+            reasons = [reason or self._values_rule(found)  # type: ignore[arg-type]  # found: None where refused
+                       for reason, found in zip(reasons, found_of, strict=True)]  # fmt: skip
+        refused = [(request, reason) for (request, _), reason in zip(pairs, reasons, strict=True) if reason]
+        for (request, response), reason, found in zip(pairs, reasons, found_of, strict=True):
+            if reason:
                 continue
             n = request.rows
             stamps += [request.time] * n  # type: ignore[list-item]  # _rule checked it
-            found = response.columns.get(self.column)
-            if found is None:
-                found = request.columns[self.column]
-            values += found
+            values += found  # type: ignore[arg-type]  # not refused: found
             call = request.id
             ids += [call] if n == 1 else map(call.__add__, _suffixes(n))
             for k, column in enumerate(read):
@@ -295,18 +296,25 @@ class PayloadRows:
             return "missing_field"
         if request.time > latest:
             return "future_timestamp"
-        found = response.columns.get(self.column)
-        if found is None:
-            found = request.columns.get(self.column)
-        if found is None:
+        if self._found(request, response) is None:
             return "missing_field"
-        if self.threshold is not None:
-            if not set(map(type, found)) <= _NUMBERS or not (all(map(_ZERO.__le__, found)) and
-                                                             all(map(_ONE.__ge__, found))):  # fmt: skip
-                return "invalid_score"  # not a number (a bool is none), or outside [0, 1] (NaN too)
-        elif not all(map(is_binary, found)):
-            return "invalid_prediction"
-        return None
+        return None  # the values' own rule: _values_rule, checked for a whole batch at once
+
+    def _found(self, request: Half, response: Half) -> list[Any] | None:
+        """The pair's predictions (or scores): the response's column, else the request's."""
+        found = response.columns.get(self.column)
+        return request.columns.get(self.column) if found is None else found
+
+    def _values_rule(self, found: list[Any]) -> str | None:
+        """Why a pair's predictions (or scores) cannot be counted, or None."""
+        if self._valid(found):
+            return None
+        return "invalid_score" if self.threshold is not None else "invalid_prediction"
+
+    def _valid(self, found: list[Any]) -> bool:
+        if self.threshold is not None:  # a number (a bool is none) within [0, 1] (NaN is not)
+            return set(map(type, found)) <= _NUMBERS and all(map(_ZERO.__le__, found)) and all(map(_ONE.__ge__, found))
+        return all(map(is_binary, found))
 
 
 _NUMBERS: Final = frozenset({float, int})

@@ -182,7 +182,7 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
         return None  # an empty value, or a schema-registry framing
     headers = list(map(headers_of, (r[1] for r in records)))
     kinds = set(map(_header_text, {h.get("seldon-infer-type") for h in headers}))
-    if any(SELDON_TYPES.get(kind) for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
+    if any(SELDON_TYPES.get(kind or "") for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
             v.lstrip()[:1] == b"{" for v in values)):  # fmt: skip
         return None  # JSON (or, without the header, maybe: the check looks at every record then)
     columns = _columns(values, response)
