@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections import defaultdict
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +96,9 @@ def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_a
         request = Half(f"c{k}", False, "m", time, rows, {"gender": ["male", "female", "x"][:rows]})
         return request, Half(f"c{k}", True, "m", time, rows, {column: values})
 
-    for model, good, bad in ((scored, [[0.25, 1.0], [0.0], [1, 0.5, 0.75]], [[float("nan")], [1.5], [True], ["0.3"],
-                                                                            [0.5, -0.1]]),
-                             (labelled, [[0, 1], [1.0], [True, False, 1]], [[2], ["1"], [0.5, 1], [None]])):  # fmt: skip
+    cases = ((scored, [[0.25, 1.0], [0.0], [1, 0.5, 0.75]], [[float("nan")], [1.5], [True], ["0.3"], [0.5, -0.1]]),
+             (labelled, [[0, 1], [1.0], [True, False, 1]], [[2], ["1"], [0.5, 1], [None]]))
+    for model, good, bad in cases:
         pairs = [pair(k, v) for k, v in enumerate(good + bad)]
         pairs += [pair(90, [0.5], time=None), pair(91, [0.5], time=t + 3600), pair(92, [0.5], column="other")]
         rng = random.Random(len(pairs))
@@ -111,5 +112,10 @@ def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_a
             assert batch.prediction_ids == [i for b, _ in alone for i in b.prediction_ids]
             assert batch.predictions.tolist() == [p for b, _ in alone for p in b.predictions.tolist()]
             assert batch.codes["gender"].tolist() == [c for b, _ in alone for c in b.codes["gender"].tolist()]
+            assert len(batch.predictions) == len(batch.timestamps) == len(batch.prediction_ids)
         batch, refused = PayloadRows(model, 300.0).batch(pairs, t)
-        assert len(refused) == len(bad) + 3 and len(batch.predictions) == sum(map(len, good))
+        assert [reason for _, reason in refused] == [
+            "invalid_score" if model is scored else "invalid_prediction"] * len(bad) + [
+            "missing_field", "future_timestamp", "missing_field"]  # fmt: skip
+        assert batch.predictions.tolist() == [int(v >= 0.5) for v in chain.from_iterable(good)]
+        assert batch.prediction_ids == ["c0:0", "c0:1", "c1", "c2:0", "c2:1", "c2:2"]
