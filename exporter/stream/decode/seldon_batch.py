@@ -21,7 +21,7 @@ anything else is left to the record-by-record path (None). Tensor shapes are che
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from functools import cache, lru_cache
 from itertools import accumulate, chain, repeat
 from typing import Any, Final
@@ -189,19 +189,25 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     if columns is None:
         return None
     ids, rows, tables = columns
-    out = []
-    at_ms = [r[3] / 1000 if r[3] > 0 else None for r in records]
-    for h, key, own, n, table, when, value in zip(headers, (r[2] for r in records), ids, rows, tables, at_ms,
-                                                  values, strict=True):  # fmt: skip
-        pid = _header_text(h.get("x-request-id")) or _header_text(key) or own
-        if not pid:
-            return None
-        pipeline = _header_text(h.get("pipeline"))
-        metadata = {} if response or h.keys() <= SELDON_RESERVED else {
-            k: _header_text(v) for k, v in h.items() if k not in SELDON_RESERVED}  # fmt: skip
-        out.append(Half(f"{pipeline}.{pid}" if pipeline else pid, response, model, when, n, table, value,
-                               metadata, pid if pipeline else None))  # fmt: skip
-    return out
+    pids = [p or _header_text(r[2]) or own for p, r, own in zip(_texts(h.get("x-request-id") for h in headers), records,
+                                                                  ids, strict=True)]  # fmt: skip
+    if not all(pids):
+        return None  # refused (no id) record by record
+    pipelines = _texts(h.get("pipeline") for h in headers)
+    metadata = [{} if response or h.keys() <= SELDON_RESERVED else {
+        k: _header_text(v) for k, v in h.items() if k not in SELDON_RESERVED} for h in headers]  # fmt: skip
+    return [Half(f"{pipeline}.{pid}" if pipeline else pid, response, model, r[3] / 1000 if r[3] > 0 else None, n,
+                 table, r[0], found, pid if pipeline else None)
+            for pid, pipeline, r, n, table, found in zip(pids, pipelines, records, rows, tables, metadata, strict=True)]
+
+
+def _texts(values: Iterable[bytes | None]) -> list[str | None]:
+    """Header values as text, as ``platforms._text`` reads each (one not UTF-8: None)."""
+    found = list(values)
+    try:
+        return [v if v is None else v.decode() for v in found]
+    except UnicodeDecodeError:
+        return list(map(_header_text, found))
 
 
 def _columns(values: list[bytes], response: bool) -> Read | None:
