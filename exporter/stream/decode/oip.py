@@ -111,7 +111,7 @@ def json_tensors(tensors: Any, out: Columns) -> int | None:
         name, shape, datatype, data = get("name"), get("shape"), get("datatype"), get("data")
         if name.__class__ is not str or shape.__class__ is not list or data.__class__ is not list:
             raise BadPayload("malformed_payload")
-        if datatype not in DATATYPES:
+        if datatype.__class__ is not str or datatype not in DATATYPES:  # a list or an object: no datatype either
             raise BadPayload("unknown_datatype")
         if datatype == "BYTES" and _content_type(get("parameters")) == "base64":
             raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
