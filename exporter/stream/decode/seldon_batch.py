@@ -42,6 +42,8 @@ _FIELDS: Final = {name: number for number, name in enumerate(
 """``InferTensorContents``' fields by name: their numbers."""
 _FIXED: Final = {"fp32_contents": "<f4", "fp64_contents": "<f8"}
 """Packed fields of fixed width: read by numpy from their bytes (the same float the runtime gives)."""
+_MOST_BYTES: Final = 1 << 30
+"""A poll's records larger than this together are read record by record (a protobuf message holds under 2 GiB)."""
 _HIGH: Final = bytes(range(128, 256))
 """Varint continuation bytes: a packed varint field has as many values as bytes outside these."""
 
@@ -178,8 +180,8 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     if response is None or model is None or model not in models or not records:
         return None
     values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]  # None: refused by the check below
-    if not all(values) or any(v[:1] == b"\x00" for v in values):
-        return None  # an empty value, or a schema-registry framing
+    if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > _MOST_BYTES:
+        return None  # an empty value, a schema-registry framing, or more than one message may hold
     headers = list(map(headers_of, (r[1] for r in records)))
     kinds = set(map(_header_text, {h.get("seldon-infer-type") for h in headers}))
     if any(SELDON_TYPES.get(kind or "") for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
