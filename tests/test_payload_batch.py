@@ -1,6 +1,6 @@
 """A poll of Seldon records made by MLServer is read in one pass (exporter/stream/decode/seldon_batch.py) into
-exactly the halves each record gives read alone; a poll it does not certify (JSON, a broken record, records of
-another shape) is read record by record, with the same refusals. A batch of joined pairs counts and refuses each
+exactly the halves each record gives read alone; a poll it does not certify (JSON, a broken record) is read record
+by record, with the same refusals. A batch of joined pairs counts and refuses each
 pair as a batch of that pair alone would."""
 
 from __future__ import annotations
@@ -50,9 +50,11 @@ def _calls(rng: random.Random, model: str, n: int, rows: int, **variant: Any) ->
 def test_a_usual_poll_is_read_in_one_pass_into_the_halves_of_each_record_read_alone(tmp_path: Path) -> None:
     rng = random.Random(3)
     calls = (_calls(rng, "typed", 40, 3) + _calls(rng, "raw", 40, 2, raw=True) + _calls(rng, "one", 30, 1)
-             + _calls(rng, "bare", 20, 4, typed_header=False))  # fmt: skip
+             + _calls(rng, "bare", 20, 4, typed_header=False) + _calls(rng, "sizes", 10, 2) + _calls(rng, "sizes", 5, 7)
+             + _calls(rng, "sizes", 5, 1) + _calls(rng, "raw_sizes", 5, 3, raw=True)
+             + _calls(rng, "raw_sizes", 5, 1, raw=True))  # fmt: skip
     polls = _polls(calls, tmp_path)
-    assert len(polls) == 8
+    assert len(polls) == 12
     for topic, records in polls.items():
         model = topic.split(".")[-2]
         fast = seldon_batch.halves(topic, records, {model}, None)
@@ -65,14 +67,13 @@ def test_a_usual_poll_is_read_in_one_pass_into_the_halves_of_each_record_read_al
 
 def test_a_poll_it_does_not_certify_is_read_record_by_record_with_the_same_refusals(tmp_path: Path) -> None:
     rng = random.Random(4)
-    polls = _polls(_calls(rng, "m", 12, 2) + _calls(rng, "m", 3, 5) + _calls(rng, "m", 2, 2, json=True), tmp_path)
+    polls = _polls(_calls(rng, "m", 12, 2) + _calls(rng, "m", 2, 2, json=True), tmp_path)
     requests = polls["seldon.ns.model.m.inputs"]
-    shapes_differ = requests[:15]  # 2-row and 5-row calls in one poll
     broken = requests[:12]
     broken[4] = (broken[4][0][:-3], *broken[4][1:])  # cut short: malformed_payload
     broken[7] = (broken[7][0].replace(b"male", b"ma\xffe", 1), *broken[7][1:])  # not UTF-8
     broken[9] = (None, *broken[9][1:])
-    for poll in (shapes_differ, broken, requests):  # requests: with two JSON records
+    for poll in (broken, requests):  # requests: with two JSON records
         assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
         read = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
         alone = _one_by_one("seldon.ns.model.m.inputs", poll)

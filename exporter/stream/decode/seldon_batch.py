@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from functools import cache, lru_cache
 from itertools import accumulate, chain, repeat
+from operator import itemgetter
 from typing import Any, Final
 
 import numpy as np
@@ -129,19 +130,18 @@ def _each(values: list[Any], sep: Any, n: int, per: int) -> list[Any] | None:
     return values
 
 
-def _uniform(values: list[Any], sep: Any, counts: list[int], n: int) -> list[Any] | None:
-    """The values of ``n`` records laid out alike: ``counts[j]`` values of a record's tensor j, each tensor's
-    followed by ``sep``; None if the list is not laid out so. (``values`` is emptied of its separators.)"""
-    stride = sum(counts) + len(counts)
-    if len(values) != n * stride or values.count(sep) != n * len(counts):
-        return None
+def _laid_out(values: list[Any], sep: Any, counts: list[int]) -> list[Any] | None:
+    """The values of groups of ``counts`` values each, every group followed by ``sep``; None if the list is not
+    laid out so."""
     ends = list(accumulate(c + 1 for c in counts))
-    if any(values[e - 1 :: stride].count(sep) != n for e in ends):
+    if not ends or len(values) != ends[-1] or values.count(sep) != len(counts):
         return None
-    for e in reversed(ends):  # the last separator of each record first: the earlier keep their places
-        del values[e - 1 :: stride]
-        stride -= 1
-    return values
+    marks = itemgetter(*(e - 1 for e in ends))(values)
+    if (marks.count(sep) if len(counts) > 1 else int(marks == sep)) != len(counts):
+        return None
+    if len(values) == len(counts):
+        return []
+    return np.delete(np.array(values, dtype=object), np.asarray(ends) - 1).tolist()
 
 
 @lru_cache(maxsize=1024)
@@ -242,8 +242,7 @@ Read = tuple[list[str | None], list[int], list[dict[str, Any]]]
 
 def _tensor_columns(tensors: list[bytes], sep: bytes, width: int, raws: list[bytes],
                     ids: list[str | None]) -> Read | None:  # fmt: skip
-    """Each record's id, rows and columns from its ``width`` tensors (in ``tensors``, record after record), when
-    every record's tensor j has the same name, datatype and shape."""
+    """Each record's id, rows and columns from its ``width`` tensors (in ``tensors``, record after record)."""
     from google.protobuf.unknown_fields import UnknownFieldSet
 
     n, nt = len(ids), len(tensors)
@@ -257,54 +256,50 @@ def _tensor_columns(tensors: list[bytes], sep: bytes, width: int, raws: list[byt
     shapes = _each(list(found.shape), _SEP_BYTES, nt, 1)
     if names is None or datatypes is None or shapes is None:
         return None
-    for j in range(width):
-        if any(column[j::width].count(column[j]) != n for column in (names, datatypes, shapes)):
-            return None  # records unlike: record by record
-    plans: list[Any] = list(map(_plan, names[:width], datatypes[:width], shapes[:width]))
-    if None in plans or any(p[0] != plans[0][0] for p in plans):
-        return None  # refused record by record (unequal_rows among them)
+    plans: list[Any] = list(map(_plan, names, datatypes, shapes))
+    if None in plans:
+        return None
+    tensor_rows = [p[0] for p in plans]
+    rows = tensor_rows[::width]
+    if tensor_rows.count(rows[0]) != nt and any(tensor_rows[r * width : (r + 1) * width].count(rows[r]) != width
+                                                for r in range(n)):  # fmt: skip
+        return None  # unequal_rows: refused record by record
     contents = None if raws else _each(list(found.contents), _SEP_BYTES, nt, 1)
     tensor_values: list[Any]
     try:
         if raws:
-            tensor_values = [_raw(raws[j::width], datatypes[j], plans[j]) for j in range(width)]
+            tensor_values = list(map(_raw, raws, datatypes, plans))
         elif contents is not None:
-            tensor_values = _typed(contents, plans, n)
+            tensor_values = _typed(contents, plans)
         else:
             return None
     except BadPayload:
         return None
-    if any(v is None for v in tensor_values):
+    if None in tensor_values:
         return None
-    columns: list[str] = []
-    cells: list[list[Any]] = []
-    for plan, values in zip(plans, tensor_values, strict=True):
+    if all(len(p[2]) == 1 for p in plans):
+        cells = list(zip([p[2][0] for p in plans], tensor_values, strict=True))
+        return ids, rows, [dict(cells[i : i + width]) for i in range(0, nt, width)]
+    tables: list[dict[str, Any]] = [{} for _ in ids]
+    for k, (plan, values) in enumerate(zip(plans, tensor_values, strict=True)):
         named = plan[2]
-        columns += named
-        cells += [values] if len(named) == 1 else [[v[i :: len(named)] for v in values] for i in range(len(named))]
-    return ids, [plans[0][0]] * n, [dict(zip(columns, row, strict=True)) for row in zip(*cells, strict=True)]
+        for i, column in enumerate(named):
+            tables[k // width][column] = values if len(named) == 1 else values[i :: len(named)]
+    return ids, rows, tables
 
 
-def _raw(raws: list[bytes], datatype: str, plan: tuple[int, int, tuple[str, ...], str]) -> list[list[Any]] | None:
-    """The values of one tensor of each record from its raw contents, as ``proto_body`` reads them; None when
-    they are not its shape's count."""
-    dtype, count = DATATYPES[datatype], plan[1]
-    if dtype is not None:
-        size = np.dtype(dtype).itemsize
-        if list(map(len, raws)).count(count * size) != len(raws):
-            return None
-        return np.frombuffer(b"".join(raws), dtype=dtype).reshape(len(raws), count).tolist()
-    values = [_raw_values(raw, datatype) for raw in raws]
-    if list(map(len, values)).count(count) != len(values):
+def _raw(raw: bytes, datatype: str, plan: tuple[int, int, tuple[str, ...], str]) -> list[Any] | None:
+    """A tensor's values from its raw contents, as ``proto_body`` reads them; None when they are not its shape's
+    count."""
+    values = _raw_values(raw, datatype)
+    if len(values) != plan[1]:
         return None
-    text = _text(list(chain.from_iterable(values)))
-    return [text[i : i + count] for i in range(0, count * len(values), count)] if count else [[] for _ in raws]
+    return _text(values) if datatype == "BYTES" else values
 
 
-def _typed(contents: list[bytes], plans: list[Any], n: int) -> list[Any]:
-    """The values of each of a record's tensors, one list per record, from the typed contents (bytes) of all
-    records' tensors, by each plan's field as ``proto_body`` reads them; None for a tensor whose values are not
-    exactly its shape's count in every record, or lie in another layout."""
+def _typed(contents: list[bytes], plans: list[Any]) -> list[Any]:
+    """Each tensor's values from its typed contents (bytes), by its plan's field, as ``proto_body`` reads them; None
+    for a tensor whose values are not exactly its shape's count, or lie in another layout."""
     from google.protobuf.unknown_fields import UnknownFieldSet
 
     flat = _flat()
@@ -317,33 +312,35 @@ def _typed(contents: list[bytes], plans: list[Any], n: int) -> list[Any]:
         if any(f.field_number == number for f in UnknownFieldSet(parsed)):
             return out  # packed and unpacked values mixed: the flat view would miss some
         listed = list(getattr(parsed, field))
-        found = _uniform(listed, _SEP_BYTES, counts if field == "bytes_contents" else [min(c, 1) for c in counts], n)
-        if found is None:
-            return out
         if field == "bytes_contents":
-            everything: np.ndarray | None = np.array(_text(found), dtype=object)
+            found = _laid_out(listed, _SEP_BYTES, counts)
+            everything = _text(found) if found else found
         else:
-            everything = _numbers(found, field, number, [c for c in counts if c], n) if found else np.zeros(0)
+            blobs = _laid_out(listed, _SEP_BYTES, [min(c, 1) for c in counts])
+            everything = _numbers(blobs, field, number, [c for c in counts if c]) if blobs else blobs
         if everything is None:
             return out
-        table = everything.reshape(n, sum(counts))
-        at = 0
-        for j, c in enumerate(counts):
-            if plans[j][3] == field:
-                out[j] = table[:, at : at + c].tolist()
-            at += c
+        mine = [k for k, p in enumerate(plans) if p[3] == field]
+        sizes = [counts[k] for k in mine]
+        size = sizes[0]
+        if size and sizes.count(size) == len(sizes):
+            pieces = [everything[at : at + size] for at in range(0, size * len(sizes), size)]
+        else:
+            pieces = [everything[end - c : end] for end, c in zip(accumulate(sizes), sizes, strict=True)]
+        for k, piece in zip(mine, pieces, strict=True):
+            out[k] = piece
     return out
 
 
-def _numbers(blobs: list[bytes], field: str, number: int, counts: list[int], n: int) -> np.ndarray | None:
-    """The values of packed numbers (one blob per tensor, record after record), as the runtime reads them; None
-    when a blob does not hold its tensor's count."""
+def _numbers(blobs: list[bytes], field: str, number: int, counts: list[int]) -> list[Any] | None:
+    """The values of packed numbers (one blob per tensor), as the runtime reads them; None when a blob does not
+    hold its tensor's count."""
     if field in _FIXED:
         size = np.dtype(_FIXED[field]).itemsize
-        if list(map(len, blobs)) != [c * size for c in counts] * n:
+        if list(map(len, blobs)) != [c * size for c in counts]:
             return None
-        return np.frombuffer(b"".join(blobs), dtype=_FIXED[field])
-    if [len(b.translate(None, _HIGH)) for b in blobs] != counts * n:
+        return np.frombuffer(b"".join(blobs), dtype=_FIXED[field]).tolist()
+    if [len(b.translate(None, _HIGH)) for b in blobs] != counts:
         return None
     typed = _flat()["Typed"].FromString(b"".join(map(_field, repeat(number), blobs)))
-    return np.array(list(getattr(typed, field)), dtype=object)
+    return list(getattr(typed, field))
