@@ -14,9 +14,10 @@ Reading a message's tensors through the protobuf runtime costs a Python step per
    (packed bytes) and contents (BYTES elements, packed numbers as bytes) in one list each.
 
 Only the usual poll is read here: each record protobuf, each tensor with exactly one name, datatype and shape,
-the same number of tensors in every record, each tensor's contents exactly its shape's count, no record refused;
-anything else is left to the record-by-record path (None). Tensor shapes are checked once per distinct
-(name, datatype, shape) by the rules of :func:`~exporter.stream.decode.oip.proto_body`.
+the same number of tensors in every record, raw contents in every record or in none, each tensor's contents
+exactly its shape's count, no record refused; anything else is left to the record-by-record path (None). Tensor
+shapes are checked once per distinct (name, datatype, shape) by the rules of
+:func:`~exporter.stream.decode.oip.proto_body`.
 """
 
 from __future__ import annotations
