@@ -145,6 +145,7 @@ def _json_object(data: bytes | str) -> dict[str, Any]:
         raise BadPayload("malformed_payload")
     return found
 
+
 def _attributes(headers: Headers) -> dict[str, str | None]:
     """A binary-mode CloudEvent's attributes from its ``ce_*`` headers (one not UTF-8 reads as missing)."""
     found = list(map(headers.get, _HEADERS))
