@@ -16,7 +16,7 @@ from payload_logs import platform_records
 
 from exporter.config import parse_config
 from exporter.stream.decode import seldon_batch
-from exporter.stream.decode.oip import BadPayload
+from exporter.stream.decode.oip import BadPayload, messages
 from exporter.stream.decode.payload import PayloadRows, Raw, read_halves
 from exporter.stream.decode.platforms import Half, headers_of, seldon_half
 
@@ -120,3 +120,14 @@ def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_a
             "missing_field", "future_timestamp", "missing_field"]  # fmt: skip
         assert batch.predictions.tolist() == [int(v >= 0.5) for v in chain.from_iterable(good)]
         assert batch.prediction_ids == ["c0:0", "c0:1", "c1", "c2:0", "c2:1", "c2:2"]
+
+
+def test_a_shape_claiming_a_trillion_columns_is_refused_record_by_record_without_naming_them() -> None:
+    request_type, _, _ = messages()
+    request = request_type(id="a")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 10**12]).contents.fp32_contents.extend([0.5])
+    value = request.SerializeToString()
+    poll: list[Raw] = [(value, [("x-request-id", f"r{i}".encode())], None, 1000) for i in range(3)]
+    assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
+    read = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
+    assert [reason for _, reason, _, _ in read.rejected] == ["shape_mismatch"] * 3

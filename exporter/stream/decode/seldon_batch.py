@@ -46,6 +46,9 @@ _FIXED: Final = {"fp32_contents": "<f4", "fp64_contents": "<f8"}
 """Packed fields of fixed width: read by numpy from their bytes (the same float the runtime gives)."""
 _MOST_BYTES: Final = 1 << 30
 """A poll's records larger than this together are read record by record (a protobuf message holds under 2 GiB)."""
+_MOST_COLUMNS: Final = 4096
+"""A tensor of more columns than this (a shape claims them before any value is counted) is read record by
+record."""
 _HIGH: Final = bytes(range(128, 256))
 """Varint continuation bytes: a packed varint field has as many values as bytes outside these."""
 
@@ -167,6 +170,8 @@ def _plan(name: str, datatype: str, shape: bytes) -> tuple[int, int, tuple[str, 
     width = 1
     for d in dims[1:]:
         width *= d
+    if width > _MOST_COLUMNS:
+        return None  # its names are made only once its values are counted: record by record
     names = (name,) if width == 1 else tuple(f"{name}-{i}" for i in range(width))
     return dims[0], dims[0] * width, names, _CONTENTS[datatype]
 
