@@ -3,8 +3,9 @@
 The same records (a KServe InferenceService with MLServer's pandas codec, batches of 4 rows, in binary mode as a
 KafkaSink writes them; a Seldon model's protobuf requests and responses) are decoded, interleaved, by (a) a bare
 loop: ``orjson.loads`` of each value (KServe), ``ModelInferRequest/Response.FromString`` (Seldon), and (b) the
-daemon's path up to the rows: each record read as a half (exporter/stream/decode/platforms.py), the pair join and
-each model's batch (exporter/stream/decode/payload.py). The target: (b) costs at most 1.5x (a).
+daemon's path up to the rows: each record read as a half (exporter/stream/decode/platforms.py; a poll of Seldon
+protobuf records read together, exporter/stream/decode/seldon_batch.py), the pair join and each model's batch
+(exporter/stream/decode/payload.py). The target: (b) costs at most 1.5x (a).
 """
 
 from __future__ import annotations

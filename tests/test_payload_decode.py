@@ -70,6 +70,8 @@ def test_structured_mode_binary_mode_and_gzip_read_the_same_half() -> None:
                                "parameters": {"content_type": "base64"}}]}), [], "base64_bytes"),
     (orjson.dumps({"inputs": [{"name": "a", "shape": [1], "datatype": "STRING", "data": ["x"]}]}), [],
      "unknown_datatype"),
+    (orjson.dumps({"inputs": [{"name": "a", "shape": [1], "datatype": ["INT64"], "data": [1]}]}), [],
+     "unknown_datatype"),  # once a TypeError (unhashable) out of the decoder
     (orjson.dumps({"instances": [{"a": 1}, {"b": 2}]}), [], "unequal_rows"),
 ])  # fmt: skip
 def test_a_bad_payload_is_refused_under_its_reason(body: bytes, headers: list, reason: str) -> None:

@@ -111,11 +111,16 @@ def json_tensors(tensors: Any, out: Columns) -> int | None:
         name, shape, datatype, data = get("name"), get("shape"), get("datatype"), get("data")
         if name.__class__ is not str or shape.__class__ is not list or data.__class__ is not list:
             raise BadPayload("malformed_payload")
-        if datatype not in DATATYPES:
+        if datatype.__class__ is not str or datatype not in DATATYPES:  # a list or an object: no datatype either
             raise BadPayload("unknown_datatype")
-        if datatype == "BYTES" and _content_type(tensor.get("parameters")) == "base64":
+        if datatype == "BYTES" and _content_type(get("parameters")) == "base64":
             raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
-        n = _split(name, _flat(data), shape, out)
+        first = shape[0] if shape else None
+        if (first.__class__ is int and first == len(data) and (not data or data[0].__class__ is not list) and (
+                len(shape) == 1 or (len(shape) == 2 and shape[1].__class__ is int and shape[1] == 1))):  # fmt: skip
+            out[name], n = data, len(data)  # one column of flat values, as _split reads it
+        else:
+            n = _split(name, _flat(data), shape, out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")
         rows = n

@@ -19,7 +19,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any, Final
 
 import numpy as np
@@ -29,7 +29,8 @@ from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.core.side_table import id_text
-from exporter.stream.decode.events import DecodedBatch, is_binary
+from exporter.stream.decode import seldon_batch
+from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
     Half,
@@ -191,6 +192,9 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     ``counted``: the component whose log a model counts (:func:`components`), others ignored."""
     out = Halves()
     response = topic == response_topic if response_topic else None
+    fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
+    if fast is not None:
+        return Halves(fast, at=list(range(len(records))))
     for i, (value, raw_headers, key, ms) in enumerate(records):
         headers = headers_of(raw_headers)
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
@@ -234,39 +238,38 @@ class PayloadRows:
     def batch(self, pairs: Sequence[tuple[Half, Half]], now: float) -> tuple[DecodedBatch, list[tuple[Half, str]]]:
         """The rows of these pairs, and the pairs refused (the request half, with the reason)."""
         latest = now + self.max_future_skew_seconds
-        stamps: list[float] = []
-        values: list[Any] = []
-        ids: list[Any] = []
         raw_codes: list[list[Any]] = [[] for _ in self.read]
         sides: list[list[Any]] = [[] for _ in self.sides]
         segments: dict[str, list[Any]] = {c: [] for c in self.model.counted_columns}
+        checked = [self._rule(request, response, latest) for request, response in pairs]
+        reasons = [reason for reason, _ in checked]
+        found_of = [found for _, found in checked]
+        if not self._valid(list(chain.from_iterable(f for f in found_of if f is not None))):  # which pairs break it
+            reasons = [reason or self._values_rule(found)  # type: ignore[arg-type]  # found: None where refused
+                       for reason, found in zip(reasons, found_of, strict=True)]  # fmt: skip
+        refused = [(request, reason) for (request, _), reason in zip(pairs, reasons, strict=True) if reason]
+        kept = [pair for pair, reason in zip(pairs, reasons, strict=True) if not reason] if refused else pairs
+        rows = [request.rows for request, _ in kept]
+        timestamps = np.repeat(np.asarray([request.time for request, _ in kept], dtype=np.float64), rows)
+        values = list(chain.from_iterable(found for found, reason in zip(found_of, reasons, strict=True)  # type: ignore[misc]
+                                          if not reason))  # fmt: skip
+        calls = [request.id for request, _ in kept]
+        ids = list(chain.from_iterable([call] if n == 1 else map(call.__add__, _suffixes(n))
+                                       for call, n in zip(calls, rows, strict=True)))  # fmt: skip
         # each attribute's, id's and segment's cells: the request's column, else the response's, else a logged header
-        cells_of = [*raw_codes, *sides, *segments.values()]
-        read = [*self.read, *(c for _, c in self.sides), *segments]
-        refused: list[tuple[Half, str]] = []
-        for request, response in pairs:
-            reason = self._rule(request, response, latest)
-            if reason is not None:
-                refused.append((request, reason))
-                continue
-            n = request.rows
-            stamps += [request.time] * n  # type: ignore[list-item]  # _rule checked it
-            found = response.columns.get(self.column)
-            if found is None:
-                found = request.columns[self.column]
-            values += found
-            call = request.id
-            ids += [call] if n == 1 else map(call.__add__, _suffixes(n))
-            for k, column in enumerate(read):
-                cells = request.columns.get(column) or response.columns.get(column)
-                cells_of[k].extend(cells if cells is not None else [request.metadata.get(column)] * n)
-        timestamps = np.asarray(stamps, dtype=np.float64)
+        for cells_of, column in zip([*raw_codes, *sides, *segments.values()],
+                                    [*self.read, *(c for _, c in self.sides), *segments], strict=True):  # fmt: skip
+            found = [request.columns.get(column) or response.columns.get(column) for request, response in kept]
+            if None in found:
+                found = [cells if cells is not None else [request.metadata.get(column)] * request.rows
+                         for cells, (request, _) in zip(found, kept, strict=True)]  # fmt: skip
+            cells_of += chain.from_iterable(found)  # type: ignore[arg-type]
         if self.threshold is not None:
             scores = np.asarray(values, dtype=np.float64)
             predictions = (scores >= self.threshold).astype(np.int64)
         else:
             scores = np.zeros(0)
-            predictions = np.asarray([int(v) for v in values], dtype=np.int64)
+            predictions = np.fromiter(map(int, values), np.int64, len(values))
         codes = [_codes(cells, table, unknown) for (_, table, unknown), cells in zip(self.tables, raw_codes,
                                                                                     strict=False)]  # fmt: skip
         proxied = raw_codes[len(self.tables):]
@@ -283,29 +286,34 @@ class PayloadRows:
                                        for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
         return batch, refused
 
-    def _rule(self, request: Half, response: Half, latest: float) -> str | None:
-        """Why a joined pair cannot be counted, or None."""
-        if request.rows != response.rows:
-            return "unequal_rows"
-        if request.time is None:
-            return "missing_field"
-        if request.time > latest:
-            return "future_timestamp"
+    def _rule(self, request: Half, response: Half, latest: float) -> tuple[str | None, list[Any] | None]:
+        """Why a joined pair cannot be counted (None: it can, if its values keep :meth:`_values_rule`, checked for
+        a whole batch at once), and its predictions (or scores): the response's column, else the request's."""
         found = response.columns.get(self.column)
         if found is None:
             found = request.columns.get(self.column)
-        if found is None:
-            return "missing_field"
-        if self.threshold is not None:
-            if not set(map(type, found)) <= _NUMBERS or not (all(map(_ZERO.__le__, found)) and
-                                                             all(map(_ONE.__ge__, found))):  # fmt: skip
-                return "invalid_score"  # not a number (a bool is none), or outside [0, 1] (NaN too)
-        elif not all(map(is_binary, found)):
-            return "invalid_prediction"
-        return None
+        if request.rows != response.rows:
+            return "unequal_rows", None
+        if request.time is None:
+            return "missing_field", None
+        if request.time > latest:
+            return "future_timestamp", None
+        return ("missing_field", None) if found is None else (None, found)
+
+    def _values_rule(self, found: list[Any]) -> str | None:
+        """Why a pair's predictions (or scores) cannot be counted, or None."""
+        if self._valid(found):
+            return None
+        return "invalid_score" if self.threshold is not None else "invalid_prediction"
+
+    def _valid(self, found: list[Any]) -> bool:
+        if self.threshold is not None:  # a number (a bool is none) within [0, 1] (NaN is not)
+            return set(map(type, found)) <= _NUMBERS and all(map(_ZERO.__le__, found)) and all(map(_ONE.__ge__, found))
+        return str not in set(map(type, found)) and all(map(_BINARY.__contains__, found))  # is_binary, each
 
 
 _NUMBERS: Final = frozenset({float, int})
+_BINARY: Final = (0, 1)
 _TEXT: Final = frozenset({str, type(None)})
 _ZERO: Final = 0.0
 _ONE: Final = 1.0

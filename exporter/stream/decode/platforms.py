@@ -84,14 +84,22 @@ class Half:
         return self.call or self.pair
 
 
+_LOWER: set[str] = set()
+"""Header names seen lower-case (``str.islower``): the next record's names are looked up, not checked again."""
+
+
 def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
     """Kafka record headers as a dict of lower-cased names (the usual record's are lower-case already: taken as
     they are)."""
     if not raw:
         return {}
     found = dict(raw)
-    if all(map(str.islower, found)):
+    if found.keys() <= _LOWER:
         return found  # type: ignore[return-value]  # a None value reads as a missing header
+    if all(map(str.islower, found)):
+        if len(_LOWER) < 4096:
+            _LOWER.update(found)
+        return found  # type: ignore[return-value]
     return {k.lower(): v or b"" for k, v in raw}
 
 
@@ -136,6 +144,16 @@ def _json_object(data: bytes | str) -> dict[str, Any]:
     if found.__class__ is not dict:
         raise BadPayload("malformed_payload")
     return found
+
+
+def _attributes(headers: Headers) -> dict[str, str | None]:
+    """A binary-mode CloudEvent's attributes from its ``ce_*`` headers (one not UTF-8 reads as missing)."""
+    found = list(map(headers.get, _HEADERS))
+    try:
+        return dict(zip(_NAMES, [v if v is None else v.decode() for v in found], strict=True))
+    except UnicodeDecodeError:
+        return dict(zip(_NAMES, map(_text, found), strict=True))
+
 
 def _metadata(text: str | None) -> dict[str, Any]:
     """KServe's ``metadata`` extension, the logged request headers ``{"Name": ["value", ...]}``: each header a
@@ -186,7 +204,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
                 body = body.encode()
         encoding = event.get("contentencoding")
     else:  # binary mode: the attributes are ce_* headers
-        attributes = dict(zip(_NAMES, map(_text, map(headers.get, _HEADERS)), strict=True))
+        attributes = _attributes(headers)
         data_type, body = content_type, value
         encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
     get = attributes.get

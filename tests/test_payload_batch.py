@@ -1,0 +1,133 @@
+"""A poll of Seldon records made by MLServer is read in one pass (exporter/stream/decode/seldon_batch.py) into
+exactly the halves each record gives read alone; a poll it does not certify (JSON, a broken record) is read record
+by record, with the same refusals. A batch of joined pairs counts and refuses each
+pair as a batch of that pair alone would."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import defaultdict
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from payload_logs import platform_records
+
+from exporter.config import parse_config
+from exporter.stream.decode import seldon_batch
+from exporter.stream.decode.oip import BadPayload, messages
+from exporter.stream.decode.payload import PayloadRows, Raw, read_halves
+from exporter.stream.decode.platforms import Half, headers_of, seldon_half
+
+
+def _one_by_one(topic: str, records: list[Raw]) -> list[Any]:
+    out: list[Any] = []
+    for value, headers, key, ms in records:
+        try:
+            out.append(seldon_half(value, headers_of(headers), key, topic, ms))
+        except BadPayload as exc:
+            out.append(exc.reason)
+    return out
+
+
+def _polls(calls: list[dict[str, Any]], tmp_path: Path) -> dict[str, list[Raw]]:
+    polls: dict[str, list[Raw]] = defaultdict(list)
+    for i, (topic, _, (value, headers, key)) in enumerate(platform_records("seldon", calls, tmp_path)):
+        polls[topic].append((value, headers, key, 1_800_000_000_000 + i))
+    return polls
+
+
+def _calls(rng: random.Random, model: str, n: int, rows: int, **variant: Any) -> list[dict[str, Any]]:
+    return [{"model": model, "namespace": "ns", "id": str(uuid.UUID(int=rng.getrandbits(128))), "partition": 0,
+             "pipeline": (None, "scoring")[k % 2], "json": False, "raw": False,
+             "columns": {"gender": [rng.choice(["male", "female", "ünknown"]) for _ in range(rows)],
+                         "age": [rng.randint(-(2**40), 2**40) for _ in range(rows)]},
+             "headers": {"x-region": rng.choice(["north", "south"])},
+             "scores": [rng.random() for _ in range(rows)], **variant} for k in range(n)]  # fmt: skip
+
+
+def test_a_usual_poll_is_read_in_one_pass_into_the_halves_of_each_record_read_alone(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    calls = (_calls(rng, "typed", 40, 3) + _calls(rng, "raw", 40, 2, raw=True) + _calls(rng, "one", 30, 1)
+             + _calls(rng, "bare", 20, 4, typed_header=False) + _calls(rng, "sizes", 10, 2) + _calls(rng, "sizes", 5, 7)
+             + _calls(rng, "sizes", 5, 1) + _calls(rng, "raw_sizes", 5, 3, raw=True)
+             + _calls(rng, "raw_sizes", 5, 1, raw=True))  # fmt: skip
+    polls = _polls(calls, tmp_path)
+    assert len(polls) == 12
+    for topic, records in polls.items():
+        model = topic.split(".")[-2]
+        fast = seldon_batch.halves(topic, records, {model}, None)
+        assert fast is not None, topic  # each of these polls is the usual one
+        alone = _one_by_one(topic, records)
+        assert fast == alone
+        assert read_halves("seldon", topic, records, {model}).halves == alone
+        assert all(h.rows == len(h.columns["gender" if "inputs" in topic else "proba"]) for h in fast)
+
+
+def test_a_poll_it_does_not_certify_is_read_record_by_record_with_the_same_refusals(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    polls = _polls(_calls(rng, "m", 12, 2) + _calls(rng, "m", 2, 2, json=True), tmp_path)
+    requests = polls["seldon.ns.model.m.inputs"]
+    broken = requests[:12]
+    broken[4] = (broken[4][0][:-3], *broken[4][1:])  # cut short: malformed_payload
+    broken[7] = (broken[7][0].replace(b"male", b"ma\xffe", 1), *broken[7][1:])  # not UTF-8
+    broken[9] = (None, *broken[9][1:])
+    for poll in (broken, requests):  # requests: with two JSON records
+        assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
+        read = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
+        alone = _one_by_one("seldon.ns.model.m.inputs", poll)
+        assert read.halves == [h for h in alone if not isinstance(h, str)]
+        assert [reason for _, reason, _, _ in read.rejected] == [h for h in alone if isinstance(h, str)]
+    assert [h for h in _one_by_one("seldon.ns.model.m.inputs", broken) if isinstance(h, str)] == [
+        "malformed_payload", "not_utf8", "malformed_payload"]
+
+
+def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_alone() -> None:
+    """The value rule is checked over the whole batch at once, and pair by pair only when it fails somewhere."""
+    attributes = [{"name": "gender", "groups": ["male", "female"]}]
+    scored = parse_config({"model_id": "m", "events": {"format": "kserve", "prediction": "p", "score_threshold": 0.5},
+                           "protected_attributes": attributes}).models[0]  # fmt: skip
+    labelled = parse_config({"model_id": "m", "events": {"format": "kserve", "prediction": "p"},
+                             "protected_attributes": attributes}).models[0]  # fmt: skip
+    t = 1_800_000_000.0
+
+    def pair(k: int, values: list[Any], time: float | None = t, column: str = "p") -> tuple[Half, Half]:
+        rows = len(values)
+        request = Half(f"c{k}", False, "m", time, rows, {"gender": ["male", "female", "x"][:rows]})
+        return request, Half(f"c{k}", True, "m", time, rows, {column: values})
+
+    cases = ((scored, [[0.25, 1.0], [0.0], [1, 0.5, 0.75]], [[float("nan")], [1.5], [True], ["0.3"], [0.5, -0.1]]),
+             (labelled, [[0, 1], [1.0], [True, False, 1]], [[2], ["1"], [0.5, 1], [None]]))
+    for model, good, bad in cases:
+        pairs = [pair(k, v) for k, v in enumerate(good + bad)]
+        pairs += [pair(90, [0.5], time=None), pair(91, [0.5], time=t + 3600), pair(92, [0.5], column="other")]
+        rng = random.Random(len(pairs))
+        for trial in range(20):
+            chosen = rng.sample(pairs, k=rng.randint(1, len(pairs))) if trial else pairs
+            rows = PayloadRows(model, 300.0)
+            batch, refused = rows.batch(chosen, t)
+            alone = [rows.batch([p], t) for p in chosen]
+            assert [(h.pair, reason) for h, reason in refused] == [(h.pair, reason) for _, r in alone
+                                                                    for h, reason in r]  # fmt: skip
+            assert batch.prediction_ids == [i for b, _ in alone for i in b.prediction_ids]
+            assert batch.predictions.tolist() == [p for b, _ in alone for p in b.predictions.tolist()]
+            assert batch.codes["gender"].tolist() == [c for b, _ in alone for c in b.codes["gender"].tolist()]
+            assert len(batch.predictions) == len(batch.timestamps) == len(batch.prediction_ids)
+        batch, refused = PayloadRows(model, 300.0).batch(pairs, t)
+        assert [reason for _, reason in refused] == [
+            "invalid_score" if model is scored else "invalid_prediction"] * len(bad) + [
+            "missing_field", "future_timestamp", "missing_field"]  # fmt: skip
+        assert batch.predictions.tolist() == [int(v >= 0.5) for v in chain.from_iterable(good)]
+        assert batch.prediction_ids == ["c0:0", "c0:1", "c1", "c2:0", "c2:1", "c2:2"]
+
+
+def test_a_shape_claiming_a_trillion_columns_is_refused_record_by_record_without_naming_them() -> None:
+    request_type, _, _ = messages()
+    request = request_type(id="a")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 10**12]).contents.fp32_contents.extend([0.5])
+    value = request.SerializeToString()
+    poll: list[Raw] = [(value, [("x-request-id", f"r{i}".encode())], None, 1000) for i in range(3)]
+    assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
+    read = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
+    assert [reason for _, reason, _, _ in read.rejected] == ["shape_mismatch"] * 3
