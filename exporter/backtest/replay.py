@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events
-from exporter.backtest.series import SERIES_OTHERS, Series, by_step, compared, identity, iso, number, shown, stacked
+from exporter.backtest.series import SERIES_OTHERS, Series, compared, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
-from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.evaluate import Evaluation
 from exporter.core.metric_table import METRICS
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
 from exporter.stream.state.segments import paged
@@ -71,8 +71,8 @@ class Replay:
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
-    _last: dict[tuple[str, str], Evaluation] = field(default_factory=dict)
-    """The last block's evaluations: the replay's end is their last step."""
+    _final: tuple[list[dict[str, np.ndarray]], list[Any]] | None = None
+    """The last step's window counts (and labelled ones): the replay's end, evaluated with every metric."""
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
@@ -80,11 +80,15 @@ class Replay:
         self._batched = batchable(self.store, bool(self.config.counted_columns or self.config.segments))
         self._no_estimate = np.zeros_like(self.store.estimate_totals)
         self._attributes = {a.name: a for a in self.config.attributes}
+        read = {ALERT_OF_METRIC[d.metric].shown.removeprefix("model_") for d in self.store.detectors.detectors
+                if not (d.subgroup or d.predicted)}  # fmt: skip
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
         self._seed = [(name, metric, TUNING[name]) for name, metric in (
             ("FairnessDemographicParityAboveThreshold", "demographic_parity_difference"),
             ("FairnessDisparateImpactBelowThreshold", "disparate_impact_ratio"))]  # fmt: skip
+        # the metrics read at every step (the alerts' values, the seed rules); the replay's end evaluates them all
+        self._per_step = tuple(m for m in self.config.exported_metrics if m in read | {m for _, m, _ in self._seed})
 
     def feed(self, columns: Columns) -> None:
         """Count a batch in file order, computing once per bucket of the head as the head moves on."""
@@ -165,8 +169,12 @@ class Replay:
     def _worst(self) -> list[dict[str, Any]]:
         """As of the replay's end (its last step), per window, attribute and exported metric: the worst comparison,
         as the daemon shows it (model_worst_comparison)."""
-        return [{"window": window, **row} for (window, _), ev in self._last.items()
-                for row in ev.worst_rows(self.config.exported_metrics, family=-1)]
+        if self._final is None:
+            return []
+        evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, *self._final,
+                                     self.config.exported_metrics)  # fmt: skip
+        return [{"window": window, **row} for (window, _), ev in evaluations.items()
+                for row in ev.worst_rows(self.config.exported_metrics)]
 
     def _proxied(self) -> dict[str, Any]:
         """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
@@ -245,23 +253,9 @@ class Replay:
                                              np.stack([step[1] for _, step, _ in self._pending]),
                                              self._calibration)  # fmt: skip
         steps = len(times)
-        blocks, histograms, sums = [], [], []  # type: list[Any], list[np.ndarray], list[np.ndarray]
-        split = self.store.layout.split
-        for window in self.windowing.windows:  # rows first, then steps: each attribute's block cut once
-            by_attribute = split(np.stack([counts[window.name] for _, _, counts in self._pending], 1))
-            stepped = [split(np.stack([x[window.name] for x in xs], 1)) if xs else {}
-                       for xs in ([h for h, _ in self._labelled], [s for _, s in self._labelled if s])]  # fmt: skip
-            for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
-                n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
-                blocks.append((window.name, attribute, by_step(by_attribute[attribute.name][:n_groups])))
-                for out, rows in zip((histograms, sums), stepped, strict=True):
-                    out.extend([by_step(rows[attribute.name][:n_groups])] if rows else [])
-        stacks = {a.name: stacked(a, steps) for _, a, _ in blocks}  # one per attribute: every window's
-        results = evaluate_many([(stacks[a.name], c) for _, a, c in blocks], self.config.min_samples,
-                                self.config.exported_metrics, self.config.multiplicity, families=steps,
-                                scores=histograms or None, score_sums=sums or None)  # fmt: skip
-        evaluations = {(window_name, a.name): ev for (window_name, a, _), ev in zip(blocks, results, strict=True)}
-        self._last = evaluations
+        evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split,
+                                     [counts for _, _, counts in self._pending], self._labelled, self._per_step)
+        self._final = ([self._pending[-1][2]], self._labelled[-1:])
         self._pending.clear()
         segments, self._segments = self._segments, []
         self._labelled.clear()
