@@ -263,3 +263,15 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
         if not path.is_file():
             raise BacktestError(f"{path}: no such events file")
         yield from (_payload_dump(path, config, fleet) if payloads else _jsonl(path, fleet))
+
+
+def reference(model: ModelSpec) -> dict[str, np.ndarray] | None:
+    """The model's estimation reference, read as the gate and the daemon read it; None when it estimates nothing."""
+    if model.estimation is None:
+        return None
+    from exporter.gate.fairness.audit import read_reference
+
+    try:
+        return read_reference(model)[0]
+    except ValueError as exc:
+        raise BacktestError(f"{model.source}: estimation.reference: {exc}") from exc

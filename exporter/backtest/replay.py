@@ -17,11 +17,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from exporter.backtest.input import Columns, read_events
+from exporter.backtest.input import Columns, read_events, reference
 from exporter.backtest.series import SERIES_OTHERS, Series, compared, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
@@ -40,6 +40,15 @@ class _Open:
 
     since: float
     entry: dict[str, Any] | None = None
+
+
+class _Steps(NamedTuple):
+    """Pending steps: each one's time, counts and estimation counts (the detectors'), and windows' counts."""
+
+    times: np.ndarray
+    counts: np.ndarray
+    estimates: np.ndarray
+    windows: dict[str, np.ndarray]
 
 
 @dataclass
@@ -64,14 +73,15 @@ class Replay:
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
-    _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
+    _pending: list[_Steps] = field(default_factory=list)
+    _queued: int = 0
     _segments: list[Any] = field(default_factory=list)
     """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
-    _final: tuple[list[dict[str, np.ndarray]], list[Any]] | None = None
+    _final: tuple[dict[str, np.ndarray], list[Any]] | None = None
     """The last step's window counts (and labelled ones): the replay's end, evaluated with every metric."""
 
     def __post_init__(self) -> None:
@@ -125,26 +135,33 @@ class Replay:
                                 columns.predictions[part], columns.labels[part], heads[part], self._now)
             self._now = float(heads[stop - 1])
             self.late, self.events = self.late + taken.late, self.events + int(stop - start)
-            for t, now in enumerate(taken.times.tolist()):
-                windows = {w: c[t] for w, c in taken.windows.items()}
-                self._pending.append((now, (taken.counts[t], self._no_estimate), windows))
-                self._segments.append(None)
-                self.steps += 1
-                if len(self._pending) >= FLUSH_STEPS:
-                    self._flush()
+            t = 0
+            while t < len(taken.times):  # blocks end every FLUSH_STEPS steps, as step by step
+                n = min(len(taken.times) - t, FLUSH_STEPS - self._queued)
+                steps = slice(t, t + n)
+                self._queue(_Steps(taken.times[steps], taken.counts[steps],
+                                   np.broadcast_to(self._no_estimate, (n, *self._no_estimate.shape)),
+                                   {w: c[steps] for w, c in taken.windows.items()}), [None] * n)  # fmt: skip
+                t += n
 
     def compute(self) -> None:
         """The scheduled computation at the simulated now: the detectors' step and the windows' counts."""
         step = self.store.take_step(self._now)
         if step is None:
             return
-        self._pending.append((self._now, step, self.store.window_counts(self._now)))
-        self._segments.append(self.store.segments.snapshot(self._now) if self.config.segments else None)
         if self.config.compares_scores:
             self._labelled.append((self.store.window_estimate_counts(self._now),
                                    self.store.window_labelled_sums(self._now)))  # fmt: skip
-        self.steps += 1
-        if len(self._pending) >= FLUSH_STEPS:
+        self._queue(_Steps(np.array([self._now]), step[0][None], step[1][None],
+                           {w: c[None] for w, c in self.store.window_counts(self._now).items()}),
+                    [self.store.segments.snapshot(self._now) if self.config.segments else None])  # fmt: skip
+
+    def _queue(self, steps: _Steps, segments: list[Any]) -> None:
+        """Add steps to the pending block; evaluate it once it holds FLUSH_STEPS."""
+        self._pending.append(steps)
+        self._segments += segments
+        self.steps, self._queued = self.steps + len(steps.times), self._queued + len(steps.times)
+        if self._queued >= FLUSH_STEPS:
             self._flush()
 
     def finish(self) -> dict[str, Any]:
@@ -248,15 +265,15 @@ class Replay:
     def _flush(self) -> None:
         if not self._pending:
             return
-        times = np.array([now for now, _, _ in self._pending])
-        trace = self.store.advance_detectors(np.stack([step[0] for _, step, _ in self._pending]),
-                                             np.stack([step[1] for _, step, _ in self._pending]),
-                                             self._calibration)  # fmt: skip
+        times, counts, estimates = (np.concatenate(x) for x in zip(*(p[:3] for p in self._pending), strict=True))
+        windows = {w.name: np.concatenate([p.windows[w.name] for p in self._pending]) for w in self.windowing.windows}
+        trace = self.store.advance_detectors(counts, estimates, self._calibration)
         steps = len(times)
-        evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split,
-                                     [counts for _, _, counts in self._pending], self._labelled, self._per_step)
-        self._final = ([self._pending[-1][2]], self._labelled[-1:])
+        evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, windows, self._labelled,
+                                     self._per_step)  # fmt: skip
+        self._final = ({w: c[-1:] for w, c in windows.items()}, self._labelled[-1:])
         self._pending.clear()
+        self._queued = 0
         segments, self._segments = self._segments, []
         self._labelled.clear()
         self._record_series(times, trace, evaluations)
@@ -357,23 +374,10 @@ def _seconds(duration: str) -> float:
     return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
 
 
-def _reference(model: ModelSpec) -> dict[str, np.ndarray] | None:
-    """The model's estimation reference, read as the gate and the daemon read it; None when it estimates nothing."""
-    if model.estimation is None:
-        return None
-    from exporter.backtest.input import BacktestError
-    from exporter.gate.fairness.audit import read_reference
-
-    try:
-        return read_reference(model)[0]
-    except ValueError as exc:
-        raise BacktestError(f"{model.source}: estimation.reference: {exc}") from exc
-
-
 def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
     """Replay the events files and return the report with its `alerts` list: of the one model, or per model
     under ``models`` (each model on its own events' clock)."""
-    replays = {m.model_id: Replay(m, config.windowing, _reference(m)) for m in config.models}
+    replays = {m.model_id: Replay(m, config.windowing, reference(m)) for m in config.models}
     ignored = malformed = 0
     for columns, unrouted, bad in read_events(paths, config):
         for model_id, batch in columns.items():

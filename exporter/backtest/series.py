@@ -51,15 +51,15 @@ def stacked(attribute: Attribute, copies: int) -> Attribute:
 
 
 def evaluate_steps(spec: ModelSpec, windowing: Windowing, split: Callable[[np.ndarray], dict[str, np.ndarray]],
-                   counts: list[dict[str, np.ndarray]], labelled: list[Any],
+                   windows: dict[str, np.ndarray], labelled: list[Any],
                    metrics: Iterable[str]) -> dict[tuple[str, str], Evaluation]:  # fmt: skip
     """Per window and attribute: the evaluation of every step, as one stacked evaluation (the daemon's own code,
-    each step a family of its own). ``counts``: each step's window counts; ``labelled``: each step's labelled
-    histograms and score sums (empty: the model compares no scores)."""
-    steps = len(counts)
+    each step a family of its own). ``windows``: each window's counts, (steps, rows, counts); ``labelled``: each
+    step's labelled histograms and score sums (empty: the model compares no scores)."""
+    steps = len(next(iter(windows.values())))
     blocks, histograms, sums = [], [], []  # type: list[Any], list[np.ndarray], list[np.ndarray]
     for window in windowing.windows:  # rows first, then steps: each attribute's block cut once
-        by_attribute = split(np.stack([c[window.name] for c in counts], 1))
+        by_attribute = split(windows[window.name].swapaxes(0, 1))
         stepped = [split(np.stack([x[window.name] for x in xs], 1)) if xs else {}
                    for xs in ([h for h, _ in labelled], [s for _, s in labelled if s])]  # fmt: skip
         for attribute in (a for a in spec.attributes if a.proxy is None):  # proxies: the report's proxy
