@@ -300,20 +300,23 @@ class Replay:
         for key in sorted(set(self._open) | set(holding), key=str):  # in one order whatever PYTHONHASHSEED
             active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
             state = self._open.get(key)
-            for t in range(steps):  # only series that hold somewhere in the block, or held before it
-                if not active[t]:
-                    if state is not None:
-                        if state.entry is not None:
-                            state.entry["resolved_at"] = iso(times[t])
-                        state = None
-                    continue
-                if state is None:
-                    state = _Open(float(times[t]))
-                if state.entry is None and times[t] - state.since >= hold:
+            edges = np.flatnonzero(np.diff(np.r_[0, active, 0]))  # the block's runs of steps where it holds
+            if state is not None and (not len(edges) or edges[0] > 0):  # held at the last block's end, not now
+                if state.entry is not None:
+                    state.entry["resolved_at"] = iso(times[0])
+                state = None
+            for start, stop in zip(edges[::2], edges[1::2], strict=True):  # the first may continue the last block's
+                state = state or _Open(float(times[start]))
+                if state.entry is None and len(due := np.flatnonzero(times[start:stop] - state.since >= hold)):
+                    t = int(start + due[0])  # its `for:` has passed: it fires
                     state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
                     if source[0] == "detector" and segments[t] is not None:
                         state.entry["explanation"] = self._explained(state.entry, segments[t])
                     self.alerts.append(state.entry)
+                if stop < steps:  # the step after the run: it no longer holds
+                    if state.entry is not None:
+                        state.entry["resolved_at"] = iso(times[stop])
+                    state = None
             if state is None:
                 self._open.pop(key, None)
             else:
