@@ -32,7 +32,8 @@ from scipy.stats import binom
 
 from bench import staged_replay
 from bench.report import Section, fmt, standalone, table
-from exporter.backtest.replay import backtest, stacked
+from exporter.backtest.replay import backtest
+from exporter.backtest.series import stacked
 from exporter.config import Config, parse_config
 from exporter.core.evaluate import evaluate_many
 from exporter.devtools.embedded_broker import EmbeddedBroker

@@ -163,6 +163,31 @@ def test_the_manifest_hash_is_sha256sum_and_stat_of_each_file(compas: dict[str, 
     assert [f["path"] for f in report["data_manifest"]] == ["sex=Female/part-0.parquet", "sex=Male/part-0.parquet"]
 
 
+def test_a_local_file_or_folder_is_listed_as_fsspec_lists_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local paths are listed without importing fsspec, with its answers: nested and hidden files, Spark's markers,
+    links to a file and to a folder inside a folder (not listed), a link given as the path, relative paths."""
+    import fsspec
+
+    from exporter.gate.data import dataset
+
+    for name in ("a.parquet", "sub/b.parquet", "sub/c.csv", ".hidden/d.parquet", "_tmp/e.parquet", "_SUCCESS"):
+        (tmp_path / "d" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "d" / name).write_bytes(b"x" * len(name))
+    (tmp_path / "d" / "sub" / "link.parquet").symlink_to(tmp_path / "d" / "a.parquet")
+    (tmp_path / "d" / "folder-link").symlink_to(tmp_path / "d" / "sub")
+    monkeypatch.chdir(tmp_path)
+    for location in ("d", "./d/", str(tmp_path / "d"), "d/sub", "d/folder-link", "d/a.parquet", "d/sub/link.parquet",
+                     "d/sub/c.csv", "d/.hidden", "nowhere"):  # fmt: skip
+        listed = []
+        for fs, path in (fsspec.core.url_to_fs(location), dataset._filesystem(location)):
+            try:
+                listed.append(dataset._listing(fs, path, location, "data"))
+            except dataset.DataError as exc:
+                listed.append(str(exc))
+        assert listed[0] == listed[1], location
+    assert dataset._filesystem("d")[0] is dataset._LOCAL and dataset._filesystem("d/*.parquet")[0] is not dataset._LOCAL
+
+
 def test_a_folder_without_data_or_mixing_formats_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

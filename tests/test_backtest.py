@@ -266,3 +266,27 @@ def test_two_runs_list_the_alerts_in_one_order_whatever_the_hash_seed(tmp_path: 
                          for a in alerts))  # fmt: skip
     (order,) = orders
     assert len({(t, alert, attribute) for t, alert, attribute, _, _ in order}) < len(order)  # some share a minute
+
+
+def test_the_seed_rules_alerts_do_not_depend_on_where_the_evaluated_blocks_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gap from minute 60 to 120, then none: the seed rule's alert holds across blocks of any length (its `for:`
+    counted from a step of an earlier block) and resolves once the 1h window is fair again, at the same minutes."""
+    from exporter.backtest import replay
+
+    drifted, fair = drifting_events(hours=4, drift_after_minutes=60), drifting_events(hours=4, drift_after_minutes=240)
+    end = T0 + 120 * 60
+    frame = pd.concat([drifted[drifted["timestamp"] < end], fair[fair["timestamp"] >= end]]).sort_values("timestamp")
+    frame.to_parquet(tmp_path / "events.parquet")
+    config = parse_config(RAW_CONFIG)
+
+    def seed_alerts(block: int) -> list[tuple[str, str, str | None, str]]:
+        monkeypatch.setattr(replay, "FLUSH_STEPS", block)
+        report = backtest(config, [tmp_path / "events.parquet"])
+        return [(a["alert"], a["fired_at"], a["resolved_at"], a["window"]) for a in report["alerts"]
+                if a["alert"].endswith("Threshold")]  # fmt: skip
+
+    alerts = seed_alerts(1440)
+    assert alerts and all(resolved is not None for _, _, resolved, _ in alerts)
+    assert seed_alerts(7) == alerts and seed_alerts(1) == alerts and seed_alerts(45) == alerts

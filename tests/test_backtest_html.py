@@ -132,3 +132,19 @@ def test_a_series_extended_block_by_block_keeps_the_peaks_of_every_step_at_its_f
         expected = backtest_series.keep_peaks({k: v[:stop] for k, v in everything.items()}, width)
         for k, v in expected.items():
             np.testing.assert_array_equal(series.columns[k], v)
+
+
+def test_isos_writes_what_datetime_writes_for_every_kind_of_time() -> None:
+    """The report's times, formatted thousands at a time, are datetime's own: microseconds rounded half to even
+    (a carry into the next second included), left out when 0, before 1970 too."""
+    from datetime import UTC, datetime
+
+    t0 = 1_800_000_000.0
+    rng = np.random.default_rng(4)
+    times = np.concatenate([t0 + rng.uniform(0, 86_400, 5_000), t0 + 60.0 * np.arange(100),
+                            rng.uniform(-1e9, 3e9, 500), t0 + np.arange(50) + 0.9999995,
+                            np.nextafter(t0 + np.arange(50) + 0.9999995, 0), t0 + np.arange(50) + 0.5e-6,
+                            np.arange(50) * 0.4999995, t0 + np.round(rng.uniform(0, 1, 50), 3)])  # fmt: skip
+    expected = [datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z") for t in times.tolist()]
+    assert backtest_series.isos(times) == expected
+    assert any(t.endswith(":00Z") for t in expected) and any(t.endswith("0Z") and "." in t for t in expected)

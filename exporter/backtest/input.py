@@ -116,14 +116,14 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
         reading = list(dict.fromkeys(["model_id", *(c for cs in needed.values() for c in cs), *labels]))
         for batch in dataset.batches(reading):
             indices, ids = col.text(batch.column("model_id"))
-            codes = np.array([*ids, ""], dtype=object)[indices]
             out = {}
             for m in models:
-                rows = batch.filter(pa.array(codes == m.model_id))
+                mine = np.array([i == m.model_id for i in ids] + [False])[indices]  # per distinct id; -1: missing
+                rows = batch if mine.all() else batch.filter(pa.array(mine))
                 for name, joined in join_columns(m, tables, rows).items():
                     rows = rows.append_column(name, joined)
                 out[m.model_id] = _model_rows(location, m, rows)
-            yield out, int(len(codes) - sum(len(c.timestamps) for c in out.values())), 0
+            yield out, int(batch.num_rows - sum(len(c.timestamps) for c in out.values())), 0
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
 
@@ -263,3 +263,15 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
         if not path.is_file():
             raise BacktestError(f"{path}: no such events file")
         yield from (_payload_dump(path, config, fleet) if payloads else _jsonl(path, fleet))
+
+
+def reference(model: ModelSpec) -> dict[str, np.ndarray] | None:
+    """The model's estimation reference, read as the gate and the daemon read it; None when it estimates nothing."""
+    if model.estimation is None:
+        return None
+    from exporter.gate.fairness.audit import read_reference
+
+    try:
+        return read_reference(model)[0]
+    except ValueError as exc:
+        raise BacktestError(f"{model.source}: estimation.reference: {exc}") from exc

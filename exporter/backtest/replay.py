@@ -17,15 +17,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from exporter.backtest.input import Columns, read_events
-from exporter.backtest.series import SERIES_OTHERS, Series, by_step, compared, identity, iso, number, shown, stacked
+from exporter.backtest.input import Columns, read_events, reference
+from exporter.backtest.series import SERIES_OTHERS, Series, compared, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
-from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.evaluate import Evaluation
 from exporter.core.metric_table import METRICS
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
 from exporter.stream.state.segments import paged
@@ -40,6 +40,15 @@ class _Open:
 
     since: float
     entry: dict[str, Any] | None = None
+
+
+class _Steps(NamedTuple):
+    """Pending steps: each one's time, counts and estimation counts (the detectors'), and windows' counts."""
+
+    times: np.ndarray
+    counts: np.ndarray
+    estimates: np.ndarray
+    windows: dict[str, np.ndarray]
 
 
 @dataclass
@@ -64,15 +73,16 @@ class Replay:
     steps: int = 0
     _open: dict[tuple[str, ...], _Open] = field(default_factory=dict)
     _now: float = field(default=-math.inf)
-    _pending: list[tuple[float, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
+    _pending: list[_Steps] = field(default_factory=list)
+    _queued: int = 0
     _segments: list[Any] = field(default_factory=list)
     """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
     _series: dict[int, Series] = field(default_factory=dict)
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
-    _last: dict[tuple[str, str], Evaluation] = field(default_factory=dict)
-    """The last block's evaluations: the replay's end is their last step."""
+    _final: tuple[dict[str, np.ndarray], list[Any]] | None = None
+    """The last step's window counts (and labelled ones): the replay's end, evaluated with every metric."""
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
@@ -80,11 +90,15 @@ class Replay:
         self._batched = batchable(self.store, bool(self.config.counted_columns or self.config.segments))
         self._no_estimate = np.zeros_like(self.store.estimate_totals)
         self._attributes = {a.name: a for a in self.config.attributes}
+        read = {ALERT_OF_METRIC[d.metric].shown.removeprefix("model_") for d in self.store.detectors.detectors
+                if not (d.subgroup or d.predicted)}  # fmt: skip
         from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
 
         self._seed = [(name, metric, TUNING[name]) for name, metric in (
             ("FairnessDemographicParityAboveThreshold", "demographic_parity_difference"),
             ("FairnessDisparateImpactBelowThreshold", "disparate_impact_ratio"))]  # fmt: skip
+        # the metrics read at every step (the alerts' values, the seed rules); the replay's end evaluates them all
+        self._per_step = tuple(m for m in self.config.exported_metrics if m in read | {m for _, m, _ in self._seed})
 
     def feed(self, columns: Columns) -> None:
         """Count a batch in file order, computing once per bucket of the head as the head moves on."""
@@ -121,26 +135,33 @@ class Replay:
                                 columns.predictions[part], columns.labels[part], heads[part], self._now)
             self._now = float(heads[stop - 1])
             self.late, self.events = self.late + taken.late, self.events + int(stop - start)
-            for t, now in enumerate(taken.times.tolist()):
-                windows = {w: c[t] for w, c in taken.windows.items()}
-                self._pending.append((now, (taken.counts[t], self._no_estimate), windows))
-                self._segments.append(None)
-                self.steps += 1
-                if len(self._pending) >= FLUSH_STEPS:
-                    self._flush()
+            t = 0
+            while t < len(taken.times):  # blocks end every FLUSH_STEPS steps, as step by step
+                n = min(len(taken.times) - t, FLUSH_STEPS - self._queued)
+                steps = slice(t, t + n)
+                self._queue(_Steps(taken.times[steps], taken.counts[steps],
+                                   np.broadcast_to(self._no_estimate, (n, *self._no_estimate.shape)),
+                                   {w: c[steps] for w, c in taken.windows.items()}), [None] * n)  # fmt: skip
+                t += n
 
     def compute(self) -> None:
         """The scheduled computation at the simulated now: the detectors' step and the windows' counts."""
         step = self.store.take_step(self._now)
         if step is None:
             return
-        self._pending.append((self._now, step, self.store.window_counts(self._now)))
-        self._segments.append(self.store.segments.snapshot(self._now) if self.config.segments else None)
         if self.config.compares_scores:
             self._labelled.append((self.store.window_estimate_counts(self._now),
                                    self.store.window_labelled_sums(self._now)))  # fmt: skip
-        self.steps += 1
-        if len(self._pending) >= FLUSH_STEPS:
+        self._queue(_Steps(np.array([self._now]), step[0][None], step[1][None],
+                           {w: c[None] for w, c in self.store.window_counts(self._now).items()}),
+                    [self.store.segments.snapshot(self._now) if self.config.segments else None])  # fmt: skip
+
+    def _queue(self, steps: _Steps, segments: list[Any]) -> None:
+        """Add steps to the pending block; evaluate it once it holds FLUSH_STEPS."""
+        self._pending.append(steps)
+        self._segments += segments
+        self.steps, self._queued = self.steps + len(steps.times), self._queued + len(steps.times)
+        if self._queued >= FLUSH_STEPS:
             self._flush()
 
     def finish(self) -> dict[str, Any]:
@@ -165,8 +186,12 @@ class Replay:
     def _worst(self) -> list[dict[str, Any]]:
         """As of the replay's end (its last step), per window, attribute and exported metric: the worst comparison,
         as the daemon shows it (model_worst_comparison)."""
-        return [{"window": window, **row} for (window, _), ev in self._last.items()
-                for row in ev.worst_rows(self.config.exported_metrics, family=-1)]
+        if self._final is None:
+            return []
+        evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, *self._final,
+                                     self.config.exported_metrics)  # fmt: skip
+        return [{"window": window, **row} for (window, _), ev in evaluations.items()
+                for row in ev.worst_rows(self.config.exported_metrics)]
 
     def _proxied(self) -> dict[str, Any]:
         """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
@@ -240,29 +265,15 @@ class Replay:
     def _flush(self) -> None:
         if not self._pending:
             return
-        times = np.array([now for now, _, _ in self._pending])
-        trace = self.store.advance_detectors(np.stack([step[0] for _, step, _ in self._pending]),
-                                             np.stack([step[1] for _, step, _ in self._pending]),
-                                             self._calibration)  # fmt: skip
+        times, counts, estimates = (np.concatenate(x) for x in zip(*(p[:3] for p in self._pending), strict=True))
+        windows = {w.name: np.concatenate([p.windows[w.name] for p in self._pending]) for w in self.windowing.windows}
+        trace = self.store.advance_detectors(counts, estimates, self._calibration)
         steps = len(times)
-        blocks, histograms, sums = [], [], []  # type: list[Any], list[np.ndarray], list[np.ndarray]
-        split = self.store.layout.split
-        for window in self.windowing.windows:  # rows first, then steps: each attribute's block cut once
-            by_attribute = split(np.stack([counts[window.name] for _, _, counts in self._pending], 1))
-            stepped = [split(np.stack([x[window.name] for x in xs], 1)) if xs else {}
-                       for xs in ([h for h, _ in self._labelled], [s for _, s in self._labelled if s])]  # fmt: skip
-            for attribute in (a for a in self.config.attributes if a.proxy is None):  # proxies: the report's proxy
-                n_groups = len(attribute.groups)  # each step's block ends with the unknown row: no comparison reads it
-                blocks.append((window.name, attribute, by_step(by_attribute[attribute.name][:n_groups])))
-                for out, rows in zip((histograms, sums), stepped, strict=True):
-                    out.extend([by_step(rows[attribute.name][:n_groups])] if rows else [])
-        stacks = {a.name: stacked(a, steps) for _, a, _ in blocks}  # one per attribute: every window's
-        results = evaluate_many([(stacks[a.name], c) for _, a, c in blocks], self.config.min_samples,
-                                self.config.exported_metrics, self.config.multiplicity, families=steps,
-                                scores=histograms or None, score_sums=sums or None)  # fmt: skip
-        evaluations = {(window_name, a.name): ev for (window_name, a, _), ev in zip(blocks, results, strict=True)}
-        self._last = evaluations
+        evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, windows, self._labelled,
+                                     self._per_step)  # fmt: skip
+        self._final = ({w: c[-1:] for w, c in windows.items()}, self._labelled[-1:])
         self._pending.clear()
+        self._queued = 0
         segments, self._segments = self._segments, []
         self._labelled.clear()
         self._record_series(times, trace, evaluations)
@@ -289,20 +300,23 @@ class Replay:
         for key in sorted(set(self._open) | set(holding), key=str):  # in one order whatever PYTHONHASHSEED
             active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
             state = self._open.get(key)
-            for t in range(steps):  # only series that hold somewhere in the block, or held before it
-                if not active[t]:
-                    if state is not None:
-                        if state.entry is not None:
-                            state.entry["resolved_at"] = iso(times[t])
-                        state = None
-                    continue
-                if state is None:
-                    state = _Open(float(times[t]))
-                if state.entry is None and times[t] - state.since >= hold:
+            edges = np.flatnonzero(np.diff(np.r_[0, active, 0]))  # the block's runs of steps where it holds
+            if state is not None and (not len(edges) or edges[0] > 0):  # held at the last block's end, not now
+                if state.entry is not None:
+                    state.entry["resolved_at"] = iso(times[0])
+                state = None
+            for start, stop in zip(edges[::2], edges[1::2], strict=True):  # the first may continue the last block's
+                state = state or _Open(float(times[start]))
+                if state.entry is None and len(due := np.flatnonzero(times[start:stop] - state.since >= hold)):
+                    t = int(start + due[0])  # its `for:` has passed: it fires
                     state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
                     if source[0] == "detector" and segments[t] is not None:
                         state.entry["explanation"] = self._explained(state.entry, segments[t])
                     self.alerts.append(state.entry)
+                if stop < steps:  # the step after the run: it no longer holds
+                    if state.entry is not None:
+                        state.entry["resolved_at"] = iso(times[stop])
+                    state = None
             if state is None:
                 self._open.pop(key, None)
             else:
@@ -363,23 +377,10 @@ def _seconds(duration: str) -> float:
     return 0.0 if duration.rstrip("smhdw") == "0" else parse_duration(duration)
 
 
-def _reference(model: ModelSpec) -> dict[str, np.ndarray] | None:
-    """The model's estimation reference, read as the gate and the daemon read it; None when it estimates nothing."""
-    if model.estimation is None:
-        return None
-    from exporter.backtest.input import BacktestError
-    from exporter.gate.fairness.audit import read_reference
-
-    try:
-        return read_reference(model)[0]
-    except ValueError as exc:
-        raise BacktestError(f"{model.source}: estimation.reference: {exc}") from exc
-
-
 def backtest(config: Config, paths: Sequence[str | Path]) -> dict[str, Any]:
     """Replay the events files and return the report with its `alerts` list: of the one model, or per model
     under ``models`` (each model on its own events' clock)."""
-    replays = {m.model_id: Replay(m, config.windowing, _reference(m)) for m in config.models}
+    replays = {m.model_id: Replay(m, config.windowing, reference(m)) for m in config.models}
     ignored = malformed = 0
     for columns, unrouted, bad in read_events(paths, config):
         for model_id, batch in columns.items():

@@ -37,7 +37,9 @@ class Attribute:
     name: str
     columns: tuple[str, ...]
     groups: tuple[str, ...]
-    pairs: tuple[tuple[int, int], ...]
+    pairs: tuple[tuple[int, int], ...] | np.ndarray
+    """The compared (a, b) group indices; an ``(n, 2)`` int array in ``backtest``'s stacked steps (tens of
+    thousands of pairs: as tuples, their allocation alone set off full garbage collections)."""
     base_sizes: tuple[int, ...] = field(default=())
     proxy: Proxy | None = None
     """Inferred, not read: each row adds its posterior probability of each group to that group's (float) counts."""

@@ -91,11 +91,15 @@ def log_hypergeometric_mgf(log_psi: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, k
     base += (log_factorial(n_a) + log_factorial(n_b) + log_factorial(k) + log_factorial(n_a + n_b - k)
              - log_factorial(n_a + n_b))[:, None]  # fmt: skip
     base = np.where(valid, base, -np.inf)
-    terms = np.multiply(lp[:, :, None], x[:, None, :])  # in place from here: the arrays are large, the ops cheap
+    terms = np.multiply(lp[:, :, None], x.astype(np.float64)[:, None, :])  # in place from here: large arrays, cheap ops
     terms += base[:, None, :]
     peak = terms.max(axis=2)
     terms -= peak[:, :, None]
-    out = peak + np.log(np.exp(terms, out=terms).sum(axis=2))
+    padded = terms < -750.0  # exp is 0 there (the padding, underflows), and such lanes take numpy's slow path
+    np.copyto(terms, 0.0, where=padded)
+    np.exp(terms, out=terms)
+    np.copyto(terms, 0.0, where=padded)
+    out = peak + np.log(terms.sum(axis=2))
     return out.reshape((*counts_shape, *extra))
 
 
