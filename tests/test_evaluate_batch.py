@@ -99,3 +99,25 @@ def test_a_family_of_one_comparison_keeps_its_95_intervals() -> None:
                 ok = ev.sufficient(name)
                 assert (wide.upper[ok] - wide.lower[ok] > v.upper[ok] - v.lower[ok]).any(), name
     assert int(evaluations[1].sufficient("demographic_parity_difference").sum()) == 1
+
+
+def test_an_evaluation_without_worsts_has_every_other_number_of_the_full_one() -> None:
+    """``worsts=False`` (backtest's every step but the last) leaves out the worst comparisons, and the simultaneous
+    intervals where no multiplicity rule judges by them; every comparison, interval and evidence is the same."""
+    rng = np.random.default_rng(8)
+    attr = attribute("race", 4)
+    counts = np.concatenate([rng.integers(300, 900, size=(4, 2)), rng.integers(40, 300, size=(4, 4))], axis=1)
+    counts[0, 0] //= 3  # the first group is selected less: some comparisons fail
+    for multiplicity in ("holm", "none"):
+        (full,) = evaluate_many([(attr, counts)], 30, COUNT_METRICS, multiplicity)
+        (lean,) = evaluate_many([(attr, counts)], 30, COUNT_METRICS, multiplicity, worsts=False)
+        assert full.worsts and not lean.worsts
+        assert (lean.simultaneous is None) == (multiplicity == "none")
+        for name in COUNT_METRICS:
+            assert bits(lean.values(name)) == bits(full.values(name)), name
+            threshold = METRICS[name].default_threshold
+            assert lean.evidence(name, threshold).tolist() == full.evidence(name, threshold).tolist(), name
+            if lean.simultaneous is not None:
+                assert full.simultaneous is not None
+                assert bits(lean.simultaneous.metrics[name]) == bits(full.simultaneous.metrics[name]), name
+        assert "fail" in {e for name in COUNT_METRICS for e in full.evidence(name, METRICS[name].default_threshold)}

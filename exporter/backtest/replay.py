@@ -270,7 +270,7 @@ class Replay:
         trace = self.store.advance_detectors(counts, estimates, self._calibration)
         steps = len(times)
         evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, windows, self._labelled,
-                                     self._per_step)  # fmt: skip
+                                     self._per_step, worsts=False)  # the worst: at the last step (_worst)
         self._final = ({w: c[-1:] for w, c in windows.items()}, self._labelled[-1:])
         self._pending.clear()
         self._queued = 0

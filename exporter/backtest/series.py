@@ -52,7 +52,7 @@ def stacked(attribute: Attribute, copies: int) -> Attribute:
 
 def evaluate_steps(spec: ModelSpec, windowing: Windowing, split: Callable[[np.ndarray], dict[str, np.ndarray]],
                    windows: dict[str, np.ndarray], labelled: list[Any],
-                   metrics: Iterable[str]) -> dict[tuple[str, str], Evaluation]:  # fmt: skip
+                   metrics: Iterable[str], worsts: bool = True) -> dict[tuple[str, str], Evaluation]:  # fmt: skip
     """Per window and attribute: the evaluation of every step, as one stacked evaluation (the daemon's own code,
     each step a family of its own). ``windows``: each window's counts, (steps, rows, counts); ``labelled``: each
     step's labelled histograms and score sums (empty: the model compares no scores)."""
@@ -70,7 +70,7 @@ def evaluate_steps(spec: ModelSpec, windowing: Windowing, split: Callable[[np.nd
     stacks = {a.name: stacked(a, steps) for a in spec.attributes if a.proxy is None}  # every window's
     results = evaluate_many([(stacks[a.name], c) for _, a, c in blocks], spec.min_samples, metrics,
                             spec.multiplicity, families=steps, scores=histograms or None,
-                            score_sums=sums or None)  # fmt: skip
+                            score_sums=sums or None, worsts=worsts)  # fmt: skip
     return {(window_name, a.name): ev for (window_name, a, _), ev in zip(blocks, results, strict=True)}
 
 

@@ -279,6 +279,7 @@ def evaluate_many(
     blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS,
     multiplicity: str = "none", families: int = 1, scores: Sequence[np.ndarray] | None = None,
     thresholds: Mapping[str, float] | None = None, score_sums: Sequence[np.ndarray | None] | None = None,
+    worsts: bool = True,
 ) -> list[Evaluation]:  # fmt: skip
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
@@ -288,7 +289,9 @@ def evaluate_many(
     (:data:`MULTIPLICITY`); ``families``: each block's pairs are this many families judged apart (``backtest``).
     ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics, and ``score_sums``
     its labelled scores' sums per score bin, for the calibration. ``thresholds``:
-    the metrics' thresholds, to judge the fails of every block in one pass (the daemon's fleet).
+    the metrics' thresholds, to judge the fails of every block in one pass (the daemon's fleet). ``worsts=False``:
+    no worst comparisons, and no simultaneous intervals unless a multiplicity rule judges by them (what ``backtest``
+    leaves unread at every step but its last).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
@@ -324,14 +327,18 @@ def evaluate_many(
     local_pair = np.arange(len(global_pairs)) - pair_starts[block]
     family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
     judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
-    simultaneous = _simultaneous(counts, global_pairs, comparisons, judged, family, histogram, rates)
-    failing = fails_many((thresholds or {}) if multiplicity != "none" else {}, multiplicity, counts, global_pairs,
-                         judged, family, simultaneous.metrics, histogram, rates)  # fmt: skip
-    n_families = len(blocks) * families
-    names = list(comparisons.metrics)
-    worsts = dict(zip(names, worsts_of([METRICS[name].kind for name in names], list(comparisons.metrics.values()),
-                                       [simultaneous.metrics[name] for name in names], [judged[name] for name in names],
-                                       family, n_families), strict=True))  # fmt: skip
+    simultaneous = _simultaneous(counts, global_pairs, comparisons, judged, family, histogram, rates) \
+        if worsts or multiplicity != "none" else None  # fmt: skip
+    failing = {} if simultaneous is None else fails_many(
+        (thresholds or {}) if multiplicity != "none" else {}, multiplicity, counts, global_pairs, judged, family,
+        simultaneous.metrics, histogram, rates)  # fmt: skip
+    worst: dict[str, Worst] = {}
+    if worsts and simultaneous is not None:
+        names = list(comparisons.metrics)
+        worst = dict(zip(names, worsts_of([METRICS[name].kind for name in names], list(comparisons.metrics.values()),
+                                          [simultaneous.metrics[name] for name in names],
+                                          [judged[name] for name in names], family, len(blocks) * families),
+                         strict=True))  # fmt: skip
     out = []
     for k, (attribute, block) in enumerate(blocks):
         local = slice(pair_starts[k], pair_starts[k + 1])
@@ -344,11 +351,11 @@ def evaluate_many(
             min_samples=min_samples,
             unknown=unknowns[k],
             multiplicity=multiplicity,
-            simultaneous=simultaneous.take(local, pairs[k][:, 0], pairs[k][:, 1]),
+            simultaneous=None if simultaneous is None else simultaneous.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             families=families,
             histogram=None if histograms is None else histograms[k],
             failing={key: f[local] for key, f in failing.items()},
-            worsts={name: _local_worst(w, k * families, families, pair_starts[k]) for name, w in worsts.items()},
+            worsts={name: _local_worst(w, k * families, families, pair_starts[k]) for name, w in worst.items()},
         ))  # fmt: skip
     return out
 
