@@ -11,13 +11,22 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# uv, pinned, in a venv of its own: it compiles the lock files (`make lock`) and installs them (below), several
+# downloads at a time and without byte-compiling every module (a fresh clone's .venv: 1 min, pip's 3).
+UV_VENV := .venv-uv
+UV      := $(UV_VENV)/bin/uv
+$(UV):
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install --quiet uv==0.13.9
+
 # The test and developer environment comes from lock files with hashes (requirements/*.lock, kept by uv through
-# `make lock`): pip installs exactly those files, resolving nothing, then the package itself in editable mode with the
+# `make lock`): uv installs exactly those files, resolving nothing, then the package itself in editable mode with the
 # locked build backend. CI, a developer's venv and the images (deploy/requirements.lock) get the same versions.
 LOCKS := requirements/test.lock requirements/nodeps.lock
-$(STAMP): pyproject.toml $(LOCKS) | $(BIN)/python
-	$(BIN)/pip install --quiet --no-deps --require-hashes $(addprefix -r ,$(LOCKS))
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+UV_INSTALL = $(UV) pip install --quiet --python $(1)/bin/python --no-deps
+$(STAMP): pyproject.toml $(LOCKS) | $(BIN)/python $(UV)
+	$(call UV_INSTALL,$(VENV)) --require-hashes $(addprefix -r ,$(LOCKS))
+	$(call UV_INSTALL,$(VENV)) --no-build-isolation -e .
 	$(BIN)/python tools/install_helm.py --dest $(BIN)
 	touch $(STAMP)
 
@@ -47,9 +56,9 @@ $(CHECKOV_VENV)/bin/checkov:
 # project's, and each registers the inference.* protobuf messages. About 60 s and 700 MB.
 PLATFORMS_VENV := .venv-platforms
 # Its lock (hashes, as requirements/test.lock) is compiled by `make lock`.
-$(PLATFORMS_VENV)/.installed: requirements/platforms.lock
+$(PLATFORMS_VENV)/.installed: requirements/platforms.lock | $(UV)
 	$(PYTHON) -m venv $(PLATFORMS_VENV)
-	$(PLATFORMS_VENV)/bin/pip install --quiet --no-deps --require-hashes -r requirements/platforms.lock
+	$(call UV_INSTALL,$(PLATFORMS_VENV)) --require-hashes -r requirements/platforms.lock
 	touch $@
 
 # Grafana's published dashboard schema (@grafana/schema) and tsc, pinned by tools/grafana-schema/package-lock.json,
@@ -77,10 +86,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy exporter
 
-# the docs site first (a broken link or anchor fails it), then the suite, which runs the docs' examples too
-test: test-deps lint
+# The environments install side by side (downloads and disk, not CPU), and lint runs once .venv is there: one
+# parallel make, whatever -j `make test` was given. Then the docs site (a broken link or anchor fails it), then the
+# suite, which runs the docs' examples too: 4 workers whatever the cores, as most tests wait on a broker, a server or
+# a subprocess (docs/development.md); each file on one worker, the longest files first (tests/conftest.py).
+test:
+	$(MAKE) --jobs=4 --output-sync=target test-deps lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/pytest -n auto --dist loadfile
+	$(BIN)/pytest -n 4 --dist loadfile
 
 # curl times the scrapes of bench/scrape.py (a C client, as Prometheus is no Python one)
 bench: $(STAMP)
@@ -90,12 +103,7 @@ bench: $(STAMP)
 # Refresh the lock files after a change of pyproject.toml's dependencies (or to take new releases: delete a pin's
 # lines first). uv keeps the pins already in a file unless the project's ranges exclude them; the images' constraints
 # (deploy/requirements.lock) are compiled against the test lock, so both hold the same versions.
-UV_VENV := .venv-uv
-UV      := $(UV_VENV)/bin/uv
 UV_COMPILE := $(UV) pip compile --quiet --python-version 3.11 --custom-compile-command "make lock"
-$(UV):
-	$(PYTHON) -m venv $(UV_VENV)
-	$(UV_VENV)/bin/pip install --quiet uv==0.13.9
 
 lock: | $(UV)
 	$(UV_COMPILE) pyproject.toml requirements/build.in --extra test --universal --generate-hashes -o requirements/test.lock

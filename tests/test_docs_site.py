@@ -42,6 +42,6 @@ def test_every_page_is_in_the_nav_and_the_strict_build_fails_on_a_broken_link_or
 
 def test_make_test_builds_the_docs_strictly_before_the_suite() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    recipe = makefile[makefile.index("\ntest: "):].split("\n\n")[0]
+    recipe = makefile[makefile.index("\ntest:"):].split("\n\n")[0]
     assert "mkdocs build --strict" in recipe and recipe.index("mkdocs build") < recipe.index("pytest")
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")

@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -163,7 +164,17 @@ def running(container: Container, kafka_broker: EmbeddedBroker,
     try:
         yield Running(proc, port, log, topic, kafka_broker.bootstrap_servers)
     finally:
-        terminate(proc, 10)
+        stop_container(proc)
+
+
+def stop_container(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the daemon itself, then `unshare`. Not `unshare` alone: its --kill-child signal is lost when chroot
+    --userspec changes the user (a change of credentials clears the parent-death signal), and the daemon, PID 1 of
+    its namespace, outlived every run."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    for pid in children.read_text().split() if children.exists() else []:
+        os.kill(int(pid), signal.SIGTERM)
+    terminate(proc, 10)
 
 
 def healthz(port: int) -> str | None:

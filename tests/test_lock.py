@@ -95,8 +95,10 @@ def test_the_images_get_the_versions_the_tests_run(image_lock: str) -> None:
 
 def test_make_installs_the_locks_with_hash_checking_and_no_resolution() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    install = re.search(r"^\t\$\(BIN\)/pip install (.*\$\(LOCKS\).*)$", makefile, re.MULTILINE)
+    uv_install = re.search(r"^UV_INSTALL = \$\(UV\) pip install (.*)$", makefile, re.MULTILINE)
+    assert uv_install and "--no-deps" in uv_install.group(1).split(), "uv must install without resolving anything"
+    install = re.search(r"^\t\$\(call UV_INSTALL,\$\(VENV\)\) (.*\$\(LOCKS\).*)$", makefile, re.MULTILINE)
     assert install, "the venv is not installed from $(LOCKS)"
-    assert {"--no-deps", "--require-hashes"} <= set(install.group(1).split())
-    editable = re.search(r"^\t\$\(BIN\)/pip install (.*-e \.)$", makefile, re.MULTILINE)
-    assert editable and "--no-deps" in editable.group(1).split(), "the package itself must not resolve its dependencies"
+    assert "--require-hashes" in install.group(1).split()
+    editable = re.search(r"^\t\$\(call UV_INSTALL,\$\(VENV\)\) (.*-e \.)$", makefile, re.MULTILINE)
+    assert editable, "the package itself must be installed by the same command, without its dependencies"
