@@ -161,12 +161,15 @@ class KafkaSource:
             if not ids and not wait:
                 return  # no broker answers, or the topic is being re-created: keep reading the partitions held
             while not ids and time.monotonic() < deadline and not self._stop.is_set():
+                if ids == []:  # a broker answers that it is absent: /readyz names it while we wait, not after
+                    self._absent, self.idle = [topic], self._why_idle(set())
                 time.sleep(0.2)
                 ids = client.partitions(topic)
             if not ids:
                 self._absent, self.idle = ([topic], self._why_idle(set())) if ids == [] else (self._absent, self.idle)
                 raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
             partitions += [(topic, p) for p in ids]
+        self._absent = []  # every topic read has partitions now
         held = client.assignment()
         if set(partitions) != held:
             if held:
