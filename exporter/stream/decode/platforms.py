@@ -84,22 +84,14 @@ class Half:
         return self.call or self.pair
 
 
-_LOWER: set[str] = set()
-"""Header names seen lower-case (``str.islower``): the next record's names are looked up, not checked again."""
-
-
 def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
     """Kafka record headers as a dict of lower-cased names (the usual record's are lower-case already: taken as
     they are)."""
     if not raw:
         return {}
     found = dict(raw)
-    if found.keys() <= _LOWER:
-        return found  # type: ignore[return-value]  # a None value reads as a missing header
     if all(map(str.islower, found)):
-        if len(_LOWER) < 4096:
-            _LOWER.update(found)
-        return found  # type: ignore[return-value]
+        return found  # type: ignore[return-value]  # a None value reads as a missing header
     return {k.lower(): v or b"" for k, v in raw}
 
 
