@@ -30,7 +30,7 @@ from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.core.side_table import id_text
 from exporter.stream.decode import seldon_batch
-from exporter.stream.decode.events import DecodedBatch
+from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
     Half,
@@ -309,11 +309,10 @@ class PayloadRows:
     def _valid(self, found: list[Any]) -> bool:
         if self.threshold is not None:  # a number (a bool is none) within [0, 1] (NaN is not)
             return set(map(type, found)) <= _NUMBERS and all(map(_ZERO.__le__, found)) and all(map(_ONE.__ge__, found))
-        return str not in set(map(type, found)) and all(map(_BINARY.__contains__, found))  # is_binary, each
+        return all(map(is_binary, found))
 
 
 _NUMBERS: Final = frozenset({float, int})
-_BINARY: Final = (0, 1)
 _TEXT: Final = frozenset({str, type(None)})
 _ZERO: Final = 0.0
 _ONE: Final = 1.0
