@@ -197,7 +197,11 @@ def explanations(attribute: Attribute, metrics: Iterable[str], segments: Segment
     """One JSON-ready explanation per explainable metric, rate of it, and configured pair of ``attribute``; every
     rate is decomposed once, for every pair and rate at once, and its terms sorted once for every pair. Two metrics
     of one rate (equal opportunity and equalised odds, of the TPR) explain its change alike: their explanations of
-    a pair differ in ``metric`` only and share one ``segments`` list (read, not changed, by every consumer)."""
+    a pair differ in ``metric`` only and share one ``segments`` list (read, not changed, by every consumer). A
+    row's intervals are ``(low, high)`` tuples (JSON arrays like any pair): a tuple of floats leaves the garbage
+    collector's lists at its first pass and its row dict at the next full one, where two lists per row kept every
+    row of 100 models' 227,000 in every full collection (measured: the collector's time per evaluation 0.41-0.61 s
+    with lists, 0.19-0.28 s with tuples)."""
     a, b = (np.array([p[i] for p in attribute.pairs], np.int64) for i in (0, 1))
     explained = explainable(metrics)
     rates = list(dict.fromkeys(rate for metric in explained for rate in METRICS[metric].rates))
@@ -259,7 +263,7 @@ class _Terms:
         columns, values, mix, rate = self.columns, self.values, self.mix[k], self.rate[k]
         (mix_lo, mix_hi), (rate_lo, rate_hi) = ((lo[k], hi[k]) for lo, hi in (self.mix_ci, self.rate_ci))
         return [{"column": columns[i], "value": values[i], "mix": mix[i], "rate": rate[i],
-                 "mix_ci_95": [mix_lo[i], mix_hi[i]], "rate_ci_95": [rate_lo[i], rate_hi[i]]}
+                 "mix_ci_95": (mix_lo[i], mix_hi[i]), "rate_ci_95": (rate_lo[i], rate_hi[i])}
                 for i in self.order[k]]  # fmt: skip
 
 
