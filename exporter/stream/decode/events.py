@@ -139,25 +139,18 @@ class EventDecoder:
         assert self._parser is not None
         slots = self._parser.slots(values)
         get_model, model_id = self._get["model"], self.model.model_id
-        if not self._parser.refused:  # the usual batch, of this model's events alone, in one pass
-            models = list(map(get_model, slots))
-            if models.count(model_id) == len(slots):
-                return slots, list(range(len(slots))), [], Counter()
-            at = [i for i, m in enumerate(models) if m == model_id]
-            return [slots[i] for i in at], at, [], Counter(map(ignore_reason, (m for m in models if m != model_id)))
-        structs, at, walked = [], [], []
-        ignored: Counter[str] = Counter()
-        for i, event in enumerate(slots):
-            if event is None:
-                walked.append(i)
-                continue
-            found = get_model(event)
-            if found != model_id:
-                ignored[ignore_reason(found)] += 1
-                continue
-            structs.append(event)
-            at.append(i)
-        return structs, at, walked, ignored
+        at: Sequence[int] = range(len(slots))
+        walked: list[int] = []
+        if self._parser.refused:  # the refused ones are walked (the rules say why); the rest as in any batch
+            walked = [i for i, event in enumerate(slots) if event is None]
+            at = [i for i, event in enumerate(slots) if event is not None]
+            slots = [event for event in slots if event is not None]
+        models = list(map(get_model, slots))
+        if models.count(model_id) == len(slots):  # the usual batch, of this model's events alone
+            return slots, list(at), walked, Counter()
+        keep = [k for k, m in enumerate(models) if m == model_id]
+        return ([slots[k] for k in keep], [at[k] for k in keep], walked,
+                Counter(map(ignore_reason, (m for m in models if m != model_id))))
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
         """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
