@@ -76,6 +76,23 @@ def test_keep_peaks_takes_the_largest_statistic_per_bin_and_the_earliest_on_a_ti
     assert kept["step"].tolist() == [1, 2, 5]
 
 
+def test_keep_peaks_keeps_each_bins_earliest_largest_statistic_over_gaps_ties_and_nans() -> None:
+    """Steps with gaps (what an earlier downsampling left), ties (0.0 and -0.0 too), infinities and NaN (the lowest;
+    a bin of NaN only keeps its first): each bin's point is the one a plain scan of the bin picks."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        steps = np.sort(rng.choice(400, int(rng.integers(1, 80)), replace=False))
+        statistic = rng.choice([0.0, -0.0, 0.5, 2.0, np.inf, -np.inf, np.nan], len(steps))
+        width = int(2 ** rng.integers(0, 6))
+        expected = []
+        for b in dict.fromkeys(steps // width):
+            in_bin = np.flatnonzero(steps // width == b)
+            numbers = [i for i in in_bin if not np.isnan(statistic[i])]
+            expected.append(max(numbers, key=lambda i: (statistic[i], -i)) if numbers else in_bin[0])
+        kept = backtest_series.keep_peaks({"step": steps, "statistic": statistic}, width)
+        assert kept["step"].tolist() == steps[expected].tolist()
+
+
 def test_backtest_html_shows_the_reports_numbers(replayed: tuple[dict, str, Path]) -> None:
     report, html, _ = replayed
     assert_self_contained(html)

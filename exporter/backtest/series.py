@@ -82,10 +82,11 @@ def by_step(rows: np.ndarray) -> np.ndarray:
 def keep_peaks(columns: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
     """Per bin of ``width`` steps (``step // width``), the step with the largest statistic (the earliest on a
     tie): a downsampled series that keeps every peak the detector reached, and so every alarm's height."""
-    bins = columns["step"] // width
-    order = np.lexsort((-columns["statistic"], bins))  # stable: by bin, then statistic descending
-    first = np.r_[True, bins[order][1:] != bins[order][:-1]]
-    keep = np.sort(order[first])
+    bins, statistic = columns["step"] // width, columns["statistic"]
+    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])  # steps increase: a bin is a run
+    peak = np.repeat(np.fmax.reduceat(statistic, starts), np.diff(np.r_[starts, len(bins)]))  # NaN: the lowest
+    candidates = np.flatnonzero((statistic == peak) | np.isnan(peak))  # a bin of NaN only keeps its first
+    keep = candidates[np.r_[True, bins[candidates][1:] != bins[candidates][:-1]]]  # each bin's earliest
     return {k: v[keep] for k, v in columns.items()}
 
 
