@@ -151,6 +151,27 @@ def test_a_series_extended_block_by_block_keeps_the_peaks_of_every_step_at_its_f
             np.testing.assert_array_equal(series.columns[k], v)
 
 
+def test_the_detectors_series_kept_together_are_each_detectors_own() -> None:
+    """Columns ``(steps, detectors)`` extended block by block: each detector's column has the points, width and
+    largest statistic its own series gets (ties, NaN and blocks that cross widths)."""
+    rng = np.random.default_rng(5)
+    steps, n = 3_000, 4
+    statistic = rng.integers(0, 4, (steps, n)).astype(float)
+    statistic[rng.random((steps, n)) < 0.05] = np.nan
+    everything = {"step": np.repeat(np.arange(steps)[:, None], n, axis=1), "time": rng.random((steps, n)),
+                  "value": rng.random((steps, n)), "lower": rng.random((steps, n)), "upper": rng.random((steps, n)),
+                  "statistic": statistic, "alarm": rng.random((steps, n)) < 0.5}  # fmt: skip
+    together = backtest_series.Series({k: v[:0] for k, v in everything.items()})
+    alone = [backtest_series.Series({k: v[:0, i] for k, v in everything.items()}) for i in range(n)]
+    for start, stop in ((0, 300), (300, 1_440), (1_440, 1_441), (1_441, 3_000)):
+        together.extend({k: v[start:stop] for k, v in everything.items()})
+        for i, series in enumerate(alone):
+            series.extend({k: v[start:stop, i] for k, v in everything.items()})
+            column = together.column(i)
+            assert (column.width, column.max_statistic) == (series.width, float(series.max_statistic))
+            assert json.dumps(column.points()) == json.dumps(series.points())
+
+
 def test_isos_writes_what_datetime_writes_for_every_kind_of_time() -> None:
     """The report's times, formatted thousands at a time, are datetime's own: microseconds rounded half to even
     (a carry into the next second included), left out when 0, before 1970 too."""

@@ -77,7 +77,8 @@ class Replay:
     _queued: int = 0
     _segments: list[Any] = field(default_factory=list)
     """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
-    _series: dict[int, Series] = field(default_factory=dict)
+    _series: Series | None = None
+    """Every detector's, a column each."""
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
@@ -244,14 +245,16 @@ class Replay:
     def _series_report(self) -> list[dict[str, Any]]:
         """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
         with the largest statistic."""
-        bank = self.store.detectors
-        others = sorted((i for i in self._series if i not in self._alerted),
-                        key=lambda i: (-self._series[i].max_statistic, i))[:SERIES_OTHERS]  # fmt: skip
+        bank, every = self.store.detectors, self._series
+        if every is None:
+            return []
+        others = sorted((i for i in range(len(bank)) if i not in self._alerted),
+                        key=lambda i: (-every.max_statistic[i], i))[:SERIES_OTHERS]  # fmt: skip
         window = self.windowing.windows[0].name
         thresholds = self.config.thresholds()
         out = []
         for i in [*sorted(self._alerted), *others]:
-            detector, series = bank.detectors[i], self._series[i]
+            detector, series = bank.detectors[i], every.column(i)
             alert = ALERT_OF_METRIC[detector.metric]
             out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
                         **identity(detector), "alerted": i in self._alerted, "window": window,
@@ -334,16 +337,20 @@ class Replay:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
         into its bounded series."""
         first = self.steps - len(times)  # the block's first step (compute() counted the block's steps)
+        detectors = self.store.detectors.detectors
+        if not detectors:
+            return
         attributes = self._attributes
         window = self.windowing.windows[0].name
-        for i, detector in enumerate(self.store.detectors.detectors):
-            attribute = attributes[detector.attribute]
-            value, lower, upper = compared(detector, attribute, evaluations[(window, attribute.name)])
-            block = {"step": np.arange(first, first + len(times)), "time": times, "value": value, "lower": lower,
-                     "upper": upper, "statistic": trace.statistic[:, i], "alarm": trace.active[:, i]}  # fmt: skip
-            if i not in self._series:
-                self._series[i] = Series({k: v[:0] for k, v in block.items()})
-            self._series[i].extend(block)
+        each = [compared(d, attributes[d.attribute], evaluations[(window, d.attribute)]) for d in detectors]
+        value, lower, upper = (np.stack([s[c] for s in each], axis=1) for c in range(3))
+        steps = np.arange(first, first + len(times))
+        block = {"step": np.repeat(steps[:, None], len(detectors), axis=1),
+                 "time": np.repeat(times[:, None], len(detectors), axis=1), "value": value, "lower": lower,
+                 "upper": upper, "statistic": trace.statistic, "alarm": trace.active}  # fmt: skip
+        if self._series is None:
+            self._series = Series({k: v[:0] for k, v in block.items()})
+        self._series.extend(block)
 
     def _entry(self, source: Any, t: int, statistics: np.ndarray, evaluations: dict[tuple[str, str], Evaluation],
                now: float) -> dict[str, Any]:  # fmt: skip

@@ -81,35 +81,45 @@ def by_step(rows: np.ndarray) -> np.ndarray:
 
 def keep_peaks(columns: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
     """Per bin of ``width`` steps (``step // width``), the step with the largest statistic (the earliest on a
-    tie): a downsampled series that keeps every peak the detector reached, and so every alarm's height."""
+    tie): a downsampled series that keeps every peak the detector reached, and so every alarm's height. Columns
+    of shape ``(steps, series)`` are that many series kept apart, whose rows fall in the same bins (extended
+    together, each keeps one step per bin)."""
     bins, statistic = columns["step"] // width, columns["statistic"]
-    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])  # steps increase: a bin is a run
-    peak = np.repeat(np.fmax.reduceat(statistic, starts), np.diff(np.r_[starts, len(bins)]))  # NaN: the lowest
-    candidates = np.flatnonzero((statistic == peak) | np.isnan(peak))  # a bin of NaN only keeps its first
-    keep = candidates[np.r_[True, bins[candidates][1:] != bins[candidates][:-1]]]  # each bin's earliest
-    return {k: v[keep] for k, v in columns.items()}
+    runs = bins.reshape(len(bins), -1)[:, 0]
+    starts = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])  # steps increase: a bin is a run of rows
+    peak = np.repeat(np.fmax.reduceat(statistic, starts, axis=0), np.diff(np.r_[starts, len(runs)]), axis=0)
+    rows = np.arange(len(runs)).reshape(-1, *(1,) * (statistic.ndim - 1))
+    at_peak = np.where((statistic == peak) | np.isnan(peak), rows, len(runs))  # NaN is the lowest; a bin of NaN
+    keep = np.minimum.reduceat(at_peak, starts, axis=0)  # only keeps its first. Each bin's earliest at its peak
+    return {k: np.take_along_axis(v, keep, axis=0) for k, v in columns.items()}
 
 
 @dataclass
 class Series:
-    """One detector's bounded history: points of bins of `width` steps (a power of two), at most SERIES_POINTS."""
+    """A detector's bounded history: points of bins of `width` steps (a power of two), at most SERIES_POINTS. With
+    columns of shape ``(steps, detectors)``, every detector's, extended together (:meth:`column`: one of them)."""
 
     columns: dict[str, np.ndarray]
     width: int = 1
-    max_statistic: float = -math.inf
+    max_statistic: Any = -math.inf
+    """The largest statistic of a block without NaN (per detector)."""
 
     def extend(self, block: dict[str, np.ndarray]) -> None:
         """Append a block of later steps, then keep the peaks of bins as wide as it takes to stay within
         SERIES_POINTS: one pass at the final width, which keeps what halving the points pass after pass kept (a
         bin's earliest largest statistic is its halves' earliest largest)."""
-        self.max_statistic = max(self.max_statistic, float(np.max(block["statistic"], initial=-math.inf)))
+        peak = np.max(block["statistic"], axis=0, initial=-math.inf)
+        self.max_statistic = np.where(peak > self.max_statistic, peak, self.max_statistic)
         merged = {k: np.concatenate([self.columns[k], block[k]]) for k in SERIES_COLUMNS}
-        width = self.width
-        while np.count_nonzero(np.diff(merged["step"] // width)) >= SERIES_POINTS:  # steps increase: bins change
+        steps, width = merged["step"].reshape(len(merged["step"]), -1)[:, 0], self.width
+        while np.count_nonzero(np.diff(steps // width)) >= SERIES_POINTS:  # steps increase: bins change
             width *= 2
         self.width = width
         self.columns = merged if width == 1 else keep_peaks(merged, width)  # width 1: one step per bin already
 
+    def column(self, i: int) -> Series:
+        """Detector i's series, of columns ``(steps, detectors)``."""
+        return Series({k: v[:, i] for k, v in self.columns.items()}, self.width, float(self.max_statistic[i]))
 
     def points(self) -> dict[str, list[Any]]:
         """The points as the report has them: ISO times, numbers (None: NaN or infinite), alarms."""
