@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events, reference
-from exporter.backtest.series import SERIES_OTHERS, Series, compared, evaluate_steps, identity, iso, number, shown
+from exporter.backtest.series import SERIES_OTHERS, Series, block_of, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation
@@ -77,8 +77,7 @@ class Replay:
     _queued: int = 0
     _segments: list[Any] = field(default_factory=list)
     """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
-    _series: Series | None = None
-    """Every detector's, a column each."""
+    _series: Series | None = None  # every detector's, a column each
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
@@ -336,21 +335,12 @@ class Replay:
     def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
         into its bounded series."""
-        first = self.steps - len(times)  # the block's first step (compute() counted the block's steps)
         detectors = self.store.detectors.detectors
-        if not detectors:
-            return
-        attributes = self._attributes
-        window = self.windowing.windows[0].name
-        each = [compared(d, attributes[d.attribute], evaluations[(window, d.attribute)]) for d in detectors]
-        value, lower, upper = (np.stack([s[c] for s in each], axis=1) for c in range(3))
-        steps = np.arange(first, first + len(times))
-        block = {"step": np.repeat(steps[:, None], len(detectors), axis=1),
-                 "time": np.repeat(times[:, None], len(detectors), axis=1), "value": value, "lower": lower,
-                 "upper": upper, "statistic": trace.statistic, "alarm": trace.active}  # fmt: skip
-        if self._series is None:
-            self._series = Series({k: v[:0] for k, v in block.items()})
-        self._series.extend(block)
+        if detectors:  # from the block's first step (compute() counted the block's steps)
+            block = block_of(detectors, self._attributes, evaluations, self.windowing.windows[0].name,
+                                    self.steps - len(times), times, trace)  # fmt: skip
+            self._series = self._series or Series({k: v[:0] for k, v in block.items()})
+            self._series.extend(block)
 
     def _entry(self, source: Any, t: int, statistics: np.ndarray, evaluations: dict[tuple[str, str], Evaluation],
                now: float) -> dict[str, Any]:  # fmt: skip

@@ -4,7 +4,7 @@ keeping the peaks of its statistic (so every alarm's height survives the downsam
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,7 +13,7 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector
+from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
 
 SERIES_POINTS = 500
 """At most this many points per detector's series in the report (see :func:`keep_peaks`)."""
@@ -150,6 +150,19 @@ def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[
     value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
     ok = ok & ~np.isnan(value)
     return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
+
+
+def block_of(detectors: Sequence[Detector], attributes: Mapping[str, Attribute],
+             evaluations: Mapping[tuple[str, str], Evaluation], window: str, first: int, times: np.ndarray,
+             trace: Trace) -> dict[str, np.ndarray]:  # fmt: skip
+    """A block of steps (the first: step ``first``) of every detector's series, columns ``(steps, detectors)``:
+    the alerts' value in ``window`` (:func:`compared`), the statistic, the alarm."""
+    each = [compared(d, attributes[d.attribute], evaluations[(window, d.attribute)]) for d in detectors]
+    value, lower, upper = (np.stack([s[c] for s in each], axis=1) for c in range(3))
+    steps = np.arange(first, first + len(times))
+    return {"step": np.repeat(steps[:, None], len(detectors), axis=1),
+            "time": np.repeat(times[:, None], len(detectors), axis=1), "value": value, "lower": lower,
+            "upper": upper, "statistic": trace.statistic, "alarm": trace.active}  # fmt: skip
 
 
 def identity(detector: Detector) -> dict[str, Any]:
