@@ -95,10 +95,16 @@ def log_hypergeometric_mgf(log_psi: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, k
     step = max(8, width // 16)
     widths = np.minimum(-(-lengths[order] // step) * step, width)
     cuts = np.flatnonzero(np.diff(widths)) + 1
-    lp_t = np.ascontiguousarray(lp.T)
-    summed = np.zeros((len(n_a), lp.shape[1], width))  # in `order`: each element's terms, zeros past its support
-    peaks = np.empty_like(lp_t)
-    for first, last in zip(np.r_[0, cuts], np.r_[cuts, len(order)], strict=True):
+    lp_t, n_alt = np.ascontiguousarray(lp.T), lp.shape[1]
+    firsts, lasts = np.r_[0, cuts], np.r_[cuts, len(order)]
+    largest = int((lasts - firsts).max())
+    scratch = np.empty(largest * n_alt * width)  # one block's terms at a time, and their lanes of no term
+    no_term = np.empty(len(scratch), dtype=bool)
+    # a block's terms padded with zeros to the widest support: the blocks' widths grow, so a block's rows past its
+    # own width were never written and hold their zeros
+    summed = np.zeros((largest, n_alt, width))
+    out = np.empty_like(lp)
+    for first, last in zip(firsts, lasts, strict=True):
         rows, w = order[first:last], int(widths[first])
         offsets = np.arange(w)[:, None]
         x = start[rows] + offsets  # (support, elements)
@@ -107,18 +113,19 @@ def log_hypergeometric_mgf(log_psi: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, k
         base = -(table.take(x) + table.take(n_a[rows] - x) + table.take(k[rows] - x) + table.take((n_b - k)[rows] + x))
         base += constant[rows]
         np.copyto(base, -np.inf, where=outside)
-        terms = np.multiply(lp_t[:, rows][:, None, :], x.astype(np.float64))  # in place from here: cheap ops
+        shape = (n_alt, w, len(rows))
+        terms = scratch[: np.prod(shape)].reshape(shape)
+        np.multiply(lp_t[:, rows][:, None, :], x.astype(np.float64), out=terms)  # in place from here: cheap ops
         terms += base
         peak = terms.max(axis=1)
         terms -= peak[:, None, :]
-        padded = terms < -750.0  # exp is 0 there (the padding, underflows), and such lanes take numpy's slow path
-        np.copyto(terms, 0.0, where=padded)
+        padded = np.less(terms, -750.0, out=no_term[: terms.size].reshape(shape))  # exp is 0 there (the padding,
+        np.copyto(terms, 0.0, where=padded)  # underflows), and such lanes take numpy's slow path
         np.exp(terms, out=terms)
         np.copyto(terms, 0.0, where=padded)
-        summed[first:last, :, :w] = terms.transpose(2, 0, 1)
-        peaks[:, first:last] = peak
-    out = np.empty_like(lp)
-    out[order] = peaks.T + np.log(summed.sum(axis=2))
+        block = summed[: len(rows)]
+        block[:, :, :w] = terms.transpose(2, 0, 1)
+        out[rows] = peak.T + np.log(block.sum(axis=2))
     return out.reshape((*counts_shape, *extra))
 
 
