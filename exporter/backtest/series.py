@@ -136,18 +136,29 @@ def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[
     nothing here (its statistic is the report's ``estimated.calibration``)."""
     if detector.predicted:
         return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
+    return tuple(c[:, _column(detector, attribute)] for c in _shown(detector, attribute, ev))
+
+
+def _column(detector: Detector, attribute: Attribute) -> int:
+    """A subgroup detector's group, a pair detector's pair."""
     if detector.subgroup:
-        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
-        stats = ev.groups
+        return attribute.groups.index(detector.subgroup)
+    groups = attribute.groups
+    return [(groups[a], groups[b]) for a, b in attribute.pairs].index((detector.group_a, detector.group_b))
+
+
+def _shown(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
+    """What the detectors of an attribute and metric (a subgroup's or a pair's) show: (value, lower, upper) of
+    shape (steps, groups or pairs), NaN where too few samples (:func:`compared`: one column)."""
+    if detector.subgroup:
+        n, stats = len(attribute.groups), ev.groups
         columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
-        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
+        ok = np.asarray(stats.samples).reshape(-1, n) > 0
     else:
         metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
-        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
-        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
-        columns = tuple(ev.metric(metric))
-        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
-    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
+        n, columns = len(attribute.pairs), tuple(ev.metric(metric))
+        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)
+    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n) for c in columns)
     ok = ok & ~np.isnan(value)
     return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
 
@@ -156,8 +167,18 @@ def block_of(detectors: Sequence[Detector], attributes: Mapping[str, Attribute],
              evaluations: Mapping[tuple[str, str], Evaluation], window: str, first: int, times: np.ndarray,
              trace: Trace) -> dict[str, np.ndarray]:  # fmt: skip
     """A block of steps (the first: step ``first``) of every detector's series, columns ``(steps, detectors)``:
-    the alerts' value in ``window`` (:func:`compared`), the statistic, the alarm."""
-    each = [compared(d, attributes[d.attribute], evaluations[(window, d.attribute)]) for d in detectors]
+    the alerts' value in ``window`` (:func:`compared`: each attribute and metric's once), the statistic, the alarm."""
+    shown: dict[tuple[str, str], tuple[np.ndarray, ...]] = {}
+    each = []
+    for d in detectors:
+        attribute, ev = attributes[d.attribute], evaluations[(window, d.attribute)]
+        if d.predicted:
+            each.append(compared(d, attribute, ev))
+        else:
+            key = (d.attribute, d.metric)
+            if key not in shown:
+                shown[key] = _shown(d, attribute, ev)
+            each.append(tuple(c[:, _column(d, attribute)] for c in shown[key]))
     value, lower, upper = (np.stack([s[c] for s in each], axis=1) for c in range(3))
     steps = np.arange(first, first + len(times))
     return {"step": np.repeat(steps[:, None], len(detectors), axis=1),
