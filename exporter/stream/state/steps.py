@@ -98,7 +98,7 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         for name, k in store.window_buckets.items():  # a count leaves a window at the first step past b + k - 1
             span = opened.copy()
             leaves = np.searchsorted(step_heads, part_heads + k - 1, side="right")
-            np.add.at(span, np.maximum(leaves, seen_at), -current)
+            _add_runs(span, np.maximum(leaves, seen_at), -current)  # both grow with the part: so does the step
             leaves = np.searchsorted(step_heads, older_buckets + k - 1, side="right")
             span -= np.bincount(np.maximum(leaves, part[older_event] + first) * cells + older_cell,
                                 minlength=size).reshape(-1, cells)  # fmt: skip
@@ -107,7 +107,7 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
             windows[name] = np.cumsum(span[:-1], axis=0).reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
         store._advance(int(head_buckets[-1]))
         kept = part_heads > store.head - n  # a count whose bucket left the ring since was emptied with it
-        np.add.at(ring, store._slots(part_heads[kept]), current[kept])
+        ring[store._slots(part_heads[kept])] += current[kept]  # the parts' buckets differ, within the ring: so do slots
         kept = older_buckets > store.head - n
         ring += np.bincount(store._slots(older_buckets[kept]) * cells + older_cell[kept],
                             minlength=n * cells).reshape(n, cells)  # fmt: skip
@@ -117,3 +117,10 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
                                         int(step_heads[-1]), d.steps + len(step_heads),
                                         store.estimate_totals.copy())  # fmt: skip
     return Steps(times, counts, windows, int((~on_time).sum()))
+
+
+def _add_runs(target: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``np.add.at(target, rows, values)`` for rows that do not decrease: each run of a row's values summed once."""
+    if len(rows):
+        runs = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        target[rows[runs]] += np.add.reduceat(values, runs, axis=0)
