@@ -76,6 +76,23 @@ def test_keep_peaks_takes_the_largest_statistic_per_bin_and_the_earliest_on_a_ti
     assert kept["step"].tolist() == [1, 2, 5]
 
 
+def test_keep_peaks_keeps_each_bins_earliest_largest_statistic_over_gaps_ties_and_nans() -> None:
+    """Steps with gaps (what an earlier downsampling left), ties (0.0 and -0.0 too), infinities and NaN (the lowest;
+    a bin of NaN only keeps its first): each bin's point is the one a plain scan of the bin picks."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        steps = np.sort(rng.choice(400, int(rng.integers(1, 80)), replace=False))
+        statistic = rng.choice([0.0, -0.0, 0.5, 2.0, np.inf, -np.inf, np.nan], len(steps))
+        width = int(2 ** rng.integers(0, 6))
+        expected = []
+        for b in dict.fromkeys(steps // width):
+            in_bin = np.flatnonzero(steps // width == b)
+            numbers = [i for i in in_bin if not np.isnan(statistic[i])]
+            expected.append(max(numbers, key=lambda i: (statistic[i], -i)) if numbers else in_bin[0])
+        kept = backtest_series.keep_peaks({"step": steps, "statistic": statistic}, width)
+        assert kept["step"].tolist() == steps[expected].tolist()
+
+
 def test_backtest_html_shows_the_reports_numbers(replayed: tuple[dict, str, Path]) -> None:
     report, html, _ = replayed
     assert_self_contained(html)
@@ -132,6 +149,27 @@ def test_a_series_extended_block_by_block_keeps_the_peaks_of_every_step_at_its_f
         expected = backtest_series.keep_peaks({k: v[:stop] for k, v in everything.items()}, width)
         for k, v in expected.items():
             np.testing.assert_array_equal(series.columns[k], v)
+
+
+def test_the_detectors_series_kept_together_are_each_detectors_own() -> None:
+    """Columns ``(steps, detectors)`` extended block by block: each detector's column has the points, width and
+    largest statistic its own series gets (ties, NaN and blocks that cross widths)."""
+    rng = np.random.default_rng(5)
+    steps, n = 3_000, 4
+    statistic = rng.integers(0, 4, (steps, n)).astype(float)
+    statistic[rng.random((steps, n)) < 0.05] = np.nan
+    everything = {"step": np.repeat(np.arange(steps)[:, None], n, axis=1), "time": rng.random((steps, n)),
+                  "value": rng.random((steps, n)), "lower": rng.random((steps, n)), "upper": rng.random((steps, n)),
+                  "statistic": statistic, "alarm": rng.random((steps, n)) < 0.5}  # fmt: skip
+    together = backtest_series.Series({k: v[:0] for k, v in everything.items()})
+    alone = [backtest_series.Series({k: v[:0, i] for k, v in everything.items()}) for i in range(n)]
+    for start, stop in ((0, 300), (300, 1_440), (1_440, 1_441), (1_441, 3_000)):
+        together.extend({k: v[start:stop] for k, v in everything.items()})
+        for i, series in enumerate(alone):
+            series.extend({k: v[start:stop, i] for k, v in everything.items()})
+            column = together.column(i)
+            assert (column.width, column.max_statistic) == (series.width, float(series.max_statistic))
+            assert json.dumps(column.points()) == json.dumps(series.points())
 
 
 def test_isos_writes_what_datetime_writes_for_every_kind_of_time() -> None:

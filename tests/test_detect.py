@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from daemon_config import event, make_config
 from prometheus_client import CollectorRegistry
+from scipy.special import logsumexp
 from scipy.stats import hypergeom, nchypergeom_fisher
 from test_labels_and_checkpoint import Clock, records
 
@@ -41,6 +42,26 @@ def test_likelihood_ratio_is_fishers_noncentral_over_the_hypergeometric(n_a: int
     x = int(nchypergeom_fisher.mean(n_a + n_b, n_a, k, psi))
     expected = nchypergeom_fisher.logpmf(x, n_a + n_b, n_a, k, psi) - hypergeom.logpmf(x, n_a + n_b, n_a, k)
     assert float(detect.two_sample_log_lr(x, n_a, k - x, n_b, math.log(psi))) == pytest.approx(expected, rel=1e-9)
+
+
+def test_elements_of_every_support_width_in_one_call_get_their_own_ratio_to_the_bit() -> None:
+    """One call over elements of supports from 1 to ~1,300 terms and three alternatives each (computed by blocks
+    of similar width): each element's value is the one it gets beside the widest element alone (the same padded
+    width, so the same float sum), and scipy's to 1e-9."""
+    rng = np.random.default_rng(7)
+    n_a, n_b = rng.integers(0, 3_000, 400), rng.integers(0, 3_000, 400)
+    k = (rng.random(400) * (n_a + n_b + 1)).astype(np.int64)
+    n_a[0], n_b[0], k[0] = 3_000, 3_000, 3_000  # the widest support
+    log_psi = rng.normal(0.0, 0.3, (400, 3))
+    together = detect.log_hypergeometric_mgf(log_psi, n_a, n_b, k)
+    for i in [0, *rng.choice(np.arange(1, 400), 40, replace=False)]:
+        pair = [0, i]
+        alone = detect.log_hypergeometric_mgf(log_psi[pair], n_a[pair], n_b[pair], k[pair])[1]
+        assert together[i].tobytes() == alone.tobytes()
+        x = np.arange(max(0, k[i] - n_b[i]), min(k[i], n_a[i]) + 1)
+        log_pmf = hypergeom.logpmf(x, n_a[i] + n_b[i], n_a[i], k[i])
+        expected = [float(logsumexp(log_pmf + lp * x)) for lp in log_psi[i]]
+        assert together[i].tolist() == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
 def test_steps_without_information_leave_the_statistic_alone() -> None:

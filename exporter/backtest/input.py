@@ -101,7 +101,6 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
 
     from exporter.gate.data import columns as col
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.data.side import join_columns
     from exporter.gate.fairness.frames import prediction_column
 
     try:
@@ -120,8 +119,11 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
             for m in models:
                 mine = np.array([i == m.model_id for i in ids] + [False])[indices]  # per distinct id; -1: missing
                 rows = batch if mine.all() else batch.filter(pa.array(mine))
-                for name, joined in join_columns(m, tables, rows).items():
-                    rows = rows.append_column(name, joined)
+                if m.attribute_sources:  # the gate's join (loaded only then)
+                    from exporter.gate.data.side import join_columns
+
+                    for name, joined in join_columns(m, tables, rows).items():
+                        rows = rows.append_column(name, joined)
                 out[m.model_id] = _model_rows(location, m, rows)
             yield out, int(batch.num_rows - sum(len(c.timestamps) for c in out.values())), 0
     except DataError as exc:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events, reference
-from exporter.backtest.series import SERIES_OTHERS, Series, compared, evaluate_steps, identity, iso, number, shown
+from exporter.backtest.series import SERIES_OTHERS, Series, block_of, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation
@@ -77,7 +77,7 @@ class Replay:
     _queued: int = 0
     _segments: list[Any] = field(default_factory=list)
     """Per pending step, the segment counts' windows (a model with ``segments:``), for the explanation of a page."""
-    _series: dict[int, Series] = field(default_factory=dict)
+    _series: Series | None = None  # every detector's, a column each
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
@@ -244,14 +244,16 @@ class Replay:
     def _series_report(self) -> list[dict[str, Any]]:
         """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
         with the largest statistic."""
-        bank = self.store.detectors
-        others = sorted((i for i in self._series if i not in self._alerted),
-                        key=lambda i: (-self._series[i].max_statistic, i))[:SERIES_OTHERS]  # fmt: skip
+        bank, every = self.store.detectors, self._series
+        if every is None:
+            return []
+        others = sorted((i for i in range(len(bank)) if i not in self._alerted),
+                        key=lambda i: (-every.max_statistic[i], i))[:SERIES_OTHERS]  # fmt: skip
         window = self.windowing.windows[0].name
         thresholds = self.config.thresholds()
         out = []
         for i in [*sorted(self._alerted), *others]:
-            detector, series = bank.detectors[i], self._series[i]
+            detector, series = bank.detectors[i], every.column(i)
             alert = ALERT_OF_METRIC[detector.metric]
             out.append({"alert": alert.name, "severity": alert.severity, "attribute": detector.attribute,
                         **identity(detector), "alerted": i in self._alerted, "window": window,
@@ -333,17 +335,12 @@ class Replay:
     def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
         into its bounded series."""
-        first = self.steps - len(times)  # the block's first step (compute() counted the block's steps)
-        attributes = self._attributes
-        window = self.windowing.windows[0].name
-        for i, detector in enumerate(self.store.detectors.detectors):
-            attribute = attributes[detector.attribute]
-            value, lower, upper = compared(detector, attribute, evaluations[(window, attribute.name)])
-            block = {"step": np.arange(first, first + len(times)), "time": times, "value": value, "lower": lower,
-                     "upper": upper, "statistic": trace.statistic[:, i], "alarm": trace.active[:, i]}  # fmt: skip
-            if i not in self._series:
-                self._series[i] = Series({k: v[:0] for k, v in block.items()})
-            self._series[i].extend(block)
+        detectors = self.store.detectors.detectors
+        if detectors:  # from the block's first step (compute() counted the block's steps)
+            block = block_of(detectors, self._attributes, evaluations, self.windowing.windows[0].name,
+                                    self.steps - len(times), times, trace)  # fmt: skip
+            self._series = self._series or Series({k: v[:0] for k, v in block.items()})
+            self._series.extend(block)
 
     def _entry(self, source: Any, t: int, statistics: np.ndarray, evaluations: dict[tuple[str, str], Evaluation],
                now: float) -> dict[str, Any]:  # fmt: skip

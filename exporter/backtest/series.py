@@ -4,7 +4,7 @@ keeping the peaks of its statistic (so every alarm's height survives the downsam
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,7 +13,7 @@ import numpy as np
 from exporter.config import ModelSpec, Windowing
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector
+from exporter.stream.state.detectors import ALERT_OF_METRIC, Detector, Trace
 
 SERIES_POINTS = 500
 """At most this many points per detector's series in the report (see :func:`keep_peaks`)."""
@@ -81,34 +81,45 @@ def by_step(rows: np.ndarray) -> np.ndarray:
 
 def keep_peaks(columns: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
     """Per bin of ``width`` steps (``step // width``), the step with the largest statistic (the earliest on a
-    tie): a downsampled series that keeps every peak the detector reached, and so every alarm's height."""
-    bins = columns["step"] // width
-    order = np.lexsort((-columns["statistic"], bins))  # stable: by bin, then statistic descending
-    first = np.r_[True, bins[order][1:] != bins[order][:-1]]
-    keep = np.sort(order[first])
-    return {k: v[keep] for k, v in columns.items()}
+    tie): a downsampled series that keeps every peak the detector reached, and so every alarm's height. Columns
+    of shape ``(steps, series)`` are that many series kept apart, whose rows fall in the same bins (extended
+    together, each keeps one step per bin)."""
+    bins, statistic = columns["step"] // width, columns["statistic"]
+    runs = bins.reshape(len(bins), -1)[:, 0]
+    starts = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])  # steps increase: a bin is a run of rows
+    peak = np.repeat(np.fmax.reduceat(statistic, starts, axis=0), np.diff(np.r_[starts, len(runs)]), axis=0)
+    rows = np.arange(len(runs)).reshape(-1, *(1,) * (statistic.ndim - 1))
+    at_peak = np.where((statistic == peak) | np.isnan(peak), rows, len(runs))  # NaN is the lowest; a bin of NaN
+    keep = np.minimum.reduceat(at_peak, starts, axis=0)  # only keeps its first. Each bin's earliest at its peak
+    return {k: np.take_along_axis(v, keep, axis=0) for k, v in columns.items()}
 
 
 @dataclass
 class Series:
-    """One detector's bounded history: points of bins of `width` steps (a power of two), at most SERIES_POINTS."""
+    """A detector's bounded history: points of bins of `width` steps (a power of two), at most SERIES_POINTS. With
+    columns of shape ``(steps, detectors)``, every detector's, extended together (:meth:`column`: one of them)."""
 
     columns: dict[str, np.ndarray]
     width: int = 1
-    max_statistic: float = -math.inf
+    max_statistic: Any = -math.inf
+    """The largest statistic of a block without NaN (per detector)."""
 
     def extend(self, block: dict[str, np.ndarray]) -> None:
         """Append a block of later steps, then keep the peaks of bins as wide as it takes to stay within
         SERIES_POINTS: one pass at the final width, which keeps what halving the points pass after pass kept (a
         bin's earliest largest statistic is its halves' earliest largest)."""
-        self.max_statistic = max(self.max_statistic, float(np.max(block["statistic"], initial=-math.inf)))
+        peak = np.max(block["statistic"], axis=0, initial=-math.inf)
+        self.max_statistic = np.where(peak > self.max_statistic, peak, self.max_statistic)
         merged = {k: np.concatenate([self.columns[k], block[k]]) for k in SERIES_COLUMNS}
-        width = self.width
-        while np.count_nonzero(np.diff(merged["step"] // width)) >= SERIES_POINTS:  # steps increase: bins change
+        steps, width = merged["step"].reshape(len(merged["step"]), -1)[:, 0], self.width
+        while np.count_nonzero(np.diff(steps // width)) >= SERIES_POINTS:  # steps increase: bins change
             width *= 2
         self.width = width
         self.columns = merged if width == 1 else keep_peaks(merged, width)  # width 1: one step per bin already
 
+    def column(self, i: int) -> Series:
+        """Detector i's series, of columns ``(steps, detectors)``."""
+        return Series({k: v[:, i] for k, v in self.columns.items()}, self.width, float(self.max_statistic[i]))
 
     def points(self) -> dict[str, list[Any]]:
         """The points as the report has them: ISO times, numbers (None: NaN or infinite), alarms."""
@@ -125,20 +136,54 @@ def compared(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[
     nothing here (its statistic is the report's ``estimated.calibration``)."""
     if detector.predicted:
         return tuple(np.full(len(np.asarray(ev.groups.samples)) // len(attribute.groups), np.nan) for _ in range(3))
+    return tuple(c[:, _column(detector, attribute)] for c in _shown(detector, attribute, ev))
+
+
+def _column(detector: Detector, attribute: Attribute) -> int:
+    """A subgroup detector's group, a pair detector's pair."""
     if detector.subgroup:
-        n, k = len(attribute.groups), attribute.groups.index(detector.subgroup)
-        stats = ev.groups
+        return attribute.groups.index(detector.subgroup)
+    groups = attribute.groups
+    return [(groups[a], groups[b]) for a, b in attribute.pairs].index((detector.group_a, detector.group_b))
+
+
+def _shown(detector: Detector, attribute: Attribute, ev: Evaluation) -> tuple[np.ndarray, ...]:
+    """What the detectors of an attribute and metric (a subgroup's or a pair's) show: (value, lower, upper) of
+    shape (steps, groups or pairs), NaN where too few samples (:func:`compared`: one column)."""
+    if detector.subgroup:
+        n, stats = len(attribute.groups), ev.groups
         columns: tuple[np.ndarray, ...] = (stats.selection_rate, *stats.selection_rate_ci)
-        ok = np.asarray(stats.samples).reshape(-1, n)[:, k] > 0
+        ok = np.asarray(stats.samples).reshape(-1, n) > 0
     else:
         metric = ALERT_OF_METRIC[detector.metric].shown.removeprefix("model_")
-        pairs = [(attribute.groups[a], attribute.groups[b]) for a, b in attribute.pairs]
-        n, k = len(pairs), pairs.index((detector.group_a, detector.group_b))
-        columns = tuple(ev.metric(metric))
-        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)[:, k]
-    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n)[:, k] for c in columns)
+        n, columns = len(attribute.pairs), tuple(ev.metric(metric))
+        ok = np.asarray(ev.sufficient(metric)).reshape(-1, n)
+    value, lower, upper = (np.asarray(c, dtype=np.float64).reshape(-1, n) for c in columns)
     ok = ok & ~np.isnan(value)
     return tuple(np.where(ok, c, np.nan) for c in (value, lower, upper))
+
+
+def block_of(detectors: Sequence[Detector], attributes: Mapping[str, Attribute],
+             evaluations: Mapping[tuple[str, str], Evaluation], window: str, first: int, times: np.ndarray,
+             trace: Trace) -> dict[str, np.ndarray]:  # fmt: skip
+    """A block of steps (the first: step ``first``) of every detector's series, columns ``(steps, detectors)``:
+    the alerts' value in ``window`` (:func:`compared`: each attribute and metric's once), the statistic, the alarm."""
+    shown: dict[tuple[str, str], tuple[np.ndarray, ...]] = {}
+    each = []
+    for d in detectors:
+        attribute, ev = attributes[d.attribute], evaluations[(window, d.attribute)]
+        if d.predicted:
+            each.append(compared(d, attribute, ev))
+        else:
+            key = (d.attribute, d.metric)
+            if key not in shown:
+                shown[key] = _shown(d, attribute, ev)
+            each.append(tuple(c[:, _column(d, attribute)] for c in shown[key]))
+    value, lower, upper = (np.stack([s[c] for s in each], axis=1) for c in range(3))
+    steps = np.arange(first, first + len(times))
+    return {"step": np.repeat(steps[:, None], len(detectors), axis=1),
+            "time": np.repeat(times[:, None], len(detectors), axis=1), "value": value, "lower": lower,
+            "upper": upper, "statistic": trace.statistic, "alarm": trace.active}  # fmt: skip
 
 
 def identity(detector: Detector) -> dict[str, Any]:

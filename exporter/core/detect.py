@@ -64,6 +64,11 @@ def log_hypergeometric_mgf(log_psi: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, k
     supports are summed over the modes of the tilted distributions +- 20 sqrt(m) + 20 terms (m = the smallest
     margin, whose quarter bounds the variance): the distribution is log-concave, so the terms left out are below
     e^-38 of the total.
+
+    The terms are computed by blocks of elements of about the same support width (laid out alternatives x
+    support x elements: each operation runs along the elements), each element's terms then summed over the
+    widest support padded with zeros: a float sum depends on its length, and that sum is the one made here
+    since the first version (the alarms' statistics stay the same to the bit).
     """
     n_a, n_b, k = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (n_a, n_b, k)))
     counts_shape = n_a.shape
@@ -81,25 +86,46 @@ def log_hypergeometric_mgf(log_psi: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, k
     column = (n_a.astype(np.float64)[:, None], n_b.astype(np.float64)[:, None], k.astype(np.float64)[:, None])
     modes = _noncentral_mode(column[0], column[1], column[2], np.exp(lp)).astype(np.int64)
     start = np.maximum(lo, modes.min(axis=1) - half)
-    stop = np.minimum(hi, modes.max(axis=1) + half)
-    width = int((stop - start).max(initial=0)) + 1
-    x = start[:, None] + np.arange(width)[None, :]
-    valid = x <= stop[:, None]
-    x = np.where(valid, x, start[:, None])
-    base = -(log_factorial(x) + log_factorial(n_a[:, None] - x) + log_factorial(k[:, None] - x)
-             + log_factorial((n_b - k)[:, None] + x))  # fmt: skip
-    base += (log_factorial(n_a) + log_factorial(n_b) + log_factorial(k) + log_factorial(n_a + n_b - k)
-             - log_factorial(n_a + n_b))[:, None]  # fmt: skip
-    base = np.where(valid, base, -np.inf)
-    terms = np.multiply(lp[:, :, None], x.astype(np.float64)[:, None, :])  # in place from here: large arrays, cheap ops
-    terms += base[:, None, :]
-    peak = terms.max(axis=2)
-    terms -= peak[:, :, None]
-    padded = terms < -750.0  # exp is 0 there (the padding, underflows), and such lanes take numpy's slow path
-    np.copyto(terms, 0.0, where=padded)
-    np.exp(terms, out=terms)
-    np.copyto(terms, 0.0, where=padded)
-    out = peak + np.log(terms.sum(axis=2))
+    lengths = np.minimum(hi, modes.max(axis=1) + half) - start + 1
+    width = int(lengths.max())
+    constant = (log_factorial(n_a) + log_factorial(n_b) + log_factorial(k) + log_factorial(n_a + n_b - k)
+                - log_factorial(n_a + n_b))  # fmt: skip
+    table = _log_factorials  # now holds every factorial below
+    order = np.argsort(lengths, kind="stable")
+    step = max(8, width // 16)
+    widths = np.minimum(-(-lengths[order] // step) * step, width)
+    cuts = np.flatnonzero(np.diff(widths)) + 1
+    lp_t, n_alt = np.ascontiguousarray(lp.T), lp.shape[1]
+    firsts, lasts = np.r_[0, cuts], np.r_[cuts, len(order)]
+    largest = int((lasts - firsts).max())
+    scratch = np.empty(largest * n_alt * width)  # one block's terms at a time, and their lanes of no term
+    no_term = np.empty(len(scratch), dtype=bool)
+    # a block's terms padded with zeros to the widest support: the blocks' widths grow, so a block's rows past its
+    # own width were never written and hold their zeros
+    summed = np.zeros((largest, n_alt, width))
+    out = np.empty_like(lp)
+    for first, last in zip(firsts, lasts, strict=True):
+        rows, w = order[first:last], int(widths[first])
+        offsets = np.arange(w)[:, None]
+        x = start[rows] + offsets  # (support, elements)
+        outside = offsets >= lengths[rows]
+        np.copyto(x, np.broadcast_to(start[rows], x.shape), where=outside)
+        base = -(table.take(x) + table.take(n_a[rows] - x) + table.take(k[rows] - x) + table.take((n_b - k)[rows] + x))
+        base += constant[rows]
+        np.copyto(base, -np.inf, where=outside)
+        shape = (n_alt, w, len(rows))
+        terms = scratch[: np.prod(shape)].reshape(shape)
+        np.multiply(lp_t[:, rows][:, None, :], x.astype(np.float64), out=terms)  # in place from here: cheap ops
+        terms += base
+        peak = terms.max(axis=1)
+        terms -= peak[:, None, :]
+        padded = np.less(terms, -750.0, out=no_term[: terms.size].reshape(shape))  # exp is 0 there (the padding,
+        np.copyto(terms, 0.0, where=padded)  # underflows), and such lanes take numpy's slow path
+        np.exp(terms, out=terms)
+        np.copyto(terms, 0.0, where=padded)
+        block = summed[: len(rows)]
+        block[:, :, :w] = terms.transpose(2, 0, 1)
+        out[rows] = peak.T + np.log(block.sum(axis=2))
     return out.reshape((*counts_shape, *extra))
 
 

@@ -290,20 +290,27 @@ class DetectorBank:
         while t < len(steps):
             stop = t + max(1, int(np.searchsorted(np.cumsum(per_step[t:]), CHUNK_TERMS)))
             chunk = steps[t:stop]
-            histories = np.empty((len(chunk), *history.shape))
+            histories = np.empty((len(chunk) + 1, *history.shape))  # before each step, and after the last
+            histories[0] = history
             for i, step in enumerate(chunk):
-                histories[i] = history
-                history = self.decay * history + step
-            log_lr = np.concatenate([*(g.log_lr(histories, chunk) for g in self._groups),
-                                     self._subgroup_log_lr(histories, chunk),
+                np.multiply(histories[i], self.decay, out=histories[i + 1])
+                histories[i + 1] += step
+            history = histories[-1].copy()
+            log_lr = np.concatenate([*(g.log_lr(histories[:-1], chunk) for g in self._groups),
+                                     self._subgroup_log_lr(histories[:-1], chunk),
                                      self._calibration_log_lr(None if labelled is None else labelled[t:stop],
                                                               calibration, chunk.shape[:-2])], axis=-1)  # fmt: skip
             cumulative = np.cumsum(log_lr, axis=0)
             statistics[t:stop] = cumulative - np.minimum(np.minimum.accumulate(cumulative, axis=0), -statistic)
+            alarms = np.empty(log_lr.shape, dtype=bool)
             for i in range(len(chunk)):
-                evidence, alarm = detect.shiryaev_roberts(evidence, log_lr[i], self.level)
-                active = alarm | (active & (statistics[t + i] > 0.0))
-                actives[t + i] = active
+                evidence, alarms[i] = detect.shiryaev_roberts(evidence, log_lr[i], self.level)
+            # active = alarm | (the step before's active & statistic > 0): the alarm of the last step that was an
+            # alarm or had its statistic at 0 (cleared), or the chunk's initial active if none was
+            index = np.arange(len(chunk)).reshape(-1, *(1,) * (log_lr.ndim - 1))
+            last = np.maximum.accumulate(np.where(alarms | ~(statistics[t:stop] > 0.0), index, -1), axis=0)
+            actives[t:stop] = np.where(last >= 0, np.take_along_axis(alarms, np.maximum(last, 0), axis=0), active)
+            active = actives[stop - 1].copy()
             statistic = statistics[stop - 1]
             t = stop
         return DetectorState(statistic.copy(), evidence, active, history), Trace(statistics, actives)

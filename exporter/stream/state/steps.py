@@ -60,22 +60,31 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         buckets = store.bucket_of(timestamps)
         on_time = buckets > head_buckets - n
         predicted, outcome = outcome_columns(predictions, outcomes)
-        rows = store._rows({k: v[on_time] for k, v in codes.items()})
-        part = np.repeat(np.arange(len(starts)), ends - starts)[on_time]
-        labelled = np.flatnonzero(outcome[on_time] >= 0)
-        index = np.concatenate([np.arange(len(part))] * len(rows) + [labelled] * len(rows))
-        cell = np.concatenate([r * N_COUNTS + predicted[on_time] for r in rows.values()]
-                              + [r[labelled] * N_COUNTS + outcome[on_time][labelled] for r in rows.values()])
-        bucket, part_heads = buckets[on_time], head_buckets[starts]
+        part, bucket, part_heads = np.repeat(np.arange(len(starts)), ends - starts), buckets, head_buckets[starts]
+        if not on_time.all():  # an event older than the ring's oldest bucket is counted nowhere
+            codes = {k: v[on_time] for k, v in codes.items()}
+            predicted, outcome, part, bucket = predicted[on_time], outcome[on_time], part[on_time], buckets[on_time]
+        rows = store._rows(codes)
+        size, seen_at = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first in step p+first
+        at = (part + first) * cells  # each event's step's first cell: it opens there
         # An event of its part's head bucket (most: the head is the newest event) counts by its part's rows; an
         # older one (late or out of order) on its own.
-        older = np.flatnonzero((bucket != part_heads[part])[index])
-        older_events, older_cells = index[older], cell[older]
-        older_buckets = bucket[older_events]
-        size, seen_at = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first in step p+first
-        opened = np.bincount((part[index] + first) * cells + cell, minlength=size).reshape(-1, cells)
+        is_older = bucket != part_heads[part]
+        labelled = np.flatnonzero(outcome >= 0)
+        flat = np.zeros(size, dtype=np.int64)
+        older_events, older_cells = [], []
+        for events, columns in ((None, predicted), (labelled, outcome[labelled])):  # predictions, then labels
+            for r in rows.values():  # each attribute's row of every event (its own bincount: integers add exactly)
+                cell = (r if events is None else r[events]) * N_COUNTS + columns
+                flat += np.bincount(cell + (at if events is None else at[events]), minlength=size)
+                older = np.flatnonzero(is_older if events is None else is_older[events])
+                older_events.append(older if events is None else events[older])
+                older_cells.append(cell[older])
+        opened = flat.reshape(-1, cells)
+        older_event, older_cell = np.concatenate(older_events), np.concatenate(older_cells)
+        older_buckets = bucket[older_event]
         per_part = opened[first:]
-        opened_older = np.bincount((part[older_events] + first) * cells + older_cells, minlength=size)
+        opened_older = np.bincount((part[older_event] + first) * cells + older_cell, minlength=size)
         current = per_part - opened_older.reshape(-1, cells)[first:]  # each part's events of its head bucket
         pending = (store.totals - d.seen).reshape(-1)
         counts = np.concatenate([pending[None, :], per_part[:-1]] if first else [per_part[:-1]])
@@ -89,18 +98,18 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         for name, k in store.window_buckets.items():  # a count leaves a window at the first step past b + k - 1
             span = opened.copy()
             leaves = np.searchsorted(step_heads, part_heads + k - 1, side="right")
-            np.add.at(span, np.maximum(leaves, seen_at), -current)
+            _add_runs(span, np.maximum(leaves, seen_at), -current)  # both grow with the part: so does the step
             leaves = np.searchsorted(step_heads, older_buckets + k - 1, side="right")
-            span -= np.bincount(np.maximum(leaves, part[older_events] + first) * cells + older_cells,
+            span -= np.bincount(np.maximum(leaves, part[older_event] + first) * cells + older_cell,
                                 minlength=size).reshape(-1, cells)  # fmt: skip
             np.add.at(span, np.searchsorted(step_heads, ids, side="left"), ring[held])
             np.add.at(span, np.searchsorted(step_heads, ids + k - 1, side="right"), -ring[held])
             windows[name] = np.cumsum(span[:-1], axis=0).reshape(len(step_heads), store.layout.n_rows, N_COUNTS)
         store._advance(int(head_buckets[-1]))
         kept = part_heads > store.head - n  # a count whose bucket left the ring since was emptied with it
-        np.add.at(ring, store._slots(part_heads[kept]), current[kept])
+        ring[store._slots(part_heads[kept])] += current[kept]  # the parts' buckets differ, within the ring: so do slots
         kept = older_buckets > store.head - n
-        ring += np.bincount(store._slots(older_buckets[kept]) * cells + older_cells[kept],
+        ring += np.bincount(store._slots(older_buckets[kept]) * cells + older_cell[kept],
                             minlength=n * cells).reshape(n, cells)  # fmt: skip
         store.totals += per_part.sum(axis=0).reshape(-1, N_COUNTS)
         if len(step_heads):
@@ -108,3 +117,10 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
                                         int(step_heads[-1]), d.steps + len(step_heads),
                                         store.estimate_totals.copy())  # fmt: skip
     return Steps(times, counts, windows, int((~on_time).sum()))
+
+
+def _add_runs(target: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``np.add.at(target, rows, values)`` for rows that do not decrease: each run of a row's values summed once."""
+    if len(rows):
+        runs = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        target[rows[runs]] += np.add.reduceat(values, runs, axis=0)
