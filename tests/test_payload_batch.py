@@ -241,3 +241,13 @@ def test_fuzzed_records_in_a_poll_read_as_each_record_alone(tmp_path: Path) -> N
         assert read.halves == [h for h in alone if not isinstance(h, str)], trial
         assert [reason for _, reason, _, _ in read.rejected] == [h for h in alone if isinstance(h, str)], trial
     assert 0 < batched < 160  # both paths taken
+
+
+@pytest.mark.parametrize("headers", [
+    [[("x-request-id", b"a"), ("x-region", b"north")], [("X-Request-Id", b"b"), ("X-Region", None)], None],
+    [[("x-request-id", b"a"), ("x-request-id", b"b"), ("x-region", None)], [], [("pipeline", b"\xff")]],
+])  # fmt: skip
+def test_a_polls_headers_read_at_once_are_each_records_read_alone(headers: list[Any]) -> None:
+    """Names lower-cased (all of a poll's checked at once), the last of a repeated name, a None value."""
+    value = _field(3, b"own") + _field(5, _MALE)
+    _read_alike("seldon.ns.model.m.inputs", [(value, h, b"key", 1000) for h in headers], True)

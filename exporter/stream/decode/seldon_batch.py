@@ -118,7 +118,7 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]  # None: refused by the check below
     if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > _MOST_BYTES:
         return None  # an empty value, a schema-registry framing, or more than one message may hold
-    headers = list(map(headers_of, (r[1] for r in records)))
+    headers, names = _headers([r[1] for r in records])
     kinds = set(map(_header_text, {h.get("seldon-infer-type") for h in headers}))
     if any(SELDON_TYPES.get(kind or "") for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
             v.lstrip()[:1] == b"{" for v in values)):  # fmt: skip
@@ -132,11 +132,22 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     if not all(pids):
         return None  # refused (no id) record by record
     pipelines = _texts(h.get("pipeline") for h in headers)
-    metadata = [{} if response or h.keys() <= SELDON_RESERVED else {
+    metadata = [{} for _ in headers] if response or names <= SELDON_RESERVED else [{
         k: _header_text(v) for k, v in h.items() if k not in SELDON_RESERVED} for h in headers]  # fmt: skip
     return [Half(f"{pipeline}.{pid}" if pipeline else pid, response, model, r[3] / 1000 if r[3] > 0 else None, n,
                  table, r[0], found, pid if pipeline else None)
             for pid, pipeline, r, n, table, found in zip(pids, pipelines, records, rows, tables, metadata, strict=True)]
+
+
+def _headers(raws: list[Any]) -> tuple[list[dict[str, Any]], set[str]]:
+    """Each record's headers as ``headers_of`` reads them (the names of the whole poll checked lower-case at once),
+    and all their names."""
+    found = [dict(raw) if raw else {} for raw in raws]
+    names = set().union(*found)
+    if all(map(str.islower, names)):
+        return found, names
+    found = list(map(headers_of, raws))
+    return found, set().union(*found)
 
 
 def _texts(values: Iterable[bytes | None]) -> list[str | None]:
