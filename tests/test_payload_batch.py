@@ -251,3 +251,13 @@ def test_a_polls_headers_read_at_once_are_each_records_read_alone(headers: list[
     """Names lower-cased (all of a poll's checked at once), the last of a repeated name, a None value."""
     value = _field(3, b"own") + _field(5, _MALE)
     _read_alike("seldon.ns.model.m.inputs", [(value, h, b"key", 1000) for h in headers], True)
+
+
+def test_without_ptars_a_poll_is_read_record_by_record_to_the_same_halves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon image has no seldon-arrow extra: its polls take the record-by-record path, to the same values."""
+    poll: list[Raw] = [(_field(3, f"c{i}".encode()) + _field(5, _MALE), [("x-request-id", f"r{i}".encode())], None,
+                        1000) for i in range(3)]  # fmt: skip
+    with_arrow = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
+    monkeypatch.setattr(seldon_batch, "_arrow", lambda: False)
+    assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
+    assert read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"}) == with_arrow
