@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Collection, Iterable, Sequence
 from functools import cache, lru_cache
-from itertools import accumulate, chain
+from itertools import chain
 from typing import Any, Final
 
 import numpy as np
@@ -275,20 +275,13 @@ def _typed(contents: Any, plan_of: list[Any], which: np.ndarray, tensor_plans: l
         sizes = counts[mine]
         if not np.array_equal(pc.fill_null(pc.list_value_length(chosen), 0).to_numpy(), sizes):
             return [None] * len(out)  # shape_mismatch: refused record by record
-        flat = chosen.flatten()
-        if field != "bytes_contents":
-            everything = flat.to_numpy(zero_copy_only=False).tolist()
-        else:  # BYTES as text: each element decoded by Python's own strict UTF-8 decoder (as _text does)
-            try:
-                everything = flat.view(pa.string()).to_pylist()
-            except (UnicodeDecodeError, pa.ArrowException):
-                return [None] * len(out)  # not_utf8: refused record by record
-        sizes_list = sizes.tolist()
-        size = sizes_list[0]
-        if size and sizes_list.count(size) == len(sizes_list):
-            pieces = [everything[at : at + size] for at in range(0, size * len(sizes_list), size)]
-        else:
-            pieces = [everything[end - c : end] for end, c in zip(accumulate(sizes_list), sizes_list, strict=True)]
+        flat = chosen.flatten()  # BYTES as text: each element decoded by Python's own strict UTF-8 decoder
+        offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]), type=pa.int32())
+        try:
+            pieces = pa.ListArray.from_arrays(offsets, flat.view(pa.string()) if field == "bytes_contents" else
+                                              flat).to_pylist()  # fmt: skip
+        except (UnicodeDecodeError, pa.ArrowException):
+            return [None] * len(out)  # not_utf8: refused record by record
         for k, piece in zip(np.flatnonzero(mine).tolist(), pieces, strict=True):
             out[k] = piece
     return out
