@@ -209,10 +209,10 @@ def _tensor_columns(found: Any, raws: Any, n: int, width: int, ids: list[str | N
     if None in tensor_values:
         return None
     rows = tensor_rows[:, 0].tolist()
-    nt = n * width
-    if all(len(p[2]) == 1 for p in plan_of):
-        cells = list(zip([p[2][0] for p in tensor_plans], tensor_values, strict=True))
-        return ids, rows, [dict(cells[i : i + width]) for i in range(0, nt, width)]
+    if all(len(p[2]) == 1 for p in plan_of):  # a record's dict from its tensors' (name, values), made in C
+        names = [p[2][0] for p in tensor_plans]
+        return ids, rows, list(map(dict, zip(*[zip(names[k::width], tensor_values[k::width], strict=True)
+                                              for k in range(width)], strict=True)))  # fmt: skip
     tables: list[dict[str, Any]] = [{} for _ in ids]
     for k, (plan, values) in enumerate(zip(tensor_plans, tensor_values, strict=True)):
         named = plan[2]
