@@ -15,10 +15,10 @@ Reading a message's tensors through the protobuf runtime costs a Python step per
    accepts as the runtime does (packed or not, a singular field's last value, a repeated message merged, unknown
    fields and wire types skipped: tested against it, fuzzed records included).
 
-Only the usual poll is read here: each record protobuf, the same number of tensors in every record, raw contents
-in every record or in none, each tensor's contents exactly its shape's count, no record refused; anything else is
-left to the record-by-record path (None). Tensor shapes are checked once per distinct (name, datatype, shape) by
-the rules of :func:`~exporter.stream.decode.oip.proto_body`.
+Only the usual poll is read here: at least :data:`_FEWEST` records, each protobuf, the same number of tensors in
+every record, raw contents in every record or in none, each tensor's contents exactly its shape's count, no record
+refused; anything else is left to the record-by-record path (None). Tensor shapes are checked once per distinct
+(name, datatype, shape) by the rules of :func:`~exporter.stream.decode.oip.proto_body`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ from exporter.stream.decode.oip import _CONTENTS, DATATYPES, BadPayload, _raw_va
 from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of, seldon_model
 from exporter.stream.decode.platforms import _text as _header_text
 
+_FEWEST: Final = 128
+"""A poll of fewer records is read record by record: ptars and Arrow cost about half a millisecond per poll whatever
+its size (measured: 630 µs for one record, 7.6 µs per record in polls of 128 against 10.9 for each record alone,
+13.1 against 10.1 in polls of 64)."""
 _MOST_BYTES: Final = 1 << 30
 """A poll's records larger than this together are read record by record (a protobuf message holds under 2 GiB)."""
 _MOST_COLUMNS: Final = 4096
@@ -69,26 +73,34 @@ def _arrow() -> bool:
 @cache
 def _readers(response: bool) -> tuple[Any, Any]:
     """The batch message (``repeated ModelInferRequest items = 1``, or Response) that certifies a poll, and the
-    ptars handler that turns its records into an Arrow record batch."""
+    ptars handler that turns its records into an Arrow record batch of the fields read (id, ``tensors``, ``raw``;
+    the others skipped as unknown: fewer columns to build, measured 40% less per poll)."""
     import ptars
     from google.protobuf import descriptor_pb2, message_factory
 
-    request, reply, _ = messages()
-    pool = request.DESCRIPTOR.file.pool
-    name = "Responses" if response else "Requests"
+    pool = messages()[0].DESCRIPTOR.file.pool
     try:
-        found = pool.FindMessageTypeByName(f"batch.{name}")
+        pool.FindMessageTypeByName("batch.Requests")
     except KeyError:
-        fd = descriptor_pb2.FileDescriptorProto(name=f"fairness_exporter_{name.lower()}.proto", package="batch",
+        fd = descriptor_pb2.FileDescriptorProto(name="fairness_exporter_batch.proto", package="batch",
                                                 syntax="proto3",
                                                 dependency=["fairness_exporter_oip.proto"])  # fmt: skip
-        fd.message_type.add(name=name).field.add(name="items", number=1, label=3, type=11,
-                                                 type_name=f".inference.ModelInfer{name[:-1]}")  # fmt: skip
+        for kind in ("Request", "Response"):
+            fd.message_type.add(name=f"{kind}s").field.add(name="items", number=1, label=3, type=11,
+                                                           type_name=f".inference.ModelInfer{kind}")  # fmt: skip
+            read = fd.message_type.add(name=f"Read{kind}")
+            read.field.add(name="id", number=3, label=1, type=9)
+            read.field.add(name="tensors", number=5, label=3, type=11, type_name=".batch.Tensor")
+            read.field.add(name="raw", number=6 if kind == "Response" else 7, label=3, type=12)
+        tensor = fd.message_type.add(name="Tensor")
+        for name, number, scalar in (("name", 1, 9), ("datatype", 2, 9), ("shape", 3, 3)):
+            tensor.field.add(name=name, number=number, label=3 if name == "shape" else 1, type=scalar)
+        tensor.field.add(name="contents", number=5, label=1, type=11, type_name=".inference.InferTensorContents")
         pool.Add(fd)
-        found = pool.FindMessageTypeByName(f"batch.{name}")
-    message = reply if response else request
-    handler = ptars.HandlerPool([message.DESCRIPTOR.file]).get_for_message(message.DESCRIPTOR)
-    return message_factory.GetMessageClass(found), handler
+    kind = "Response" if response else "Request"
+    certify = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"batch.{kind}s"))
+    read = pool.FindMessageTypeByName(f"batch.Read{kind}")
+    return certify, ptars.HandlerPool([read.file]).get_for_message(read)
 
 
 @lru_cache(maxsize=1024)
@@ -113,7 +125,7 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     record."""
     model, by_name = seldon_model(topic)
     response = by_name if by_name is not None else response
-    if response is None or model is None or model not in models or not records or not _arrow():
+    if response is None or model is None or model not in models or len(records) < _FEWEST or not _arrow():
         return None
     values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]  # None: refused by the check below
     if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > _MOST_BYTES:
@@ -170,8 +182,7 @@ def _columns(values: list[bytes], response: bool) -> Read | None:
         return None  # a record the runtime refuses (ptars refusing one it accepts: record by record too)
     n = len(values)
     ids = [i or None for i in batch.column("id").to_pylist()]
-    tensors = batch.column("outputs" if response else "inputs")
-    raws = batch.column("raw_output_contents" if response else "raw_input_contents")
+    tensors, raws = batch.column("tensors"), batch.column("raw")
     widths = tensors.value_lengths().to_numpy()
     width = int(widths[0])
     raw_widths = raws.value_lengths().to_numpy()
