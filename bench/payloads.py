@@ -76,10 +76,8 @@ def _daemon_path(form: str, parts: list[tuple[str, list[Raw]]], rows: PayloadRow
     """The daemon's decoding of these records up to each model's batch; the rows."""
     join, counts, pairs = PairJoin(600.0), Counter[str](), {}
     for topic, records in parts:
-        for half in read_halves(form, topic, records, {"credit"}).halves:
-            pair = join.add(half, 0.0, counts)
-            if pair is not None:
-                pairs.setdefault("credit", []).append(pair)
+        pairs.setdefault("credit", []).extend(join.add_all(read_halves(form, topic, records, {"credit"}).halves, 0.0,
+                                                           counts))  # fmt: skip
     batches, _ = payload_batches(pairs, {"credit": rows}, 2e9)
     return sum(len(b) for b in batches.values())
 

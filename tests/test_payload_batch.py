@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from payload_logs import platform_records
 from exporter.config import parse_config
 from exporter.stream.decode import seldon_batch
 from exporter.stream.decode.oip import BadPayload, messages
-from exporter.stream.decode.payload import PayloadRows, Raw, read_halves
+from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, read_halves
 from exporter.stream.decode.platforms import Half, headers_of, seldon_half
 
 
@@ -277,3 +277,21 @@ def test_a_poll_too_small_to_pay_for_the_batch_is_read_record_by_record(monkeypa
     assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
     assert read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"}) == batched
     assert seldon_batch.halves("seldon.ns.model.m.inputs", poll * 2, {"m"}, None) is not None
+
+
+def test_joining_a_polls_halves_at_once_finds_the_pairs_and_counts_of_adding_each_in_turn() -> None:
+    """Duplicates, another component's halves, a refused call's partner and a full join, in random orders."""
+    rng, seen = random.Random(6), Counter[str]()
+    for trial in range(30):
+        halves = [Half(f"c{rng.randrange(12)}", rng.random() < 0.5, rng.choice(["m", "n"]), 1.0, 1, {},
+                       component=rng.choice(["", "", "transformer"])) for _ in range(60)]  # fmt: skip
+        one, each = PairJoin(60.0, max_pending=8 + trial % 10), PairJoin(60.0, max_pending=8 + trial % 10)
+        one_counts, each_counts = Counter[str](), Counter[str]()
+        for join, counts in ((one, one_counts), (each, each_counts)):
+            join.refuse("m", "c3", 0.0, counts)
+        found = [pair for h in halves if (pair := each.add(h, 1.0, each_counts)) is not None]
+        assert one.add_all(halves, 1.0, one_counts) == found
+        assert one_counts == each_counts and one.pending == each.pending and one.done == each.done
+        assert found, trial
+        seen += one_counts
+    assert seen.keys() == {"duplicate_delivery", "other_component", "partner_refused", "pending_state_full"}
