@@ -19,7 +19,7 @@ from exporter.config import parse_config
 from exporter.stream.decode import seldon_batch
 from exporter.stream.decode.oip import BadPayload, messages
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, read_halves
-from exporter.stream.decode.platforms import Half, headers_of, seldon_half
+from exporter.stream.decode.platforms import Half, headers_of, headers_of_poll, seldon_half
 
 
 @pytest.fixture(autouse=True)
@@ -257,6 +257,7 @@ def test_a_polls_headers_read_at_once_are_each_records_read_alone(headers: list[
     """Names lower-cased (all of a poll's checked at once), the last of a repeated name, a None value."""
     value = _field(3, b"own") + _field(5, _MALE)
     _read_alike("seldon.ns.model.m.inputs", [(value, h, b"key", 1000) for h in headers], True)
+    assert headers_of_poll(headers)[0] == [headers_of(h) for h in headers]
 
 
 def test_without_ptars_a_poll_is_read_record_by_record_to_the_same_halves(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
     Half,
-    headers_of,
+    headers_of_poll,
     kserve_half,
     kserve_model,
     pair_of,
@@ -205,8 +205,8 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
     if fast is not None:
         return Halves(fast, at=list(range(len(records))))
-    for i, (value, raw_headers, key, ms) in enumerate(records):
-        headers = headers_of(raw_headers)
+    for i, ((value, _, key, ms), headers) in enumerate(zip(records, headers_of_poll([r[1] for r in records])[0],
+                                                          strict=True)):  # fmt: skip
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
         if model is not None and model not in models:
             out.ignored[ignore_reason(model)] += 1

@@ -32,7 +32,7 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.stream.decode.oip import _CONTENTS, DATATYPES, BadPayload, _raw_values, _text, messages
-from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of, seldon_model
+from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of_poll, seldon_model
 from exporter.stream.decode.platforms import _text as _header_text
 
 _FEWEST: Final = 128
@@ -130,7 +130,7 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]  # None: refused by the check below
     if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > _MOST_BYTES:
         return None  # an empty value, a schema-registry framing, or more than one message may hold
-    headers, names = _headers([r[1] for r in records])
+    headers, names = headers_of_poll([r[1] for r in records])
     kinds = set(map(_header_text, {h.get("seldon-infer-type") for h in headers}))
     if any(SELDON_TYPES.get(kind or "") for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
             v.lstrip()[:1] == b"{" for v in values)):  # fmt: skip
@@ -149,17 +149,6 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     return [Half(f"{pipeline}.{pid}" if pipeline else pid, response, model, r[3] / 1000 if r[3] > 0 else None, n,
                  table, r[0], found, pid if pipeline else None)
             for pid, pipeline, r, n, table, found in zip(pids, pipelines, records, rows, tables, metadata, strict=True)]
-
-
-def _headers(raws: list[Any]) -> tuple[list[dict[str, Any]], set[str]]:
-    """Each record's headers as ``headers_of`` reads them (the names of the whole poll checked lower-case at once),
-    and all their names."""
-    found = [dict(raw) if raw else {} for raw in raws]
-    names = set().union(*found)
-    if all(map(str.islower, names)):
-        return found, names
-    found = list(map(headers_of, raws))
-    return found, set().union(*found)
 
 
 def _texts(values: Iterable[bytes | None]) -> list[str | None]:
