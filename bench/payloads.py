@@ -4,8 +4,8 @@ The same records (a KServe InferenceService with MLServer's pandas codec, batche
 KafkaSink writes them; a Seldon model's protobuf requests and responses) are decoded, interleaved, by (a) a bare
 loop: ``orjson.loads`` of each value (KServe), ``ModelInferRequest/Response.FromString`` (Seldon), and (b) the
 daemon's path up to the rows: each record read as a half (exporter/stream/decode/platforms.py; a poll of Seldon
-protobuf records read together, exporter/stream/decode/seldon_batch.py), the pair join and each model's batch
-(exporter/stream/decode/payload.py). The target: (b) costs at most 1.5x (a).
+protobuf records read together by ptars, exporter/stream/decode/seldon_batch.py, with the seldon-arrow extra),
+the pair join and each model's batch (exporter/stream/decode/payload.py). The target: (b) costs at most 1.5x (a).
 """
 
 from __future__ import annotations
@@ -76,10 +76,8 @@ def _daemon_path(form: str, parts: list[tuple[str, list[Raw]]], rows: PayloadRow
     """The daemon's decoding of these records up to each model's batch; the rows."""
     join, counts, pairs = PairJoin(600.0), Counter[str](), {}
     for topic, records in parts:
-        for half in read_halves(form, topic, records, {"credit"}).halves:
-            pair = join.add(half, 0.0, counts)
-            if pair is not None:
-                pairs.setdefault("credit", []).append(pair)
+        pairs.setdefault("credit", []).extend(join.add_all(read_halves(form, topic, records, {"credit"}).halves, 0.0,
+                                                           counts))  # fmt: skip
     batches, _ = payload_batches(pairs, {"credit": rows}, 2e9)
     return sum(len(b) for b in batches.values())
 

@@ -7,18 +7,25 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import pytest
 from payload_logs import platform_records
 
 from exporter.config import parse_config
 from exporter.stream.decode import seldon_batch
 from exporter.stream.decode.oip import BadPayload, messages
-from exporter.stream.decode.payload import PayloadRows, Raw, read_halves
-from exporter.stream.decode.platforms import Half, headers_of, seldon_half
+from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, read_halves
+from exporter.stream.decode.platforms import Half, headers_of, headers_of_poll, seldon_half
+
+
+@pytest.fixture(autouse=True)
+def _small_polls_batched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch reads polls of any size the same: small ones here (the module reads them one by one for speed)."""
+    monkeypatch.setattr(seldon_batch, "_FEWEST", 1)
 
 
 def _one_by_one(topic: str, records: list[Raw]) -> list[Any]:
@@ -131,3 +138,161 @@ def test_a_shape_claiming_a_trillion_columns_is_refused_record_by_record_without
     assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
     read = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
     assert [reason for _, reason, _, _ in read.rejected] == ["shape_mismatch"] * 3
+
+
+def _key(number: int, wire: int) -> bytes:
+    return _varint(number << 3 | wire)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
+def _field(number: int, data: bytes) -> bytes:
+    return _key(number, 2) + _varint(len(data)) + data
+
+
+def _read_alike(topic: str, poll: list[Raw], batched: bool) -> None:
+    """The poll read by read_halves gives each record's half or refusal read alone; read in one pass or not."""
+    model = topic.split(".")[-2]
+    assert (seldon_batch.halves(topic, poll, {model}, None) is not None) == batched
+    read = read_halves("seldon", topic, poll, {model})
+    alone = _one_by_one(topic, poll)
+    assert read.halves == [h for h in alone if not isinstance(h, str)]
+    assert [reason for _, reason, _, _ in read.rejected] == [h for h in alone if isinstance(h, str)]
+
+
+_GENDER = _field(1, b"gender") + _field(2, b"BYTES")
+_AGE = _field(1, b"age") + _field(2, b"INT64") + _field(3, _varint(2) + _varint(1))
+_AGE_VALUES = _field(3, _varint(40) + _varint((1 << 64) - 7))  # 40, -7
+
+
+@pytest.mark.parametrize("tensors", [
+    # shape sent unpacked, and half packed half not; int64 contents unpacked, and in two packed runs
+    [_GENDER + _key(3, 0) + _varint(2) + _key(3, 0) + _varint(1) + _field(5, _field(8, b"male") + _field(8, b"x")),
+     _AGE + _field(5, _key(3, 0) + _varint(40) + _key(3, 0) + _varint((1 << 64) - 7))],
+    [_GENDER + _field(3, _varint(2)) + _key(3, 0) + _varint(1) + _field(5, _field(8, b"m") + _field(8, b"f")),
+     _AGE + _field(5, _field(3, _varint(40)) + _field(3, _varint((1 << 64) - 7)))],
+    # a singular field sent twice (the last one stands), contents sent in two parts (merged), unknown fields and a
+    # known field of another wire type (skipped), a group
+    [_field(1, b"old") + _GENDER + _field(3, _varint(2) + _varint(1)) + _field(5, _field(8, b"a"))
+     + _field(5, _field(8, b"b")) + _field(9, b"unknown") + _key(6, 0) + _varint(3),
+     _AGE + _field(5, _key(8, 0) + _varint(1) + _AGE_VALUES) + _key(99, 3) + _key(1, 0) + _varint(1) + _key(99, 4)],
+    # a float field of the wrong wire type inside contents, a packed bool sent as varints beyond 1
+    [_GENDER + _field(3, _varint(2) + _varint(1))
+     + _field(5, _key(6, 0) + _varint(1) + _field(8, "ü".encode()) + _field(8, b"")),
+     _field(1, b"ok") + _field(2, b"BOOL") + _field(3, _varint(2)) + _field(5, _field(1, _varint(5) + _varint(0)))],
+])  # fmt: skip
+def test_every_wire_layout_the_runtime_reads_is_read_in_one_pass_into_the_same_values(tensors: list[bytes]) -> None:
+    """ptars reads as the protobuf runtime does whatever layout a valid record has."""
+    poll: list[Raw] = [(_field(3, f"c{i}".encode()) + b"".join(_field(5, t) for t in tensors),
+                        [("x-request-id", f"r{i}".encode())], None, 1000 + i) for i in range(3)]  # fmt: skip
+    _read_alike("seldon.ns.model.m.inputs", poll, True)
+
+
+_MALE = _GENDER + _field(3, _varint(1)) + _field(5, _field(8, b"male"))
+"""A tensor of one row: a record of it alone is the usual poll's."""
+
+
+@pytest.mark.parametrize("broken", [
+    _field(5, _MALE + _field(5, _field(6, b"\x00\x00\x80"))),  # a packed float cut short (ptars reads it)
+    _field(5, _MALE) + _key(99, 3) + _key(1, 0) + _varint(1) + _key(98, 4),  # a group closed by another's end (too)
+    _field(5, _MALE) + _field(3, b"\xff\xfe"),  # an id not UTF-8
+    _field(5, _MALE + _field(4, _field(1, b"k") + _field(2, _field(3, b"\xc3")))),  # a parameter not UTF-8
+    _field(5, _MALE) + _key(0, 0) + _varint(1),  # field 0
+])  # fmt: skip
+def test_a_record_the_runtime_refuses_sends_the_poll_record_by_record_even_where_ptars_reads_it(broken: bytes) -> None:
+    good = _field(3, b"c") + _field(5, _MALE)
+    poll: list[Raw] = [(v, [("x-request-id", f"r{i}".encode())], None, 1000)
+                       for i, v in enumerate([good, broken, good])]  # fmt: skip
+    _read_alike("seldon.ns.model.m.inputs", poll[::2], True)
+    _read_alike("seldon.ns.model.m.inputs", poll, False)
+    assert [reason for _, reason, _, _ in read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"}).rejected] == [
+        "malformed_payload"]  # fmt: skip
+
+
+def test_fuzzed_records_in_a_poll_read_as_each_record_alone(tmp_path: Path) -> None:
+    """MLServer-made records, each poll with some bytes flipped, cut, doubled or dropped in one record: read as
+    each record alone (in one pass where every record still reads, else record by record)."""
+    rng = random.Random(5)
+    polls = _polls(_calls(rng, "typed", 6, 3) + _calls(rng, "raw", 6, 2, raw=True), tmp_path)
+    batched = 0
+    for trial in range(160):
+        topic = sorted(polls)[trial % len(polls)]
+        poll = list(polls[topic])
+        k = rng.randrange(len(poll))
+        value = bytearray(poll[k][0])  # type: ignore[arg-type]
+        for _ in range(rng.randint(1, 3)):
+            if not value:
+                break
+            at = rng.randrange(len(value))
+            kind = rng.randrange(4)
+            if kind == 0:
+                value[at] = rng.randrange(256)
+            elif kind == 1:
+                del value[at:]
+            elif kind == 2:
+                value[at:at] = value[at : at + rng.randint(1, 8)]
+            else:
+                del value[at : at + rng.randint(1, 4)]
+        poll[k] = (bytes(value) or b"\x01", *poll[k][1:])
+        model = topic.split(".")[-2]
+        batched += seldon_batch.halves(topic, poll, {model}, None) is not None
+        read = read_halves("seldon", topic, poll, {model})
+        alone = _one_by_one(topic, poll)
+        assert read.halves == [h for h in alone if not isinstance(h, str)], trial
+        assert [reason for _, reason, _, _ in read.rejected] == [h for h in alone if isinstance(h, str)], trial
+    assert 0 < batched < 160  # both paths taken
+
+
+@pytest.mark.parametrize("headers", [
+    [[("x-request-id", b"a"), ("x-region", b"north")], [("X-Request-Id", b"b"), ("X-Region", None)], None],
+    [[("x-request-id", b"a"), ("x-request-id", b"b"), ("x-region", None)], [], [("pipeline", b"\xff")]],
+])  # fmt: skip
+def test_a_polls_headers_read_at_once_are_each_records_read_alone(headers: list[Any]) -> None:
+    """Names lower-cased (all of a poll's checked at once), the last of a repeated name, a None value."""
+    value = _field(3, b"own") + _field(5, _MALE)
+    _read_alike("seldon.ns.model.m.inputs", [(value, h, b"key", 1000) for h in headers], True)
+    assert headers_of_poll(headers)[0] == [headers_of(h) for h in headers]
+
+
+def test_without_ptars_a_poll_is_read_record_by_record_to_the_same_halves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon image has no seldon-arrow extra: its polls take the record-by-record path, to the same values."""
+    poll: list[Raw] = [(_field(3, f"c{i}".encode()) + _field(5, _MALE), [("x-request-id", f"r{i}".encode())], None,
+                        1000) for i in range(3)]  # fmt: skip
+    with_arrow = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
+    monkeypatch.setattr(seldon_batch, "_arrow", lambda: False)
+    assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
+    assert read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"}) == with_arrow
+
+
+def test_a_poll_too_small_to_pay_for_the_batch_is_read_record_by_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    poll: list[Raw] = [(_field(3, f"c{i}".encode()) + _field(5, _MALE), [("x-request-id", f"r{i}".encode())], None,
+                        1000) for i in range(3)]  # fmt: skip
+    batched = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
+    monkeypatch.setattr(seldon_batch, "_FEWEST", 4)
+    assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
+    assert read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"}) == batched
+    assert seldon_batch.halves("seldon.ns.model.m.inputs", poll * 2, {"m"}, None) is not None
+
+
+def test_joining_a_polls_halves_at_once_finds_the_pairs_and_counts_of_adding_each_in_turn() -> None:
+    """Duplicates, another component's halves, a refused call's partner and a full join, in random orders."""
+    rng, seen = random.Random(6), Counter[str]()
+    for trial in range(30):
+        halves = [Half(f"c{rng.randrange(12)}", rng.random() < 0.5, rng.choice(["m", "n"]), 1.0, 1, {},
+                       component=rng.choice(["", "", "transformer"])) for _ in range(60)]  # fmt: skip
+        one, each = PairJoin(60.0, max_pending=8 + trial % 10), PairJoin(60.0, max_pending=8 + trial % 10)
+        one_counts, each_counts = Counter[str](), Counter[str]()
+        for join, counts in ((one, one_counts), (each, each_counts)):
+            join.refuse("m", "c3", 0.0, counts)
+        found = [pair for h in halves if (pair := each.add(h, 1.0, each_counts)) is not None]
+        assert one.add_all(halves, 1.0, one_counts) == found
+        assert one_counts == each_counts and one.pending == each.pending and one.done == each.done
+        assert found, trial
+        seen += one_counts
+    assert seen.keys() == {"duplicate_delivery", "other_component", "partner_refused", "pending_state_full"}

@@ -156,10 +156,8 @@ class Ingest:
             for _, _, model, pid in rejected:
                 if model is not None and pid is not None:
                     self.fleet.pairs.refuse(model, pid, now, unmatched)
-            for half in halves:
-                pair = self.fleet.pairs.add(half, now, unmatched)
-                if pair is not None:
-                    pairs.setdefault(half.model, []).append(pair)  # type: ignore[arg-type]  # read_halves: a model
+            for pair in self.fleet.pairs.add_all(halves, now, unmatched):
+                pairs.setdefault(pair[0].model, []).append(pair)  # type: ignore[arg-type]  # read_halves: a model
             rows = {m: self.payload_rows(m) for m in pairs}
             decoded, letters = payload_batches(pairs, rows, now)
             late = sum(self._count(fleet.models[m], batch, now, given_up) for m, batch in decoded.items()

@@ -34,7 +34,7 @@ from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
     Half,
-    headers_of,
+    headers_of_poll,
     kserve_half,
     kserve_model,
     pair_of,
@@ -78,29 +78,39 @@ class PairJoin:
 
     def add(self, half: Half, now: float, counts: Counter[str]) -> tuple[Half, Half] | None:
         """The (request, response) this half completes, else None (it waits, or is counted as a duplicate)."""
-        key = (half.model or "", half.pair)
-        done = self.done.get(key)
-        if done is not None:
-            counts["partner_refused" if done[1] else "duplicate_delivery" if done[2] == half.component else
-                   "other_component"] += 1  # fmt: skip
-            return None
-        waiting = self.pending.get(key)
-        if waiting is None:
-            if len(self.pending) >= self.max_pending:
-                counts["pending_state_full"] += 1
-            else:
-                self.pending[key] = (half, now)
-            return None
-        other = waiting[0]
-        if other.component != half.component:
-            counts["other_component"] += 1  # the call meets within the component whose half came first
-            return None
-        if other.response == half.response:
-            counts["duplicate_delivery"] += 1  # the same half again: the first one stands
-            return None
-        del self.pending[key]
-        self._done(key, now, False, half.component)
-        return (other, half) if half.response else (half, other)
+        found = self.add_all((half,), now, counts)
+        return found[0] if found else None
+
+    def add_all(self, halves: Iterable[Half], now: float, counts: Counter[str]) -> list[tuple[Half, Half]]:
+        """The (request, response) pairs these halves complete, in order, as :meth:`add` of each in turn finds
+        them (one loop: 0.6-0.7 µs per half against 0.95 for a call per half)."""
+        pending, done, most = self.pending, self.done, self.max_pending
+        out = []
+        for half in halves:
+            key = (half.model or "", half.pair)
+            finished = done.get(key)
+            if finished is not None:
+                counts["partner_refused" if finished[1] else "duplicate_delivery" if finished[2] == half.component
+                       else "other_component"] += 1  # fmt: skip
+                continue
+            waiting = pending.get(key)
+            if waiting is None:
+                if len(pending) >= most:
+                    counts["pending_state_full"] += 1
+                else:
+                    pending[key] = (half, now)
+                continue
+            other = waiting[0]
+            if other.component != half.component:
+                counts["other_component"] += 1  # the call meets within the component whose half came first
+                continue
+            if other.response == half.response:
+                counts["duplicate_delivery"] += 1  # the same half again: the first one stands
+                continue
+            del pending[key]
+            self._done(key, now, False, half.component)
+            out.append((other, half) if half.response else (half, other))
+        return out
 
     def refuse(self, model: str, pair: str, now: float, counts: Counter[str]) -> None:
         """A half of this call was refused: its partner, waiting or still to come, is dropped with it."""
@@ -195,8 +205,8 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
     if fast is not None:
         return Halves(fast, at=list(range(len(records))))
-    for i, (value, raw_headers, key, ms) in enumerate(records):
-        headers = headers_of(raw_headers)
+    for i, ((value, _, key, ms), headers) in enumerate(zip(records, headers_of_poll([r[1] for r in records])[0],
+                                                          strict=True)):  # fmt: skip
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
         if model is not None and model not in models:
             out.ignored[ignore_reason(model)] += 1
