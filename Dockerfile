@@ -14,7 +14,7 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74b
 # Census tables of proxy: {method: bisg}) in both; the full image adds gate (pandas, pyarrow, fsspec), reports and
 # storage.
 ARG DAEMON_EXTRAS=seldon,bisg
-ARG FULL_EXTRAS=gate,reports,storage,seldon,bisg
+ARG FULL_EXTRAS=gate,reports,storage,seldon,seldon-arrow,bisg
 
 # ---- wheel: the project's wheel, built in a virtualenv of its own (a base without a system pip works too) ----
 FROM ${PYTHON_IMAGE} AS wheel

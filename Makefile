@@ -109,7 +109,7 @@ lock: | $(UV)
 	$(UV_COMPILE) pyproject.toml requirements/build.in --extra test --universal --generate-hashes -o requirements/test.lock
 	$(UV_COMPILE) requirements/nodeps.in --no-deps --universal --generate-hashes -o requirements/nodeps.lock
 	$(UV_COMPILE) requirements/platforms.in --universal --generate-hashes -o requirements/platforms.lock
-	$(UV_COMPILE) pyproject.toml requirements/build.in $(addprefix --extra ,gate reports storage seldon bisg) \
+	$(UV_COMPILE) pyproject.toml requirements/build.in $(addprefix --extra ,gate reports storage seldon seldon-arrow bisg) \
 	  -c requirements/test.lock --python-platform linux --no-annotate -o deploy/requirements.lock
 
 clean:

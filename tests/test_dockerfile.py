@@ -149,7 +149,7 @@ def test_two_images_the_daemon_the_default_and_the_full_one_with_the_gate(stages
     assert '"${wheel}${DAEMON_EXTRAS:+[${DAEMON_EXTRAS}]}"' in installs["venv-daemon"]
     assert '"${wheel}[${FULL_EXTRAS}]"' in installs["venv-full"]
     assert global_args(stages)["DAEMON_EXTRAS"] == "seldon,bisg"
-    assert global_args(stages)["FULL_EXTRAS"] == "gate,reports,storage,seldon,bisg"
+    assert global_args(stages)["FULL_EXTRAS"] == "gate,reports,storage,seldon,seldon-arrow,bisg"
     for stage in ("venv-daemon", "venv-full"):  # surgeo is an sdist: built once from the lock, never at install
         assert "--only-binary :all: --find-links /dist/built" in installs[stage]
 
