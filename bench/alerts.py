@@ -255,6 +255,10 @@ def replicas_check(runs: int) -> tuple[list[list[str]], list[tuple[str, str, boo
     return rows, targets
 
 
+CALLS = 3
+"""Backtest calls timed per file: a single cold call moved 0.156-0.5 s for the same code within minutes here."""
+
+
 def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, bool]]]:
     """One recorded day at 2,000/h with the gap appearing at noon, and 6 hours at 100,000/h, replayed by
     `backtest` from parquet and JSON lines: same pages as the batched detectors, and events per second."""
@@ -284,17 +288,21 @@ def backtest_check(cfg: Config) -> tuple[list[list[str]], list[tuple[str, str, b
                                               "attributes": {k: getattr(row, k) for k in ATTRIBUTES}}) + b"\n")
                 files.append(("JSON lines", jsonl))
             for kind, path in files:
-                started = time.perf_counter()
-                report = backtest(cfg, [path])
-                seconds = time.perf_counter() - started
+                times = []
+                for _ in range(CALLS):  # the first call also pays imports and this process's first allocations
+                    started = time.perf_counter()
+                    report = backtest(cfg, [path])
+                    times.append(time.perf_counter() - started)
+                seconds = min(times)
                 # The backtest fires at the step that ends a bucket, stamped with the newest event's time.
                 pages = [a for a in report["alerts"] if a["severity"] == "critical"]
                 fired = [pd.Timestamp(a["fired_at"]).timestamp() for a in pages]
                 first = int((min(fired) - T0) // 60) if fired else None
                 same = first == first_step
                 rate = report["events"] / seconds
-                rows.append([f"{volume:,}/h, {hours} h", kind, f"{report['events']:,}", fmt(seconds),
-                             f"{rate:,.0f}", "yes" if same else f"no (minute {first} vs {first_step})"])  # fmt: skip
+                rows.append([f"{volume:,}/h, {hours} h", kind, f"{report['events']:,}", fmt(times[0]), fmt(seconds),
+                             f"{report['events'] / times[0]:,.0f}", f"{rate:,.0f}",
+                             "yes" if same else f"no (minute {first} vs {first_step})"])  # fmt: skip
                 targets.append((f"backtest pages when the batched detectors do ({kind}, {volume:,}/h)",
                                 "same minute" if same else "differs", same))  # fmt: skip
                 goal = 1_000_000 if kind == "parquet" else 100_000
@@ -330,8 +338,10 @@ def run(quick: bool = False) -> Section:
                        "median minutes to page", "vs 1 replica", "replay: steps equal to one replica's",
                        "replay: minutes to page, owner / one replica"], rep_rows))  # fmt: skip
     bt_rows, bt_targets = backtest_check(cfg)
-    section.add(table(["recorded traffic", "file", "events", "seconds", "events/s", "first page as batched"],
-                      bt_rows))  # fmt: skip
+    section.add(f"Each file replayed {CALLS} times in this process; the target reads the best call (as every timed "
+                "target here: noise only ever adds time), the first call is shown beside it.")
+    section.add(table(["recorded traffic", "file", "events", "seconds, first call", "seconds, best",
+                       "events/s, first call", "events/s, best", "first page as batched"], bt_rows))  # fmt: skip
     for target in (*fair_targets, *ttp_targets, *rep_targets, *bt_targets):
         section.target(*target)
     return section
