@@ -166,9 +166,12 @@ def _columns(values: list[bytes], response: bool) -> Read | None:
     _, _, error = messages()
     try:
         certify.FromString(b"".join(chain.from_iterable(zip(map(_framed, map(len, values)), values, strict=True))))
+    except error:
+        return None  # a record the runtime refuses: record by record, which says why
+    try:
         batch = handler.list_to_record_batch(values)
-    except (error, ValueError):
-        return None  # a record the runtime refuses (ptars refusing one it accepts: record by record too)
+    except Exception:  # ptars refusing or failing on records the runtime accepts (any error of a compiled
+        return None  # reader: a poll it cannot read is never lost): record by record reads them alike
     n = len(values)
     ids = [i or None for i in batch.column("id").to_pylist()]
     tensors, raws = batch.column("tensors"), batch.column("raw")
