@@ -29,7 +29,7 @@ from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.core.side_table import id_text
-from exporter.stream.decode import seldon_batch
+from exporter.stream.decode import kserve_batch, seldon_batch
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
@@ -205,6 +205,9 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
     if fast is not None:
         return Halves(fast, at=list(range(len(records))))
+    read = kserve_batch.halves(records, models, counted) if format == "kserve" else None
+    if read is not None:
+        return Halves(read[0], at=read[1], ignored=read[2])
     for i, ((value, _, key, ms), headers) in enumerate(zip(records, headers_of_poll([r[1] for r in records])[0],
                                                           strict=True)):  # fmt: skip
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
