@@ -45,7 +45,9 @@ from exporter.stream.decode.route import ignore_reason
 from exporter.stream.decode.timestamps import epoch, epochs
 
 _FEWEST: Final = 16
-"""A poll of fewer records is read record by record (the columns' fixed cost is a few numpy calls)."""
+"""A poll of fewer records is read record by record: the columns cost about 35 µs per poll whatever its size (a
+few numpy calls). Measured per record, one pass against each record alone: 13.2 against 8.2 µs in polls of 4, even
+at 8, 6.2 against 7.8 at 16, 4.5 against 7.8 at 64."""
 _DIGITS: Final = bytes.maketrans(b"0123456789" + bytes(c for c in range(256) if not 48 <= c <= 57),
                                   b"9" * 10 + b" " * 246)
 """Every digit as 9, any other byte as a space: a run of digits found by one substring search (a regular

@@ -322,10 +322,14 @@ class PayloadRows:
     def _valid(self, found: list[Any]) -> bool:
         if self.threshold is not None:  # a number (a bool is none) within [0, 1] (NaN is not)
             return set(map(type, found)) <= _NUMBERS and all(map(_ZERO.__le__, found)) and all(map(_ONE.__ge__, found))
-        return all(map(is_binary, found))
+        try:  # is_binary of each, by hash: 0, 1, 0.0, 1.0, False and True are the members of {0, 1}; a string never is
+            return set(found) <= _BINARY
+        except TypeError:  # a list or an object among them: each on its own
+            return all(map(is_binary, found))
 
 
 _NUMBERS: Final = frozenset({float, int})
+_BINARY: Final = frozenset({0, 1})
 _TEXT: Final = frozenset({str, type(None)})
 _ZERO: Final = 0.0
 _ONE: Final = 1.0
