@@ -114,6 +114,9 @@ _BODY_DEFECTS: list[bytes] = [
     b'{"inputs":[{"name":"n","shape":[1],"datatype":"FP64","data":[NaN]}]}', b'{"inputs":[]} x', b'{"inputs":[]}\n ',
     b'{"inputs":[{"name":"n","shape":[1],"datatype":"FP64","data":[' + b"[" * 1010 + b"]" * 1010 + b"]}]}",
     b'{"inputs":[{"name":"n","shape":[1],"datatype":"FP64","data":["\\ud800"]}]}', b"\xef\xbb\xbf{}", b"",
+    b'{"inp\\u0075ts":[{"name":"a","shape":[4],"datatype":"FP64","data":[1.5e-400,-1e-400,4.9e-324,1E+2]}]}',
+    b'{"inputs":[{"name":"a","shape":[2],"datatype":"FP64","data":[-1e309,1]}]}', b'\t{"inputs" : [ ] }\r\n',
+    b'{"inputs":[{"name":"a","shape":[1],"datatype":"BYTES","data":["\\u0000\\/"],"name":"b"}],"inputs":5}',
 ]
 
 
