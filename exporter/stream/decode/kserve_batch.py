@@ -5,7 +5,7 @@ one, and refuses what it refuses).
 ``orjson.loads`` makes a Python object of every key and value of a body, most of which a half never reads
 (parameters, content types, the response's model name). msgspec decodes a body into typed structs of the fields
 read (tensors: name, shape, datatype, data, parameters) and skips the others: 1.7 against 3.4 µs for the bench's
-request and response (/work/notes/wire3.md). msgspec refuses more than orjson (a wrong type, nesting past 1000
+request and response, measured. msgspec refuses more than orjson (a wrong type, nesting past 1000
 levels: then None), and accepts two things orjson does not read alike, both certified away first:
 
 - a skipped field is not checked for UTF-8: every body of the poll must be UTF-8 (checked at once, the bodies
