@@ -4,8 +4,9 @@ The same records (a KServe InferenceService with MLServer's pandas codec, batche
 KafkaSink writes them; a Seldon model's protobuf requests and responses) are decoded, interleaved, by (a) a bare
 loop: ``orjson.loads`` of each value (KServe), ``ModelInferRequest/Response.FromString`` (Seldon), and (b) the
 daemon's path up to the rows: each record read as a half (exporter/stream/decode/platforms.py; a poll of Seldon
-protobuf records read together by ptars, exporter/stream/decode/seldon_batch.py, with the seldon-arrow extra),
-the pair join and each model's batch (exporter/stream/decode/payload.py). The target: (b) costs at most 1.5x (a).
+protobuf records read together by ptars, exporter/stream/decode/seldon_batch.py, with the seldon-arrow extra; a
+poll of KServe binary-mode records in one pass by msgspec, exporter/stream/decode/kserve_batch.py), the pair join
+and each model's batch (exporter/stream/decode/payload.py). The target: (b) costs at most 1.5x (a).
 """
 
 from __future__ import annotations

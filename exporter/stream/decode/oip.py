@@ -113,18 +113,24 @@ def json_tensors(tensors: Any, out: Columns) -> int | None:
             raise BadPayload("malformed_payload")
         if datatype.__class__ is not str or datatype not in DATATYPES:  # a list or an object: no datatype either
             raise BadPayload("unknown_datatype")
-        if datatype == "BYTES" and _content_type(get("parameters")) == "base64":
-            raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
-        first = shape[0] if shape else None
-        if (first.__class__ is int and first == len(data) and (not data or data[0].__class__ is not list) and (
-                len(shape) == 1 or (len(shape) == 2 and shape[1].__class__ is int and shape[1] == 1))):  # fmt: skip
-            out[name], n = data, len(data)  # one column of flat values, as _split reads it
-        else:
-            n = _split(name, _flat(data), shape, out)
+        n = json_tensor(name, shape, data, datatype == "BYTES" and _content_type(get("parameters")) == "base64", out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")
         rows = n
     return rows
+
+
+def json_tensor(name: str, shape: list[Any], data: list[Any], base64: bool, out: Columns) -> int:
+    """One JSON tensor (its name a string, its shape and data lists, its datatype one of :data:`DATATYPES`;
+    ``base64``: BYTES of MLServer's base64 codec) as columns in ``out``; its rows."""
+    if base64:
+        raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
+    first = shape[0] if shape else None
+    if (first.__class__ is int and first == len(data) and (not data or data[0].__class__ is not list) and (
+            len(shape) == 1 or (len(shape) == 2 and shape[1].__class__ is int and shape[1] == 1))):  # fmt: skip
+        out[name] = data  # one column of flat values, as _split reads it
+        return first
+    return _split(name, _flat(data), shape, out)
 
 
 def v1_columns(items: Any, name: str, out: Columns) -> int:

@@ -29,7 +29,7 @@ from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.core.side_table import id_text
-from exporter.stream.decode import seldon_batch
+from exporter.stream.decode import kserve_batch, seldon_batch
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
@@ -205,6 +205,9 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
     if fast is not None:
         return Halves(fast, at=list(range(len(records))))
+    read = kserve_batch.halves(records, models, counted) if format == "kserve" else None
+    if read is not None:
+        return Halves(read[0], at=read[1], ignored=read[2])
     for i, ((value, _, key, ms), headers) in enumerate(zip(records, headers_of_poll([r[1] for r in records])[0],
                                                           strict=True)):  # fmt: skip
         model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
@@ -264,8 +267,8 @@ class PayloadRows:
         values = list(chain.from_iterable(found for found, reason in zip(found_of, reasons, strict=True)  # type: ignore[misc]
                                           if not reason))  # fmt: skip
         calls = [request.id for request, _ in kept]
-        ids = list(chain.from_iterable([call] if n == 1 else map(call.__add__, _suffixes(n))
-                                       for call, n in zip(calls, rows, strict=True)))  # fmt: skip
+        ids = [call + suffix for call, n in zip(calls, rows, strict=True)  # 0.30 against 0.53 µs per call by chain/map
+               for suffix in (_ALONE if n == 1 else _suffixes(n))]  # fmt: skip
         # each attribute's, id's and segment's cells: the request's column, else the response's, else a logged header
         for cells_of, column in zip([*raw_codes, *sides, *segments.values()],
                                     [*self.read, *(c for _, c in self.sides), *segments], strict=True):  # fmt: skip
@@ -319,13 +322,21 @@ class PayloadRows:
     def _valid(self, found: list[Any]) -> bool:
         if self.threshold is not None:  # a number (a bool is none) within [0, 1] (NaN is not)
             return set(map(type, found)) <= _NUMBERS and all(map(_ZERO.__le__, found)) and all(map(_ONE.__ge__, found))
-        return all(map(is_binary, found))
+        try:  # is_binary of each, by hash: 0, 1, 0.0, 1.0, False and True are the members of {0, 1}; a string never is
+            return set(found) <= _BINARY
+        except TypeError:  # a list or an object among them: each on its own
+            return all(map(is_binary, found))
 
 
 _NUMBERS: Final = frozenset({float, int})
+_BINARY: Final = frozenset({0, 1})
 _TEXT: Final = frozenset({str, type(None)})
 _ZERO: Final = 0.0
 _ONE: Final = 1.0
+
+
+_ALONE: Final = ("",)
+"""The suffix of a call's id for its one row: none."""
 
 
 @cache

@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import gzip
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -111,6 +111,15 @@ def _text(value: bytes | None) -> str | None:
         return value.decode() if value is not None else None
     except UnicodeDecodeError:
         return None
+
+
+def texts(values: Iterable[bytes | None]) -> list[str | None]:
+    """Header values as text, as :func:`_text` reads each (one not UTF-8: None), decoded in one pass."""
+    found = list(values)
+    try:
+        return [v if v is None else v.decode() for v in found]
+    except UnicodeDecodeError:
+        return list(map(_text, found))
 
 
 def _unzip(body: bytes, says_gzip: bool) -> bytes:

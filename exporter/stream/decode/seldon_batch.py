@@ -24,7 +24,7 @@ refused; anything else is left to the record-by-record path (None). Tensor shape
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from functools import cache, lru_cache
 from itertools import chain
 from typing import Any, Final
@@ -32,7 +32,7 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.stream.decode.oip import _CONTENTS, DATATYPES, BadPayload, _raw_values, _text, messages
-from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of_poll, seldon_model
+from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of_poll, seldon_model, texts
 from exporter.stream.decode.platforms import _text as _header_text
 
 _FEWEST: Final = 128
@@ -139,25 +139,16 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     if columns is None:
         return None
     ids, rows, tables = columns
-    pids = [p or _header_text(r[2]) or own for p, r, own in zip(_texts(h.get("x-request-id") for h in headers), records,
+    pids = [p or _header_text(r[2]) or own for p, r, own in zip(texts(h.get("x-request-id") for h in headers), records,
                                                                   ids, strict=True)]  # fmt: skip
     if not all(pids):
         return None  # refused (no id) record by record
-    pipelines = _texts(h.get("pipeline") for h in headers)
+    pipelines = texts(h.get("pipeline") for h in headers)
     metadata = [{} for _ in headers] if response or names <= SELDON_RESERVED else [{
         k: _header_text(v) for k, v in h.items() if k not in SELDON_RESERVED} for h in headers]  # fmt: skip
     return [Half(f"{pipeline}.{pid}" if pipeline else pid, response, model, r[3] / 1000 if r[3] > 0 else None, n,
                  table, r[0], found, pid if pipeline else None)
             for pid, pipeline, r, n, table, found in zip(pids, pipelines, records, rows, tables, metadata, strict=True)]
-
-
-def _texts(values: Iterable[bytes | None]) -> list[str | None]:
-    """Header values as text, as ``platforms._text`` reads each (one not UTF-8: None)."""
-    found = list(values)
-    try:
-        return [v if v is None else v.decode() for v in found]
-    except UnicodeDecodeError:
-        return list(map(_header_text, found))
 
 
 def _columns(values: list[bytes], response: bool) -> Read | None:
