@@ -107,6 +107,11 @@ class KafkaPythonClient:
         )
         no_topic_creation(self.consumer._cluster)
         self.session_seconds = self.consumer.config["session_timeout_ms"] / 1000
+        self._lookup_settings: dict[str, Any] = {
+            "bootstrap_servers": kafka.bootstrap_servers.split(","), "group_id": None, "enable_auto_commit": False,
+            "client_id": f"fairness-exporter-{kafka.group_id}-ids", **CLIENT_DEFAULTS, **kafka.client}  # fmt: skip
+        self._lookup: KafkaConsumer | None = None
+        """The topic-id lookups' own consumer (:meth:`topic_ids`), made at the first one."""
         self._subscribed = False
         self._unsettled_since: float | None = None  # time.monotonic() since when the membership is not settled
 
@@ -161,18 +166,27 @@ class KafkaPythonClient:
         return LogBounds(None, self.consumer.highwater(TopicPartition(*partition)))
 
     def topic_ids(self, topics: Collection[str]) -> dict[str, str | None] | None:
-        """From a metadata request sent now. A refresh already in flight was perhaps sent before the last records
-        were fetched: it is awaited first, then another is sent."""
-        cluster, manager = self.consumer._cluster, self.consumer._manager
-
-        async def refresh() -> None:
-            if cluster.metadata_refresh_in_progress:
-                with contextlib.suppress(KafkaError):
-                    await cluster.refresh_metadata()
-            await cluster.refresh_metadata()
-
+        """From a metadata request sent now, on a connection of its own (a consumer that fetches nothing): on the
+        consumer's connection the request waited behind the fetch kafka-python sends ahead at each poll (a broker
+        answers one connection's requests in order), 33 ms of every 20,000-record poll spent idle (a quarter of
+        the shipped source's time on the embedded broker), against 1 ms alone. Sent after the poll returned, its
+        answer is as new as the records fetched. A refresh already in flight was perhaps sent before the last
+        records were fetched: it is awaited first, then another is sent."""
         try:
-            self.consumer._net.run(manager.wait_for, manager.call_soon(refresh), TOPIC_IDS_TIMEOUT_MS)
+            if self._lookup is None:
+                self._lookup = KafkaConsumer(**self._lookup_settings)
+                no_topic_creation(self._lookup._cluster)
+            lookup = self._lookup
+            cluster, manager = lookup._cluster, lookup._manager
+            cluster.set_topics(list(topics))
+
+            async def refresh() -> None:
+                if cluster.metadata_refresh_in_progress:
+                    with contextlib.suppress(KafkaError):
+                        await cluster.refresh_metadata()
+                await cluster.refresh_metadata()
+
+            lookup._net.run(manager.wait_for, manager.call_soon(refresh), TOPIC_IDS_TIMEOUT_MS)
         except KafkaError:
             return None
         return {topic: None if (i := cluster.topic_id(topic)) is None else str(i) for topic in topics}
@@ -205,4 +219,6 @@ class KafkaPythonClient:
             raise CommitFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
+        if self._lookup is not None:
+            self._lookup.close(autocommit=False)
         self.consumer.close(autocommit=False)
