@@ -10,7 +10,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
-from kafka.errors import Cancelled, KafkaError
+from kafka.errors import Cancelled, KafkaConfigurationError, KafkaError
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from exporter.config import KafkaConfig
@@ -25,6 +25,8 @@ TOPIC_IDS_TIMEOUT_MS = 2000
 # replica waited out before it could read (~78 s to ready); 10 s as on confluent-kafka.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect_backoff_max_ms": 5000, "metadata_max_age_ms": 30_000,
                                    "bootstrap_timeout_ms": 3000, "session_timeout_ms": 10_000}  # fmt: skip
+GROUP_ONLY = frozenset({"group_instance_id"})
+"""kafka.client's settings that a consumer without a group refuses (the topic-id lookups' own, :meth:`topic_ids`)."""
 FETCH_DEFAULTS: dict[str, Any] = {}
 """Fetch sizes beyond kafka-python's own defaults (fetch_max_bytes 50 MB, max_partition_fetch_bytes 1 MB), with
 the source's max_poll_records of 20,000: none. Measured on the shipped source (300,000 events, 3 partitions,
@@ -109,7 +111,8 @@ class KafkaPythonClient:
         self.session_seconds = self.consumer.config["session_timeout_ms"] / 1000
         self._lookup_settings: dict[str, Any] = {
             "bootstrap_servers": kafka.bootstrap_servers.split(","), "group_id": None, "enable_auto_commit": False,
-            "client_id": f"fairness-exporter-{kafka.group_id}-ids", **CLIENT_DEFAULTS, **kafka.client}  # fmt: skip
+            "client_id": f"fairness-exporter-{kafka.group_id}-ids",
+            **{k: v for k, v in {**CLIENT_DEFAULTS, **kafka.client}.items() if k not in GROUP_ONLY}}  # fmt: skip
         self._lookup: KafkaConsumer | None = None
         """The topic-id lookups' own consumer (:meth:`topic_ids`), made at the first one."""
         self._subscribed = False
@@ -187,6 +190,8 @@ class KafkaPythonClient:
                 await cluster.refresh_metadata()
 
             lookup._net.run(manager.wait_for, manager.call_soon(refresh), TOPIC_IDS_TIMEOUT_MS)
+        except KafkaConfigurationError:
+            raise  # kafka.client's settings: the source counts and logs it, as the consumer's own
         except KafkaError:
             return None
         return {topic: None if (i := cluster.topic_id(topic)) is None else str(i) for topic in topics}
