@@ -16,7 +16,16 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from exporter.config import KafkaConfig
-from exporter.stream.kafka.client import Batch, CommitFailed, LogBounds, Offsets, Partition, Rebalance, SimpleRecord
+from exporter.stream.kafka.client import (
+    FILL_SECONDS,
+    Batch,
+    CommitFailed,
+    LogBounds,
+    Offsets,
+    Partition,
+    Rebalance,
+    SimpleRecord,
+)
 
 try:
     import confluent_kafka as ck
@@ -184,7 +193,13 @@ class ConfluentClient:
         return sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
 
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Batch]:
-        batches = _by_partition(self.consumer.consume(max_records, timeout), self._on_error)
+        """librdkafka's ``consume`` waits until it has ``max_records`` or its timeout passed: the last records of a
+        backlog, fewer than that, waited the whole poll timeout (0.5 s of a 50,000-event drain's 0.8 s). It is given
+        :data:`FILL_SECONDS` first, then, if nothing came, the rest of the timeout."""
+        messages = self.consumer.consume(max_records, min(timeout, FILL_SECONDS))
+        if not messages and timeout > FILL_SECONDS:
+            messages = self.consumer.consume(max_records, timeout - FILL_SECONDS)
+        batches = _by_partition(messages, self._on_error)
         if self._fatal is not None:
             raise ck.KafkaException(self._fatal)  # the consumer cannot go on: the source rebuilds it
         # No batch clears _down: librdkafka hands over what it fetched before the broker went, after its one "all
