@@ -19,12 +19,13 @@ message.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,7 +36,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from bench.report import Section, Timing, broker_cpu_seconds, fmt, median, package_version, standalone, table
 from exporter.config import Config, parse_config
 from exporter.core.fairness import PRED_NEG, PRED_POS
-from exporter.daemon import Daemon
+from exporter.daemon import Daemon, settle_heap
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.devtools.synthetic import AGES, GENDERS, events
 from exporter.stream.decode.events import EventDecoder
@@ -246,23 +247,38 @@ def daemon_path(broker: EmbeddedBroker, n: int) -> Run:
     return run
 
 
+@contextlib.contextmanager
+def started_heap() -> Iterator[None]:
+    """The garbage collector as a started daemon has it (``exporter.daemon.settle_heap``, which ``run_forever`` calls
+    once started), for the run of a shipped path; as before afterwards, so that the other paths run as they did."""
+    thresholds = gc.get_threshold()
+    settle_heap()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
 def shipped_source(broker: EmbeddedBroker, n: int, client_library: str = "kafka-python",
                    client: dict[str, Any] | None = None) -> Run:  # fmt: skip
-    """The daemon's own source thread (manual assignment, a fresh group); timed from start to the last count,
-    so it includes connecting and the first metadata round trip."""
+    """The daemon's own source thread (manual assignment, a fresh group), with the collector as a started daemon
+    has it (:func:`started_heap`); timed from start to the last count, so it includes connecting and the first
+    metadata round trip."""
     daemon = Daemon(config(broker.bootstrap_servers, assignment="manual", group_id=f"bench-{uuid.uuid4().hex[:8]}",
                            client_library=client_library, client=client or {}))  # fmt: skip
     deadline = time.monotonic() + DRAIN_TIMEOUT
-    since = start(broker)
-    daemon.source.start()
-    try:
-        while counted(daemon) < n:
-            if time.monotonic() > deadline or not daemon.source.alive:
-                raise TimeoutError(f"KafkaSource counted {counted(daemon)} of {n} events")
-            time.sleep(0.02)
-        run = finish(broker, since, n)
-    finally:
-        daemon.source.stop()
+    with started_heap():
+        since = start(broker)
+        daemon.source.start()
+        try:
+            while counted(daemon) < n:
+                if time.monotonic() > deadline or not daemon.source.alive:
+                    raise TimeoutError(f"KafkaSource counted {counted(daemon)} of {n} events")
+                time.sleep(0.02)
+            run = finish(broker, since, n)
+        finally:
+            daemon.source.stop()
     if counted(daemon) != n:
         raise RuntimeError(f"KafkaSource counted {counted(daemon)} events, produced {n}")
     return run
@@ -406,7 +422,10 @@ def run(quick: bool = False) -> Section:
                 f"in exporter/stream/; the large fetches of (a') are {LARGE_FETCH}; (a'') and (d) use the daemon's "
                 f"confluent-kafka fetch settings {confluent_fetch()}. {crc32c_status()}. Every path is "
                 "timed from the creation of its consumer (connecting and the first metadata round trip included, "
-                "bare loops and shipped sources alike) to its last event. Every daemon run is checked to have "
+                "bare loops and shipped sources alike) to its last event. (c) and (d) run with the garbage "
+                "collector as a started daemon sets it (`exporter.daemon.settle_heap`: start-up's heap frozen, young "
+                "collections every 10,000 allocations), the other paths with Python's defaults. Every daemon run is "
+                "checked to have "
                 "counted every event (store totals). Best = the fastest round "
                 "(noise on a shared machine only ever adds time); ratios and targets use the best rounds of both "
                 "paths. CPU is this process's, all threads; the broker runs in its own process and its CPU is "

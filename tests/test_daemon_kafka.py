@@ -7,6 +7,7 @@ restart from the checkpoint loses no event and counts none twice. Every test run
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -23,7 +24,8 @@ from broker_fixture import produce
 from daemon_config import make_config
 from daemon_fixture import GROUPS, consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
 
-from exporter.daemon import Daemon
+from exporter import daemon as daemon_module
+from exporter.daemon import GC_THRESHOLDS, Daemon, settle_heap
 from exporter.devtools.embedded_broker import EmbeddedBroker, free_port
 from exporter.gate.fairness.audit import run_audit
 
@@ -204,3 +206,32 @@ def test_labels_from_their_own_topic_join_their_predictions(kafka_broker: Embedd
         assert got == pytest.approx(positives.prediction.mean(), abs=1e-12)
         assert sample(s, "model_labelled_fraction", model_id="m1", attribute="gender", window="1h",
                       subgroup=gender) == 1.0  # fmt: skip
+
+
+def test_a_started_daemon_freezes_its_start_up_heap_and_collects_young_objects_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``run_forever`` settles the heap once started (after ``start``): every object start-up left alive is out of
+    the collector's sight, and young collections run every 10,000 allocations."""
+    daemon = Daemon(make_config())
+    calls: list[str] = []
+    monkeypatch.setattr(daemon, "start", lambda: calls.append("start"))
+    monkeypatch.setattr(daemon_module, "settle_heap", lambda: calls.append("settle_heap"))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    daemon._done.set()  # stop at once
+    try:
+        daemon.run_forever()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert calls == ["start", "settle_heap"]
+    thresholds = gc.get_threshold()
+    try:
+        settle_heap()
+        assert gc.get_threshold() == GC_THRESHOLDS == (10_000, 10, 10)
+        assert gc.get_freeze_count() > 10_000  # the interpreter's, the libraries' and the daemon's objects
+        assert not any(o is daemon.fleet for generation in range(3) for o in gc.get_objects(generation))
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+    assert any(o is daemon.fleet for o in gc.get_objects(2))  # collected again, as an old object

@@ -18,6 +18,8 @@ Partition = tuple[str, int]
 """(topic, partition)."""
 Offsets = dict[Partition, int]
 """Next offset to read, per partition."""
+FILL_SECONDS = 0.05
+"""How long a poll that has records goes on waiting for more, up to the records asked (:meth:`KafkaClient.poll`)."""
 
 
 class Record(Protocol):
@@ -140,7 +142,8 @@ class KafkaClient(Protocol):
         """The topic's partition ids ([] if it does not exist); None while no broker answers."""
 
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Sequence[Record]]:
-        """The next records, per partition, in offset order; waits up to ``timeout`` seconds for some."""
+        """The next records, per partition, in offset order; waits up to ``timeout`` seconds for some, and once some
+        came, up to :data:`FILL_SECONDS` more for ``max_records`` in all."""
 
     def pause(self, partitions: list[Partition]) -> None:
         """Fetch nothing more of these held partitions (they stay assigned) until :meth:`resume`, or until a new

@@ -8,6 +8,7 @@ Chosen with ``kafka.client_library: confluent-kafka``; ``kafka.client`` then hol
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import uuid
@@ -15,7 +16,16 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from exporter.config import KafkaConfig
-from exporter.stream.kafka.client import Batch, CommitFailed, LogBounds, Offsets, Partition, Rebalance, SimpleRecord
+from exporter.stream.kafka.client import (
+    FILL_SECONDS,
+    Batch,
+    CommitFailed,
+    LogBounds,
+    Offsets,
+    Partition,
+    Rebalance,
+    SimpleRecord,
+)
 
 try:
     import confluent_kafka as ck
@@ -157,7 +167,18 @@ class ConfluentClient:
         self.consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke)
 
     def assign(self, starts: Mapping[Partition, int | None]) -> None:
-        self.consumer.assign([ck.TopicPartition(t, p, ck.OFFSET_INVALID if o is None else o)
+        """A partition to start at its committed offset has it asked here, before the assignment: assigned with
+        none (``OFFSET_INVALID``) before librdkafka knew the group coordinator, the first records came 0.5-0.6 s
+        after the assignment (its offset query timer waits out a coordinator not yet known), against 0.03-0.1 s.
+        One not answered starts as librdkafka decides (the committed offset, else ``auto.offset.reset``)."""
+        unknown = [ck.TopicPartition(t, p) for (t, p), o in starts.items() if o is None]
+        committed: dict[Partition, int] = {}
+        if unknown:
+            with contextlib.suppress(ck.KafkaException):
+                committed = {(tp.topic, tp.partition): tp.offset for tp in
+                             self.consumer.committed(unknown, timeout=METADATA_TIMEOUT_SECONDS)
+                             if tp.error is None and tp.offset >= 0}  # fmt: skip
+        self.consumer.assign([ck.TopicPartition(t, p, committed.get((t, p), ck.OFFSET_INVALID) if o is None else o)
                               for (t, p), o in starts.items()])  # fmt: skip
 
     def assignment(self) -> set[Partition]:
@@ -172,7 +193,13 @@ class ConfluentClient:
         return sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
 
     def poll(self, timeout: float, max_records: int) -> Mapping[Partition, Batch]:
-        batches = _by_partition(self.consumer.consume(max_records, timeout), self._on_error)
+        """librdkafka's ``consume`` waits until it has ``max_records`` or its timeout passed: the last records of a
+        backlog, fewer than that, waited the whole poll timeout (0.5 s of a 50,000-event drain's 0.8 s). It is given
+        :data:`FILL_SECONDS` first, then, if nothing came, the rest of the timeout."""
+        messages = self.consumer.consume(max_records, min(timeout, FILL_SECONDS))
+        if not messages and timeout > FILL_SECONDS:
+            messages = self.consumer.consume(max_records, timeout - FILL_SECONDS)
+        batches = _by_partition(messages, self._on_error)
         if self._fatal is not None:
             raise ck.KafkaException(self._fatal)  # the consumer cannot go on: the source rebuilds it
         # No batch clears _down: librdkafka hands over what it fetched before the broker went, after its one "all
