@@ -15,7 +15,7 @@ import pytest
 from broker_fixture import CLIENT_CONFIG, produce
 from daemon_config import make_config
 from daemon_fixture import GROUP_CLIENT, consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
-from kafka import KafkaProducer
+from kafka import KafkaProducer, TopicPartition
 from kafka.structs import MemberState
 
 from exporter.daemon import EXPIRY_EVERY_SECONDS, Daemon
@@ -212,5 +212,53 @@ def test_a_subscribed_consumer_without_a_settled_membership_for_too_long_asks_to
         unsettle(coordinator)
         with pytest.raises(client_kafka.GroupUnsettled, match="rebuilding the consumer"):
             client._check_membership(fetched=False)
+    finally:
+        client.close()
+
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["left-where-it-was", "placed-by-the-handler"])
+def test_records_a_poll_returned_before_a_rebalance_in_its_fill_are_read_again_once(
+    kafka_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, placed: bool
+) -> None:
+    """kafka-python fills a batch with further polls (FILL_SECONDS); one that runs a rebalance discards what the
+    earlier polls returned, never counted. kafka-python keeps a retained partition's position across the rejoin,
+    past those records: where the source's handler left it there (a replica that counted nothing of it yet), the
+    client seeks it back, else they were skipped for good; where the handler placed it, what the poll fetched from
+    there is the batch. The rebalance is the listener's part of it, run inside the fill's poll (a real group's
+    rejoin takes the test broker from seconds to minutes): its count, and the handler's seek."""
+    from exporter.stream.kafka import kafka_python as client_kafka
+
+    name = f"fill-rebalance-{time.time_ns()}"
+    kafka_broker.create_topic(name, partitions=1)
+    produce(kafka_broker.bootstrap_servers, name, [orjson.dumps({"n": i}) for i in range(10)], partition=0)
+    config = make_config(**kafka_config(kafka_broker.bootstrap_servers, name, "kafka-python"))
+    client = client_kafka.KafkaPythonClient(config.kafka, max_records=100)
+    real_poll, polls = client.consumer.poll, []
+
+    def poll(**kwargs: Any) -> Any:
+        if polls and polls[-1] > 0:  # the fill's poll: a rebalance runs in it before it fetches
+            client.consumer.poll = real_poll
+            client.rebalances += 1
+            if placed:
+                client.consumer.seek(TopicPartition(name, 0), 0)
+                client.placed.add((name, 0))
+        found = real_poll(**kwargs)
+        polls.append(sum(map(len, found.values())))
+        return found
+
+    try:
+        client.assign({(name, 0): 0})
+        client.consumer.poll = poll
+        monkeypatch.setattr(client_kafka, "FILL_SECONDS", 5.0)
+        seen: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 10 and time.monotonic() < deadline:
+            for records in client.poll(0.5, 100).values():
+                seen += [r.offset for r in records]
+        assert polls[0] == 10 and client.rebalances == 1  # the batch's first poll had them all, then the rebalance
+        for records in client.poll(0.5, 100).values():  # nothing more: none read twice
+            seen += [r.offset for r in records]
+        assert sorted(seen) == list(range(10))
     finally:
         client.close()

@@ -93,6 +93,7 @@ class _Listener(AsyncConsumerRebalanceListener):
         except KafkaError:
             committed = None
         starts = self.rebalance.assigned([(tp.topic, tp.partition) for tp in assigned], committed)
+        self.client.placed.update(starts)
         for (topic, partition), offset in starts.items():
             self.consumer.seek(TopicPartition(topic, partition), offset)
 
@@ -121,6 +122,8 @@ class KafkaPythonClient:
         self._subscribed = False
         self.rebalances = 0
         """How many rebalance callbacks ran (a poll that saw one does not keep what an earlier poll returned)."""
+        self.placed: set[Partition] = set()
+        """The partitions the rebalance handler positioned (sought) since this set was last emptied."""
         self._unsettled_since: float | None = None  # time.monotonic() since when the membership is not settled
 
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
@@ -144,16 +147,17 @@ class KafkaPythonClient:
         """Up to ``max_records``: once some came, polls again for up to :data:`FILL_SECONDS` while fewer came, as
         librdkafka's ``consume`` fills its batch. kafka-python hands over what its last fetch responses held: behind,
         a poll of 20,000 was followed by one of the ~3,000 left of the same responses, and each poll pays the
-        ingest's fixed cost per model (16 ms at 100 models). A rebalance during a later poll re-positioned the
-        partitions (or handed them over): what the earlier polls returned is not kept, it is read again."""
+        ingest's fixed cost per model (16 ms at 100 models). A rebalance during a later poll ran the source's
+        handler before what the earlier polls returned was counted: those records are not kept but read again
+        (:meth:`_unread`), and what the later poll fetched after the rebalance is the poll."""
         batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
         count = sum(map(len, batches.values()))
         deadline = time.monotonic() + FILL_SECONDS
         while 0 < count < max_records and (left := deadline - time.monotonic()) > 0:
-            rebalances = self.rebalances
+            rebalances, self.placed = self.rebalances, set()
             more = self.consumer.poll(timeout_ms=max(1, int(left * 1000)), max_records=max_records - count)
             if self.rebalances != rebalances:
-                batches, count = more, sum(map(len, more.values()))
+                batches, count = self._unread(batches, more), sum(map(len, more.values()))
                 break
             for tp, records in more.items():
                 batches[tp] = batches[tp] + records if tp in batches else records
@@ -161,6 +165,20 @@ class KafkaPythonClient:
         if self._subscribed:
             self._check_membership(bool(batches))
         return {(tp.topic, tp.partition): records for tp, records in batches.items()}
+
+    def _unread(self, earlier: dict[TopicPartition, list[Any]], more: dict[TopicPartition, list[Any]]
+                ) -> dict[TopicPartition, list[Any]]:  # fmt: skip
+        """What a poll returns when a rebalance ran after earlier polls of its batch returned ``earlier``: those
+        records, never counted, are read again. A partition the handler positioned starts where it said (``more``
+        came from there); one it left out that this consumer keeps (kafka-python keeps a retained partition's
+        position across a rebalance, past ``earlier``'s records) is sought back to ``earlier``'s first record, and
+        what ``more`` read of it after them is dropped with them; one handed over starts at its new owner's."""
+        assigned = self.consumer.assignment()
+        back = {tp: records[0].offset for tp, records in earlier.items()
+                if (tp.topic, tp.partition) not in self.placed and tp in assigned}  # fmt: skip
+        for tp, offset in back.items():
+            self.consumer.seek(tp, offset)
+        return {tp: records for tp, records in more.items() if tp not in back}
 
     def _check_membership(self, fetched: bool) -> None:
         coordinator = self.consumer._coordinator
