@@ -82,7 +82,6 @@ def _fingerprint(config: Config) -> tuple[tuple[str, int, int, int], ...]:
     return tuple(out)
 
 
-
 def settle_heap() -> None:
     """The garbage collector once the daemon has started (:meth:`Daemon.run_forever`): what start-up built (the
     config, the models, their windows and metric families, the restored checkpoint) is collected once and then

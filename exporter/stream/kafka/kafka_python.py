@@ -157,7 +157,7 @@ class KafkaPythonClient:
             rebalances, self.placed = self.rebalances, set()
             more = self.consumer.poll(timeout_ms=max(1, int(left * 1000)), max_records=max_records - count)
             if self.rebalances != rebalances:
-                batches, count = self._unread(batches, more), sum(map(len, more.values()))
+                batches = self._unread(batches, more)
                 break
             for tp, records in more.items():
                 batches[tp] = batches[tp] + records if tp in batches else records
