@@ -91,7 +91,7 @@ def test_a_poll_it_does_not_certify_is_read_record_by_record_with_the_same_refus
 
 
 def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_alone() -> None:
-    """The value rule is checked over the whole batch at once, and pair by pair only when it fails somewhere."""
+    """The rules are checked over the whole batch at once, and pair by pair only when one fails somewhere."""
     attributes = [{"name": "gender", "groups": ["male", "female"]}]
     scored = parse_config({"model_id": "m", "events": {"format": "kserve", "prediction": "p", "score_threshold": 0.5},
                            "protected_attributes": attributes}).models[0]  # fmt: skip
@@ -110,6 +110,10 @@ def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_a
     for model, good, bad in cases:
         pairs = [pair(k, v) for k, v in enumerate(good + bad)]
         pairs += [pair(90, [0.5], time=None), pair(91, [0.5], time=t + 3600), pair(92, [0.5], column="other")]
+        request, response = pair(93, [1, 0])
+        pairs.append((request, Half("c93", True, "m", t, 1, {"p": [1]})))  # unequal rows
+        request, response = pair(94, [1.0], column="other")
+        pairs.append((Half("c94", False, "m", t, 1, {"gender": ["male"], "p": [1.0]}), response))  # in the request
         rng = random.Random(len(pairs))
         for trial in range(20):
             chosen = rng.sample(pairs, k=rng.randint(1, len(pairs))) if trial else pairs
@@ -125,8 +129,8 @@ def test_a_batch_of_pairs_counts_and_refuses_each_pair_as_a_batch_of_that_pair_a
         batch, refused = PayloadRows(model, 300.0).batch(pairs, t)
         assert [reason for _, reason in refused] == [
             "invalid_score" if model is scored else "invalid_prediction"] * len(bad) + [
-            "missing_field", "future_timestamp", "missing_field"]  # fmt: skip
-        assert batch.predictions.tolist() == [int(v >= 0.5) for v in chain.from_iterable(good)]
+            "missing_field", "future_timestamp", "missing_field", "unequal_rows"]  # fmt: skip
+        assert batch.predictions.tolist() == [int(v >= 0.5) for v in chain.from_iterable(good)] + [1]
         assert batch.prediction_ids[:6] == ["c0:0", "c0:1", "c1", "c2:0", "c2:1", "c2:2"]
 
 

@@ -108,7 +108,9 @@ class PairJoin:
                 counts["duplicate_delivery"] += 1  # the same half again: the first one stands
                 continue
             del pending[key]
-            self._done(key, now, False, half.component)
+            done[key] = (now, False, half.component)  # at the end: done.get found no such call above
+            while len(done) > most:
+                done.popitem(last=False)
             out.append((other, half) if half.response else (half, other))
         return out
 
@@ -254,18 +256,19 @@ class PayloadRows:
         raw_codes: list[list[Any]] = [[] for _ in self.read]
         sides: list[list[Any]] = [[] for _ in self.sides]
         segments: dict[str, list[Any]] = {c: [] for c in self.model.counted_columns}
-        checked = [self._rule(request, response, latest) for request, response in pairs]
-        reasons = [reason for reason, _ in checked]
-        found_of = [found for _, found in checked]
-        if not self._valid(list(chain.from_iterable(f for f in found_of if f is not None))):  # which pairs break it
-            reasons = [reason or self._values_rule(found)  # type: ignore[arg-type]  # found: None where refused
+        reasons, found_of = self._rules(pairs, latest)
+        values = list(chain.from_iterable(f for f in found_of if f is not None))
+        if not self._valid(values):  # which pairs break it
+            reasons = [reason or self._values_rule(found)  # found: None where refused
                        for reason, found in zip(reasons, found_of, strict=True)]  # fmt: skip
-        refused = [(request, reason) for (request, _), reason in zip(pairs, reasons, strict=True) if reason]
+        refused = [(request, reason) for (request, _), reason in zip(pairs, reasons, strict=True) if reason] \
+            if any(reasons) else []
         kept = [pair for pair, reason in zip(pairs, reasons, strict=True) if not reason] if refused else pairs
         rows = [request.rows for request, _ in kept]
         timestamps = np.repeat(np.asarray([request.time for request, _ in kept], dtype=np.float64), rows)
-        values = list(chain.from_iterable(found for found, reason in zip(found_of, reasons, strict=True)  # type: ignore[misc]
-                                          if not reason))  # fmt: skip
+        if refused:
+            values = list(chain.from_iterable(found for found, reason in zip(found_of, reasons, strict=True)
+                                              if not reason))  # fmt: skip
         calls = [request.id for request, _ in kept]
         ids = [call + suffix for call, n in zip(calls, rows, strict=True)  # 0.30 against 0.53 µs per call by chain/map
                for suffix in (_ALONE if n == 1 else _suffixes(n))]  # fmt: skip
@@ -298,6 +301,21 @@ class PayloadRows:
                              side_ids={name: list(map(id_text, side))
                                        for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
         return batch, refused
+
+    def _rules(self, pairs: Sequence[tuple[Half, Half]], latest: float) -> tuple[list[str | None], list[Any]]:
+        """Each pair's :meth:`_rule`: asked of each pair only when a rule breaks in the batch (the usual batch is
+        checked a rule at a time over all its pairs: 0.35 against 0.47 µs per pair, measured)."""
+        column = self.column
+        found_of = [response.columns.get(column) for _, response in pairs]
+        if None in found_of:
+            found_of = [request.columns.get(column) if found is None else found
+                        for found, (request, _) in zip(found_of, pairs, strict=True)]  # fmt: skip
+        times: list[Any] = [request.time for request, _ in pairs]  # None in it: asked before max
+        if (None in found_of or None in times or (times and max(times) > latest)
+                or [request.rows for request, _ in pairs] != [response.rows for _, response in pairs]):  # fmt: skip
+            checked = [self._rule(request, response, latest) for request, response in pairs]
+            return [reason for reason, _ in checked], [found for _, found in checked]
+        return [None] * len(pairs), found_of
 
     def _rule(self, request: Half, response: Half, latest: float) -> tuple[str | None, list[Any] | None]:
         """Why a joined pair cannot be counted (None: it can, if its values keep :meth:`_values_rule`, checked for

@@ -265,8 +265,9 @@ def _typed(contents: Any, plan_of: list[Any], which: np.ndarray, tensor_plans: l
     out: list[Any] = [None] * len(tensor_plans)
     for field in set(fields.tolist()):
         mine = fields == field
-        chosen = by_field[field].filter(pa.array(mine))
-        sizes = counts[mine]
+        every = bool(mine.all())  # the usual poll: one field holds every tensor's values
+        chosen = by_field[field] if every else by_field[field].filter(pa.array(mine))
+        sizes = counts if every else counts[mine]
         if not np.array_equal(pc.fill_null(pc.list_value_length(chosen), 0).to_numpy(), sizes):
             return [None] * len(out)  # shape_mismatch: refused record by record
         flat = chosen.flatten()  # BYTES as text: each element decoded by Python's own strict UTF-8 decoder
@@ -276,6 +277,8 @@ def _typed(contents: Any, plan_of: list[Any], which: np.ndarray, tensor_plans: l
                                               flat).to_pylist()  # fmt: skip
         except (UnicodeDecodeError, pa.ArrowException):
             return [None] * len(out)  # not_utf8: refused record by record
+        if every:
+            return pieces
         for k, piece in zip(np.flatnonzero(mine).tolist(), pieces, strict=True):
             out[k] = piece
     return out
