@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
@@ -118,8 +118,8 @@ class Columns:
             found = self._read[role, form] = read()
         return found
 
-    def _list(self, role: str) -> list[Any]:
-        return self._cached(role, "list", lambda: list(map(self.get[role], self.structs)))
+    def _map(self, role: str) -> Iterator[Any]:
+        return map(self.get[role], self.structs)
 
     def take(self, role: str, rows: np.ndarray | None) -> np.ndarray:
         """A number role at ``rows`` (None: every struct): ``ts`` as epoch seconds (NaN: invalid), ``score`` (NaN:
@@ -128,27 +128,35 @@ class Columns:
         return column if rows is None else column[rows]
 
     def _array(self, role: str) -> np.ndarray:
-        values = self._list(role)
+        n = len(self.structs)
         if role == "ts":
-            stamps = epochs(values) if values else []
+            stamps = epochs(list(self._map(role))) if n else []
             return stamps if stamps.__class__ is np.ndarray else np.array(stamps, dtype=np.float64)  # None: NaN
         if role == "score":
-            return np.array(values, dtype=np.float64)  # None: NaN
-        return np.fromiter(map(_OUTCOME.__getitem__, values), np.int64, len(values))
+            return np.fromiter(self._map(role), np.float64, n)  # None (a shared schema's optional score): NaN
+        if role == "pred":
+            try:
+                return np.fromiter(self._map(role), np.int64, n)
+            except TypeError:  # a None (a shared schema's optional prediction): read as a label is
+                pass
+        return np.fromiter(map(_OUTCOME.__getitem__, self._map(role)), np.int64, n)
 
     def values(self, role: str, rows: np.ndarray | None) -> list[Any]:
         """A role's values at ``rows`` (None: every struct), as a list of their own."""
         if rows is None:
-            return list(self._list(role))
-        objects = self._cached(role, "objects", lambda: np.fromiter(self._list(role), object, len(self.structs)))
+            return list(self._map(role))
+        objects = self._cached(role, "objects", lambda: np.fromiter(self._map(role), object, len(self.structs)))
         return objects[rows].tolist()
 
     def codes(self, role: str, table: Mapping[str, int], unknown: int, rows: np.ndarray | None) -> np.ndarray:
-        """An attribute's codes at ``rows`` by a code table (any other value, None included: ``unknown``). The
-        column is factorized once: each model looks up only its distinct values."""
-        distinct, inverse = self._cached(role, "factors", lambda: _factors(self._list(role)))
+        """An attribute's codes at ``rows`` by a code table (any other value, None included: ``unknown``). Every
+        struct's (one model's batch): a lookup per value. Some rows (a fleet's batch): the column is factorized
+        once, and each model looks up only its distinct values."""
+        if rows is None:
+            return np.fromiter(map(table.get, self._map(role), repeat(unknown)), np.int64, len(self.structs))
+        distinct, inverse = self._cached(role, "factors", lambda: _factors(list(self._map(role))))
         lookup = np.fromiter(map(table.get, distinct, repeat(unknown)), np.int64, len(distinct))
-        return lookup[inverse if rows is None else inverse[rows]]
+        return lookup[inverse[rows]]
 
 
 def _factors(values: list[Any]) -> tuple[list[Any], np.ndarray]:
