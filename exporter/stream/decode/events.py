@@ -141,6 +141,17 @@ class Columns:
                 pass
         return np.fromiter(map(_OUTCOME.__getitem__, self._map(role)), np.int64, n)
 
+    def lacking(self, role: str, rows: np.ndarray | None) -> np.ndarray:
+        """Where a prediction or a score (``role``) is missing, at ``rows``: a shared schema leaves both optional."""
+        column = self.take(role, rows)
+        return np.isnan(column) if role == "score" else column < 0
+
+    def settled(self, latest: float, needed: str | None) -> bool:
+        """Whether every struct's timestamp is valid and no later than ``latest``, and none lacks ``needed``: then
+        no model's rows need a look of their own."""
+        return self._cached(needed or "", f"settled at {latest!r}", lambda: bool(
+            (self.take("ts", None) <= latest).all()) and (needed is None or not self.lacking(needed, None).any()))
+
     def values(self, role: str, rows: np.ndarray | None) -> list[Any]:
         """A role's values at ``rows`` (None: every struct), as a list of their own."""
         if rows is None:
@@ -232,16 +243,19 @@ class EventDecoder:
         event without the one this model needs is walked (the rules say missing_field)."""
         latest = now + self.max_future_skew_seconds
         scored = self._threshold is not None
+        needed = ("score" if scored else "pred") if shared else None
         stamps = columns.take("ts", rows)
-        walk = np.isnan(stamps)  # an unparseable timestamp: the walk says which reason
-        if shared:
-            walk |= np.isnan(columns.take("score", rows)) if scored else columns.take("pred", rows) < 0
-        future = ~walk & (stamps > latest)  # a valid timestamp comes first among the rules: nothing else is asked
-        rejects = [(i, "future_timestamp") for i in at[future].tolist()]
-        if future.any() or walk.any():
-            walked = sorted([*walked, *at[walk].tolist()])
-            kept = np.flatnonzero(~(walk | future))
-            rows, at, stamps = kept if rows is None else rows[kept], at[kept], stamps[kept]
+        rejects: list[tuple[int, str]] = []
+        if not columns.settled(latest, needed):  # some event of the batch needs a look: is it one of this model's?
+            walk = np.isnan(stamps)  # an unparseable timestamp: the walk says which reason
+            if needed is not None:
+                walk |= columns.lacking(needed, rows)
+            future = ~walk & (stamps > latest)  # a valid timestamp comes first among the rules: nothing else asked
+            rejects = [(i, "future_timestamp") for i in at[future].tolist()]
+            if future.any() or walk.any():
+                walked = sorted([*walked, *at[walk].tolist()])
+                kept = np.flatnonzero(~(walk | future))
+                rows, at, stamps = kept if rows is None else rows[kept], at[kept], stamps[kept]
         timestamps = stamps
         n = len(at)
         if n:
