@@ -8,10 +8,11 @@ belongs) is walked by :meth:`EventDecoder._walk`, which alone decides a rejectio
 as lines in one call per run of accepted lines (exporter/stream/decode/lines.py), so a refused event costs about what an
 accepted one does; the stricter ``Struct`` of the same paths (this model only, configured group names only) goes
 first while it accepts nearly every event, since its strings come back as the schema's own objects. Columns are
-then built from the accepted structs (:meth:`EventDecoder.batch`, which a fleet's shared parse calls too:
-exporter/stream/decode/fleet.py) with ``np.fromiter`` over attribute getters, the timestamps by
-:func:`exporter.stream.decode.timestamps.epochs`. Every event either becomes a row of the batch, is ignored (another
-model's), or is rejected under one reason; nothing raises.
+then built from the accepted structs (:meth:`EventDecoder.batch`) with ``np.fromiter`` over attribute getters, the
+timestamps by :func:`exporter.stream.decode.timestamps.epochs`, each field read once (:class:`Columns`): a fleet's
+shared parse reads it once for all its models, each taking its rows by index (exporter/stream/decode/fleet.py).
+Every event either becomes a row of the batch, is ignored (another model's), or is rejected under one reason;
+nothing raises.
 """
 
 from __future__ import annotations
