@@ -8,10 +8,11 @@ belongs) is walked by :meth:`EventDecoder._walk`, which alone decides a rejectio
 as lines in one call per run of accepted lines (exporter/stream/decode/lines.py), so a refused event costs about what an
 accepted one does; the stricter ``Struct`` of the same paths (this model only, configured group names only) goes
 first while it accepts nearly every event, since its strings come back as the schema's own objects. Columns are
-then built from the accepted structs (:meth:`EventDecoder.batch`, which a fleet's shared parse calls too:
-exporter/stream/decode/fleet.py) with ``np.fromiter`` over attribute getters, the timestamps by
-:func:`exporter.stream.decode.timestamps.epochs`. Every event either becomes a row of the batch, is ignored (another
-model's), or is rejected under one reason; nothing raises.
+then built from the accepted structs (:meth:`EventDecoder.batch`) with ``np.fromiter`` over attribute getters, the
+timestamps by :func:`exporter.stream.decode.timestamps.epochs`, each field read once (:class:`Columns`): a fleet's
+shared parse reads it once for all its models, each taking its rows by index (exporter/stream/decode/fleet.py).
+Every event either becomes a row of the batch, is ignored (another model's), or is rejected under one reason;
+nothing raises.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, Final, TypeGuard
 
@@ -101,6 +103,80 @@ class DecodedBatch:
         return len(self.timestamps)
 
 
+class Columns:
+    """The role values of a batch's structs, each role read once, when first asked: a fleet's batch is read once
+    for all its models, and each model takes its own events' rows of it (exporter/stream/decode/fleet.py)."""
+
+    def __init__(self, structs: list[Any], get: Mapping[str, Callable[[Any], Any]]) -> None:
+        self.structs = structs
+        self.get = get
+        """The role getters of the schema that parsed the structs."""
+        self._read: dict[tuple[str, str], Any] = {}
+
+    def _cached(self, role: str, form: str, read: Callable[[], Any]) -> Any:
+        found = self._read.get((role, form))
+        if found is None:
+            found = self._read[role, form] = read()
+        return found
+
+    def _map(self, role: str) -> Iterator[Any]:
+        return map(self.get[role], self.structs)
+
+    def take(self, role: str, rows: np.ndarray | None) -> np.ndarray:
+        """A number role at ``rows`` (None: every struct): ``ts`` as epoch seconds (NaN: invalid), ``score`` (NaN:
+        none), ``pred`` and ``label`` as 0/1 (-1: none)."""
+        column = self._cached(role, "array", lambda: self._array(role))
+        return column if rows is None else column[rows]
+
+    def _array(self, role: str) -> np.ndarray:
+        n = len(self.structs)
+        if role == "ts":
+            stamps = epochs(list(self._map(role))) if n else []
+            return stamps if stamps.__class__ is np.ndarray else np.array(stamps, dtype=np.float64)  # None: NaN
+        if role == "score":
+            return np.fromiter(self._map(role), np.float64, n)  # None (a shared schema's optional score): NaN
+        if role == "pred":
+            try:
+                return np.fromiter(self._map(role), np.int64, n)
+            except TypeError:  # a None (a shared schema's optional prediction): read as a label is
+                pass
+        return np.fromiter(map(_OUTCOME.__getitem__, self._map(role)), np.int64, n)
+
+    def lacking(self, role: str, rows: np.ndarray | None) -> np.ndarray:
+        """Where a prediction or a score (``role``) is missing, at ``rows``: a shared schema leaves both optional."""
+        column = self.take(role, rows)
+        return np.isnan(column) if role == "score" else column < 0
+
+    def settled(self, latest: float, needed: str | None) -> bool:
+        """Whether every struct's timestamp is valid and no later than ``latest``, and none lacks ``needed``: then
+        no model's rows need a look of their own."""
+        return self._cached(needed or "", f"settled at {latest!r}", lambda: bool(
+            (self.take("ts", None) <= latest).all()) and (needed is None or not self.lacking(needed, None).any()))
+
+    def values(self, role: str, rows: np.ndarray | None) -> list[Any]:
+        """A role's values at ``rows`` (None: every struct), as a list of their own."""
+        if rows is None:
+            return list(self._map(role))
+        objects = self._cached(role, "objects", lambda: np.fromiter(self._map(role), object, len(self.structs)))
+        return objects[rows].tolist()
+
+    def codes(self, role: str, table: Mapping[str, int], unknown: int, rows: np.ndarray | None) -> np.ndarray:
+        """An attribute's codes at ``rows`` by a code table (any other value, None included: ``unknown``). Every
+        struct's (one model's batch): a lookup per value. Some rows (a fleet's batch): the column is factorized
+        once, and each model looks up only its distinct values."""
+        if rows is None:
+            return np.fromiter(map(table.get, self._map(role), repeat(unknown)), np.int64, len(self.structs))
+        distinct, inverse = self._cached(role, "factors", lambda: _factors(list(self._map(role))))
+        lookup = np.fromiter(map(table.get, distinct, repeat(unknown)), np.int64, len(distinct))
+        return lookup[inverse[rows]]
+
+
+def _factors(values: list[Any]) -> tuple[list[Any], np.ndarray]:
+    """The distinct values (first seen first), and the index of each value among them."""
+    index = {v: k for k, v in enumerate(dict.fromkeys(values))}
+    return list(index), np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+
+
 class EventDecoder:
     """Turns raw Kafka message values into a :class:`DecodedBatch` for one configured model."""
 
@@ -155,75 +231,59 @@ class EventDecoder:
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
         """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be."""
         structs, at, walked, ignored = self._structs(values)
-        return self.batch(values, structs, at, walked, ignored, self._get, now)
+        return self.batch(values, Columns(structs, self._get), None, np.asarray(at, dtype=np.int64), walked, ignored,
+                          now)  # fmt: skip
 
     def batch(
-        self, values: Sequence[bytes], structs: list[Any], at: list[int], walked: list[int], ignored: Counter[str],
-        g: Mapping[str, Callable[[Any], Any]], now: float, shared: bool = False,
-        epoch_seconds: np.ndarray | None = None,
+        self, values: Sequence[bytes], columns: Columns, rows: np.ndarray | None, at: np.ndarray, walked: list[int],
+        ignored: Counter[str], now: float, shared: bool = False,
     ) -> DecodedBatch:  # fmt: skip
-        """The batch of this model's ``values``: ``structs`` (at positions ``at``) parsed by a schema whose role
-        getters are ``g``, the positions of those it refused (``walked``), and what was ignored. ``shared``: the
-        schema of several models, which requires neither prediction nor score: an event without the one this
-        model needs is walked (the rules say missing_field). ``epoch_seconds``: the structs' timestamps, already
-        read by :func:`epochs` (valid, every one) over a whole fleet's batch at once."""
-        if shared:
-            needed = list(map(g["score"] if self._threshold is not None else g["pred"], structs))
-            lacking = [k for k, value in enumerate(needed) if value is None] if None in needed else []
-            if lacking:
-                walked = sorted([*walked, *(at[k] for k in lacking)])
-                keep = sorted(set(range(len(structs))) - set(lacking))
-                structs, at = [structs[k] for k in keep], [at[k] for k in keep]
-                epoch_seconds = None if epoch_seconds is None else epoch_seconds[keep]
+        """The batch of this model's events among ``values``: the structs of ``columns`` at ``rows`` (None: every
+        one), which are the values at positions ``at``, the positions of those the schema refused (``walked``), and
+        what was ignored. ``shared``: the schema of several models, which requires neither prediction nor score: an
+        event without the one this model needs is walked (the rules say missing_field)."""
         latest = now + self.max_future_skew_seconds
-        if epoch_seconds is not None:
-            stamps: np.ndarray | list[float | None] = epoch_seconds
-        else:
-            stamps = epochs(list(map(g["ts"], structs))) if structs else []
-        if stamps.__class__ is list and None in stamps:  # an unparseable ISO string: the walk says which reason
-            unparsed = {k for k, t in enumerate(stamps) if t is None}
-            walked.extend(at[k] for k in unparsed)
-            keep = [k for k in range(len(structs)) if k not in unparsed]
-            structs, at, stamps = [structs[k] for k in keep], [at[k] for k in keep], [stamps[k] for k in keep]
-        timestamps = np.asarray(stamps, dtype=np.float64)
+        scored = self._threshold is not None
+        needed = ("score" if scored else "pred") if shared else None
+        stamps = columns.take("ts", rows)
         rejects: list[tuple[int, str]] = []
-        future = timestamps > latest
-        if future.any():  # the timestamp is valid and comes first among the rules: nothing else is asked
-            rejects.extend((at[k], "future_timestamp") for k in np.flatnonzero(future).tolist())
-            keep = np.flatnonzero(~future).tolist()
-            structs, at, timestamps = [structs[k] for k in keep], [at[k] for k in keep], timestamps[~future]
-        if structs:
+        if not columns.settled(latest, needed):  # some event of the batch needs a look: is it one of this model's?
+            walk = np.isnan(stamps)  # an unparseable timestamp: the walk says which reason
+            if needed is not None:
+                walk |= columns.lacking(needed, rows)
+            future = ~walk & (stamps > latest)  # a valid timestamp comes first among the rules: nothing else asked
+            rejects = [(i, "future_timestamp") for i in at[future].tolist()]
+            if future.any() or walk.any():
+                walked = sorted([*walked, *at[walk].tolist()])
+                kept = np.flatnonzero(~(walk | future))
+                rows, at, stamps = kept if rows is None else rows[kept], at[kept], stamps[kept]
+        timestamps = stamps
+        n = len(at)
+        if n:
             if self._threshold is not None:
-                scores = np.fromiter(map(g["score"], structs), np.float64, len(structs))
+                scores = columns.take("score", rows)
                 predictions = score_predictions(scores, self._threshold)
             else:
-                predictions = np.fromiter(map(g["pred"], structs), np.int64, len(structs))
-            outcomes = np.fromiter(map(_OUTCOME.__getitem__, map(g["label"], structs)), np.int64, len(structs))
-            ids = list(map(g["id"], structs))
-            sides = [list(map(g[f"side:{column}"], structs)) for _, column in self._sides]  # str, int or None
-            segments = {c: list(map(g.get(f"seg:{c}") or g.get(f"attr:{c}") or g[f"side:{c}"], structs))
-                        for c in self.model.counted_columns}  # fmt: skip
-            codes = []
-            for column, table, unknown in self._tables:
-                # a fresh dict per batch: the values it learns (unknown ones) are bounded by the batch
-                lookup: defaultdict[str | None, int] = defaultdict(lambda u=unknown: u)  # type: ignore[misc]
-                lookup.update(table)
-                lookup[None] = unknown  # a missing value: the unknown category, as the gate's blank cell
-                codes.append(np.fromiter(map(lookup.__getitem__, map(g[f"attr:{column}"], structs)), np.int64,
-                                         len(structs)))  # fmt: skip
+                predictions = columns.take("pred", rows)
+            outcomes = columns.take("label", rows)
+            ids = columns.values("id", rows)
+            sides = [columns.values(f"side:{column}", rows) for _, column in self._sides]  # str, int or None
+            segments = {c: columns.values(next(r for r in (f"seg:{c}", f"attr:{c}", f"side:{c}") if r in columns.get),
+                                          rows) for c in self.model.counted_columns}  # fmt: skip
+            codes = [columns.codes(f"attr:{column}", table, unknown, rows) for column, table, unknown in self._tables]
             for surname, zcta in self._proxies:
-                codes.append(bisg.tables().codes(list(map(g[f"attr:{surname}"], structs)),
-                                                 list(map(g[f"attr:{zcta}"], structs))))  # fmt: skip
+                codes.append(bisg.tables().codes(columns.values(f"attr:{surname}", rows),
+                                                 columns.values(f"attr:{zcta}", rows)))  # fmt: skip
         else:
             predictions = outcomes = np.zeros(0, dtype=np.int64)
             ids, codes = [], [np.zeros(0, dtype=np.int64) for _ in self._columns]
             sides = [[] for _ in self._sides]
             segments = {c: [] for c in self.model.counted_columns}
-        if self._threshold is None or not structs:
+        if not scored or not n:
             scores = np.zeros(0)
 
         if walked:
-            rows: list[tuple[int, float, int, int, Any, list[int], float, list[Any], list[Any]]] = []
+            found: list[tuple[int, float, int, int, Any, list[int], float, list[Any], list[Any]]] = []
             for i in sorted(walked):
                 outcome = self.judge(values[i], latest)
                 if outcome in IGNORE_REASONS:
@@ -231,24 +291,24 @@ class EventDecoder:
                 elif isinstance(outcome, str):
                     rejects.append((i, outcome))
                 else:
-                    rows.append((i, *outcome))
-            if rows:  # merge the walked rows in input order, as every column's consumers expect
-                at = at + [r[0] for r in rows]
-                order = np.argsort(np.asarray(at), kind="stable")
-                at = [at[k] for k in order.tolist()]
-                timestamps = np.concatenate([timestamps, [r[1] for r in rows]])[order]
-                predictions = np.concatenate([predictions, np.array([r[2] for r in rows], dtype=np.int64)])[order]
-                outcomes = np.concatenate([outcomes, np.array([r[3] for r in rows], dtype=np.int64)])[order]
-                all_ids = ids + [r[4] for r in rows]
+                    found.append((i, *outcome))
+            if found:  # merge the walked rows in input order, as every column's consumers expect
+                at = np.concatenate([at, np.array([r[0] for r in found], dtype=np.int64)])
+                order = np.argsort(at, kind="stable")
+                at = at[order]
+                timestamps = np.concatenate([timestamps, [r[1] for r in found]])[order]
+                predictions = np.concatenate([predictions, np.array([r[2] for r in found], dtype=np.int64)])[order]
+                outcomes = np.concatenate([outcomes, np.array([r[3] for r in found], dtype=np.int64)])[order]
+                all_ids = ids + [r[4] for r in found]
                 ids = [all_ids[k] for k in order.tolist()]
-                codes = [np.concatenate([c, np.array([r[5][k] for r in rows], dtype=np.int64)])[order]
+                codes = [np.concatenate([c, np.array([r[5][k] for r in found], dtype=np.int64)])[order]
                          for k, c in enumerate(codes)]  # fmt: skip
-                if self._threshold is not None:
-                    scores = np.concatenate([scores, [r[6] for r in rows]])[order]
-                merged = [[*side, *(r[7][k] for r in rows)] for k, side in enumerate(sides)]
+                if scored:
+                    scores = np.concatenate([scores, [r[6] for r in found]])[order]
+                merged = [[*side, *(r[7][k] for r in found)] for k, side in enumerate(sides)]
                 sides = [[side[j] for j in order.tolist()] for side in merged]
                 for k, c in enumerate(self.model.counted_columns):
-                    merged = segments[c] + [r[8][k] for r in rows]
+                    merged = segments[c] + [r[8][k] for r in found]
                     segments[c] = [merged[i] for i in order.tolist()]
 
         rejected: Counter[str] = Counter(reason for _, reason in rejects)

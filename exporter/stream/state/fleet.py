@@ -131,7 +131,8 @@ class Fleet:
             batches = {model_id: d.decode(values, now) for model_id, d in decoders.items()}
             ignored, malformed = Counter(), []
         for batch in batches.values():
-            ignored.update(batch.ignored)
+            if batch.ignored:  # most have none: Counter.update costs microseconds even when empty
+                ignored.update(batch.ignored)
         return decoders, batches, ignored, malformed
 
     # --- the models this replica owns (the staged path's evaluation stage) -----------------------------------

@@ -64,7 +64,7 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         if not on_time.all():  # an event older than the ring's oldest bucket is counted nowhere
             codes = {k: v[on_time] for k, v in codes.items()}
             predicted, outcome, part, bucket = predicted[on_time], outcome[on_time], part[on_time], buckets[on_time]
-        rows = store._rows(codes)
+        rows = store.layout.rows(codes, len(predicted))
         size, seen_at = (len(step_heads) + 1) * cells, np.arange(len(starts)) + first  # part p: first in step p+first
         at = (part + first) * cells  # each event's step's first cell: it opens there
         # An event of its part's head bucket (most: the head is the newest event) counts by its part's rows; an
@@ -74,7 +74,7 @@ def add_stepped(store: WindowStore, timestamps: np.ndarray, codes: dict[str, np.
         flat = np.zeros(size, dtype=np.int64)
         older_events, older_cells = [], []
         for events, columns in ((None, predicted), (labelled, outcome[labelled])):  # predictions, then labels
-            for r in rows.values():  # each attribute's row of every event (its own bincount: integers add exactly)
+            for r in rows:  # each attribute's row of every event (its own bincount: integers add exactly)
                 cell = (r if events is None else r[events]) * N_COUNTS + columns
                 flat += np.bincount(cell + (at if events is None else at[events]), minlength=size)
                 older = np.flatnonzero(is_older if events is None else is_older[events])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,37 +21,9 @@ from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, P
 from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
 from exporter.stream.state.detection import Detection
 from exporter.stream.state.detectors import DetectorBank, Trace
+from exporter.stream.state.layout import RowLayout
 from exporter.stream.state.proxy import ProxyRing
 from exporter.stream.state.segments import SegmentCounts
-
-
-@dataclass(frozen=True)
-class RowLayout:
-    """Where each attribute's subgroups live among the rows of the state: its groups, then one row for its unknown
-    category (events whose value is outside the groups, or missing; code ``-1``)."""
-
-    names: tuple[str, ...]
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-
-    @classmethod
-    def of(cls, model: ModelSpec) -> RowLayout:
-        sizes = tuple(len(a.groups) + 1 for a in model.attributes)
-        offsets = tuple(int(x) for x in np.cumsum((0, *sizes))[:-1])
-        return cls(tuple(a.name for a in model.attributes), offsets, sizes)
-
-    @property
-    def n_rows(self) -> int:
-        return sum(self.sizes)
-
-    def split(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Cut a ``(n_rows, ...)`` array into one block per attribute (its groups' rows, then its unknown row)."""
-        return {n: rows[o : o + s] for n, o, s in zip(self.names, self.offsets, self.sizes, strict=True)}
-
-    def rows(self, name: str, codes: np.ndarray) -> np.ndarray:
-        """State rows of one attribute's codes; ``-1`` (unknown) goes to the attribute's unknown row."""
-        k = self.names.index(name)
-        return self.offsets[k] + np.where(codes < 0, self.sizes[k] - 1, codes)
 
 
 class WindowStore:
@@ -125,31 +97,35 @@ class WindowStore:
         with self.lock:
             self._advance(max(self._bucket_at(now), int(buckets.max(initial=-1))))
             on_time = buckets > self.head - self.n_buckets
-            late = int((~on_time).sum())
-            counted = {k: v[on_time] for k, v in codes.items()}
-            rows = self._rows(counted)
-            self._count(buckets[on_time], rows, predicted[on_time])
-            self._count_outcomes(buckets[on_time], rows, outcome[on_time])
+            late = len(buckets) - int(np.count_nonzero(on_time))
+            if late:  # the usual batch has none: nothing to mask
+                buckets, predicted, outcome = buckets[on_time], predicted[on_time], outcome[on_time]
+                timestamps, predictions, outcomes = (np.asarray(a)[on_time] for a in (timestamps, predictions,
+                                                                                      outcomes))  # fmt: skip
+                codes = {k: v[on_time] for k, v in codes.items()}
+                scores = scores[on_time] if scores is not None and len(scores) else scores
+                segment_codes = None if segment_codes is None else segment_codes[on_time]
+            rows = self.layout.rows(codes, len(buckets))
+            self._count(buckets, rows, predicted)
+            self._count_outcomes(buckets, rows, outcome)
             if segment_codes is not None:
-                self.segments.count(np.asarray(timestamps)[on_time], rows, predicted[on_time], outcome[on_time],
-                                    segment_codes[on_time], now)  # fmt: skip
+                self.segments.count(np.asarray(timestamps), dict(zip(self.layout.names, rows, strict=True)),
+                                    predicted, outcome, segment_codes, now)  # fmt: skip
             if self.proxy.attributes:
-                slots, labelled = buckets[on_time] % self.n_buckets, outcome[on_time] >= 0
-                self.proxy.add(slots, counted, predicted[on_time])
-                with_labels = {k: v[labelled] for k, v in counted.items()}
-                self.proxy.add(slots[labelled], with_labels, outcome[on_time][labelled])
+                slots, labelled = buckets % self.n_buckets, outcome >= 0
+                self.proxy.add(slots, codes, predicted)
+                self.proxy.add(slots[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled])
             if self.score_counts.shape[2] and scores is not None and len(scores):
-                self._count_scores(buckets[on_time], rows, scores[on_time])
-                bins = self.estimate_bins(scores[on_time])
+                self._count_scores(buckets, rows, scores)
+                bins = self.estimate_bins(scores)
                 if bins is not None:
-                    p = np.asarray(predictions)[on_time]
-                    self._count_estimate(buckets[on_time], rows, bins, p, PREDICTED)
-                    label = np.asarray(outcomes)[on_time]
+                    p = np.asarray(predictions)
+                    self._count_estimate(buckets, rows, bins, p, PREDICTED)
+                    label = np.asarray(outcomes)
                     for value, column in ((1, LABELLED_POS), (0, LABELLED_NEG)):
                         k = label == value
-                        self._count_estimate(buckets[on_time][k], {n: r[k] for n, r in rows.items()}, bins[k], p[k],
-                                             column)  # fmt: skip
-                    self._sum_labelled(buckets[on_time], rows, bins, scores[on_time], label >= 0)
+                        self._count_estimate(buckets[k], rows[:, k], bins[k], p[k], column)
+                    self._sum_labelled(buckets, rows, bins, scores, label >= 0)
         return late
 
     def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray,
@@ -162,11 +138,12 @@ class WindowStore:
         buckets = self.bucket_of(timestamps)
         with self.lock:
             in_ring = buckets > self.head - self.n_buckets
-            rows = self._rows(codes)
-            self._count_outcomes(buckets[in_ring], {k: v[in_ring] for k, v in rows.items()}, outcomes[in_ring])
+            rows = self.layout.rows(codes, len(buckets))
+            self._count_outcomes(buckets[in_ring], rows[:, in_ring], outcomes[in_ring])
             if segment_codes is not None:
-                self.segments.count(np.asarray(timestamps)[in_ring], {k: v[in_ring] for k, v in rows.items()}, None,
-                                    outcomes[in_ring], segment_codes[in_ring], self.head * self.bucket_seconds)
+                by_name = dict(zip(self.layout.names, rows[:, in_ring], strict=True))
+                self.segments.count(np.asarray(timestamps)[in_ring], by_name, None, outcomes[in_ring],
+                                    segment_codes[in_ring], self.head * self.bucket_seconds)  # fmt: skip
             if self.proxy.attributes:
                 k = in_ring & (outcomes >= 0)
                 self.proxy.add(buckets[k] % self.n_buckets, {n: c[k] for n, c in codes.items()}, outcomes[k])
@@ -174,11 +151,11 @@ class WindowStore:
                 k = in_ring & (bins >= 0) & (outcomes >= 0)
                 predicted = np.isin(outcomes[k], (TP, FP)).astype(np.int64)
                 column = np.where(np.isin(outcomes[k], (TP, FN)), LABELLED_POS, LABELLED_NEG)
-                self._count_estimate(buckets[k], {n: r[k] for n, r in rows.items()}, bins[k], predicted, column)
+                self._count_estimate(buckets[k], rows[:, k], bins[k], predicted, column)
                 if scores is not None:
                     self._sum_labelled(buckets, rows, bins, scores, k)
             gone = ~in_ring & (outcomes >= 0)
-            self._count_totals({k: v[gone] for k, v in rows.items()}, outcomes[gone])
+            self._count_totals(rows[:, gone], outcomes[gone])
         return int(gone.sum())
 
     def _slots(self, buckets: np.ndarray) -> np.ndarray:
@@ -192,32 +169,27 @@ class WindowStore:
         """Absolute bucket index of one epoch-second time (as :meth:`bucket_of`, without an array)."""
         return math.floor(now / self.bucket_seconds)
 
-    def _rows(self, codes: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Per attribute, the state rows of a batch's subgroup codes (computed once per batch, for every count)."""
-        return {name: self.layout.rows(name, codes[name]) for name in self.layout.names}
-
-    def _count(self, buckets: np.ndarray, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
+    def _count(self, buckets: np.ndarray, rows: np.ndarray, columns: np.ndarray) -> None:
+        """Add 1 to each event's (bucket, row, column) cell for every attribute's row (``rows``: RowLayout.rows)."""
         if not len(buckets):
             return
         slots = self._slots(buckets)
-        flat_counts = self.counts.reshape(-1)
-        for name in self.layout.names:
-            np.add.at(flat_counts, (slots * self.layout.n_rows + rows[name]) * N_COUNTS + columns, 1)
+        np.add.at(self.counts.reshape(-1), ((slots * self.layout.n_rows + rows) * N_COUNTS + columns).ravel(), 1)
         self._count_totals(rows, columns)
 
-    def _count_scores(self, buckets: np.ndarray, rows: dict[str, np.ndarray], scores: np.ndarray) -> None:
+    def _count_scores(self, buckets: np.ndarray, rows: np.ndarray, scores: np.ndarray) -> None:
         if not len(buckets):
             return
         slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
         bins = np.searchsorted(self.score_bounds, scores, side="left")  # Prometheus' le: upper bound included
         n_rows, n_bins = self.layout.n_rows, self.score_counts.shape[2]
         flat_counts, flat_sums = self.score_counts.reshape(-1), self.score_sums.reshape(-1)
-        for name in self.layout.names:
-            cells = slots * n_rows + rows[name]
+        for row in rows:
+            cells = slots * n_rows + row
             np.add.at(flat_counts, cells * n_bins + bins, 1)
             np.add.at(flat_sums, cells, scores)
 
-    def _count_estimate(self, buckets: np.ndarray, rows: dict[str, np.ndarray], bins: np.ndarray,
+    def _count_estimate(self, buckets: np.ndarray, rows: np.ndarray, bins: np.ndarray,
                         predicted: np.ndarray, column: int | np.ndarray) -> None:  # fmt: skip
         """Add to the estimation counts' cells (bucket, row, bin, predicted class) the given column."""
         if not len(buckets):
@@ -225,30 +197,29 @@ class WindowStore:
         slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
         n_rows, n_bins = self.layout.n_rows, self.estimate_counts.shape[2]
         flat, totals = self.estimate_counts.reshape(-1), self.estimate_totals.reshape(-1)
-        for name in self.layout.names:
-            cell = ((rows[name] * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column
+        for row in rows:
+            cell = ((row * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column
             np.add.at(flat, slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell, 1)
             np.add.at(totals, cell, 1)
 
-    def _sum_labelled(self, buckets: np.ndarray, rows: dict[str, np.ndarray], bins: np.ndarray, scores: np.ndarray,
+    def _sum_labelled(self, buckets: np.ndarray, rows: np.ndarray, bins: np.ndarray, scores: np.ndarray,
                       labelled: np.ndarray) -> None:  # fmt: skip
         """Add the labelled predictions' scores (where ``labelled``) to their (bucket, row, bin)'s sum."""
         if not self.labelled_sums.shape[2]:
             return
         k = labelled & (bins >= 0)
         slots, n_rows, n_bins = buckets[k] % self.n_buckets, self.layout.n_rows, self.labelled_sums.shape[2]
-        for name in self.layout.names:
-            np.add.at(self.labelled_sums.reshape(-1), (slots * n_rows + rows[name][k]) * n_bins + bins[k], scores[k])
+        for row in rows:
+            np.add.at(self.labelled_sums.reshape(-1), (slots * n_rows + row[k]) * n_bins + bins[k], scores[k])
 
-    def _count_totals(self, rows: dict[str, np.ndarray], columns: np.ndarray) -> None:
+    def _count_totals(self, rows: np.ndarray, columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
-        flat_totals = self.totals.reshape(-1)
-        for name in self.layout.names:
-            np.add.at(flat_totals, rows[name] * N_COUNTS + columns, 1)
+        np.add.at(self.totals.reshape(-1), (rows * N_COUNTS + columns).ravel(), 1)
 
-    def _count_outcomes(self, buckets: np.ndarray, rows: dict[str, np.ndarray], outcome: np.ndarray) -> None:
+    def _count_outcomes(self, buckets: np.ndarray, rows: np.ndarray, outcome: np.ndarray) -> None:
         labelled = outcome >= 0
-        self._count(buckets[labelled], {k: v[labelled] for k, v in rows.items()}, outcome[labelled])
+        if labelled.any():
+            self._count(buckets[labelled], rows[:, labelled], outcome[labelled])
 
     def window_counts(self, now: float) -> dict[str, np.ndarray]:
         """Counts of every window ending at the head (advanced to ``now``), shape ``(n_rows, N_COUNTS)``."""
