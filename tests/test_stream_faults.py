@@ -262,3 +262,123 @@ def test_records_a_poll_returned_before_a_rebalance_in_its_fill_are_read_again_o
         assert sorted(seen) == list(range(10))
     finally:
         client.close()
+
+
+def _fill_client(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch, fill: Callable[[Any], None]) -> Any:
+    """A kafka-python client assigned one partition holding ten records, whose batch's second poll (the fill's)
+    first runs ``fill(client)``."""
+    from exporter.stream.kafka import kafka_python as client_kafka
+
+    name = f"fill-{time.time_ns()}"
+    broker.create_topic(name, partitions=1)
+    produce(broker.bootstrap_servers, name, [orjson.dumps({"n": i}) for i in range(10)], partition=0)
+    client = client_kafka.KafkaPythonClient(make_config(**kafka_config(broker.bootstrap_servers, name,
+                                                                        "kafka-python")).kafka, max_records=100)
+    client.assign({(name, 0): 0})
+    real_poll, polls = client.consumer.poll, []
+
+    def poll(**kwargs: Any) -> Any:
+        if not polls or polls[-1] == 0:
+            found = real_poll(**kwargs)
+        else:  # the fill's poll
+            client.consumer.poll = real_poll
+            fill(client)  # which may put a poll of its own in the consumer's place
+            found = client.consumer.poll(**kwargs)
+        polls.append(sum(map(len, found.values())))
+        return found
+
+    client.consumer.poll = poll
+    monkeypatch.setattr(client_kafka, "FILL_SECONDS", 5.0)
+    return client
+
+
+def _offsets(client: Any, n: int) -> list[int]:
+    seen: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < n and time.monotonic() < deadline:
+        for records in client.poll(0.5, 100).values():
+            seen += [r.offset for r in records]
+    for records in client.poll(0.5, 100).values():  # nothing more
+        seen += [r.offset for r in records]
+    return seen
+
+
+def test_a_fetch_error_a_fill_poll_raises_leaves_the_earlier_records_as_the_batch(
+    kafka_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kafka-python raises one partition's fetch error (no read permission, a corrupt batch) at the poll after the
+    one that returned the records before it: in the fill, that dropped the whole batch, other partitions' records
+    included, and a partition that always fails kept every other from being counted. The batch is what the earlier
+    polls returned; the error is raised by the next poll. After a rebalance in that poll it is raised at once."""
+    from kafka.errors import TopicAuthorizationFailedError
+
+    def refused(client: Any) -> None:
+        def poll(**kwargs: Any) -> Any:
+            raise TopicAuthorizationFailedError({"labels"})
+
+        client.consumer.poll = poll
+
+    client = _fill_client(kafka_broker, monkeypatch, refused)
+    try:
+        batch = client.poll(0.5, 100)
+        assert [r.offset for records in batch.values() for r in records] == list(range(10))
+        with pytest.raises(TopicAuthorizationFailedError):
+            client.poll(0.5, 100)  # the error, at the next poll
+    finally:
+        client.close()
+
+    def rebalanced_then_refused(client: Any) -> None:
+        client.rebalances += 1
+        refused(client)
+
+    client = _fill_client(kafka_broker, monkeypatch, rebalanced_then_refused)
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            client.poll(0.5, 100)
+    finally:
+        client.close()
+
+
+def test_a_partition_an_eviction_took_and_gave_back_in_a_fill_starts_where_the_group_says(
+    kafka_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An evicted member's partitions lose their positions (kafka-python drops their state): one assigned again in
+    the same poll starts at the group's committed offset, which another member may have moved past the records
+    this one's earlier polls returned. It is not sought back to them (read twice across the group), unlike a
+    partition a rebalance retained. The eviction is the listener's own on_partitions_lost, run inside the fill's
+    poll; the fresh position (another member committed 6) a seek."""
+    import asyncio
+
+    from exporter.stream.kafka import kafka_python as client_kafka
+
+    def evicted(client: Any) -> None:
+        (tp,) = client.consumer.assignment()
+        asyncio.run(client_kafka._Listener(client, _GroupDefaults()).on_partitions_lost([tp]))
+        client.consumer.seek(tp, 6)  # assigned again: from the group's committed offset
+
+    client = _fill_client(kafka_broker, monkeypatch, evicted)
+    try:
+        assert _offsets(client, 4) == [6, 7, 8, 9]
+        assert client.rebalances == 1 and client.lost == {next(iter(client.assignment()))}
+    finally:
+        client.close()
+
+
+def test_the_topic_id_lookup_never_waits_for_a_broker_nor_leaves_threads_behind(fresh_broker: EmbeddedBroker) -> None:
+    """The topic-id lookups' consumer is made with the consumer's broker version: kafka-python's constructor starts
+    its IO thread before it contacts a broker, and one that could not reach any left the thread and its sockets
+    behind, at every lookup while the broker was away (about every 3.5 s, by the commits)."""
+    import threading
+
+    from exporter.stream.kafka import kafka_python as client_kafka
+
+    fresh_broker.create_topic("ids", partitions=1)
+    client = client_kafka.KafkaPythonClient(make_config(**kafka_config(fresh_broker.bootstrap_servers, "ids",
+                                                                        "kafka-python")).kafka, max_records=100)
+    try:
+        fresh_broker.stop()
+        before = sum(t.name.startswith("kafka-io") for t in threading.enumerate())
+        assert [client.topic_ids({"ids"}) for _ in range(3)] == [None, None, None]
+        assert sum(t.name.startswith("kafka-io") for t in threading.enumerate()) == before + 1  # the lookup's own
+    finally:
+        client.close()

@@ -84,6 +84,12 @@ class _Listener(AsyncConsumerRebalanceListener):
         self.client.rebalances += 1
         self.rebalance.revoked([(tp.topic, tp.partition) for tp in revoked])
 
+    async def on_partitions_lost(self, lost: list[TopicPartition]) -> None:
+        """The member was evicted: kafka-python drops these partitions' positions (one assigned again starts
+        afresh), then this is a revocation to the source."""
+        self.client.lost.update((tp.topic, tp.partition) for tp in lost)
+        await self.on_partitions_revoked(lost)
+
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self.client.rebalances += 1
         committed: Offsets | None
@@ -124,6 +130,8 @@ class KafkaPythonClient:
         """How many rebalance callbacks ran (a poll that saw one does not keep what an earlier poll returned)."""
         self.placed: set[Partition] = set()
         """The partitions the rebalance handler positioned (sought) since this set was last emptied."""
+        self.lost: set[Partition] = set()
+        """The partitions an eviction took since this set was last emptied (their positions dropped)."""
         self._unsettled_since: float | None = None  # time.monotonic() since when the membership is not settled
 
     def subscribe(self, topics: list[str], rebalance: Rebalance) -> None:
@@ -149,13 +157,21 @@ class KafkaPythonClient:
         a poll of 20,000 was followed by one of the ~3,000 left of the same responses, and each poll pays the
         ingest's fixed cost per model (16 ms at 100 models). A rebalance during a later poll ran the source's
         handler before what the earlier polls returned was counted: those records are not kept but read again
-        (:meth:`_unread`), and what the later poll fetched after the rebalance is the poll."""
+        (:meth:`_unread`), and what the later poll fetched after the rebalance is the poll. An error a later poll
+        raises with no rebalance (kafka-python raises one partition's fetch error at the poll after the one that
+        returned the records before it) waits for the next poll: what the earlier polls returned is the batch, as
+        before the fill, else a partition that always fails would keep the others from ever being counted."""
         batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
         count = sum(map(len, batches.values()))
         deadline = time.monotonic() + FILL_SECONDS
         while 0 < count < max_records and (left := deadline - time.monotonic()) > 0:
-            rebalances, self.placed = self.rebalances, set()
-            more = self.consumer.poll(timeout_ms=max(1, int(left * 1000)), max_records=max_records - count)
+            rebalances, self.placed, self.lost = self.rebalances, set(), set()
+            try:
+                more = self.consumer.poll(timeout_ms=max(1, int(left * 1000)), max_records=max_records - count)
+            except KafkaError:
+                if self.rebalances != rebalances:
+                    raise  # the handler ran: what the earlier polls returned is read again by a new consumer
+                break  # an error kafka-python deferred to its next poll (one partition's fetch): raised there again
             if self.rebalances != rebalances:
                 batches = self._unread(batches, more)
                 break
@@ -172,10 +188,12 @@ class KafkaPythonClient:
         records, never counted, are read again. A partition the handler positioned starts where it said (``more``
         came from there); one it left out that this consumer keeps (kafka-python keeps a retained partition's
         position across a rebalance, past ``earlier``'s records) is sought back to ``earlier``'s first record, and
-        what ``more`` read of it after them is dropped with them; one handed over starts at its new owner's."""
+        what ``more`` read of it after them is dropped with them; one handed over, or lost by an eviction and
+        assigned again (its position dropped: it starts at the group's committed offset, which another member may
+        have moved meanwhile), starts where the group says."""
         assigned = self.consumer.assignment()
         back = {tp: records[0].offset for tp, records in earlier.items()
-                if (tp.topic, tp.partition) not in self.placed and tp in assigned}  # fmt: skip
+                if (key := (tp.topic, tp.partition)) not in self.placed and key not in self.lost and tp in assigned}
         for tp, offset in back.items():
             self.consumer.seek(tp, offset)
         return {tp: records for tp, records in more.items() if tp not in back}
@@ -213,10 +231,14 @@ class KafkaPythonClient:
         answers one connection's requests in order), 33 ms of every 20,000-record poll spent idle (a quarter of
         the shipped source's time on the embedded broker), against 1 ms alone. Sent after the poll returned, its
         answer is as new as the records fetched. A refresh already in flight was perhaps sent before the last
-        records were fetched: it is awaited first, then another is sent."""
+        records were fetched: it is awaited first, then another is sent. The lookup is made once, with the
+        consumer's broker version, so that making it never waits for a broker: kafka-python's constructor starts
+        its IO thread before its bootstrap, and a bootstrap that failed left the thread and its sockets behind, at
+        every attempt while no broker answered."""
         try:
-            if self._lookup is None:
-                self._lookup = KafkaConsumer(**self._lookup_settings)
+            if self._lookup is None:  # the consumer's broker version given: made without contacting a broker
+                self._lookup = KafkaConsumer(**{"api_version": self.consumer.config["api_version"],
+                                                **self._lookup_settings})  # fmt: skip
                 no_topic_creation(self._lookup._cluster)
             lookup = self._lookup
             cluster, manager = lookup._cluster, lookup._manager
