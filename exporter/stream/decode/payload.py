@@ -310,8 +310,8 @@ class PayloadRows:
         if None in found_of:
             found_of = [request.columns.get(column) if found is None else found
                         for found, (request, _) in zip(found_of, pairs, strict=True)]  # fmt: skip
-        times: list[Any] = [request.time for request, _ in pairs]  # None in it: asked before max
-        if (None in found_of or None in times or (times and max(times) > latest)
+        times = [request.time for request, _ in pairs]
+        if (None in found_of or None in times or bool((np.asarray(times, dtype=np.float64) > latest).any())
                 or [request.rows for request, _ in pairs] != [response.rows for _, response in pairs]):  # fmt: skip
             checked = [self._rule(request, response, latest) for request, response in pairs]
             return [reason for reason, _ in checked], [found for _, found in checked]
