@@ -183,11 +183,11 @@ class WindowStore:
         slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
         bins = np.searchsorted(self.score_bounds, scores, side="left")  # Prometheus' le: upper bound included
         n_rows, n_bins = self.layout.n_rows, self.score_counts.shape[2]
-        flat_counts, flat_sums = self.score_counts.reshape(-1), self.score_sums.reshape(-1)
-        for row in rows:
-            cells = slots * n_rows + row
-            np.add.at(flat_counts, cells * n_bins + bins, 1)
-            np.add.at(flat_sums, cells, scores)
+        # Every attribute's cells at once: an attribute's rows never meet another's, so each cell's scores are
+        # added in event order, as one call per attribute added them (the same sums to the bit).
+        cells = slots * n_rows + rows
+        np.add.at(self.score_counts.reshape(-1), (cells * n_bins + bins).ravel(), 1)
+        np.add.at(self.score_sums.reshape(-1), cells.ravel(), np.tile(scores, len(rows)))
 
     def _count_estimate(self, buckets: np.ndarray, rows: np.ndarray, bins: np.ndarray,
                         predicted: np.ndarray, column: int | np.ndarray) -> None:  # fmt: skip
@@ -196,11 +196,9 @@ class WindowStore:
             return
         slots = buckets % self.n_buckets  # _count already claimed these slots for their buckets
         n_rows, n_bins = self.layout.n_rows, self.estimate_counts.shape[2]
-        flat, totals = self.estimate_counts.reshape(-1), self.estimate_totals.reshape(-1)
-        for row in rows:
-            cell = ((row * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column
-            np.add.at(flat, slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell, 1)
-            np.add.at(totals, cell, 1)
+        cell = ((rows * n_bins + bins) * 2 + predicted) * N_SCORE_COUNTS + column  # every attribute's at once
+        np.add.at(self.estimate_counts.reshape(-1), (slots * (n_rows * n_bins * 2 * N_SCORE_COUNTS) + cell).ravel(), 1)
+        np.add.at(self.estimate_totals.reshape(-1), cell.ravel(), 1)
 
     def _sum_labelled(self, buckets: np.ndarray, rows: np.ndarray, bins: np.ndarray, scores: np.ndarray,
                       labelled: np.ndarray) -> None:  # fmt: skip
@@ -209,8 +207,8 @@ class WindowStore:
             return
         k = labelled & (bins >= 0)
         slots, n_rows, n_bins = buckets[k] % self.n_buckets, self.layout.n_rows, self.labelled_sums.shape[2]
-        for row in rows:
-            np.add.at(self.labelled_sums.reshape(-1), (slots * n_rows + row[k]) * n_bins + bins[k], scores[k])
+        np.add.at(self.labelled_sums.reshape(-1), ((slots * n_rows + rows[:, k]) * n_bins + bins[k]).ravel(),
+                  np.tile(scores[k], len(rows)))  # fmt: skip
 
     def _count_totals(self, rows: np.ndarray, columns: np.ndarray) -> None:
         """Add to the monotonic totals (which, unlike the ring, never forget)."""
