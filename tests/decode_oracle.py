@@ -1,10 +1,12 @@
 """The pre-msgspec event decoder, kept as a test oracle: the shipped decoder must give the same batch, the same
 rejection reasons and the same dead letters on every input (tests/test_decode_oracle.py). It changes only with
 the rules themselves (issue 20: booleans count as 0/1; an attribute value is read as the gate reads a cell: a whole
-float as the integer, a missing one as the unknown category even when a group is named "None")."""
+float as the integer, a missing one as the unknown category even when a group is named "None"; a number beyond
+a float, valid JSON that orjson refuses, makes the event malformed only in a field the rules read)."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -55,6 +57,57 @@ def _flattener(paths: Sequence[str]) -> Callable[[dict[str, Any]], dict[str, Any
     return flatten
 
 
+BIG = object()
+"""A number beyond a float (``1e400``, a 400-digit integer), where the event holds one."""
+
+
+def _tolerant(raw: bytes, error: orjson.JSONDecodeError) -> Any:
+    """A body orjson refused only for numbers beyond a float, parsed by Python's json with each such number as
+    :data:`BIG` and the others as orjson reads them (an integer beyond 64 bits as a float); None when refused."""
+    if error.msg != "number is infinity when parsed as double":
+        return None
+
+    def number(text: str) -> Any:
+        return BIG if math.isinf(value := float(text)) else value
+
+    def integer(text: str) -> Any:
+        if len(text.lstrip("-")) > 309:  # beyond a float (and Python's limit on the digits of an int)
+            return BIG
+        value = int(text)
+        return value if -(2**63) <= value < 2**64 else number(text)
+
+    def constant(text: str) -> Any:
+        raise ValueError(text)  # NaN, Infinity: not JSON
+
+    try:
+        return json.loads(raw, parse_float=number, parse_int=integer, parse_constant=constant)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _at(event: Any, path: str) -> Any:
+    for key in path.split("."):
+        event = event.get(key) if isinstance(event, dict) else None
+    return event
+
+
+def _holds_big(event: Any, path: str, whole: bool) -> bool:
+    """Whether a step of ``path`` is :data:`BIG`, or its value is (``whole``: or holds one at any depth)."""
+    for key in path.split("."):
+        if event is BIG:
+            return True
+        event = event.get(key) if isinstance(event, dict) else None
+    if not whole:
+        return event is BIG
+    todo = [event]
+    while todo:
+        node = todo.pop()
+        if node is BIG:
+            return True
+        todo.extend(node.values() if isinstance(node, dict) else node if isinstance(node, list) else ())
+    return False
+
+
 class OracleDecoder:
     """Turns raw Kafka message values into a :class:`DecodedBatch` for one configured model."""
 
@@ -68,6 +121,10 @@ class OracleDecoder:
         self._flatten = _flattener(self._paths)
         self._threshold = f.score_threshold
         self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
+        read = [f.prediction_id, f.timestamp, f.score, f.label, *([f.prediction] if f.score_threshold is None else [])]
+        self._read = [*((p, True) for p in read), (f.attributes, False),
+                      *((f"{f.attributes}.{column}", True) for column, *_ in self._tables)]  # fmt: skip
+        """The fields the rules read (of this model's events), and whether all of each value is read."""
 
     def decode(self, values: Sequence[bytes], now: float) -> DecodedBatch:
         """Decode a batch; ``now`` (epoch seconds) bounds how far in the future a timestamp may be.
@@ -92,7 +149,12 @@ class OracleDecoder:
         for raw in values:
             try:
                 event = loads(raw)
-            except (bad_json, TypeError):  # TypeError: a tombstone (None value)
+            except bad_json as error:
+                event = _tolerant(raw, error)
+                if isinstance(event, dict) and (_holds_big(event, k_model, True) or (
+                        _at(event, k_model) == model_id and any(_holds_big(event, p, w) for p, w in self._read))):
+                    event = None  # such a number in a field read: malformed
+            except TypeError:  # a tombstone (None value)
                 event = None
             reason: str | None = "malformed_json"
             if event.__class__ is dict:

@@ -20,8 +20,11 @@ from exporter.stream.state.fleet import Fleet
 
 NOW = 1_800_000_000.0
 
+BEYOND = "\x01beyond\x01"
+"""Written by :func:`dumps` as a number beyond a float: valid JSON that orjson refuses and msgspec skips unread."""
+LITERALS = ["1e400", "-1E+999", "9" * 400, "1.5e309", "-" + "7" * 5000]
 scalars = (st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats(allow_nan=False, allow_infinity=False)
-           | st.text(max_size=10))  # fmt: skip
+           | st.text(max_size=10) | st.just(BEYOND))  # fmt: skip
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)  # fmt: skip
 stamps = (st.floats(NOW - 7200, NOW + 7200) | st.integers(int(NOW) - 7200, int(NOW) + 7200)
@@ -52,8 +55,11 @@ def events() -> st.SearchStrategy[dict[str, object]]:
 
 
 def dumps(value: object) -> bytes:
-    """JSON of any generated value (integers beyond 64 bits too, which orjson cannot write)."""
-    return json.dumps(value, ensure_ascii=False).encode()
+    """JSON of any generated value (integers beyond 64 bits too, which orjson cannot write; :data:`BEYOND` as
+    numbers beyond a float, in turn each of :data:`LITERALS`)."""
+    parts = json.dumps(value, ensure_ascii=False).split(json.dumps(BEYOND))
+    return "".join(part + (LITERALS[k % len(LITERALS)] if k < len(parts) - 1 else "")
+                   for k, part in enumerate(parts)).encode()  # fmt: skip
 
 
 def same(config: Config, values: list[bytes | None], decoder: EventDecoder | None = None) -> None:
@@ -131,15 +137,28 @@ def test_examples_with_extra_fields_and_duplicate_keys() -> None:
     same(make_config(), values)  # type: ignore[arg-type]
 
 
-def test_the_one_known_difference_a_float_overflow_in_a_field_never_read() -> None:
-    """orjson refuses a number beyond the float range anywhere in an event; msgspec skips the fields the daemon does
-    not read without converting them. Such an event (valid JSON: RFC 8259 sets no range) now counts. In a field
-    the daemon reads, it is still malformed_json."""
-    unread = b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"x":1e400}'
-    read = b'{"model_id":"m1","timestamp":1e400,"prediction":1}'
-    got = decoder_of(make_config()).decode([unread, read], NOW)
-    assert len(got) == 1 and dict(got.rejected) == {"malformed_json": 1}
-    assert dict(OracleDecoder(make_config()).decode([unread, read], NOW).rejected) == {"malformed_json": 2}
+def test_a_number_beyond_a_float_is_malformed_only_in_a_field_read() -> None:
+    """orjson refuses a number beyond the float range anywhere in an event; msgspec skips a field its schema does not
+    read without converting it. Such an event (valid JSON: RFC 8259 sets no range) counts whichever parser takes it
+    (a field the schema reads refused for another reason sends it to the walk); in a field the rules read, at any
+    depth, it is malformed_json. The oracle reads it with Python's json, the decoder with orjson's error position."""
+    config = make_config()
+    unread = [b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"x":1e400}',
+              b'{"model_id":"m1","timestamp":1800000000,"prediction":1.0,"x":[{"y":-1E+999}],"attributes":{"z":1e999}}',
+              b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"attributes":{"gender":5},"x":%b}' % (b"9"*400,),
+              b'{"model_id":"m2","timestamp":1e400,"prediction":1}']  # another model's: its fields are not m1's
+    read = [b'{"model_id":"m1","timestamp":1e400,"prediction":1}',
+            b'{"model_id":"m1","timestamp":1800000000,"prediction":[1e400],"x":2}',
+            b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"attributes":{"gender":{"a":[1e400]}}}',
+            b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"attributes":1e400}',
+            b'{"model_id":1e400,"timestamp":1800000000,"prediction":1}',
+            b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"label":1e400,"x":1e400}',
+            b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"x":1e400,"y":NaN}']  # fmt: skip
+    got = decoder_of(config, keep_rejected=True).decode(unread + read, NOW)  # type: ignore[arg-type]
+    assert len(got) == 3 and dict(got.rejected) == {"malformed_json": len(read)} and dict(got.ignored) == {
+        "unconfigured_model": 1}  # fmt: skip
+    assert got.codes["gender"].tolist() == [-1, -1, -1]
+    same(config, unread + read)  # type: ignore[arg-type]
 
 
 # Mostly clean batches, as a topic of one model carries: the decoder's fast paths (the strict schema, timestamps of

@@ -1,6 +1,8 @@
 """The fleet's shared decoding against each model's own where their columns cross roles (a segment that is another
 model's attribute or side id, a proxy's ZCTA another's exact attribute), and the window's add with late events
-against the same events added one by one: pinned by a review of the fleet's one-pass decoding (0b8345e)."""
+against the same events added one by one: pinned by a review of the fleet's one-pass decoding (0b8345e). Beside
+them, the disagreement that review found: a number beyond a float in a field nobody reads, where the shared schema
+and a model's own judge the event differently (exporter/stream/decode/bignum.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,44 @@ def alone(cfg: Config, model_id: str, values: list[bytes | None]) -> DecodedBatc
 HIRING = {"model_id": "hiring", "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}]}
 CREDIT = {"model_id": "credit", "events": {"score_threshold": 0.5},
           "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}]}  # fmt: skip
+
+
+def test_a_number_beyond_a_float_unread_counts_alike_in_the_fleet_and_alone() -> None:
+    """(a) A scored model's event that also carries a prediction it does not read (1.0: the shared schema of a fleet
+    with a prediction-reading model refuses it, so the fleet routes it by orjson) and an unread ``1e400``. (b) A
+    segment that is another model's side id (the shared schema reads ``12`` as an id, the model's own refuses it, so
+    alone it is walked), and an unread 400-digit integer. Both counted, the same row, fleet or alone: before, (a)
+    was malformed_json in the fleet only and (b) alone only. (c) The same number in a field read: malformed both
+    ways."""
+    people = {"model_id": "people", "attribute_sources": {"applicants": {"topic": "side", "id": "applicant_id"}},
+              "protected_attributes": [{"name": "sex", "groups": ["m", "f"], "source": "applicants"}]}
+    moderation = {"model_id": "moderation", "segments": ["applicant_id"],
+                  "protected_attributes": [{"name": "language", "groups": ["en", "es"]}]}  # fmt: skip
+    cases = [
+        (config(HIRING, CREDIT), "credit", b'{"model_id":"credit","timestamp":1799999990,"score":0.7,"prediction":1.0,'
+                                           b'"attributes":{"gender":"male"},"x":1e400}', 1),
+        (config(people, moderation), "moderation", b'{"model_id":"moderation","timestamp":1799999990,"prediction":1,'
+                                                    b'"attributes":{"language":"en","applicant_id":12},"x":'
+                                                    + b"9" * 400 + b"}", 1),
+        (config(HIRING, CREDIT), "credit", b'{"model_id":"credit","timestamp":1799999990,"score":0.7,"prediction":1.0,'
+                                           b'"attributes":{"gender":-1E+999}}', 0),
+        (config(people, moderation), "moderation", b'{"model_id":"moderation","timestamp":1799999990,"prediction":1,'
+                                                    b'"attributes":{"language":"en","applicant_id":[1e400]}}', 0),
+    ]  # fmt: skip
+    for cfg, model_id, value, rows in cases:
+        want = alone(cfg, model_id, [value])
+        assert (len(want), dict(want.rejected)) == (rows, {} if rows else {"malformed_json": 1})
+        fleet = Fleet(cfg, keep_rejected=True)
+        assert isinstance(fleet.readers[1], SharedDecoder)
+        _, batches, _, malformed = fleet.decode([value], NOW)
+        got = batches.get(model_id)
+        found = (0, 0) if got is None else (len(got), got.rejected["malformed_json"])
+        assert (found[0], found[1] + len(malformed)) == (rows, 1 - rows)
+        if rows:
+            assert got is not None and got.timestamps.tolist() == want.timestamps.tolist() == [1799999990.0]
+            assert got.predictions.tolist() == want.predictions.tolist() == [1]
+            assert {k: v.tolist() for k, v in got.codes.items()} == {k: v.tolist() for k, v in want.codes.items()}
+            assert got.segments == want.segments
 
 
 def test_fleet_columns_equal_each_models_own_including_side_ids_scores_proxies_and_segments() -> None:

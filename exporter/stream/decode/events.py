@@ -35,6 +35,7 @@ from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, score_predictions, value_text
 from exporter.core.side_table import id_text
+from exporter.stream.decode.bignum import event_reader
 from exporter.stream.decode.lines import Parser
 from exporter.stream.decode.paths import lookup
 from exporter.stream.decode.route import IGNORE_REASONS, ignore_reason
@@ -194,6 +195,7 @@ class EventDecoder:
         self._columns = [*(t[0] for t in self._tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
         """Where each of a row's base codes goes: the exact attributes' columns, then the proxy attributes'."""
         self._sides = [(s.name, s.id) for s in model.attribute_sources]
+        self._json = event_reader(model)  # orjson.loads, and a number beyond a float in no field read: read as msgspec
         general = schema([model])
         self._decoder: msgspec.json.Decoder[Any] | None = None
         self._get: dict[str, Callable[[Any], Any]] = {}
@@ -245,19 +247,18 @@ class EventDecoder:
         latest = now + self.max_future_skew_seconds
         scored = self._threshold is not None
         needed = ("score" if scored else "pred") if shared else None
-        stamps = columns.take("ts", rows)
+        timestamps = columns.take("ts", rows)
         rejects: list[tuple[int, str]] = []
         if not columns.settled(latest, needed):  # some event of the batch needs a look: is it one of this model's?
-            walk = np.isnan(stamps)  # an unparseable timestamp: the walk says which reason
+            walk = np.isnan(timestamps)  # an unparseable timestamp: the walk says which reason
             if needed is not None:
                 walk |= columns.lacking(needed, rows)
-            future = ~walk & (stamps > latest)  # a valid timestamp comes first among the rules: nothing else asked
+            future = ~walk & (timestamps > latest)  # a valid timestamp comes first among the rules: nothing else asked
             rejects = [(i, "future_timestamp") for i in at[future].tolist()]
             if future.any() or walk.any():
                 walked = sorted([*walked, *at[walk].tolist()])
                 kept = np.flatnonzero(~(walk | future))
-                rows, at, stamps = kept if rows is None else rows[kept], at[kept], stamps[kept]
-        timestamps = stamps
+                rows, at, timestamps = kept if rows is None else rows[kept], at[kept], timestamps[kept]
         n = len(at)
         if n:
             if self._threshold is not None:
@@ -347,7 +348,7 @@ class EventDecoder:
         reason, or the event's row ``(timestamp, prediction, outcome, prediction id, base attribute codes (of those
         not read from a side source), score or NaN, side source ids, segment values)``."""
         try:
-            event = orjson.loads(raw)
+            event = self._json(raw)
         except (orjson.JSONDecodeError, TypeError):  # TypeError: a tombstone (None value); nested past 1024 levels
             return "malformed_json"
         if event.__class__ is not dict:

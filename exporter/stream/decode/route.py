@@ -19,8 +19,8 @@ from typing import Any, Final
 
 import msgspec
 import numpy as np
-import orjson
 
+from exporter.stream.decode.bignum import Reader
 from exporter.stream.decode.paths import lookup
 
 UNCONFIGURED: Final = "unconfigured_model"
@@ -70,6 +70,7 @@ class Router:
         self._decoder = msgspec.json.Decoder(_id_struct(model_id_path))
         self._value = attrgetter("child." * model_id_path.count(".") + "value")
         self._lookup = lookup(model_id_path)
+        self._read = Reader((), model_id_path.split("."))
 
     def route(self, values: Sequence[bytes | None]) -> Routed:
         """Each configured model's events, the count of the others by reason, and the malformed values."""
@@ -104,7 +105,7 @@ class Router:
         except (msgspec.DecodeError, TypeError):
             found = MALFORMED
         except Exception:  # ValidationError, or one nested past msgspec's depth (RecursionError): the rules read it
-            found = model_of(raw, self._lookup)
+            found = model_of(raw, self._lookup, self._read)
         if found is MALFORMED:
             routed.malformed.append(raw)
         return found
@@ -114,11 +115,11 @@ MALFORMED: Final = object()
 """The model id of a value that is not a JSON object (malformed, a tombstone): rejected as malformed_json."""
 
 
-def model_of(raw: bytes | None, get: Callable[[Any], Any]) -> Any:
-    """The model id of one raw event as the decoders' rules read it (``get``: the id path's lookup), or
-    :data:`MALFORMED` when the value is no JSON object."""
+def model_of(raw: bytes | None, get: Callable[[Any], Any], read: Reader) -> Any:
+    """The model id of one raw event as the decoders' rules read it (``get``: the id path's lookup; ``read``: its
+    :class:`~exporter.stream.decode.bignum.Reader`), or :data:`MALFORMED` when the value is no JSON object."""
     try:
-        event = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
+        event = read(raw)
     except Exception:  # JSONDecodeError (nested past 1024 levels too), TypeError, or anything else: not an event
         return MALFORMED
     return get(event) if event.__class__ is dict else MALFORMED
