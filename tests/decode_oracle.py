@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -79,10 +80,38 @@ def _tolerant(raw: bytes, error: orjson.JSONDecodeError) -> Any:
     def constant(text: str) -> Any:
         raise ValueError(text)  # NaN, Infinity: not JSON
 
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 5 * MAX_DEPTH))  # json recurses a level a container: orjson reads 1024
     try:
-        return json.loads(raw, parse_float=number, parse_int=integer, parse_constant=constant)
+        event = json.loads(raw, parse_float=number, parse_int=integer, parse_constant=constant)
     except (ValueError, RecursionError):
         return None
+    finally:
+        sys.setrecursionlimit(limit)
+    return event if _json_as_orjson_reads_it(event) else None
+
+
+MAX_DEPTH = 1024
+"""The containers orjson reads nested (a body nested deeper is refused)."""
+
+
+def _json_as_orjson_reads_it(event: Any) -> bool:
+    """Whether orjson would read what Python's json read: nested no deeper than :data:`MAX_DEPTH`, and no lone
+    surrogate (an escape such as ``\\ud800``, which Python's json reads and orjson refuses) in a key or a string."""
+    todo = [(event, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, dict | list):
+            if depth == MAX_DEPTH:
+                return False
+            children = [*node, *node.values()] if isinstance(node, dict) else node
+            todo.extend((child, depth + 1) for child in children)
+        elif isinstance(node, str):
+            try:
+                node.encode()
+            except UnicodeEncodeError:
+                return False
+    return True
 
 
 def _at(event: Any, path: str) -> Any:

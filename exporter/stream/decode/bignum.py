@@ -7,13 +7,20 @@ then hung on which parser took it, and that hangs on the schema: the fleet's sha
 different events (a prediction a scored model does not read, a segment that is another model's side id), so the
 fleet and the model decoding alone disagreed (docs/contract.md). The rule is now the schemas' everywhere: such a
 number in a field the daemon reads (at the field or anywhere inside its value) makes the event ``malformed_json``;
-anywhere else it is never read. orjson stays the parser: only a body it refuses for that reason alone is parsed
-again, each such number replaced by a marker (at orjson's own error position), so that everything else orjson
-refuses is still refused; the cost falls on those bodies only.
+anywhere else it is never read. orjson stays the parser: only a body it refuses for that reason is parsed again,
+each such number replaced by a marker string, so that everything else orjson refuses is still refused; the cost
+falls on those bodies only (one pass of a regular expression over the body, a Python step per string and number in
+it, and a second parse).
+
+The numbers are found by one scan of the body's strings and numbers, in the order JSON's grammar reads them: a
+string (escapes included) is stepped over whole, so no digit inside one is ever taken for a number. A valid body
+stays valid with its numbers replaced, and an invalid one invalid, except where a number stood as an object's key
+(never JSON): a marker found as a key refuses the body.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from collections.abc import Sequence
@@ -27,9 +34,9 @@ from exporter.core.encoding import proxy_columns
 
 OVERFLOW: Final = "number is infinity when parsed as double"
 """orjson's message for a number beyond a float (a float literal or an integer past the float range)."""
-MOST: Final = 64
-"""A body of more such numbers than this stays refused: each costs a parse of the body."""
-_NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_TOKENS: Final = re.compile(r'"(?:[^"\\]|\\.)*+(?:"|\\?\Z)|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?', re.DOTALL)
+"""A JSON string, stepped over (an unclosed one runs to the end: no restart inside it, so the scan stays linear in
+the body), or a number (a run of digits whole, leading zeros and all)."""
 
 
 class _Big:
@@ -85,33 +92,41 @@ def event_reader(model: ModelSpec) -> Reader:
 
 
 def rescued(exc: orjson.JSONDecodeError) -> Any:
-    """The body orjson refused with ``exc``, each number beyond a float made :data:`BIG`; ``exc`` (or the error
-    the body raises without those numbers) raised again when anything else is wrong with it."""
-    text, error = exc.doc, exc
-    for _ in range(MOST):
-        found = _NUMBER.match(text, error.pos) if error.msg == OVERFLOW and text else None
-        if found is None:
-            raise error
-        text = f"{text[:error.pos]}{_LITERAL}{text[found.end():]}"
-        try:
-            return _marked(orjson.loads(text))
-        except orjson.JSONDecodeError as again:
-            error = again
-    raise error
+    """The body orjson refused with ``exc``, each number beyond a float made :data:`BIG`; ``exc`` raised again when
+    anything else is wrong with it."""
+    if exc.msg != OVERFLOW or not exc.doc:
+        raise exc
+    try:
+        return _marked(orjson.loads(_TOKENS.sub(_replaced, exc.doc)), exc)
+    except orjson.JSONDecodeError:
+        raise exc from None
 
 
-def _marked(event: Any) -> Any:
-    """The parsed body with each marker made :data:`BIG` (no recursion: orjson nests 1024 deep)."""
+def _replaced(token: re.Match[str]) -> str:
+    found = token.group()
+    return _LITERAL if found[0] != '"' and math.isinf(float(found)) else found
+
+
+def _marked(event: Any, exc: orjson.JSONDecodeError) -> Any:
+    """The parsed body with each marker made :data:`BIG` (no recursion: orjson nests 1024 deep); ``exc`` raised
+    for a marker found as a key."""
     if event == _MARKER:
         return BIG
     stack = [event]
     while stack:
         node = stack.pop()
-        items = node.items() if node.__class__ is dict else enumerate(node) if node.__class__ is list else ()
+        if node.__class__ is dict:
+            if _MARKER in node:
+                raise exc  # a number as an object's key: no JSON
+            items: Any = node.items()
+        elif node.__class__ is list:
+            items = enumerate(node)
+        else:
+            continue
         for key, value in items:
             if value.__class__ is str:
                 if value == _MARKER:
-                    node[key] = BIG
+                    node[key] = BIG  # a value replaced, never a key added: the iteration stands
             elif value.__class__ is dict or value.__class__ is list:
                 stack.append(value)
     return event

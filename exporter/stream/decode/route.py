@@ -89,6 +89,8 @@ class Router:
         routed = Routed()
         if ids is None:
             ids = [self._one(raw, routed) for raw in values]
+        elif not set(map(type, ids)) <= _TEXT:  # an id no text: read as the rules read it (a number beyond a float
+            ids = [self._rule(raw, found, routed) for raw, found in zip(values, ids, strict=True)]  # is malformed)
         groups = ModelGroups(ids, self._ids, self._number)
         for model_id, positions in groups.by_model.items():
             routed.by_model[model_id] = take(values, positions.tolist())
@@ -101,8 +103,8 @@ class Router:
         """The model id of one event read alone (:data:`MALFORMED` when it is not a JSON object). JSON of another
         shape than the path's (``{"meta": 5}`` for ``meta.model``) is read as the decoder reads it: no id."""
         try:
-            return self._value(self._decoder.decode(raw))  # type: ignore[arg-type]  # a tombstone: TypeError
-        except (msgspec.DecodeError, TypeError):
+            return self._rule(raw, self._value(self._decoder.decode(raw)), routed)  # type: ignore[arg-type]
+        except (msgspec.DecodeError, TypeError):  # a tombstone: TypeError
             found = MALFORMED
         except Exception:  # ValidationError, or one nested past msgspec's depth (RecursionError): the rules read it
             found = model_of(raw, self._lookup, self._read)
@@ -110,7 +112,18 @@ class Router:
             routed.malformed.append(raw)
         return found
 
+    def _rule(self, raw: bytes | None, found: Any, routed: Routed) -> Any:
+        """The id msgspec read, as the rules read it where it is no text: msgspec reads a 400-digit integer (in an
+        array or object too) exactly, where orjson and the rules find a number beyond a float (malformed)."""
+        if found.__class__ is str or found is None:
+            return found
+        found = model_of(raw, self._lookup, self._read)
+        if found is MALFORMED:
+            routed.malformed.append(raw)
+        return found
 
+
+_TEXT: Final = frozenset({str, type(None)})
 MALFORMED: Final = object()
 """The model id of a value that is not a JSON object (malformed, a tombstone): rejected as malformed_json."""
 

@@ -27,6 +27,9 @@ in the checkpoint until its ground truth arrives."""
 Binary = Literal[0, 1] | bool  # true/false count as 1/0 (np.fromiter and OUTCOME read True as 1)
 _Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annotated[int, msgspec.Meta(ge=-(2**63),
                                                                                                     le=2**63 - 1)]
+_Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""An int64 (msgspec bounds no wider): any other integer is walked, where orjson reads it as the rules do (past 64
+bits a float, beyond a float the body refused; msgspec would read each exactly)."""
 _Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 _Stamp = str | float
 
@@ -77,7 +80,7 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
         roles[f"attr:{column}"] = (f"{f.attributes}.{column}",
                                    Literal[tuple(sorted(groups))] | None if strict else str | None)
     for column in free - set(columns):
-        roles[f"attr:{column}"] = (f"{f.attributes}.{column}", str | int | None)
+        roles[f"attr:{column}"] = (f"{f.attributes}.{column}", str | _Int | None)
     for column in sorted(sides - set(columns)):
         roles[f"side:{column}"] = (f"{f.attributes}.{column}", _Id | None)
     for column in sorted({c for m in models for c in m.counted_columns} - set(columns) - free - sides):
