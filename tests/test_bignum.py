@@ -16,6 +16,7 @@ from exporter.core.bisg import CATEGORIES
 from exporter.stream.decode.bignum import BIG, rescued
 from exporter.stream.decode.events import DecodedBatch, EventDecoder
 from exporter.stream.decode.fleet import SharedDecoder
+from exporter.stream.decode.outcomes import decode_outcomes
 from exporter.stream.decode.route import Router
 from exporter.stream.state.fleet import Fleet
 
@@ -157,3 +158,15 @@ def test_the_scan_steps_over_strings_and_refuses_a_number_as_a_key() -> None:
     for body in (b'{1e400:1}', b'{"a":1e400,"b":"\\ud800"}', b'{"a":1e400,"b":NaN}', b'{"a":1e400,}',
                  b'{"a":1e400.5}', b'{"x":1e400,"y":"' + b'\\"' * 1000, b'{"x":1e400,"y":"\\'):
         assert parsed(body) == "refused", body
+
+
+def test_a_label_event_reads_a_number_beyond_a_float_as_an_event_does() -> None:
+    """The labels topic's events by the same rule: such a number unread is skipped (the label counts, as the same
+    label inline in an event does), in the id or the label it makes the label event invalid."""
+    values = [b'{"prediction_id":"p1","label":1,"x":1e400}', b'{"prediction_id":"p2","label":1e400}',
+              b'{"prediction_id":[1e400],"label":1}', b'{"prediction_id":"p3","label":true,"y":[%b]}' % BIG_INT,
+              b'{"prediction_id":"p4","label":0,"x":1e400,"z":NaN}']  # fmt: skip
+    got = decode_outcomes(values, "prediction_id", "label")
+    assert (got.prediction_ids, got.outcomes, got.invalid, got.positions) == (["p1", "p3"], [1, 1], 3, [0, 3])
+    inline = b'{"model_id":"m1","timestamp":1800000000,"prediction":1,"prediction_id":"p1","label":1,"x":1e400}'
+    assert decoder_of(make_config()).decode([inline], NOW).outcomes.tolist() == [1]

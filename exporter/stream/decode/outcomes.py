@@ -1,13 +1,13 @@
 """Decode ground-truth events from the outcomes topic (the delayed labels joined to predictions by id), by the
-same rules as the prediction decoder: a bounded prediction id, an outcome that is 0 or 1 (a boolean counts as 0/1)."""
+same rules as the prediction decoder: a bounded prediction id, an outcome that is 0 or 1 (a boolean counts as 0/1),
+and a number beyond a float malformed only in those two fields (exporter/stream/decode/bignum.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import orjson
-
+from exporter.stream.decode.bignum import Reader
 from exporter.stream.decode.events import is_binary, is_valid_id
 
 
@@ -29,9 +29,10 @@ def decode_outcomes(values: Iterable[bytes | None], id_field: str, outcome_field
     outcomes: list[int] = []
     positions: list[int] = []
     invalid = 0
+    read = Reader([([id_field], True), ([outcome_field], True)])
     for i, raw in enumerate(values):
         try:
-            message = orjson.loads(raw)  # type: ignore[arg-type]  # a tombstone (None) raises TypeError
+            message = read(raw)  # a tombstone (None) raises TypeError
         except Exception:  # JSONDecodeError (nested past 1024 levels too), TypeError, anything: this one is invalid
             message = None
         pid = message.get(id_field) if message.__class__ is dict else None
