@@ -58,6 +58,11 @@ def _flat(data: Any) -> list[Any]:
     return data
 
 
+MOST_EMPTY_COLUMNS: Final = 4096
+"""A tensor of no rows names at most this many columns (each an empty list): a shape such as ``[0, 10**12]``
+holds no value, so nothing but this bounds the columns it would name."""
+
+
 def _split(name: str, values: Sequence[Any], shape: Sequence[int], out: Columns) -> int:
     """Put a tensor's row-major values into ``out`` as columns; its number of rows."""
     if not shape:
@@ -68,8 +73,8 @@ def _split(name: str, values: Sequence[Any], shape: Sequence[int], out: Columns)
     rows, width = shape[0], 1
     for d in shape[1:]:
         width *= d
-    if rows * width != len(values):
-        raise BadPayload("shape_mismatch")
+    if rows * width != len(values) or (not rows and width > MOST_EMPTY_COLUMNS):
+        raise BadPayload("shape_mismatch")  # the columns of a tensor of no rows, bounded by no value: bounded here
     if width == 1:
         out[name] = values if values.__class__ is list else list(values)
     else:

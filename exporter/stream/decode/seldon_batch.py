@@ -112,8 +112,9 @@ def _plan(name: str, datatype: str, dims: tuple[int, ...]) -> tuple[int, int, tu
     width = 1
     for d in dims[1:]:
         width *= d
-    if width > _MOST_COLUMNS:
-        return None  # its names are made only once its values are counted: record by record
+    if width > _MOST_COLUMNS or dims[0] * width > _MOST_BYTES:
+        return None  # its names are made only once its values are counted (and no poll holds more values than
+        # bytes, nor an int64 array such a count): record by record
     names = (name,) if width == 1 else tuple(f"{name}-{i}" for i in range(width))
     return dims[0], dims[0] * width, names, _CONTENTS[datatype]
 
