@@ -31,6 +31,7 @@ import orjson
 
 from exporter.config import ModelSpec
 from exporter.core.encoding import proxy_columns
+from exporter.stream.decode.paths import lookup
 
 OVERFLOW: Final = "number is infinity when parsed as double"
 """orjson's message for a number beyond a float (a float literal or an integer past the float range)."""
@@ -64,6 +65,8 @@ class Reader:
         self.fields = [(list(keys), whole) for keys, whole in fields]
         self.model = None if model is None else list(model)
         self.own = own
+        self.model_id = lookup(".".join(model or ()))
+        """The model id of an event this reader read (paths.lookup of ``model``)."""
 
     def __call__(self, raw: bytes | None) -> Any:
         try:

@@ -24,7 +24,6 @@ import numpy as np
 from exporter.stream.decode.bignum import Reader
 from exporter.stream.decode.events import Columns, DecodedBatch, EventDecoder
 from exporter.stream.decode.lines import Parser
-from exporter.stream.decode.paths import lookup
 from exporter.stream.decode.route import MALFORMED, ModelGroups, ignore_reason, model_of
 from exporter.stream.decode.schema import paths_of, schema
 
@@ -39,7 +38,6 @@ class SharedDecoder:
         assert general is not None, "shareable() checks that the paths fit one schema"
         self._get: dict[str, Callable[[Any], Any]] = {role: attrgetter(path) for role, path in general[1].items()}
         self._parser = Parser(msgspec.json.Decoder(general[0]), msgspec.json.Decoder(strict[0]) if strict else None)
-        self._model_of = lookup(specs[0].events.model_id)
         self._read = Reader((), specs[0].events.model_id.split("."))
         self._ids = sorted(self.decoders)
         self._number = {m: i for i, m in enumerate(self._ids)}
@@ -50,7 +48,7 @@ class SharedDecoder:
         slots = self._parser.slots(values)
         refused = self._parser.refused
         get_model = self._get["model"]
-        ids = [get_model(event) if event is not None else model_of(raw, self._model_of, self._read)
+        ids = [get_model(event) if event is not None else model_of(raw, self._read)
                for event, raw in zip(slots, values, strict=True)] if refused else list(map(get_model, slots))
         groups = ModelGroups(ids, self._ids, self._number)
         structs, rows_of = slots, None

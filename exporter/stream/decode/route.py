@@ -11,7 +11,7 @@ reason, never kept: their ids reach no label, so cardinality stays bounded.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -21,7 +21,6 @@ import msgspec
 import numpy as np
 
 from exporter.stream.decode.bignum import Reader
-from exporter.stream.decode.paths import lookup
 
 UNCONFIGURED: Final = "unconfigured_model"
 """The event names a model this daemon does not monitor."""
@@ -69,7 +68,6 @@ class Router:
         """Each model id's number (``dict.get`` of anything else: -1; nothing of the traffic is ever kept)."""
         self._decoder = msgspec.json.Decoder(_id_struct(model_id_path))
         self._value = attrgetter("child." * model_id_path.count(".") + "value")
-        self._lookup = lookup(model_id_path)
         self._read = Reader((), model_id_path.split("."))
 
     def route(self, values: Sequence[bytes | None]) -> Routed:
@@ -103,21 +101,20 @@ class Router:
         """The model id of one event read alone (:data:`MALFORMED` when it is not a JSON object). JSON of another
         shape than the path's (``{"meta": 5}`` for ``meta.model``) is read as the decoder reads it: no id."""
         try:
-            return self._rule(raw, self._value(self._decoder.decode(raw)), routed)  # type: ignore[arg-type]
-        except (msgspec.DecodeError, TypeError):  # a tombstone: TypeError
-            found = MALFORMED
-        except Exception:  # ValidationError, or one nested past msgspec's depth (RecursionError): the rules read it
-            found = model_of(raw, self._lookup, self._read)
-        if found is MALFORMED:
+            found = self._value(self._decoder.decode(raw))  # type: ignore[arg-type]  # a tombstone: TypeError
+        except (msgspec.DecodeError, TypeError):
             routed.malformed.append(raw)
-        return found
+            return MALFORMED
+        except Exception:  # ValidationError, or one nested past msgspec's depth (RecursionError): the rules read it
+            found = MALFORMED  # no text: read by the rules below
+        return self._rule(raw, found, routed)
 
     def _rule(self, raw: bytes | None, found: Any, routed: Routed) -> Any:
         """The id msgspec read, as the rules read it where it is no text: msgspec reads a 400-digit integer (in an
         array or object too) exactly, where orjson and the rules find a number beyond a float (malformed)."""
         if found.__class__ is str or found is None:
             return found
-        found = model_of(raw, self._lookup, self._read)
+        found = model_of(raw, self._read)
         if found is MALFORMED:
             routed.malformed.append(raw)
         return found
@@ -128,14 +125,15 @@ MALFORMED: Final = object()
 """The model id of a value that is not a JSON object (malformed, a tombstone): rejected as malformed_json."""
 
 
-def model_of(raw: bytes | None, get: Callable[[Any], Any], read: Reader) -> Any:
-    """The model id of one raw event as the decoders' rules read it (``get``: the id path's lookup; ``read``: its
-    :class:`~exporter.stream.decode.bignum.Reader`), or :data:`MALFORMED` when the value is no JSON object."""
+def model_of(raw: bytes | None, read: Reader) -> Any:
+    """The model id of one raw event as the decoders' rules read it (``read``: the
+    :class:`~exporter.stream.decode.bignum.Reader` of the id's path), or :data:`MALFORMED` when the value is no JSON
+    object."""
     try:
         event = read(raw)
     except Exception:  # JSONDecodeError (nested past 1024 levels too), TypeError, or anything else: not an event
         return MALFORMED
-    return get(event) if event.__class__ is dict else MALFORMED
+    return read.model_id(event) if event.__class__ is dict else MALFORMED
 
 
 class ModelGroups:

@@ -25,11 +25,10 @@ in the checkpoint until its ground truth arrives."""
 # What the schema accepts of each field: only values that the rules accept as they are. Wider values (1.0 for 1,
 # a timestamp JSON number beyond int64, an id integer beyond what orjson reads as an int) fail it and are walked.
 Binary = Literal[0, 1] | bool  # true/false count as 1/0 (np.fromiter and OUTCOME read True as 1)
-_Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | Annotated[int, msgspec.Meta(ge=-(2**63),
-                                                                                                    le=2**63 - 1)]
 _Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 """An int64 (msgspec bounds no wider): any other integer is walked, where orjson reads it as the rules do (past 64
 bits a float, beyond a float the body refused; msgspec would read each exactly)."""
+_Id = Annotated[str, msgspec.Meta(max_length=MAX_PREDICTION_ID_LENGTH)] | _Int
 _Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 _Stamp = str | float
 
