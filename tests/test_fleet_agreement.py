@@ -161,3 +161,34 @@ def test_window_add_with_late_events_counts_what_on_time_events_one_by_one_count
     for key in a:
         assert np.allclose(a[key], b[key], rtol=0, atol=1e-9, equal_nan=True) if a[key].dtype.kind == "f" \
             else np.array_equal(a[key], b[key]), key  # fmt: skip
+
+
+def _verdicts(decoded: tuple[Any, dict[str, DecodedBatch], Any, list[Any]]) -> set[str]:
+    _, batches, ignored, malformed = decoded
+    counted = {f"counted by {m}" for m, b in batches.items() if len(b.timestamps)}
+    rejected = {r for b in batches.values() for r in b.rejected} | ({"malformed_json"} if malformed else set())
+    return counted | set(ignored) | rejected
+
+
+def test_a_dotted_model_id_of_another_shape_is_judged_alike_routed_shared_and_alone() -> None:
+    """A model id path ``meta.model`` and an event whose ``meta`` is no object (``5``, ``[1]``): each model alone and
+    the shared decoder ignore it as missing_model_id; the Router (models whose other paths differ) rejected it as
+    malformed_json, msgspec's ValidationError being a DecodeError. Each event alone, every path the same verdict."""
+    body = b'"timestamp":1799999990,"prediction":1,"out":{"p":1},"attributes":{"gender":"male"}'
+    events = [b'{"meta":5,' + body + b"}", b'{"meta":[1],' + body + b"}", b'{"meta":null,' + body + b"}",
+              b'{"meta":{"model":7},' + body + b"}", b'{"meta":{"model":"z"},' + body + b"}", b"[1]", b"5", b"{x",
+              b'{"meta":{"model":"a"},' + body + b"}"]  # fmt: skip
+    gender = [{"name": "gender", "groups": ["male", "female"]}]
+    a = {"model_id": "a", "events": {"model_id": "meta.model"}, "protected_attributes": gender}
+    routed = config(a, {"model_id": "b", "events": {"model_id": "meta.model", "prediction": "out.p"},
+                        "protected_attributes": gender})  # fmt: skip
+    shared = config(a, {"model_id": "b", "events": {"model_id": "meta.model"}, "protected_attributes": gender})
+    for cfg, split in ((routed, "Router"), (shared, "SharedDecoder")):
+        fleet = Fleet(cfg, keep_rejected=True)
+        assert type(fleet.readers[1]).__name__ == split
+        for event in events:
+            alone_a = alone(cfg, "a", [event])
+            expected = {"counted by a"} if len(alone_a.timestamps) else set(alone_a.ignored) | set(alone_a.rejected)
+            assert _verdicts(fleet.decode([event], NOW)) == expected, (split, event)
+    assert [_verdicts(Fleet(routed, keep_rejected=True).decode([e], NOW)) for e in events[:2]] == \
+        [{"missing_model_id"}] * 2  # fmt: skip

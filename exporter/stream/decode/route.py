@@ -102,11 +102,13 @@ class Router:
         shape than the path's (``{"meta": 5}`` for ``meta.model``) is read as the decoder reads it: no id."""
         try:
             found = self._value(self._decoder.decode(raw))  # type: ignore[arg-type]  # a tombstone: TypeError
+        except msgspec.ValidationError:  # another shape than the path's (a DecodeError too): the rules read it
+            found = MALFORMED  # no text: read by the rules below
         except (msgspec.DecodeError, TypeError):
             routed.malformed.append(raw)
             return MALFORMED
-        except Exception:  # ValidationError, or one nested past msgspec's depth (RecursionError): the rules read it
-            found = MALFORMED  # no text: read by the rules below
+        except Exception:  # one nested past msgspec's depth (RecursionError): the rules read it
+            found = MALFORMED
         return self._rule(raw, found, routed)
 
     def _rule(self, raw: bytes | None, found: Any, routed: Routed) -> Any:
