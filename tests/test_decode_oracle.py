@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from exporter.config import Config
 from exporter.stream.decode.events import EventDecoder
 from exporter.stream.decode.fleet import SharedDecoder
+from exporter.stream.decode.route import Router
 from exporter.stream.state.fleet import Fleet
 
 NOW = 1_800_000_000.0
@@ -211,17 +212,21 @@ FLEET = {"models": [{"model_id": "m1"},  # the shared config's gender and age
                      "events": {"score_threshold": 0.5}}]}  # fmt: skip
 
 
-@given(st.lists(events().map(dumps) | st.binary(max_size=60) | st.none(), max_size=25))
-def test_a_fleets_shared_parse_gives_each_model_what_its_own_decoder_gives(values: list[bytes | None]) -> None:
-    """One parse for models that share their paths (one of them deriving predictions from scores): each model's
-    rows, reasons and dead letters are those of the oracle for that model alone; what is nobody's is counted once."""
-    fleet = Fleet(make_config(model_id=None, **FLEET), keep_rejected=True)
-    assert isinstance(fleet.readers[1], SharedDecoder)
+ROUTED = {"models": [{"model_id": "m1", "events": NESTED},  # one id path; the others differ: routed by the id alone
+                     {"model_id": "m2", "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}],
+                      "events": {**NESTED, "score": "out.s2", "score_threshold": 0.5}}]}  # fmt: skip
+
+
+def fleet_agrees(fleet_config: dict[str, object], split: type, values: list[bytes | None]) -> None:
+    """Each model's rows, reasons and dead letters in the fleet are those of the oracle for that model alone; what
+    is nobody's is counted once."""
+    fleet = Fleet(make_config(model_id=None, **fleet_config), keep_rejected=True)
+    assert isinstance(fleet.readers[1], split)
     _, batches, ignored, malformed = fleet.decode(values, NOW)  # type: ignore[arg-type]
     accounted = len(malformed) + sum(ignored.values())
     for model_id in ("m1", "m2"):
-        alone = make_config(model_id=None,
-                            models=[m for m in FLEET["models"] if m["model_id"] == model_id])  # fmt: skip
+        alone = make_config(model_id=None, models=[m for m in fleet_config["models"]  # type: ignore[attr-defined]
+                                                   if m["model_id"] == model_id])  # fmt: skip
         want = OracleDecoder(alone, keep_rejected=True).decode(values, NOW)  # type: ignore[arg-type]
         got = batches[model_id] if model_id in batches else decoder_of(alone).decode([], NOW)
         assert got.rejected + Counter(malformed_json=len(malformed)) == want.rejected
@@ -232,3 +237,20 @@ def test_a_fleets_shared_parse_gives_each_model_what_its_own_decoder_gives(value
         assert {k: v.tolist() for k, v in got.codes.items()} == {k: v.tolist() for k, v in want.codes.items()}
         accounted += len(got) + sum(got.rejected.values())
     assert accounted == len(values)  # every value a row, a rejection, malformed or nobody's: exactly once
+
+
+@given(st.lists(events().map(dumps) | st.binary(max_size=60) | st.none(), max_size=25))
+def test_a_fleets_shared_parse_gives_each_model_what_its_own_decoder_gives(values: list[bytes | None]) -> None:
+    """One parse for models that share their paths (one of them deriving predictions from scores)."""
+    fleet_agrees(FLEET, SharedDecoder, values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(events().map(nest).map(dumps) | events().map(lambda e: {**nest(e), "meta": e.get("model_id")})
+                .map(dumps) | json_values.map(dumps) | st.binary(max_size=60) | st.none(), max_size=25))
+def test_a_fleet_routed_by_a_nested_model_id_gives_each_model_what_its_own_decoder_gives(
+        values: list[bytes | None]) -> None:  # fmt: skip
+    """Models whose other paths differ, routed by the nested model id alone (exporter/stream/decode/route.py),
+    ``meta`` an object or any other JSON value (a review found ``{"meta": 5}`` malformed when routed, ignored
+    alone)."""
+    fleet_agrees(ROUTED, Router, values)
