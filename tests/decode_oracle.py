@@ -149,7 +149,7 @@ class OracleDecoder:
         self._paths = (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label, f.attributes)
         self._flatten = _flattener(self._paths)
         self._threshold = f.score_threshold
-        self._tables = [(a.columns[0], *code_table(a.groups)) for a in config.base_attributes]
+        self._tables = [(a.columns[0], *code_table(a.groups, a.other)) for a in config.base_attributes]
         read = [f.prediction_id, f.timestamp, f.score, f.label, *([f.prediction] if f.score_threshold is None else [])]
         self._read = [*((p, True) for p in read), (f.attributes, False),
                       *((f"{f.attributes}.{column}", True) for column, *_ in self._tables)]  # fmt: skip

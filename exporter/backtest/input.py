@@ -153,7 +153,7 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
               else np.full(batch.num_rows, -1, dtype=np.int64))  # fmt: skip
     checks.raise_first(config, location, batch.num_rows)
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
-    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) if a.proxy is None else
+    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other) if a.proxy is None else
             bisg.tables().codes(batch.column(a.proxy.surname).to_pylist(), batch.column(a.proxy.zcta).to_pylist())
             for a in config.base_attributes}  # fmt: skip
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}

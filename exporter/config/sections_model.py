@@ -176,7 +176,7 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
         if proxy is not None:  # the mass of the categories not configured counts in no group: no `other` group
             out.append(Attribute(name, (column,), tuple(groups), pairs, proxy=proxy))
             continue
-        out.append(Attribute(name, (column,), tuple([*groups, OTHER_GROUP] if other else groups), pairs))
+        out.append(Attribute(name, (column,), tuple([*groups, OTHER_GROUP] if other else groups), pairs, other=other))
     return out
 
 
@@ -234,7 +234,7 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
         configured = [
             i
             for i, combo in enumerate(itertools.product(*(p.groups for p in parts)))
-            if OTHER_GROUP not in combo
+            if not any(p.catch_all(g) for p, g in zip(parts, combo, strict=True))
         ]
         out.append(
             Attribute(
@@ -243,6 +243,7 @@ def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list
                 groups=groups,
                 pairs=tuple(itertools.combinations(configured, 2)),
                 base_sizes=tuple(len(p.groups) for p in parts),
+                other=any(p.other for p in parts),
             )
         )
     return out

@@ -45,6 +45,15 @@ class Attribute:
     """Inferred, not read: each row adds its posterior probability of each group to that group's (float) counts."""
     source: str | None = None
     """A base attribute read from a side source by id (``attribute_sources:``): its column is the record's key."""
+    other: bool = False
+    """``unknown_values: other``: a group named ``other`` (of an intersection, a part named so) is the bounded group
+    of every value outside the others, missing ones too, added by the config. Otherwise ``other`` is a group like
+    any, its value the text ``other`` (the seed's ``ethnicity`` lists one): values outside the groups are the
+    attribute's unknown category."""
+
+    def catch_all(self, group: str) -> bool:
+        """Whether this group (of an intersection: any of its parts) is the bounded ``other`` group."""
+        return self.other and OTHER_GROUP in group.split(INTERSECTION_SEP)
 
     def combine(self, codes: list[np.ndarray]) -> np.ndarray:
         """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""

@@ -21,10 +21,11 @@ def value_text(value: object) -> str:
     return str(value)
 
 
-def code_table(groups: Sequence[str]) -> tuple[dict[str, int], int]:
+def code_table(groups: Sequence[str], other: bool) -> tuple[dict[str, int], int]:
     """The code of each named group's value (values are compared as strings), and the code of any other value:
-    the index of ``other`` when it is one of the groups, else ``-1``."""
-    has_other = bool(groups) and groups[-1] == OTHER_GROUP
+    with ``other`` (``Attribute.other``, ``unknown_values: other``) the index of the last group, ``other``, else
+    ``-1``: a group named ``other`` is then a value like any."""
+    has_other = other and bool(groups) and groups[-1] == OTHER_GROUP
     named = groups[:-1] if has_other else groups
     return {g: i for i, g in enumerate(named)}, len(named) if has_other else -1
 

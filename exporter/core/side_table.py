@@ -277,9 +277,9 @@ class SideTable:
             found, codes = found & ~beyond, np.where(beyond[:, None], 0, codes).astype(np.uint16)
         return found, codes, beyond
 
-    def lut(self, field: str, groups: Sequence[str]) -> np.ndarray:
+    def lut(self, field: str, groups: Sequence[str], other: bool) -> np.ndarray:
         """Group code of each value code of a field (code 0, and values outside the groups: the unknown code)."""
-        table, unknown = code_table(groups)
+        table, unknown = code_table(groups, other)
         return np.array([unknown, *(table.get(v, unknown) for v in self.values[self.fields.index(field)])],
                         dtype=np.int64)  # fmt: skip
 

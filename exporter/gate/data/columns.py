@@ -36,18 +36,18 @@ def is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def code_lut(values: Sequence[object], groups: Sequence[str]) -> np.ndarray:
+def code_lut(values: Sequence[object], groups: Sequence[str], other: bool) -> np.ndarray:
     """The code of each distinct value, then the unknown code (for index -1, a missing cell): the config's groups
     compared with :func:`value_text`; missing and other values are the attribute's unknown category."""
-    table, unknown = code_table(groups)
+    table, unknown = code_table(groups, other)
     return np.array([unknown if is_missing(v) else table.get(value_text(v), unknown) for v in values] + [unknown],
                     dtype=np.int64)  # fmt: skip
 
 
-def group_codes(array: pa.Array, groups: Sequence[str]) -> np.ndarray:
-    """Codes of a column of attribute values (-1: not one of the groups, unless ``other`` is one)."""
+def group_codes(array: pa.Array, groups: Sequence[str], other: bool) -> np.ndarray:
+    """Codes of a column of attribute values (-1: not one of the groups, unless ``other``: see :func:`code_table`)."""
     indices, values = distinct(array)
-    return code_lut(values, groups)[indices]
+    return code_lut(values, groups, other)[indices]
 
 
 def text(array: pa.Array) -> tuple[np.ndarray, list[str]]:

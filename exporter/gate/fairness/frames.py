@@ -26,26 +26,30 @@ CELLS = 6
 """A row's cell: its prediction (0, 1) times its label (missing, 0, 1), ``prediction * 3 + label + 1``."""
 
 
-def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[str]) -> np.ndarray:
-    """Codes of a column of values, by :func:`code_table`; a blank cell gets the attribute's unknown code.
+def encode(values: Sequence[object] | np.ndarray | pd.Series, groups: Sequence[str], *,
+           other: bool = False) -> np.ndarray:  # fmt: skip
+    """Codes of a column of values, by :func:`code_table` (``other``: the last group, ``other``, holds every value
+    outside the others); a blank cell gets the attribute's unknown code.
 
     Cells are compared with the config's groups as :func:`value_text` writes them (as the daemon compares its
     JSON values), a whole float as an integer. Each distinct value is converted once.
 
     >>> encode(["f", "m", "x"], ("m", "f")).tolist()
     [1, 0, -1]
-    >>> encode(["f", "m", None], ("m", "f", "other")).tolist()
-    [1, 0, 2]
+    >>> encode(["f", "m", None, "x"], ("m", "f", "other"), other=True).tolist()
+    [1, 0, 2, 2]
+    >>> encode(["f", "other", None, "x"], ("m", "f", "other")).tolist()  # a group like any (the seed's ethnicity)
+    [1, 2, -1, -1]
     >>> encode([1.0, 2.0, float("nan")], ("1", "2")).tolist()  # an integer column with a blank cell
     [0, 1, -1]
     """
     positions, distinct = pd.factorize(pd.Series(values), use_na_sentinel=True)  # a blank is -1
-    return code_lut(list(distinct), groups)[positions]  # position -1 picks the trailing unknown
+    return code_lut(list(distinct), groups, other)[positions]  # position -1 picks the trailing unknown
 
 
 def row_cells(y_pred: np.ndarray, y_true: np.ndarray | None) -> np.ndarray:
     """Each row's cell (:data:`CELLS`) from its 0/1 prediction and its label (-1: unlabelled; None: no label column)."""
-    return y_pred * 3 + (1 if y_true is None else y_true + 1)
+    return y_pred * 3 + (0 if y_true is None else y_true + 1)
 
 
 @cache
@@ -270,8 +274,8 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
             w = w[own] if w is not None else None
         offset = result.rows
         result.rows += batch.num_rows if w is None else int(w.sum())
-        base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups) for a in config.base_attributes
-                if a.proxy is None}
+        base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other)
+                for a in config.base_attributes if a.proxy is None}
         proxies = {a.name: bisg.tables().posteriors(batch.column(a.proxy.surname).to_pylist(),
                                                     batch.column(a.proxy.zcta).to_pylist())
                    for a in config.base_attributes if a.proxy is not None}  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, titled
+from exporter.core.attributes import titled
 from exporter.core.evaluate import Evaluation
 
 SMALL_CATEGORY_SHARE: Final = 0.02
@@ -38,11 +38,13 @@ def count(x: float) -> int | float:
 
 def attribute_table(ev: Evaluation, excluded_rows: float, total_rows: int) -> dict[str, Any]:
     """One attribute's table from the evaluation whose selection rates are the LL144 rates (selection, or the share
-    above the median score). Categories holding ``other`` are the unknown category, with the excluded rows."""
+    above the median score). The bounded ``other`` group (``unknown_values: other``; of an intersection, every
+    category holding it) is the unknown category, with the excluded rows; a configured group named ``other`` under
+    ``unknown_values: reject`` is a category like any."""
     groups = ev.attribute.groups
     rates = ev.groups.selection_rate
     samples = ev.groups.samples
-    unknown = np.array([OTHER_GROUP in g.split(INTERSECTION_SEP) for g in groups], dtype=bool)
+    unknown = np.array([ev.attribute.catch_all(g) for g in groups], dtype=bool)
     small = samples < SMALL_CATEGORY_SHARE * total_rows
     known = ~unknown & np.isfinite(rates)
     eligible = known & ~small if (known & ~small).any() else known

@@ -189,7 +189,7 @@ class EventDecoder:
         self._paths = [lookup(p) for p in (f.model_id, f.prediction_id, f.timestamp, f.prediction, f.score, f.label,
                                             f.attributes)]  # fmt: skip
         self._threshold = f.score_threshold
-        self._tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes
+        self._tables = [(a.columns[0], *code_table(a.groups, a.other)) for a in model.base_attributes
                         if a.proxy is None and a.source is None]  # fmt: skip
         self._proxies = proxy_columns(model.base_attributes)
         self._columns = [*(t[0] for t in self._tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]

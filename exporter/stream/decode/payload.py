@@ -242,7 +242,7 @@ class PayloadRows:
         self.max_future_skew_seconds = max_future_skew_seconds
         self.threshold = model.events.score_threshold
         self.column = model.events.prediction
-        self.tables = [(a.columns[0], *code_table(a.groups)) for a in model.base_attributes
+        self.tables = [(a.columns[0], *code_table(a.groups, a.other)) for a in model.base_attributes
                        if a.proxy is None and a.source is None]  # fmt: skip
         self.proxies = proxy_columns(model.base_attributes)
         self.sides = [(s.name, s.id) for s in model.attribute_sources]

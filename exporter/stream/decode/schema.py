@@ -52,7 +52,7 @@ def schema(models: Sequence[ModelSpec], strict: bool = False) -> tuple[type[msgs
     for model in models:
         for a in model.base_attributes:
             if a.proxy is None and a.source is None:
-                columns.setdefault(a.columns[0], set()).update(code_table(a.groups)[0])
+                columns.setdefault(a.columns[0], set()).update(code_table(a.groups, a.other)[0])
         sides.update(s.id for s in model.attribute_sources)
     if (strict and not all(columns.values())) or sides & columns.keys():
         return None

@@ -157,7 +157,8 @@ class AttributeJoin:
               codes: np.ndarray) -> None:  # fmt: skip
         table = self.tables[name]
         for a in attributes:
-            base[a.columns[0]][rows] = table.lut(a.columns[0], a.groups)[codes[:, table.fields.index(a.columns[0])]]
+            lut = table.lut(a.columns[0], a.groups, a.other)
+            base[a.columns[0]][rows] = lut[codes[:, table.fields.index(a.columns[0])]]
 
     # --- side records -----------------------------------------------------------------------------------------
 

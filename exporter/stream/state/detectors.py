@@ -192,7 +192,7 @@ class DetectorBank:
         subgroup_rows, subgroup_signs = [], []
         for attribute, offset in zip(model.attributes, offsets, strict=True):
             for i, group in enumerate(attribute.groups):
-                if group == OTHER_GROUP:
+                if attribute.catch_all(group) and group == OTHER_GROUP:
                     continue
                 for sign, direction in ((1.0, "up"), (-1.0, "down")):
                     detectors.append(Detector(attribute.name, SUBGROUP_METRIC, direction, subgroup=group))
