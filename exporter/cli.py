@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "$FAIRNESS_AUDIT_LOG_KEY set: check every record's HMAC too)")  # fmt: skip
     verify.add_argument("path")
     verify.add_argument("--expect-head", help="the hash of the last record, as published by the last audit")
+    verify.add_argument("--expect-record", action="append", default=[], metavar="HASH",
+                        help="a hash an earlier run published (its report's audit_log.hash), still in the chain; "
+                             "repeat it for each kept head")  # fmt: skip
     verify.set_defaults(func=cmd_audit_log_verify)
     listing = log_sub.add_parser("list", help="the records of a model and version: audits, bias reports, safety "
                                  "and red-team runs, one line each")  # fmt: skip

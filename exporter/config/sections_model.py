@@ -116,6 +116,8 @@ def _parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tupl
     if not isinstance(raw, list):
         errors.add(path, f"{raw!r} is neither 'all' nor a list of [group_a, group_b] pairs")
         return ()
+    if not raw:  # an attribute of no comparison would pass having compared nothing
+        errors.add(path, "[] compares nothing: list [group_a, group_b] pairs, or 'all'")
     pairs = []
     for i, pair in enumerate(raw):
         if not (isinstance(pair, list) and len(pair) == 2):
@@ -263,6 +265,9 @@ def parse_metrics(raw: Any, errors: Errors) -> list[MetricSpec]:
     if not isinstance(raw, list):
         errors.add("metrics", f"{raw!r} is not a list of {{name, threshold, severity_on_fail}}")
         return []
+    if not raw:  # a gate of no check would pass having evaluated nothing
+        errors.add("metrics", "[] evaluates nothing: list the metrics, or leave the key out for the defaults "
+                              "(demographic_parity_difference and disparate_impact_ratio)")  # fmt: skip
     out = []
     for path, item in errors.mappings("metrics", raw, {"name", "threshold", "severity_on_fail", "max_interval_width"},
                                       ""):

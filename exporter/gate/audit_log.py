@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -71,7 +72,6 @@ class _Torn:
     line: int
     text: bytes
     why: str
-    ended: bool
 
     def facts(self) -> dict[str, Any]:
         return {"line": self.line, "bytes": len(self.text), "sha256": hashlib.sha256(self.text).hexdigest()}
@@ -81,9 +81,11 @@ def _parse(lineno: int, line: bytes) -> dict[str, Any] | _Torn:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        return _Torn(lineno, line.removesuffix(b"\n"), exc.msg, line.endswith(b"\n"))
+        return _Torn(lineno, line.removesuffix(b"\n"), exc.msg)
+    except UnicodeDecodeError as exc:  # a write cut inside a character of several bytes (records are UTF-8)
+        return _Torn(lineno, line.removesuffix(b"\n"), f"not UTF-8: {exc.reason} at byte {exc.start}")
     if not isinstance(record, dict):
-        return _Torn(lineno, line.removesuffix(b"\n"), f"{type(record).__name__}, not a record", True)
+        return _Torn(lineno, line.removesuffix(b"\n"), f"{type(record).__name__}, not a record")
     return record
 
 
@@ -119,11 +121,12 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None) ->
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 last, torn = _tail(f)
-                f.seek(0, 2)
+                if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+                    # a write cut before its newline: a torn line, kept as evidence (the chain skips it), or a
+                    # whole record, which the chain continues from; either way the new record starts a line
+                    f.write(b"\n")
                 recovered: tuple[str, ...] = ()
                 if torn is not None:
-                    if not torn.ended:
-                        f.write(b"\n")  # the torn line stays, as evidence; the chain skips it
                     last = _write(f, {"type": "torn_record", **torn.facts()}, last, key)
                     recovered = (f"line {torn.line} was torn ({len(torn.text)} bytes, not a record: a write cut "
                                  f"short); recorded as record {last['seq']}, the chain continues from it",)
@@ -146,9 +149,13 @@ class Verification:
     keyed: bool = False
 
 
-def verify(path: str | Path, expect_head: str | None = None, key: bytes | None = None) -> Verification:
-    """Check the whole chain (every HMAC too when a key is given); no problems means intact."""
+def verify(path: str | Path, expect_head: str | None = None, key: bytes | None = None,
+           expect_records: Collection[str] = ()) -> Verification:  # fmt: skip
+    """Check the whole chain (every HMAC too when a key is given); no problems means intact. ``expect_head``: the
+    last record's hash; ``expect_records``: hashes earlier runs published, each still a record of the chain (the
+    end removed and new records appended since leaves the last head intact, not the removed runs' heads)."""
     result = Verification(keyed=key is not None)
+    seen: set[str] = set()
     prev, expected_seq = GENESIS, 0
     torn: _Torn | None = None
     with Path(path).open("rb") as f:
@@ -173,6 +180,7 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
                 torn = None
             _check(record, lineno, prev, expected_seq, key, result.problems)
             prev = record.get("hash", "")
+            seen.add(str(prev))
             seq = record.get("seq")
             expected_seq = (seq if isinstance(seq, int) else expected_seq) + 1
     if torn is not None:
@@ -181,6 +189,9 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
     if expect_head is not None and prev != expect_head:
         result.problems.append(f"the last record's hash is {prev}, expected head {expect_head} "
                                "(records were removed from the end or the log was replaced)")  # fmt: skip
+    for missing in [h for h in dict.fromkeys(expect_records) if h not in seen]:
+        result.problems.append(f"no record has the published hash {missing} (records were removed, later ones "
+                               "appended after them, or the log was replaced)")  # fmt: skip
     return result
 
 

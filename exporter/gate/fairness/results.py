@@ -44,7 +44,7 @@ def metric_results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
                 "samples_to_decide": samples_to_decide(float(v.half_width[k]), float(v.value[k]), spec.threshold,
                                                        pair_samples) if evidence[k] == "inconclusive" else None,
                 "severity": spec.severity,
-                "counts_as": _counts_as(config, spec.severity, passed, evidence[k]),
+                "counts_as": _counts_as(config, spec.severity, ok, passed, evidence[k]),
                 "samples": pair_samples,
                 "support": int(v.support[k]),
                 "comparisons_judged": judged,
@@ -53,10 +53,12 @@ def metric_results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
     return out
 
 
-def _counts_as(config: ModelSpec, severity: str, passed: bool, evidence: str) -> str:
+def _counts_as(config: ModelSpec, severity: str, sufficient: bool, passed: bool, evidence: str) -> str:
     """``pass``, ``blocking`` or ``warning``: what a result does to the verdict under ``decision`` and
-    ``failure_policy.inconclusive``."""
-    if config.decision == "point_estimate":
+    ``failure_policy.inconclusive``. A comparison with too few samples evaluated nothing: it counts at its severity
+    under every policy (``inconclusive: warn`` softens an interval that straddles the threshold, not a missing
+    value), as the counterfactual gate's do."""
+    if config.decision == "point_estimate" or not sufficient:
         return "pass" if passed else severity
     if evidence == "inconclusive":
         return severity if config.inconclusive == "fail" else "warning"
