@@ -26,8 +26,10 @@ from exporter.config.toolkit import Errors
 from exporter.gate import audit_log
 from exporter.gate.counterfactual import ambiguous, paired
 from exporter.gate.counterfactual.extract import Extractor, parse_extractor
+from exporter.gate.counterfactual.render import counterfactual_html
 from exporter.gate.counterfactual.run import judge, plan
 from exporter.gate.counterfactual.suite import load_suite
+from exporter.gate.reports.html import fmt
 
 BIASED = {"female": 0.60, "male": 0.45}
 FAIR = {"female": 0.50, "male": 0.50}
@@ -94,6 +96,18 @@ def test_a_screener_that_favours_womens_names_fails_with_its_flips_listed(
     assert "BLOCKING gender demographic_parity_difference" in err and "46 vs 18 flips" in err
     page = (tmp_path / "r.html").read_text()
     assert "Flipped items: female vs male (64)" in page and first["item_text"] in page
+    decided = sum(g["decided"] for g in groups.values())
+    assert decided == 2 * ITEMS and f"<h3>gender</h3><p class=\"meta\">{decided} rows</p>" in page
+    # each attribute's LL144 rows are its own items' (a second attribute of a quarter as many, as a run of two
+    # attributes of different suites gives): its unknown share is of its own rows, not of the first attribute's
+    two = {**report, "groups": {**report["groups"], "race": {k: {**g, "decided": g["decided"] // 4}
+                                                              for k, g in groups.items()}},
+           "impact_ratios": {**report["impact_ratios"], "attributes": {
+               **report["impact_ratios"]["attributes"],
+               "race": {**report["impact_ratios"]["attributes"]["gender"], "unknown_rows": 5}}}}  # fmt: skip
+    html = counterfactual_html(two)
+    assert f"<h3>race</h3><p class=\"meta\">{decided // 4} rows</p>" in html
+    assert f"<td>(unknown)</td><td class=\"num\">5</td><td class=\"num\">{fmt(5 / (decided // 4))}</td>" in html
     cases = ET.parse(tmp_path / "junit.xml").getroot().iter("testcase")
     assert sum(c.find("failure") is not None for c in cases) == 2
     assert (tmp_path / "summary.md").read_text().startswith("### ❌ counterfactual: FAIL — resume-screener-llm")

@@ -135,6 +135,7 @@ def counterfactual_html(report: Mapping[str, Any]) -> str:
         [[x["metric"], x["attribute"], x["groups"], x["value"], x["threshold"], x["counts_as"]]
          for x in run_checks]))  # fmt: skip
     if "impact_ratios" in report:
-        total = max(1, sum(g["decided"] for g in next(iter(report["groups"].values()), {}).values()))
-        sections.append(ll144_section(report["impact_ratios"], total))
+        totals = {name: max(1, sum(g["decided"] for g in groups.values()))
+                  for name, groups in report["groups"].items()}  # each attribute's items are decided apart
+        sections.append(ll144_section(report["impact_ratios"], totals))
     return page(f"Counterfactual audit: {report['model_id']}", report["verdict"], tone, summary_text, sections, meta)
