@@ -14,13 +14,17 @@ that fall within an unknown category, and the number of applicants in each categ
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+import seed_reference
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.config import parse_config
 from exporter.gate.fairness import seed_api
@@ -202,3 +206,47 @@ def test_the_bounded_other_group_is_still_the_unknown_category_of_the_ll144_tabl
     crossed = table_of(report, "sex_x_race")
     assert sorted(crossed["categories"]) == ["female:black", "female:white", "male:black", "male:white"]
     assert crossed["unknown_rows"] == 20
+
+
+KINDS = {"text": lambda k: ["white", "black", "other", "asian"][k], "int": lambda k: k, "float": lambda k: float(k),
+         "bool": lambda k: bool(k % 2)}  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(KINDS)), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.integers(0, 1)),
+                                                 min_size=2, max_size=60))  # fmt: skip
+def test_the_seed_api_gives_what_the_seeds_own_functions_give(kind: str, rows: list[tuple[int, int, int]]) -> None:
+    """The seed's three functions (tests/seed_reference.py, verbatim) against ours, on attributes of text, integers,
+    whole floats and booleans (``np.array([1.0, 2.0])``: before, group ``1.0`` had "no rows" for ours), every pair of
+    values present where the seed's numbers are defined: the same value, verdict and dimension (a value exactly on the
+    threshold passes, where the seed's floats can fall a rounding error short)."""
+    values = np.array([KINDS[kind](k) for k, _, _ in rows])
+    y_pred, y_true = np.array([p for _, p, _ in rows]), np.array([t for _, _, t in rows])
+    present = list(dict.fromkeys(values.tolist()))
+    for a, b in [(a, b) for a in present for b in present if a != b]:
+        both = [values == a, values == b]
+        calls = [("demographic_parity_difference", (y_pred, values, a, b)),
+                 ("disparate_impact_ratio", (y_pred, values, a, b))]  # fmt: skip
+        if all((m & (y_true == t)).any() for m in both for t in (0, 1)):  # every rate of equalised odds defined
+            calls.append(("equalised_odds_difference", (y_true, y_pred, values, a, b)))
+        for name, args in calls:
+            want, got = getattr(seed_reference, name)(*args), getattr(seed_api, name)(*args)
+            assert (got.value, got.dimension) == (want.value, want.dimension)
+            if _exact(name, y_true, y_pred, *both) == Fraction(str(got.threshold)):
+                assert got.passed  # on the threshold exactly: both rules hold it (the seed's floats may not)
+            else:
+                assert bool(got.passed) == bool(want.passed)
+
+
+def _exact(name: str, y_true: np.ndarray, y_pred: np.ndarray, a: np.ndarray, b: np.ndarray) -> Fraction:
+    """A metric's exact value, in fractions (the seed's floats put 4/7 over 5/7 at 0.7999999999999999)."""
+
+    def rate(mask: np.ndarray) -> Fraction:
+        return Fraction(int(y_pred[mask].sum()), int(mask.sum()))
+
+    if name == "demographic_parity_difference":
+        return abs(rate(a) - rate(b))
+    if name == "disparate_impact_ratio":
+        low, high = sorted((rate(a), rate(b)))
+        return low / high if high else Fraction(0)
+    return max(abs(rate(a & (y_true == t)) - rate(b & (y_true == t))) for t in (0, 1))

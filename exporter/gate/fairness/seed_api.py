@@ -10,6 +10,7 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.config import MetricSpec
+from exporter.core.encoding import value_text
 from exporter.core.fairness import counts_from_arrays
 from exporter.core.metric_table import COUNT_METRICS, METRICS
 from exporter.gate.fairness.frames import encode
@@ -31,8 +32,9 @@ class FairnessResult:
 def _pair(
     y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a: Any, group_b: Any, y_true: Any = None
 ) -> np.ndarray:
-    """The 2-group counts array of one pair."""
-    groups = (str(group_a), str(group_b))
+    """The 2-group counts array of one pair: the values compared as the config's groups are (a whole float as the
+    integer: group ``1.0`` is the values ``1.0`` and ``1``, as the seed's ``==`` finds them)."""
+    groups = (value_text(group_a), value_text(group_b))
     codes = encode(np.asarray(protected_attribute, dtype=object), groups)
     counts = counts_from_arrays(codes, 2, np.asarray(y_pred), None if y_true is None else np.asarray(y_true))
     for g, n in zip(groups, counts[:, 0] + counts[:, 1], strict=True):
@@ -43,6 +45,8 @@ def _pair(
 
 def _result(name: str, counts: np.ndarray, a: Any, b: Any, threshold: float) -> FairnessResult:
     value = float(METRICS[name].compute(counts, np.array([0]), np.array([1])).value[0])
+    if name == "disparate_impact_ratio" and np.isnan(value):  # neither group selected: the seed's ratio is 0
+        value = 0.0
     passed = MetricSpec(name, threshold, "blocking").passes(value)
     return FairnessResult(name, f"{a}_vs_{b}", str(a), str(b), round(value, 4), threshold, passed)
 
