@@ -163,6 +163,25 @@ def test_attributes_joined_by_id_report_the_same_with_spark(spark: Any, tmp_path
         run_audit(tmp_path / "config.yaml", tmp_path / "predictions.csv", now=NOW, engine="spark")
 
 
+def test_csv_ids_are_their_text_with_spark_as_in_the_local_engine(spark: Any, tmp_path: Path) -> None:
+    """Zero-padded and 20-digit ids in CSV files, and an integer id pandas wrote as ``12.0``: Spark's inferred types
+    made 007 the integer 7 and two 20-digit ids one double; read as the local engine reads them, every id joins its
+    own row (by hand: male 6 selected of 6, female 0 of 6, the 3 blank ids unknown)."""
+    config = {"model_id": "m1", "min_samples": 1,
+              "attribute_sources": {"applicants": {"path": "demographics.csv", "id": "applicant_id"}},
+              "protected_attributes": [{"name": "gender", "groups": ["male", "female"], "source": "applicants"}]}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "demographics.csv").write_text("applicant_id,gender\n007,male\n12345678901234567890,female\n"
+                                               "12345678901234567891,male\n12,female\n")  # fmt: skip
+    rows = [("007", 1), ("12345678901234567890", 0), ("12345678901234567891", 1), ("12.0", 0), ("", 1)] * 3
+    (tmp_path / "p.csv").write_text("applicant_id,prediction\n" + "".join(f"{i},{p}\n" for i, p in rows))
+    local = run_audit(tmp_path / "config.yaml", tmp_path / "p.csv", now=NOW)
+    gender = local["attributes"]["gender"]
+    assert {g: (v["samples"], v["selection_rate"]) for g, v in gender["groups"].items()} == {
+        "male": (6, 1.0), "female": (6, 0.0)} and gender["excluded_rows"] == 3
+    assert run_audit(tmp_path / "config.yaml", tmp_path / "p.csv", now=NOW, engine="spark") == local
+
+
 def test_executors_without_our_python_packages_are_told_in_one_line(tmp_path: Path) -> None:
     """The join runs the gate's code in the executors' Python: one that cannot import it is named, exit 2."""
     import subprocess

@@ -104,7 +104,8 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
     from exporter.gate.fairness.frames import prediction_column
 
     try:
-        dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in _read_from(m))])
+        dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in _read_from(m))],
+                               [s.id for m in models for s in m.attribute_sources])  # fmt: skip
         needed = {m.model_id: ["timestamp", prediction_column(m), *_read_from(m), *m.counted_columns]
                   for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:

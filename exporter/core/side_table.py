@@ -94,8 +94,10 @@ class SideTable:
         self._directory = np.zeros(2, dtype=np.int64)
         """Where the keys of each value of a hash's top bits begin (about 8 keys apart): a lookup searches only
         among its own few keys, a handful of vectorised steps instead of a binary search of the whole table."""
-        self.previous: dict[int, tuple[tuple[int, ...], int]] = {}
-        """The version a correction replaced (codes, since), per id, until :meth:`forget_before` drops it."""
+        self.previous: dict[int, list[tuple[tuple[int, ...], int]]] = {}
+        """The versions corrections replaced (codes, since), oldest first, per id, each until
+        :meth:`forget_before` drops it (one kept alone let a third version lose the first: a prediction older
+        than it took the second)."""
         self.values: list[list[str]] = [[] for _ in self.fields]
         """Per field, the values seen (code i + 1 is values[i]); in the process and its checkpoint only."""
         self._value_codes: list[dict[str, int]] = [{} for _ in self.fields]
@@ -149,7 +151,7 @@ class SideTable:
         if codes is None:
             self.previous.pop(key, None)
         elif held is not None and held[1] < since:
-            self.previous[key] = held
+            self.previous.setdefault(key, []).append(held)
         self._recent[key] = None if codes is None else (codes, since)
         if len(self._recent) > max(65536, len(self.keys) // 4):
             self.merge()
@@ -162,8 +164,14 @@ class SideTable:
             return
         hashes = np.fromiter(self.previous, np.uint64, len(self.previous))
         found, _, since = self._lookup(hashes)
-        for key, keep in zip(hashes.tolist(), (found & (since >= time)).tolist(), strict=True):
-            if not keep:
+        for key, current, in_force in zip(hashes.tolist(), found.tolist(), since.tolist(), strict=True):
+            versions = self.previous[key]
+            # a version stays while its successor came in force at ``time`` or later
+            successors = [s for _, s in versions[1:]] + [in_force if current else -1]
+            kept = [v for v, s in zip(versions, successors, strict=True) if s >= time]
+            if kept:
+                self.previous[key] = kept
+            else:
                 del self.previous[key]
 
     def load(self, hashes: np.ndarray, codes: np.ndarray) -> bool:
@@ -267,10 +275,11 @@ class SideTable:
         if times is None:
             return found, codes, np.zeros(len(hashes), dtype=bool)
         times = np.asarray(times)
-        if self.previous:  # only rows older than their id's current version may need the one it replaced
+        if self.previous:  # only rows older than their id's current version may need one it replaced
             for i in np.flatnonzero(found & (since > times)).tolist():
-                earlier = self.previous.get(int(hashes[i]))
-                if earlier is not None:
+                versions = self.previous.get(int(hashes[i]))
+                if versions:  # the latest in force at the row's time, else the first
+                    earlier = next((v for v in reversed(versions) if v[1] <= times[i]), versions[0])
                     codes[i], since[i] = earlier[0], earlier[1]
         beyond = found & (since > times + horizon)
         if beyond.any():
@@ -286,7 +295,7 @@ class SideTable:
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint (recent writes merged first)."""
         self.merge()
-        previous = list(self.previous.items())
+        previous = [(k, v) for k, versions in self.previous.items() for v in versions]  # oldest first per id
         out: dict[str, np.ndarray] = {
             "keys": self.keys, "codes": self.codes, "since": self.since,
             "previous_keys": np.array([k for k, _ in previous], dtype=np.uint64),
@@ -304,8 +313,10 @@ class SideTable:
         self.keys = state["keys"].astype(np.uint64)
         self.codes = state["codes"].astype(np.uint16).reshape(len(self.keys), len(self.fields))
         self.since = state["since"].astype(np.uint32)
-        self.previous = {int(k): (tuple(int(c) for c in codes), int(since)) for k, codes, since in zip(
-            state["previous_keys"].tolist(), state["previous_codes"], state["previous_since"].tolist(), strict=True)}
+        self.previous = {}
+        for k, codes, since in zip(state["previous_keys"].tolist(), state["previous_codes"],
+                                   state["previous_since"].tolist(), strict=True):  # fmt: skip
+            self.previous.setdefault(int(k), []).append((tuple(int(c) for c in codes), int(since)))
         self.size, self._recent = len(self.keys), {}
         self._index()
         for k in range(len(self.fields)):

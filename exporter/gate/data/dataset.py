@@ -75,6 +75,8 @@ class Dataset:
     format: str
     filesystem: Any  # fsspec's, or _Local
     arrow: ds.Dataset
+    ids: tuple[str, ...] = ()
+    """Id columns (the keys of ``attribute_sources``): a CSV file's are its text as written (see :func:`_ids`)."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -86,10 +88,12 @@ class Dataset:
 
     def batches(self, columns: Sequence[str], batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
         """The rows in file order, ``batch_rows`` at a time, only ``columns`` (text columns dictionary-encoded)."""
+        ids = [k for k, c in enumerate(columns) if c in self.ids] if self.format == "csv" else []
         try:  # one file at a time, in order, a batch read ahead: memory holds a batch or two whatever the data's size
             for fragment in self.arrow.get_fragments():
-                yield from fragment.to_batches(schema=self.arrow.schema, columns=list(columns), batch_size=batch_rows,
-                                               batch_readahead=1, fragment_readahead=1, use_threads=True)  # fmt: skip
+                batches = fragment.to_batches(schema=self.arrow.schema, columns=list(columns), batch_size=batch_rows,
+                                              batch_readahead=1, fragment_readahead=1, use_threads=True)  # fmt: skip
+                yield from (_ids(batch, ids) for batch in batches) if ids else batches
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{self.location}: cannot read {self.what}: {_reason(exc)}") from exc
 
@@ -107,6 +111,18 @@ class Dataset:
             entries.append({"path": f.path, "size": f.size, "sha256": digest.hexdigest()})
         unhashed = Manifest(self.location, tuple(entries), "")
         return Manifest(self.location, tuple(entries), hashlib.sha256(unhashed.lines().encode()).hexdigest())
+
+
+def _ids(batch: pa.RecordBatch, at: Sequence[int]) -> pa.RecordBatch:
+    """A CSV batch's id columns, read as text (type inference made ``007`` the integer 7 and merged two 20-digit ids
+    into one float), with an integer followed by ``.0`` read as that integer: how pandas writes an integer column
+    holding a blank, and how the daemon and a parquet file read such a number (``12.0`` joins ``12``)."""
+    import pyarrow.compute as pc
+
+    arrays = list(batch.columns)
+    for k in at:
+        arrays[k] = pc.replace_substring_regex(arrays[k], r"^(-?[0-9]+)\.0+$", r"\1")
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
 def _join(root: str, path: str) -> str:
@@ -145,7 +161,7 @@ def _listing(fs: Any, path: str, location: str, what: str) -> tuple[str, list[tu
     return root, files
 
 
-def _file_format(kind: str, dictionary: Sequence[str]) -> ds.FileFormat:
+def _file_format(kind: str, dictionary: Sequence[str], ids: Sequence[str] = ()) -> ds.FileFormat:
     if kind == "parquet":
         return ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionary)))
     from pyarrow import csv
@@ -153,16 +169,19 @@ def _file_format(kind: str, dictionary: Sequence[str]) -> ds.FileFormat:
     return ds.CsvFileFormat(
         read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
         convert_options=csv.ConvertOptions(null_values=PANDAS_NULLS, strings_can_be_null=True,
+                                           column_types=dict.fromkeys(ids, pa.string()),
                                            true_values=["True", "TRUE", "true"],
                                            false_values=["False", "FALSE", "false"], auto_dict_encode=True),
     )  # fmt: skip
 
 
-def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = ()) -> Dataset:
+def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = (),
+                 ids: Sequence[str] = ()) -> Dataset:  # fmt: skip
     """List a dataset's files and read its schema (a parquet footer, or a CSV file's first block).
 
     ``dictionary``: text columns to read as dictionaries (codes and their few distinct values), which is how the
-    gate encodes them. Raises DataError (one line naming the location) when there is nothing to read."""
+    gate encodes them. ``ids``: id columns, read from CSV as text (:attr:`Dataset.ids`). Raises DataError (one line
+    naming the location) when there is nothing to read."""
     fs, path = _filesystem(location)
     try:
         root, files = _listing(fs, path, location, what)
@@ -178,7 +197,7 @@ def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = 
     arrow_fs = _arrow_filesystem(fs)
     try:
         partitioning = ds.HivePartitioning.discover(null_fallback="__HIVE_DEFAULT_PARTITION__")
-        probe = ds.dataset([name for name, _ in files], filesystem=arrow_fs, format=_file_format(kind, ()),
+        probe = ds.dataset([name for name, _ in files], filesystem=arrow_fs, format=_file_format(kind, (), ids),
                            partitioning=partitioning, partition_base_dir=root or None)  # fmt: skip
         text = [n for n in dictionary if (n in probe.schema.names and pa.types.is_string(probe.schema.field(n).type))
                 or (n in probe.schema.names and pa.types.is_large_string(probe.schema.field(n).type))]  # fmt: skip
@@ -188,7 +207,7 @@ def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = 
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{location}: cannot read {what}: {_reason(exc)}") from exc
     relative = tuple(DataFile(name[len(root):].lstrip("/") if root else name, size) for name, size in files)
-    return Dataset(location, what, root, relative, kind, fs, arrow)
+    return Dataset(location, what, root, relative, kind, fs, arrow, tuple(ids))
 
 
 def _filesystem(location: str) -> tuple[Any, str]:
@@ -239,11 +258,12 @@ def _arrow_filesystem(fs: Any) -> Any:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 
-def read_batches(location: str, columns: Sequence[str], *, what: str = "data",
-                 batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:  # fmt: skip
+def read_batches(location: str, columns: Sequence[str], *, what: str = "data", batch_rows: int = BATCH_ROWS,
+                 ids: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """The one reading function for a file input: ``columns`` of a dataset (file, folder, glob or prefix; parquet or
-    CSV; local or a URL) in record batches. Raises DataError naming the location and the missing columns."""
-    dataset = open_dataset(location, what, columns)
+    CSV; local or a URL) in record batches (``ids``: id columns, see :attr:`Dataset.ids`). Raises DataError naming
+    the location and the missing columns."""
+    dataset = open_dataset(location, what, columns, ids)
     missing = [c for c in columns if c not in dataset.columns]
     if missing:
         raise DataError(f"{location}: missing column(s) {missing}; the {what} has {dataset.columns}")

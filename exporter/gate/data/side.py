@@ -43,7 +43,7 @@ def read_table(source: AttributeSource, fields: Sequence[str], config_source: st
     table = SideTable(fields, source.max_records)
     try:
         for batch in read_batches(location, [source.id, *fields], what=f"side table ({where})",
-                                  batch_rows=batch_rows):  # fmt: skip
+                                  batch_rows=batch_rows, ids=[source.id]):  # fmt: skip
             indices, hashes = _ids(batch.column(source.id))
             named = indices >= 0
             codes = np.column_stack([table.encode_column(f, [None if col.is_missing(v) else v for v in values])[i]

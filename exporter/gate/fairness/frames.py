@@ -247,6 +247,11 @@ def text_columns(config: ModelSpec) -> list[str]:
     return ["model_id", *attribute_columns(config)]
 
 
+def id_columns(config: ModelSpec) -> list[str]:
+    """The columns holding the ids side sources join by (read from CSV as text: exporter/gate/data/dataset.py)."""
+    return [s.id for s in config.attribute_sources]
+
+
 def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None, weights: str | None = None,
          scores: bool = False, also: BatchCounter | None = None) -> Scan:  # fmt: skip
     """Count a model's rows, a batch at a time: with ``above``, the rows whose LL144 score column is above it (the

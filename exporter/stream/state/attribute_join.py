@@ -332,9 +332,15 @@ class AttributeJoin:
 
 
 def _batch(spec: ModelSpec, batch: DecodedBatch, keep: np.ndarray, base: dict[str, np.ndarray]) -> DecodedBatch:
-    """The kept events of a batch, every attribute's codes from the (filled-in) base codes."""
+    """The kept events of a batch, every attribute's codes from the (filled-in) base codes. A sourced attribute
+    still at -1 has no record to count by (no id, none within the horizon, no room to wait): its unknown category,
+    which ``unknown_values: other`` makes the bounded ``other`` group, as a value outside the groups is there and
+    as the gate counts such a row."""
     whole = bool(keep.all())  # the usual batch: every record was there
-    base = base if whole else {column: codes[keep] for column, codes in base.items()}
+    base = dict(base) if whole else {column: codes[keep] for column, codes in base.items()}
+    for a in spec.base_attributes:
+        if a.source is not None and a.other:
+            base[a.columns[0]] = np.where(base[a.columns[0]] < 0, len(a.groups) - 1, base[a.columns[0]])
     return DecodedBatch(
         timestamps=batch.timestamps[keep], predictions=batch.predictions[keep], outcomes=batch.outcomes[keep],
         prediction_ids=batch.prediction_ids if whole else [pid for pid, k in zip(batch.prediction_ids,
