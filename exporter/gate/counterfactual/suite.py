@@ -145,6 +145,9 @@ def _attribute(path: str, item: dict[str, Any], base: Path, errors: Errors) -> C
     pairs_raw = item.get("pairwise_comparisons", "all")
     if pairs_raw == "all":
         pairs = tuple(itertools.combinations(range(len(names)), 2))
+    elif pairs_raw == []:  # an attribute of no comparison would pass having compared nothing, as in the gate
+        errors.add(f"{path}.pairwise_comparisons", "[] compares nothing: list [group_a, group_b] pairs, or 'all'")
+        pairs = ()
     elif isinstance(pairs_raw, list) and all(isinstance(p, list) and len(p) == 2 and all(str(g) in names for g in p)
                                              and p[0] != p[1] for p in pairs_raw):  # fmt: skip
         pairs = tuple((names.index(str(a)), names.index(str(b))) for a, b in pairs_raw)
