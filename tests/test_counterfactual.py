@@ -377,6 +377,9 @@ def test_the_extractor_reads_a_named_outcome_or_a_json_field_and_nothing_else() 
     answers = ['```json\n{"result": {"invite": true, "why": "SQL"}}\n```', '{"result": {"invite": false}}',
                '{"result": {}}', "Sure! I think they should be invited.", '{"result": {"invite": tru']
     assert [field.decide(t) for t in answers] == [True, False, None, None, None]
+    # the first object that decodes: a brace in prose before it is skipped, text and objects after it are not read
+    assert [field.decide(t) for t in ('By the rubric {skills}: {"result": {"invite": false}}',
+                                      '{"result": {"invite": true}} {"result": {"invite": false}}')] == [False, True]
 
 
 def test_n_samples_per_prompt_are_asked_in_one_request_and_tested_item_by_item(

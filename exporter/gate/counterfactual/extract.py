@@ -5,7 +5,8 @@ prompt asked for. An answer it cannot read is ``None`` (counted as unparsed), ne
 when the pattern has no group), compared without case with ``positive`` (one value or a list). With ``negative``
 given, only its values are negative decisions and any other match is unparsed; without it every other match is
 negative. ``decision: {json_field: decision, positive: invite}``: the answer's first JSON object (a fenced
-```json block or bare), the dotted field read from it. ``ignore_case`` (default true) applies to the pattern too.
+```json block or bare, with any text around it: a second object or a note in braces after it is not read), the
+dotted field read from it. ``ignore_case`` (default true) applies to the pattern too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,19 @@ from typing import Any, Final
 from exporter.config.toolkit import Errors
 
 KEYS: Final = {"pattern", "json_field", "positive", "negative", "ignore_case"}
-_OBJECT: Final = re.compile(r"\{.*\}", re.DOTALL)
+_DECODER: Final = json.JSONDecoder()
+
+
+def _first_object(answer: str) -> Any:
+    """The first JSON object of the text: decoded from its first ``{`` that starts one (a brace in prose before it
+    is skipped), up to where that object ends; None when no ``{`` starts one."""
+    start = answer.find("{")
+    while start >= 0:
+        try:
+            return _DECODER.raw_decode(answer, start)[0]
+        except ValueError:
+            start = answer.find("{", start + 1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -39,13 +52,7 @@ class Extractor:
             said = match.group(1) if self.pattern.groups else match.group(0)
             return None if said is None else said.strip().casefold()
         assert self.json_field is not None
-        found = _OBJECT.search(answer)
-        if found is None:
-            return None
-        try:
-            value: Any = json.loads(found.group(0))
-        except ValueError:
-            return None
+        value = _first_object(answer)
         for key in self.json_field:
             if not isinstance(value, dict) or key not in value:
                 return None
