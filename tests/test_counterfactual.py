@@ -412,6 +412,27 @@ def test_items_and_names_come_from_the_users_files(tmp_path: Path) -> None:
                                           "male": ({"name": "Jose"}, {"name": "Luis"})}
 
 
+def test_a_users_name_list_with_a_combination_missing_from_one_group_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A Hispanic woman's name and no Hispanic man's: no man's name differs from hers in gender only."""
+    (tmp_path / "names.csv").write_text("first_name,gender,race\nAisha,female,black\nMaria,female,hispanic\n"
+                                        "Darnell,male,black\nJamal,male,black\n")  # fmt: skip
+    raw = scripted_screener.suite(4)
+    raw["attributes"] = [{"name": "gender", "slot": "name", "names": {"file": "names.csv", "by": "gender"}}]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as refused:
+        load_suite(tmp_path / "s.yaml", "http://127.0.0.1:1/v1", "m")
+    assert str(refused.value).split(": ", 1)[1].split("; ") == [
+        "attributes[0].names: by: gender: no name of male with race=hispanic (female 1, male 0): item i compares "
+        "names that differ only in the by column, so each combination of the other columns needs a name in every "
+        "group"]
+    # the same list without her is accepted: the woman's one Black name is repeated against the men's two
+    (tmp_path / "names.csv").write_text("first_name,gender,race\nAisha,female,black\nDarnell,male,black\n"
+                                        "Jamal,male,black\n")  # fmt: skip
+    [gender] = load_suite(tmp_path / "s.yaml", "http://127.0.0.1:1/v1", "m").attributes
+    assert gender.groups == {"female": ({"name": "Aisha"}, {"name": "Aisha"}),
+                             "male": ({"name": "Darnell"}, {"name": "Jamal"})}
+
+
 def test_the_docs_suite_loads(tmp_path: Path) -> None:
     page = (Path(__file__).parent.parent / "docs" / "ml" / "counterfactual.md").read_text()
     block = re.search(r"test_the_docs_suite_loads[^\n]*\n```yaml\n(.*?)```", page, re.DOTALL)

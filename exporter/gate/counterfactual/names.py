@@ -44,8 +44,10 @@ def read_text_file(value: str, base: Path, where: str, errors: Errors) -> str | 
 
 def name_list(raw: Any, slot: str | None, base: Path, where: str, errors: Errors) -> dict[str, list[str]]:
     """``names: {list: bertrand-mullainathan-2004 | file: PATH, by: gender | race}``: the first names of each value of
-    the ``by`` column, ordered so that position i holds the same values of the other columns in every group (item
-    i then compares, say, a White woman's name with a Black woman's)."""
+    the ``by`` column, ordered so that position i holds the same values of the other columns (a cell) in every
+    group (item i then compares, say, a White woman's name with a Black woman's). A group with fewer names than
+    another in a cell repeats its own there, in turn, so no name is dropped; a cell with no name in some group
+    cannot be paired and is refused."""
     if not isinstance(raw, dict) or set(raw) - {"list", "file", "by"} or ("list" in raw) == ("file" in raw):
         errors.add(where, f"{raw!r} is not {{list: NAME or file: PATH, by: COLUMN}} (lists: {', '.join(NAME_LISTS)})")
         return {}
@@ -71,9 +73,23 @@ def name_list(raw: Any, slot: str | None, base: Path, where: str, errors: Errors
     for row in rows:
         groups.setdefault(row[by], {}).setdefault(tuple(row[c] for c in others), []).append(row["first_name"])
     cells = sorted({cell for g in groups.values() for cell in g})
+    missing = [(cell, g) for cell in cells for g, by_cell in groups.items() if cell not in by_cell]
+    if missing:
+        cell, group = missing[0]
+        counts = ", ".join(f"{g} {len(by_cell.get(cell, []))}" for g, by_cell in groups.items())
+        errors.add(where, f"by: {by}: no name of {group} with {_cell_text(others, cell)} ({counts}): item i compares "
+                          "names that differ only in the by column, so each combination of the other columns needs "
+                          "a name in every group")  # fmt: skip
+        return {}
+    width = {cell: max(len(by_cell[cell]) for by_cell in groups.values()) for cell in cells}
     out = {}
     for group, by_cell in groups.items():
-        # interleave the cells (female, male, female, ...) in one order for every group
-        columns_of_names = [by_cell.get(cell, []) for cell in cells]
+        # per cell, the group's names in turn up to the widest group's count; then the cells interleaved
+        # (Black, White, Black, ...) in one order for every group
+        columns_of_names = [list(itertools.islice(itertools.cycle(by_cell[cell]), width[cell])) for cell in cells]
         out[group] = [n for row in itertools.zip_longest(*columns_of_names) for n in row if n is not None]
     return out
+
+
+def _cell_text(columns: list[str], cell: tuple[str, ...]) -> str:
+    return ", ".join(f"{c}={v}" for c, v in zip(columns, cell, strict=True)) or "no other column"

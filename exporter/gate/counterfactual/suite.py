@@ -122,6 +122,8 @@ def _attribute(path: str, item: dict[str, Any], base: Path, errors: Errors) -> C
         return None
     raw_groups = item["groups"] if "groups" in item else name_list(item["names"], slot, base, f"{path}.names",
                                                                      errors)  # fmt: skip
+    if "names" in item and not raw_groups:  # name_list said why
+        return None
     if not isinstance(raw_groups, dict) or len(raw_groups) < 2:
         errors.add(f"{path}.groups", f"{raw_groups!r} is not a mapping of at least two groups to their values")
         return None
