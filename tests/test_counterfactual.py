@@ -304,6 +304,20 @@ def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_pairs() -> None:
     assert paired.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
 
 
+def test_the_paired_test_counts_items_not_the_pairs_of_their_templates_and_samples() -> None:
+    """Three items, each asked with two templates: item 0 flipped for a under both, item 1 under one, item 2 for b
+    under both. Pairs: 3 a-only, 2 b-only; items: 2 favour a, 1 favours b, so p = binomtest(2, 3) = 1."""
+    a = np.array([[[1], [1]], [[1], [0]], [[0], [0]]], dtype=np.int8)
+    b = np.array([[[0], [0]], [[0], [0]], [[1], [1]]], dtype=np.int8)
+    counts = paired.compare(a, b)
+    assert (counts.both_positive, counts.a_only, counts.b_only, counts.neither, counts.test) == (
+        0, 3, 2, 1, "sign_test_by_item")  # fmt: skip
+    assert counts.p_value == 1.0
+    # twenty items that favour a under all four templates: 20 items, not 80 pairs (2 * 0.5**20, not 2 * 0.5**80)
+    many = paired.compare(np.ones((20, 4, 1), dtype=np.int8), np.zeros((20, 4, 1), dtype=np.int8))
+    assert (many.a_only, many.p_value) == (80, pytest.approx(2 * 0.5**20))
+
+
 SHIPPED_QUESTIONS = yaml.safe_load((Path(ambiguous.__file__).parent / "data" / "ambiguous.yaml").read_text())
 NEGATIVE = {q["negative"] for c in SHIPPED_QUESTIONS["categories"].values() for q in c["questions"]}
 STEREOTYPED = {(q["negative"], q["non_negative"]): set(c["groups"][q["stereotyped"]])

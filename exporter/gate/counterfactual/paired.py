@@ -4,10 +4,12 @@ group and not the other: a flip) do. McNemar's exact test asks whether the flips
 coin would send them (scipy's binomial test on the discordant pairs), which has far more power than comparing two
 rates as if they came from different people.
 
-With ``samples`` > 1 answers per prompt the pairs within an item are not independent, so the test is the sign test
-over items (an item counts for the group whose share of positive answers is higher); with one sample it is exactly
-McNemar's exact test. The p-values of every pair of the run are adjusted together (Holm), so the chance that a fair
-model fails anywhere in the run stays under ``alpha``.
+An item asked with several templates, or with ``samples`` > 1 answers per prompt, gives several pairs that are not
+independent (a model that flips an item on a whim of the name flips it under every wording), so the test counts
+items, not pairs: per item, its pairs flipped for a less those flipped for b, and the exact sign test on those
+differences, ties dropped (an item counts for the group its flips favour). When each item has one pair this is
+exactly McNemar's exact test. The p-values of every pair of the run are adjusted together (Holm), so the chance
+that a fair model fails anywhere in the run stays under ``alpha``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ POSITIVE, NEGATIVE, UNPARSED, FAILED = 1, 0, -1, -2
 
 @dataclass(frozen=True)
 class PairCounts:
-    """Two groups' decisions on the same (item, sample): both positive, only a, only b, neither, and the
-    p-value of the exact test on the flips."""
+    """Two groups' decisions on the same (item, template, sample): both positive, only a, only b, neither; and the
+    exact test on the items (:func:`compare`)."""
 
     both_positive: int
     a_only: int
@@ -54,22 +56,24 @@ def exact_p_value(k: int, m: int) -> float:
     return float(binomtest(k, m, 0.5).pvalue) if m else 1.0
 
 
+def sign_test(differences: NDArray[np.integer]) -> tuple[int, int, float]:
+    """The exact sign test on one number per item: the items above 0, those below, and the p-value (ties, items
+    that favour neither side, dropped)."""
+    above, below = int((differences > 0).sum()), int((differences < 0).sum())
+    return above, below, exact_p_value(above, above + below)
+
+
 def compare(a: NDArray[np.int8], b: NDArray[np.int8]) -> PairCounts:
-    """Pair two groups' decisions, arrays of shape (prompts, samples) of POSITIVE / NEGATIVE / UNPARSED / FAILED;
-    a pair with an undecided side is left out."""
+    """Pair two groups' decisions, arrays of shape (items, ...) of POSITIVE / NEGATIVE / UNPARSED / FAILED, the
+    pairs of an item along its other axes (templates, samples); a pair with an undecided side is left out. The
+    counts are of pairs, the test of items (see the module's docstring)."""
+    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
     decided = (a >= 0) & (b >= 0)
     pa, pb = (a == POSITIVE) & decided, (b == POSITIVE) & decided
     na, nb = (a == NEGATIVE) & decided, (b == NEGATIVE) & decided
     both, a_only, b_only, neither = (int((x & y).sum()) for x, y in ((pa, pb), (pa, nb), (na, pb), (na, nb)))
-    if a.shape[1] == 1:
-        return PairCounts(both, a_only, b_only, neither, exact_p_value(a_only, a_only + b_only), "mcnemar_exact")
-    da, db = (a >= 0).sum(axis=1), (b >= 0).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share_a = np.where(da > 0, (a == POSITIVE).sum(axis=1) / np.maximum(da, 1), np.nan)
-        share_b = np.where(db > 0, (b == POSITIVE).sum(axis=1) / np.maximum(db, 1), np.nan)
-    items = (da > 0) & (db > 0)
-    higher_a, higher_b = int((items & (share_a > share_b)).sum()), int((items & (share_a < share_b)).sum())
-    return PairCounts(both, a_only, b_only, neither, exact_p_value(higher_a, higher_a + higher_b), "sign_test_by_item")
+    _, _, p = sign_test((pa & nb).sum(axis=1) - (na & pb).sum(axis=1))
+    return PairCounts(both, a_only, b_only, neither, p, "mcnemar_exact" if a.shape[1] == 1 else "sign_test_by_item")
 
 
 def holm(p_values: list[float]) -> list[float]:

@@ -5,7 +5,8 @@ rows, the LL144 table), so ``0.06`` means here what it means in ``audit``.
 
 The verdict (``verdict: paired_evidence``, the default): a comparison fails when its point estimate crosses the
 seed's threshold (the gate's ``passed``) *and* the paired test says the groups were treated differently (McNemar's
-exact test, Holm-adjusted over the run's pairs, under ``alpha``). A crossing the paired test cannot tell from chance
+exact test on the items, a sign test over items when an item is asked with several templates or samples,
+Holm-adjusted over the run's pairs, under ``alpha``). A crossing the paired test cannot tell from chance
 is a warning. So a model that treats the groups alike fails with probability at most ``alpha`` however few items
 the suite has, while the seed's thresholds still set what size of difference matters. ``verdict: point_estimate``
 judges the point estimates alone, as the gate does by default. A comparison without enough decided answers never
@@ -76,20 +77,20 @@ Answers = Callable[[Prompt], list[str] | None]
 
 def _decisions(suite: Suite, a: CfAttribute, asked: list[Asked], answers: Answers) -> tuple[dict[str, np.ndarray],
                                                                                              dict[tuple, list[str]]]:
-    """Per group, the decision cells of shape (templates x items, samples); and each request's answers."""
+    """Per group, the decision cells of shape (items, templates, samples): an item's answers together, as the paired
+    test counts them; and each request's answers by (group, item, template)."""
     n = suite.run.requests.samples
-    cells = {g: np.full((len(suite.templates) * len(suite.items), n), paired.FAILED, dtype=np.int8)
+    cells = {g: np.full((len(suite.items), len(suite.templates), n), paired.FAILED, dtype=np.int8)
              for g in a.group_names}  # fmt: skip
     texts: dict[tuple, list[str]] = {}
     for q in asked:
         got = answers(q.prompt)
         if got is None:
             continue
-        row = q.template * len(suite.items) + q.item
-        texts[(q.group, row)] = got
+        texts[(q.group, q.item, q.template)] = got
         for j, text in enumerate(got[:n]):
             d = suite.decision.decide(text)
-            cells[q.group][row, j] = paired.UNPARSED if d is None else int(d)
+            cells[q.group][q.item, q.template, j] = paired.UNPARSED if d is None else int(d)
     return cells, texts
 
 
@@ -116,14 +117,11 @@ def _flips(suite: Suite, a: CfAttribute, ga: str, gb: str, cells: dict[str, np.n
            texts: dict[tuple, list[str]]) -> list[dict[str, Any]]:  # fmt: skip
     """The prompts decided differently for the two groups, side by side (sample by sample)."""
     out = []
-    rows, samples = np.nonzero((cells[ga] >= 0) & (cells[gb] >= 0) & (cells[ga] != cells[gb]))
-    for row, j in zip(rows.tolist(), samples.tolist(), strict=True):
-        t, i = divmod(row, len(suite.items))
+    flipped = np.nonzero((cells[ga] >= 0) & (cells[gb] >= 0) & (cells[ga] != cells[gb]))
+    for i, t, j in zip(*(axis.tolist() for axis in flipped), strict=True):
         out.append({"template": t, "item": i, "sample": j, "item_text": suite.items[i],
-                    ga: {"values": a.filling(ga, i), "decision": bool(cells[ga][row, j]),
-                         "answer": texts[(ga, row)][j][:SHOWN_ANSWER_CHARS]},
-                    gb: {"values": a.filling(gb, i), "decision": bool(cells[gb][row, j]),
-                         "answer": texts[(gb, row)][j][:SHOWN_ANSWER_CHARS]}})  # fmt: skip
+                    **{g: {"values": a.filling(g, i), "decision": bool(cells[g][i, t, j]),
+                           "answer": texts[(g, i, t)][j][:SHOWN_ANSWER_CHARS]} for g in (ga, gb)}})  # fmt: skip
     return out
 
 
