@@ -28,7 +28,8 @@ from exporter import __version__
 from exporter.config.types import ModelSpec
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, wilson_interval
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, rate_counts, ratio_interval, wilson_interval
+from exporter.core.metric_table import METRICS
 from exporter.gate.counterfactual import paired
 from exporter.gate.counterfactual.calls import Cache, Outcome, Prompt, answers_hash, ask_all
 from exporter.gate.counterfactual.suite import ITEM_SLOT, CfAttribute, Requests, RunSettings, Suite, fill
@@ -36,6 +37,8 @@ from exporter.gate.fairness import ll144
 from exporter.gate.fairness.ll144 import json_float
 from exporter.gate.fairness.results import metric_results
 
+UNDEFINED: Final = "undefined"
+"""The status of a ratio of two groups that both selected no one, though both have enough decided answers."""
 UNPARSED_METRIC: Final = "unparsed_share"
 FAILED_METRIC: Final = "failed_requests"
 RUN_ATTRIBUTE: Final = "(run)"
@@ -149,6 +152,28 @@ def check_row(attribute: str, metric: str, groups: str, value: float | None, ci:
             "support": sum(samples.values())}  # fmt: skip
 
 
+def _ratio_without_selection(row: dict[str, Any], ev: Evaluation, pair: tuple[int, int]) -> None:
+    """Judge a ratio the core leaves without a value because a group selected no one, when both groups have at least
+    min_samples decided answers: they were asked the same items, so 0 of 40 is a rate, not a missing one. Against a
+    group that selected some the ratio is 0 (as in the LL144 table), its interval from 0 to the Katz bound, judged
+    like any value; of two groups that both selected no one it has no value (``undefined``), which never passes but
+    is no evidence of a difference either: :func:`counts_as` leaves that to the paired test."""
+    metric = METRICS.get(row["metric"])
+    if row["status"] != "insufficient_samples" or metric is None or metric.kind != "ratio" or \
+            row["support"] < ev.min_samples:  # fmt: skip
+        return
+    k, n = rate_counts(ev.counts, metric.rates[0])  # a ratio compares one rate
+    (k_low, n_low), (k_high, n_high) = sorted(((k[g], n[g]) for g in pair), key=lambda c: c[0] / c[1])
+    if k_high == 0:
+        row.update(status=UNDEFINED, passed=False, evidence="inconclusive")
+        return
+    _, upper = ratio_interval(np.array([k_low]), np.array([n_low]), np.array([k_high]), np.array([n_high]))
+    ci = (0.0, min(float(upper[0]), 1.0))
+    passed = metric.passes(0.0, row["threshold"])
+    row.update(value=0.0, exact_value=0.0, ci_95=list(ci), half_width=ci[1] / 2, passed=passed,
+               status="pass" if passed else "fail", evidence=str(metric.evidence(*ci, row["threshold"])))
+
+
 def counts_as(run: RunSettings, r: dict[str, Any], adjusted_p: float) -> str:
     """What a comparison does to the verdict (see the module's docstring)."""
     if r["passed"]:
@@ -186,7 +211,9 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
                           "flip_rate": None if c.flip_rate is None else round(c.flip_rate, 6),
                           "flipped_items": _flips(suite, a, ga, gb, cells, texts)})  # fmt: skip
         pair_of = {f"{a.group_names[x]} vs {a.group_names[y]}": first_pair + k for k, (x, y) in enumerate(a.pairs)}
-        rows.extend((r, pair_of[r["groups"]]) for r in metric_results(spec, ev))
+        for r in metric_results(spec, ev):
+            _ratio_without_selection(r, ev, a.pairs[pair_of[r["groups"]] - first_pair])
+            rows.append((r, pair_of[r["groups"]]))
     adjusted = paired.holm([p["mcnemar_p_value"] for p in pairs])
     for p, q in zip(pairs, adjusted, strict=True):
         p["p_value_holm"] = q
