@@ -1,7 +1,6 @@
-"""Review 13 of the counterfactual gate (``fairness-exporter counterfactual``): each test is a defect, its expected
-numbers computed independently (scipy / statsmodels or by hand), never from the project's code.
-
-Every test here fails on main at the time of the review."""
+"""Behaviours of the counterfactual gate (``fairness-exporter counterfactual``) found wrong by a review (review13),
+each test's expected numbers computed independently (scipy or by hand), never from the project's code. Every test
+here failed before the fixes; each docstring says what happened then."""
 
 from __future__ import annotations
 
@@ -54,15 +53,15 @@ def blocking(report: dict) -> list[tuple[str, str, str]]:
     return [(r["metric"], r["groups"], r["status"]) for r in report["results"] if r["counts_as"] == "blocking"]
 
 
-# 1. pairwise_comparisons: [] compares nothing, and the run passes -----------------------------------------------
+# 1. pairwise_comparisons: [] is refused, as in the gate ----------------------------------------------------------
 
 
 def test_an_attribute_with_no_pair_to_compare_never_passes(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    """docs/ml/counterfactual.md: `pairwise_comparisons` "per attribute, the pairs to compare, as in the gate" (the
-    gate refuses [] with exit 2: "[] compares nothing"), and "a check that evaluated nothing never passes".
-    A screener that invites every woman and no man (selection rates 1.0 vs 0.0, 40 flips of 40, McNemar exact
-    p = 2 * 0.5**40 = 1.8e-12) is judged on no comparison at all and the run exits 0, PASS."""
+    """`pairwise_comparisons: []` is refused with exit 2 naming the key, as the gate refuses it ("[] compares
+    nothing"): a check that evaluated nothing never passes. Before, a screener that invites every woman and no man
+    (selection rates 1.0 vs 0.0, 40 flips of 40, McNemar exact p = 2 * 0.5**40 = 1.8e-12) was judged on no
+    comparison at all and the run exited 0, PASS."""
     assert binomtest(40, 40, 0.5).pvalue == pytest.approx(2 * 0.5**40)
     suite = scripted_screener.suite(40)
     suite["attributes"][0]["pairwise_comparisons"] = []
@@ -76,51 +75,70 @@ def test_an_attribute_with_no_pair_to_compare_never_passes(tmp_path: Path,
         code = main(["counterfactual", str(tmp_path / "suite.yaml"), "--target", server.base_url, "--model",
                      chat_servers.MODEL, "--cache", str(tmp_path / "cache"), "--audit-log",
                      str(tmp_path / "log.jsonl")])  # fmt: skip
-    out = capsys.readouterr().out
-    report = json.loads(out) if out.strip() else {}
-    # expected: refused (exit 2, as the gate) or failed (exit 1); actual: exit 0, verdict PASS, 0 comparisons judged
-    assert code != 0, (code, report.get("verdict"), [r["metric"] for r in report.get("results", [])])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")  # before: exit 0, verdict PASS, 0 comparisons judged
+    assert err.count("\n") == 1 and "attributes[0].pairwise_comparisons: [] compares nothing" in err
 
 
-# 2. a group with no selection: "insufficient_samples", blocking, whatever the paired evidence ------------------
+# 2. a group with no selection is a rate of 0, judged by the paired rule ----------------------------------------
 
 
 def test_a_name_blind_screener_that_invites_nobody_is_not_failed(tmp_path: Path) -> None:
     """Every resume refused with either name: 40 pairs, 0 flips (McNemar p = 1), both groups 40 decided answers
-    (>= min_samples 30), selection rates 0.0 and 0.0, parity difference 0. docs: "a comparison fails only when its
-    value crosses the threshold and the paired test says the difference is not chance" and "a fair model is
-    wrongly failed in at most 5% of runs". Actual: disparate_impact_ratio is reported 'insufficient_samples' (with
-    40 and 40 samples) and counts as blocking: the verdict is FAIL for a model the name never moved."""
+    (>= min_samples 30), selection rates 0.0 and 0.0, parity difference 0. The impact ratio 0/0 has no value
+    (status 'undefined'): it does not pass, and with no flip it is a warning ("a comparison fails only when its
+    value crosses the threshold and the paired test says the difference is not chance"). Before, it was reported
+    'insufficient_samples' (with 40 and 40 samples) and blocked: FAIL for a model the name never moved."""
     report = judged(tmp_path, 40, lambda group, item: "No.")
     [pair] = report["pairs"]
     assert (pair["a_only"], pair["b_only"], pair["mcnemar_p_value"]) == (0, 0, 1.0)
     assert {g["decided"] for g in report["groups"]["gender"].values()} == {40}
-    assert blocking(report) == []  # actual: [('disparate_impact_ratio', 'female vs male', 'insufficient_samples')]
+    assert blocking(report) == []  # before: [('disparate_impact_ratio', 'female vs male', 'insufficient_samples')]
+    [dir_row] = [r for r in report["results"] if r["metric"] == "disparate_impact_ratio"]
+    assert (dir_row["value"], dir_row["status"], dir_row["passed"], dir_row["counts_as"]) == (
+        None, "undefined", False, "warning")  # fmt: skip
+
+
+def test_a_screener_that_invites_nobody_is_blocked_when_judged_on_point_estimates(tmp_path: Path) -> None:
+    """The undefined ratio never passes: `verdict: point_estimate` judges the value alone, and there is none (the
+    seed's own disparate impact of two unselected groups is 0, under 0.8)."""
+    report = judged(tmp_path, 40, lambda group, item: "No.", verdict="point_estimate")
+    assert blocking(report) == [("disparate_impact_ratio", "female vs male", "undefined")]
 
 
 def test_one_flip_against_a_group_with_no_selection_is_a_warning_not_a_block(tmp_path: Path) -> None:
     """40 resumes, all refused but one, which a man's name gets invited on: female 0/40, male 1/40, one flip.
     Independently: impact ratio 0 / 0.025 = 0 (the LL144 table says so too), under 0.8; McNemar exact p =
-    binomtest(0, 1).pvalue = 1.0. By the documented rule that is a crossing without evidence: a warning. Actual:
-    the comparison is 'insufficient_samples' (both groups have 40 >= 30 decided answers) and blocks (exit 1)."""
+    binomtest(0, 1).pvalue = 1.0. By the documented rule that is a crossing without evidence: a warning. Before,
+    the comparison was 'insufficient_samples' (both groups have 40 >= 30 decided answers) and blocked (exit 1)."""
     assert binomtest(0, 1, 0.5).pvalue == 1.0
     report = judged(tmp_path, 40, lambda group, item: "Yes." if (group, item) == ("male", 0) else "No.")
     table = {c["category"]: c for c in report["impact_ratios"]["attributes"]["gender"]["categories"]}
     assert table["female"]["impact_ratio"] == 0.0 and table["male"]["impact_ratio"] == 1.0
     [dir_row] = [r for r in report["results"] if r["metric"] == "disparate_impact_ratio"]
     assert dir_row["p_value_holm"] == 1.0
-    assert dir_row["counts_as"] == "warning", (dir_row["status"], dir_row["value"], dir_row["counts_as"])
+    assert (dir_row["value"], dir_row["status"], dir_row["counts_as"]) == (0.0, "fail", "warning")
 
 
-# 3. several templates: the pairs of one item are counted as independent ------------------------------------------
+def test_a_group_with_no_selection_against_one_selected_half_the_time_is_blocked(tmp_path: Path) -> None:
+    """The case the fix must not soften: female 0/40, male 20/40, 20 flips all one way (McNemar exact p =
+    2 * 0.5**20 = 1.9e-6): the ratio 0 crosses 0.8 with evidence, and its interval [0, upper] lies below 0.8."""
+    report = judged(tmp_path, 40, lambda group, item: "Yes." if group == "male" and item < 20 else "No.")
+    [dir_row] = [r for r in report["results"] if r["metric"] == "disparate_impact_ratio"]
+    assert dir_row["p_value_holm"] == pytest.approx(binomtest(20, 20).pvalue)  # one pair: Holm leaves p as it is
+    assert (dir_row["value"], dir_row["evidence"], dir_row["counts_as"]) == (0.0, "fail", "blocking")
+    assert dir_row["ci_95"][0] == 0.0 and dir_row["ci_95"][1] < 0.8
+
+
+# 3. several templates: the paired test counts items, not the pairs of their templates ----------------------------
 
 
 def test_a_fair_screener_asked_with_several_templates_fails_at_most_alpha(tmp_path: Path) -> None:
     """docs: "with this rule a fair model is wrongly failed in at most 5% of runs, however few items you have";
     `templates:` "every item is asked with each". The project's own fair screener (tests/scripted_screener.py,
     yes at 0.5 for both groups) decides on a whim of (item, name), so its flips on an item repeat under every
-    wording; McNemar over template x item rows counts each item's flip 4 times. Measured over 200 seeded runs at
-    50 items: 1 template 3% (as documented), 4 templates 18%. Expected <= 5%."""
+    wording. The test counts items (3% of 200 seeded runs at 50 items, as with one template). Before, McNemar over
+    template x item rows counted each item's flip 4 times: 18%."""
     path = tmp_path / "suite.yaml"
     raw = scripted_screener.suite(50, min_samples=20)
     base = raw.pop("template")
@@ -133,10 +151,10 @@ def test_a_fair_screener_asked_with_several_templates_fails_at_most_alpha(tmp_pa
         model = scripted_screener.screener({"female": 0.5, "male": 0.5}, seed)
         report = judge(suite, asked, lambda p, m=model: [m("", p.messages[-1][1])])
         fails += any(r["counts_as"] == "blocking" for r in report["results"])
-    assert fails / 200 <= 0.05  # actual: 0.18
+    assert fails / 200 <= 0.05  # before: 0.18
 
 
-# 4. kind: ambiguous with samples > 1: identical answers to one prompt counted as independent ---------------------
+# 4. kind: ambiguous with samples > 1: the test counts prompts, not answers ----------------------------------------
 
 
 def _ambiguous(tmp_path: Path, samples: int) -> dict:
@@ -160,28 +178,34 @@ def test_ambiguous_samples_of_one_prompt_are_not_counted_as_independent_answers(
     """docs: "With samples above 1 the answers to one prompt are not independent, so the test counts items, not
     answers"; ambiguous.py: the verdict is "the rule of the decision kind". The same model (gender: 20 prompts
     biased, 12 counter-biased, bias score 8/72 = 0.111 > 0.1) asked with samples: 1 gets sign test p =
-    binomtest(20, 32) = 0.215, Holm x3 = 0.646: a warning. Asked with samples: 5 and answering the same each
-    time, it gets p = binomtest(100, 160) = 0.00195, Holm 0.0059: blocking. Nothing but the repetition changed."""
+    binomtest(20, 32) = 0.215, Holm x3 = 0.646: a warning; asked with samples: 5 and answering the same each
+    time, the same p, the same interval, a warning. Before, the 5 answers counted as independent: p =
+    binomtest(100, 160) = 0.00195, Holm 0.0059, blocking, though nothing but the repetition changed."""
     one, five = _ambiguous(tmp_path, 1), _ambiguous(tmp_path, 5)
     assert one["categories"]["gender"]["sign_test_p_value"] == pytest.approx(binomtest(20, 32).pvalue)
-    verdict = {n: [r["counts_as"] for r in rep["results"] if r["metric"] == "ambiguous_bias_score"
-                   and r["attribute"] == "gender"][0] for n, rep in ((1, one), (5, five))}  # fmt: skip
+    verdict = {n: next(r["counts_as"] for r in rep["results"] if r["metric"] == "ambiguous_bias_score"
+                       and r["attribute"] == "gender") for n, rep in ((1, one), (5, five))}  # fmt: skip
     assert verdict[1] == "warning"
-    assert verdict[5] == verdict[1]  # actual: blocking
-    # expected the sign test on prompts (20 vs 12); actual binomtest(100, 160) = 0.00195
+    assert verdict[5] == verdict[1]  # before: blocking
+    # the sign test on prompts (20 vs 12); before, binomtest(100, 160) = 0.00195
     assert five["categories"]["gender"]["sign_test_p_value"] == pytest.approx(binomtest(20, 32).pvalue)
+    assert (five["categories"]["gender"]["biased_prompts"], five["categories"]["gender"]["counter_biased_prompts"]) \
+        == (20, 12)  # fmt: skip
+    # the interval too: before, [0.043, 0.179] at samples 5 against [-0.044, 0.267] at samples 1
+    assert five["categories"]["gender"]["ci_95"] == pytest.approx(one["categories"]["gender"]["ci_95"])
 
 
-# 5. a user's name list: item i compares names that differ in more than the attribute -----------------------------
+# 5. a user's name list: item i compares names that differ only in the audited attribute --------------------------
 
 
 def test_a_users_name_list_pairs_names_that_differ_only_in_the_audited_attribute() -> None:
     """names.py: "ordered so that position i holds the same values of the other columns in every group (item i
     then compares, say, a White woman's name with a Black woman's)"; docs: "the two names compared on an item
     differ only in the attribute audited". A CSV with 2 Black and 3 White women, 3 Black and 2 White men, by
-    gender: actual female [Aisha, Emily, Ebony, Anne, Jill], male [Darnell, Greg, Jamal, Brad, Leroy]; item 4
-    compares Jill (White) with Leroy (Black), a race difference inside a gender comparison, and nothing is
-    refused."""
+    gender: each group's names of a cell are repeated up to the widest group's count there, female [Aisha, Emily,
+    Ebony, Anne, Aisha, Jill], male [Darnell, Greg, Jamal, Brad, Leroy, Greg]. Before, female [Aisha, Emily, Ebony,
+    Anne, Jill] and male [Darnell, Greg, Jamal, Brad, Leroy]: item 4 compared Jill (White) with Leroy (Black), a
+    race difference inside a gender comparison, and nothing was refused."""
     base = Path(tempfile.mkdtemp())
     (base / "names.csv").write_text(
         "first_name,gender,race\nAisha,female,black\nEbony,female,black\nEmily,female,white\nAnne,female,white\n"
@@ -191,16 +215,16 @@ def test_a_users_name_list_pairs_names_that_differ_only_in_the_audited_attribute
             "Darnell": "black", "Jamal": "black", "Leroy": "black", "Greg": "white", "Brad": "white"}  # fmt: skip
     errors = Errors()
     groups = name_list({"file": "names.csv", "by": "gender"}, "name", base, "attributes[0].names", errors)
-    if errors.lines:  # refusing an unbalanced list is a fix too
-        return
+    assert errors.lines == []
+    assert sorted({n for names in groups.values() for n in names}) == sorted(race)  # no name dropped
     n = max(len(v) for v in groups.values())  # item i takes the i-th name of each group, cycling
     mismatched = [(i, groups["female"][i % len(groups["female"])], groups["male"][i % len(groups["male"])])
                   for i in range(n) if race[groups["female"][i % len(groups["female"])]]
                   != race[groups["male"][i % len(groups["male"])]]]  # fmt: skip
-    assert mismatched == []  # actual: [(4, 'Jill', 'Leroy')]
+    assert mismatched == []  # before: [(4, 'Jill', 'Leroy')]
 
 
-# 6. the JSON extractor: a readable first object counted as unparsed ---------------------------------------------
+# 6. the JSON extractor reads the answer's first object ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("answer", [
@@ -210,11 +234,11 @@ def test_a_users_name_list_pairs_names_that_differ_only_in_the_audited_attribute
 ])  # fmt: skip
 def test_the_json_extractor_reads_the_first_object_of_the_answer(answer: str) -> None:
     """extract.py / docs: `decision: {json_field: ...}` reads "the answer's first JSON object (a fenced ```json
-    block or bare)". The regex \\{.*\\} (greedy, DOTALL) runs to the answer's last brace, so any brace after the
-    object (a second object, a note in braces) makes the text invalid JSON: the answer is unparsed, counted
-    against the unparsed share and dropped from both sides of its pair. json.JSONDecoder().raw_decode reads
-    {"invite": true} in each, a positive decision."""
+    block or bare)": json.JSONDecoder().raw_decode reads {"invite": true} in each, a positive decision. Before,
+    the regex \\{.*\\} (greedy, DOTALL) ran to the answer's last brace, so any brace after the object (a second
+    object, a note in braces) made the text invalid JSON: the answer was unparsed, counted against the unparsed
+    share and dropped from both sides of its pair."""
     first = json.JSONDecoder().raw_decode(answer[answer.index("{"):])[0]
     assert first == {"invite": True}
     extractor = parse_extractor({"json_field": "invite", "positive": True}, Errors())
-    assert extractor.decide(answer) is True  # actual: None (unparsed)
+    assert extractor.decide(answer) is True  # before: None (unparsed)
