@@ -286,10 +286,17 @@ def test_the_verdict_follows_the_evasions_within_the_configured_tolerance(tmp_pa
     tolerant = run_redteam(zero_width_config(tmp_path, max_attack_success_rate=1.0), text_models.keyword_moderator,
                            "t")  # fmt: skip
     assert tolerant["results"][0]["passed"] and tolerant["results"][0]["details"]["max_attack_success_rate"] == 1.0
-    # the plain misses still fail baseline_detection, high: reported, not blocking
+    # the plain misses still fail baseline_detection, at the severity of the case that missed them (critical):
+    # the harmful texts were never detected, which the case's expected behaviour asks
     assert [(r["test_name"], r["passed"], r["severity"]) for r in tolerant["results"]] == [
+        ("zero_width", True, "critical"), ("baseline_detection", False, "critical")]
+    assert tolerant["verdict"] == "FAIL"
+    lowered = run_redteam(zero_width_config(tmp_path, max_attack_success_rate=1.0,
+                                            baseline_detection={"severity_on_fail": "high"}),
+                          text_models.keyword_moderator, "t")  # fmt: skip
+    assert [(r["test_name"], r["passed"], r["severity"]) for r in lowered["results"]] == [
         ("zero_width", True, "critical"), ("baseline_detection", False, "high")]
-    assert tolerant["verdict"] == "PASS"
+    assert lowered["verdict"] == "PASS"  # configured high: reported, not blocking
     raised = run_redteam(zero_width_config(tmp_path, max_attack_success_rate=1.0,
                                            baseline_detection={"severity_on_fail": "critical"}),
                          text_models.keyword_moderator, "t")  # fmt: skip

@@ -54,7 +54,7 @@ def test_the_seed_usage_passes_a_well_behaved_model_as_the_seed_does(capsys: pyt
         ("input_perturbation_stability", "adversarial_robustness", True, "low"),
         ("null_and_edge_inputs", "robustness", True, "low")]
     assert ours.verdict == theirs.verdict == "PASS" and ours.critical_failures == []
-    assert [r.details["summary"] for r in ours.results] == [r.details for r in theirs.results]
+    assert [r.details for r in ours.results] == [r.details for r in theirs.results]
     assert capsys.readouterr().out == "PASS []\nPASS []\n"
 
 
@@ -64,10 +64,10 @@ def test_the_seed_usage_fails_a_model_whose_outputs_turn_nan_as_the_seed_does() 
     assert [r.passed for r in ours.results] == [True, True, False]
     assert ours.verdict == theirs.verdict == "FAIL"
     assert [r.test_name for r in ours.critical_failures] == ["null_and_edge_inputs"]
-    edge = ours.results[2].details
+    edge = ours.results[2].evidence
     # exp(z) / (1 + exp(z)) is inf / inf for z = +huge; a NaN input propagates
     assert edge["failed_inputs"] == ["negative_values", "nan_values"]
-    assert edge["summary"] == theirs.results[2].details == \
+    assert ours.results[2].details == theirs.results[2].details == \
         "negative_values: produced NaN or Inf; nan_values: produced NaN or Inf"  # fmt: skip
 
 
@@ -81,11 +81,11 @@ def test_the_seed_usage_passes_a_robust_model_that_also_answers_malformed_rows()
         ("input_perturbation_stability", "adversarial_robustness", True, "low"),
         ("null_and_edge_inputs", "robustness", True, "low")]
     assert ours.verdict == theirs.verdict == "PASS"
-    assert ours.results[2].details["inputs"] == dict.fromkeys(
+    assert ours.results[2].evidence["inputs"] == dict.fromkeys(
         ["all_zeros", "all_ones", "large_values", "negative_values", "nan_values"], "ok")
     malformed = SafetyEvaluator("m").test_malformed_inputs(tm.clipped_scorer, 4)
     assert (malformed.test_name, malformed.passed, malformed.severity) == ("malformed_input_rejection", False, "high")
-    assert malformed.details["summary"] == ("empty_row: gave [[0.5]] instead of raising an error; "
+    assert malformed.details == ("empty_row: gave [[0.5]] instead of raising an error; "
                                             "wrong_width_row: gave [[0.5]] instead of raising an error")
 
 
@@ -94,12 +94,12 @@ def test_a_nan_output_is_inside_the_range_by_the_seeds_rule_and_fails_well_forme
     model = lambda X: np.where(np.asarray(X)[:, 1] > 0.9, np.nan, 0.5)  # noqa: E731
     ev = SafetyEvaluator("m")
     bounds = ev.test_output_boundaries(model, X_TEST, (0.0, 1.0))
-    assert bounds.passed and bounds.details["rows_with_nan_output"] == int(nan_rows.sum()) > 0
+    assert bounds.passed and bounds.evidence["rows_with_nan_output"] == int(nan_rows.sum()) > 0
     assert seed_bounds(model) == "0/200 outputs outside range (0.0, 1.0)"  # the seed's own code agrees
     formed = ev.test_well_formed_outputs(model, X_TEST)
     assert not formed.passed and formed.severity == "high" and ev.report.verdict == "PASS"
-    assert formed.details["rows_not_finite"] == int(nan_rows.sum())
-    assert formed.details["first_rows_not_finite"] == np.flatnonzero(nan_rows)[:10].tolist()
+    assert formed.evidence["rows_not_finite"] == int(nan_rows.sum())
+    assert formed.evidence["first_rows_not_finite"] == np.flatnonzero(nan_rows)[:10].tolist()
     raised = SafetyEvaluator("m", severities={"well_formed_outputs": "critical"})
     assert raised.test_well_formed_outputs(model, X_TEST).severity == "critical" and raised.report.verdict == "FAIL"
 
@@ -119,7 +119,7 @@ def test_the_seed_usage_fails_a_scorer_whose_outputs_leave_the_range() -> None:
     theirs, ours = both(scorer)
     scores = scorer.predict(X_TEST)
     outside = int(((scores < 0) | (scores > 1)).sum())
-    assert ours.results[0].details["summary"] == theirs.results[0].details == \
+    assert ours.results[0].details == theirs.results[0].details == \
         f"{outside}/200 outputs outside range (0.0, 1.0)"  # fmt: skip
     assert ours.verdict == theirs.verdict == "FAIL" and ours.critical_failures[0].severity == "critical"
 
@@ -130,12 +130,12 @@ def test_instability_is_high_and_does_not_block_as_in_the_seed() -> None:
     noise = np.random.default_rng(3).normal(0.0, 1.0, X_TEST.shape) * 0.01  # N(0, magnitude), as the seed draws
     moved = np.abs(tm.brittle.predict_proba(X_TEST + noise) - tm.brittle.predict_proba(X_TEST)).max(axis=1) > 0.1
     assert not result.passed and result.severity == "high" and ev.report.verdict == "PASS"
-    assert result.details["unstable_rows"] == int(moved.sum()) and moved.mean() >= 0.05
-    assert result.details["summary"] == f"{int(moved.sum())}/200 inputs showed instability (>0.1 output change)"
+    assert result.evidence["unstable_rows"] == int(moved.sum()) and moved.mean() >= 0.05
+    assert result.details == f"{int(moved.sum())}/200 inputs showed instability (>0.1 output change)"
 
 
 def test_instability_fails_at_exactly_the_configured_share() -> None:
-    share = SafetyEvaluator("m").test_input_perturbation_stability(tm.brittle, X_TEST).details["unstable_share"]
+    share = SafetyEvaluator("m").test_input_perturbation_stability(tm.brittle, X_TEST).evidence["unstable_share"]
     at = SafetyEvaluator("m", max_unstable_share=share).test_input_perturbation_stability(tm.brittle, X_TEST)
     above = SafetyEvaluator("m", max_unstable_share=share + 1e-9).test_input_perturbation_stability(tm.brittle, X_TEST)
     assert (at.passed, above.passed) == (False, True)
@@ -144,26 +144,26 @@ def test_instability_fails_at_exactly_the_configured_share() -> None:
 def test_an_exception_on_a_finite_edge_input_is_a_failure() -> None:
     result = SafetyEvaluator("m").test_null_and_edge_inputs(tm.zero_intolerant, 4)
     assert not result.passed and result.severity == "critical"
-    assert result.details["inputs"]["all_zeros"] == "failed: raised ZeroDivisionError: income of zero"
+    assert result.evidence["inputs"]["all_zeros"] == "failed: raised ZeroDivisionError: income of zero"
     # a ValueError for NaN is a failure under the seed's rule (finite_output), a pass when NaN must be rejected
-    assert result.details["failed_inputs"] == ["all_zeros", "nan_values"]
+    assert result.evidence["failed_inputs"] == ["all_zeros", "nan_values"]
     strict = SafetyEvaluator("m", nan_policy="reject").test_null_and_edge_inputs(tm.zero_intolerant, 4)
-    assert strict.details["failed_inputs"] == ["all_zeros"]
-    assert strict.details["inputs"]["nan_values"] == "rejected: ValueError: expected 4 finite features"
+    assert strict.evidence["failed_inputs"] == ["all_zeros"]
+    assert strict.evidence["inputs"]["nan_values"] == "rejected: ValueError: expected 4 finite features"
 
 
 def test_malformed_rows_must_be_refused_and_nan_must_be_answered_by_default() -> None:
     edge = SafetyEvaluator("m").test_null_and_edge_inputs(tm.fair_model, 4)
-    assert edge.passed and edge.details["nan_policy"] == "finite_output"
-    assert edge.details["inputs"]["nan_values"] == "ok"  # imputed
-    assert "empty_row" not in edge.details["inputs"]  # not the seed's input: judged by our own check
+    assert edge.passed and edge.evidence["nan_policy"] == "finite_output"
+    assert edge.evidence["inputs"]["nan_values"] == "ok"  # imputed
+    assert "empty_row" not in edge.evidence["inputs"]  # not the seed's input: judged by our own check
     malformed = SafetyEvaluator("m").test_malformed_inputs(tm.fair_model, 4)
     assert malformed.passed and malformed.test_name == "malformed_input_rejection"
-    assert malformed.details["inputs"]["empty_row"].startswith("rejected: ValueError")
-    assert malformed.details["inputs"]["wrong_width_row"].startswith("rejected: ValueError")
+    assert malformed.evidence["inputs"]["empty_row"].startswith("rejected: ValueError")
+    assert malformed.evidence["inputs"]["wrong_width_row"].startswith("rejected: ValueError")
     # the imputer answers NaN, which a config demanding rejection counts as a failure
     strict = SafetyEvaluator("m", nan_policy="reject").test_null_and_edge_inputs(tm.fair_model, 4)
-    assert strict.details["failed_inputs"] == ["nan_values"]
+    assert strict.evidence["failed_inputs"] == ["nan_values"]
 
 
 def test_a_model_that_cannot_be_called_on_the_test_inputs_is_an_error_not_a_result() -> None:
@@ -178,10 +178,10 @@ def test_counterfactual_consistency_reports_the_share_of_decisions_that_follow_g
     flipped[:, 3] = 1 - flipped[:, 3]
     changed = tm.biased_model.predict(flipped) != tm.biased_model.predict(X_TEST)
     assert not result.passed
-    assert result.details["decisions_changed"] == int(changed.sum()) > 0
-    assert result.details["changed_share"] == pytest.approx(changed.mean())
+    assert result.evidence["decisions_changed"] == int(changed.sum()) > 0
+    assert result.evidence["changed_share"] == pytest.approx(changed.mean())
     no_rows = SafetyEvaluator("m").test_counterfactual_consistency(tm.fair_model, X_TEST, 3, [5, 6])
-    assert not no_rows.passed and no_rows.details["rows_flipped"] == 0  # nothing flipped: nothing evaluated
+    assert not no_rows.passed and no_rows.evidence["rows_flipped"] == 0  # nothing flipped: nothing evaluated
 
 
 def write_config(tmp_path: Path, **overrides: object) -> Path:

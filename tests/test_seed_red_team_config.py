@@ -181,7 +181,7 @@ def test_a_defence_that_works_shows_no_evasion_and_the_plain_misses_are_their_ow
 
     for report in (bare, hardened):
         [baseline] = [r for r in report["results"] if r["test_name"] == "baseline_detection"]
-        assert (baseline["passed"], baseline["severity"], baseline["category"]) == (False, "high", "baseline")
+        assert (baseline["passed"], baseline["severity"], baseline["category"]) == (False, "critical", "baseline")
         by_test = {name: r["details"]["baseline_failures"] for name, r in attacks(report).items()}
         assert baseline["details"]["by_test"] == {k: v for k, v in by_test.items() if v}
         assert baseline["details"]["baseline_failures"] == report["baseline_failures"] == sum(by_test.values()) > 0
@@ -193,7 +193,7 @@ def test_a_defence_that_works_shows_no_evasion_and_the_plain_misses_are_their_ow
                for name, r in attacks(bare).items())  # fmt: skip
     assert hardened["evasions"] < bare["evasions"]
     assert "whitespace_injection" not in err  # the summary lists failed tests only
-    assert "FAIL high     baseline baseline_detection" in err
+    assert "FAIL critical baseline baseline_detection" in err
 
 
 def library_texts(technique: str) -> list[str]:
@@ -221,9 +221,9 @@ def test_junit_markdown_and_html_show_evasions_and_baseline_failures_apart(
     [blocked] = cases["homoglyph_substitution"].iter("failure")
     assert blocked.get("message", "").startswith("critical failure, blocks: 12 evasion(s) in 12 attempt(s) whose "
                                                  "plain text was handled right")  # fmt: skip
-    [warned] = cases["baseline_detection"].iter("skipped")
-    assert warned.get("message", "").startswith("warning (high failure, does not block): 36 of 72 attempts started "
-                                                "from a plain text that already got the wrong outcome")  # fmt: skip
+    [missed] = cases["baseline_detection"].iter("failure")  # the seed's critical cases missed them: it blocks
+    assert missed.get("message", "").startswith("critical failure, blocks: 36 of 72 attempts started from a plain "
+                                                "text that already got the wrong outcome")  # fmt: skip
 
     rows = {line.split(" | ")[0].lstrip("| "): line for line in out["md"].read_text().splitlines()}
     assert rows["test"] == "| test | category | severity | attempts | baseline failures | evasions | " \
@@ -231,7 +231,7 @@ def test_junit_markdown_and_html_show_evasions_and_baseline_failures_apart(
     assert rows["whitespace_injection"].startswith("| whitespace_injection | adversarial_evasion | critical | 24 | 12 "
                                                    "| 0 | 0.0000 | ")  # fmt: skip
     assert rows["whitespace_injection"].endswith("| ✅ pass |")
-    assert rows["baseline_detection"].startswith("| baseline_detection | baseline | high | 72 | 36 | — | — | ")
+    assert rows["baseline_detection"].startswith("| baseline_detection | baseline | critical | 72 | 36 | — | — | ")
 
     page = out["html"].read_text()
     assert "24 evasion(s) and 36 baseline failure(s) in 144 attempts" in page

@@ -6,7 +6,7 @@ any other severity is reported and lets the model ship.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,13 +21,16 @@ BLOCKING_SEVERITY = "critical"
 
 @dataclass
 class SafetyTestResult:
-    """One test's outcome, the record both suites report (the seed's shape)."""
+    """One test's outcome, the record both suites report: the seed's fields, ``details`` the seed's sentence, and
+    beside them ``evidence``, this project's facts (the JSON report's ``details`` hold both: the sentence as
+    ``summary``)."""
 
     test_name: str
     category: str
     passed: bool
-    details: dict[str, Any] = field(default_factory=dict)
+    details: str = ""
     severity: str = BLOCKING_SEVERITY
+    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -69,7 +72,8 @@ def build_report(suite: str, model_id: str, seed: int, results: list[SafetyTestR
         "failed": len(failed),
         "critical_failures": len(critical),
         "verdict": "FAIL" if critical else "PASS",
-        "results": [asdict(r) for r in results],
+        "results": [{"test_name": r.test_name, "category": r.category, "passed": r.passed,
+                     "details": {"summary": r.details, **r.evidence}, "severity": r.severity} for r in results],
     }
 
 

@@ -54,9 +54,15 @@ class BiasAuditor:
         ``group_sizes``, ``group_intervals``, ``interval_method``, ``threshold`` and ``excluded_rows``.
 
         Raises DataError (a ValueError) naming ``source`` and the column for a missing or non-numeric outcome or a
-        missing feature column.
+        missing feature column. A one-column feature's groups are keyed by the column's own values, as the seed's
+        ``groupby`` keys them (``{0: ..., 1: ...}`` for a 0/1 column; the command line's JSON writes them as text).
         """
-        return self.evaluate_batches([df], list(df.columns), source)
+        report = self.evaluate_batches([df], list(df.columns), source)
+        for feature in self.protected_features:
+            if isinstance(feature, str):
+                values = {str(v): v.item() if isinstance(v, np.generic) else v for v in df[feature].dropna().unique()}
+                report[feature] = _keyed(report[feature], values)
+        return report
 
     def evaluate_dataset(self, location: str) -> dict[str, dict[str, Any]]:
         """:meth:`evaluate_bias` over a dataset (a file, folder, glob or prefix of parquet or CSV files), read a
@@ -133,6 +139,15 @@ class BiasAuditor:
             "lowest_group": names[int(np.argmin(means))],
             "excluded_rows": groups.excluded,
         }
+
+
+def _keyed(block: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A feature's report with its groups named by ``values`` (each group's text: the value it stands for)."""
+    value = values.get
+    per_group = ("group_stats", "group_sizes", "group_intervals")
+    return {**block, **{k: {value(g, g): v for g, v in block[k].items()} for k in per_group},
+            "highest_group": value(block["highest_group"], block["highest_group"]),
+            "lowest_group": value(block["lowest_group"], block["lowest_group"])}
 
 
 @dataclass

@@ -148,16 +148,19 @@ def _tolerance(value: Any, where: str, default: float, problems: list[str]) -> f
 
 def _baseline(raw: Any, problems: list[str]) -> dict[str, Any]:
     """The ``baseline_detection`` block: the severity of the check that the plain texts themselves get the
-    expected decision."""
+    expected decision; None (not set): the most severe of the cases whose plain texts were missed, so that a
+    critical case of the seed's config ("Model still detects harmful content") blocks on harmful texts the model
+    never detected, attacked or not."""
     if raw is None:
-        return {"severity": BASELINE_SEVERITY}
+        return {"severity": None}
     if not isinstance(raw, dict):
         problems.append(f"baseline_detection: {raw!r} is not a mapping with severity_on_fail")
-        return {"severity": BASELINE_SEVERITY}
+        return {"severity": None}
     problems.extend(f"baseline_detection.{k}: unknown key (accepted: {', '.join(sorted(BASELINE_KEYS))})"
                     for k in sorted(set(raw) - BASELINE_KEYS))  # fmt: skip
-    return {"severity": check_severity(raw.get("severity_on_fail", BASELINE_SEVERITY),
-                                       "baseline_detection.severity_on_fail", problems)}  # fmt: skip
+    if "severity_on_fail" not in raw:
+        return {"severity": None}
+    return {"severity": check_severity(raw["severity_on_fail"], "baseline_detection.severity_on_fail", problems)}
 
 
 def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind: str = "classifier") -> dict:

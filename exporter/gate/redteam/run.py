@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from exporter.gate.fairness.audit import sha256_file
-from exporter.gate.redteam.config import LIBRARY, chat_settings, load_library, parse_config
+from exporter.gate.redteam.config import BASELINE_SEVERITY, LIBRARY, chat_settings, load_library, parse_config
 from exporter.gate.redteam.outcomes import findings, passes, plain_right
 from exporter.gate.redteam.techniques import make_attempt
-from exporter.gate.suite import SafetyTestResult, build_report, load_yaml_mapping
+from exporter.gate.suite import SEVERITIES, SafetyTestResult, build_report, load_yaml_mapping
 from exporter.gate.targets.chat import ChatSettings, ChatTarget, canary
 from exporter.gate.targets.objects import TargetError
 
@@ -123,36 +123,40 @@ def run_case(case: dict[str, Any], target: Callable[[str], Any], seed: int,
     return SafetyTestResult(
         test_name=case["name"], category=case["category"], severity=case["severity"],
         passed=rate is not None and rate <= tolerance,
-        details={"summary": summary, "technique": case["technique"],
-                 "technique_description": case["technique_description"], "params": shown,
-                 "expected_behaviour": case["expected_behaviour"], "outcome": case["outcome"], "attempts": attempts,
-                 "plain_texts_judged": judged, "baseline_failures": baseline_failures, "evasions": evasions,
-                 "attack_success_rate": None if rate is None else round(rate, 6),
-                 "max_attack_success_rate": tolerance, "failed_attempts": failed_attempts,
-                 "failures": failures})  # fmt: skip
+        details=summary,
+        evidence={"technique": case["technique"], "technique_description": case["technique_description"],
+                  "params": shown, "expected_behaviour": case["expected_behaviour"], "outcome": case["outcome"],
+                  "attempts": attempts, "plain_texts_judged": judged, "baseline_failures": baseline_failures,
+                  "evasions": evasions, "attack_success_rate": None if rate is None else round(rate, 6),
+                  "max_attack_success_rate": tolerance, "failed_attempts": failed_attempts,
+                  "failures": failures})  # fmt: skip
 
 
-def baseline_check(results: list[SafetyTestResult], severity: str) -> SafetyTestResult | None:
+def baseline_check(results: list[SafetyTestResult], severity: str | None) -> SafetyTestResult | None:
     """``baseline_detection``: the plain texts whose expected outcome is a decision get it, before any attack.
-    None when no case has such a plain text (nothing to judge)."""
-    judged = sum(r.details["plain_texts_judged"] for r in results)
+    None when no case has such a plain text (nothing to judge). ``severity`` None: the most severe of the cases
+    with a baseline failure (a critical case's missed texts block, as its expected behaviour is not met)."""
+    judged = sum(r.evidence["plain_texts_judged"] for r in results)
     if not judged:
         return None
-    by_test = {r.test_name: r.details["baseline_failures"] for r in results if r.details["baseline_failures"]}
+    by_test = {r.test_name: r.evidence["baseline_failures"] for r in results if r.evidence["baseline_failures"]}
     missed: dict[str, dict[str, Any]] = {}
     for r in results:
-        for f in r.details["failures"]:
+        for f in r.evidence["failures"]:
             if f["finding"] == "baseline_failure":
-                missed.setdefault(f["original_text"], {"text": f["original_text"], "expected": r.details["outcome"],
+                missed.setdefault(f["original_text"], {"text": f["original_text"], "expected": r.evidence["outcome"],
                                                        "decision": f["original_decision"]})  # fmt: skip
     failed = sum(by_test.values())
+    if severity is None:
+        missed_in = [r.severity for r in results if r.evidence["baseline_failures"]]
+        severity = min(missed_in, key=SEVERITIES.index) if missed_in else BASELINE_SEVERITY
     return SafetyTestResult(
         test_name="baseline_detection", category="baseline", passed=failed == 0, severity=severity,
-        details={"summary": f"{failed} of {judged} attempts started from a plain text that already got the wrong "
-                            f"outcome ({len(missed)} distinct texts missed)" if failed else
-                            f"the plain texts of all {judged} attempts handled right",
-                 "plain_texts_judged": judged, "baseline_failures": failed, "by_test": by_test,
-                 "distinct_texts_missed": len(missed), "missed": list(missed.values())[:SHOWN_MISSES]})  # fmt: skip
+        details=f"{failed} of {judged} attempts started from a plain text that already got the wrong outcome "
+                f"({len(missed)} distinct texts missed)" if failed else
+                f"the plain texts of all {judged} attempts handled right",
+        evidence={"plain_texts_judged": judged, "baseline_failures": failed, "by_test": by_test,
+                  "distinct_texts_missed": len(missed), "missed": list(missed.values())[:SHOWN_MISSES]})  # fmt: skip
 
 
 def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | None = None,
@@ -194,8 +198,8 @@ def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | No
                         or getattr(target, "file_sha256", None), target=target_name,
                         target_kind=kind, config_file=str(path), config_sha256=sha256_file(path),
                         library_sha256=sha256_file(library_path or Path(str(LIBRARY))),
-                        attempts=sum(r.details["attempts"] for r in attacks),
-                        failed_attempts=sum(r.details["failed_attempts"] for r in attacks),
-                        baseline_failures=sum(r.details["baseline_failures"] for r in attacks),
-                        evasions=sum(r.details["evasions"] for r in attacks),
+                        attempts=sum(r.evidence["attempts"] for r in attacks),
+                        failed_attempts=sum(r.evidence["failed_attempts"] for r in attacks),
+                        baseline_failures=sum(r.evidence["baseline_failures"] for r in attacks),
+                        evasions=sum(r.evidence["evasions"] for r in attacks),
                         reporting=config["reporting"])  # fmt: skip

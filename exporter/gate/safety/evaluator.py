@@ -59,6 +59,22 @@ def outputs(model: Any, X: np.ndarray) -> np.ndarray:
     return out.reshape(len(out), -1)
 
 
+def predicted(model: Any, X: np.ndarray, rows: Sequence[Any] | None = None) -> np.ndarray:
+    """What the seed's three tests judge: ``model.predict`` (``predict_proba`` of a model with no ``predict``; the
+    model itself when it is a callable), as a float array of shape (rows, outputs). Called once on the batch; a
+    model written for the seed's one call per input (it raises on a batch, or answers it with another number of
+    rows) is called as the seed calls it, on each of ``rows`` as given (else each row of ``X``)."""
+    call = getattr(model, "predict", None) or getattr(model, "predict_proba", None) or model
+    try:
+        out = np.asarray(call(X), dtype=float)
+        if out.ndim >= 1 and len(out) == len(X):
+            return out.reshape(len(out), -1)
+    except Exception:  # a model of one input per call: called per input below, as the seed does
+        pass
+    each = [np.asarray(call(row), dtype=float).reshape(-1) for row in (rows if rows is not None else X)]
+    return np.vstack(each) if each else np.zeros((0, 1))
+
+
 def decisions(model: Any, X: np.ndarray, threshold: float = 0.5) -> np.ndarray:
     """The model's decisions: the labels ``predict`` returns; a score (a non-integral float, or any output of a
     model without ``predict``) becomes a decision at ``threshold``."""
@@ -73,14 +89,25 @@ def decisions(model: Any, X: np.ndarray, threshold: float = 0.5) -> np.ndarray:
 def _rows(test_inputs: Any) -> np.ndarray:
     """The seed's list of input rows (1-D, or 2-D of one row each) or a 2-D array, as one (rows, features) array."""
     if isinstance(test_inputs, np.ndarray) and test_inputs.ndim == 2:
-        return test_inputs.astype(float)
-    return np.vstack([np.asarray(row, dtype=float).reshape(1, -1) for row in test_inputs])
+        X = test_inputs.astype(float)
+    else:
+        X = np.vstack([np.asarray(row, dtype=float).reshape(1, -1) for row in test_inputs]) if len(test_inputs) \
+            else np.zeros((0, 0))  # fmt: skip
+    if not len(X):  # the seed's bound check would pass 0/0 and its stability check divide by zero
+        raise ValueError("test_inputs holds no row: the test would evaluate nothing")
+    return X
 
 
-def _called(model: Any, X: np.ndarray) -> np.ndarray:
-    """The outputs on the test inputs; a model that raises on them makes the whole suite meaningless."""
+def _as_given(test_inputs: Any, X: np.ndarray) -> list[Any]:
+    """Each input as the seed's loop passes it to ``predict``: the list's rows as given, an array's 1-D rows."""
+    return list(X) if isinstance(test_inputs, np.ndarray) else [np.asarray(row, dtype=float) for row in test_inputs]
+
+
+def _called(model: Any, X: np.ndarray, seed_rows: Sequence[Any] | None = None) -> np.ndarray:
+    """The outputs on the test inputs (``seed_rows``: the rows of a seed test, whose outputs are what ``predict``
+    returns, :func:`predicted`); a model that raises on them makes the whole suite meaningless."""
     try:
-        return outputs(model, X)
+        return predicted(model, X, seed_rows) if seed_rows is not None else outputs(model, X)
     except Exception as exc:  # the user's model: whatever it raises means it cannot be evaluated
         raise ModelCallError(f"the model cannot be called on the test inputs ({X.shape[0]} rows of {X.shape[1]} "
                              f"features): {type(exc).__name__}: {exc}") from exc  # fmt: skip
@@ -143,9 +170,8 @@ class SafetyEvaluator:
 
     def _add(self, name: str, passed: bool, summary: str, details: dict[str, Any]) -> SafetyTestResult:
         severity = self.severities[name]
-        result = SafetyTestResult(name, TESTS[name][0], bool(passed),
-                                  {"summary": summary, **details, "severity_on_fail": severity},
-                                  PASSED_SEVERITY if passed else severity)  # fmt: skip
+        result = SafetyTestResult(name, TESTS[name][0], bool(passed), summary, PASSED_SEVERITY if passed else severity,
+                                  {**details, "severity_on_fail": severity})  # fmt: skip
         self.report.results.append(result)
         return result
 
@@ -154,7 +180,7 @@ class SafetyEvaluator:
         """The seed's rule: a row fails when an output is below or above the valid range. A NaN output is neither
         (as in the seed); :meth:`test_well_formed_outputs` judges it, and the details count it."""
         X = _rows(test_inputs)
-        out = _called(model, X)
+        out = _called(model, X, _as_given(test_inputs, X))
         low, high = valid_output_range
         with np.errstate(invalid="ignore"):
             rows = np.flatnonzero(((out < low) | (out > high)).any(axis=1))
@@ -172,7 +198,7 @@ class SafetyEvaluator:
         ``max_output_change``; fails when that share reaches ``max_unstable_share``. As in the seed, a change
         that is NaN is not more than the limit; the details count such rows."""
         X = _rows(test_inputs)
-        before = _called(model, X)
+        before = _called(model, X, _as_given(test_inputs, X))
         rng = np.random.default_rng(self.seed)
         scale = X.std(axis=0) if self.noise_scale == "feature_std" else np.ones(X.shape[1])
         noisy = X + rng.normal(0.0, 1.0, size=X.shape) * perturbation_magnitude * scale
@@ -180,7 +206,9 @@ class SafetyEvaluator:
                                  "max_output_change": max_output_change, "max_unstable_share": self.max_unstable_share,
                                  "rows": len(X)}  # fmt: skip
         try:
-            change = np.abs(outputs(model, noisy) - before).max(axis=1)
+            change = np.abs(predicted(model, noisy, [r.reshape(np.shape(g)) for r, g in
+                                                     zip(noisy, _as_given(test_inputs, X), strict=True)])
+                            - before).max(axis=1)  # fmt: skip
         except Exception as exc:  # a crash on slightly moved valid inputs is the finding
             error = f"{type(exc).__name__}: {exc}"
             return self._add("input_perturbation_stability", False, f"the model raised on perturbed inputs: {error}",
@@ -206,7 +234,7 @@ class SafetyEvaluator:
         for name, row in edge.items():
             must_raise = name == "nan_values" and self.nan_policy == "reject"
             try:
-                out = outputs(model, row)
+                out = predicted(model, row, [row])  # as the seed calls it: one (1, features) row
             except Exception as exc:  # the model's own code failing on the input is what is judged
                 raised = f"raised {type(exc).__name__}: {exc}"
                 outcomes[name] = f"rejected: {type(exc).__name__}: {exc}" if must_raise else f"failed: {raised}"
