@@ -108,8 +108,9 @@ def test_a_shared_parse_splits_the_fields_each_model_lacks_by_its_own_rules() ->
     assert credit.predictions.tolist() == (credit.scores >= 0.5).astype(np.int64).tolist()
     rows = {model: dict(zip(b.prediction_ids, b.codes["gender"].tolist(), strict=True)) for model, b in batches.items()
             if model != "moderation"}  # fmt: skip
-    # male, no attributes, female, "other" (not hiring's group; credit's catch-all), "x"
+    # male, no attributes, female, "other" (not hiring's group; credit's group "other", the value, under
+    # unknown_values: reject), "x" (no group of either: unknown)
     assert [rows["hiring"][f"hiring-{n}"] for n in (0, 5, 9, 10, 11)] == [0, -1, 1, -1, -1]
-    assert [rows["credit"][f"credit-{n}"] for n in (0, 5, 9, 10, 11)] == [1, 2, 0, 2, 2]
+    assert [rows["credit"][f"credit-{n}"] for n in (0, 5, 9, 10, 11)] == [1, -1, 0, 2, -1]
     channels = dict(zip(hiring.prediction_ids, hiring.segments["channel"], strict=True))
     assert [channels[f"hiring-{n}"] for n in (0, 5, 9, 10)] == ["c0", None, "c0", "c1"]

@@ -25,20 +25,11 @@ from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS
 from exporter.gate import storage
 from exporter.gate.data import columns as col
-from exporter.gate.data.dataset import DataError, Manifest, open_dataset
+from exporter.gate.data.dataset import DataError, Manifest
 from exporter.gate.data.quantile import median
 from exporter.gate.data.side import JoinedRows
 from exporter.gate.fairness import estimated, ll144, proxy
-from exporter.gate.fairness.frames import (
-    BatchCounter,
-    FrameRows,
-    Rows,
-    Scan,
-    id_columns,
-    required_columns,
-    scan,
-    text_columns,
-)
+from exporter.gate.fairness.frames import BatchCounter, FrameRows, Rows, Scan, open_rows, required_columns, scan
 from exporter.gate.fairness.ll144 import json_float
 from exporter.gate.fairness.local_counts import LocalCounts, local_rows
 from exporter.gate.fairness.results import metric_results
@@ -259,7 +250,7 @@ def run_audit(
         rows: Rows = FrameRows(predictions)
     else:
         data_file = dataset_location(config, predictions)
-        dataset = open_dataset(data_file, "predictions", text_columns(config), id_columns(config))
+        dataset = open_rows(data_file, "predictions", config)
         rows = dataset
         if engine == "spark":
             from exporter.spark import spark_rows
@@ -368,7 +359,7 @@ def _baseline(config: ModelSpec, baseline: pd.DataFrame | str | Path, tally: Seg
         about: dict[str, Any] = {"file": None, "manifest_sha256": None}
     else:
         location = str(baseline)
-        dataset = open_dataset(location, "baseline", text_columns(config), id_columns(config))
+        dataset = open_rows(location, "baseline", config)
         rows, about = dataset, {"file": location, "manifest_sha256": dataset.manifest().sha256}
     counted = count(config, rows, about["file"] or "<baseline>", empty="the baseline has no rows", also=tally)
     return {**about, "rows": counted.rows}, tally
@@ -389,7 +380,7 @@ def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, 
     like the audited data, counted a batch at a time by the same scan."""
     assert config.estimation is not None
     location = storage.resolve(config.estimation.reference, Path(config.source).parent)
-    dataset = open_dataset(location, "estimation reference", text_columns(config), id_columns(config))
+    dataset = open_rows(location, "estimation reference", config)
     missing = [c for c in (config.events.score, config.label_column, *(a.columns[0] for a in config.base_attributes))
                if c not in dataset.columns]  # fmt: skip
     if missing:

@@ -19,7 +19,7 @@ from exporter.core.encoding import attribute_codes, score_predictions, value_tex
 from exporter.core.fairness import RATES, counts_from_arrays
 from exporter.gate.data import columns as col
 from exporter.gate.data.columns import code_lut
-from exporter.gate.data.dataset import BATCH_ROWS, DataError
+from exporter.gate.data.dataset import BATCH_ROWS, DataError, Dataset, open_dataset
 from exporter.gate.fairness import ll144
 
 CELLS = 6
@@ -247,9 +247,10 @@ def text_columns(config: ModelSpec) -> list[str]:
     return ["model_id", *attribute_columns(config)]
 
 
-def id_columns(config: ModelSpec) -> list[str]:
-    """The columns holding the ids side sources join by (read from CSV as text: exporter/gate/data/dataset.py)."""
-    return [s.id for s in config.attribute_sources]
+def open_rows(location: str, what: str, config: ModelSpec) -> Dataset:
+    """A model's dataset, opened to be counted: its text columns read as dictionaries, the ids its side sources
+    join by read from CSV as text (exporter/gate/data/dataset.py)."""
+    return open_dataset(location, what, text_columns(config), [s.id for s in config.attribute_sources])
 
 
 def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None, weights: str | None = None,
