@@ -16,6 +16,7 @@ import yaml
 from scipy.stats import binomtest
 
 from exporter.cli import main
+from exporter.config import ConfigError
 from exporter.config.toolkit import Errors
 from exporter.gate.counterfactual import ambiguous
 from exporter.gate.counterfactual.extract import parse_extractor
@@ -242,3 +243,24 @@ def test_the_json_extractor_reads_the_first_object_of_the_answer(answer: str) ->
     assert first == {"invite": True}
     extractor = parse_extractor({"json_field": "invite", "positive": True}, Errors())
     assert extractor.decide(answer) is True  # before: None (unparsed)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"items": []}, "items: a non-empty list of non-empty texts"),
+    ({"templates": ["Candidate: {name}. Resume: {item}", "Resume: {item}"]},
+     "templates[1]: has none of the slots attribute gender varies ({name}): its requests would be the same for "
+     "every group"),
+])  # fmt: skip
+def test_a_suite_that_would_compare_nothing_somewhere_is_refused_in_one_line(
+        tmp_path: Path, change: dict[str, object], message: str) -> None:  # fmt: skip
+    """``items: []`` asked nothing (an empty items_file was refused, the list was not; the run exited 1 on
+    insufficient samples), and a template without the varied slot sent the same request for every group, diluting
+    every difference: both refused, naming the key."""
+    raw = scripted_screener.suite(10)
+    if "templates" in change:
+        raw.pop("template")
+    raw.update(change)
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_suite(path, "http://127.0.0.1:1/v1", "m")

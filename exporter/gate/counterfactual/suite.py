@@ -180,8 +180,8 @@ def _items(raw: dict[str, Any], base: Path, errors: Errors) -> tuple[tuple[str, 
         return (), ""
     if "items" in raw:
         items = raw["items"]
-        if not isinstance(items, list) or not all(isinstance(i, str) and i.strip() for i in items):
-            errors.add("items", "a list of non-empty texts (resumes, applications, ...)")
+        if not isinstance(items, list) or not items or not all(isinstance(i, str) and i.strip() for i in items):
+            errors.add("items", "a non-empty list of non-empty texts (resumes, applications, ...)")
             return (), ""
         return tuple(items), "inline"
     if not isinstance(raw["items_file"], str):
@@ -257,6 +257,11 @@ def _check_slots(templates: tuple[str, ...], attributes: list[CfAttribute], defa
     used = {s for t in templates for s in SLOT.findall(t)} - {ITEM_SLOT}
     for a in attributes:
         filled = {k for values in a.groups.values() for v in values for k in v}
+        for i, t in enumerate(templates):  # its requests would be the same for every group: no swap at all
+            if not filled & set(SLOT.findall(t)):
+                errors.add(f"templates[{i}]" if len(templates) > 1 else "template", f"has none of the slots "
+                           f"attribute {a.name} varies ({', '.join('{' + s + '}' for s in sorted(filled))}): its "
+                           "requests would be the same for every group")  # fmt: skip
         for slot in sorted(filled - used):
             errors.add(f"attributes ({a.name})", f"fills slot {{{slot}}}, which no template has")
         per_value = [set(v) for values in a.groups.values() for v in values]
