@@ -50,7 +50,7 @@ def test_a_trained_model_file_passes_the_suite_versioned_by_its_hash(files: mode
     digest = hashlib.sha256(model.read_bytes()).hexdigest()
     assert (code, report["verdict"], report["failed"]) == (0, "PASS", 0)
     assert report["model_version"] == report["model_sha256"] == digest
-    assert report["results"][0]["details"]["outputs_per_row"] == 2  # predict_proba: both classes
+    assert report["results"][0]["details"]["outputs_per_row"] == 1  # predict: the labels, as the seed judges them
     assert report["results"][2]["details"]["inputs"]["nan_values"] == "ok"
     assert report["results"][3]["details"]["inputs"]["wrong_width_row"].startswith("rejected:")
     record = json.loads((tmp_path / "log.jsonl").read_text())
