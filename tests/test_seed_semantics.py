@@ -8,33 +8,21 @@ the seed would report on nothing. Each failed on main at e9a88c6.
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from test_safety import seed_code as seed_safety  # the seed's safety_evaluations.py, verbatim
 
 from exporter import BiasAuditor, SafetyEvaluator
 from exporter.gate.redteam.run import run_redteam
 from exporter.gate.safety.evaluator import ModelCallError
 
 SEED = Path(__file__).parent / "data" / "seed"
-
-
-def _module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"seed_semantics_{name}", SEED / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-seed_safety = _module("safety_evaluations")  # the seed's safety_evaluations.py, verbatim
 X = np.random.default_rng(0).normal(size=(50, 4))  # test_inputs as the seed iterates them: one 1-D row at a time
 
 
