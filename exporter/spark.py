@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from exporter.config import ModelSpec
-from exporter.gate.data.dataset import BATCH_ROWS, DataError, open_dataset
+from exporter.gate.data.dataset import BATCH_ROWS, WHOLE_FLOAT_ID, DataError, open_dataset
 from exporter.gate.fairness.frames import attribute_columns, prediction_column
 
 COUNT = "count"
@@ -74,7 +74,7 @@ def read(spark: Any, location: str, ids: Sequence[str] = ()) -> Any:
     schema = StructType([StructField(f.name, StringType()) if f.name in ids else f for f in inferred.fields])
     df = spark.read.format("csv").option("header", True).schema(schema).load(location)
     for name in (f.name for f in inferred.fields if f.name in ids):
-        df = df.withColumn(name, F.regexp_replace(F.col(name), r"^(-?[0-9]+)\.0+$", "$1"))
+        df = df.withColumn(name, F.regexp_replace(F.col(name), WHOLE_FLOAT_ID, "$1"))
     return df
 
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -113,6 +113,10 @@ class Dataset:
         return Manifest(self.location, tuple(entries), hashlib.sha256(unhashed.lines().encode()).hexdigest())
 
 
+WHOLE_FLOAT_ID: Final = r"^(-?[0-9]+)\.0+$"
+"""An id written as an integer and ``.0`` (the integer captured first): read as that integer, on every engine."""
+
+
 def _ids(batch: pa.RecordBatch, at: Sequence[int]) -> pa.RecordBatch:
     """A CSV batch's id columns, read as text (type inference made ``007`` the integer 7 and merged two 20-digit ids
     into one float), with an integer followed by ``.0`` read as that integer: how pandas writes an integer column
@@ -121,7 +125,7 @@ def _ids(batch: pa.RecordBatch, at: Sequence[int]) -> pa.RecordBatch:
 
     arrays = list(batch.columns)
     for k in at:
-        arrays[k] = pc.replace_substring_regex(arrays[k], r"^(-?[0-9]+)\.0+$", r"\1")
+        arrays[k] = pc.replace_substring_regex(arrays[k], WHOLE_FLOAT_ID, r"\1")
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
