@@ -110,7 +110,9 @@ def _sample_floor(value: Any) -> int:
     return value
 
 
-def _parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tuple[tuple[int, int], ...]:
+def parse_pairs(raw: Any, groups: list[str], path: str, errors: Errors) -> tuple[tuple[int, int], ...]:
+    """``pairwise_comparisons``: ``all`` (or absent), or a non-empty list of [group_a, group_b] pairs of ``groups``
+    (the gate's config and the counterfactual suite alike)."""
     if raw is None or raw == "all":
         return tuple(itertools.combinations(range(len(groups)), 2))
     if not isinstance(raw, list):
@@ -170,7 +172,7 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
         if other and OTHER_GROUP in groups:
             errors.add(f"{path}.groups", f"{OTHER_GROUP!r} is reserved when unknown_values is 'other'")
         if item.get("reference_group") is None:
-            pairs = _parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
+            pairs = parse_pairs(item.get("pairwise_comparisons"), groups, f"{path}.pairwise_comparisons", errors)
         else:
             pairs = _reference_pairs(item, groups, path, errors)
         column = str(item.get("column", name))

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from exporter.config import ConfigError
-from exporter.config.sections_model import parse_metrics
+from exporter.config.sections_model import parse_metrics, parse_pairs
 from exporter.config.toolkit import Errors
 from exporter.config.types import SEVERITIES, MetricSpec
 from exporter.gate.counterfactual.extract import Extractor, parse_extractor
@@ -144,19 +143,7 @@ def _attribute(path: str, item: dict[str, Any], base: Path, errors: Errors) -> C
                                   "to text (e.g. {name: Emily, pronoun: she})")  # fmt: skip
         groups[str(group)] = tuple(fillings)
     names = list(groups)
-    pairs_raw = item.get("pairwise_comparisons", "all")
-    if pairs_raw == "all":
-        pairs = tuple(itertools.combinations(range(len(names)), 2))
-    elif pairs_raw == []:  # an attribute of no comparison would pass having compared nothing, as in the gate
-        errors.add(f"{path}.pairwise_comparisons", "[] compares nothing: list [group_a, group_b] pairs, or 'all'")
-        pairs = ()
-    elif isinstance(pairs_raw, list) and all(isinstance(p, list) and len(p) == 2 and all(str(g) in names for g in p)
-                                             and p[0] != p[1] for p in pairs_raw):  # fmt: skip
-        pairs = tuple((names.index(str(a)), names.index(str(b))) for a, b in pairs_raw)
-    else:
-        errors.add(f"{path}.pairwise_comparisons", f"{pairs_raw!r} is neither 'all' nor a list of [a, b] pairs "
-                                                   f"of {names}")  # fmt: skip
-        pairs = ()
+    pairs = parse_pairs(item.get("pairwise_comparisons"), names, f"{path}.pairwise_comparisons", errors)
     return CfAttribute(name, groups, pairs)
 
 
