@@ -198,7 +198,8 @@ class SafetyEvaluator:
         ``max_output_change``; fails when that share reaches ``max_unstable_share``. As in the seed, a change
         that is NaN is not more than the limit; the details count such rows."""
         X = _rows(test_inputs)
-        before = _called(model, X, _as_given(test_inputs, X))
+        given = _as_given(test_inputs, X)
+        before = _called(model, X, given)
         rng = np.random.default_rng(self.seed)
         scale = X.std(axis=0) if self.noise_scale == "feature_std" else np.ones(X.shape[1])
         noisy = X + rng.normal(0.0, 1.0, size=X.shape) * perturbation_magnitude * scale
@@ -206,8 +207,7 @@ class SafetyEvaluator:
                                  "max_output_change": max_output_change, "max_unstable_share": self.max_unstable_share,
                                  "rows": len(X)}  # fmt: skip
         try:
-            change = np.abs(predicted(model, noisy, [r.reshape(np.shape(g)) for r, g in
-                                                     zip(noisy, _as_given(test_inputs, X), strict=True)])
+            change = np.abs(predicted(model, noisy, [r.reshape(np.shape(g)) for r, g in zip(noisy, given, strict=True)])
                             - before).max(axis=1)  # fmt: skip
         except Exception as exc:  # a crash on slightly moved valid inputs is the finding
             error = f"{type(exc).__name__}: {exc}"

@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from exporter.config import Config, ModelSpec
-from exporter.core.encoding import attribute_codes
+from exporter.core.encoding import attribute_codes, code_table
 from exporter.core.side_table import SideTable, id_hashes
 from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.state.label_join import ReadClock, _pack_ids, _unpack_ids
@@ -339,8 +339,8 @@ def _batch(spec: ModelSpec, batch: DecodedBatch, keep: np.ndarray, base: dict[st
     whole = bool(keep.all())  # the usual batch: every record was there
     base = dict(base) if whole else {column: codes[keep] for column, codes in base.items()}
     for a in spec.base_attributes:
-        if a.source is not None and a.other:
-            base[a.columns[0]] = np.where(base[a.columns[0]] < 0, len(a.groups) - 1, base[a.columns[0]])
+        if a.source is not None and a.other:  # the code of a value outside the groups, as code_table gives it
+            base[a.columns[0]] = np.where(base[a.columns[0]] < 0, code_table(a.groups, a.other)[1], base[a.columns[0]])
     return DecodedBatch(
         timestamps=batch.timestamps[keep], predictions=batch.predictions[keep], outcomes=batch.outcomes[keep],
         prediction_ids=batch.prediction_ids if whole else [pid for pid, k in zip(batch.prediction_ids,
