@@ -12,10 +12,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from payload_logs import cloudevent, gzipped, numpy_response, pandas_request, platform_records
 
 from exporter.stream.decode import kserve_batch
 from exporter.stream.decode.payload import Halves, Raw, read_halves
+from exporter.stream.decode.platforms import headers_of_poll
 from exporter.stream.decode.route import UNCONFIGURED
 
 T0 = 1_796_000_000.0
@@ -212,3 +215,29 @@ def test_hex_ids_and_small_exponents_keep_a_poll_in_one_pass() -> None:
           b'"datatype":"BYTES","data":["male"]}]}'  # fmt: skip
     records[0] = (odd, *records[0][1:])
     assert _same(records, {"credit"})
+
+
+_NAMES = ["ce_id", "ce_type", "CE_ID", "content-type", "x", "1", "ce_time"]
+_VALUES = st.one_of(st.none(), st.binary(max_size=3))
+
+
+@given(st.lists(st.one_of(st.none(), st.lists(st.tuples(st.sampled_from(_NAMES), _VALUES), max_size=5)), min_size=1,
+                max_size=6),
+       st.lists(st.sampled_from(["ce_id", "ce_type", "content-type", "x", "ce_time"]), unique=True, max_size=5),
+       st.lists(st.lists(_VALUES, min_size=5, max_size=5), min_size=1, max_size=6), st.booleans(),
+       st.booleans())  # fmt: skip
+@settings(max_examples=400, deadline=None)
+def test_header_columns_read_each_header_as_its_records_dict_does(raws: list, layout: list[str],
+                                                                  values: list[list], usual: bool,
+                                                                  reordered: bool) -> None:  # fmt: skip
+    """By position when every record has the same names in the same order (``usual``: records of one ``layout``,
+    perhaps one more from ``raws``, or the last with its names in another order), else through each record's dict:
+    the same values either way."""
+    if usual:
+        raws = [list(zip(layout, row, strict=False)) for row in values] + raws[:1] * (len(values) % 2)
+        if reordered and len(raws) > 1 and raws[-1]:
+            raws[-1] = list(zip(layout[::-1], [v for _, v in raws[-1]], strict=False))
+    dicts = headers_of_poll(raws)[0]
+    wanted = [*_NAMES, "ce_id", "absent"]
+    found = kserve_batch.header_columns(raws, wanted)
+    assert found == {name: [d.get(name) for d in dicts] for name in wanted}
