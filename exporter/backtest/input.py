@@ -101,11 +101,12 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
 
     from exporter.gate.data import columns as col
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.fairness.frames import prediction_column
+    from exporter.gate.fairness.frames import prediction_column, written_columns
 
     try:
         dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in _read_from(m))],
-                               [s.id for m in models for s in m.attribute_sources])  # fmt: skip
+                               [s.id for m in models for s in m.attribute_sources],
+                               [c for m in models for c in written_columns(m)])  # fmt: skip
         needed = {m.model_id: ["timestamp", prediction_column(m), *_read_from(m), *m.counted_columns]
                   for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:
@@ -125,7 +126,7 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
 
                     for name, joined in join_columns(m, tables, rows).items():
                         rows = rows.append_column(name, joined)
-                out[m.model_id] = _model_rows(location, m, rows)
+                out[m.model_id] = _model_rows(location, m, rows, dataset.format == "csv")
             yield out, int(batch.num_rows - sum(len(c.timestamps) for c in out.values())), 0
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
@@ -142,10 +143,11 @@ def _read_from(model: ModelSpec) -> list[str]:
                                *(ids[name] for name in model.sourced())]))  # fmt: skip
 
 
-def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Columns:
-    """One model's rows of a record batch as the window store counts them."""
+def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch, csv: bool) -> Columns:
+    """One model's rows of a record batch as the window store counts them (``csv``: a CSV file's, its attribute
+    columns the text as written, matched to the groups as the gate's scan matches them)."""
     from exporter.gate.data import columns as col
-    from exporter.gate.fairness.frames import Checks, predictions
+    from exporter.gate.fairness.frames import Checks, predictions, written_columns
 
     checks = Checks()
     y_pred, scores = predictions(config, batch, checks, 0, None)
@@ -154,7 +156,9 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
               else np.full(batch.num_rows, -1, dtype=np.int64))  # fmt: skip
     checks.raise_first(config, location, batch.num_rows)
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
-    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other) if a.proxy is None else
+    written = written_columns(config) if csv else []
+    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other,
+                                          written=a.columns[0] in written) if a.proxy is None else
             bisg.tables().codes(batch.column(a.proxy.surname).to_pylist(), batch.column(a.proxy.zcta).to_pylist())
             for a in config.base_attributes}  # fmt: skip
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}

@@ -3,7 +3,8 @@
 Each rule is applied to a column's distinct values (a batch's dictionary: a handful of values for a million rows)
 and spread to the rows by their indices, which is what keeps the gate at the speed of the file. The rules are the
 daemon's, as the gate has always applied them (:mod:`exporter.gate.fairness.audit`): a group is its value as
-:func:`value_text` writes it; a 0/1 field is a number equal to 0 or 1, or a boolean, never text.
+:func:`value_text` writes it (a CSV cell's text as written first: :func:`code_lut`); a 0/1 field is a number equal
+to 0 or 1, or a boolean, never text.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exporter.core.encoding import code_table, value_text
+from exporter.gate.data.dataset import written_value
 
 MAX_ROWS_NAMED = 5
 
@@ -36,18 +38,36 @@ def is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def code_lut(values: Sequence[object], groups: Sequence[str], other: bool) -> np.ndarray:
+def code_lut(values: Sequence[object], groups: Sequence[str], other: bool, *, written: bool = False) -> np.ndarray:
     """The code of each distinct value, then the unknown code (for index -1, a missing cell): the config's groups
-    compared with :func:`value_text`; missing and other values are the attribute's unknown category."""
+    compared with :func:`value_text`; missing and other values are the attribute's unknown category.
+
+    ``written``: the values are a CSV file's text as written. A text is a group by itself first (``01`` is group
+    ``"01"``, where the CSV reader's type inference made it 1); only a text that is no group is read as the number
+    it writes (:func:`written_value`), so ``1.0`` (an integer column with a blank cell, as pandas writes it) is
+    still group ``"1"``, as in a parquet file of the same frame.
+
+    >>> code_lut(["01", "1.0", "1", "x"], ("01", "1"), False, written=True).tolist()
+    [0, 1, 1, -1, -1]
+    """
     table, unknown = code_table(groups, other)
-    return np.array([unknown if is_missing(v) else table.get(value_text(v), unknown) for v in values] + [unknown],
-                    dtype=np.int64)  # fmt: skip
+
+    def code(value: object) -> int:
+        if is_missing(value):
+            return unknown
+        if written and isinstance(value, str) and value not in table:
+            number = written_value(value)
+            return unknown if number is None else table.get(value_text(number), unknown)
+        return table.get(value_text(value), unknown)
+
+    return np.array([code(v) for v in values] + [unknown], dtype=np.int64)
 
 
-def group_codes(array: pa.Array, groups: Sequence[str], other: bool) -> np.ndarray:
-    """Codes of a column of attribute values (-1: not one of the groups, unless ``other``: see :func:`code_table`)."""
+def group_codes(array: pa.Array, groups: Sequence[str], other: bool, *, written: bool = False) -> np.ndarray:
+    """Codes of a column of attribute values (-1: not one of the groups, unless ``other``: see :func:`code_table`);
+    ``written``: a CSV file's text as written (:func:`code_lut`)."""
     indices, values = distinct(array)
-    return code_lut(values, groups, other)[indices]
+    return code_lut(values, groups, other, written=written)[indices]
 
 
 def text(array: pa.Array) -> tuple[np.ndarray, list[str]]:
