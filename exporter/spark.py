@@ -106,22 +106,21 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
 def joined(spark: Any, df: Any, config: ModelSpec, location: str) -> Any:
     """The rows with the attributes of ``attribute_sources`` joined by id (the rows themselves without any): each
     side table is read by the gate's own reader on the driver (exporter/gate/data/side.py: the same latest row per
-    id, the same values), broadcast, and looked up a record batch at a time by the gate's own join, so the counts
-    are the local engine's. The executors' Python must import ``exporter`` (the package installed with pyspark)."""
+    id or its versions, the same values), broadcast, and looked up a record batch at a time by the gate's own join
+    (at each row's time, for a source with versions), so the counts are the local engine's. The executors' Python
+    must import ``exporter`` (the package installed with pyspark)."""
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from exporter.gate.data.side import join_columns, read_tables
+    from exporter.gate.data.side import check_columns, join_columns, read_tables, versioned
 
     names = [a.columns[0] for a in config.base_attributes if a.source is not None]
     if not names:
         return df
     ids = [s.id for s in config.attribute_sources if s.name in config.sourced()]
-    for source in config.attribute_sources:
-        if source.id not in df.columns:
-            raise DataError(f"{location}: no column {source.id!r}, the id attribute_sources.{source.name}.id joins by; "
-                            f"the file has {df.columns}")  # fmt: skip
+    check_columns(config, df.columns, location)
     tables = spark.sparkContext.broadcast(read_tables(config))
-    df = df.select(*dict.fromkeys([*(c for c in counted_columns(config, df.columns) if c not in names), *ids]))
+    timed = [config.timestamp_column] if versioned(config) else []  # each row's time, for sources with versions
+    df = df.select(*dict.fromkeys([*(c for c in counted_columns(config, df.columns) if c not in names), *ids, *timed]))
     schema = StructType([*df.schema.fields, *(StructField(name, StringType()) for name in names)])
 
     def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

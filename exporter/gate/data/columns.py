@@ -159,3 +159,31 @@ def numbers(array: pa.Array) -> np.ndarray:
 
     indices, values = distinct(array)
     return pd.to_numeric(pd.Series([*values, None], dtype=object), errors="coerce").to_numpy(np.float64)[indices]
+
+
+def seconds(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A column of times as epoch seconds (float64; NaN for a missing cell or one that holds no time), and where a
+    cell holds no time: numbers as they are, datetimes at any resolution, ISO 8601 text (naive means UTC) within
+    the years 1678 to 2261. The one reading of a file's times: ``backtest``'s events and the side tables' records,
+    and the predictions' times they are joined at. A dictionary's values are read once each."""
+    if pa.types.is_dictionary(array.type):
+        indices = array.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        times, bad = seconds(array.dictionary)
+        return np.append(times, np.nan)[indices], np.append(bad, False)[indices]
+    kind, fine = array.type, np.zeros(len(array), dtype=bool)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return np.asarray(array.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64), fine
+    if pa.types.is_timestamp(kind):
+        nanos = array.cast(pa.timestamp("ns", kind.tz)).cast(pa.int64())
+        out = np.asarray(nanos.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64) / 1e9  # exact division
+        out[np.asarray(nanos.is_null())] = np.nan
+        return out, fine
+    import pandas as pd
+
+    values = array.to_pandas()
+    parsed = pd.to_datetime(values, utc=True, format="ISO8601", errors="coerce")
+    stamps = parsed.mask(parsed.notna() & ~parsed.dt.year.between(1678, 2261)).dt.as_unit("ns")  # in int64 ns
+    out = stamps.to_numpy("datetime64[ns]").view(np.int64) / 1e9
+    missing = stamps.isna().to_numpy()
+    out[missing] = np.nan
+    return out, missing & values.notna().to_numpy()
