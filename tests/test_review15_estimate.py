@@ -62,7 +62,8 @@ def test_the_calibration_detector_keeps_its_false_page_budget_with_a_1000_row_re
     holds as far as the reference's calibration is the truth: a subgroup with fewer than min_samples labelled
     positives or negatives in the reference has no calibration detector evidence". A 1,000-row group (about 500
     labelled positives and 500 negatives, 17 times min_samples 30) is far above that floor, yet on traffic whose
-    labels follow the reference's truth exactly the 8 detectors page 0.61 times a day (40 references) for a budget of 0.1
+    labels follow the reference's truth exactly the 8 detectors page 0.61 times a day (40 references) for a
+    budget of 0.1
     (2.25 a day with 400 rows per group; 0.16 with 5,000). The detectors test the labels against the fitted
     calibration as if it were exact; its sampling error alone crosses the alarm level. With the truth as the
     calibration the same loop pages 0.06 a day (tests/test_review15_oracles.py). Tolerance: 40 references x 10
@@ -131,8 +132,8 @@ def test_the_markdown_summary_marks_an_estimated_result(tmp_path: Path) -> None:
     """docs/auditor/estimated.md: "an estimated number is never shown as an observed one". The JSON report and the
     JUnit properties carry estimated: true, but the Markdown summary (the pull-request comment) shows
     "| grp | equal_opportunity_difference | a vs b | 0.0461 [0.0000, 0.1140] | ≤ 0.1 | inconclusive (...) | ✅ pass |"
-    with no word that no label was seen: exactly an observed row's shape (the word "estimat" appears 0 times in the file). A proxy
-    result is marked there ("race (proxy: true)"); an estimated one must be too."""
+    with no word that no label was seen: exactly an observed row's shape (the word "estimat" appears 0 times in
+    the file). A proxy result is marked there ("race (proxy: true)"); an estimated one must be too."""
     text = _estimated_audit(tmp_path)["md"]
     row = next(line for line in text.splitlines() if "equal_opportunity_difference" in line)
     assert "estimated" in row.lower(), row
