@@ -51,7 +51,8 @@ def test_a_hispanic_surname_written_with_its_accents_finds_its_census_row(writte
     expected = bisg_by_hand(census_surname(listed), "60601")
     assert ours[CATS.index("hispanic")] == pytest.approx(expected[CATS.index("hispanic")], abs=1e-9), (
         f"{written}: hispanic {ours[CATS.index('hispanic')]:.3f}, its Census row {listed} gives "
-        f"{expected[CATS.index('hispanic')]:.3f}")
+        f"{expected[CATS.index('hispanic')]:.3f}"
+    )
 
 
 @pytest.mark.parametrize("name", ["YANIV", "AVIV", "NASR", "NASSR", "RAVIV", "ZIV", "LIV", "TIV"])
@@ -64,8 +65,9 @@ def test_a_census_surname_that_ends_in_iv_or_sr_keeps_its_own_row(name: str) -> 
     (or strip only a suffix separated by a blank or punctuation)."""
     ours = bisg.tables().posteriors([name.title()], ["60601"])[0]
     expected = bisg_by_hand(census_surname(name), "60601")
-    np.testing.assert_allclose(ours, expected, atol=1e-9,
-                               err_msg=f"{name}: looked up as {bisg.normalize_surname(name)!r}")
+    np.testing.assert_allclose(
+        ours, expected, atol=1e-9, err_msg=f"{name}: looked up as {bisg.normalize_surname(name)!r}"
+    )
 
 
 @pytest.mark.parametrize("written", ["60601-1234", "606011234", 606011234])

@@ -146,6 +146,6 @@ def test_the_html_report_marks_an_estimated_result(tmp_path: Path) -> None:
     is not on the page either. docs: "an estimated number is never shown as an observed one"."""
     html = _estimated_audit(tmp_path)["html"]
     cell = html.index("<td>equal_opportunity_difference</td>")
-    row = html[html.rindex("<tr>", 0, cell): html.index("</tr>", cell)]
+    row = html[html.rindex("<tr>", 0, cell) : html.index("</tr>", cell)]
     assert "estimated" in row.lower(), row
     assert "P(label = 1 | score bin)" in html  # the assumption the estimate rests on, as the JSON states it
