@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from exporter.config import ModelSpec
 from exporter.gate.data.dataset import BATCH_ROWS, WHOLE_FLOAT_ID, DataError, open_dataset
-from exporter.gate.fairness.frames import attribute_columns, prediction_column
+from exporter.gate.fairness.frames import attribute_columns, prediction_column, written_columns
 
 COUNT = "count"
 """The aggregation's column of rows per combination of values."""
@@ -56,22 +56,24 @@ class CountedRows:
         yield from self.table.select(list(columns)).to_batches(batch_rows)
 
 
-def read(spark: Any, location: str, ids: Sequence[str] = ()) -> Any:
+def read(spark: Any, location: str, ids: Sequence[str] = (), texts: Sequence[str] = ()) -> Any:
     """A dataset as Spark reads it (parquet, or CSV with a header and inferred types; folders, globs and hive
     partitions as Spark knows them). ``ids``: id columns, read from CSV as the local engine reads them (their text,
-    an integer followed by ``.0`` as that integer: exporter/gate/data/dataset.py)."""
+    an integer followed by ``.0`` as that integer: exporter/gate/data/dataset.py); ``texts``: columns read from CSV
+    as their text as written, as the local engine reads attribute columns (the gate's encoding matches them)."""
     kind = open_dataset(location, "predictions").format
     reader = spark.read.format(kind)
     if kind != "csv":
         return reader.load(location)
     reader = reader.option("header", True).option("inferSchema", True)
-    if not ids:
+    if not ids and not texts:
         return reader.load(location)
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     inferred = reader.load(location).schema
-    schema = StructType([StructField(f.name, StringType()) if f.name in ids else f for f in inferred.fields])
+    schema = StructType([StructField(f.name, StringType()) if f.name in ids or f.name in texts else f
+                         for f in inferred.fields])  # fmt: skip
     df = spark.read.format("csv").option("header", True).schema(schema).load(location)
     for name in (f.name for f in inferred.fields if f.name in ids):
         df = df.withColumn(name, F.regexp_replace(F.col(name), WHOLE_FLOAT_ID, "$1"))
@@ -89,7 +91,7 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
         raise DataError(f"--engine spark needs pyspark: pip install 'fairness-exporter[spark]' ({exc})") from exc
     spark = SparkSession.builder.appName(f"fairness-exporter audit {config.model_id}").getOrCreate()
     try:
-        df = read(spark, location, [s.id for s in config.attribute_sources])
+        df = read(spark, location, [s.id for s in config.attribute_sources], written_columns(config))
         return CountedRows(counts(joined(spark, df, config, location), config).toArrow(), date_range(df, config))
     except Exception as exc:  # Spark's analysis and IO errors arrive through py4j
         if isinstance(exc, DataError):
@@ -104,22 +106,21 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
 def joined(spark: Any, df: Any, config: ModelSpec, location: str) -> Any:
     """The rows with the attributes of ``attribute_sources`` joined by id (the rows themselves without any): each
     side table is read by the gate's own reader on the driver (exporter/gate/data/side.py: the same latest row per
-    id, the same values), broadcast, and looked up a record batch at a time by the gate's own join, so the counts
-    are the local engine's. The executors' Python must import ``exporter`` (the package installed with pyspark)."""
+    id or its versions, the same values), broadcast, and looked up a record batch at a time by the gate's own join
+    (at each row's time, for a source with versions), so the counts are the local engine's. The executors' Python
+    must import ``exporter`` (the package installed with pyspark)."""
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from exporter.gate.data.side import join_columns, read_tables
+    from exporter.gate.data.side import check_columns, join_columns, read_tables, versioned
 
     names = [a.columns[0] for a in config.base_attributes if a.source is not None]
     if not names:
         return df
     ids = [s.id for s in config.attribute_sources if s.name in config.sourced()]
-    for source in config.attribute_sources:
-        if source.id not in df.columns:
-            raise DataError(f"{location}: no column {source.id!r}, the id attribute_sources.{source.name}.id joins by; "
-                            f"the file has {df.columns}")  # fmt: skip
+    check_columns(config, df.columns, location)
     tables = spark.sparkContext.broadcast(read_tables(config))
-    df = df.select(*dict.fromkeys([*(c for c in counted_columns(config, df.columns) if c not in names), *ids]))
+    timed = [config.timestamp_column] if versioned(config) else []  # each row's time, for sources with versions
+    df = df.select(*dict.fromkeys([*(c for c in counted_columns(config, df.columns) if c not in names), *ids, *timed]))
     schema = StructType([*df.schema.fields, *(StructField(name, StringType()) for name in names)])
 
     def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

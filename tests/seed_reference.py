@@ -1,5 +1,7 @@
 """The seed's three metric functions, verbatim (fairness_metrics.py of the product's seed document): the oracle of
-exporter's seed API (exporter/gate/fairness/seed_api.py), which must give what they give on the inputs they define."""
+exporter's seed API (exporter/gate/fairness/seed_api.py), which must give what they give on the inputs they define;
+and the seed's BiasAuditor (its developer docs), the oracle of exporter.BiasAuditor's group_stats, fairness_gap and
+is_biased."""
 
 # ruff: noqa
 # mypy: ignore-errors
@@ -111,3 +113,37 @@ def disparate_impact_ratio(
         passed=ratio >= threshold
     )
 
+
+# --- BiasAuditor, verbatim from the seed's developer docs ("Class Constructor", "Core Method: evaluate_bias()").
+# The docs show the constructor's docstring and not its body; the two assignments are the one addition, the
+# attributes evaluate_bias reads.
+import pandas as pd
+from typing import List
+
+class BiasAuditor:
+    def __init__(self, protected_features: List[str], outcome_feature: str):
+        """
+        :param protected_features: List of protected features (e.g., gender, race).
+        :param outcome_feature: Target feature measuring fairness (e.g., accuracy).
+        """
+        self.protected_features = protected_features  # the one addition (see above)
+        self.outcome_feature = outcome_feature  # the one addition (see above)
+
+    def evaluate_bias(self, data: pd.DataFrame) -> dict:
+        """
+        Evaluate bias within the dataset.
+
+        :param data: Pandas DataFrame containing the dataset.
+        :return: Bias analysis report as a dictionary.
+        """
+        report = {}
+        for feature in self.protected_features:
+            group_stats = data.groupby(feature)[self.outcome_feature].mean()
+            fairness_gap = group_stats.max() - group_stats.min()
+
+            report[feature] = {
+                "group_stats": group_stats.to_dict(),
+                "fairness_gap": fairness_gap,
+                "is_biased": fairness_gap > 0.1  # Define 0.1 as the bias threshold
+            }
+        return report

@@ -238,6 +238,22 @@ def test_the_seed_api_gives_what_the_seeds_own_functions_give(kind: str, rows: l
                 assert bool(got.passed) == bool(want.passed)
 
 
+
+def test_a_gap_of_exactly_the_threshold_passes_as_a_ratio_of_exactly_it_does() -> None:
+    """4/5 against 3/4 is a gap of exactly 1/20: subtracted as two rates it is 0.05000000000000004 and failed a
+    threshold of 0.05 (hypothesis found it on CI's other seeds), while a ratio of exactly 0.8 passed. The gap is now
+    one division of the cross products, the float nearest the exact fraction, as the ratio is."""
+    values = np.array(["a"] * 6 + ["b"] * 5)
+    y_true = np.array([1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0])
+    y_pred = np.array([1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0])
+    got = seed_api.equalised_odds_difference(y_true, y_pred, values, "a", "b")
+    assert (got.value, got.passed) == (0.05, True)
+    assert seed_reference.equalised_odds_difference(y_true, y_pred, values, "a", "b").passed is np.False_
+    assert _exact("equalised_odds_difference", y_true, y_pred, values == "a", values == "b") == Fraction(1, 20)
+    got = seed_api.demographic_parity_difference(np.array([1, 1, 1, 1, 0, 1, 1, 1, 0]),
+                                                 np.array(["a"] * 5 + ["b"] * 4), "a", "b", threshold=0.05)  # fmt: skip
+    assert (got.value, got.passed) == (0.05, True)  # 4/5 - 3/4 again
+
 def _exact(name: str, y_true: np.ndarray, y_pred: np.ndarray, a: np.ndarray, b: np.ndarray) -> Fraction:
     """A metric's exact value, in fractions (the seed's floats put 4/7 over 5/7 at 0.7999999999999999)."""
 

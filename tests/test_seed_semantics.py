@@ -1,9 +1,9 @@
 """The seed's SafetyEvaluator, red-team config and BiasAuditor against the seed's own code and text (found by a
 review, review14).
 
-Each test runs the seed's code (verbatim: tests/data/seed/safety_evaluations.py, and the seed's evaluate_bias copied
-below) and the project's on the same input, and expects the same result, or states where the project refuses what
-the seed would report on nothing. Each failed on main at e9a88c6.
+Each test runs the seed's code (verbatim: tests/data/seed/safety_evaluations.py, and the seed's BiasAuditor in
+tests/seed_reference.py) and the project's on the same input, and expects the same result, or states where the
+project refuses what the seed would report on nothing. Each failed on main at e9a88c6.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import seed_reference
 import yaml
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 from test_safety import seed_code as seed_safety  # the seed's safety_evaluations.py, verbatim
 
 from exporter import BiasAuditor, SafetyEvaluator
@@ -169,18 +172,8 @@ def test_a_seed_case_that_still_misses_attacked_harmful_content_fails_as_critica
 # ---------------------------------------------------------------------------------------------------- bias auditor
 
 def seed_evaluate_bias(protected_features: list[str], outcome_feature: str, data: pd.DataFrame) -> dict:
-    """The seed's BiasAuditor.evaluate_bias, verbatim."""
-    report = {}
-    for feature in protected_features:
-        group_stats = data.groupby(feature)[outcome_feature].mean()
-        fairness_gap = group_stats.max() - group_stats.min()
-
-        report[feature] = {
-            "group_stats": group_stats.to_dict(),
-            "fairness_gap": fairness_gap,
-            "is_biased": fairness_gap > 0.1  # Define 0.1 as the bias threshold
-        }
-    return report
+    """The seed's BiasAuditor (tests/seed_reference.py, verbatim) on ``data``."""
+    return seed_reference.BiasAuditor(protected_features, outcome_feature).evaluate_bias(data)
 
 
 def core(report: dict) -> dict:
@@ -210,3 +203,64 @@ def test_an_empty_frame_is_refused_where_the_seed_reports_it_not_biased() -> Non
     assert theirs["gender"]["group_stats"] == {} and theirs["gender"]["is_biased"] is False
     with pytest.raises(ValueError, match="outcome column 'prediction_accuracy' has no values"):
         BiasAuditor(["gender"], "prediction_accuracy").evaluate_bias(data)
+
+
+def same(ours: dict, theirs: dict) -> bool:
+    """The seed's three fields, NaN equal to NaN (a group without outcome values, a gap of no group)."""
+    def eq(a: Any, b: Any) -> bool:
+        return (pd.isna(a) and pd.isna(b)) if pd.isna(a) or pd.isna(b) else a == b
+
+    return ours.keys() == theirs.keys() and all(
+        o["group_stats"].keys() == t["group_stats"].keys()
+        and all(eq(o["group_stats"][g], t["group_stats"][g]) for g in t["group_stats"])
+        and eq(o["fairness_gap"], t["fairness_gap"]) and o["is_biased"] == t["is_biased"]
+        for o, t in ((ours[f], theirs[f]) for f in theirs))  # fmt: skip
+
+
+KEY_KINDS = {"text": lambda k: ["white", "black", "asian", "other"][k], "int": lambda k: k,
+             "float": lambda k: k / 2, "bool": lambda k: k % 2 == 0}  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@example("text", [(0, 1.0), (0, 0.0), (None, 1.0)])  # one group, and a row of a NaN group
+@example("int", [(0, 1.0), (1, np.nan), (1, np.nan)])  # one group with outcomes, one without
+@given(st.sampled_from(sorted(KEY_KINDS)), st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 3)),
+                                                              st.sampled_from([0.0, 1.0, 0.25, np.nan])),
+                                                    min_size=1, max_size=40))  # fmt: skip
+def test_group_stats_gap_and_verdict_are_the_seeds_with_missing_outcomes_and_keys(
+    kind: str, rows: list[tuple[int | None, float]]
+) -> None:
+    """Generated frames: groups whose every outcome is NaN (the seed lists them with a NaN mean; before, ours left
+    them out), rows of a NaN group (the seed's groupby drops them), one group only, all groups NaN (gap NaN, not
+    biased). Frames without any outcome or any group are refused instead (test_an_empty_frame_...)."""
+    data = pd.DataFrame({"g": [None if k is None else KEY_KINDS[kind](k) for k, _ in rows],
+                         "o": [o for _, o in rows]})  # fmt: skip
+    assume(data["o"].notna().any() and data["g"].notna().any())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = seed_evaluate_bias(["g"], "o", data)
+    assert same(BiasAuditor(["g"], "o").evaluate_bias(data), theirs)
+
+
+def test_a_group_whose_every_outcome_is_missing_is_listed_with_nan_as_the_seed_lists_it() -> None:
+    data = pd.DataFrame({"race": ["white", "black", "asian", "white", "black", "asian", None],
+                         "approved": [1.0, 0.0, np.nan, 1.0, 1.0, np.nan, 0.0]})  # fmt: skip
+    theirs = seed_evaluate_bias(["race"], "approved", data)
+    ours = BiasAuditor(["race"], "approved").evaluate_bias(data)
+    assert np.isnan(theirs["race"]["group_stats"]["asian"]) and same(ours, theirs)
+    race = ours["race"]
+    assert (race["fairness_gap"], race["is_biased"], race["highest_group"], race["lowest_group"]) == (
+        0.5, True, "white", "black")
+    assert race["group_sizes"] == {"white": 2, "black": 2, "asian": 0}
+    assert race["groups_without_outcome"] == {"asian": 2}
+    assert race["group_intervals"]["asian"] == [None, None] and race["excluded_rows"] == 3
+
+
+def test_a_feature_whose_every_group_lacks_outcomes_has_the_seeds_nan_gap_and_is_not_biased() -> None:
+    """The seed: NaN - NaN, and NaN > 0.1 is False; ours gives the same (bias-report refuses it: nothing compared,
+    tests/test_bias_report_no_outcome.py)."""
+    data = pd.DataFrame({"race": ["white", "black", None, None], "approved": [np.nan, np.nan, 1.0, 0.0]})
+    theirs = seed_evaluate_bias(["race"], "approved", data)
+    ours = BiasAuditor(["race"], "approved").evaluate_bias(data)
+    assert np.isnan(theirs["race"]["fairness_gap"]) and not theirs["race"]["is_biased"] and same(ours, theirs)
+    assert (ours["race"]["highest_group"], ours["race"]["groups_without_outcome"]) == (None, {"white": 1, "black": 1})

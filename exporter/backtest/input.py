@@ -101,11 +101,12 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
 
     from exporter.gate.data import columns as col
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.fairness.frames import prediction_column
+    from exporter.gate.fairness.frames import prediction_column, written_columns
 
     try:
         dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in _read_from(m))],
-                               [s.id for m in models for s in m.attribute_sources])  # fmt: skip
+                               [s.id for m in models for s in m.attribute_sources],
+                               [c for m in models for c in written_columns(m)])  # fmt: skip
         needed = {m.model_id: ["timestamp", prediction_column(m), *_read_from(m), *m.counted_columns]
                   for m in models}  # fmt: skip
         for columns in [["model_id"], *needed.values()]:
@@ -123,10 +124,13 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
                 if m.attribute_sources:  # the gate's join (loaded only then)
                     from exporter.gate.data.side import join_columns
 
-                    for name, joined in join_columns(m, tables, rows).items():
-                        rows = rows.append_column(name, joined)
-                out[m.model_id] = _model_rows(location, m, rows)
-            yield out, int(batch.num_rows - sum(len(c.timestamps) for c in out.values())), 0
+                    try:
+                        for name, joined in join_columns(m, tables, rows, "timestamp").items():
+                            rows = rows.append_column(name, joined)
+                    except DataError as exc:
+                        raise DataError(f"{location}: {exc}") from exc
+                out[m.model_id] = _model_rows(location, m, rows, dataset.format == "csv")
+            yield out, int(batch.num_rows - sum(len(c.timestamps) + c.rejected.total() for c in out.values())), 0
     except DataError as exc:
         raise BacktestError(str(exc)) from exc
 
@@ -142,11 +146,19 @@ def _read_from(model: ModelSpec) -> list[str]:
                                *(ids[name] for name in model.sourced())]))  # fmt: skip
 
 
-def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Columns:
-    """One model's rows of a record batch as the window store counts them."""
-    from exporter.gate.data import columns as col
-    from exporter.gate.fairness.frames import Checks, predictions
+def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch, csv: bool) -> Columns:
+    """One model's rows of a record batch as the window store counts them (``csv``: a CSV file's, its attribute
+    columns the text as written, matched to the groups as the gate's scan matches them); a row without a time is
+    rejected (``missing_field``), as the daemon rejects an event without one."""
+    import pyarrow as pa
 
+    from exporter.gate.data import columns as col
+    from exporter.gate.fairness.frames import Checks, predictions, written_columns
+
+    times = _seconds(location, batch.column("timestamp"))
+    dated = ~np.isnan(times)
+    if not dated.all():
+        batch, times = batch.filter(pa.array(dated)), times[dated]
     checks = Checks()
     y_pred, scores = predictions(config, batch, checks, 0, None)
     y_true = (col.binary(batch.column(config.label_column), checks.unlabelled, checks.label, 0)
@@ -154,33 +166,27 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch) -> Colu
               else np.full(batch.num_rows, -1, dtype=np.int64))  # fmt: skip
     checks.raise_first(config, location, batch.num_rows)
     # a value outside an attribute's groups (or a blank) is its unknown category (-1), as in the gate and the daemon
-    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other) if a.proxy is None else
+    written = written_columns(config) if csv else []
+    base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other,
+                                          written=a.columns[0] in written) if a.proxy is None else
             bisg.tables().codes(batch.column(a.proxy.surname).to_pylist(), batch.column(a.proxy.zcta).to_pylist())
             for a in config.base_attributes}  # fmt: skip
     codes = {a.name: attribute_codes(a, base) for a in config.attributes}
     segments = {c: [None if col.is_missing(v) else v for v in batch.column(c).to_pylist()]
                 for c in config.counted_columns}  # fmt: skip
-    return Columns(_seconds(location, batch.column("timestamp")), y_pred, y_true, codes, scores=scores,
-                   segments=segments)
+    return Columns(times, y_pred, y_true, codes, +Counter({"missing_field": int((~dated).sum())}),
+                   scores=scores, segments=segments)  # fmt: skip
 
 
 def _seconds(location: str, stamps: pa.Array) -> np.ndarray:
-    """Event times as epoch seconds: numbers as they are, datetimes and ISO-8601 text at any resolution."""
-    import pyarrow as pa
+    """Event times as epoch seconds, by the gate's reading of a file's times (:func:`columns.seconds`)."""
+    from exporter.gate.data import columns as col
 
-    kind = stamps.type
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        return np.asarray(stamps.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
-    if pa.types.is_timestamp(kind):
-        nanos = stamps.cast(pa.timestamp("ns", kind.tz)).cast(pa.int64())
-        return np.asarray(nanos.to_numpy(zero_copy_only=False), dtype=np.int64) / 1e9  # exact division
-    import pandas as pd
-
-    try:
-        parsed = pd.to_datetime(stamps.to_pandas(), utc=True, format="ISO8601")
-    except (ValueError, TypeError) as exc:
-        raise BacktestError(f"{location}: column 'timestamp' is neither epoch seconds nor ISO-8601: {exc}") from exc
-    return parsed.dt.as_unit("ns").astype("int64").to_numpy() / 1e9
+    times, bad = col.seconds(stamps)
+    if bad.any():
+        raise BacktestError(f"{location}: column 'timestamp' holds a cell that is neither epoch seconds nor ISO-8601 "
+                            "text")  # fmt: skip
+    return times
 
 
 def _is_table(name: str) -> bool:

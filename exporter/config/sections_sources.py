@@ -10,11 +10,11 @@ from exporter.config.toolkit import Errors, get, positive_int, text
 from exporter.config.types import AttributeSource, Config, parse_duration
 from exporter.core.attributes import Attribute
 
-SOURCE_KEYS: Final = frozenset({"topic", "path", "id", "horizon", "max_records"})
+SOURCE_KEYS: Final = frozenset({"topic", "path", "id", "timestamp", "horizon", "max_records"})
 
 
 def parse_sources(raw: Any, errors: Errors) -> dict[str, AttributeSource]:
-    """``attribute_sources: {name: {id, topic and/or path, horizon, max_records}}``."""
+    """``attribute_sources: {name: {id, topic and/or path, timestamp, horizon, max_records}}``."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -34,10 +34,16 @@ def parse_sources(raw: Any, errors: Errors) -> dict[str, AttributeSource]:
         topic, location = get(spec, "topic", None, errors, at, text), get(spec, "path", None, errors, at, text)
         if "topic" not in spec and "path" not in spec:
             errors.add(path, "needs a topic (the daemon reads it as a table) or a path (the gate reads it)")
+        timestamp = get(spec, "timestamp", None, errors, at, text)
+        if timestamp is not None and location is None:
+            errors.add(f"{path}.timestamp", "the time column of the dataset at path, and there is no path: "
+                                            "a topic's records are in force from their Kafka times")  # fmt: skip
+        if timestamp is not None and timestamp == id_column:
+            errors.add(f"{path}.timestamp", f"{timestamp!r} is the id column; name the column of each row's time")
         if id_column is not None:
             out[str(name)] = AttributeSource(
                 str(name), id_column, topic, location, get(spec, "horizon", 600.0, errors, at, parse_duration),
-                get(spec, "max_records", 10_000_000, errors, at, positive_int))  # fmt: skip
+                get(spec, "max_records", 10_000_000, errors, at, positive_int), timestamp)  # fmt: skip
     return out
 
 
@@ -61,9 +67,9 @@ def attach(attributes: list[Attribute], raw: Any, sources: dict[str, AttributeSo
             continue
         out[k] = replace(out[k], source=name)
         used[name] = sources[name]
-        if out[k].columns[0] == sources[name].id:
-            errors.add(f"protected_attributes[{i}].column", f"{out[k].columns[0]!r} is the id column of source "
-                                                           f"{name!r}, not a field of its records")  # fmt: skip
+        if out[k].columns[0] in (sources[name].id, sources[name].timestamp_column):
+            errors.add(f"protected_attributes[{i}].column", f"{out[k].columns[0]!r} is the id or time column of "
+                                                           f"source {name!r}, not a field of its records")  # fmt: skip
     return out, tuple(used.values())
 
 

@@ -52,8 +52,7 @@ class MetricSpec:
 
 @dataclass(frozen=True)
 class InternalTopic:
-    """One internal topic of the staged path; None: derived (the name from the group id, the retention from the
-    config)."""
+    """One internal topic of the staged path; None: derived (name from the group id, retention from the config)."""
 
     name: str | None = None
     partitions: int = 12
@@ -92,8 +91,7 @@ class KafkaConfig:
     internal topics, so each model lives whole on one replica of the group (exporter/stream/stages/replica.py)."""
     internal_topics: InternalTopics = field(default_factory=InternalTopics)
     topics: tuple[str, ...] = ()
-    """Events topics read instead of ``topic`` (a fleet of Seldon models: each one's inputs topic, its outputs topic
-    beside it)."""
+    """Events topics read instead of ``topic`` (a fleet of Seldon models: each one's inputs and outputs topics)."""
     topic_pattern: tuple[str, ...] = ()
     """Events topics by name instead of ``topic``: ``*`` stands for any run of characters but a dot
     (``seldon.prod.model.*.inputs``, and Seldon's outputs beside it); topics that appear later are read too."""
@@ -191,8 +189,7 @@ class EstimationSpec:
 
 @dataclass(frozen=True)
 class AttributeSource:
-    """``attribute_sources.<name>``: protected attributes kept apart from the predictions, joined by an id the
-    predictions carry (exporter/core/side_table.py)."""
+    """``attribute_sources.<name>``: protected attributes kept apart, joined by an id (exporter/core/side_table.py)."""
 
     name: str
     id: str
@@ -204,6 +201,9 @@ class AttributeSource:
     horizon_seconds: float = 600.0
     """How long a prediction waits for its record before its attributes count as unknown."""
     max_records: int = 10_000_000
+    timestamp_column: str | None = None
+    """``timestamp``: the dataset's column of each row's time, from which it is in force (a version, as a record's
+    Kafka timestamp in the topic); None: every row always, the latest of an id winning (a snapshot)."""
 
 
 @dataclass(frozen=True)

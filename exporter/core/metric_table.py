@@ -246,7 +246,11 @@ def _differences(requests: Sequence[Request], widths: Sequence[int], gathered: S
     ka, na, kb, nb, intervals = gathered
     d, lo, hi = newcombe(ka, na, kb, nb, _zs(intervals), _newcombe_in_union(intervals))
     lower, upper = abs_interval(lo, hi)
-    columns = (np.abs(d), lower, upper, (hi - lo) / 2.0, np.minimum(na, nb))
+    # the gap as one division of the cross products (exact integers below 2**53): the float nearest the exact
+    # fraction, as a ratio's value is, so a gap of exactly the threshold passes (4/5 - 3/4 as two rates
+    # subtracted is 0.05000000000000004, over a threshold of 0.05)
+    gap = np.where(np.isnan(d), np.nan, ratio(np.abs(ka * nb - kb * na), na * nb))
+    columns = (gap, lower, upper, (hi - lo) / 2.0, np.minimum(na, nb))
     return _split(requests, widths[: len(requests)], columns)
 
 

@@ -4,8 +4,9 @@ Kafka Streams' KTable semantics: the latest record of an id wins, and a tombston
 one from a dataset, the daemon from a compacted topic; both look up each row's id through :meth:`SideTable.get`,
 so a prediction meets the same values on every path.
 
-A record is in force from its time (the side record's Kafka timestamp; none: always), as in Kafka Streams'
-versioned stream-table joins: a row looks up the version in force at its own event time, and a row older than every
+A record is in force from its time (the side record's Kafka timestamp, or a dataset row's ``timestamp`` column, loaded
+by :meth:`SideTable.load` as :meth:`SideTable.put` in time order; none: always), as in Kafka Streams' versioned
+stream-table joins: a row looks up the version in force at its own event time, and a row older than every
 version of its id takes the first one, if it came within the horizon. So a correction applies to the predictions
 made after it, whatever order the topics are read in (a restart that reads a correction before replaying older
 predictions counts them as the first run did). The version a correction replaced is kept while a prediction of its
@@ -174,9 +175,15 @@ class SideTable:
             else:
                 del self.previous[key]
 
-    def load(self, hashes: np.ndarray, codes: np.ndarray) -> bool:
+    def load(self, hashes: np.ndarray, codes: np.ndarray, times: np.ndarray | None = None) -> bool:
         """Write many records at once, as :meth:`put` of each in order would (a later record of an id wins); False
-        when the ids would be more than ``max_records`` (nothing is written then)."""
+        when the ids would be more than ``max_records`` (nothing is written then).
+
+        With ``times`` (epoch seconds), as :meth:`put` of these records and the versions already held, each id's in
+        the order of the seconds they are in force from and, within a second, as they came (held ones first): a
+        dataset loaded a batch at a time then holds what a topic of its rows in time order leaves in the table."""
+        if times is not None:
+            return self._load_versions(hashes, codes, np.ceil(np.maximum(times, 0.0)).astype(np.int64))
         last = len(hashes) - 1 - np.unique(hashes[::-1], return_index=True)[1]  # each id's last record
         self.merge()
         at = np.searchsorted(self.keys, hashes[last])
@@ -186,13 +193,52 @@ class SideTable:
             return False
         self.codes[at[held]] = codes[last][held]
         self.since[at[held]] = 0
-        new = last[~held]
-        self.keys = np.insert(self.keys, at[~held], hashes[new])
-        self.codes = np.insert(self.codes, at[~held], codes[new].astype(np.uint16), axis=0)
-        self.since = np.insert(self.since, at[~held], np.zeros(len(new), dtype=np.uint32))
+        self._insert(at[~held], hashes[last[~held]], codes[last[~held]], np.zeros(int((~held).sum()), np.uint32))
+        return True
+
+    def _load_versions(self, hashes: np.ndarray, codes: np.ndarray, since: np.ndarray) -> bool:
+        """:meth:`load` with each record's second: the held versions of its ids and the records, sorted by id, second
+        and arrival; the last of each (id, second) is a version, the last of each id the current one."""
+        self.merge()
+        ids = np.sort(hashes)
+        ids = ids[np.append(True, ids[1:] != ids[:-1])]  # the distinct ids (np.unique hashes uint64 slowly)
+        at = np.searchsorted(self.keys, ids)
+        held = at < len(self.keys)
+        held[held] = self.keys[at[held]] == ids[held]
+        if self.size + int((~held).sum()) > self.max_records:
+            return False
+        kept: list[tuple[int, tuple[tuple[int, ...], int]]] = []
+        if self.previous:  # the versions these ids' corrections replaced, oldest first (np.isin is slower)
+            replaced, mine = np.sort(np.fromiter(self.previous, np.uint64, len(self.previous))), ids[held]
+            mine = mine[replaced[np.minimum(np.searchsorted(replaced, mine), len(replaced) - 1)] == mine]
+            kept = [(k, v) for k in mine.tolist() for v in self.previous.pop(k)]
+        keys = np.concatenate([np.array([k for k, _ in kept], np.uint64), ids[held], hashes])
+        rows = np.vstack([np.array([v[0] for _, v in kept], np.uint16).reshape(len(kept), len(self.fields)),
+                          self.codes[at[held]], codes.astype(np.uint16)])  # fmt: skip
+        seconds = np.concatenate([np.array([v[1] for _, v in kept], np.int64),
+                                  self.since[at[held]].astype(np.int64), since])  # fmt: skip
+        order = np.lexsort((seconds, keys))  # a stable sort: within an (id, second), as they came
+        keys, rows, seconds = keys[order], rows[order], seconds[order]
+        version = np.ones(len(keys), bool)  # the last record of each (id, second)
+        version[:-1] = (keys[1:] != keys[:-1]) | (seconds[1:] != seconds[:-1])
+        keys, rows, seconds = keys[version], rows[version], seconds[version]
+        current = np.ones(len(keys), bool)
+        current[:-1] = keys[1:] != keys[:-1]
+        for k, row, second in zip(keys[~current].tolist(), rows[~current].tolist(), seconds[~current].tolist(),
+                                  strict=True):  # fmt: skip
+            self.previous.setdefault(k, []).append((tuple(row), second))
+        self.codes[at[held]] = rows[current][held]
+        self.since[at[held]] = seconds[current][held]
+        self._insert(at[~held], ids[~held], rows[current][~held], seconds[current][~held].astype(np.uint32))
+        return True
+
+    def _insert(self, at: np.ndarray, keys: np.ndarray, codes: np.ndarray, since: np.ndarray) -> None:
+        """Insert new ids' records at their sorted positions ``at`` (the ids' insertion points, in order)."""
+        self.keys = np.insert(self.keys, at, keys)
+        self.codes = np.insert(self.codes, at, codes.astype(np.uint16), axis=0)
+        self.since = np.insert(self.since, at, since)
         self._index()
         self.size = len(self.keys)
-        return True
 
     def encode_column(self, field: str, values: Sequence[object]) -> np.ndarray:
         """The code of each distinct value of a field (:meth:`encode`'s codes), then 0 for a missing cell (index

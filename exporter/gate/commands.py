@@ -188,7 +188,7 @@ def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
 def cmd_bias_report(args: argparse.Namespace) -> int:
     """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.fairness.bias import BiasAuditor
+    from exporter.gate.fairness.bias import BiasAuditor, json_report
     from exporter.gate.reports import ci as ci_reports
     from exporter.gate.reports.html import bias_html
 
@@ -199,14 +199,17 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
         auditor = BiasAuditor(features, args.outcome, bias_threshold=args.threshold)
         reports, manifests = {}, {}
         for name in args.data:
-            reports[name] = auditor.evaluate_dataset(name)
+            reports[name] = json_report(auditor.evaluate_dataset(name))
             manifests[name] = open_dataset(name).manifest().sha256
-            # the seed's API gives one group a gap of 0; the command, which passes or blocks, compared nothing
-            alone = [f"{f} ({', '.join(map(str, r['group_stats']))})" for f, r in reports[name].items()
-                     if len(r["group_stats"]) < 2]  # fmt: skip
+            # the seed's API gives one group (beside groups without outcome values) a gap of 0, and none a gap of
+            # NaN, not biased; the command, which passes or blocks, compared nothing
+            alone = [f"{f} (" + "; ".join(f"{g}: no outcome values" if g in r["groups_without_outcome"] else g
+                                          for g in r["group_stats"]) + ")"
+                     for f, r in reports[name].items()
+                     if len(r["group_stats"]) - len(r["groups_without_outcome"]) < 2]  # fmt: skip
             if alone:
-                raise DataError(f"{name}: one group only in {'; '.join(alone)}: a gap needs two, nothing was "
-                                "compared")  # fmt: skip
+                raise DataError(f"{name}: one group with outcome values at most in {'; '.join(alone)}: a gap needs "
+                                "two, nothing was compared")  # fmt: skip
     except (DataError, ImportError) as exc:
         return bad_input(args, "bias-report", str(exc))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
@@ -226,6 +229,10 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
     write_ci_reports(args, ci_reports.from_bias(reports, _now()))
     for line in biased:
         print(f"  BIASED {line}", file=sys.stderr)
+    for src, rep in reports.items():  # listed by the seed's API with a NaN mean: never passed by omission
+        for f, r in rep.items():
+            for g, rows in r["groups_without_outcome"].items():
+                print(f"  NOT COMPARED {src}: {f} group {g}: no outcome values in its {rows} rows", file=sys.stderr)
     return EXIT_BLOCKED if biased else EXIT_OK
 
 

@@ -3,7 +3,8 @@
 Each rule is applied to a column's distinct values (a batch's dictionary: a handful of values for a million rows)
 and spread to the rows by their indices, which is what keeps the gate at the speed of the file. The rules are the
 daemon's, as the gate has always applied them (:mod:`exporter.gate.fairness.audit`): a group is its value as
-:func:`value_text` writes it; a 0/1 field is a number equal to 0 or 1, or a boolean, never text.
+:func:`value_text` writes it (a CSV cell's text as written first: :func:`code_lut`); a 0/1 field is a number equal
+to 0 or 1, or a boolean, never text.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exporter.core.encoding import code_table, value_text
+from exporter.gate.data.dataset import written_value
 
 MAX_ROWS_NAMED = 5
 
@@ -36,18 +38,36 @@ def is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def code_lut(values: Sequence[object], groups: Sequence[str], other: bool) -> np.ndarray:
+def code_lut(values: Sequence[object], groups: Sequence[str], other: bool, *, written: bool = False) -> np.ndarray:
     """The code of each distinct value, then the unknown code (for index -1, a missing cell): the config's groups
-    compared with :func:`value_text`; missing and other values are the attribute's unknown category."""
+    compared with :func:`value_text`; missing and other values are the attribute's unknown category.
+
+    ``written``: the values are a CSV file's text as written. A text is a group by itself first (``01`` is group
+    ``"01"``, where the CSV reader's type inference made it 1); only a text that is no group is read as the number
+    it writes (:func:`written_value`), so ``1.0`` (an integer column with a blank cell, as pandas writes it) is
+    still group ``"1"``, as in a parquet file of the same frame.
+
+    >>> code_lut(["01", "1.0", "1", "x"], ("01", "1"), False, written=True).tolist()
+    [0, 1, 1, -1, -1]
+    """
     table, unknown = code_table(groups, other)
-    return np.array([unknown if is_missing(v) else table.get(value_text(v), unknown) for v in values] + [unknown],
-                    dtype=np.int64)  # fmt: skip
+
+    def code(value: object) -> int:
+        if is_missing(value):
+            return unknown
+        if written and isinstance(value, str) and value not in table:
+            number = written_value(value)
+            return unknown if number is None else table.get(value_text(number), unknown)
+        return table.get(value_text(value), unknown)
+
+    return np.array([code(v) for v in values] + [unknown], dtype=np.int64)
 
 
-def group_codes(array: pa.Array, groups: Sequence[str], other: bool) -> np.ndarray:
-    """Codes of a column of attribute values (-1: not one of the groups, unless ``other``: see :func:`code_table`)."""
+def group_codes(array: pa.Array, groups: Sequence[str], other: bool, *, written: bool = False) -> np.ndarray:
+    """Codes of a column of attribute values (-1: not one of the groups, unless ``other``: see :func:`code_table`);
+    ``written``: a CSV file's text as written (:func:`code_lut`)."""
     indices, values = distinct(array)
-    return code_lut(values, groups, other)[indices]
+    return code_lut(values, groups, other, written=written)[indices]
 
 
 def text(array: pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -139,3 +159,31 @@ def numbers(array: pa.Array) -> np.ndarray:
 
     indices, values = distinct(array)
     return pd.to_numeric(pd.Series([*values, None], dtype=object), errors="coerce").to_numpy(np.float64)[indices]
+
+
+def seconds(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A column of times as epoch seconds (float64; NaN for a missing cell or one that holds no time), and where a
+    cell holds no time: numbers as they are, datetimes at any resolution, ISO 8601 text (naive means UTC) within
+    the years 1678 to 2261. The one reading of a file's times: ``backtest``'s events and the side tables' records,
+    and the predictions' times they are joined at. A dictionary's values are read once each."""
+    if pa.types.is_dictionary(array.type):
+        indices = array.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        times, bad = seconds(array.dictionary)
+        return np.append(times, np.nan)[indices], np.append(bad, False)[indices]
+    kind, fine = array.type, np.zeros(len(array), dtype=bool)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return np.asarray(array.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64), fine
+    if pa.types.is_timestamp(kind):
+        nanos = array.cast(pa.timestamp("ns", kind.tz)).cast(pa.int64())
+        out = np.asarray(nanos.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64) / 1e9  # exact division
+        out[np.asarray(nanos.is_null())] = np.nan
+        return out, fine
+    import pandas as pd
+
+    values = array.to_pandas()
+    parsed = pd.to_datetime(values, utc=True, format="ISO8601", errors="coerce")
+    stamps = parsed.mask(parsed.notna() & ~parsed.dt.year.between(1678, 2261)).dt.as_unit("ns")  # in int64 ns
+    out = stamps.to_numpy("datetime64[ns]").view(np.int64) / 1e9
+    missing = stamps.isna().to_numpy()
+    out[missing] = np.nan
+    return out, missing & values.notna().to_numpy()

@@ -31,6 +31,11 @@ FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".gz": "csv",
 PANDAS_NULLS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
                 "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"]  # fmt: skip
 """The cells pandas reads as missing in a CSV file: the same cells are missing here."""
+TRUE_VALUES: Final = ("True", "TRUE", "true")
+FALSE_VALUES: Final = ("False", "FALSE", "false")
+"""The cells a CSV column of booleans holds (pandas' spellings), read as True and False."""
+_NUMBER = re.compile(r"\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?inf(?:inity)?)\s*", re.I)
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 _GLOB = re.compile(r"[*?\[]")
 _HIDDEN = ("_", ".")  # _SUCCESS, _committed_*, .crc files that Spark and Hadoop write beside the data
 
@@ -129,6 +134,21 @@ def _ids(batch: pa.RecordBatch, at: Sequence[int]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
+def written_value(cell: str) -> bool | int | float | None:
+    """What a CSV cell's text writes when read alone: a boolean, an integer (exactly, however long), a float, or
+    None when it writes none of these. A CSV column's type inference reads ``01`` as 1 and ``1.0`` as 1.0 for the
+    whole column; an attribute column is read as text instead, and a cell that names no group is matched by this.
+
+    >>> [written_value(c) for c in ("01", "1.0", "-2e3", "true", "x", "1_0")]
+    [1, 1.0, -2000.0, True, None, None]
+    """
+    if cell in TRUE_VALUES or cell in FALSE_VALUES:
+        return cell in TRUE_VALUES
+    if _INTEGER.fullmatch(cell):
+        return int(cell)
+    return float(cell) if _NUMBER.fullmatch(cell) else None
+
+
 def _join(root: str, path: str) -> str:
     return path if not root else f"{root.rstrip('/')}/{path}"
 
@@ -165,26 +185,28 @@ def _listing(fs: Any, path: str, location: str, what: str) -> tuple[str, list[tu
     return root, files
 
 
-def _file_format(kind: str, dictionary: Sequence[str], ids: Sequence[str] = ()) -> ds.FileFormat:
+def _file_format(kind: str, dictionary: Sequence[str], ids: Sequence[str] = (),
+                 texts: Sequence[str] = ()) -> ds.FileFormat:  # fmt: skip
     if kind == "parquet":
         return ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionary)))
     from pyarrow import csv
 
+    types = {**dict.fromkeys(texts, pa.dictionary(pa.int32(), pa.string())), **dict.fromkeys(ids, pa.string())}
     return ds.CsvFileFormat(
         read_options=csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-        convert_options=csv.ConvertOptions(null_values=PANDAS_NULLS, strings_can_be_null=True,
-                                           column_types=dict.fromkeys(ids, pa.string()),
-                                           true_values=["True", "TRUE", "true"],
-                                           false_values=["False", "FALSE", "false"], auto_dict_encode=True),
+        convert_options=csv.ConvertOptions(null_values=PANDAS_NULLS, strings_can_be_null=True, column_types=types,
+                                           true_values=list(TRUE_VALUES), false_values=list(FALSE_VALUES),
+                                           auto_dict_encode=True),
     )  # fmt: skip
 
 
 def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = (),
-                 ids: Sequence[str] = ()) -> Dataset:  # fmt: skip
+                 ids: Sequence[str] = (), texts: Sequence[str] = ()) -> Dataset:  # fmt: skip
     """List a dataset's files and read its schema (a parquet footer, or a CSV file's first block).
 
     ``dictionary``: text columns to read as dictionaries (codes and their few distinct values), which is how the
-    gate encodes them. ``ids``: id columns, read from CSV as text (:attr:`Dataset.ids`). Raises DataError (one line
+    gate encodes them. ``ids``: id columns, read from CSV as text (:attr:`Dataset.ids`); ``texts``: columns read
+    from CSV as their text as written (attribute columns: :func:`written_value`). Raises DataError (one line
     naming the location) when there is nothing to read."""
     fs, path = _filesystem(location)
     try:
@@ -201,7 +223,7 @@ def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = 
     arrow_fs = _arrow_filesystem(fs)
     try:
         partitioning = ds.HivePartitioning.discover(null_fallback="__HIVE_DEFAULT_PARTITION__")
-        probe = ds.dataset([name for name, _ in files], filesystem=arrow_fs, format=_file_format(kind, (), ids),
+        probe = ds.dataset([name for name, _ in files], filesystem=arrow_fs, format=_file_format(kind, (), ids, texts),
                            partitioning=partitioning, partition_base_dir=root or None)  # fmt: skip
         text = [n for n in dictionary if (n in probe.schema.names and pa.types.is_string(probe.schema.field(n).type))
                 or (n in probe.schema.names and pa.types.is_large_string(probe.schema.field(n).type))]  # fmt: skip

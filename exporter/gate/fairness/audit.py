@@ -25,7 +25,7 @@ from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.metric_table import METRICS
 from exporter.gate import storage
 from exporter.gate.data import columns as col
-from exporter.gate.data.dataset import DataError, Manifest
+from exporter.gate.data.dataset import DataError, Dataset, Manifest
 from exporter.gate.data.quantile import median
 from exporter.gate.data.side import JoinedRows
 from exporter.gate.fairness import estimated, ll144, proxy
@@ -113,16 +113,12 @@ def _group_report(ev: Evaluation) -> dict[str, Any]:
             **proxy.about(ev.attribute)}  # fmt: skip
 
 
-def _impact_ratios(
-    config: ModelSpec,
-    rows: Rows,
-    counted: Scan,
-    name: str,
-    evaluations: list[Evaluation],
-) -> dict[str, Any]:
+def _impact_ratios(config: ModelSpec, rows: Rows, counted: Scan, name: str, evaluations: list[Evaluation],
+                   csv: bool) -> dict[str, Any]:  # fmt: skip
     """The LL144 table: selection rates from the gate's own evaluations or, with a score column, scoring rates
     (the share of rows above the median score) from the core on the rows' above-median flags: the exact median
-    of every score (:func:`exporter.gate.data.quantile.median`), then one more pass counting the rows above it."""
+    of every score (:func:`exporter.gate.data.quantile.median`), then one more pass counting the rows above it
+    (``csv``: a CSV file's, as :func:`scan` reads them)."""
     median_score = None
     if config.score_column is not None:
         score_column = config.score_column
@@ -132,7 +128,7 @@ def _impact_ratios(
                 yield col.numbers(batch.column(score_column))
 
         median_score = median(scores, counted.rows)
-        above = scan(config, rows, name, above=median_score)
+        above = scan(config, rows, name, above=median_score, csv=csv)
         evaluations = evaluate_many([(a, above.tally.counts()[a.name]) for a in config.attributes],
                                     config.min_samples, multiplicity=config.multiplicity)  # fmt: skip
     return {
@@ -179,9 +175,9 @@ def dataset_location(config: ModelSpec, predictions: str | Path | None) -> str:
 
 
 def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predictions have no rows",
-          weights: str | None = None, also: BatchCounter | None = None) -> Scan:  # fmt: skip
+          weights: str | None = None, also: BatchCounter | None = None, csv: bool = False) -> Scan:  # fmt: skip
     """Count a model's rows in one pass, after checking the columns it needs; DataError for rows that cannot be
-    audited (a missing column, no rows of this model, a value that is no 0/1 or score)."""
+    audited (a missing column, no rows of this model, a value that is no 0/1 or score). ``csv``: see :func:`scan`."""
     label_metrics = [m.name for m in config.metrics if metric(m.name).needs_labels]
     estimable = estimated.estimable(config)  # then data without a label column is estimated, not refused
     missing = [c for c in required_columns(config, rows.columns, bool(label_metrics) and not estimable)
@@ -196,7 +192,7 @@ def count(config: ModelSpec, rows: Rows, name: str, *, empty: str = "the predict
     absent = [c for c in (also.columns if also is not None else []) if c not in rows.columns]
     if absent:
         raise DataError(f"{name}: missing column(s) {absent} named by segments/strata; the file has {rows.columns}")
-    return _found(config, rows, name, scan(config, rows, name, weights=weights,
+    return _found(config, rows, name, scan(config, rows, name, weights=weights, csv=csv,
                                            scores=estimable or config.compares_scores, also=also), empty)  # fmt: skip
 
 
@@ -245,13 +241,13 @@ def run_audit(
         raise DataError("segments and strata are counted by the local engine only: audit without --engine spark")
     data_file: str | None = None
     manifest: Manifest | None = None
-    weights = None
+    weights, csv = None, False
     if isinstance(predictions, pd.DataFrame):
         rows: Rows = FrameRows(predictions)
     else:
         data_file = dataset_location(config, predictions)
         dataset = open_rows(data_file, "predictions", config)
-        rows = dataset
+        rows, csv = dataset, dataset.format == "csv"  # each engine reads a CSV file's attribute columns as text
         if engine == "spark":
             from exporter.spark import spark_rows
 
@@ -270,12 +266,12 @@ def run_audit(
     current = segmented.fresh() if segmented is not None else None
     empty = "the file has no rows" if data_file else "the predictions have no rows"
     try:
-        counted = count(config, rows, path_name, empty=empty, weights=weights, also=current)
+        counted = count(config, rows, path_name, empty=empty, weights=weights, also=current, csv=csv)
     except DataError:
         if not isinstance(rows, LocalCounts):
             raise
         rows, weights = dataset, None  # the row pass words the refusal, naming rows
-        counted = count(config, rows, path_name, empty=empty, also=current)
+        counted = count(config, rows, path_name, empty=empty, also=current, csv=csv)
     if weights is not None:  # counts of an engine: the date range is its own aggregation's
         counted.date_range = getattr(rows, "date_range", None)
 
@@ -303,7 +299,7 @@ def run_audit(
     if estimation is not None:
         estimated.mark(results, config)
     mark_conditional(results, config, conditional, current)
-    impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations)
+    impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations, csv)
     impact_ratios["source"] = {"file": data_file, "manifest_sha256": manifest and manifest.sha256}
 
     failed = [r for r in results if r["counts_as"] != "pass"]
@@ -361,7 +357,8 @@ def _baseline(config: ModelSpec, baseline: pd.DataFrame | str | Path, tally: Seg
         location = str(baseline)
         dataset = open_rows(location, "baseline", config)
         rows, about = dataset, {"file": location, "manifest_sha256": dataset.manifest().sha256}
-    counted = count(config, rows, about["file"] or "<baseline>", empty="the baseline has no rows", also=tally)
+    counted = count(config, rows, about["file"] or "<baseline>", empty="the baseline has no rows", also=tally,
+                    csv=isinstance(rows, Dataset) and rows.format == "csv")  # fmt: skip
     return {**about, "rows": counted.rows}, tally
 
 
@@ -386,7 +383,8 @@ def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, 
     if missing:
         raise DataError(f"{location}: missing column(s) {missing} (estimation.reference needs the score, the label "
                         f"and the attributes); the file has {dataset.columns}")  # fmt: skip
-    counted = _found(config, dataset, location, scan(config, dataset, location, scores=True), "the file has no rows")
+    counted = _found(config, dataset, location, scan(config, dataset, location, scores=True,
+                                                     csv=dataset.format == "csv"), "the file has no rows")  # fmt: skip
     manifest = dataset.manifest()
     about = {"file": location, "manifest_sha256": manifest.sha256, "manifest": list(manifest.files)}
     return counted.tally.scores, estimated.describe_reference(config, counted, about)

@@ -51,7 +51,13 @@ class BiasAuditor:
 
     def evaluate_bias(self, df: pd.DataFrame, *, source: str = "<data>") -> dict[str, dict[str, Any]]:
         """Per feature: ``group_stats`` (mean outcome per group), ``fairness_gap``, ``is_biased``, and beside them
-        ``group_sizes``, ``group_intervals``, ``interval_method``, ``threshold`` and ``excluded_rows``.
+        ``group_sizes``, ``group_intervals``, ``interval_method``, ``threshold``, ``excluded_rows`` and
+        ``groups_without_outcome``.
+
+        A group whose every outcome is missing is listed with a NaN mean, as the seed's ``groupby(...).mean()``
+        lists it; the gap is that of the other groups (pandas' ``max() - min()`` skip NaN), NaN when no group has
+        an outcome, and NaN is not biased (``NaN > 0.1`` is False), as in the seed. ``groups_without_outcome``
+        names such groups with their rows, so that no report passes them by omission (:func:`json_report`).
 
         Raises DataError (a ValueError) naming ``source`` and the column for a missing or non-numeric outcome or a
         missing feature column. A one-column feature's groups are keyed by the column's own values, as the seed's
@@ -122,7 +128,8 @@ class BiasAuditor:
         else:
             lower, upper = t_interval(means, stds, sizes, CONFIDENCE)
         names = groups.names
-        gap = float(means.max() - means.min())
+        gap = float(pd.Series(means).max() - pd.Series(means).min())  # NaN skipped, as the seed's pandas does
+        measured = [i for i in range(len(names)) if sizes[i] > 0]
         return {
             "group_stats": dict(zip(names, means.tolist(), strict=True)),
             "fairness_gap": gap,
@@ -135,16 +142,24 @@ class BiasAuditor:
                                 for g, lo, hi in zip(names, lower, upper, strict=True)},
             "interval_method": "wilson" if binary else "t",
             "confidence": CONFIDENCE,
-            "highest_group": names[int(np.argmax(means))],
-            "lowest_group": names[int(np.argmin(means))],
+            "highest_group": names[max(measured, key=means.__getitem__)] if measured else None,
+            "lowest_group": names[min(measured, key=means.__getitem__)] if measured else None,
             "excluded_rows": groups.excluded,
+            "groups_without_outcome": {names[i]: groups.unmeasured[i] for i in range(len(names)) if sizes[i] == 0},
         }
+
+
+def json_report(report: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A report as the command line writes it: the mean of a group without outcome values, and a gap of no groups,
+    null (JSON has no NaN; their groups are named in ``groups_without_outcome``)."""
+    return {feature: {**r, "group_stats": {g: json_float(v) for g, v in r["group_stats"].items()},
+                      "fairness_gap": json_float(r["fairness_gap"])} for feature, r in report.items()}  # fmt: skip
 
 
 def _keyed(block: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """A feature's report with its groups named by ``values`` (each group's text: the value it stands for)."""
     value = values.get
-    per_group = ("group_stats", "group_sizes", "group_intervals")
+    per_group = ("group_stats", "group_sizes", "group_intervals", "groups_without_outcome")
     return {**block, **{k: {value(g, g): v for g, v in block[k].items()} for k in per_group},
             "highest_group": value(block["highest_group"], block["highest_group"]),
             "lowest_group": value(block["lowest_group"], block["lowest_group"])}
@@ -154,36 +169,52 @@ def _keyed(block: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
 class _Groups:
     """One feature's groups over batches, in the order they first appear: size, sum, mean and sum of squared
     deviations (merged as Chan et al. do, so the spread is exact to rounding); a group seen in one batch keeps
-    pandas' own mean and standard deviation, so a file of one batch reports what pandas computes."""
+    pandas' own mean and standard deviation, so a file of one batch reports what pandas computes. A row with a
+    group and no outcome names its group (the seed's ``groupby`` lists it) and counts in ``unmeasured``."""
 
     names: list[str] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
     parts: list[list[tuple[int, float, float, float, float]]] = field(default_factory=list)
+    unmeasured: list[int] = field(default_factory=list)
+    """Per group, its rows without an outcome (excluded from its mean)."""
     excluded: int = 0
 
     def add(self, df: pd.DataFrame, columns: list[str], outcome: pd.Series) -> None:
-        keep = df[columns].notna().all(axis=1) & outcome.notna()
+        grouped_rows = df[columns].notna().all(axis=1).to_numpy()
+        keep = grouped_rows & outcome.notna().to_numpy()
         self.excluded += int((~keep).sum())
-        if not keep.any():
+        if not grouped_rows.any():
             return
-        keys = df.loc[keep, columns].astype(str).agg(INTERSECTION_SEP.join, axis=1)
-        grouped = outcome[keep].groupby(keys, sort=False)
+        keys = df.loc[grouped_rows, columns].astype(str).agg(INTERSECTION_SEP.join, axis=1).to_numpy()
+        for key, rows in pd.Series(keys).groupby(keys, sort=False).size().items():
+            self.unmeasured[self._at(str(key))] += int(rows)  # every row of the group, less the measured below
+        grouped = outcome[keep].groupby(keys[keep[grouped_rows]], sort=False)
         table = pd.DataFrame({"n": grouped.size(), "sum": grouped.sum(), "mean": grouped.mean(),
                               "std": grouped.std(ddof=1)})  # fmt: skip
         for name, row in zip(table.index, table.itertuples(index=False), strict=True):
             key = str(name)
-            if key not in self.index:
-                self.index[key] = len(self.names)
-                self.names.append(key)
-                self.parts.append([])
+            self.unmeasured[self.index[key]] -= int(row.n)
             var = 0.0 if row.n < 2 else float(row.std) ** 2
             self.parts[self.index[key]].append((int(row.n), float(row.sum), float(row.mean), var * (row.n - 1),
                                                 float(row.std)))  # fmt: skip
 
+    def _at(self, key: str) -> int:
+        """The index of a group, added at its first sight."""
+        if key not in self.index:
+            self.index[key] = len(self.names)
+            self.names.append(key)
+            self.parts.append([])
+            self.unmeasured.append(0)
+        return self.index[key]
+
     def stats(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per group: size, sum, mean, standard deviation (ddof=1; NaN for a group of one)."""
+        """Per group: size, sum, mean, standard deviation (ddof=1; NaN for a group of one, and both NaN for a
+        group without outcome values, of size 0)."""
         out = []
         for parts in self.parts:
+            if not parts:
+                out.append((0, 0.0, math.nan, math.nan))
+                continue
             n, total, mean, m2, std = parts[0]
             for n_b, sum_b, mean_b, m2_b, _ in parts[1:]:
                 delta = mean_b - mean

@@ -247,18 +247,26 @@ def text_columns(config: ModelSpec) -> list[str]:
     return ["model_id", *attribute_columns(config)]
 
 
+def written_columns(config: ModelSpec) -> list[str]:
+    """The attribute columns a CSV file gives as its text as written, matched to the groups by that text first
+    (:func:`exporter.gate.data.columns.code_lut`): those of the attributes neither joined by id nor a proxy."""
+    return [a.columns[0] for a in config.base_attributes if a.proxy is None and a.source is None]
+
+
 def open_rows(location: str, what: str, config: ModelSpec) -> Dataset:
     """A model's dataset, opened to be counted: its text columns read as dictionaries, the ids its side sources
-    join by read from CSV as text (exporter/gate/data/dataset.py)."""
-    return open_dataset(location, what, text_columns(config), [s.id for s in config.attribute_sources])
+    join by and its attribute columns read from CSV as text (exporter/gate/data/dataset.py)."""
+    return open_dataset(location, what, text_columns(config), [s.id for s in config.attribute_sources],
+                        written_columns(config))  # fmt: skip
 
 
 def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None, weights: str | None = None,
-         scores: bool = False, also: BatchCounter | None = None) -> Scan:  # fmt: skip
+         scores: bool = False, also: BatchCounter | None = None, csv: bool = False) -> Scan:  # fmt: skip
     """Count a model's rows, a batch at a time: with ``above``, the rows whose LL144 score column is above it (the
     scoring rate) in place of the predictions. ``weights``: the column saying how many rows each row stands for.
     ``scores``: count score bins too (:class:`Tally`), for a model that emits scores. ``also``: more counts of the
-    same rows (segments and strata)."""
+    same rows (segments and strata). ``csv``: the rows are a CSV file's, whose :func:`written_columns` hold its
+    text as written (whichever engine read them)."""
     available = set(rows.columns)
     reading = [prediction_column(config), *attribute_columns(config)]
     optional = ["model_id", config.label_column, config.timestamp_column,
@@ -266,6 +274,7 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
     reading = list(dict.fromkeys([*reading, *(c for c in optional if c in available), *([weights] if weights else []),
                                   *(also.columns if also is not None else [])]))  # fmt: skip
     result = Scan(Tally(config))
+    written = written_columns(config)
     dates: list[dict[str, Any]] = []
     for batch in rows.batches(reading):
         w = batch.column(weights).to_numpy().astype(np.int64) if weights else None
@@ -280,8 +289,9 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
             w = w[own] if w is not None else None
         offset = result.rows
         result.rows += batch.num_rows if w is None else int(w.sum())
-        base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other)
-                for a in config.base_attributes if a.proxy is None}
+        base = {a.columns[0]: col.group_codes(batch.column(a.columns[0]), a.groups, a.other,
+                                              written=csv and a.columns[0] in written)
+                for a in config.base_attributes if a.proxy is None}  # fmt: skip
         proxies = {a.name: bisg.tables().posteriors(batch.column(a.proxy.surname).to_pylist(),
                                                     batch.column(a.proxy.zcta).to_pylist())
                    for a in config.base_attributes if a.proxy is not None}  # fmt: skip

@@ -242,13 +242,16 @@ def from_bias(reports: Mapping[str, Mapping[str, Mapping[str, Any]]], timestamp:
         for feature, r in features.items():
             high, low = _group(r, r["highest_group"]), _group(r, r["lowest_group"])
             outcome: Outcome = "failed" if r["is_biased"] else "passed"
+            unmeasured = "; ".join(f"{g} not compared: no outcome values in its {n} rows"
+                                   for g, n in r["groups_without_outcome"].items())  # fmt: skip
             message = (f"{'biased' if r['is_biased'] else 'pass'}: gap {number(r['fairness_gap'])} "
-                       f"{'>' if r['is_biased'] else '≤'} threshold {r['threshold']}; highest {high}, lowest {low}")
+                       f"{'>' if r['is_biased'] else '≤'} threshold {r['threshold']}; highest {high}, lowest {low}"
+                       + (f"; {unmeasured}" if unmeasured else ""))  # fmt: skip
             details = "\n".join(f"{r['outcome']} mean of {_group(r, g)}, {r['interval_method']} interval"
                                 for g in r["group_stats"])  # fmt: skip
             checks.append(Check(f"bias-report.{source}", str(feature), outcome, message,
                                 (str(feature), number(r["fairness_gap"]), str(r["threshold"]), high, low),
-                                (("source", source), *flatten(r)), details))  # fmt: skip
+                                (("source", source), *flatten(r)), details, unmeasured))  # fmt: skip
     verdict = "FAIL" if any(c.outcome == "failed" for c in checks) else "PASS"
     return CiReport("bias-report", ", ".join(reports), verdict, timestamp, BIAS_COLUMNS, tuple(checks),
                     (("verdict", verdict), ("sources", ", ".join(reports))))  # fmt: skip

@@ -321,6 +321,8 @@ def _bias_feature(name: str, r: Mapping[str, Any]) -> str:
                     [[name, r["fairness_gap"], r["threshold"], r["highest_group"], r["lowest_group"],
                       r["excluded_rows"], r["is_biased"], verdict]])  # fmt: skip
     rows = [[g, sizes[g], stats[g], fmt_interval(intervals[g])] for g in stats]
+    unmeasured = "; ".join(f"{g} ({n} rows)" for g, n in r["groups_without_outcome"].items())
+    summary += f'<p class="meta">Not compared, no outcome values: {escape(unmeasured)}</p>' if unmeasured else ""
     return (f"<h3>{escape(name)}</h3>{summary}{chart}"
             + table(["group", "rows", f"mean {r['outcome']}", f"{r['confidence']:.0%} interval"], rows))
 
