@@ -40,7 +40,7 @@ def calibrated_statistics(runs: int, reference: list[int], window: list[int], se
     out = []
     for _ in range(runs):
         calibration = est.Calibration.fit(draw(rng, reference))
-        out.append(est.calibration_check(calibration.rate, draw(rng, window)).statistic)
+        out.append(est.calibration_check(calibration.rate, draw(rng, window), calibration.covariance).statistic)
     return np.array(out)
 
 
@@ -77,7 +77,7 @@ def test_the_calibration_detector_keeps_its_false_page_budget_with_a_1000_row_re
         calibration = est.Calibration.fit(draw(rng, [1000, 1000]))
         log_r = np.full((2, 2, 2), -np.inf)
         for _ in range(steps):
-            log_lr = est.calibration_log_lr(calibration.rate, draw(rng, [50, 50]), shifts)
+            log_lr = est.calibration_log_lr(calibration.rate, draw(rng, [50, 50]), shifts, calibration.spread)
             log_r, alarm = detect.shiryaev_roberts(log_r, log_lr, level)
             pages += int(alarm.sum())
     per_day = pages / (runs * steps / 96)
