@@ -144,8 +144,9 @@ def selected_labels(data: pd.DataFrame, folder: Path) -> list[tuple[str, float]]
     out = []
     for quarter, window in later.groupby(later["date"].dt.to_period("Q")):
         counts = _score_counts(spec, window)
-        z = [estimate.calibration_check(estimate.Calibration.fit(ref[a]).rate, counts[a]).statistic
-             for a, _, _ in COMPARISONS]  # fmt: skip
+        fits = [estimate.Calibration.fit(ref[a]) for a, _, _ in COMPARISONS]
+        z = [estimate.calibration_check(fit.rate, counts[a], fit.covariance).statistic
+             for fit, (a, _, _) in zip(fits, COMPARISONS, strict=True)]  # fmt: skip
         out.append((str(quarter), float(np.nanmax(np.abs(np.concatenate([x.ravel() for x in z]))))))
     return out
 

@@ -182,7 +182,7 @@ def _detect(rng: np.random.Generator, steps: int, shift_at: int | None, level: f
     alarms = []
     for t in range(steps):
         truth = shifted if shift_at is not None and t >= shift_at else TRUTH
-        log_lr = est.calibration_log_lr(calibration.rate, _draw(rng, [50, 50], truth), shifts)
+        log_lr = est.calibration_log_lr(calibration.rate, _draw(rng, [50, 50], truth), shifts, calibration.spread)
         log_r, alarm = detect.shiryaev_roberts(log_r, log_lr, level)
         if alarm.any():
             alarms.append(t)

@@ -62,6 +62,9 @@ ESTIMATED_METRICS: Final = tuple(name for name, m in METRICS.items()
 """The label-based metrics that have an estimate."""
 CALIBRATION_SHIFT: Final = 0.5
 """The calibration detector's alternatives: the log odds of a positive label shifted by this much, up or down."""
+CALIBRATION_BOUND_Z: Final = 2.0
+"""The calibration detectors' null: the fitted calibration moved this many of its bootstrap standard deviations
+toward the alternative, so the reference's own sampling error (shared by every step) does not page."""
 
 
 def score_bins(scores: NDArray, bounds: NDArray) -> IntArray:
@@ -171,6 +174,20 @@ class Calibration:
         pooled = ref.sum(axis=2)
         return cls(calibrate(pooled[..., LABELLED_POS], pooled[..., LABELLED_NEG], prior_strength), ref,
                    prior_strength)  # fmt: skip
+
+    @property
+    def covariance(self) -> FloatArray:
+        """(n_groups, n_bins, n_bins) sampling covariance of ``rate`` (isotonic fit, shrinkage and all) over the
+        interval's bootstrap refits: the error every labelled row of a window shares when tested against it."""
+        refits = _refits(self.reference.tobytes(), self.reference.shape, self.prior_strength, REPLICATES, SEED)
+        d = refits - refits.mean(axis=0)
+        return np.asarray(np.einsum("rgi,rgj->gij", d, d) / max(len(refits) - 1, 1))
+
+    @property
+    def spread(self) -> FloatArray:
+        """(n_groups, n_bins) standard deviation of ``rate`` from the reference's sampling (the calibration
+        detectors' bound)."""
+        return np.sqrt(np.diagonal(self.covariance, axis1=-2, axis2=-1))
 
     def refits(self, rng: np.random.Generator, n: int) -> FloatArray:
         """(n, n_groups, n_bins) calibrations refitted on reference labels redrawn from this one."""
@@ -296,7 +313,8 @@ def compare_estimated(est: Estimate, group_a: NDArray, group_b: NDArray,
 
 @dataclass(frozen=True)
 class CalibrationCheck:
-    """Per group and predicted class ``(n_groups, 2)``: labelled positives observed and expected, and the variance."""
+    """Per group and predicted class ``(n_groups, 2)``: labelled positives observed and expected, and the variance
+    of their difference (the labels' and the fitted calibration's)."""
 
     observed: FloatArray
     expected: FloatArray
@@ -304,32 +322,44 @@ class CalibrationCheck:
 
     @property
     def statistic(self) -> FloatArray:
-        """(sum y - sum p) / sqrt(sum p (1 - p)): about standard normal while the calibration holds; NaN with no
-        labelled rows."""
+        """(sum y - sum p) / sqrt(sum p (1 - p) + Var(sum p)): about standard normal while the calibration holds;
+        NaN with no labelled rows."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.variance > 0, (self.observed - self.expected) / np.sqrt(self.variance), np.nan)
 
 
-def calibration_check(rate: NDArray, counts: NDArray) -> CalibrationCheck:
+def calibration_check(rate: NDArray, counts: NDArray, covariance: NDArray | None = None) -> CalibrationCheck:
     """The calibration statistic's parts from a calibration ``(..., groups, bins)`` and the labelled rows of a
-    score-counts array."""
+    score-counts array. ``covariance`` ``(groups, bins, bins)``: the calibration's sampling covariance
+    (:attr:`Calibration.covariance`), None for a calibration known exactly. ``sum p`` is the window's labelled rows
+    times the fitted rates, so its error ``m' Cov m`` adds to the labels' ``sum p (1 - p)``: without it the
+    statistic of a calibrated window is wider than standard normal (sd sqrt 2 with reference and window alike)."""
     c = np.asarray(counts, dtype=np.float64)
     labelled = c[..., LABELLED_POS] + c[..., LABELLED_NEG]  # (G, B, 2)
     p = np.asarray(rate, dtype=np.float64)[..., None]
-    return CalibrationCheck(c[..., LABELLED_POS].sum(axis=-2), (labelled * p).sum(axis=-2),
-                            (labelled * p * (1.0 - p)).sum(axis=-2))  # fmt: skip
+    variance = (labelled * p * (1.0 - p)).sum(axis=-2)
+    if covariance is not None:
+        variance = variance + np.einsum("...gbc,gbd,...gdc->...gc", labelled, np.asarray(covariance), labelled)
+    return CalibrationCheck(c[..., LABELLED_POS].sum(axis=-2), (labelled * p).sum(axis=-2), variance)
 
 
-def calibration_log_lr(rate: NDArray, counts: NDArray, shift: NDArray) -> FloatArray:
+def calibration_log_lr(rate: NDArray, counts: NDArray, shift: NDArray, spread: NDArray | None = None) -> FloatArray:
     """log likelihood ratio of "the log odds of a positive moved by ``shift``" against the calibration, for the
-    labelled rows of a score-counts array: ``(..., groups, 2)`` plus the trailing axes of ``shift``. Its expectation
-    is exactly 1 while the calibration holds, so it feeds the sequential detectors (exporter/core/detect.py)."""
+    labelled rows of a score-counts array: ``(..., groups, 2)`` plus the trailing axes of ``shift``. ``spread``:
+    the calibration's sampling standard deviation per bin (:attr:`Calibration.spread`); the null is then the
+    calibration moved :data:`CALIBRATION_BOUND_Z` of them toward the alternative, and the alternative that bound's
+    log odds moved by ``shift``. The ratio's expectation is at most 1 wherever the truth lies on the null's side
+    of that bound (exactly 1 at it), so it feeds the sequential detectors (exporter/core/detect.py): a fitted
+    calibration's error, the same at every step, would otherwise be evidence that piles up step after step."""
     c = np.asarray(counts, dtype=np.float64)
     shift = np.asarray(shift, dtype=np.float64)
     extra = (None,) * shift.ndim
     k = c[..., LABELLED_POS][(..., *extra)]
     n = (c[..., LABELLED_POS] + c[..., LABELLED_NEG])[(..., *extra)]
-    p0 = np.clip(np.asarray(rate, dtype=np.float64), RATE_MARGIN, 1.0 - RATE_MARGIN)[..., None][(..., *extra)]
+    p0 = np.asarray(rate, dtype=np.float64)[..., None][(..., *extra)]
+    if spread is not None:
+        p0 = p0 + np.sign(shift) * CALIBRATION_BOUND_Z * np.asarray(spread, dtype=np.float64)[..., None][(..., *extra)]
+    p0 = np.clip(p0, RATE_MARGIN, 1.0 - RATE_MARGIN)
     p1 = 1.0 / (1.0 + np.exp(-(logit(p0) + shift)))
     return np.asarray(one_sample_log_lr(k, n, p0, p1).sum(axis=-1 - shift.ndim - 1))
 
@@ -364,6 +394,7 @@ def estimate_attribute(attribute: Attribute, reference: NDArray, counts: NDArray
     """The estimated comparisons of an attribute's pairs from the reference's and the window's score counts (rows
     past the attribute's groups, its unknown category, are left out), and the window's calibration check."""
     n = len(attribute.groups)
-    block = np.asarray(counts)[:n]
-    est, values = estimate_comparisons(np.asarray(reference)[:n], block, np.array(attribute.pairs), metrics)
-    return Estimated(attribute, values, calibration_check(est.calibration, block), est)
+    block, ref = np.asarray(counts)[:n], np.asarray(reference)[:n]
+    est, values = estimate_comparisons(ref, block, np.array(attribute.pairs), metrics)
+    return Estimated(attribute, values, calibration_check(est.calibration, block, Calibration.fit(ref).covariance),
+                     est)  # fmt: skip

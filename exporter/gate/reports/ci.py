@@ -124,12 +124,31 @@ def _run_properties(report: Mapping[str, Any]) -> Properties:
     return flatten({k: v for k, v in report.items() if k not in skip})
 
 
+def estimated_value(shown: str, r: Mapping[str, Any]) -> str:
+    """A result's value as every report shows it: marked ``estimated`` when no label was seen, so an estimated
+    number is never shown as an observed one (docs/auditor/estimated.md)."""
+    return f"{shown} estimated" if r.get("estimated") else shown
+
+
+def estimation_basis(report: Mapping[str, Any]) -> list[str]:
+    """What an audit's estimated results rest on (none without one), from the report's ``estimation`` section: the
+    reference they were calibrated on and the assumption that must hold for them to be the labels' numbers."""
+    estimation = report.get("estimation")
+    if not estimation or not any(r.get("estimated") for r in report["results"]):
+        return []
+    sha = estimation.get("manifest_sha256")
+    return [f"Estimated results (marked estimated): no label in the audited data; each is estimated from the "
+            f"scores, calibrated per group on the reference {estimation.get('file') or '(in memory)'}"
+            + (f" (manifest sha256 {sha})" if sha else "") + f", {estimation.get('labelled_rows')} labelled rows. "
+            f"Assumption: {estimation.get('assumption')}."]  # fmt: skip
+
+
 def from_audit(report: Mapping[str, Any]) -> CiReport:
     """One check per comparison of an audit report."""
     overridden = report.get("verdict") == "OVERRIDDEN"
     checks = tuple(_comparison(str(report["model_id"]), r, report.get("min_samples"), overridden)
                    for r in report["results"])  # fmt: skip
-    notes = []
+    notes = estimation_basis(report)
     if report.get("override"):
         o = report["override"]
         notes.append(f"Overridden by {o.get('author')}: {o.get('justification')}")
@@ -159,7 +178,7 @@ def _explanation(e: Mapping[str, Any]) -> str:
 
 def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridden: bool) -> Check:
     value = r["value"] if r.get("value") is not None else r.get("exact_value")
-    shown = with_interval(value, r.get("ci_95"))
+    shown = estimated_value(with_interval(value, r.get("ci_95")), r)
     metric = METRICS.get(r["metric"]) or CONDITIONAL_METRICS.get(r["metric"])
     side = "" if metric is None else ("≤ " if metric.kind == "difference" else "≥ ")
     threshold = f"{side}{r['threshold']}"

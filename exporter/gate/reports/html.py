@@ -15,6 +15,7 @@ from html import escape
 from typing import Any
 
 from exporter.core.attributes import titled
+from exporter.gate.reports.ci import estimated_value, estimation_basis
 
 MATPLOTLIB_HINT = "HTML reports need matplotlib: pip install 'fairness-exporter[reports]'"
 
@@ -221,7 +222,8 @@ def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapp
                        band=band, band_label=band_label)  # fmt: skip
     group_rows = [[g, s["samples"], s["selection_rate"], fmt_interval(s["selection_rate_ci"]),
                    s["true_positive_rate"], s["false_positive_rate"]] for g, s in groups.items()]  # fmt: skip
-    comparison_rows = [[r["metric"], r["groups"], r["value"], fmt_interval(r["ci_95"]), r["threshold"],
+    comparison_rows = [[r["metric"], r["groups"], estimated_value(fmt(r["value"]), r) if r.get("estimated")
+                        else r["value"], fmt_interval(r["ci_95"]), r["threshold"],
                         r["severity"], OUTCOMES.get(r["status"], r["status"]), r["evidence"],
                         fmt_samples(r["samples_to_decide"])] for r in results]  # fmt: skip
     proxy = (f"<p class=\"meta\">proxy: true. {escape(block['proxy_bias'])}</p>" if block.get("proxy") else "")
@@ -295,7 +297,8 @@ def audit_html(report: Mapping[str, Any]) -> str:
     meta = [f"Model: {report['model_id']}", f"Run: {report['timestamp']} by {report['tool']}",
             _source("Config", report["config_file"], report["config_sha256"]),
             _source("Data", report["data_file"], report["data_manifest_sha256"], "manifest sha256"),
-            f"Rows: {report['rows']} · minimum samples per group: {report['min_samples']}"]  # fmt: skip
+            f"Rows: {report['rows']} · minimum samples per group: {report['min_samples']}",
+            *estimation_basis(report)]  # fmt: skip
     sections = [_audit_attribute(name, block, [r for r in report["results"] if r["attribute"] == name])
                 for name, block in report["attributes"].items()]  # fmt: skip
     if "impact_ratios" in report:

@@ -253,13 +253,14 @@ class DetectorBank:
     def _calibration_log_lr(self, labelled: NDArray | None, calibration: NDArray | None,
                             shape: tuple[int, ...]) -> FloatArray:  # fmt: skip
         """(T, ..., calibration detectors) log LRs of an odds shift of CALIBRATION_SHIFT up or down against the
-        calibration ``(n_rows, n_bins)``, from each step's labelled estimation counts; 0 without them."""
+        calibration and its sampling spread ``(2, n_rows, n_bins)``, from each step's labelled estimation counts; 0
+        without them."""
         rows, classes, signs = self._calibration
         if labelled is None or calibration is None or not len(rows):
             return np.zeros((*shape, len(rows)))
         shifts = np.array([CALIBRATION_SHIFT, -CALIBRATION_SHIFT])
         with np.errstate(invalid="ignore"):
-            lr = calibration_log_lr(calibration, labelled, shifts)  # (T, ..., n_rows, 2, 2)
+            lr = calibration_log_lr(calibration[0], labelled, shifts, calibration[1])  # (T, ..., n_rows, 2, 2)
         picked = lr[..., rows, classes, (signs < 0).astype(np.int64)]
         return np.nan_to_num(picked, nan=0.0)  # a row without a calibration (its unknown category) has no evidence
 
@@ -267,7 +268,7 @@ class DetectorBank:
                 calibration: NDArray | None = None) -> tuple[DetectorState, Trace]:  # fmt: skip
         """Run the detectors over ``steps`` of shape (T, ..., n_rows, N_COUNTS): the counts of each step
         (``labelled``: each step's estimation counts, (T, ..., n_rows, n_bins, 2, N_SCORE_COUNTS), and
-        ``calibration`` the rows' calibration, for the calibration detectors).
+        ``calibration`` the rows' calibration and its spread, for the calibration detectors).
 
         Per step and detector, with LR the step's likelihood ratio (expectation 1 when nothing changed):
 

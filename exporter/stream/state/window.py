@@ -315,18 +315,19 @@ class WindowStore:
             return trace
 
     def calibration_rows(self, reference: dict[str, np.ndarray]) -> np.ndarray | None:
-        """The calibration of every row ``(n_rows, n_bins)`` fitted on a reference's score counts per attribute; NaN
-        (no calibration detector evidence) for an attribute's unknown row and for a subgroup with fewer than
-        min_samples labelled positives or negatives in the reference, whose calibration is mostly the prior's.
-        None when the model estimates nothing."""
+        """The calibration of every row and its sampling standard deviation ``(2, n_rows, n_bins)`` fitted on a
+        reference's score counts per attribute; NaN (no calibration detector evidence) for an attribute's unknown
+        row and for a subgroup with fewer than min_samples labelled positives or negatives in the reference, whose
+        calibration is mostly the prior's. None when the model estimates nothing."""
         if not self.estimate_counts.shape[2]:
             return None
-        out = np.full((self.layout.n_rows, self.estimate_counts.shape[2]), np.nan)
+        out = np.full((2, self.layout.n_rows, self.estimate_counts.shape[2]), np.nan)
         for name, offset, size in zip(self.layout.names, self.layout.offsets, self.layout.sizes, strict=True):
             counts = reference[name][: size - 1]
             labelled = counts.sum(axis=(1, 2))
             enough = np.minimum(labelled[:, LABELLED_POS], labelled[:, LABELLED_NEG]) >= self.min_samples
-            out[offset : offset + size - 1] = np.where(enough[:, None], Calibration.fit(counts).rate, np.nan)
+            fit = Calibration.fit(counts)
+            out[:, offset : offset + size - 1] = np.where(enough[:, None], [fit.rate, fit.spread], np.nan)
         return out
 
     def state(self) -> dict[str, np.ndarray]:
