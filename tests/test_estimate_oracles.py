@@ -1,4 +1,4 @@
-"""Review 15: confirmations (these pass) that the oracles of test_review15_bisg.py and test_review15_estimate.py are
+"""Review 15: confirmations (these pass) that the oracles of test_bisg_names.py and test_estimate_review.py are
 set up right: on clean input the module agrees with surgeo and with a direct computation, and the simulation
 harness gives nominal numbers when the method has what it assumes (the truth as the calibration, a large
 reference)."""
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from sklearn.isotonic import IsotonicRegression
 from surgeo import SurgeoModel
-from test_review15_bisg import bisg_by_hand, census_surname
-from test_review15_estimate import BOUNDS, PAIR, TRUTH, draw
+from test_bisg_names import bisg_by_hand, census_surname
+from test_estimate_review import BOUNDS, PAIR, TRUTH, draw
 
 from exporter.core import bisg, detect
 from exporter.core import estimate as est
