@@ -318,9 +318,11 @@ def test_a_fetch_error_a_fill_poll_raises_leaves_the_earlier_records_as_the_batc
 
         client.consumer.poll = poll
 
+    # a poll returns once it has records: a long timeout only spares a loaded machine's slow first fetch (CI once
+    # read nothing within 0.5 s, so no fill poll ran and nothing was raised)
     client = _fill_client(kafka_broker, monkeypatch, refused)
     try:
-        batch = client.poll(0.5, 100)
+        batch = client.poll(10.0, 100)
         assert [r.offset for records in batch.values() for r in records] == list(range(10))
         with pytest.raises(TopicAuthorizationFailedError):
             client.poll(0.5, 100)  # the error, at the next poll
@@ -334,7 +336,7 @@ def test_a_fetch_error_a_fill_poll_raises_leaves_the_earlier_records_as_the_batc
     client = _fill_client(kafka_broker, monkeypatch, rebalanced_then_refused)
     try:
         with pytest.raises(TopicAuthorizationFailedError):
-            client.poll(0.5, 100)
+            client.poll(10.0, 100)
     finally:
         client.close()
 
