@@ -13,24 +13,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from test_estimate import BOUNDS, PAIR, TRUTH, _draw  # noqa: F401  the simulations of test_estimate
 
 from exporter.cli import main
 from exporter.core import detect
 from exporter.core import estimate as est
 
-BOUNDS = np.linspace(0.1, 0.9, 9)  # ten bins, the threshold 0.5 an edge
-PAIR = (np.array([0]), np.array([1]))
-TRUTH = np.array([np.linspace(0.1, 0.8, 10), np.linspace(0.2, 0.9, 10)])
-
 
 def draw(rng: np.random.Generator, sizes: list[int], truth: np.ndarray = TRUTH, labelled: bool = True) -> np.ndarray:
-    """Score counts of ``sizes[g]`` rows per group, decile scores, labels drawn from ``truth[g, bin]``."""
-    codes = np.repeat(np.arange(len(sizes)), sizes)
-    scores = rng.integers(1, 11, len(codes)) / 10
-    bins = est.score_bins(scores, BOUNDS)
-    labels = (rng.random(len(codes)) < truth[codes, bins]).astype(np.int64)
-    return est.score_counts(codes, len(sizes), bins, len(BOUNDS) + 1, (scores >= 0.5).astype(np.int64),
-                            labels if labelled else None)  # fmt: skip
+    """test_estimate's score counts of ``sizes[g]`` rows per group, the truth :data:`TRUTH` unless given."""
+    return _draw(rng, sizes, truth, labelled)
 
 
 def calibrated_statistics(runs: int, reference: list[int], window: list[int], seed: int) -> np.ndarray:
