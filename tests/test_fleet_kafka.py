@@ -4,6 +4,7 @@ changes nothing."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,13 @@ def running(tmp_path: Path) -> Iterator[list[Daemon]]:
         daemon.stop()
 
 
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to a neighbour and rename it over ``path``: the file changes in one step."""
+    part = path.with_suffix(".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def test_a_reload_keeps_the_untouched_model_exact_and_an_invalid_one_changes_nothing(
     kafka_broker: EmbeddedBroker, topic: str, tmp_path: Path, running: list[Daemon],
 ) -> None:  # fmt: skip
@@ -75,7 +83,9 @@ def test_a_reload_keeps_the_untouched_model_exact_and_an_invalid_one_changes_not
 
     changed_again = {**changed, "metrics": [{"name": "demographic_parity_difference", "threshold": 0.2}]}
     added = {"model_id": "added", "protected_attributes": [REGION]}
-    path.write_text(yaml.safe_dump(fleet(kafka_broker.bootstrap_servers, topic, [kept, changed_again, added])))
+    # replaced whole, as Kubernetes swaps a ConfigMap's file: written in place, the watcher may read it half
+    # written and refuse that too (CI once counted two refusals of the invalid file below)
+    _replace(path, yaml.safe_dump(fleet(kafka_broker.bootstrap_servers, topic, [kept, changed_again, added])))
     wait_for(lambda: of_model(scrape(daemon.port), "added") != {}, what="the reload to add a model")
     after = scrape(daemon.port)
     assert of_model(after, "kept") == kept_before  # counts, values, intervals, evidence, detector statistics
@@ -88,7 +98,7 @@ def test_a_reload_keeps_the_untouched_model_exact_and_an_invalid_one_changes_not
     assert after[samples] == before[samples] == 180  # a new threshold keeps the counts
     assert after[("fairness_exporter_models", frozenset())] == 3
 
-    path.write_text("models: [{model_id: broken}]\nkafka: {topic: 7}\n")  # invalid twice over
+    _replace(path, "models: [{model_id: broken}]\nkafka: {topic: 7}\n")  # invalid twice over
     wait_for(lambda: scrape(daemon.port).get(("fairness_exporter_config_reload_failures_total", frozenset())) == 1,
              what="the invalid reload to be refused")  # fmt: skip
     refused = scrape(daemon.port)
