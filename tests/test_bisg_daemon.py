@@ -23,6 +23,7 @@ from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.gate.fairness.audit import run_audit
 from exporter.serve.snapshot import proxied
+from exporter.stream.state.proxy import evidence_rows
 
 RACE = {"name": "race", "groups": GROUPS, "proxy": {"method": "bisg", "surname": "last_name", "zcta": "zip"}}
 OVERRIDES = {"protected_attributes": [{"name": "gender", "groups": ["male", "female"]}, RACE],
@@ -58,6 +59,13 @@ def truth(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
+def gate_table(frame: pd.DataFrame, lines: list[bytes]) -> pd.DataFrame:
+    """The events' rows as the gate reads a table: the surname and ZCTA as text."""
+    rows = pd.DataFrame([orjson.loads(v) for v in lines])
+    return pd.DataFrame({"last_name": frame["last_name"], "zip": frame["zip"], "gender": [a["gender"] for a in
+                         rows["attributes"]], "prediction": rows["prediction"], "label": rows["label"]})  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def frame() -> pd.DataFrame:
     return applicants(2000, seed=3)
@@ -88,6 +96,13 @@ def test_the_daemons_weighted_rates_equal_an_independent_computation(
     # the exact attribute is served as before, by its own names
     assert sample(samples, "model_subgroup_samples", model_id="m1", attribute="gender", window="1h",
                   subgroup="overall") == len(frame)  # fmt: skip
+    # what each posterior rests on, counted as the gate counts the same rows (both tables, one, neither)
+    lines = events(frame, 0.0)
+    rows = run_audit(make_config(**OVERRIDES).model(), gate_table(frame, lines))["attributes"]["race"]["proxy_evidence"]
+    found = {kind: sample(samples, "model_proxy_evidence_samples", model_id="m1", attribute="race", window="1h",
+                          evidence=kind) for kind in (*rows["rows"], "unrecorded")}  # fmt: skip
+    assert found == {**rows["rows"], "unrecorded": None} and sum(rows["rows"].values()) == len(frame)
+    assert min(rows["rows"].values()) > 0, rows  # the frame exercises every kind
     page = "\n".join(f"{name} {dict(labels)}" for name, labels in samples)
     for secret in ("last_name", "zip", *frame["last_name"].head(50)):
         assert secret not in page
@@ -99,10 +114,11 @@ def test_backtest_and_the_gate_give_the_daemons_numbers(tmp_path: Path, frame: p
     config = make_config(**OVERRIDES, windows=["24h"])
     report = backtest(config, [str(tmp_path / "events.jsonl")])
     assert report["proxy"]["proxy"] is True and report["rejected"] == 0
-    rows = pd.DataFrame([orjson.loads(v) for v in lines])
-    table = pd.DataFrame({"last_name": frame["last_name"], "zip": frame["zip"], "gender": [a["gender"] for a in
-                          rows["attributes"]], "prediction": rows["prediction"], "label": rows["label"]})  # fmt: skip
+    table = gate_table(frame, lines)
     gate = run_audit(config.model(), table)
+    # what each posterior rests on: the gate's rows of the same events, the window's at the replay's end
+    assert report["proxy"]["evidence"] == [{"window": "24h", "attribute": "race",
+                                            "rows": gate["attributes"]["race"]["proxy_evidence"]["rows"]}]
     expected = truth(frame)
     for group in report["proxy"]["groups"]:
         assert abs(group["selection_rate"] - expected[group["subgroup"]]["selection"]) < 1e-9
@@ -144,6 +160,18 @@ def test_the_proxy_counts_survive_a_checkpoint(frame: pd.DataFrame) -> None:
     for (_, a), (_, b) in zip(before, after, strict=True):
         np.testing.assert_array_equal(a.counts, b.counts)
     assert before[0][1].counts[:, 0].sum() > 0
+    evidence = store.window_proxy_evidence(1_800_000_100.0)["1h"]
+    np.testing.assert_array_equal(restored.window_proxy_evidence(1_800_000_100.0)["1h"], evidence)
+    assert evidence.sum() == len(frame) and evidence[0, -1] == 0
+    # a checkpoint written before the evidence was counted: its predictions are all accounted for, as unrecorded
+    older = WindowStore(config.model(), config.windowing)
+    older.restore({k: v for k, v in store.state().items() if k != "proxy_evidence"})
+    assert evidence_rows(older.window_proxy_evidence(1_800_000_100.0)["1h"][0]) == {
+        "surname_and_zcta": 0, "surname_only": 0, "zcta_only": 0, "neither": 0, "unrecorded": len(frame)}
+    late = EventDecoder(config.model()).decode(events(frame.head(10), 1_800_000_050.0), 1_800_000_100.0)
+    older.add(late.timestamps, late.codes, late.predictions, late.outcomes, 1_800_000_100.0)
+    counted = evidence_rows(older.window_proxy_evidence(1_800_000_100.0)["1h"][0])
+    assert counted["unrecorded"] == len(frame) and sum(counted.values()) == len(frame) + 10
 
 
 def test_the_staged_path_counts_the_proxy_as_the_direct_path_labels_joined_later_included(

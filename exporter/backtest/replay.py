@@ -196,10 +196,13 @@ class Replay:
     def _proxied(self) -> dict[str, Any]:
         """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
         from exporter.serve.snapshot import proxied
+        from exporter.stream.state.proxy import evidence_rows
 
         now = self._now if self._now > -math.inf else 0.0
         evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
-        return {"as_of": iso(now), "proxy": True,
+        return {"as_of": iso(now), "proxy": True, "evidence": [
+                    {"window": w, "attribute": a.name, "rows": evidence_rows(counts[k])} for w, counts in
+                    self.store.window_proxy_evidence(now).items() for k, a in enumerate(self.store.proxy.attributes)],
                 "comparisons": [c for w, ev in evaluations for c in self._comparisons(
                     w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy", ev.evidence)],
                 "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),

@@ -101,17 +101,21 @@ class Tables:
         return self.posteriors_of(self.codes(surnames, zctas))
 
     def evidence(self, codes: NDArray[np.int64], weights: NDArray | None = None) -> NDArray[np.float64]:
-        """Rows by what their posterior rests on, in :data:`EVIDENCE` order (``weights``: the rows each stands for):
-        a surname and a ZCTA where no race the surname allows lives count as the surname alone, as
-        :meth:`posteriors_of` reads them. A report says how much of a proxy rests on one table only."""
+        """Rows by what their posterior rests on, in :data:`EVIDENCE` order (``weights``: the rows each stands for).
+        A report says how much of a proxy rests on one table only."""
+        return np.bincount(self.evidence_of(codes), weights=weights, minlength=len(EVIDENCE)).astype(np.float64)
+
+    def evidence_of(self, codes: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Each row's index in :data:`EVIDENCE`: a surname and a ZCTA where no race the surname allows lives count
+        as the surname alone, as :meth:`posteriors_of` reads them (the gate's report and the daemon's
+        ``model_proxy_evidence_samples`` both count by this)."""
         codes = np.asarray(codes, dtype=np.int64)
         s, z = np.divmod(np.maximum(codes, 0), len(self.zctas) + 1)
         surname, zcta = (codes >= 0) & (s > 0), (codes >= 0) & (z > 0)
         both = np.flatnonzero(surname & zcta)
         unusable = (self.surname[s[both] - 1] * self.zcta[z[both] - 1]).sum(axis=1) <= 0
         zcta[both[unusable]] = False
-        kind = np.where(surname & zcta, 0, np.where(surname, 1, np.where(zcta, 2, 3)))
-        return np.bincount(kind, weights=weights, minlength=len(EVIDENCE)).astype(np.float64)
+        return np.where(surname & zcta, 0, np.where(surname, 1, np.where(zcta, 2, 3)))
 
     def posteriors_of(self, codes: NDArray[np.int64]) -> NDArray[np.float64]:
         """The posteriors of rows by their :meth:`codes`."""

@@ -32,6 +32,7 @@ from exporter.serve.explained import explanation_families
 from exporter.serve.exposition import DEFAULT_CONTENT_TYPE, EXPLANATIONS, MAX_FORMATS, Page, Pages
 from exporter.serve.families import Family, put
 from exporter.serve.snapshot import FleetSnapshot, Snapshot
+from exporter.stream.state.proxy import evidence_rows
 
 PROXY = "_proxy"
 PROXIED = (" Proxy (proxy: true): the attribute was never collected; each prediction counts in each group by its BISG "
@@ -39,6 +40,20 @@ PROXIED = (" Proxy (proxy: true): the attribute was never collected; each predic
            "(docs/auditor/proxy.md).")  # fmt: skip
 _PAIR = ["model_id", "attribute", "window", "dimension", "group_a", "group_b"]
 _GROUP = ["model_id", "attribute", "window", "subgroup"]
+
+
+def _evidence(snapshots: Sequence[Snapshot], cadence: str) -> Metric:
+    """Per proxy attribute, its predictions in the window by what their BISG posterior rests on (the gate's
+    ``proxy_evidence``): how much of a gap the geography or the surname alone carries."""
+    family = GaugeMetricFamily("model_proxy_evidence_samples", "Predictions in the window of a proxy attribute by "
+                               "what their BISG posterior rests on: surname_and_zcta, surname_only, zcta_only, neither "
+                               "(its unknown category), unrecorded (restored from a checkpoint written before this "
+                               "was counted)." + cadence, labels=["model_id", "attribute", "window", "evidence"])
+    for snapshot in snapshots:
+        for window, attribute, counts in snapshot.proxy_evidence:
+            for kind, n in evidence_rows(counts).items():
+                family.add_metric([snapshot.model_id, attribute, window, kind], float(n))
+    return family
 
 
 class SnapshotCollector(Collector):
@@ -57,6 +72,7 @@ class SnapshotCollector(Collector):
         yield from self._families(snapshots, cadence)
         if any(s.proxied for s in snapshots):
             yield from self._families(snapshots, PROXIED + cadence, PROXY)
+            yield _evidence(snapshots, cadence)
         yield from estimated_families(snapshots, cadence)
         yield from self._worst(snapshots, cadence)
         yield from self._scores(snapshots, cadence)

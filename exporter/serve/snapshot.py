@@ -57,6 +57,8 @@ class Snapshot:
     proxied: tuple[tuple[str, Evaluation], ...] = ()
     """(window, evaluation) for every window and proxy attribute (proxy:): posterior-weighted, never mixed with
     :attr:`evaluations` (exporter/stream/state/proxy.py; served with the suffix ``_proxy``)."""
+    proxy_evidence: tuple[tuple[str, str, np.ndarray], ...] = ()
+    """(window, proxy attribute, its predictions by what their posteriors rest on, in ``proxy.EVIDENCE`` order)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class _Gathered:
     reference: dict[str, np.ndarray] | None
     detection: Detection
     proxies: tuple[tuple[str, Evaluation], ...]
+    evidence: dict[str, np.ndarray]
     window_scores: dict[str, tuple[np.ndarray, np.ndarray]]
     estimation: dict[str, np.ndarray]
     by_segment: Any
@@ -121,6 +124,7 @@ def _gather(monitored: Monitored, windowing: Windowing, now: float, thresholds: 
     with store.lock:  # counts and score histograms of the same events
         windows = store.window_counts(now)
         proxies = proxied(spec, store.proxy, store.window_proxy_counts(now))
+        evidence = store.window_proxy_evidence(now)
         window_scores = store.window_scores(now)
         estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
         labelled_sums = store.window_labelled_sums(now)
@@ -136,8 +140,8 @@ def _gather(monitored: Monitored, windowing: Windowing, now: float, thresholds: 
                 blocks.append((attribute, by_attribute[attribute.name]))
                 histograms.extend([labelled[attribute.name]] if labelled else [])
                 labelled_sums_of.extend([summed[attribute.name]] if summed else [])
-    return _Gathered(monitored, now, thresholds, reference, detection, proxies, window_scores, estimation, by_segment,
-                     keys, blocks, histograms, labelled_sums_of)  # fmt: skip
+    return _Gathered(monitored, now, thresholds, reference, detection, proxies, evidence, window_scores, estimation,
+                     by_segment, keys, blocks, histograms, labelled_sums_of)  # fmt: skip
 
 
 def _evaluated(gathered: Sequence[_Gathered]) -> list[list[Evaluation]]:
@@ -185,7 +189,9 @@ def _snapshot(g: _Gathered, evaluated: list[Evaluation]) -> Snapshot:
                     if g.reference is not None and g.estimation else (),
                     explained=explain(spec, by_segment, store.segments, store.layout.split)
                     if by_segment is not None and spec.segments else None,
-                    proxied=g.proxies)  # fmt: skip
+                    proxied=g.proxies, proxy_evidence=tuple((window, a.name, counts[k]) for window, counts in
+                                                            g.evidence.items()
+                                                            for k, a in enumerate(store.proxy.attributes)))  # fmt: skip
 
 
 class Computer:

@@ -124,13 +124,15 @@ def _unusable(path: Path, problem: str) -> CheckpointError:
     return CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
 
 
-SHAPED = ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums", "proxy_counts", "segment_counts",
-          "segment_bucket_ids", "segment_head", "segment_overflow", "segment_missing")
+SHAPED = ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums", "proxy_counts", "proxy_evidence",
+          "segment_counts", "segment_bucket_ids", "segment_head", "segment_overflow", "segment_missing")
 """A model's arrays whose shape and kind its layout fixes (the detectors' follow the detectors configured)."""
-COUNTED = ("counts", "totals", "score_counts", "proxy_counts", "segment_counts", "segment_overflow", "segment_missing")
+COUNTED = ("counts", "totals", "score_counts", "proxy_counts", "proxy_evidence", "segment_counts", "segment_overflow",
+           "segment_missing")
 """A model's arrays of counts, which no event makes negative."""
-NEWLY_CONFIGURED = ("estimate_counts", "estimate_totals")
-"""Arrays a checkpoint may lack: estimation configured since it was written starts at 0."""
+NEWLY_CONFIGURED = ("estimate_counts", "estimate_totals", "proxy_evidence")
+"""Arrays a checkpoint may lack: estimation configured since it was written starts at 0; a proxy's evidence (counted
+since 2026-12-04) as ``unrecorded`` predictions (ProxyRing.restore)."""
 
 
 def _check_arrays(path: Path, model_id: str, state: dict[str, np.ndarray], fresh: dict[str, np.ndarray]) -> None:

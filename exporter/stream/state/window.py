@@ -83,6 +83,7 @@ class WindowStore:
         self.estimate_counts[stale] = 0
         self.labelled_sums[stale] = 0.0
         self.proxy.counts[stale] = 0.0
+        self.proxy.evidence[stale] = 0
         self.bucket_ids[stale] = -1
 
     def add(
@@ -114,6 +115,7 @@ class WindowStore:
             if self.proxy.attributes:
                 slots, labelled = buckets % self.n_buckets, outcome >= 0
                 self.proxy.add(slots, codes, predicted)
+                self.proxy.add_evidence(slots, codes)
                 self.proxy.add(slots[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled])
             if self.score_counts.shape[2] and scores is not None and len(scores):
                 self._count_scores(buckets, rows, scores)
@@ -232,6 +234,14 @@ class WindowStore:
             return {n: self._window_sum(self.proxy.counts, k) for n, k in self.window_buckets.items()} \
                 if self.proxy.attributes else {}  # fmt: skip
 
+    def window_proxy_evidence(self, now: float) -> dict[str, np.ndarray]:
+        """The proxy attributes' predictions of every window ending at the head by what their posteriors rest on,
+        ``(attributes, len(proxy.EVIDENCE))`` (:attr:`ProxyRing.evidence`); empty without."""
+        with self.lock:
+            self._advance(self._bucket_at(now))
+            return {n: self._window_sum(self.proxy.evidence, k) for n, k in self.window_buckets.items()} \
+                if self.proxy.attributes else {}  # fmt: skip
+
     def window_scores(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Score histograms of every window ending at the head (advanced to ``now``): per row, the count in each
         bin ``(n_rows, n_bins)`` and the sum of the scores ``(n_rows,)``. Empty without score histograms."""
@@ -341,7 +351,8 @@ class WindowStore:
                 scores["labelled_sums"] = self.labelled_sums.copy()
             return {"counts": self.counts.copy(), "bucket_ids": self.bucket_ids.copy(), "totals": self.totals.copy(),
                     "head": np.array(self.head), **self.detection.arrays(self.detectors),
-                    **({"proxy_counts": self.proxy.counts.copy()} if self.proxy.attributes else {}),
+                    **({"proxy_counts": self.proxy.counts.copy(), "proxy_evidence": self.proxy.evidence.copy()}
+                       if self.proxy.attributes else {}),
                     **(scores if self.score_counts.shape[2] else {}), **self.segments.state()}  # fmt: skip
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -351,7 +362,7 @@ class WindowStore:
             self.bucket_ids[...] = state["bucket_ids"]
             self.totals[...] = state["totals"]
             if self.proxy.attributes:  # the layout check made sure the checkpoint has them
-                self.proxy.counts[...] = state["proxy_counts"]
+                self.proxy.restore(state["proxy_counts"], state.get("proxy_evidence"))
             if self.score_counts.shape[2]:  # the layout check made sure the checkpoint has them, same bounds
                 self.score_counts[...] = state["score_counts"]
                 self.score_sums[...] = state["score_sums"]
