@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
     serve.add_argument("--config.watch-interval", dest="config_watch_interval", default="5s",
                        help="how often the config file and models_dir are checked for a change, which reloads them "
-                            "(default 5s; 0: only SIGHUP or POST /-/reload)")  # fmt: skip
+                            "once unchanged at the next check (default 5s; 0: only SIGHUP or POST /-/reload, which "
+                            "reload at once)")  # fmt: skip
     serve.add_argument("--web.enable-lifecycle", dest="web_enable_lifecycle", action="store_true",
                        help="serve POST /-/reload, which reloads the config (off by default, as in Prometheus; "
                             "behind the same --web.config.file rules as every other path)")  # fmt: skip

@@ -42,7 +42,8 @@ GC_THRESHOLDS = (10_000, 10, 10)
 """The collector's thresholds once started (Python's: 700, 10, 10): a poll makes tens of thousands of short-lived
 objects (a client's records, the decoded events), which set off a young collection every 700 allocations."""
 WATCH_SECONDS = 5.0
-"""How often the config file (and models_dir) are checked for a change, which reloads them."""
+"""How often the config file (and models_dir) are checked for a change, which reloads them once unchanged for one
+more check (exporter/config/watch.py)."""
 RESTART_ONLY = (("kafka", "kafka"), ("listen_address", "listen.address"), ("listen_port", "listen.port"),
                 ("tls_cert_file", "listen.tls_cert_file"), ("tls_key_file", "listen.tls_key_file"),
                 ("checkpoint_path", "checkpoint.path"), ("attribute_sources", "attribute_sources"),
