@@ -83,7 +83,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if not report["events"]:  # a replay of nothing never passes: "0 alerts" would mean nothing
         print(f"fairness-exporter backtest: {', '.join(args.events)}: no event replayed: {refused}; expected JSON "
               "lines in the topic's event format (the config's events: paths), or parquet/CSV with the gate's "
-              "columns plus timestamp, model_id and prediction_id", file=sys.stderr)  # fmt: skip
+              "columns (each event's time in columns.timestamp) plus model_id and prediction_id",
+              file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.output:
@@ -240,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
     serve.add_argument("--config.watch-interval", dest="config_watch_interval", default="5s",
                        help="how often the config file and models_dir are checked for a change, which reloads them "
-                            "(default 5s; 0: only SIGHUP or POST /-/reload)")  # fmt: skip
+                            "once unchanged at the next check (default 5s; 0: only SIGHUP or POST /-/reload, which "
+                            "reload at once)")  # fmt: skip
     serve.add_argument("--web.enable-lifecycle", dest="web_enable_lifecycle", action="store_true",
                        help="serve POST /-/reload, which reloads the config (off by default, as in Prometheus; "
                             "behind the same --web.config.file rules as every other path)")  # fmt: skip
@@ -254,8 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "alerts its rules would have raised")  # fmt: skip
     backtest.add_argument("--config", "--config.file", dest="config", required=True, help="YAML config")
     backtest.add_argument("events", nargs="+", help="JSON lines in the topic's event format, or parquet/CSV "
-                          "datasets (file, folder, glob or prefix) with the gate's columns plus timestamp and "
-                          "model_id")  # fmt: skip
+                          "datasets (file, folder, glob or prefix) with the gate's columns (the time in "
+                          "columns.timestamp) plus model_id")  # fmt: skip
     backtest.add_argument("--output", help="write the JSON report here instead of stdout")
     backtest.add_argument("--html", help="also write a self-contained HTML report with plots to this file")
     backtest.set_defaults(func=cmd_backtest)

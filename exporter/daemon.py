@@ -19,6 +19,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.config import Config, ConfigError
+from exporter.config.watch import ConfigWatch
 from exporter.health.counters import Health, StageHealth
 from exporter.serve import orphans, web_config
 from exporter.serve.collector import CachedExposition
@@ -41,7 +42,8 @@ GC_THRESHOLDS = (10_000, 10, 10)
 """The collector's thresholds once started (Python's: 700, 10, 10): a poll makes tens of thousands of short-lived
 objects (a client's records, the decoded events), which set off a young collection every 700 allocations."""
 WATCH_SECONDS = 5.0
-"""How often the config file (and models_dir) are checked for a change, which reloads them."""
+"""How often the config file (and models_dir) are checked for a change, which reloads them once unchanged for one
+more check (exporter/config/watch.py)."""
 RESTART_ONLY = (("kafka", "kafka"), ("listen_address", "listen.address"), ("listen_port", "listen.port"),
                 ("tls_cert_file", "listen.tls_cert_file"), ("tls_key_file", "listen.tls_key_file"),
                 ("checkpoint_path", "checkpoint.path"), ("attribute_sources", "attribute_sources"),
@@ -64,22 +66,6 @@ def references(config: Config) -> dict[str, dict[str, np.ndarray]]:
             except ValueError as exc:
                 raise ConfigError(f"{model.source}: estimation.reference: {exc}") from exc
     return out
-
-
-def _fingerprint(config: Config) -> tuple[tuple[str, int, int, int], ...]:
-    """What identifies the content of the config file and of every file in models_dir (following symlinks, so a
-    Kubernetes ConfigMap update, which swaps a symlink, changes it)."""
-    paths = [Path(config.source)]
-    if config.models_dir is not None and Path(config.models_dir).is_dir():
-        paths += sorted(p for p in Path(config.models_dir).iterdir() if not p.name.startswith("."))
-    out = []
-    for path in paths:
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        out.append((str(path), st.st_mtime_ns, st.st_size, st.st_ino))
-    return tuple(out)
 
 
 def settle_heap() -> None:
@@ -163,7 +149,8 @@ class Daemon:
         self._done = threading.Event()
         """Set by SIGTERM, SIGINT, or a refusal: :meth:`run_forever` stops."""
         self._reloading = threading.Lock()
-        self._fingerprint: tuple[tuple[str, int, int, int], ...] = ()
+        self.watch = ConfigWatch(lambda: self.config, self.reload)
+        """The scheduled check of the config's files (every ``watch_seconds``), which reloads them when they change."""
         self._loaded(config)
 
     def _loaded(self, config: Config) -> None:
@@ -235,9 +222,9 @@ class Daemon:
             self.scheduler.add_job(self.stages.tick, "interval", seconds=1.0, id="stages", max_instances=1,
                                    coalesce=True)  # fmt: skip
         if self.loader is not None and self.watch_seconds > 0:
-            self._fingerprint = _fingerprint(self.config)
-            self.scheduler.add_job(self._watch, "interval", seconds=self.watch_seconds, id="watch", max_instances=1,
-                                   coalesce=True)  # fmt: skip
+            self.watch.mark()
+            self.scheduler.add_job(self.watch.check, "interval", seconds=self.watch_seconds, id="watch",
+                                   max_instances=1, coalesce=True)  # fmt: skip
         self.serve()
         if self.stages is not None:
             log.info("staged: this replica evaluates the models of the counts partitions it holds; state is "
@@ -329,18 +316,10 @@ class Daemon:
             if self.scheduler.running:
                 self._schedule(config)
             self._loaded(config)
-            self._fingerprint = _fingerprint(config)
+            self.watch.mark()
             log.info("config reloaded from %s: %s", config.source, changes)
         self.computer.run_scheduled()  # a removed model leaves /metrics now, an added one appears
         return True, str(changes)
-
-    def _watch(self) -> None:
-        """The scheduled check of the config's files: reload when one changed."""
-        fingerprint = _fingerprint(self.config)
-        if fingerprint != self._fingerprint:
-            self._fingerprint = fingerprint  # a refused config is not retried until it changes again
-            log.info("the config files changed: reloading")
-            self.reload()
 
     def stop(self) -> None:
         """Stop consuming, write a final checkpoint (from the consumer thread), commit, stop serving."""

@@ -139,6 +139,45 @@ def test_a_file_without_the_needed_columns_is_one_line_and_exit_2(
     assert str(broken) in error and "'timestamp'" in error
 
 
+def test_the_time_column_named_by_columns_timestamp_replays_as_the_default_name(
+    recorded: dict[str, Path], tmp_path: Path
+) -> None:
+    """Before: backtest read a column named 'timestamp' whatever ``columns.timestamp`` said, where the gate and Spark
+    read the configured one. A decoy 'timestamp' column twelve hours off would move every alert if it were read."""
+    renamed = parse_config({**RAW_CONFIG, "columns": {"timestamp": "event_time"}})
+    expected = backtest(parse_config(RAW_CONFIG), [recorded["parquet"]])
+    frame = pd.read_parquet(recorded["parquet"])
+    frame = frame.rename(columns={"timestamp": "event_time"}).assign(timestamp=frame["timestamp"] + 12 * 3600)
+    frame.to_parquet(tmp_path / "renamed.parquet")
+    frame.to_csv(tmp_path / "renamed.csv", index=False)
+    for path in (tmp_path / "renamed.parquet", tmp_path / "renamed.csv"):
+        assert backtest(renamed, [path]) == expected
+    assert expected["events"] == len(frame) and expected["alerts"]
+    assert backtest(parse_config(RAW_CONFIG), [tmp_path / "renamed.parquet"])["alerts"] != expected["alerts"]
+
+
+@pytest.mark.parametrize(("cell", "line"), [
+    (None, "missing column(s) ['event_time'] (columns.timestamp: each event's time); the file has "),
+    ("yesterday", "column 'event_time' (columns.timestamp) holds a cell that is neither epoch seconds nor ISO-8601 "
+                  "text"),
+])  # fmt: skip
+def test_a_configured_time_column_missing_or_unreadable_is_one_line_naming_it_and_exit_2(
+    recorded: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], cell: str | None, line: str
+) -> None:
+    """The file still has a good 'timestamp' column: before, backtest read it and exited 0."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**RAW_CONFIG, "columns": {"timestamp": "event_time"}}))
+    frame = pd.read_csv(recorded["csv"])
+    if cell is not None:
+        frame["event_time"] = frame["timestamp"].astype(object)
+        frame.loc[5, "event_time"] = cell
+    frame.to_csv(tmp_path / "events.csv", index=False)
+    assert main(["backtest", "--config", str(config), str(tmp_path / "events.csv")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0
+    assert error.startswith(f"fairness-exporter backtest: {tmp_path / 'events.csv'}: ") and line in error, error
+
+
 def test_a_file_whose_every_event_is_rejected_exits_2_with_the_reasons_and_their_counts(
     recorded: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

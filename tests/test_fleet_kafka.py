@@ -83,8 +83,8 @@ def test_a_reload_keeps_the_untouched_model_exact_and_an_invalid_one_changes_not
 
     changed_again = {**changed, "metrics": [{"name": "demographic_parity_difference", "threshold": 0.2}]}
     added = {"model_id": "added", "protected_attributes": [REGION]}
-    # replaced whole, as Kubernetes swaps a ConfigMap's file: written in place, the watcher may read it half
-    # written and refuse that too (CI once counted two refusals of the invalid file below)
+    # replaced whole, as Kubernetes swaps a ConfigMap's file (a file written in place and caught half written is
+    # reloaded once whole, without a refusal: tests/test_config_watch.py)
     _replace(path, yaml.safe_dump(fleet(kafka_broker.bootstrap_servers, topic, [kept, changed_again, added])))
     wait_for(lambda: of_model(scrape(daemon.port), "added") != {}, what="the reload to add a model")
     after = scrape(daemon.port)

@@ -264,6 +264,25 @@ def test_backtest_replays_the_versions_as_the_daemon_and_the_gate(tmp_path: Path
     assert tallied(gate_config(tmp_path, stamped=False), predictions) != want  # the snapshot: proves it can fail
 
 
+def test_backtest_joins_the_versions_at_the_time_column_columns_timestamp_names(tmp_path: Path) -> None:
+    """Before: backtest's join read each prediction's time from a column named 'timestamp' whatever
+    ``columns.timestamp`` said. A decoy 'timestamp' column after every correction would take the corrected
+    versions for every prediction if it were read."""
+    s = corrected(90, 1_800_000_000.0)
+    config, _ = written(s, tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**raw, "columns": {"timestamp": "event_time"}}))
+    frame = events_frame(s)
+    frame = frame.rename(columns={"timestamp": "event_time"}).assign(timestamp=frame["timestamp"] + 1000)
+    frame.to_parquet(tmp_path / "renamed.parquet")
+    frame.to_csv(tmp_path / "renamed.csv", index=False)
+    want = (s.truth, {"gender": s.unknown, "race": s.unknown})
+    assert tallied(config, tmp_path / "renamed.parquet") == want
+    assert tallied(config, tmp_path / "renamed.csv") == want
+    config.write_text(yaml.safe_dump({**raw, "columns": {"timestamp": "timestamp"}}))
+    assert tallied(config, tmp_path / "renamed.parquet") != want  # the decoy's times: proves it can fail
+
+
 def version_of(s: Corrected) -> list[dict[str, str]]:
     """Each prediction's attributes as the versions in force give them (``corrected``'s rule, computed apart)."""
     records: dict[str, list[tuple[int, dict[str, str]]]] = {}

@@ -94,9 +94,10 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
 
 
 def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, SideTable]) -> Iterator[Batch]:
-    """A parquet/CSV dataset (file, folder, glob or prefix) with the gate's columns plus timestamp, model_id and
-    prediction_id, a record batch at a time through the gate's encoding; a model's attributes of
-    ``attribute_sources`` joined by id from ``tables`` per batch, by the gate's join."""
+    """A parquet/CSV dataset (file, folder, glob or prefix) with the gate's columns (each event's time in
+    ``columns.timestamp``, as the gate and Spark read it) plus model_id and prediction_id, a record batch at a time
+    through the gate's encoding; a model's attributes of ``attribute_sources`` joined by id from ``tables`` per
+    batch, by the gate's join."""
     import pyarrow as pa  # parquet/CSV only: the daemon image replays JSON lines without pyarrow
 
     from exporter.gate.data import columns as col
@@ -107,12 +108,14 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
         dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in _read_from(m))],
                                [s.id for m in models for s in m.attribute_sources],
                                [c for m in models for c in written_columns(m)])  # fmt: skip
-        needed = {m.model_id: ["timestamp", prediction_column(m), *_read_from(m), *m.counted_columns]
+        needed = {m.model_id: [m.timestamp_column, prediction_column(m), *_read_from(m), *m.counted_columns]
                   for m in models}  # fmt: skip
-        for columns in [["model_id"], *needed.values()]:
+        for m, columns in [(None, ["model_id"]), *zip(models, needed.values(), strict=True)]:
             missing = [c for c in columns if c not in dataset.columns]
             if missing:
-                raise BacktestError(f"{location}: missing column(s) {missing}; the file has {dataset.columns}")
+                time = " (columns.timestamp: each event's time)" if m and m.timestamp_column in missing else ""
+                raise BacktestError(f"{location}: missing column(s) {missing}{time}; the file has "
+                                    f"{dataset.columns}")  # fmt: skip
         labels = [m.label_column for m in models if m.label_column in dataset.columns]
         reading = list(dict.fromkeys(["model_id", *(c for cs in needed.values() for c in cs), *labels]))
         for batch in dataset.batches(reading):
@@ -125,7 +128,7 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
                     from exporter.gate.data.side import join_columns
 
                     try:
-                        for name, joined in join_columns(m, tables, rows, "timestamp").items():
+                        for name, joined in join_columns(m, tables, rows).items():
                             rows = rows.append_column(name, joined)
                     except DataError as exc:
                         raise DataError(f"{location}: {exc}") from exc
@@ -155,7 +158,7 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch, csv: bo
     from exporter.gate.data import columns as col
     from exporter.gate.fairness.frames import Checks, predictions, written_columns
 
-    times = _seconds(location, batch.column("timestamp"))
+    times = _seconds(location, batch, config.timestamp_column)
     dated = ~np.isnan(times)
     if not dated.all():
         batch, times = batch.filter(pa.array(dated)), times[dated]
@@ -178,14 +181,15 @@ def _model_rows(location: str, config: ModelSpec, batch: pa.RecordBatch, csv: bo
                    scores=scores, segments=segments)  # fmt: skip
 
 
-def _seconds(location: str, stamps: pa.Array) -> np.ndarray:
-    """Event times as epoch seconds, by the gate's reading of a file's times (:func:`columns.seconds`)."""
+def _seconds(location: str, batch: pa.RecordBatch, column: str) -> np.ndarray:
+    """Event times of the model's time column as epoch seconds, by the gate's reading of a file's times
+    (:func:`columns.seconds`)."""
     from exporter.gate.data import columns as col
 
-    times, bad = col.seconds(stamps)
+    times, bad = col.seconds(batch.column(column))
     if bad.any():
-        raise BacktestError(f"{location}: column 'timestamp' holds a cell that is neither epoch seconds nor ISO-8601 "
-                            "text")  # fmt: skip
+        raise BacktestError(f"{location}: column {column!r} (columns.timestamp) holds a cell that is neither epoch "
+                            "seconds nor ISO-8601 text")  # fmt: skip
     return times
 
 

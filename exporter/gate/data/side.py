@@ -148,16 +148,15 @@ def versioned(model: ModelSpec) -> bool:
     return any(s.timestamp_column is not None for s in model.attribute_sources if s.name in sourced)
 
 
-def join_columns(model: ModelSpec, tables: Mapping[str, SideTable], batch: pa.RecordBatch,
-                 time_column: str | None = None) -> dict[str, pa.Array]:  # fmt: skip
+def join_columns(model: ModelSpec, tables: Mapping[str, SideTable], batch: pa.RecordBatch) -> dict[str, pa.Array]:
     """The model's sourced attribute columns for a batch that holds its sources' id columns: each row's value of
     its id's record (a dictionary array of the values' text; null for a missing id, an id without a record or a
-    record without the field). A source with versions is looked up at each row's time, in ``time_column`` (default
-    the model's ``columns.timestamp``), as the daemon looks a prediction up at its event time, within the
-    source's horizon. The one join of the gate, ``backtest``'s tables and ``--engine spark``."""
+    record without the field). A source with versions is looked up at each row's time, in the model's
+    ``columns.timestamp``, as the daemon looks a prediction up at its event time, within the source's horizon.
+    The one join of the gate, ``backtest``'s tables and ``--engine spark``."""
     ids = {s.name: s.id for s in model.attribute_sources}
     sources = {s.name: s for s in model.attribute_sources}
-    times = _event_times(batch, time_column or model.timestamp_column) if versioned(model) else None
+    times = _event_times(batch, model.timestamp_column) if versioned(model) else None
     found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     out = {}
     for attribute in model.base_attributes:
