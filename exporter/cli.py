@@ -83,7 +83,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if not report["events"]:  # a replay of nothing never passes: "0 alerts" would mean nothing
         print(f"fairness-exporter backtest: {', '.join(args.events)}: no event replayed: {refused}; expected JSON "
               "lines in the topic's event format (the config's events: paths), or parquet/CSV with the gate's "
-              "columns (each event's time in columns.timestamp) plus model_id and prediction_id",
+              "columns (each event's time in columns.timestamp) plus model_id",
               file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
     text = json.dumps(report, indent=2, allow_nan=False)

@@ -95,9 +95,9 @@ def _jsonl(path: Path, fleet: Fleet) -> Iterator[Batch]:
 
 def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, SideTable]) -> Iterator[Batch]:
     """A parquet/CSV dataset (file, folder, glob or prefix) with the gate's columns (each event's time in
-    ``columns.timestamp``, as the gate and Spark read it) plus model_id and prediction_id, a record batch at a time
-    through the gate's encoding; a model's attributes of ``attribute_sources`` joined by id from ``tables`` per
-    batch, by the gate's join."""
+    ``columns.timestamp``, as the gate and Spark read it) plus model_id (no prediction_id: labels are inline), a
+    record batch at a time through the gate's encoding; a model's attributes of ``attribute_sources`` joined by id
+    from ``tables`` per batch, by the gate's join."""
     import pyarrow as pa  # parquet/CSV only: the daemon image replays JSON lines without pyarrow
 
     from exporter.gate.data import columns as col
