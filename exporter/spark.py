@@ -56,24 +56,30 @@ class CountedRows:
         yield from self.table.select(list(columns)).to_batches(batch_rows)
 
 
-def read(spark: Any, location: str, ids: Sequence[str] = (), texts: Sequence[str] = ()) -> Any:
+def read(spark: Any, location: str, ids: Sequence[str] = (), texts: Sequence[str] = (), times: Sequence[str] = ()
+         ) -> Any:  # fmt: skip
     """A dataset as Spark reads it (parquet, or CSV with a header and inferred types; folders, globs and hive
     partitions as Spark knows them). ``ids``: id columns, read from CSV as the local engine reads them (their text,
     an integer followed by ``.0`` as that integer: exporter/gate/data/dataset.py); ``texts``: columns read from CSV
-    as their text as written, as the local engine reads attribute columns (the gate's encoding matches them)."""
+    as their text as written, as the local engine reads attribute columns (the gate's encoding matches them);
+    ``times``: time columns, read from CSV as their text where Spark would infer dates or timestamps (which it
+    reads in its session's time zone), so that the gate's reading of times gives ISO 8601 text without an offset
+    as UTC, as everywhere else (exporter/gate/data/columns.py, ``seconds``)."""
     kind = open_dataset(location, "predictions").format
     reader = spark.read.format(kind)
     if kind != "csv":
         return reader.load(location)
     reader = reader.option("header", True).option("inferSchema", True)
-    if not ids and not texts:
+    if not ids and not texts and not times:
         return reader.load(location)
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import DateType, StringType, StructField, StructType, TimestampNTZType, TimestampType
 
     inferred = reader.load(location).schema
-    schema = StructType([StructField(f.name, StringType()) if f.name in ids or f.name in texts else f
-                         for f in inferred.fields])  # fmt: skip
+    dated = {f.name for f in inferred.fields if f.name in times and isinstance(f.dataType, (DateType, TimestampType,
+                                                                                              TimestampNTZType))}
+    schema = StructType([StructField(f.name, StringType()) if f.name in ids or f.name in texts or f.name in dated
+                         else f for f in inferred.fields])  # fmt: skip
     df = spark.read.format("csv").option("header", True).schema(schema).load(location)
     for name in (f.name for f in inferred.fields if f.name in ids):
         df = df.withColumn(name, F.regexp_replace(F.col(name), WHOLE_FLOAT_ID, "$1"))
@@ -91,7 +97,8 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
         raise DataError(f"--engine spark needs pyspark: pip install 'fairness-exporter[spark]' ({exc})") from exc
     spark = SparkSession.builder.appName(f"fairness-exporter audit {config.model_id}").getOrCreate()
     try:
-        df = read(spark, location, [s.id for s in config.attribute_sources], written_columns(config))
+        df = read(spark, location, [s.id for s in config.attribute_sources], written_columns(config),
+                  [config.timestamp_column])
         return CountedRows(counts(joined(spark, df, config, location), config).toArrow(), date_range(df, config))
     except Exception as exc:  # Spark's analysis and IO errors arrive through py4j
         if isinstance(exc, DataError):

@@ -385,3 +385,20 @@ def test_a_bad_timestamp_key_is_one_line_naming_it(source: dict[str, Any], line:
     with pytest.raises(ConfigError, match=line):
         parse_config({"model_id": "m1", "protected_attributes": ATTRIBUTES,
                       "attribute_sources": {"applicants": source}}, "c.yaml")  # fmt: skip
+
+
+def test_spark_reads_naive_iso_text_as_utc_whatever_its_session_time_zone(spark: Any, tmp_path: Path) -> None:  # noqa: F811
+    """A CSV's ISO 8601 text without an offset means UTC in the local engine (and the daemon, and ``backtest``);
+    Spark's own CSV inference would read it in the session's time zone, 5 hours off in New York: the versions in
+    force and the LL144 table's dates would then differ from the local engine's. The same counts and dates."""
+    s = corrected(30, 1_800_000_000.0)
+    config, _ = written(s, tmp_path)
+    events_frame(s).assign(timestamp=lambda f: iso(f["timestamp"])).to_csv(tmp_path / "p.csv", index=False)
+    local = run_audit(config, tmp_path / "p.csv", now=NOW)
+    assert report_counts(local) == (s.truth, {"gender": s.unknown, "race": s.unknown})
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        assert run_audit(config, tmp_path / "p.csv", now=NOW, engine="spark") == local
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
