@@ -226,8 +226,8 @@ class Estimate:
     """(replicates, n_groups, N_COUNTS) the counts under each bootstrap replicate."""
     reference: IntArray
     """(n_groups, N_COUNTS) the reference's labelled outcomes: what sufficiency counts."""
-    calibration: FloatArray
-    """(n_groups, n_bins) the calibration the estimate rests on (what the calibration check tests)."""
+    calibration: Calibration
+    """The calibration the estimate rests on: the calibration check tests its rate, with its covariance."""
 
     def rate(self, name: str) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Estimated rate per group and its 95% interval (percentiles of the rate under the bootstrap)."""
@@ -248,7 +248,8 @@ def estimate(
     shape = refits.shape
     drawn_1 = rng.binomial(np.broadcast_to(n[..., 1], shape), refits)
     drawn_0 = rng.binomial(np.broadcast_to(n[..., 0], shape), refits)
-    return Estimate(expected, _window_outcomes(n, drawn_1, drawn_0), outcome_counts(calibration.reference), p)
+    return Estimate(expected, _window_outcomes(n, drawn_1, drawn_0), outcome_counts(calibration.reference),
+                    calibration)  # fmt: skip
 
 
 @lru_cache(maxsize=32)
@@ -396,5 +397,4 @@ def estimate_attribute(attribute: Attribute, reference: NDArray, counts: NDArray
     n = len(attribute.groups)
     block, ref = np.asarray(counts)[:n], np.asarray(reference)[:n]
     est, values = estimate_comparisons(ref, block, np.array(attribute.pairs), metrics)
-    return Estimated(attribute, values, calibration_check(est.calibration, block, Calibration.fit(ref).covariance),
-                     est)  # fmt: skip
+    return Estimated(attribute, values, calibration_check(est.calibration.rate, block, est.calibration.covariance), est)

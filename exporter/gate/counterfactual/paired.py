@@ -31,8 +31,9 @@ POSITIVE, NEGATIVE, UNPARSED, FAILED = 1, 0, -1, -2
 
 @dataclass(frozen=True)
 class PairCounts:
-    """Two groups' decisions on the same (item, template, sample): both positive, only a, only b, neither; and the
-    exact test on the items (:func:`compare`)."""
+    """Two groups' decisions on the same (item, template, sample): both positive, only a, only b, neither; the
+    exact test on the items (:func:`compare`), and how many items it had: those with at least one pair decided on
+    both sides (what ``min_samples`` counts)."""
 
     both_positive: int
     a_only: int
@@ -40,6 +41,7 @@ class PairCounts:
     neither: int
     p_value: float
     test: str
+    paired_items: int
 
     @property
     def paired(self) -> int:
@@ -73,7 +75,8 @@ def compare(a: NDArray[np.int8], b: NDArray[np.int8]) -> PairCounts:
     na, nb = (a == NEGATIVE) & decided, (b == NEGATIVE) & decided
     both, a_only, b_only, neither = (int((x & y).sum()) for x, y in ((pa, pb), (pa, nb), (na, pb), (na, nb)))
     _, _, p = sign_test((pa & nb).sum(axis=1) - (na & pb).sum(axis=1))
-    return PairCounts(both, a_only, b_only, neither, p, "mcnemar_exact" if a.shape[1] == 1 else "sign_test_by_item")
+    return PairCounts(both, a_only, b_only, neither, p, "mcnemar_exact" if a.shape[1] == 1 else "sign_test_by_item",
+                      int(decided.any(axis=1).sum()))  # fmt: skip
 
 
 def holm(p_values: list[float]) -> list[float]:

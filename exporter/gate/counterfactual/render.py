@@ -40,8 +40,11 @@ def summary(report: Mapping[str, Any]) -> str:
     failures = [x for x in report["results"] if x["counts_as"] != "pass"]
     for x in failures[:SUMMARY_LINES]:
         value = "no value" if x["value"] is None else f"{x['value']} {fmt_interval(x['ci_95'])}"
+        status = "" if x["status"] == "fail" else f", status {x['status']}"
+        if x["status"] == "insufficient_samples":  # what min_samples counted (items or prompts)
+            status += f" ({x['support']} {x['support_counts']}, min_samples {report['min_samples']})"
         lines.append(f"  {x['counts_as'].upper()} {x['attribute']} {x['metric']} {x['groups']}: {value}, threshold "
-                     f"{x['threshold']}" + (f", status {x['status']}" if x["status"] != "fail" else ""))  # fmt: skip
+                     f"{x['threshold']}{status}")  # fmt: skip
     if len(failures) > SUMMARY_LINES:
         lines.append(f"  ... and {len(failures) - SUMMARY_LINES} more in the JSON report")
     return "\n".join(lines)

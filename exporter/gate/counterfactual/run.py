@@ -9,8 +9,9 @@ exact test on the items, a sign test over items when an item is asked with sever
 Holm-adjusted over the run's pairs, under ``alpha``). A crossing the paired test cannot tell from chance
 is a warning. So a model that treats the groups alike fails with probability at most ``alpha`` however few items
 the suite has, while the seed's thresholds still set what size of difference matters. ``verdict: point_estimate``
-judges the point estimates alone, as the gate does by default. A comparison without enough decided answers never
-passes, and neither do unparsed answers over ``unparsed.max_share`` or a request that got no answer.
+judges the point estimates alone, as the gate does by default. A comparison with fewer than ``min_samples`` items
+decided for both groups (the paired test's units, however many templates and samples each has) never passes, and
+neither do unparsed answers over ``unparsed.max_share`` or a request that got no answer.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from exporter.gate.fairness.ll144 import json_float
 from exporter.gate.fairness.results import metric_results
 
 UNDEFINED: Final = "undefined"
-"""The status of a ratio of two groups that both selected no one, though both have enough decided answers."""
+"""The status of a ratio of two groups that both selected no one, though enough items were decided for both."""
 UNPARSED_METRIC: Final = "unparsed_share"
 FAILED_METRIC: Final = "failed_requests"
+ITEMS_COUNTED: Final = "items decided for both groups"
+"""What ``min_samples`` counts in the decision kind, as the report says it."""
 RUN_ATTRIBUTE: Final = "(run)"
 SHOWN_ANSWER_CHARS: Final = 400
 
@@ -152,12 +155,21 @@ def check_row(attribute: str, metric: str, groups: str, value: float | None, ci:
             "support": sum(samples.values())}  # fmt: skip
 
 
+def _counted_by_item(ev: Evaluation, paired_items: list[int]) -> Evaluation:
+    """The evaluation with each pair's support (what ``min_samples`` counts) in items decided for both groups, the
+    paired test's units, instead of answers: an item asked with several templates or samples is one item. The core's
+    count stays where it is smaller (a metric that needs labels, which no answer has: 0)."""
+    items = np.asarray(paired_items, dtype=np.int64)
+    return ev.with_metrics({name: dataclasses.replace(v, support=np.minimum(v.support, items))
+                            for name, v in ev.comparisons.metrics.items()})  # fmt: skip
+
+
 def _ratio_without_selection(row: dict[str, Any], ev: Evaluation, pair: tuple[int, int]) -> None:
-    """Judge a ratio the core leaves without a value because a group selected no one, when both groups have at least
-    min_samples decided answers: they were asked the same items, so 0 of 40 is a rate, not a missing one. Against a
-    group that selected some the ratio is 0 (as in the LL144 table), its interval from 0 to the Katz bound, judged
-    like any value; of two groups that both selected no one it has no value (``undefined``), which never passes but
-    is no evidence of a difference either: :func:`counts_as` leaves that to the paired test."""
+    """Judge a ratio the core leaves without a value because a group selected no one, when at least min_samples
+    items were decided for both groups: they were asked the same items, so 0 of 40 is a rate, not a missing one.
+    Against a group that selected some the ratio is 0 (as in the LL144 table), its interval from 0 to the Katz
+    bound, judged like any value; of two groups that both selected no one it has no value (``undefined``), which
+    never passes but is no evidence of a difference either: :func:`counts_as` leaves that to the paired test."""
     metric = METRICS.get(row["metric"])
     if row["status"] != "insufficient_samples" or metric is None or metric.kind != "ratio" or \
             row["support"] < ev.min_samples:  # fmt: skip
@@ -207,11 +219,13 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
             c = paired.compare(cells[ga], cells[gb])
             pairs.append({"attribute": a.name, "groups": f"{ga} vs {gb}", "both_positive": c.both_positive,
                           "a_only": c.a_only, "b_only": c.b_only, "neither": c.neither,
-                          "mcnemar_p_value": c.p_value, "test": c.test,
+                          "mcnemar_p_value": c.p_value, "test": c.test, "paired_items": c.paired_items,
                           "flip_rate": None if c.flip_rate is None else round(c.flip_rate, 6),
                           "flipped_items": _flips(suite, a, ga, gb, cells, texts)})  # fmt: skip
         pair_of = {f"{a.group_names[x]} vs {a.group_names[y]}": first_pair + k for k, (x, y) in enumerate(a.pairs)}
+        ev = _counted_by_item(ev, [p["paired_items"] for p in pairs[first_pair:]])
         for r in metric_results(spec, ev):
+            r["support_counts"] = ITEMS_COUNTED
             _ratio_without_selection(r, ev, a.pairs[pair_of[r["groups"]] - first_pair])
             rows.append((r, pair_of[r["groups"]]))
     adjusted = paired.holm([p["mcnemar_p_value"] for p in pairs])
@@ -288,4 +302,5 @@ def run_counterfactual(suite: Suite, cache_dir: str | Path, *, model_version: st
     requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls)
     judged = judge(suite, asked, lambda p: outcome.answers[keys[p]].texts)
     return finish(suite.run, "decision", judged, requests, keys, outcome, cache_dir, model_version,
-                  items=len(suite.items), items_source=suite.items_source, templates=len(suite.templates))
+                  items=len(suite.items), items_source=suite.items_source, templates=len(suite.templates),
+                  min_samples_counts=ITEMS_COUNTED)  # fmt: skip

@@ -203,9 +203,9 @@ def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridde
 
 def _insufficient(r: Mapping[str, Any], min_samples: Any) -> str:
     support = r.get("support")
+    counted = r.get("support_counts", "of what the metric counts in the smaller group")  # the counterfactual's unit
     if isinstance(support, int) and isinstance(min_samples, int) and support < min_samples:
-        return f"insufficient samples: {support} of what the metric counts in the smaller group, min_samples " \
-               f"{min_samples}"  # fmt: skip
+        return f"insufficient samples: {support} {counted}, min_samples {min_samples}"
     return "insufficient samples: the metric is undefined on these groups"
 
 

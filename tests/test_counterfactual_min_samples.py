@@ -1,0 +1,96 @@
+"""``min_samples`` of the counterfactual gate counts the units its kind's test counts (docs/ml/counterfactual.md):
+items decided for both groups of a pair in the decision kind (the paired test's units), prompts with an answer read
+in ``kind: ambiguous`` (the sign test's and the interval's). Before, it counted answers, so ``samples: 3`` (or three
+templates) tripled what 20 items had evaluated and passed a floor of 21 they do not reach. Scripted models behind
+loopback OpenAI-compatible servers (tests/chat_servers.py), as in tests/test_counterfactual.py; each run checks
+both edges of the floor: met at exactly the units asked, missed one above."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import chat_servers
+import numpy as np
+import pytest
+import scripted_screener
+import yaml
+from test_counterfactual import FAIR, SHIPPED_QUESTIONS, careful, counterfactual
+
+from exporter.gate.counterfactual import paired
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", chat_servers.KEY)
+
+
+def comparisons(report: dict) -> list[dict]:
+    return [r for r in report["results"] if r["metric"] in ("disparate_impact_ratio", "demographic_parity_difference")]
+
+
+@pytest.mark.parametrize(("samples", "templates"), [(3, 1), (1, 3)])
+def test_decision_min_samples_counts_items_not_the_answers_of_their_samples_or_templates(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], samples: int, templates: int) -> None:  # fmt: skip
+    """20 items, 3 answers each per group (3 samples of one prompt, or one answer to each of 3 templates): 60
+    answers per group, 20 paired items. min_samples 20 is met and the fair screener's comparisons have values;
+    at 21 they are insufficient and block (exit 1), their support 20 items. Before: 60 answers >= 21, judged, and
+    the run passed (exit 0) on 20 items."""
+    items = 20
+    raw = scripted_screener.suite(items, requests={"samples": samples})
+    if templates > 1:
+        raw["templates"] = [f"Wording {k}. " + raw["template"] for k in range(templates)]
+        del raw["template"]
+    with chat_servers.serve(scripted_screener.screener(FAIR)) as server:
+        runs = {}
+        for floor in (items, items + 1):
+            raw["min_samples"] = floor
+            (tmp_path / "suite.yaml").write_text(yaml.safe_dump(raw))
+            runs[floor] = counterfactual(capsys, tmp_path, tmp_path / "suite.yaml", server)
+    code, missed, err = runs[items + 1]
+    assert (code, missed["verdict"]) == (1, "FAIL")  # before: (0, "PASS"), support 60
+    assert {(r["status"], r["counts_as"], r["support"], r["support_counts"]) for r in comparisons(missed)} == {
+        ("insufficient_samples", "blocking", items, "items decided for both groups")}  # fmt: skip
+    assert "status insufficient_samples (20 items decided for both groups, min_samples 21)" in err
+    met = runs[items][1]
+    assert {g["asked"] for g in met["groups"]["gender"].values()} == {items * 3}  # answers per group
+    assert (met["pairs"][0]["paired_items"], met["min_samples_counts"]) == (items, "items decided for both groups")
+    assert {(r["status"] != "insufficient_samples", r["value"] is not None, r["support"]) for r in comparisons(met)} \
+        == {(True, True, items)}  # fmt: skip
+    assert missed["impact_ratios"]["attributes"] == met["impact_ratios"]["attributes"]  # LL144: the floor plays no part
+
+
+def test_ambiguous_min_samples_counts_prompts_not_their_samples(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The shipped questions: per category 3 questions x 6 value pairs x 2 orders x 2 forms = 72 prompts, asked
+    with samples: 5 (360 answers). An answerer that always says "cannot be determined" passes at min_samples 72;
+    at 73 every category is insufficient and blocks, its support 72 prompts. Before: 360 answers >= 73, PASS."""
+    prompts = {c: len(b["questions"]) * max(map(len, b["groups"].values())) * 2 * 2
+               for c, b in SHIPPED_QUESTIONS["categories"].items()}  # fmt: skip
+    assert set(prompts.values()) == {72}
+    with chat_servers.serve(careful) as server:
+        runs = {}
+        for floor in (72, 73):
+            path = tmp_path / "ambiguous.yaml"
+            path.write_text(yaml.safe_dump({"kind": "ambiguous", "model_id": "assistant-llm", "min_samples": floor,
+                                            "requests": {"samples": 5}}))  # fmt: skip
+            runs[floor] = counterfactual(capsys, tmp_path, path, server)
+    code, missed, err = runs[73]
+    assert (code, missed["verdict"]) == (1, "FAIL")  # before: (0, "PASS"), support 360
+    scores = [r for r in missed["results"] if r["metric"] == "ambiguous_bias_score"]
+    assert [(r["attribute"], r["status"], r["counts_as"], r["support"]) for r in scores] == [
+        (c, "insufficient_samples", "blocking", 72) for c in ("gender", "age", "race")]  # fmt: skip
+    assert {r["support_counts"] for r in scores} == {"prompts with an answer read"}
+    assert "status insufficient_samples (72 prompts with an answer read, min_samples 73)" in err
+    code, met, _ = runs[72]
+    assert (code, met["verdict"], met["min_samples_counts"]) == (0, "PASS", "prompts with an answer read")
+    assert {(c["answered"], c["prompts_answered"]) for c in met["categories"].values()} == {(360, 72)}
+
+
+def test_an_item_counts_when_one_of_its_pairs_is_decided_for_both_groups() -> None:
+    """4 items x 2 samples. Item 0: both samples decided for both groups; item 1: a decided on sample 0 only, b on
+    sample 1 only (each group has a decided answer, but no pair the test can use); item 2: one pair decided; item 3:
+    nothing read. The paired test has items 0 and 2: 2 items, what min_samples counts."""
+    y, n, u = paired.POSITIVE, paired.NEGATIVE, paired.UNPARSED
+    a = np.array([[[y, n]], [[y, u]], [[u, y]], [[u, u]]], dtype=np.int8)
+    b = np.array([[[n, n]], [[u, n]], [[u, n]], [[u, u]]], dtype=np.int8)
+    assert paired.compare(a, b).paired_items == 2
