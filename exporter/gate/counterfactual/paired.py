@@ -90,3 +90,20 @@ def holm(p_values: list[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p_values[i]))
         adjusted[i] = running
     return adjusted
+
+
+def design_effect(cells: NDArray) -> float:
+    """How many answers one independent answer is worth, for a group's decision cells ``(items, templates,
+    samples)``: an item's answers under several templates and samples share the item (a model that judges the
+    resume answers it alike every time), so a rate over answers varies as one over items does. Kish's design effect
+    of the clustered mean: the items' variance of ``k_i - p n_i`` (the cluster-robust variance of the rate) against
+    the binomial variance of the answers, at least 1; exactly 1 when no item has more than one answer decided."""
+    decided = cells >= 0
+    n = decided.reshape(len(cells), -1).sum(axis=1).astype(np.float64)
+    k = (cells == POSITIVE).reshape(len(cells), -1).sum(axis=1).astype(np.float64)
+    total, items = n.sum(), int(np.count_nonzero(n))
+    if n.max(initial=0) <= 1 or items < 2 or k.sum() in (0.0, total):
+        return 1.0
+    p = k.sum() / total
+    clustered = items / (items - 1) * float(((k - p * n) ** 2).sum()) / total**2
+    return max(1.0, clustered / (p * (1 - p) / total))

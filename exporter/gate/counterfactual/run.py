@@ -30,7 +30,7 @@ from exporter.config.types import ModelSpec
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, rate_counts, ratio_interval, wilson_interval
-from exporter.core.metric_table import METRICS
+from exporter.core.metric_table import METRICS, samples_to_decide
 from exporter.gate.counterfactual import paired
 from exporter.gate.counterfactual.calls import Cache, Outcome, Prompt, answers_hash, ask_all
 from exporter.gate.counterfactual.suite import ITEM_SLOT, CfAttribute, Requests, RunSettings, Suite, fill
@@ -109,8 +109,19 @@ def _counts(a: CfAttribute, cells: dict[str, np.ndarray]) -> np.ndarray:
     return counts
 
 
-def _group_block(a: CfAttribute, cells: dict[str, np.ndarray], ev: Evaluation) -> dict[str, Any]:
-    lower, upper = ev.groups.selection_rate_ci
+def _effective(a: CfAttribute, cells: dict[str, np.ndarray], counts: np.ndarray) -> np.ndarray:
+    """The count rows each group's answers are worth as independent ones (:func:`paired.design_effect`): the
+    intervals of the rates and of their comparisons rest on them, so an item asked with several templates or
+    samples narrows them no more than its correlated answers warrant. The counts themselves where every item has
+    one answer a group."""
+    effects = np.array([paired.design_effect(cells[g]) for g in a.group_names])
+    return counts if (effects == 1.0).all() else counts / effects[:, None]
+
+
+def _group_block(a: CfAttribute, cells: dict[str, np.ndarray], ev: Evaluation, ci: Evaluation) -> dict[str, Any]:
+    """Per group its answers' counts and selection rate (``ev``), the rate's interval by its effective counts
+    (``ci``)."""
+    lower, upper = ci.groups.selection_rate_ci
     return {g: {"asked": int(cells[g].size), "decided": int((cells[g] >= 0).sum()),
                 "positive": int((cells[g] == paired.POSITIVE).sum()),
                 "unparsed": int((cells[g] == paired.UNPARSED).sum()),
@@ -208,8 +219,10 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
     for a in suite.attributes:
         cells, texts = _decisions(suite, a, [q for q in asked if q.attribute == a.name], answers)
         core = Attribute(a.name, (a.name,), a.group_names, a.pairs)
-        [ev] = evaluate_many([(core, _counts(a, cells))], suite.run.min_samples)
-        groups[a.name] = _group_block(a, cells, ev)
+        counts = _counts(a, cells)
+        effective = _effective(a, cells, counts)
+        [ev, ci] = evaluate_many([(core, counts), (core, effective)], suite.run.min_samples)
+        groups[a.name] = _group_block(a, cells, ev, ci)
         checks.extend(share_rows(suite.run, a.name, groups[a.name]))
         decided = sum(g["decided"] for g in groups[a.name].values())
         tables[a.name] = ll144.attribute_table(ev, 0, max(decided, 1))
@@ -223,10 +236,16 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
                           "flip_rate": None if c.flip_rate is None else round(c.flip_rate, 6),
                           "flipped_items": _flips(suite, a, ga, gb, cells, texts)})  # fmt: skip
         pair_of = {f"{a.group_names[x]} vs {a.group_names[y]}": first_pair + k for k, (x, y) in enumerate(a.pairs)}
-        ev = _counted_by_item(ev, [p["paired_items"] for p in pairs[first_pair:]])
-        for r in metric_results(spec, ev):
-            r["support_counts"] = ITEMS_COUNTED
-            _ratio_without_selection(r, ev, a.pairs[pair_of[r["groups"]] - first_pair])
+        exact = {m: dataclasses.replace(v, value=ev.values(m).value, support=ev.values(m).support)
+                 for m, v in ci.comparisons.metrics.items()}  # the answers' values and counts, the intervals' widths
+        ci = _counted_by_item(ci.with_metrics(exact), [p["paired_items"] for p in pairs[first_pair:]])
+        for r in metric_results(spec, ci):  # intervals by the effective counts, the answers as counted
+            answered = {g: groups[a.name][g]["decided"] for g in r["samples"]}
+            r.update(support_counts=ITEMS_COUNTED, samples=answered)
+            if r["samples_to_decide"] is not None:  # answers needed, at the same answers per item
+                r["samples_to_decide"] = samples_to_decide(r["half_width"], r["exact_value"], r["threshold"],
+                                                           answered)  # fmt: skip
+            _ratio_without_selection(r, ci, a.pairs[pair_of[r["groups"]] - first_pair])
             rows.append((r, pair_of[r["groups"]]))
     adjusted = paired.holm([p["mcnemar_p_value"] for p in pairs])
     for p, q in zip(pairs, adjusted, strict=True):
