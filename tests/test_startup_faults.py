@@ -161,8 +161,11 @@ def _meta(change: dict[str, Any]) -> Any:
         (lambda a: a.pop("join.pending_ts"), "unusable checkpoint (KeyError: 'pending_ts')"),
         (_meta({"topic_ids": ["events"]}), "unusable checkpoint (topic_ids is not a mapping of topics to their ids)"),
         # before: accepted; the consumer retried "Offset must be int >= 0" forever while /healthz said 200
-        (_meta({"offsets": [["events", 0, -5]]}),
-         "unusable checkpoint (offsets: events[0] at -5; partitions and offsets are 0 or more)"),
+        (_meta({"offsets": [["events", 0, -5]]}), "unusable checkpoint (offsets: events[0] at -5; a partition is 0 "
+                                                  "to 2,147,483,647 and an offset 0 to 9,223,372,036,854,775,807"),
+        # before: accepted; kafka-python failed every fetch ("int too large to convert"), forever (review 16)
+        (_meta({"offsets": [["events", 0, 2**63]]}), "unusable checkpoint (offsets: events[0] at 9223372036854775808"),
+        (_meta({"offsets": [["events", 2**31, 0]]}), "unusable checkpoint (offsets: events[2147483648] at 0"),
         # before: accepted, the detectors started over at the checkpoint's totals
         (lambda a: a.pop("m0.detector_keys"), "unusable checkpoint (model m1: its detector_keys array is missing)"),
         # before: accepted, and exported as -1000

@@ -14,12 +14,9 @@ one model (format 1, ``<model_id>.checkpoint.npz``) is read into the fleet's whe
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -31,127 +28,23 @@ import numpy as np
 from exporter.config import Config, layout, layout_changes
 from exporter.health.counters import Health
 from exporter.stream.kafka.client import Offsets, Partition
+from exporter.stream.state.checkpoint_file import (
+    FLEET_FILE,
+    FORMAT_VERSION,
+    MOVE_AWAY,
+    SINGLE_MODEL_VERSION,
+    CheckpointError,
+    check_arrays,
+    checkpoint_path,
+    read,
+    unusable,
+    write,
+)
 from exporter.stream.state.fleet import Fleet
 
+__all__ = ["FLEET_FILE", "FORMAT_VERSION", "CheckpointError", "Checkpointer", "checkpoint_path", "read", "write"]
+
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 2
-SINGLE_MODEL_VERSION = 1
-FLEET_FILE = "fleet.checkpoint.npz"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be used; the message says why and what to do."""
-
-
-def checkpoint_path(directory: str | Path, model_id: str) -> Path:
-    """The checkpoint file of a daemon of one model (format 1) inside the configured directory."""
-    return Path(directory) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model_id)}.checkpoint.npz"
-
-
-def write(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Atomically replace the checkpoint at path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("wb") as f:
-            contents: dict[str, Any] = {"__meta__": np.array(json.dumps({"version": FORMAT_VERSION, **meta})), **arrays}
-            np.savez(f, **contents)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full or read-only disk must not leave half a checkpoint behind
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_MOVE_AWAY = "move it away to start with an empty window"
-
-
-def _check_meta(meta: Any, keys: tuple[str, ...]) -> str | None:
-    """What is wrong with a checkpoint's metadata, or None (a file edited or cut short fails here, not later)."""
-    if not isinstance(meta, dict):
-        return f"metadata is {type(meta).__name__}, not a mapping"
-    missing = [key for key in ("version", *keys, "offsets", "written_at") if key not in meta]
-    if missing:
-        return f"metadata lacks {', '.join(missing)}"
-    if "layout" in keys and not isinstance(meta["layout"], dict):
-        return "layout is not a mapping"
-    if "models" in keys and not (isinstance(meta["models"], dict) and all(
-            isinstance(m, dict) and isinstance(m.get("layout"), dict) and isinstance(m.get("prefix"), str)
-            for m in meta["models"].values())):  # fmt: skip
-        return "models is not a mapping of model ids to their layout and array prefix"
-    topic_ids = meta.get("topic_ids", {})
-    if not (isinstance(topic_ids, dict) and all(isinstance(k, str) and isinstance(v, str)
-                                                for k, v in topic_ids.items())):  # fmt: skip
-        return "topic_ids is not a mapping of topics to their ids"
-    offsets = meta["offsets"]
-    if not (isinstance(offsets, list) and all(isinstance(o, list) and len(o) == 3 and isinstance(o[0], str)
-                                                and all(isinstance(n, int) for n in o[1:]) for o in offsets)):
-        return "offsets are not [topic, partition, offset] triples"
-    negative = [f"{t}[{p}] at {o}" for t, p, o in offsets if p < 0 or o < 0]
-    if negative:
-        return f"offsets: {', '.join(negative)}; partitions and offsets are 0 or more"
-    return None
-
-
-def read(path: Path, version: int = FORMAT_VERSION) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
-    """The checkpoint's metadata and arrays, None when there is none; CheckpointError when it cannot be read."""
-    if not path.exists():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-        meta = json.loads(str(arrays.pop("__meta__")))
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
-        # AttributeError: np.load of a bare .npy array (not an archive) has no .files
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc}); {_MOVE_AWAY}") from exc
-    if isinstance(meta, dict) and meta.get("version") != version and "version" in meta:
-        raise CheckpointError(f"{path}: checkpoint format {meta['version']}, expected {version} here; "
-                              f"{_MOVE_AWAY}")  # fmt: skip
-    problem = _check_meta(meta, ("models",) if version == FORMAT_VERSION else ("layout",))
-    if problem:
-        raise CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
-    return meta, arrays
-
-
-def _unusable(path: Path, problem: str) -> CheckpointError:
-    return CheckpointError(f"{path}: unusable checkpoint ({problem}); {_MOVE_AWAY}")
-
-
-SHAPED = ("counts", "bucket_ids", "totals", "head", "score_counts", "score_sums", "proxy_counts", "proxy_evidence",
-          "segment_counts", "segment_bucket_ids", "segment_head", "segment_overflow", "segment_missing")
-"""A model's arrays whose shape and kind its layout fixes (the detectors' follow the detectors configured)."""
-COUNTED = ("counts", "totals", "score_counts", "proxy_counts", "proxy_evidence", "segment_counts", "segment_overflow",
-           "segment_missing")
-"""A model's arrays of counts, which no event makes negative."""
-NEWLY_CONFIGURED = ("estimate_counts", "estimate_totals", "proxy_evidence")
-"""Arrays a checkpoint may lack: estimation configured since it was written starts at 0; a proxy's evidence (counted
-since 2026-12-04) as ``unrecorded`` predictions (ProxyRing.restore)."""
-
-
-def _check_arrays(path: Path, model_id: str, state: dict[str, np.ndarray], fresh: dict[str, np.ndarray]) -> None:
-    """A model has every array its window store has (its detectors' included), of the shapes and kinds of its
-    layout, and no negative count (an edited or mixed-up file fails here in one line, not with a traceback or a
-    wrong number later)."""
-    for key in fresh:
-        if key not in state and key not in NEWLY_CONFIGURED:
-            raise _unusable(path, f"model {model_id}: its {key} array is missing")
-    for key in SHAPED:
-        if key not in fresh:
-            continue
-        got, want = state[key], fresh[key]
-        if got.shape != want.shape or got.dtype.kind != want.dtype.kind:
-            raise _unusable(path, f"model {model_id}: its {key} array is {got.dtype}{list(got.shape)}, expected "
-                                  f"{want.dtype}{list(want.shape)} for its layout")  # fmt: skip
-    for key in COUNTED:
-        if key in fresh and (low := state[key].min(initial=0)) < 0:
-            raise _unusable(path, f"model {model_id}: its {key} array holds {low}, and counts are 0 or more")
 
 
 class Checkpointer:
@@ -188,7 +81,7 @@ class Checkpointer:
         except CheckpointError:
             raise
         except Exception as exc:  # any other damage: one line, never a traceback
-            raise _unusable(source, f"{type(exc).__name__}: {exc}") from exc
+            raise unusable(source, f"{type(exc).__name__}: {exc}") from exc
         self.health.count_outcomes(given_up)
         if resets:
             self.keep(resets, source)
@@ -216,7 +109,7 @@ class Checkpointer:
                     continue
                 prefix = written["prefix"]
                 state = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-                _check_arrays(source, model_id, state, monitored.store.state())
+                check_arrays(source, model_id, state, monitored.store.state())
                 monitored.store.restore(state)
                 restored.add(model_id)
             fleet.joins.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")},
@@ -265,11 +158,11 @@ class Checkpointer:
         the state
         they had in a dated file beside the checkpoint (``source``: the file read at start, linked; else the
         state now, written), count each in ``fairness_exporter_model_resets_total{reason}``, and say so in one
-        line. Without checkpoints there is no file to keep: the line says that their counts are dropped."""
-        for model_id, (reason, _) in resets.items():
-            self.health.model_resets.labels(model_id, reason).inc()
+        line. Without checkpoints there is no file to keep: the line says that their counts are dropped. OSError
+        when the file cannot be written (nothing counted: the caller keeps the models as they are)."""
         models = "; ".join(f"{model_id} ({differs})" for model_id, (_, differs) in resets.items())
         if self.path is None:
+            self._count_resets(resets)
             log.warning("models reset (their layout changed): %s; no checkpoint file keeps state (checkpoint.path "
                         "unset, or kafka.stages: staged), so their previous counts are dropped", models)  # fmt: skip
             return None
@@ -282,10 +175,15 @@ class Checkpointer:
         else:
             meta, arrays, _ = self.snapshot()
             write(kept, meta, arrays)
+        self._count_resets(resets)
         log.warning("models reset (their layout changed): %s; their previous state is kept in %s (to resume it, "
                     "stop, restore the config it was written with and move that file to %s)", models, kept,
                     self.path)  # fmt: skip
         return kept
+
+    def _count_resets(self, resets: Mapping[str, tuple[str, str]]) -> None:
+        for model_id, (reason, _) in resets.items():
+            self.health.model_resets.labels(model_id, reason).inc()
 
     def _single_model(self) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
         """The checkpoint of a daemon of one model (format 1) in the fleet's form; CheckpointError when the config
@@ -300,7 +198,7 @@ class Checkpointer:
             raise CheckpointError(f"{self.directory}: {names} {'was' if len(found) == 1 else 'were'} written by a "
                                   f"daemon of one model; a daemon of several keeps one checkpoint ({FLEET_FILE}), "
                                   "and offsets of separate daemons cannot be merged exactly: start once with that "
-                                  f"model alone to carry its state over, or {_MOVE_AWAY}")  # fmt: skip
+                                  f"model alone to carry its state over, or {MOVE_AWAY}")  # fmt: skip
         path = checkpoint_path(self.directory, found[0])
         loaded = read(path, SINGLE_MODEL_VERSION)
         assert loaded is not None
