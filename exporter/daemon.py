@@ -300,13 +300,14 @@ class Daemon:
                                       "a restart; the running config is kept")  # fmt: skip
                 refs = references(config)
             except ConfigError as exc:
-                self.health.reload_failures.inc()
-                self.health.reload_successful.set(0)
-                log.error("config reload refused: %s", exc)
-                return False, str(exc)
+                return self._refuse(str(exc))
             resets = self.fleet.resets(config)
-            if resets:  # before they go: their state kept on disk, counted, said in one line
-                self.checkpointer.keep(resets)
+            try:
+                if resets:  # before they go: their state kept on disk, counted, said in one line
+                    self.checkpointer.keep(resets)
+            except OSError as exc:  # a full or read-only volume: nothing reset, nothing applied, and said so
+                return self._refuse(f"{config.source}: models {', '.join(resets)} would start afresh, and their "
+                                    f"state cannot be kept ({exc}); the running config is kept")  # fmt: skip
             changes, given_up = self.stages.apply(config) if self.stages is not None else self.fleet.apply(config)
             self.health.count_outcomes(given_up)
             if config.evaluation_interval_seconds != self.config.evaluation_interval_seconds:
@@ -320,6 +321,13 @@ class Daemon:
             log.info("config reloaded from %s: %s", config.source, changes)
         self.computer.run_scheduled()  # a removed model leaves /metrics now, an added one appears
         return True, str(changes)
+
+    def _refuse(self, line: str) -> tuple[bool, str]:
+        """A reload refused whole: counted (FairnessExporterConfigReloadFailed), said in one line."""
+        self.health.reload_failures.inc()
+        self.health.reload_successful.set(0)
+        log.error("config reload refused: %s", line)
+        return False, line
 
     def stop(self) -> None:
         """Stop consuming, write a final checkpoint (from the consumer thread), commit, stop serving."""
