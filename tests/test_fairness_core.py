@@ -95,10 +95,28 @@ def test_abs_interval_folds_an_interval_that_straddles_zero() -> None:
     assert hi.tolist() == [0.2, 0.1, 0.3]
 
 
-def test_katz_log_ratio_interval() -> None:
-    # 10/100 over 20/100: RR 0.5, se sqrt(1/10 - 1/100 + 1/20 - 1/100) = 0.36056 -> 0.5 * exp(+-0.706675)
-    lo, hi = core.ratio_interval(np.array([10]), np.array([100]), np.array([20]), np.array([100]))
-    assert (round(lo[0], 4), round(hi[0], 4)) == (0.2466, 1.0136)
+def test_the_ratio_interval_is_statsmodels_score_interval() -> None:
+    """Miettinen and Nurminen's score interval (statsmodels' confint_proportions_2indep, method="score") for 200
+    random pairs away from the boundaries, where statsmodels' root finder is reliable; at them (a rate of 0 or 1)
+    the bounds are where the score statistic is exactly +-1.96, around the point estimate."""
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    rng = np.random.default_rng(17)
+    for _ in range(200):
+        n1, n0 = rng.integers(5, 3000, 2)
+        k1, k0 = rng.integers(1, n1), rng.integers(1, n0)
+        lo, hi = core.ratio_interval(np.array([k1]), np.array([n1]), np.array([k0]), np.array([n0]))
+        want = confint_proportions_2indep(k1, n1, k0, n0, method="score", compare="ratio")
+        assert (lo[0], hi[0]) == pytest.approx(want, rel=1e-7), (k1, n1, k0, n0)
+    for k1, n1, k0, n0 in ((750, 1000, 30, 30), (30, 30, 750, 1000), (30, 30, 1000, 1000), (50, 50, 1, 50)):
+        lo, hi = core.ratio_interval(np.array([k1]), np.array([n1]), np.array([k0]), np.array([n0]))
+        counts = (np.array([float(x)]) for x in (k1, n1, k0, n0))
+        args = list(counts)
+        assert lo[0] < (k1 / n1) / (k0 / n0) < hi[0]
+        assert core._ratio_score(lo, *args)[0] == pytest.approx(1.959964, abs=1e-5)
+        assert core._ratio_score(hi, *args)[0] == pytest.approx(-1.959964, abs=1e-5)
+    lo, hi = core.ratio_interval(np.array([0, 3]), np.array([30, 30]), np.array([5, 0]), np.array([1000, 30]))
+    assert lo[0] == 0.0 and 0 < hi[0] < np.inf and np.isnan(lo[1]) and np.isnan(hi[1])  # no success below / above
 
 
 def test_intervals_contain_the_estimate_and_narrow_with_samples() -> None:

@@ -58,9 +58,9 @@ def test_a_layout_reload_while_the_checkpoint_volume_is_read_only_is_refused_and
     Here the checkpoint volume went read-only (ext4 `errors=remount-ro`, a detached volume) and a ConfigMap update
     changes m1's `model_version`. The dated file cannot be written: `Checkpointer.keep` raises `OSError` out of
     `Daemon.reload` (only ConfigError is handled), so on the scheduler's watch (or SIGHUP's thread) the reload dies
-    with a traceback. Found before: reload failures 0, last reload successful 1, `model_resets_total{m1}` 1 though m1 kept
-    its old layout and counts, and the new config is never applied (the watch took the new fingerprint before
-    reloading, so it does not try again). A production user's edited model is silently not monitored as configured,
+    with a traceback. Found before: reload failures 0, last reload successful 1, `model_resets_total{m1}` 1 though
+    m1 kept its old layout and counts, and the new config never applied (the watch took the new fingerprint before
+    reloading, so it did not try again). A production user's edited model is silently not monitored as configured,
     with every health signal saying the reload went through.
     """
     config_file = tmp_path / "config.yaml"

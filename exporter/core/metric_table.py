@@ -6,8 +6,8 @@ A metric compares one or more per-group rates (:data:`exporter.core.fairness.RAT
   equalised odds), with a Newcombe interval per rate; with k rates each is taken at ``1 - 0.05/k`` (Bonferroni,
   continuity-corrected), so the interval of the max covers at least 95% simultaneously. It passes at or below its
   threshold.
-* a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with a Katz log interval capped at 1, undefined
-  (insufficient, never 0) when a group has no success. It passes at or above its threshold.
+* a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with a score interval (Miettinen-Nurminen) capped
+  at 1, undefined (insufficient, never 0) when a group has no success. It passes at or above its threshold.
 
 Config validation, the gate, the collector, the seed API, the rules generator and the docs read :data:`METRICS`,
 so adding a metric is one entry here (see docs/adding-a-metric.md).
@@ -263,7 +263,7 @@ def _newcombe_in_union(intervals: IntArray) -> NDArray[np.bool_]:
 
 
 def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[MetricValues]:
-    """Each ratio metric's pairs: min/max of the two rates, a Katz interval at 95%/comparisons, clipped to 0..1."""
+    """Each ratio metric's pairs: min/max of the two rates, a score interval at 95%/comparisons, clipped to 0..1."""
     ka, na, kb, nb, family = gathered
     a_is_low = ratio(ka, na) <= ratio(kb, nb)
     k_low, k_high = np.where(a_is_low, ka, kb), np.where(a_is_low, kb, ka)

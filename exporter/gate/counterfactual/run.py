@@ -178,7 +178,7 @@ def _counted_by_item(ev: Evaluation, paired_items: list[int]) -> Evaluation:
 def _ratio_without_selection(row: dict[str, Any], ev: Evaluation, pair: tuple[int, int]) -> None:
     """Judge a ratio the core leaves without a value because a group selected no one, when at least min_samples
     items were decided for both groups: they were asked the same items, so 0 of 40 is a rate, not a missing one.
-    Against a group that selected some the ratio is 0 (as in the LL144 table), its interval from 0 to the Katz
+    Against a group that selected some the ratio is 0 (as in the LL144 table), its interval from 0 to the score
     bound, judged like any value; of two groups that both selected no one it has no value (``undefined``), which
     never passes but is no evidence of a difference either: :func:`counts_as` leaves that to the paired test."""
     metric = METRICS.get(row["metric"])
