@@ -7,12 +7,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.config.sections_stream import CHECKPOINT_SECONDS
 from exporter.devtools.rule_text import JOB, alert, fmt, label
 
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
-ERROR_WINDOW = "10m"  # FairnessExporterConsumerErrors and FairnessExporterCheckpointFailing: rate() window
+ERROR_WINDOW = "10m"  # FairnessExporterConsumerErrors: rate() window
 SKIP_WINDOW = "1h"  # FairnessExporterRecordsSkipped: increase() window (one skipped record keeps it an hour)
+STALE_INTERVALS = 3
+"""FairnessExporterComputationStale: the last computation older than this many evaluation intervals, and than the
+floor in TUNING. One failed or slow computation leaves it 2 intervals old, which pages nobody at a long interval;
+at the default interval (15s) the floor holds, as before the interval was read."""
+CHECKPOINT_INTERVALS = 2
+"""FairnessExporterCheckpointFailing: the last checkpoint (the start, if none yet) older than this many checkpoint
+intervals plus the margin in TUNING. One failed checkpoint between two good ones leaves it 2 intervals old."""
+INTERVAL_HELD = f"{round(CHECKPOINT_SECONDS[1] / 60) + 15}m"
+"""How long a checkpoint interval still counts once a reload shortened it: longer than the longest interval the
+config accepts, so a checkpoint at the new interval is due before the old interval's threshold goes."""
+
+
+def _configured(metric: str) -> str:
+    """An annotation fragment showing the alerting target's own value of ``metric``, one of its periods."""
+    query = f'printf "{metric}{{job=%q,instance=%q}}" $labels.job $labels.instance'
+    return "{{ with " + query + " | query }}{{ . | first | value | humanizeDuration }}{{ end }}"
 
 
 def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -22,6 +39,8 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         return alert(name, expr, for_, tuning[name].severity, summary, description)
 
     stale = fmt(tuning["FairnessExporterComputationStale"].threshold or 0)
+    margin = fmt(tuning["FairnessExporterCheckpointFailing"].threshold or 0)
+    checkpoint_interval = "fairness_exporter_checkpoint_interval_seconds"
     reject = tuning["FairnessExporterHighRejectRate"].threshold or 0
     lag = "fairness_exporter_consumer_lag_messages"
     return [
@@ -54,12 +73,15 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterComputationStale",
-            f"time() - fairness_exporter_last_computation_timestamp_seconds > {stale}",
+            "time() - fairness_exporter_last_computation_timestamp_seconds\n"
+            f"  > on (job, instance) clamp_min({STALE_INTERVALS} * fairness_exporter_evaluation_interval_seconds, "
+            f"{stale})",
             fors["FairnessExporterComputationStale"],
-            f"fairness-exporter {label('instance')} has not computed fairness metrics for over {stale}s.",
+            f"fairness-exporter {label('instance')} has stopped computing fairness metrics.",
             f"The last successful fairness computation on {label('instance')} was "
-            "{{ $value | humanizeDuration }} ago (threshold " + stale + "s) for "
-            f"{fors['FairnessExporterComputationStale']}: /metrics serves a frozen snapshot.",
+            "{{ $value | humanizeDuration }} ago, more than " + str(STALE_INTERVALS) + " times its "
+            f"evaluation_interval ({_configured('fairness_exporter_evaluation_interval_seconds')}) and more than "
+            f"{stale}s, for {fors['FairnessExporterComputationStale']}: /metrics serves a frozen snapshot.",
         ),
         tuned(
             "FairnessExporterHighRejectRate",
@@ -93,14 +115,17 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterCheckpointFailing",
-            f"rate(fairness_exporter_checkpoint_failures_total[{ERROR_WINDOW}]) > "
-            f"{fmt(tuning['FairnessExporterCheckpointFailing'].threshold or 0)}",
+            "time() - (\n  fairness_exporter_last_checkpoint_timestamp_seconds > 0\n"
+            "  or on (job, instance) fairness_exporter_start_timestamp_seconds\n)\n"
+            f"  > on (job, instance) ({CHECKPOINT_INTERVALS} * max_over_time({checkpoint_interval}[{INTERVAL_HELD}])"
+            f" + {margin})\nand on (job, instance) {checkpoint_interval} > 0",
             fors["FairnessExporterCheckpointFailing"],
             f"fairness-exporter {label('instance')} cannot write its checkpoint.",
-            f"Checkpoints of {label('instance')} have failed for {fors['FairnessExporterCheckpointFailing']} "
-            f"({{{{ $value | humanize }}}}/s over {ERROR_WINDOW}): no offset is committed meanwhile, and a "
-            "restart would resume from the last good checkpoint, "
-            "reading (not losing) the events since.",
+            f"{label('instance')} has written no checkpoint for {{{{ $value | humanizeDuration }}}} (counted from "
+            f"its start if it wrote none since), more than {CHECKPOINT_INTERVALS} times its checkpoint.interval "
+            f"({_configured(checkpoint_interval)}) plus {margin}s, for {fors['FairnessExporterCheckpointFailing']}: "
+            "no offset is committed meanwhile, and a restart would resume from the last good checkpoint, reading "
+            "(not losing) the events since. fairness_exporter_checkpoint_failures_total counts the failed writes.",
         ),
         tuned(
             "FairnessExporterRecordsSkipped",

@@ -60,7 +60,7 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterAbsent":           Tuning(None, "10m", "critical"),
     # nothing consumed over STALL_WINDOW while the lag is > 0 and not decreasing
     "FairnessExporterConsumerStalled":  Tuning(None, "10m", "warning"),
-    # seconds since the last successful computation > threshold
+    # seconds since the last successful computation > 3 evaluation intervals (health_rules.py), and > threshold
     "FairnessExporterComputationStale": Tuning(300,  "5m",  "warning"),
     # rejected / consumed over REJECT_WINDOW > threshold
     "FairnessExporterHighRejectRate":   Tuning(0.05, "10m", "warning"),
@@ -68,8 +68,8 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterKafkaUnreachable": Tuning(None, "5m",  "warning"),
     # consumer errors per second over ERROR_WINDOW > threshold (a broker outage, refused commits, a bad setting)
     "FairnessExporterConsumerErrors":   Tuning(0,    "15m", "warning"),
-    # failed checkpoints over ERROR_WINDOW > threshold: offsets stay uncommitted, a restart re-reads and loses state
-    "FairnessExporterCheckpointFailing": Tuning(0,   "10m", "warning"),
+    # seconds since the last checkpoint (or the start) > 2 checkpoint intervals + threshold: offsets stay uncommitted
+    "FairnessExporterCheckpointFailing": Tuning(300, "5m",  "warning"),
     # records skipped over SKIP_WINDOW > threshold: a batch failed 3 times and these records failed alone too
     "FairnessExporterRecordsSkipped":   Tuning(0,    "5m",  "warning"),
     # fairness_exporter_config_last_reload_successful == 0: a reload was refused, the previous config still runs
