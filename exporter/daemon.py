@@ -156,6 +156,8 @@ class Daemon:
     def _loaded(self, config: Config) -> None:
         """The health of the config now running (loaded at start, or reloaded)."""
         self.health.models.set(len(config.models))
+        self.health.evaluation_interval.set(config.evaluation_interval_seconds)  # the periods the health alerts read
+        self.health.checkpoint_interval.set(config.checkpoint_interval_seconds if self.checkpointer.path else 0)
         if self.unjoined_level is not None and config.models:
             self.unjoined_level.set(config.models[0].alerting.max_unjoined_share)
         self.health.reload_successful.set(1)

@@ -1,10 +1,11 @@
 """What every generated alert shares: the templates of its labels and value, its numbers, its runbook link, its
-shape (exporter/devtools/rules.py and stage_rules.py build the alerts from these)."""
+shape (exporter/devtools/rules.py, health_rules.py and stage_rules.py build the alerts from these)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+JOB = "fairness-exporter"  # the scrape job of every target (the chart's ServiceMonitor names it so)
 RUNBOOK_URL = "https://github.com/fairness-exporter/fairness-exporter/blob/main/rules/RUNBOOK.md"
 VALUE_3F = '{{ printf "%.3f" $value }}'
 VALUE_0F = '{{ printf "%.0f" $value }}'

@@ -89,9 +89,20 @@ class Health:
                                           "Duration of the last fairness computation.", registry=registry)
         self.computation_errors = Counter("fairness_exporter_computation_errors",
                                           "Fairness computations that failed.", registry=registry)
+        self.evaluation_interval = Gauge("fairness_exporter_evaluation_interval_seconds",
+                                         "evaluation_interval: how often the fairness metrics are computed (as of "
+                                         "the last config load).", registry=registry)  # fmt: skip
         self.last_checkpoint = Gauge("fairness_exporter_last_checkpoint_timestamp_seconds",
-                                     "Unix time of the last durable checkpoint (0: checkpoints disabled).",
-                                     registry=registry)  # fmt: skip
+                                     "Unix time of the last durable checkpoint (0: none written since the start, or "
+                                     "checkpoints disabled).", registry=registry)  # fmt: skip
+        self.checkpoint_interval = Gauge("fairness_exporter_checkpoint_interval_seconds",
+                                         "checkpoint.interval: how often the checkpoint file is written (0: no "
+                                         "checkpoint file: none configured, or kafka.stages: staged, which snapshots "
+                                         "into its internal topics).", registry=registry)  # fmt: skip
+        self.started = Gauge("fairness_exporter_start_timestamp_seconds",
+                             "Unix time this daemon started (the age of its first checkpoint counts from it).",
+                             registry=registry)  # fmt: skip
+        self.started.set_to_current_time()
         self.http_worker_restarts = Counter("fairness_exporter_http_worker_restarts",
                                             "HTTP worker processes (which serve /metrics and the probes) that "
                                             "exited and were started again.", registry=registry)  # fmt: skip
