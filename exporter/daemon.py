@@ -189,10 +189,14 @@ class Daemon:
 
     def ready(self) -> tuple[bool, str]:
         """Ready once partitions are assigned and a computation has published a snapshot, while a broker answers,
-        every topic read exists and (a direct replica) it holds partitions, and no other member of the group holds
-        partitions of its topics."""
+        every topic read exists and (a direct replica) it holds partitions, no other member of the group holds
+        partitions of its topics, and the config monitors a model (an empty ``models_dir`` is accepted: it waits for
+        its files, not ready, as a daemon that computes nothing for anybody)."""
         if self.source.refusal is not None:
             return False, self.source.refusal
+        if not self.config.models:
+            return False, (f"no model configured: waiting for model files in {self.config.models_dir} (every event "
+                           "is ignored until one arrives)")  # fmt: skip
         if (shared := self.source.shared) is not None:
             return False, (f"{shared}: counting is paused until this replica holds them all again "
                            "(kafka.stages: direct is one replica; use kafka.stages: staged for several)")

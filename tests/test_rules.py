@@ -32,7 +32,8 @@ ALERTS = {rule["alert"]: rule for rule in RULES_BY_KIND["alert"]}
 CONSTANT_VALUE = {"FairnessExporterDown", "FairnessExporterAbsent",  # up == 0 and absent() are always 0 / 1
                   "FairnessExporterKafkaUnreachable",  # fairness_exporter_kafka_connected == 0
                   "FairnessExporterModelUnowned",  # max(fairness_exporter_model_owned) == 0
-                  "FairnessExporterPartitionsShared"}  # fairness_exporter_partitions_shared == 1
+                  "FairnessExporterPartitionsShared",  # fairness_exporter_partitions_shared == 1
+                  "FairnessExporterNoModel"}  # fairness_exporter_models == 0
 
 
 def _seconds(duration: str) -> int:
@@ -164,7 +165,8 @@ def test_detector_alerts_are_the_detectors_table_and_fire_while_a_detector_is_in
         assert rule["expr"].endswith("_alarm" + rule["expr"].split("\n")[0].split("_statistic", 1)[1] + " == 1")
     paging = {name for name, rule in ALERTS.items() if rule["labels"]["severity"] == "critical"}
     # no fairness alert (of the model) can fire
-    blind = {"FairnessExporterAbsent", "FairnessExporterModelUnowned", "FairnessExporterPartitionsShared"}
+    blind = {"FairnessExporterAbsent", "FairnessExporterModelUnowned", "FairnessExporterPartitionsShared",
+             "FairnessExporterNoModel"}
     assert paging - blind == {a.name for a in DETECTOR_ALERTS if a.severity == "critical"}
 
 

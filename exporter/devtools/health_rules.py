@@ -1,5 +1,6 @@
 """The alerts on the daemon's own health: its target down or absent, its consumer stalled or failing, its
-computation stale, events rejected, checkpoints failing, records skipped, a config reload refused; their thresholds,
+computation stale, events rejected, checkpoints failing, records skipped, a config reload refused, no model
+monitored; their thresholds,
 `for:` and severities are in the TUNING table of exporter/devtools/rules.py."""
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _configured(metric: str) -> str:
 
 
 def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The ten alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
+    """The eleven alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
 
     def tuned(name: str, expr: str, for_: str, summary: str, description: str) -> dict[str, Any]:
         return alert(name, expr, for_, tuning[name].severity, summary, description)
@@ -148,5 +149,14 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
             f"restart) for {fors['FairnessExporterConfigReloadFailed']}: it still runs the config it applied "
             "{{ $value | humanizeDuration }} ago, so models added or changed since are not monitored as configured. "
             "Its log names every error.",
+        ),
+        tuned(
+            "FairnessExporterNoModel",
+            "fairness_exporter_models == 0",
+            fors["FairnessExporterNoModel"],
+            f"fairness-exporter {label('instance')} monitors no model.",
+            f"The config of {label('instance')} has had no model for {fors['FairnessExporterNoModel']} (its "
+            "models_dir is empty: the chart's model ConfigMaps were not found, or not copied): every event it reads "
+            "is ignored, no fairness number is computed for anybody, and its /readyz answers 503.",
         ),
     ]

@@ -74,6 +74,8 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterRecordsSkipped":   Tuning(0,    "5m",  "warning"),
     # fairness_exporter_config_last_reload_successful == 0: a reload was refused, the previous config still runs
     "FairnessExporterConfigReloadFailed": Tuning(None, "5m", "warning"),
+    # fairness_exporter_models == 0: the config monitors no model (an empty models_dir): every event is ignored
+    "FairnessExporterNoModel":          Tuning(None, "10m", "critical"),
     # the staged path: no replica owns a model (its detectors and series are gone): every alert of it is blind
     "FairnessExporterModelUnowned":     Tuning(None, "5m",  "critical"),
     # two replicas export one model (a zombie, or partitions added to the counts topic under running replicas)
