@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from exporter.core.attributes import Attribute
-from exporter.core.evaluate import evaluate_many, fails, fails_many
+from exporter.core.evaluate import evaluate_many
 from exporter.core.fairness import N_COUNTS
 from exporter.core.metric_table import COUNT_METRICS, METRICS, MetricValues, compute_many
+from exporter.core.multiplicity import fails, fails_many
 from exporter.core.scores import auc_gap
 
 FIELDS = ("value", "lower", "upper", "half_width", "support")
