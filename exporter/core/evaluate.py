@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
+from exporter.core import conditional
 from exporter.core.attributes import Attribute
+from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.conditional import metric as conditional_metric
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, exact, group_stats
-from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare
-from exporter.core.multiplicity import Worst, fails, fails_many, simultaneous, worst_of, worsts_of
+from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare, compute_many
+from exporter.core.multiplicity import Compute, Worst, fails, fails_many, simultaneous, worst_of, worsts_of
 from exporter.core.scores import SCORE_SUM
 from exporter.core.scores import auc as group_auc
 from exporter.core.scores import calibration as group_calibration
@@ -50,6 +53,9 @@ class Evaluation:
     """Per (metric, threshold): :func:`fails` of the pairs, computed for the whole batch of evaluations at once."""
     worsts: dict[str, Worst] = field(default_factory=dict)
     """Per metric: :meth:`worst`, computed for the whole batch of evaluations at once."""
+    strata: np.ndarray | None = None
+    """Counts per group and stratum ``(n_groups, n_strata, N_COUNTS)`` of the conditional metrics among the
+    comparisons (``strata:``, :meth:`with_conditional`): what their intervals at 95%/K are computed from."""
 
     @property
     def unknown_samples(self) -> float:
@@ -57,10 +63,32 @@ class Evaluation:
         return float(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
 
     def with_metrics(self, values: Mapping[str, MetricValues]) -> Evaluation:
-        """The same evaluation with more metrics among its comparisons (the conditional ones, from counts per
-        stratum), for the same pairs."""
+        """The same evaluation with some metrics' values added or replaced, for the same pairs (their simultaneous
+        intervals as they were)."""
         c = self.comparisons
         return replace(self, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values}))
+
+    def with_conditional(self, strata: np.ndarray, values: Mapping[str, MetricValues]) -> Evaluation:
+        """The same evaluation with conditional metrics among its comparisons, for the same pairs: ``values``, each
+        alone (:func:`exporter.core.conditional.conditional_compare` of ``strata``), and each as one of its
+        metric's judged comparisons (at 95%/K, from the same strata), so that the worst comparison and the
+        multiplicity rule judge them as every other metric's."""
+        ev = replace(self.with_metrics(values), strata=strata)
+        if self.simultaneous is None:
+            return ev
+        c, s = self.comparisons, self.simultaneous
+        wide = simultaneous(partial(conditional.compute_many, strata), np.stack([c.group_a, c.group_b], axis=1),
+                            Comparisons(c.group_a, c.group_b, dict(values)), {m: ev.sufficient(m) for m in values},
+                            self.family())  # fmt: skip
+        return replace(ev, simultaneous=Comparisons(s.group_a, s.group_b, {**s.metrics, **wide.metrics}))
+
+    def _compute(self, metric: str) -> Compute:
+        """How a metric's pairs are computed at another level (95%/K): from the groups' counts, a conditional one
+        from the counts per stratum."""
+        if metric in CONDITIONAL_METRICS:
+            assert self.strata is not None, metric
+            return partial(conditional.compute_many, self.strata)
+        return partial(compute_many, self.counts, histogram=self.histogram)
 
     def values(self, metric: str) -> MetricValues:
         """Value, interval, half-width and support of one metric, per pair."""
@@ -85,8 +113,8 @@ class Evaluation:
             return states
         failing = self.failing.get((metric, threshold))
         if failing is None:
-            failing = fails(metric, threshold, self.multiplicity, self.counts, np.array(self.attribute.pairs), ok,
-                            self.family(), self.simultaneous.metrics[metric], self.histogram)  # fmt: skip
+            failing = fails(metric, threshold, self.multiplicity, self._compute(metric), np.array(self.attribute.pairs),
+                            ok, self.family(), self.simultaneous.metrics[metric])  # fmt: skip
         return np.where(states == "fail", np.where(failing, "fail", "inconclusive"), states)
 
     def worst_rows(self, metrics: Iterable[str], family: int = 0) -> list[dict[str, Any]]:
@@ -135,7 +163,7 @@ class Evaluation:
         assert self.simultaneous is not None and metric in self.simultaneous.metrics, metric
         if metric in self.worsts:
             return self.worsts[metric]
-        return worst_of(METRICS[metric].kind, self.values(metric), self.simultaneous.metrics[metric],
+        return worst_of(conditional_metric(metric).kind, self.values(metric), self.simultaneous.metrics[metric],
                         self.sufficient(metric), self.family(), self.families)  # fmt: skip
 
     def metric(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -223,11 +251,12 @@ def evaluate_many(
     local_pair = np.arange(len(global_pairs)) - pair_starts[block]
     family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
     judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
-    wide = simultaneous(counts, global_pairs, comparisons, judged, family, histogram, rates) \
+    compute = partial(compute_many, counts, rates=rates, histogram=histogram)
+    wide = simultaneous(compute, global_pairs, comparisons, judged, family) \
         if worsts or multiplicity != "none" else None  # fmt: skip
     failing = {} if wide is None else fails_many(
-        (thresholds or {}) if multiplicity != "none" else {}, multiplicity, counts, global_pairs, judged, family,
-        wide.metrics, histogram, rates)  # fmt: skip
+        (thresholds or {}) if multiplicity != "none" else {}, multiplicity, compute, global_pairs, judged, family,
+        wide.metrics)  # fmt: skip
     worst: dict[str, Worst] = {}
     if worsts and wide is not None:
         names = list(comparisons.metrics)

@@ -6,12 +6,17 @@ with an interval that holds over all of them, and the multiplicity rules that ju
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compute_many
+from exporter.core.conditional import metric
+from exporter.core.metric_table import Comparisons, MetricValues, Request
+
+Compute = Callable[[Sequence[Request]], list[MetricValues]]
+"""Each request's pairs at the level of its K (``compute_many`` of :mod:`exporter.core.metric_table` over the groups'
+counts, of :mod:`exporter.core.conditional` over their counts per stratum)."""
 
 
 @dataclass(frozen=True)
@@ -69,29 +74,28 @@ MULTIPLICITY = ("holm", "bonferroni", "none")
 95%/K (Bonferroni), or each alone. ``pass`` needs no adjustment (docs/auditor/numbers.md)."""
 
 
-def fails(metric: str, threshold: float, multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
-          judged: np.ndarray, family: np.ndarray, simultaneous: MetricValues,
-          histogram: np.ndarray | None) -> np.ndarray:  # fmt: skip
-    """Per pair (``pairs`` rows of ``counts``, ``judged`` the ones with a value, ``family`` their family): whether its
+def fails(name: str, threshold: float, multiplicity: str, compute: Compute, pairs: np.ndarray, judged: np.ndarray,
+          family: np.ndarray, simultaneous: MetricValues) -> np.ndarray:  # fmt: skip
+    """Per pair (``pairs`` of groups, ``judged`` the ones with a value, ``family`` their family): whether its
     interval lies wholly beyond the threshold as one of its family's K judged comparisons: each at the 5%/K error
     level (``simultaneous``: Bonferroni), or Holm's step-down: once r of them fail, the others are judged again at
     5%/(K - r), until none more fails. That fails the same comparisons as Holm's rule on their p-values, since an
     interval at a lower error level holds the one at a higher. Vectorised over families (one per attribute and
     window of a whole fleet, in the daemon's computation)."""
-    return fails_many({metric: threshold}, multiplicity, counts, pairs, {metric: judged}, family,
-                      {metric: simultaneous}, histogram)[metric, threshold]  # fmt: skip
+    return fails_many({name: threshold}, multiplicity, compute, pairs, {name: judged}, family,
+                      {name: simultaneous})[name, threshold]  # fmt: skip
 
 
-def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
-               judged: Mapping[str, np.ndarray], family: np.ndarray, simultaneous: Mapping[str, MetricValues],
-               histogram: np.ndarray | None, rates: RateCounts | None = None) -> dict[tuple[str, float], np.ndarray]:
-    """:func:`fails` of several metrics at their thresholds, each Holm step of all of them in one
-    :func:`compute_many` pass."""
+def fails_many(thresholds: Mapping[str, float], multiplicity: str, compute: Compute, pairs: np.ndarray,
+               judged: Mapping[str, np.ndarray], family: np.ndarray,
+               simultaneous: Mapping[str, MetricValues]) -> dict[tuple[str, float], np.ndarray]:  # fmt: skip
+    """:func:`fails` of several metrics at their thresholds, each Holm step of all of them in one ``compute``
+    pass."""
     names, size = list(thresholds), len(family)
     if not names:
         return {}
-    failed = np.concatenate([judged[name] & METRICS[name].fails(simultaneous[name].lower, simultaneous[name].upper,
-                                                                 thresholds[name]) for name in names])  # fmt: skip
+    failed = np.concatenate([judged[name] & metric(name).fails(simultaneous[name].lower, simultaneous[name].upper,
+                                                                thresholds[name]) for name in names])  # fmt: skip
     out = {(name, thresholds[name]): failed[i * size : (i + 1) * size] for i, name in enumerate(names)}  # views
     if multiplicity == "bonferroni" or not size:
         return out
@@ -109,18 +113,18 @@ def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.nd
             return out
         bounds = np.searchsorted(step, np.arange(len(names) + 1) * size).tolist()
         steps = [(i, step[bounds[i] : bounds[i + 1]]) for i in range(len(names)) if bounds[i] < bounds[i + 1]]
-        again = compute_many(counts, [(METRICS[names[i]], pairs[at - i * size, 0], pairs[at - i * size, 1],
-                                       remaining[at]) for i, at in steps], rates, histogram)  # fmt: skip
+        again = compute([(metric(names[i]), pairs[at - i * size, 0], pairs[at - i * size, 1], remaining[at])
+                         for i, at in steps])  # fmt: skip
         stepping[:] = False
         for (i, at), values in zip(steps, again, strict=True):
-            newly = METRICS[names[i]].fails(values.lower, values.upper, thresholds[names[i]])
+            newly = metric(names[i]).fails(values.lower, values.upper, thresholds[names[i]])
             if newly.any():
                 failed[at[newly]] = True
                 stepping[i] = True
 
 
-def simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, judged: Mapping[str, np.ndarray],
-                 family: np.ndarray, histogram: np.ndarray | None, rates: RateCounts) -> Comparisons:  # fmt: skip
+def simultaneous(compute: Compute, pairs: np.ndarray, comparisons: Comparisons, judged: Mapping[str, np.ndarray],
+                 family: np.ndarray) -> Comparisons:  # fmt: skip
     """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
     judged comparisons in a family put each of its pairs' intervals at 95%/K, all metrics in one pass. A family of
     K <= 1 keeps its 95% intervals, which is what 95%/1 computes again."""
@@ -139,11 +143,11 @@ def simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons
     requests, wider = [], {}
     for i, name in enumerate(names):
         if every[i]:
-            requests.append((METRICS[name], a, b, k[i]))
+            requests.append((metric(name), a, b, k[i]))
         elif some[i]:
             wider[name] = at = np.flatnonzero(wide[i])
-            requests.append((METRICS[name], a[at], b[at], k[i][at]))
-    found = iter(compute_many(counts, requests, rates, histogram))
+            requests.append((metric(name), a[at], b[at], k[i][at]))
+    found = iter(compute(requests))
     out = {}
     for i, (name, alone) in enumerate(comparisons.metrics.items()):
         if every[i]:
