@@ -3,12 +3,15 @@ has alone, bit for bit, and a family of one comparison keeps its 95% intervals a
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from exporter.core.attributes import Attribute
-from exporter.core.evaluate import evaluate_many, fails, fails_many
+from exporter.core.evaluate import evaluate_many
 from exporter.core.fairness import N_COUNTS
 from exporter.core.metric_table import COUNT_METRICS, METRICS, MetricValues, compute_many
+from exporter.core.multiplicity import fails, fails_many
 from exporter.core.scores import auc_gap
 
 FIELDS = ("value", "lower", "upper", "half_width", "support")
@@ -62,10 +65,11 @@ def test_holm_of_all_metrics_at_once_fails_what_each_fails_alone() -> None:
     family = np.zeros(len(pairs), dtype=np.int64)
     thresholds = {m: METRICS[m].default_threshold for m in COUNT_METRICS}
     judged = {m: ev.sufficient(m) for m in COUNT_METRICS}
-    together = fails_many(thresholds, "holm", counts, pairs, judged, family, ev.simultaneous.metrics, None)
+    compute = partial(compute_many, counts)
+    together = fails_many(thresholds, "holm", compute, pairs, judged, family, ev.simultaneous.metrics)
     some = 0
     for m, t in thresholds.items():
-        alone = fails(m, t, "holm", counts, pairs, judged[m], family, ev.simultaneous.metrics[m], None)
+        alone = fails(m, t, "holm", compute, pairs, judged[m], family, ev.simultaneous.metrics[m])
         assert np.array_equal(together[m, t], alone), m
         some += int(alone.sum())
     assert 0 < some < len(pairs) * len(thresholds)  # some fail, some do not: Holm's steps ran

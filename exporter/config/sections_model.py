@@ -18,9 +18,9 @@ from exporter.core import bisg
 from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute, Proxy
 from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.conditional import metric as any_metric
-from exporter.core.evaluate import MULTIPLICITY
 from exporter.core.explain import DEFAULT_SEGMENT_CAP
 from exporter.core.metric_table import METRIC_NAMES
+from exporter.core.multiplicity import MULTIPLICITY
 
 MODEL_KEYS: Final = frozenset({
     "model_id", "protected_attributes", "intersections", "metrics", "failure_policy", "decision", "min_samples",

@@ -10,12 +10,15 @@
   compared (Clarify compares a facet with all other rows: the same number when the attribute has two groups).
 
 Like every difference of the metric table, ``value`` is the absolute gap with its folded 95% interval; the signed one
-(a - b, or Clarify's sign: positive when group a is over-represented among rejections) is kept beside it. Counts are
-per (group, stratum): ``(n_groups, n_strata, N_COUNTS)``. Pure functions, no I/O, no pandas.
+(a - b, or Clarify's sign: positive when group a is over-represented among rejections) is kept beside it. As one of
+K comparisons its interval is at 95%/K, as the table's are (:func:`compute_many`: the worst comparison and the
+multiplicity rules, :mod:`exporter.core.multiplicity`). Counts are per (group, stratum):
+``(n_groups, n_strata, N_COUNTS)``. Pure functions, no I/O, no pandas.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -23,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from exporter.core.fairness import PRED_NEG, PRED_POS, Z_95, FloatArray, IntArray, abs_interval, rate_counts
-from exporter.core.metric_table import METRICS, Metric, MetricValues
+from exporter.core.metric_table import METRICS, Metric, MetricValues, Request, _zs
 
 # fmt: off
 CONDITIONAL_METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
@@ -97,9 +100,11 @@ def clarify_cdd(strata: NDArray, a: NDArray, b: NDArray) -> tuple[FloatArray, Fl
     return np.where(empty, np.nan, cdd), np.where(empty, np.nan, var)
 
 
-def conditional_compare(name: str, strata: NDArray, group_a: NDArray, group_b: NDArray) -> Stratified:
+def conditional_compare(name: str, strata: NDArray, group_a: NDArray, group_b: NDArray,
+                        comparisons: NDArray | None = None) -> Stratified:  # fmt: skip
     """One conditional metric for pairs ``(group_a[i], group_b[i])`` of the groups of a ``(n_groups, n_strata,
-    N_COUNTS)`` counts array."""
+    N_COUNTS)`` counts array; ``comparisons``: per pair, the K of its family, its interval then at 95%/K (default:
+    each alone, 95%)."""
     a, b = np.asarray(group_a, dtype=np.int64), np.asarray(group_b, dtype=np.int64)
     (rate,) = CONDITIONAL_METRICS[name].rates
     k, n = rate_counts(strata, rate)  # (n_groups, n_strata)
@@ -114,7 +119,15 @@ def conditional_compare(name: str, strata: NDArray, group_a: NDArray, group_b: N
         signed, var = mantel_haenszel(k[a], n[a], k[b], n[b])
         used = both.sum(axis=-1)
         support = np.minimum(np.where(both, n[a], 0).sum(axis=-1), np.where(both, n[b], 0).sum(axis=-1))
-    half = Z_95 * np.sqrt(var)
+    # alone, Z_95 as before (inv_cdf differs in the last bit), as the table's ratios do
+    k = np.ones(len(a), np.int64) if comparisons is None else np.asarray(comparisons, dtype=np.int64)
+    half = np.where(k > 1, _zs(k), Z_95) * np.sqrt(var)
     lower, upper = abs_interval(signed - half, signed + half)
     values = MetricValues(np.abs(signed), lower, upper, half, support.astype(np.int64))
     return Stratified(values, signed, used.astype(np.int64), dropped.astype(np.int64))
+
+
+def compute_many(strata: NDArray, requests: Sequence[Request]) -> list[MetricValues]:
+    """:func:`exporter.core.metric_table.compute_many` of conditional metrics: each request's pairs over the counts
+    per stratum, each pair's interval at 95%/its K."""
+    return [conditional_compare(m.name, strata, a, b, k).values for m, a, b, k in requests]

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
+from exporter.core import conditional
 from exporter.core.attributes import Attribute
+from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.conditional import metric as conditional_metric
 from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, exact, group_stats
 from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare, compute_many
+from exporter.core.multiplicity import Compute, Worst, fails, fails_many, simultaneous, worst_of, worsts_of
 from exporter.core.scores import SCORE_SUM
 from exporter.core.scores import auc as group_auc
 from exporter.core.scores import calibration as group_calibration
@@ -49,6 +53,9 @@ class Evaluation:
     """Per (metric, threshold): :func:`fails` of the pairs, computed for the whole batch of evaluations at once."""
     worsts: dict[str, Worst] = field(default_factory=dict)
     """Per metric: :meth:`worst`, computed for the whole batch of evaluations at once."""
+    strata: np.ndarray | None = None
+    """Counts per group and stratum ``(n_groups, n_strata, N_COUNTS)`` of the conditional metrics among the
+    comparisons (``strata:``, :meth:`with_conditional`): what their intervals at 95%/K are computed from."""
 
     @property
     def unknown_samples(self) -> float:
@@ -56,10 +63,32 @@ class Evaluation:
         return float(self.unknown[PRED_POS] + self.unknown[PRED_NEG])
 
     def with_metrics(self, values: Mapping[str, MetricValues]) -> Evaluation:
-        """The same evaluation with more metrics among its comparisons (the conditional ones, from counts per
-        stratum), for the same pairs."""
+        """The same evaluation with some metrics' values added or replaced, for the same pairs (their simultaneous
+        intervals as they were)."""
         c = self.comparisons
         return replace(self, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values}))
+
+    def with_conditional(self, strata: np.ndarray, values: Mapping[str, MetricValues]) -> Evaluation:
+        """The same evaluation with conditional metrics among its comparisons, for the same pairs: ``values``, each
+        alone (:func:`exporter.core.conditional.conditional_compare` of ``strata``), and each as one of its
+        metric's judged comparisons (at 95%/K, from the same strata), so that the worst comparison and the
+        multiplicity rule judge them as every other metric's."""
+        ev = replace(self.with_metrics(values), strata=strata)
+        if self.simultaneous is None:
+            return ev
+        c, s = self.comparisons, self.simultaneous
+        wide = simultaneous(partial(conditional.compute_many, strata), np.stack([c.group_a, c.group_b], axis=1),
+                            Comparisons(c.group_a, c.group_b, dict(values)), {m: ev.sufficient(m) for m in values},
+                            self.family())  # fmt: skip
+        return replace(ev, simultaneous=Comparisons(s.group_a, s.group_b, {**s.metrics, **wide.metrics}))
+
+    def _compute(self, metric: str) -> Compute:
+        """How a metric's pairs are computed at another level (95%/K): from the groups' counts, a conditional one
+        from the counts per stratum."""
+        if metric in CONDITIONAL_METRICS:
+            assert self.strata is not None, metric
+            return partial(conditional.compute_many, self.strata)
+        return partial(compute_many, self.counts, histogram=self.histogram)
 
     def values(self, metric: str) -> MetricValues:
         """Value, interval, half-width and support of one metric, per pair."""
@@ -84,8 +113,8 @@ class Evaluation:
             return states
         failing = self.failing.get((metric, threshold))
         if failing is None:
-            failing = fails(metric, threshold, self.multiplicity, self.counts, np.array(self.attribute.pairs), ok,
-                            self.family(), self.simultaneous.metrics[metric], self.histogram)  # fmt: skip
+            failing = fails(metric, threshold, self.multiplicity, self._compute(metric), np.array(self.attribute.pairs),
+                            ok, self.family(), self.simultaneous.metrics[metric])  # fmt: skip
         return np.where(states == "fail", np.where(failing, "fail", "inconclusive"), states)
 
     def worst_rows(self, metrics: Iterable[str], family: int = 0) -> list[dict[str, Any]]:
@@ -134,25 +163,13 @@ class Evaluation:
         assert self.simultaneous is not None and metric in self.simultaneous.metrics, metric
         if metric in self.worsts:
             return self.worsts[metric]
-        return worst_of(METRICS[metric].kind, self.values(metric), self.simultaneous.metrics[metric],
+        return worst_of(conditional_metric(metric).kind, self.values(metric), self.simultaneous.metrics[metric],
                         self.sufficient(metric), self.family(), self.families)  # fmt: skip
 
     def metric(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, lower, upper) per pair."""
         v = self.values(metric)
         return v.value, v.lower, v.upper
-
-
-@dataclass(frozen=True)
-class Worst:
-    """Per family of comparisons (one but in ``backtest``): the worst comparison of a metric and its simultaneous
-    interval; ``pair`` is -1 (and the numbers NaN) when none was judged."""
-
-    pair: np.ndarray
-    value: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
-    judged: np.ndarray
 
 
 def _local_worst(w: Worst, first: int, families: int, pair_start: int) -> Worst:
@@ -164,99 +181,6 @@ def _local_worst(w: Worst, first: int, families: int, pair_start: int) -> Worst:
 
 def _finite(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
-
-
-def worst_of(kind: str, values: MetricValues, simultaneous: MetricValues, judged: np.ndarray, family: np.ndarray,
-             families: int) -> Worst:  # fmt: skip
-    """Per family, over its ``judged`` pairs: the worst value (a difference's largest, a ratio's smallest) and, from
-    every pair's interval at 95%/K (Bonferroni over the K judged), the max (a ratio: min) of their lower and of their
-    upper bounds: if every interval holds its pair's true value, which happens with 95% probability at least, this
-    one holds the true worst. Vectorised over families (``backtest`` judges a day of steps at once)."""
-    return worsts_of([kind], [values], [simultaneous], [judged], family, families)[0]
-
-
-def worsts_of(kinds: Sequence[str], values: Sequence[MetricValues], simultaneous: Sequence[MetricValues],
-              judged: Sequence[np.ndarray], family: np.ndarray, families: int) -> list[Worst]:  # fmt: skip
-    """:func:`worst_of` of several metrics of the same pairs, in one pass: each metric's families are families of
-    their own."""
-    if not kinds:
-        return []
-    size, n = len(family), len(kinds) * families
-    signs = np.array([-1.0 if kind == "ratio" else 1.0 for kind in kinds])  # the worst is the largest sign * value
-    sign, family_sign = np.repeat(signs, size), np.repeat(signs, families)
-    family = np.add.outer(np.arange(len(kinds)) * families, family).ravel()
-    ok = np.concatenate(judged)
-    value = np.concatenate([v.value for v in values])
-    key = np.where(ok, sign * value, -np.inf)
-    order = np.lexsort((-key, family))  # by family, the worst first
-    first = np.searchsorted(family[order], np.arange(n))
-    count = np.bincount(family[ok], minlength=n)
-    pair = np.where(count > 0, order[np.minimum(first, len(order) - 1)] if len(order) else -1, -1)
-    bounds = []
-    for side in (np.concatenate([s.lower for s in simultaneous]), np.concatenate([s.upper for s in simultaneous])):
-        top = np.full(n, -np.inf)
-        np.maximum.at(top, family[ok], sign[ok] * side[ok])
-        bounds.append(np.where(count > 0, family_sign * top, np.nan))
-    worst = np.where(count > 0, value[np.maximum(pair, 0)] if len(order) else np.nan, np.nan)
-    local = np.where(pair >= 0, pair - np.repeat(np.arange(len(kinds)) * size, families), -1).astype(np.int64)
-    count = count.astype(np.int64)
-    return [Worst(local[part], worst[part], bounds[0][part], bounds[1][part], count[part])
-            for part in (slice(i * families, (i + 1) * families) for i in range(len(kinds)))]  # fmt: skip
-
-
-MULTIPLICITY = ("holm", "bonferroni", "none")
-"""How ``fail`` is judged across one metric's comparisons of an attribute: Holm's step-down (the default), each at
-95%/K (Bonferroni), or each alone. ``pass`` needs no adjustment (docs/auditor/numbers.md)."""
-
-
-def fails(metric: str, threshold: float, multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
-          judged: np.ndarray, family: np.ndarray, simultaneous: MetricValues,
-          histogram: np.ndarray | None) -> np.ndarray:  # fmt: skip
-    """Per pair (``pairs`` rows of ``counts``, ``judged`` the ones with a value, ``family`` their family): whether its
-    interval lies wholly beyond the threshold as one of its family's K judged comparisons: each at the 5%/K error
-    level (``simultaneous``: Bonferroni), or Holm's step-down: once r of them fail, the others are judged again at
-    5%/(K - r), until none more fails. That fails the same comparisons as Holm's rule on their p-values, since an
-    interval at a lower error level holds the one at a higher. Vectorised over families (one per attribute and
-    window of a whole fleet, in the daemon's computation)."""
-    return fails_many({metric: threshold}, multiplicity, counts, pairs, {metric: judged}, family,
-                      {metric: simultaneous}, histogram)[metric, threshold]  # fmt: skip
-
-
-def fails_many(thresholds: Mapping[str, float], multiplicity: str, counts: np.ndarray, pairs: np.ndarray,
-               judged: Mapping[str, np.ndarray], family: np.ndarray, simultaneous: Mapping[str, MetricValues],
-               histogram: np.ndarray | None, rates: RateCounts | None = None) -> dict[tuple[str, float], np.ndarray]:
-    """:func:`fails` of several metrics at their thresholds, each Holm step of all of them in one
-    :func:`compute_many` pass."""
-    names, size = list(thresholds), len(family)
-    if not names:
-        return {}
-    failed = np.concatenate([judged[name] & METRICS[name].fails(simultaneous[name].lower, simultaneous[name].upper,
-                                                                 thresholds[name]) for name in names])  # fmt: skip
-    out = {(name, thresholds[name]): failed[i * size : (i + 1) * size] for i, name in enumerate(names)}  # views
-    if multiplicity == "bonferroni" or not size:
-        return out
-    # every metric's families are families of their own: one bincount per step for all metrics
-    n = int(family.max()) + 1
-    index = np.add.outer(np.arange(len(names)) * n, family).ravel()
-    ok = np.concatenate([judged[name] for name in names])
-    total = np.bincount(index[ok], minlength=len(names) * n)[index]
-    stepping = np.ones(len(names), dtype=bool)
-    while True:
-        left = ok & ~failed & np.repeat(stepping, size)
-        remaining = np.bincount(index[left], minlength=len(names) * n)[index]
-        step = np.flatnonzero(left & (remaining < total))  # a family where some failed: its others, at 5%/left
-        if not step.size:
-            return out
-        bounds = np.searchsorted(step, np.arange(len(names) + 1) * size).tolist()
-        steps = [(i, step[bounds[i] : bounds[i + 1]]) for i in range(len(names)) if bounds[i] < bounds[i + 1]]
-        again = compute_many(counts, [(METRICS[names[i]], pairs[at - i * size, 0], pairs[at - i * size, 1],
-                                       remaining[at]) for i, at in steps], rates, histogram)  # fmt: skip
-        stepping[:] = False
-        for (i, at), values in zip(steps, again, strict=True):
-            newly = METRICS[names[i]].fails(values.lower, values.upper, thresholds[names[i]])
-            if newly.any():
-                failed[at[newly]] = True
-                stepping[i] = True
 
 
 def _rows(stats: GroupStats, rows: slice | np.ndarray) -> GroupStats:
@@ -327,16 +251,17 @@ def evaluate_many(
     local_pair = np.arange(len(global_pairs)) - pair_starts[block]
     family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
     judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
-    simultaneous = _simultaneous(counts, global_pairs, comparisons, judged, family, histogram, rates) \
+    compute = partial(compute_many, counts, rates=rates, histogram=histogram)
+    wide = simultaneous(compute, global_pairs, comparisons, judged, family) \
         if worsts or multiplicity != "none" else None  # fmt: skip
-    failing = {} if simultaneous is None else fails_many(
-        (thresholds or {}) if multiplicity != "none" else {}, multiplicity, counts, global_pairs, judged, family,
-        simultaneous.metrics, histogram, rates)  # fmt: skip
+    failing = {} if wide is None else fails_many(
+        (thresholds or {}) if multiplicity != "none" else {}, multiplicity, compute, global_pairs, judged, family,
+        wide.metrics)  # fmt: skip
     worst: dict[str, Worst] = {}
-    if worsts and simultaneous is not None:
+    if worsts and wide is not None:
         names = list(comparisons.metrics)
         worst = dict(zip(names, worsts_of([METRICS[name].kind for name in names], list(comparisons.metrics.values()),
-                                          [simultaneous.metrics[name] for name in names],
+                                          [wide.metrics[name] for name in names],
                                           [judged[name] for name in names], family, len(blocks) * families),
                          strict=True))  # fmt: skip
     out = []
@@ -351,46 +276,10 @@ def evaluate_many(
             min_samples=min_samples,
             unknown=unknowns[k],
             multiplicity=multiplicity,
-            simultaneous=None if simultaneous is None else simultaneous.take(local, pairs[k][:, 0], pairs[k][:, 1]),
+            simultaneous=None if wide is None else wide.take(local, pairs[k][:, 0], pairs[k][:, 1]),
             families=families,
             histogram=None if histograms is None else histograms[k],
             failing={key: f[local] for key, f in failing.items()},
             worsts={name: _local_worst(w, k * families, families, pair_starts[k]) for name, w in worst.items()},
         ))  # fmt: skip
     return out
-
-
-def _simultaneous(counts: np.ndarray, pairs: np.ndarray, comparisons: Comparisons, judged: Mapping[str, np.ndarray],
-                  family: np.ndarray, histogram: np.ndarray | None, rates: RateCounts) -> Comparisons:  # fmt: skip
-    """Every metric's pairs at the level of their family (a block's pairs, or each of its ``families`` runs): K
-    judged comparisons in a family put each of its pairs' intervals at 95%/K, all metrics in one pass. A family of
-    K <= 1 keeps its 95% intervals, which is what 95%/1 computes again."""
-    names = list(comparisons.metrics)
-    if not names or not len(pairs):
-        return comparisons
-    n = int(family.max()) + 1
-    # every metric's K per pair in one pass: each metric's families are families of their own
-    index = np.add.outer(np.arange(len(names)) * n, family).ravel()
-    ok = np.concatenate([judged[name] for name in names])
-    k = np.maximum(np.bincount(index, weights=ok, minlength=len(names) * n).astype(np.int64)[index], 1)
-    k = k.reshape(len(names), len(pairs))
-    wide = k > 1
-    every, some = wide.all(axis=1).tolist(), wide.any(axis=1).tolist()
-    a, b = pairs[:, 0], pairs[:, 1]
-    requests, wider = [], {}
-    for i, name in enumerate(names):
-        if every[i]:
-            requests.append((METRICS[name], a, b, k[i]))
-        elif some[i]:
-            wider[name] = at = np.flatnonzero(wide[i])
-            requests.append((METRICS[name], a[at], b[at], k[i][at]))
-    found = iter(compute_many(counts, requests, rates, histogram))
-    out = {}
-    for i, (name, alone) in enumerate(comparisons.metrics.items()):
-        if every[i]:
-            out[name] = next(found)
-        elif some[i]:
-            out[name] = alone.replaced(wider[name], next(found))
-        else:
-            out[name] = alone
-    return Comparisons(comparisons.group_a, comparisons.group_b, out)

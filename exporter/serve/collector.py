@@ -183,7 +183,7 @@ class SnapshotCollector(Collector):
             for family, scored in ((auc, ev.auc()), (ece, ev.calibration())):
                 for i, group in enumerate(groups) if scored is not None else ():
                     family.add([snapshot.model_id, ev.attribute.name, window, group], *(x[i] for x in scored or ()))
-            for metric in (m for m in snapshot.metrics if m in METRICS):  # the conditional ones: no worst
+            for metric in snapshot.metrics:
                 w = ev.worst(metric)
                 labels = [snapshot.model_id, ev.attribute.name, window, metric]
                 judged.add_metric(labels, float(w.judged[0]))

@@ -173,8 +173,11 @@ def _snapshot(g: _Gathered, evaluated: list[Evaluation]) -> Snapshot:
         pairs = {a.name: (np.array([p[0] for p in a.pairs], np.int64), np.array([p[1] for p in a.pairs], np.int64))
                  for a in spec.attributes}  # fmt: skip
         found = conditional(spec, by_segment, store.segments, store.layout.split, pairs)
-        evaluated = [ev.with_metrics({n: s.values for n, s in found[window, ev.attribute.name].items()})
-                     for window, ev in zip(g.keys, evaluated, strict=True)]  # fmt: skip
+        with_conditional = []
+        for window, ev in zip(g.keys, evaluated, strict=True):  # judged as the gate judges them (worst, multiplicity)
+            strata, stratified = found[window, ev.attribute.name]
+            with_conditional.append(ev.with_conditional(strata, {n: s.values for n, s in stratified.items()}))
+        evaluated = with_conditional
         metrics = (*metrics, *spec.conditional_metrics)
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in g.window_scores.items():

@@ -22,7 +22,6 @@ from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
 from exporter.core.conditional import metric
 from exporter.core.evaluate import Evaluation, evaluate_many
-from exporter.core.metric_table import METRICS
 from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Dataset, Manifest
@@ -158,7 +157,7 @@ def _worst(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
     for row in out:
         lower, upper = (math.nan if x is None else x for x in row["ci_simultaneous"])
         row["threshold"] = threshold = config.thresholds()[row["metric"]]
-        row["evidence"] = str(METRICS[row["metric"]].evidence(lower, upper, threshold)) if row["dimension"] else \
+        row["evidence"] = str(metric(row["metric"]).evidence(lower, upper, threshold)) if row["dimension"] else \
             "inconclusive"  # fmt: skip
     return out
 

@@ -130,7 +130,8 @@ def explain_change(config: ModelSpec, baseline: SegmentTally, current: SegmentTa
 def with_conditional(config: ModelSpec, evaluations: list[Evaluation], tally: SegmentTally | None) -> \
         tuple[list[Evaluation], dict[tuple[str, str], Stratified]]:  # fmt: skip
     """The evaluations with the configured conditional metrics among their comparisons (from the counts per
-    stratum), and each one's strata used and dropped, by (attribute, metric)."""
+    stratum, judged as every metric: :meth:`Evaluation.with_conditional`), and each one's strata used and dropped, by
+    (attribute, metric)."""
     names = [m.name for m in config.metrics if m.name in CONDITIONAL_METRICS]
     if not names or tally is None:
         return evaluations, {}
@@ -141,7 +142,7 @@ def with_conditional(config: ModelSpec, evaluations: list[Evaluation], tally: Se
         c = ev.comparisons
         for name in names:
             found[ev.attribute.name, name] = conditional_compare(name, strata, c.group_a, c.group_b)
-        out.append(ev.with_metrics({name: found[ev.attribute.name, name].values for name in names}))
+        out.append(ev.with_conditional(strata, {name: found[ev.attribute.name, name].values for name in names}))
     return out, found
 
 

@@ -188,9 +188,11 @@ def paged(spec: ModelSpec, taken: Any, store: Any, entry: Mapping[str, Any], rat
 
 def conditional(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[str, ...]], int],
                 counts: SegmentCounts, split: Callable[[np.ndarray], dict[str, np.ndarray]],
-                pairs: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[tuple[str, str], dict[str, Stratified]]:
-    """The configured conditional metrics (``strata:``) of every window's current period and attribute, for the
-    pairs ``(group_a, group_b)`` of each attribute, by (window, attribute)."""
+                pairs: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                ) -> dict[tuple[str, str], tuple[np.ndarray, dict[str, Stratified]]]:  # fmt: skip
+    """The counts per group and stratum (``strata:``) of every window's current period and attribute, and the
+    configured conditional metrics of them for the pairs ``(group_a, group_b)`` of each attribute, by (window,
+    attribute)."""
     names = [m.name for m in spec.metrics if m.name in CONDITIONAL_METRICS]
     if not names or not spec.strata:
         return {}
@@ -203,5 +205,5 @@ def conditional(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.nda
         for attribute in spec.attributes:
             strata = by_attribute[attribute.name][: len(attribute.groups), k * width : (k + 1) * width][:, used]
             a, b = pairs[attribute.name]
-            out[window, attribute.name] = {name: conditional_compare(name, strata, a, b) for name in names}
+            out[window, attribute.name] = strata, {name: conditional_compare(name, strata, a, b) for name in names}
     return out

@@ -1,0 +1,176 @@
+"""The conditional metrics (``strata:``) are judged among their comparisons as every metric is: a ``fail`` under the
+configured ``multiplicity`` (holm / bonferroni), a ``worst[]`` row with its simultaneous interval, in the gate and in
+the daemon alike (found by review 17: they were judged alone at 95%, with no worst row, under ``multiplicity: holm``).
+
+docs/auditor/numbers.md, Many comparisons: "``multiplicity: holm | bonferroni | none`` (per model; default
+``holm``) says how a comparison's ``fail`` evidence is judged among its metric's K judged comparisons of the
+attribute. [...] ``holm``: Holm's step-down, the same first step [its interval at 5%/K must lie wholly beyond the
+threshold]"; "Per attribute and metric, the report's ``worst[]`` [...] names the comparison with the largest
+difference". On one stratum the Mantel-Haenszel difference is the plain difference and Sato's variance the Wald one,
+so statsmodels' Wald interval and Holm's rule on the Wald p-values are the oracles.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+import yaml
+from daemon_config import make_config
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from scipy.stats import norm
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import confint_proportions_2indep
+
+from exporter.core.conditional import conditional_compare
+from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS
+from exporter.daemon import Daemon
+from exporter.gate.fairness.audit import run_audit
+
+CONDITIONAL = "conditional_demographic_parity_difference"
+GROUPS = ("a", "b", "c", "d")
+
+
+def _rows(selected: dict[str, int], n: int = 400) -> pd.DataFrame:
+    """``n`` rows per group in one stratum (``band`` x), ``selected[g]`` of them predicted positive."""
+    rows = [(g, 1) for g, k in selected.items() for _ in range(k)] + \
+        [(g, 0) for g, k in selected.items() for _ in range(n - k)]  # fmt: skip
+    return pd.DataFrame(rows, columns=["g", "prediction"]).assign(band="x")
+
+
+def _config(multiplicity: str, threshold: float = 0.02) -> dict[str, Any]:
+    return {"model_id": "m", "min_samples": 30, "decision": "evidence", "multiplicity": multiplicity,
+            "strata": ["band"],
+            "failure_policy": {"blocking_failures": "halt_deployment", "warning_failures": "log_and_continue",
+                               "inconclusive": "warn"},
+            "protected_attributes": [{"name": "g", "groups": list(GROUPS)}],
+            "metrics": [{"name": CONDITIONAL, "threshold": threshold, "severity_on_fail": "blocking"},
+                        {"name": "demographic_parity_difference", "threshold": threshold,
+                         "severity_on_fail": "blocking"}]}  # fmt: skip
+
+
+def _audit(tmp_path: Path, config: dict[str, Any], frame: pd.DataFrame) -> dict[str, Any]:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return run_audit(path, frame)
+
+
+def test_a_conditional_comparison_fails_under_holm_only_if_its_interval_at_5_percent_over_k_is_beyond(
+    tmp_path: Path,
+) -> None:
+    """Under ``multiplicity: holm`` a comparison fails on evidence only if its interval at 5%/K lies beyond the
+    threshold (the first Holm step), K the metric's judged comparisons (the result says ``comparisons_judged: 6``).
+
+    Four groups of 400 in one stratum: a, b, c selected 120 times, d 156 times; gap 0.09 against a threshold of
+    0.02. The Wald interval at 95% is [0.0244, 0.1556], beyond 0.02; at 5%/6 (Holm's first step, Bonferroni's only
+    one) it is [0.0017, 0.1783], not beyond: inconclusive. With ``decision: evidence`` and
+    ``failure_policy.inconclusive: warn`` nothing blocks: PASS (found before: the three d pairs judged alone at 95%,
+    ``fail``, verdict FAIL, no ``worst[]`` row), as the same rows' unconditional parity is judged."""
+    frame = _rows({"a": 120, "b": 120, "c": 120, "d": 156})
+    alone = confint_proportions_2indep(156, 400, 120, 400, method="wald", alpha=0.05)
+    holm_first = confint_proportions_2indep(156, 400, 120, 400, method="wald", alpha=0.05 / 6)
+    assert alone[0] > 0.02 and holm_first[0] < 0.02  # fails alone, inconclusive among the six
+    report = _audit(tmp_path, _config("holm"), frame)
+    conditional = {r["groups"]: r for r in report["results"] if r["metric"].startswith("conditional_")}["a vs d"]
+    plain = {r["groups"]: r for r in report["results"] if r["metric"] == "demographic_parity_difference"}["a vs d"]
+    assert abs(conditional["ci_95"][0] - alone[0]) < 1e-9 and conditional["comparisons_judged"] == 6
+    assert plain["evidence"] == "inconclusive"
+    worst_metrics = {w["metric"] for w in report["worst"]}
+    assert (report["multiplicity"], conditional["evidence"], report["verdict"],
+            "conditional_demographic_parity_difference" in worst_metrics) == ("holm", "inconclusive", "PASS", True), \
+        (report["multiplicity"], conditional["evidence"], report["verdict"], sorted(worst_metrics))
+
+
+def test_the_conditional_worst_row_holds_the_wald_interval_at_5_percent_over_k(tmp_path: Path) -> None:
+    """The ``worst[]`` row of the conditional metric: the largest gap (a vs d, 0.09), its simultaneous interval the
+    widest of the six pairs' intervals at 5%/6 (statsmodels' Wald), and what that interval says."""
+    report = _audit(tmp_path, _config("holm"), _rows({"a": 120, "b": 120, "c": 120, "d": 156}))
+    (worst,) = [w for w in report["worst"] if w["metric"] == CONDITIONAL]
+    low, high = confint_proportions_2indep(156, 400, 120, 400, method="wald", alpha=0.05 / 6)
+    assert (worst["dimension"], worst["comparisons_judged"], worst["evidence"]) == ("a_vs_d", 6, "inconclusive")
+    assert worst["value"] == pytest.approx(0.09, abs=1e-12)
+    assert worst["ci_simultaneous"] == pytest.approx([low, high], abs=1e-9)
+
+
+@pytest.mark.parametrize("multiplicity", ["holm", "bonferroni", "none"])
+def test_conditional_fails_are_those_of_the_rule_on_the_comparisons_p_values(tmp_path: Path,
+                                                                             multiplicity: str) -> None:  # fmt: skip
+    """Holm's later steps too: with a, b, c, d selected 100, 100, 134 and 178 times of 400, five of the six gaps fail
+    alone, Bonferroni fails two (a vs d, b vs d) and Holm three, c vs d (p = 0.0086) at its third step, 5%/4
+    (statsmodels' ``multipletests`` on the Wald p-values: an interval at 5%/K lies beyond the threshold exactly when
+    2 * (1 - Phi((|d| - t) / se)) < 5%/K). The gate fails exactly those conditional comparisons."""
+    selected = {"a": 100, "b": 100, "c": 134, "d": 178}
+    p_values = {}
+    for x, y in itertools.combinations(GROUPS, 2):
+        p1, p0 = selected[x] / 400, selected[y] / 400
+        se = math.sqrt(p1 * (1 - p1) / 400 + p0 * (1 - p0) / 400)
+        p_values[f"{x} vs {y}"] = 2 * norm.sf((abs(p1 - p0) - 0.02) / se)
+    if multiplicity == "none":
+        expected = {pair for pair, p in p_values.items() if p < 0.05}
+    else:
+        rejected = multipletests(list(p_values.values()), 0.05, multiplicity)[0]
+        expected = {pair for pair, r in zip(p_values, rejected, strict=True) if r}
+    report = _audit(tmp_path, _config(multiplicity), _rows(selected))
+    failed = {r["groups"] for r in report["results"] if r["metric"] == CONDITIONAL and r["evidence"] == "fail"}
+    assert len(expected) == {"holm": 3, "bonferroni": 2, "none": 5}[multiplicity]
+    assert failed == expected
+
+
+def test_a_lone_conditional_comparison_keeps_its_95_interval_bit_for_bit() -> None:
+    """K = 1: the interval as one of one is the 95% interval, to the bit (Z_95, not the quantile computed again)."""
+    strata = np.zeros((2, 3, N_COUNTS), np.int64)
+    strata[..., PRED_POS] = [[30, 12, 7], [22, 15, 3]]
+    strata[..., PRED_NEG] = [[70, 40, 20], [80, 31, 25]]
+    a, b = np.array([0]), np.array([1])
+    for name in (CONDITIONAL, "conditional_demographic_disparity"):
+        alone = conditional_compare(name, strata, a, b).values
+        one_of_one = conditional_compare(name, strata, a, b, np.array([1])).values
+        assert [alone.lower.tobytes(), alone.upper.tobytes()] == [one_of_one.lower.tobytes(),
+                                                                  one_of_one.upper.tobytes()]  # fmt: skip
+
+
+@dataclass
+class _Record:
+    value: bytes
+    offset: int
+
+
+def test_the_daemon_judges_conditional_comparisons_as_the_gate_does_under_holm(tmp_path: Path) -> None:
+    """The review's rows through the daemon (its counts per subgroup x stratum, serve/snapshot.py) and through the
+    gate: the same conditional evidence per pair under holm (a vs d inconclusive, not fail) and the same worst
+    comparison, its simultaneous interval and its K on /metrics as in the report's ``worst[]``."""
+    now = 1_800_000_000.0
+    rows = _rows({"a": 120, "b": 120, "c": 120, "d": 156})
+    settings: dict[str, Any] = {
+        "protected_attributes": [{"name": "g", "groups": list(GROUPS)}], "strata": ["band"], "min_samples": 30,
+        "multiplicity": "holm", "windows": ["10m"], "bucket": "10s", "allowed_lateness": "15m",
+        "metrics": [{"name": CONDITIONAL, "threshold": 0.02}],
+    }  # fmt: skip
+    daemon = Daemon(make_config(checkpoint={"path": str(tmp_path / "state")}, **settings),
+                    registry=CollectorRegistry(), clock=lambda: now)  # fmt: skip
+    events = [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": now - 120,
+                            "prediction": int(r.prediction), "label": None,
+                            "attributes": {"g": r.g, "band": r.band}}) for i, r in enumerate(rows.itertuples())]
+    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    samples = [s for family in text_string_to_metric_families(daemon.metrics_page()) for s in family.samples
+               if s.labels.get("metric") == CONDITIONAL]  # fmt: skip
+    page = {s.labels["dimension"]: s.labels["evidence"] for s in samples
+            if s.name == "model_comparison_evidence" and s.value == 1.0}  # fmt: skip
+    report = run_audit(make_config(**settings).model(), rows.assign(label=None))
+    gate = {r["dimension"]: r["evidence"] for r in report["results"] if r["metric"] == CONDITIONAL}
+    assert page == gate and gate["a_vs_d"] == "inconclusive"
+    (worst,) = [w for w in report["worst"] if w["metric"] == CONDITIONAL]
+    shown = {s.name: s for s in samples if s.name.startswith(("model_worst_comparison", "model_comparisons_judged"))}
+    assert shown["model_comparisons_judged"].value == worst["comparisons_judged"] == 6
+    assert shown["model_worst_comparison"].labels["dimension"] == worst["dimension"]
+    assert [shown[f"model_worst_comparison{s}"].value for s in ("", "_lower", "_upper")] == pytest.approx(
+        [worst["value"], *worst["ci_simultaneous"]], abs=1e-9)
