@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from exporter.core.fairness import PRED_NEG, PRED_POS, Z_95, FloatArray, IntArray, abs_interval, rate_counts
-from exporter.core.metric_table import METRICS, Metric, MetricValues, Request, _zs
+from exporter.core.metric_table import METRICS, Metric, MetricValues, Request, simultaneous_z
 
 # fmt: off
 CONDITIONAL_METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
@@ -121,7 +121,7 @@ def conditional_compare(name: str, strata: NDArray, group_a: NDArray, group_b: N
         support = np.minimum(np.where(both, n[a], 0).sum(axis=-1), np.where(both, n[b], 0).sum(axis=-1))
     # alone, Z_95 as before (inv_cdf differs in the last bit), as the table's ratios do
     k = np.ones(len(a), np.int64) if comparisons is None else np.asarray(comparisons, dtype=np.int64)
-    half = np.where(k > 1, _zs(k), Z_95) * np.sqrt(var)
+    half = np.where(k > 1, simultaneous_z(k), Z_95) * np.sqrt(var)
     lower, upper = abs_interval(signed - half, signed + half)
     values = MetricValues(np.abs(signed), lower, upper, half, support.astype(np.int64))
     return Stratified(values, signed, used.astype(np.int64), dropped.astype(np.int64))

@@ -164,7 +164,7 @@ def _z(n_rates: int) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - CONFIDENCE) / (2 * n_rates))
 
 
-def _zs(intervals: IntArray) -> FloatArray:
+def simultaneous_z(intervals: IntArray) -> FloatArray:
     """:func:`_z` per pair (of a handful of distinct counts)."""
     return _z_table(int(intervals.max(initial=1)))[intervals]
 
@@ -244,7 +244,7 @@ def _differences(requests: Sequence[Request], widths: Sequence[int], gathered: S
     """Each difference metric's pairs, every rate of it an interval at the level of ``rates x comparisons``
     simultaneous ones (Newcombe's; continuity-corrected in a union, see :func:`_newcombe_in_union`)."""
     ka, na, kb, nb, intervals = gathered
-    d, lo, hi = newcombe(ka, na, kb, nb, _zs(intervals), _newcombe_in_union(intervals))
+    d, lo, hi = newcombe(ka, na, kb, nb, simultaneous_z(intervals), _newcombe_in_union(intervals))
     lower, upper = abs_interval(lo, hi)
     # the gap as one division of the cross products (exact integers below 2**53): the float nearest the exact
     # fraction, as a ratio's value is, so a gap of exactly the threshold passes (4/5 - 3/4 as two rates
@@ -271,7 +271,7 @@ def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[Me
     defined = (k_low > 0) & (k_high > 0)  # a group with no success has no meaningful ratio
     value = np.where(defined, ratio(k_low * n_high, k_high * n_low), np.nan)
     # alone, Z_95 as the ratio always had (inv_cdf differs in the last bit: reports stay bit for bit the same)
-    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, _zs(family), Z_95))
+    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95))
     lower = np.where(defined, np.clip(lo, 0.0, 1.0), np.nan)
     upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
     columns = (value, lower, upper, (upper - lower) / 2.0, np.minimum(na, nb))
@@ -287,7 +287,7 @@ def _score_gaps(gap: ScoreGap, histogram: NDArray | None, requests: Sequence[Req
     else:
         b = np.concatenate([b for _, _, b, _ in requests])
         family = np.concatenate([np.broadcast_to(f, np.shape(a_)) for _, a_, _, f in requests])
-        columns = gap(histogram, a, b, _zs(family))
+        columns = gap(histogram, a, b, simultaneous_z(family))
     return _split(requests, [1] * len(requests), columns)
 
 
