@@ -158,6 +158,8 @@ class Daemon:
         self.health.models.set(len(config.models))
         self.health.evaluation_interval.set(config.evaluation_interval_seconds)  # the periods the health alerts read
         self.health.checkpoint_interval.set(config.checkpoint_interval_seconds if self.checkpointer.path else 0)
+        if self.stages is not None:  # its snapshot rounds' period, which FairnessExporterStateSnapshotFailing reads
+            self.stages.stage_health.snapshot_interval.set(config.checkpoint_interval_seconds)
         if self.unjoined_level is not None and config.models:
             self.unjoined_level.set(config.models[0].alerting.max_unjoined_share)
         self.health.reload_successful.set(1)

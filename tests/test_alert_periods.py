@@ -1,4 +1,5 @@
-"""The daemon's health alerts at every period the config accepts (review 16).
+"""The daemon's health alerts at every period the config accepts (review 16); FairnessExporterStateSnapshotFailing,
+the staged path's, alike.
 
 `checkpoint.interval` may be anything from 1s to 1h and `evaluation_interval` anything from 1s to the shortest window
 (docs/faults.md, "A period or a floor out of range"). FairnessExporterCheckpointFailing and
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RULE_FILE = ROOT / "rules" / "fairness-exporter.rules.yaml"
 LABELS = 'job="fairness-exporter",instance="a:9108"'
 CHECKPOINT = "FairnessExporterCheckpointFailing"
+SNAPSHOT = "FairnessExporterStateSnapshotFailing"
 STALE = "FairnessExporterComputationStale"
 
 
@@ -113,6 +115,27 @@ def _checkpointing(minutes: int, interval: float, fails: Callable[[float], bool]
     return out
 
 
+STAGED_NAMES = {"fairness_exporter_checkpoint_interval_seconds": "fairness_exporter_state_snapshot_interval_seconds",
+                "fairness_exporter_last_checkpoint_timestamp_seconds":
+                    "fairness_exporter_last_state_snapshot_timestamp_seconds",
+                "fairness_exporter_checkpoint_failures_total": "fairness_exporter_state_snapshot_failures_total"}
+
+
+def _snapshotting(minutes: int, interval: float, fails: Callable[[float], bool] = lambda _: False, *,
+                  restart: float | None = None, reload: tuple[float, float] | None = None,
+                  ) -> dict[str, list[float]]:  # fmt: skip
+    """The same, for a staged replica: its snapshot rounds run as the checkpoints do (every ``interval`` after its
+    start), under the staged series' names; it writes no checkpoint file, so its checkpoint series stay 0."""
+    rounds = _checkpointing(minutes, interval, fails, restart=restart, reload=reload)
+    return {STAGED_NAMES.get(name, name): values for name, values in rounds.items()} | {
+        name: [0.0] * minutes for name in STAGED_NAMES if name != "fairness_exporter_checkpoint_failures_total"}
+
+
+PATHS = pytest.mark.parametrize(("alert", "other", "writing"), [
+    (CHECKPOINT, SNAPSHOT, _checkpointing), (SNAPSHOT, CHECKPOINT, _snapshotting)], ids=["direct", "staged"])
+"""The age-based alerts on a replica's durable state, each on its own path; the other path's never fires."""
+
+
 def _computing(minutes: int, interval: float, fails: Callable[[float], bool]) -> dict[str, list[float]]:
     """The computation series of a daemon started at 0, scraped every minute: a computation at the start and every
     ``interval`` seconds after, failing (or not run) where ``fails(t)``."""
@@ -184,6 +207,20 @@ def test_the_daemon_exports_its_periods_at_start_and_after_a_reload(tmp_path: Pa
     assert (registry.get_sample_value("fairness_exporter_start_timestamp_seconds") or 0) > 1_700_000_000
 
 
+def test_a_staged_daemon_exports_its_snapshot_interval_at_start_and_after_a_reload() -> None:
+    """The period of its snapshot rounds, which FairnessExporterStateSnapshotFailing reads (its checkpoint interval
+    stays 0: it writes no checkpoint file)."""
+    def config(checkpoint: str) -> Config:
+        return make_config(kafka={"group_id": "fx", "stages": "staged"}, checkpoint={"interval": checkpoint})
+
+    registry = CollectorRegistry()
+    daemon = Daemon(config("1h"), registry=registry, loader=lambda: config("10m"))
+    assert registry.get_sample_value("fairness_exporter_state_snapshot_interval_seconds") == 3600
+    assert daemon.reload()[0]
+    assert registry.get_sample_value("fairness_exporter_state_snapshot_interval_seconds") == 600
+    assert registry.get_sample_value("fairness_exporter_last_state_snapshot_timestamp_seconds") == 0
+
+
 @pytest.mark.parametrize("overrides", [
     {},  # direct, no checkpoint.path
     {"kafka": {"group_id": "fx", "stages": "staged"}, "checkpoint": {"interval": "10m"}},  # snapshots, no file
@@ -194,6 +231,7 @@ def test_a_daemon_that_writes_no_checkpoint_file_exports_a_checkpoint_interval_o
 
 
 @pytest.mark.prometheus
+@PATHS
 @pytest.mark.parametrize(("interval", "fires_at"), [
     # the last checkpoint written is the 3rd (3 intervals); its age passes 2 intervals + 300s at 5 intervals + 300s,
     # the first whole minute after that is pending and 5 minutes later it fires:
@@ -202,36 +240,43 @@ def test_a_daemon_that_writes_no_checkpoint_file_exports_a_checkpoint_interval_o
     (3600, 311),  # 18,300s: pending at 306m, firing at 311m
 ], ids=["30s", "15m", "1h"])  # fmt: skip
 def test_one_failed_checkpoint_pages_nobody_and_failing_ones_page_at_every_interval(
-        tmp_path: Path, interval: int, fires_at: int) -> None:  # fmt: skip
-    """`once` fails its 4th checkpoint only, `broken` every checkpoint from its 4th on."""
+        tmp_path: Path, interval: int, fires_at: int, alert: str, other: str,
+        writing: Callable[..., dict[str, list[float]]]) -> None:  # fmt: skip
+    """`once` fails its 4th checkpoint (staged: snapshot round) only, `broken` every one from its 4th on."""
     fourth = 4 * interval
     minutes = fires_at + 10
     result = _promtool_test(tmp_path, {
         "interval": "1m",
-        "input_series": [*_series("once:9108", _checkpointing(minutes, interval, lambda t: t == fourth)),
-                         *_series("broken:9108", _checkpointing(minutes, interval, lambda t: t >= fourth))],
-        "alert_rule_test": _alerts(CHECKPOINT, range(minutes), lambda m: ["broken:9108"] if m >= fires_at else []),
+        "input_series": [*_series("once:9108", writing(minutes, interval, lambda t: t == fourth)),
+                         *_series("broken:9108", writing(minutes, interval, lambda t: t >= fourth))],
+        "alert_rule_test": [*_alerts(alert, range(minutes), lambda m: ["broken:9108"] if m >= fires_at else []),
+                            *_alerts(other, range(0, minutes, 10), lambda _: [])],
     })  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.prometheus
-def test_a_replica_restarted_at_the_longest_interval_is_not_paged_before_its_first_checkpoint(tmp_path: Path) -> None:
+@PATHS
+def test_a_replica_restarted_at_the_longest_interval_is_not_paged_before_its_first_checkpoint(
+        tmp_path: Path, alert: str, other: str, writing: Callable[..., dict[str, list[float]]]) -> None:  # fmt: skip
     """`checkpoint.interval: 1h`, restarted at 130m: its last checkpoint is 0 until 190m, and its age counts from its
     start. `broken` restarts alike and writes no checkpoint after: its age passes 2h 5m at 255m, so it is pending at
     256m and fires at 261m."""
     minutes = 280
     result = _promtool_test(tmp_path, {
         "interval": "1m",
-        "input_series": [*_series("restarted:9108", _checkpointing(minutes, 3600, restart=7800)),
-                         *_series("broken:9108", _checkpointing(minutes, 3600, lambda t: t > 7800, restart=7800))],
-        "alert_rule_test": _alerts(CHECKPOINT, range(minutes), lambda m: ["broken:9108"] if m >= 261 else []),
+        "input_series": [*_series("restarted:9108", writing(minutes, 3600, restart=7800)),
+                         *_series("broken:9108", writing(minutes, 3600, lambda t: t > 7800, restart=7800))],
+        "alert_rule_test": [*_alerts(alert, range(minutes), lambda m: ["broken:9108"] if m >= 261 else []),
+                            *_alerts(other, range(0, minutes, 10), lambda _: [])],
     })  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.prometheus
-def test_a_reload_that_shortens_the_checkpoint_interval_pages_nobody(tmp_path: Path) -> None:
+@PATHS
+def test_a_reload_that_shortens_the_checkpoint_interval_pages_nobody(
+        tmp_path: Path, alert: str, other: str, writing: Callable[..., dict[str, list[float]]]) -> None:  # fmt: skip
     """From 1h to 10m at 110m: the last checkpoint (60m) is 50 minutes old, twice the new interval plus 300s is 25
     minutes, and the first checkpoint at the new interval comes at 120m. The old interval's threshold holds for 75
     minutes after the reload (max_over_time), so nothing pages. `broken` fails every checkpoint after the reload: from
@@ -240,9 +285,10 @@ def test_a_reload_that_shortens_the_checkpoint_interval_pages_nobody(tmp_path: P
     reload = (6600.0, 600.0)
     result = _promtool_test(tmp_path, {
         "interval": "1m",
-        "input_series": [*_series("shortened:9108", _checkpointing(minutes, 3600, reload=reload)),
-                         *_series("broken:9108", _checkpointing(minutes, 3600, lambda t: t > 6600, reload=reload))],
-        "alert_rule_test": _alerts(CHECKPOINT, range(minutes), lambda m: ["broken:9108"] if m >= 190 else []),
+        "input_series": [*_series("shortened:9108", writing(minutes, 3600, reload=reload)),
+                         *_series("broken:9108", writing(minutes, 3600, lambda t: t > 6600, reload=reload))],
+        "alert_rule_test": [*_alerts(alert, range(minutes), lambda m: ["broken:9108"] if m >= 190 else []),
+                            *_alerts(other, range(0, minutes, 10), lambda _: [])],
     })  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -1,7 +1,7 @@
 """The staged path's stages in one process on the real broker, driven poll by poll (no consumer group, so no
 group join): a replayed input is counted once, and a task's state, snapshotted in several chunks into its own
 partition, restores exactly in another replica's stages. The same events counted by the direct path give the
-same window counts and pending labels.
+same window counts and pending labels. A snapshot round the broker does not acknowledge is counted.
 
 Each test builds the stages of a daemon that is never started (its constructor does no I/O) and hands them what a
 consumer would have read: input records it makes, and the records the stages produced, read back from the broker.
@@ -9,6 +9,9 @@ consumer would have read: input records it makes, and the records the stages pro
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 from typing import Any
 
@@ -21,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from exporter.config import Config, parse_config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
+from exporter.stream.kafka import internal_producer
 from exporter.stream.kafka.client import SimpleRecord
 from exporter.stream.stages.records import Kind, decode
 from exporter.stream.stages.replica import Stages
@@ -257,3 +261,49 @@ def test_labels_read_late_hold_expiry_back_alike_on_both_paths(kafka_broker: Emb
     assert seen[1:3] == [{**nothing, "behind": 7200 - 300}, {**nothing, "behind": 7201 - 310}]
     # on time again: the never labelled expire; the ghost label waits its hour
     assert seen[3] == {"never_labelled": waiting - len(labels), "unknown_prediction": 0, "behind": 1}
+
+
+def test_a_snapshot_round_the_broker_does_not_acknowledge_is_counted_and_the_next_one_writes_it(
+        fresh_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The broker stops answering (SIGSTOP: a hung broker) under a replica whose tasks hold new state: the scheduled
+    round fails and is counted (before, it was only logged), the last whole round's time stays that of the round
+    before (FairnessExporterStateSnapshotFailing ages it), and no task's offset moves. Once the broker answers, the
+    next round writes the same tasks and commits them."""
+    monkeypatch.setattr(internal_producer, "FLUSH_SECONDS", 1.0)  # know the broker is gone in 1 s, not 30
+    bootstrap, broker = fresh_broker.bootstrap_servers, fresh_broker.pid
+    assert broker is not None
+    d = daemon(staged_config(bootstrap, "snapshots", checkpoint={"interval": "1s"}))
+    stages = live(d)
+    positions = starts(stages)
+
+    def sample(name: str) -> float | None:
+        return d.registry.get_sample_value(f"fairness_exporter_{name}")
+
+    def scheduled_round(now: float) -> None:
+        d.clock.now = now  # type: ignore[attr-defined]
+        time.sleep(1.1)  # checkpoint.interval has passed: the round is due
+        stages.tick()
+
+    run(stages, bootstrap, [(INPUT, records(events(60, seed=8)))], positions)
+    stages.flush()  # a whole round: every task's state acknowledged
+    assert (sample("state_snapshot_failures_total"), sample("last_state_snapshot_timestamp_seconds")) == (0, T0)
+    assert sample("state_snapshot_interval_seconds") == 1
+    run(stages, bootstrap, [(INPUT, records(events(60, seed=9), start=60))], positions)
+    due = {task.partition: task.consumed for task in stages.tasks.values() if task.dirty}
+    committed = stages.committable()
+    assert due and all(committed[partition] < consumed for partition, consumed in due.items())
+
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        scheduled_round(T0 + 60)
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    assert sample("state_snapshot_failures_total") == 1
+    assert sample("last_state_snapshot_timestamp_seconds") == T0
+    assert stages.committable() == committed
+
+    scheduled_round(T0 + 120)
+    assert sample("state_snapshot_failures_total") == 1
+    assert sample("last_state_snapshot_timestamp_seconds") == T0 + 120
+    assert stages.committable() == {**committed, **due}
+    stages.close()

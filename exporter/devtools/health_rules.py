@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.config.sections_stream import CHECKPOINT_SECONDS
-from exporter.devtools.rule_text import JOB, alert, fmt, label
+from exporter.devtools.rule_text import JOB, alert, configured, fmt, label
 
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
@@ -27,10 +27,12 @@ INTERVAL_HELD = f"{round(CHECKPOINT_SECONDS[1] / 60) + 15}m"
 config accepts, so a checkpoint at the new interval is due before the old interval's threshold goes."""
 
 
-def _configured(metric: str) -> str:
-    """An annotation fragment showing the alerting target's own value of ``metric``, one of its periods."""
-    query = f'printf "{metric}{{job=%q,instance=%q}}" $labels.job $labels.instance'
-    return "{{ with " + query + " | query }}{{ . | first | value | humanizeDuration }}{{ end }}"
+def unwritten(last: str, interval: str, margin: str) -> str:
+    """The age of a replica's last durable state (``last``; its start if none since), where it passes
+    :data:`CHECKPOINT_INTERVALS` times its ``interval`` (the longest within :data:`INTERVAL_HELD`) plus ``margin``
+    seconds: the direct path's checkpoint and the staged path's snapshot rounds alike."""
+    return (f"time() - (\n  {last} > 0\n  or on (job, instance) fairness_exporter_start_timestamp_seconds\n)\n"
+            f"  > on (job, instance) ({CHECKPOINT_INTERVALS} * max_over_time({interval}[{INTERVAL_HELD}]) + {margin})")
 
 
 def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -81,7 +83,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
             f"fairness-exporter {label('instance')} has stopped computing fairness metrics.",
             f"The last successful fairness computation on {label('instance')} was "
             "{{ $value | humanizeDuration }} ago, more than " + str(STALE_INTERVALS) + " times its "
-            f"evaluation_interval ({_configured('fairness_exporter_evaluation_interval_seconds')}) and more than "
+            f"evaluation_interval ({configured('fairness_exporter_evaluation_interval_seconds')}) and more than "
             f"{stale}s, for {fors['FairnessExporterComputationStale']}: /metrics serves a frozen snapshot.",
         ),
         tuned(
@@ -116,15 +118,13 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterCheckpointFailing",
-            "time() - (\n  fairness_exporter_last_checkpoint_timestamp_seconds > 0\n"
-            "  or on (job, instance) fairness_exporter_start_timestamp_seconds\n)\n"
-            f"  > on (job, instance) ({CHECKPOINT_INTERVALS} * max_over_time({checkpoint_interval}[{INTERVAL_HELD}])"
-            f" + {margin})\nand on (job, instance) {checkpoint_interval} > 0",
+            unwritten("fairness_exporter_last_checkpoint_timestamp_seconds", checkpoint_interval, margin)
+            + f"\nand on (job, instance) {checkpoint_interval} > 0",
             fors["FairnessExporterCheckpointFailing"],
             f"fairness-exporter {label('instance')} cannot write its checkpoint.",
             f"{label('instance')} has written no checkpoint for {{{{ $value | humanizeDuration }}}} (counted from "
             f"its start if it wrote none since), more than {CHECKPOINT_INTERVALS} times its checkpoint.interval "
-            f"({_configured(checkpoint_interval)}) plus {margin}s, for {fors['FairnessExporterCheckpointFailing']}: "
+            f"({configured(checkpoint_interval)}) plus {margin}s, for {fors['FairnessExporterCheckpointFailing']}: "
             "no offset is committed meanwhile, and a restart would resume from the last good checkpoint, reading "
             "(not losing) the events since. fairness_exporter_checkpoint_failures_total counts the failed writes.",
         ),

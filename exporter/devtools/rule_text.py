@@ -16,6 +16,12 @@ def label(name: str) -> str:
     return "{{ $labels." + name + " }}"
 
 
+def configured(metric: str) -> str:
+    """An annotation fragment showing the alerting target's own value of ``metric``, one of its periods."""
+    query = f'printf "{metric}{{job=%q,instance=%q}}" $labels.job $labels.instance'
+    return "{{ with " + query + " | query }}{{ . | first | value | humanizeDuration }}{{ end }}"
+
+
 def fmt(number: float) -> str:
     """A threshold as written in PromQL and in annotations: 0.8, 0.05, 300."""
     return f"{number:g}"

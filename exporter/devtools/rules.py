@@ -88,6 +88,10 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterPartitionsShared": Tuning(None, "5m",  "critical"),
     "FairnessExporterStageTaskStopped": Tuning(None, "5m",  "warning"),  # staged: a task stopped on a record
     "FairnessExporterLogCutShort":      Tuning(0,    "5m",  "warning"),  # a partition beyond its log's end
+    # staged: no snapshot round all acknowledged for 2 checkpoint intervals + threshold (stage_rules.py): no commit
+    "FairnessExporterStateSnapshotFailing": Tuning(300, "5m", "warning"),
+    # staged: a task started empty within MISSING_WINDOW (stage_rules.py): its committed snapshot was gone from the log
+    "FairnessExporterStateSnapshotMissing": Tuning(0,   "5m", "warning"),
 }
 # fmt: on
 

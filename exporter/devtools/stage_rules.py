@@ -1,22 +1,24 @@
 """The alerts on replicas: the staged path's stages (a model owned by exactly one replica, and stepping; a task
-stopped), the label join of either path, a direct replica that shares its consumer group, and a log found shorter
-than what was counted; their thresholds, `for:` and severities are in the TUNING table of
-exporter/devtools/rules.py."""
+stopped; its snapshots written, and found again on a restore), the label join of either path, a direct replica that
+shares its consumer group, and a log found shorter than what was counted; their thresholds, `for:` and severities
+are in the TUNING table of exporter/devtools/rules.py."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.devtools.rule_text import VALUE_0F, alert, fmt, label
+from exporter.devtools.health_rules import CHECKPOINT_INTERVALS, unwritten
+from exporter.devtools.rule_text import VALUE_0F, alert, configured, fmt, label
 
 LABEL_JOIN_WINDOW = "1h"  # FairnessExporterLabelJoinBroken: rate() window
 CUT_WINDOW = "1h"  # FairnessExporterLogCutShort: increase() window (one partition found keeps it an hour)
+MISSING_WINDOW = "1h"  # FairnessExporterStateSnapshotMissing: increase() window (one empty start keeps it an hour)
 OWNED = "fairness_exporter_model_owned"
 
 
 def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The seven alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
+    """The nine alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
 
     def tuned(name: str, expr: str, summary: str, description: str) -> dict[str, Any]:
         return alert(name, expr, fors[name], tuning[name].severity, summary, description)
@@ -26,6 +28,8 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
     joined = f"rate(fairness_exporter_labels_joined_total[{LABEL_JOIN_WINDOW}])"
     fleet = "sum without (instance, pod, reason)"
     model, partition, topic, job = label("model_id"), label("partition"), label("topic"), label("job")
+    snapshot_interval = "fairness_exporter_state_snapshot_interval_seconds"
+    margin = fmt(tuning["FairnessExporterStateSnapshotFailing"].threshold or 0)
     return [
         tuned(
             "FairnessExporterModelUnowned",
@@ -84,6 +88,31 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
             f"{fors['FairnessExporterStageTaskStopped']}: what they hold is read but never counted (a counts "
             "partition's models, or the labels and payload halves of a join partition) until a restart or another "
             "replica takes them. /readyz and the log name each partition, offset and error.",
+        ),
+        tuned(
+            "FairnessExporterStateSnapshotFailing",
+            unwritten("fairness_exporter_last_state_snapshot_timestamp_seconds", snapshot_interval, margin),
+            f"fairness-exporter {label('instance')} cannot snapshot its staged tasks.",
+            f"{label('instance')} has had no snapshot round in which every snapshot due of its join and counts tasks "
+            "was acknowledged for {{ $value | humanizeDuration }} (counted from its start if none since), more than "
+            f"{CHECKPOINT_INTERVALS} times its checkpoint.interval ({configured(snapshot_interval)}) plus {margin}s, "
+            f"for {fors['FairnessExporterStateSnapshotFailing']}: none of its tasks' offsets is committed meanwhile, "
+            "so a restart or a rebalance reads ever more of the internal topics again (nothing lost, nothing counted "
+            "twice), and starts a task empty once the topic's retention has taken its last committed snapshot. "
+            "fairness_exporter_state_snapshot_failures_total counts the failed rounds; the log names the error.",
+        ),
+        tuned(
+            "FairnessExporterStateSnapshotMissing",
+            f'increase(fairness_exporter_state_restores_total{{result="missing"}}[{MISSING_WINDOW}]) > '
+            f"{fmt(tuning['FairnessExporterStateSnapshotMissing'].threshold or 0)}",
+            f"fairness-exporter {label('instance')} started {label('stage')} tasks empty: their snapshot was gone.",
+            f"{label('instance')} has started {{{{ $value | humanize }}}} {label('stage')} partition(s) empty within "
+            f"the last {MISSING_WINDOW} (pending for {fors['FairnessExporterStateSnapshotMissing']}) because the "
+            "snapshot their committed offset names was no longer in the log (the internal topic's retention shorter "
+            "than the time since it was written) or could not be read: what they counted before it is gone. A counts "
+            "partition's models count their windows again from zero (half-counted until a whole window has passed, "
+            "their detectors' history lost); a join partition's waiting predictions never meet their labels. Its "
+            "log names each partition and offset.",
         ),
         tuned(
             "FairnessExporterLogCutShort",

@@ -191,6 +191,18 @@ class StageHealth:
         self.snapshots = Counter("fairness_exporter_state_snapshots",
                                  "Snapshots of join or counts partitions written and acknowledged.", ["stage"],
                                  registry=registry)  # fmt: skip
+        self.snapshot_failures = Counter("fairness_exporter_state_snapshot_failures",
+                                         "Snapshot rounds of this replica's join and counts partitions that failed (a "
+                                         "snapshot not sent or not acknowledged): their offsets stay uncommitted "
+                                         "until a round succeeds, so a restart re-reads ever more.",
+                                         registry=registry)  # fmt: skip
+        self.last_snapshot = Gauge("fairness_exporter_last_state_snapshot_timestamp_seconds",
+                                   "Unix time of the last snapshot round in which every snapshot due was acknowledged "
+                                   "(a round with none due counts: a replica with no task never ages; 0: no round "
+                                   "since the start).", registry=registry)  # fmt: skip
+        self.snapshot_interval = Gauge("fairness_exporter_state_snapshot_interval_seconds",
+                                       "checkpoint.interval: how often the staged tasks' state is snapshotted (as of "
+                                       "the last config load).", registry=registry)  # fmt: skip
         self.stopped = Gauge("fairness_exporter_stage_tasks_stopped",
                              "Join or counts partitions whose task stopped on an internal record it could not apply "
                              "in 3 tries (each from its last snapshot): read, never applied, until a restart or "

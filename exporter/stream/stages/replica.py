@@ -324,53 +324,49 @@ class Stages:
 
     def flush(self) -> None:
         """Snapshot every task with new state and wait for everything sent: what is counted becomes committable
-        (before a revocation, at shutdown). Never raises: a failure is logged and nothing new is committable."""
-        try:
-            self.snapshot(force=True)
-        except Exception as exc:
-            log.error("snapshots of the staged tasks failed (%s: %s); their offsets stay uncommitted",
-                      type(exc).__name__, exc)  # fmt: skip
+        (before a revocation, at shutdown). Never raises: a failure is counted and logged, nothing new committable."""
+        self._round(force=True)
 
     # --- scheduled --------------------------------------------------------------------------------------------
 
     def tick(self) -> None:
         """The scheduled job (every second): snapshots when due, and restoring tasks that caught up; never raises."""
+        self._round(force=False)
+
+    def _round(self, force: bool) -> None:
+        """A snapshot round that never raises: a failure is counted (FairnessExporterStateSnapshotFailing reads the
+        last round that succeeded) and logged; the next round writes the same tasks again."""
         try:
-            self.snapshot()
+            self.snapshot(force)
         except Exception as exc:
-            log.error("snapshots of the staged tasks failed (%s: %s); their offsets stay uncommitted until one "
+            self.stage_health.snapshot_failures.inc()
+            log.error("snapshots of the staged tasks failed (%s: %s); their offsets stay uncommitted until a round "
                       "succeeds", type(exc).__name__, exc)  # fmt: skip
 
     def snapshot(self, force: bool = False) -> None:
         """Write a snapshot of each live task with new state (when ``checkpoint.interval`` has passed, or now when
         forced) into its own partition; once all is acknowledged, its offset is committable. A quiet task's state is
-        written again after a quarter of its topic's retention, so that retention never takes its last snapshot."""
+        written again after a quarter of its topic's retention, so that retention never takes its last snapshot.
+        A task is marked written only then: after a failure (sending or flushing), the next round writes it again."""
         with self.lock:
             self._give_up_caught_up()
             now = time.monotonic()
             if not force and now - self._snapshot_at < self.fleet.config.checkpoint_interval_seconds:
                 return
             self._snapshot_at = now
-            written = []
             retention = {t.name: t.retention_seconds for t in (self.topics.join, self.topics.counts)}
-            for (topic, partition), task in self.tasks.items():
-                stale = task.covered is not None and now - task.snapshot_at > retention[topic] / 4
-                if task.restoring is None and (task.dirty or stale):
-                    task.snapshot_at = now
-                    for value in chunks(task.stage, partition, task.consumed, pack(*task.state()), self.chunk_bytes):
-                        self.producer.send(topic, partition, value)
-                    written.append((task, task.consumed))
-                    task.dirty = False
-            try:
-                self.producer.flush()
-            except Exception:
-                for task, _ in written:
-                    task.dirty = True
-                raise
+            due = [(task, task.consumed) for (topic, _), task in self.tasks.items() if task.restoring is None and (
+                task.dirty or (task.covered is not None and now - task.snapshot_at > retention[topic] / 4))]
+            for task, consumed in due:
+                (topic, partition), state = task.partition, pack(*task.state())
+                for value in chunks(task.stage, partition, consumed, state, self.chunk_bytes):
+                    self.producer.send(topic, partition, value)
+            self.producer.flush()
             self.acked.update(self.produced)
-            for task, covers in written:
-                task.covered = covers
+            for task, covers in due:
+                task.covered, task.dirty, task.snapshot_at = covers, False, now
                 self.stage_health.snapshots.labels(task.stage).inc()
+            self.stage_health.last_snapshot.set(self.clock())
 
     def expire(self) -> None:
         """Give up on predictions waiting past their horizon (for labels, or for side records) in every task held."""
