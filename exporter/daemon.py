@@ -346,10 +346,15 @@ class Daemon:
             self.scheduler.shutdown(wait=True)
         if self.source.alive:
             self.source.stop()
-        if self.stages is not None:
-            self.stages.close()
+        closing = [("the staged path's producer", self.stages.close)] if self.stages is not None else []
         if self.ingest.dead_letters is not None:
-            self.ingest.dead_letters.close()
+            closing.append(("the dead-letter producer", self.ingest.dead_letters.close))
+        for what, close in closing:  # each step whatever the one before raised: the HTTP worker always stops
+            try:
+                close()
+            except Exception as exc:  # a broker that does not answer: records still queued are not delivered
+                log.error("stopping %s failed (%s: %s): what it had not delivered is not; internal records are sent "
+                          "again from the uncommitted offsets after a restart", what, type(exc).__name__, exc)
         if self.http is not None:
             self.http.stop()
 

@@ -9,10 +9,12 @@ consumer would have read: input records it makes, and the records the stages pro
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -307,3 +309,34 @@ def test_a_snapshot_round_the_broker_does_not_acknowledge_is_counted_and_the_nex
     assert sample("last_state_snapshot_timestamp_seconds") == T0 + 120
     assert stages.committable() == {**committed, **due}
     stages.close()
+
+
+def test_a_replica_stopped_while_the_broker_hangs_still_stops_every_part(
+        fresh_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """SIGTERM while the broker hangs (SIGSTOP) and internal records wait unacknowledged: closing the staged path's
+    producer gives up after its 5 s (kafka-python raises KafkaTimeoutError), and the daemon's stop goes on to the
+    dead-letter producer and the HTTP worker, saying in one line what was not delivered. Before, the error left
+    ``Daemon.stop`` there: the dead-letter producer and the HTTP worker were never stopped."""
+    monkeypatch.setattr(internal_producer, "FLUSH_SECONDS", 1.0)
+    bootstrap, broker = fresh_broker.bootstrap_servers, fresh_broker.pid
+    assert broker is not None
+    d = daemon(staged_config(bootstrap, "hung-stop", checkpoint={"interval": "1s"}))
+    stages = live(d)
+    positions = starts(stages)
+    run(stages, bootstrap, [(INPUT, records(events(60, seed=10)))], positions)
+    stopped: list[str] = []
+    monkeypatch.setattr(d, "http", SimpleNamespace(stop=lambda: stopped.append("http")))
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        stages.tick()  # records sent, never acknowledged: they wait in the producer
+        d.clock.now = T0 + 60  # type: ignore[attr-defined]
+        time.sleep(1.1)
+        stages.tick()
+        with caplog.at_level(logging.ERROR, logger="exporter.daemon"):
+            d.stop()
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    assert stopped == ["http"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping the staged path's")]
+    assert len(said) == 1 and "not delivered" in said[0], said
