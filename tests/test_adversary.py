@@ -15,7 +15,7 @@ from daemon_config import make_config
 from daemon_fixture import consumed, kafka_config, payloads, sample, scrape, synthetic_rows, wait_for
 from prometheus_client import CollectorRegistry
 from test_labels_and_checkpoint import predictions, records, value
-from tooling import missing
+from tooling import tmpfs
 
 from exporter.cli import main
 from exporter.config import ConfigError, load_config
@@ -98,16 +98,8 @@ def test_a_dead_letter_topic_deleted_while_the_daemon_runs_counts_each_dead_lett
 @pytest.fixture
 def small_volume(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs (a checkpoint of the test config takes more), unmounted afterwards."""
-    mountpoint = tmp_path / "volume"
-    mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mountpoint)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        missing(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path, "64k") as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", str(mountpoint)], check=True)
 
 
 def test_a_checkpoint_volume_that_fills_up_keeps_the_last_checkpoint_and_commits_nothing_newer(

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 from test_labels_and_checkpoint import Clock, predictions, records, value
-from tooling import missing
+from tooling import tmpfs
 
 from exporter.config import load_config
 from exporter.daemon import Daemon
@@ -34,16 +34,8 @@ BASE: dict[str, Any] = {
 @pytest.fixture
 def volume(tmp_path: Path) -> Iterator[Path]:
     """An 8 MiB tmpfs for the checkpoint (remounted read-only by the test), unmounted afterwards."""
-    mountpoint = tmp_path / "volume"
-    mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mountpoint)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        missing(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path, "8m") as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", str(mountpoint)], check=True)
 
 
 def test_a_layout_reload_while_the_checkpoint_volume_is_read_only_is_refused_and_counted(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,3 +28,19 @@ def require_binary(name: str) -> str:
     if found is None:
         missing(f"`{name}` is not installed")
     return found
+
+
+@contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's ``size=``) mounted at ``directory``/volume, unmounted afterwards: a real file
+    system to fill up or remount read-only. Needs root (skipped with the reason on a laptop, failed under CI)."""
+    mountpoint = directory / "volume"
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        missing(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
