@@ -22,11 +22,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events, reference
+from exporter.backtest.sections import Final, estimated, proxied, worst
 from exporter.backtest.series import SERIES_OTHERS, Series, block_of, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
-from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation
-from exporter.core.metric_table import METRICS
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
 from exporter.stream.state.segments import paged
 from exporter.stream.state.steps import add_stepped, batchable
@@ -81,7 +80,7 @@ class Replay:
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
-    _final: tuple[dict[str, np.ndarray], list[Any]] | None = None
+    _final: Final | None = None
     """The last step's window counts (and labelled ones): the replay's end, evaluated with every metric."""
 
     def __post_init__(self) -> None:
@@ -169,7 +168,7 @@ class Replay:
         if self._now > -math.inf:
             self.compute()
         self._flush()
-        bank = self.store.detectors
+        bank, now = self.store.detectors, self._now if self._now > -math.inf else 0.0
         return {
             "model_id": self.config.model_id,
             "events": self.events, "late": self.late, "rejected": self.rejected.total(),
@@ -178,71 +177,11 @@ class Replay:
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
-            "worst": self._worst(),
-            **({"estimated": self._estimated()} if self.reference is not None else {}),
-            **({"proxy": self._proxied()} if self.store.proxy.attributes else {}),
+            "worst": worst(self.config, self.windowing, self.store, self._final),
+            **({"estimated": estimated(self.config, self.store, self.reference, now)}
+               if self.reference is not None else {}),
+            **({"proxy": proxied(self.config, self.store, now)} if self.store.proxy.attributes else {}),
         }  # fmt: skip
-
-    def _worst(self) -> list[dict[str, Any]]:
-        """As of the replay's end (its last step), per window, attribute and exported metric: the worst comparison,
-        as the daemon shows it (model_worst_comparison)."""
-        if self._final is None:
-            return []
-        evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, *self._final,
-                                     self.config.exported_metrics)  # fmt: skip
-        return [{"window": window, **row} for (window, _), ev in evaluations.items()
-                for row in ev.worst_rows(self.config.exported_metrics)]
-
-    def _proxied(self) -> dict[str, Any]:
-        """The proxy attributes' comparisons and group rates per window at the end, as the daemon's (snapshot.py)."""
-        from exporter.serve.snapshot import proxied
-        from exporter.stream.state.proxy import evidence_rows
-
-        now = self._now if self._now > -math.inf else 0.0
-        evaluations = proxied(self.config, self.store.proxy, self.store.window_proxy_counts(now))
-        return {"as_of": iso(now), "proxy": True, "evidence": [
-                    {"window": w, "attribute": a.name, "rows": evidence_rows(counts[k])} for w, counts in
-                    self.store.window_proxy_evidence(now).items() for k, a in enumerate(self.store.proxy.attributes)],
-                "comparisons": [c for w, ev in evaluations for c in self._comparisons(
-                    w, ev.attribute, ev.comparisons.metrics, ev.sufficient, "_proxy", ev.evidence)],
-                "groups": [{"window": w, "attribute": ev.attribute.name, "subgroup": g, "samples": float(n),
-                            "selection_rate": number(r)} for w, ev in evaluations for g, n, r in
-                           zip(ev.attribute.groups, ev.groups.samples, ev.groups.selection_rate, strict=True)]}
-
-    def _comparisons(self, window: str, attribute: Attribute, values: dict[str, Any], sufficient: Any,
-                     suffix: str, judge: Any = None) -> list[dict[str, Any]]:  # fmt: skip
-        """Each metric's comparisons of one attribute in one window, named with ``suffix`` (not an observed one);
-        ``judge(metric, threshold)``: their evidence (a proxy's, under the multiplicity rule), else each alone."""
-        thresholds, groups, out = self.config.thresholds(), attribute.groups, []
-        for metric, v in values.items():
-            t = thresholds[metric]
-            ok, evidence = sufficient(metric), (judge(metric, t) if judge else
-                                                METRICS[metric].evidence(v.lower, v.upper, t)).tolist()  # fmt: skip
-            out += [{"window": window, "attribute": attribute.name, "dimension": f"{groups[a]}_vs_{groups[b]}",
-                     "metric": f"{metric}{suffix}", "value": number(v.value[k]) if ok[k] else None,
-                     "ci_95": [number(v.lower[k]), number(v.upper[k])] if ok[k] else None,
-                     "status": "ok" if ok[k] else "insufficient_samples",
-                     "evidence": evidence[k] if ok[k] else "inconclusive"}
-                    for k, (a, b) in enumerate(attribute.pairs)]  # fmt: skip
-        return out
-
-    def _estimated(self) -> dict[str, Any]:
-        """The estimated comparisons and calibration statistics of every window as of the replay's end, as the
-        daemon's computation makes them (serve/snapshot.py)."""
-        from exporter.serve.snapshot import estimated
-
-        assert self.reference is not None
-        store, spec = self.store, self.config
-        comparisons, calibration = [], []
-        now = self._now if self._now > -math.inf else 0.0
-        for window, est in estimated(spec, self.reference, store.window_estimate_counts(now), store.layout.split):
-            groups = est.attribute.groups
-            comparisons += self._comparisons(window, est.attribute, est.values,
-                                             lambda m, e=est: e.sufficient(m, spec.min_samples), "_estimated")
-            z = est.check.statistic
-            calibration += [{"window": window, "attribute": est.attribute.name, "subgroup": g, "predicted": p,
-                             "statistic": number(z[i, p])} for i, g in enumerate(groups) for p in (0, 1)]
-        return {"as_of": iso(now), "comparisons": comparisons, "calibration": calibration}
 
     def _series_report(self) -> list[dict[str, Any]]:
         """The series of the detectors whose alert fired (pages and warnings), then of the SERIES_OTHERS others
@@ -275,7 +214,7 @@ class Replay:
         trace = self.store.advance_detectors(counts, estimates, self._calibration)
         steps = len(times)
         evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, windows, self._labelled,
-                                     self._per_step, worsts=False)  # the worst: at the last step (_worst)
+                                     self._per_step, worsts=False)  # the worst: at the last step (sections.worst)
         self._final = ({w: c[-1:] for w, c in windows.items()}, self._labelled[-1:])
         self._pending.clear()
         self._queued = 0
