@@ -20,7 +20,7 @@ from exporter.stream.state.detection import Detection
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.proxy import ProxyRing
-from exporter.stream.state.segments import conditional, explain
+from exporter.stream.state.segments import SegmentCounts, conditional, explain
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,22 @@ def proxied(spec: ModelSpec, ring: ProxyRing, windows: dict[str, np.ndarray]) ->
     evaluated = evaluate_many([(a, c) for _, a, c in blocks], spec.min_samples, spec.exported_metrics,
                               spec.multiplicity)  # fmt: skip
     return tuple((window, ev) for (window, _, _), ev in zip(blocks, evaluated, strict=True))
+
+
+def conditioned(spec: ModelSpec, taken: Any, segments: SegmentCounts,
+                split: Callable[[np.ndarray], dict[str, np.ndarray]],
+                evaluated: Sequence[tuple[str, Evaluation]]) -> list[Evaluation]:  # fmt: skip
+    """Each (window, evaluation) with the configured conditional metrics among its comparisons, from the counts per
+    group and stratum of the window's current period (``taken``: :meth:`SegmentCounts.snapshot`), judged as the gate
+    judges them: evidence under ``multiplicity:``, a worst comparison (``backtest`` calls this too)."""
+    pairs = {a.name: (np.array([p[0] for p in a.pairs], np.int64), np.array([p[1] for p in a.pairs], np.int64))
+             for a in spec.attributes}  # fmt: skip
+    found = conditional(spec, taken, segments, split, pairs)
+    out = []
+    for window, ev in evaluated:
+        strata, stratified = found[window, ev.attribute.name]
+        out.append(ev.with_conditional(strata, {n: s.values for n, s in stratified.items()}))
+    return out
 
 
 @dataclass(frozen=True)
@@ -170,14 +186,8 @@ def _snapshot(g: _Gathered, evaluated: list[Evaluation]) -> Snapshot:
     spec, store, by_segment = g.monitored.spec, g.monitored.store, g.by_segment
     metrics = spec.exported_metrics
     if by_segment is not None and spec.conditional_metrics:  # over the strata's counts, as the gate's (strata:)
-        pairs = {a.name: (np.array([p[0] for p in a.pairs], np.int64), np.array([p[1] for p in a.pairs], np.int64))
-                 for a in spec.attributes}  # fmt: skip
-        found = conditional(spec, by_segment, store.segments, store.layout.split, pairs)
-        with_conditional = []
-        for window, ev in zip(g.keys, evaluated, strict=True):  # judged as the gate judges them (worst, multiplicity)
-            strata, stratified = found[window, ev.attribute.name]
-            with_conditional.append(ev.with_conditional(strata, {n: s.values for n, s in stratified.items()}))
-        evaluated = with_conditional
+        evaluated = conditioned(spec, by_segment, store.segments, store.layout.split,
+                                list(zip(g.keys, evaluated, strict=True)))  # fmt: skip
         metrics = (*metrics, *spec.conditional_metrics)
     scores: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for window_name, (bins, sums) in g.window_scores.items():
