@@ -30,6 +30,8 @@ from scipy.stats import norm
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import confint_proportions_2indep
 
+from exporter.backtest.replay import backtest
+from exporter.backtest.series import iso
 from exporter.core.conditional import conditional_compare
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS
 from exporter.daemon import Daemon
@@ -174,3 +176,81 @@ def test_the_daemon_judges_conditional_comparisons_as_the_gate_does_under_holm(t
     assert shown["model_worst_comparison"].labels["dimension"] == worst["dimension"]
     assert [shown[f"model_worst_comparison{s}"].value for s in ("", "_lower", "_upper")] == pytest.approx(
         [worst["value"], *worst["ci_simultaneous"]], abs=1e-9)
+
+
+CONDITIONAL_NAMES = (CONDITIONAL, "conditional_equal_opportunity_difference", "conditional_demographic_disparity")
+
+
+def _stratified_rows() -> pd.DataFrame:
+    """Four groups over two bands in different mixes (a mostly in x, b mostly in y), selected more often from a to d
+    within each band, labels half positive: Mantel-Haenszel over two strata, some gaps clearly beyond 0.02, c vs d
+    beyond it alone but not among the six."""
+    rng = np.random.default_rng(7)
+    parts = []
+    for g, sizes, lift in zip(GROUPS, [(300, 100), (100, 300), (200, 200), (250, 150)], [0, 0.02, 0.08, 0.14],
+                              strict=True):  # fmt: skip
+        for band, n, base in zip(("x", "y"), sizes, (0.5, 0.2), strict=True):
+            label = (rng.random(n) < 0.5).astype(int)
+            parts.append(pd.DataFrame({"g": g, "band": band, "label": label,
+                                       "prediction": (rng.random(n) < base + lift + 0.2 * label).astype(int)}))
+    return pd.concat(parts, ignore_index=True).sample(frac=1, random_state=1, ignore_index=True)
+
+
+@pytest.mark.parametrize("multiplicity", ["holm", "none"])
+def test_backtest_reports_the_conditional_comparisons_of_the_gate_and_the_daemon(
+    tmp_path: Path, multiplicity: str
+) -> None:
+    """The same rows (with their stratum) through the gate, the daemon (/metrics) and backtest (its ``conditional``
+    section and ``worst`` rows, as of the replay's end): in each window, every conditional comparison's value,
+    interval and evidence under ``multiplicity:``, and each metric's worst comparison, are one number to 1e-9."""
+    now = 1_800_000_000.0
+    rows = _stratified_rows()
+    settings: dict[str, Any] = {
+        "protected_attributes": [{"name": "g", "groups": list(GROUPS)}], "strata": ["band"], "min_samples": 30,
+        "multiplicity": multiplicity, "windows": ["10m", "1h"], "bucket": "10s", "allowed_lateness": "15m",
+        "metrics": [{"name": name, "threshold": 0.02} for name in CONDITIONAL_NAMES],
+    }  # fmt: skip
+    events = [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": now - 250 + 200 * i / len(rows),
+                            "prediction": int(r.prediction), "label": int(r.label),
+                            "attributes": {"g": r.g, "band": r.band}}) for i, r in enumerate(rows.itertuples())]
+    (tmp_path / "events.jsonl").write_bytes(b"\n".join(events) + b"\n")
+    daemon = Daemon(make_config(checkpoint={"path": str(tmp_path / "state")}, **settings),
+                    registry=CollectorRegistry(), clock=lambda: now)  # fmt: skip
+    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    page: dict[tuple[str, ...], Any] = {}  # (window, metric, dimension, what) of the comparisons and worst rows
+    for s in (s for family in text_string_to_metric_families(daemon.metrics_page()) for s in family.samples):
+        window, dimension = s.labels.get("window", ""), s.labels.get("dimension", "")
+        if s.name == "model_comparison_evidence" and s.value == 1.0:
+            page[window, s.labels["metric"], dimension, "evidence"] = s.labels["evidence"]
+        elif s.name.startswith(("model_worst_comparison", "model_comparisons_judged")):
+            page[window, s.labels["metric"], s.name] = (dimension, s.value)
+        elif (name := s.name.removeprefix("model_").removesuffix("_lower").removesuffix("_upper")) in CONDITIONAL_NAMES:
+            page[window, name, dimension, s.name.removeprefix(f"model_{name}")] = s.value
+    gate = run_audit(make_config(**settings).model(), rows)
+    report = backtest(make_config(**settings), [tmp_path / "events.jsonl"])
+
+    replayed = report["conditional"]["comparisons"]
+    assert report["conditional"]["as_of"] == iso(now - 250 + 200 * (len(rows) - 1) / len(rows))  # the last event
+    assert len(replayed) == 2 * 3 * 6 and {c["status"] for c in replayed} == {"ok"}
+    results = {(r["metric"], r["dimension"]): r for r in gate["results"]}
+    for c in replayed:  # both windows hold every row: each equals the gate's
+        r, key = results[c["metric"], c["dimension"]], (c["window"], c["metric"], c["dimension"])
+        assert [c["value"], *c["ci_95"]] == pytest.approx([r["exact_value"], *r["ci_95"]], abs=1e-9), (c, r)
+        assert [page[(*key, "")], page[(*key, "_lower")], page[(*key, "_upper")]] == pytest.approx(
+            [c["value"], *c["ci_95"]], abs=1e-9)
+        assert c["evidence"] == r["evidence"] == page[(*key, "evidence")], (c, r)
+    evidence = {c["dimension"]: c["evidence"] for c in replayed if (c["window"], c["metric"]) == ("10m", CONDITIONAL)}
+    assert evidence["c_vs_d"] == {"holm": "inconclusive", "none": "fail"}[multiplicity]  # beyond alone, not among 6
+    assert evidence["a_vs_d"] == evidence["b_vs_d"] == "fail" and evidence["a_vs_b"] == "inconclusive"
+
+    worst = [w for w in report["worst"] if w["metric"] in CONDITIONAL_NAMES]
+    assert len(worst) == len(gate["worst"]) * 2 == 2 * 3
+    gate_worst = {w["metric"]: w for w in gate["worst"]}
+    for w in worst:
+        theirs, key = gate_worst[w["metric"]], (w["window"], w["metric"])
+        shown = [page[(*key, f"model_worst_comparison{s}")] for s in ("", "_lower", "_upper")]
+        assert (w["dimension"], w["comparisons_judged"]) == (theirs["dimension"], theirs["comparisons_judged"]) == \
+            (shown[0][0], page[(*key, "model_comparisons_judged")][1]), (w, theirs)  # fmt: skip
+        assert [w["value"], *w["ci_simultaneous"]] == pytest.approx([theirs["value"], *theirs["ci_simultaneous"]],
+                                                                    abs=1e-9) == [v for _, v in shown]  # fmt: skip

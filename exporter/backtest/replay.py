@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from exporter.backtest.input import Columns, read_events, reference
-from exporter.backtest.sections import Final, estimated, proxied, worst
+from exporter.backtest.sections import Final, conditional, estimated, evaluated, proxied, worst
 from exporter.backtest.series import SERIES_OTHERS, Series, block_of, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.evaluate import Evaluation
@@ -169,6 +169,8 @@ class Replay:
             self.compute()
         self._flush()
         bank, now = self.store.detectors, self._now if self._now > -math.inf else 0.0
+        spec, final = self.config, self._final
+        evaluations = evaluated(spec, self.windowing, self.store, final, now) if final is not None else {}
         return {
             "model_id": self.config.model_id,
             "events": self.events, "late": self.late, "rejected": self.rejected.total(),
@@ -177,7 +179,8 @@ class Replay:
             "false_pages_per_day": self.config.alerting.false_pages_per_day,
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
-            "worst": worst(self.config, self.windowing, self.store, self._final),
+            "worst": worst(spec, evaluations),
+            **({"conditional": conditional(spec, evaluations, now)} if spec.conditional_metrics else {}),
             **({"estimated": estimated(self.config, self.store, self.reference, now)}
                if self.reference is not None else {}),
             **({"proxy": proxied(self.config, self.store, now)} if self.store.proxy.attributes else {}),

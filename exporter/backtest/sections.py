@@ -1,9 +1,10 @@
-"""The backtest report's sections as of the replay's end (its last step): the worst comparisons, and the proxy and
-estimated comparisons, each computed by the daemon's own function on the replayed store (serve/snapshot.py)."""
+"""The backtest report's sections as of the replay's end (its last step): the worst comparisons, and the
+conditional, proxy and estimated comparisons, each by the daemon's own function on the replayed store
+(serve/snapshot.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 from exporter.backtest.series import evaluate_steps, iso, number
 from exporter.config import ModelSpec, Windowing
 from exporter.core.attributes import Attribute
+from exporter.core.evaluate import Evaluation
 from exporter.core.metric_table import METRICS
 from exporter.stream.state.window import WindowStore
 
@@ -19,14 +21,34 @@ Final = tuple[dict[str, np.ndarray], list[Any]]
 """The last step's window counts ``(1, rows, counts)`` and its labelled histograms and score sums (a score metric)."""
 
 
-def worst(spec: ModelSpec, windowing: Windowing, store: WindowStore, final: Final | None) -> list[dict[str, Any]]:
-    """Per window, attribute and exported metric: the worst comparison, as the daemon shows it
-    (model_worst_comparison)."""
-    if final is None:
-        return []
+def evaluated(spec: ModelSpec, windowing: Windowing, store: WindowStore, final: Final,
+              now: float) -> dict[tuple[str, str], Evaluation]:  # fmt: skip
+    """Per window and attribute: the evaluation of the last step, with the conditional metrics (``strata:``) among its
+    comparisons from the segment counts at ``now``, as the daemon's computation makes it (snapshot.conditioned)."""
+    from exporter.serve.snapshot import conditioned
+
     evaluations = evaluate_steps(spec, windowing, store.layout.split, *final, spec.exported_metrics)
-    return [{"window": window, **row} for (window, _), ev in evaluations.items()
-            for row in ev.worst_rows(spec.exported_metrics)]  # fmt: skip
+    if not spec.conditional_metrics:
+        return evaluations
+    found = conditioned(spec, store.segments.snapshot(now), store.segments, store.layout.split,
+                        [(w, ev) for (w, _), ev in evaluations.items()])  # fmt: skip
+    return dict(zip(evaluations, found, strict=True))
+
+
+def worst(spec: ModelSpec, evaluations: Mapping[tuple[str, str], Evaluation]) -> list[dict[str, Any]]:
+    """Per window, attribute and exported metric (conditional ones included): the worst comparison, as the daemon
+    shows it (model_worst_comparison)."""
+    metrics = (*spec.exported_metrics, *spec.conditional_metrics)
+    return [{"window": window, **row} for (window, _), ev in evaluations.items() for row in ev.worst_rows(metrics)]
+
+
+def conditional(spec: ModelSpec, evaluations: Mapping[tuple[str, str], Evaluation], now: float) -> dict[str, Any]:
+    """The conditional metrics' comparisons (``strata:``) per window and attribute, their evidence judged under
+    ``multiplicity:``, as the daemon's."""
+    return {"as_of": iso(now), "comparisons": [
+        c for (window, _), ev in evaluations.items() for c in comparisons(
+            spec, window, ev.attribute, {m: ev.values(m) for m in spec.conditional_metrics}, ev.sufficient, "",
+            ev.evidence)]}  # fmt: skip
 
 
 def proxied(spec: ModelSpec, store: WindowStore, now: float) -> dict[str, Any]:
