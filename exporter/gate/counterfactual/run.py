@@ -166,13 +166,14 @@ def check_row(attribute: str, metric: str, groups: str, value: float | None, ci:
             "support": sum(samples.values())}  # fmt: skip
 
 
-def _counted_by_item(ev: Evaluation, paired_items: list[int]) -> Evaluation:
-    """The evaluation with each pair's support (what ``min_samples`` counts) in items decided for both groups, the
-    paired test's units, instead of answers: an item asked with several templates or samples is one item. The core's
-    count stays where it is smaller (a metric that needs labels, which no answer has: 0)."""
+def _judged(ev: Evaluation, ci: Evaluation, paired_items: list[int]) -> Evaluation:
+    """``ci`` (the effective counts' intervals) with the answers' own values (``ev``), and each pair's support (what
+    ``min_samples`` counts) in items decided for both groups, the paired test's units, instead of answers: an item
+    asked with several templates or samples is one item. The core's count stays where it is smaller (a metric that
+    needs labels, which no answer has: 0)."""
     items = np.asarray(paired_items, dtype=np.int64)
-    return ev.with_metrics({name: dataclasses.replace(v, support=np.minimum(v.support, items))
-                            for name, v in ev.comparisons.metrics.items()})  # fmt: skip
+    return ci.with_metrics({name: dataclasses.replace(v, value=ev.values(name).value, support=np.minimum(
+        ev.values(name).support, items)) for name, v in ci.comparisons.metrics.items()})  # fmt: skip
 
 
 def _ratio_without_selection(row: dict[str, Any], ev: Evaluation, pair: tuple[int, int]) -> None:
@@ -236,9 +237,7 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
                           "flip_rate": None if c.flip_rate is None else round(c.flip_rate, 6),
                           "flipped_items": _flips(suite, a, ga, gb, cells, texts)})  # fmt: skip
         pair_of = {f"{a.group_names[x]} vs {a.group_names[y]}": first_pair + k for k, (x, y) in enumerate(a.pairs)}
-        exact = {m: dataclasses.replace(v, value=ev.values(m).value, support=ev.values(m).support)
-                 for m, v in ci.comparisons.metrics.items()}  # the answers' values and counts, the intervals' widths
-        ci = _counted_by_item(ci.with_metrics(exact), [p["paired_items"] for p in pairs[first_pair:]])
+        ci = _judged(ev, ci, [p["paired_items"] for p in pairs[first_pair:]])
         for r in metric_results(spec, ci):  # intervals by the effective counts, the answers as counted
             answered = {g: groups[a.name][g]["decided"] for g in r["samples"]}
             r.update(support_counts=ITEMS_COUNTED, samples=answered)
