@@ -271,7 +271,8 @@ def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[Me
     defined = (k_low > 0) & (k_high > 0)  # a group with no success has no meaningful ratio
     value = np.where(defined, ratio(k_low * n_high, k_high * n_low), np.nan)
     # alone, Z_95 as the ratio always had (inv_cdf differs in the last bit: reports stay bit for bit the same)
-    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95))
+    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95),
+                            most=1.0)
     lower = np.where(defined, np.clip(lo, 0.0, 1.0), np.nan)
     upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
     columns = (value, lower, upper, (upper - lower) / 2.0, np.minimum(na, nb))

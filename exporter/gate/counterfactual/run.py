@@ -191,8 +191,8 @@ def _ratio_without_selection(row: dict[str, Any], ev: Evaluation, pair: tuple[in
     if k_high == 0:
         row.update(status=UNDEFINED, passed=False, evidence="inconclusive")
         return
-    _, upper = ratio_interval(np.array([k_low]), np.array([n_low]), np.array([k_high]), np.array([n_high]))
-    ci = (0.0, min(float(upper[0]), 1.0))
+    _, upper = ratio_interval(np.array([k_low]), np.array([n_low]), np.array([k_high]), np.array([n_high]), most=1.0)
+    ci = (0.0, float(upper[0]))
     passed = metric.passes(0.0, row["threshold"])
     row.update(value=0.0, exact_value=0.0, ci_95=list(ci), half_width=ci[1] / 2, passed=passed,
                status="pass" if passed else "fail", evidence=str(metric.evidence(*ci, row["threshold"])))
