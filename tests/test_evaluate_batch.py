@@ -7,6 +7,7 @@ from functools import partial
 
 import numpy as np
 
+from exporter.backtest.series import stacked
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import evaluate_many
 from exporter.core.fairness import N_COUNTS
@@ -106,22 +107,36 @@ def test_a_family_of_one_comparison_keeps_its_95_intervals() -> None:
 
 
 def test_an_evaluation_without_worsts_has_every_other_number_of_the_full_one() -> None:
-    """``worsts=False`` (backtest's every step but the last) leaves out the worst comparisons, and the simultaneous
-    intervals where no multiplicity rule judges by them; every comparison, interval and evidence is the same."""
+    """``worsts=False`` (backtest's every step but the last) leaves out the worst comparisons and defers the
+    simultaneous intervals until a fail is judged under a multiplicity rule; every comparison, interval and evidence
+    is the same, and the deferred intervals are the full evaluation's bit for bit, in one family or in three
+    (backtest's stacked steps)."""
     rng = np.random.default_rng(8)
-    attr = attribute("race", 4)
-    counts = np.concatenate([rng.integers(300, 900, size=(4, 2)), rng.integers(40, 300, size=(4, 4))], axis=1)
-    counts[0, 0] //= 3  # the first group is selected less: some comparisons fail
-    for multiplicity in ("holm", "none"):
-        (full,) = evaluate_many([(attr, counts)], 30, COUNT_METRICS, multiplicity)
-        (lean,) = evaluate_many([(attr, counts)], 30, COUNT_METRICS, multiplicity, worsts=False)
-        assert full.worsts and not lean.worsts
-        assert (lean.simultaneous is None) == (multiplicity == "none")
-        for name in COUNT_METRICS:
-            assert bits(lean.values(name)) == bits(full.values(name)), name
-            threshold = METRICS[name].default_threshold
-            assert lean.evidence(name, threshold).tolist() == full.evidence(name, threshold).tolist(), name
-            if lean.simultaneous is not None:
-                assert full.simultaneous is not None
-                assert bits(lean.simultaneous.metrics[name]) == bits(full.simultaneous.metrics[name]), name
-        assert "fail" in {e for name in COUNT_METRICS for e in full.evidence(name, METRICS[name].default_threshold)}
+    for families in (1, 3):
+        attr = attribute("race", 4)
+        attr = stacked(attr, families) if families > 1 else attr
+        counts = np.concatenate([rng.integers(300, 900, size=(4 * families, 2)),
+                                 rng.integers(40, 300, size=(4 * families, 4))], axis=1)  # fmt: skip
+        counts[::4, 0] //= 3  # each step's first group is selected less: some comparisons fail
+        for multiplicity in ("holm", "bonferroni", "none"):
+            (full,) = evaluate_many([(attr, counts)], 30, COUNT_METRICS, multiplicity, families=families)
+            (lean,) = evaluate_many([(attr, counts)], 30, COUNT_METRICS, multiplicity, families=families,
+                                    worsts=False)  # fmt: skip
+            assert full.worsts and not lean.worsts
+            assert lean.simultaneous is None and lean.deferred == (multiplicity != "none")
+            assert full.simultaneous is not None
+            for name in COUNT_METRICS:
+                assert bits(lean.values(name)) == bits(full.values(name)), name
+                threshold = METRICS[name].default_threshold
+                assert lean.evidence(name, threshold).tolist() == full.evidence(name, threshold).tolist(), name
+                if lean.deferred:
+                    deferred = lean._simultaneous(name)
+                    assert deferred is not None
+                    assert bits(deferred) == bits(full.simultaneous.metrics[name]), name
+            evidence = [e for name in COUNT_METRICS for e in full.evidence(name, METRICS[name].default_threshold)]
+            assert "fail" in evidence
+            if multiplicity != "none":  # the rule changed some 95% fails: the deferred intervals were used
+                alone = [e for name in COUNT_METRICS
+                         for e in evaluate_many([(attr, counts)], 30, [name], "none", families=families)[0]
+                         .evidence(name, METRICS[name].default_threshold)]  # fmt: skip
+                assert alone.count("fail") > evidence.count("fail")

@@ -44,6 +44,9 @@ class Evaluation:
     """Each pair's interval as one of the family of its metric's sufficient comparisons (Bonferroni over them):
     the worst comparison's interval and the first step of the multiplicity rules. A metric absent from it (an
     estimate) is judged per comparison."""
+    deferred: bool = False
+    """The simultaneous intervals were left out (``evaluate_many(worsts=False)``: ``backtest``'s every step, which
+    reads none): :meth:`evidence` computes a metric's when a fail has to be judged under :attr:`multiplicity`."""
     families: int = 1
     """The pairs are this many consecutive families of equal size (``backtest``'s stacked steps), each judged alone."""
     histogram: np.ndarray | None = None
@@ -108,14 +111,31 @@ class Evaluation:
         v = self.values(metric)
         ok = self.sufficient(metric)
         states = np.where(ok, conditional_metric(metric).evidence(v.lower, v.upper, threshold), "inconclusive")
-        if self.multiplicity == "none" or self.simultaneous is None or metric not in self.simultaneous.metrics or \
-                not (states == "fail").any():  # fmt: skip
+        if self.multiplicity == "none" or not (states == "fail").any():
+            return states
+        wide = self._simultaneous(metric)
+        if wide is None:  # an estimate
             return states
         failing = self.failing.get((metric, threshold))
         if failing is None:
-            failing = fails(metric, threshold, self.multiplicity, self._compute(metric), np.array(self.attribute.pairs),
-                            ok, self.family(), self.simultaneous.metrics[metric])  # fmt: skip
+            failing = fails(metric, threshold, self.multiplicity, self._compute(metric), self._pairs(), ok,
+                            self.family(), wide)  # fmt: skip
         return np.where(states == "fail", np.where(failing, "fail", "inconclusive"), states)
+
+    def _pairs(self) -> np.ndarray:
+        return np.array(self.attribute.pairs, dtype=np.int64).reshape(-1, 2)
+
+    def _simultaneous(self, metric: str) -> MetricValues | None:
+        """A metric's pairs at 95%/K (:attr:`simultaneous`, or computed now if :attr:`deferred`, as
+        :func:`evaluate_many` would have: the same function on the same counts); None for an estimate."""
+        if self.simultaneous is not None:
+            return self.simultaneous.metrics.get(metric)
+        if not self.deferred:
+            return None
+        c = self.comparisons
+        alone = Comparisons(c.group_a, c.group_b, {metric: c.metrics[metric]})
+        return simultaneous(self._compute(metric), self._pairs(), alone, {metric: self.sufficient(metric)},
+                            self.family()).metrics[metric]  # fmt: skip
 
     def worst_rows(self, metrics: Iterable[str], family: int = 0) -> list[dict[str, Any]]:
         """What a report says of each metric's worst comparison in one family (the gate's ``worst[]``, backtest's
@@ -214,8 +234,8 @@ def evaluate_many(
     ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics, and ``score_sums``
     its labelled scores' sums per score bin, for the calibration. ``thresholds``:
     the metrics' thresholds, to judge the fails of every block in one pass (the daemon's fleet). ``worsts=False``:
-    no worst comparisons, and no simultaneous intervals unless a multiplicity rule judges by them (what ``backtest``
-    leaves unread at every step but its last).
+    no worst comparisons, and no simultaneous intervals unless ``thresholds`` ask for fails under a multiplicity
+    rule (``backtest`` reads neither at every step but its last; :attr:`Evaluation.deferred`).
 
     The arithmetic runs on arrays of a handful of groups, so numpy's per-call overhead dominates: one pass over
     every window and attribute at once costs about what one attribute did before.
@@ -252,8 +272,10 @@ def evaluate_many(
     family = block * families + local_pair // np.maximum((pair_starts[block + 1] - pair_starts[block]) // families, 1)
     judged = {name: (v.support >= min_samples) & ~np.isnan(v.value) for name, v in comparisons.metrics.items()}
     compute = partial(compute_many, counts, rates=rates, histogram=histogram)
+    # without worsts, the simultaneous intervals serve only to judge fails: now if thresholds ask, else when asked
+    deferred = not worsts and multiplicity != "none" and not thresholds
     wide = simultaneous(compute, global_pairs, comparisons, judged, family) \
-        if worsts or multiplicity != "none" else None  # fmt: skip
+        if worsts or (multiplicity != "none" and not deferred) else None  # fmt: skip
     failing = {} if wide is None else fails_many(
         (thresholds or {}) if multiplicity != "none" else {}, multiplicity, compute, global_pairs, judged, family,
         wide.metrics)  # fmt: skip
@@ -277,6 +299,7 @@ def evaluate_many(
             unknown=unknowns[k],
             multiplicity=multiplicity,
             simultaneous=None if wide is None else wide.take(local, pairs[k][:, 0], pairs[k][:, 1]),
+            deferred=deferred,
             families=families,
             histogram=None if histograms is None else histograms[k],
             failing={key: f[local] for key, f in failing.items()},
