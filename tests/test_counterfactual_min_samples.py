@@ -94,3 +94,50 @@ def test_an_item_counts_when_one_of_its_pairs_is_decided_for_both_groups() -> No
     a = np.array([[[y, n]], [[y, u]], [[u, y]], [[u, u]]], dtype=np.int8)
     b = np.array([[[n, n]], [[u, n]], [[u, n]], [[u, u]]], dtype=np.int8)
     assert paired.compare(a, b).paired_items == 2
+
+
+def test_simultaneous_intervals_are_at_the_k_judged_in_items_not_in_answers() -> None:
+    """Three groups, 40 items, one answer each: x unread on items 0-4, z on items 5-9, y read on all. In answers
+    every pair has 35 (min of the groups' decided answers): at min_samples 33 all 3 are judged, K = 3. In items
+    decided for both, x vs z has 30: K = 2, so x vs y's simultaneous interval is at 95%/2, here statsmodels' score
+    interval of the ratio at alpha 0.05/2 (z = 2.241), not at 0.05/3 (z = 2.394) as before the support was
+    replaced; the difference's Newcombe interval (continuity-corrected in a union) at the same z."""
+    from statistics import NormalDist
+
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    from exporter.core.attributes import Attribute
+    from exporter.core.evaluate import evaluate_many
+    from exporter.core.fairness import newcombe_interval
+    from exporter.gate.counterfactual.run import _judged
+
+    groups = ("x", "y", "z")
+    decided, positive = np.array([35, 40, 35]), np.array([10, 30, 20])
+    counts = np.zeros((3, 6), dtype=np.int64)
+    counts[:, 0], counts[:, 1] = positive, decided - positive
+    core = Attribute("gender", ("gender",), groups, ((0, 1), (0, 2), (1, 2)))
+    ev, ci = evaluate_many([(core, counts), (core, counts)], 33)
+    judged = _judged(ev, ci, [35, 30, 35])
+    ratio, gap = "disparate_impact_ratio", "demographic_parity_difference"
+    assert ci.sufficient(ratio).tolist() == [True, True, True]
+    assert judged.sufficient(ratio).tolist() == [True, False, True]
+
+    def z(k: int) -> float:
+        return NormalDist().inv_cdf(1 - 0.05 / (2 * k))
+
+    def ratio_at(k: int) -> list[float]:  # x vs y, the lower rate (x: 10/35) first
+        lo, hi = confint_proportions_2indep(10, 35, 30, 40, method="score", compare="ratio", alpha=0.05 / k)
+        return [lo, min(hi, 1.0)]
+
+    def gap_at(k: int) -> list[float]:  # |x - y|: x - y < 0 throughout
+        lo, hi = newcombe_interval(np.array([10]), np.array([35]), np.array([30]), np.array([40]), z(k), True)
+        return [-hi[0], -lo[0]]
+
+    assert (round(z(2), 3), round(z(3), 3)) == (2.241, 2.394)
+    for name, at in ((ratio, ratio_at), (gap, gap_at)):
+        before = ci.simultaneous.metrics[name]
+        np.testing.assert_allclose([before.lower[0], before.upper[0]], at(3), rtol=1e-7)  # in answers: K = 3
+        after = judged.simultaneous.metrics[name]
+        np.testing.assert_allclose([after.lower[0], after.upper[0]], at(2), rtol=1e-7)  # before the fix: at(3)
+    # the worst comparison's interval is the max over the K judged at 95%/K: computed again, not the answers' one
+    assert [row["comparisons_judged"] for row in judged.worst_rows([ratio, gap])] == [2, 2]

@@ -170,9 +170,10 @@ def _judged(ev: Evaluation, ci: Evaluation, paired_items: list[int]) -> Evaluati
     """``ci`` (the effective counts' intervals) with the answers' own values (``ev``), and each pair's support (what
     ``min_samples`` counts) in items decided for both groups, the paired test's units, instead of answers: an item
     asked with several templates or samples is one item. The core's count stays where it is smaller (a metric that
-    needs labels, which no answer has: 0)."""
+    needs labels, which no answer has: 0). Other comparisons may meet ``min_samples`` in items than in answers, so
+    the simultaneous intervals are computed again at the K judged in items (:meth:`Evaluation.with_support`)."""
     items = np.asarray(paired_items, dtype=np.int64)
-    return ci.with_metrics({name: dataclasses.replace(v, value=ev.values(name).value, support=np.minimum(
+    return ci.with_support({name: dataclasses.replace(v, value=ev.values(name).value, support=np.minimum(
         ev.values(name).support, items)) for name, v in ci.comparisons.metrics.items()})  # fmt: skip
 
 
