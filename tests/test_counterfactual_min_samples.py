@@ -7,6 +7,7 @@ both edges of the floor: met at exactly the units asked, missed one above."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import chat_servers
@@ -141,3 +142,40 @@ def test_simultaneous_intervals_are_at_the_k_judged_in_items_not_in_answers() ->
         np.testing.assert_allclose([after.lower[0], after.upper[0]], at(2), rtol=1e-7)  # before the fix: at(3)
     # the worst comparison's interval is the max over the K judged at 95%/K: computed again, not the answers' one
     assert [row["comparisons_judged"] for row in judged.worst_rows([ratio, gap])] == [2, 2]
+
+
+def _judged_in_process(tmp_path: Path, items: int, samples: int) -> dict:
+    """The fair screener's report over ``items`` items asked with ``samples`` answers per prompt (all alike: the
+    screener judges the item), judged in process."""
+    from exporter.gate.counterfactual.run import judge, plan
+    from exporter.gate.counterfactual.suite import load_suite
+
+    path = tmp_path / f"suite{items}.yaml"
+    path.write_text(yaml.safe_dump(scripted_screener.suite(items, min_samples=20, requests={"samples": samples})))
+    suite = load_suite(path, "http://in-process", "scripted")
+    model = scripted_screener.screener(FAIR)
+    return judge(suite, plan(suite), lambda p: [model("", p.messages[-1][1])] * samples)
+
+
+def test_samples_to_decide_counts_items_decided_for_both_groups_as_min_samples_does(tmp_path: Path) -> None:
+    """50 items asked with 3 answers each per group (150 answers, all alike: the screener judges the item): the
+    impact ratio 0.96 against 0.8 is inconclusive, its half-width 0.182 for a gap of 0.16. The hint scales the 50
+    items the paired test and min_samples count: 65 items (ceil(50 x (0.182 / 0.16)^2)), named as items decided
+    for both groups in the report and in the CI report, and about what one answer per item asks (64): three alike
+    answers of an item are worth one. Before: 194, the 150 answers scaled, three times the one-answer run's 64,
+    beside a support of 50 items."""
+    from exporter.gate.counterfactual import render
+
+    report, once = _judged_in_process(tmp_path, 50, 3), _judged_in_process(tmp_path, 50, 1)
+    ratio, alone = (next(r for r in x["results"] if r["metric"] == "disparate_impact_ratio") for x in (report, once))
+    assert (ratio["exact_value"], ratio["evidence"], ratio["support"], ratio["samples"]) == (
+        0.96, "inconclusive", 50, {"female": 150, "male": 150})  # fmt: skip
+    factor = (ratio["half_width"] / abs(ratio["exact_value"] - ratio["threshold"])) ** 2
+    assert ratio["samples_to_decide"] == {"female": math.ceil(50 * factor), "male": math.ceil(50 * factor)} == {
+        "female": 65, "male": 65}  # before: {"female": 194, "male": 194}, answers at 3 an item
+    assert ratio["samples_to_decide_counts"] == ratio["support_counts"] == "items decided for both groups"
+    assert alone["samples_to_decide"] == {"female": 64, "male": 64}  # one answer an item: items are answers
+    ci = render.ci_report({"model_id": "screener", "verdict": "PASS", "min_samples": 20,
+                           "results": report["results"]})  # fmt: skip
+    [check] = [c for c in ci.checks if c.name == "disparate_impact_ratio female vs male"]
+    assert "evidence inconclusive (decided at about 65 items decided for both groups)" in check.message
