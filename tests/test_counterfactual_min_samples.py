@@ -7,6 +7,7 @@ both edges of the floor: met at exactly the units asked, missed one above."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import chat_servers
@@ -94,3 +95,87 @@ def test_an_item_counts_when_one_of_its_pairs_is_decided_for_both_groups() -> No
     a = np.array([[[y, n]], [[y, u]], [[u, y]], [[u, u]]], dtype=np.int8)
     b = np.array([[[n, n]], [[u, n]], [[u, n]], [[u, u]]], dtype=np.int8)
     assert paired.compare(a, b).paired_items == 2
+
+
+def test_simultaneous_intervals_are_at_the_k_judged_in_items_not_in_answers() -> None:
+    """Three groups, 40 items, one answer each: x unread on items 0-4, z on items 5-9, y read on all. In answers
+    every pair has 35 (min of the groups' decided answers): at min_samples 33 all 3 are judged, K = 3. In items
+    decided for both, x vs z has 30: K = 2, so x vs y's simultaneous interval is at 95%/2, here statsmodels' score
+    interval of the ratio at alpha 0.05/2 (z = 2.241), not at 0.05/3 (z = 2.394) as before the support was
+    replaced; the difference's Newcombe interval (continuity-corrected in a union) at the same z."""
+    from statistics import NormalDist
+
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    from exporter.core.attributes import Attribute
+    from exporter.core.evaluate import evaluate_many
+    from exporter.core.fairness import newcombe_interval
+    from exporter.gate.counterfactual.run import _judged
+
+    groups = ("x", "y", "z")
+    decided, positive = np.array([35, 40, 35]), np.array([10, 30, 20])
+    counts = np.zeros((3, 6), dtype=np.int64)
+    counts[:, 0], counts[:, 1] = positive, decided - positive
+    core = Attribute("gender", ("gender",), groups, ((0, 1), (0, 2), (1, 2)))
+    ev, ci = evaluate_many([(core, counts), (core, counts)], 33)
+    judged = _judged(ev, ci, [35, 30, 35])
+    ratio, gap = "disparate_impact_ratio", "demographic_parity_difference"
+    assert ci.sufficient(ratio).tolist() == [True, True, True]
+    assert judged.sufficient(ratio).tolist() == [True, False, True]
+
+    def z(k: int) -> float:
+        return NormalDist().inv_cdf(1 - 0.05 / (2 * k))
+
+    def ratio_at(k: int) -> list[float]:  # x vs y, the lower rate (x: 10/35) first
+        lo, hi = confint_proportions_2indep(10, 35, 30, 40, method="score", compare="ratio", alpha=0.05 / k)
+        return [lo, min(hi, 1.0)]
+
+    def gap_at(k: int) -> list[float]:  # |x - y|: x - y < 0 throughout
+        lo, hi = newcombe_interval(np.array([10]), np.array([35]), np.array([30]), np.array([40]), z(k), True)
+        return [-hi[0], -lo[0]]
+
+    assert (round(z(2), 3), round(z(3), 3)) == (2.241, 2.394)
+    for name, at in ((ratio, ratio_at), (gap, gap_at)):
+        before = ci.simultaneous.metrics[name]
+        np.testing.assert_allclose([before.lower[0], before.upper[0]], at(3), rtol=1e-7)  # in answers: K = 3
+        after = judged.simultaneous.metrics[name]
+        np.testing.assert_allclose([after.lower[0], after.upper[0]], at(2), rtol=1e-7)  # before the fix: at(3)
+    # the worst comparison's interval is the max over the K judged at 95%/K: computed again, not the answers' one
+    assert [row["comparisons_judged"] for row in judged.worst_rows([ratio, gap])] == [2, 2]
+
+
+def _judged_in_process(tmp_path: Path, items: int, samples: int) -> dict:
+    """The fair screener's report over ``items`` items asked with ``samples`` answers per prompt (all alike: the
+    screener judges the item), judged in process."""
+    from exporter.gate.counterfactual.run import judge, plan
+    from exporter.gate.counterfactual.suite import load_suite
+
+    path = tmp_path / f"suite{items}.yaml"
+    path.write_text(yaml.safe_dump(scripted_screener.suite(items, min_samples=20, requests={"samples": samples})))
+    suite = load_suite(path, "http://in-process", "scripted")
+    model = scripted_screener.screener(FAIR)
+    return judge(suite, plan(suite), lambda p: [model("", p.messages[-1][1])] * samples)
+
+
+def test_samples_to_decide_counts_items_decided_for_both_groups_as_min_samples_does(tmp_path: Path) -> None:
+    """50 items asked with 3 answers each per group (150 answers, all alike: the screener judges the item): the
+    impact ratio 0.96 against 0.8 is inconclusive, its half-width 0.182 for a gap of 0.16. The hint scales the 50
+    items the paired test and min_samples count: 65 items (ceil(50 x (0.182 / 0.16)^2)), named as items decided
+    for both groups in the report and in the CI report, and about what one answer per item asks (64): three alike
+    answers of an item are worth one. Before: 194, the 150 answers scaled, three times the one-answer run's 64,
+    beside a support of 50 items."""
+    from exporter.gate.counterfactual import render
+
+    report, once = _judged_in_process(tmp_path, 50, 3), _judged_in_process(tmp_path, 50, 1)
+    ratio, alone = (next(r for r in x["results"] if r["metric"] == "disparate_impact_ratio") for x in (report, once))
+    assert (ratio["exact_value"], ratio["evidence"], ratio["support"], ratio["samples"]) == (
+        0.96, "inconclusive", 50, {"female": 150, "male": 150})  # fmt: skip
+    factor = (ratio["half_width"] / abs(ratio["exact_value"] - ratio["threshold"])) ** 2
+    assert ratio["samples_to_decide"] == {"female": math.ceil(50 * factor), "male": math.ceil(50 * factor)} == {
+        "female": 65, "male": 65}  # before: {"female": 194, "male": 194}, answers at 3 an item
+    assert ratio["samples_to_decide_counts"] == ratio["support_counts"] == "items decided for both groups"
+    assert alone["samples_to_decide"] == {"female": 64, "male": 64}  # one answer an item: items are answers
+    ci = render.ci_report({"model_id": "screener", "verdict": "PASS", "min_samples": 20,
+                           "results": report["results"]})  # fmt: skip
+    [check] = [c for c in ci.checks if c.name == "disparate_impact_ratio female vs male"]
+    assert "evidence inconclusive (decided at about 65 items decided for both groups)" in check.message

@@ -224,6 +224,9 @@ def test_dashboard_covers_fairness_samples_and_daemon_health(dashboard: dict[str
         "fairness_exporter_kafka_connected",
         "fairness_exporter_partition_resets_total",
         "fairness_exporter_checkpoint_failures_total",
+        "fairness_exporter_state_snapshot_failures_total",
+        "fairness_exporter_last_state_snapshot_timestamp_seconds",
+        "fairness_exporter_state_snapshot_interval_seconds",
         "fairness_exporter_dead_letters_failed_total",
         "fairness_exporter_labels_dropped_total",
         "fairness_detector_statistic",
@@ -299,6 +302,60 @@ def test_detector_statistics_are_drawn_against_the_alarm_level(dashboard: dict[s
             if each["id"] not in fleet and re.search(r"\bfairness_(?:subgroup_)?detector_(?:statistic|alarm)\{",
                                                      target["expr"]):  # fmt: skip
                 assert 'model_id="$model_id"' in target["expr"] and 'attribute="$attribute"' in target["expr"]
+
+
+SNAPSHOTS = "Staged snapshots: seconds since the last whole round, and failed rounds"
+SNAPSHOT_ALERT = "FairnessExporterStateSnapshotFailing"
+
+
+def _alert_expr(name: str) -> str:
+    from exporter.devtools import rules
+
+    (expr,) = [r["expr"] for g in rules.rule_file()["groups"] for r in g["rules"] if r.get("alert") == name]
+    return str(expr)
+
+
+def test_the_staged_snapshot_panel_draws_the_age_against_the_threshold_the_alert_computes(
+        dashboard: dict[str, Any]) -> None:  # fmt: skip
+    """The age and the threshold are the alert's own expressions (the rule generator's text), filtered on the
+    instances selected; the age keeps only staged replicas (those exporting the snapshot interval), as the alert's
+    comparison does, so a direct replica's start is not drawn as an ever older snapshot."""
+    age, threshold, failures = (t["expr"] for t in panel(dashboard, SNAPSHOTS)["targets"])
+    alert = _alert_expr(SNAPSHOT_ALERT)
+    unfiltered = {e: e.replace('{instance=~"$instance"}', "") for e in (age, threshold, failures)}
+    left, right = alert.split("\n  > on (job, instance) ")
+    own, staged = unfiltered[age].split("\nand on (job, instance) ")
+    assert (own, staged) == (left, "fairness_exporter_state_snapshot_interval_seconds")
+    assert f"({unfiltered[threshold]})" == right
+    assert metric_names(failures) == {"fairness_exporter_state_snapshot_failures_total"}
+    assert panel(dashboard, SNAPSHOTS)["fieldConfig"]["overrides"][0]["matcher"]["options"] == "/ alert threshold$/"
+
+
+def test_the_staged_snapshot_panel_on_the_series_the_alert_fires_on(dashboard: dict[str, Any], tmp_path: Path) -> None:
+    """promtool evaluates the panel's queries on the input series of the alert's own unit test
+    (rules/tests/stages.test.yaml): at 22m, when the alert fires for a, a's age is 720 s against its threshold of
+    360 s, its rounds failing at 2 a minute; b, whose rounds failed for 4 minutes and succeed again, is 0 s old
+    and fails none; c, a direct replica, has no series in any of the three queries."""
+    promtool = require_binary("promtool")
+    tests = yaml.safe_load((ROOT / "rules" / "tests" / "stages.test.yaml").read_text())["tests"]
+    (fires,) = [t for t in tests if t["name"].startswith(f"{SNAPSHOT_ALERT} fires")]
+    firing = {k: v for k, v in fires["alert_rule_test"][1].items() if k != "exp_alerts"}
+    assert firing == {"alertname": SNAPSHOT_ALERT, "eval_time": "22m"}
+    age, threshold, failures = (substitute(t["expr"], {**DEFAULT_VARIABLES, "__rate_interval": "2m"})
+                                for t in panel(dashboard, SNAPSHOTS)["targets"])  # fmt: skip
+    staged = [{"labels": f'{{job="fairness-exporter", instance="{i}:9108"}}', "value": v} for i, v in
+              (("a", 720), ("b", 0))]  # fmt: skip
+    expected = [{"expr": age, "eval_time": "22m", "exp_samples": staged},
+                {"expr": threshold, "eval_time": "22m", "exp_samples": [dict(s, value=360) for s in staged]},
+                {"expr": failures, "eval_time": "22m", "exp_samples": [
+                    {"labels": '{instance="a:9108"}', "value": 2 / 60}, {"labels": '{instance="b:9108"}', "value": 0}]}]
+    test = {"rule_files": [], "evaluation_interval": "1m",
+            "tests": [{"interval": fires["interval"], "input_series": fires["input_series"],
+                       "promql_expr_test": expected}]}  # fmt: skip
+    (tmp_path / "panel.test.yaml").write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", "panel.test.yaml"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_panel_queries_substitute_every_variable() -> None:

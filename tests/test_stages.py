@@ -311,6 +311,41 @@ def test_a_snapshot_round_the_broker_does_not_acknowledge_is_counted_and_the_nex
     stages.close()
 
 
+def test_a_failed_give_up_of_restoring_tasks_is_no_failed_snapshot_round(caplog: pytest.LogCaptureFixture) -> None:
+    """The once-a-second step that starts restoring tasks that caught up empty writes no snapshot: when it fails
+    (here the source's lag raises), the round still writes the live tasks' snapshots (none due: a whole round, its
+    time exported), fairness_exporter_state_snapshot_failures_total stays 0 and the log names the give-up step.
+    Before, the failure was counted as a failed snapshot round and no round ran, so a replica whose snapshots
+    all succeed aged towards FairnessExporterStateSnapshotFailing. No broker: nothing is due, nothing is sent."""
+    d = daemon(staged_config("127.0.0.1:9", "give-up"))
+    stages = d.stages
+    assert stages is not None
+    counts, join = (stages.topics.counts.name, 0), (stages.topics.join.name, 0)
+    stages.starts([counts, join], {counts: 5})  # the counts task looks for the snapshot covering offset 5
+
+    def sample(name: str, **labels: str) -> float | None:
+        return d.registry.get_sample_value(f"fairness_exporter_{name}", labels)
+
+    def lag_unknown() -> dict:
+        raise RuntimeError("lag not measured")
+
+    stages.lag = lag_unknown
+    with caplog.at_level(logging.ERROR, logger="exporter.stream.stages.replica"):
+        stages.flush()
+    assert sample("state_snapshot_failures_total") == 0  # before: 1
+    assert sample("last_state_snapshot_timestamp_seconds") == T0  # before: 0, no whole round
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["starting the restoring tasks that caught up failed (RuntimeError: lag not measured); tried "
+                    "again at the next poll or round, not a snapshot failure"], said  # fmt: skip
+    assert stages.tasks[counts].restoring is not None
+    stages.lag = lambda: {counts: 0}  # it works again: the task that read its whole partition starts empty
+    stages.flush()
+    assert stages.tasks[counts].restoring is None
+    assert sample("state_restores_total", stage="counts", result="missing") == 1
+    assert sample("state_snapshot_failures_total") == 0
+    stages.close()
+
+
 def test_a_replica_stopped_while_the_broker_hangs_still_stops_every_part(
         fresh_broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip

@@ -71,6 +71,20 @@ class Evaluation:
         c = self.comparisons
         return replace(self, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **values}))
 
+    def with_support(self, values: Mapping[str, MetricValues]) -> Evaluation:
+        """:meth:`with_metrics` for values whose support counts another unit than the core's (the counterfactual's
+        items decided for both groups, not answers), so other comparisons meet ``min_samples``: each such metric's
+        simultaneous intervals computed again at the K it now judges (95%/K, :func:`simultaneous`), and its worst
+        comparison and fails left to be computed from them."""
+        ev = self.with_metrics(values)
+        if self.simultaneous is None:
+            return ev
+        s = self.simultaneous
+        again = {m: ev._at_family_level(m) for m in values if m in s.metrics}
+        return replace(ev, simultaneous=Comparisons(s.group_a, s.group_b, {**s.metrics, **again}),
+                       failing={key: f for key, f in self.failing.items() if key[0] not in again},
+                       worsts={m: w for m, w in self.worsts.items() if m not in again})  # fmt: skip
+
     def with_conditional(self, strata: np.ndarray, values: Mapping[str, MetricValues]) -> Evaluation:
         """The same evaluation with conditional metrics among its comparisons, for the same pairs: ``values``, each
         alone (:func:`exporter.core.conditional.conditional_compare` of ``strata``), and each as one of its
@@ -130,8 +144,11 @@ class Evaluation:
         :func:`evaluate_many` would have: the same function on the same counts); None for an estimate."""
         if self.simultaneous is not None:
             return self.simultaneous.metrics.get(metric)
-        if not self.deferred:
-            return None
+        return self._at_family_level(metric) if self.deferred else None
+
+    def _at_family_level(self, metric: str) -> MetricValues:
+        """A metric's pairs at 95%/K, K its family's comparisons judged now (:meth:`sufficient`), from the same
+        counts :func:`evaluate_many` computed them from."""
         c = self.comparisons
         alone = Comparisons(c.group_a, c.group_b, {metric: c.metrics[metric]})
         return simultaneous(self._compute(metric), self._pairs(), alone, {metric: self.sufficient(metric)},

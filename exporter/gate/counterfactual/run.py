@@ -170,9 +170,10 @@ def _judged(ev: Evaluation, ci: Evaluation, paired_items: list[int]) -> Evaluati
     """``ci`` (the effective counts' intervals) with the answers' own values (``ev``), and each pair's support (what
     ``min_samples`` counts) in items decided for both groups, the paired test's units, instead of answers: an item
     asked with several templates or samples is one item. The core's count stays where it is smaller (a metric that
-    needs labels, which no answer has: 0)."""
+    needs labels, which no answer has: 0). Other comparisons may meet ``min_samples`` in items than in answers, so
+    the simultaneous intervals are computed again at the K judged in items (:meth:`Evaluation.with_support`)."""
     items = np.asarray(paired_items, dtype=np.int64)
-    return ci.with_metrics({name: dataclasses.replace(v, value=ev.values(name).value, support=np.minimum(
+    return ci.with_support({name: dataclasses.replace(v, value=ev.values(name).value, support=np.minimum(
         ev.values(name).support, items)) for name, v in ci.comparisons.metrics.items()})  # fmt: skip
 
 
@@ -240,10 +241,11 @@ def judge(suite: Suite, asked: list[Asked], answers: Answers) -> dict[str, Any]:
         ci = _judged(ev, ci, [p["paired_items"] for p in pairs[first_pair:]])
         for r in metric_results(spec, ci):  # intervals by the effective counts, the answers as counted
             answered = {g: groups[a.name][g]["decided"] for g in r["samples"]}
-            r.update(support_counts=ITEMS_COUNTED, samples=answered)
-            if r["samples_to_decide"] is not None:  # answers needed, at the same answers per item
+            r.update(support_counts=ITEMS_COUNTED, samples=answered, samples_to_decide_counts=ITEMS_COUNTED)
+            if r["samples_to_decide"] is not None:  # items needed, the unit min_samples counts, as many answers each
+                items = pairs[pair_of[r["groups"]]]["paired_items"]
                 r["samples_to_decide"] = samples_to_decide(r["half_width"], r["exact_value"], r["threshold"],
-                                                           answered)  # fmt: skip
+                                                           dict.fromkeys(answered, items))  # fmt: skip
             _ratio_without_selection(r, ci, a.pairs[pair_of[r["groups"]] - first_pair])
             rows.append((r, pair_of[r["groups"]]))
     adjusted = paired.holm([p["mcnemar_p_value"] for p in pairs])

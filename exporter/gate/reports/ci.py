@@ -185,8 +185,10 @@ def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridde
     evidence = str(r.get("evidence"))
     reasons = [_insufficient(r, min_samples)] if r.get("status") == "insufficient_samples" else []
     if evidence == "inconclusive" and r.get("samples_to_decide"):
-        per_group = ", ".join(f"{g} {n}" for g, n in r["samples_to_decide"].items())
-        evidence = f"inconclusive (decided at about {per_group} per group)"
+        need, unit = r["samples_to_decide"], r.get("samples_to_decide_counts")  # the counterfactual's: items
+        per_group = ", ".join(f"{g} {n}" for g, n in need.items())
+        evidence = f"inconclusive (decided at about {max(need.values())} {unit})" if unit else \
+            f"inconclusive (decided at about {per_group} per group)"  # fmt: skip
     outcome: Outcome = "passed" if r["counts_as"] == "pass" else "warning" if r["counts_as"] == "warning" else "failed"
     role = {"passed": "pass", "warning": "warning (does not block)",
             "failed": "blocking, overridden" if overridden else "blocking"}[outcome]  # fmt: skip

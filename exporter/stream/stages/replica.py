@@ -334,8 +334,14 @@ class Stages:
         self._round(force=False)
 
     def _round(self, force: bool) -> None:
-        """A snapshot round that never raises: a failure is counted (FairnessExporterStateSnapshotFailing reads the
-        last round that succeeded) and logged; the next round writes the same tasks again."""
+        """Restoring tasks that caught up go live (not a snapshot: its failure is logged apart), then a snapshot round
+        whose failure is counted (FairnessExporterStateSnapshotFailing reads the last whole one) and logged."""
+        try:
+            with self.lock:
+                self._give_up_caught_up()
+        except Exception as exc:
+            log.error("starting the restoring tasks that caught up failed (%s: %s); tried again at the next poll or "
+                      "round, not a snapshot failure", type(exc).__name__, exc)  # fmt: skip
         try:
             self.snapshot(force)
         except Exception as exc:
@@ -349,7 +355,6 @@ class Stages:
         written again after a quarter of its topic's retention, so that retention never takes its last snapshot.
         A task is marked written only then: after a failure (sending or flushing), the next round writes it again."""
         with self.lock:
-            self._give_up_caught_up()
             now = time.monotonic()
             if not force and now - self._snapshot_at < self.fleet.config.checkpoint_interval_seconds:
                 return
