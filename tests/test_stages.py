@@ -375,3 +375,42 @@ def test_a_replica_stopped_while_the_broker_hangs_still_stops_every_part(
     assert stopped == ["http"]
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping the staged path's")]
     assert len(said) == 1 and "not delivered" in said[0], said
+
+
+def test_a_restoring_task_that_fails_going_live_between_polls_is_never_snapshotted_half_applied() -> None:
+    """The once-a-second round starts a restoring task that read its whole partition without a snapshot, then
+    applies what it buffered. If that fails partway (here: the second of three buffered records), the task would
+    be live with one record applied and its offset past all three, and the round's snapshot would cover the two it
+    never applied: they would be lost. Now every task is dropped (restored again from its snapshot at the next
+    assignment), nothing is snapshotted or committable beyond what was, and the next poll fails so that the source
+    reads again from what was acknowledged, as after a failure mid-poll. No broker: nothing is due or sent."""
+    d = daemon(staged_config("127.0.0.1:9", "go-live"))
+    stages = d.stages
+    assert stages is not None
+    counts = (stages.topics.counts.name, 0)
+    stages.starts([counts], {counts: 5})
+    task = stages.tasks[counts]
+    assert task.restoring is not None
+    task.restoring.buffered.extend([(5 + i, SimpleNamespace(kind=None, n=i)) for i in range(3)])
+    task.consumed, task.fetched = 8, True
+    committable = stages.committable()
+    applied: list[int] = []
+
+    def apply(record: Any, offset: int) -> list[Any]:
+        if record.n == 1:
+            raise RuntimeError("cannot apply")
+        applied.append(offset)
+        return []
+
+    task.apply = apply  # type: ignore[method-assign]
+    stages.failures.failed = lambda *args: False  # not a record to skip: the failure stands
+    stages.lag = lambda: {counts: 0}
+    stages.flush()
+    assert applied == [5]
+    assert counts not in stages.tasks and stages.committable() == committable == {}
+    assert d.registry.get_sample_value("fairness_exporter_state_snapshots_total", {"stage": "counts"}) in (None, 0)
+    said = r"a restoring task failed going live between polls \(RuntimeError: cannot apply\)"
+    with pytest.raises(RuntimeError, match=said):
+        stages.handle_poll({})
+    assert stages.broken is None  # that poll failed: the next consumer reads again from what was acknowledged
+    stages.close()

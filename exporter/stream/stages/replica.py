@@ -43,8 +43,9 @@ from exporter.stream.stages.entry import EntryStages
 from exporter.stream.stages.failures import TaskFailures
 from exporter.stream.stages.records import Kind, RecordError, decode
 from exporter.stream.stages.records import Record as InternalRecord
+from exporter.stream.stages.restoring import give_up_caught_up, go_live, restored
 from exporter.stream.stages.sides import SideStage
-from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack, unpack
+from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack
 from exporter.stream.stages.tasks import CountsTask, JoinTask, Task, expire_joins, pending
 from exporter.stream.state.fleet import Changes, Fleet
 from exporter.stream.state.label_join import OutcomeJoin
@@ -85,6 +86,9 @@ class Stages:
         self.released: Callable[[], None] = lambda: None
         """Called when models leave this replica, so that their series leave /metrics now (the daemon sets it)."""
         self._snapshot_at = time.monotonic()
+        self.broken: str | None = None
+        """Why the tasks were dropped between polls (a restoring task failed going live): the next poll fails, and
+        the source reads again from what was acknowledged (a new consumer), as after a failure mid-poll."""
         self.chunk_bytes = CHUNK_BYTES
         """The most bytes of state in one snapshot record."""
 
@@ -128,6 +132,8 @@ class Stages:
         """Handle one poll, every stage's share of it, then wait until what it produced is acknowledged."""
         with self.lock:
             try:
+                if self.broken is not None:
+                    raise RuntimeError(self.broken)
                 inputs = [(p, r) for p, r in batches.items() if self.kafka.reads_events(p[0]) and r]
                 if inputs:
                     self.bounded(inputs, lambda parts: self.entry.predictions(parts, self.produced))
@@ -138,7 +144,7 @@ class Stages:
                         self.bounded([(partition, records)], lambda parts: self.entry.labels(parts, self.produced))
                     elif partition in self.tasks:
                         self._task_records(self.tasks[partition], records)
-                self._give_up_caught_up()
+                give_up_caught_up(self)
                 self.producer.flush()
             except Exception:
                 self._abandon()
@@ -151,7 +157,7 @@ class Stages:
         snapshot at the next assignment), send the input again from what was acknowledged (a new consumer)."""
         for partition in list(self.tasks):
             self._drop(partition)
-        self.produced = dict(self.acked)
+        self.produced, self.broken = dict(self.acked), None
 
     def _task_records(self, task: Task, records: Sequence[Record]) -> None:
         """A join or counts partition's records, through its task (buffered while it looks for its snapshot)."""
@@ -168,7 +174,7 @@ class Stages:
             restoring = task.restoring
             if record.kind is Kind.SNAPSHOT:
                 if restoring is not None and (whole := restoring.offer(record)) is not None:
-                    self._restored(task, whole)
+                    restored(self, task, whole)
             elif restoring is not None:
                 restoring.buffered.append((offset, record))
             elif not self._apply(task, record, offset):
@@ -191,47 +197,6 @@ class Stages:
         for topic, partition, key, value in out:
             self.producer.send(topic, partition, value, key)
         return True
-
-    # --- restoring a task -----------------------------------------------------------------------------------
-
-    def _restored(self, task: Task, whole: bytes | None) -> None:
-        """Go live from a whole snapshot (None: none is to be found, start empty), then apply what was buffered."""
-        restoring = task.restoring
-        assert restoring is not None
-        result = "restored"
-        if whole is not None:
-            try:
-                task.restore(*unpack(whole))
-            except (ValueError, KeyError) as exc:
-                log.error("%s[%d]: the snapshot covering offset %d cannot be read (%s): starting empty",
-                          *task.partition, restoring.covers, exc)  # fmt: skip
-                result = "missing"
-        else:
-            log.error("%s[%d]: no whole snapshot covering the committed offset %d in the log (retention?), %d "
-                      "chunk(s) seen: its state starts empty", *task.partition, restoring.covers,
-                      restoring.chunks_seen)  # fmt: skip
-            result = "missing"
-        self.stage_health.restores.labels(task.stage, result).inc()
-        task.restoring = None
-        task.covered = restoring.covers
-        self._go_live(task)
-        for offset, record in restoring.buffered:
-            if not self._apply(task, record, offset):
-                return
-
-    def _go_live(self, task: Task) -> None:
-        if isinstance(task, CountsTask):
-            self.live_counts.add(task.partition[1])
-            task.take()
-            if self.sides is not None:
-                self.sides.live_now(task)
-
-    def _give_up_caught_up(self) -> None:
-        """A restoring task that has read its whole partition without a whole snapshot starts empty."""
-        lag = self.lag()
-        for partition, task in list(self.tasks.items()):
-            if task.restoring is not None and lag.get(partition) == 0:
-                self._restored(task, None)
 
     # --- the offsets book (exporter.stream.kafka.client.OffsetsBook) ----------------------------------------------
 
@@ -267,7 +232,7 @@ class Stages:
                 starts[partition] = start
                 if not start:
                     self.stage_health.restores.labels(task.stage, "fresh").inc()
-                    self._go_live(task)
+                    go_live(self, task)
             return starts
 
     def _task(self, partition: Partition, start: int) -> Task:
@@ -303,7 +268,7 @@ class Stages:
             for partition in partitions:
                 if (task := self.tasks.get(partition)) is not None and task.restoring is not None:  # in the old log
                     task.restoring.buffered.clear()
-                    self._restored(task, None)
+                    restored(self, task, None)
                 self.resume_at(partition, 0)
             if topic_id is not None:
                 self.topic_ids[topic] = topic_id
@@ -336,12 +301,19 @@ class Stages:
     def _round(self, force: bool) -> None:
         """Restoring tasks that caught up go live (not a snapshot: its failure is logged apart), then a snapshot round
         whose failure is counted (FairnessExporterStateSnapshotFailing reads the last whole one) and logged."""
-        try:
-            with self.lock:
-                self._give_up_caught_up()
-        except Exception as exc:
-            log.error("starting the restoring tasks that caught up failed (%s: %s); tried again at the next poll or "
-                      "round, not a snapshot failure", type(exc).__name__, exc)  # fmt: skip
+        with self.lock:
+            try:
+                lag = self.lag()
+            except Exception as exc:
+                log.error("starting the restoring tasks that caught up failed (%s: %s); tried again at the next poll "
+                          "or round, not a snapshot failure", type(exc).__name__, exc)  # fmt: skip
+                lag = {}
+            try:
+                give_up_caught_up(self, lag)
+            except Exception as exc:  # a task live with part of what it buffered applied: no snapshot may cover it
+                self._abandon()
+                self.broken = f"a restoring task failed going live between polls ({type(exc).__name__}: {exc})"
+                log.error("%s: every task dropped, read again from what was acknowledged", self.broken)
         try:
             self.snapshot(force)
         except Exception as exc:
