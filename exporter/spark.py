@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from exporter.config import ModelSpec
 from exporter.gate.data.dataset import BATCH_ROWS, WHOLE_FLOAT_ID, DataError, open_dataset
-from exporter.gate.fairness.frames import attribute_columns, prediction_column, written_columns
+from exporter.gate.fairness.frames import attribute_columns, csv_text_columns, prediction_column
 
 COUNT = "count"
 """The aggregation's column of rows per combination of values."""
@@ -61,7 +61,8 @@ def read(spark: Any, location: str, ids: Sequence[str] = (), texts: Sequence[str
     """A dataset as Spark reads it (parquet, or CSV with a header and inferred types; folders, globs and hive
     partitions as Spark knows them). ``ids``: id columns, read from CSV as the local engine reads them (their text,
     an integer followed by ``.0`` as that integer: exporter/gate/data/dataset.py); ``texts``: columns read from CSV
-    as their text as written, as the local engine reads attribute columns (the gate's encoding matches them);
+    as their text as written, as the local engine reads attribute, segment and strata columns
+    (:func:`exporter.gate.fairness.frames.csv_text_columns`; the gate's encoding matches them);
     ``times``: time columns, read from CSV as their text where Spark would infer dates or timestamps (which it
     reads in its session's time zone), so that the gate's reading of times gives ISO 8601 text without an offset
     as UTC, as everywhere else (exporter/gate/data/columns.py, ``seconds``)."""
@@ -97,7 +98,7 @@ def spark_rows(config: ModelSpec, location: str) -> CountedRows:
         raise DataError(f"--engine spark needs pyspark: pip install 'fairness-exporter[spark]' ({exc})") from exc
     spark = SparkSession.builder.appName(f"fairness-exporter audit {config.model_id}").getOrCreate()
     try:
-        df = read(spark, location, [s.id for s in config.attribute_sources], written_columns(config),
+        df = read(spark, location, [s.id for s in config.attribute_sources], csv_text_columns(config),
                   [config.timestamp_column])
         return CountedRows(counts(joined(spark, df, config, location), config).toArrow(), date_range(df, config))
     except Exception as exc:  # Spark's analysis and IO errors arrive through py4j

@@ -147,7 +147,8 @@ def test_simpsons_paradox_shows_the_raw_gap_and_the_conditional_one(tmp_path: Pa
     assert raw["exact_value"] == pytest.approx(0.10) and raw["evidence"] == "fail"
     assert conditional["exact_value"] == pytest.approx(0.0, abs=1e-12) and conditional["evidence"] == "pass"
     assert conditional["strata"] == {"columns": ["income_band"], "used": 2, "dropped_one_group_only": 0,
-                                     "rows_in_other": 0}  # fmt: skip
+                                     "rows_excluded": 0, "rows_excluded_missing_value": 0,
+                                     "rows_excluded_beyond_cap": 0}  # fmt: skip
     assert conditional["ci_95"][0] == 0.0 and 0 < conditional["ci_95"][1] < 0.02
     clarify = posttraining.CDDPL(frame["gender"], frame["gender"] == "male", frame["prediction"] == 1,
                                  frame["income_band"])  # fmt: skip

@@ -102,12 +102,12 @@ def _table(location: str, models: Sequence[ModelSpec], tables: Mapping[str, Side
 
     from exporter.gate.data import columns as col
     from exporter.gate.data.dataset import DataError, open_dataset
-    from exporter.gate.fairness.frames import prediction_column, written_columns
+    from exporter.gate.fairness.frames import csv_text_columns, prediction_column
 
     try:
         dataset = open_dataset(location, "events", ["model_id", *(c for m in models for c in _read_from(m))],
                                [s.id for m in models for s in m.attribute_sources],
-                               [c for m in models for c in written_columns(m)])  # fmt: skip
+                               [c for m in models for c in csv_text_columns(m)])  # fmt: skip
         needed = {m.model_id: [m.timestamp_column, prediction_column(m), *_read_from(m), *m.counted_columns]
                   for m in models}  # fmt: skip
         for m, columns in [(None, ["model_id"]), *zip(models, needed.values(), strict=True)]:

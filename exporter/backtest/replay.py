@@ -180,7 +180,7 @@ class Replay:
             "alerts": sorted(self.alerts, key=lambda a: (a["fired_at"], a["alert"], a["attribute"])),
             "series": self._series_report(),
             "worst": worst(spec, evaluations),
-            **({"conditional": conditional(spec, evaluations, now)} if spec.conditional_metrics else {}),
+            **({"conditional": conditional(spec, evaluations, self.store, now)} if spec.conditional_metrics else {}),
             **({"estimated": estimated(self.config, self.store, self.reference, now)}
                if self.reference is not None else {}),
             **({"proxy": proxied(self.config, self.store, now)} if self.store.proxy.attributes else {}),

@@ -42,10 +42,12 @@ def worst(spec: ModelSpec, evaluations: Mapping[tuple[str, str], Evaluation]) ->
     return [{"window": window, **row} for (window, _), ev in evaluations.items() for row in ev.worst_rows(metrics)]
 
 
-def conditional(spec: ModelSpec, evaluations: Mapping[tuple[str, str], Evaluation], now: float) -> dict[str, Any]:
+def conditional(spec: ModelSpec, evaluations: Mapping[tuple[str, str], Evaluation], store: WindowStore,
+                now: float) -> dict[str, Any]:  # fmt: skip
     """The conditional metrics' comparisons (``strata:``) per window and attribute, their evidence judged under
-    ``multiplicity:``, as the daemon's."""
-    return {"as_of": iso(now), "comparisons": [
+    ``multiplicity:``, as the daemon's; and the events replayed that they leave out (no stratum value, or past the
+    cap), as the gate's result counts them."""
+    return {"as_of": iso(now), **store.segments.excluded(spec.strata), "comparisons": [
         c for (window, _), ev in evaluations.items() for c in comparisons(
             spec, window, ev.attribute, {m: ev.values(m) for m in spec.conditional_metrics}, ev.sufficient, "",
             ev.evidence)]}  # fmt: skip

@@ -9,6 +9,11 @@
   acceptances (0 where there is none), averaged with the strata's sizes as weights; over the rows of the two groups
   compared (Clarify compares a facet with all other rows: the same number when the attribute has two groups).
 
+Only rows in a known stratum (a real combination of the strata's values) are compared: a row missing a stratum value,
+or whose combination came past the ``segment_values`` cap, has no stratum to be compared within, and pooling such rows
+into one pseudo-stratum would bring back the very gap the strata condition on (:func:`known_strata`). Without a row
+in a known stratum a comparison has no value (insufficient), never the raw gap.
+
 Like every difference of the metric table, ``value`` is the absolute gap with its folded 95% interval; the signed one
 (a - b, or Clarify's sign: positive when group a is over-represented among rejections) is kept beside it. As one of
 K comparisons its interval is at 95%/K, as the table's are (:func:`compute_many`: the worst comparison and the
@@ -57,6 +62,19 @@ class Stratified:
     strata_used: IntArray
     strata_dropped: IntArray
     """Strata with rows of one of the two groups only (no within-stratum comparison: weight 0)."""
+
+
+def known_strata(counts: NDArray) -> NDArray:
+    """The counts per group and known stratum ``(n_groups, n_strata, N_COUNTS)`` of the counts per group and value of
+    the strata's key, whose last value is ``other`` (:class:`exporter.core.explain.SegmentValues`: rows missing a
+    stratum value or past the cap), which no conditional metric counts."""
+    return np.asarray(counts)[:, :-1]
+
+
+def excluded_rows(missing: int, beyond_cap: int) -> dict[str, int]:
+    """What a report says of the rows no conditional metric counts: missing a stratum value, or past the cap."""
+    return {"rows_excluded": missing + beyond_cap, "rows_excluded_missing_value": missing,
+            "rows_excluded_beyond_cap": beyond_cap}
 
 
 def mantel_haenszel(k_a: NDArray, n_a: NDArray, k_b: NDArray, n_b: NDArray) -> tuple[FloatArray, FloatArray]:

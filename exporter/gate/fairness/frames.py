@@ -255,11 +255,18 @@ def written_columns(config: ModelSpec) -> list[str]:
     return [a.columns[0] for a in config.base_attributes if a.proxy is None and a.source is None]
 
 
+def csv_text_columns(config: ModelSpec) -> list[str]:
+    """The columns every engine (the gate's, ``backtest``'s, Spark) reads from a CSV file as its text as written: the
+    attribute columns (:func:`written_columns`), and the segment and strata columns, whose values are their text
+    as the daemon's JSON strings are (type inference made branches ``007`` and ``7`` one value, ``7``)."""
+    return list(dict.fromkeys([*written_columns(config), *config.counted_columns]))
+
+
 def open_rows(location: str, what: str, config: ModelSpec) -> Dataset:
     """A model's dataset, opened to be counted: its text columns read as dictionaries, the ids its side sources
-    join by and its attribute columns read from CSV as text (exporter/gate/data/dataset.py)."""
+    join by, and its attribute, segment and strata columns read from CSV as text (exporter/gate/data/dataset.py)."""
     return open_dataset(location, what, text_columns(config), [s.id for s in config.attribute_sources],
-                        written_columns(config))  # fmt: skip
+                        csv_text_columns(config))  # fmt: skip
 
 
 def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None, weights: str | None = None,

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from exporter.config import ModelSpec
-from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, conditional_compare
+from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, conditional_compare, excluded_rows, known_strata
 from exporter.core.encoding import attribute_codes
 from exporter.core.evaluate import Evaluation
 from exporter.core.explain import STRATA_SEP, SegmentValues, explanations, key_value, segment_keys
@@ -130,15 +130,16 @@ def explain_change(config: ModelSpec, baseline: SegmentTally, current: SegmentTa
 def with_conditional(config: ModelSpec, evaluations: list[Evaluation], tally: SegmentTally | None) -> \
         tuple[list[Evaluation], dict[tuple[str, str], Stratified]]:  # fmt: skip
     """The evaluations with the configured conditional metrics among their comparisons (from the counts per
-    stratum, judged as every metric: :meth:`Evaluation.with_conditional`), and each one's strata used and dropped, by
-    (attribute, metric)."""
+    known stratum, judged as every metric: :meth:`Evaluation.with_conditional`), and each one's strata used and
+    dropped, by (attribute, metric). Rows under ``other`` (no stratum value, or past the cap) are left out
+    (:func:`exporter.core.conditional.known_strata`)."""
     names = [m.name for m in config.metrics if m.name in CONDITIONAL_METRICS]
     if not names or tally is None:
         return evaluations, {}
     key = STRATA_SEP.join(config.strata)
     out, found = [], {}
     for ev in evaluations:
-        _, strata = tally.counts(ev.attribute.name, key)
+        strata = known_strata(tally.counts(ev.attribute.name, key)[1])
         c = ev.comparisons
         for name in names:
             found[ev.attribute.name, name] = conditional_compare(name, strata, c.group_a, c.group_b)
@@ -148,8 +149,8 @@ def with_conditional(config: ModelSpec, evaluations: list[Evaluation], tally: Se
 
 def mark_conditional(results: list[dict[str, Any]], config: ModelSpec, found: Mapping[tuple[str, str], Stratified],
                      tally: SegmentTally | None) -> None:  # fmt: skip
-    """Each conditional result's signed gap and strata: the columns, the strata used, and those dropped (one group
-    only) or counted under ``other`` (past the cap)."""
+    """Each conditional result's signed gap and strata: the columns, the strata used and those dropped (one group
+    only), and the rows excluded from every stratum: missing a stratum value, or past the cap."""
     pair_index: dict[tuple[str, str], int] = {}
     for r in results:
         s = found.get((r["attribute"], r["metric"]))
@@ -160,4 +161,4 @@ def mark_conditional(results: list[dict[str, Any]], config: ModelSpec, found: Ma
         r["signed_value"] = None if not np.isfinite(s.signed[k]) else float(s.signed[k])
         r["strata"] = {"columns": list(config.strata), "used": int(s.strata_used[k]),
                        "dropped_one_group_only": int(s.strata_dropped[k]),
-                       "rows_in_other": tally.overflow_rows.get(key, 0) + tally.missing_rows.get(key, 0)}  # fmt: skip
+                       **excluded_rows(tally.missing_rows.get(key, 0), tally.overflow_rows.get(key, 0))}  # fmt: skip

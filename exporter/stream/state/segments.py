@@ -18,7 +18,7 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.config import ModelSpec, Windowing
-from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, conditional_compare
+from exporter.core.conditional import CONDITIONAL_METRICS, Stratified, conditional_compare, excluded_rows, known_strata
 from exporter.core.explain import STRATA_SEP, SegmentValues, explanations, key_value, segment_keys
 from exporter.core.fairness import N_COUNTS
 
@@ -142,6 +142,12 @@ class SegmentCounts:
         for k, c in enumerate(self.columns):
             self.tables[c] = SegmentValues(self.width - 1, [str(v) for v in state[f"segment_values_{k}"].tolist()])
 
+    def excluded(self, strata: Sequence[str]) -> dict[str, int]:
+        """The events no conditional metric counts, since the counts began (checkpointed): those missing a value of
+        the strata's columns, and those whose combination came past the cap (:func:`excluded_rows`)."""
+        k = self.columns.index(STRATA_SEP.join(strata))
+        return excluded_rows(int(self.missing_rows[k]), int(self.overflow_rows[k]))
+
     def snapshot(self, now: float) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[tuple[str, ...]], int]:
         """Under the store's lock: every window's baseline and current counts, each column's value names, the
         head bucket (what :func:`explain` needs, copied, so it computes outside the lock)."""
@@ -190,7 +196,8 @@ def conditional(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.nda
                 counts: SegmentCounts, split: Callable[[np.ndarray], dict[str, np.ndarray]],
                 pairs: Mapping[str, tuple[np.ndarray, np.ndarray]],
                 ) -> dict[tuple[str, str], tuple[np.ndarray, dict[str, Stratified]]]:  # fmt: skip
-    """The counts per group and stratum (``strata:``) of every window's current period and attribute, and the
+    """The counts per group and known stratum (``strata:``; rows under ``other`` left out:
+    :func:`exporter.core.conditional.known_strata`) of every window's current period and attribute, and the
     configured conditional metrics of them for the pairs ``(group_a, group_b)`` of each attribute, by (window,
     attribute)."""
     names = [m.name for m in spec.metrics if m.name in CONDITIONAL_METRICS]
@@ -203,7 +210,8 @@ def conditional(spec: ModelSpec, taken: tuple[dict[str, tuple[np.ndarray, np.nda
     for window, (_, current) in windows.items():
         by_attribute = split(current)
         for attribute in spec.attributes:
-            strata = by_attribute[attribute.name][: len(attribute.groups), k * width : (k + 1) * width][:, used]
+            strata = known_strata(by_attribute[attribute.name][: len(attribute.groups), k * width : (k + 1) * width]
+                                  [:, used])  # fmt: skip
             a, b = pairs[attribute.name]
             out[window, attribute.name] = strata, {name: conditional_compare(name, strata, a, b) for name in names}
     return out
