@@ -183,14 +183,17 @@ SegmentCounts = Mapping[str, tuple[Sequence[str], NDArray, NDArray]]
 """Per segment column: its value names, the baseline's and the current's counts ``(n_groups, n_values, N_COUNTS)``
 (the attribute's groups only, values in the order of the names)."""
 
-_RATE_WORDS: Final = {"selection_rate": "selection rate", "true_positive_rate": "TPR",
-                      "false_positive_rate": "FPR", "precision": "precision", "accuracy": "accuracy"}  # fmt: skip
+_RATE_WORDS: Final = {"selection_rate": "selection rate", "true_positive_rate": "TPR", "false_positive_rate": "FPR",
+                      "precision": "precision", "accuracy": "accuracy", "false_negative_rate": "FNR",
+                      "true_negative_rate": "TNR", "negative_predictive_value": "NPV",
+                      "false_discovery_rate": "FDR", "false_omission_rate": "FOR"}  # fmt: skip
+"""The words of every rate of :data:`exporter.core.fairness.RATES` in a sentence (any metric's may be explained)."""
 
 
 def explainable(metrics: Iterable[str]) -> list[str]:
-    """The metrics whose change is explained: the differences of the metric table (a ratio's change does not split
-    into sums; a conditional metric is no difference of two rates)."""
-    return [m for m in metrics if m in METRICS and METRICS[m].kind == "difference"]
+    """The metrics whose change is explained: the differences of rates of the metric table (a ratio's change does not
+    split into sums; a conditional metric is no difference of two rates; a score metric compares histograms)."""
+    return [m for m in metrics if m in METRICS and METRICS[m].kind == "difference" and METRICS[m].rates]
 
 
 def explanations(attribute: Attribute, metrics: Iterable[str], segments: SegmentCounts) -> list[dict[str, Any]]:
