@@ -186,7 +186,7 @@ def test_every_difference_metric_and_rate_is_explained_and_ratios_are_not(tmp_pa
     assert [e["metric"] for e in report["explanations"]] == ["demographic_parity_difference",
                                                              "equal_opportunity_difference"]
     assert set(report["explanations"][0]) == {"attribute", "metric", "rate", "comparison", "baseline_value",
-                                              "current_value", "change", "summary", "segments"}
+                                              "current_value", "change", "summary", "segments", "missing_rows"}
     assert set(report["explanations"][0]["segments"][0]) == {"column", "value", "mix", "rate", "mix_ci_95",
                                                              "rate_ci_95"}
 

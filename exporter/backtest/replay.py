@@ -26,6 +26,8 @@ from exporter.backtest.sections import Final, conditional, estimated, evaluated,
 from exporter.backtest.series import SERIES_OTHERS, Series, block_of, evaluate_steps, identity, iso, number, shown
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.evaluate import Evaluation
+from exporter.core.explain import with_unvalued
+from exporter.serve.explained import segment_rows, unvalued
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
 from exporter.stream.state.segments import paged
 from exporter.stream.state.steps import add_stepped, batchable
@@ -153,7 +155,9 @@ class Replay:
                                    self.store.window_labelled_sums(self._now)))  # fmt: skip
         self._queue(_Steps(np.array([self._now]), step[0][None], step[1][None],
                            {w: c[None] for w, c in self.store.window_counts(self._now).items()}),
-                    [self.store.segments.snapshot(self._now) if self.config.segments else None])  # fmt: skip
+                    [(self.store.segments.snapshot(self._now), (self.store.segments.missing_rows.copy(),
+                                                                self.store.segments.overflow_rows.copy()))
+                     if self.config.segments else None])  # fmt: skip
 
     def _queue(self, steps: _Steps, segments: list[Any]) -> None:
         """Add steps to the pending block; evaluate it once it holds FLUSH_STEPS."""
@@ -269,13 +273,19 @@ class Replay:
             else:
                 self._open[key] = state
 
-    def _explained(self, entry: dict[str, Any], taken: Any) -> dict[str, Any] | None:
-        """Why the paged gap moved, as the daemon's /explain said it at that step (the longest window)."""
+    def _explained(self, entry: dict[str, Any], segments: tuple[Any, tuple[np.ndarray, np.ndarray]]) -> \
+            dict[str, Any] | None:  # fmt: skip
+        """Why the paged gap moved, as the daemon's /explain said it at that step (the longest window; ``segments``:
+        the segment counts then, and each column's missing and overflowing events since they began)."""
         from exporter.devtools.rule_text import EXPLAINED_RATES
 
+        taken, others = segments
         found = paged(self.config, taken, self.store, entry, EXPLAINED_RATES.get(entry.get("metric", "")))
-        return found and {**found, "baseline": [iso(t) for t in found["baseline"]],
-                          "current": [iso(t) for t in found["current"]]}  # fmt: skip
+        if found is None:
+            return None
+        rows = segment_rows(self.config, taken, self.store.segments, self.store.layout.split, others)[found["window"]]
+        (found,) = with_unvalued([found], unvalued(rows))
+        return {**found, "baseline": [iso(t) for t in found["baseline"]], "current": [iso(t) for t in found["current"]]}
 
     def _record_series(self, times: np.ndarray, trace: Trace, evaluations: dict[tuple[str, str], Evaluation]) -> None:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)

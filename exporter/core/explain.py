@@ -183,14 +183,17 @@ SegmentCounts = Mapping[str, tuple[Sequence[str], NDArray, NDArray]]
 """Per segment column: its value names, the baseline's and the current's counts ``(n_groups, n_values, N_COUNTS)``
 (the attribute's groups only, values in the order of the names)."""
 
-_RATE_WORDS: Final = {"selection_rate": "selection rate", "true_positive_rate": "TPR",
-                      "false_positive_rate": "FPR", "precision": "precision", "accuracy": "accuracy"}  # fmt: skip
+_RATE_WORDS: Final = {"selection_rate": "selection rate", "true_positive_rate": "TPR", "false_positive_rate": "FPR",
+                      "precision": "precision", "accuracy": "accuracy", "false_negative_rate": "FNR",
+                      "true_negative_rate": "TNR", "negative_predictive_value": "NPV",
+                      "false_discovery_rate": "FDR", "false_omission_rate": "FOR"}  # fmt: skip
+"""The words of every rate of :data:`exporter.core.fairness.RATES` in a sentence (any metric's may be explained)."""
 
 
 def explainable(metrics: Iterable[str]) -> list[str]:
-    """The metrics whose change is explained: the differences of the metric table (a ratio's change does not split
-    into sums; a conditional metric is no difference of two rates)."""
-    return [m for m in metrics if m in METRICS and METRICS[m].kind == "difference"]
+    """The metrics whose change is explained: the differences of rates of the metric table (a ratio's change does not
+    split into sums; a conditional metric is no difference of two rates; a score metric compares histograms)."""
+    return [m for m in metrics if m in METRICS and METRICS[m].kind == "difference" and METRICS[m].rates]
 
 
 def explanations(attribute: Attribute, metrics: Iterable[str], segments: SegmentCounts) -> list[dict[str, Any]]:
@@ -210,7 +213,8 @@ def explanations(attribute: Attribute, metrics: Iterable[str], segments: Segment
     parts = {rate: {col: (names, d) for (col, (names, _, _)), d in zip(segments.items(), found[rate], strict=True)}
              for rate in found}  # fmt: skip
     parts.update({rate: {} for rate in rates if rate not in parts})
-    terms = {rate: _Terms.of(parts[rate]) for rate in rates}
+    blank = [column for column, (names, base, cur) in segments.items() if not _carried(names, base, cur)]
+    terms = {rate: _Terms.of({c: part for c, part in parts[rate].items() if c not in blank}) for rate in rates}
     made: dict[tuple[str, int], dict[str, Any]] = {}
     out = []
     for metric in explained:
@@ -218,8 +222,49 @@ def explanations(attribute: Attribute, metrics: Iterable[str], segments: Segment
             for k, pair in enumerate(attribute.pairs):
                 same = made.get((rate, k))
                 if same is None:
-                    made[rate, k] = same = _explanation(attribute, metric, rate, pair, k, parts[rate], terms[rate])
+                    made[rate, k] = same = _explanation(attribute, metric, rate, pair, k, parts[rate], terms[rate],
+                                                        blank)  # fmt: skip
                 out.append(same if same["metric"] == metric else {**same, "metric": metric})
+    return out
+
+
+def _carried(names: Sequence[str], baseline: NDArray, current: NDArray) -> bool:
+    """Whether any row of either period carried a kept value of the column: one counted outside ``other`` (a column
+    whose every row is under ``other``, its one cell, explains nothing: its only term would be the whole change)."""
+    kept = slice(None, -1) if names and names[-1] == OTHER_SEGMENT else slice(None)
+    return bool(np.asarray(baseline)[:, kept].any() or np.asarray(current)[:, kept].any())
+
+
+@dataclass(frozen=True)
+class Unvalued:
+    """A segment column's rows without a value of it in each period (counted under ``other``); ``past_cap``: the
+    counts include rows whose value came past the column's cap (the daemon's windows cannot tell the two apart once
+    both have happened)."""
+
+    baseline: int
+    current: int
+    past_cap: bool = False
+
+
+def with_unvalued(found: Iterable[dict[str, Any]], unvalued: Mapping[str, Unvalued]) -> list[dict[str, Any]]:
+    """The explanations with each segment column's rows without a value (``missing_rows``), said next to the terms
+    when there are any. A column sent on some rows of one period only (a field dropped or added upstream) moves rows
+    into or out of ``other``: the summary names that as a candidate cause of the change."""
+    missing = {c: {"baseline": u.baseline, "current": u.current, "past_cap_included": u.past_cap}
+               for c, u in unvalued.items()}  # fmt: skip
+    out = []
+    for e in found:
+        notes = []
+        for column, u in unvalued.items():
+            if not (u.baseline or u.current):
+                continue
+            none = f"no value{' (or one past its cap)' if u.past_cap else ''}"
+            note = f"{u.baseline} rows of the baseline and {u.current} of the current period had {none} of {column}"
+            if (u.baseline == 0) != (u.current == 0) and any(s["column"] == column for s in e["segments"]):
+                note += (f", counted under {column}=other: a change upstream (a field no longer or newly sent) is a "
+                         "candidate cause of the change")  # fmt: skip
+            notes.append(note)
+        out.append({**e, "summary": "; ".join([e["summary"], *notes]), "missing_rows": missing})
     return out
 
 
@@ -259,7 +304,9 @@ class _Terms:
                    ((within - rate_half).tolist(), (within + rate_half).tolist()), joined("group_rate").tolist())
 
     def rows(self, k: int) -> list[dict[str, Any]]:
-        """Pair ``k``'s terms, sorted."""
+        """Pair ``k``'s terms, sorted (none without a column)."""
+        if not self.order:
+            return []
         columns, values, mix, rate = self.columns, self.values, self.mix[k], self.rate[k]
         (mix_lo, mix_hi), (rate_lo, rate_hi) = ((lo[k], hi[k]) for lo, hi in (self.mix_ci, self.rate_ci))
         return [{"column": columns[i], "value": values[i], "mix": mix[i], "rate": rate[i],
@@ -272,18 +319,26 @@ def _number(x: float) -> float | None:
 
 
 def _explanation(attribute: Attribute, metric: str, rate: str, pair: tuple[int, int], k: int,
-                 parts: Mapping[str, tuple[Sequence[str], Decomposition]],
-                 terms: _Terms) -> dict[str, Any]:  # fmt: skip
-    """The explanation of pair ``k`` of the decompositions."""
+                 parts: Mapping[str, tuple[Sequence[str], Decomposition]], terms: _Terms,
+                 blank: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """The explanation of pair ``k`` of the decompositions (``blank``: the columns no row carried, left out of the
+    terms and named)."""
     group_a, group_b = (attribute.groups[i] for i in pair)
     first = next(iter(parts.values()))[1] if parts else None
     baseline, current = (float(first.baseline[k]), float(first.current[k])) if first else (math.nan, math.nan)
     change = current - baseline
     rows = terms.rows(k) if math.isfinite(change) else []
-    summary = _sentence(rate, group_a, group_b, (baseline, current), rows, parts, k,
-                        terms.group_rate[k][terms.order[k][0]]) if rows else (
-        f"the {_RATE_WORDS[rate]} gap {group_a} vs {group_b} is undefined in a period (a group without "
-        f"{'rows' if rate == 'selection_rate' else 'trials of the rate'}), or no segment column is configured")
+    unexplained = (f"no row of either period carried a value of {', '.join(blank)} (every row counted under "
+                   "other): it explains nothing") if blank else ""  # fmt: skip
+    if rows:
+        summary = _sentence(rate, group_a, group_b, (baseline, current), rows, parts, k,
+                            terms.group_rate[k][terms.order[k][0]]) + (f"; {unexplained}" if blank else "")
+    elif blank and math.isfinite(change):
+        summary = f"{_head(rate, group_a, group_b, (baseline, current))}: {unexplained}"
+    else:
+        summary = (f"the {_RATE_WORDS[rate]} gap {group_a} vs {group_b} is undefined in a period (a group without "
+                   f"{'rows' if rate == 'selection_rate' else 'trials of the rate'}), or no segment column is "
+                   "configured")  # fmt: skip
     return {"attribute": attribute.name, "metric": metric, "rate": rate, "comparison": f"{group_a} vs {group_b}",
             "baseline_value": _number(baseline), "current_value": _number(current), "change": _number(change),
             "summary": summary, "segments": rows}  # fmt: skip
@@ -295,10 +350,7 @@ def _sentence(rate: str, group_a: str, group_b: str, gaps: tuple[float, float], 
     +0.050 from f's selection rate within channel=broker, +0.010 from the mix over channel``; a mix term is named as
     ``the share of rows in channel=broker``; ``own``: the top row's rate term of group a alone."""
     word = _RATE_WORDS[rate]
-    baseline, current = gaps
-    change = current - baseline
-    head = (f"the {word} gap {group_a} vs {group_b} {'rose' if change >= 0 else 'fell'} by "
-            f"{abs(change):.3f} ({baseline:.3f} to {current:.3f})")  # fmt: skip
+    head = _head(rate, group_a, group_b, gaps)
     top = rows[0]
     kind = "rate" if abs(top["rate"]) >= abs(top["mix"]) else "mix"
     column, value = top["column"], top["value"]
@@ -316,3 +368,11 @@ def _sentence(rate: str, group_a: str, group_b: str, gaps: tuple[float, float], 
     if abs(rest) >= 0.0005:
         clauses.append(f"{rest:+.3f} from the {'rates' if kind == 'rate' else 'mix'} of the other {column} values")
     return f"{head}: {', '.join(clauses)}"
+
+
+def _head(rate: str, group_a: str, group_b: str, gaps: tuple[float, float]) -> str:
+    """The sentence's start: ``the selection rate gap f vs m rose by 0.060 (0.030 to 0.090)``."""
+    baseline, current = gaps
+    change = current - baseline
+    return (f"the {_RATE_WORDS[rate]} gap {group_a} vs {group_b} {'rose' if change >= 0 else 'fell'} by "
+            f"{abs(change):.3f} ({baseline:.3f} to {current:.3f})")  # fmt: skip

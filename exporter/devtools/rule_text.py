@@ -46,13 +46,21 @@ EXPLAINED_RATES = {"demographic_parity_difference": "selection_rate", "disparate
 
 
 def explained(metrics: tuple[str, ...]) -> str:
-    """An annotation fragment naming the largest term of the change of the alert's gap in every window, for a
-    model with ``segments:`` (nothing for a model without: the query finds no series)."""
-    rates = "|".join(dict.fromkeys(EXPLAINED_RATES[m] for m in metrics if m in EXPLAINED_RATES))
-    if not rates:
-        return ""
+    """An annotation fragment naming the largest term of the change of the firing series' gap in every window, for a
+    model with ``segments:`` (nothing for a model without: the query finds no series). An alert over metrics of
+    several rates (equalised odds: a detector on the TPR gap, one on the FPR gap) names the terms of the rate of the
+    series' own ``metric`` only, as backtest's explanation of the same page does."""
+    rates = {m: EXPLAINED_RATES[m] for m in metrics if m in EXPLAINED_RATES}
+    if len(set(rates.values())) <= 1:
+        return "".join(_largest_term(rate) for rate in set(rates.values()))
+    return "".join('{{ if eq $labels.metric "' + m + '" }}' + _largest_term(rate) + "{{ end }}"
+                   for m, rate in rates.items())  # fmt: skip
+
+
+def _largest_term(rate: str) -> str:
+    """The fragment naming the largest term of ``rate``'s gap change in every window."""
     query = ('printf "model_explanation_top_contribution{model_id=%q,attribute=%q,dimension=%q,instance=%q,rank=%q,'
-             'rate=~%q}" $labels.model_id $labels.attribute $labels.dimension $labels.instance "1" "' + rates + '"')
+             'rate=%q}" $labels.model_id $labels.attribute $labels.dimension $labels.instance "1" "' + rate + '"')
     return ("{{ with " + query + " | query }}Largest term of the change since the window before: {{ range . | "
             'sortByLabel "window" }}{{ .Labels.window }}: {{ .Labels.segment }} {{ .Labels.term }} '
             '{{ printf "%+.3f" .Value }} ({{ .Labels.rate }}); {{ end }}{{ end }}')

@@ -207,7 +207,8 @@ EXPLAIN_PATH = "/explain"
 def explain_answer(document: bytes | None, query: str) -> tuple[str, bytes]:
     """``GET /explain?model=M&attribute=A&metric=X[&window=W]``: the explanations of one model's attribute and
     metric in a window (default: the longest), each as the gate's report writes it, with when the window and its
-    baseline are; 404 naming what exists when the query names nothing explained."""
+    baseline are and each segment column's rows under ``other`` in both (``segment_rows``); 404 naming what exists
+    when the query names nothing explained."""
     asked = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
     models = json.loads(document) if document else {}
     missing = [k for k in ("model", "attribute", "metric") if k not in asked]
@@ -230,4 +231,5 @@ def explain_answer(document: bytes | None, query: str) -> tuple[str, bytes]:
                                                     "for the model are explained)"}).encode()  # fmt: skip
     return "200 OK", json.dumps({"model_id": asked["model"], "window": window,
                                  "baseline": windows[window]["baseline"], "current": windows[window]["current"],
+                                 "segment_rows": windows[window]["segment_rows"],
                                  "explanations": found}).encode()  # fmt: skip

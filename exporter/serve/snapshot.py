@@ -16,11 +16,12 @@ from exporter.core import estimate
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.health.counters import Health
+from exporter.serve.explained import explained
 from exporter.stream.state.detection import Detection
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.proxy import ProxyRing
-from exporter.stream.state.segments import SegmentCounts, conditional, explain
+from exporter.stream.state.segments import SegmentCounts, conditional
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class _Gathered:
     window_scores: dict[str, tuple[np.ndarray, np.ndarray]]
     estimation: dict[str, np.ndarray]
     by_segment: Any
+    segment_others: tuple[np.ndarray, np.ndarray]
+    """Each segment key's events without a value and past the cap since the counts began, read with ``by_segment``."""
     keys: list[str]
     blocks: list[tuple[Attribute, np.ndarray]]
     histograms: list[np.ndarray]
@@ -145,6 +148,7 @@ def _gather(monitored: Monitored, windowing: Windowing, now: float, thresholds: 
         estimation = store.window_estimate_counts(now) if reference is not None or spec.compares_scores else {}
         labelled_sums = store.window_labelled_sums(now)
         by_segment = store.segments.snapshot(now) if spec.counted_columns else None
+        others = (store.segments.missing_rows.copy(), store.segments.overflow_rows.copy())
     keys, blocks, histograms, labelled_sums_of = [], [], [], []
     for window in windowing.windows:
         by_attribute = store.layout.split(windows[window.name])
@@ -157,7 +161,7 @@ def _gather(monitored: Monitored, windowing: Windowing, now: float, thresholds: 
                 histograms.extend([labelled[attribute.name]] if labelled else [])
                 labelled_sums_of.extend([summed[attribute.name]] if summed else [])
     return _Gathered(monitored, now, thresholds, reference, detection, proxies, evidence, window_scores, estimation,
-                     by_segment, keys, blocks, histograms, labelled_sums_of)  # fmt: skip
+                     by_segment, others, keys, blocks, histograms, labelled_sums_of)  # fmt: skip
 
 
 def _evaluated(gathered: Sequence[_Gathered]) -> list[list[Evaluation]]:
@@ -200,7 +204,7 @@ def _snapshot(g: _Gathered, evaluated: list[Evaluation]) -> Snapshot:
                     model_version=spec.model_version,
                     estimated=estimated(spec, g.reference, g.estimation, store.layout.split)
                     if g.reference is not None and g.estimation else (),
-                    explained=explain(spec, by_segment, store.segments, store.layout.split)
+                    explained=explained(spec, by_segment, store.segments, store.layout.split, g.segment_others)
                     if by_segment is not None and spec.segments else None,
                     proxied=g.proxies, proxy_evidence=tuple((window, a.name, counts[k]) for window, counts in
                                                             g.evidence.items()

@@ -22,6 +22,7 @@ from exporter import __version__
 from exporter.config import Config, ModelSpec, load_config
 from exporter.core.conditional import metric
 from exporter.core.evaluate import Evaluation, evaluate_many
+from exporter.core.explain import Unvalued, with_unvalued
 from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import DataError, Dataset, Manifest
@@ -366,9 +367,10 @@ def _explained(config: ModelSpec, before: tuple[dict[str, Any], SegmentTally], c
         dict[str, Any]:  # fmt: skip
     """The report's baseline, segment tables and explanations."""
     about, baseline = before
+    unvalued = {c: Unvalued(baseline.missing_rows.get(c, 0), current.missing_rows.get(c, 0)) for c in config.segments}
     return {"baseline": about,
             "segment_values": {"baseline": baseline.describe(), "current": current.describe()},
-            "explanations": explain_change(config, baseline, current)}  # fmt: skip
+            "explanations": with_unvalued(explain_change(config, baseline, current), unvalued)}  # fmt: skip
 
 
 def read_reference(config: ModelSpec) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
