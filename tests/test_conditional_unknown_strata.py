@@ -188,3 +188,32 @@ def test_the_gate_the_daemon_and_backtest_leave_out_the_same_rows(tmp_path: Path
                "rows_excluded_beyond_cap": beyond}  # fmt: skip
     assert {k: v for k, v in results[CDPD]["strata"].items() if k.startswith("rows_")} == counted
     assert {k: v for k, v in replayed.items() if k.startswith("rows_")} == counted
+    excluded = {s.labels["reason"]: s.value for family in text_string_to_metric_families(daemon.metrics_page())
+                for s in family.samples if s.name == "model_conditional_excluded_samples"}  # fmt: skip
+    assert excluded == {"missing_or_overflow": missing + beyond}  # both reasons met: the window cannot tell them apart
+
+
+def test_the_daemon_exports_the_rows_its_conditional_metrics_leave_out() -> None:
+    """Events without a stratum value are left out of the conditional metrics, and /metrics says how many, per
+    window and reason: here only missing values, so the count is the missing rows, and none past the cap."""
+    frame = _three_regions(missing=0.25)
+    frame = frame[frame.region != "c"]  # two regions x two bands: four strata, within the cap
+    settings = {"strata": ["region", "income_band"], "segment_values": 4, "windows": ["10m"], "bucket": "10s",
+                "allowed_lateness": "15m", "metrics": [{"name": CDPD, "threshold": 0.05}]}  # fmt: skip
+    events = [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": T0 - 120,
+                            "prediction": int(r.prediction), "label": None,
+                            "attributes": {"gender": r.gender, "age": r.age, "region": r.region,
+                                           **({} if r.income_band is None else {"income_band": r.income_band})}})
+              for i, r in enumerate(frame.itertuples())]  # fmt: skip
+    daemon = Daemon(make_config(**settings), registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    excluded = {(s.labels["window"], s.labels["reason"]): s.value
+                for family in text_string_to_metric_families(daemon.metrics_page())
+                for s in family.samples if s.name == "model_conditional_excluded_samples"}  # fmt: skip
+    missing = int(frame.income_band.isna().sum())
+    assert missing > 100
+    assert excluded == {("10m", "missing"): missing, ("10m", "overflow"): 0}
+    gate = run_audit(make_config(**settings).model(), frame.assign(label=None))
+    (r,) = [r for r in gate["results"] if r["metric"] == CDPD and r["attribute"] == "gender"]
+    assert r["strata"]["rows_excluded_missing_value"] == missing and r["strata"]["rows_excluded_beyond_cap"] == 0

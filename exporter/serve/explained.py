@@ -13,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from exporter.config import ModelSpec
 from exporter.core.explain import Unvalued, with_unvalued
 from exporter.core.fairness import PRED_NEG, PRED_POS
-from exporter.stream.state.segments import SegmentCounts, explain
+from exporter.stream.state.segments import STRATA_SEP, SegmentCounts, explain
 
 if TYPE_CHECKING:  # the snapshot computes through this module
     from exporter.serve.snapshot import Snapshot
@@ -40,18 +40,19 @@ def explained(spec: ModelSpec, taken: Any, counts: SegmentCounts, split: Callabl
 
 
 def segment_rows(spec: ModelSpec, taken: Any, counts: SegmentCounts,
-                 split: Callable[[np.ndarray], dict[str, np.ndarray]],
-                 others: tuple[np.ndarray, np.ndarray]) -> SegmentRows:  # fmt: skip
-    """Per window, segment column and period (``baseline``, ``current``): its predictions (``rows``), those counted
-    under ``other``, and why: ``missing`` (no value) and ``overflow`` (a value past the cap). The segment ring counts
-    both under ``other``; ``others`` (the column's missing and overflowing events since the counts began, read with
-    ``taken``) tells them apart when only one has happened, else both are None."""
+                 split: Callable[[np.ndarray], dict[str, np.ndarray]], others: tuple[np.ndarray, np.ndarray],
+                 columns: Sequence[str] | None = None) -> SegmentRows:  # fmt: skip
+    """Per window, segment column (``columns``, else ``segments:``) and period (``baseline``, ``current``): its
+    predictions (``rows``), those counted under ``other``, and why: ``missing`` (no value) and ``overflow`` (a value
+    past the cap). The segment ring counts both under ``other``; ``others`` (the column's missing and overflowing
+    events since the counts began, read with ``taken``) tells them apart when only one has happened, else both are
+    None."""
     windows, _, _ = taken
     missing, overflow = others
     out: SegmentRows = {}
     for window, periods in windows.items():
         out[window] = {}
-        for column in spec.segments:
+        for column in spec.segments if columns is None else columns:
             k = counts.columns.index(column)
             found = {}
             for period, period_counts in zip(("baseline", "current"), periods, strict=True):
@@ -65,6 +66,16 @@ def segment_rows(spec: ModelSpec, taken: Any, counts: SegmentCounts,
                                  "overflow": None if both else other if overflow[k] else 0}  # fmt: skip
             out[window][column] = found
     return out
+
+
+def excluded(spec: ModelSpec, taken: Any, counts: SegmentCounts, split: Callable[[np.ndarray], dict[str, np.ndarray]],
+             others: tuple[np.ndarray, np.ndarray]) -> dict[str, dict[str, int | None]]:  # fmt: skip
+    """Per window: the predictions of its current period the conditional metrics leave out (``strata:``, the rows
+    under the strata's ``other``: no value of a stratum column, or a combination past the cap,
+    :func:`exporter.core.conditional.known_strata`), as :func:`segment_rows` counts a column's."""
+    column = STRATA_SEP.join(spec.strata)
+    return {window: found[column]["current"] for window, found in
+            segment_rows(spec, taken, counts, split, others, [column]).items()}  # fmt: skip
 
 
 def unvalued(rows: Mapping[str, Mapping[str, Mapping[str, int | None]]]) -> dict[str, Unvalued]:
@@ -83,6 +94,7 @@ def explanation_families(snapshots: Sequence[Snapshot], cadence: str) -> Iterato
     """The largest terms of each explained change (``segments:``): :data:`TOP_TERMS` series per comparison, rate
     and window, whatever the number of segment values, for the paging alerts' descriptions (/explain has all); and
     each window's predictions under a segment column's ``other``, by reason."""
+    yield from _excluded_family(snapshots, cadence)
     if not any(s.explained for s in snapshots):
         return
     family = GaugeMetricFamily(
@@ -120,3 +132,23 @@ def explanation_families(snapshots: Sequence[Snapshot], cadence: str) -> Iterato
                                        str(rank), segment, term], value)  # fmt: skip
     yield family
     yield others
+
+
+def _excluded_family(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Metric]:
+    """Each window's predictions its conditional metrics leave out, by reason (:func:`excluded`)."""
+    if not any(s.conditional_excluded for s in snapshots):
+        return
+    family = GaugeMetricFamily(
+        "model_conditional_excluded_samples", "Predictions of the window's current period that the conditional "
+        "metrics (strata:) leave out, by reason: missing (the event had no value of a stratum column), overflow (its "
+        f"combination came past segment_values), {AMBIGUOUS} (both have happened since the counts began: the windows "
+        "cannot tell them apart). The gate's report says the same of its rows (strata.rows_excluded)." + cadence,
+        labels=["model_id", "window", "reason"])  # fmt: skip
+    for snapshot in snapshots:
+        for window, current in (snapshot.conditional_excluded or {}).items():
+            if current["missing"] is None:
+                family.add_metric([snapshot.model_id, window, AMBIGUOUS], float(current["other"] or 0))
+            else:
+                for reason in ("missing", "overflow"):
+                    family.add_metric([snapshot.model_id, window, reason], float(current[reason] or 0))
+    yield family

@@ -16,7 +16,7 @@ from exporter.core import estimate
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.health.counters import Health
-from exporter.serve.explained import explained
+from exporter.serve.explained import excluded, explained
 from exporter.stream.state.detection import Detection
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored
@@ -55,6 +55,9 @@ class Snapshot:
     """(window, estimated comparisons) per window and attribute, for a model that estimates (estimation:)."""
     explained: dict[str, Any] | None = None
     """Per window, why each gap moved since the window before it (``segments:``; /explain serves it)."""
+    conditional_excluded: dict[str, dict[str, int | None]] | None = None
+    """Per window, the predictions its conditional metrics leave out, and why (``strata:``,
+    :func:`exporter.serve.explained.excluded`)."""
     proxied: tuple[tuple[str, Evaluation], ...] = ()
     """(window, evaluation) for every window and proxy attribute (proxy:): posterior-weighted, never mixed with
     :attr:`evaluations` (exporter/stream/state/proxy.py; served with the suffix ``_proxy``)."""
@@ -206,6 +209,9 @@ def _snapshot(g: _Gathered, evaluated: list[Evaluation]) -> Snapshot:
                     if g.reference is not None and g.estimation else (),
                     explained=explained(spec, by_segment, store.segments, store.layout.split, g.segment_others)
                     if by_segment is not None and spec.segments else None,
+                    conditional_excluded=excluded(spec, by_segment, store.segments, store.layout.split,
+                                                  g.segment_others)
+                    if by_segment is not None and spec.conditional_metrics else None,
                     proxied=g.proxies, proxy_evidence=tuple((window, a.name, counts[k]) for window, counts in
                                                             g.evidence.items()
                                                             for k, a in enumerate(store.proxy.attributes)))  # fmt: skip
