@@ -369,7 +369,8 @@ def cmd_audit_log_list(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
-    """Verify a hash-chained audit log (every HMAC with $FAIRNESS_AUDIT_LOG_KEY); exit 1 when it was changed."""
+    """Verify a hash-chained audit log (every HMAC with $FAIRNESS_AUDIT_LOG_KEY); exit 1 when it was changed or
+    holds no record, 2 when it cannot be read."""
     from exporter.gate import audit_log
 
     try:
@@ -386,6 +387,9 @@ def cmd_audit_log_verify(args: argparse.Namespace) -> int:
               f"checked as {mode})", file=sys.stderr)  # fmt: skip
         for p in result.problems:
             print(f"  {p}", file=sys.stderr)
+        return EXIT_BLOCKED
+    if not result.records:  # an emptied or truncated log looks like this: a check of nothing never passes
+        print(f"{args.path}: no record (empty or blank lines only): nothing was verified", file=sys.stderr)
         return EXIT_BLOCKED
     heads = (["head as expected"] if args.expect_head else []) + \
         ([f"{len(set(args.expect_record))} published record(s) present"] if args.expect_record else [])
