@@ -13,6 +13,11 @@ Two modes, chosen by whether a key is given (the CLI reads it from ``FAIRNESS_AU
   Without the key nobody can write a record that verifies, so any rewrite, recomputed or not, is detected; only
   truncation at the end still needs ``expect_head``. A keyed verification refuses plain records.
 
+Both hash the parsed record; :func:`verify` also requires each line to be exactly the bytes the writer writes
+for it (``json.dumps(record, sort_keys=True, ensure_ascii=False)``), since a key written twice (JSON parsers keep
+the last, a reader and grep see the first), reordered keys or changed spacing leave the parsed record and its hash
+as they were.
+
 A crash mid-write leaves a torn last line (a record without its newline). The next append does not fail on it:
 it ends the torn line, then appends a ``torn_record`` record naming the line, its length and its SHA-256, chained
 to the last whole record, then the new entry. :func:`verify` accepts a torn line only with such a record after it.
@@ -108,8 +113,33 @@ def _write(f: IO[bytes], entry: dict[str, Any], last: dict[str, Any] | None, key
     if key:
         record["chain"] = KEYED
     record["hash"] = record_hash(record, key)
-    f.write(json.dumps(record, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    f.write(_line(record) + b"\n")
     return record
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    """A record as the log holds it: one line, the only bytes :func:`verify` accepts for it."""
+    return json.dumps(record, sort_keys=True, ensure_ascii=False).encode()
+
+
+def _edited_bytes(lineno: int, line: bytes, record: dict[str, Any]) -> str | None:
+    """Why a line is not the bytes the writer wrote for the record it parses to, or None. The hash covers what a
+    JSON parser returns; a key written twice (a parser keeps the last, grep and a reader see the first), reordered
+    keys or changed spacing leave that intact, and only the bytes show them."""
+    if line.removesuffix(b"\n") == _line(record):
+        return None
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        repeated.extend(dict.fromkeys(k for k in keys if keys.count(k) > 1))
+        return dict(items)
+
+    json.loads(line, object_pairs_hook=pairs)
+    if repeated:
+        return (f"line {lineno}: key {', '.join(map(repr, repeated))} written twice (the record was edited: a "
+                "parser reads the last value, grep and a reader the first)")  # fmt: skip
+    return f"line {lineno}: not the bytes the gate writes for its record (keys reordered or respaced: it was edited)"
 
 
 def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None) -> Head:
@@ -178,6 +208,8 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
                     result.problems.append(f"line {torn.line}: not a record ({torn.why}) and not a recorded torn "
                                            "write (a record was edited)")  # fmt: skip
                 torn = None
+            if edited := _edited_bytes(lineno, line, record):
+                result.problems.append(edited)
             _check(record, lineno, prev, expected_seq, key, result.problems)
             prev = record.get("hash", "")
             seen.add(str(prev))
