@@ -1,6 +1,6 @@
 """``audit-log verify`` checks the bytes of each record, not only what a JSON parser makes of them.
 
-The writer (``_write`` in exporter/gate/audit_log.py) writes a record as
+The writer (``_line`` in exporter/gate/audit_log.py) writes a record as
 ``json.dumps(record, sort_keys=True, ensure_ascii=False)``, and the chain hashes the parsed record. Python's json
 keeps the LAST of two equal keys, so whoever can write the file (no key needed) could put ``"verdict": "PASS"`` in
 front of a record's real ``"verdict": "FAIL"``: the parsed record, its hash and its HMAC were unchanged and verify

@@ -30,7 +30,7 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -106,14 +106,14 @@ def _tail(f: IO[bytes]) -> tuple[dict[str, Any] | None, _Torn | None]:
     return last, torn
 
 
-def _write(f: IO[bytes], entry: dict[str, Any], last: dict[str, Any] | None, key: bytes | None) -> dict[str, Any]:
+def _chained(entry: dict[str, Any], last: dict[str, Any] | None, key: bytes | None) -> dict[str, Any]:
+    """The record that follows ``last``: the entry with its seq, prev_hash, chain and hash."""
     seq = last.get("seq") if last else None  # an edited last record restarts the count; verify reports it
     record = {**entry, "seq": seq + 1 if isinstance(seq, int) else 0,
               "prev_hash": str(last.get("hash")) if last else GENESIS}  # fmt: skip
     if key:
         record["chain"] = KEYED
     record["hash"] = record_hash(record, key)
-    f.write(_line(record) + b"\n")
     return record
 
 
@@ -142,8 +142,11 @@ def _edited_bytes(lineno: int, line: bytes, record: dict[str, Any]) -> str | Non
     return f"line {lineno}: not the bytes the gate writes for its record (keys reordered or respaced: it was edited)"
 
 
-def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None) -> Head:
-    """Append one entry under an exclusive lock (concurrent CI jobs may share a log) and return the new head."""
+def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None,
+           before: Callable[[Head], None] | None = None) -> Head:  # fmt: skip
+    """Append one entry under an exclusive lock (concurrent CI jobs may share a log) and return the new head.
+    ``before`` runs under the lock with that head before anything is written (the gate writes its reports, which
+    name the head, there); what it raises is raised with nothing appended. The record's bytes are fixed first."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,22 +154,26 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None) ->
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 last, torn = _tail(f)
-                if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
-                    # a write cut before its newline: a torn line, kept as evidence (the chain skips it), or a
-                    # whole record, which the chain continues from; either way the new record starts a line
-                    f.write(b"\n")
+                # a write cut before its newline: a torn line, kept as evidence (the chain skips it), or a whole
+                # record, which the chain continues from; either way the new records start a line
+                lines = [b""] if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n" else []
                 recovered: tuple[str, ...] = ()
                 if torn is not None:
-                    last = _write(f, {"type": "torn_record", **torn.facts()}, last, key)
+                    last = _chained({"type": "torn_record", **torn.facts()}, last, key)
+                    lines.append(_line(last))
                     recovered = (f"line {torn.line} was torn ({len(torn.text)} bytes, not a record: a write cut "
                                  f"short); recorded as record {last['seq']}, the chain continues from it",)
-                record = _write(f, entry, last, key)
+                record = _chained(entry, last, key)
+                head, data = Head(record["seq"], record["hash"], recovered), b"\n".join([*lines, _line(record)])
+                if before is not None:
+                    before(head)
+                f.write(data + b"\n")
                 f.flush()
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
     except OSError as exc:
         raise AuditLogError(f"{path}: {exc.strerror}") from exc
-    return Head(record["seq"], record["hash"], recovered)
+    return head
 
 
 @dataclass
