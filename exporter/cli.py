@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 from exporter import __version__
 from exporter.config import ConfigError, load_config, parse_duration
@@ -21,8 +20,6 @@ from exporter.gate.commands import (
     cmd_bias_report,
     cmd_redteam,
     cmd_safety,
-    write_html,
-    write_report,
 )
 from exporter.gate.counterfactual.command import add_parser as add_counterfactual
 
@@ -69,6 +66,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     """Replay recorded events through the daemon's path; write the alerts it would have raised as JSON."""
     from exporter.backtest.input import BacktestError
     from exporter.backtest.replay import backtest
+    from exporter.gate.reports.files import ReportWriteError, RunReports
+    from exporter.gate.reports.html import backtest_html  # matplotlib only when rendering
 
     try:
         config = load_config(args.config)
@@ -87,15 +86,16 @@ def cmd_backtest(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
     text = json.dumps(report, indent=2, allow_nan=False)
-    if args.output:
-        write_report(Path(args.output), text)
-    else:
+    files = RunReports()
+    files.add("--output", args.output, lambda: text + "\n")
+    files.add("--html", args.html, lambda: backtest_html(report))
+    try:
+        files.write()
+    except ReportWriteError as exc:  # no report is left: each is written whole, and a failure removes the others
+        print(f"fairness-exporter backtest: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not args.output:
         print(text)
-    if args.html:
-        from exporter.gate.reports.html import backtest_html
-
-        if not write_html(Path(args.html), backtest_html, report):
-            return EXIT_BAD_INPUT
     if report["rejected"] > report["events"]:  # of the configured models' events, most were refused
         print(f"fairness-exporter backtest: warning: most events were rejected: {report['events']:,} replayed, "
               f"{refused}", file=sys.stderr)  # fmt: skip

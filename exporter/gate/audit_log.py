@@ -13,6 +13,11 @@ Two modes, chosen by whether a key is given (the CLI reads it from ``FAIRNESS_AU
   Without the key nobody can write a record that verifies, so any rewrite, recomputed or not, is detected; only
   truncation at the end still needs ``expect_head``. A keyed verification refuses plain records.
 
+Both hash the parsed record; :func:`verify` also requires each line to be exactly the bytes the writer writes
+for it (``json.dumps(record, sort_keys=True, ensure_ascii=False)``), since a key written twice (JSON parsers keep
+the last, a reader and grep see the first), reordered keys or changed spacing leave the parsed record and its hash
+as they were.
+
 A crash mid-write leaves a torn last line (a record without its newline). The next append does not fail on it:
 it ends the torn line, then appends a ``torn_record`` record naming the line, its length and its SHA-256, chained
 to the last whole record, then the new entry. :func:`verify` accepts a torn line only with such a record after it.
@@ -25,7 +30,7 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -101,19 +106,47 @@ def _tail(f: IO[bytes]) -> tuple[dict[str, Any] | None, _Torn | None]:
     return last, torn
 
 
-def _write(f: IO[bytes], entry: dict[str, Any], last: dict[str, Any] | None, key: bytes | None) -> dict[str, Any]:
+def _chained(entry: dict[str, Any], last: dict[str, Any] | None, key: bytes | None) -> dict[str, Any]:
+    """The record that follows ``last``: the entry with its seq, prev_hash, chain and hash."""
     seq = last.get("seq") if last else None  # an edited last record restarts the count; verify reports it
     record = {**entry, "seq": seq + 1 if isinstance(seq, int) else 0,
               "prev_hash": str(last.get("hash")) if last else GENESIS}  # fmt: skip
     if key:
         record["chain"] = KEYED
     record["hash"] = record_hash(record, key)
-    f.write(json.dumps(record, sort_keys=True, ensure_ascii=False).encode() + b"\n")
     return record
 
 
-def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None) -> Head:
-    """Append one entry under an exclusive lock (concurrent CI jobs may share a log) and return the new head."""
+def _line(record: dict[str, Any]) -> bytes:
+    """A record as the log holds it: one line, the only bytes :func:`verify` accepts for it."""
+    return json.dumps(record, sort_keys=True, ensure_ascii=False).encode()
+
+
+def _edited_bytes(lineno: int, line: bytes, record: dict[str, Any]) -> str | None:
+    """Why a line is not the bytes the writer wrote for the record it parses to, or None. The hash covers what a
+    JSON parser returns; a key written twice (a parser keeps the last, grep and a reader see the first), reordered
+    keys or changed spacing leave that intact, and only the bytes show them."""
+    if line.removesuffix(b"\n") == _line(record):
+        return None
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        repeated.extend(dict.fromkeys(k for k in keys if keys.count(k) > 1))
+        return dict(items)
+
+    json.loads(line, object_pairs_hook=pairs)
+    if repeated:
+        return (f"line {lineno}: key {', '.join(map(repr, repeated))} written twice (the record was edited: a "
+                "parser reads the last value, grep and a reader the first)")  # fmt: skip
+    return f"line {lineno}: not the bytes the gate writes for its record (keys reordered or respaced: it was edited)"
+
+
+def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None,
+           before: Callable[[Head], None] | None = None) -> Head:  # fmt: skip
+    """Append one entry under an exclusive lock (concurrent CI jobs may share a log) and return the new head.
+    ``before`` runs under the lock with that head before anything is written (the gate writes its reports, which
+    name the head, there); what it raises is raised with nothing appended. The record's bytes are fixed first."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,22 +154,26 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None) ->
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 last, torn = _tail(f)
-                if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
-                    # a write cut before its newline: a torn line, kept as evidence (the chain skips it), or a
-                    # whole record, which the chain continues from; either way the new record starts a line
-                    f.write(b"\n")
+                # a write cut before its newline: a torn line, kept as evidence (the chain skips it), or a whole
+                # record, which the chain continues from; either way the new records start a line
+                lines = [b""] if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n" else []
                 recovered: tuple[str, ...] = ()
                 if torn is not None:
-                    last = _write(f, {"type": "torn_record", **torn.facts()}, last, key)
+                    last = _chained({"type": "torn_record", **torn.facts()}, last, key)
+                    lines.append(_line(last))
                     recovered = (f"line {torn.line} was torn ({len(torn.text)} bytes, not a record: a write cut "
                                  f"short); recorded as record {last['seq']}, the chain continues from it",)
-                record = _write(f, entry, last, key)
+                record = _chained(entry, last, key)
+                head, data = Head(record["seq"], record["hash"], recovered), b"\n".join([*lines, _line(record)])
+                if before is not None:
+                    before(head)
+                f.write(data + b"\n")
                 f.flush()
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
     except OSError as exc:
         raise AuditLogError(f"{path}: {exc.strerror}") from exc
-    return Head(record["seq"], record["hash"], recovered)
+    return head
 
 
 @dataclass
@@ -178,6 +215,8 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
                     result.problems.append(f"line {torn.line}: not a record ({torn.why}) and not a recorded torn "
                                            "write (a record was edited)")  # fmt: skip
                 torn = None
+            if edited := _edited_bytes(lineno, line, record):
+                result.problems.append(edited)
             _check(record, lineno, prev, expected_seq, key, result.problems)
             prev = record.get("hash", "")
             seen.add(str(prev))

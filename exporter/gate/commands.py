@@ -1,5 +1,6 @@
-"""The gate's commands (``audit``, ``bias-report``, ``safety``, ``redteam``, ``audit-log verify``): run, log every
-run in the hash-chained audit log, print the JSON report; exit 0 (pass), 1 (blocked), 2 (bad input).
+"""The gate's commands (``audit``, ``bias-report``, ``safety``, ``redteam``, ``audit-log verify``): run, write the
+report files, log every run in the hash-chained audit log, print the JSON report; exit 0 (pass), 1 (blocked), 2 (bad
+input, or a report file that could not be written: then nothing is logged and no report of the run is left).
 
 Everything that needs pandas is imported inside the commands, so ``fairness-exporter serve`` never loads it.
 """
@@ -7,8 +8,8 @@ Everything that needs pandas is imported inside the commands, so ``fairness-expo
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.config import ConfigError, load_config
 from exporter.core.conditional import metric
+from exporter.gate.reports.files import ReportWriteError, RunReports
 
 if TYPE_CHECKING:
     from exporter.gate.audit_log import Head
@@ -70,20 +72,42 @@ def _audit_log_key() -> bytes | None:
     return key_from_env()
 
 
-def log_run(command: str, path: str, entry: dict[str, Any]) -> Head:
-    """Append a run to the audit log (HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set); say what it recovered."""
+def log_run(command: str, path: str, entry: dict[str, Any], files: RunReports | None = None,
+            report: dict[str, Any] | None = None) -> Head:  # fmt: skip
+    """Append a run to the audit log (HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set); say what it recovered.
+    ``files``, the run's report files, are written first, under the log's lock, ``report`` naming the head the
+    record will have: a file that cannot be written raises ReportWriteError and nothing is logged; a log that
+    cannot be appended to raises AuditLogError and the files are removed."""
     from exporter.gate import audit_log
 
-    head = audit_log.append(path, entry, _audit_log_key())
+    def write_files(head: Head) -> None:
+        if report is not None:
+            report["audit_log"] = {"path": str(path), "seq": head.seq, "hash": head.hash}
+        if files is not None:
+            files.write()
+
+    try:
+        head = audit_log.append(path, entry, _audit_log_key(), before=write_files)
+    except audit_log.AuditLogError:
+        if files is not None:
+            files.remove()
+        raise
     for note in head.recovered:
         print(f"fairness-exporter {command}: audit log {path}: {note}", file=sys.stderr)
     return head
+
+
+def not_written(command: str, exc: ReportWriteError) -> int:
+    """A report file that could not be written: one line, exit 2 (the run was not logged, no report of it left)."""
+    print(f"fairness-exporter {command}: {exc} (the run was not logged; no report of it was left)", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the gate, log the run, print the JSON report, file it at the config's report_destination; exit 0 / 1 /
     2 (bad input, or a report that could not be filed)."""
     from exporter.gate import audit_log, storage  # the gate needs pandas; `serve` must not load it
+    from exporter.gate.fairness import ll144
     from exporter.gate.fairness.audit import DataError, Override, dataset_location, exit_code, run_audit
     from exporter.gate.reports import ci as ci_reports
     from exporter.gate.reports.html import audit_html
@@ -103,31 +127,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 config = dataclasses.replace(config, model_version=args.model_version)
             data = dataset_location(config, args.predictions)
             report = run_audit(config, data, override=override, engine=args.engine, baseline=args.baseline)
+            files = RunReports()
+            files.add("--report", args.report, lambda: json.dumps(report, indent=2, allow_nan=False) + "\n")
+            add_ci_reports(files, args, lambda: ci_reports.from_audit(report))
+            files.add("--impact-ratios-csv", args.impact_ratios_csv, lambda: ll144.csv_text(report))
+            files.add("--html", args.html, lambda: audit_html(report))
         except (ConfigError, DataError) as exc:
             log_run("audit", log_path, {"type": "audit_error", "error": str(exc), **_model_facts(config, args),
                                          "config": file_facts(args.config), "data": file_facts(data)})  # fmt: skip
             return bad_input(args, "audit", str(exc))
-        head = log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
-                                            "model_id": report["model_id"], "model_version": report["model_version"],
-                                            "verdict": report["verdict"], "config": file_facts(args.config),
-                                            "data": {"file": report["data_file"],
-                                                     "manifest_sha256": report["data_manifest_sha256"]},
-                                            "override": report["override"], "report": report})  # fmt: skip
+        log_run("audit", log_path, {"type": "audit", "timestamp": report["timestamp"],
+                                    "model_id": report["model_id"], "model_version": report["model_version"],
+                                    "verdict": report["verdict"], "config": file_facts(args.config),
+                                    "data": {"file": report["data_file"],
+                                             "manifest_sha256": report["data_manifest_sha256"]},
+                                    "override": report["override"], "report": report}, files, report)  # fmt: skip
     except audit_log.AuditLogError as exc:
         return bad_input(args, "audit", f"--audit-log {exc}")
-    report["audit_log"] = {"path": str(log_path), "seq": head.seq, "hash": head.hash}
+    except ReportWriteError as exc:
+        return not_written("audit", exc)
     text = json.dumps(report, indent=2, allow_nan=False)
-    if args.report:
-        write_report(Path(args.report), text)
-    write_ci_reports(args, ci_reports.from_audit(report))
-    side_files = []
-    if args.impact_ratios_csv:
-        _write_impact_ratios(Path(args.impact_ratios_csv), report)
-        side_files.append(("ll144.csv", Path(args.impact_ratios_csv)))
-    if args.html:
-        if not write_html(Path(args.html), audit_html, report):
-            return EXIT_BAD_INPUT
-        side_files.append(("html", Path(args.html)))
+    side_files = [(suffix, Path(path)) for suffix, path in (("ll144.csv", args.impact_ratios_csv), ("html", args.html))
+                  if path]  # fmt: skip
     print(text)
     print(_summary(report), file=sys.stderr)
     if config.report_destination is not None:
@@ -143,24 +164,18 @@ def _model_facts(config: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {"model_id": getattr(config, "model_id", None), "model_version": version}
 
 
-def write_report(path: Path, text: str) -> None:
-    """Write a JSON report file (its folder made as needed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-def write_ci_reports(args: argparse.Namespace, report: CiReport) -> None:
-    """``--junit`` and ``--summary-md``: what CI systems show of a run (exporter/gate/reports/ci.py)."""
+def add_ci_reports(files: RunReports, args: argparse.Namespace, report: Callable[[], CiReport]) -> None:
+    """``--junit`` and ``--summary-md``: what CI systems show of a run (exporter/gate/reports/ci.py), both from one
+    ``report()``, made when the files are written (after the log's head is in the report)."""
     from exporter.gate.reports import ci as ci_reports
 
-    if args.junit:
-        write_report(Path(args.junit), ci_reports.junit_xml(report))
-    if args.summary_md:
-        write_report(Path(args.summary_md), ci_reports.markdown(report))
+    once = functools.cache(report)
+    files.add("--junit", args.junit, lambda: ci_reports.junit_xml(once()) + "\n")
+    files.add("--summary-md", args.summary_md, lambda: ci_reports.markdown(once()) + "\n")
 
 
 def bad_input(args: argparse.Namespace, command: str, message: str) -> int:
@@ -169,20 +184,13 @@ def bad_input(args: argparse.Namespace, command: str, message: str) -> int:
 
     print(f"fairness-exporter {command}: {message}", file=sys.stderr)
     subject = getattr(args, "config", None) or ", ".join(getattr(args, "data", []))
-    write_ci_reports(args, ci_reports.from_error(command, subject, message, _now()))
-    return EXIT_BAD_INPUT
-
-
-def write_html(path: Path, render: Callable[[Any], str], report: Any) -> bool:
-    """Render a report to an HTML file; False (and one line on stderr) when matplotlib is not installed."""
+    files = RunReports()
+    add_ci_reports(files, args, lambda: ci_reports.from_error(command, subject, message, _now()))
     try:
-        page = render(report)
-    except ImportError as exc:
-        print(f"fairness-exporter: --html {path}: {exc}", file=sys.stderr)
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return True
+        files.write()
+    except ReportWriteError as exc:
+        print(f"fairness-exporter {command}: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
@@ -215,18 +223,20 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     from exporter.gate.audit_log import AuditLogError
 
+    files = RunReports()
+    files.add("--html", args.html, lambda: bias_html(reports))
+    add_ci_reports(files, args, lambda: ci_reports.from_bias(reports, _now()))
     try:
         log_run("bias-report", args.audit_log, {
             "type": "bias_report", "timestamp": _now(), "model_id": args.model_id,
             "model_version": args.model_version, "verdict": "FAIL" if biased else "PASS",
             "data": [{"file": name, "manifest_sha256": manifests[name]} for name in args.data],
-            "report": reports})  # fmt: skip
+            "report": reports}, files)  # fmt: skip
     except AuditLogError as exc:
         return bad_input(args, "bias-report", f"--audit-log {exc}")
-    if args.html and not write_html(Path(args.html), bias_html, reports):
-        return EXIT_BAD_INPUT
+    except ReportWriteError as exc:
+        return not_written("bias-report", exc)
     print(json.dumps(reports[args.data[0]] if len(args.data) == 1 else reports, indent=2, allow_nan=False))
-    write_ci_reports(args, ci_reports.from_bias(reports, _now()))
     for line in biased:
         print(f"  BIASED {line}", file=sys.stderr)
     for src, rep in reports.items():  # listed by the seed's API with a NaN mean: never passed by omission
@@ -234,15 +244,6 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
             for g, rows in r["groups_without_outcome"].items():
                 print(f"  NOT COMPARED {src}: {f} group {g}: no outcome values in its {rows} rows", file=sys.stderr)
     return EXIT_BLOCKED if biased else EXIT_OK
-
-
-def _emit(report: dict[str, Any], report_path: str | None, summary: str) -> None:
-    """The JSON report on stdout (and in ``--report``), a human summary on stderr."""
-    text = json.dumps(report, indent=2, allow_nan=False)
-    if report_path:
-        write_report(Path(report_path), text)
-    print(text)
-    print(summary, file=sys.stderr)
 
 
 def _suite_summary(report: dict[str, Any]) -> str:
@@ -267,6 +268,7 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
     from exporter.gate import audit_log
     from exporter.gate.fairness.audit import DataError
     from exporter.gate.reports import ci as ci_reports
+    from exporter.gate.reports.suite_html import suite_html  # matplotlib only when rendering
     from exporter.gate.suite import audit_entry
     from exporter.gate.targets.objects import TargetError
 
@@ -282,17 +284,17 @@ def _run_suite(args: argparse.Namespace, suite: str, run: Callable[[], dict[str,
         reporting = report.get("reporting") or {}
         if reporting.get("notify_on_critical") and report["critical_failures"]:
             report["notifications"] = _notify(suite, report, reporting["notify_on_critical"])
-        head = log_run(suite, args.audit_log, audit_entry(report, **facts))
+        files = RunReports()
+        files.add("--report", args.report, lambda: json.dumps(report, indent=2, allow_nan=False) + "\n")
+        add_ci_reports(files, args, lambda: ci_reports.from_suite(report))
+        files.add("--html", args.html, lambda: suite_html(report))
+        log_run(suite, args.audit_log, audit_entry(report, **facts), files, report)
     except audit_log.AuditLogError as exc:
         return bad_input(args, suite, f"--audit-log {exc}")
-    report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
-    _emit(report, args.report, _suite_summary(report))
-    write_ci_reports(args, ci_reports.from_suite(report))
-    if args.html:
-        from exporter.gate.reports.suite_html import suite_html
-
-        if not write_html(Path(args.html), suite_html, report):
-            return EXIT_BAD_INPUT
+    except ReportWriteError as exc:
+        return not_written(suite, exc)
+    print(json.dumps(report, indent=2, allow_nan=False))
+    print(_suite_summary(report), file=sys.stderr)
     if reporting.get("destination"):
         from exporter.gate import storage
         from exporter.gate.reports.publish import publish
@@ -337,17 +339,6 @@ def cmd_redteam(args: argparse.Namespace) -> int:
     return _run_suite(args, "redteam", run, args.target)
 
 
-def _write_impact_ratios(path: Path, report: dict[str, Any]) -> None:
-    """The NYC LL144-style table: rows, selection (or scoring) rate and impact ratio per category."""
-    from exporter.gate.fairness import ll144
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(ll144.CSV_COLUMNS)
-        writer.writerows(ll144.csv_rows(report))
-
-
 def cmd_audit_log_list(args: argparse.Namespace) -> int:
     """List the records of a model (and version, and type): one line each, or the records as JSON lines."""
     from exporter.gate import audit_log
@@ -369,7 +360,8 @@ def cmd_audit_log_list(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_log_verify(args: argparse.Namespace) -> int:
-    """Verify a hash-chained audit log (every HMAC with $FAIRNESS_AUDIT_LOG_KEY); exit 1 when it was changed."""
+    """Verify a hash-chained audit log (every HMAC with $FAIRNESS_AUDIT_LOG_KEY); exit 1 when it was changed or
+    holds no record, 2 when it cannot be read."""
     from exporter.gate import audit_log
 
     try:
@@ -386,6 +378,9 @@ def cmd_audit_log_verify(args: argparse.Namespace) -> int:
               f"checked as {mode})", file=sys.stderr)  # fmt: skip
         for p in result.problems:
             print(f"  {p}", file=sys.stderr)
+        return EXIT_BLOCKED
+    if not result.records:  # an emptied or truncated log looks like this: a check of nothing never passes
+        print(f"{args.path}: no record (empty or blank lines only): nothing was verified", file=sys.stderr)
         return EXIT_BLOCKED
     heads = (["head as expected"] if args.expect_head else []) + \
         ([f"{len(set(args.expect_record))} published record(s) present"] if args.expect_record else [])

@@ -9,7 +9,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any, Final
 
 from exporter.config import ConfigError
@@ -42,17 +41,16 @@ def cmd_counterfactual(args: argparse.Namespace) -> int:
     """Run a counterfactual suite with the gate's semantics and reports."""
     from exporter.gate import audit_log
     from exporter.gate.commands import (
-        EXIT_BAD_INPUT,
         EXIT_BLOCKED,
         EXIT_OK,
+        add_ci_reports,
         bad_input,
         file_facts,
         log_run,
-        write_ci_reports,
-        write_html,
-        write_report,
+        not_written,
     )
     from exporter.gate.counterfactual.render import ci_report, counterfactual_html, summary
+    from exporter.gate.reports.files import ReportWriteError, RunReports
     from exporter.gate.suite import audit_entry
     from exporter.gate.targets.objects import TargetError
 
@@ -69,20 +67,19 @@ def cmd_counterfactual(args: argparse.Namespace) -> int:
                 "type": "counterfactual_error", "error": str(exc), "model_id": getattr(run, "model_id", None),
                 "model_version": args.model_version or getattr(run, "model_version", None), **facts})  # fmt: skip
             return bad_input(args, "counterfactual", str(exc))
-        head = log_run("counterfactual", args.audit_log, audit_entry(
+        files = RunReports()
+        files.add("--report", args.report, lambda: json.dumps(report, indent=2, allow_nan=False) + "\n")
+        add_ci_reports(files, args, lambda: ci_report(report))
+        files.add("--html", args.html, lambda: counterfactual_html(report))
+        log_run("counterfactual", args.audit_log, audit_entry(
             report, target=report["target"], suite={"file": report["suite_file"], "sha256": report["suite_sha256"]},
-            cache=report["cache"]))  # fmt: skip
+            cache=report["cache"]), files, report)  # fmt: skip
     except audit_log.AuditLogError as exc:
         return bad_input(args, "counterfactual", f"--audit-log {exc}")
-    report["audit_log"] = {"path": str(args.audit_log), "seq": head.seq, "hash": head.hash}
-    text = json.dumps(report, indent=2, allow_nan=False)
-    if args.report:
-        write_report(Path(args.report), text)
-    print(text)
+    except ReportWriteError as exc:
+        return not_written("counterfactual", exc)
+    print(json.dumps(report, indent=2, allow_nan=False))
     print(summary(report), file=sys.stderr)
-    write_ci_reports(args, ci_report(report))
-    if args.html and not write_html(Path(args.html), counterfactual_html, report):
-        return EXIT_BAD_INPUT
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
 
 

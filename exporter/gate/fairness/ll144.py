@@ -7,6 +7,8 @@ numbers out for the JSON report, the CSV file and the HTML page.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from typing import Any, Final
 
@@ -98,3 +100,12 @@ def csv_rows(report: dict[str, Any]) -> list[list[Any]]:
         out.append([*head, attribute, UNKNOWN_CATEGORY, block["unknown_rows"],
                     f"{block['unknown_rows'] / report['rows']:.4f}", table["rate_kind"], "", "", ""])
     return out
+
+
+def csv_text(report: dict[str, Any]) -> str:
+    """The ``--impact-ratios-csv`` file: the CSV_COLUMNS header, then :func:`csv_rows`."""
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(CSV_COLUMNS)
+    writer.writerows(csv_rows(report))
+    return text.getvalue()
