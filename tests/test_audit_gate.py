@@ -405,8 +405,9 @@ def test_a_config_that_sets_max_interval_width_still_loads_and_says_the_key_is_i
 
 
 def test_the_human_summary_shows_every_row_in_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every result, passes too: its value with its interval and evidence; an inconclusive one says how many samples
-    per group would decide it, an insufficient one which count fell short; with decision: evidence, what it did."""
+    """Every result, passes too: its value with its interval and evidence (4 places, as every report shows them); an
+    inconclusive one says how many samples per group would decide it, an insufficient one which count fell short;
+    with decision: evidence, what it did."""
     rows = _rates(200, 0.30, 0.27)
     rows["gender"] = rows["gender"][:-10] + ["non_binary"] * 10  # 10 rows: below min_samples
     config = write_config(tmp_path, metrics=DPD, min_samples=30, decision="evidence", protected_attributes=[
@@ -419,10 +420,14 @@ def test_the_human_summary_shows_every_row_in_full(tmp_path: Path, capsys: pytes
     r = by_groups["male vs female"]
     lo, hi = r["ci_95"]
     a, b = r["samples_to_decide"]["male"], r["samples_to_decide"]["female"]
-    assert (f"  PASS blocking gender demographic_parity_difference male vs female: {r['exact_value']:.3f} "
-            f"[{lo:.3f}, {hi:.3f}], evidence inconclusive; about {a:,} (male) and {b:,} (female) samples would "
+    assert (f"  PASS blocking gender demographic_parity_difference male vs female: {r['exact_value']:.4f} "
+            f"[{lo:.4f}, {hi:.4f}], evidence inconclusive; about {a:,} (male) and {b:,} (female) samples would "
             "decide it; counts as blocking") in lines  # fmt: skip
-    assert ("  INSUFFICIENT_SAMPLES blocking gender demographic_parity_difference male vs non_binary: no value: the "
-            "smallest count of predictions in a group is 10, below min_samples 30; evidence inconclusive; counts as "
-            "blocking") in lines  # fmt: skip
+    r = by_groups["male vs non_binary"]  # its value as every report shows it, marked insufficient as they mark it
+    lo, hi = r["ci_95"]
+    a, b = r["samples_to_decide"]["male"], r["samples_to_decide"]["non_binary"]
+    assert (f"  INSUFFICIENT_SAMPLES blocking gender demographic_parity_difference male vs non_binary: "
+            f"{r['exact_value']:.4f} [{lo:.4f}, {hi:.4f}], evidence inconclusive; insufficient samples: the smallest "
+            f"count of predictions in a group is 10, below min_samples 30; about {a:,} (male) and {b:,} (non_binary) "
+            "samples would decide it; counts as blocking") in lines  # fmt: skip
     assert code == 1 and "(decision: evidence)" in lines[0]

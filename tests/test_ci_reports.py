@@ -112,9 +112,9 @@ def test_an_insufficient_comparison_says_so(tmp_path: Path, capsys: pytest.Captu
     _, report, xml, summary = run(tmp_path, capsys, "audit", str(config), str(data))
     assert {r["status"] for r in report["results"]} == {"insufficient_samples"}
     message = cases(xml)["m1.gender :: demographic_parity_difference male vs female"].result[0].message
-    assert message.endswith("; insufficient samples: 1000 of what the metric counts in the smaller group, "
+    assert message.endswith("; insufficient samples: the smallest count of predictions in a group is 1000, below "
                             "min_samples 1500")  # fmt: skip
-    assert "| ❌ blocking: insufficient samples: 1000 of what the metric counts" in summary
+    assert "| ❌ blocking: insufficient samples: the smallest count of predictions in a group is 1000" in summary
 
 
 def test_an_inconclusive_comparison_says_how_many_samples_would_decide_it(

@@ -17,7 +17,8 @@ from test_ll144 import hand_case, ll144_config
 from tooling import require_binary
 
 from exporter.cli import main
-from exporter.gate.reports.html import BAR, OUTCOMES
+from exporter.gate.reports.ci import insufficient
+from exporter.gate.reports.html import BAR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,11 +89,12 @@ def test_audit_html_shows_the_reports_numbers(tmp_path: Path, capsys: pytest.Cap
                     f4(s["true_positive_rate"]), f4(s["false_positive_rate"])] in rows  # fmt: skip
     outcomes = set()
     for r in report["results"]:
-        outcome = OUTCOMES[r["status"]]
-        outcomes.add(outcome)
+        outcome = insufficient(r, 5) if r["status"] == "insufficient_samples" else r["status"]
+        outcomes.add(outcome.split(":")[0])
         need = r["samples_to_decide"]
-        assert [r["metric"], r["groups"], f4(r["value"]), interval(r["ci_95"]), f4(r["threshold"]),
-                r["severity"], outcome, r["evidence"],
+        counts_as = {"pass": "pass", "warning": "warning (does not block)", "blocking": "blocking"}[r["counts_as"]]
+        assert [r["metric"], r["groups"], f4(r["exact_value"]), interval(r["ci_95"]), f4(r["threshold"]),
+                r["severity"], outcome, r["evidence"], counts_as,
                 " · ".join(f"{g} {n:,}" for g, n in need.items()) if need else "—"] in rows  # fmt: skip
     assert outcomes == {"pass", "fail", "insufficient samples"}  # non_binary's single row cannot be judged
     assert f"{report['insufficient_samples']} with insufficient samples · {report['inconclusive']} inconclusive" in html

@@ -11,11 +11,12 @@ import itertools
 from typing import Any, Final
 
 from exporter.config import sections_stream as stream
+from exporter.config.sections_intersections import parse_intersections
 from exporter.config.sections_sources import attach, parse_sources
 from exporter.config.toolkit import Errors, choice, get, section, text
 from exporter.config.types import SEVERITIES, EstimationSpec, EventFields, MetricSpec, ModelSpec, parse_duration
 from exporter.core import bisg
-from exporter.core.attributes import INTERSECTION_SEP, OTHER_GROUP, Attribute, Proxy
+from exporter.core.attributes import OTHER_GROUP, Attribute, Proxy
 from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.conditional import metric as any_metric
 from exporter.core.explain import DEFAULT_SEGMENT_CAP
@@ -210,47 +211,6 @@ def _parse_proxy(item: dict[str, Any], path: str, groups: list[str], errors: Err
     if method is None or None in columns:
         return None
     return Proxy(str(method), str(columns[0]), str(columns[1]))
-
-
-def parse_intersections(raw: Any, base: list[Attribute], errors: Errors) -> list[Attribute]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        errors.add("intersections", f"{raw!r} is not a list of attribute-name lists, e.g. [[gender, age_group]]")
-        return []
-    by_name = {a.name: a for a in base}
-    out = []
-    for i, names in enumerate(raw):
-        path = f"intersections[{i}]"
-        if not (isinstance(names, list) and len(names) >= 2 and all(isinstance(n, str) for n in names)):
-            errors.add(path, f"{names!r} is not a list of two or more attribute names")
-            continue
-        unknown = [n for n in names if n not in by_name]
-        if unknown:
-            errors.add(path, f"{unknown} not among protected_attributes {sorted(by_name)}")
-            continue
-        parts = [by_name[n] for n in names]
-        if any(p.proxy is not None for p in parts):
-            errors.add(path, f"{[p.name for p in parts if p.proxy]} are proxy attributes: an intersection needs "
-                             "each row's own group, which a proxy does not give")  # fmt: skip
-            continue
-        groups = tuple(INTERSECTION_SEP.join(combo) for combo in itertools.product(*(p.groups for p in parts)))
-        configured = [
-            i
-            for i, combo in enumerate(itertools.product(*(p.groups for p in parts)))
-            if not any(p.catch_all(g) for p, g in zip(parts, combo, strict=True))
-        ]
-        out.append(
-            Attribute(
-                name="_x_".join(names),
-                columns=tuple(p.columns[0] for p in parts),
-                groups=groups,
-                pairs=tuple(itertools.combinations(configured, 2)),
-                base_sizes=tuple(len(p.groups) for p in parts),
-                other=any(p.other for p in parts),
-            )
-        )
-    return out
 
 
 IGNORED_MAX_INTERVAL_WIDTH: Final = (

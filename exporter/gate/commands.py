@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.config import ConfigError, load_config
-from exporter.core.conditional import metric
+from exporter.core.attributes import titled
 from exporter.gate.reports.files import ReportWriteError, RunReports
 
 if TYPE_CHECKING:
@@ -48,18 +48,16 @@ def _summary(report: dict[str, Any]) -> str:
 
 
 def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
-    """``FAIL blocking race equalised_odds_difference a vs b: 0.276 [0.197, 0.353], evidence fail``; an
-    inconclusive row says how many samples per group would decide it, an insufficient one why it has no value."""
-    head = f"{r['status'].upper()} {r['severity']} {r['attribute']} {r['metric']} {r['groups']}"
-    if r["value"] is None:
-        why = (f"the smallest count of {metric(r['metric']).counted} in a group is {r['support']}, below "
-               f"min_samples {min_samples}" if r["support"] < min_samples
-               else "undefined (the compared rate is 0 in a group)")  # fmt: skip
-        text = f"{head}: no value: {why}; evidence {r['evidence']}"
-    else:
-        lo, hi = r["ci_95"]
-        text = f"{head}: {r['exact_value']:.3f} [{lo:.3f}, {hi:.3f}], evidence {r['evidence']}"
-    if r["evidence"] == "inconclusive" and r["value"] is not None:
+    """``FAIL blocking race equalised_odds_difference a vs b: 0.2762 [0.1970, 0.3530], evidence fail``: the value
+    as every report shows it (exporter/gate/reports/ci.py); an inconclusive row says how many samples per group
+    would decide it, an insufficient one which count fell short."""
+    from exporter.gate.reports.ci import estimated_value, insufficient, shown_value, with_interval
+
+    head = f"{r['status'].upper()} {r['severity']} {titled(r['attribute'], r.get('proxy'))} {r['metric']} {r['groups']}"
+    text = f"{head}: {estimated_value(with_interval(shown_value(r), r['ci_95']), r)}, evidence {r['evidence']}"
+    if r["status"] == "insufficient_samples":
+        text += f"; {insufficient(r, min_samples)}"
+    if r["evidence"] == "inconclusive" and r.get("exact_value") is not None:
         need = r["samples_to_decide"]
         text += ("; about " + " and ".join(f"{n:,} ({g})" for g, n in need.items()) + " samples would decide it"
                  if need else "; the value is on the threshold: no sample size decides it")  # fmt: skip

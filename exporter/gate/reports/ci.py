@@ -72,6 +72,8 @@ class CiReport:
     notes: tuple[str, ...] = ()
     appendix: tuple[str, ...] = ()
     """Markdown blocks after the checks' table (the audit's segment explanations)."""
+    tally: tuple[str, ...] = ()
+    """Counts after the outcomes' (the audit's insufficient and inconclusive comparisons), as the JSON counts them."""
 
 
 def number(x: Any) -> str:
@@ -124,6 +126,18 @@ def _run_properties(report: Mapping[str, Any]) -> Properties:
     return flatten({k: v for k, v in report.items() if k not in skip})
 
 
+def shown_value(r: Mapping[str, Any]) -> Any:
+    """A result's value as every format shows it: the exact value where ``value`` is null for too few samples (a
+    hidden number hides what the reader needed; every format marks it insufficient beside it, saying why)."""
+    return r["value"] if r.get("value") is not None else r.get("exact_value")
+
+
+def role(counts_as: str, overridden: bool) -> str:
+    """What a result's ``counts_as`` does to the verdict, as JUnit's message and the HTML page say it."""
+    return {"pass": "pass", "warning": "warning (does not block)"}.get(
+        counts_as, "blocking, overridden" if overridden else "blocking")
+
+
 def estimated_value(shown: str, r: Mapping[str, Any]) -> str:
     """A result's value as every report shows it: marked ``estimated`` when no label was seen, so an estimated
     number is never shown as an observed one (docs/auditor/estimated.md)."""
@@ -152,9 +166,11 @@ def from_audit(report: Mapping[str, Any]) -> CiReport:
     if report.get("override"):
         o = report["override"]
         notes.append(f"Overridden by {o.get('author')}: {o.get('justification')}")
+    tally = (f"{report.get('insufficient_samples')} with insufficient samples",
+             f"{report.get('inconclusive')} inconclusive (decision: {report.get('decision')})")  # fmt: skip
     return CiReport("audit", str(report["model_id"]), str(report["verdict"]), str(report.get("timestamp", "")),
                     AUDIT_COLUMNS, checks, _run_properties(report), (*notes, *_log_note(report)),
-                    tuple(_explanation(e) for e in report.get("explanations", ())))  # fmt: skip
+                    tuple(_explanation(e) for e in report.get("explanations", ())), tally)  # fmt: skip
 
 
 EXPLAINED_ROWS = 8
@@ -177,23 +193,21 @@ def _explanation(e: Mapping[str, Any]) -> str:
 
 
 def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridden: bool) -> Check:
-    value = r["value"] if r.get("value") is not None else r.get("exact_value")
-    shown = estimated_value(with_interval(value, r.get("ci_95")), r)
+    shown = estimated_value(with_interval(shown_value(r), r.get("ci_95")), r)
     metric = METRICS.get(r["metric"]) or CONDITIONAL_METRICS.get(r["metric"])
     side = "" if metric is None else ("≤ " if metric.kind == "difference" else "≥ ")
     threshold = f"{side}{r['threshold']}"
     evidence = str(r.get("evidence"))
-    reasons = [_insufficient(r, min_samples)] if r.get("status") == "insufficient_samples" else []
+    reasons = [insufficient(r, min_samples)] if r.get("status") == "insufficient_samples" else []
     if evidence == "inconclusive" and r.get("samples_to_decide"):
         need, unit = r["samples_to_decide"], r.get("samples_to_decide_counts")  # the counterfactual's: items
         per_group = ", ".join(f"{g} {n}" for g, n in need.items())
         evidence = f"inconclusive (decided at about {max(need.values())} {unit})" if unit else \
             f"inconclusive (decided at about {per_group} per group)"  # fmt: skip
     outcome: Outcome = "passed" if r["counts_as"] == "pass" else "warning" if r["counts_as"] == "warning" else "failed"
-    role = {"passed": "pass", "warning": "warning (does not block)",
-            "failed": "blocking, overridden" if overridden else "blocking"}[outcome]  # fmt: skip
     proxy = ["proxy: true (groups inferred by BISG, rates posterior-weighted)"] if r.get("proxy") else []
-    message = "; ".join([f"{role}: {shown}, threshold {threshold}, evidence {evidence}", *reasons, *proxy])
+    message = "; ".join([f"{role(r['counts_as'], overridden)}: {shown}, threshold {threshold}, evidence {evidence}",
+                         *reasons, *proxy])  # fmt: skip
     samples = ", ".join(f"{g} {n}" for g, n in (r.get("samples") or {}).items())
     details = (f"{r['attribute']} {r['metric']} {r['groups']}: samples {samples} (support {r.get('support')}), "
                f"severity {r.get('severity')}, point estimate passes: {_text(r.get('passed'))}")
@@ -203,12 +217,15 @@ def _comparison(model_id: str, r: Mapping[str, Any], min_samples: Any, overridde
                  cells, flatten(r), details, "; ".join(reasons))
 
 
-def _insufficient(r: Mapping[str, Any], min_samples: Any) -> str:
-    support = r.get("support")
-    counted = r.get("support_counts", "of what the metric counts in the smaller group")  # the counterfactual's unit
+def insufficient(r: Mapping[str, Any], min_samples: Any) -> str:
+    """Why a result has too few samples, as every format says it: which count fell short of min_samples (the
+    counterfactual's results name their unit in ``support_counts``), or that the metric is undefined."""
+    support, known = r.get("support"), METRICS.get(r["metric"]) or CONDITIONAL_METRICS.get(r["metric"])
     if isinstance(support, int) and isinstance(min_samples, int) and support < min_samples:
-        return f"insufficient samples: {support} {counted}, min_samples {min_samples}"
-    return "insufficient samples: the metric is undefined on these groups"
+        counted = (f"the smallest count of {known.counted} in a group is {support}" if known is not None and
+                   not r.get("support_counts") else f"{support} {r.get('support_counts') or 'counted'}")  # fmt: skip
+        return f"insufficient samples: {counted}, below min_samples {min_samples}"
+    return "insufficient samples: the metric is undefined on these groups (a compared rate is 0 in a group)"
 
 
 def _log_note(report: Mapping[str, Any]) -> tuple[str, ...]:
@@ -351,7 +368,8 @@ def markdown(report: CiReport) -> str:
     title = TITLES.get(report.command, report.command)
     lines = [f"### {VERDICT_ICON.get(report.verdict, '')} {title}: {report.verdict} — {_cell(report.subject)}", "",
              f"{counts['passed']} of {len(report.checks)} checks passed, {counts['failed']} blocking, "
-             f"{counts['warning']} warning(s)" + (f", {counts['error']} error(s)" if counts["error"] else "") + ".",
+             f"{counts['warning']} warning(s)" + (f", {counts['error']} error(s)" if counts["error"] else "")
+             + (f"; {', '.join(report.tally)}" if report.tally else "") + ".",
              *(f"\n{_cell(note)}" for note in report.notes), "",
              "| " + " | ".join((*report.columns, "outcome")) + " |",
              "|" + "---|" * (len(report.columns) + 1)]  # fmt: skip

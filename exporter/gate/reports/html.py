@@ -15,12 +15,9 @@ from html import escape
 from typing import Any
 
 from exporter.core.attributes import titled
-from exporter.gate.reports.ci import estimated_value, estimation_basis
+from exporter.gate.reports.ci import estimated_value, estimation_basis, insufficient, role, shown_value
 
 MATPLOTLIB_HINT = "HTML reports need matplotlib: pip install 'fairness-exporter[reports]'"
-
-# A status in the gate's results (the point estimate against the threshold) -> as a reader reads it.
-OUTCOMES = {"pass": "pass", "fail": "fail", "insufficient_samples": "insufficient samples"}
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2430;
@@ -32,8 +29,8 @@ h1{font-size:1.6rem;margin-bottom:.3rem}h2{margin-top:2.2rem;border-bottom:2px s
 .warn{background:#fff4d6;border-left:8px solid #e09a00}
 table{border-collapse:collapse;margin:.8rem 0;font-size:.92rem}
 th,td{border:1px solid #d5dae1;padding:.3rem .6rem;text-align:left}th{background:#f1f3f6}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.pass{color:#1e8e3e;font-weight:600}td.fail{color:#c5221f;font-weight:600}td.inconclusive{color:#a86b00;font-weight:600}
+td.num{text-align:right;font-variant-numeric:tabular-nums}td.pass{color:#1e8e3e;font-weight:600}
+td.fail{color:#c5221f;font-weight:600}td.inconclusive,td.warning{color:#a86b00;font-weight:600}
 .meta{color:#5b6472;font-size:.9rem}.chart svg{max-width:100%;height:auto}
 """
 
@@ -60,15 +57,16 @@ def fmt_interval(bounds: Sequence[float | None] | None) -> str:
     return f"[{fmt(bounds[0])}, {fmt(bounds[1])}]"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, classes: Sequence[str] = ()) -> str:
-    """An HTML table; numbers right-aligned, a cell whose text is pass/fail/inconclusive coloured."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """An HTML table; numbers right-aligned, a cell whose text is pass/fail/inconclusive coloured, a cell given as
+    ``(text, class)`` of that class (a comparison's ``counts as``, coloured by what it does to the verdict)."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
         cells = []
-        for k, cell in enumerate(row):
+        for cell in row:
+            cell, cls = cell if isinstance(cell, tuple) else (cell, "")
             text = cell if isinstance(cell, str) else fmt(cell)
-            cls = classes[k] if k < len(classes) and classes[k] else ""
             if text in ("pass", "fail", "inconclusive"):
                 cls = text
             elif isinstance(cell, int | float) and not isinstance(cell, bool):
@@ -207,7 +205,8 @@ def _source(label: str, path: str | None, sha: str | None, kind: str = "sha256")
     return f"{label}: {path or '(in memory)'}" + (f" ({kind} {sha})" if sha else "")
 
 
-def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> str:
+def _audit_attribute(name: str, report: Mapping[str, Any]) -> str:
+    block, results = report["attributes"][name], [r for r in report["results"] if r["attribute"] == name]
     groups = block["groups"]
     dpd = next((r for r in results if r["metric"] == "demographic_parity_difference"), None)
     overall = block["overall_selection_rate"]
@@ -222,16 +221,19 @@ def _audit_attribute(name: str, block: Mapping[str, Any], results: Sequence[Mapp
                        band=band, band_label=band_label)  # fmt: skip
     group_rows = [[g, s["samples"], s["selection_rate"], fmt_interval(s["selection_rate_ci"]),
                    s["true_positive_rate"], s["false_positive_rate"]] for g, s in groups.items()]  # fmt: skip
-    comparison_rows = [[r["metric"], r["groups"], estimated_value(fmt(r["value"]), r) if r.get("estimated")
-                        else r["value"], fmt_interval(r["ci_95"]), r["threshold"],
-                        r["severity"], OUTCOMES.get(r["status"], r["status"]), r["evidence"],
+    overridden, coloured = report["verdict"] == "OVERRIDDEN", {"pass": "pass", "warning": "warning"}
+    comparison_rows = [[r["metric"], r["groups"], (estimated_value(fmt(shown_value(r)), r), "num"),
+                        fmt_interval(r["ci_95"]), r["threshold"], r["severity"],
+                        r["status"] if r["status"] in ("pass", "fail") else insufficient(r, report["min_samples"]),
+                        r["evidence"],
+                        (role(r["counts_as"], overridden), coloured.get(r["counts_as"], "fail")),
                         fmt_samples(r["samples_to_decide"])] for r in results]  # fmt: skip
     proxy = (f"<p class=\"meta\">proxy: true. {escape(block['proxy_bias'])}</p>" if block.get("proxy") else "")
     return (f"<h2>{escape(titled(name, block.get('proxy')))}</h2>{proxy}{chart}"
             f"<p class=\"meta\">Rows excluded (value not a configured group): {block['excluded_rows']}</p>"
             + table(["group", "rows", "selection rate", "95% interval", "TPR", "FPR"], group_rows)
-            + table(["metric", "groups", "value", "95% interval", "threshold", "severity", "point estimate",
-                     "evidence", "samples per group to decide"], comparison_rows))  # fmt: skip
+            + table(["metric", "groups", "value", "95% interval", "threshold", "severity on fail", "point estimate",
+                     "evidence", "counts as", "samples per group to decide"], comparison_rows))  # fmt: skip
 
 
 def ll144_section(table_dict: Mapping[str, Any], total_rows: int | Mapping[str, int]) -> str:
@@ -299,8 +301,7 @@ def audit_html(report: Mapping[str, Any]) -> str:
             _source("Data", report["data_file"], report["data_manifest_sha256"], "manifest sha256"),
             f"Rows: {report['rows']} · minimum samples per group: {report['min_samples']}",
             *estimation_basis(report)]  # fmt: skip
-    sections = [_audit_attribute(name, block, [r for r in report["results"] if r["attribute"] == name])
-                for name, block in report["attributes"].items()]  # fmt: skip
+    sections = [_audit_attribute(name, report) for name in report["attributes"]]
     if "impact_ratios" in report:
         sections.append(ll144_section(report["impact_ratios"], report["rows"]))
     if report.get("explanations"):
