@@ -150,6 +150,23 @@ def _three_regions(missing: float) -> pd.DataFrame:
                       for k, region in enumerate("abc")], ignore_index=True)  # fmt: skip
 
 
+def _events(frame: pd.DataFrame) -> list[bytes]:
+    """The rows as the daemon's JSON events, a row without a band sent without the field."""
+    return [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": T0 - 120,
+                          "prediction": int(r.prediction), "label": None,
+                          "attributes": {"gender": r.gender, "age": r.age, "region": r.region,
+                                         **({} if r.income_band is None else {"income_band": r.income_band})}})
+            for i, r in enumerate(frame.itertuples())]  # fmt: skip
+
+
+def _computed(settings: dict, events: list[bytes]) -> Daemon:
+    """A daemon of these settings that read the events and computed once."""
+    daemon = Daemon(make_config(**settings), registry=CollectorRegistry(), clock=lambda: T0)
+    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
+    daemon.computer.compute()
+    return daemon
+
+
 def test_the_gate_the_daemon_and_backtest_leave_out_the_same_rows(tmp_path: Path) -> None:
     """The same rows, some without a band and a third past the cap, through the gate, the daemon (/metrics) and
     backtest (its ``conditional`` section): each conditional comparison is the oracle's over the known strata, one
@@ -159,14 +176,8 @@ def test_the_gate_the_daemon_and_backtest_leave_out_the_same_rows(tmp_path: Path
     names = (CDPD, "conditional_demographic_disparity")
     settings = {"strata": ["region", "income_band"], "segment_values": 4, "windows": ["10m"], "bucket": "10s",
                 "allowed_lateness": "15m", "metrics": [{"name": n, "threshold": 0.05} for n in names]}  # fmt: skip
-    events = [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": T0 - 120,
-                            "prediction": int(r.prediction), "label": None,
-                            "attributes": {"gender": r.gender, "age": r.age, "region": r.region,
-                                           **({} if r.income_band is None else {"income_band": r.income_band})}})
-              for i, r in enumerate(frame.itertuples())]  # fmt: skip
-    daemon = Daemon(make_config(**settings), registry=CollectorRegistry(), clock=lambda: T0)
-    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
-    daemon.computer.compute()
+    events = _events(frame)
+    daemon = _computed(settings, events)
     page = {s.name: s.value for family in text_string_to_metric_families(daemon.metrics_page())
             for s in family.samples if s.labels.get("attribute") == "gender"}  # fmt: skip
     (tmp_path / "events.jsonl").write_bytes(b"\n".join(events) + b"\n")
@@ -200,14 +211,8 @@ def test_the_daemon_exports_the_rows_its_conditional_metrics_leave_out() -> None
     frame = frame[frame.region != "c"]  # two regions x two bands: four strata, within the cap
     settings = {"strata": ["region", "income_band"], "segment_values": 4, "windows": ["10m"], "bucket": "10s",
                 "allowed_lateness": "15m", "metrics": [{"name": CDPD, "threshold": 0.05}]}  # fmt: skip
-    events = [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": T0 - 120,
-                            "prediction": int(r.prediction), "label": None,
-                            "attributes": {"gender": r.gender, "age": r.age, "region": r.region,
-                                           **({} if r.income_band is None else {"income_band": r.income_band})}})
-              for i, r in enumerate(frame.itertuples())]  # fmt: skip
-    daemon = Daemon(make_config(**settings), registry=CollectorRegistry(), clock=lambda: T0)
-    daemon.ingest.handle("predictions", 0, [_Record(e, i) for i, e in enumerate(events)])
-    daemon.computer.compute()
+    events = _events(frame)
+    daemon = _computed(settings, events)
     excluded = {(s.labels["window"], s.labels["reason"]): s.value
                 for family in text_string_to_metric_families(daemon.metrics_page())
                 for s in family.samples if s.name == "model_conditional_excluded_samples"}  # fmt: skip
