@@ -27,7 +27,7 @@ from exporter.backtest.series import SERIES_OTHERS, Series, block_of, evaluate_s
 from exporter.config import Config, ModelSpec, Windowing
 from exporter.core.evaluate import Evaluation
 from exporter.core.explain import with_unvalued
-from exporter.serve.explained import segment_rows, unvalued
+from exporter.serve.segment_rows import segment_rows, unvalued
 from exporter.stream.state.detectors import ALERT_OF_METRIC, Trace
 from exporter.stream.state.segments import paged
 from exporter.stream.state.steps import add_stepped, batchable

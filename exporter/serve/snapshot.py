@@ -16,7 +16,7 @@ from exporter.core import estimate
 from exporter.core.attributes import Attribute
 from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.health.counters import Health
-from exporter.serve.explained import excluded, explained
+from exporter.serve.segment_rows import excluded, explained
 from exporter.stream.state.detection import Detection
 from exporter.stream.state.detectors import DetectorBank
 from exporter.stream.state.fleet import Fleet, Monitored

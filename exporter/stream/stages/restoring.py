@@ -4,17 +4,29 @@ offset, or empty when its partition holds none, then the records it buffered whi
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
+from exporter.health.counters import StageHealth
 from exporter.stream.kafka.client import Partition
+from exporter.stream.stages.records import Record
+from exporter.stream.stages.sides import SideStage
 from exporter.stream.stages.snapshots import unpack
 from exporter.stream.stages.tasks import CountsTask, Task
 
-if TYPE_CHECKING:
-    from exporter.stream.stages.replica import Stages
-
 log = logging.getLogger("exporter.stream.stages.replica")
+
+
+class Stages(Protocol):
+    """What going live reads of :class:`exporter.stream.stages.replica.Stages` (which imports this module)."""
+
+    stage_health: StageHealth
+    tasks: dict[Partition, Task]
+    live_counts: set[int]
+    sides: SideStage | None
+    lag: Callable[[], Mapping[Partition, int]]
+
+    def _apply(self, task: Task, record: Record, offset: int) -> bool: ...
 
 
 def restored(stages: Stages, task: Task, whole: bytes | None) -> None:
