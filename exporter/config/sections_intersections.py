@@ -39,17 +39,16 @@ def parse_intersections(raw: object, base: list[Attribute], errors: Errors) -> l
             errors.add(path, f"{[p.name for p in parts if p.proxy]} are proxy attributes: an intersection needs "
                              "each row's own group, which a proxy does not give")  # fmt: skip
             continue
-        groups = tuple(INTERSECTION_SEP.join(combo) for combo in itertools.product(*(p.groups for p in parts)))
+        combos = list(itertools.product(*(p.groups for p in parts)))
+        groups = tuple(INTERSECTION_SEP.join(combo) for combo in combos)
         unique = _unique_intersection(names, path, by_name, taken, errors)
         if len(set(groups)) < len(groups):
             _subgroup_collisions(parts, path, errors)
         if not unique or len(set(groups)) < len(groups):
             continue
-        configured = [
-            i
-            for i, combo in enumerate(itertools.product(*(p.groups for p in parts)))
-            if not any(p.catch_all(g) for p, g in zip(parts, combo, strict=True))
-        ]
+        catch_alls = frozenset(g for g, combo in zip(groups, combos, strict=True)
+                               if any(p.catch_all(v) for p, v in zip(parts, combo, strict=True)))  # fmt: skip
+        configured = [i for i, g in enumerate(groups) if g not in catch_alls]
         out.append(
             Attribute(
                 name="_x_".join(names),
@@ -58,6 +57,7 @@ def parse_intersections(raw: object, base: list[Attribute], errors: Errors) -> l
                 pairs=tuple(itertools.combinations(configured, 2)),
                 base_sizes=tuple(len(p.groups) for p in parts),
                 other=any(p.other for p in parts),
+                catch_alls=catch_alls,
             )
         )
     return out
