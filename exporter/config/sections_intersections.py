@@ -3,12 +3,14 @@
 Every later stage keys counts and results by an attribute's name and a subgroup's name (the gate's counts per
 attribute, the report's ``attributes`` and each result's ``samples``), so a name given twice is refused here:
 rows would be counted twice (a repeated intersection), counts of different shapes mixed (an intersection named
-like an attribute), or two subgroups reported as one (``x:y`` + ``z`` and ``x`` + ``y:z``).
+like an attribute), or two subgroups reported as one (``x:y`` + ``z`` and ``x`` + ``y:z``). ``bias-report``'s
+features are named the same way and refused by the same :func:`unique_intersection`.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 
 from exporter.config.toolkit import Errors
 from exporter.core.attributes import INTERSECTION_SEP, Attribute
@@ -41,7 +43,7 @@ def parse_intersections(raw: object, base: list[Attribute], errors: Errors) -> l
             continue
         combos = list(itertools.product(*(p.groups for p in parts)))
         groups = tuple(INTERSECTION_SEP.join(combo) for combo in combos)
-        unique = _unique_intersection(names, path, by_name, taken, errors)
+        unique = unique_intersection(names, path, by_name, taken, errors)
         if len(set(groups)) < len(groups):
             _subgroup_collisions(parts, path, errors)
         if not unique or len(set(groups)) < len(groups):
@@ -63,11 +65,11 @@ def parse_intersections(raw: object, base: list[Attribute], errors: Errors) -> l
     return out
 
 
-def _unique_intersection(names: list[str], path: str, by_name: dict[str, Attribute], taken: dict[str, list[str]],
-                         errors: Errors) -> bool:  # fmt: skip
+def unique_intersection(names: list[str], path: str, by_name: Collection[str], taken: dict[str, list[str]],
+                        errors: Errors) -> bool:  # fmt: skip
     """Whether an intersection names nothing else: no attribute listed twice in it, not the same attributes as an
-    earlier one, its name (the attributes' names joined with ``_x_``) no attribute's nor an earlier one's.
-    ``taken``: the path of each earlier intersection -> its attributes; this one is added."""
+    earlier one, its name (the attributes' names joined with ``_x_``) none of ``by_name`` (the attributes) nor an
+    earlier one's. ``taken``: the path of each earlier intersection -> its attributes; this one is added."""
     name = "_x_".join(names)
     twice = sorted({n for n in names if names.count(n) > 1})
     same = next((p for p, other in taken.items() if sorted(other) == sorted(names)), None)
