@@ -51,7 +51,7 @@ def test_decision_min_samples_counts_items_not_the_answers_of_their_samples_or_t
     assert (code, missed["verdict"]) == (1, "FAIL")  # before: (0, "PASS"), support 60
     assert {(r["status"], r["counts_as"], r["support"], r["support_counts"]) for r in comparisons(missed)} == {
         ("insufficient_samples", "blocking", items, "items decided for both groups")}  # fmt: skip
-    assert "status insufficient_samples (20 items decided for both groups, min_samples 21)" in err
+    assert "insufficient samples: 20 items decided for both groups, below min_samples 21" in err
     met = runs[items][1]
     assert {g["asked"] for g in met["groups"]["gender"].values()} == {items * 3}  # answers per group
     assert (met["pairs"][0]["paired_items"], met["min_samples_counts"]) == (items, "items decided for both groups")
@@ -81,7 +81,7 @@ def test_ambiguous_min_samples_counts_prompts_not_their_samples(
     assert [(r["attribute"], r["status"], r["counts_as"], r["support"]) for r in scores] == [
         (c, "insufficient_samples", "blocking", 72) for c in ("gender", "age", "race")]  # fmt: skip
     assert {r["support_counts"] for r in scores} == {"prompts with an answer read"}
-    assert "status insufficient_samples (72 prompts with an answer read, min_samples 73)" in err
+    assert "insufficient samples: 72 prompts with an answer read, below min_samples 73" in err
     code, met, _ = runs[72]
     assert (code, met["verdict"], met["min_samples_counts"]) == (0, "PASS", "prompts with an answer read")
     assert {(c["answered"], c["prompts_answered"]) for c in met["categories"].values()} == {(360, 72)}

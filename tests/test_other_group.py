@@ -208,6 +208,57 @@ def test_the_bounded_other_group_is_still_the_unknown_category_of_the_ll144_tabl
     assert crossed["unknown_rows"] == 20
 
 
+def test_a_group_named_x_other_is_a_group_and_the_bounded_other_still_the_unknown_category(tmp_path: Path) -> None:
+    """``unknown_values: other`` reserves the group ``other`` only: ``x:other`` is a configured group like any.
+    Before (review 20), Attribute.catch_all split names on ``:`` and took any holding a part ``other`` for the bounded
+    group: the LL144 table dropped ``x:other`` (8 of 10 selected, the most selected category) into the unknown rows
+    (20 for 10, male the reference), and the intersection compared none of ``x:other:white``'s subgroups.
+
+    Expected (pandas): sex categories male, female, x:other (the reference), 10 unknown rows (the undisclosed, in
+    the bounded ``other``); sex_x_race compares x:other:white with the other known subgroups, never a subgroup of
+    the bounded ``other``, and its LL144 table lists x:other:white."""
+    frame = applicants().replace({"sex": {"other": "x:other"}})
+    groups = ["male", "x:other", "female"]
+    report = run_audit(write_config(tmp_path, [{"name": "sex", "groups": groups},
+                                               {"name": "race", "groups": ["white", "black"]}],
+                                    intersections=[["sex", "race"]], unknown_values="other"), frame)  # fmt: skip
+    assert report["attributes"]["sex"]["groups"]["other"]["samples"] == 10  # the bounded group: the undisclosed
+    expected, actual = expected_table(frame, "sex", groups), table_of(report, "sex")
+    assert (actual["reference"], actual["unknown_rows"]) == (expected["reference"], expected["unknown_rows"]) \
+        == ("x:other", 10)  # fmt: skip
+    assert flat(actual["categories"]) == pytest.approx(flat(expected["categories"]))
+    crossed = table_of(report, "sex_x_race")
+    assert (sorted(crossed["categories"]), crossed["unknown_rows"]) == (
+        ["female:black", "female:white", "male:black", "male:white", "x:other:black", "x:other:white"], 10)
+    compared = {g for r in report["results"] if r["attribute"] == "sex_x_race" for g in r["groups"].split(" vs ")}
+    assert compared == set(crossed["categories"])  # x:other's subgroups compared, the bounded other's none
+
+
+def test_a_configured_other_in_an_intersection_is_compared_as_itself(tmp_path: Path) -> None:
+    """The case the exact catch-all must not refuse: under ``unknown_values: reject`` a group named ``other`` is a
+    value like any, in an intersection too (``other:white`` compared with every other subgroup)."""
+    frame = applicants()
+    report = run_audit(write_config(tmp_path, [{"name": "race", "groups": ["white", "black"]},
+                                               {"name": "sex", "groups": ["male", "other", "female"]}],
+                                    intersections=[["sex", "race"]]), frame)  # fmt: skip
+    compared = {g for r in report["results"] if r["attribute"] == "sex_x_race" for g in r["groups"].split(" vs ")}
+    assert compared == {f"{s}:{r}" for s in ("male", "other", "female") for r in ("white", "black")}
+
+
+def test_the_catch_all_groups_are_the_ones_the_config_added() -> None:
+    """Named by the config, not read from a name: the bounded ``other`` of ``unknown_values: other`` and, of an
+    intersection, each subgroup holding it; ``x:other`` (and a subgroup of it) is none."""
+    model = parse_config({"model_id": "m", "unknown_values": "other", "listen": {"port": 0},
+                          "protected_attributes": [{"name": "sex", "groups": ["x:other", "female"]},
+                                                   {"name": "race", "groups": ["white", "other:b"]}],
+                          "intersections": [["sex", "race"]]}).models[0]  # fmt: skip
+    sex, crossed = model.base_attributes[0], model.attributes[-1]
+    assert [g for g in sex.groups if sex.catch_all(g)] == ["other"]
+    assert [g for g in crossed.groups if crossed.catch_all(g)] == ["x:other:other", "female:other", "other:white",
+                                                                   "other:other:b", "other:other"]  # fmt: skip
+    assert not any(crossed.catch_all(g) for g in ("x:other:white", "x:other:other:b", "female:other:b"))
+
+
 KINDS = {"text": lambda k: ["white", "black", "other", "asian"][k], "int": lambda k: k, "float": lambda k: float(k),
          "bool": lambda k: bool(k % 2)}  # fmt: skip
 

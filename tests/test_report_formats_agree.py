@@ -238,6 +238,7 @@ class _Page(HTMLParser):
 
 
 def from_html(page: str) -> dict[Key, Said]:
+    """Every comparison row of the page's tables, under the attribute its column or else its section names."""
     parser = _Page()
     parser.feed(page)
     out = {}
@@ -251,8 +252,10 @@ def from_html(page: str) -> dict[Key, Said]:
                                            else "—, —") + "]"  # fmt: skip
             shown = shown.replace(" estimated [", " [") + (" estimated" if " estimated" in cell["value"] else "")
             counts_as = cell.get("counts as", "(not shown)").split(",")[0].split(" ")[0]
-            out[(section.removesuffix(" (proxy: true)"), cell["metric"], cell["groups"])] = said(
-                counts_as, shown, "insufficient samples" in cell["point estimate"], cell["evidence"])
+            attribute = cell.get("attribute", section.removesuffix(" (proxy: true)"))  # a table of several
+            out[(attribute, cell["metric"], cell["groups"])] = said(
+                counts_as, shown, "insufficient samples" in cell.get("point estimate", ""),
+                cell.get("evidence", "(none)"))  # fmt: skip
     return out
 
 

@@ -3,12 +3,14 @@
 Every later stage keys counts and results by an attribute's name and a subgroup's name (the gate's counts per
 attribute, the report's ``attributes`` and each result's ``samples``), so a name given twice is refused here:
 rows would be counted twice (a repeated intersection), counts of different shapes mixed (an intersection named
-like an attribute), or two subgroups reported as one (``x:y`` + ``z`` and ``x`` + ``y:z``).
+like an attribute), or two subgroups reported as one (``x:y`` + ``z`` and ``x`` + ``y:z``). ``bias-report``'s
+features are named the same way and refused by the same :func:`unique_intersection`.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 
 from exporter.config.toolkit import Errors
 from exporter.core.attributes import INTERSECTION_SEP, Attribute
@@ -39,17 +41,16 @@ def parse_intersections(raw: object, base: list[Attribute], errors: Errors) -> l
             errors.add(path, f"{[p.name for p in parts if p.proxy]} are proxy attributes: an intersection needs "
                              "each row's own group, which a proxy does not give")  # fmt: skip
             continue
-        groups = tuple(INTERSECTION_SEP.join(combo) for combo in itertools.product(*(p.groups for p in parts)))
-        unique = _unique_intersection(names, path, by_name, taken, errors)
+        combos = list(itertools.product(*(p.groups for p in parts)))
+        groups = tuple(INTERSECTION_SEP.join(combo) for combo in combos)
+        unique = unique_intersection(names, path, by_name, taken, errors)
         if len(set(groups)) < len(groups):
             _subgroup_collisions(parts, path, errors)
         if not unique or len(set(groups)) < len(groups):
             continue
-        configured = [
-            i
-            for i, combo in enumerate(itertools.product(*(p.groups for p in parts)))
-            if not any(p.catch_all(g) for p, g in zip(parts, combo, strict=True))
-        ]
+        catch_alls = frozenset(g for g, combo in zip(groups, combos, strict=True)
+                               if any(p.catch_all(v) for p, v in zip(parts, combo, strict=True)))  # fmt: skip
+        configured = [i for i, g in enumerate(groups) if g not in catch_alls]
         out.append(
             Attribute(
                 name="_x_".join(names),
@@ -58,16 +59,17 @@ def parse_intersections(raw: object, base: list[Attribute], errors: Errors) -> l
                 pairs=tuple(itertools.combinations(configured, 2)),
                 base_sizes=tuple(len(p.groups) for p in parts),
                 other=any(p.other for p in parts),
+                catch_alls=catch_alls,
             )
         )
     return out
 
 
-def _unique_intersection(names: list[str], path: str, by_name: dict[str, Attribute], taken: dict[str, list[str]],
-                         errors: Errors) -> bool:  # fmt: skip
+def unique_intersection(names: list[str], path: str, by_name: Collection[str], taken: dict[str, list[str]],
+                        errors: Errors) -> bool:  # fmt: skip
     """Whether an intersection names nothing else: no attribute listed twice in it, not the same attributes as an
-    earlier one, its name (the attributes' names joined with ``_x_``) no attribute's nor an earlier one's.
-    ``taken``: the path of each earlier intersection -> its attributes; this one is added."""
+    earlier one, its name (the attributes' names joined with ``_x_``) none of ``by_name`` (the attributes) nor an
+    earlier one's. ``taken``: the path of each earlier intersection -> its attributes; this one is added."""
     name = "_x_".join(names)
     twice = sorted({n for n in names if names.count(n) > 1})
     same = next((p for p, other in taken.items() if sorted(other) == sorted(names)), None)

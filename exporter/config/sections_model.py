@@ -181,7 +181,8 @@ def parse_attributes(raw: Any, other: bool, errors: Errors) -> list[Attribute]:
         if proxy is not None:  # the mass of the categories not configured counts in no group: no `other` group
             out.append(Attribute(name, (column,), tuple(groups), pairs, proxy=proxy))
             continue
-        out.append(Attribute(name, (column,), tuple([*groups, OTHER_GROUP] if other else groups), pairs, other=other))
+        out.append(Attribute(name, (column,), tuple([*groups, OTHER_GROUP] if other else groups), pairs, other=other,
+                             catch_alls=frozenset({OTHER_GROUP} if other else ())))  # fmt: skip
     return out
 
 

@@ -46,14 +46,16 @@ class Attribute:
     source: str | None = None
     """A base attribute read from a side source by id (``attribute_sources:``): its column is the record's key."""
     other: bool = False
-    """``unknown_values: other``: a group named ``other`` (of an intersection, a part named so) is the bounded group
-    of every value outside the others, missing ones too, added by the config. Otherwise ``other`` is a group like
-    any, its value the text ``other`` (the seed's ``ethnicity`` lists one): values outside the groups are the
-    attribute's unknown category."""
+    """``unknown_values: other``: the config adds the group ``other`` (last), the bounded group of every value outside
+    the others, missing ones too. Otherwise ``other`` is a group like any, its value the text ``other`` (the seed's
+    ``ethnicity`` lists one): values outside the groups are the attribute's unknown category."""
+    catch_alls: frozenset[str] = frozenset()
+    """The bounded groups, as the config made them: the ``other`` it added, of an intersection every subgroup of
+    one. Never read from a name: a configured ``x:other`` (or ``other:x``) is a group like any."""
 
     def catch_all(self, group: str) -> bool:
-        """Whether this group (of an intersection: any of its parts) is the bounded ``other`` group."""
-        return self.other and OTHER_GROUP in group.split(INTERSECTION_SEP)
+        """Whether this group is a bounded ``other`` group (of an intersection: one of its parts is)."""
+        return group in self.catch_alls
 
     def combine(self, codes: list[np.ndarray]) -> np.ndarray:
         """Combine per-column codes (``-1`` = excluded) into this attribute's codes."""

@@ -193,6 +193,7 @@ def bad_input(args: argparse.Namespace, command: str, message: str) -> int:
 
 def cmd_bias_report(args: argparse.Namespace) -> int:
     """The bias auditor over one or more data files; exit 1 when any feature's gap exceeds the threshold."""
+    from exporter.config import ConfigError
     from exporter.gate.data.dataset import DataError, open_dataset
     from exporter.gate.fairness.bias import BiasAuditor, json_report
     from exporter.gate.reports import ci as ci_reports
@@ -216,7 +217,7 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
             if alone:
                 raise DataError(f"{name}: one group with outcome values at most in {'; '.join(alone)}: a gap needs "
                                 "two, nothing was compared")  # fmt: skip
-    except (DataError, ImportError) as exc:
+    except (ConfigError, DataError, ImportError) as exc:
         return bad_input(args, "bias-report", str(exc))
     biased = [f"{src}: {f}" for src, rep in reports.items() for f, r in rep.items() if r["is_biased"]]
     from exporter.gate.audit_log import AuditLogError

@@ -23,6 +23,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from exporter.config import ConfigError
+from exporter.config.sections_intersections import unique_intersection
+from exporter.config.toolkit import Errors
 from exporter.core.attributes import INTERSECTION_SEP
 from exporter.core.fairness import t_interval, wilson_interval
 from exporter.gate.data.dataset import DataError, open_dataset
@@ -35,6 +38,23 @@ CONFIDENCE = 0.95
 def feature_name(feature: Feature) -> str:
     """The report key of a feature: its column, or its columns joined by ``_x_`` for an intersection."""
     return feature if isinstance(feature, str) else "_x_".join(feature)
+
+
+def refuse_collisions(features: Sequence[Feature]) -> None:
+    """ConfigError, one message naming every problem, when two features would be tallied under one name: a column
+    listed twice, or an intersection that lists a column twice, repeats an earlier one or is named (its columns
+    joined with ``_x_``) like a column or an earlier intersection. Their rows would be counted twice, or two
+    features' groups mixed in one; the gate refuses its intersections by the same code."""
+    errors = Errors()
+    columns = [f for f in features if isinstance(f, str)]
+    for column in dict.fromkeys(c for c in columns if columns.count(c) > 1):
+        errors.add(column, "listed more than once: its rows would be counted twice")
+    taken: dict[str, list[str]] = {}
+    for feature in features:
+        if not isinstance(feature, str):
+            unique_intersection(list(feature), "+".join(feature), set(columns), taken, errors)
+    if errors.lines:
+        raise ConfigError("colliding protected features: " + "; ".join(errors.lines))
 
 
 class BiasAuditor:
@@ -82,7 +102,9 @@ class BiasAuditor:
 
     def evaluate_batches(self, frames: Iterable[pd.DataFrame], columns: Sequence[str],
                          source: str) -> dict[str, dict[str, Any]]:  # fmt: skip
-        """Group sizes, sums and spreads added up over batches of rows (a DataFrame each), then the report."""
+        """Group sizes, sums and spreads added up over batches of rows (a DataFrame each), then the report.
+        Features that would be tallied under one name are refused first (:func:`refuse_collisions`)."""
+        refuse_collisions(self.protected_features)
         if self.outcome_feature not in columns:
             raise DataError(f"{source}: no outcome column {self.outcome_feature!r}; the data has {list(columns)}")
         for feature in self.protected_features:

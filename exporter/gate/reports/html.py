@@ -30,7 +30,7 @@ h1{font-size:1.6rem;margin-bottom:.3rem}h2{margin-top:2.2rem;border-bottom:2px s
 table{border-collapse:collapse;margin:.8rem 0;font-size:.92rem}
 th,td{border:1px solid #d5dae1;padding:.3rem .6rem;text-align:left}th{background:#f1f3f6}
 td.num{text-align:right;font-variant-numeric:tabular-nums}td.pass{color:#1e8e3e;font-weight:600}
-td.fail{color:#c5221f;font-weight:600}td.inconclusive,td.warning{color:#a86b00;font-weight:600}
+td.fail,td.blocking{color:#c5221f;font-weight:600}td.inconclusive,td.warning{color:#a86b00;font-weight:600}
 .meta{color:#5b6472;font-size:.9rem}.chart svg{max-width:100%;height:auto}
 """
 
@@ -221,12 +221,12 @@ def _audit_attribute(name: str, report: Mapping[str, Any]) -> str:
                        band=band, band_label=band_label)  # fmt: skip
     group_rows = [[g, s["samples"], s["selection_rate"], fmt_interval(s["selection_rate_ci"]),
                    s["true_positive_rate"], s["false_positive_rate"]] for g, s in groups.items()]  # fmt: skip
-    overridden, coloured = report["verdict"] == "OVERRIDDEN", {"pass": "pass", "warning": "warning"}
+    overridden = report["verdict"] == "OVERRIDDEN"
     comparison_rows = [[r["metric"], r["groups"], (estimated_value(fmt(shown_value(r)), r), "num"),
                         fmt_interval(r["ci_95"]), r["threshold"], r["severity"],
                         r["status"] if r["status"] in ("pass", "fail") else insufficient(r, report["min_samples"]),
                         r["evidence"],
-                        (role(r["counts_as"], overridden), coloured.get(r["counts_as"], "fail")),
+                        (role(r["counts_as"], overridden), r["counts_as"]),
                         fmt_samples(r["samples_to_decide"])] for r in results]  # fmt: skip
     proxy = (f"<p class=\"meta\">proxy: true. {escape(block['proxy_bias'])}</p>" if block.get("proxy") else "")
     return (f"<h2>{escape(titled(name, block.get('proxy')))}</h2>{proxy}{chart}"
