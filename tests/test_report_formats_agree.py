@@ -359,12 +359,7 @@ def test_every_format_says_the_same_of_every_comparison(
     main(["audit", str(config), str(data), "--audit-log", str(tmp_path / "l.jsonl"), "--report", str(out / "r.json"),
           "--junit", str(out / "j.xml"), "--summary-md", str(out / "s.md"), "--html", str(out / "r.html"), *extra])
     err = capsys.readouterr().err
-    report = json.loads((out / "r.json").read_text())
-    md, page = (out / "s.md").read_text(), (out / "r.html").read_text()
-    truth = from_json(report)
-    assert counts_of(truth) == {k: report[f] for k, f in (
-        ("passed", "passed"), ("total", "total_tests"), ("blocking", "blocking_failures"),
-        ("warning", "warning_failures"), ("insufficient", "insufficient_samples"), ("inconclusive", "inconclusive"))}
+    report, md, page, truth = outputs(out)
     formats = {"Markdown": from_markdown(md), "JUnit": from_junit(out / "j.xml", report["model_id"]),
                "HTML": from_html(page), "stderr": from_stderr(err, report)}  # fmt: skip
     disagreements = [f"{fmt} {key}: {shown} where JSON {truth.get(key)}" for fmt, said in formats.items()
@@ -375,3 +370,15 @@ def test_every_format_says_the_same_of_every_comparison(
     stated = {"Markdown": counts_in(md.splitlines()[2]), "JUnit": junit_counts(out / "j.xml"),
               "HTML": counts_in(html.unescape(banner[1]) if banner else ""), "stderr": counts_in(err.splitlines()[0])}
     assert {fmt: c for fmt, c in stated.items() if c != counts_of(truth)} == {}, counts_of(truth)
+
+
+def outputs(out: Path) -> tuple[dict, str, str, dict[Key, Said]]:
+    """A run's JSON report, Markdown summary and HTML page in ``out`` (r.json, s.md, r.html), and what the JSON says
+    of each comparison, checked against the counts the JSON states."""
+    report = json.loads((out / "r.json").read_text())
+    md, page = (out / "s.md").read_text(), (out / "r.html").read_text()
+    truth = from_json(report)
+    assert counts_of(truth) == {k: report[f] for k, f in (
+        ("passed", "passed"), ("total", "total_tests"), ("blocking", "blocking_failures"),
+        ("warning", "warning_failures"), ("insufficient", "insufficient_samples"), ("inconclusive", "inconclusive"))}
+    return report, md, page, truth
