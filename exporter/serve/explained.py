@@ -4,7 +4,7 @@ those its conditional metrics leave out (computed by exporter/serve/segment_rows
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -40,11 +40,7 @@ def explanation_families(snapshots: Sequence[Snapshot], cadence: str) -> Iterato
         for window, found in (snapshot.explained or {}).items():
             for column, periods in found.get("segment_rows", {}).items():
                 current = periods["current"]
-                if current["missing"] is None:
-                    others.add_metric([snapshot.model_id, window, column, AMBIGUOUS], current["other"])
-                else:
-                    for reason in ("missing", "overflow"):
-                        others.add_metric([snapshot.model_id, window, column, reason], current[reason])
+                _by_reason(others, [snapshot.model_id, window, column], current)
             for e in found["explanations"]:
                 key = (window, e["attribute"], e["comparison"], e["rate"])
                 if key in seen:  # one rate's change, explained once for every metric comparing it
@@ -72,9 +68,15 @@ def _excluded_family(snapshots: Sequence[Snapshot], cadence: str) -> Iterator[Me
         labels=["model_id", "window", "reason"])  # fmt: skip
     for snapshot in snapshots:
         for window, current in (snapshot.conditional_excluded or {}).items():
-            if current["missing"] is None:
-                family.add_metric([snapshot.model_id, window, AMBIGUOUS], float(current["other"] or 0))
-            else:
-                for reason in ("missing", "overflow"):
-                    family.add_metric([snapshot.model_id, window, reason], float(current[reason] or 0))
+            _by_reason(family, [snapshot.model_id, window], current)
     yield family
+
+
+def _by_reason(family: GaugeMetricFamily, labels: list[str], current: Mapping[str, int | None]) -> None:
+    """A period's rows under ``other`` (:func:`exporter.serve.segment_rows.segment_rows`) by reason: ``missing`` and
+    ``overflow``, or one :data:`AMBIGUOUS` series when the counts cannot tell them apart."""
+    if current["missing"] is None:
+        family.add_metric([*labels, AMBIGUOUS], float(current["other"] or 0))
+        return
+    for reason in ("missing", "overflow"):
+        family.add_metric([*labels, reason], float(current[reason] or 0))
