@@ -131,3 +131,19 @@ def test_a_keyed_chain_detects_a_rewrite_without_the_key(
     monkeypatch.delenv(KEY_ENV)
     code, _, err = verify(capsys, log)
     assert code == 1 and f"the record is keyed (hmac-sha256); set {KEY_ENV} to verify it" in err
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_a_log_that_is_a_device_is_refused_in_one_line_not_read_forever(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], device: str
+) -> None:
+    # /dev/zero reads as one endless line: appending to it or verifying it never returned before
+    code, report, err = audit(tmp_path, capsys, Path(device))
+    assert code == 2 and report is None
+    assert err.strip().splitlines()[-1].endswith(f"{device}: not a regular file (an audit log is a file of its own)")
+    assert not list(tmp_path.glob("*.json"))  # no report claims a record that was never written
+
+    code, out, err = verify(capsys, Path(device))
+    assert code == 2 and out == ""
+    assert err.strip() == (f"fairness-exporter audit-log verify: {device}: not a regular file (an audit log is a "
+                           "file of its own)")

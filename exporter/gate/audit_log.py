@@ -25,11 +25,13 @@ to the last whole record, then the new entry. :func:`verify` accepts a torn line
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import hmac
 import json
 import os
+import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +96,13 @@ def _parse(lineno: int, line: bytes) -> dict[str, Any] | _Torn:
     return record
 
 
+def _regular(f: IO[bytes]) -> None:
+    """Refuse a log that is not a regular file: a device or a pipe holds no chain (/dev/zero reads as one endless
+    line), and a read of it would never end."""
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (an audit log is a file of its own)")
+
+
 def _tail(f: IO[bytes]) -> tuple[dict[str, Any] | None, _Torn | None]:
     """The last whole record, and the last line when it is not one (a torn write to record before appending)."""
     f.seek(0)
@@ -151,6 +160,7 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None,
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a+b") as f:
+            _regular(f)
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 last, torn = _tail(f)
@@ -196,6 +206,7 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
     prev, expected_seq = GENESIS, 0
     torn: _Torn | None = None
     with Path(path).open("rb") as f:
+        _regular(f)
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
