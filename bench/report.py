@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import os
 import platform
 import statistics
@@ -26,6 +27,14 @@ class Timing:
 
     wall: float
     cpu: float
+
+
+def quiet_logging() -> None:
+    """Warnings and above, and none of kafka-python's below errors: kafka-python 3 warns whenever its IO thread
+    waited >100 ms for the GIL, expected while a benchmark keeps the consumer thread busy, and too many lines to read
+    past. Set in ``python -m bench`` and in each benchmark's process."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, Timing]:
