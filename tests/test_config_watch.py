@@ -4,6 +4,7 @@ a reload asked for (SIGHUP, POST /-/reload) does not wait for a check."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,20 @@ def test_a_reload_asked_for_applies_at_once_and_the_checks_do_not_reload_it_agai
     assert (watched.loads, watched.daemon.config.model_ids) == (1, ("a", "b"))
     watched.checks(3)
     assert (watched.loads, watched.health()) == (1, (0, 1))
+
+
+def test_a_rewrite_that_keeps_the_size_and_the_times_is_reloaded(watched: Watched) -> None:
+    """A copy that sets the old times (``cp -p``, ``rsync -t``), or a rewrite within the file system's time
+    granularity, of the same size: before, the watch compared times, size and inode only, and never reloaded it."""
+    before = watched.path.stat()
+    text = watched.path.read_text()
+    same_size = text.replace("model_id: a", "model_id: b")
+    assert len(same_size) == len(text) and same_size != text
+    with watched.path.open("r+") as f:  # in place: the same inode
+        f.write(same_size)
+    os.utime(watched.path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = watched.path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    watched.checks(2)
+    assert (watched.loads, watched.daemon.config.model_ids) == (1, ("b",))
+    assert watched.health() == (0, 1)

@@ -4,6 +4,7 @@ one check, so a file caught half written (an editor saving in place, a copy unde
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -12,12 +13,14 @@ from exporter.config.types import Config
 
 log = logging.getLogger(__name__)
 
-Fingerprint = tuple[tuple[str, int, int, int], ...]
+Fingerprint = tuple[tuple[str, int, int, int, bytes], ...]
 
 
 def fingerprint(config: Config) -> Fingerprint:
     """What identifies the content of the config file and of every file in models_dir (following symlinks, so a
-    Kubernetes ConfigMap update, which swaps a symlink, changes it)."""
+    Kubernetes ConfigMap update, which swaps a symlink, changes it): each file's times, size and inode, and a digest
+    of its bytes, for a rewrite that keeps them all (within the file system's time granularity, or by a copy that
+    sets the old times: ``cp -p``, ``rsync -t``). Config files are small: the digest costs one read per check."""
     paths = [Path(config.source)]
     if config.models_dir is not None and Path(config.models_dir).is_dir():
         paths += sorted(p for p in Path(config.models_dir).iterdir() if not p.name.startswith("."))
@@ -25,9 +28,11 @@ def fingerprint(config: Config) -> Fingerprint:
     for path in paths:
         try:
             st = path.stat()
-        except OSError:
+            with path.open("rb") as f:
+                digest = hashlib.file_digest(f, "sha256").digest()
+        except OSError:  # gone, a directory, unreadable: what the reload then finds is refused or reported there
             continue
-        out.append((str(path), st.st_mtime_ns, st.st_size, st.st_ino))
+        out.append((str(path), st.st_mtime_ns, st.st_size, st.st_ino, digest))
     return tuple(out)
 
 
