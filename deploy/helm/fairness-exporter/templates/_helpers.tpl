@@ -130,6 +130,11 @@ path in the config and the volume's mount path cannot disagree.
 {{- end }}
 {{- $kafka := deepCopy (default (dict) $config.kafka) }}
 {{- $staged := eq (include "fairness-exporter.stages" .) "staged" }}
+{{- /* docs/sre/scale-out.md: a second direct, subscribed member of the group refuses to start (exit 2): such a
+release could never be whole. Manual assignment has every replica read every partition: each is whole. */}}
+{{- if and (not $staged) (gt (int .Values.replicaCount) 1) (eq (dig "assignment" "subscribe" $kafka) "subscribe") }}
+{{- fail (printf "replicaCount is %d with config.kafka.stages: direct and config.kafka.assignment: subscribe: every replica after the first would refuse to start (a direct replica counts what it reads, so each model would be split between them; docs/sre/scale-out.md). Set config.kafka.stages: staged (or leave it unset: the chart sets it above one replica), replicaCount: 1, or config.kafka.assignment: manual (each replica reads every partition, their series duplicates)" (int .Values.replicaCount)) }}
+{{- end }}
 {{- $_ := set $kafka "stages" (include "fairness-exporter.stages" .) }}
 {{- if $staged }}
 {{- if .Values.checkpoint.enabled }}
