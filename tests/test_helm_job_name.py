@@ -42,7 +42,8 @@ def test_the_rendered_alerts_select_the_configured_job_name(helm: str) -> None: 
 
 
 def test_the_rendered_dashboard_selects_the_configured_job_name(helm: str) -> None:  # noqa: F811
-    (config_map,) = [cm for cm in of_kind(render(helm, "default", *RENAMED), "ConfigMap") if "dashboard" in cm["metadata"]["name"]]
+    objects = render(helm, "default", *RENAMED)
+    (config_map,) = [cm for cm in of_kind(objects, "ConfigMap") if "dashboard" in cm["metadata"]["name"]]
     (dashboard,) = [json.loads(text) for text in config_map["data"].values()]
     exprs = [target.get("expr", "") for panel in dashboard["panels"] for target in panel.get("targets", [])]
     jobs = {job for expr in exprs for job in JOB_MATCHER.findall(expr)}
