@@ -40,40 +40,6 @@ never reaches it (image.digest pins the image, the tag stays the readable versio
 {{- regexReplaceAll "[^A-Za-z0-9_.-]" (.Values.image.tag | default .Chart.AppVersion) "_" | trunc 63 | trimAll "_.-" }}
 {{- end }}
 
-{{/*
-An image reference from {repository, tag, digest} (`.image`), the tag defaulting to `.tag`: repository@digest
-when a digest is set (what the kubelet pulls is then fixed), else repository:tag. `.field` names the values key
-in the one-line error for a malformed digest or a digest written into the tag.
-*/}}
-{{- define "fairness-exporter.imageRef" -}}
-{{- $image := .image }}
-{{- if contains "@" (toString $image.tag) }}
-{{- fail (printf "%s.tag %q holds a digest: put it in %s.digest (sha256:<64 hex digits>) and keep the tag a version, which the app.kubernetes.io/version label shows" .field $image.tag .field) }}
-{{- end }}
-{{- with $image.digest }}
-{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) }}
-{{- fail (printf "%s.digest %q is not a digest: expected sha256:<64 lowercase hex digits>, as `docker buildx imagetools inspect` or `crane digest` print it" $.field .) }}
-{{- end }}
-{{- printf "%s@%s" $image.repository . }}
-{{- else }}
-{{- printf "%s:%s" $image.repository ($image.tag | default .tag) }}
-{{- end }}
-{{- end }}
-
-{{/* The daemon's image (the Dockerfile's `daemon` target). */}}
-{{- define "fairness-exporter.image" -}}
-{{- include "fairness-exporter.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion "field" "image") }}
-{{- end }}
-
-{{/* The audit CronJob's image (the Dockerfile's `full` target: the gate, reports and object storage): the
-daemon's repository and version with the -full suffix unless set. */}}
-{{- define "fairness-exporter.fullImage" -}}
-{{- $image := deepCopy .Values.auditCronJob.image }}
-{{- $_ := set $image "repository" ($image.repository | default .Values.image.repository) }}
-{{- $tag := printf "%s-full" (.Values.image.tag | default .Chart.AppVersion) }}
-{{- include "fairness-exporter.imageRef" (dict "image" $image "tag" $tag "field" "auditCronJob.image") }}
-{{- end }}
-
 {{/* The daemon's pods, not the audit CronJob's (app.kubernetes.io/component: audit), for the NetworkPolicy and
 the PodDisruptionBudget. */}}
 {{- define "fairness-exporter.daemonPodSelector" -}}
@@ -225,8 +191,7 @@ spec:
   containers:
     # the daemon first: `kubectl logs` and `kubectl exec` land in it (and the default-container annotation says so)
     - name: fairness-exporter
-      image: {{ include "fairness-exporter.image" . | quote }}
-      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      {{- include "fairness-exporter.daemonImage" . | nindent 6 }}
       args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"
              {{- with .Values.webConfig.secretName }}, "--web.config.file", "/etc/fairness-exporter/web/{{ $.Values.webConfig.key }}"{{ end }}]
       ports:
