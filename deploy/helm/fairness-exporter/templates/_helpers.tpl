@@ -206,6 +206,14 @@ spec:
       envFrom:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      # /healthz answers once the port is bound, after the checkpoint is restored and any estimation reference read:
+      # until then the startup probe holds the liveness probe off, however long that takes within its budget
+      startupProbe:
+        httpGet:
+          path: /healthz
+          port: metrics
+          scheme: {{ include "fairness-exporter.scheme" . }}
+        {{- toYaml .Values.startupProbe | nindent 8 }}
       livenessProbe:
         httpGet:
           path: /healthz
