@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # fairness-exporter: two images from one Dockerfile.
 #   daemon (the default target): `serve` (Kafka prediction events in, per-subgroup fairness metrics out on
-#     :9108/metrics) and `backtest` of JSON lines; no pandas, no pyarrow, no cloud storage drivers.
+#     :9108/metrics) and `backtest` of JSON lines; no pandas, no pyarrow, no cloud storage drivers, so it refuses
+#     a model with `estimation:`, whose reference only the gate's reader reads (the chart runs `full` for it).
 #   full: also the audit gate and bias-report (pandas, pyarrow), HTML reports (matplotlib, scipy) and s3://, gs://,
 #     az:// datasets and report destinations: the chart's audit CronJob, CI jobs.
 #   docker build -t fairness-exporter:0.1.0 .

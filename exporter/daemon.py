@@ -53,10 +53,20 @@ RESTART_ONLY = (("kafka", "kafka"), ("listen_address", "listen.address"), ("list
 
 def references(config: Config) -> dict[str, dict[str, np.ndarray]]:
     """Per model that estimates (``estimation:``), its reference's score counts per attribute; a reference that
-    cannot be read is a ConfigError naming it. The gate's reader (and with it pandas) is loaded only then."""
-    if not any(m.estimation is not None for m in config.models):
+    cannot be read is a ConfigError naming it. The gate's reader (and with it pandas) is loaded only then: the one
+    reader of the reference, so the daemon's estimate is the gate's; an install without it (the daemon image)
+    refuses such a model, at start or on a reload, naming it."""
+    estimating = [m for m in config.models if m.estimation is not None]
+    if not estimating:
         return {}
-    from exporter.gate.fairness.audit import read_reference
+    try:
+        from exporter.gate.fairness.audit import read_reference
+    except ModuleNotFoundError as exc:
+        models = ", ".join(m.model_id for m in estimating)
+        raise ConfigError(f"{estimating[0].source}: estimation.reference (model {models}): the reference is read "
+                          f"with the gate's reader, which needs {exc.name}: this install leaves it out (the daemon "
+                          "image does). Run the full image (the chart does when its config has estimation:, or with "
+                          "image.target: full), or pip install 'fairness-exporter[gate]'") from exc  # fmt: skip
 
     out = {}
     for model in config.models:

@@ -193,10 +193,14 @@ def test_prometheusrule_has_operator_shape(helm: str, scenario: str) -> None:
                 assert entry.keys() <= RULE_KEYS, entry
 
 
-def test_prometheusrule_spec_is_the_rules_file_spec(helm: str) -> None:
+def test_prometheusrule_spec_is_the_rules_file_spec_scoped_to_the_release(helm: str) -> None:
+    """The rules file's spec, but each selector of the exporter's job selects the release's targets alone (its
+    namespace: tests/test_helm_alert_scope.py), and nothing else differs."""
     rules = yaml.safe_load(RULES_FILE.read_text())
-    expected = rules.get("spec", rules)
-    assert only(render(helm, "default"), "PrometheusRule")["spec"] == expected
+    shipped, scoped = f'job="{JOB_NAME}"', f'job="{JOB_NAME}", namespace="{NAMESPACE}"'
+    rendered = yaml.safe_dump(only(render(helm, "default"), "PrometheusRule")["spec"], width=10_000)
+    assert rendered.count(scoped) == yaml.safe_dump(rules["spec"], width=10_000).count(shipped) > 0
+    assert yaml.safe_load(rendered.replace(scoped, shipped)) == rules["spec"]
 
 
 def test_dashboard_configmap_holds_the_dashboard_file(helm: str) -> None:
@@ -368,8 +372,23 @@ def test_pod_runs_non_root_with_read_only_root_filesystem(helm: str, scenario: s
 def test_probes_hit_health_endpoints_on_the_metrics_port(helm: str, scenario: str) -> None:
     main = container(render(helm, scenario))
     scheme = "HTTPS" if chart_values(scenario)["webConfig"]["tls"] else "HTTP"  # the web config serves TLS
-    for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
+    for probe, path in [("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
         assert main[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": scheme}
+
+
+@scenarios
+def test_the_startup_probe_outlasts_a_long_start_and_passes_a_quick_one_at_once(helm: str, scenario: str) -> None:
+    """The port is bound after the checkpoint's restore and the estimation references' read: the liveness probe
+    (40 s of failures) must not kill such a start, which the startup probe allows 5 minutes; and the startup probe
+    asks often enough that a quick start (a crashed replica restarted) is first probed ready no later than before."""
+    main = container(render(helm, scenario))
+    startup, liveness, readiness = main["startupProbe"], main["livenessProbe"], main["readinessProbe"]
+
+    def budget(probe: Manifest) -> int:
+        return int(probe.get("initialDelaySeconds", 0) + probe["periodSeconds"] * probe["failureThreshold"])
+
+    assert budget(startup) >= 300 > budget(liveness)
+    assert startup["periodSeconds"] <= readiness["initialDelaySeconds"]
 
 
 @scenarios

@@ -40,40 +40,6 @@ never reaches it (image.digest pins the image, the tag stays the readable versio
 {{- regexReplaceAll "[^A-Za-z0-9_.-]" (.Values.image.tag | default .Chart.AppVersion) "_" | trunc 63 | trimAll "_.-" }}
 {{- end }}
 
-{{/*
-An image reference from {repository, tag, digest} (`.image`), the tag defaulting to `.tag`: repository@digest
-when a digest is set (what the kubelet pulls is then fixed), else repository:tag. `.field` names the values key
-in the one-line error for a malformed digest or a digest written into the tag.
-*/}}
-{{- define "fairness-exporter.imageRef" -}}
-{{- $image := .image }}
-{{- if contains "@" (toString $image.tag) }}
-{{- fail (printf "%s.tag %q holds a digest: put it in %s.digest (sha256:<64 hex digits>) and keep the tag a version, which the app.kubernetes.io/version label shows" .field $image.tag .field) }}
-{{- end }}
-{{- with $image.digest }}
-{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) }}
-{{- fail (printf "%s.digest %q is not a digest: expected sha256:<64 lowercase hex digits>, as `docker buildx imagetools inspect` or `crane digest` print it" $.field .) }}
-{{- end }}
-{{- printf "%s@%s" $image.repository . }}
-{{- else }}
-{{- printf "%s:%s" $image.repository ($image.tag | default .tag) }}
-{{- end }}
-{{- end }}
-
-{{/* The daemon's image (the Dockerfile's `daemon` target). */}}
-{{- define "fairness-exporter.image" -}}
-{{- include "fairness-exporter.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion "field" "image") }}
-{{- end }}
-
-{{/* The audit CronJob's image (the Dockerfile's `full` target: the gate, reports and object storage): the
-daemon's repository and version with the -full suffix unless set. */}}
-{{- define "fairness-exporter.fullImage" -}}
-{{- $image := deepCopy .Values.auditCronJob.image }}
-{{- $_ := set $image "repository" ($image.repository | default .Values.image.repository) }}
-{{- $tag := printf "%s-full" (.Values.image.tag | default .Chart.AppVersion) }}
-{{- include "fairness-exporter.imageRef" (dict "image" $image "tag" $tag "field" "auditCronJob.image") }}
-{{- end }}
-
 {{/* The daemon's pods, not the audit CronJob's (app.kubernetes.io/component: audit), for the NetworkPolicy and
 the PodDisruptionBudget. */}}
 {{- define "fairness-exporter.daemonPodSelector" -}}
@@ -130,6 +96,11 @@ path in the config and the volume's mount path cannot disagree.
 {{- end }}
 {{- $kafka := deepCopy (default (dict) $config.kafka) }}
 {{- $staged := eq (include "fairness-exporter.stages" .) "staged" }}
+{{- /* docs/sre/scale-out.md: a second direct, subscribed member of the group refuses to start (exit 2): such a
+release could never be whole. Manual assignment has every replica read every partition: each is whole. */}}
+{{- if and (not $staged) (gt (int .Values.replicaCount) 1) (eq (dig "assignment" "subscribe" $kafka) "subscribe") }}
+{{- fail (printf "replicaCount is %d with config.kafka.stages: direct and config.kafka.assignment: subscribe: every replica after the first would refuse to start (a direct replica counts what it reads, so each model would be split between them; docs/sre/scale-out.md). Set config.kafka.stages: staged (or leave it unset: the chart sets it above one replica), replicaCount: 1, or config.kafka.assignment: manual (each replica reads every partition, their series duplicates)" (int .Values.replicaCount)) }}
+{{- end }}
 {{- $_ := set $kafka "stages" (include "fairness-exporter.stages" .) }}
 {{- if $staged }}
 {{- if .Values.checkpoint.enabled }}
@@ -220,8 +191,7 @@ spec:
   containers:
     # the daemon first: `kubectl logs` and `kubectl exec` land in it (and the default-container annotation says so)
     - name: fairness-exporter
-      image: {{ include "fairness-exporter.image" . | quote }}
-      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      {{- include "fairness-exporter.daemonImage" . | nindent 6 }}
       args: ["serve", "--config", "/etc/fairness-exporter/config.yaml"
              {{- with .Values.webConfig.secretName }}, "--web.config.file", "/etc/fairness-exporter/web/{{ $.Values.webConfig.key }}"{{ end }}]
       ports:
@@ -236,6 +206,14 @@ spec:
       envFrom:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      # /healthz answers once the port is bound, after the checkpoint is restored and any estimation reference read:
+      # until then the startup probe holds the liveness probe off, however long that takes within its budget
+      startupProbe:
+        httpGet:
+          path: /healthz
+          port: metrics
+          scheme: {{ include "fairness-exporter.scheme" . }}
+        {{- toYaml .Values.startupProbe | nindent 8 }}
       livenessProbe:
         httpGet:
           path: /healthz
