@@ -74,3 +74,32 @@ def test_the_python_api_refuses_a_feature_given_twice() -> None:
     df = pd.DataFrame({"a": ["x", "y"] * 5, "outcome": [0, 1] * 5})
     with pytest.raises(ConfigError, match=r"^colliding protected features: a: its name 'a' is also a protected "):
         BiasAuditor(["a", ["a"]], "outcome").evaluate_bias(df)
+
+
+def test_two_value_combinations_named_alike_are_refused_not_merged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An intersection's group is named by its values joined with ``:``: ``x:y`` + ``u`` and ``x`` + ``y:u`` are
+    both ``x:y:u``. Before, one group silently held the rows of both (here 30 rows at mean 1.0 and 30 at 0.0 became
+    one group of 60 at 0.5, and the 1.0 gap vanished). Across a folder's files as within one file."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = [("x:y", "u", 1)] * 30 + [("z", "u", 1)] * 30
+    later = [("x", "y:u", 0)] * 30 + [("z", "u", 1)] * 30
+    for name, part in (("part-0.csv", rows), ("part-1.csv", later)):
+        pd.DataFrame(part, columns=["a", "b", "outcome"]).to_csv(folder / name, index=False)
+    code = main(["bias-report", str(folder), "--protected", "a+b", "--outcome", "outcome",
+                 "--audit-log", str(tmp_path / "log.jsonl")])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2, out
+    assert err.strip() == (f"fairness-exporter bias-report: {folder}: protected feature ['a', 'b']: the values "
+                           "['x:y', 'u'] and ['x', 'y:u'] are both named 'x:y:u' (their values joined by ':'); "
+                           "rename the values that hold it")
+    assert not (tmp_path / "log.jsonl").exists()
+
+    frame = pd.concat([pd.DataFrame(rows, columns=["a", "b", "outcome"]),
+                       pd.DataFrame(later, columns=["a", "b", "outcome"])])  # fmt: skip
+    with pytest.raises(ValueError, match=r"^<data>: protected feature \['a', 'b'\]: the values"):
+        BiasAuditor([["a", "b"]], "outcome").evaluate_bias(frame)
+    distinct = BiasAuditor([["a", "b"]], "outcome").evaluate_bias(pd.DataFrame(rows, columns=["a", "b", "outcome"]))
+    assert distinct["a_x_b"]["group_sizes"] == {"x:y:u": 30, "z:u": 30}

@@ -120,7 +120,10 @@ class BiasAuditor:
             any_value |= len(valid) > 0
             for feature in self.protected_features:
                 columns_of = [feature] if isinstance(feature, str) else list(feature)
-                tallies[feature_name(feature)].add(df, columns_of, outcome)
+                try:
+                    tallies[feature_name(feature)].add(df, columns_of, outcome)
+                except DataError as exc:
+                    raise DataError(f"{source}: {exc}") from None
         if not any_value:
             raise DataError(f"{source}: outcome column {self.outcome_feature!r} has no values")
         return {feature_name(f): self._feature(f, tallies[feature_name(f)], binary, source)
@@ -200,6 +203,8 @@ class _Groups:
     unmeasured: list[int] = field(default_factory=list)
     """Per group, its rows without an outcome (excluded from its mean)."""
     excluded: int = 0
+    combinations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """An intersection's group names and the values each stands for (two combinations never share a name)."""
 
     def add(self, df: pd.DataFrame, columns: list[str], outcome: pd.Series) -> None:
         grouped_rows = df[columns].notna().all(axis=1).to_numpy()
@@ -207,7 +212,10 @@ class _Groups:
         self.excluded += int((~keep).sum())
         if not grouped_rows.any():
             return
-        keys = df.loc[grouped_rows, columns].astype(str).agg(INTERSECTION_SEP.join, axis=1).to_numpy()
+        cells = df.loc[grouped_rows, columns].astype(str)
+        keys = cells.agg(INTERSECTION_SEP.join, axis=1).to_numpy()
+        if len(columns) > 1:
+            self._distinct(columns, cells, keys)
         for key, rows in pd.Series(keys).groupby(keys, sort=False).size().items():
             self.unmeasured[self._at(str(key))] += int(rows)  # every row of the group, less the measured below
         grouped = outcome[keep].groupby(keys[keep[grouped_rows]], sort=False)
@@ -219,6 +227,17 @@ class _Groups:
             var = 0.0 if row.n < 2 else float(row.std) ** 2
             self.parts[self.index[key]].append((int(row.n), float(row.sum), float(row.mean), var * (row.n - 1),
                                                 float(row.std)))  # fmt: skip
+
+    def _distinct(self, columns: list[str], cells: pd.DataFrame, keys: np.ndarray) -> None:
+        """Refuse two combinations of an intersection's values that would be named alike, their values joined by
+        ``:`` (``a:b`` + ``c`` and ``a`` + ``b:c``): one group would silently hold the rows of both."""
+        firsts = ~cells.duplicated().to_numpy()
+        for key, values in zip(keys[firsts].tolist(), cells[firsts].itertuples(index=False, name=None), strict=True):
+            known = self.combinations.setdefault(key, values)
+            if known != values:
+                raise DataError(f"protected feature {columns}: the values {list(known)} and {list(values)} are both "
+                                f"named {key!r} (their values joined by {INTERSECTION_SEP!r}); rename the values "
+                                "that hold it")  # fmt: skip
 
     def _at(self, key: str) -> int:
         """The index of a group, added at its first sight."""
