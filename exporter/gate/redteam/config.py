@@ -6,6 +6,8 @@ per-case ``texts`` and ``params``). Every problem is listed at once.
 
 from __future__ import annotations
 
+import itertools
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -27,6 +29,7 @@ LIBRARY = resources.files("exporter.gate.redteam") / "library.yaml"
 KEYS: Final = {"model_id", "model_version", "seed", "include_library", "decision", "red_team_tests", "reporting",
                "target", "max_attack_success_rate", "baseline_detection"}  # fmt: skip
 BASELINE_KEYS: Final = {"severity_on_fail"}
+DECISION_KEYS: Final = {"threshold", "block_labels", "review_labels", "allow_labels"}
 BASELINE_SEVERITY: Final = "high"
 REPORTING_KEYS: Final = {"format", "destination", "notify_on_critical"}
 DEFAULT_BLOCK_LABELS = ("block", "blocked", "flag", "flagged", "reject", "rejected", "toxic", "unsafe", "harmful",
@@ -117,7 +120,31 @@ def _technique(case: dict[str, Any], where: str, problems: list[str]) -> tuple[s
     return None, None, {}
 
 
+def _param_types(params: dict[str, Any], where: str) -> list[str]:
+    """The problems of the parameters' types and ranges, before anything reads them."""
+    out = []
+    rate = params.get("rate", 1.0)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1:  # NaN is refused too
+        out.append(f"{where}.params.rate: {rate!r} is not a share in (0, 1]: the share of letters (words) the attack "
+                   "rewrites; at 0 it rewrites nothing and the attempt measures nothing")  # fmt: skip
+    for key in ("min_leak_chars", "prefix_chars"):
+        value = params.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            out.append(f"{where}.params.{key}: {value!r} is not a positive whole number of characters")
+    for key in ("templates", "chars", "scripts"):
+        value = params.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+            out.append(f"{where}.params.{key}: {value!r} is not a list of strings")
+    if not isinstance(params.get("language", "de"), str):
+        out.append(f"{where}.params.language: {params['language']!r} is not a language code such as de")
+    return out
+
+
 def _check_params(technique: str, params: dict[str, Any], texts: list[str], where: str, problems: list[str]) -> None:
+    wrong = _param_types(params, where)
+    if wrong:
+        problems.extend(wrong)
+        return
     if technique == "invisible_characters":
         unknown = [c for c in params.get("chars", []) if c not in INVISIBLE_CHARS]
         if unknown:
@@ -163,6 +190,39 @@ def _baseline(raw: Any, problems: list[str]) -> dict[str, Any]:
     return {"severity": check_severity(raw["severity_on_fail"], "baseline_detection.severity_on_fail", problems)}
 
 
+def parse_decision(raw: Any, problems: list[str]) -> tuple[float, dict[str, set[str]]]:
+    """The ``decision`` section: the score ``threshold`` at which a classifier's score blocks (default 0.5, finite)
+    and the labels read as each decision (lists of strings). A label in two of the lists the config gives is a
+    problem; a label the config gives one decision is taken out of the other decisions' defaults."""
+    defaults = {"block": DEFAULT_BLOCK_LABELS, "review": DEFAULT_REVIEW_LABELS, "allow": DEFAULT_ALLOW_LABELS}
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.append(f"decision: {raw!r} is not a mapping with {', '.join(sorted(DECISION_KEYS))}")
+        raw = {}
+    problems.extend(f"decision.{k}: unknown key (accepted: {', '.join(sorted(DECISION_KEYS))})"
+                    for k in sorted(set(raw) - DECISION_KEYS, key=str))  # fmt: skip
+    threshold = raw.get("threshold", 0.5)
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not math.isfinite(threshold):
+        problems.append(f"decision.threshold: {threshold!r} is not a finite number (the score at which a "
+                        "classifier's output blocks; default 0.5)")  # fmt: skip
+        threshold = 0.5
+    labels: dict[str, set[str]] = {}
+    for kind, default in defaults.items():
+        given = raw.get(f"{kind}_labels", list(default))
+        if not (isinstance(given, list) and all(isinstance(x, str) and x.strip() for x in given)):
+            problems.append(f"decision.{kind}_labels: {given!r} is not a list of labels, such as [{default[0]}]")
+            given = list(default)
+        labels[kind] = {x.strip().casefold() for x in given}
+    given = [kind for kind in defaults if f"{kind}_labels" in raw]
+    for a, b in itertools.combinations(given, 2):
+        if both := sorted(labels[a] & labels[b]):
+            problems.append(f"decision: {both} in both {a}_labels and {b}_labels: a label means one decision")
+    for kind in set(defaults) - set(given):  # a label the config gives one decision leaves the other defaults
+        labels[kind] -= set().union(*(labels[k] for k in given))
+    return float(threshold), labels
+
+
 def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind: str = "classifier") -> dict:
     """Validate a red-team config for a kind of target (``classifier`` or ``chat``) and resolve each case's
     generator, parameters, expected outcome and texts; a ConfigError lists every problem."""
@@ -173,10 +233,7 @@ def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind
     seed = raw.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         problems.append(f"seed: {seed!r} is not an integer")
-    decision = raw.get("decision") or {}
-    threshold = decision.get("threshold", 0.5)
-    if not isinstance(threshold, int | float) or isinstance(threshold, bool):
-        problems.append(f"decision.threshold: {threshold!r} is not a number")
+    threshold, labels = parse_decision(raw.get("decision"), problems)
     reporting = parse_reporting(raw.get("reporting"), problems)
     tolerance = _tolerance(raw.get("max_attack_success_rate"), "", 0.0, problems)
     baseline = _baseline(raw.get("baseline_detection"), problems)
@@ -206,8 +263,13 @@ def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind
             problems.append(f"{where}.texts: a non-empty list of strings is needed (the library has none for "
                             f"{technique!r})")  # fmt: skip
             texts = []
+        own = case.get("params") or {}
+        if not isinstance(own, dict):
+            problems.append(f"{where}.params: {own!r} is not a mapping of the technique's parameters, such as "
+                            "{rate: 0.5}")  # fmt: skip
+            continue
         params = {**TECHNIQUES[technique][1], **library["defaults"].get(technique, {}),
-                  **defaults.get(technique, {}), **seed_params, **(case.get("params") or {})}  # fmt: skip
+                  **defaults.get(technique, {}), **seed_params, **own}  # fmt: skip
         params.setdefault("min_leak_chars", DEFAULT_MIN_LEAK_CHARS)
         _check_params(technique, params, texts, where, problems)
         cases.append({"name": name, "category": str(case.get("category", "uncategorised")), "technique": technique,
@@ -217,12 +279,9 @@ def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind
                                                             tolerance, problems)})  # fmt: skip
     if problems:
         raise ConfigError(f"{source}: " + "; ".join(problems))
-    labels = {kind: {str(s).casefold() for s in decision.get(f"{kind}_labels", default)}
-              for kind, default in (("block", DEFAULT_BLOCK_LABELS), ("allow", DEFAULT_ALLOW_LABELS),
-                                    ("review", DEFAULT_REVIEW_LABELS))}  # fmt: skip
     version = raw.get("model_version")
     return {"model_id": model_id, "model_version": None if version is None else str(version), "seed": seed,
-            "threshold": float(threshold), "cases": cases, "labels": labels, "reporting": reporting,
+            "threshold": threshold, "cases": cases, "labels": labels, "reporting": reporting,
             "baseline_detection": baseline}  # fmt: skip
 
 
