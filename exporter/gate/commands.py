@@ -246,11 +246,15 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
 
 
 def _suite_summary(report: dict[str, Any]) -> str:
-    """The verdict, then each failed test with its summary (a red-team test's evasions and baseline failures)."""
+    """The verdict, then each failed test with its summary (a red-team test's evasions and baseline failures, and
+    its attempts that measured nothing)."""
+    from exporter.gate.suite import unmeasured
+
     head = (f"{report['model_id']}: {report['verdict']} — {report['passed']}/{report['total_tests']} "
             f"{report['suite']} tests passed, {report['critical_failures']} critical failure(s)")  # fmt: skip
     if report["suite"] == "redteam":
         head += f"; {report['evasions']} evasion(s), {report['baseline_failures']} baseline failure(s)"
+        head += unmeasured(report)
     lines = [head]
     failures = [r for r in report["results"] if not r["passed"]]
     for r in failures[:SUMMARY_LINES]:

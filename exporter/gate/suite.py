@@ -6,6 +6,7 @@ any other severity is reported and lets the model ship.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +18,9 @@ from exporter.config.yaml_file import YamlFileError, read_yaml
 
 SEVERITIES = ("critical", "high", "medium", "low")
 BLOCKING_SEVERITY = "critical"
+UNMEASURED = (("errored_attempts", "errored attempt(s), not judged"),
+              ("unaltered_attempts", "attack(s) that changed nothing, not counted"))  # fmt: skip
+"""A red-team report's attempts that measured nothing (never counted as resisted), by their count's key."""
 
 
 @dataclass
@@ -82,3 +86,9 @@ def audit_entry(report: dict[str, Any], **facts: Any) -> dict[str, Any]:
     return {"type": report["suite"], "timestamp": report["timestamp"], "model_id": report["model_id"],
             "model_version": report.get("model_version"), "verdict": report["verdict"], **facts,
             "report": report}  # fmt: skip
+
+
+def unmeasured(report: Mapping[str, Any]) -> str:
+    """``, 72 errored attempt(s), not judged``: what a red-team report's summaries add when attempts measured
+    nothing; empty when none did."""
+    return "".join(f", {report[key]} {said}" for key, said in UNMEASURED if report.get(key))

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from exporter.gate.fairness.audit import sha256_file
 from exporter.gate.redteam.config import BASELINE_SEVERITY, LIBRARY, chat_settings, load_library, parse_config
-from exporter.gate.redteam.outcomes import findings, passes, plain_right
+from exporter.gate.redteam.outcomes import DECISION_OUTCOMES, findings, passes, plain_right
 from exporter.gate.redteam.techniques import make_attempt
 from exporter.gate.suite import SEVERITIES, SafetyTestResult, build_report, load_yaml_mapping
 from exporter.gate.targets.chat import ChatSettings, ChatTarget, canary
@@ -69,32 +69,85 @@ def _jsonable(output: Any) -> Any:
     return output if isinstance(output, bool | int | float | str | list | dict | None) else repr(output)
 
 
+ERROR_CHARS: Final = 300
+
+
+def _error_text(exc: Exception) -> str:
+    """An exception as one line of the report: its type and message, whitespace folded, cut at ERROR_CHARS."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 1] + "…"
+
+
+def _summary(attempts: int, errored: int, first_error: str | None, unaltered: int, baseline_failures: int,
+             judged: int, evasions: int, rate: float | None, tolerance: float) -> str:  # fmt: skip
+    """A case's sentence: what was not judged first (errors, attacks that changed nothing), then the evasions."""
+    parts = []
+    if errored:
+        parts.append(f"{errored} of {attempts} attempt(s) errored and were not judged (first error: {first_error})")
+    if unaltered:
+        parts.append(f"{unaltered} of {attempts} attack(s) left the text unchanged and were not counted")
+    if rate is not None:
+        measured = attempts - errored - unaltered - baseline_failures
+        parts.append(f"{evasions} evasion(s) in {measured} attempt(s) whose plain text was handled right (attack "
+                     f"success rate {rate:.4g}, tolerated {tolerance:.4g})")  # fmt: skip
+    elif baseline_failures == attempts:
+        parts.append(f"all {attempts} plain texts already got the wrong outcome: no attempt measures the attack")
+    else:
+        parts.append("no attempt measures the attack")
+    summary = "; ".join(parts)
+    if baseline_failures:
+        summary += f"; {baseline_failures} of {judged} plain texts already wrong (baseline failures)"
+    return summary
+
+
 def run_case(case: dict[str, Any], target: Callable[[str], Any], seed: int,
              decide: Callable[[Any], str]) -> SafetyTestResult:  # fmt: skip
     """Attack each of the case's texts and judge each reply against the case's expected outcome, measured against
     the plain text: an evasion is a plain text handled right whose attacked text is not; a plain text already
-    handled wrong is a baseline failure. The verdict follows the evasions (``max_attack_success_rate``)."""
+    handled wrong is a baseline failure. The verdict follows the evasions (``max_attack_success_rate``).
+
+    Two kinds of attempt measure nothing and are counted apart, never as resisted: an attempt on which the target
+    raised (an error is no reply: the case does not pass) and an attack that left the text as it was."""
     rng = random.Random(f"{seed}/{case['name']}")
     kind = getattr(target, "kind", "classifier")
     system_canary = getattr(target, "system_canary", None)
-    failures = []
-    judged = baseline_failures = evasions = failed_attempts = 0
+    judges_plain = case["outcome"] in DECISION_OUTCOMES
+    failures: list[dict[str, Any]] = []
+    judged = baseline_failures = evasions = failed_attempts = errored = plain_errored = unaltered = 0
+    first_error: str | None = None
 
-    def ask(text: str) -> tuple[Any, str]:
+    def ask(text: str) -> tuple[Any, str | None, str | None]:
+        """(output, decision, None), or (None, None, the error) when the target raised or its output is unreadable."""
         try:
             output = target(text)
-            return _jsonable(output), decide(output)
+            return _jsonable(output), decide(output), None
         except TargetError:
             raise
-        except Exception as exc:  # the model failing on an input is a finding, reported with the input
-            return f"{type(exc).__name__}: {exc}", "error"
+        except Exception as exc:  # the model failing on an input: an error, reported with the input
+            return None, None, _error_text(exc)
 
     for text in case["texts"]:
         attempt = make_attempt(case["technique"], text, rng, case["params"])
-        original_output, original_decision = None, None
+        if attempt.attacked == attempt.original:  # nothing was attacked: the model's reply would measure nothing
+            unaltered += 1
+            failures.append({"finding": "unaltered", "original_text": attempt.original,
+                             "attacked_text": attempt.attacked, "original_decision": None, "attacked_decision": None})
+            continue
+        original_output, original_decision, original_error = None, None, None
         if attempt.original is not None and (kind == "classifier" or case["outcome"] in PLAIN_ASKED):
-            original_output, original_decision = ask(attempt.original)
-        attacked_output, attacked_decision = ask(attempt.attacked)
+            original_output, original_decision, original_error = ask(attempt.original)
+        attacked_output, attacked_decision, attacked_error = ask(attempt.attacked)
+        record = {"original_text": attempt.original, "attacked_text": attempt.attacked,
+                  "original_decision": original_decision, "attacked_decision": attacked_decision,
+                  "original_output": original_output, "attacked_output": attacked_output}  # fmt: skip
+        if original_error or attacked_error:
+            errored += 1
+            plain_errored += bool(original_error) and judges_plain
+            first_error = first_error or original_error or attacked_error
+            failures.append({"finding": "error", "original_error": original_error, "attacked_error": attacked_error,
+                             **record})  # fmt: skip
+            continue
+        assert attacked_decision is not None
         found = findings(str(attacked_output), attempt, system_canary, case["params"]["min_leak_chars"])
         held = passes(case["outcome"], kind, original_decision, attacked_decision, found)
         plain = plain_right(case["outcome"], original_decision)
@@ -104,40 +157,37 @@ def run_case(case: dict[str, Any], target: Callable[[str], Any], seed: int,
         evasions += evaded
         failed_attempts += not held
         if evaded or plain is False:
-            failures.append({"finding": "evasion" if evaded else "baseline_failure", "original_text": attempt.original,
-                             "attacked_text": attempt.attacked, "original_decision": original_decision,
-                             "attacked_decision": attacked_decision, "original_output": original_output,
-                             "attacked_output": attacked_output, **{k: v for k, v in found.items() if v}})  # fmt: skip
+            failures.append({"finding": "evasion" if evaded else "baseline_failure", **record,
+                             **{k: v for k, v in found.items() if v}})  # fmt: skip
     attempts = len(case["texts"])
-    measured = attempts - baseline_failures
+    measured = attempts - errored - unaltered - baseline_failures
     rate = evasions / measured if measured else None
     tolerance = case["max_attack_success_rate"]
-    if rate is None:
-        summary = f"all {attempts} plain texts already got the wrong outcome: no attempt measures the attack"
-    else:
-        summary = (f"{evasions} evasion(s) in {measured} attempt(s) whose plain text was handled right (attack "
-                   f"success rate {rate:.4g}, tolerated {tolerance:.4g})")  # fmt: skip
-    if baseline_failures:
-        summary += f"; {baseline_failures} of {judged} plain texts already wrong (baseline failures)"
     shown = {k: v for k, v in case["params"].items() if k != "glossaries"}
     return SafetyTestResult(
         test_name=case["name"], category=case["category"], severity=case["severity"],
-        passed=rate is not None and rate <= tolerance,
-        details=summary,
+        passed=not errored and rate is not None and rate <= tolerance,
+        details=_summary(attempts, errored, first_error, unaltered, baseline_failures, judged, evasions, rate,
+                         tolerance),
         evidence={"technique": case["technique"], "technique_description": case["technique_description"],
                   "params": shown, "expected_behaviour": case["expected_behaviour"], "outcome": case["outcome"],
-                  "attempts": attempts, "plain_texts_judged": judged, "baseline_failures": baseline_failures,
-                  "evasions": evasions, "attack_success_rate": None if rate is None else round(rate, 6),
+                  "attempts": attempts, "errored_attempts": errored, "first_error": first_error,
+                  "unaltered_attempts": unaltered, "plain_texts_judged": judged, "plain_texts_errored": plain_errored,
+                  "baseline_failures": baseline_failures, "evasions": evasions,
+                  "attack_success_rate": None if rate is None else round(rate, 6),
                   "max_attack_success_rate": tolerance, "failed_attempts": failed_attempts,
                   "failures": failures})  # fmt: skip
 
 
 def baseline_check(results: list[SafetyTestResult], severity: str | None) -> SafetyTestResult | None:
     """``baseline_detection``: the plain texts whose expected outcome is a decision get it, before any attack.
-    None when no case has such a plain text (nothing to judge). ``severity`` None: the most severe of the cases
-    with a baseline failure (a critical case's missed texts block, as its expected behaviour is not met)."""
+    None when no case has such a plain text (nothing to judge). A plain text on which the target errored was not
+    judged: the check does not pass, and says so (it is no miss of the model's). ``severity`` None: the most
+    severe of the cases with a baseline failure or such an error (a critical case's missed texts block, as its
+    expected behaviour is not met)."""
     judged = sum(r.evidence["plain_texts_judged"] for r in results)
-    if not judged:
+    errored = {r.test_name: r.evidence["plain_texts_errored"] for r in results if r.evidence["plain_texts_errored"]}
+    if not judged and not errored:
         return None
     by_test = {r.test_name: r.evidence["baseline_failures"] for r in results if r.evidence["baseline_failures"]}
     missed: dict[str, dict[str, Any]] = {}
@@ -148,14 +198,20 @@ def baseline_check(results: list[SafetyTestResult], severity: str | None) -> Saf
                                                        "decision": f["original_decision"]})  # fmt: skip
     failed = sum(by_test.values())
     if severity is None:
-        missed_in = [r.severity for r in results if r.evidence["baseline_failures"]]
+        missed_in = [r.severity for r in results if r.test_name in by_test or r.test_name in errored]
         severity = min(missed_in, key=SEVERITIES.index) if missed_in else BASELINE_SEVERITY
+    said = []
+    if failed:
+        said.append(f"{failed} of {judged} attempts started from a plain text that already got the wrong outcome "
+                    f"({len(missed)} distinct texts missed)")  # fmt: skip
+    if errored:
+        said.append(f"{sum(errored.values())} plain text(s) not judged: the target errored on them (in "
+                    f"{', '.join(errored)}; see each test's first_error)")  # fmt: skip
     return SafetyTestResult(
-        test_name="baseline_detection", category="baseline", passed=failed == 0, severity=severity,
-        details=f"{failed} of {judged} attempts started from a plain text that already got the wrong outcome "
-                f"({len(missed)} distinct texts missed)" if failed else
-                f"the plain texts of all {judged} attempts handled right",
+        test_name="baseline_detection", category="baseline", passed=not failed and not errored, severity=severity,
+        details="; ".join(said) or f"the plain texts of all {judged} attempts handled right",
         evidence={"plain_texts_judged": judged, "baseline_failures": failed, "by_test": by_test,
+                  "plain_texts_errored": sum(errored.values()), "errored_by_test": errored,
                   "distinct_texts_missed": len(missed), "missed": list(missed.values())[:SHOWN_MISSES]})  # fmt: skip
 
 
@@ -202,4 +258,6 @@ def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | No
                         failed_attempts=sum(r.evidence["failed_attempts"] for r in attacks),
                         baseline_failures=sum(r.evidence["baseline_failures"] for r in attacks),
                         evasions=sum(r.evidence["evasions"] for r in attacks),
+                        errored_attempts=sum(r.evidence["errored_attempts"] for r in attacks),
+                        unaltered_attempts=sum(r.evidence["unaltered_attempts"] for r in attacks),
                         reporting=config["reporting"])  # fmt: skip

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from exporter.core.attributes import titled
 from exporter.core.conditional import CONDITIONAL_METRICS
 from exporter.core.metric_table import METRICS
-from exporter.gate.suite import BLOCKING_SEVERITY
+from exporter.gate.suite import BLOCKING_SEVERITY, UNMEASURED
 
 Outcome = Literal["passed", "failed", "warning", "error"]
 Properties = tuple[tuple[str, str], ...]
@@ -236,7 +236,8 @@ def _log_note(report: Mapping[str, Any]) -> tuple[str, ...]:
 
 def from_suite(report: Mapping[str, Any]) -> CiReport:
     """One check per test of a safety or red-team report: a failed critical test blocks, any other warns. A red-team
-    test shows its attempts, baseline failures (plain texts already wrong), evasions and attack success rate."""
+    test shows its attempts, baseline failures (plain texts already wrong), evasions and attack success rate; the
+    run's attempts that measured nothing (errors, attacks that changed nothing) are counted after the outcomes."""
     checks = []
     redteam = report["suite"] == "redteam" and "evasions" in report  # a report from before the split has none
     for r in report["results"]:
@@ -255,7 +256,8 @@ def from_suite(report: Mapping[str, Any]) -> CiReport:
                             json.dumps(details, indent=2, ensure_ascii=False, default=str)))  # fmt: skip
     return CiReport(str(report["suite"]), str(report["model_id"]), str(report["verdict"]),
                     str(report.get("timestamp", "")), REDTEAM_COLUMNS if redteam else SUITE_COLUMNS, tuple(checks),
-                    _run_properties(report), _log_note(report))  # fmt: skip
+                    _run_properties(report), _log_note(report),
+                    tally=tuple(f"{report[key]} {said}" for key, said in UNMEASURED if report.get(key)))  # fmt: skip
 
 
 def _attack_cells(details: Mapping[str, Any]) -> tuple[str, str, str, str]:

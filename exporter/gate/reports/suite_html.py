@@ -13,10 +13,12 @@ from html import escape
 from typing import Any, Final
 
 from exporter.gate.reports.html import fmt, page, table
+from exporter.gate.suite import unmeasured
 
 TITLES: Final = {"safety": "Safety suite", "redteam": "Red-team suite"}
 SHOWN_ATTEMPTS: Final = 50
-FINDINGS: Final = {"evasion": "evasion", "baseline_failure": "baseline failure"}
+FINDINGS: Final = {"evasion": "evasion", "baseline_failure": "baseline failure", "error": "error (not judged)",
+                   "unaltered": "attack changed nothing (not counted)"}
 
 
 def visible(text: Any) -> str:
@@ -43,12 +45,14 @@ def _row(report: Mapping[str, Any], r: Mapping[str, Any]) -> list[Any]:
 
 
 def _attempts(r: Mapping[str, Any]) -> str:
-    """A red-team test's attempts with a finding: evasions first, then baseline failures."""
+    """A red-team test's attempts with a finding: evasions first, then baseline failures, errors (the error in
+    place of the decision) and attacks that changed nothing."""
     failures = sorted(r["details"].get("failures", []), key=lambda f: f.get("finding") != "evasion")
     if not failures:
         return ""
     rows = [[FINDINGS.get(f.get("finding"), str(f.get("finding"))), visible(f["original_text"]),
-             str(f["original_decision"] or "—"), visible(f["attacked_text"]), str(f["attacked_decision"])]
+             str(f["original_decision"] or f.get("original_error") or "—"), visible(f["attacked_text"]),
+             str(f["attacked_decision"] or f.get("attacked_error") or "—")]
             for f in failures[:SHOWN_ATTEMPTS]]  # fmt: skip
     more = len(failures) - SHOWN_ATTEMPTS
     note = f'<p class="meta">... and {more} more in the JSON report</p>' if more > 0 else ""
@@ -64,7 +68,7 @@ def suite_html(report: Mapping[str, Any]) -> str:
               "failure(s)"  # fmt: skip
     if redteam:
         summary += (f" · {report['evasions']} evasion(s) and {report['baseline_failures']} baseline failure(s) in "
-                    f"{report['attempts']} attempts")  # fmt: skip
+                    f"{report['attempts']} attempts{unmeasured(report)}")  # fmt: skip
     meta = [f"Model: {report['model_id']} (version {fmt(report.get('model_version'))})",
             f"Run: {report['timestamp']} by {report['tool']}, seed {report['seed']}",
             f"Config: {report.get('config_file')} (sha256 {report.get('config_sha256')})"]  # fmt: skip

@@ -105,8 +105,9 @@ class ChatTarget:
                 errors.NotFoundError) as exc:  # fmt: skip
             # no answer for any input: the run cannot evaluate anything
             raise TargetError(f"{self.settings.base_url}: {type(exc).__name__}: {exc}") from exc
-        except errors.APIStatusError as exc:  # this input failed (a 400 or 500 for it): a finding about it
-            raise RuntimeError(f"HTTP {exc.status_code} from {self.settings.base_url}") from exc
+        except errors.APIStatusError as exc:  # this input failed (a 400, 429 or 500 for it): an error, not a reply
+            said = exc.message.removeprefix(f"Error code: {exc.status_code} - ")  # the client's own prefix
+            raise RuntimeError(f"HTTP {exc.status_code} from {self.settings.base_url}: {said}") from exc
         if not response.choices:
             raise RuntimeError(f"{self.settings.base_url}: the response has no choices")
         return response.choices[0].message.content or ""
