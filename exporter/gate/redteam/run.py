@@ -221,14 +221,21 @@ def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | No
     """Run every case of a red-team config against a text model; the JSON report (see suite.build_report).
 
     ``target`` is a callable from text to the model's output, or None for the config's ``target:`` chat model;
-    with ``chat_model`` it is the base URL of an OpenAI-compatible endpoint serving that model.
+    with ``chat_model`` it is the base URL of an OpenAI-compatible endpoint serving that model (None: the config's
+    ``target.base_url``, with that model).
     """
     raw = load_yaml_mapping(config_path)
     settings = chat_settings(raw, str(config_path))
     seed = raw.get("seed", 0) if isinstance(raw.get("seed", 0), int) else 0
     if chat_model is not None:
+        if target is None and settings is None:
+            raise TargetError(f"--chat-model {chat_model}: no endpoint: pass --target with the base URL of an "
+                              "OpenAI-compatible endpoint, or give the config a target section")  # fmt: skip
+        if target is not None and not (isinstance(target, str) and target.startswith(("http://", "https://"))):
+            raise TargetError(f"--target {target!r}: with --chat-model it is the base URL of an OpenAI-compatible "
+                              "endpoint, such as http://localhost:8000/v1")  # fmt: skip
         base = settings or ChatSettings(base_url=str(target), model=chat_model)
-        settings = replace(base, base_url=str(target), model=chat_model)
+        settings = replace(base, model=chat_model, base_url=base.base_url if target is None else str(target))
     if chat_model is not None or (target is None and settings is not None):
         assert settings is not None
         target = ChatTarget(settings, canary(random.Random(f"{seed}/system-canary")))

@@ -110,4 +110,19 @@ class ChatTarget:
             raise RuntimeError(f"HTTP {exc.status_code} from {self.settings.base_url}: {said}") from exc
         if not response.choices:
             raise RuntimeError(f"{self.settings.base_url}: the response has no choices")
-        return response.choices[0].message.content or ""
+        return reply_text(response.choices[0], self.settings.max_tokens)
+
+
+def reply_text(choice: Any, max_tokens: int) -> str:
+    """The text of a chat-completions choice: its ``content``, else its ``refusal`` (the model declined: that is its
+    answer, judged like any other reply). A message with neither (``content: null``: the tokens ran out, a
+    reasoning model spent them all on reasoning, or the model called a tool) answered nothing: a RuntimeError
+    naming ``finish_reason``, never an empty reply that holds no canary and so would pass."""
+    message = choice.message
+    for text in (message.content, getattr(message, "refusal", None)):
+        if isinstance(text, str) and text.strip():
+            return text
+    reason = getattr(choice, "finish_reason", None)
+    hint = f": raise target.max_tokens (now {max_tokens})" if reason == "length" else ""
+    calls = " (the model called a tool)" if getattr(message, "tool_calls", None) else ""
+    raise RuntimeError(f"the reply holds no text (finish_reason {reason!r}){calls}{hint}")
