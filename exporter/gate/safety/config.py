@@ -33,6 +33,17 @@ def _number(raw: dict[str, Any], key: str, default: float, problems: list[str], 
     return float(value)
 
 
+def _mapping(raw: dict[str, Any], key: str, shape: str, problems: list[str]) -> dict[str, Any]:
+    """A section that must be a mapping (absent: empty); a problem naming it otherwise."""
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{key}: {value!r} is not {shape}")
+        return {}
+    return value
+
+
 def _unknown(raw: dict[str, Any], allowed: set[str], where: str, problems: list[str]) -> None:
     accepted = ", ".join(sorted(allowed))
     problems.extend(f"{where}{k}: unknown key (accepted: {accepted})" for k in sorted(set(raw) - allowed))
@@ -106,13 +117,15 @@ def load_safety_config(path: str | Path) -> dict[str, Any]:
     nan_policy = raw.get("nan_policy", "finite_output")
     if nan_policy not in NAN_POLICIES:
         problems.append(f"nan_policy: {nan_policy!r} is not one of {', '.join(NAN_POLICIES)}")
-    pert = raw.get("perturbation") or {}
+    pert = _mapping(raw, "perturbation", "a mapping with " + ", ".join(sorted(PERTURBATION_KEYS)), problems)
     _unknown(pert, PERTURBATION_KEYS, "perturbation.", problems)
     noise_scale = pert.get("noise_scale", "absolute")
     if noise_scale not in NOISE_SCALES:
         problems.append(f"perturbation.noise_scale: {noise_scale!r} is not one of {', '.join(NOISE_SCALES)}")
     severities = {}
-    for name, value in (raw.get("severity") or {}).items():
+    severity = _mapping(raw, "severity", "a mapping of test name to severity, such as {input_perturbation_stability: "
+                        "critical}", problems)  # fmt: skip
+    for name, value in severity.items():
         if name not in TESTS:
             problems.append(f"severity.{name}: not a test (tests: {', '.join(TESTS)})")
         severities[name] = check_severity(value, f"severity.{name}", problems)
@@ -133,7 +146,17 @@ def load_safety_config(path: str | Path) -> dict[str, Any]:
     location, frame, sha = _inputs(raw, path, feature_count, problems)
     counterfactual = _counterfactual(raw.get("counterfactual"), frame, problems)
     numbers = {key: _number(pert, key, default, problems, "perturbation.") for key, default in
-               (("perturbation_magnitude", 0.01), ("max_output_change", 0.1), ("max_unstable_share", 0.05))}
+               (("perturbation_magnitude", 0.01), ("max_output_change", 0.1))}
+    if numbers["perturbation_magnitude"] == 0:  # no noise: every output equals itself, the test measures nothing
+        problems.append("perturbation.perturbation_magnitude: 0 adds no noise, so the stability test would measure "
+                        "nothing; give a positive number (default 0.01)")  # fmt: skip
+    share = pert.get("max_unstable_share", 0.05)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:  # NaN too
+        problems.append(f"perturbation.max_unstable_share: {share!r} is not a share in (0, 1]: the test passes when "
+                        "fewer than this share of rows are unstable (the seed's rule: unstable / rows < 0.05), so "
+                        "at 0 no model could pass")  # fmt: skip
+        share = 0.05
+    numbers["max_unstable_share"] = float(share)
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems))
     version = raw.get("model_version")

@@ -162,6 +162,8 @@ class SafetyEvaluator:
                  noise_scale: Literal["absolute", "feature_std"] = "absolute", max_unstable_share: float = 0.05,
                  nan_policy: Literal["finite_output", "reject"] = "finite_output",
                  severities: dict[str, str] | None = None) -> None:  # fmt: skip
+        if not 0 < max_unstable_share <= 1:  # the pass rule is strict (share < max_unstable_share): 0 never passes
+            raise ValueError(f"max_unstable_share {max_unstable_share!r} is not a share in (0, 1]")
         self.model_id = model_id
         self.seed, self.noise_scale, self.max_unstable_share = seed, noise_scale, max_unstable_share
         self.nan_policy = nan_policy
