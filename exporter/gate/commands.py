@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -200,6 +201,9 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
     from exporter.gate.reports.html import bias_html
 
     features: list[str | list[str]] = [f.split("+") if "+" in f else f for f in args.protected.split(",") if f]
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):  # a gap is >= 0: no gap exceeds nan or inf
+        return bad_input(args, "bias-report", f"--threshold {args.threshold}: not a finite number >= 0 (the largest "
+                         "acceptable gap between group means, default 0.1)")  # fmt: skip
     try:
         if not features or any("" in f for f in features if isinstance(f, list)):
             raise DataError(f"--protected {args.protected!r}: expected features such as gender,race,gender+race")
