@@ -140,15 +140,16 @@ def run_case(case: dict[str, Any], target: Callable[[str], Any], seed: int,
         record = {"original_text": attempt.original, "attacked_text": attempt.attacked,
                   "original_decision": original_decision, "attacked_decision": attacked_decision,
                   "original_output": original_output, "attacked_output": attacked_output}  # fmt: skip
-        if original_error or attacked_error:
+        # what the detectors see in an attacked reply is kept even when the plain text errored (a leak is a leak)
+        found = {} if attacked_error else findings(str(attacked_output), attempt, system_canary,
+                                                   case["params"]["min_leak_chars"])  # fmt: skip
+        if original_error or attacked_decision is None:
             errored += 1
             plain_errored += bool(original_error) and judges_plain
             first_error = first_error or original_error or attacked_error
             failures.append({"finding": "error", "original_error": original_error, "attacked_error": attacked_error,
-                             **record})  # fmt: skip
+                             **record, **{k: v for k, v in found.items() if v}})  # fmt: skip
             continue
-        assert attacked_decision is not None
-        found = findings(str(attacked_output), attempt, system_canary, case["params"]["min_leak_chars"])
         held = passes(case["outcome"], kind, original_decision, attacked_decision, found)
         plain = plain_right(case["outcome"], original_decision)
         judged += plain is not None
