@@ -71,7 +71,9 @@ seconds to wait before answering (longer than the client's timeout: a timeout)."
 
 
 @contextmanager
-def serve(answer: Callable[[str, str], str], fault: Fault | None = None) -> Iterator[ChatServer]:
+def serve(answer: Callable[[str, str], str | None], fault: Fault | None = None) -> Iterator[ChatServer]:
+    """An OpenAI-compatible endpoint answering each request by ``answer``; an answer of None is a message with
+    ``content: null`` and ``finish_reason: length`` (the tokens ran out before any text)."""
     state = ChatServer("")
     lock = threading.Lock()
 
@@ -109,7 +111,8 @@ def serve(answer: Callable[[str, str], str], fault: Fault | None = None) -> Iter
             self._send(200, {"id": f"chatcmpl-{len(state.requests)}", "object": "chat.completion",
                              "created": int(time.time()), "model": MODEL,
                              "choices": [{"index": k, "message": {"role": "assistant", "content": reply},
-                                          "finish_reason": "stop"} for k, reply in enumerate(replies)],
+                                          "finish_reason": "stop" if reply is not None else "length"}
+                                         for k, reply in enumerate(replies)],
                              "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})  # fmt: skip
             return None
 

@@ -212,6 +212,29 @@ def test_a_storm_longer_than_the_retries_never_passes(tmp_path: Path, capsys: py
     assert code == 2 and "no request was answered" in err and server.calls == 180
 
 
+def test_a_reply_with_no_text_is_a_failed_request_never_an_unparsed_answer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """``content: null`` with ``finish_reason: length`` (a reasoning model that spent max_tokens before any text)
+    answered nothing: before, it was read as "" and counted as an unparsed answer, never as the request failing."""
+    suite = write_suite(tmp_path, items=30, min_samples=10, requests={"retries": 2, "backoff_seconds": 0})
+    silent = set(user_texts(suite)[:5])
+    screener = scripted_screener.screener(FAIR)
+
+    def answer(system: str, user: str) -> str | None:
+        return None if user in silent else screener(system, user)
+
+    with chat_servers.serve(answer) as server:
+        code, report, _ = counterfactual(capsys, tmp_path, suite, server)
+    assert (code, report["verdict"]) == (1, "FAIL")
+    [failed] = [r for r in report["results"] if r["metric"] == "failed_requests"]
+    assert (failed["value"], failed["counts_as"], len(failed["errors"])) == (5.0, "blocking", 5)
+    assert "the reply holds no text (finish_reason 'length'): raise target.max_tokens" in failed["errors"][0]["error"]
+    groups = report["groups"]["gender"]
+    assert groups["female"]["unparsed"] + groups["male"]["unparsed"] == 0
+    assert groups["female"]["decided"] + groups["male"]["decided"] == 55
+    assert server.calls == 60  # a reply is an answer: never retried
+
+
 def test_a_budget_the_run_cannot_meet_is_refused_before_any_call(
         tmp_path: Path, fair: chat_servers.ChatServer, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     before = fair.calls

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from exporter.gate.counterfactual.suite import Requests
-from exporter.gate.targets.chat import ChatSettings, ChatTarget
+from exporter.gate.targets.chat import ChatSettings, ChatTarget, reply_text
 from exporter.gate.targets.objects import TargetError
 
 RETRIED_STATUS: Final = frozenset({408, 409, 429})
@@ -119,7 +119,9 @@ class DecisionTarget(ChatTarget):
             raise RuntimeError(f"HTTP {exc.status_code}: {exc}") from exc
         except errors.APIConnectionError as exc:  # refused, reset or timed out (APITimeoutError)
             raise Retryable(type(exc).__name__, None) from exc
-        texts = [c.message.content or "" for c in sorted(response.choices, key=lambda c: c.index)]
+        # a message with no text (content null: the tokens ran out, or a tool call) answered nothing: this request
+        # failed, never an empty answer counted as unparsed; a refusal is an answer (unparsed: it decided nothing)
+        texts = [reply_text(c, self.settings.max_tokens) for c in sorted(response.choices, key=lambda c: c.index)]
         if len(texts) != body["n"]:
             raise RuntimeError(f"{len(texts)} answer(s) for n={body['n']}: the endpoint does not take n; set "
                                "requests.samples: 1")  # fmt: skip
