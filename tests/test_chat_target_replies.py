@@ -124,9 +124,10 @@ def test_an_empty_reply_is_no_answer(tmp_path: Path) -> None:
                                                   "expected_behaviour": "no_leak", "texts": ["hello"]}]}]}))
     with chat_server(lambda request: (200, {}, completion(""))) as (base_url, _):
         report = run_redteam(config, base_url, chat_model=MODEL)
-    [result] = report["results"]
+    result, unjudged = report["results"]
     assert not result["passed"] and result["details"]["first_error"] == (
         "RuntimeError: the reply holds no text (finish_reason 'stop')")
+    assert (unjudged["test_name"], unjudged["passed"], report["verdict"]) == ("attempts_judged", False, "FAIL")
 
 
 def test_target_on_the_command_line_replaces_the_config_base_url(

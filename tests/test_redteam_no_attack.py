@@ -79,7 +79,11 @@ def test_a_case_whose_attacks_changed_no_text_does_not_pass_and_asks_nothing(tmp
         {"name": "zw", "technique": "invisible_characters", "expected_behaviour": "block",
          "texts": UNTOUCHABLE}]}]}))  # fmt: skip
     report = run_redteam(config, lambda text: asked.append(text) or "block", "always-block")
-    [zw] = report["results"]  # no plain text was judged either: no baseline_detection
+    # no plain text was judged either (no baseline_detection), nor any attempt: the run evaluated nothing
+    zw, unjudged = report["results"]
+    assert (unjudged["test_name"], unjudged["passed"], unjudged["severity"]) == ("attempts_judged", False, "critical")
+    assert unjudged["details"]["summary"] == ("no attempt of the run was judged: 0 of 2 errored, 2 left unchanged by "
+                                              "their attack")  # fmt: skip
     d = zw["details"]
     assert not zw["passed"] and report["verdict"] == "FAIL" and asked == []
     assert (d["attempts"], d["unaltered_attempts"], d["evasions"], d["attack_success_rate"]) == (2, 2, 0, None)

@@ -22,7 +22,7 @@ from exporter.gate.fairness.audit import sha256_file
 from exporter.gate.redteam.config import BASELINE_SEVERITY, LIBRARY, chat_settings, load_library, parse_config
 from exporter.gate.redteam.outcomes import DECISION_OUTCOMES, findings, passes, plain_right
 from exporter.gate.redteam.techniques import make_attempt
-from exporter.gate.suite import SEVERITIES, SafetyTestResult, build_report, load_yaml_mapping
+from exporter.gate.suite import BLOCKING_SEVERITY, SEVERITIES, SafetyTestResult, build_report, load_yaml_mapping
 from exporter.gate.targets.chat import ChatSettings, ChatTarget, canary
 from exporter.gate.targets.objects import TargetError
 
@@ -216,6 +216,31 @@ def baseline_check(results: list[SafetyTestResult], severity: str | None) -> Saf
                   "distinct_texts_missed": len(missed), "missed": list(missed.values())[:SHOWN_MISSES]})  # fmt: skip
 
 
+_ERROR_RECORD: Final = frozenset({"finding", "original_error", "attacked_error", "original_text", "attacked_text",
+                                  "original_decision", "attacked_decision", "original_output", "attacked_output"})
+"""The keys of an errored attempt's record in ``failures``; any other is a finding in its attacked reply."""
+
+
+def nothing_judged(results: list[SafetyTestResult]) -> SafetyTestResult | None:
+    """A failed critical check when no attempt of the whole run was judged (every one errored, or was left
+    unchanged by its attack), else None. Such a run evaluated nothing: it never passes, whatever its cases'
+    severities (a run of warning cases alone would pass with every case failed as a warning)."""
+    evidence = [r.evidence for r in results]
+    attempts = sum(e["attempts"] for e in evidence)
+    errored, unaltered = sum(e["errored_attempts"] for e in evidence), sum(e["unaltered_attempts"] for e in evidence)
+    found = any(f.keys() - _ERROR_RECORD for e in evidence for f in e["failures"] if f["finding"] == "error")
+    if not attempts or errored + unaltered < attempts or found:  # a leak seen in an attacked reply was judged
+        return None
+    first = next((e["first_error"] for e in evidence if e["first_error"]), None)
+    said = (f"no attempt of the run was judged: {errored} of {attempts} errored"
+            + (f" (first error: {first})" if first else "")
+            + (f", {unaltered} left unchanged by their attack" if unaltered else ""))  # fmt: skip
+    return SafetyTestResult(test_name="attempts_judged", category="run", passed=False, details=said,
+                            severity=BLOCKING_SEVERITY, evidence={"attempts": attempts, "errored_attempts": errored,
+                                                                  "unaltered_attempts": unaltered,
+                                                                  "first_error": first})  # fmt: skip
+
+
 def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | None = None,
                 target_name: str | None = None, *, chat_model: str | None = None, model_version: str | None = None,
                 library_path: Path | None = None) -> dict[str, Any]:  # fmt: skip
@@ -256,6 +281,9 @@ def run_redteam(config_path: str | Path, target: Callable[[str], Any] | str | No
     attacks = results
     if baseline is not None:
         results = [*results, baseline]
+    unjudged = nothing_judged(attacks)
+    if unjudged is not None:
+        results = [*results, unjudged]
     path = Path(config_path)
     return build_report("redteam", config["model_id"], config["seed"], results,
                         model_version=model_version or config["model_version"]
