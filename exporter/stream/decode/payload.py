@@ -145,8 +145,9 @@ class PairJoin:
                                 in found["done"])  # fmt: skip
 
     def expire(self, now: float, counts: Counter[str]) -> list[Half]:
-        """Drop the halves that waited a horizon; the responses among them (a response with no request ever is a
-        bad payload: rejected and dead-lettered by the caller)."""
+        """Drop the halves that waited a horizon and forget the calls done a horizon ago (their id used again is a
+        new call: every path calls this on its schedule, a half waiting or not); the responses among the halves
+        dropped (a response with no request ever is a bad payload: rejected and dead-lettered by the caller)."""
         cutoff = now - self.horizon
         old = [key for key, (_, at) in self.pending.items() if at < cutoff]
         responses = []

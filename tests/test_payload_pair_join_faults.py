@@ -1,0 +1,93 @@
+"""The direct path's join of a payload log's halves (exporter/stream/ingest.py ``Ingest.payloads`` and
+``Ingest.expire`` over exporter/stream/decode/payload.py ``PairJoin`` and ``read_halves``) where a call is not the
+plain one: an id used again, another component's unreadable log of the call, a refused record identified by its
+Kafka key. Driven through a real ``Ingest`` with records as KServe's logger and the KafkaSink write them
+(tests/payload_logs.py ``cloudevent``), or as Seldon's gateways do."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+from payload_logs import Record, cloudevent
+from prometheus_client import CollectorRegistry
+
+from exporter.config import parse_config
+from exporter.health.counters import Health
+from exporter.stream.ingest import Ingest
+from exporter.stream.state.fleet import Fleet
+
+T0 = 1_800_000_000.0
+TOPIC = "kserve-log"
+
+
+class Direct:
+    """A direct daemon's ingest of one KServe payload topic, on a clock the test moves."""
+
+    def __init__(self, events: dict[str, Any] | None = None, horizon: str = "60s") -> None:
+        raw = {"kafka": {"bootstrap_servers": "127.0.0.1:1", "topic": TOPIC, "labels_topic": "labels",
+                         "assignment": "manual"},
+               "events": {"format": "kserve", "pair_horizon": horizon},
+               "windows": ["1h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 1,
+               "models": [{"model_id": "loans", "events": {"prediction": "predictions", **(events or {})},
+                           "protected_attributes": [{"name": "gender", "column": "sex",
+                                                     "groups": ["male", "female"]}]}]}  # fmt: skip
+        config = parse_config(raw)
+        self.now = T0
+        self.registry = CollectorRegistry()
+        self.fleet = Fleet(config)
+        self.ingest = Ingest(config, self.fleet, Health(self.registry), lambda: self.now)
+        self.offset = 0
+
+    def read(self, records: list[Record]) -> None:
+        """One poll of these records (value, headers, key) from partition 0."""
+        batch = []
+        for value, headers, key in records:
+            batch.append(SimpleNamespace(value=value, headers=headers, key=key, timestamp=-1, offset=self.offset))
+            self.offset += 1
+        self.ingest.payloads([((TOPIC, 0), batch)])
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+def v1_call(pid: str, sex: str, y: int, at: float, component: str = "predictor") -> list[Record]:
+    """A v1 call's request and response as KServe's logger puts them on Kafka through a KafkaSink."""
+    return [with_component(cloudevent("loans", pid, False, orjson.dumps({"instances": [{"sex": sex}]}), at),
+                           component),
+            with_component(cloudevent("loans", pid, True, orjson.dumps({"predictions": [y]}), at), component)]
+
+
+def with_component(record: Record, component: str) -> Record:
+    """The record as the ``component`` of the InferenceService logs it (the logger's ``component`` extension)."""
+    value, headers, key = record
+    return value, [(k, component.encode() if k == "ce_component" else v) for k, v in headers], key
+
+
+def test_a_call_id_used_again_after_the_horizon_is_a_new_call_on_the_direct_path() -> None:
+    """A call joined at once leaves nothing waiting; the join remembers it for a horizon, so that a second delivery
+    is a duplicate, and forgets it after: the same id past the horizon (a client that sets ``Ce-Id`` or Seldon's
+    ``x-request-id`` itself, a nightly job keyed by customer) is a new call, counted. The scheduled expiry ages the
+    calls done while no half waits, as the staged path's and the backtest's do."""
+    daemon = Direct(horizon="60s")
+    daemon.read(v1_call("customer-17", "female", 1, T0))
+    assert daemon.sample("fairness_exporter_payload_pairs_joined_total") == 1
+    daemon.now = T0 + 3600  # an hour later: sixty horizons
+    daemon.ingest.expire()  # the scheduled expiry ran (nothing was pending)
+    daemon.read(v1_call("customer-17", "male", 0, daemon.now))
+    assert daemon.sample("fairness_exporter_payload_halves_unmatched_total", reason="duplicate_delivery") == 0
+    assert daemon.sample("fairness_exporter_payload_pairs_joined_total") == 2
+    assert len(daemon.fleet.pairs.done) == 1  # only the second call is remembered
+
+
+def test_a_call_delivered_again_within_the_horizon_stays_a_duplicate_after_an_expiry() -> None:
+    """The expiry forgets only what is a horizon old: a call delivered again 30 s later, an expiry having run
+    between, is still the same call, its halves counted as duplicates and not a second time."""
+    daemon = Direct(horizon="60s")
+    daemon.read(v1_call("customer-17", "female", 1, T0))
+    daemon.now = T0 + 30
+    daemon.ingest.expire()
+    daemon.read(v1_call("customer-17", "female", 1, T0))
+    assert daemon.sample("fairness_exporter_payload_halves_unmatched_total", reason="duplicate_delivery") == 2
+    assert daemon.sample("fairness_exporter_payload_pairs_joined_total") == 1
