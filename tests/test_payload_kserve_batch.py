@@ -191,6 +191,18 @@ def test_a_usual_poll_in_the_bench_layout_is_taken() -> None:
     assert len(halves) == 40 and halves[0].time == T0 and halves[0].metadata == {"x-region": "north"}
 
 
+def test_another_components_unreadable_records_leave_the_poll_to_the_one_pass_reader() -> None:
+    """A transformer's records (a JPEG request, its answer) in a poll of a model that counts its predictor: ignored
+    by their ``ce_component`` header before any body is read, in one pass as record by record."""
+    records = _mlserver_poll(random.Random(12), 4)
+    for response, body in ((False, b"\xff\xd8\xff\xe0 a JPEG"), (True, b'{"predictions": [1]}')):
+        value, headers, key = cloudevent("credit", "call-t", response, body, T0)
+        records.append((value, [(k, b"transformer" if k == "ce_component" else v) for k, v in headers], key, 5))
+    assert _same(records, {"credit"}, {"credit": "predictor"})
+    assert read_halves("kserve", "kserve", records, {"credit"}, counted={"credit": "predictor"}).ignored == {
+        "other_component": 2}  # fmt: skip
+
+
 def test_a_poll_with_nothing_of_the_models_counted_is_all_ignored() -> None:
     records = _mlserver_poll(random.Random(8), 3)
     assert kserve_batch.halves(records, {"else"}, None) == ([], [], {UNCONFIGURED: 6})

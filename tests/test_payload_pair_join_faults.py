@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+import pytest
 from payload_logs import Record, cloudevent
 from prometheus_client import CollectorRegistry
 
@@ -91,3 +92,49 @@ def test_a_call_delivered_again_within_the_horizon_stays_a_duplicate_after_an_ex
     daemon.read(v1_call("customer-17", "female", 1, T0))
     assert daemon.sample("fairness_exporter_payload_halves_unmatched_total", reason="duplicate_delivery") == 2
     assert daemon.sample("fairness_exporter_payload_pairs_joined_total") == 1
+
+
+def test_an_unreadable_record_of_the_component_not_counted_is_ignored_and_keeps_the_counted_call() -> None:
+    """``events.component: predictor``: the transformer's log of a call is another component's, ignored
+    (``events_ignored_total{reason="other_component"}``) whatever its body. A transformer commonly takes a body no
+    payload decoder reads (KServe's dataplane ``decode`` hands a non-JSON content type to the model as bytes: an
+    image, a CSV), and logs it under the same ``Ce-Id`` as the predictor when the client sent one (the logger's
+    ``getOrCreateID``): its record is neither refused nor dead-lettered, and the predictor's call under that id
+    counts."""
+    daemon = Direct(events={"component": "predictor"})
+    pid = "8e2a1f0c-client-ce-id"
+    image = with_component(cloudevent("loans", pid, False, b"\xff\xd8\xff\xe0 a JPEG the transformer decodes", T0),
+                           "transformer")  # fmt: skip
+    answer = with_component(cloudevent("loans", pid, True, orjson.dumps({"predictions": [1]}), T0), "transformer")
+    daemon.read([image, *v1_call(pid, "female", 1, T0), answer])
+    assert daemon.sample("fairness_exporter_events_rejected_total", reason="malformed_payload") == 0
+    assert daemon.sample("fairness_exporter_events_ignored_total", reason="other_component") == 2
+    assert daemon.sample("fairness_exporter_payload_halves_unmatched_total", reason="partner_refused") == 0
+    assert daemon.sample("fairness_exporter_payload_pairs_joined_total") == 1
+
+
+@pytest.mark.parametrize("structured", [False, True], ids=["binary", "structured"])
+def test_an_unreadable_record_of_the_counted_component_is_still_refused_with_its_partner(structured: bool) -> None:
+    """What the component rule must not ignore: the counted component's own record that cannot be read is refused
+    (``malformed_payload``), dead-lettered, and its response dropped with it (``partner_refused``), in binary mode and
+    in structured mode (where the component is read from the event)."""
+    daemon = Direct(events={"component": "predictor"})
+    bad = cloudevent("loans", "c9", False, b"{}", T0, structured=structured)
+    daemon.read([bad, v1_call("c9", "female", 1, T0)[1]])
+    assert daemon.sample("fairness_exporter_events_rejected_total", reason="malformed_payload") == 1
+    assert daemon.sample("fairness_exporter_payload_halves_unmatched_total", reason="partner_refused") == 1
+    assert daemon.sample("fairness_exporter_events_ignored_total", reason="other_component") == 0
+
+
+def test_a_structured_record_of_the_component_not_counted_is_ignored_whatever_its_data() -> None:
+    """Structured mode names the component inside the event: read from there before its ``data``, so another
+    component's event whose data is unreadable is ignored as in binary mode."""
+    daemon = Direct(events={"component": "predictor"})
+    value, headers, key = cloudevent("loans", "c10", False, b"{}", T0, structured=True)
+    event = orjson.loads(value)
+    event.update(component="transformer", data="not JSON at all")
+    daemon.read([(orjson.dumps(event), headers, key), *v1_call("c10", "female", 1, T0)])
+    assert daemon.sample("fairness_exporter_events_rejected_total", reason="malformed_payload") == 0
+    assert daemon.sample("fairness_exporter_events_ignored_total", reason="other_component") == 1
+    assert daemon.sample("fairness_exporter_payload_pairs_joined_total") == 1
+
