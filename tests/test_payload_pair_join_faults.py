@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from payload_logs import Record, cloudevent
+from payload_logs import Record, cloudevent, seldon_request, seldon_response
 from prometheus_client import CollectorRegistry
 
 from exporter.config import parse_config
@@ -138,3 +138,38 @@ def test_a_structured_record_of_the_component_not_counted_is_ignored_whatever_it
     assert daemon.sample("fairness_exporter_events_ignored_total", reason="other_component") == 1
     assert daemon.sample("fairness_exporter_payload_pairs_joined_total") == 1
 
+
+def test_a_refused_seldon_request_keyed_by_its_id_drops_its_response_with_it() -> None:
+    """A Seldon record's call id is its ``x-request-id`` header, else its Kafka key: a request produced straight to
+    the model's inputs topic keyed by its id, with no header, and its response, which the model gateway writes under
+    the same key (scheduler/pkg/kafka/gateway/worker.go ``produce``: ``Key: job.msg.Key``). When the request is
+    refused its call is refused by that id, so that the response is dropped with it (``partner_refused``), not left
+    to wait a horizon and be rejected and dead-lettered a second time as ``response_without_request``."""
+    raw = {"kafka": {"bootstrap_servers": "127.0.0.1:1", "topic": "seldon.prod.model.income.inputs",
+                     "labels_topic": "labels", "assignment": "manual"},
+           "events": {"format": "seldon", "pair_horizon": "60s"},
+           "windows": ["1h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 1,
+           "models": [{"model_id": "income", "events": {"prediction": "proba", "score_threshold": 0.5},
+                       "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}]}]}  # fmt: skip
+    config = parse_config(raw)
+    registry, now = CollectorRegistry(), [T0]
+    ingest = Ingest(config, Fleet(config), Health(registry), lambda: now[0])
+    request = bytearray(seldon_request("r9", {"gender": ["female"]}))
+    request[request.index(b"female")] = 0xFF  # a BYTES element that is not UTF-8: refused as not_utf8
+    inputs, outputs = "seldon.prod.model.income.inputs", "seldon.prod.model.income.outputs"
+    for offset, (topic, key, value) in enumerate([
+            (inputs, b"r9", bytes(request)), (outputs, b"r9", seldon_response("income", "r9", "proba", [0.8])),
+            (inputs, b"r10", seldon_request("r10", {"gender": ["male"]})),  # another call, keyed alike: kept
+            (outputs, b"r10", seldon_response("income", "r10", "proba", [0.3]))]):  # fmt: skip
+        record = SimpleNamespace(value=value, headers=[], key=key, timestamp=int(T0 * 1000), offset=offset)
+        ingest.payloads([((topic, 0), [record])])
+    now[0] += 120  # past the horizon
+    ingest.expire()
+
+    def sample(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert sample("fairness_exporter_events_rejected_total", reason="not_utf8") == 1
+    assert sample("fairness_exporter_payload_halves_unmatched_total", reason="partner_refused") == 1
+    assert sample("fairness_exporter_events_rejected_total", reason="response_without_request") == 0
+    assert sample("fairness_exporter_payload_pairs_joined_total") == 1

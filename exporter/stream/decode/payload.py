@@ -233,7 +233,7 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
             half = kserve_half(value, headers, ms, event) if kserve else seldon_half(value, headers, key, topic, ms,
                                                                                      response)  # fmt: skip
         except BadPayload as exc:
-            out.rejected.append((value, exc.reason, model, pid or pair_of(format, headers)))
+            out.rejected.append((value, exc.reason, model, pid or pair_of(format, headers, key)))
             out.rejected_at.append(i)
             continue
         if half.model not in models:

@@ -186,12 +186,19 @@ def _body_columns(body: Any, response: bool) -> tuple[int, Columns]:
     return rows, columns
 
 
-def pair_of(format: str, headers: Headers) -> str | None:
-    """The pair id of a record from its headers alone, as its half would carry it (None: they do not say): the
-    partner of a record refused is dropped by it."""
+def seldon_call(headers: Headers, key: bytes | None) -> str | None:
+    """A Seldon record's call id by its headers and key: ``x-request-id``, else the record key (the model gateway
+    writes a response under its request's key: scheduler/pkg/kafka/gateway/worker.go); None: neither says (the
+    message's own ``id`` may)."""
+    return _text(headers.get("x-request-id")) or _text(key) or None
+
+
+def pair_of(format: str, headers: Headers, key: bytes | None) -> str | None:
+    """The pair id of a record from its headers and key alone, as its half would carry it (None: they do not say):
+    the partner of a record refused is dropped by it."""
     if format == "kserve":
         return _text(headers.get("ce_id")) or None
-    pid, pipeline = _text(headers.get("x-request-id")), _text(headers.get("pipeline"))
+    pid, pipeline = seldon_call(headers, key), _text(headers.get("pipeline"))
     return None if not pid else f"{pipeline}.{pid}" if pipeline else pid
 
 
@@ -291,7 +298,7 @@ def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic:
         raise BadPayload("malformed_payload")
     kind = _text(headers.get("seldon-infer-type"))
     as_json = SELDON_TYPES[kind] if kind in SELDON_TYPES else value.lstrip()[:1] == b"{"
-    pid = _text(headers.get("x-request-id")) or _text(key)
+    pid = seldon_call(headers, key)
     columns: Columns = {}
     if as_json:
         rows, own = json_body(_parsed(value), response, columns)

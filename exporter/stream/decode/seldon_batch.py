@@ -141,7 +141,7 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
         return None
     ids, rows, tables = columns
     pids = [p or _header_text(r[2]) or own for p, r, own in zip(texts(h.get("x-request-id") for h in headers), records,
-                                                                  ids, strict=True)]  # fmt: skip
+                                                                  ids, strict=True)]  # fmt: skip  # seldon_call's rule
     if not all(pids):
         return None  # refused (no id) record by record
     pipelines = texts(h.get("pipeline") for h in headers)
