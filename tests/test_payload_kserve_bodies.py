@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from payload_logs import cloudevent
 
 from exporter.stream.decode.payload import read_halves
 
@@ -53,3 +54,46 @@ def test_a_structured_event_attribute_of_any_json_type_is_read_or_refused(name: 
                            counted={"loans": "predictor"})  # fmt: skip
         assert len(read.halves) + len(read.rejected) + sum(read.ignored.values()) == 1, (name, replaced)
 
+
+def test_a_kserve_v1_request_under_inputs_is_read_as_its_instances() -> None:
+    """KServe's v1 protocol takes a request's rows under ``inputs`` as well as ``instances`` (the KServe SDK's
+    ``get_predict_input``, kserve/utils/utils.py: ``instances = payload["inputs"] if "inputs" in payload else
+    payload["instances"]``, used by the sklearn, xgboost and lightgbm servers), and answers ``{"predictions": ...}``.
+    Rows that are no v2 tensors (no name, shape, datatype and data) are read as the instances they are."""
+    records = [cloudevent("loans", "call-2", False, orjson.dumps({"inputs": [{"sex": "female", "age": 41},
+                                                                            {"sex": "male", "age": 29}]}), T),
+               cloudevent("loans", "call-2", True, orjson.dumps({"predictions": [1, 0]}), T)]  # fmt: skip
+    read = read_halves("kserve", "kserve-log", [(v, h, k, -1) for v, h, k in records], {"loans"})
+    assert [reason for _, reason, _, _ in read.rejected] == []
+    request, response = read.halves
+    assert (request.rows, request.columns) == (2, {"sex": ["female", "male"], "age": [41, 29]})
+    assert (response.rows, response.columns) == (2, {"predictions": [1, 0]})
+
+
+@pytest.mark.parametrize("rows", [[{"sex": "female", "age": 41}, {"sex": "male", "age": 29}], [["female", 41]],
+                                  ["female", "male"]], ids=["records", "lists", "scalars"])  # fmt: skip
+def test_v1_rows_under_inputs_are_the_columns_they_are_under_instances(rows: list) -> None:
+    """Whichever key a client puts its rows under, KServe reads the same instances: the columns are the same too
+    (a list instance's ``instances-<i>``), so that one config reads both."""
+    columns = []
+    for key in ("inputs", "instances"):
+        read = read_halves("kserve", "kserve-log", [(*cloudevent("loans", "c", False, orjson.dumps({key: rows}), T),
+                                                     -1)], {"loans"})  # fmt: skip
+        columns.append(read.halves[0].columns)
+    assert columns[0] == columns[1]
+
+
+@pytest.mark.parametrize(("inputs", "reason"), [
+    (5, "malformed_payload"), ({"sex": "female"}, "malformed_payload"),
+    ([{"sex": "female"}, {"age": 41}], "unequal_rows"), ([["female"], "male"], "unequal_rows"),
+    ([{"name": "sex", "shape": [1], "datatype": "STRING", "data": ["female"]}], "unknown_datatype"),
+    ([{"name": "sex", "shape": [2], "datatype": "BYTES", "data": ["female"]}], "shape_mismatch"),
+    ([{"name": "sex", "shape": [1], "datatype": "BYTES", "data": ["female"]}, {"sex": "male"}], "malformed_payload"),
+], ids=["number", "object", "v1-unequal-records", "v1-unequal-lists", "v2-datatype", "v2-shape",
+        "v2-then-v1"])  # fmt: skip
+def test_inputs_that_are_neither_v1_rows_nor_v2_tensors_are_refused(inputs: Any, reason: str) -> None:
+    """What the v1 reading must not take: ``inputs`` that are no rows, v1 rows that disagree, and v2 tensors (the
+    first a tensor object) that break a tensor rule are refused under their reason, as before."""
+    body = orjson.dumps({"inputs": inputs})
+    read = read_halves("kserve", "kserve-log", [(*cloudevent("loans", "c", False, body, T), -1)], {"loans"})
+    assert (read.halves, [r for _, r, _, _ in read.rejected]) == ([], [reason])

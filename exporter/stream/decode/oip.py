@@ -4,7 +4,8 @@ A request's or response's tensors become columns: a tensor of shape ``[N]`` or `
 name, column ``i`` of an ``[N, k]`` tensor is ``<name>-<i>`` (higher ranks: the trailing dimensions flattened), as
 TrustyAI names them. MLServer's pandas codec sends one ``[N, 1]`` tensor per DataFrame column (strings as BYTES),
 so a DataFrame's columns come back under their own names. A v1 body's instances (records by their keys, lists as
-``instances-<i>``) and predictions (``predictions``, or ``predictions-<i>`` / record keys) follow the same rule.
+``instances-<i>``; under ``instances``, or under a request's ``inputs`` that are no tensors, as KServe's v1 servers
+take them) and predictions (``predictions``, or ``predictions-<i>`` / record keys) follow the same rule.
 Tensors arrive as JSON (data nested or flat, row-major) or as protobuf (typed ``contents`` or ``raw_*_contents``);
 the protobuf messages are built at run time from the ``.proto``'s fields (:func:`messages`), with no generated
 module to keep in step with the protobuf runtime. Every defect raises :class:`BadPayload` with its reason.
@@ -168,13 +169,23 @@ def v1_columns(items: Any, name: str, out: Columns) -> int:
     return len(items)
 
 
+_TENSOR: Final = frozenset({"name", "shape", "datatype", "data"})
+"""The fields every v2 JSON tensor has (KServe's ``RequestInput`` requires each)."""
+
+
 def json_body(body: Any, response: bool, out: Columns) -> tuple[int, str | None]:
-    """A v1 or v2 JSON body (a parsed object) as columns in ``out``: (rows, the body's own ``id`` if any)."""
+    """A v1 or v2 JSON body (a parsed object) as columns in ``out``: (rows, the body's own ``id`` if any). A
+    request's ``inputs`` are v2 tensors unless they are v1 rows: KServe's v1 servers take a request's instances under
+    ``inputs`` as well (``get_predict_input``), read here as ``instances``, when the first is no tensor object."""
     if body.__class__ is not dict:
         raise BadPayload("malformed_payload")
     key = "outputs" if response else "inputs"
     if key in body:
-        rows = json_tensors(body[key], out)
+        found = body[key]
+        if not response and found and found.__class__ is list and (
+                found[0].__class__ is not dict or not found[0].keys() >= _TENSOR):  # fmt: skip
+            return v1_columns(found, "instances", out), None
+        rows = json_tensors(found, out)
         pid = body.get("id")
         return rows or 0, pid if pid.__class__ is str else None
     key = "predictions" if response else "instances"
