@@ -123,6 +123,15 @@ _BODY_DEFECTS: list[bytes] = [
     b'{"inp\\u0075ts":[{"name":"a","shape":[4],"datatype":"FP64","data":[1.5e-400,-1e-400,4.9e-324,1E+2]}]}',
     b'{"inputs":[{"name":"a","shape":[2],"datatype":"FP64","data":[-1e309,1]}]}', b'\t{"inputs" : [ ] }\r\n',
     b'{"inputs":[{"name":"a","shape":[1],"datatype":"BYTES","data":["\\u0000\\/"],"name":"b"}],"inputs":5}',
+    # MLServer's pd_json: each element JSON text, loaded (or the body refused) alike
+    b'{"inputs":[{"name":"g","shape":[3,1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},'
+    b'"data":["\\"male\\"","2","[1,{\\"a\\":null}]"]}]}',
+    b'{"inputs":[{"name":"g","shape":[2,1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},'
+    b'"data":[["\\"male\\""],["1.5"]]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},"data":["male"]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},"data":[2]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},"data":["NaN"]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"INT64","parameters":{"content_type":"pd_json"},"data":[1]}]}',
     # numbers beyond a float in fields msgspec skips (orjson refuses the body)
     b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","data":["male"],"parameters":{"threshold":1e400}}]}',
     b'{"p":1e309,"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","data":["male"]}]}',

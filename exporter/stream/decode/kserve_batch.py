@@ -226,8 +226,8 @@ def _columns(values: list[bytes], responses: list[bool]) -> tuple[list[int], lis
             for tensor in tensors:
                 if tensor.datatype not in DATATYPES:
                     return None
-                k = json_tensor(tensor.name, tensor.shape, tensor.data, tensor.datatype == "BYTES" and (
-                    tensor.parameters is not None and tensor.parameters.content_type == "base64"), out)  # fmt: skip
+                k = json_tensor(tensor.name, tensor.shape, tensor.data, tensor.datatype,
+                                None if tensor.parameters is None else tensor.parameters.content_type, out)
                 if found is not None and k != found:
                     return None
                 found = k

@@ -13,12 +13,14 @@ module to keep in step with the protobuf runtime. Every defect raises :class:`Ba
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import cache
 from itertools import chain
 from typing import Any, Final
 
 import numpy as np
+import orjson
 
 Columns = dict[str, list[Any]]
 """Column name -> one value per row."""
@@ -119,24 +121,51 @@ def json_tensors(tensors: Any, out: Columns) -> int | None:
             raise BadPayload("malformed_payload")
         if datatype.__class__ is not str or datatype not in DATATYPES:  # a list or an object: no datatype either
             raise BadPayload("unknown_datatype")
-        n = json_tensor(name, shape, data, datatype == "BYTES" and _content_type(get("parameters")) == "base64", out)
+        n = json_tensor(name, shape, data, datatype, _content_type(get("parameters")), out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")
         rows = n
     return rows
 
 
-def json_tensor(name: str, shape: list[Any], data: list[Any], base64: bool, out: Columns) -> int:
+def json_tensor(name: str, shape: list[Any], data: list[Any], datatype: str, content_type: Any, out: Columns) -> int:
     """One JSON tensor (its name a string, its shape and data lists, its datatype one of :data:`DATATYPES`;
-    ``base64``: BYTES of MLServer's base64 codec) as columns in ``out``; its rows."""
-    if base64:
-        raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
+    ``content_type``: its ``parameters.content_type``, MLServer's codec of its elements) as columns in ``out``; its
+    rows."""
+    if content_type is not None:
+        if content_type == "base64" and datatype == "BYTES":
+            raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
+        if content_type == PD_JSON:
+            return _split(name, json_elements(_flat(data)), shape, out)
     first = shape[0] if shape else None
     if (first.__class__ is int and first == len(data) and (not data or data[0].__class__ is not list) and (
             len(shape) == 1 or (len(shape) == 2 and shape[1].__class__ is int and shape[1] == 1))):  # fmt: skip
         out[name] = data  # one column of flat values, as _split reads it
         return first
     return _split(name, _flat(data), shape, out)
+
+
+PD_JSON: Final = "pd_json"
+"""The content type MLServer's ``PandasCodec`` gives a DataFrame column of objects that are not all strings: BYTES,
+each element JSON text (mlserver/codecs/pandas.py ``_to_response_output``: ``encode_to_json`` of each)."""
+
+
+def json_elements(values: list[Any]) -> list[Any]:
+    """The elements of a :data:`PD_JSON` tensor as MLServer's decoder reads them: each loaded by ``json.loads``
+    (mlserver/codecs/json.py ``decode_json_input_or_output``). One that is no JSON text (``NaN`` and ``Infinity``
+    neither: MLServer's encoder refuses them), or whose value could not be written back as JSON (an integer beyond
+    64 bits, a lone surrogate: the join's checkpoints and the staged path's records hold the values as JSON), is
+    refused as ``malformed_payload``, never guessed."""
+    try:
+        found = [json.loads(v, parse_constant=_no_constant) for v in values]
+        orjson.dumps(found)
+    except (ValueError, TypeError, RecursionError) as exc:  # orjson.JSONEncodeError is a TypeError
+        raise BadPayload("malformed_payload") from exc
+    return found
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")
 
 
 def v1_columns(items: Any, name: str, out: Columns) -> int:
@@ -294,6 +323,7 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
     if raws and len(raws) != len(tensors):
         raise BadPayload("malformed_payload")
     rows: int | None = None
+    coded = PD_JSON.encode() in value  # no tensor says pd_json unless its bytes are in the message
     for k, tensor in enumerate(tensors):
         datatype = tensor.datatype
         if datatype not in DATATYPES:
@@ -306,6 +336,8 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
             values = list(getattr(tensor.contents, _CONTENTS[datatype]))  # one C call, no Python step per value
         if datatype == "BYTES":
             values = _text(values)
+        if coded and "content_type" in tensor.parameters and tensor.parameters["content_type"].string_param == PD_JSON:
+            values = json_elements(values)
         n = _split(tensor.name, values, list(tensor.shape), out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")

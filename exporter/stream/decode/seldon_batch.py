@@ -16,8 +16,9 @@ Reading a message's tensors through the protobuf runtime costs a Python step per
    fields and wire types skipped: tested against it, fuzzed records included).
 
 Only the usual poll is read here: at least :data:`_FEWEST` records, each protobuf, the same number of tensors in
-every record, raw contents in every record or in none, each tensor's contents exactly its shape's count, no record
-refused; anything else is left to the record-by-record path (None). Tensor shapes are checked once per distinct
+every record, raw contents in every record or in none, each tensor's contents exactly its shape's count, no tensor
+of MLServer's ``pd_json`` (:data:`_PD_JSON`), no record refused; anything else is left to the record-by-record path
+(None). Tensor shapes are checked once per distinct
 (name, datatype, shape) by the rules of :func:`~exporter.stream.decode.oip.proto_body`.
 """
 
@@ -31,7 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from exporter.stream.decode.oip import _CONTENTS, DATATYPES, BadPayload, _raw_values, _text, messages
+from exporter.stream.decode.oip import _CONTENTS, DATATYPES, PD_JSON, BadPayload, _raw_values, _text, messages
 from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of_poll, seldon_model, texts
 from exporter.stream.decode.platforms import _text as _header_text
 
@@ -39,6 +40,9 @@ _FEWEST: Final = 128
 """A poll of fewer records is read record by record: ptars and Arrow cost about half a millisecond per poll whatever
 its size (measured: 630 µs for one record, 7.6 µs per record in polls of 128 against 10.9 for each record alone,
 13.1 against 10.1 in polls of 64)."""
+_PD_JSON: Final = PD_JSON.encode()
+"""A poll whose records hold these bytes anywhere is read record by record: a tensor of MLServer's ``pd_json``
+(elements JSON text, loaded one by one: rare, an object column holding other than strings) is read there alone."""
 _MOST_BYTES: Final = 1 << 30
 """A poll's records larger than this together are read record by record (a protobuf message holds under 2 GiB)."""
 _MOST_COLUMNS: Final = 4096
@@ -129,8 +133,8 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     if response is None or model is None or model not in models or len(records) < _FEWEST or not _arrow():
         return None
     values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]  # None: refused by the check below
-    if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > _MOST_BYTES:
-        return None  # an empty value, a schema-registry framing, or more than one message may hold
+    if not all(values) or any(v[:1] == b"\x00" or _PD_JSON in v for v in values) or sum(map(len, values)) > _MOST_BYTES:
+        return None  # an empty value, a schema-registry framing, a pd_json tensor, or more than one message holds
     headers, names = headers_of_poll([r[1] for r in records])
     kinds = set(map(_header_text, {h.get("seldon-infer-type") for h in headers}))
     if any(SELDON_TYPES.get(kind or "") for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
