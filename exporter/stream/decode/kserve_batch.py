@@ -19,9 +19,11 @@ levels: then None), and accepts three things orjson does not read alike, each ce
 
 The CloudEvent attributes are read column by column over the poll's headers, the times by
 :func:`~exporter.stream.decode.timestamps.epochs`, each tensor by :func:`~exporter.stream.decode.oip.json_tensor`
-(the one rule of JSON tensors). Only the usual poll is read here: at least :data:`_FEWEST` records, binary mode,
-neither gzip nor another content encoding, every record a request or a response of a named InferenceService with
-an id, each body's tensors read without refusal; anything else is left to the record-by-record path.
+(the one rule of JSON tensors). Records of other models, and of a component the model does not count (its
+``ce_component`` header), are ignored first, whatever their body, as record by record. Only the usual poll is read
+here: at least :data:`_FEWEST` records, binary mode, neither gzip nor another content encoding, every record a
+request or a response of a named InferenceService with an id, each body's tensors read without refusal; anything
+else is left to the record-by-record path.
 """
 
 from __future__ import annotations

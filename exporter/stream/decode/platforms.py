@@ -208,7 +208,7 @@ def kserve_model(headers: Headers) -> str | None:
 
 
 @dataclass(slots=True)
-class Event:
+class CloudEvent:
     """A KServe CloudEvent before its body is read: its attributes, and its body (the record's value, a structured
     event's ``data`` or, when ``base64``, its ``data_base64``) with the content type and encoding it is said to
     have."""
@@ -235,23 +235,23 @@ class Event:
         return pid if pid.__class__ is str and pid else None
 
 
-def kserve_event(value: bytes | None, headers: Headers) -> Event:
+def kserve_event(value: bytes | None, headers: Headers) -> CloudEvent:
     """A KServe payload-logger record's CloudEvent (binary or structured mode), its body unread: the model and
     component it names decide whether the body is read at all."""
     content_type = _text(headers.get("content-type"))
     if content_type is None or not content_type.startswith(STRUCTURED):
         attributes = _attributes(headers)  # binary mode: the attributes are ce_* headers, the value the body
         encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
-        return Event(attributes, value, content_type, encoding)
+        return CloudEvent(attributes, value, content_type, encoding)
     if not value:
         raise BadPayload("malformed_payload")
     event = _json_object(value)
     encoded = "data_base64" in event
-    return Event(event, event["data_base64"] if encoded else event.get("data"), event.get("datacontenttype"),
+    return CloudEvent(event, event["data_base64"] if encoded else event.get("data"), event.get("datacontenttype"),
                  event.get("contentencoding"), encoded)  # fmt: skip
 
 
-def kserve_half(value: bytes | None, headers: Headers, record_ms: int, event: Event | None = None) -> Half:
+def kserve_half(value: bytes | None, headers: Headers, record_ms: int, event: CloudEvent | None = None) -> Half:
     """One KServe payload-logger CloudEvent, as the KafkaSink wrote it (binary or structured mode); ``event``: its
     :func:`kserve_event`, read already."""
     if not value:
