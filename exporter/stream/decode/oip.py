@@ -150,6 +150,9 @@ PD_JSON: Final = "pd_json"
 each element JSON text (mlserver/codecs/pandas.py ``_to_response_output``: ``encode_to_json`` of each)."""
 
 
+_PD_JSON_BYTES: Final = PD_JSON.encode()
+
+
 def json_elements(values: list[Any]) -> list[Any]:
     """The elements of a :data:`PD_JSON` tensor as MLServer's decoder reads them: each loaded by ``json.loads``
     (mlserver/codecs/json.py ``decode_json_input_or_output``). One that is no JSON text (``NaN`` and ``Infinity``
@@ -323,7 +326,7 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
     if raws and len(raws) != len(tensors):
         raise BadPayload("malformed_payload")
     rows: int | None = None
-    coded = PD_JSON.encode() in value  # no tensor says pd_json unless its bytes are in the message
+    coded = value.find(_PD_JSON_BYTES) >= 0  # no tensor says pd_json unless its bytes are in the message
     for k, tensor in enumerate(tensors):
         datatype = tensor.datatype
         if datatype not in DATATYPES:

@@ -42,7 +42,9 @@ its size (measured: 630 µs for one record, 7.6 µs per record in polls of 128 a
 13.1 against 10.1 in polls of 64)."""
 _PD_JSON: Final = PD_JSON.encode()
 """A poll whose records hold these bytes anywhere is read record by record: a tensor of MLServer's ``pd_json``
-(elements JSON text, loaded one by one: rare, an object column holding other than strings) is read there alone."""
+(elements JSON text, loaded one by one: rare, an object column holding other than strings) is read there alone.
+Looked for in the poll's records joined, as the runtime certifies them: 0.5 ns per byte (a search per record
+measured 0.2 µs each); a poll with no ``j`` byte at all (one memchr, 1 ns per record) is spared it."""
 _MOST_BYTES: Final = 1 << 30
 """A poll's records larger than this together are read record by record (a protobuf message holds under 2 GiB)."""
 _MOST_COLUMNS: Final = 4096
@@ -133,8 +135,8 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     if response is None or model is None or model not in models or len(records) < _FEWEST or not _arrow():
         return None
     values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]  # None: refused by the check below
-    if not all(values) or any(v[:1] == b"\x00" or _PD_JSON in v for v in values) or sum(map(len, values)) > _MOST_BYTES:
-        return None  # an empty value, a schema-registry framing, a pd_json tensor, or more than one message holds
+    if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > _MOST_BYTES:
+        return None  # an empty value, a schema-registry framing, or more than one message may hold
     headers, names = headers_of_poll([r[1] for r in records])
     kinds = set(map(_header_text, {h.get("seldon-infer-type") for h in headers}))
     if any(SELDON_TYPES.get(kind or "") for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
@@ -160,8 +162,11 @@ def _columns(values: list[bytes], response: bool) -> Read | None:
     """Each record's id, rows and columns, or None (not the usual poll)."""
     certify, handler = _readers(response)
     _, _, error = messages()
+    framed = b"".join(chain.from_iterable(zip(map(_framed, map(len, values)), values, strict=True)))
+    if b"j" in framed and _PD_JSON in framed:  # a memchr first: a poll with no j byte at all is spared the search
+        return None  # a pd_json tensor (or those bytes anywhere): record by record
     try:
-        certify.FromString(b"".join(chain.from_iterable(zip(map(_framed, map(len, values)), values, strict=True))))
+        certify.FromString(framed)
     except error:
         return None  # a record the runtime refuses: record by record, which says why
     try:
