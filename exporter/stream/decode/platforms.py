@@ -248,7 +248,7 @@ def kserve_event(value: bytes | None, headers: Headers) -> CloudEvent:
     event = _json_object(value)
     encoded = "data_base64" in event
     return CloudEvent(event, event["data_base64"] if encoded else event.get("data"), event.get("datacontenttype"),
-                 event.get("contentencoding"), encoded)  # fmt: skip
+                      event.get("contentencoding"), encoded)  # fmt: skip
 
 
 def kserve_half(value: bytes | None, headers: Headers, record_ms: int, event: CloudEvent | None = None) -> Half:
