@@ -123,6 +123,15 @@ _BODY_DEFECTS: list[bytes] = [
     b'{"inp\\u0075ts":[{"name":"a","shape":[4],"datatype":"FP64","data":[1.5e-400,-1e-400,4.9e-324,1E+2]}]}',
     b'{"inputs":[{"name":"a","shape":[2],"datatype":"FP64","data":[-1e309,1]}]}', b'\t{"inputs" : [ ] }\r\n',
     b'{"inputs":[{"name":"a","shape":[1],"datatype":"BYTES","data":["\\u0000\\/"],"name":"b"}],"inputs":5}',
+    # MLServer's pd_json: each element JSON text, loaded (or the body refused) alike
+    b'{"inputs":[{"name":"g","shape":[3,1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},'
+    b'"data":["\\"male\\"","2","[1,{\\"a\\":null}]"]}]}',
+    b'{"inputs":[{"name":"g","shape":[2,1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},'
+    b'"data":[["\\"male\\""],["1.5"]]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},"data":["male"]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},"data":[2]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","parameters":{"content_type":"pd_json"},"data":["NaN"]}]}',
+    b'{"inputs":[{"name":"g","shape":[1],"datatype":"INT64","parameters":{"content_type":"pd_json"},"data":[1]}]}',
     # numbers beyond a float in fields msgspec skips (orjson refuses the body)
     b'{"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","data":["male"],"parameters":{"threshold":1e400}}]}',
     b'{"p":1e309,"inputs":[{"name":"g","shape":[1],"datatype":"BYTES","data":["male"]}]}',
@@ -189,6 +198,18 @@ def test_a_usual_poll_in_the_bench_layout_is_taken() -> None:
     assert _same(records, {"credit"})
     halves = read_halves("kserve", "kserve", records, {"credit"}).halves
     assert len(halves) == 40 and halves[0].time == T0 and halves[0].metadata == {"x-region": "north"}
+
+
+def test_another_components_unreadable_records_leave_the_poll_to_the_one_pass_reader() -> None:
+    """A transformer's records (a JPEG request, its answer) in a poll of a model that counts its predictor: ignored
+    by their ``ce_component`` header before any body is read, in one pass as record by record."""
+    records = _mlserver_poll(random.Random(12), 4)
+    for response, body in ((False, b"\xff\xd8\xff\xe0 a JPEG"), (True, b'{"predictions": [1]}')):
+        value, headers, key = cloudevent("credit", "call-t", response, body, T0)
+        records.append((value, [(k, b"transformer" if k == "ce_component" else v) for k, v in headers], key, 5))
+    assert _same(records, {"credit"}, {"credit": "predictor"})
+    assert read_halves("kserve", "kserve", records, {"credit"}, counted={"credit": "predictor"}).ignored == {
+        "other_component": 2}  # fmt: skip
 
 
 def test_a_poll_with_nothing_of_the_models_counted_is_all_ignored() -> None:

@@ -279,7 +279,7 @@ class Ingest:
                 self._released(self.fleet.attributes.expire(now, self._specs(), outcomes), now, given_up)
                 self._side_counted(outcomes)
             self.fleet.joins.expire(now, given_up)
-            responses = self.fleet.pairs.expire(now, unmatched) if self.fleet.pairs.pending else []
+            responses = self.fleet.pairs.expire(now, unmatched)  # done ages too while nothing waits
             pending = len(self.fleet.joins.pending)
             behind = now - self.fleet.joins.labels_clock(now)
         self.health.pending_predictions.set(pending)

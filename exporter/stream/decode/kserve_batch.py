@@ -19,9 +19,11 @@ levels: then None), and accepts three things orjson does not read alike, each ce
 
 The CloudEvent attributes are read column by column over the poll's headers, the times by
 :func:`~exporter.stream.decode.timestamps.epochs`, each tensor by :func:`~exporter.stream.decode.oip.json_tensor`
-(the one rule of JSON tensors). Only the usual poll is read here: at least :data:`_FEWEST` records, binary mode,
-neither gzip nor another content encoding, every record a request or a response of a named InferenceService with
-an id, each body's tensors read without refusal; anything else is left to the record-by-record path.
+(the one rule of JSON tensors). Records of other models, and of a component the model does not count (its
+``ce_component`` header), are ignored first, whatever their body, as record by record. Only the usual poll is read
+here: at least :data:`_FEWEST` records, binary mode, neither gzip nor another content encoding, every record a
+request or a response of a named InferenceService with an id, each body's tensors read without refusal; anything
+else is left to the record-by-record path.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from exporter.stream.decode.oip import DATATYPES, BadPayload, Columns, json_tens
 from exporter.stream.decode.platforms import (
     REQUEST_TYPE,
     RESPONSE_TYPE,
+    STRUCTURED,
     Half,
     _metadata,
     _says_gzip,
@@ -108,19 +111,27 @@ def halves(records: Sequence[tuple[bytes | None, Any, bytes | None, int]], model
     if None in models_of:
         return None  # structured mode, or no model named: record by record
     ignored: Counter[str] = Counter()
+    components = [c or "" for c in _distinct_texts(column["ce_component"])]
     at = [i for i, model in enumerate(models_of) if model in models]
     if len(at) < n:
         ignored.update(ignore_reason(m) for m in models_of if m not in models)
-        records, models_of, n = [records[i] for i in at], [models_of[i] for i in at], len(at)
+    content_types = column["content-type"]
+    if any(map(_structured, {content_types[i] for i in at})):
+        return None  # structured mode: the event in the value names the model and component
+    if counted:  # another component's log of a model that counts one: ignored, whatever its body
+        mine = [i for i in at if not components[i] or counted.get(models_of[i] or "", components[i]) == components[i]]
+        ignored["other_component"] += len(at) - len(mine)
+        at = mine
+    if len(at) < n:
+        records, models_of, components, n = ([records[i] for i in at], [models_of[i] for i in at],
+                                             [components[i] for i in at], len(at))  # fmt: skip
         column = {name: [values[i] for i in at] for name, values in column.items()}
         if not n:
-            return [], [], ignored
+            return [], [], +ignored
     encodings = zip(column["content-type"], column["content-encoding"], column["ce_contentencoding"], strict=True)
     for content_type, encoding, attribute in set(encodings):
-        kind = _header_text(content_type)
-        if (kind is not None and kind.startswith("application/cloudevents+json")) or _says_gzip(
-                kind, _header_text(encoding) or _header_text(attribute)):  # fmt: skip
-            return None  # structured mode, or a body said to be gzip
+        if _says_gzip(_header_text(content_type), _header_text(encoding) or _header_text(attribute)):
+            return None  # a body said to be gzip
     kinds = column["ce_type"]  # compared as bytes: a value that is not UTF-8 is neither type
     pids = texts(column["ce_id"])
     if not set(kinds) <= _TYPES or not all(pids):
@@ -152,17 +163,9 @@ def halves(records: Sequence[tuple[bytes | None, Any, bytes | None, int]], model
                         for response, text in zip(responses, texts(logged), strict=True)]  # fmt: skip
         except BadPayload:
             return None
-    components = [c or "" for c in _distinct_texts(column["ce_component"])]
     found = list(map(Half, pids, responses, models_of, times, rows, tables, values, metadata, repeat(None, n),
                      components))  # fmt: skip
-    if counted:  # another component's log of a model that counts one: ignored
-        mine = [not half.component or counted.get(half.model or "", half.component) == half.component
-                for half in found]  # fmt: skip
-        if not all(mine):
-            ignored["other_component"] += mine.count(False)
-            at = [i for i, keep in zip(at, mine, strict=True) if keep]
-            found = [half for half, keep in zip(found, mine, strict=True) if keep]
-    return found, at, ignored
+    return found, at, +ignored
 
 
 _READ: Final = ("ce_inferenceservicename", "content-type", "content-encoding", "ce_contentencoding", "ce_type",
@@ -196,6 +199,12 @@ def header_columns(raws: Sequence[Sequence[tuple[str, bytes | None]] | None],
     return {name: list(map(dict.get, headers, repeat(name, n))) for name in names}
 
 
+def _structured(content_type: bytes | None) -> bool:
+    """Whether a record is a structured-mode CloudEvent, by its ``content-type`` (as ``kserve_event`` tells it)."""
+    kind = _header_text(content_type)
+    return kind is not None and kind.startswith(STRUCTURED)
+
+
 def _distinct_texts(values: list[bytes | None]) -> list[str | None]:
     """Header values of few distinct values (a model's name, a component) as :func:`texts` reads them, each distinct
     value decoded once."""
@@ -219,8 +228,8 @@ def _columns(values: list[bytes], responses: list[bool]) -> tuple[list[int], lis
             for tensor in tensors:
                 if tensor.datatype not in DATATYPES:
                     return None
-                k = json_tensor(tensor.name, tensor.shape, tensor.data, tensor.datatype == "BYTES" and (
-                    tensor.parameters is not None and tensor.parameters.content_type == "base64"), out)  # fmt: skip
+                k = json_tensor(tensor.name, tensor.shape, tensor.data, tensor.datatype,
+                                None if tensor.parameters is None else tensor.parameters.content_type, out)
                 if found is not None and k != found:
                     return None
                 found = k

@@ -4,7 +4,8 @@ A request's or response's tensors become columns: a tensor of shape ``[N]`` or `
 name, column ``i`` of an ``[N, k]`` tensor is ``<name>-<i>`` (higher ranks: the trailing dimensions flattened), as
 TrustyAI names them. MLServer's pandas codec sends one ``[N, 1]`` tensor per DataFrame column (strings as BYTES),
 so a DataFrame's columns come back under their own names. A v1 body's instances (records by their keys, lists as
-``instances-<i>``) and predictions (``predictions``, or ``predictions-<i>`` / record keys) follow the same rule.
+``instances-<i>``; under ``instances``, or under a request's ``inputs`` that are no tensors, as KServe's v1 servers
+take them) and predictions (``predictions``, or ``predictions-<i>`` / record keys) follow the same rule.
 Tensors arrive as JSON (data nested or flat, row-major) or as protobuf (typed ``contents`` or ``raw_*_contents``);
 the protobuf messages are built at run time from the ``.proto``'s fields (:func:`messages`), with no generated
 module to keep in step with the protobuf runtime. Every defect raises :class:`BadPayload` with its reason.
@@ -12,12 +13,14 @@ module to keep in step with the protobuf runtime. Every defect raises :class:`Ba
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import cache
 from itertools import chain
 from typing import Any, Final
 
 import numpy as np
+import orjson
 
 Columns = dict[str, list[Any]]
 """Column name -> one value per row."""
@@ -118,24 +121,54 @@ def json_tensors(tensors: Any, out: Columns) -> int | None:
             raise BadPayload("malformed_payload")
         if datatype.__class__ is not str or datatype not in DATATYPES:  # a list or an object: no datatype either
             raise BadPayload("unknown_datatype")
-        n = json_tensor(name, shape, data, datatype == "BYTES" and _content_type(get("parameters")) == "base64", out)
+        n = json_tensor(name, shape, data, datatype, _content_type(get("parameters")), out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")
         rows = n
     return rows
 
 
-def json_tensor(name: str, shape: list[Any], data: list[Any], base64: bool, out: Columns) -> int:
+def json_tensor(name: str, shape: list[Any], data: list[Any], datatype: str, content_type: Any, out: Columns) -> int:
     """One JSON tensor (its name a string, its shape and data lists, its datatype one of :data:`DATATYPES`;
-    ``base64``: BYTES of MLServer's base64 codec) as columns in ``out``; its rows."""
-    if base64:
-        raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
+    ``content_type``: its ``parameters.content_type``, MLServer's codec of its elements) as columns in ``out``; its
+    rows."""
+    if content_type is not None:
+        if content_type == "base64" and datatype == "BYTES":
+            raise BadPayload("base64_bytes")  # MLServer's base64 codec: binary, never an attribute's text
+        if content_type == PD_JSON:
+            return _split(name, json_elements(_flat(data)), shape, out)
     first = shape[0] if shape else None
     if (first.__class__ is int and first == len(data) and (not data or data[0].__class__ is not list) and (
             len(shape) == 1 or (len(shape) == 2 and shape[1].__class__ is int and shape[1] == 1))):  # fmt: skip
         out[name] = data  # one column of flat values, as _split reads it
         return first
     return _split(name, _flat(data), shape, out)
+
+
+PD_JSON: Final = "pd_json"
+"""The content type MLServer's ``PandasCodec`` gives a DataFrame column of objects that are not all strings: BYTES,
+each element JSON text (mlserver/codecs/pandas.py ``_to_response_output``: ``encode_to_json`` of each)."""
+
+
+_PD_JSON_BYTES: Final = PD_JSON.encode()
+
+
+def json_elements(values: list[Any]) -> list[Any]:
+    """The elements of a :data:`PD_JSON` tensor as MLServer's decoder reads them: each loaded by ``json.loads``
+    (mlserver/codecs/json.py ``decode_json_input_or_output``). One that is no JSON text (``NaN`` and ``Infinity``
+    neither: MLServer's encoder refuses them), or whose value could not be written back as JSON (an integer beyond
+    64 bits, a lone surrogate: the join's checkpoints and the staged path's records hold the values as JSON), is
+    refused as ``malformed_payload``, never guessed."""
+    try:
+        found = [json.loads(v, parse_constant=_no_constant) for v in values]
+        orjson.dumps(found)
+    except (ValueError, TypeError, RecursionError) as exc:  # orjson.JSONEncodeError is a TypeError
+        raise BadPayload("malformed_payload") from exc
+    return found
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")
 
 
 def v1_columns(items: Any, name: str, out: Columns) -> int:
@@ -168,13 +201,23 @@ def v1_columns(items: Any, name: str, out: Columns) -> int:
     return len(items)
 
 
+_TENSOR: Final = frozenset({"name", "shape", "datatype", "data"})
+"""The fields every v2 JSON tensor has (KServe's ``RequestInput`` requires each)."""
+
+
 def json_body(body: Any, response: bool, out: Columns) -> tuple[int, str | None]:
-    """A v1 or v2 JSON body (a parsed object) as columns in ``out``: (rows, the body's own ``id`` if any)."""
+    """A v1 or v2 JSON body (a parsed object) as columns in ``out``: (rows, the body's own ``id`` if any). A
+    request's ``inputs`` are v2 tensors unless they are v1 rows: KServe's v1 servers take a request's instances under
+    ``inputs`` as well (``get_predict_input``), read here as ``instances``, when the first is no tensor object."""
     if body.__class__ is not dict:
         raise BadPayload("malformed_payload")
     key = "outputs" if response else "inputs"
     if key in body:
-        rows = json_tensors(body[key], out)
+        found = body[key]
+        if not response and found and found.__class__ is list and (
+                found[0].__class__ is not dict or not found[0].keys() >= _TENSOR):  # fmt: skip
+            return v1_columns(found, "instances", out), None
+        rows = json_tensors(found, out)
         pid = body.get("id")
         return rows or 0, pid if pid.__class__ is str else None
     key = "predictions" if response else "instances"
@@ -283,6 +326,7 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
     if raws and len(raws) != len(tensors):
         raise BadPayload("malformed_payload")
     rows: int | None = None
+    coded = value.find(_PD_JSON_BYTES) >= 0  # no tensor says pd_json unless its bytes are in the message
     for k, tensor in enumerate(tensors):
         datatype = tensor.datatype
         if datatype not in DATATYPES:
@@ -295,6 +339,8 @@ def proto_body(value: bytes, response: bool, out: Columns) -> tuple[int, str | N
             values = list(getattr(tensor.contents, _CONTENTS[datatype]))  # one C call, no Python step per value
         if datatype == "BYTES":
             values = _text(values)
+        if coded and "content_type" in tensor.parameters and tensor.parameters["content_type"].string_param == PD_JSON:
+            values = json_elements(values)
         n = _split(tensor.name, values, list(tensor.shape), out)
         if rows is not None and n != rows:
             raise BadPayload("unequal_rows")

@@ -35,6 +35,7 @@ from exporter.stream.decode.oip import BadPayload
 from exporter.stream.decode.platforms import (
     Half,
     headers_of_poll,
+    kserve_event,
     kserve_half,
     kserve_model,
     pair_of,
@@ -145,8 +146,9 @@ class PairJoin:
                                 in found["done"])  # fmt: skip
 
     def expire(self, now: float, counts: Counter[str]) -> list[Half]:
-        """Drop the halves that waited a horizon; the responses among them (a response with no request ever is a
-        bad payload: rejected and dead-lettered by the caller)."""
+        """Drop the halves that waited a horizon and forget the calls done a horizon ago (their id used again is a
+        new call: every path calls this on its schedule, a half waiting or not); the responses among the halves
+        dropped (a response with no request ever is a bad payload: rejected and dead-lettered by the caller)."""
         cutoff = now - self.horizon
         old = [key for key, (_, at) in self.pending.items() if at < cutoff]
         responses = []
@@ -210,24 +212,32 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     read = kserve_batch.halves(records, models, counted) if format == "kserve" else None
     if read is not None:
         return Halves(read[0], at=read[1], ignored=read[2])
+    kserve = format == "kserve"
     for i, ((value, _, key, ms), headers) in enumerate(zip(records, headers_of_poll([r[1] for r in records])[0],
                                                           strict=True)):  # fmt: skip
-        model = kserve_model(headers) if format == "kserve" else seldon_model(topic)[0]
+        model = kserve_model(headers) if kserve else seldon_model(topic)[0]
         if model is not None and model not in models:
             out.ignored[ignore_reason(model)] += 1
             continue
+        pid = None
         try:
-            half = kserve_half(value, headers, ms) if format == "kserve" else seldon_half(value, headers, key, topic,
-                                                                                         ms, response)  # fmt: skip
+            if kserve:  # the model and component an event names decide before its body is read
+                event = kserve_event(value, headers)
+                model, pid, component = event.model, event.id, event.component
+                if model is not None and model not in models:  # structured mode: named in the event
+                    out.ignored[ignore_reason(model)] += 1
+                    continue
+                if counted and component and counted.get(model or "", component) != component:
+                    out.ignored["other_component"] += 1
+                    continue
+            half = kserve_half(value, headers, ms, event) if kserve else seldon_half(value, headers, key, topic, ms,
+                                                                                     response)  # fmt: skip
         except BadPayload as exc:
-            out.rejected.append((value, exc.reason, model, pair_of(format, headers)))
+            out.rejected.append((value, exc.reason, model, pid or pair_of(format, headers, key)))
             out.rejected_at.append(i)
             continue
         if half.model not in models:
             out.ignored[ignore_reason(half.model)] += 1
-            continue
-        if counted and half.component and counted.get(half.model or "", half.component) != half.component:
-            out.ignored["other_component"] += 1
             continue
         out.halves.append(half)
         out.at.append(i)

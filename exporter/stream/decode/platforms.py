@@ -38,6 +38,8 @@ MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """An unzipped body larger than this is refused (``payload_too_large``): a small gzip must not fill the memory."""
 REQUEST_TYPE: Final = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE: Final = "org.kubeflow.serving.inference.response"
+STRUCTURED: Final = "application/cloudevents+json"
+"""The ``content-type`` of a structured-mode CloudEvent record (the whole event as JSON)."""
 SELDON_TYPES: Final = {"proto/InferModelRequest": False, "proto/InferModelResponse": False,
                        "json/inferModelRequest": True, "json/inferModelResponse": True}  # fmt: skip
 """Seldon's ``seldon-infer-type`` header: whether the body is JSON (on an ``.outputs`` record it is the request's
@@ -46,6 +48,8 @@ SELDON_RESERVED: Final = frozenset({"x-request-id", "seldon-infer-type", "tracep
                                     "seldon-pipeline-errors", "pipeline", "x-pipeline-version"})  # fmt: skip
 """Seldon record headers that are plumbing, never columns."""
 
+_OPTIONAL_TEXT: Final = frozenset({str, type(None)})
+"""The types of a CloudEvent attribute that is text, or absent."""
 _NAMES: Final = ("type", "id", "inferenceservicename", "time", "metadata", "contentencoding", "component")
 """The CloudEvent attributes a payload half is read from."""
 _HEADERS: Final = tuple(f"ce_{name}" for name in _NAMES)
@@ -182,12 +186,19 @@ def _body_columns(body: Any, response: bool) -> tuple[int, Columns]:
     return rows, columns
 
 
-def pair_of(format: str, headers: Headers) -> str | None:
-    """The pair id of a record from its headers alone, as its half would carry it (None: they do not say): the
-    partner of a record refused is dropped by it."""
+def seldon_call(headers: Headers, key: bytes | None) -> str | None:
+    """A Seldon record's call id by its headers and key: ``x-request-id``, else the record key (the model gateway
+    writes a response under its request's key: scheduler/pkg/kafka/gateway/worker.go); None: neither says (the
+    message's own ``id`` may)."""
+    return _text(headers.get("x-request-id")) or _text(key) or None
+
+
+def pair_of(format: str, headers: Headers, key: bytes | None) -> str | None:
+    """The pair id of a record from its headers and key alone, as its half would carry it (None: they do not say):
+    the partner of a record refused is dropped by it."""
     if format == "kserve":
         return _text(headers.get("ce_id")) or None
-    pid, pipeline = _text(headers.get("x-request-id")), _text(headers.get("pipeline"))
+    pid, pipeline = seldon_call(headers, key), _text(headers.get("pipeline"))
     return None if not pid else f"{pipeline}.{pid}" if pipeline else pid
 
 
@@ -196,44 +207,77 @@ def kserve_model(headers: Headers) -> str | None:
     return _text(headers.get("ce_inferenceservicename"))
 
 
-def kserve_half(value: bytes | None, headers: Headers, record_ms: int) -> Half:
-    """One KServe payload-logger CloudEvent, as the KafkaSink wrote it (binary or structured mode)."""
+@dataclass(slots=True)
+class CloudEvent:
+    """A KServe CloudEvent before its body is read: its attributes, and its body (the record's value, a structured
+    event's ``data`` or, when ``base64``, its ``data_base64``) with the content type and encoding it is said to
+    have."""
+
+    attributes: dict[str, Any]
+    body: Any
+    content_type: Any
+    encoding: Any
+    base64: bool = False
+
+    @property
+    def model(self) -> str | None:
+        model = self.attributes.get("inferenceservicename")
+        return model if model.__class__ is str else None
+
+    @property
+    def component(self) -> str:
+        component = self.attributes.get("component")
+        return component if component.__class__ is str else ""
+
+    @property
+    def id(self) -> str | None:
+        pid = self.attributes.get("id")
+        return pid if pid.__class__ is str and pid else None
+
+
+def kserve_event(value: bytes | None, headers: Headers) -> CloudEvent:
+    """A KServe payload-logger record's CloudEvent (binary or structured mode), its body unread: the model and
+    component it names decide whether the body is read at all."""
+    content_type = _text(headers.get("content-type"))
+    if content_type is None or not content_type.startswith(STRUCTURED):
+        attributes = _attributes(headers)  # binary mode: the attributes are ce_* headers, the value the body
+        encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
+        return CloudEvent(attributes, value, content_type, encoding)
     if not value:
         raise BadPayload("malformed_payload")
-    content_type = _text(headers.get("content-type"))
-    if content_type is not None and content_type.startswith("application/cloudevents+json"):
-        event = _json_object(value)
-        attributes: dict[str, Any] = event
-        data_type = event.get("datacontenttype")
-        if "data_base64" in event:
-            try:
-                body: Any = base64.b64decode(event["data_base64"], validate=True)
-            except (ValueError, TypeError) as exc:
-                raise BadPayload("malformed_payload") from exc
-        else:
-            body = event.get("data")
-            if body.__class__ is str:
-                body = body.encode()
-        encoding = event.get("contentencoding")
-    else:  # binary mode: the attributes are ce_* headers
-        attributes = _attributes(headers)
-        data_type, body = content_type, value
-        encoding = _text(headers.get("content-encoding")) or attributes.get("contentencoding")
-    get = attributes.get
-    kind, pid = get("type"), get("id")
-    if kind not in (REQUEST_TYPE, RESPONSE_TYPE) or pid.__class__ is not str or not pid:
+    event = _json_object(value)
+    encoded = "data_base64" in event
+    return CloudEvent(event, event["data_base64"] if encoded else event.get("data"), event.get("datacontenttype"),
+                      event.get("contentencoding"), encoded)  # fmt: skip
+
+
+def kserve_half(value: bytes | None, headers: Headers, record_ms: int, event: CloudEvent | None = None) -> Half:
+    """One KServe payload-logger CloudEvent, as the KafkaSink wrote it (binary or structured mode); ``event``: its
+    :func:`kserve_event`, read already."""
+    if not value:
+        raise BadPayload("malformed_payload")
+    if event is None:
+        event = kserve_event(value, headers)
+    get, data_type, encoding = event.attributes.get, event.content_type, event.encoding
+    kind, pid, body = get("type"), event.id, event.body
+    if (kind not in (REQUEST_TYPE, RESPONSE_TYPE) or pid is None or data_type.__class__ not in _OPTIONAL_TEXT
+            or encoding.__class__ not in _OPTIONAL_TEXT):  # a structured event's attributes may be any JSON value
         raise BadPayload("malformed_payload")
     response = kind == RESPONSE_TYPE
+    if event.base64:
+        try:
+            body = base64.b64decode(body, validate=True)
+        except (ValueError, TypeError) as exc:
+            raise BadPayload("malformed_payload") from exc
+    elif body.__class__ is str:
+        body = body.encode()
     if body.__class__ is bytes:
         body = _parsed(_unzip(body, _says_gzip(data_type, encoding)))
     rows, columns = _body_columns(body, response)
-    model = get("inferenceservicename")
     when = epoch(get("time")) if get("time") is not None else None
-    component = get("component")
-    return Half(pid, response, model if model.__class__ is str else None,
+    return Half(pid, response, event.model,
                 when if when is not None else (record_ms / 1000 if record_ms > 0 else None), rows, columns,
-                value, _metadata(get("metadata")) if not response else {}, None,
-                component if component.__class__ is str else "")  # fmt: skip
+                value, _metadata(get("metadata")) if not response else {}, None, event.component)  # fmt: skip
 
 
 def seldon_model(topic: str) -> tuple[str | None, bool | None]:
@@ -254,7 +298,7 @@ def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic:
         raise BadPayload("malformed_payload")
     kind = _text(headers.get("seldon-infer-type"))
     as_json = SELDON_TYPES[kind] if kind in SELDON_TYPES else value.lstrip()[:1] == b"{"
-    pid = _text(headers.get("x-request-id")) or _text(key)
+    pid = seldon_call(headers, key)
     columns: Columns = {}
     if as_json:
         rows, own = json_body(_parsed(value), response, columns)
@@ -268,3 +312,4 @@ def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic:
     return Half(f"{pipeline}.{pid}" if pipeline else pid, response, model,
                 record_ms / 1000 if record_ms > 0 else None, rows, columns, value, metadata,
                 pid if pipeline else None)  # fmt: skip
+
