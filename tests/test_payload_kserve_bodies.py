@@ -5,6 +5,7 @@ the daemon reads a poll: each read as KServe means it, or refused under a reason
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import orjson
@@ -97,3 +98,36 @@ def test_inputs_that_are_neither_v1_rows_nor_v2_tensors_are_refused(inputs: Any,
     body = orjson.dumps({"inputs": inputs})
     read = read_halves("kserve", "kserve-log", [(*cloudevent("loans", "c", False, body, T), -1)], {"loans"})
     assert (read.halves, [r for _, r, _, _ in read.rejected]) == ([], [reason])
+
+
+def test_a_v1_cell_nested_deeper_than_a_half_can_be_stored_is_refused_and_the_join_state_stays_writable() -> None:
+    """orjson reads 1024 levels of lists and objects but writes 255: a v1 cell 300 lists deep was read, and then
+    every checkpoint of the join (``PairJoin.state``) and the staged path's re-keying (``half_json``) raised while
+    the half waited. Refused as ``malformed_payload`` instead; a cell of 150 levels is read and stored."""
+    from collections import Counter
+
+    from exporter.stream.decode.payload import PairJoin, half_json, half_of
+
+    def deep(levels: int) -> Any:
+        cell: Any = "female"
+        for _ in range(levels):
+            cell = [cell]
+        return cell
+
+    def request(cell: Any, call: str) -> tuple[bytes, list[tuple[str, bytes]], None, int]:
+        value, headers, key, ms = structured(id=call, datacontenttype="application/json", data="")
+        event = {**orjson.loads(value), "data": {"instances": [{"sex": cell, "income": 1.0}]}}
+        return json.dumps(event).encode(), headers, key, ms  # orjson cannot write it: the stdlib can
+
+    read = read_halves("kserve", "kserve-log", [request(deep(300), "deep"), request(deep(150), "nested")],
+                       {"loans"})  # fmt: skip
+    assert [(reason, call) for _, reason, _, call in read.rejected] == [("malformed_payload", "deep")]
+    [half] = read.halves
+    assert half.pair == "nested" and half.columns["sex"] == [deep(150)]
+    join = PairJoin(600.0)
+    assert join.add(half, T, Counter()) is None  # waits for its response
+    restored = PairJoin(600.0)
+    restored.restore(join.state())
+    [(waiting, _)] = restored.pending.values()
+    assert waiting.columns["sex"] == [deep(150)]
+    assert half_of(orjson.loads(orjson.dumps(half_json(half)))).columns == half.columns

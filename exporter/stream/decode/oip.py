@@ -198,7 +198,26 @@ def v1_columns(items: Any, name: str, out: Columns) -> int:
             out[f"{name}-{i}"] = [item[i] for item in items]
     else:
         out[name] = items
+    for column in out.values():
+        if not set(map(type, column)).isdisjoint(_CONTAINERS) and _deeper(column, MOST_CELL_DEPTH):
+            raise BadPayload("malformed_payload")
     return len(items)
+
+
+_CONTAINERS: Final = frozenset({list, dict})
+MOST_CELL_DEPTH: Final = 200
+"""The deepest nesting of lists and objects a v1 cell may hold. A half is stored as JSON (the checkpoint, the staged
+path's re-keying) by orjson, which writes at most 255 levels though it reads 1024: a cell deeper than this, with the
+levels around it, could be read and never written, and would fail every checkpoint while it waited."""
+
+
+def _deeper(value: Any, levels: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``levels`` deep."""
+    if value.__class__ is dict:
+        value = list(value.values())
+    elif value.__class__ is not list:
+        return False
+    return levels <= 0 or any(_deeper(v, levels - 1) for v in value)
 
 
 _TENSOR: Final = frozenset({"name", "shape", "datatype", "data"})
