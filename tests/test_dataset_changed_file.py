@@ -18,7 +18,8 @@ from exporter.gate.fairness import audit as audit_module
 
 CONFIG = {"model_id": "m", "min_samples": 5,
           "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}],
-          "metrics": [{"name": "demographic_parity_difference", "threshold": 0.2, "severity_on_fail": "blocking"}]}  # fmt: skip
+          "metrics": [{"name": "demographic_parity_difference", "threshold": 0.2,
+                       "severity_on_fail": "blocking"}]}  # fmt: skip
 
 
 def test_a_file_appended_to_after_listing_is_refused_as_changed(

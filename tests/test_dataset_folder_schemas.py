@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -17,7 +16,8 @@ from exporter.cli import main
 CONFIG = {"model_id": "m", "min_samples": 5,
           "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}],
           "metrics": [{"name": "demographic_parity_difference", "threshold": 0.2, "severity_on_fail": "blocking"},
-                      {"name": "equalised_odds_difference", "threshold": 0.2, "severity_on_fail": "blocking"}]}  # fmt: skip
+                      {"name": "equalised_odds_difference", "threshold": 0.2,
+                       "severity_on_fail": "blocking"}]}  # fmt: skip
 
 
 def fair(n: int) -> pd.DataFrame:

@@ -14,7 +14,8 @@ from exporter.cli import main
 from exporter.gate.fairness.audit import run_audit
 
 CONFIG = {"model_id": "m", "min_samples": 5, "protected_attributes": [{"name": "grade", "groups": ["01", "02"]}],
-          "metrics": [{"name": "demographic_parity_difference", "threshold": 0.2, "severity_on_fail": "blocking"}]}  # fmt: skip
+          "metrics": [{"name": "demographic_parity_difference", "threshold": 0.2,
+                       "severity_on_fail": "blocking"}]}  # fmt: skip
 
 
 @pytest.mark.parametrize("ext", ["parquet", "csv"])

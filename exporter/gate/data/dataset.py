@@ -60,6 +60,8 @@ class Dataset:
     arrow: ds.Dataset
     ids: tuple[str, ...] = ()
     """Id columns (the keys of ``attribute_sources``): a CSV file's are its text as written (see :func:`_ids`)."""
+    file_schemas: tuple[pa.Schema, ...] = ()
+    """Each file's own columns in its order (a CSV file's header) and types, as :attr:`files`."""
     problems: Mapping[str, str] = field(default_factory=dict)
     """Why a column cannot be read alike from every file, by column (:func:`_one_table`): :meth:`problem`."""
 
@@ -211,7 +213,7 @@ def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = 
             list(partitioned.get_fragments()), schema, file_format_, plain.filesystem)  # fmt: skip
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{location}: cannot read {what}: {_reason(exc)}") from exc
-    return Dataset(location, what, root, files, kind, fs, arrow, tuple(ids), problems)
+    return Dataset(location, what, root, files, kind, fs, arrow, tuple(ids), tuple(schemas), problems)
 
 
 def _one_table(location: str, files: Sequence[DataFile], schemas: Sequence[pa.Schema],

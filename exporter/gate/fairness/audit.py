@@ -252,7 +252,7 @@ def run_audit(
         if engine == "spark":
             from exporter.spark import spark_rows
 
-            rows, weights = spark_rows(config, data_file), "count"
+            rows, weights = spark_rows(config, dataset), "count"
         else:  # DuckDB's counts where they are faster and the same (exporter/gate/fairness/local_counts.py)
             rows, weights = local_rows(config, dataset)
     path_name = data_file or "<predictions>"
