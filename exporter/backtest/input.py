@@ -276,7 +276,8 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
         if not path.is_file():
             raise BacktestError(f"{path}: no such events file")
         if path.suffix.lower() == GZIP:  # JSON lines are read as they are: gzipped ones would be malformed lines
-            raise BacktestError(f"{path}: a gzipped file is read only as CSV (.csv.gz, .txt.gz); gunzip JSON lines first")
+            raise BacktestError(f"{path}: a gzipped file is read only as CSV (.csv.gz, .txt.gz); gunzip JSON lines "
+                                "first")  # fmt: skip
         yield from (_payload_dump(path, config, fleet) if payloads else _jsonl(path, fleet))
 
 
