@@ -70,3 +70,13 @@ def test_a_file_outside_the_partition_folders_is_refused_not_counted_as_unknown(
     assert main(["audit", str(config), str(tmp_path / "hive"), "--audit-log", str(tmp_path / "log")]) == 2
     err = capsys.readouterr().err
     assert "'stray.parquet' has no column 'grade'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_glob_matching_one_file_of_a_partitioned_table_keeps_its_partition(tmp_path: Path) -> None:
+    """``hive/grade=*/part-0.parquet`` matching one file: the partition column is there, as for two."""
+    from exporter.gate.data.dataset import read_batches
+
+    (tmp_path / "hive" / "grade=01").mkdir(parents=True)
+    pd.DataFrame({"prediction": [1, 0]}).to_parquet(tmp_path / "hive" / "grade=01" / "part-0.parquet")
+    (batch,) = read_batches(str(tmp_path / "hive" / "grade=*" / "part-0.parquet"), ["grade", "prediction"])
+    assert batch.to_pydict() == {"grade": ["01", "01"], "prediction": [1, 0]}

@@ -209,7 +209,7 @@ def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = 
             names, filesystem=plain.filesystem, format=file_format_, partition_base_dir=root or None,
             partitioning=ds.HivePartitioning.discover(schema=pa.schema([(k, TEXT) for k in dict.fromkeys(
                 k for ks in keys for k in ks)]), null_fallback=HIVE_NULL))  # fmt: skip
-        arrow = plain if len(files) == 1 else ds.FileSystemDataset(
+        arrow = partitioned if len(files) == 1 else ds.FileSystemDataset(
             list(partitioned.get_fragments()), schema, file_format_, plain.filesystem)  # fmt: skip
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{location}: cannot read {what}: {_reason(exc)}") from exc
