@@ -356,9 +356,7 @@ def _baseline(config: ModelSpec, baseline: pd.DataFrame | str | Path, tally: Seg
         rows: Rows = FrameRows(baseline)
         about: dict[str, Any] = {"file": None, "manifest_sha256": None}
     else:
-        location = str(baseline)
-        rows = open_rows(location, "baseline", config)
-        about = {"file": location, "manifest_sha256": None}
+        rows, about = open_rows(str(baseline), "baseline", config), {"file": str(baseline), "manifest_sha256": None}
     counted = count(config, rows, about["file"] or "<baseline>", empty="the baseline has no rows", also=tally,
                     csv=isinstance(rows, Dataset) and rows.format == "csv")  # fmt: skip
     if isinstance(rows, Dataset):  # hashed once counted, as the audited data
