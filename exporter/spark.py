@@ -21,8 +21,10 @@ from typing import Any
 import pyarrow as pa
 
 from exporter.config import ModelSpec
-from exporter.gate.data.dataset import BATCH_ROWS, WHOLE_FLOAT_ID, DataError, open_dataset
-from exporter.gate.fairness.frames import attribute_columns, csv_text_columns, prediction_column
+from exporter.gate import storage
+from exporter.gate.data.dataset import BATCH_ROWS, PANDAS_NULLS, WHOLE_FLOAT_ID, DataError, Dataset, csv_values
+from exporter.gate.data.files import filesystem, join
+from exporter.gate.fairness.frames import attribute_columns, prediction_column
 
 COUNT = "count"
 """The aggregation's column of rows per combination of values."""
@@ -56,51 +58,98 @@ class CountedRows:
         yield from self.table.select(list(columns)).to_batches(batch_rows)
 
 
-def read(spark: Any, location: str, ids: Sequence[str] = (), texts: Sequence[str] = (), times: Sequence[str] = ()
-         ) -> Any:  # fmt: skip
-    """A dataset as Spark reads it (parquet, or CSV with a header and inferred types; folders, globs and hive
-    partitions as Spark knows them). ``ids``: id columns, read from CSV as the local engine reads them (their text,
-    an integer followed by ``.0`` as that integer: exporter/gate/data/dataset.py); ``texts``: columns read from CSV
-    as their text as written, as the local engine reads attribute, segment and strata columns
-    (:func:`exporter.gate.fairness.frames.csv_text_columns`; the gate's encoding matches them);
-    ``times``: time columns, read from CSV as their text where Spark would infer dates or timestamps (which it
-    reads in its session's time zone), so that the gate's reading of times gives ISO 8601 text without an offset
-    as UTC, as everywhere else (exporter/gate/data/columns.py, ``seconds``)."""
-    kind = open_dataset(location, "predictions").format
-    reader = spark.read.format(kind)
-    if kind != "csv":
-        return reader.load(location)
-    reader = reader.option("header", True).option("inferSchema", True)
-    if not ids and not texts and not times:
-        return reader.load(location)
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import DateType, StringType, StructField, StructType, TimestampNTZType, TimestampType
+def read(spark: Any, dataset: Dataset, columns: Sequence[str], ids: Sequence[str] = (),
+         times: Sequence[str] = ()) -> Any:  # fmt: skip
+    """``columns``, ``ids`` and ``times`` of a dataset (those it has) as Spark reads them, read as the local engine
+    reads them: only the files the gate lists (exporter/gate/data/files.py; a README.md beside them is no data),
+    hive partitions as their folders' text (partition type inference off), each file's columns by name (a CSV
+    file's by its own header), a number of one file widened to the dataset's type (an int64 file beside a double
+    one: Spark reads a folder by one file's types). A CSV cell is its text, the local engine's missing markers null
+    (``PANDAS_NULLS``); :func:`spark_rows` converts the counted cells by the local engine's own conversion
+    (:func:`exporter.gate.data.dataset.csv_values`), and attribute, segment and strata cells stay their text as
+    written, as there (:func:`exporter.gate.fairness.frames.csv_text_columns`). ``ids``: id columns, a CSV id's
+    ``12.0`` read as ``12`` (exporter/gate/data/dataset.py); ``times``: time columns, a CSV one numbers where the
+    local engine reads numbers, else its text, which the gate reads as it reads text times (ISO 8601 without an
+    offset as UTC, whatever Spark's session time zone: exporter/gate/data/columns.py)."""
+    from pyspark.sql.types import StringType, StructField, StructType
 
-    inferred = reader.load(location).schema
-    dated = {f.name for f in inferred.fields if f.name in times and isinstance(f.dataType, (DateType, TimestampType,
-                                                                                              TimestampNTZType))}
-    schema = StructType([StructField(f.name, StringType()) if f.name in ids or f.name in texts or f.name in dated
-                         else f for f in inferred.fields])  # fmt: skip
-    df = spark.read.format("csv").option("header", True).schema(schema).load(location)
-    for name in (f.name for f in inferred.fields if f.name in ids):
-        df = df.withColumn(name, F.regexp_replace(F.col(name), WHOLE_FLOAT_ID, "$1"))
+    base, paths = _paths(dataset)
+    wanted = [c for c in dict.fromkeys([*columns, *ids, *times]) if c in dataset.columns]
+    groups: dict[pa.Schema, list[str]] = {}  # files read alike: the same header, or the same columns and types
+    for path, schema in zip(paths, dataset.file_schemas, strict=True):
+        key = pa.schema([(n, pa.string()) for n in schema.names]) if dataset.format == "csv" else schema
+        groups.setdefault(key.remove_metadata(), []).append(path)
+    conf = "spark.sql.sources.partitionColumnTypeInference.enabled"
+    before = spark.conf.get(conf, None)
+    spark.conf.set(conf, "false")
+    try:
+        reader = spark.read.format(dataset.format).option("basePath", base)
+        if dataset.format == "csv":
+            reader = reader.options(header=True, enforceSchema=False, escape='"', mode="FAILFAST")
+        frames = [(reader.schema(StructType([StructField(c, StringType()) for c in key.names]))
+                   if dataset.format == "csv" else reader).load(files).select(
+                      *(_column(dataset, key, c, c in ids, c in times) for c in wanted))
+                  for key, files in groups.items()]  # fmt: skip
+    finally:
+        spark.conf.set(conf, before) if before is not None else spark.conf.unset(conf)
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
     return df
 
 
-def spark_rows(config: ModelSpec, location: str) -> CountedRows:
+def _column(dataset: Dataset, schema: pa.Schema, name: str, is_id: bool, is_time: bool) -> Any:
+    """A column of files of one ``schema`` as the local engine reads it: a CSV cell's missing marker null, a CSV
+    id's ``12.0`` as ``12``, a CSV time column the local engine reads as numbers cast to them; a number of one file
+    cast to the dataset's type. A hive partition as it is."""
+    from pyspark.sql import functions as F
+
+    column = F.col(name)
+    kind = dataset.schema.field(name).type
+    number = "bigint" if pa.types.is_integer(kind) else "double" if pa.types.is_floating(kind) else None
+    if name not in schema.names:
+        return column
+    if dataset.format != "csv":
+        return column.cast(number).alias(name) if number and schema.field(name).type != kind else column
+    column = F.when(column.isin(*PANDAS_NULLS), F.lit(None)).otherwise(column)
+    column = F.regexp_replace(column, WHOLE_FLOAT_ID, "$1") if is_id else column
+    return (column.cast(number) if is_time and number else column).alias(name)
+
+
+def _paths(dataset: Dataset) -> tuple[str, list[str]]:
+    """The dataset's root and each listed file as the location names them (its scheme and host as given:
+    ``s3a://``, ``abfss://container@account...``), for Spark: the root is its ``basePath``, where hive partitions
+    start."""
+    if not storage.is_url(dataset.location):
+        return dataset.root, [join(dataset.root, f.path) for f in dataset.files]
+    _, path = filesystem(dataset.location)
+    location, beyond = dataset.location.rstrip("/"), path.rstrip("/")[len(dataset.root):]
+    base = location[: len(location) - len(beyond)] if beyond else location
+    return base, [join(base, f.path) for f in dataset.files]
+
+
+def spark_rows(config: ModelSpec, dataset: Dataset) -> CountedRows:
     """Count a dataset with Spark: the aggregated combinations of values, for :func:`run_audit` to weigh."""
     if config.score_column is not None:
         raise DataError(f"{config.source}: columns.score (the LL144 scoring rate) ranks every score against their "
                         "median, which one aggregation cannot give; audit this model with --engine local")  # fmt: skip
+    ids = [s.id for s in config.attribute_sources]
+    problem = dataset.problem([*counted_columns(config, dataset.columns), *ids, config.timestamp_column])
+    if problem:
+        raise DataError(problem)
     try:
         from pyspark.sql import SparkSession
     except ImportError as exc:
         raise DataError(f"--engine spark needs pyspark: pip install 'fairness-exporter[spark]' ({exc})") from exc
     spark = SparkSession.builder.appName(f"fairness-exporter audit {config.model_id}").getOrCreate()
+    location = dataset.location
     try:
-        df = read(spark, location, [s.id for s in config.attribute_sources], csv_text_columns(config),
-                  [config.timestamp_column])
-        return CountedRows(counts(joined(spark, df, config, location), config).toArrow(), date_range(df, config))
+        df = read(spark, dataset, counted_columns(config, dataset.columns), ids, [config.timestamp_column])
+        table = counts(joined(spark, df, config, location), config).toArrow()
+        table = csv_values(table, dataset.schema) if dataset.format == "csv" else table
+        return CountedRows(table, date_range(df, config))
+    except pa.ArrowInvalid as exc:  # a counted cell the local engine's conversion refuses too
+        raise DataError(f"{location}: cannot read {dataset.what}: {' '.join(str(exc).split())}") from exc
     except Exception as exc:  # Spark's analysis and IO errors arrive through py4j
         if isinstance(exc, DataError):
             raise

@@ -190,7 +190,7 @@ def test_a_local_file_or_folder_is_listed_as_fsspec_lists_it(tmp_path: Path, mon
     links to a file and to a folder inside a folder (not listed), a link given as the path, relative paths."""
     import fsspec
 
-    from exporter.gate.data import dataset
+    from exporter.gate.data import files
 
     for name in ("a.parquet", "sub/b.parquet", "sub/c.csv", ".hidden/d.parquet", "_tmp/e.parquet", "_SUCCESS"):
         (tmp_path / "d" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -201,13 +201,13 @@ def test_a_local_file_or_folder_is_listed_as_fsspec_lists_it(tmp_path: Path, mon
     for location in ("d", "./d/", str(tmp_path / "d"), "d/sub", "d/folder-link", "d/a.parquet", "d/sub/link.parquet",
                      "d/sub/c.csv", "d/.hidden", "nowhere"):  # fmt: skip
         listed = []
-        for fs, path in (fsspec.core.url_to_fs(location), dataset._filesystem(location)):
+        for fs, path in (fsspec.core.url_to_fs(location), files.filesystem(location)):
             try:
-                listed.append(dataset._listing(fs, path, location, "data"))
-            except dataset.DataError as exc:
+                listed.append(files.listing(fs, path, location, "data"))
+            except files.DataError as exc:
                 listed.append(str(exc))
         assert listed[0] == listed[1], location
-    assert dataset._filesystem("d")[0] is dataset._LOCAL and dataset._filesystem("d/*.parquet")[0] is not dataset._LOCAL
+    assert files.filesystem("d")[0] is files.LOCAL and files.filesystem("d/*.parquet")[0] is not files.LOCAL
 
 
 def test_a_folder_without_data_or_mixing_formats_is_one_line_and_exit_2(

@@ -20,7 +20,7 @@ from test_spark import spark  # noqa: F401  (a local SparkSession; skipped witho
 from exporter.backtest.replay import backtest
 from exporter.config import load_config
 from exporter.gate.fairness.audit import run_audit
-from exporter.gate.fairness.frames import csv_text_columns
+from exporter.gate.fairness.frames import open_rows
 
 CDPD = "conditional_demographic_parity_difference"
 
@@ -103,6 +103,6 @@ def test_spark_reads_a_csv_files_segment_and_strata_columns_as_text(spark: Any, 
 
     _rows(np.random.default_rng(10), 300, 0.2).to_csv(tmp_path / "rows.csv", index=False)
     config = load_config(_config(tmp_path)).model()
-    df = read(spark, str(tmp_path / "rows.csv"), texts=csv_text_columns(config))
+    df = read(spark, open_rows(str(tmp_path / "rows.csv"), "predictions", config), ["branch"])
     assert dict(df.dtypes)["branch"] == "string"
     assert {r.branch for r in df.select("branch").distinct().collect()} == {"007", "7", "012"}

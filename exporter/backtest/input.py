@@ -19,6 +19,7 @@ from exporter.config import Config, ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes
 from exporter.core.side_table import SideTable
+from exporter.gate.data.files import GZIP, file_format
 from exporter.stream.decode.events import DecodedBatch
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, components, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 JSONL_CHUNK = 100_000
-TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 
 
 class BacktestError(ValueError):
@@ -194,9 +194,9 @@ def _seconds(location: str, batch: pa.RecordBatch, column: str) -> np.ndarray:
 
 
 def _is_table(name: str) -> bool:
-    """A parquet/CSV dataset rather than a file of JSON lines: by suffix, or a folder, glob or URL."""
-    path = Path(name)
-    return path.suffix.lower() in TABLE_SUFFIXES or path.is_dir() or "*" in name or "://" in name
+    """A parquet/CSV dataset rather than a file of JSON lines: by the gate's rule for a file's format (the suffix,
+    or the one before ``.gz``), or a folder, glob or URL."""
+    return file_format(name) is not None or Path(name).is_dir() or "*" in name or "://" in name
 
 
 def _record(line: bytes) -> tuple[str, Raw]:
@@ -275,6 +275,9 @@ def read_events(paths: Sequence[str | Path], config: Config) -> Iterator[Batch]:
         path = Path(name)
         if not path.is_file():
             raise BacktestError(f"{path}: no such events file")
+        if path.suffix.lower() == GZIP:  # JSON lines are read as they are: gzipped ones would be malformed lines
+            raise BacktestError(f"{path}: a gzipped file is read only as CSV (.csv.gz, .txt.gz); gunzip JSON lines "
+                                "first")  # fmt: skip
         yield from (_payload_dump(path, config, fleet) if payloads else _jsonl(path, fleet))
 
 

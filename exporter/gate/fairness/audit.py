@@ -25,7 +25,8 @@ from exporter.core.evaluate import Evaluation, evaluate_many
 from exporter.core.explain import Unvalued, with_unvalued
 from exporter.gate import storage
 from exporter.gate.data import columns as col
-from exporter.gate.data.dataset import DataError, Dataset, Manifest
+from exporter.gate.data.dataset import DataError, Dataset
+from exporter.gate.data.files import ACCEPTED, file_format
 from exporter.gate.data.quantile import median
 from exporter.gate.data.side import JoinedRows
 from exporter.gate.fairness import estimated, ll144, proxy
@@ -70,13 +71,14 @@ def read_table(location: str | Path, what: str = "predictions") -> tuple[pd.Data
     and the SHA-256 of the bytes read. The safety suite's test inputs; audited data is read as a dataset."""
     name = str(location)
     suffix = PurePosixPath(name.split("?")[0]).suffix.lower()
-    if suffix not in (".parquet", ".pq", ".csv", ".gz", ".txt"):
-        raise DataError(f"{name}: unsupported file type {suffix!r} (accepted: .parquet, .pq, .csv)")
+    kind = file_format(name.split("?")[0])
+    if kind is None:
+        raise DataError(f"{name}: unsupported file type {suffix!r} (accepted: {ACCEPTED})")
     if not storage.is_url(name) and not Path(name).is_file():
         raise DataError(f"{name}: no such {what} file")
     try:
         data = storage.read_bytes(name)
-        frame = pd.read_parquet(io.BytesIO(data)) if suffix in (".parquet", ".pq") else pd.read_csv(
+        frame = pd.read_parquet(io.BytesIO(data)) if kind == "parquet" else pd.read_csv(
             io.BytesIO(data), compression="gzip" if suffix == ".gz" else None)  # fmt: skip
     except storage.StorageError as exc:
         raise DataError(str(exc)) from exc
@@ -240,7 +242,6 @@ def run_audit(
     if engine == "spark" and (config.segments or config.strata):
         raise DataError("segments and strata are counted by the local engine only: audit without --engine spark")
     data_file: str | None = None
-    manifest: Manifest | None = None
     weights, csv = None, False
     if isinstance(predictions, pd.DataFrame):
         rows: Rows = FrameRows(predictions)
@@ -251,10 +252,9 @@ def run_audit(
         if engine == "spark":
             from exporter.spark import spark_rows
 
-            rows, weights = spark_rows(config, data_file), "count"
+            rows, weights = spark_rows(config, dataset), "count"
         else:  # DuckDB's counts where they are faster and the same (exporter/gate/fairness/local_counts.py)
             rows, weights = local_rows(config, dataset)
-        manifest = dataset.manifest()
     path_name = data_file or "<predictions>"
     if weights is None:  # attributes joined by id from their side tables, if any (an engine joined its own)
         rows = JoinedRows.of(config, rows, path_name)
@@ -301,6 +301,7 @@ def run_audit(
         estimated.mark(results, config)
     mark_conditional(results, config, conditional, current)
     impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations, csv)
+    manifest = dataset.manifest() if data_file is not None else None  # once read: a changed file is refused
     impact_ratios["source"] = {"file": data_file, "manifest_sha256": manifest and manifest.sha256}
 
     failed = [r for r in results if r["counts_as"] != "pass"]
@@ -355,11 +356,11 @@ def _baseline(config: ModelSpec, baseline: pd.DataFrame | str | Path, tally: Seg
         rows: Rows = FrameRows(baseline)
         about: dict[str, Any] = {"file": None, "manifest_sha256": None}
     else:
-        location = str(baseline)
-        dataset = open_rows(location, "baseline", config)
-        rows, about = dataset, {"file": location, "manifest_sha256": dataset.manifest().sha256}
+        rows, about = open_rows(str(baseline), "baseline", config), {"file": str(baseline), "manifest_sha256": None}
     counted = count(config, rows, about["file"] or "<baseline>", empty="the baseline has no rows", also=tally,
                     csv=isinstance(rows, Dataset) and rows.format == "csv")  # fmt: skip
+    if isinstance(rows, Dataset):  # hashed once counted, as the audited data
+        about["manifest_sha256"] = rows.manifest().sha256
     return {**about, "rows": counted.rows}, tally
 
 

@@ -198,6 +198,12 @@ class Checks:
     label: col.Problems = field(default_factory=col.Problems)
     score: col.Problems = field(default_factory=col.Problems)
 
+    @property
+    def refused(self) -> bool:
+        """Whether a cell was found that the audit refuses (:meth:`raise_first`): a prediction or label that is no
+        0/1 has no cell to count in, so the pass counts nothing more and only goes on to name every bad cell."""
+        return bool(self.missing_prediction.count or self.prediction.count or self.label.count)
+
     def raise_first(self, config: ModelSpec, name: str, rows: int) -> None:
         """The first problem, in the order the gate has always checked: prediction, label, LL144 score."""
         threshold = config.events.score_threshold
@@ -318,7 +324,7 @@ def scan(config: ModelSpec, rows: Rows, name: str, *, above: float | None = None
             result.checks.score.add(np.isnan(ranked), offset, w, distinct_values, indices)
             if above is not None:
                 y_pred, y_true = (ranked > above).astype(np.int64), None
-        if (y_pred >= 0).all():  # else the audit refuses the file after the pass, naming the values
+        if not result.checks.refused:  # else the audit refuses the data after the pass, naming the values
             result.tally.add(base, y_pred, y_true, w, binned, proxies)
             for name, codes in evidence.items():
                 result.tally.evidence[name] = result.tally.evidence.get(name, 0) + bisg.tables().evidence(codes, w)

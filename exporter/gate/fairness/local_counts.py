@@ -48,6 +48,7 @@ def usable(config: ModelSpec, dataset: Dataset) -> bool:
             and not any(a.proxy for a in config.base_attributes) and not config.attribute_sources
             and not config.segments and not config.strata and _dated(config, dataset)
             and not partitions & {*columns, config.timestamp_column}
+            and dataset.problem([*columns, config.timestamp_column]) is None  # else the row pass refuses the files
             and all(_plain(_read_type(dataset.schema.field(c).type)) for c in columns)
             and len({c.lower() for c in dataset.columns}) == len(dataset.columns)  # DuckDB's names ignore case
             and not any(ch in f for f in dataset.arrow.files for ch in "*?[{"))  # fmt: skip
