@@ -59,16 +59,20 @@ def test_a_chat_model_that_returned_no_text_for_any_request_does_not_pass(
         "RuntimeError: the reply holds no text (finish_reason 'length'): raise target.max_tokens (now 256)")
 
 
-def test_chat_model_on_the_command_line_keeps_the_config_base_url(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    """The run asks the config's base_url for the model named on the command line (not a base URL of "None")."""
+@pytest.mark.parametrize("given_target", [False, True], ids=["the config's base_url", "--target replaces it"])
+def test_chat_model_on_the_command_line_asks_the_config_base_url_unless_target_is_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        given_target: bool) -> None:  # fmt: skip
+    """``--chat-model`` alone asks the config's base_url for the model it names (before: a base URL of "None");
+    with ``--target`` the URL given replaces the config's."""
     monkeypatch.setenv("OPENAI_API_KEY", chat_servers.KEY)
     with chat_servers.serve(chat_servers.guarded) as server:
         config = tmp_path / "chat.yaml"
+        in_config = "http://127.0.0.1:9/v1" if given_target else server.base_url
         config.write_text(yaml.safe_dump({"model_id": "support-assistant", "include_library": True,
-                                          "target": {"base_url": server.base_url, "model": "an-older-model"}}))
-        code = main(["redteam", "--config", str(config), "--chat-model", chat_servers.MODEL,
-                     "--audit-log", str(tmp_path / "log.jsonl")])  # fmt: skip
+                                          "target": {"base_url": in_config, "model": "an-older-model"}}))
+        code = main(["redteam", "--config", str(config), *(["--target", server.base_url] if given_target else []),
+                     "--chat-model", chat_servers.MODEL, "--audit-log", str(tmp_path / "log.jsonl")])  # fmt: skip
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert code == 0 and report["target"] == f"{chat_servers.MODEL} at {server.base_url}", (code, err)
@@ -128,19 +132,6 @@ def test_an_empty_reply_is_no_answer(tmp_path: Path) -> None:
     assert not result["passed"] and result["details"]["first_error"] == (
         "RuntimeError: the reply holds no text (finish_reason 'stop')")
     assert (unjudged["test_name"], unjudged["passed"], report["verdict"]) == ("attempts_judged", False, "FAIL")
-
-
-def test_target_on_the_command_line_replaces_the_config_base_url(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    monkeypatch.setenv("OPENAI_API_KEY", chat_servers.KEY)
-    with chat_servers.serve(chat_servers.guarded) as server:
-        config = tmp_path / "chat.yaml"
-        config.write_text(yaml.safe_dump({"model_id": "support-assistant", "include_library": True,
-                                          "target": {"base_url": "http://127.0.0.1:9/v1", "model": "old"}}))
-        code = main(["redteam", "--config", str(config), "--target", server.base_url, "--chat-model",
-                     chat_servers.MODEL, "--audit-log", str(tmp_path / "log.jsonl")])  # fmt: skip
-    report = json.loads(capsys.readouterr().out)
-    assert code == 0 and report["target"] == f"{chat_servers.MODEL} at {server.base_url}" and server.requests
 
 
 def test_chat_model_with_no_endpoint_anywhere_is_one_line_naming_target(
