@@ -55,3 +55,30 @@ def test_a_file_appended_to_after_listing_is_refused_as_changed(
     after = data.read_bytes()
     assert (entry["size"], entry["sha256"]) == (len(after), hashlib.sha256(after).hexdigest()), (
         report["rows"], entry["size"], before, len(after))
+
+
+def test_bias_report_refuses_a_file_appended_to_while_it_was_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bias-report`` built its manifest from a second listing of the data, after the evaluation: a file appended to
+    while it was read got the manifest of its new bytes beside a report of the old ones, and nothing said so. It now
+    lists once, evaluates, and hashes that listing's files, as the audit does."""
+    from exporter.gate.fairness.bias import BiasAuditor
+
+    data = tmp_path / "preds.csv"
+    frame = pd.DataFrame({"gender": ["male", "female"] * 50, "outcome": [1, 0] * 50})
+    frame.to_csv(data, index=False)
+    evaluate = BiasAuditor.evaluate_opened
+
+    def evaluate_then_append(self: BiasAuditor, dataset: Any) -> Any:
+        report = evaluate(self, dataset)
+        with data.open("a") as f:  # the writer goes on once the rows were counted
+            f.write(frame.to_csv(index=False, header=False))
+        return report
+
+    monkeypatch.setattr(BiasAuditor, "evaluate_opened", evaluate_then_append)
+    code = main(["bias-report", str(data), "--protected", "gender", "--outcome", "outcome",
+                 "--audit-log", str(tmp_path / "log.jsonl")])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2 and "preds.csv" in err and "changed" in err, (code, err)
+    assert not (tmp_path / "log.jsonl").exists()

@@ -210,8 +210,9 @@ def cmd_bias_report(args: argparse.Namespace) -> int:
         auditor = BiasAuditor(features, args.outcome, bias_threshold=args.threshold)
         reports, manifests = {}, {}
         for name in args.data:
-            reports[name] = json_report(auditor.evaluate_dataset(name))
-            manifests[name] = open_dataset(name).manifest().sha256
+            dataset = open_dataset(name)  # one listing: the manifest refuses a file changed while it was read
+            reports[name] = json_report(auditor.evaluate_opened(dataset))
+            manifests[name] = dataset.manifest().sha256
             # the seed's API gives one group (beside groups without outcome values) a gap of 0, and none a gap of
             # NaN, not biased; the command, which passes or blocks, compared nothing
             alone = [f"{f} (" + "; ".join(f"{g}: no outcome values" if g in r["groups_without_outcome"] else g

@@ -28,7 +28,7 @@ from exporter.config.sections_intersections import unique_intersection
 from exporter.config.toolkit import Errors
 from exporter.core.attributes import INTERSECTION_SEP
 from exporter.core.fairness import t_interval, wilson_interval
-from exporter.gate.data.dataset import DataError, open_dataset
+from exporter.gate.data.dataset import DataError, Dataset, open_dataset
 from exporter.gate.fairness.ll144 import json_float
 
 Feature = str | Sequence[str]
@@ -93,12 +93,16 @@ class BiasAuditor:
     def evaluate_dataset(self, location: str) -> dict[str, dict[str, Any]]:
         """:meth:`evaluate_bias` over a dataset (a file, folder, glob or prefix of parquet or CSV files), read a
         batch at a time: memory follows the batch, not the data."""
-        dataset = open_dataset(location, "data")
+        return self.evaluate_opened(open_dataset(location, "data"))
+
+    def evaluate_opened(self, dataset: Dataset) -> dict[str, dict[str, Any]]:
+        """:meth:`evaluate_dataset` of a dataset already opened (listed): the command then builds its manifest from
+        the same listing, so a file changed while it was read is refused (``Dataset.manifest``)."""
         columns = list(dict.fromkeys([self.outcome_feature, *(c for f in self.protected_features
                                                                for c in ([f] if isinstance(f, str) else f))]))
         present = [c for c in columns if c in dataset.columns]
         frames = (_frame(batch, self.outcome_feature) for batch in dataset.batches(present))
-        return self.evaluate_batches(frames, dataset.columns, location)
+        return self.evaluate_batches(frames, dataset.columns, dataset.location)
 
     def evaluate_batches(self, frames: Iterable[pd.DataFrame], columns: Sequence[str],
                          source: str) -> dict[str, dict[str, Any]]:  # fmt: skip
