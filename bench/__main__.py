@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
 
     if output is not None:
-        mode = "quick run (`python -m bench --quick`)" if args.quick else "full run (`python -m bench`)"
+        mode = ("quick run (`python -m bench --quick`)" if args.quick else "full run (`python -m bench`)" if full
+                else f"partial run (`python -m bench {' '.join(f'--only {n}' for n in chosen)}`)")
         summary = [(s.title.split(":")[0], target, measured, verdict(met))
                    for s in sections for target, measured, met in s.targets]  # fmt: skip
         earlier = json.loads(HISTORY.read_text())["runs"] if HISTORY.exists() else []
