@@ -108,3 +108,14 @@ def test_t_interval_covers_the_true_mean_95_percent_of_the_time() -> None:
     lower, upper = t_interval(samples.mean(axis=1), samples.std(axis=1, ddof=1), np.full(20_000, 6))
     coverage = ((lower <= 0.8) & (upper >= 0.8)).mean()
     assert abs(coverage - 0.95) < 3 * np.sqrt(0.95 * 0.05 / 20_000)
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), None, "0.1"])
+def test_a_threshold_that_is_no_number_is_refused_not_read_as_never_biased(threshold: object) -> None:
+    """``gap > nan`` is False for every gap: a NaN threshold (or None, or text) read every feature as not biased, on
+    data whose gap is 0.16 (the seed's six rows)."""
+    auditor = BiasAuditor(["race"], "prediction_accuracy", bias_threshold=threshold)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^bias_threshold .* is not a number: no gap is above it"):
+        auditor.evaluate_bias(EXAMPLE)
+    assert BiasAuditor(["race"], "prediction_accuracy", bias_threshold=float("inf")).evaluate_bias(
+        EXAMPLE)["race"]["is_biased"] is False  # a number: inf is the caller's explicit "never"

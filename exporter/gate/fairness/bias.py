@@ -109,6 +109,10 @@ class BiasAuditor:
         """Group sizes, sums and spreads added up over batches of rows (a DataFrame each), then the report.
         Features that would be tallied under one name are refused first (:func:`refuse_collisions`)."""
         refuse_collisions(self.protected_features)
+        threshold = self.bias_threshold  # read here: a subclass may set it
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or math.isnan(threshold):
+            raise ConfigError(f"bias_threshold {threshold!r} is not a number: no gap is above it, so every feature "
+                              "would read as not biased")  # fmt: skip
         if self.outcome_feature not in columns:
             raise DataError(f"{source}: no outcome column {self.outcome_feature!r}; the data has {list(columns)}")
         for feature in self.protected_features:
