@@ -13,6 +13,7 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.config import ConfigError
+from exporter.config.toolkit import Errors, section
 from exporter.gate import storage
 from exporter.gate.fairness.audit import read_table, sha256_file
 from exporter.gate.safety.evaluator import NAN_POLICIES, NOISE_SCALES, OWN_CHECKS, TESTS, SafetyEvaluator
@@ -31,17 +32,6 @@ def _number(raw: dict[str, Any], key: str, default: float, problems: list[str], 
         problems.append(f"{where}{key}: {value!r} is not a non-negative number")
         return default
     return float(value)
-
-
-def _mapping(raw: dict[str, Any], key: str, shape: str, problems: list[str]) -> dict[str, Any]:
-    """A section that must be a mapping (absent: empty); a problem naming it otherwise."""
-    value = raw.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        problems.append(f"{key}: {value!r} is not {shape}")
-        return {}
-    return value
 
 
 def _unknown(raw: dict[str, Any], allowed: set[str], where: str, problems: list[str]) -> None:
@@ -117,17 +107,13 @@ def load_safety_config(path: str | Path) -> dict[str, Any]:
     nan_policy = raw.get("nan_policy", "finite_output")
     if nan_policy not in NAN_POLICIES:
         problems.append(f"nan_policy: {nan_policy!r} is not one of {', '.join(NAN_POLICIES)}")
-    pert = _mapping(raw, "perturbation", "a mapping with " + ", ".join(sorted(PERTURBATION_KEYS)), problems)
-    _unknown(pert, PERTURBATION_KEYS, "perturbation.", problems)
+    errors = Errors(lines=problems)  # the config toolkit's sections, adding to the same problems
+    pert = section(raw, "perturbation", errors, PERTURBATION_KEYS)
     noise_scale = pert.get("noise_scale", "absolute")
     if noise_scale not in NOISE_SCALES:
         problems.append(f"perturbation.noise_scale: {noise_scale!r} is not one of {', '.join(NOISE_SCALES)}")
     severities = {}
-    severity = _mapping(raw, "severity", "a mapping of test name to severity, such as {input_perturbation_stability: "
-                        "critical}", problems)  # fmt: skip
-    for name, value in severity.items():
-        if name not in TESTS:
-            problems.append(f"severity.{name}: not a test (tests: {', '.join(TESTS)})")
+    for name, value in section(raw, "severity", errors, set(TESTS)).items():  # keys: the tests
         severities[name] = check_severity(value, f"severity.{name}", problems)
     model = raw.get("model")
     if model is not None and not (isinstance(model, str) and model):
