@@ -105,7 +105,7 @@ def _parse_models(raw: dict[str, Any], errors: Errors, source: str, base_dir: Pa
             errors.add(where, f"{item!r} is not a mapping with a model_id")
             continue
         scoped = errors.within(f"{where}{_label(item)}.")
-        for key in sorted(set(item) - MODEL_KEYS):
+        for key in sorted(set(item) - MODEL_KEYS, key=str):
             shared = key in SHARED_KEYS or key in FLEET_KEYS
             scoped.add(key, "shared by every model: set it at the top level" if shared else
                        f"unknown key (accepted: {', '.join(sorted(MODEL_KEYS))})")  # fmt: skip

@@ -34,7 +34,7 @@ class Errors:
         self.notes.append(f"{self._where(path)}: {message}")
 
     def check_keys(self, path: str, mapping: dict[str, Any], allowed: set[str]) -> None:
-        for key in sorted(set(mapping) - allowed):
+        for key in sorted(set(mapping) - allowed, key=str):
             self.add(f"{path}.{key}" if path else key, f"unknown key (accepted: {', '.join(sorted(allowed))})")
 
     def mappings(

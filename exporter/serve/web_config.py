@@ -162,7 +162,7 @@ def _mapping(raw: Any, where: str, problems: list[str]) -> dict[str, Any]:
     if keys is not None:
         for key in sorted(set(map(str, raw)) - keys):
             problems.append(f"{where + '.' if where else ''}{key}: unknown key (accepted: {', '.join(sorted(keys))})")
-        for key in sorted(set(raw) & set(_REFUSED)):
+        for key in sorted(set(raw) & set(_REFUSED), key=str):
             problems.append(f"{where}.{key}: not supported ({_REFUSED[key]}); remove it")
     return raw
 

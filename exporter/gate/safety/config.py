@@ -36,7 +36,7 @@ def _number(raw: dict[str, Any], key: str, default: float, problems: list[str], 
 
 def _unknown(raw: dict[str, Any], allowed: set[str], where: str, problems: list[str]) -> None:
     accepted = ", ".join(sorted(allowed))
-    problems.extend(f"{where}{k}: unknown key (accepted: {accepted})" for k in sorted(set(raw) - allowed))
+    problems.extend(f"{where}{k}: unknown key (accepted: {accepted})" for k in sorted(set(raw) - allowed, key=str))
 
 
 def _inputs(raw: dict[str, Any], path: Path, feature_count: Any, problems: list[str]) -> tuple[Any, Any, Any]:

@@ -51,9 +51,9 @@ def parse_target(raw: Any, problems: list[str]) -> ChatSettings | None:
     if not isinstance(raw, dict):
         problems.append(f"target: {raw!r} is not a mapping with base_url and model")
         return None
-    problems.extend(f"target.{k}: unknown key (accepted: {', '.join(sorted(TARGET_KEYS))})"
-                    for k in sorted(set(raw) - TARGET_KEYS))  # fmt: skip
-    ok = True
+    unknown = sorted(set(raw) - TARGET_KEYS, key=str)
+    problems.extend(f"target.{k}: unknown key (accepted: {', '.join(sorted(TARGET_KEYS))})" for k in unknown)
+    ok = not unknown  # settings are made of known keys only (an unknown one raised TypeError out of the parse)
     for key in ("base_url", "model"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             problems.append(f"target.{key}: required, a non-empty string")
