@@ -91,9 +91,10 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     files.add("--html", args.html, lambda: backtest_html(report))
     try:
         files.write()
-    except ReportWriteError as exc:  # no report is left: each is written whole, and a failure removes the others
+    except ReportWriteError as exc:  # no report is left: each is written whole, and a failure takes the others back
         print(f"fairness-exporter backtest: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    files.done()
     if not args.output:
         print(text)
     if report["rejected"] > report["events"]:  # of the configured models' events, most were refused

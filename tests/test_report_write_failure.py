@@ -2,7 +2,8 @@
 
 A failed write exits 2 with one line naming the flag, the path and the OS's reason, and leaves nothing half-done:
 every report is written (atomically: a temporary file beside it, then renamed) before the run's audit-log record,
-so a run whose reports could not be written is not logged, and the reports it had already written are removed.
+so a run whose reports could not be written is not logged, and the reports it had already written are taken back
+(an earlier run's files at those paths put back).
 Before, the record was appended first, then an OSError escaped ``main`` as a traceback and Python exited 1, the
 gate's "blocking failure" code, for a model that passed, while the log recorded a PASS run whose reports did not
 exist.
@@ -138,3 +139,51 @@ def test_a_log_that_fails_after_the_reports_were_written_leaves_none_of_them(
     assert code == 2 and f"--audit-log {log}: No space left on device" in err
     assert not (tmp_path / "report.json").exists()
     assert log.read_text() == ""
+
+
+def test_a_failed_run_gives_back_the_reports_an_earlier_run_left_at_its_paths(tmp_path: Path) -> None:
+    """A run logged earlier left report.json and junit.xml; a later run whose ``--html`` cannot be written is not
+    logged, and the earlier run's files are back at their paths, byte for byte (they were removed with the failed
+    run's: the earlier run's record then named reports that no longer existed). A logged run keeps no copy."""
+    config, data = passing_audit(tmp_path)
+    out, log = tmp_path / "out", tmp_path / "log.jsonl"
+    first = cli("audit", str(config), str(data), "--audit-log", str(log), "--report", str(out / "report.json"),
+                "--junit", str(out / "junit.xml"))  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    earlier = {name: (out / name).read_bytes() for name in ("report.json", "junit.xml")}
+    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "report.json"]  # no hidden copy stays
+    (out / "page.html").mkdir()
+    done = cli("audit", str(config), str(data), "--audit-log", str(log), "--report", str(out / "report.json"),
+               "--junit", str(out / "junit.xml"), "--html", str(out / "page.html"))  # fmt: skip
+    assert done.returncode == 2 and f"--html {out / 'page.html'}: Is a directory" in done.stderr
+    assert {name: (out / name).read_bytes() for name in earlier} == earlier
+    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "page.html", "report.json"]
+    assert json.loads(earlier["report.json"])["audit_log"]["seq"] == len(log.read_text().splitlines()) - 1
+
+
+def test_a_log_that_fails_after_the_reports_were_written_gives_back_the_earlier_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.cli import main
+    from exporter.gate import audit_log
+
+    config, data = passing_audit(tmp_path)
+    log, report = tmp_path / "log.jsonl", tmp_path / "report.json"
+    monkeypatch.delenv("FAIRNESS_AUDIT_LOG_KEY", raising=False)
+    assert main(["audit", str(config), str(data), "--audit-log", str(log), "--report", str(report)]) == 0
+    earlier = report.read_bytes()
+    append = audit_log.append
+
+    def disk_full_after(path: Any, entry: Any, key: Any = None, before: Any = None) -> audit_log.Head:
+        def then_fail(head: audit_log.Head) -> None:
+            before(head)
+            assert report.read_bytes() != earlier  # the new report was in place, naming the head to come
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return append(path, entry, key, before=then_fail)
+
+    monkeypatch.setattr(audit_log, "append", disk_full_after)
+    capsys.readouterr()
+    assert main(["audit", str(config), str(data), "--audit-log", str(log), "--report", str(report)]) == 2
+    assert report.read_bytes() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

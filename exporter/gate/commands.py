@@ -76,7 +76,7 @@ def log_run(command: str, path: str, entry: dict[str, Any], files: RunReports | 
     """Append a run to the audit log (HMAC-keyed when $FAIRNESS_AUDIT_LOG_KEY is set); say what it recovered.
     ``files``, the run's report files, are written first, under the log's lock, ``report`` naming the head the
     record will have: a file that cannot be written raises ReportWriteError and nothing is logged; a log that
-    cannot be appended to raises AuditLogError and the files are removed."""
+    cannot be appended to raises AuditLogError and the files are taken back (an earlier run's put back)."""
     from exporter.gate import audit_log
 
     def write_files(head: Head) -> None:
@@ -91,6 +91,8 @@ def log_run(command: str, path: str, entry: dict[str, Any], files: RunReports | 
         if files is not None:
             files.remove()
         raise
+    if files is not None:
+        files.done()
     for note in head.recovered:
         print(f"fairness-exporter {command}: audit log {path}: {note}", file=sys.stderr)
     return head
