@@ -31,8 +31,10 @@ COUNT = "count"
 
 
 def counted_columns(config: ModelSpec, columns: Sequence[str]) -> list[str]:
-    """The columns the gate reads, of those the data has: what the aggregation groups by."""
-    wanted = ["model_id", prediction_column(config), config.label_column, *attribute_columns(config)]
+    """The columns the gate reads, of those the data has: what the aggregation groups by (the segments' and the
+    strata's too: the gate's segment tally counts the weighted combinations as it counts rows)."""
+    wanted = ["model_id", prediction_column(config), config.label_column, *attribute_columns(config),
+              *config.counted_columns]
     return [c for c in dict.fromkeys(wanted) if c in columns]
 
 

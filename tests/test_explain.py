@@ -237,16 +237,6 @@ def test_a_segment_column_missing_from_the_data_is_refused(tmp_path: Path) -> No
         run_audit(_config(tmp_path), frame, baseline=frame)
 
 
-def test_segments_are_refused_with_the_spark_engine(tmp_path: Path) -> None:
-    """Spark aggregates by the attributes only: a config with segments is refused rather than explained from
-    nothing."""
-    frame = pd.DataFrame({"gender": ["female", "male"] * 20, "channel": "web", "prediction": [0, 1] * 20,
-                          "label": [0, 1] * 20})  # fmt: skip
-    frame.to_csv(tmp_path / "rows.csv", index=False)
-    with pytest.raises(ValueError, match="local engine only"):
-        run_audit(_config(tmp_path), tmp_path / "rows.csv", engine="spark", baseline=frame)
-
-
 SIDE = "attribute_sources: {applicants: {id: applicant_id, topic: applicant-demographics}}\n"
 NOT_COUNTED = [
     ("  - {name: race, groups: [white, black], proxy: {method: bisg, surname: s, zcta: z}}\nsegments: [channel]\n",

@@ -206,3 +206,42 @@ def test_executors_without_our_python_packages_are_told_in_one_line(tmp_path: Pa
                          text=True, env=env, cwd=ROOT)  # fmt: skip
     last = cli.stderr.strip().splitlines()[-1]
     assert cli.returncode == 2 and "the Spark executors' Python cannot import" in last and "PYSPARK_PYTHON" in last
+
+
+def test_segments_and_strata_report_the_same_with_spark(spark: Any, tmp_path: Path) -> None:
+    """``segments:`` (explaining a gap's change from ``--baseline``) and ``strata:`` (conditional parity) with
+    --engine spark: the segment and strata columns are keys of the aggregation, and the gate's segment tally counts
+    the weighted combinations, so the report is the local engine's, from CSV (cells as their text: branch ``007``
+    is not ``7``) and from parquet, values past segment_values and missing ones included. Before, such a config
+    was refused with --engine spark, so conditional parity could not be audited past one machine."""
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    rng = np.random.default_rng(11)
+    n = 4_000
+    frame = pd.DataFrame({
+        "gender": rng.choice(["female", "male"], n), "channel": rng.choice(["web", "broker", "007", "7", "x"], n,
+                                                                           p=[0.4, 0.3, 0.15, 0.1, 0.05]),
+        "band": rng.choice(["high", "low"], n), "prediction": rng.integers(0, 2, n), "label": rng.integers(0, 2, n)})
+    frame.loc[frame.index[::97], "channel"] = None
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_id": "credit", "protected_attributes": [{"name": "gender", "groups": ["female", "male"]}],
+        "segments": ["channel"], "segment_values": 3, "strata": ["band"],
+        "metrics": [{"name": name, "threshold": 0.05} for name in (
+            "demographic_parity_difference", "equal_opportunity_difference",
+            "conditional_demographic_parity_difference")]}))  # fmt: skip
+    before = frame.sample(frac=1.0, random_state=1).assign(prediction=rng.integers(0, 2, n))
+    for suffix, write in ((".csv", lambda f, p: f.to_csv(p, index=False)),
+                          (".parquet", lambda f, p: f.to_parquet(p, index=False))):  # fmt: skip
+        data, baseline = tmp_path / f"now{suffix}", tmp_path / f"before{suffix}"
+        write(frame, data)
+        write(before, baseline)
+        local = run_audit(config, data, now=NOW, baseline=baseline)
+        assert run_audit(config, data, now=NOW, baseline=baseline, engine="spark") == local, suffix
+        assert local["explanations"] and local["segment_values"]["current"]["channel"]["missing_rows"] == len(
+            frame.index[::97])
+        assert any(r["metric"] == "conditional_demographic_parity_difference" for r in local["results"])
+        values = local["segment_values"]["current"]["channel"]["values"]
+        assert "007" in values and "7" not in values, values  # two values (0.15 and 0.10), not one 7 of 0.25

@@ -239,8 +239,6 @@ def run_audit(
         config = load_config(config)
     if isinstance(config, Config):
         config = config.model(model_id)
-    if engine == "spark" and (config.segments or config.strata):
-        raise DataError("segments and strata are counted by the local engine only: audit without --engine spark")
     data_file: str | None = None
     weights, csv = None, False
     if isinstance(predictions, pd.DataFrame):
