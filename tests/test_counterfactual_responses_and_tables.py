@@ -6,7 +6,10 @@ or a minimal one here for replies that are no chat completion). Written as revie
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,13 +17,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import chat_servers
+import pandas as pd
 import pytest
 import scripted_screener
 import yaml
 
 from exporter.cli import main
+from exporter.config import ConfigError
 from exporter.gate import audit_log
-from exporter.gate.counterfactual import calls
+from exporter.gate.counterfactual import calls, names
 from exporter.gate.counterfactual.run import judge, plan
 from exporter.gate.counterfactual.suite import load_suite
 
@@ -196,7 +201,8 @@ def test_a_rerun_of_the_same_model_version_is_answered_from_the_cache(
     with chat_servers.serve(scripted_screener.screener({"female": 0.5, "male": 0.5})) as server:
         def run(*version: str) -> dict:
             main(["counterfactual", str(suite), "--target", server.base_url, "--model", chat_servers.MODEL,
-                  "--cache", str(tmp_path / "cache"), "--audit-log", str(tmp_path / "log.jsonl"), *version])
+                  "--cache", str(tmp_path / "cache"), "--audit-log", str(tmp_path / "log.jsonl"),
+                  *version])  # fmt: skip
             return json.loads(capsys.readouterr().out)
 
         first, again = run("--model-version", "7"), run("--model-version", "7")
@@ -204,3 +210,83 @@ def test_a_rerun_of_the_same_model_version_is_answered_from_the_cache(
     assert first["requests"]["sent"] == 40 and again["requests"]["sent"] == 0
     assert again["cache"]["sha256"] == first["cache"]["sha256"]
     assert unversioned["requests"]["sent"] == 40 and unversioned_again["requests"]["sent"] == 0
+
+
+def shipped_names() -> dict[str, tuple[str, str]]:
+    """The shipped list's first names, each with its (gender, race)."""
+    rows = csv.DictReader(io.StringIO(names.shipped_text(names.NAME_LISTS["bertrand-mullainathan-2004"])))
+    return {r["first_name"]: (r["gender"], r["race"]) for r in rows}
+
+
+INTERSECTIONAL_RATES = {("female", "white"): 0.7, ("female", "black"): 0.4, ("male", "white"): 0.6,
+                        ("male", "black"): 0.5}  # fmt: skip
+
+
+def intersectional_suite(tmp_path: Path) -> Path:
+    raw = scripted_screener.suite(40)
+    raw["attributes"] = [{"name": "gender_x_race", "slot": "name",
+                          "names": {"list": "bertrand-mullainathan-2004", "by": ["gender", "race"]}}]  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_the_intersectional_table_is_the_audit_gates_table_of_the_same_decisions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """``by: [gender, race]`` asks each item with a name of each sex and race, and its LL144 table is the one the
+    audit gate computes from the same decisions with ``intersections: [[gender, race]]``: the same categories,
+    rates, impact ratios, reference and flags. The HTML page shows it, and the CI reports carry its comparisons,
+    the paired test per pair of the suite's (all six). Before, ``by:`` took one column only."""
+    of = shipped_names()
+
+    def screener(system: str, user: str) -> str:
+        found = scripted_screener.CANDIDATE.search(user)
+        assert found is not None, user
+        name, item = found.groups()
+        return "Yes." if scripted_screener.uniform("x", item, name) < INTERSECTIONAL_RATES[of[name]] else "No."
+
+    html, markdown = tmp_path / "cf.html", tmp_path / "cf.md"
+    with chat_servers.serve(screener) as server:
+        main(["counterfactual", str(intersectional_suite(tmp_path)), "--target", server.base_url, "--model",
+              chat_servers.MODEL, "--cache", str(tmp_path / "cache"), "--audit-log", str(tmp_path / "log.jsonl"),
+              "--html", str(html), "--summary-md", str(markdown)])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    groups = report["groups"]["gender_x_race"]
+    assert list(groups) == ["female:white", "female:black", "male:white", "male:black"]
+    decisions = pd.concat([pd.DataFrame({"gender": g.split(":")[0], "race": g.split(":")[1],
+                                         "prediction": [1] * s["positive"] + [0] * (s["decided"] - s["positive"])})
+                           for g, s in groups.items()], ignore_index=True)  # fmt: skip
+    decisions.to_csv(tmp_path / "decisions.csv", index=False)
+    config = {"model_id": "screener", "min_samples": 1,
+              "protected_attributes": [{"name": "gender", "groups": ["female", "male"]},
+                                       {"name": "race", "groups": ["white", "black"]}],
+              "intersections": [["gender", "race"]],
+              "metrics": [{"name": "disparate_impact_ratio", "threshold": 0.8, "severity_on_fail": "warning"}]}
+    (tmp_path / "audit.yaml").write_text(yaml.safe_dump(config))
+    main(["audit", str(tmp_path / "audit.yaml"), str(tmp_path / "decisions.csv"), "--audit-log",
+          str(tmp_path / "audit-log.jsonl")])  # fmt: skip
+    audited = json.loads(capsys.readouterr().out)["impact_ratios"]["attributes"]["gender_x_race"]
+    assert report["impact_ratios"]["attributes"]["gender_x_race"] == audited
+    assert [c["impact_ratio"] for c in audited["categories"]] != [1.0] * 4  # the rates differ: a real comparison
+    page = html.read_text()
+    assert all(f"<td>{g}</td>" in page for g in groups) and "<h3>gender_x_race</h3>" in page
+    assert len([p for p in report["pairs"] if p["attribute"] == "gender_x_race"]) == 6
+    assert markdown.read_text().count("gender_x_race") >= 6
+
+
+@pytest.mark.parametrize(("by", "names_csv", "said"), [
+    (["gender", "race"], "first_name,gender,race\nAnn,female,white\nBo,male,white\nCy,female,black\n",
+     "no name with gender=male, race=black: every combination of the by columns is a category"),
+    (["gender", "gender"], "first_name,gender,race\nAnn,female,white\n", "a list of distinct columns"),
+    (["gender", "age"], "first_name,gender,race\nAnn,female,white\n", "it has ['first_name', 'gender', 'race']"),
+])  # fmt: skip
+def test_an_intersection_that_cannot_be_asked_is_refused_naming_why(
+        by: list[str], names_csv: str, said: str, tmp_path: Path) -> None:  # fmt: skip
+    """A combination of the ``by`` columns with no name (no Black man's name) is a category the table would leave
+    out: refused, naming it, as are a column given twice and a column the list lacks (exit 2, ConfigError)."""
+    (tmp_path / "names.csv").write_text(names_csv)
+    raw = scripted_screener.suite(4)
+    raw["attributes"] = [{"name": "both", "slot": "name", "names": {"file": "names.csv", "by": by}}]
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_suite(tmp_path / "suite.yaml", "http://127.0.0.1:1/v1", chat_servers.MODEL)
