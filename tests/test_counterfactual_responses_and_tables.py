@@ -1,8 +1,9 @@
 """The counterfactual gate (exporter/gate/counterfactual/, docs/ml/counterfactual.md) against what its targets send
 and what its users audit: a reply with HTTP 200 that is no chat completion is a failed request, never a traceback;
 the answer cache answers only for the model version it was asked under; a name list's ``by:`` of two columns gives
-the LL144 intersectional table. Targets are real OpenAI-compatible HTTP servers on loopback (tests/chat_servers.py,
-or a minimal one here for replies that are no chat completion). Written as review 25's failing tests."""
+the LL144 intersectional table; the example's unquoted ``positive: yes`` reads a yes as positive. Targets are real
+OpenAI-compatible HTTP servers on loopback (tests/chat_servers.py, or a minimal one here for replies that are no
+chat completion). Written as review 25's failing tests, with tests of the fixes beside them."""
 
 from __future__ import annotations
 
@@ -290,3 +291,14 @@ def test_an_intersection_that_cannot_be_asked_is_refused_naming_why(
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=re.escape(said)):
         load_suite(tmp_path / "suite.yaml", "http://127.0.0.1:1/v1", chat_servers.MODEL)
+
+
+def test_the_example_suites_unquoted_yes_reads_a_yes_as_positive() -> None:
+    """``decision: {pattern: '^\\W*(yes|no)\\b', positive: yes}`` as the example suite and the docs write it: YAML
+    reads the unquoted yes as true, which stands for yes, true and on. Before, it became the outcome "true", which
+    the pattern never captures: every yes the model said was counted as a no (every rate 0)."""
+    suite = load_suite(EXAMPLE, "http://127.0.0.1:1/v1", chat_servers.MODEL)
+    assert yaml.safe_load(EXAMPLE.read_text())["decision"]["positive"] is True
+    assert [suite.decision.decide(a) for a in ("Yes - invite to interview.", "no", "Maybe")] == [True, False, None]
+    report = judge(suite, plan(suite), lambda prompt: ["Yes."])
+    assert all(c["rate"] == 1.0 for t in report["impact_ratios"]["attributes"].values() for c in t["categories"])
