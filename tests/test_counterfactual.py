@@ -273,11 +273,15 @@ def test_a_bad_suite_is_one_line_naming_every_field_and_exit_2(tmp_path: Path,
 
 def test_the_example_suite_uses_the_shipped_names_and_resumes() -> None:
     suite = load_suite(Path(__file__).parent.parent / "examples" / "counterfactual-screener.yaml")
-    gender, race = suite.attributes
+    gender, race, both = suite.attributes
     assert [len(v) for v in gender.groups.values()] == [18, 18] and len(suite.items) == 20
     # item i compares names that differ in the attribute only: a Black woman with a Black man, ...
     assert [gender.filling(g, 0)["name"] for g in ("female", "male")] == ["Aisha", "Darnell"]
     assert [race.filling(g, 1)["name"] for g in ("white", "black")] == ["Brad", "Darnell"]
+    # ... and for the intersection (by: [gender, race]), one name of each sex and race, nine each
+    assert {g: len(v) for g, v in both.groups.items()} == dict.fromkeys(
+        ["female:white", "female:black", "male:white", "male:black"], 9)
+    assert [both.filling(g, 0)["name"] for g in both.groups] == ["Allison", "Aisha", "Brad", "Darnell"]
 
 
 def simulate(rates: dict[str, float], runs: int, items: int, tmp_path: Path, **extra: object) -> list[str]:

@@ -251,7 +251,7 @@ def run_ambiguous(suite: AmbiguousSuite, cache_dir: str | Path, *, model_version
                   max_calls: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Ask, read and judge an ambiguous-context suite; the JSON report."""
     asked = plan(suite)
-    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls)
+    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls, model_version)
     judged = judge(suite, asked, lambda p: outcome.answers[keys[p]].texts)
     return finish(suite.run, "ambiguous", judged, requests, keys, outcome, cache_dir, model_version,
                   questions=len(suite.questions), questions_source=suite.questions_source, repeat=suite.repeat,

@@ -1,11 +1,12 @@
 """Send the suite's prompts to the chat target: each distinct request once, its answers cached on disk by the
 request's hash (a rerun sends nothing it has an answer for), at most ``concurrency`` at a time, a 429, a 5xx or a
-timeout retried with backoff, and every HTTP call counted against the budget, which is checked before the first.
+timeout retried with backoff (so is an HTTP 200 whose body is no chat completion), and every HTTP call counted
+against the budget, which is checked before the first.
 
 The client is the red team's :class:`~exporter.gate.targets.chat.ChatTarget` (its key handling, its timeout, its
 refusal of a wrong key, URL or model), with the client's own retries off: retries are counted here, so that
 ``max_calls`` bounds every call the run makes. A request that still fails is a failed request (counted, blocking),
-never an answer.
+never an answer; so is one that raised anything else, whatever the target sent.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ RETRIED_STATUS: Final = frozenset({408, 409, 429})
 """Besides every 5xx: the statuses a server sends when it is busy, not when the request is wrong."""
 MAX_WAIT_SECONDS: Final = 60.0
 """The longest wait before a retry: the server's Retry-After, or the doubled backoff, is capped at a minute."""
+NO_COMPLETION: Final = "HTTP 200 but the body is no chat completion"
+"""A gateway's error page, an error object sent with status 200, a body cut short: retried like a 5xx."""
+SHOWN_BODY_CHARS: Final = 200
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,13 @@ class Prompt:
         return body
 
 
-def request_hash(settings: ChatSettings, body: dict[str, Any]) -> str:
-    """What identifies an answer: the endpoint and everything sent (model, messages, temperature, n, seed)."""
-    canonical = json.dumps({"base_url": settings.base_url.rstrip("/"), **body}, sort_keys=True, ensure_ascii=False)
+def request_hash(settings: ChatSettings, body: dict[str, Any], model_version: str | None) -> str:
+    """What identifies an answer: the endpoint, everything sent (model, messages, temperature, n, seed) and the model
+    version the run names (``--model-version`` or the suite's): a new version behind the same URL and model name is
+    asked again, never judged on another version's answers. A run that names no version hashes as before."""
+    version = {} if model_version is None else {"model_version": model_version}
+    canonical = json.dumps({"base_url": settings.base_url.rstrip("/"), **body, **version}, sort_keys=True,
+                           ensure_ascii=False)  # fmt: skip
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -81,12 +89,12 @@ class Cache:
         texts = record.get("answers") if isinstance(record, dict) else None
         return texts if isinstance(texts, list) and all(isinstance(t, str) for t in texts) else None
 
-    def put(self, key: str, body: dict[str, Any], texts: list[str]) -> None:
+    def put(self, key: str, body: dict[str, Any], model_version: str | None, texts: list[str]) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"request": body, "answers": texts}, f, ensure_ascii=False)
+            json.dump({"request": body, "model_version": model_version, "answers": texts}, f, ensure_ascii=False)
         os.replace(tmp, path)
 
 
@@ -107,7 +115,8 @@ class DecisionTarget(ChatTarget):
 
     def complete(self, body: dict[str, Any]) -> list[str]:
         """The answers to one request; TargetError when the endpoint refuses every request (key, model, URL),
-        :class:`Retryable` when it may answer later, RuntimeError when it refused this request."""
+        :class:`Retryable` when it may answer later (a body that is no chat completion too), RuntimeError when it
+        refused this request."""
         errors = self._openai
         try:
             response = self._client.chat.completions.create(**body)
@@ -119,13 +128,26 @@ class DecisionTarget(ChatTarget):
             raise RuntimeError(f"HTTP {exc.status_code}: {exc}") from exc
         except errors.APIConnectionError as exc:  # refused, reset or timed out (APITimeoutError)
             raise Retryable(type(exc).__name__, None) from exc
+        except (json.JSONDecodeError, errors.APIResponseValidationError) as exc:  # a body cut short
+            raise Retryable(f"{NO_COMPLETION}: {exc}", None) from exc
         # a message with no text (content null: the tokens ran out, or a tool call) answered nothing: this request
         # failed, never an empty answer counted as unparsed; a refusal is an answer (unparsed: it decided nothing)
-        texts = [reply_text(c, self.settings.max_tokens) for c in sorted(response.choices, key=lambda c: c.index)]
+        try:  # the client hands back a page that is not JSON as text, and an error object as an empty completion
+            choices = sorted(response.choices, key=lambda c: c.index)
+            texts = [reply_text(c, self.settings.max_tokens) for c in choices]
+        except (AttributeError, TypeError) as exc:
+            raise Retryable(f"{NO_COMPLETION}: {_excerpt(response)}", None) from exc
         if len(texts) != body["n"]:
             raise RuntimeError(f"{len(texts)} answer(s) for n={body['n']}: the endpoint does not take n; set "
                                "requests.samples: 1")  # fmt: skip
         return texts
+
+
+def _excerpt(response: Any) -> str:
+    """The start of what came back instead of a chat completion, for the failed request's error."""
+    dump = getattr(response, "model_dump_json", None)
+    text = dump(exclude_unset=True) if callable(dump) else str(response)
+    return repr(text[:SHOWN_BODY_CHARS]) + (" ..." if len(text) > SHOWN_BODY_CHARS else "")
 
 
 class Retryable(Exception):
@@ -182,13 +204,13 @@ class Outcome:
         return self.calls - self.sent
 
 
-def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Requests,
-            cache: Cache) -> tuple[dict[Prompt, str], Outcome]:  # fmt: skip
-    """Ask every distinct prompt once (from the cache when it has the answer); the hash of each prompt and the
-    outcome. TargetError before any call when the calls needed exceed ``max_calls``, or when the endpoint refuses
-    the run (a wrong key, URL or model)."""
+def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Requests, cache: Cache,
+            model_version: str | None) -> tuple[dict[Prompt, str], Outcome]:  # fmt: skip
+    """Ask every distinct prompt once (from the cache when it has the answer of this model version); the hash of
+    each prompt and the outcome. TargetError before any call when the calls needed exceed ``max_calls``, or when the
+    endpoint refuses the run (a wrong key, URL or model)."""
     bodies = {p: p.body(settings, requests) for p in prompts}
-    keys = {p: request_hash(settings, b) for p, b in bodies.items()}
+    keys = {p: request_hash(settings, b, model_version) for p, b in bodies.items()}
     answers: dict[str, Answer] = {}
     todo: dict[str, dict[str, Any]] = {}
     for p, key in keys.items():
@@ -226,7 +248,11 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
                 continue
             except RuntimeError as exc:
                 return Answer(None, str(exc), retries + 1)
-            cache.put(key, body, texts)
+            except TargetError:
+                raise
+            except Exception as exc:  # whatever a target sends fails its request, never the run
+                return Answer(None, f"{type(exc).__name__}: {exc}", retries + 1)
+            cache.put(key, body, model_version, texts)
             return Answer(texts, calls=retries + 1)
 
     with ThreadPoolExecutor(max_workers=requests.concurrency) as pool:

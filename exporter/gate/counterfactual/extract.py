@@ -4,7 +4,8 @@ prompt asked for. An answer it cannot read is ``None`` (counted as unparsed), ne
 ``decision: {pattern: '^\\W*(yes|no)\\b', positive: yes}``: the first group of the first match (the whole match
 when the pattern has no group), compared without case with ``positive`` (one value or a list). With ``negative``
 given, only its values are negative decisions and any other match is unparsed; without it every other match is
-negative. ``decision: {json_field: decision, positive: invite}``: the answer's first JSON object (a fenced
+negative (an unquoted ``yes``, which YAML reads as true, stands for yes, true and on; ``no`` for no, false and
+off). ``decision: {json_field: decision, positive: invite}``: the answer's first JSON object (a fenced
 ```json block or bare, with any text around it: a second object or a note in braces after it is not read), the
 dotted field read from it. ``ignore_case`` (default true) applies to the pattern too.
 """
@@ -73,12 +74,18 @@ class Extractor:
         return None
 
 
+YAML_BOOLEANS: Final = {True: ("true", "yes", "on"), False: ("false", "no", "off")}
+"""What YAML reads as true or false when unquoted: ``positive: yes`` arrives as True, and means any of them (a
+JSON field's true, or the text a pattern captured)."""
+
+
 def _values(raw: Any, where: str, errors: Errors) -> frozenset[str] | None:
     values = raw if isinstance(raw, list) else [raw]
     if not values or not all(isinstance(v, str | int | bool) for v in values):
         errors.add(where, f"{raw!r} is not an outcome or a list of outcomes (e.g. yes)")
         return None
-    return frozenset(("true" if v else "false") if isinstance(v, bool) else str(v).strip().casefold() for v in values)
+    return frozenset(o for v in values for o in (YAML_BOOLEANS[v] if isinstance(v, bool) else
+                                                 (str(v).strip().casefold(),)))  # fmt: skip
 
 
 def parse_extractor(raw: Any, errors: Errors) -> Extractor:

@@ -272,13 +272,14 @@ def failed_row(outcome: Outcome, keys: Iterable[str]) -> dict[str, Any]:
     return row
 
 
-def ask(run: RunSettings, prompts: list[Prompt], cache_dir: str | Path,
-        max_calls: int | None) -> tuple[Requests, dict[Prompt, str], Outcome]:  # fmt: skip
+def ask(run: RunSettings, prompts: list[Prompt], cache_dir: str | Path, max_calls: int | None,
+        model_version: str | None) -> tuple[Requests, dict[Prompt, str], Outcome]:  # fmt: skip
     """Send the prompts (:func:`~exporter.gate.counterfactual.calls.ask_all`) under the suite's request settings,
-    ``max_calls`` (the command line's) over its budget."""
+    ``max_calls`` (the command line's) over its budget; the cache answers only for the same ``model_version`` (the
+    command line's) or, without one, the suite's."""
     assert run.target is not None  # run_settings refuses a suite without one
     requests = run.requests if max_calls is None else dataclasses.replace(run.requests, max_calls=max_calls)
-    keys, outcome = ask_all(prompts, run.target, requests, Cache(cache_dir))
+    keys, outcome = ask_all(prompts, run.target, requests, Cache(cache_dir), model_version or run.model_version)
     return requests, keys, outcome
 
 
@@ -319,7 +320,7 @@ def run_counterfactual(suite: Suite, cache_dir: str | Path, *, model_version: st
     """Ask, read and judge a decision suite against its target; the JSON report. TargetError (exit 2) when the
     budget is too small or the endpoint answers nothing."""
     asked = plan(suite)
-    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls)
+    requests, keys, outcome = ask(suite.run, [q.prompt for q in asked], cache_dir, max_calls, model_version)
     judged = judge(suite, asked, lambda p: outcome.answers[keys[p]].texts)
     return finish(suite.run, "decision", judged, requests, keys, outcome, cache_dir, model_version,
                   items=len(suite.items), items_source=suite.items_source, templates=len(suite.templates),
