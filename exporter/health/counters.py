@@ -18,7 +18,7 @@ OUTCOME_DROP_REASONS = ("prediction_outside_window", "duplicate_label", "duplica
                         "invalid_label_event", "pending_state_full", "model_reconfigured")  # fmt: skip
 """Joins given up for another reason than time (``duplicate_prediction``: a later prediction with the same id
 replaced the one waiting; ``model_reconfigured``: its model was removed, or its attributes changed, by a
-reload)."""
+reload; or a checkpoint restored without ``kafka.labels_topic`` held it, which nothing will join)."""
 DEAD_LETTER_FAILURES = ("too_large", "no_producer", "send_failed")
 PARTITION_RESETS = ("new_log", "beyond_end")
 AUTH_FAILURES = ("no_credentials", "unknown_user", "wrong_password", "client_certificate_missing",

@@ -115,6 +115,11 @@ class Checkpointer:
             fleet.joins.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")},
                                 meta.get("single_model"))  # fmt: skip
             fleet.joins.forget_models(restored.__contains__, given_up)
+            if not fleet.config.kafka.labels_topic and (fleet.joins.pending or fleet.joins.orphans):
+                log.warning("the checkpoint holds %d predictions waiting for labels and %d labels waiting for their "
+                            "predictions, and no kafka.labels_topic is configured to join them: given up "
+                            "(model_reconfigured)", len(fleet.joins.pending), len(fleet.joins.orphans))  # fmt: skip
+                fleet.joins.give_up(given_up)
             fleet.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
             offsets = self._restore_sides(arrays, offsets, restored, given_up)
             fleet.offsets = dict(offsets)
