@@ -110,6 +110,11 @@ class Health:
                                    "Steps of the wall clock not followed: the daemon keeps time by the steady clock "
                                    "until a jumped wall clock has held its new offset for 10 minutes.",
                                    registry=registry)  # fmt: skip
+        self.window_rewinds = Counter("fairness_exporter_window_rewinds",
+                                      "Times a model's window head, ahead of the clock by more than max_future_skew "
+                                      "(a checkpoint written while the clock ran ahead, or the clock set back since "
+                                      "it did), was brought back to the clock, its buckets after now dropped.",
+                                      registry=registry)  # fmt: skip
         self.http_auth_failures = Counter("fairness_exporter_http_auth_failures",
                                           "Requests and TLS handshakes the web configuration refused (401 or a "
                                           "failed handshake), by reason.", ["reason"], registry=registry)

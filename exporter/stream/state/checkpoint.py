@@ -10,6 +10,9 @@ disk in a dated file beside the checkpoint (:meth:`Checkpointer.keep`), said in 
 ``fairness_exporter_model_resets_total``. A file that cannot be used (cut short, edited, an array missing or of
 another shape) stops the start with one line naming it. A checkpoint of a daemon of
 one model (format 1, ``<model_id>.checkpoint.npz``) is read into the fleet's when the config has that model alone.
+A window head ahead of the clock by more than ``max_future_skew`` (written while the clock ran ahead) is brought
+back to now (:meth:`WindowStore.follow`); predictions and labels waiting in the join of a checkpoint restored
+without ``kafka.labels_topic`` are given up (``model_reconfigured``): nothing would ever join or expire them.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ class Checkpointer:
         """Load the state of every model whose layout is the config's; (restored, reset ones with the layout keys
         that changed and how, labels given up)."""
         offsets = {(t, int(p)): int(o) for t, p, o in meta["offsets"]}
-        fleet, given_up = self.fleet, Counter[str]()
+        fleet, given_up, now = self.fleet, Counter[str](), self.clock()
         windowing = fleet.config.windowing
         with fleet.lock:
             restored, resets = set(), {}
@@ -111,6 +114,7 @@ class Checkpointer:
                 state = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
                 check_arrays(source, model_id, state, monitored.store.state())
                 monitored.store.restore(state)
+                monitored.store.follow(now)  # a head the clock is far behind is not trusted
                 restored.add(model_id)
             fleet.joins.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")},
                                 meta.get("single_model"))  # fmt: skip
