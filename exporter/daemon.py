@@ -123,7 +123,7 @@ class Daemon:
             self.stages = Stages(config, self.health, StageHealth(self.registry), clock, dead_letters)
             self.fleet, self.ingest = self.stages.fleet, self.stages.ingest
         else:
-            self.fleet = Fleet(config, keep_rejected=dead_letters is not None)
+            self.fleet = Fleet(config, keep_rejected=dead_letters is not None, on_rewind=self.health.window_rewinds.inc)
             self.ingest = Ingest(config, self.fleet, self.health, clock, dead_letters)
         self.checkpointer = Checkpointer(config, self.fleet, self.health, clock)
         if self.stages is not None:

@@ -1,6 +1,6 @@
 """The alerts on the daemon's own health: its target down or absent, its consumer stalled or failing, its
-computation stale, events rejected, checkpoints failing, records skipped, a config reload refused, no model
-monitored; their thresholds,
+computation stale, events rejected or dropped as late, checkpoints failing, records skipped, a config reload
+refused, no model monitored; their thresholds,
 `for:` and severities are in the TUNING table of exporter/devtools/rules.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from exporter.config.sections_stream import CHECKPOINT_SECONDS
 from exporter.devtools.rule_text import JOB, alert, configured, fmt, label
 
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
-REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate: rate() window
+REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate, FairnessExporterHighLateRate: rate() window
 ERROR_WINDOW = "10m"  # FairnessExporterConsumerErrors: rate() window
 SKIP_WINDOW = "1h"  # FairnessExporterRecordsSkipped: increase() window (one skipped record keeps it an hour)
 STALE_INTERVALS = 3
@@ -36,7 +36,7 @@ def unwritten(last: str, interval: str, margin: str) -> str:
 
 
 def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The eleven alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
+    """The twelve alerts, with each one's severity and threshold from ``tuning`` and ``for:`` from ``fors``."""
 
     def tuned(name: str, expr: str, for_: str, summary: str, description: str) -> dict[str, Any]:
         return alert(name, expr, for_, tuning[name].severity, summary, description)
@@ -45,6 +45,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
     margin = fmt(tuning["FairnessExporterCheckpointFailing"].threshold or 0)
     checkpoint_interval = "fairness_exporter_checkpoint_interval_seconds"
     reject = tuning["FairnessExporterHighRejectRate"].threshold or 0
+    late = tuning["FairnessExporterHighLateRate"].threshold or 0
     lag = "fairness_exporter_consumer_lag_messages"
     return [
         tuned(
@@ -96,6 +97,18 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
             "{{ $value | humanizePercentage }} of the events it consumed over the last "
             f"{REJECT_WINDOW} (threshold {reject:.0%}) for {fors['FairnessExporterHighRejectRate']}: "
             "the fairness metrics describe only the accepted part of the traffic.",
+        ),
+        tuned(
+            "FairnessExporterHighLateRate",
+            f"rate(fairness_exporter_events_late_total[{REJECT_WINDOW}])\n"
+            f"/\nrate(fairness_exporter_events_consumed_total[{REJECT_WINDOW}])\n> {fmt(late)}",
+            fors["FairnessExporterHighLateRate"],
+            f"fairness-exporter {label('instance')} drops more than {late:.0%} of consumed events as late.",
+            f"{label('instance')} dropped as late "
+            "{{ $value | humanizePercentage }} of the events it consumed over the last "
+            f"{REJECT_WINDOW} (threshold {late:.0%}) for {fors['FairnessExporterHighLateRate']}: events older than "
+            "its longest window plus allowed_lateness are counted in no window, so the fairness metrics describe "
+            "only the rest of the traffic.",
         ),
         tuned(
             "FairnessExporterKafkaUnreachable",

@@ -64,6 +64,8 @@ TUNING: dict[str, Tuning] = {
     "FairnessExporterComputationStale": Tuning(300,  "5m",  "warning"),
     # rejected / consumed over REJECT_WINDOW > threshold
     "FairnessExporterHighRejectRate":   Tuning(0.05, "10m", "warning"),
+    # late (dropped: older than the longest window + allowed_lateness) / consumed over REJECT_WINDOW > threshold
+    "FairnessExporterHighLateRate":     Tuning(0.05, "10m", "warning"),
     # fairness_exporter_kafka_connected == 0: no broker answers this replica's consumer
     "FairnessExporterKafkaUnreachable": Tuning(None, "5m",  "warning"),
     # consumer errors per second over ERROR_WINDOW > threshold (a broker outage, refused commits, a bad setting)

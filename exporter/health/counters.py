@@ -18,7 +18,7 @@ OUTCOME_DROP_REASONS = ("prediction_outside_window", "duplicate_label", "duplica
                         "invalid_label_event", "pending_state_full", "model_reconfigured")  # fmt: skip
 """Joins given up for another reason than time (``duplicate_prediction``: a later prediction with the same id
 replaced the one waiting; ``model_reconfigured``: its model was removed, or its attributes changed, by a
-reload)."""
+reload; or a checkpoint restored without ``kafka.labels_topic`` held it, which nothing will join)."""
 DEAD_LETTER_FAILURES = ("too_large", "no_producer", "send_failed")
 PARTITION_RESETS = ("new_log", "beyond_end")
 AUTH_FAILURES = ("no_credentials", "unknown_user", "wrong_password", "client_certificate_missing",
@@ -110,6 +110,11 @@ class Health:
                                    "Steps of the wall clock not followed: the daemon keeps time by the steady clock "
                                    "until a jumped wall clock has held its new offset for 10 minutes.",
                                    registry=registry)  # fmt: skip
+        self.window_rewinds = Counter("fairness_exporter_window_rewinds",
+                                      "Times a model's window head, ahead of the clock by more than max_future_skew "
+                                      "(a checkpoint written while the clock ran ahead, or the clock set back since "
+                                      "it did), was brought back to the clock, its buckets after now dropped.",
+                                      registry=registry)  # fmt: skip
         self.http_auth_failures = Counter("fairness_exporter_http_auth_failures",
                                           "Requests and TLS handshakes the web configuration refused (401 or a "
                                           "failed handshake), by reason.", ["reason"], registry=registry)

@@ -66,7 +66,8 @@ class Stages:
         self.tasks: dict[Partition, Task] = {}
         self.live_counts: set[int] = set()
         """The counts partitions whose models this replica owns now."""
-        self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns)
+        self.fleet = Fleet(config, keep_rejected=dead_letters is not None, owns=self.owns,
+                           on_rewind=health.window_rewinds.inc)  # fmt: skip
         self.ingest = Ingest(config, self.fleet, health, clock, dead_letters)
         self.producer = InternalProducer(config.kafka)
         self.sides = SideStage(config, self.ingest, health, self.lock, self.tasks.values, self.producer,

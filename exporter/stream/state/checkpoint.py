@@ -10,6 +10,9 @@ disk in a dated file beside the checkpoint (:meth:`Checkpointer.keep`), said in 
 ``fairness_exporter_model_resets_total``. A file that cannot be used (cut short, edited, an array missing or of
 another shape) stops the start with one line naming it. A checkpoint of a daemon of
 one model (format 1, ``<model_id>.checkpoint.npz``) is read into the fleet's when the config has that model alone.
+A window head ahead of the clock by more than ``max_future_skew`` (written while the clock ran ahead) is brought
+back to now (:meth:`WindowStore.follow`); predictions and labels waiting in the join of a checkpoint restored
+without ``kafka.labels_topic`` are given up (``model_reconfigured``): nothing would ever join or expire them.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ class Checkpointer:
         """Load the state of every model whose layout is the config's; (restored, reset ones with the layout keys
         that changed and how, labels given up)."""
         offsets = {(t, int(p)): int(o) for t, p, o in meta["offsets"]}
-        fleet, given_up = self.fleet, Counter[str]()
+        fleet, given_up, now = self.fleet, Counter[str](), self.clock()
         windowing = fleet.config.windowing
         with fleet.lock:
             restored, resets = set(), {}
@@ -111,10 +114,16 @@ class Checkpointer:
                 state = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
                 check_arrays(source, model_id, state, monitored.store.state())
                 monitored.store.restore(state)
+                monitored.store.follow(now)  # a head the clock is far behind is not trusted
                 restored.add(model_id)
             fleet.joins.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")},
                                 meta.get("single_model"))  # fmt: skip
             fleet.joins.forget_models(restored.__contains__, given_up)
+            if not fleet.config.kafka.labels_topic and (fleet.joins.pending or fleet.joins.orphans):
+                log.warning("the checkpoint holds %d predictions waiting for labels and %d labels waiting for their "
+                            "predictions, and no kafka.labels_topic is configured to join them: given up "
+                            "(model_reconfigured)", len(fleet.joins.pending), len(fleet.joins.orphans))  # fmt: skip
+                fleet.joins.give_up(given_up)
             fleet.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
             offsets = self._restore_sides(arrays, offsets, restored, given_up)
             fleet.offsets = dict(offsets)

@@ -68,8 +68,11 @@ class Fleet:
     """Every model's stream state; ``lock`` guards all of it (the ingest counts a batch, its joins and its offsets
     as one step under it, and the checkpointer copies everything under it)."""
 
-    def __init__(self, config: Config, keep_rejected: bool = False, owns: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, config: Config, keep_rejected: bool = False, owns: Callable[[str], bool] | None = None,
+                 on_rewind: Callable[[], object] = lambda: None) -> None:  # fmt: skip
         self.lock = threading.RLock()
+        self.on_rewind = on_rewind
+        """Counts each time a model's window head, ahead of the clock, is brought back to it (WindowStore.follow)."""
         self.keep_rejected = keep_rejected
         self.config = config
         self.owns = owns
@@ -95,8 +98,9 @@ class Fleet:
         return EventDecoder(spec, self.config.max_future_skew_seconds, self.keep_rejected)
 
     def _monitored(self, spec: ModelSpec, decoder: EventDecoder | None = None) -> Monitored:
-        return Monitored(spec, WindowStore(spec, self.config.windowing, self.lock),
-                         decoder or self.decoders[spec.model_id])  # fmt: skip
+        store = WindowStore(spec, self.config.windowing, self.lock, self.config.max_future_skew_seconds,
+                            self.on_rewind)  # fmt: skip
+        return Monitored(spec, store, decoder or self.decoders[spec.model_id])
 
     def _readers(self) -> tuple[dict[str, EventDecoder], SharedDecoder | Router | None]:
         """Every model's decoder, with what splits a batch among them: for one model nothing (its decoder tells its

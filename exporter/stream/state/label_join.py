@@ -229,6 +229,13 @@ class OutcomeJoin(ReadClock):
         if gone:
             expired["model_reconfigured"] += len(gone)
 
+    def give_up(self, expired: Counter[str]) -> None:
+        """Drop every waiting prediction and orphan label, counted as ``model_reconfigured``: no labels topic is
+        configured any more (a checkpoint of a config that had one), so nothing will ever join them."""
+        expired["model_reconfigured"] += len(self.pending) + len(self.orphans)
+        self.pending, self.orphans = {}, {}
+        self.recently_joined.clear()
+
     def state(self, now: float) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint: the pending predictions grouped by model, each model's codes one row per
         prediction (a per-model table says how many and how wide), so that nothing per prediction is repeated; and

@@ -108,6 +108,14 @@ class SegmentCounts:
         self.counts[stale] = 0
         self.bucket_ids[stale] = -1
 
+    def rewind(self, now: float) -> None:
+        """Bring the head back to ``now`` (the window store's was ahead of the clock), the buckets after it dropped."""
+        if self.columns and self.head > (head := math.floor(now / self.bucket_seconds)):
+            future = self.bucket_ids > head
+            self.counts[future] = 0
+            self.bucket_ids[future] = -1
+            self.head = head
+
     def windows(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per window: the baseline's and the current's counts ``(n_rows, n_columns x (cap + 1), N_COUNTS)``, the
         current being the window's last buckets up to the head (advanced to ``now``), the baseline as many ending

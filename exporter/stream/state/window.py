@@ -5,13 +5,17 @@ The state is one int64 array of shape ``(n_buckets, n_rows, N_COUNTS)``: a row p
 allowed lateness. Memory is independent of traffic; a window is the sum of its last buckets.
 
 Time: the head is the later of the wall clock and the newest event seen. An event is *late*, counted and
-dropped, when its bucket has left the ring (older than the longest window plus ``allowed_lateness``).
+dropped, when its bucket has left the ring (older than the longest window plus ``allowed_lateness``). A head
+ahead of the clock by more than ``max_future_skew`` (no event can put it there: the clock ran ahead) is brought
+back to the clock (:meth:`WindowStore.follow`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -25,11 +29,17 @@ from exporter.stream.state.layout import RowLayout
 from exporter.stream.state.proxy import ProxyRing
 from exporter.stream.state.segments import SegmentCounts
 
+log = logging.getLogger(__name__)
+
 
 class WindowStore:
     """One model's bucket ring plus monotonic totals; thread-safe (one writer, scheduled readers)."""
 
-    def __init__(self, model: ModelSpec, windowing: Windowing, lock: threading.RLock | None = None) -> None:
+    def __init__(self, model: ModelSpec, windowing: Windowing, lock: threading.RLock | None = None,
+                 max_future_skew_seconds: float = math.inf, on_rewind: Callable[[], object] = lambda: None) -> None:
+        # how far ahead of the clock the head may be (the backtest's clock, its newest event, is never behind it),
+        # and what counts each time it is brought back (follow)
+        self.model_id, self.max_future_skew, self.on_rewind = model.model_id, max_future_skew_seconds, on_rewind
         exact = replace(model, attributes=tuple(a for a in model.attributes if a.proxy is None))
         self.layout = RowLayout.of(exact)  # a proxy attribute's float counts are self.proxy's
         self.min_samples = model.min_samples
@@ -76,15 +86,30 @@ class WindowStore:
             return
         self.head = head
         # an empty slot (-1) holds zeros already: only slots whose bucket left the ring need emptying
-        stale = (self.bucket_ids >= 0) & (self.bucket_ids < self.head - self.n_buckets + 1)
-        self.counts[stale] = 0
-        self.score_counts[stale] = 0
-        self.score_sums[stale] = 0.0
-        self.estimate_counts[stale] = 0
-        self.labelled_sums[stale] = 0.0
-        self.proxy.counts[stale] = 0.0
-        self.proxy.evidence[stale] = 0
-        self.bucket_ids[stale] = -1
+        self._empty((self.bucket_ids >= 0) & (self.bucket_ids < self.head - self.n_buckets + 1))
+
+    def _empty(self, slots: np.ndarray) -> None:
+        """Empty the slots of every ring (a mask)."""
+        for ring in (self.counts, self.score_counts, self.score_sums, self.estimate_counts, self.labelled_sums,
+                     self.proxy.counts, self.proxy.evidence):  # fmt: skip
+            ring[slots] = 0
+        self.bucket_ids[slots] = -1
+
+    def follow(self, now: float) -> None:
+        """Advance the head to ``now``. A head (or detector step) beyond it by more than max_future_skew was moved by
+        a clock that ran ahead (a checkpoint written then, or the clock set back since): it is brought back to now's
+        bucket, the buckets after it dropped, logged and counted (else every event of now is late until then)."""
+        bucket, d = self._bucket_at(now), self.detection
+        if (ahead := max(self.head, d.last_step) * self.bucket_seconds - now) > self.max_future_skew:
+            future = self.bucket_ids > bucket
+            self._empty(future)
+            self.head, self.detection = min(self.head, bucket), replace(d, last_step=min(d.last_step, bucket))
+            self.segments.rewind(now)
+            log.warning("model %s: the window's head was %.0f s ahead of the clock, beyond max_future_skew (%g s; the "
+                        "clock ran ahead): brought back to now, %d bucket(s) after now dropped", self.model_id, ahead,
+                        self.max_future_skew, int(future.sum()))  # fmt: skip
+            self.on_rewind()
+        self._advance(bucket)
 
     def add(
         self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
@@ -96,7 +121,8 @@ class WindowStore:
         buckets = self.bucket_of(timestamps)
         predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
-            self._advance(max(self._bucket_at(now), int(buckets.max(initial=-1))))
+            self.follow(now)
+            self._advance(int(buckets.max(initial=-1)))
             on_time = buckets > self.head - self.n_buckets
             late = len(buckets) - int(np.count_nonzero(on_time))
             if late:  # the usual batch has none: nothing to mask
@@ -223,34 +249,24 @@ class WindowStore:
 
     def window_counts(self, now: float) -> dict[str, np.ndarray]:
         """Counts of every window ending at the head (advanced to ``now``), shape ``(n_rows, N_COUNTS)``."""
-        with self.lock:
-            self._advance(self._bucket_at(now))
-            return {name: self._window_sum(self.counts, k) for name, k in self.window_buckets.items()}
+        return self._windows(self.counts, now)
 
     def window_proxy_counts(self, now: float) -> dict[str, np.ndarray]:
         """The proxy attributes' counts of every window ending at the head (:class:`ProxyRing`); empty without."""
-        with self.lock:
-            self._advance(self._bucket_at(now))
-            return {n: self._window_sum(self.proxy.counts, k) for n, k in self.window_buckets.items()} \
-                if self.proxy.attributes else {}  # fmt: skip
+        return self._windows(self.proxy.counts, now, bool(self.proxy.attributes))
 
     def window_proxy_evidence(self, now: float) -> dict[str, np.ndarray]:
         """The proxy attributes' predictions of every window ending at the head by what their posteriors rest on,
         ``(attributes, len(proxy.EVIDENCE))`` (:attr:`ProxyRing.evidence`); empty without."""
-        with self.lock:
-            self._advance(self._bucket_at(now))
-            return {n: self._window_sum(self.proxy.evidence, k) for n, k in self.window_buckets.items()} \
-                if self.proxy.attributes else {}  # fmt: skip
+        return self._windows(self.proxy.evidence, now, bool(self.proxy.attributes))
 
     def window_scores(self, now: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Score histograms of every window ending at the head (advanced to ``now``): per row, the count in each
         bin ``(n_rows, n_bins)`` and the sum of the scores ``(n_rows,)``. Empty without score histograms."""
-        with self.lock:
-            if not self.score_counts.shape[2]:
-                return {}
-            self._advance(self._bucket_at(now))
-            return {name: (self._window_sum(self.score_counts, k), self._window_sum(self.score_sums, k))
-                    for name, k in self.window_buckets.items()}  # fmt: skip
+        with self.lock:  # both of one head
+            kept = bool(self.score_counts.shape[2])
+            counts, sums = self._windows(self.score_counts, now, kept), self._windows(self.score_sums, now, kept)
+            return {name: (counts[name], sums[name]) for name in counts}
 
     def estimate_bins(self, scores: np.ndarray | None) -> np.ndarray | None:
         """The estimation score bin of each score; None when the model estimates nothing (or has no scores)."""
@@ -261,19 +277,17 @@ class WindowStore:
     def window_estimate_counts(self, now: float) -> dict[str, np.ndarray]:
         """Estimation counts of every window ending at the head (advanced to ``now``): ``(n_rows, n_bins, 2,
         N_SCORE_COUNTS)`` each. Empty when the model estimates nothing."""
-        with self.lock:
-            if not self.estimate_counts.shape[2]:
-                return {}
-            self._advance(self._bucket_at(now))
-            return {name: self._window_sum(self.estimate_counts, k) for name, k in self.window_buckets.items()}
+        return self._windows(self.estimate_counts, now, bool(self.estimate_counts.shape[2]))
 
     def window_labelled_sums(self, now: float) -> dict[str, np.ndarray]:
         """As :meth:`window_estimate_counts`, the labelled scores' sums ``(n_rows, n_bins)``; empty without."""
+        return self._windows(self.labelled_sums, now, bool(self.labelled_sums.shape[2]))
+
+    def _windows(self, ring: np.ndarray, now: float, kept: bool = True) -> dict[str, np.ndarray]:
+        """Every window of ``ring`` ending at the head (advanced to ``now``); empty for a ring not ``kept``."""
         with self.lock:
-            if not self.labelled_sums.shape[2]:
-                return {}
-            self._advance(self._bucket_at(now))
-            return {name: self._window_sum(self.labelled_sums, k) for name, k in self.window_buckets.items()}
+            self.follow(now)
+            return {name: self._window_sum(ring, k) for name, k in self.window_buckets.items()} if kept else {}
 
     def _window_sum(self, ring: np.ndarray, k: int) -> np.ndarray:
         # The window's buckets are the k slots ending at the head's, wrapping at most once; a slot in that range
@@ -305,7 +319,7 @@ class WindowStore:
         head has not entered a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest
         batches them)."""
         with self.lock:
-            self._advance(self._bucket_at(now))
+            self.follow(now)
             d = self.detection
             if self.head <= d.last_step:
                 return None
