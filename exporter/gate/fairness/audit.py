@@ -283,7 +283,7 @@ def run_audit(
                                                                           for a in config.attributes]
                                 if config.compares_scores else None,
                                 score_sums=[counted.tally.score_sums.get(a.name) for a in config.attributes]
-                                if config.calibrates else None)  # fmt: skip
+                                if config.calibrates else None, added_bound=config.added_score_bound)  # fmt: skip
     evaluations, conditional = with_conditional(config, evaluations, current)
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
