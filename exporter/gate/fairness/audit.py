@@ -295,10 +295,9 @@ def run_audit(
         if attribute.proxy is not None:
             attributes[attribute.name] |= {"proxy_corrected": proxy.corrected(attribute, counted.tally),
                                            "proxy_evidence": proxy.evidence(attribute, counted.tally)}
-        results.extend(metric_results(config, judged_ev))
+        results.extend(metric_results(config, judged_ev, None if estimation is None else
+                                      estimated.estimated_metrics(config)))  # fmt: skip
         worst.extend(_worst(config, judged_ev))
-    if estimation is not None:
-        estimated.mark(results, config)
     mark_conditional(results, config, conditional, current)
     impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations, csv)
     manifest = dataset.manifest() if data_file is not None else None  # once read: a changed file is refused

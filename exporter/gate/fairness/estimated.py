@@ -18,7 +18,7 @@ import numpy as np
 from exporter.config import ModelSpec
 from exporter.core import estimate
 from exporter.core.evaluate import Evaluation
-from exporter.core.metric_table import METRICS, Comparisons
+from exporter.core.metric_table import Comparisons
 from exporter.gate.fairness.frames import Scan
 from exporter.gate.fairness.ll144 import json_float
 
@@ -76,10 +76,3 @@ def with_estimates(config: ModelSpec, evaluations: list[Evaluation], reference: 
                                          for rate, (v, lo, hi) in rates.items()}
                                      for i, g in enumerate(ev.attribute.groups)}  # fmt: skip
     return out, groups
-
-
-def mark(results: list[dict[str, Any]], config: ModelSpec) -> None:
-    """Flag each result as estimated (a label-based metric) or observed."""
-    names = set(estimated_metrics(config))
-    for r in results:
-        r["estimated"] = r["metric"] in names and METRICS[r["metric"]].needs_labels
