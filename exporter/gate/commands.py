@@ -59,8 +59,7 @@ def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
     if r["status"] == "insufficient_samples":
         text += f"; {insufficient(r, min_samples)}"
     if r["evidence"] == "inconclusive" and r.get("exact_value") is not None:
-        need = r["samples_to_decide"]
-        if need:
+        if need := r["samples_to_decide"]:
             text += "; about " + " and ".join(f"{n:,} ({g})" for g, n in need.items()) + " samples would decide it"
         elif r.get("estimated"):  # most of an estimate's interval is the calibration's: audited rows do not narrow it
             text += "; an estimate: more labelled reference rows (or the labels) narrow it, not more audited rows"
