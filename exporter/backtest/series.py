@@ -70,7 +70,7 @@ def evaluate_steps(spec: ModelSpec, windowing: Windowing, split: Callable[[np.nd
     stacks = {a.name: stacked(a, steps) for a in spec.attributes if a.proxy is None}  # every window's
     results = evaluate_many([(stacks[a.name], c) for _, a, c in blocks], spec.min_samples, metrics,
                             spec.multiplicity, families=steps, scores=histograms or None,
-                            score_sums=sums or None, worsts=worsts)  # fmt: skip
+                            score_sums=sums or None, worsts=worsts, added_bound=spec.added_score_bound)  # fmt: skip
     return {(window_name, a.name): ev for (window_name, a, _), ev in zip(blocks, results, strict=True)}
 
 

@@ -1,9 +1,9 @@
 """The YAML config shared by the audit gate, the daemon and ``backtest``: one ``ModelSpec`` per model and the
 daemon's shared settings beside them (see docs/contract.md).
 
-Modules import in one direction: ``yaml_file``, ``types`` <- ``toolkit``, ``clients`` <- ``sections_stream`` <-
-``sections_model`` <- ``load``. The names below load on first use, so reading a YAML file (the HTTP worker's web
-config) loads no numpy.
+Modules import in one direction: ``yaml_file``, ``types`` <- ``state_layout``, ``toolkit``, ``clients`` <-
+``sections_stream`` <- ``sections_model`` <- ``load``. The names below load on first use, so reading a YAML file (the
+HTTP worker's web config) loads no numpy.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from exporter.config.load import load_config, parse_config
+    from exporter.config.state_layout import layout, layout_changes
     from exporter.config.types import (
         DEFAULT_PORT,
         AlertingConfig,
@@ -24,15 +25,13 @@ if TYPE_CHECKING:
         ModelSpec,
         Window,
         Windowing,
-        layout,
-        layout_changes,
         parse_duration,
     )
 
 _MODULES = {
-    "load_config": "load", "parse_config": "load",
+    "load_config": "load", "parse_config": "load", "layout": "state_layout", "layout_changes": "state_layout",
     **dict.fromkeys(["DEFAULT_PORT", "AlertingConfig", "Config", "ConfigError", "EventFields", "KafkaConfig",
-                     "MetricSpec", "ModelSpec", "Window", "Windowing", "layout", "layout_changes", "parse_duration"],
+                     "MetricSpec", "ModelSpec", "Window", "Windowing", "parse_duration"],
                     "types"),
 }  # fmt: skip
 

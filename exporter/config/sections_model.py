@@ -68,7 +68,7 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
     check_counted(base, segments, strata, errors)
     if model_id is None:
         return None
-    return ModelSpec(
+    spec = ModelSpec(
         model_id=model_id,
         base_attributes=tuple(base),
         attributes=tuple(attributes),
@@ -96,6 +96,13 @@ def parse_model(raw: dict[str, Any], errors: Errors, source: str) -> ModelSpec |
         strata=strata,
         baseline_offset=get(raw, "baseline_offset", None, errors, "", parse_duration),
     )
+    if (at := spec.added_score_bound) is not None:
+        errors.note("events.score_threshold", f"{spec.score_buckets[at]:g} added to the score bins' bounds, now "
+                                              f"{list(spec.score_buckets)}: the estimation calibrates predicted "
+                                              "negatives and positives apart; the score histograms show the added "
+                                              "bound, AUC and ECE merge it back "
+                                              "(docs/auditor/estimated.md)")  # fmt: skip
+    return spec
 
 
 MAX_MIN_SAMPLES: Final = 1_000_000

@@ -169,7 +169,8 @@ class Calibration:
 
     @classmethod
     def fit(cls, reference: NDArray, prior_strength: float = PRIOR_STRENGTH) -> Calibration:
-        """From a reference's score-counts array (its labelled rows; the predicted class pooled per bin)."""
+        """From a reference's score-counts array (its labelled rows; the predicted class pooled per bin, so the bins
+        need the decision threshold as a bound, which :attr:`exporter.config.ModelSpec.score_buckets` has)."""
         ref = np.asarray(reference, dtype=np.int64)
         pooled = ref.sum(axis=2)
         return cls(calibrate(pooled[..., LABELLED_POS], pooled[..., LABELLED_NEG], prior_strength), ref,
@@ -229,10 +230,16 @@ class Estimate:
     calibration: Calibration
     """The calibration the estimate rests on: the calibration check tests its rate, with its covariance."""
 
-    def rate(self, name: str) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """Estimated rate per group and its 95% interval (percentiles of the rate under the bootstrap)."""
+    def trials(self, rate: str) -> IntArray:
+        """Per group: the reference's labelled rows a rate rests on (labelled positives for TPR ...)."""
+        return np.asarray(sum(self.reference[..., i] for i in RATES[rate][1]), dtype=np.int64)
+
+    def rate(self, name: str, min_samples: int = 0) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Estimated rate per group and its 95% interval (percentiles of the rate under the bootstrap); NaN for a
+        group with fewer than ``min_samples`` :meth:`trials`, whose calibration is the other groups' (no guess)."""
         lo, hi = _percentiles(_rate(self.draws, name), CONFIDENCE)
-        return _rate(self.expected, name), lo, hi
+        few = self.trials(name) < min_samples
+        return np.where(few, np.nan, _rate(self.expected, name)), np.where(few, np.nan, lo), np.where(few, np.nan, hi)
 
 
 def estimate(
@@ -302,10 +309,8 @@ def compare_estimated(est: Estimate, group_a: NDArray, group_b: NDArray,
             lower, upper = abs_interval(lo, hi)
         else:
             lower, upper = lo, hi = _percentiles(np.maximum.reduce([np.abs(g[3]) for g in gaps]), CONFIDENCE)
-        support = np.minimum(window[a], window[b])
-        for rate in rates:
-            trials = sum(est.reference[..., i] for i in RATES[rate][1])
-            support = np.minimum(support, np.minimum(trials[a], trials[b]))  # type: ignore[index]
+        trials = [est.trials(rate) for rate in rates]
+        support = np.minimum.reduce([window[a], window[b], *(t[a] for t in trials), *(t[b] for t in trials)])
         undefined = np.isnan(value)
         out[name] = MetricValues(value, np.where(undefined, np.nan, lower), np.where(undefined, np.nan, upper),
                                  (hi - lo) / 2.0, np.asarray(support, dtype=np.int64))  # fmt: skip
@@ -365,16 +370,6 @@ def calibration_log_lr(rate: NDArray, counts: NDArray, shift: NDArray, spread: N
     return np.asarray(one_sample_log_lr(k, n, p0, p1).sum(axis=-1 - shift.ndim - 1))
 
 
-def estimate_comparisons(
-    reference: NDArray, counts: NDArray, pairs: NDArray, metrics: tuple[str, ...] = ESTIMATED_METRICS
-) -> tuple[Estimate, dict[str, MetricValues]]:
-    """A window's estimate and its estimated metrics for ``pairs`` (``(P, 2)`` group rows) from a reference's and
-    the window's score counts: the one path of the gate, the daemon and ``backtest``."""
-    est = estimate(Calibration.fit(reference), counts)
-    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    return est, compare_estimated(est, p[:, 0], p[:, 1], metrics)
-
-
 @dataclass(frozen=True)
 class Estimated:
     """One attribute's estimated comparisons in one window, and the window's calibration check."""
@@ -393,8 +388,10 @@ class Estimated:
 def estimate_attribute(attribute: Attribute, reference: NDArray, counts: NDArray,
                        metrics: tuple[str, ...] = ESTIMATED_METRICS) -> Estimated:  # fmt: skip
     """The estimated comparisons of an attribute's pairs from the reference's and the window's score counts (rows
-    past the attribute's groups, its unknown category, are left out), and the window's calibration check."""
+    past the attribute's groups, its unknown category, are left out), and the window's calibration check: the one
+    path of the gate, the daemon and ``backtest``."""
     n = len(attribute.groups)
     block, ref = np.asarray(counts)[:n], np.asarray(reference)[:n]
-    est, values = estimate_comparisons(ref, block, np.array(attribute.pairs), metrics)
+    est, pairs = estimate(Calibration.fit(ref), block), np.array(attribute.pairs, dtype=np.int64).reshape(-1, 2)
+    values = compare_estimated(est, pairs[:, 0], pairs[:, 1], metrics)
     return Estimated(attribute, values, calibration_check(est.calibration.rate, block, est.calibration.covariance), est)

@@ -227,20 +227,32 @@ def _rows(stats: GroupStats, rows: slice | np.ndarray) -> GroupStats:
                         for v in vars(stats).values()])  # fmt: skip
 
 
-def labelled_histogram(score_counts: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
+def labelled_histogram(score_counts: np.ndarray, sums: np.ndarray | None = None,
+                       added_bound: int | None = None) -> np.ndarray:  # fmt: skip
     """Per group and score bin, its labelled negatives and positives (both predicted classes) of a score-counts array
     ``(..., n_bins, 2, N_SCORE_COUNTS)`` (:mod:`exporter.core.estimate`), and the sum of their scores ``(..., n_bins)``
-    (NaN when not kept: no calibration): ``(..., n_bins, 3)``."""
+    (NaN when not kept: no calibration): ``(..., n_bins, 3)``. ``added_bound``: the bins on either side of that bound
+    (the decision threshold the estimation added, :attr:`exporter.config.ModelSpec.added_score_bound`) as one, so
+    that AUC and ECE measure on the bins configured.
+
+    >>> counts = np.zeros((1, 3, 2, 3), dtype=np.int64); counts[0, :, 0, 1:] = [[1, 2], [3, 4], [5, 6]]
+    >>> labelled_histogram(counts, added_bound=0)[0, :, :2].tolist()
+    [[6.0, 4.0], [6.0, 5.0]]
+    """
     c = np.asarray(score_counts, dtype=np.int64).sum(axis=-2)
     total = np.full(c.shape[:-1], np.nan) if sums is None else np.asarray(sums, dtype=np.float64)
-    return np.stack([c[..., LABELLED_NEG], c[..., LABELLED_POS], total], axis=-1)
+    out = np.stack([c[..., LABELLED_NEG], c[..., LABELLED_POS], total], axis=-1)
+    if added_bound is None:
+        return out
+    merged = out[..., added_bound : added_bound + 2, :].sum(axis=-2, keepdims=True)
+    return np.concatenate([out[..., :added_bound, :], merged, out[..., added_bound + 2 :, :]], axis=-2)
 
 
 def evaluate_many(
     blocks: Sequence[tuple[Attribute, np.ndarray]], min_samples: int, metrics: Iterable[str] = METRICS,
     multiplicity: str = "none", families: int = 1, scores: Sequence[np.ndarray] | None = None,
     thresholds: Mapping[str, float] | None = None, score_sums: Sequence[np.ndarray | None] | None = None,
-    worsts: bool = True,
+    worsts: bool = True, added_bound: int | None = None,
 ) -> list[Evaluation]:  # fmt: skip
     """Evaluate one or more ``(attribute, counts)`` blocks in one vectorised pass.
 
@@ -249,7 +261,8 @@ def evaluate_many(
     (default: all of the table). ``multiplicity``: how a fail is judged across a metric's comparisons
     (:data:`MULTIPLICITY`); ``families``: each block's pairs are this many families judged apart (``backtest``).
     ``scores``: per block, its score-counts array (rows as the counts'), for the score metrics, and ``score_sums``
-    its labelled scores' sums per score bin, for the calibration. ``thresholds``:
+    its labelled scores' sums per score bin, for the calibration; ``added_bound``: a bound of their bins that the
+    score metrics read through (:func:`labelled_histogram`). ``thresholds``:
     the metrics' thresholds, to judge the fails of every block in one pass (the daemon's fleet). ``worsts=False``:
     no worst comparisons, and no simultaneous intervals unless ``thresholds`` ask for fails under a multiplicity
     rule (``backtest`` reads neither at every step but its last; :attr:`Evaluation.deferred`).
@@ -280,8 +293,8 @@ def evaluate_many(
     metrics = tuple(metrics)
     sums = [None if s is None else s[: len(a.groups)] for (a, _), s in
             zip(blocks, score_sums or [None] * len(blocks), strict=True)]  # fmt: skip
-    histograms = None if scores is None else [labelled_histogram(h[: len(a.groups)], s) for (a, _), h, s in
-                                              zip(blocks, scores, sums, strict=True)]  # fmt: skip
+    histograms = None if scores is None else [labelled_histogram(h[: len(a.groups)], s, added_bound)
+                                              for (a, _), h, s in zip(blocks, scores, sums, strict=True)]  # fmt: skip
     histogram = None if histograms is None else np.concatenate(histograms)
     comparisons = compare(counts, global_pairs[:, 0], global_pairs[:, 1], metrics, histogram, rates)
     block = np.repeat(np.arange(len(pairs)), [len(p) for p in pairs])

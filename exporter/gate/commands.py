@@ -51,7 +51,7 @@ def _summary(report: dict[str, Any]) -> str:
 def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
     """``FAIL blocking race equalised_odds_difference a vs b: 0.2762 [0.1970, 0.3530], evidence fail``: the value
     as every report shows it (exporter/gate/reports/ci.py); an inconclusive row says how many samples per group
-    would decide it, an insufficient one which count fell short."""
+    would decide it (an estimate: that none would), an insufficient one which count fell short."""
     from exporter.gate.reports.ci import estimated_value, insufficient, shown_value, with_interval
 
     head = f"{r['status'].upper()} {r['severity']} {titled(r['attribute'], r.get('proxy'))} {r['metric']} {r['groups']}"
@@ -59,9 +59,12 @@ def _result_line(r: dict[str, Any], min_samples: int, decision: str) -> str:
     if r["status"] == "insufficient_samples":
         text += f"; {insufficient(r, min_samples)}"
     if r["evidence"] == "inconclusive" and r.get("exact_value") is not None:
-        need = r["samples_to_decide"]
-        text += ("; about " + " and ".join(f"{n:,} ({g})" for g, n in need.items()) + " samples would decide it"
-                 if need else "; the value is on the threshold: no sample size decides it")  # fmt: skip
+        if need := r["samples_to_decide"]:
+            text += "; about " + " and ".join(f"{n:,} ({g})" for g, n in need.items()) + " samples would decide it"
+        elif r.get("estimated"):  # most of an estimate's interval is the calibration's: audited rows do not narrow it
+            text += "; an estimate: more labelled reference rows (or the labels) narrow it, not more audited rows"
+        else:
+            text += "; the value is on the threshold: no sample size decides it"
     return text + (f"; counts as {r['counts_as']}" if decision == "evidence" else "")
 
 

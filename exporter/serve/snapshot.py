@@ -133,7 +133,8 @@ class _Gathered:
         """What :func:`evaluate_many` is called with besides the blocks: models alike are evaluated in one pass."""
         spec = self.monitored.spec
         return (spec.min_samples, spec.exported_metrics, spec.multiplicity, spec.compares_scores,
-                bool(self.labelled_sums), tuple((m, t) for m, t, _ in self.thresholds if m in spec.exported_metrics))
+                bool(self.labelled_sums), tuple((m, t) for m, t, _ in self.thresholds if m in spec.exported_metrics),
+                spec.added_score_bound)
 
 
 def _gather(monitored: Monitored, windowing: Windowing, now: float, thresholds: tuple[tuple[str, float, str], ...],
@@ -175,12 +176,12 @@ def _evaluated(gathered: Sequence[_Gathered]) -> list[list[Evaluation]]:
     for i, g in enumerate(gathered):
         alike.setdefault(g.settings, []).append(i)
     out: list[list[Evaluation]] = [[] for _ in gathered]
-    for (min_samples, metrics, multiplicity, compares_scores, sums, thresholds), members in alike.items():
+    for (min_samples, metrics, multiplicity, compares_scores, sums, thresholds, added_bound), members in alike.items():
         evaluated = evaluate_many([b for i in members for b in gathered[i].blocks], min_samples, metrics,
                                   multiplicity, scores=[h for i in members for h in gathered[i].histograms]
                                   if compares_scores else None,
                                   score_sums=[s for i in members for s in gathered[i].labelled_sums] if sums else None,
-                                  thresholds=dict(thresholds))  # fmt: skip
+                                  thresholds=dict(thresholds), added_bound=added_bound)  # fmt: skip
         start = 0
         for i in members:
             out[i] = evaluated[start : start + len(gathered[i].blocks)]

@@ -281,7 +281,7 @@ def run_audit(
                                                                           for a in config.attributes]
                                 if config.compares_scores else None,
                                 score_sums=[counted.tally.score_sums.get(a.name) for a in config.attributes]
-                                if config.calibrates else None)  # fmt: skip
+                                if config.calibrates else None, added_bound=config.added_score_bound)  # fmt: skip
     evaluations, conditional = with_conditional(config, evaluations, current)
     judged, estimation = evaluations, None
     if estimated.estimable(config) and counted.labelled == 0:  # scores and not one label in the whole dataset
@@ -293,10 +293,9 @@ def run_audit(
         if attribute.proxy is not None:
             attributes[attribute.name] |= {"proxy_corrected": proxy.corrected(attribute, counted.tally),
                                            "proxy_evidence": proxy.evidence(attribute, counted.tally)}
-        results.extend(metric_results(config, judged_ev))
+        results.extend(metric_results(config, judged_ev, None if estimation is None else
+                                      estimated.estimated_metrics(config)))  # fmt: skip
         worst.extend(_worst(config, judged_ev))
-    if estimation is not None:
-        estimated.mark(results, config)
     mark_conditional(results, config, conditional, current)
     impact_ratios = _impact_ratios(config, rows, counted, path_name, evaluations, csv)
     manifest = dataset.manifest() if data_file is not None else None  # once read: a changed file is refused

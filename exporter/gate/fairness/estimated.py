@@ -18,7 +18,7 @@ import numpy as np
 from exporter.config import ModelSpec
 from exporter.core import estimate
 from exporter.core.evaluate import Evaluation
-from exporter.core.metric_table import METRICS, Comparisons
+from exporter.core.metric_table import Comparisons
 from exporter.gate.fairness.frames import Scan
 from exporter.gate.fairness.ll144 import json_float
 
@@ -57,7 +57,8 @@ ESTIMATED_RATES = ("true_positive_rate", "false_positive_rate", "precision", "ac
 def with_estimates(config: ModelSpec, evaluations: list[Evaluation], reference: dict[str, np.ndarray],
                    audited: dict[str, np.ndarray]) -> tuple[list[Evaluation], dict[str, Any]]:  # fmt: skip
     """The evaluations with every configured label-based comparison replaced by its estimate (same pairs), and the
-    estimated rates of every group with their intervals, per attribute."""
+    estimated rates of every group with their intervals, per attribute: null for a group with fewer than min_samples
+    of the rate's labelled rows in the reference (its calibration is the other groups'), as its comparisons are."""
     names = estimated_metrics(config)
     out, groups = [], {}
     for ev in evaluations:
@@ -69,16 +70,9 @@ def with_estimates(config: ModelSpec, evaluations: list[Evaluation], reference: 
         out.append(replace(ev, comparisons=Comparisons(c.group_a, c.group_b, {**c.metrics, **result.values}),
                            simultaneous=Comparisons(c.group_a, c.group_b, {k: v for k, v in observed.metrics.items()
                                                                            if k not in result.values})))  # fmt: skip
-        rates = {rate: result.estimate.rate(rate) for rate in ESTIMATED_RATES}
+        rates = {rate: result.estimate.rate(rate, config.min_samples) for rate in ESTIMATED_RATES}
         groups[ev.attribute.name] = {g: {rate: {"value": json_float(v[i]), "ci_95": [json_float(lo[i]),
                                                                                      json_float(hi[i])]}
                                          for rate, (v, lo, hi) in rates.items()}
                                      for i, g in enumerate(ev.attribute.groups)}  # fmt: skip
     return out, groups
-
-
-def mark(results: list[dict[str, Any]], config: ModelSpec) -> None:
-    """Flag each result as estimated (a label-based metric) or observed."""
-    names = set(estimated_metrics(config))
-    for r in results:
-        r["estimated"] = r["metric"] in names and METRICS[r["metric"]].needs_labels

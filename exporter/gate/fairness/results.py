@@ -4,6 +4,7 @@ means the same in both)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from exporter.config import ModelSpec
@@ -13,9 +14,12 @@ from exporter.gate.fairness import ll144
 from exporter.gate.fairness.ll144 import json_float
 
 
-def metric_results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
+def metric_results(config: ModelSpec, ev: Evaluation, estimated: Collection[str] | None = None) -> list[dict[str, Any]]:
     """One result per configured metric and pair: the point estimate against the threshold (``passed``, the seed's
-    rule) whenever the comparison has a value, and what its interval says (``evidence``)."""
+    rule) whenever the comparison has a value, and what its interval says (``evidence``). ``estimated``: the metrics
+    whose values are estimates (the gate's estimation; each result then says whether it is one). An estimate has no
+    ``samples_to_decide``: most of its interval is the reference's calibration, which no number of audited rows
+    narrows (scaled from them, the count promised a decision that 22 times the rows did not bring)."""
     out = []
     groups = ev.attribute.groups
     samples = ev.groups.samples
@@ -23,6 +27,7 @@ def metric_results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
         v = ev.values(spec.name)
         sufficient = ev.sufficient(spec.name)
         evidence = ev.evidence(spec.name, spec.threshold).tolist()
+        decidable = estimated is None or spec.name not in estimated
         judged = int(sufficient.sum())
         for k, (a, b) in enumerate(ev.attribute.pairs):
             ok = bool(sufficient[k])
@@ -42,13 +47,15 @@ def metric_results(config: ModelSpec, ev: Evaluation) -> list[dict[str, Any]]:
                 "status": "insufficient_samples" if not ok else ("pass" if passed else "fail"),
                 "evidence": evidence[k],
                 "samples_to_decide": samples_to_decide(float(v.half_width[k]), float(v.value[k]), spec.threshold,
-                                                       pair_samples) if evidence[k] == "inconclusive" else None,
+                                                       pair_samples)
+                if evidence[k] == "inconclusive" and decidable else None,
                 "severity": spec.severity,
                 "counts_as": _counts_as(config, spec.severity, ok, passed, evidence[k]),
                 "samples": pair_samples,
                 "support": int(v.support[k]),
                 "comparisons_judged": judged,
                 **({"proxy": True} if ev.attribute.proxy else {}),
+                **({"estimated": not decidable} if estimated is not None else {}),
             })  # fmt: skip
     return out
 
