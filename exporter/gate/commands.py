@@ -1,7 +1,6 @@
 """The gate's commands (``audit``, ``bias-report``, ``safety``, ``redteam``, ``audit-log verify``): run, write the
 report files, log every run in the hash-chained audit log, print the JSON report; exit 0 (pass), 1 (blocked), 2 (bad
 input, or a report file that could not be written: then nothing is logged and no report of the run is left).
-
 Everything that needs pandas is imported inside the commands, so ``fairness-exporter serve`` never loads it.
 """
 
@@ -82,20 +81,19 @@ def log_run(command: str, path: str, entry: dict[str, Any], files: RunReports | 
     cannot be appended to raises AuditLogError and the files are taken back (an earlier run's put back)."""
     from exporter.gate import audit_log
 
+    reports = files or RunReports()
+
     def write_files(head: Head) -> None:
         if report is not None:
             report["audit_log"] = {"path": str(path), "seq": head.seq, "hash": head.hash}
-        if files is not None:
-            files.write()
+        reports.write()
 
     try:
         head = audit_log.append(path, entry, _audit_log_key(), before=write_files)
     except audit_log.AuditLogError:
-        if files is not None:
-            files.remove()
+        reports.remove()
         raise
-    if files is not None:
-        files.done()
+    reports.done()
     for note in head.recovered:
         print(f"fairness-exporter {command}: audit log {path}: {note}", file=sys.stderr)
     return head
