@@ -232,10 +232,10 @@ class Daemon:
         if self.ingest.dead_letters is not None:  # settings its producer refuses stop the start here
             self.ingest.dead_letters.start(self.config.source)
         self._schedule(self.config)
-        if self.config.kafka.labels_topic or self.config.attribute_sources:
-            expire = self.stages.expire if self.stages is not None else self.ingest.expire
-            self.scheduler.add_job(expire, "interval", seconds=EXPIRY_EVERY_SECONDS, id="expire", max_instances=1,
-                                   coalesce=True)  # fmt: skip
+        # whatever the config: it also gives up a payload log's halves and forgets its calls done (no labels needed)
+        expire = self.stages.expire if self.stages is not None else self.ingest.expire
+        self.scheduler.add_job(expire, "interval", seconds=EXPIRY_EVERY_SECONDS, id="expire", max_instances=1,
+                               coalesce=True)  # fmt: skip
         if self.stages is not None:
             self.scheduler.add_job(self.stages.tick, "interval", seconds=1.0, id="stages", max_instances=1,
                                    coalesce=True)  # fmt: skip

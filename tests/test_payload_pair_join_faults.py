@@ -173,3 +173,37 @@ def test_a_refused_seldon_request_keyed_by_its_id_drops_its_response_with_it() -
     assert sample("fairness_exporter_payload_halves_unmatched_total", reason="partner_refused") == 1
     assert sample("fairness_exporter_events_rejected_total", reason="response_without_request") == 0
     assert sample("fairness_exporter_payload_pairs_joined_total") == 1
+
+
+def test_a_payload_log_without_a_labels_topic_still_expires_the_halves_that_wait() -> None:
+    """The expiry job is the only thing that gives up a payload half waiting for its partner (a failed call logs
+    only its request) and forgets the calls done. ``Daemon.start`` scheduled it only with a labels topic or
+    attribute sources, so a Seldon or KServe log without labels kept every unpaired half, and every call id, until
+    ``max_pending_labels``: never counted as ``request_without_response``, and a call id used again after the
+    horizon counted as a duplicate. It is scheduled whatever the config."""
+    from exporter import daemon
+
+    raw = {"kafka": {"bootstrap_servers": "127.0.0.1:1", "topic": "seldon.prod.model.income.inputs",
+                     "assignment": "manual"},
+           "events": {"format": "seldon", "pair_horizon": "1s"}, "listen": {"address": "127.0.0.1", "port": 0},
+           "windows": ["1h"], "bucket": "1m", "evaluation_interval": "1s", "min_samples": 1,
+           "models": [{"model_id": "income", "events": {"prediction": "proba", "score_threshold": 0.5},
+                       "protected_attributes": [{"name": "gender", "groups": ["male", "female"]}]}]}  # fmt: skip
+    registry, now = CollectorRegistry(), [T0]
+    running = daemon.Daemon(parse_config(raw), registry=registry, clock=lambda: now[0])
+    running.ingest.consume = lambda: None  # type: ignore[method-assign]  # no broker: the records are handed in
+    record = SimpleNamespace(value=seldon_request("r1", {"gender": ["female"]}), headers=[("x-request-id", b"r1")],
+                             key=None, timestamp=int(T0 * 1000), offset=0)  # fmt: skip
+    running.ingest.payloads([(("seldon.prod.model.income.inputs", 0), [record])])
+    assert len(running.fleet.pairs.pending) == 1
+    running.start()
+    try:
+        jobs = {job.id for job in running.scheduler.get_jobs()}
+    finally:
+        running.stop()
+    assert "expire" in jobs
+    now[0] += 2  # past the horizon
+    running.ingest.expire()  # what the job runs
+    assert not running.fleet.pairs.pending
+    assert registry.get_sample_value("fairness_exporter_payload_halves_unmatched_total",
+                                     {"reason": "request_without_response"}) == 1
