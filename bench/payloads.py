@@ -25,6 +25,7 @@ from exporter.config import parse_config
 from exporter.daemon import GC_THRESHOLDS
 from exporter.stream.decode import kserve_batch, seldon_batch
 from exporter.stream.decode.oip import messages
+from exporter.stream.decode.pairs import join_units
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 
 TARGET = 1.5
@@ -79,12 +80,13 @@ def seldon_records(n: int) -> tuple[list[Raw], list[Raw]]:
 
 
 def _daemon_path(form: str, parts: list[tuple[str, list[Raw]]], rows: PayloadRows) -> int:
-    """The daemon's decoding of these records up to each model's batch; the rows."""
-    join, counts, pairs = PairJoin(600.0), Counter[str](), {}
+    """The daemon's decoding of these records up to each model's batch (exporter/stream/ingest.py, payloads):
+    each topic's poll read as a block or as halves, joined in turn, each model's batch; the rows."""
+    join, counts, units = PairJoin(600.0), Counter[str](), []
     for topic, records in parts:
-        pairs.setdefault("credit", []).extend(join.add_all(read_halves(form, topic, records, {"credit"}).halves, 0.0,
-                                                           counts))  # fmt: skip
-    batches, _ = payload_batches(pairs, {"credit": rows}, 2e9)
+        read = read_halves(form, topic, records, {"credit"}, blocks=True)
+        units += read.blocks or [read.halves]
+    batches, _ = payload_batches(join_units(join, units, 0.0, counts), {"credit": rows}, 2e9)
     return sum(len(b) for b in batches.values())
 
 
@@ -103,7 +105,7 @@ def _seldon_floor(parts: list[tuple[list[Raw], bool]]) -> object:
     for records, response in parts:
         values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]
         certify, handler = seldon_batch._readers(response)
-        certify.FromString(b"".join(chain.from_iterable(zip(map(seldon_batch._framed, map(len, values)), values,
+        certify.FromString(b"".join(chain.from_iterable(zip(map(seldon_batch.frame, map(len, values)), values,
                                                             strict=True))))  # fmt: skip
         out.append(handler.list_to_record_batch(values))
     return out

@@ -25,7 +25,7 @@ from exporter.stream.decode.platforms import Half, headers_of, headers_of_poll, 
 @pytest.fixture(autouse=True)
 def _small_polls_batched(monkeypatch: pytest.MonkeyPatch) -> None:
     """The batch reads polls of any size the same: small ones here (the module reads them one by one for speed)."""
-    monkeypatch.setattr(seldon_batch, "_FEWEST", 1)
+    monkeypatch.setattr(seldon_batch, "FEWEST", 1)
 
 
 def _one_by_one(topic: str, records: list[Raw]) -> list[Any]:
@@ -270,7 +270,7 @@ def test_without_ptars_a_poll_is_read_record_by_record_to_the_same_halves(monkey
     poll: list[Raw] = [(_field(3, f"c{i}".encode()) + _field(5, _MALE), [("x-request-id", f"r{i}".encode())], None,
                         1000) for i in range(3)]  # fmt: skip
     with_arrow = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
-    monkeypatch.setattr(seldon_batch, "_arrow", lambda: False)
+    monkeypatch.setattr(seldon_batch, "arrow", lambda: False)
     assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
     assert read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"}) == with_arrow
 
@@ -279,7 +279,7 @@ def test_a_poll_too_small_to_pay_for_the_batch_is_read_record_by_record(monkeypa
     poll: list[Raw] = [(_field(3, f"c{i}".encode()) + _field(5, _MALE), [("x-request-id", f"r{i}".encode())], None,
                         1000) for i in range(3)]  # fmt: skip
     batched = read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"})
-    monkeypatch.setattr(seldon_batch, "_FEWEST", 4)
+    monkeypatch.setattr(seldon_batch, "FEWEST", 4)
     assert seldon_batch.halves("seldon.ns.model.m.inputs", poll, {"m"}, None) is None
     assert read_halves("seldon", "seldon.ns.model.m.inputs", poll, {"m"}) == batched
     assert seldon_batch.halves("seldon.ns.model.m.inputs", poll * 2, {"m"}, None) is not None

@@ -123,7 +123,7 @@ def test_a_seldon_poll_of_pd_json_tensors_is_read_record_by_record_to_the_same_h
 ) -> None:  # fmt: skip
     """The one-pass protobuf reader leaves a poll holding a pd_json tensor to the record-by-record path, which
     decodes it; a poll without one it still takes."""
-    monkeypatch.setattr(seldon_batch, "_FEWEST", 1)
+    monkeypatch.setattr(seldon_batch, "FEWEST", 1)
     topic = "seldon.prod.model.income.inputs"
     for raw in (False, True):
         records = [(value, headers, key, int(T * 1000)) for t, _, (value, headers, key)
@@ -133,4 +133,4 @@ def test_a_seldon_poll_of_pd_json_tensors_is_read_record_by_record_to_the_same_h
         assert [h.columns["gender"] for h in read.halves] == [["female", "male", k] for k in range(4)]
     plain = [(value, headers, key, -1) for t, _, (value, headers, key) in platform_records("seldon", [
         {**c, "columns": {"gender": ["female", "male", "x"]}} for c in _mixed(4, "proto")], tmp_path) if t == topic]
-    assert seldon_batch.halves(topic, plain, {"income"}, None) is not None or not seldon_batch._arrow()
+    assert seldon_batch.halves(topic, plain, {"income"}, None) is not None or not seldon_batch.arrow()

@@ -35,6 +35,7 @@ from exporter.health.side import SideHealth
 from exporter.stream.bounded import Bound
 from exporter.stream.decode.events import REJECT_REASONS, DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
+from exporter.stream.decode.pairs import HalfBlock, calls, join_units
 from exporter.stream.decode.payload import (
     UNMATCHED_REASONS,
     PayloadRows,
@@ -43,6 +44,7 @@ from exporter.stream.decode.payload import (
     read_halves,
     records_of,
 )
+from exporter.stream.decode.platforms import Half
 from exporter.stream.decode.route import IGNORE_REASONS
 from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
 from exporter.stream.kafka.dead_letters import DeadLetters
@@ -140,24 +142,23 @@ class Ingest:
         fleet = self.fleet
         form = fleet.events.format
         models = fleet.decoders
-        halves, rejected, ignored = [], [], Counter[str]()
+        units: list[HalfBlock | list[Half]] = []
+        rejected, ignored = [], Counter[str]()
         offsets: dict[Partition, int] = {}
         for partition, records in parts:
             read = read_halves(form, partition[0], records_of(records), models, self.kafka.response_topic,
-                               components(fleet.config.models))  # fmt: skip
-            halves += read.halves
+                               components(fleet.config.models), blocks=True)  # fmt: skip
+            units += read.blocks or [read.halves]
             rejected += read.rejected
             ignored.update(read.ignored)
             offsets[partition] = records.next_offset() if isinstance(records, Batch) else records[-1].offset + 1
         unmatched: Counter[str] = Counter()
         given_up: Counter[str] = Counter()
         with fleet.lock:
-            pairs: dict[str, list] = {}
             for _, _, model, pid in rejected:
                 if model is not None and pid is not None:
                     self.fleet.pairs.refuse(model, pid, now, unmatched)
-            for pair in self.fleet.pairs.add_all(halves, now, unmatched):
-                pairs.setdefault(pair[0].model, []).append(pair)  # type: ignore[arg-type]  # read_halves: a model
+            pairs = join_units(self.fleet.pairs, units, now, unmatched)
             rows = {m: self.payload_rows(m) for m in pairs}
             decoded, letters = payload_batches(pairs, rows, now)
             late = sum(self._count(fleet.models[m], batch, now, given_up) for m, batch in decoded.items()
@@ -168,7 +169,7 @@ class Ingest:
         self.health.pending_predictions.set(pending)
         self.health.count_outcomes(given_up)
         joined, unmatched_counter = self.health.payload_counters(UNMATCHED_REASONS)
-        joined.inc(sum(map(len, pairs.values())))
+        joined.inc(sum(map(calls, pairs.values())))
         for reason, n in unmatched.items():
             unmatched_counter.labels(reason).inc(n)
         where = ", ".join(f"{topic}[{partition}]" for topic, partition in offsets)

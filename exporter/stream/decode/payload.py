@@ -14,8 +14,7 @@ and meet in that join task's :class:`PairJoin`.
 
 from __future__ import annotations
 
-import base64
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -23,7 +22,6 @@ from itertools import chain, repeat
 from typing import Any, Final
 
 import numpy as np
-import orjson
 
 from exporter.config import ModelSpec
 from exporter.core import bisg
@@ -32,6 +30,10 @@ from exporter.core.side_table import id_text
 from exporter.stream.decode import kserve_batch, seldon_batch
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
+from exporter.stream.decode.pairs import BlockPairs, HalfBlock, Joined, as_halves, read_block
+from exporter.stream.decode.pairs import PairJoin as PairJoin  # the join's home: pairs.py; its callers import it here
+from exporter.stream.decode.pairs import half_json as half_json
+from exporter.stream.decode.pairs import half_of as half_of
 from exporter.stream.decode.platforms import (
     Half,
     headers_of_poll,
@@ -65,118 +67,6 @@ def records_of(records: Sequence[Any]) -> list[Raw]:
             for r in records]  # fmt: skip
 
 
-@dataclass
-class PairJoin:
-    """Halves waiting for their partner, by (model, id); bounded in count, and in age by ``horizon`` seconds."""
-
-    horizon: float
-    max_pending: int = 1_000_000
-    pending: dict[tuple[str, str], tuple[Half, float]] = field(default_factory=dict)
-    done: OrderedDict[tuple[str, str], tuple[float, bool, str]] = field(default_factory=OrderedDict)
-    """Calls joined or refused within the horizon (when, whether refused, the component whose halves met), so that
-    a half delivered again is a duplicate, another component's half of the call is not counted again, and the
-    partner of a refused half is dropped with it."""
-
-    def add(self, half: Half, now: float, counts: Counter[str]) -> tuple[Half, Half] | None:
-        """The (request, response) this half completes, else None (it waits, or is counted as a duplicate)."""
-        found = self.add_all((half,), now, counts)
-        return found[0] if found else None
-
-    def add_all(self, halves: Iterable[Half], now: float, counts: Counter[str]) -> list[tuple[Half, Half]]:
-        """The (request, response) pairs these halves complete, in order, as :meth:`add` of each in turn finds
-        them (one loop: 0.6-0.7 µs per half against 0.95 for a call per half)."""
-        pending, done, most = self.pending, self.done, self.max_pending
-        out = []
-        for half in halves:
-            key = (half.model or "", half.pair)
-            finished = done.get(key)
-            if finished is not None:
-                counts["partner_refused" if finished[1] else "duplicate_delivery" if finished[2] == half.component
-                       else "other_component"] += 1  # fmt: skip
-                continue
-            waiting = pending.get(key)
-            if waiting is None:
-                if len(pending) >= most:
-                    counts["pending_state_full"] += 1
-                else:
-                    pending[key] = (half, now)
-                continue
-            other = waiting[0]
-            if other.component != half.component:
-                counts["other_component"] += 1  # the call meets within the component whose half came first
-                continue
-            if other.response == half.response:
-                counts["duplicate_delivery"] += 1  # the same half again: the first one stands
-                continue
-            del pending[key]
-            done[key] = (now, False, half.component)  # at the end: done.get found no such call above
-            while len(done) > most:
-                done.popitem(last=False)
-            out.append((other, half) if half.response else (half, other))
-        return out
-
-    def refuse(self, model: str, pair: str, now: float, counts: Counter[str]) -> None:
-        """A half of this call was refused: its partner, waiting or still to come, is dropped with it."""
-        key = (model, pair)
-        if self.pending.pop(key, None) is not None:
-            counts["partner_refused"] += 1
-        self._done(key, now, True, "")
-
-    def _done(self, key: tuple[str, str], now: float, refused: bool, component: str) -> None:
-        self.done[key] = (now, refused, component)
-        self.done.move_to_end(key)
-        while len(self.done) > self.max_pending:
-            self.done.popitem(last=False)
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The waiting halves and the calls done, for a checkpoint or a snapshot (one JSON document as bytes: what
-        waits is rows of plain values), so that a restart past their offsets still pairs them."""
-        pending = [[half_json(h), at] for h, at in self.pending.values()]
-        done = [[m, p, *value] for (m, p), value in self.done.items()]
-        return {"state": np.frombuffer(orjson.dumps({"pending": pending, "done": done}), dtype=np.uint8)}
-
-    def restore(self, state: Mapping[str, np.ndarray]) -> None:
-        """Load what :meth:`state` wrote (nothing: a checkpoint written before payload formats)."""
-        if "state" not in state:
-            return
-        found = orjson.loads(state["state"].tobytes())
-        halves = [(half_of(h), at) for h, at in found["pending"]]
-        self.pending = {(h.model or "", h.pair): (h, at) for h, at in halves}
-        self.done = OrderedDict(((m, p), (at, refused, "".join(component))) for m, p, at, refused, *component
-                                in found["done"])  # fmt: skip
-
-    def expire(self, now: float, counts: Counter[str]) -> list[Half]:
-        """Drop the halves that waited a horizon and forget the calls done a horizon ago (their id used again is a
-        new call: every path calls this on its schedule, a half waiting or not); the responses among the halves
-        dropped (a response with no request ever is a bad payload: rejected and dead-lettered by the caller)."""
-        cutoff = now - self.horizon
-        old = [key for key, (_, at) in self.pending.items() if at < cutoff]
-        responses = []
-        for key in old:
-            half = self.pending.pop(key)[0]
-            if half.response:
-                responses.append(half)
-            else:
-                counts["request_without_response"] += 1
-        while self.done and next(iter(self.done.values()))[0] < cutoff:
-            self.done.popitem(last=False)
-        return responses
-
-
-def half_json(half: Half) -> list[Any]:
-    """A half as plain JSON values (its columns are already): for a checkpoint, or the staged path's re-keying."""
-    raw = None if half.raw is None else base64.b64encode(half.raw).decode()
-    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw, half.call,
-            half.component]  # fmt: skip
-
-
-def half_of(found: list[Any]) -> Half:
-    """The half :func:`half_json` wrote (one written before pipelines and components has neither)."""
-    model, pair, response, time, rows, columns, metadata, raw, *route = found
-    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata,
-                *route)  # fmt: skip
-
-
 REFUSED_ROWS: Final = -1
 """The rows of a re-keyed half that stands for a refused one: its call is dropped at the join."""
 
@@ -192,6 +82,8 @@ class Halves:
     at: list[int] = field(default_factory=list)
     """Where each half's record was among the records read (the staged path tells its source offset by it)."""
     rejected_at: list[int] = field(default_factory=list)
+    blocks: list[HalfBlock] = field(default_factory=list)
+    """The poll's halves as one block (``read_halves(blocks=True)``), in place of ``halves``."""
 
 
 def components(models: Iterable[ModelSpec]) -> dict[str, str]:
@@ -200,12 +92,17 @@ def components(models: Iterable[ModelSpec]) -> dict[str, str]:
 
 
 def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collection[str],
-                response_topic: str | None = None, counted: Mapping[str, str] | None = None) -> Halves:  # fmt: skip
+                response_topic: str | None = None, counted: Mapping[str, str] | None = None,
+                blocks: bool = False) -> Halves:  # fmt: skip
     """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused.
     ``response_topic``: the responses' topic when its name does not say so (``kafka.response_topic``);
-    ``counted``: the component whose log a model counts (:func:`components`), others ignored."""
+    ``counted``: the component whose log a model counts (:func:`components`), others ignored; ``blocks``: a poll
+    read together may be one block (exporter/stream/decode/pairs.py) instead of a Half per record."""
     out = Halves()
     response = topic == response_topic if response_topic else None
+    block = read_block(topic, records, models, response) if blocks and format == "seldon" else None
+    if block is not None:
+        return Halves(blocks=[block], at=list(range(len(records))))
     fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
     if fast is not None:
         return Halves(fast, at=list(range(len(records))))
@@ -259,13 +156,12 @@ class PayloadRows:
         self.read = [*(t[0] for t in self.tables), *(c for pair in self.proxies for c in pair)]
         """The columns whose cells are read: the exact attributes', then each proxy's surname and ZCTA."""
         self.columns = [*(t[0] for t in self.tables), *(a.columns[0] for a in model.base_attributes if a.proxy)]
+        self.cells = [*self.read, *(c for _, c in self.sides), *model.counted_columns]
+        """Every column whose cells a row takes: the read ones, each side source's id, each segment's."""
 
     def batch(self, pairs: Sequence[tuple[Half, Half]], now: float) -> tuple[DecodedBatch, list[tuple[Half, str]]]:
         """The rows of these pairs, and the pairs refused (the request half, with the reason)."""
         latest = now + self.max_future_skew_seconds
-        raw_codes: list[list[Any]] = [[] for _ in self.read]
-        sides: list[list[Any]] = [[] for _ in self.sides]
-        segments: dict[str, list[Any]] = {c: [] for c in self.model.counted_columns}
         reasons, found_of = self._rules(pairs, latest)
         values = list(chain.from_iterable(f for f in found_of if f is not None))
         if not self._valid(values):  # which pairs break it
@@ -274,22 +170,59 @@ class PayloadRows:
         refused = [(request, reason) for (request, _), reason in zip(pairs, reasons, strict=True) if reason] \
             if any(reasons) else []
         kept = [pair for pair, reason in zip(pairs, reasons, strict=True) if not reason] if refused else pairs
-        rows = [request.rows for request, _ in kept]
-        timestamps = np.repeat(np.asarray([request.time for request, _ in kept], dtype=np.float64), rows)
         if refused:
             values = list(chain.from_iterable(found for found, reason in zip(found_of, reasons, strict=True)
                                               if not reason))  # fmt: skip
-        calls = [request.id for request, _ in kept]
-        ids = [call + suffix for call, n in zip(calls, rows, strict=True)  # 0.30 against 0.53 µs per call by chain/map
-               for suffix in (_ALONE if n == 1 else _suffixes(n))]  # fmt: skip
         # each attribute's, id's and segment's cells: the request's column, else the response's, else a logged header
-        for cells_of, column in zip([*raw_codes, *sides, *segments.values()],
-                                    [*self.read, *(c for _, c in self.sides), *segments], strict=True):  # fmt: skip
+        cells = []
+        for column in self.cells:
             found = [request.columns.get(column) or response.columns.get(column) for request, response in kept]
             if None in found:
                 found = [cells if cells is not None else [request.metadata.get(column)] * request.rows
                          for cells, (request, _) in zip(found, kept, strict=True)]  # fmt: skip
-            cells_of += chain.from_iterable(found)  # type: ignore[arg-type]
+            cells.append(list(chain.from_iterable(found)))  # type: ignore[arg-type]
+        return self._built([request.rows for request, _ in kept], [request.time for request, _ in kept],
+                           [request.id for request, _ in kept], values, cells, refused), refused  # fmt: skip
+
+    def block_batch(self, joined: Sequence[BlockPairs], now: float) -> DecodedBatch | None:
+        """The batch :meth:`batch` makes of these calls' Halves, read from their blocks' columns; None when a rule
+        breaks for one of them (then :meth:`batch` of their Halves says which and why)."""
+        latest = now + self.max_future_skew_seconds
+        rows: list[int] = []
+        times: list[Any] = []
+        calls: list[str] = []
+        values: list[Any] = []
+        cells: list[list[Any]] = [[] for _ in self.cells]
+        for j in joined:
+            counts = j.request.rows[j.request_at]
+            if not np.array_equal(counts, j.response.rows[j.response_at]) or not counts.all():
+                return None  # unequal_rows, or a call of no rows (its cells fall to the other half's: batch)
+            found = [j.request.times[i] for i in j.request_at.tolist()]
+            if None in found or max(found) > latest:
+                return None  # missing_field, future_timestamp
+            predicted = _block_cells(j, self.column, True)
+            if predicted is None:
+                return None  # missing_field
+            values += predicted
+            total = int(counts.sum())
+            for cells_of, column in zip(cells, self.cells, strict=True):
+                cells_of += _block_cells(j, column, False) or [None] * total
+            rows += counts.tolist()
+            times += found
+            calls += j.request.ids(j.request_at)
+        if not self._valid(values):
+            return None  # invalid_score, invalid_prediction
+        return self._built(rows, times, calls, values, cells, [])
+
+    def _built(self, rows: list[int], times: list[Any], calls: list[str], values: list[Any], cells: list[list[Any]],
+               refused: list[tuple[Half, str]]) -> DecodedBatch:  # fmt: skip
+        """The batch of the calls kept: each call's rows, time and id, the predictions (or scores) of every row,
+        and each of :attr:`cells`' cells of every row."""
+        timestamps = np.repeat(np.asarray(times, dtype=np.float64), rows)
+        ids = [call + suffix for call, n in zip(calls, rows, strict=True)  # 0.30 against 0.53 µs per call by chain/map
+               for suffix in (_ALONE if n == 1 else _suffixes(n))]  # fmt: skip
+        raw_codes, sides = cells[:len(self.read)], cells[len(self.read):len(self.read) + len(self.sides)]
+        segments = dict(zip(self.model.counted_columns, cells[len(self.read) + len(self.sides):], strict=True))
         if self.threshold is not None:
             scores = np.asarray(values, dtype=np.float64)
             predictions = (scores >= self.threshold).astype(np.int64)
@@ -303,14 +236,12 @@ class PayloadRows:
         base = dict(zip(self.columns, codes, strict=True))
         base.update({a.columns[0]: np.full(len(timestamps), -1, dtype=np.int64) for a in self.model.base_attributes
                      if a.source is not None})  # fmt: skip
-        batch = DecodedBatch(timestamps=timestamps, predictions=predictions,
-                             outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
-                             codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
-                             rejected=Counter(reason for _, reason in refused), scores=scores,
-                             segments=segments,
-                             side_ids={name: list(map(id_text, side))
-                                       for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
-        return batch, refused
+        return DecodedBatch(timestamps=timestamps, predictions=predictions,
+                            outcomes=np.full(len(timestamps), -1, dtype=np.int64), prediction_ids=ids,
+                            codes={a.name: attribute_codes(a, base) for a in self.model.attributes},
+                            rejected=Counter(reason for _, reason in refused), scores=scores, segments=segments,
+                            side_ids={name: list(map(id_text, side))
+                                      for (name, _), side in zip(self.sides, sides, strict=True)})  # fmt: skip
 
     def _rules(self, pairs: Sequence[tuple[Half, Half]], latest: float) -> tuple[list[str | None], list[Any]]:
         """Each pair's :meth:`_rule`: asked of each pair only when a rule breaks in the batch (the usual batch is
@@ -381,11 +312,29 @@ def _codes(cells: list[Any], table: Mapping[str, int], unknown: int) -> np.ndarr
                         for v in cells), np.int64, len(cells))  # fmt: skip
 
 
-def payload_batches(pairs: Mapping[str, Sequence[tuple[Half, Half]]], rows: Mapping[str, PayloadRows],
+def _block_cells(joined: BlockPairs, column: str, response_first: bool) -> list[Any] | None:
+    """The cells of ``column`` of every row of these calls: the request's column, else the response's (the
+    prediction: the response's first), as Python values; None when neither half has it."""
+    sides = ((joined.request, joined.request_at), (joined.response, joined.response_at))
+    for block, at in reversed(sides) if response_first else sides:
+        found = block.columns.get(column)
+        if found is not None:
+            return found.take(at).flatten().to_pylist()
+    return None
+
+
+def payload_batches(pairs: Mapping[str, Sequence[Joined]], rows: Mapping[str, PayloadRows],
                     now: float) -> tuple[dict[str, DecodedBatch], list[tuple[bytes | None, str]]]:  # fmt: skip
-    """Each model's batch of its joined pairs, and the dead letters of the pairs refused (both halves)."""
+    """Each model's batch of its joined calls, and the dead letters of the calls refused (both halves). Calls
+    joined between blocks are read from their columns while every rule holds for them all, else as Halves."""
     batches, letters = {}, []
-    for model_id, mine in pairs.items():
+    for model_id, joined in pairs.items():
+        if joined and all(j.__class__ is BlockPairs for j in joined):
+            found = rows[model_id].block_batch(joined, now)  # type: ignore[arg-type]
+            if found is not None:
+                batches[model_id] = found
+                continue
+        mine = as_halves(joined)
         batch, refused = rows[model_id].batch(mine, now)
         batches[model_id] = batch
         by_request = {id(request): response for request, response in mine}

@@ -15,7 +15,7 @@ Reading a message's tensors through the protobuf runtime costs a Python step per
    accepts as the runtime does (packed or not, a singular field's last value, a repeated message merged, unknown
    fields and wire types skipped: tested against it, fuzzed records included).
 
-Only the usual poll is read here: at least :data:`_FEWEST` records, each protobuf, the same number of tensors in
+Only the usual poll is read here: at least :data:`FEWEST` records, each protobuf, the same number of tensors in
 every record, raw contents in every record or in none, each tensor's contents exactly its shape's count, no tensor
 of MLServer's ``pd_json`` (:data:`_PD_JSON`), no record refused; anything else is left to the record-by-record path
 (None). Tensor shapes are checked once per distinct
@@ -36,7 +36,7 @@ from exporter.stream.decode.oip import _CONTENTS, DATATYPES, PD_JSON, BadPayload
 from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of_poll, seldon_model, texts
 from exporter.stream.decode.platforms import _text as _header_text
 
-_FEWEST: Final = 128
+FEWEST: Final = 128
 """A poll of fewer records is read record by record: ptars and Arrow cost about half a millisecond per poll whatever
 its size (measured: 630 µs for one record, 7.6 µs per record in polls of 128 against 10.9 for each record alone,
 13.1 against 10.1 in polls of 64)."""
@@ -45,7 +45,7 @@ _PD_JSON: Final = PD_JSON.encode()
 (elements JSON text, loaded one by one: rare, an object column holding other than strings) is read there alone.
 Looked for in the poll's records joined, as the runtime certifies them: 0.5 ns per byte (a search per record
 measured 0.2 µs each); a poll with no ``j`` byte at all (one memchr, 1 ns per record) is spared it."""
-_MOST_BYTES: Final = 1 << 30
+MOST_BYTES: Final = 1 << 30
 """A poll's records larger than this together are read record by record (a protobuf message holds under 2 GiB)."""
 _MOST_COLUMNS: Final = 4096
 """A tensor of more columns than this (a shape claims them before any value is counted) is read record by
@@ -65,13 +65,13 @@ def _varint(n: int) -> bytes:
 
 
 @lru_cache(maxsize=4096)
-def _framed(size: int) -> bytes:
+def frame(size: int) -> bytes:
     """The key and length that put a record of ``size`` bytes into field 1 of the batch."""
     return b"\x0a" + _varint(size)
 
 
 @cache
-def _arrow() -> bool:
+def arrow() -> bool:
     """Whether ptars is installed (the ``seldon-arrow`` extra; without it each record is read alone)."""
     return importlib.util.find_spec("ptars") is not None
 
@@ -118,7 +118,7 @@ def _plan(name: str, datatype: str, dims: tuple[int, ...]) -> tuple[int, int, tu
     width = 1
     for d in dims[1:]:
         width *= d
-    if width > _MOST_COLUMNS or dims[0] * width > _MOST_BYTES:
+    if width > _MOST_COLUMNS or dims[0] * width > MOST_BYTES:
         return None  # its names are made only once its values are counted (and no poll holds more values than
         # bytes, nor an int64 array such a count): record by record
     names = (name,) if width == 1 else tuple(f"{name}-{i}" for i in range(width))
@@ -130,39 +130,53 @@ def halves(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, 
     """The poll's records of one Seldon topic (value, headers, key, Kafka timestamp in ms) as halves, each as
     ``seldon_half`` reads it; None when the poll is not the usual one (see the module), to be read record by
     record."""
+    read = _read(topic, records, models, response)
+    if read is None:
+        return None
+    model, response, pids, pipelines, rows, tables, metadata = read
+    return [Half(f"{pipeline}.{pid}" if pipeline else pid, response, model, r[3] / 1000 if r[3] > 0 else None, n,
+                 table, r[0], found, pid if pipeline else None)
+            for pid, pipeline, r, n, table, found in zip(pids, pipelines, records, rows, tables, metadata, strict=True)]
+
+
+def _read(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, int]], models: Collection[str],
+          response: bool | None) -> tuple[Any, ...] | None:  # fmt: skip
+    """Model, direction, each record's id, pipeline, rows, columns and metadata; None when the poll is not read
+    here."""
     model, by_name = seldon_model(topic)
     response = by_name if by_name is not None else response
-    if response is None or model is None or model not in models or len(records) < _FEWEST or not _arrow():
+    if response is None or model is None or model not in models or len(records) < FEWEST or not arrow():
         return None
     values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]  # None: refused by the check below
-    if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > _MOST_BYTES:
+    if not all(values) or any(v[:1] == b"\x00" for v in values) or sum(map(len, values)) > MOST_BYTES:
         return None  # an empty value, a schema-registry framing, or more than one message may hold
     headers, names = headers_of_poll([r[1] for r in records])
     kinds = set(map(_header_text, {h.get("seldon-infer-type") for h in headers}))
     if any(SELDON_TYPES.get(kind or "") for kind in kinds) or (not kinds <= SELDON_TYPES.keys() and any(
             v.lstrip()[:1] == b"{" for v in values)):  # fmt: skip
         return None  # JSON (or, without the header, maybe: the check looks at every record then)
-    columns = _columns(values, response)
-    if columns is None:
+    plain = response or names <= SELDON_RESERVED
+    read = columns(values, response)
+    if read is None:
         return None
-    ids, rows, tables = columns
+    ids, rows, tables = read
     pids = [p or _header_text(r[2]) or own for p, r, own in zip(texts(h.get("x-request-id") for h in headers), records,
                                                                   ids, strict=True)]  # fmt: skip  # seldon_call's rule
     if not all(pids):
         return None  # refused (no id) record by record
     pipelines = texts(h.get("pipeline") for h in headers)
-    metadata = [{} for _ in headers] if response or names <= SELDON_RESERVED else [{
+    metadata = [{} for _ in headers] if plain else [{
         k: _header_text(v) for k, v in h.items() if k not in SELDON_RESERVED} for h in headers]  # fmt: skip
-    return [Half(f"{pipeline}.{pid}" if pipeline else pid, response, model, r[3] / 1000 if r[3] > 0 else None, n,
-                 table, r[0], found, pid if pipeline else None)
-            for pid, pipeline, r, n, table, found in zip(pids, pipelines, records, rows, tables, metadata, strict=True)]
+    return model, response, pids, pipelines, rows, tables, metadata
 
 
-def _columns(values: list[bytes], response: bool) -> Read | None:
-    """Each record's id, rows and columns, or None (not the usual poll)."""
+def columns(values: list[bytes], response: bool, as_block: bool = False, framed: bytes | None = None) -> Read | None:
+    """Each record's id, rows and columns (``as_block``: each column's Arrow lists), or None (not the usual poll, or
+    not a block). ``framed``: the records framed as one message (:func:`framed`), if made already."""
     certify, handler = _readers(response)
     _, _, error = messages()
-    framed = b"".join(chain.from_iterable(zip(map(_framed, map(len, values)), values, strict=True)))
+    if framed is None:
+        framed = b"".join(chain.from_iterable(zip(map(frame, map(len, values)), values, strict=True)))
     if b"j" in framed and _PD_JSON in framed:  # a memchr first: a poll with no j byte at all is spared the search
         return None  # a pd_json tensor (or those bytes anywhere): record by record
     try:
@@ -182,12 +196,56 @@ def _columns(values: list[bytes], response: bool) -> Read | None:
     if (widths != width).any() or (raw_widths.any() and (raw_widths != width).any()):
         return None  # records of different tensor counts, or raw contents in some (or not one per tensor)
     if not width:
-        return ids, [0] * n, [{} for _ in ids]
+        return (ids, [0] * n, {}) if as_block else (ids, [0] * n, [{} for _ in ids])
+    if as_block:
+        return None if raw_widths.any() else _block_columns(tensors.flatten(), n, width, ids)
     return _tensor_columns(tensors.flatten(), raws.flatten() if raw_widths.any() else None, n, width, ids)
 
 
-Read = tuple[list[str | None], list[int], list[dict[str, Any]]]
-"""Each record's id (None: none), rows and columns."""
+Read = tuple[list[str | None], list[int], Any]
+"""Each record's id (None: none), rows and columns (a dict per record, or a block's Arrow lists by name)."""
+
+
+def _block_columns(found: Any, n: int, width: int, ids: list[str | None]) -> Read | None:
+    """Each record's id and rows, and each tensor position's values as one Arrow list per record, by its name: when
+    every record's tensor at a position is one column of one name and contents field (its shape may differ), the
+    names differ, and every tensor's values are its shape's count (as :func:`_typed` checks); else None."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    plans = _plans(found)
+    if plans is None:
+        return None
+    plan_of, which = plans
+    at = which.reshape(n, width)
+    kinds = [{(plan_of[p][2], plan_of[p][3]) for p in set(at[:, k].tolist())} for k in range(width)]
+    if any(len(kind) != 1 or len(next(iter(kind))[0]) != 1 for kind in kinds):
+        return None
+    names = [next(iter(kind))[0][0] for kind in kinds]
+    if len(set(names)) != width:
+        return None
+    rows = np.array([p[0] for p in plan_of], dtype=np.int64)[at]
+    if (rows != rows[:, :1]).any():
+        return None  # unequal_rows: refused record by record
+    counts = np.array([p[1] for p in plan_of], dtype=np.int64)[at]
+    contents = found.field("contents")
+    by_field = dict(zip([f.name for f in contents.type], contents.flatten(), strict=True))
+    columns: dict[str, Any] = {}
+    for k, (name, kind) in enumerate(zip(names, kinds, strict=True)):
+        field = next(iter(kind))[1]
+        chosen = by_field[field].take(pa.array(np.arange(k, n * width, width)))
+        if not np.array_equal(pc.fill_null(pc.list_value_length(chosen), 0).to_numpy(), counts[:, k]):
+            return None  # shape_mismatch: refused record by record
+        flat = chosen.flatten()
+        if field == "bytes_contents":
+            flat = flat.view(pa.string())
+            try:
+                flat.validate(full=True)  # each element UTF-8, as Python's strict decoder reads it
+            except pa.ArrowInvalid:
+                return None  # not_utf8: refused record by record
+        offsets = pa.array(np.concatenate([[0], np.cumsum(counts[:, k])]), type=pa.int32())
+        columns[name] = pa.ListArray.from_arrays(offsets, flat)
+    return ids, rows[:, 0].tolist(), columns
 
 
 def _tensor_columns(found: Any, raws: Any, n: int, width: int, ids: list[str | None]) -> Read | None:
