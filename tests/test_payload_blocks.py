@@ -234,3 +234,21 @@ def test_a_rule_broken_anywhere_in_the_run_reads_the_calls_as_halves_with_their_
     assert spec.block_batch(found, now - 400) is None  # every request 400 s ahead of the clock (skew 300 s)
     batches, letters = payload_batches({"m": found}, {"m": spec}, now - 400)
     assert batches["m"].rejected == Counter({"future_timestamp": 12}) and len(letters) == 24
+
+
+def test_a_request_with_no_kafka_timestamp_is_refused_alike(tmp_path: Path) -> None:
+    """A record with no timestamp (-1): its call has no time, ``missing_field``, in the columns' batch too."""
+    rng = random.Random(12)
+    records = _records(_calls(rng, 8, 2), tmp_path)
+    inputs = [r for rs in records.values() for t, r in rs if t.endswith("inputs")]
+    inputs[2] = (*inputs[2][:3], -1)
+    outputs = [r for rs in records.values() for t, r in rs if t.endswith("outputs")]
+    spec, now = _spec(segments=False), T0_MS / 1000
+    units = [read_block("seldon.ns.model.m.inputs", inputs, {"m"}, None),
+             read_block("seldon.ns.model.m.outputs", outputs, {"m"}, None)]
+    assert units[0] is not None and units[0].half(2).time is None
+    found = join_units(PairJoin(60.0), units, now, Counter())["m"]  # type: ignore[arg-type]
+    assert spec.block_batch(found, now) is None  # type: ignore[arg-type]
+    batches, letters = payload_batches({"m": found}, {"m": spec}, now)
+    assert batches["m"].rejected == Counter({"missing_field": 1}) and len(letters) == 2
+    assert not np.isnan(batches["m"].timestamps).any() and len(batches["m"].timestamps) == 14

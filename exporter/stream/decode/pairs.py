@@ -178,9 +178,10 @@ class PairJoin:
             pending.update(zip(keys, zip(zip(repeat(block, n), range(n), strict=True), repeat(now, n), strict=True),
                                strict=True))  # fmt: skip
             return []
-        refs = [w[0] for w in waiting if w is not None] if hits == n else []
+        refs = list(map(itemgetter(0), waiting)) if hits == n else []  # type: ignore[arg-type]  # no None: hits
         partners = list(map(itemgetter(0), refs)) if refs and set(map(type, refs)) == {tuple} else []
-        if not partners or any(b.response == block.response for b in {id(b): b for b in partners}.values()):
+        distinct = dict(zip(map(id, partners), partners, strict=True))
+        if not partners or any(b.response == block.response for b in distinct.values()):
             return list(self.add_all(map(block.half, range(n)), now, counts))
         deque(map(pending.pop, keys), 0)
         self.done.update(zip(keys, repeat((now, False, ""))))
@@ -190,7 +191,12 @@ class PairJoin:
         mine = np.arange(n, dtype=np.int64)
         out: list[Joined] = []
         start = 0
-        for end in [*(k for k in range(1, n) if partners[k] is not partners[k - 1]), n]:  # runs of one partner
+        if len(distinct) == 1:
+            ends = [n]
+        else:  # runs of one partner block
+            which = np.fromiter(map(id, partners), np.int64, n)  # CPython: an object's id is its address
+            ends = [*(np.flatnonzero(which[1:] != which[:-1]) + 1).tolist(), n]
+        for end in ends:
             other = partners[start]
             if block.response:
                 out.append(BlockPairs(other, at[start:end], block, mine[start:end]))
