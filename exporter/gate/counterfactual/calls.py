@@ -77,6 +77,22 @@ class Cache:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
+        self.not_written = 0
+        """Answers that could not be written (a disk that filled up mid-run): the run goes on without them."""
+        self.first_error: str | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """TargetError, before the first request, when the folder cannot be written (a file at its path, a
+        read-only mount): a run must not spend its calls and then lose every answer."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=self.directory, suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise TargetError(f"--cache {self.directory}: the answers cannot be written there: "
+                              f"{exc.strerror or exc}") from exc  # fmt: skip
 
     def _path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.json"
@@ -90,12 +106,20 @@ class Cache:
         return texts if isinstance(texts, list) and all(isinstance(t, str) for t in texts) else None
 
     def put(self, key: str, body: dict[str, Any], model_version: str | None, texts: list[str]) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"request": body, "model_version": model_version, "answers": texts}, f, ensure_ascii=False)
-        os.replace(tmp, path)
+        """Keep an answer; one that cannot be written is counted (:attr:`not_written`), never the run's end."""
+        path, tmp = self._path(key), None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"request": body, "model_version": model_version, "answers": texts}, f, ensure_ascii=False)
+            os.replace(tmp, path)
+        except OSError as exc:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            with self._lock:
+                self.not_written += 1
+                self.first_error = self.first_error or f"{path}: {exc.strerror or exc}"
 
 
 def answers_hash(answers: dict[str, Answer]) -> str:
@@ -197,6 +221,9 @@ class Outcome:
     sent: int
     cached: int
     calls: int
+    not_cached: int = 0
+    """Answers the cache could not keep (the run judged them all the same)."""
+    cache_error: str | None = None
 
     @property
     def retries(self) -> int:
@@ -228,6 +255,7 @@ def ask_all(prompts: Sequence[Prompt], settings: ChatSettings, requests: Request
                           "items")  # fmt: skip
     if not todo:
         return keys, Outcome(answers, 0, cached, 0)
+    cache.check()
     client = DecisionTarget(settings)
     budget = Budget(requests.max_calls, len(todo))
 

@@ -80,6 +80,9 @@ def cmd_counterfactual(args: argparse.Namespace) -> int:
         return not_written("counterfactual", exc)
     print(json.dumps(report, indent=2, allow_nan=False))
     print(summary(report), file=sys.stderr)
+    if report["cache"].get("not_written"):
+        print(f"fairness-exporter counterfactual: warning: {report['cache']['not_written']} answer(s) could not be "
+              f"kept in the cache, asked again next run (first: {report['cache']['first_error']})", file=sys.stderr)
     return EXIT_BLOCKED if report["verdict"] == "FAIL" else EXIT_OK
 
 

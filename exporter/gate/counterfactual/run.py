@@ -279,7 +279,9 @@ def ask(run: RunSettings, prompts: list[Prompt], cache_dir: str | Path, max_call
     command line's) or, without one, the suite's."""
     assert run.target is not None  # run_settings refuses a suite without one
     requests = run.requests if max_calls is None else dataclasses.replace(run.requests, max_calls=max_calls)
-    keys, outcome = ask_all(prompts, run.target, requests, Cache(cache_dir), model_version or run.model_version)
+    cache = Cache(cache_dir)
+    keys, outcome = ask_all(prompts, run.target, requests, cache, model_version or run.model_version)
+    outcome.not_cached, outcome.cache_error = cache.not_written, cache.first_error
     return requests, keys, outcome
 
 
@@ -297,7 +299,8 @@ def finish(run: RunSettings, kind: str, judged: dict[str, Any], requests: Reques
         "model_version": model_version or run.model_version, "timestamp": now,
         "tool": f"fairness-exporter {__version__}", "suite_file": run.source, "suite_sha256": run.sha256,
         "target": {"url": run.target.base_url, "model": run.target.model},
-        "cache": {"dir": str(cache_dir), "sha256": answers_hash(outcome.answers)},
+        "cache": {"dir": str(cache_dir), "sha256": answers_hash(outcome.answers), "not_written": outcome.not_cached,
+                  "first_error": outcome.cache_error},
         "requests": {"planned": len(keys), "distinct": len(outcome.answers), "cached": outcome.cached,
                      "sent": outcome.sent, "calls": outcome.calls, "retries": outcome.retries,
                      "failed": sum(a.texts is None for a in outcome.answers.values()), "max_calls": requests.max_calls,
