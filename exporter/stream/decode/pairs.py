@@ -289,6 +289,8 @@ _HEADERS: Final = ("x-request-id", "seldon-infer-type", "pipeline")
 _BLANK: Final = np.zeros(256, dtype=bool)
 _BLANK[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.lstrip() strips
 _VALUE, _HEADERS_OF, _KEY, _MS = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
+_EXACT: Final = float(2**53)
+"""Integers below this are floats exactly."""
 
 
 def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, int]], models: Collection[str],
@@ -337,7 +339,10 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
         pairs = [f"{pipeline}.{pid}" if pipeline else pid for pipeline, pid in zip(named, pids, strict=True)]
         calls = [pid if pipeline else None for pipeline, pid in zip(named, pids, strict=True)]
     ms = np.fromiter(map(_MS, records), np.float64, n)
-    times = np.where(ms > 0, ms / 1000, np.nan)
+    if (ms < _EXACT).all():  # ms itself then, and its quotient rounded once, as Python's int / int rounds it
+        times = np.where(ms > 0, ms / 1000, np.nan)
+    else:
+        times = np.array([r[3] / 1000 if r[3] > 0 else np.nan for r in records], dtype=np.float64)
     return HalfBlock(model, response, pairs, calls, times, np.asarray(rows, dtype=np.int64), columns,  # type: ignore[arg-type]
                      values)  # all(pids): each a text
 

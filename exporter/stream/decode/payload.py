@@ -318,9 +318,13 @@ def _codes(cells: Any, table: Mapping[str, int], unknown: int) -> np.ndarray:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if not pa.types.is_string(cells.type):
+        try:
+            groups = pa.array(list(table), type=pa.string())
+        except UnicodeEncodeError:  # a group no UTF-8 text can be (a lone surrogate): looked up as Python does
+            groups = None
+        if groups is None or not pa.types.is_string(cells.type):
             return _codes(cells.to_pylist(), table, unknown)
-        found = pc.index_in(cells, value_set=pa.array(list(table), type=pa.string()))
+        found = pc.index_in(cells, value_set=groups)
         return np.asarray(found.fill_null(unknown).to_numpy(), dtype=np.int64)
     if set(map(type, cells)) <= _TEXT:  # looked up in one pass with no Python frame per cell
         return np.fromiter(map(table.get, cells, repeat(unknown, len(cells))), np.int64, len(cells))
