@@ -1,5 +1,5 @@
-"""The Seldon block path over every kind of tensor and join order: a poll read as one block of Arrow columns counts
-what the same records read as Halves count, for prediction and attribute tensors of every numeric and BYTES type, proxies'
+"""The Seldon block path over every kind of tensor and join order: a poll read as one block of Arrow columns counts what
+the same records read as Halves count, for prediction and attribute tensors of every numeric and BYTES type, proxies'
 columns, side ids, segments, ``unknown_values: other`` and intersections, tensors of rows that differ per record or
 of no rows, and over the join's harder orders (responses completing requests of several blocks, duplicates, the
 pending bound at its limit, expiry, refusals and restores between polls), both through the join directly and through
