@@ -206,7 +206,8 @@ def _record(line: bytes) -> tuple[str, Raw]:
     if record.__class__ is not dict:
         raise ValueError("not a record object")
     flat = record.get("headers") or []
-    headers = [(str(flat[i]), str(flat[i + 1]).encode()) for i in range(0, len(flat) - 1, 2)]
+    headers = [(str(flat[i]), None if flat[i + 1] is None else str(flat[i + 1]).encode())  # null: no value, as the
+               for i in range(0, len(flat) - 1, 2)]  # daemon's client hands it over  # fmt: skip
     value = base64.b64decode(record["payload_base64"]) if "payload_base64" in record else (
         record["payload"].encode() if isinstance(record.get("payload"), str) else None)  # fmt: skip
     key = record.get("key")
