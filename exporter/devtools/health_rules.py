@@ -32,9 +32,11 @@ def unwritten(last: str, interval: str, margin: str) -> str:
     :data:`CHECKPOINT_INTERVALS` times its ``interval`` (the longest within :data:`INTERVAL_HELD`) plus ``margin``
     seconds: the direct path's checkpoint and the staged path's snapshot rounds alike."""
     start = own("fairness_exporter_start_timestamp_seconds")
+    # group_left keeps the target's labels (its namespace, that the chart's AlertmanagerConfig routes on) that a
+    # one-to-one `on (job, instance)` would drop from the alert
     return (f"time() - (\n  {own(last)} > 0\n  or on (job, instance) {start}\n)\n"
-            f"  > on (job, instance) ({CHECKPOINT_INTERVALS} * max_over_time({own(interval)}[{INTERVAL_HELD}]) "
-            f"+ {margin})")
+            f"  > on (job, instance) group_left ()\n  ({CHECKPOINT_INTERVALS} * "
+            f"max_over_time({own(interval)}[{INTERVAL_HELD}]) + {margin})")
 
 
 def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -81,7 +83,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         tuned(
             "FairnessExporterComputationStale",
             f"time() - {own('fairness_exporter_last_computation_timestamp_seconds')}\n"
-            f"  > on (job, instance) clamp_min({STALE_INTERVALS} * "
+            f"  > on (job, instance) group_left () clamp_min({STALE_INTERVALS} * "  # group_left: see unwritten()
             f"{own('fairness_exporter_evaluation_interval_seconds')}, {stale})",
             fors["FairnessExporterComputationStale"],
             f"fairness-exporter {label('instance')} has stopped computing fairness metrics.",
