@@ -17,10 +17,11 @@ from typing import Any
 
 DASHBOARD_FILE = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "fairness.json"
 
-# Values for the dashboard's variables and the Grafana built-ins its queries use. `instance` and `models` (the fleet
-# row's models) are multi-value variables whose "All" is the regex `.*`; `dimension` repeats the per-comparison row,
-# one value per repetition.
+# Values for the dashboard's variables and the Grafana built-ins its queries use. `namespace`, `instance` and `models`
+# (the fleet row's models) are multi-value variables whose "All" is the regex `.*` (which also matches a series
+# without the label: a plain Prometheus's); `dimension` repeats the per-comparison row, one value per repetition.
 DEFAULT_VARIABLES: Mapping[str, str] = {
+    "namespace": ".*",
     "model_id": "hiring-screener-v2",
     "models": ".*",
     "attribute": "gender",

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from dashboard_queries import DEFAULT_VARIABLES, fleet_panels, iter_panels, load_dashboard, panel_queries, substitute
+from promql_selectors import selectors
 from tooling import missing, require_binary
 
 from exporter.core.metric_table import METRICS
@@ -168,6 +169,35 @@ def test_every_expr_metric_is_in_the_contract(dashboard: dict[str, Any], contrac
     assert not unknown, f"metrics not in docs/contract.md: {unknown}"
 
 
+NAMESPACE_FILTER = 'namespace=~"$namespace"'
+
+
+def test_every_selector_of_every_query_filters_on_the_selected_namespaces(dashboard: dict[str, Any]) -> None:
+    """One release of the chart per team: a team's panels must not add up, or mix in, another namespace's models
+    of the same name. The variables that list models, attributes, windows, replicas and comparisons too."""
+    queries = [(each["title"], target["expr"]) for each in iter_panels(dashboard) for target in each["targets"]]
+    listed = [v for v in dashboard["templating"]["list"] if v["type"] == "query" and v["name"] != "namespace"]
+    queries += [(f"${v['name']}", re.sub(r"^label_values\((.*), \w+\)$", r"\1", v["query"]["query"]))
+                for v in listed]  # label_values(<selector>, <label>)
+    found = [(title, name, matchers) for title, expr in queries for name, matchers in selectors(expr)]
+    assert {title for title, _, _ in found} == {title for title, _ in queries}, "a query without a selector found"
+    unfiltered = sorted({(title, name) for title, name, matchers in found
+                         if matchers.get("namespace") != "=~$namespace"})  # fmt: skip
+    assert not unfiltered, f"selectors without {NAMESPACE_FILTER}: {unfiltered}"
+
+
+def test_the_namespace_variable_lists_the_exporters_namespaces_and_all_of_them_by_default(
+        dashboard: dict[str, Any]) -> None:  # fmt: skip
+    """"All" is `.*`, which PromQL also matches against a series without a namespace label: a plain Prometheus
+    (no Kubernetes, no namespace label) sees every panel as before. The staged-snapshot panel's promtool test below
+    runs with it on such series."""
+    namespace = variable(dashboard, "namespace")
+    assert namespace["query"]["query"] == 'label_values(up{job="fairness-exporter"}, namespace)'
+    assert (namespace["multi"], namespace["includeAll"], namespace["allValue"]) == (True, True, ".*")
+    assert "current" not in namespace, "Grafana selects the first option, All, when none is saved"
+    assert DEFAULT_VARIABLES["namespace"] == ".*"
+
+
 def test_queries_filter_on_the_selected_model_attribute_and_window(dashboard: dict[str, Any]) -> None:
     """The fleet row's queries cover the models selected in `models`, every attribute, in the selected window; the
     other rows' follow the one selected model and attribute."""
@@ -271,8 +301,9 @@ def test_every_comparison_has_a_row_with_each_metric_in_its_shaded_95_band(dashb
     comparison (the `dimension` variable), where each panel has one value, one lower and one upper series."""
     variable_ = variable(dashboard, "dimension")
     assert variable_["multi"] and variable_["includeAll"]
-    assert variable_["query"]["query"] == ('label_values(model_comparison_evidence{model_id="$model_id", '
-                                       'attribute="$attribute", window="$window"}, dimension)')  # fmt: skip
+    assert variable_["query"]["query"] == ('label_values(model_comparison_evidence{namespace=~"$namespace", '
+                                       'model_id="$model_id", attribute="$attribute", window="$window"}, '
+                                       "dimension)")  # fmt: skip
     (row,) = [p for p in dashboard["panels"] if p.get("repeat") == "dimension"]
     assert row["type"] == "row" and "$dimension" in row["title"]
     bands = {t["expr"].split("{")[0]: p for p in row["panels"] for t in p["targets"] if p["type"] == "timeseries"}
@@ -320,10 +351,13 @@ def test_the_staged_snapshot_panel_draws_the_age_against_the_threshold_the_alert
     """The age and the threshold are the alert's own expressions (the rule generator's text), filtered on the
     instances selected; the age keeps only staged replicas (those exporting the snapshot interval), as the alert's
     comparison does, so a direct replica's start is not drawn as an ever older snapshot."""
+    from exporter.devtools import rule_text as rules
+
     age, threshold, failures = (t["expr"] for t in panel(dashboard, SNAPSHOTS)["targets"])
     alert = _alert_expr(SNAPSHOT_ALERT)
-    unfiltered = {e: e.replace('{instance=~"$instance"}', "") for e in (age, threshold, failures)}
-    left, right = alert.split("\n  > on (job, instance) ")
+    filters = f'{{{NAMESPACE_FILTER}, instance=~"$instance"}}'
+    unfiltered = {e: e.replace(filters, "") for e in (age, threshold, failures)}
+    left, right = alert.replace(f"{{{rules.SCOPE}}}", "").split("\n  > on (job, instance) group_left ()\n  ")
     own, staged = unfiltered[age].split("\nand on (job, instance) ")
     assert (own, staged) == (left, "fairness_exporter_state_snapshot_interval_seconds")
     assert f"({unfiltered[threshold]})" == right
@@ -387,7 +421,7 @@ def test_the_fleet_row_comes_first_and_its_models_are_a_multi_value_variable(das
     assert dashboard["panels"][0]["title"].startswith("Fleet")
     models = variable(dashboard, "models")
     assert models["type"] == "query" and models["datasource"] == DATASOURCE
-    assert models["query"]["query"] == "label_values(fairness_model_info, model_id)"
+    assert models["query"]["query"] == f"label_values(fairness_model_info{{{NAMESPACE_FILTER}}}, model_id)"
     assert models["multi"] and models["includeAll"] and models["allValue"] == ".*"
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from promql_selectors import selectors
 from tooling import require_binary
 
 from exporter.devtools import rules as generate
@@ -112,6 +113,18 @@ def test_promtool_accepts_rules_with_short_for_durations(promtool: str, tmp_path
     assert {rule["for"] for rule in alerts} == {"5s"}
     held = [rule for rule in alerts if generate.TUNING[rule["alert"]].for_ != generate.DETECTOR_FOR]
     assert all("for 5s" in rule["annotations"]["description"] for rule in held)
+
+
+@pytest.mark.parametrize("rule", [*RULES_BY_KIND["record"], *RULES_BY_KIND["alert"]],
+                         ids=lambda rule: rule.get("alert") or rule["record"])  # fmt: skip
+def test_every_selector_selects_the_scrape_job(rule: dict[str, Any]) -> None:
+    """job="fairness-exporter" on every selector, raw series or recorded: the one matcher the chart rewrites to its
+    release's job and namespace (templates/prometheusrule.yaml). A selector without it would read, and in a
+    recording rule write, every namespace's series under every release of the chart."""
+    found = selectors(rule["expr"])
+    assert found, f"no selector found in {rule['expr']!r}"
+    unscoped = [name for name, matchers in found if matchers.get("job") != generate.JOB]
+    assert not unscoped, f"selectors without job=\"{generate.JOB}\": {unscoped}"
 
 
 def test_for_durations_mapping_replaces_only_the_named_alerts() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.devtools.rule_text import VALUE_3F, alert, label
+from exporter.devtools.rule_text import VALUE_3F, alert, label, own
 from exporter.stream.state.detectors import Alert
 
 DETECTOR = "fairness_calibration_detector_statistic"
@@ -22,7 +22,7 @@ def calibration_alert(rule: Alert, for_: str) -> dict[str, Any]:
                  '{{ printf "%.1f" .Value }}; {{ end }}')  # fmt: skip
     return alert(
         rule.name,
-        f"{DETECTOR}\nand\n{ALARM} == 1",
+        f"{own(DETECTOR)}\nand\n{own(ALARM)} == 1",
         for_,
         rule.severity,
         f"Model {label('model_id')}: the estimated fairness metrics no longer hold for {label('subgroup')}.",

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.config.sections_stream import CHECKPOINT_SECONDS
-from exporter.devtools.rule_text import JOB, alert, configured, fmt, label
+from exporter.devtools.rule_text import JOB, alert, configured, fmt, label, own
 
 STALL_WINDOW = "10m"  # FairnessExporterConsumerStalled: rate() and delta() window
 REJECT_WINDOW = "15m"  # FairnessExporterHighRejectRate, FairnessExporterHighLateRate: rate() window
@@ -31,8 +31,12 @@ def unwritten(last: str, interval: str, margin: str) -> str:
     """The age of a replica's last durable state (``last``; its start if none since), where it passes
     :data:`CHECKPOINT_INTERVALS` times its ``interval`` (the longest within :data:`INTERVAL_HELD`) plus ``margin``
     seconds: the direct path's checkpoint and the staged path's snapshot rounds alike."""
-    return (f"time() - (\n  {last} > 0\n  or on (job, instance) fairness_exporter_start_timestamp_seconds\n)\n"
-            f"  > on (job, instance) ({CHECKPOINT_INTERVALS} * max_over_time({interval}[{INTERVAL_HELD}]) + {margin})")
+    start = own("fairness_exporter_start_timestamp_seconds")
+    # group_left keeps the target's labels (its namespace, that the chart's AlertmanagerConfig routes on) that a
+    # one-to-one `on (job, instance)` would drop from the alert
+    return (f"time() - (\n  {own(last)} > 0\n  or on (job, instance) {start}\n)\n"
+            f"  > on (job, instance) group_left ()\n  ({CHECKPOINT_INTERVALS} * "
+            f"max_over_time({own(interval)}[{INTERVAL_HELD}]) + {margin})")
 
 
 def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -46,11 +50,12 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
     checkpoint_interval = "fairness_exporter_checkpoint_interval_seconds"
     reject = tuning["FairnessExporterHighRejectRate"].threshold or 0
     late = tuning["FairnessExporterHighLateRate"].threshold or 0
-    lag = "fairness_exporter_consumer_lag_messages"
+    lag = own("fairness_exporter_consumer_lag_messages")
+    consumed = own("fairness_exporter_events_consumed_total")
     return [
         tuned(
             "FairnessExporterDown",
-            f'up{{job="{JOB}"}} == 0',
+            f"{own('up')} == 0",
             fors["FairnessExporterDown"],
             f"fairness-exporter target {label('instance')} is down.",
             f"Prometheus has failed to scrape {label('instance')} (job {label('job')}) for "
@@ -58,7 +63,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterAbsent",
-            f'absent(up{{job="{JOB}"}})',
+            f"absent({own('up')})",
             fors["FairnessExporterAbsent"],
             "No fairness-exporter target is scraped.",
             f'Prometheus has had no target with job="{JOB}" for {fors["FairnessExporterAbsent"]}: no fairness '
@@ -68,7 +73,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
             "FairnessExporterConsumerStalled",
             f"sum without (topic, partition) ({lag}) > 0\n"
             f"and sum without (topic, partition) (delta({lag}[{STALL_WINDOW}])) >= 0\n"
-            f"and rate(fairness_exporter_events_consumed_total[{STALL_WINDOW}]) == 0",
+            f"and rate({consumed}[{STALL_WINDOW}]) == 0",
             fors["FairnessExporterConsumerStalled"],
             f"fairness-exporter {label('instance')} consumes no events while its lag is not decreasing.",
             f"{label('instance')} has consumed no Kafka message for {STALL_WINDOW} while "
@@ -77,9 +82,9 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterComputationStale",
-            "time() - fairness_exporter_last_computation_timestamp_seconds\n"
-            f"  > on (job, instance) clamp_min({STALE_INTERVALS} * fairness_exporter_evaluation_interval_seconds, "
-            f"{stale})",
+            f"time() - {own('fairness_exporter_last_computation_timestamp_seconds')}\n"
+            f"  > on (job, instance) group_left () clamp_min({STALE_INTERVALS} * "  # group_left: see unwritten()
+            f"{own('fairness_exporter_evaluation_interval_seconds')}, {stale})",
             fors["FairnessExporterComputationStale"],
             f"fairness-exporter {label('instance')} has stopped computing fairness metrics.",
             f"The last successful fairness computation on {label('instance')} was "
@@ -89,8 +94,8 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterHighRejectRate",
-            f"sum without (reason) (rate(fairness_exporter_events_rejected_total[{REJECT_WINDOW}]))\n"
-            f"/\nrate(fairness_exporter_events_consumed_total[{REJECT_WINDOW}])\n> {fmt(reject)}",
+            f"sum without (reason) (rate({own('fairness_exporter_events_rejected_total')}[{REJECT_WINDOW}]))\n"
+            f"/\nrate({consumed}[{REJECT_WINDOW}])\n> {fmt(reject)}",
             fors["FairnessExporterHighRejectRate"],
             f"fairness-exporter {label('instance')} rejects more than {reject:.0%} of consumed events.",
             f"{label('instance')} rejected "
@@ -100,8 +105,8 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterHighLateRate",
-            f"rate(fairness_exporter_events_late_total[{REJECT_WINDOW}])\n"
-            f"/\nrate(fairness_exporter_events_consumed_total[{REJECT_WINDOW}])\n> {fmt(late)}",
+            f"rate({own('fairness_exporter_events_late_total')}[{REJECT_WINDOW}])\n"
+            f"/\nrate({consumed}[{REJECT_WINDOW}])\n> {fmt(late)}",
             fors["FairnessExporterHighLateRate"],
             f"fairness-exporter {label('instance')} drops more than {late:.0%} of consumed events as late.",
             f"{label('instance')} dropped as late "
@@ -112,7 +117,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterKafkaUnreachable",
-            "fairness_exporter_kafka_connected == 0",
+            f"{own('fairness_exporter_kafka_connected')} == 0",
             fors["FairnessExporterKafkaUnreachable"],
             f"fairness-exporter {label('instance')} reaches no Kafka broker.",
             f"No Kafka broker has answered the consumer of {label('instance')} for "
@@ -121,7 +126,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterConsumerErrors",
-            f"rate(fairness_exporter_consumer_errors_total[{ERROR_WINDOW}]) > "
+            f"rate({own('fairness_exporter_consumer_errors_total')}[{ERROR_WINDOW}]) > "
             f"{fmt(tuning['FairnessExporterConsumerErrors'].threshold or 0)}",
             fors["FairnessExporterConsumerErrors"],
             f"fairness-exporter {label('instance')} keeps getting Kafka consumer errors.",
@@ -132,7 +137,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         tuned(
             "FairnessExporterCheckpointFailing",
             unwritten("fairness_exporter_last_checkpoint_timestamp_seconds", checkpoint_interval, margin)
-            + f"\nand on (job, instance) {checkpoint_interval} > 0",
+            + f"\nand on (job, instance) {own(checkpoint_interval)} > 0",
             fors["FairnessExporterCheckpointFailing"],
             f"fairness-exporter {label('instance')} cannot write its checkpoint.",
             f"{label('instance')} has written no checkpoint for {{{{ $value | humanizeDuration }}}} (counted from "
@@ -143,7 +148,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterRecordsSkipped",
-            f"increase(fairness_exporter_records_skipped_total[{SKIP_WINDOW}]) > "
+            f"increase({own('fairness_exporter_records_skipped_total')}[{SKIP_WINDOW}]) > "
             f"{fmt(tuning['FairnessExporterRecordsSkipped'].threshold or 0)}",
             fors["FairnessExporterRecordsSkipped"],
             f"fairness-exporter {label('instance')} skipped Kafka records it could not count.",
@@ -154,8 +159,8 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterConfigReloadFailed",
-            "time() - fairness_exporter_config_last_reload_success_timestamp_seconds\n"
-            "and on (job, instance) fairness_exporter_config_last_reload_successful == 0",
+            f"time() - {own('fairness_exporter_config_last_reload_success_timestamp_seconds')}\n"
+            f"and on (job, instance) {own('fairness_exporter_config_last_reload_successful')} == 0",
             fors["FairnessExporterConfigReloadFailed"],
             f"fairness-exporter {label('instance')} refused its new config.",
             f"The last config reload of {label('instance')} was refused (invalid, or a change that needs a "
@@ -165,7 +170,7 @@ def health_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[di
         ),
         tuned(
             "FairnessExporterNoModel",
-            "fairness_exporter_models == 0",
+            f"{own('fairness_exporter_models')} == 0",
             fors["FairnessExporterNoModel"],
             f"fairness-exporter {label('instance')} monitors no model.",
             f"The config of {label('instance')} has had no model for {fors['FairnessExporterNoModel']} (its "

@@ -7,6 +7,7 @@ from typing import Any
 
 from exporter.core.fairness import COUNT_NAMES, FN, FP, PRED_NEG, PRED_POS, RATES, TN, TP
 from exporter.core.metric_table import COUNT_METRICS, METRICS
+from exporter.devtools.rule_text import own
 
 REPLICA_LABELS = ("instance", "pod")  # labels that tell replicas apart; recording rules sum them away
 
@@ -18,14 +19,16 @@ def _ratio(series: str, label: str, numerator: str, denominator: str) -> str:
     keeps it in as rate 0 instead of dropping the most affected subgroup from the comparison.
     """
     op = "=~" if "|" in numerator else "="
-    num = f'sum without ({label}) ({series}{{{label}{op}"{numerator}"}})'
+    selected = own(series, f'{label}{op}"{numerator}"')
+    num = f"sum without ({label}) ({selected})"
     den = _support(series, label, denominator)
     return f"(\n  {num}\n  or\n  {den} * 0\n)\n/\n({den} > 0)"
 
 
 def _support(series: str, label: str, denominator: str) -> str:
     """The count a rate rests on (its denominator), per remaining labels."""
-    return f'sum without ({label}) ({series}{{{label}=~"{denominator}"}})'
+    selected = own(series, f'{label}=~"{denominator}"')
+    return f"sum without ({label}) ({selected})"
 
 
 def _indent(text: str) -> str:
@@ -62,8 +65,10 @@ def _comparable(rate: str, window: str) -> str:
     """Subgroups (not the overall population) with at least the model's min_samples of what the rate counts,
     as the daemon compares them; min_samples is the daemon's exported fairness_min_samples, not a constant here."""
     series, label, _, denominator = _rate_parts(rate, window)
-    return (f'{_rate_record(rate, window)}{{subgroup!="overall"}}\n  and\n  {_support(series, label, denominator)}'
-            f"\n  >= on (model_id) group_left ()\n  max by (model_id) (fairness_min_samples)")
+    subgroups = own(_rate_record(rate, window), 'subgroup!="overall"')
+    scope = "job, namespace, model_id"  # the model's own release: two namespaces may each monitor a model of one name
+    return (f"{subgroups}\n  and\n  {_support(series, label, denominator)}"
+            f"\n  >= on ({scope}) group_left ()\n  max by ({scope}) ({own('fairness_min_samples')})")
 
 
 def _metric_expr(metric: str, window: str) -> str:
@@ -93,7 +98,7 @@ def recording_rules(window: str) -> list[dict[str, Any]]:
     replicas = ", ".join(REPLICA_LABELS)
     rules: list[dict[str, Any]] = [
         {"record": f"model_attribute_subgroup:fairness_{counter}:increase{window}",
-         "expr": f"sum without ({replicas}) (increase(fairness_{counter}_total[{window}]))"}
+         "expr": f"sum without ({replicas}) (increase({own(f'fairness_{counter}_total')}[{window}]))"}
         for counter in ("predictions", "labelled_predictions")
     ]  # fmt: skip
     rules += [{"record": _rate_record(rate, window), "expr": _ratio(*_rate_parts(rate, window))} for rate in RATES]

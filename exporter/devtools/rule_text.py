@@ -6,6 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 JOB = "fairness-exporter"  # the scrape job of every target (the chart's ServiceMonitor names it so)
+SCOPE = f'job="{JOB}"'
+"""The matcher of every selector of the exporter's own series, raw or recorded by the rules. A plain Prometheus
+names its scrape job so; the chart replaces it with its release's job and namespace, so that two releases' rules
+neither read nor record each other's series (deploy/helm/fairness-exporter/templates/prometheusrule.yaml)."""
 RUNBOOK_URL = "https://github.com/fairness-exporter/fairness-exporter/blob/main/rules/RUNBOOK.md"
 VALUE_3F = '{{ printf "%.3f" $value }}'
 VALUE_0F = '{{ printf "%.0f" $value }}'
@@ -20,6 +24,12 @@ def configured(metric: str) -> str:
     """An annotation fragment showing the alerting target's own value of ``metric``, one of its periods."""
     query = f'printf "{metric}{{job=%q,instance=%q}}" $labels.job $labels.instance'
     return "{{ with " + query + " | query }}{{ . | first | value | humanizeDuration }}{{ end }}"
+
+
+def own(metric: str, *matchers: str) -> str:
+    """A selector of one of the exporter's series, raw or recorded, scoped by :data:`SCOPE`: ``own("up")`` is
+    ``up{job="fairness-exporter"}``, ``own("m", 'x="1"')`` is ``m{job="fairness-exporter", x="1"}``."""
+    return metric + "{" + ", ".join((SCOPE, *matchers)) + "}"
 
 
 def fmt(number: float) -> str:

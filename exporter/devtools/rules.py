@@ -24,7 +24,7 @@ import yaml
 from exporter.devtools.estimate_rules import calibration_alert
 from exporter.devtools.health_rules import health_alerts
 from exporter.devtools.recording_rules import recording_rules
-from exporter.devtools.rule_text import JOB, VALUE_3F, alert, explained
+from exporter.devtools.rule_text import JOB, VALUE_3F, alert, explained, own
 from exporter.devtools.rule_text import RUNBOOK_URL as RUNBOOK_URL  # where every alert's runbook_url points
 from exporter.devtools.rule_text import fmt as _fmt
 from exporter.devtools.rule_text import label as _label
@@ -160,15 +160,15 @@ def _detector_alert(alert: Alert, fors: Mapping[str, str]) -> dict[str, Any]:
     """A paging alert of the detectors: while a detector is in alarm, showing its evidence and the gap now."""
     subgroup = alert.metrics == ("positive_prediction_rate",)
     series, alarm = (SUBGROUP_DETECTOR, SUBGROUP_ALARM) if subgroup else (PAIR_DETECTOR, PAIR_ALARM)
-    metric = "" if subgroup else (f'{{metric="{alert.metrics[0]}"}}' if len(alert.metrics) == 1
-                                  else f'{{metric=~"{"|".join(alert.metrics)}"}}')  # fmt: skip
+    metric = () if subgroup else (f'metric="{alert.metrics[0]}"' if len(alert.metrics) == 1
+                                  else f'metric=~"{"|".join(alert.metrics)}"',)  # fmt: skip
     what, meaning = _WHAT[alert.name]
     where = (f"subgroup {_label('subgroup')} of {_label('attribute')}" if subgroup else
              f"{_label('group_a')} vs {_label('group_b')} ({_label('attribute')}, dimension {_label('dimension')})")
     shown_keys = ("model_id", "attribute", "subgroup") if subgroup else ("model_id", "attribute", "dimension")
     return _alert(
         alert.name,
-        f"{series}{metric}\nand\n{alarm}{metric} == 1",
+        f"{own(series, *metric)}\nand\n{own(alarm, *metric)} == 1",
         fors[alert.name],
         f"Model {_label('model_id')}: evidence of {what} for "
         + (_label("subgroup") if subgroup else _label("dimension")) + ".",
@@ -190,11 +190,11 @@ def _seed_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
     di = _fmt(TUNING["FairnessDisparateImpactBelowThreshold"].threshold or 0)
     shift = _fmt(TUNING["SubgroupPredictionRateAverageShift"].threshold or 0)
     pair = f"{_label('group_a')} vs {_label('group_b')} ({_label('attribute')}, dimension {_label('dimension')})"
-    rate = 'model_positive_prediction_rate{subgroup!="overall"}'
+    rate = own("model_positive_prediction_rate", 'subgroup!="overall"')
     return [
         _alert(
             "FairnessDemographicParityAboveThreshold",
-            f"model_demographic_parity_difference > {dpd}",
+            f"{own('model_demographic_parity_difference')} > {dpd}",
             fors["FairnessDemographicParityAboveThreshold"],
             f"Model {_label('model_id')}: demographic parity difference above {dpd} for {_label('dimension')}.",
             f"Model {_label('model_id')}, {pair}: the selection rates differ by {VALUE_3F} over the "
@@ -203,7 +203,7 @@ def _seed_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
         ),
         _alert(
             "FairnessDisparateImpactBelowThreshold",
-            f"model_disparate_impact_ratio < {di}",
+            f"{own('model_disparate_impact_ratio')} < {di}",
             fors["FairnessDisparateImpactBelowThreshold"],
             f"Model {_label('model_id')}: disparate impact ratio below {di} for {_label('dimension')}.",
             f"Model {_label('model_id')}, {pair}: the lower selection rate is {VALUE_3F} of the higher one over "

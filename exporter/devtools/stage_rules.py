@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.devtools.health_rules import CHECKPOINT_INTERVALS, unwritten
-from exporter.devtools.rule_text import VALUE_0F, alert, configured, fmt, label
+from exporter.devtools.rule_text import VALUE_0F, alert, configured, fmt, label, own
 
 LABEL_JOIN_WINDOW = "1h"  # FairnessExporterLabelJoinBroken: rate() window
 CUT_WINDOW = "1h"  # FairnessExporterLogCutShort: increase() window (one partition found keeps it an hour)
 MISSING_WINDOW = "1h"  # FairnessExporterStateSnapshotMissing: increase() window (one empty start keeps it an hour)
-OWNED = "fairness_exporter_model_owned"
+OWNED = own("fairness_exporter_model_owned")
 
 
 def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -24,11 +24,14 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         return alert(name, expr, fors[name], tuning[name].severity, summary, description)
 
     buckets = fmt(tuning["FairnessExporterModelStalled"].threshold or 0)
-    unknown = f'rate(fairness_exporter_labels_expired_total{{reason="unknown_prediction"}}[{LABEL_JOIN_WINDOW}])'
-    joined = f"rate(fairness_exporter_labels_joined_total[{LABEL_JOIN_WINDOW}])"
+    expired = own("fairness_exporter_labels_expired_total", 'reason="unknown_prediction"')
+    unknown = f"rate({expired}[{LABEL_JOIN_WINDOW}])"
+    joined = f"rate({own('fairness_exporter_labels_joined_total')}[{LABEL_JOIN_WINDOW}])"
     fleet = "sum without (instance, pod, reason)"
     model, partition, topic, job = label("model_id"), label("partition"), label("topic"), label("job")
     snapshot_interval = "fairness_exporter_state_snapshot_interval_seconds"
+    restores_missing = own("fairness_exporter_state_restores_total", 'result="missing"')
+    resets_beyond_end = own("fairness_exporter_partition_resets_total", 'reason="beyond_end"')
     margin = fmt(tuning["FairnessExporterStateSnapshotFailing"].threshold or 0)
     return [
         tuned(
@@ -49,10 +52,10 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         ),
         tuned(
             "FairnessExporterModelStalled",
-            "(time() - fairness_exporter_model_last_step_timestamp_seconds)\n"
-            f"  > on (job, instance) group_left () ({buckets} * fairness_exporter_bucket_seconds)\n"
+            f"(time() - {own('fairness_exporter_model_last_step_timestamp_seconds')})\n"
+            f"  > on (job, instance) group_left () ({buckets} * {own('fairness_exporter_bucket_seconds')})\n"
             f"and on (job, instance, model_id) (\n  {OWNED} == 1\n"
-            "  and on (job, instance, topic, partition) fairness_exporter_consumer_lag_messages > 0\n)",
+            f"  and on (job, instance, topic, partition) {own('fairness_exporter_consumer_lag_messages')} > 0\n)",
             f"Model {model} stopped stepping on {label('instance')} while its counts wait.",
             f"The detectors of model {model} on {label('instance')} last stepped "
             "{{ $value | humanizeDuration }} ago, more than " + buckets + " buckets, while its partition of the "
@@ -62,7 +65,8 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         tuned(
             "FairnessExporterLabelJoinBroken",
             f"{fleet} ({unknown})\n/\n({fleet} ({unknown})\n + sum without (instance, pod) ({joined}))\n"
-            "> on (job) group_left () max without (instance, pod) (fairness_exporter_labels_max_unjoined_share)",
+            "> on (job, namespace) group_left () max without (instance, pod) "
+            f"({own('fairness_exporter_labels_max_unjoined_share')})",
             f"Delayed labels of {job} find no prediction.",
             f"Over the last {LABEL_JOIN_WINDOW}, {{{{ $value | humanizePercentage }}}} of the delayed labels that "
             f"{job} joined or gave up found no prediction within label_horizon, above alerting.max_unjoined_share, "
@@ -72,7 +76,7 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         ),
         tuned(
             "FairnessExporterPartitionsShared",
-            "fairness_exporter_partitions_shared == 1",
+            f"{own('fairness_exporter_partitions_shared')} == 1",
             f"fairness-exporter {label('instance')} counts nothing: another member shares its consumer group.",
             f"{label('instance')} runs kafka.stages: direct, and another member of its consumer group has held some "
             f"partitions of its topics for {fors['FairnessExporterPartitionsShared']}: it counts nothing until it "
@@ -81,7 +85,7 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         ),
         tuned(
             "FairnessExporterStageTaskStopped",
-            "fairness_exporter_stage_tasks_stopped > 0",
+            f"{own('fairness_exporter_stage_tasks_stopped')} > 0",
             f"fairness-exporter {label('instance')} stopped {VALUE_0F} {label('stage')} task(s).",
             f"{label('instance')} has held {VALUE_0F} {label('stage')} partition(s) whose task stopped on an "
             "internal record it could not apply in 3 tries (each from its last snapshot), for "
@@ -103,7 +107,7 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         ),
         tuned(
             "FairnessExporterStateSnapshotMissing",
-            f'increase(fairness_exporter_state_restores_total{{result="missing"}}[{MISSING_WINDOW}]) > '
+            f"increase({restores_missing}[{MISSING_WINDOW}]) > "
             f"{fmt(tuning['FairnessExporterStateSnapshotMissing'].threshold or 0)}",
             f"fairness-exporter {label('instance')} started {label('stage')} tasks empty: their snapshot was gone.",
             f"{label('instance')} has started {{{{ $value | humanize }}}} {label('stage')} partition(s) empty within "
@@ -116,7 +120,7 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         ),
         tuned(
             "FairnessExporterLogCutShort",
-            f'increase(fairness_exporter_partition_resets_total{{reason="beyond_end"}}[{CUT_WINDOW}]) > '
+            f"increase({resets_beyond_end}[{CUT_WINDOW}]) > "
             f"{fmt(tuning['FairnessExporterLogCutShort'].threshold or 0)}",
             f"fairness-exporter {label('instance')} found a Kafka log shorter than what it had counted.",
             f"{label('instance')} has found {{{{ $value | humanize }}}} partition(s) within the last {CUT_WINDOW} "
