@@ -227,7 +227,10 @@ def test_the_fleet_shows_versions_traffic_labels_alarms_and_failures_per_model(s
 
 def test_the_fleet_selector_lists_every_monitored_model(stack: Stack) -> None:
     (models,) = [v for v in load_dashboard()["templating"]["list"] if v["name"] == "models"]
-    metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", models["query"]["query"]).groups()
-    values = stack.prometheus.data(f"/api/v1/label/{label}/values", **{"match[]": metric})
+    found = re.fullmatch(r"label_values\((\w+)(\{[^}]*\})?, (\w+)\)", models["query"]["query"])
+    assert found is not None, models["query"]["query"]
+    metric, selector, label = found.groups()
+    selector = (selector or "").replace("$namespace", ".*")  # the Namespace variable at All
+    values = stack.prometheus.data(f"/api/v1/label/{label}/values", **{"match[]": metric + selector})
     assert sorted(values) == sorted([STABLE, CANARY, DRIFTING_BESIDE_A_GAP, STARVED])
     assert set(by_model(fleet(stack, "Fleet: predictions in the window per model", STARVED)["A"])) == {(STARVED,)}
