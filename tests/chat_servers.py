@@ -119,12 +119,39 @@ def serve(answer: Callable[[str, str], str | None], fault: Fault | None = None) 
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    with loopback(Handler) as state.base_url:
+        yield state
+
+
+@contextmanager
+def answering(reply: Callable[[dict], tuple[int, dict[str, str], bytes]]) -> Iterator[str]:
+    """A loopback endpoint answering each POST (a JSON request) with the status, headers and body ``reply`` gives."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            status, headers, body = reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with loopback(Handler) as url:
+        yield url
+
+
+@contextmanager
+def loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served on a free loopback port, in a thread, until the block ends; its base URL (``.../v1``)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield state
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     finally:
         server.shutdown()
         server.server_close()

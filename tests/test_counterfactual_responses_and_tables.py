@@ -11,10 +11,8 @@ import csv
 import io
 import json
 import re
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import chat_servers
@@ -51,26 +49,12 @@ def replying_by(reply: Callable[[dict], tuple[bytes, str]]) -> Iterator[str]:
     """A loopback endpoint that answers each POST with HTTP 200 and the body and content type ``reply`` gives for
     the request."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body, content_type = reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(request: dict) -> tuple[int, dict[str, str], bytes]:
+        body, content_type = reply(request)
+        return 200, {"Content-Type": content_type}, body
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with chat_servers.answering(answer) as url:
+        yield url
 
 
 NOT_A_COMPLETION = {

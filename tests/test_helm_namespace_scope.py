@@ -130,23 +130,17 @@ def test_every_selector_of_a_release_selects_its_own_namespace_and_job(helm: str
 
 
 @pytest.mark.prometheus
+@pytest.mark.parametrize("placed", [in_namespace_a, in_namespace_b_alone],
+                         ids=["another namespace's series change nothing", "another namespace's alone raise nothing"])
 @pytest.mark.parametrize("test_file", PROMTOOL_TESTS, ids=lambda path: path.name)
-def test_another_namespaces_series_change_nothing_a_release_records_or_raises(
-    helm: str, test_file: Path, tmp_path: Path  # noqa: F811
+def test_a_release_records_and_raises_on_its_own_namespace_only(
+    helm: str, test_file: Path, placed: Any, tmp_path: Path  # noqa: F811
 ) -> None:
+    """Every promtool test of rules/tests/ on release team-a's rendered rules: with a copy of its input series in
+    team-b beside them, its expectations hold exactly (``in_namespace_a``); with team-b's copy alone, team-a records
+    and raises nothing but its own FairnessExporterAbsent (``in_namespace_b_alone``)."""
     document = yaml.load(test_file.read_text(), Loader=_Yaml12)
-    document["tests"] = [in_namespace_a(case) for case in document["tests"]]
-    result = promtool_test(rules_of(helm, TEAM_A), document, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@pytest.mark.prometheus
-@pytest.mark.parametrize("test_file", PROMTOOL_TESTS, ids=lambda path: path.name)
-def test_another_namespaces_series_alone_make_a_release_record_and_raise_nothing(
-    helm: str, test_file: Path, tmp_path: Path  # noqa: F811
-) -> None:
-    document = yaml.load(test_file.read_text(), Loader=_Yaml12)
-    document["tests"] = [in_namespace_b_alone(case) for case in document["tests"]]
+    document["tests"] = [placed(case) for case in document["tests"]]
     result = promtool_test(rules_of(helm, TEAM_A), document, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -15,13 +15,12 @@ object).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import chat_servers
 import pytest
 import yaml
 
@@ -119,30 +118,13 @@ def chat_server(respond: Respond) -> Iterator[tuple[str, list[dict]]]:
     """POST /v1/chat/completions answered by ``respond(request) -> (status, headers, JSON body)``."""
     seen: list[dict] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(request)
-            status, headers, payload = respond(request)
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            for name, value in {"Content-Type": "application/json", **headers}.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(request: dict) -> tuple[int, dict[str, str], bytes]:
+        seen.append(request)
+        status, headers, payload = respond(request)
+        return status, {"Content-Type": "application/json", **headers}, json.dumps(payload).encode()
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with chat_servers.answering(answer) as url:
+        yield url, seen
 
 
 def completion(content: str | None, choices: int = 1) -> dict:
