@@ -34,8 +34,7 @@ class Errors:
         self.notes.append(f"{self._where(path)}: {message}")
 
     def check_keys(self, path: str, mapping: dict[str, Any], allowed: set[str]) -> None:
-        for key in sorted(set(mapping) - allowed, key=str):
-            self.add(f"{path}.{key}" if path else key, f"unknown key (accepted: {', '.join(sorted(allowed))})")
+        self.lines.extend(unknown_keys(mapping, allowed, f"{self.prefix}{path}." if path else self.prefix))
 
     def mappings(
         self, section: str, items: list[Any], allowed: set[str], what: str
@@ -48,6 +47,13 @@ class Errors:
                 continue
             self.check_keys(path, item, allowed)
             yield path, item
+
+
+def unknown_keys(mapping: dict[Any, Any], allowed: set[str], where: str = "") -> list[str]:
+    """A ``<where><key>: unknown key (accepted: ...)`` line for each key of ``mapping`` not ``allowed``, in order of
+    their text (a YAML mapping may mix keys that are not text, such as ``1:``, with text ones)."""
+    accepted = ", ".join(sorted(allowed))
+    return [f"{where}{key}: unknown key (accepted: {accepted})" for key in sorted(set(mapping) - allowed, key=str)]
 
 
 def expand_env(value: Any, errors: Errors, path: str = "") -> Any:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from exporter.config import ConfigError
+from exporter.config.toolkit import unknown_keys
 from exporter.gate.redteam.outcomes import (
     DEFAULT_MIN_LEAK_CHARS,
     EXPECTED_BEHAVIOURS,
@@ -73,7 +74,7 @@ def parse_reporting(raw: Any, problems: list[str]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         problems.append(f"reporting: {raw!r} is not a mapping with format, destination, notify_on_critical")
         return {"format": "json", "destination": None, "notify_on_critical": []}
-    problems.extend(_unknown(raw, REPORTING_KEYS, "reporting."))
+    problems.extend(unknown_keys(raw, REPORTING_KEYS, "reporting."))
     if raw.get("format", "json") != "json":
         problems.append(f"reporting.format: {raw['format']!r} is not json (the only report format)")
     destination = raw.get("destination")
@@ -98,24 +99,17 @@ def _specs(raw: dict[str, Any], library: dict[str, Any], kind: str, problems: li
         if not isinstance(group, dict) or not isinstance(group.get("test_cases"), list):
             problems.append(f"red_team_tests[{i}]: needs category and a list test_cases")
             continue
-        problems.extend(_unknown(group, GROUP_KEYS, f"red_team_tests[{i}]."))
+        problems.extend(unknown_keys(group, GROUP_KEYS, f"red_team_tests[{i}]."))
         for j, case in enumerate(group["test_cases"]):
             where = f"red_team_tests[{i}].test_cases[{j}]"
             if not isinstance(case, dict):
                 problems.append(f"{where}: must be a mapping with name, technique, expected_behaviour")
                 continue
-            problems.extend(_unknown(case, CASE_KEYS, f"{where}."))  # a misspelt severity_on_fail was ignored
+            problems.extend(unknown_keys(case, CASE_KEYS, f"{where}."))  # a misspelt severity_on_fail was ignored
             specs.append((where, {"category": group.get("category", "uncategorised"), **case}))
     if not specs:
         problems.append("red_team_tests: no test cases (add some, or set include_library: true)")
     return specs
-
-
-def _unknown(raw: dict[Any, Any], allowed: set[str], where: str) -> list[str]:
-    """A problem for each key of ``raw`` that is not ``allowed`` (keys that are not text, such as YAML's ``1:``,
-    included)."""
-    return [f"{where}{k}: unknown key (accepted: {', '.join(sorted(allowed))})" for k in sorted(set(raw) - allowed,
-                                                                                             key=str)]  # fmt: skip
 
 
 def _technique(case: dict[str, Any], where: str, problems: list[str]) -> tuple[str | None, str | None, dict]:
@@ -194,7 +188,7 @@ def _baseline(raw: Any, problems: list[str]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         problems.append(f"baseline_detection: {raw!r} is not a mapping with severity_on_fail")
         return {"severity": None}
-    problems.extend(_unknown(raw, BASELINE_KEYS, "baseline_detection."))
+    problems.extend(unknown_keys(raw, BASELINE_KEYS, "baseline_detection."))
     if "severity_on_fail" not in raw:
         return {"severity": None}
     return {"severity": check_severity(raw["severity_on_fail"], "baseline_detection.severity_on_fail", problems)}
@@ -210,7 +204,7 @@ def parse_decision(raw: Any, problems: list[str]) -> tuple[float, dict[str, set[
     if not isinstance(raw, dict):
         problems.append(f"decision: {raw!r} is not a mapping with {', '.join(sorted(DECISION_KEYS))}")
         raw = {}
-    problems.extend(_unknown(raw, DECISION_KEYS, "decision."))
+    problems.extend(unknown_keys(raw, DECISION_KEYS, "decision."))
     threshold = raw.get("threshold", 0.5)
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not math.isfinite(threshold):
         problems.append(f"decision.threshold: {threshold!r} is not a finite number (the score at which a "
@@ -235,7 +229,7 @@ def parse_decision(raw: Any, problems: list[str]) -> tuple[float, dict[str, set[
 def parse_config(raw: dict[str, Any], source: str, library: dict[str, Any], kind: str = "classifier") -> dict:
     """Validate a red-team config for a kind of target (``classifier`` or ``chat``) and resolve each case's
     generator, parameters, expected outcome and texts; a ConfigError lists every problem."""
-    problems = _unknown(raw, KEYS, "")
+    problems = unknown_keys(raw, KEYS, "")
     model_id = raw.get("model_id")
     if not isinstance(model_id, str) or not model_id:
         problems.append("model_id: required, a non-empty string")

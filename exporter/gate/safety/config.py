@@ -13,7 +13,7 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.config import ConfigError
-from exporter.config.toolkit import Errors, section
+from exporter.config.toolkit import Errors, section, unknown_keys
 from exporter.gate import storage
 from exporter.gate.fairness.audit import read_table, sha256_file
 from exporter.gate.safety.evaluator import NAN_POLICIES, NOISE_SCALES, OWN_CHECKS, TESTS, SafetyEvaluator
@@ -32,11 +32,6 @@ def _number(raw: dict[str, Any], key: str, default: float, problems: list[str], 
         problems.append(f"{where}{key}: {value!r} is not a non-negative number")
         return default
     return float(value)
-
-
-def _unknown(raw: dict[str, Any], allowed: set[str], where: str, problems: list[str]) -> None:
-    accepted = ", ".join(sorted(allowed))
-    problems.extend(f"{where}{k}: unknown key (accepted: {accepted})" for k in sorted(set(raw) - allowed, key=str))
 
 
 def _inputs(raw: dict[str, Any], path: Path, feature_count: Any, problems: list[str]) -> tuple[Any, Any, Any]:
@@ -69,7 +64,8 @@ def _counterfactual(raw: Any, frame: Any, problems: list[str]) -> dict[str, Any]
     if not isinstance(raw, dict):
         problems.append(f"counterfactual: {raw!r} is not a mapping with feature and values")
         return None
-    _unknown(raw, {"feature", "values", "max_changed_share", "decision_threshold"}, "counterfactual.", problems)
+    problems.extend(unknown_keys(raw, {"feature", "values", "max_changed_share", "decision_threshold"},
+                                 "counterfactual."))
     feature, values = raw.get("feature"), raw.get("values")
     columns = [str(c) for c in frame.columns]
     if isinstance(feature, str) and feature in columns:
@@ -89,7 +85,7 @@ def load_safety_config(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     raw = load_yaml_mapping(path)
     problems: list[str] = []
-    _unknown(raw, KEYS, "", problems)
+    problems.extend(unknown_keys(raw, KEYS, ""))
     model_id = raw.get("model_id")
     if not isinstance(model_id, str) or not model_id:
         problems.append("model_id: required, a non-empty string")

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final
 
+from exporter.config.toolkit import unknown_keys
 from exporter.gate.targets.objects import TargetError
 
 DEFAULT_KEY_ENV: Final = "OPENAI_API_KEY"
@@ -54,8 +55,8 @@ def parse_target(raw: Any, problems: list[str]) -> ChatSettings | None:
     if not isinstance(raw, dict):
         problems.append(f"target: {raw!r} is not a mapping with base_url and model")
         return None
-    unknown = sorted(set(raw) - TARGET_KEYS, key=str)
-    problems.extend(f"target.{k}: unknown key (accepted: {', '.join(sorted(TARGET_KEYS))})" for k in unknown)
+    unknown = unknown_keys(raw, TARGET_KEYS, "target.")
+    problems.extend(unknown)
     ok = not unknown  # settings are made of known keys only (an unknown one raised TypeError out of the parse)
     for key in ("base_url", "model"):
         if not isinstance(raw.get(key), str) or not raw[key]:
