@@ -35,7 +35,7 @@ from exporter.health.side import SideHealth
 from exporter.stream.bounded import Bound
 from exporter.stream.decode.events import REJECT_REASONS, DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.pairs import HalfBlock, calls, join_units
+from exporter.stream.decode.pairs import HalfBlock, PollBlocks, calls, join_units
 from exporter.stream.decode.payload import (
     UNMATCHED_REASONS,
     PayloadRows,
@@ -142,7 +142,7 @@ class Ingest:
         fleet = self.fleet
         form = fleet.events.format
         models = fleet.decoders
-        units: list[HalfBlock | list[Half]] = []
+        units: list[HalfBlock | PollBlocks | list[Half]] = []
         rejected, ignored = [], Counter[str]()
         offsets: dict[Partition, int] = {}
         for partition, records in parts:

@@ -8,7 +8,6 @@ happens, so that every outcome is the one :meth:`PairJoin.add_all` gives the sam
 
 from __future__ import annotations
 
-import base64
 from collections import Counter, OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,16 +19,25 @@ import numpy as np
 import orjson
 
 from exporter.stream.decode import seldon_batch
-from exporter.stream.decode.kserve_batch import header_table
-from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, seldon_model, texts
+from exporter.stream.decode.platforms import (
+    SELDON_RESERVED,
+    SELDON_TYPES,
+    Half,
+    half_json,
+    half_of,
+    header_table,
+    seldon_model,
+    texts,
+)
 from exporter.stream.decode.platforms import _text as _header_text
 
 
 @dataclass(eq=False)
 class HalfBlock:
-    """The halves of one poll of one topic (one model, one direction), as columns: what
-    :func:`~exporter.stream.decode.seldon_batch.halves` reads as a Half for each record, half ``i`` of which
-    :meth:`half` makes. No half has metadata (headers beyond the platform's own) or a component."""
+    """The halves of one poll of one topic (one model, one direction, one component), as columns: what
+    :func:`~exporter.stream.decode.seldon_batch.halves` (or :func:`~exporter.stream.decode.kserve_batch.halves`)
+    reads as a Half for each record, half ``i`` of which :meth:`half` makes. No half has metadata (headers beyond
+    the platform's own)."""
 
     model: str
     response: bool
@@ -43,6 +51,7 @@ class HalfBlock:
     columns: dict[str, Any]
     """Each tensor's values as an Arrow list array, one list per half (the rows' cells of that column)."""
     raws: list[bytes]
+    component: str = ""
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -52,7 +61,7 @@ class HalfBlock:
         time = float(self.times[i])
         return Half(self.pairs[i], self.response, self.model, None if time != time else time, int(self.rows[i]),
                     {name: values[i].as_py() for name, values in self.columns.items()}, self.raws[i], {},
-                    self.calls[i] if self.calls is not None else None)  # fmt: skip
+                    self.calls[i] if self.calls is not None else None, self.component)  # fmt: skip
 
     def ids(self, at: np.ndarray) -> list[str]:
         """The id the rows of each of these halves carry (:attr:`Half.id`)."""
@@ -82,6 +91,22 @@ class BlockPairs:
                                                           strict=True)]  # fmt: skip
 
 
+@dataclass(eq=False)
+class PollBlocks:
+    """A poll of one topic that logs both directions (KServe): its requests and its responses as two blocks, with
+    distinct calls in each, and every response that a request of the poll answers after it."""
+
+    requests: HalfBlock
+    responses: HalfBlock
+    order: list[int]
+    """The records' order: request ``i`` as ``i``, response ``j`` as ``~j``."""
+
+    def halves(self) -> list[Half]:
+        """The poll's halves in record order."""
+        request, response = self.requests.half, self.responses.half
+        return [request(i) if i >= 0 else response(~i) for i in self.order]
+
+
 Joined = tuple[Half, Half] | BlockPairs
 """A call joined as two Halves, or a run of calls joined between two blocks."""
 
@@ -100,6 +125,14 @@ def as_halves(joined: Iterable[Joined]) -> list[tuple[Half, Half]]:
         else:
             out.append(j)  # type: ignore[arg-type]
     return out
+
+
+def _asked(waiting: Any, component: str) -> bool:
+    """Whether a waiting half (None: none) is a request of this component."""
+    if waiting is None:
+        return False
+    half = waiting[0][0] if waiting[0].__class__ is tuple else waiting[0]  # a block's half: its block says
+    return not half.response and half.component == component
 
 
 def _half(waiting: Any) -> Half:
@@ -181,10 +214,11 @@ class PairJoin:
         refs = list(map(itemgetter(0), waiting)) if hits == n else []  # type: ignore[arg-type]  # no None: hits
         partners = list(map(itemgetter(0), refs)) if refs and set(map(type, refs)) == {tuple} else []
         distinct = dict(zip(map(id, partners), partners, strict=True))
-        if not partners or any(b.response == block.response for b in distinct.values()):
+        if not partners or any(b.response == block.response or b.component != block.component
+                               for b in distinct.values()):  # fmt: skip
             return list(self.add_all(map(block.half, range(n)), now, counts))
         deque(map(pending.pop, keys), 0)
-        self.done.update(zip(keys, repeat((now, False, ""))))
+        self.done.update(zip(keys, repeat((now, False, block.component))))
         while len(self.done) > self.max_pending:
             self.done.popitem(last=False)
         at = np.fromiter(map(itemgetter(1), refs), np.int64, n)
@@ -204,6 +238,20 @@ class PairJoin:
                 out.append(BlockPairs(block, mine[start:end], other, at[start:end]))
             start = end
         return out
+
+    def add_poll(self, poll: PollBlocks, now: float, counts: Counter[str]) -> list[Joined]:
+        """What :meth:`add_all` of the poll's halves in record order gives (the same pairs, counts and state, in the
+        same order): its requests added as a block, then its responses, when every request is new, there is room
+        for them all, and every response completes a request of the poll (before it, as read) or one that waits
+        from its component; else each half made a Half and added in record order."""
+        requests, responses = poll.requests, poll.responses
+        keys, answers = zip(repeat(requests.model), requests.pairs), zip(repeat(responses.model), responses.pairs)
+        asked, pending = set(keys), self.pending
+        if len(pending) + len(asked) > self.max_pending or not pending.keys().isdisjoint(asked) or \
+                not self.done.keys().isdisjoint(asked) or not all(_asked(pending.get(key), responses.component)
+                                                                  for key in set(answers) - asked):  # fmt: skip
+            return list(self.add_all(poll.halves(), now, counts))
+        return [*self.add_block(requests, now, counts), *self.add_block(responses, now, counts)]
 
     def refuse(self, model: str, pair: str, now: float, counts: Counter[str]) -> None:
         """A half of this call was refused: its partner, waiting or still to come, is dropped with it."""
@@ -256,32 +304,22 @@ class PairJoin:
         return responses
 
 
-def half_json(half: Half) -> list[Any]:
-    """A half as plain JSON values (its columns are already): for a checkpoint, or the staged path's re-keying."""
-    raw = None if half.raw is None else base64.b64encode(half.raw).decode()
-    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw, half.call,
-            half.component]  # fmt: skip
-
-
-def half_of(found: list[Any]) -> Half:
-    """The half :func:`half_json` wrote (one written before pipelines and components has neither)."""
-    model, pair, response, time, rows, columns, metadata, raw, *route = found
-    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata,
-                *route)  # fmt: skip
-
-
-def join_units(join: PairJoin, units: Sequence[HalfBlock | Sequence[Half]], now: float,
+def join_units(join: PairJoin, units: Sequence[HalfBlock | PollBlocks | Sequence[Half]], now: float,
                counts: Counter[str]) -> dict[str, list[Joined]]:  # fmt: skip
-    """The calls a poll's halves complete, by model: each unit (a block, or halves read one by one) added in turn."""
+    """The calls a poll's halves complete, by model: each unit (a block, a poll's two blocks, or halves read one by
+    one) added in turn."""
     out: dict[str, list[Joined]] = {}
     for unit in units:
         if unit.__class__ is HalfBlock:
-            found = join.add_block(unit, now, counts)
-            if found:
-                out.setdefault(unit.model, []).extend(found)
+            found, model = join.add_block(unit, now, counts), unit.model
+        elif unit.__class__ is PollBlocks:
+            found, model = join.add_poll(unit, now, counts), unit.requests.model
         else:
             for pair in join.add_all(unit, now, counts):  # type: ignore[arg-type]
                 out.setdefault(pair[0].model or "", []).append(pair)
+            continue
+        if found:
+            out.setdefault(model, []).extend(found)
     return out
 
 
@@ -299,7 +337,7 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
     :func:`~exporter.stream.decode.seldon_batch.halves` reads, when also no record logs headers of its own
     (metadata) and every record's tensors are the same columns in the same order (one column each, typed
     contents); else None. The same checks, with no Python step per record beyond a few maps: the headers by
-    position (:func:`~exporter.stream.decode.kserve_batch.header_table`), a body that may be JSON by its first
+    position (:func:`~exporter.stream.decode.platforms.header_table`), a body that may be JSON by its first
     byte past blanks in one array pass, the times in an array."""
     model, by_name = seldon_model(topic)
     response = by_name if by_name is not None else response

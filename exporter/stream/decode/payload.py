@@ -30,10 +30,8 @@ from exporter.core.side_table import id_text
 from exporter.stream.decode import kserve_batch, seldon_batch
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.oip import BadPayload
-from exporter.stream.decode.pairs import BlockPairs, HalfBlock, Joined, as_halves, read_block
+from exporter.stream.decode.pairs import BlockPairs, HalfBlock, Joined, PollBlocks, as_halves, read_block
 from exporter.stream.decode.pairs import PairJoin as PairJoin  # the join's home: pairs.py; its callers import it here
-from exporter.stream.decode.pairs import half_json as half_json
-from exporter.stream.decode.pairs import half_of as half_of
 from exporter.stream.decode.platforms import (
     Half,
     headers_of_poll,
@@ -44,6 +42,8 @@ from exporter.stream.decode.platforms import (
     seldon_half,
     seldon_model,
 )
+from exporter.stream.decode.platforms import half_json as half_json
+from exporter.stream.decode.platforms import half_of as half_of
 from exporter.stream.decode.route import ignore_reason
 
 FORMATS: Final = ("json", "kserve", "seldon")
@@ -82,7 +82,7 @@ class Halves:
     at: list[int] = field(default_factory=list)
     """Where each half's record was among the records read (the staged path tells its source offset by it)."""
     rejected_at: list[int] = field(default_factory=list)
-    blocks: list[HalfBlock] = field(default_factory=list)
+    blocks: list[HalfBlock | PollBlocks] = field(default_factory=list)
     """The poll's halves as one block (``read_halves(blocks=True)``), in place of ``halves``."""
 
 
@@ -106,9 +106,11 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     fast = seldon_batch.halves(topic, records, models, response) if format == "seldon" else None
     if fast is not None:
         return Halves(fast, at=list(range(len(records))))
-    read = kserve_batch.halves(records, models, counted) if format == "kserve" else None
+    read = kserve_batch.halves(records, models, counted, blocks) if format == "kserve" else None
     if read is not None:
-        return Halves(read[0], at=read[1], ignored=read[2])
+        if read[0].__class__ is PollBlocks:
+            return Halves(blocks=[read[0]], ignored=read[-1])
+        return Halves(read[0], at=read[1], ignored=read[2])  # type: ignore[arg-type, misc]
     kserve = format == "kserve"
     for i, ((value, _, key, ms), headers) in enumerate(zip(records, headers_of_poll([r[1] for r in records])[0],
                                                           strict=True)):  # fmt: skip

@@ -27,6 +27,8 @@ import gzip
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any, Final
 
 import orjson
@@ -88,6 +90,20 @@ class Half:
         return self.call or self.pair
 
 
+def half_json(half: Half) -> list[Any]:
+    """A half as plain JSON values (its columns are already): for a checkpoint, or the staged path's re-keying."""
+    raw = None if half.raw is None else base64.b64encode(half.raw).decode()
+    return [half.model, half.pair, half.response, half.time, half.rows, half.columns, half.metadata, raw, half.call,
+            half.component]  # fmt: skip
+
+
+def half_of(found: list[Any]) -> Half:
+    """The half :func:`half_json` wrote (one written before pipelines and components has neither)."""
+    model, pair, response, time, rows, columns, metadata, raw, *route = found
+    return Half(pair, response, model, time, rows, columns, None if raw is None else base64.b64decode(raw), metadata,
+                *route)  # fmt: skip
+
+
 def headers_of(raw: Sequence[tuple[str, bytes | None]] | None) -> Headers:
     """Kafka record headers as a dict of lower-cased names (the usual record's are lower-case already: taken as
     they are)."""
@@ -108,6 +124,36 @@ def headers_of_poll(raws: Sequence[Sequence[tuple[str, bytes | None]] | None]) -
         return found, names
     lowered = list(map(headers_of, raws))
     return lowered, set().union(*lowered)
+
+
+def header_columns(raws: Sequence[Sequence[tuple[str, bytes | None]] | None],
+                   names: Sequence[str]) -> dict[str, list[bytes | None]]:  # fmt: skip
+    """Each of ``names``' value in every record's headers (None: absent), as ``headers_of_poll`` and ``dict.get``
+    read it. The usual poll's records carry the same header names in the same order (a KafkaSink writes them so):
+    then each name is one slice of the poll's headers laid end to end, and no record's headers become a dict
+    (0.5 against 1.3 µs per record of 11 headers, measured); any other poll is read through the dicts."""
+    return header_table(raws, names)[0]
+
+
+def header_table(raws: Sequence[Sequence[tuple[str, bytes | None]] | None],
+                 names: Sequence[str]) -> tuple[dict[str, list[bytes | None]], set[str]]:  # fmt: skip
+    """:func:`header_columns`, and every header name of the poll (as ``headers_of_poll`` gives them)."""
+    n = len(raws)
+    first = raws[0] if n else None
+    if first and None not in raws:
+        width = len(first)
+        layout = list(map(_FIRST, first))
+        if all(map(str.islower, layout)) and set(map(len, raws)) == {width}:  # type: ignore[arg-type]
+            flat = tuple(chain.from_iterable(raws))  # type: ignore[arg-type]
+            if list(map(_FIRST, flat)) == layout * n:
+                at = {name: k for k, name in enumerate(layout)}  # a repeated name: its last, as in a dict
+                return {name: list(map(_SECOND, flat[at[name] :: width])) if name in at else [None] * n
+                        for name in names}, set(layout)  # fmt: skip
+    headers, found = headers_of_poll(raws)
+    return {name: list(map(dict.get, headers, repeat(name, n))) for name in names}, found
+
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _text(value: bytes | None) -> str | None:
