@@ -33,7 +33,8 @@ import re
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from functools import cache, lru_cache
-from itertools import repeat
+from itertools import compress, repeat
+from operator import gt, not_
 from typing import Any, Final, Literal
 
 import msgspec
@@ -233,27 +234,23 @@ def _poll_blocks(values: list[bytes], responses: list[bool], pids: list[str], ti
     """The poll's requests and responses as two blocks (their halves' values as :func:`_columns` reads them), when
     no call is twice in one direction, no response comes before its poll's request and each direction's columns
     can be blocks (:func:`_block_columns`); else None."""
-    at = ([i for i, response in enumerate(responses) if not response], [i for i, response in enumerate(responses)
-                                                                        if response])  # fmt: skip
-    calls = [[pids[i] for i in ats] for ats in at]
+    asks = list(map(not_, responses))
+    at = [list(compress(range(len(values)), asks)), list(compress(range(len(values)), responses))]
+    calls = [list(compress(pids, asks)), list(compress(pids, responses))]
     first = dict(zip(calls[0], at[0], strict=True))
     if len(first) < len(calls[0]) or len(set(calls[1])) < len(calls[1]) or \
-            any(first.get(pid, -1) > i for pid, i in zip(calls[1], at[1], strict=True)):  # fmt: skip
+            any(map(gt, map(first.get, calls[1], repeat(-1)), at[1])):  # fmt: skip
         return None
+    when = np.array(times, dtype=np.float64)  # None: NaN
     sides = []
-    for response, ats, pairs in zip((False, True), at, calls, strict=True):
-        mine = [values[i] for i in ats]
+    for response, chosen, pairs, ats in zip((False, True), (asks, responses), calls, at, strict=True):
+        mine = list(compress(values, chosen))
         read = _block_columns(mine, response)
         if read is None:
             return None
-        sides.append(HalfBlock(model, response, pairs, None, np.array([times[i] for i in ats], dtype=np.float64),
-                               np.array(read[0], dtype=np.int64), read[1], mine, component))  # fmt: skip
-    order = [0] * len(values)
-    for k, i in enumerate(at[0]):
-        order[i] = k
-    for k, i in enumerate(at[1]):
-        order[i] = ~k
-    return PollBlocks(sides[0], sides[1], order)
+        sides.append(HalfBlock(model, response, pairs, None, when[ats], np.array(read[0], dtype=np.int64), read[1],
+                               mine, component))  # fmt: skip
+    return PollBlocks(sides[0], sides[1], responses)
 
 
 def _block_columns(values: list[bytes], response: bool) -> tuple[list[int], dict[str, Any]] | None:

@@ -98,13 +98,13 @@ class PollBlocks:
 
     requests: HalfBlock
     responses: HalfBlock
-    order: list[int]
-    """The records' order: request ``i`` as ``i``, response ``j`` as ``~j``."""
+    kinds: list[bool]
+    """Whether each record, in order, is a response."""
 
     def halves(self) -> list[Half]:
         """The poll's halves in record order."""
-        request, response = self.requests.half, self.responses.half
-        return [request(i) if i >= 0 else response(~i) for i in self.order]
+        halves = [map(self.requests.half, range(len(self.requests))), map(self.responses.half, range(len(self.kinds)))]
+        return [next(halves[response]) for response in self.kinds]
 
 
 Joined = tuple[Half, Half] | BlockPairs
@@ -129,10 +129,8 @@ def as_halves(joined: Iterable[Joined]) -> list[tuple[Half, Half]]:
 
 def _asked(waiting: Any, component: str) -> bool:
     """Whether a waiting half (None: none) is a request of this component."""
-    if waiting is None:
-        return False
-    half = waiting[0][0] if waiting[0].__class__ is tuple else waiting[0]  # a block's half: its block says
-    return not half.response and half.component == component
+    half = None if waiting is None else waiting[0][0] if waiting[0].__class__ is tuple else waiting[0]  # its block's
+    return half is not None and not half.response and half.component == component
 
 
 def _half(waiting: Any) -> Half:
@@ -244,14 +242,15 @@ class PairJoin:
         same order): its requests added as a block, then its responses, when every request is new, there is room
         for them all, and every response completes a request of the poll (before it, as read) or one that waits
         from its component; else each half made a Half and added in record order."""
-        requests, responses = poll.requests, poll.responses
-        keys, answers = zip(repeat(requests.model), requests.pairs), zip(repeat(responses.model), responses.pairs)
-        asked, pending = set(keys), self.pending
-        if len(pending) + len(asked) > self.max_pending or not pending.keys().isdisjoint(asked) or \
-                not self.done.keys().isdisjoint(asked) or not all(_asked(pending.get(key), responses.component)
-                                                                  for key in set(answers) - asked):  # fmt: skip
+        requests, responses, pending = poll.requests, poll.responses, self.pending
+        asked = list(zip(repeat(requests.model), requests.pairs))  # distinct, as read
+        earlier = set(zip(repeat(responses.model), responses.pairs)).difference(asked)  # answers to earlier polls
+        component = responses.component
+        if len(pending) + len(asked) > self.max_pending or not pending.keys().isdisjoint(asked) or not \
+                self.done.keys().isdisjoint(asked) or not all(_asked(pending.get(k), component) for k in earlier):
             return list(self.add_all(poll.halves(), now, counts))
-        return [*self.add_block(requests, now, counts), *self.add_block(responses, now, counts)]
+        pending.update(zip(asked, zip(zip(repeat(requests), range(len(asked))), repeat(now)), strict=False))  # all new
+        return self.add_block(responses, now, counts)
 
     def refuse(self, model: str, pair: str, now: float, counts: Counter[str]) -> None:
         """A half of this call was refused: its partner, waiting or still to come, is dropped with it."""
