@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from typing import Any, Final
 
 import orjson
 
-from exporter.stream.decode.oip import BadPayload, Columns, json_body, proto_body
+from exporter.stream.decode.oip import DATATYPES, BadPayload, Columns, _raw_values, json_body, proto_body
 from exporter.stream.decode.timestamps import epoch
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
@@ -200,6 +201,43 @@ def _parsed(data: bytes | str) -> Any:
         raise BadPayload("malformed_payload") from exc
 
 
+def _json_or_binary(data: bytes) -> Any:
+    """A body's JSON; or, where a JSON object ends before the body does, the Open Inference Protocol's binary tensor
+    data extension (the KServe SDK's default for numpy data; the logger logs the body as sent, without the
+    ``Inference-Header-Content-Length`` header): each tensor whose ``parameters`` give a ``binary_data_size`` takes
+    that many of the following bytes, in order, as its raw contents (BYTES as text, as protobuf's); anything else
+    is refused as ``malformed_payload``."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:  # Latin-1: one character per byte, so the header's end is its length in bytes
+            end = _HEADER.raw_decode(data.decode("latin-1"))[1]
+        except ValueError:
+            raise BadPayload("malformed_payload") from exc
+    body, at = _parsed(data[:end]), end
+    found = [body.get(key) for key in ("inputs", "outputs")] if body.__class__ is dict else []
+    for tensor in (t for tensors in found if tensors.__class__ is list for t in tensors if t.__class__ is dict):
+        parameters, datatype = tensor.get("parameters"), tensor.get("datatype")
+        size = parameters.get("binary_data_size") if parameters.__class__ is dict else None
+        if size is None:
+            continue
+        if size.__class__ is not int or not 0 <= size <= len(data) - at or datatype not in DATATYPES or \
+                "data" in tensor:  # fmt: skip
+            raise BadPayload("malformed_payload")
+        values = _raw_values(data[at : at + size], datatype)
+        try:
+            tensor["data"] = [v.decode() for v in values] if datatype == "BYTES" else values
+        except UnicodeDecodeError as exc:
+            raise BadPayload("not_utf8") from exc
+        at += size
+    if at == end or at != len(data):
+        raise BadPayload("malformed_payload")  # no tensor's bytes, or bytes no tensor takes
+    return body
+
+
+_HEADER: Final = json.JSONDecoder()
+
+
 def _json_object(data: bytes | str) -> dict[str, Any]:
     """A payload's JSON object (a CloudEvent, KServe's metadata), or the payload refused as ``malformed_payload``."""
     found = _parsed(data)
@@ -318,7 +356,7 @@ def kserve_half(value: bytes | None, headers: Headers, record_ms: int, event: Cl
     elif body.__class__ is str:
         body = body.encode()
     if body.__class__ is bytes:
-        body = _parsed(_unzip(body, _says_gzip(data_type, encoding)))
+        body = _json_or_binary(_unzip(body, _says_gzip(data_type, encoding)))
     rows, columns = _body_columns(body, response)
     when = epoch(get("time")) if get("time") is not None else None
     return Half(pid, response, event.model,
