@@ -114,6 +114,16 @@ def test_a_malformed_side_table_row_is_refused_without_printing_its_values(
     assert "Z-9731" not in err and "female" not in err and "black" not in err, err
 
 
+def test_a_malformed_side_table_row_is_named_by_its_file_and_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """What the refusal above says instead of the row: the file, the line and the counts of fields."""
+    (tmp_path / "side.csv").write_text("applicant_id,gender\nA1,male\nZ-9731,female,extra\n")
+    (tmp_path / "pred.csv").write_text("applicant_id,prediction\nA1,1\n")
+    assert main(["audit", str(gate_config(tmp_path, "side.csv")), str(tmp_path / "pred.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "side.csv" in err and "line 3 has 3 fields where the header has 2" in err, err
+
+
 # --- 3. the gate caps a field's values in silence ---------------------------------------------------------------
 
 

@@ -48,7 +48,8 @@ def read_table(source: AttributeSource, fields: Sequence[str], config_source: st
     offset = 0
     try:
         for batch in read_batches(location, [source.id, *fields, *([stamp] if stamp else [])],
-                                  what=f"side table ({where})", batch_rows=batch_rows, ids=[source.id]):  # fmt: skip
+                                  what=f"side table ({where})", batch_rows=batch_rows, ids=[source.id],
+                                  private=True):  # fmt: skip
             indices, hashes = _ids(batch.column(source.id))
             named = indices >= 0
             codes = np.column_stack([table.encode_column(f, [None if col.is_missing(v) else v for v in values])[i]
