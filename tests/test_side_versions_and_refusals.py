@@ -147,6 +147,32 @@ def test_the_gate_does_not_silently_read_a_configured_value_as_missing_past_the_
         assert got == {"male": 2, "female": 2, "unknown": 0}, f"exit {code}, {got}, stderr: {err!r}"
 
 
+def test_a_side_field_past_the_value_cap_is_refused_naming_the_file_field_and_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The gate's choice above: refused (exit 2, one line), as a side table past ``max_records`` is; the line
+    counts the rows past the cap over the whole table, and names no value."""
+    ids = [f"A{i}" for i in range(4096 + 3)]
+    gender = [f"variant-{i}" for i in range(4096)] + ["female", "male", "female"]
+    pd.DataFrame({"applicant_id": ids, "gender": gender}).to_parquet(tmp_path / "side.parquet")
+    pd.DataFrame({"applicant_id": ids[:2], "prediction": [1, 0]}).to_parquet(tmp_path / "pred.parquet")
+    code = main(["audit", str(gate_config(tmp_path, "side.parquet")), str(tmp_path / "pred.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "side.parquet" in err and "field 'gender' has 3 rows past its first 4,096 distinct values" in err, err
+    assert "female" not in err and "variant" not in err, err
+
+
+def test_a_side_field_at_the_value_cap_with_missing_cells_is_read(tmp_path: Path) -> None:
+    """The case the refusal must not catch: 4,096 distinct values exactly, and missing cells (no value at all)."""
+    ids = [f"A{i}" for i in range(4096 + 2)]
+    gender = ["male", "female", *(f"variant-{i}" for i in range(4094)), None, None]
+    pd.DataFrame({"applicant_id": ids, "gender": gender}).to_parquet(tmp_path / "side.parquet")
+    pd.DataFrame({"applicant_id": [ids[0], ids[1], ids[-1]], "prediction": [1, 0, 1]}).to_parquet(
+        tmp_path / "pred.parquet")  # fmt: skip
+    got = gate_samples(run_audit(gate_config(tmp_path, "side.parquet"), tmp_path / "pred.parquet"))
+    assert got == {"male": 1, "female": 1, "unknown": 1}
+
+
 # --- 4. ids of a parquet BYTE_ARRAY column without the string annotation -----------------------------------------
 
 

@@ -36,7 +36,8 @@ from exporter.core.encoding import code_table, value_text
 
 MAX_VALUES: Final = 4096
 """Distinct values kept per field: a demographic field has a handful; a field that holds one value per person (a
-name sent by mistake) stops growing here, and its further values read as missing (counted ``too_many_values``)."""
+name sent by mistake) stops growing here, and its further values read as missing (the daemon counts them
+``too_many_values``; the gate refuses such a dataset: exporter/gate/data/side.py)."""
 MERGE_BEFORE_READ: Final = 256
 """Recent writes a lookup reads beside the sorted arrays; more are merged in first."""
 _MIX: Final = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
@@ -259,10 +260,9 @@ class SideTable:
         self._index()
         self.size = len(self.keys)
 
-    def encode_column(self, field: str, values: Sequence[object]) -> np.ndarray:
-        """The code of each distinct value of a field (:meth:`encode`'s codes), then 0 for a missing cell (index
-        -1 of a column's distinct values)."""
-        problems: dict[str, int] = {}
+    def encode_column(self, field: str, values: Sequence[object], problems: dict[str, int]) -> np.ndarray:
+        """The code of each distinct value of a field (:meth:`encode`'s codes, ``problems`` counted as it counts
+        them), then 0 for a missing cell (index -1 of a column's distinct values)."""
         return np.array([*(self.encode({field: v}, problems)[self.fields.index(field)] if field in self.fields
                            else 0 for v in values), 0], dtype=np.uint16)  # fmt: skip
 
