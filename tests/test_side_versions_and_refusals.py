@@ -186,3 +186,32 @@ def test_a_binary_id_column_joins_as_its_utf8_text(tmp_path: Path) -> None:
                    tmp_path / "pred.parquet")  # fmt: skip
     got = gate_samples(run_audit(gate_config(tmp_path, "side.parquet"), tmp_path / "pred.parquet"))
     assert got == {"male": 1, "female": 1, "unknown": 0}
+
+
+def test_binary_attribute_columns_count_as_their_utf8_text(tmp_path: Path) -> None:
+    """The same reading for a binary attribute column of the side table and one inline in the predictions (the gate
+    counted both as the groups "b'male'" and "b'female'", which no config names)."""
+    pq.write_table(pa.table({"applicant_id": pa.array(["A1", "A2"]),
+                             "gender": pa.array([b"male", b"female"], pa.binary())}), tmp_path / "side.parquet")
+    pq.write_table(pa.table({"applicant_id": pa.array(["A1", "A2", "A2"]), "prediction": [1, 0, 1],
+                             "region": pa.array([b"north", b"south", b"south"], pa.large_binary())}),
+                   tmp_path / "pred.parquet")  # fmt: skip
+    config = yaml.safe_load(gate_config(tmp_path, "side.parquet").read_text())
+    config["protected_attributes"].append({"name": "region", "groups": ["north", "south"]})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    report = run_audit(tmp_path / "c.yaml", tmp_path / "pred.parquet")
+    assert gate_samples(report) == {"male": 1, "female": 2, "unknown": 0}
+    region = report["attributes"]["region"]
+    assert {g: v["samples"] for g, v in region["groups"].items()} == {"north": 1, "south": 2}
+    assert region["excluded_rows"] == 0
+
+
+def test_a_binary_id_that_is_no_utf8_text_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    pq.write_table(pa.table({"applicant_id": pa.array([b"A1", b"\xff\xfe"], pa.binary()),
+                             "gender": pa.array(["male", "female"])}), tmp_path / "side.parquet")  # fmt: skip
+    pq.write_table(pa.table({"applicant_id": pa.array(["A1"]), "prediction": [1]}), tmp_path / "pred.parquet")
+    code = main(["audit", str(gate_config(tmp_path, "side.parquet")), str(tmp_path / "pred.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "side.parquet: column 'applicant_id' (an id): a binary column holds bytes that are no UTF-8 text" in err

@@ -29,9 +29,13 @@ from exporter.gate.data.dataset import BATCH_ROWS, DataError, read_batches
 from exporter.gate.fairness.frames import Rows
 
 
-def _ids(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's index into the column's distinct ids (-1: missing), and the hashes of those ids as text."""
-    indices, values = col.distinct(array)
+def _ids(array: pa.Array, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's index into the column's distinct ids (-1: missing), and the hashes of those ids as text (a binary
+    column's as its UTF-8 text, the daemon's key)."""
+    try:
+        indices, values = col.distinct(array)
+    except DataError as exc:
+        raise DataError(f"column {column!r} (an id): {exc}") from exc
     texts = ["" if col.is_missing(v) else v if isinstance(v, str) else col.value_text(v) for v in values]
     return indices, id_hashes(texts)
 
@@ -52,9 +56,12 @@ def read_table(source: AttributeSource, fields: Sequence[str], config_source: st
         for batch in read_batches(location, [source.id, *fields, *([stamp] if stamp else [])],
                                   what=f"side table ({where})", batch_rows=batch_rows, ids=[source.id],
                                   private=True):  # fmt: skip
-            indices, hashes = _ids(batch.column(source.id))
+            try:
+                indices, hashes = _ids(batch.column(source.id), source.id)
+                codes = np.column_stack([_codes(table, f, batch.column(f), past) for f in fields])
+            except DataError as exc:  # bytes that are no UTF-8 text
+                raise DataError(f"{location}: {exc}") from exc
             named = indices >= 0
-            codes = np.column_stack([_codes(table, f, batch.column(f), past) for f in fields])
             times = None if stamp is None else _record_times(batch.column(stamp), source, location, offset)[named]
             if not table.load(hashes[indices[named]], codes[named], times):
                 raise DataError(f"{location}: more than {source.max_records:,} ids ({where}: "
@@ -74,7 +81,10 @@ def _codes(table: SideTable, field: str, array: pa.Array, past: Counter[str]) ->
     """Each row's code of a field; ``past``: the rows whose value is beyond the field's cap (:data:`MAX_VALUES`),
     which the table reads as missing. The gate refuses a table with such rows (as one past ``max_records``), so that
     an audit never reads a value as missing in silence."""
-    indices, values = col.distinct(array)
+    try:
+        indices, values = col.distinct(array)
+    except DataError as exc:
+        raise DataError(f"column {field!r}: {exc}") from exc
     problems: dict[str, int] = {}
     lut = table.encode_column(field, [None if col.is_missing(v) else v for v in values], problems)
     if problems:
@@ -185,7 +195,7 @@ def join_columns(model: ModelSpec, tables: Mapping[str, SideTable], batch: pa.Re
             continue
         table = tables[source]
         if source not in found:
-            indices, hashes = _ids(batch.column(ids[source]))
+            indices, hashes = _ids(batch.column(ids[source]), ids[source])
             if times is not None and sources[source].timestamp_column is not None:  # each row at its own time
                 held, codes, _ = table.get(np.append(hashes, np.uint64(0))[indices], times,
                                            sources[source].horizon_seconds)  # fmt: skip
