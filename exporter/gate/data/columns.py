@@ -19,18 +19,31 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exporter.core.encoding import code_table, value_text
-from exporter.gate.data.dataset import written_value
+from exporter.gate.data.dataset import DataError, written_value
 
 MAX_ROWS_NAMED = 5
 
 
 def distinct(array: pa.Array) -> tuple[np.ndarray, list[Any]]:
     """Each row's index into the column's distinct values (-1 for a missing cell; int32, or int8/int16 as the file
-    wrote them), and those values."""
+    wrote them), and those values: a binary column's as their UTF-8 text (:func:`utf8`)."""
     if not pa.types.is_dictionary(array.type):
         array = pc.dictionary_encode(array)
     indices = array.indices.fill_null(-1) if array.indices.null_count else array.indices
-    return indices.to_numpy(zero_copy_only=False), array.dictionary.to_pylist()
+    return indices.to_numpy(zero_copy_only=False), utf8(array.dictionary).to_pylist()
+
+
+def utf8(values: pa.Array) -> pa.Array:
+    """Binary values (parquet BYTE_ARRAY without the string annotation: Hive and Impala writers, Spark without
+    ``binaryAsString``) as their UTF-8 text, as the daemon reads a Kafka key and JSON text: read as Python bytes
+    they were the text ``b'A1'``, which no id or group ever matched. DataError for bytes that are no UTF-8 text."""
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        return values
+    try:
+        return values.cast(pa.large_string() if pa.types.is_large_binary(values.type) else pa.string())
+    except pa.ArrowInvalid as exc:
+        raise DataError("a binary column holds bytes that are no UTF-8 text (ids and attribute values are read "
+                        "as their UTF-8 text)") from exc
 
 
 def is_missing(value: object) -> bool:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from exporter.gate.data.files import DataError, DataFile, Manifest, file_format, filesystem, join, listing, manifest
+from exporter.gate.data.files import private_reason as _private_reason
 from exporter.gate.data.files import reason as _reason
 
 BATCH_ROWS = 1 << 20
@@ -64,6 +65,8 @@ class Dataset:
     """Each file's own columns in its order (a CSV file's header) and types, as :attr:`files`."""
     problems: Mapping[str, str] = field(default_factory=dict)
     """Why a column cannot be read alike from every file, by column (:func:`_one_table`): :meth:`problem`."""
+    private: bool = False
+    """Its values never appear in an error (a side table): pyarrow's reasons are told without their cells."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -94,7 +97,7 @@ class Dataset:
                                               batch_readahead=1, fragment_readahead=1, use_threads=True)  # fmt: skip
                 yield from (_ids(batch, ids) for batch in batches) if ids else batches
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{self.location}: cannot read {self.what}: {_reason(exc)}") from exc
+            raise DataError(f"{self.location}: cannot read {self.what}: {_why(exc, self.private)}") from exc
 
     def manifest(self) -> Manifest:
         """Every file's SHA-256 and the manifest's hash, once the files were counted; DataError for a file that
@@ -175,15 +178,19 @@ def _is_text(kind: pa.DataType) -> bool:
     return pa.types.is_string(value) or pa.types.is_large_string(value)
 
 
-def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = (),
-                 ids: Sequence[str] = (), texts: Sequence[str] = ()) -> Dataset:  # fmt: skip
+def _why(exc: BaseException, private: bool) -> str:
+    return _private_reason(exc) if private else _reason(exc)
+
+
+def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = (), ids: Sequence[str] = (),
+                 texts: Sequence[str] = (), private: bool = False) -> Dataset:  # fmt: skip
     """List a dataset's files and read their schemas (each parquet footer, or each CSV file's first block): one table
     of them (:func:`_one_table`).
 
     ``dictionary``: text columns to read as dictionaries (codes and their few distinct values), which is how the
     gate encodes them. ``ids``: id columns, read from CSV as text (:attr:`Dataset.ids`); ``texts``: columns read
     from CSV as their text as written (attribute columns: :func:`written_value`). Raises DataError (one line
-    naming the location) when there is nothing to read."""
+    naming the location) when there is nothing to read. ``private``: a side table (:attr:`Dataset.private`)."""
     fs, path = filesystem(location)
     try:
         root, files = listing(fs, path, location, what)
@@ -212,8 +219,8 @@ def open_dataset(location: str, what: str = "data", dictionary: Sequence[str] = 
         arrow = partitioned if len(files) == 1 else ds.FileSystemDataset(
             list(partitioned.get_fragments()), schema, file_format_, plain.filesystem)  # fmt: skip
     except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{location}: cannot read {what}: {_reason(exc)}") from exc
-    return Dataset(location, what, root, files, kind, fs, arrow, tuple(ids), tuple(schemas), problems)
+        raise DataError(f"{location}: cannot read {what}: {_why(exc, private)}") from exc
+    return Dataset(location, what, root, files, kind, fs, arrow, tuple(ids), tuple(schemas), problems, private)
 
 
 def _one_table(location: str, files: Sequence[DataFile], schemas: Sequence[pa.Schema],
@@ -289,11 +296,11 @@ def _arrow_filesystem(fs: Any) -> Any:
 
 
 def read_batches(location: str, columns: Sequence[str], *, what: str = "data", batch_rows: int = BATCH_ROWS,
-                 ids: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:  # fmt: skip
+                 ids: Sequence[str] = (), private: bool = False) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """The one reading function for a file input: ``columns`` of a dataset (file, folder, glob or prefix; parquet or
-    CSV; local or a URL) in record batches (``ids``: id columns, see :attr:`Dataset.ids`). Raises DataError naming
-    the location and the missing columns."""
-    dataset = open_dataset(location, what, columns, ids)
+    CSV; local or a URL) in record batches (``ids``: id columns, see :attr:`Dataset.ids`; ``private``: see
+    :attr:`Dataset.private`). Raises DataError naming the location and the missing columns."""
+    dataset = open_dataset(location, what, columns, ids, private=private)
     missing = [c for c in columns if c not in dataset.columns]
     if missing:
         raise DataError(f"{location}: missing column(s) {missing}; the {what} has {dataset.columns}")

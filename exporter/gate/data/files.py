@@ -104,6 +104,35 @@ def reason(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+_CSV_ROW: Final = re.compile(r"CSV parse error: (?:Row #(\d+): )?Expected (\d+) columns, got (\d+)")
+_CSV_CELL: Final = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?CSV conversion error to (\w+)")
+
+
+def private_reason(exc: BaseException) -> str:
+    """Why a side table cannot be read, without a cell of it: pyarrow's CSV errors quote the row or the value, and a
+    side table's values never leave the process (docs/ml/joined-attributes.md, The firewall). A reason not known
+    to quote nothing is withheld, save an I/O error's (paths and permissions).
+
+    >>> private_reason(ValueError("CSV parse error: Row #52: Expected 3 columns, got 4: Z-9,female,black,x"))
+    'line 52 has 4 fields where the header has 3 (its cells not shown)'
+    >>> private_reason(ValueError("In CSV column #1: CSV conversion error to int64: invalid value 'female'"))
+    'column 2 (from the left) holds a cell that cannot be read as int64, the type the file gave it (not shown)'
+    """
+    text = str(exc)
+    if row := _CSV_ROW.search(text):
+        line, expected, got = row.groups()
+        where = f"line {line}" if line else "a line"
+        return f"{where} has {got} fields where the header has {expected} (its cells not shown)"
+    if cell := _CSV_CELL.search(text):
+        column, line, kind = cell.groups()
+        on = f" on line {line}" if line else ""
+        return (f"column {int(column) + 1} (from the left) holds a cell{on} that cannot be read as {kind}, the type "
+                "the file gave it (not shown)")  # fmt: skip
+    if isinstance(exc, OSError):
+        return reason(exc)
+    return f"{type(exc).__name__}, whose message is not shown: it may quote a row"
+
+
 def _version(info: dict[str, Any]) -> str:
     return next((f"{key}={info[key]}" for key in _VERSIONS if info.get(key) is not None), "")
 

@@ -12,6 +12,7 @@ always (a snapshot). Values stay in the process: errors name columns and counts,
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +22,20 @@ import pyarrow as pa
 
 from exporter.config import ModelSpec
 from exporter.config.types import AttributeSource
-from exporter.core.side_table import SideTable, id_hashes
+from exporter.core.side_table import MAX_VALUES, SideTable, id_hashes
 from exporter.gate import storage
 from exporter.gate.data import columns as col
 from exporter.gate.data.dataset import BATCH_ROWS, DataError, read_batches
 from exporter.gate.fairness.frames import Rows
 
 
-def _ids(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's index into the column's distinct ids (-1: missing), and the hashes of those ids as text."""
-    indices, values = col.distinct(array)
+def _ids(array: pa.Array, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's index into the column's distinct ids (-1: missing), and the hashes of those ids as text (a binary
+    column's as its UTF-8 text, the daemon's key)."""
+    try:
+        indices, values = col.distinct(array)
+    except DataError as exc:
+        raise DataError(f"column {column!r} (an id): {exc}") from exc
     texts = ["" if col.is_missing(v) else v if isinstance(v, str) else col.value_text(v) for v in values]
     return indices, id_hashes(texts)
 
@@ -45,22 +50,47 @@ def read_table(source: AttributeSource, fields: Sequence[str], config_source: st
     location = storage.resolve(source.path, Path(config_source.split("#")[0]).parent)
     table = SideTable(fields, source.max_records)
     stamp = source.timestamp_column
+    past: Counter[str] = Counter()
     offset = 0
     try:
         for batch in read_batches(location, [source.id, *fields, *([stamp] if stamp else [])],
-                                  what=f"side table ({where})", batch_rows=batch_rows, ids=[source.id]):  # fmt: skip
-            indices, hashes = _ids(batch.column(source.id))
+                                  what=f"side table ({where})", batch_rows=batch_rows, ids=[source.id],
+                                  private=True):  # fmt: skip
+            try:
+                indices, hashes = _ids(batch.column(source.id), source.id)
+                codes = np.column_stack([_codes(table, f, batch.column(f), past) for f in fields])
+            except DataError as exc:  # bytes that are no UTF-8 text
+                raise DataError(f"{location}: {exc}") from exc
             named = indices >= 0
-            codes = np.column_stack([table.encode_column(f, [None if col.is_missing(v) else v for v in values])[i]
-                                     for f in fields for i, values in [col.distinct(batch.column(f))]])
             times = None if stamp is None else _record_times(batch.column(stamp), source, location, offset)[named]
             if not table.load(hashes[indices[named]], codes[named], times):
                 raise DataError(f"{location}: more than {source.max_records:,} ids ({where}: "
                                 "attribute_sources.max_records)")  # fmt: skip
             offset += batch.num_rows
+        if past:
+            raise DataError(f"{location}: " + ", ".join(f"field {f!r} has {n:,} rows past its first {MAX_VALUES:,} "
+                                                         "distinct values" for f, n in past.items())
+                            + f"; a side field holds at most {MAX_VALUES:,} (the daemon reads the rest as missing, "
+                            "counted too_many_values): map its spellings to the groups' values")  # fmt: skip
     except DataError as exc:
         raise DataError(f"{where}: {exc}") from exc
     return table
+
+
+def _codes(table: SideTable, field: str, array: pa.Array, past: Counter[str]) -> np.ndarray:
+    """Each row's code of a field; ``past``: the rows whose value is beyond the field's cap (:data:`MAX_VALUES`),
+    which the table reads as missing. The gate refuses a table with such rows (as one past ``max_records``), so that
+    an audit never reads a value as missing in silence."""
+    try:
+        indices, values = col.distinct(array)
+    except DataError as exc:
+        raise DataError(f"column {field!r}: {exc}") from exc
+    problems: dict[str, int] = {}
+    lut = table.encode_column(field, [None if col.is_missing(v) else v for v in values], problems)
+    if problems:
+        known = np.array([not col.is_missing(v) for v in values] + [False])  # index -1: a missing cell
+        past[field] += int(((lut == 0) & known)[indices].sum())
+    return lut[indices]
 
 
 LAST_SECOND = 2**32 - 1
@@ -165,7 +195,7 @@ def join_columns(model: ModelSpec, tables: Mapping[str, SideTable], batch: pa.Re
             continue
         table = tables[source]
         if source not in found:
-            indices, hashes = _ids(batch.column(ids[source]))
+            indices, hashes = _ids(batch.column(ids[source]), ids[source])
             if times is not None and sources[source].timestamp_column is not None:  # each row at its own time
                 held, codes, _ = table.get(np.append(hashes, np.uint64(0))[indices], times,
                                            sources[source].horizon_seconds)  # fmt: skip
