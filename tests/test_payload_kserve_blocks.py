@@ -11,7 +11,6 @@ import json
 import random
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -162,9 +161,9 @@ NO_BLOCK = {
     "a tensor missing": lambda r: [r[0], r[1], _body(r[2], lambda b: b["inputs"].pop()), *r[3:]],
     "tensors in another order": lambda r: [r[0], r[1], _body(r[2], lambda b: b["inputs"].reverse()), *r[3:]],
     "another datatype": lambda r: [r[0], r[1], _body(r[2], _tensor(lambda t: t.update(datatype="INT32"), 2)),
-                                   *r[3:]],  # fmt: skip
+                                   *r[3:]],
     "a shape of two columns": lambda r: [_body(r[0], _tensor(lambda t: t.update(shape=[t["shape"][0], 2]))),
-                                         *r[1:]],  # fmt: skip
+                                         *r[1:]],
     "a first dimension not the length": lambda r: [
         _body(r[0], _tensor(lambda t: t.update(shape=[t["shape"][0] + 1, 1]))), *r[1:]],
     "rows that differ between tensors": lambda r: [
@@ -173,13 +172,13 @@ NO_BLOCK = {
         _body(r[0], _tensor(lambda t: t.update(parameters={"content_type": "pd_json"},
                                                data=[orjson.dumps(v).decode() for v in t["data"]]))), *r[1:]],
     "base64 text": lambda r: [_body(r[0], _tensor(lambda t: t.update(parameters={"content_type": "base64"}))),
-                              *r[1:]],  # fmt: skip
+                              *r[1:]],
     "integers among floats": lambda r: [
-        _body(r[0], _tensor(lambda t: t.update(datatype="FP64", data=[1.5] + t["data"][1:]), 2)), r[1],
+        _body(r[0], _tensor(lambda t: t.update(datatype="FP64", data=[1.5, *t["data"][1:]]), 2)), r[1],
         _body(r[2], _tensor(lambda t: t.update(datatype="FP64", data=[2.5] * len(t["data"])), 2)), *r[3:]],
     "nested values": lambda r: [_body(r[0], _tensor(lambda t: t.update(data=[[v] for v in t["data"]]))), *r[1:]],
     "a lone surrogate": lambda r: [_body(r[0], _tensor(lambda t: t.update(data=["\ud800"] * len(t["data"])))),
-                                   *r[1:]],  # fmt: skip
+                                   *r[1:]],
     "a v1 body": lambda r: [(b'{"instances": [{"gender": "male"}]}', *r[0][1:]), *r[1:]],
 }
 
