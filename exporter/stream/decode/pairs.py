@@ -345,8 +345,8 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
             not seldon_batch.arrow():  # fmt: skip
         return None
     values: list[bytes] = list(map(_VALUE, records))
-    if not all(values) or min(values)[:1] == b"\x00" or sum(map(len, values)) > seldon_batch.MOST_BYTES:
-        return None  # an empty value, a schema-registry framing, or more than one message may hold
+    if not all(values) or sum(map(len, values)) > seldon_batch.MOST_BYTES:
+        return None  # an empty value, or more than one message may hold
     headers, names = header_table(list(map(_HEADERS_OF, records)), _HEADERS)
     kinds = set(map(_header_text, set(headers["seldon-infer-type"])))
     if not (response or names <= SELDON_RESERVED) or any(SELDON_TYPES.get(kind or "") for kind in kinds):
@@ -354,10 +354,11 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
     lengths = np.fromiter(map(len, values), np.int64, n)
     heads = list(map(seldon_batch.frame, lengths.tolist()))
     framed = b"".join(chain.from_iterable(zip(heads, values, strict=True)))
-    if not kinds <= SELDON_TYPES.keys():  # no header says: a body whose first byte past blanks is { may be JSON
-        ends = np.cumsum(np.fromiter(map(len, heads), np.int64, n) + lengths)
-        if _json_like(framed, ends - lengths, ends):
-            return None
+    ends = np.cumsum(np.fromiter(map(len, heads), np.int64, n) + lengths)
+    if not np.frombuffer(framed, dtype=np.uint8)[ends - lengths].all():
+        return None  # a schema-registry framing (its magic byte 0 first), read record by record
+    if not kinds <= SELDON_TYPES.keys() and _json_like(framed, ends - lengths, ends):
+        return None  # no header says: a body whose first byte past blanks is { may be JSON
     read = seldon_batch.columns(values, response, True, framed)
     if read is None:
         return None
