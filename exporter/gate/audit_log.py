@@ -96,11 +96,20 @@ def _parse(lineno: int, line: bytes) -> dict[str, Any] | _Torn:
     return record
 
 
-def _regular(f: IO[bytes]) -> None:
-    """Refuse a log that is not a regular file: a device or a pipe holds no chain (/dev/zero reads as one endless
-    line), and a read of it would never end."""
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        raise OSError(errno.EINVAL, "not a regular file (an audit log is a file of its own)")
+def _open(path: Path, mode: str) -> IO[bytes]:
+    """Open a log only when it is a regular file: a device or a pipe holds no chain (/dev/zero reads as one endless
+    line, a read of it never ends), and a FIFO's ordinary open waits for a writer before anything can be checked.
+    So open without blocking, check, then hand over a blocking file; ``mode`` is ``"rb"`` or ``"a+b"``."""
+    flags = os.O_RDONLY if mode == "rb" else os.O_RDWR | os.O_APPEND | os.O_CREAT
+    fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (an audit log is a file of its own)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _tail(f: IO[bytes]) -> tuple[dict[str, Any] | None, _Torn | None]:
@@ -159,8 +168,7 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None,
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a+b") as f:
-            _regular(f)
+        with _open(path, "a+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 last, torn = _tail(f)
@@ -182,7 +190,7 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None,
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
     except OSError as exc:
-        raise AuditLogError(f"{path}: {exc.strerror}") from exc
+        raise AuditLogError(f"{path}: {exc.strerror or exc}") from exc  # some OSErrors carry no strerror
     return head
 
 
@@ -205,8 +213,7 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
     seen: set[str] = set()
     prev, expected_seq = GENESIS, 0
     torn: _Torn | None = None
-    with Path(path).open("rb") as f:
-        _regular(f)
+    with _open(Path(path), "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -266,7 +273,7 @@ def _check(record: dict[str, Any], lineno: int, prev: str, expected_seq: int, ke
 
 def records(path: str | Path) -> list[dict[str, Any]]:
     """Every whole record of a log, in order (a torn line is skipped: :func:`verify` reports it)."""
-    with Path(path).open("rb") as f:
+    with _open(Path(path), "rb") as f:
         return [r for n, line in enumerate(f, 1) if line.strip() and isinstance(r := _parse(n, line), dict)]
 
 
