@@ -206,6 +206,30 @@ def test_a_line_json_parses_but_python_refuses_is_a_problem_named_not_a_tracebac
     assert proc.returncode in (0, 2)
 
 
+def test_a_line_nested_too_deep_to_hash_is_a_problem_named_and_list_goes_on(tmp_path: Path) -> None:
+    # json.loads takes a few levels more than json.dumps (hashing, `list --json`) at the depth verify calls it:
+    # before, a line in that band raised RecursionError while hashing. Where the band lies depends on the stack, so
+    # every depth up to past what loads takes is tried.
+    for depth in [200, *range(900, 1100, 2)]:
+        log = tmp_path / f"log{depth}.jsonl"
+        audit_log.append(log, {"type": "audit", "verdict": "FAIL"})
+        log.write_bytes(log.read_bytes() + b'{"seq": 1, "x": ' + b"[" * depth + b"]" * depth + b"}\n")
+        result = audit_log.verify(log)
+        assert result.records == 1 and [p[:13] for p in result.problems] == ["line 2: torn:"], (depth, result)
+        assert [r["seq"] for r in audit_log.records(log)] == [0]
+
+
+def test_a_torn_line_says_where_its_json_breaks(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    audit_log.append(log, {"type": "audit", "verdict": "FAIL", "report": "é" * 50})
+    whole = log.read_bytes()
+    cut = whole.index(b'"report": "') + len(b'"report": "') + 20  # after 10 "é", 2 bytes each
+    log.write_bytes(whole + whole[:cut] + b"\n")  # a write cut inside the report string, then ended by a newline
+    result = cli("audit-log", "verify", str(log))
+    # before: "(Invalid control character at)", the place cut off; the place counts bytes, not characters
+    assert result.returncode == 1 and f"(Invalid control character at byte {cut})" in result.stderr, result.stderr
+
+
 def test_audit_log_list_refuses_a_device_instead_of_reading_it_forever(tmp_path: Path) -> None:
     # verify and audit refuse /dev/zero (test_a_log_that_is_a_device_is_refused_...); list reads it as one endless
     # line until memory runs out (seen: MemoryError traceback, exit 1, after eating all memory)

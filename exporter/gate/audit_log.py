@@ -40,6 +40,8 @@ from typing import IO, Any, Final
 GENESIS: Final = "0" * 64
 KEYED: Final = "hmac-sha256"
 KEY_ENV: Final = "FAIRNESS_AUDIT_LOG_KEY"
+MAX_NESTING: Final = 128
+"""The gate's records nest under 10 levels; a line nested past this one is damage, not a record."""
 
 
 def key_from_env() -> bytes | None:
@@ -84,15 +86,28 @@ class _Torn:
         return {"line": self.line, "bytes": len(self.text), "sha256": hashlib.sha256(self.text).hexdigest()}
 
 
+def _nesting(value: Any) -> int:
+    """How deep lists and objects nest in a parsed line, counted a level at a time (no recursion to run out of)."""
+    depth, level = 0, [value]
+    while level := [v for c in level if isinstance(c, dict | list) for v in (c.values() if isinstance(c, dict) else c)]:
+        depth += 1
+    return depth
+
+
 def _parse(lineno: int, line: bytes) -> dict[str, Any] | _Torn:
+    text = line.removesuffix(b"\n")
     try:
         record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return _Torn(lineno, line.removesuffix(b"\n"), exc.msg)
     except UnicodeDecodeError as exc:  # a write cut inside a character of several bytes (records are UTF-8)
-        return _Torn(lineno, line.removesuffix(b"\n"), f"not UTF-8: {exc.reason} at byte {exc.start}")
+        return _Torn(lineno, text, f"not UTF-8: {exc.reason} at byte {exc.start}")
+    except json.JSONDecodeError as exc:  # exc.msg alone ends "... at" with no place; exc.pos counts characters
+        return _Torn(lineno, text, f"{exc.msg.removesuffix(' at')} at byte {len(exc.doc[:exc.pos].encode())}")
+    except (ValueError, RecursionError) as exc:  # JSON past what Python reads (an int of 4,300+ digits, nesting
+        return _Torn(lineno, text, f"JSON Python cannot read: {exc}")  # near 1,000 levels): damage like any other
     if not isinstance(record, dict):
-        return _Torn(lineno, line.removesuffix(b"\n"), f"{type(record).__name__}, not a record")
+        return _Torn(lineno, text, f"{type(record).__name__}, not a record")
+    if _nesting(record) > MAX_NESTING:  # loads takes a few levels more than dumps, which hashing and list need
+        return _Torn(lineno, text, f"nested deeper than {MAX_NESTING} levels, not a record the gate writes")
     return record
 
 
