@@ -189,6 +189,43 @@ def test_two_crashes_in_a_row_are_both_recorded_and_the_log_verifies(tmp_path: P
     assert "line 2: torn record" in result.stderr and "line 3: torn record" in result.stderr
 
 
+def test_a_crash_while_recording_the_second_of_two_torn_lines_is_recorded_too(tmp_path: Path) -> None:
+    # a run with two torn lines to record writes the first torn_record whole and is cut inside the second
+    log = tmp_path / "log.jsonl"
+    audit_log.append(log, {"type": "audit", "verdict": "PASS"})
+    one = log.read_bytes()
+    audit_log.append(log, {"type": "audit", "verdict": "FAIL", "report": "r" * 2000})
+    log.write_bytes(log.read_bytes()[: len(one) + 300])  # crash 1: 300 bytes of run 2's record
+    audit_log.append(log, {"type": "audit", "verdict": "PASS"})
+    after_run3 = log.read_bytes()
+    log.write_bytes(after_run3[: after_run3.index(b"\n", len(one)) + 1 + 40])  # crash 2: 40 bytes of its torn_record
+    audit_log.append(log, {"type": "audit", "verdict": "PASS"})  # run 4: torn_records for lines 2 and 3, its own
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:4]) + lines[4][:25])  # crash 3: line 2's torn_record whole, 25 bytes of line 3's
+    head = audit_log.append(log, {"type": "audit", "verdict": "PASS"})
+
+    result = audit_log.verify(log, expect_head=head.hash)
+    assert result.problems == [] and [n[:19] for n in result.notes] == ["line 2: torn record", "line 3: torn record",
+                                                                        "line 5: torn record"]  # fmt: skip
+
+
+def test_the_last_two_records_damaged_are_not_passed_off_as_two_crashes(tmp_path: Path) -> None:
+    # a writer without the key breaks the last two records (a FAIL among them) and lets the next run record them:
+    # a second torn line must be the start of the first one's torn_record, as a crash leaves it; a record is not
+    key = b"s3cret shared with CI only"
+    log = tmp_path / "log.jsonl"
+    heads = [audit_log.append(log, {"type": "audit", "verdict": v}, key) for v in ("PASS", "FAIL", "PASS")]
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(lines[0] + lines[1][:-2] + b"\n" + lines[2][:-2] + b"\n")  # each loses its closing brace
+    audit_log.append(log, {"type": "audit", "verdict": "PASS"}, key)  # records both, to lose nothing
+
+    result = audit_log.verify(log, key=key, expect_records=[heads[1].hash])
+    assert result.problems[0].startswith("line 3: not a record (Expecting ',' delimiter at byte ")
+    assert "not the start of the torn_record for line 2 that a crashed run was writing" in result.problems[0]
+    assert result.problems[1].startswith(f"no record has the published hash {heads[1].hash}")
+    assert len(result.problems) == 2
+
+
 @pytest.mark.parametrize("line", [b'{"seq": ' + b"9" * 5000 + b"}",  # an int past Python's 4300 digits
                                   b'{"seq": 0, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"])  # fmt: skip
 def test_a_line_json_parses_but_python_refuses_is_a_problem_named_not_a_traceback(tmp_path: Path, line: bytes) -> None:
