@@ -21,6 +21,10 @@ as they were.
 A crash mid-write leaves a torn last line (a record without its newline). The next append does not fail on it:
 it ends the torn line, then appends a ``torn_record`` record naming the line, its length and its SHA-256, chained
 to the last whole record, then the new entry. :func:`verify` accepts a torn line only with such a record after it.
+A crash of that next append leaves a second torn line, the start of the ``torn_record`` it was writing; the append
+after it records every torn line not yet recorded, oldest first. :func:`verify` accepts a torn line that follows
+an unrecorded one only when it is the start of the ``torn_record`` for the oldest (the bytes are fixed by the
+chain), so no more than the last whole record can be passed off as a crash, as before (``expect_head`` shows it).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from typing import IO, Any, Final
 GENESIS: Final = "0" * 64
 KEYED: Final = "hmac-sha256"
 KEY_ENV: Final = "FAIRNESS_AUDIT_LOG_KEY"
+MAX_NESTING: Final = 128
+"""The gate's records nest under 10 levels; a line nested past this one is damage, not a record."""
 
 
 def key_from_env() -> bytes | None:
@@ -74,7 +80,8 @@ class Head:
 
 @dataclass(frozen=True)
 class _Torn:
-    """A line that is not a record: the torn end of a crashed write when it is the last one."""
+    """A line that is not a record: the torn end of a crashed write when no whole record but its ``torn_record``
+    follows it."""
 
     line: int
     text: bytes
@@ -83,35 +90,69 @@ class _Torn:
     def facts(self) -> dict[str, Any]:
         return {"line": self.line, "bytes": len(self.text), "sha256": hashlib.sha256(self.text).hexdigest()}
 
+    def recorded_by(self, record: dict[str, Any]) -> bool:
+        return record.get("type") == "torn_record" and {k: record.get(k) for k in self.facts()} == self.facts()
+
+    def record(self, last: dict[str, Any] | None, key: bytes | None) -> dict[str, Any]:
+        """The ``torn_record`` for this line after ``last``: every append writes these same bytes for it."""
+        return _chained({"type": "torn_record", **self.facts()}, last, key)
+
+
+def _nesting(value: Any) -> int:
+    """How deep lists and objects nest in a parsed line, counted a level at a time (no recursion to run out of)."""
+    depth, level = 0, [value]
+    while level := [v for c in level if isinstance(c, dict | list) for v in (c.values() if isinstance(c, dict) else c)]:
+        depth += 1
+    return depth
+
 
 def _parse(lineno: int, line: bytes) -> dict[str, Any] | _Torn:
+    text = line.removesuffix(b"\n")
     try:
         record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return _Torn(lineno, line.removesuffix(b"\n"), exc.msg)
     except UnicodeDecodeError as exc:  # a write cut inside a character of several bytes (records are UTF-8)
-        return _Torn(lineno, line.removesuffix(b"\n"), f"not UTF-8: {exc.reason} at byte {exc.start}")
+        return _Torn(lineno, text, f"not UTF-8: {exc.reason} at byte {exc.start}")
+    except json.JSONDecodeError as exc:  # exc.msg alone ends "... at" with no place; exc.pos counts characters
+        return _Torn(lineno, text, f"{exc.msg.removesuffix(' at')} at byte {len(exc.doc[:exc.pos].encode())}")
+    except (ValueError, RecursionError) as exc:  # JSON past what Python reads (an int of 4,300+ digits, nesting
+        return _Torn(lineno, text, f"JSON Python cannot read: {exc}")  # near 1,000 levels): damage like any other
     if not isinstance(record, dict):
-        return _Torn(lineno, line.removesuffix(b"\n"), f"{type(record).__name__}, not a record")
+        return _Torn(lineno, text, f"{type(record).__name__}, not a record")
+    if _nesting(record) > MAX_NESTING:  # loads takes a few levels more than dumps, which hashing and list need
+        return _Torn(lineno, text, f"nested deeper than {MAX_NESTING} levels, not a record the gate writes")
     return record
 
 
-def _regular(f: IO[bytes]) -> None:
-    """Refuse a log that is not a regular file: a device or a pipe holds no chain (/dev/zero reads as one endless
-    line), and a read of it would never end."""
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        raise OSError(errno.EINVAL, "not a regular file (an audit log is a file of its own)")
+def _open(path: Path, mode: str) -> IO[bytes]:
+    """Open a log only when it is a regular file: a device or a pipe holds no chain (/dev/zero reads as one endless
+    line, a read of it never ends), and a FIFO's ordinary open waits for a writer before anything can be checked.
+    So open without blocking, check, then hand over a blocking file; ``mode`` is ``"rb"`` or ``"a+b"``."""
+    flags = os.O_RDONLY if mode == "rb" else os.O_RDWR | os.O_APPEND | os.O_CREAT
+    fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (an audit log is a file of its own)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def _tail(f: IO[bytes]) -> tuple[dict[str, Any] | None, _Torn | None]:
-    """The last whole record, and the last line when it is not one (a torn write to record before appending)."""
+def _tail(f: IO[bytes]) -> tuple[dict[str, Any] | None, list[_Torn]]:
+    """The last whole record, and the torn lines not yet recorded, oldest first (crashes in a row leave several:
+    one cut short while recording another). A whole record that does not record the oldest ends them all: they
+    were edits, which :func:`verify` reports, and the chain goes on from the record."""
     f.seek(0)
     last: dict[str, Any] | None = None
-    torn = None
+    torn: list[_Torn] = []
     for lineno, line in enumerate(f, 1):
         if line.strip():
             parsed = _parse(lineno, line)
-            last, torn = (last, parsed) if isinstance(parsed, _Torn) else (parsed, None)
+            if isinstance(parsed, _Torn):
+                torn.append(parsed)
+            else:
+                last, torn = parsed, torn[1:] if torn and torn[0].recorded_by(parsed) else []
     return last, torn
 
 
@@ -159,22 +200,22 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None,
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a+b") as f:
-            _regular(f)
+        with _open(path, "a+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 last, torn = _tail(f)
                 # a write cut before its newline: a torn line, kept as evidence (the chain skips it), or a whole
                 # record, which the chain continues from; either way the new records start a line
                 lines = [b""] if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n" else []
-                recovered: tuple[str, ...] = ()
-                if torn is not None:
-                    last = _chained({"type": "torn_record", **torn.facts()}, last, key)
+                recovered: list[str] = []
+                for t in torn:
+                    last = t.record(last, key)
                     lines.append(_line(last))
-                    recovered = (f"line {torn.line} was torn ({len(torn.text)} bytes, not a record: a write cut "
-                                 f"short); recorded as record {last['seq']}, the chain continues from it",)
+                    recovered.append(f"line {t.line} was torn ({len(t.text)} bytes, not a record: a write cut short); "
+                                     f"recorded as record {last['seq']}, the chain continues from it")
                 record = _chained(entry, last, key)
-                head, data = Head(record["seq"], record["hash"], recovered), b"\n".join([*lines, _line(record)])
+                head = Head(record["seq"], record["hash"], tuple(recovered))
+                data = b"\n".join([*lines, _line(record)])
                 if before is not None:
                     before(head)
                 f.write(data + b"\n")
@@ -182,7 +223,7 @@ def append(path: str | Path, entry: dict[str, Any], key: bytes | None = None,
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
     except OSError as exc:
-        raise AuditLogError(f"{path}: {exc.strerror}") from exc
+        raise AuditLogError(f"{path}: {exc.strerror or exc}") from exc  # some OSErrors carry no strerror
     return head
 
 
@@ -204,38 +245,39 @@ def verify(path: str | Path, expect_head: str | None = None, key: bytes | None =
     result = Verification(keyed=key is not None)
     seen: set[str] = set()
     prev, expected_seq = GENESIS, 0
-    torn: _Torn | None = None
-    with Path(path).open("rb") as f:
-        _regular(f)
+    last: dict[str, Any] | None = None
+    torn: list[_Torn] = []  # not yet recorded, oldest first
+    with _open(Path(path), "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             record = _parse(lineno, line)
             if isinstance(record, _Torn):
-                if torn is not None:
-                    result.problems.append(f"line {torn.line}: not a record ({torn.why}) and no torn_record after it")
-                torn = record
+                # after an unrecorded torn line, a crash can only leave the start of the torn_record being written
+                if torn and not _line(torn[0].record(last, key)).startswith(record.text):
+                    result.problems.append(f"line {lineno}: not a record ({record.why}) and not the start of the "
+                                           f"torn_record for line {torn[0].line} that a crashed run was writing "
+                                           "(a record was edited)")  # fmt: skip
+                torn.append(record)
                 continue
             result.records += 1
-            if torn is not None:
-                if record.get("type") == "torn_record" and {k: record.get(k) for k in ("line", "bytes", "sha256")} \
-                        == torn.facts():  # fmt: skip
-                    result.notes.append(f"line {torn.line}: torn record ({len(torn.text)} bytes, a write cut short), "
-                                        f"recorded by record {record.get('seq')} on line {lineno}")  # fmt: skip
-                else:
-                    result.problems.append(f"line {torn.line}: not a record ({torn.why}) and not a recorded torn "
-                                           "write (a record was edited)")  # fmt: skip
-                torn = None
+            if torn and torn[0].recorded_by(record):
+                result.notes.append(f"line {torn[0].line}: torn record ({len(torn[0].text)} bytes, a write cut "
+                                    f"short), recorded by record {record.get('seq')} on line {lineno}")  # fmt: skip
+                torn.pop(0)
+            else:
+                result.problems.extend(f"line {t.line}: not a record ({t.why}) and not a recorded torn write (a "
+                                       "record was edited)" for t in torn)  # fmt: skip
+                torn = []
             if edited := _edited_bytes(lineno, line, record):
                 result.problems.append(edited)
             _check(record, lineno, prev, expected_seq, key, result.problems)
-            prev = record.get("hash", "")
+            last, prev = record, record.get("hash", "")
             seen.add(str(prev))
             seq = record.get("seq")
             expected_seq = (seq if isinstance(seq, int) else expected_seq) + 1
-    if torn is not None:
-        result.problems.append(f"line {torn.line}: torn: its {len(torn.text)} bytes are not a record ({torn.why}), "
-                               "a write cut short by a crash; the next audit records it and continues the chain")
+    result.problems.extend(f"line {t.line}: torn: its {len(t.text)} bytes are not a record ({t.why}), a write cut "
+                           "short by a crash; the next audit records it and continues the chain" for t in torn)
     if expect_head is not None and prev != expect_head:
         result.problems.append(f"the last record's hash is {prev}, expected head {expect_head} "
                                "(records were removed from the end or the log was replaced)")  # fmt: skip
@@ -266,7 +308,7 @@ def _check(record: dict[str, Any], lineno: int, prev: str, expected_seq: int, ke
 
 def records(path: str | Path) -> list[dict[str, Any]]:
     """Every whole record of a log, in order (a torn line is skipped: :func:`verify` reports it)."""
-    with Path(path).open("rb") as f:
+    with _open(Path(path), "rb") as f:
         return [r for n, line in enumerate(f, 1) if line.strip() and isinstance(r := _parse(n, line), dict)]
 
 

@@ -357,7 +357,7 @@ def cmd_audit_log_list(args: argparse.Namespace) -> int:
     try:
         entries = audit_log.select(audit_log.records(args.path), args.model, args.version, args.type)
     except OSError as exc:
-        print(f"fairness-exporter audit-log list: {args.path}: {exc.strerror}", file=sys.stderr)
+        print(f"fairness-exporter audit-log list: {args.path}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for r in entries:
         if args.json:
@@ -379,7 +379,7 @@ def cmd_audit_log_verify(args: argparse.Namespace) -> int:
         result = audit_log.verify(args.path, expect_head=args.expect_head, key=_audit_log_key(),
                                   expect_records=args.expect_record)  # fmt: skip
     except OSError as exc:
-        print(f"fairness-exporter audit-log verify: {args.path}: {exc.strerror}", file=sys.stderr)
+        print(f"fairness-exporter audit-log verify: {args.path}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     mode = f"keyed ({audit_log.KEYED})" if result.keyed else "plain sha256 chain"
     for note in result.notes:
