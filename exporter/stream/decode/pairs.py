@@ -199,7 +199,7 @@ class PairJoin:
         n, pending = len(keys), self.pending
         if not n:
             return []
-        if len(set(keys)) != n or not self.done.keys().isdisjoint(keys):
+        if len(set(block.pairs)) != n or not self.done.keys().isdisjoint(keys):  # one model: its pairs distinct
             return list(self.add_all(map(block.half, range(n)), now, counts))
         waiting = list(map(pending.get, keys))
         hits = n - waiting.count(None)
