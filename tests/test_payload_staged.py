@@ -164,20 +164,28 @@ def test_halves_waiting_in_a_join_task_restore_from_its_snapshot(kafka_broker: E
         {k: (h.columns, h.metadata, h.response, a) for k, (h, a) in waiting.items()}  # fmt: skip
 
 
-def test_a_half_too_large_for_an_internal_record_is_refused_with_its_call(kafka_broker: EmbeddedBroker) -> None:
+def test_a_half_too_large_for_an_internal_record_travels_in_pieces_and_its_call_counts(
+        kafka_broker: EmbeddedBroker) -> None:  # fmt: skip
+    """A request of 1 MB, more JSON than an internal record holds, reaches its join task in pieces and is counted as
+    the direct path counts it. Before (review 28), the staged path refused it as ``payload_too_large`` with its
+    partner, though that reason means over 64 MiB unzipped and the direct path counts it."""
     bootstrap = kafka_broker.bootstrap_servers
-    stages = live(daemon(payload_config(bootstrap, f"payload-{uuid.uuid4().hex[:8]}", "staged")))
+    staged = daemon(payload_config(bootstrap, f"payload-{uuid.uuid4().hex[:8]}", "staged"))
+    stages = live(staged)
     huge = orjson.dumps({"instances": [{"sex": "male", "note": "x" * 1_000_000}]})
     request = cloudevent("loans-v1", "big", False, huge, T0 - 60)
     response = cloudevent("loans-v1", "big", True, b'{"predictions": [1]}', T0 - 60)
-    stages.handle_poll({(INPUT, 0): [PayloadRecord(v, i, int(T0 * 1000), h, k)
-                                     for i, (v, h, k) in enumerate((request, response))]})  # fmt: skip
+    records = [PayloadRecord(v, i, int(T0 * 1000), h, k) for i, (v, h, k) in enumerate((request, response))]
+    stages.handle_poll({(INPUT, 0): records})
     positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
     drain(stages, bootstrap, positions)
     value = stages.health.registry.get_sample_value
-    assert value("fairness_exporter_events_rejected_total", {"reason": "payload_too_large"}) == 1
-    assert value("fairness_exporter_payload_halves_unmatched_total", {"reason": "partner_refused"}) == 1
-    assert value("fairness_exporter_payload_pairs_joined_total") == 0
+    assert value("fairness_exporter_events_rejected_total", {"reason": "payload_too_large"}) is None
+    assert value("fairness_exporter_payload_pairs_joined_total") == 1
+    direct = daemon(payload_config(bootstrap, "unused", "direct"))
+    direct.ingest.handle_poll({(INPUT, 0): records})
+    assert counts_of(direct, "loans-v1")[1].sum() == 1
+    np.testing.assert_array_equal(counts_of(stages, "loans-v1")[1], counts_of(direct, "loans-v1")[1])
 
 
 def test_a_fleet_of_seldon_models_by_topic_pattern_counts_on_the_staged_path_as_on_the_direct_path(

@@ -6,7 +6,8 @@ direct path does (``Ingest.report``); each model's rows go, as one PREDICTIONS r
 limit), to the model's counts partition, and its unlabelled predictions with an id, as PENDING records, to the join
 partition of each id. The **labels** stage (a labels partition) sends each decoded label (``decode_outcomes``) to
 the join partition of its id. A payload log's records (``events.format`` kserve or seldon) go, each as a HALVES
-row, to the join partition of their call id, where request and response meet. Every row carries its source
+row (as PIECES rows when a record cannot hold it: stages/halves.py), to the join partition of their call id, where
+request and response meet. Every row carries its source
 partition and offset, and each labels record the newest Kafka timestamp of the labels it came from; a join
 partition that none of a poll's labels went to gets that timestamp alone, at most every ``LABELS_CLOCK_EVERY``
 seconds, so that every join task's labels' clock follows how late labels are read as the direct path's one clock
@@ -19,19 +20,17 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
-import orjson
 
 from exporter.stream.bounded import Parts
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import REFUSED_ROWS, components, half_json, read_halves, records_of
+from exporter.stream.decode.payload import REFUSED_ROWS, components, read_halves, records_of
 from exporter.stream.decode.platforms import Half
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.client import Offsets, Partition, newest_timestamp, offsets_of, values_and_next
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
+from exporter.stream.stages.halves import MAX_HALF_BYTES, piece_rows, rekeyed
 from exporter.stream.stages.records import (
-    HEADER_ROOM,
-    MAX_RECORD_BYTES,
     Kind,
     codes_layout,
     codes_matrix,
@@ -42,8 +41,6 @@ from exporter.stream.stages.records import (
     side_ids,
 )
 
-MAX_HALF_BYTES = MAX_RECORD_BYTES - HEADER_ROOM - 1024
-"""The largest payload half (as JSON) the staged path re-keys; a larger one is refused as payload_too_large."""
 LABELS_CLOCK_EVERY = 5.0
 """Seconds between the labels' timestamps sent alone to a join partition that no label of a poll went to."""
 
@@ -106,12 +103,13 @@ class EntryStages:
 
     def halves(self, parts: Parts, produced: Offsets) -> None:
         """A payload log's records (``events.format`` kserve or seldon): each read as a half of a call and sent, as
-        one HALVES row, to the join partition of its call id, where its partner meets it; a refused one is
-        counted and dead-lettered here, and its call id sent on as refused, so that the partner is dropped."""
+        one HALVES row (PIECES rows when it is larger than a record holds: stages/halves.py), to the join partition
+        of its call id, where its partner meets it; a refused one is counted and dead-lettered here, and its call id
+        sent on as refused, so that the partner is dropped."""
         fleet = self.ingest.fleet
         form = fleet.events.format
         ends: Offsets = {}
-        rows: list[tuple[int, int, str, str]] = []
+        rows: list[tuple[int, int, str, bytes]] = []
         letters: list[tuple[bytes | None, str]] = []
         ignored: Counter[str] = Counter()
         for i, (partition, records) in enumerate(parts):
@@ -121,17 +119,11 @@ class EntryStages:
                                self.ingest.kafka.response_topic, components(fleet.config.models))
             ignored.update(read.ignored)
             for k, half in zip(read.at, read.halves, strict=True):
-                text = orjson.dumps(half_json(half)).decode()
-                if len(text) > MAX_HALF_BYTES:  # an internal record holds it whole, under the broker's limit
-                    read.rejected.append((half.raw, "payload_too_large", half.model, half.pair))
-                    read.rejected_at.append(k)
-                else:
-                    rows.append((i, offsets[k], half.pair, text))
+                rows.append((i, offsets[k], half.pair, rekeyed(half)))
             for (value, reason, model, pid), k in zip(read.rejected, read.rejected_at, strict=True):
                 letters.append((value, reason))
                 if model is not None and pid is not None:
-                    marker = Half(pid, False, model, None, REFUSED_ROWS, {})
-                    rows.append((i, offsets[k], pid, orjson.dumps(half_json(marker)).decode()))
+                    rows.append((i, offsets[k], pid, rekeyed(Half(pid, False, model, None, REFUSED_ROWS, {}))))
         rows.sort()
         if rows:
             topics = self.topics()
@@ -139,9 +131,14 @@ class EntryStages:
             meta = {"sources": [[*p, self.logs.get(p[0], "")] for p, _ in parts]}
             for q in np.unique(where).tolist():
                 mine = [rows[k] for k in np.flatnonzero(where == q).tolist()]
-                table: dict[str, np.ndarray] = {"source": np.array([r[0] for r in mine], dtype=np.int32),
-                         "position": np.array([r[1] for r in mine], dtype=np.int64)}  # fmt: skip
-                for value in encode_rows(Kind.HALVES, meta, table, [r[3] for r in mine]):
+                whole = [r for r in mine if len(r[3]) <= MAX_HALF_BYTES]
+                table: dict[str, np.ndarray] = {"source": np.array([r[0] for r in whole], dtype=np.int32),
+                         "position": np.array([r[1] for r in whole], dtype=np.int64)}  # fmt: skip
+                values = encode_rows(Kind.HALVES, meta, table, [r[3].decode() for r in whole]) if whole else []
+                if len(whole) < len(mine):  # too large for one record: in pieces, put together by the join task
+                    values += encode_rows(Kind.PIECES, meta, *piece_rows([(r[0], r[1], r[3]) for r in mine
+                                                                          if len(r[3]) > MAX_HALF_BYTES]))  # fmt: skip
+                for value in values:
                     self.producer.send(topics.join.name, q, value)
         produced.update(ends)
         self.ingest.report({}, ignored, [], 0, ", ".join(f"{t}[{p}]" for t, p in ends), letters)

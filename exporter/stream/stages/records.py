@@ -20,10 +20,13 @@ JOINED         counts     model, layout, sources; source, position, timestamp, o
 PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, score (empty
                           without scores; absent from records written before it), ids (a model
                           with attribute_sources: from its counts task once joined, the source its counts
-                          partition in a log of the replica's own, stages/sides.py)
+                          partition in a log of the replica's own, stages/sides.py; one the join had already
+                          is skipped by its id)
 LABELS         join       sources; source, position, outcome (0/1), ids
 HALVES         join       sources; source, position, ids (each a payload log's request or response as JSON,
-                          exporter/stream/decode/payload.py half_json), to the join partition of its call id
+                          exporter/stream/stages/halves.py rekeyed), to the join partition of its call id
+PIECES         join       sources; source, position (offset * 2^16 + piece), pieces (how many), ids (a piece of
+                          a half too large for a record, stages/halves.py), to the join partition of its call id
 SNAPSHOT       both       task, partition, covers, id, chunk, chunks; data (bytes of one chunk)
 =============  =========  ================================================================================
 """
@@ -49,6 +52,9 @@ MAGIC: Final = b"FXI"
 VERSION: Final = 1
 MAX_RECORD_BYTES: Final = 900_000
 """Real Kafka refuses records above 1 MB by default (message.max.bytes): every internal record stays below."""
+ROW_BITS: Final = 20
+"""A row a join task derives from a record (a joined outcome, a joined call's row) is at the offset of that record,
+times 2^20, plus its index among the rows it derived (a record of at most 900 KB holds far fewer than 2^20 rows)."""
 HEADER_ROOM: Final = 4096
 """What a row table's record keeps for its header when rows are fitted under the size limit."""
 _PREFIX = struct.Struct("<3sBBI")
@@ -61,6 +67,7 @@ class Kind(IntEnum):
     LABELS = 4
     SNAPSHOT = 5
     HALVES = 6
+    PIECES = 7
 
 
 class RecordError(ValueError):

@@ -48,7 +48,7 @@ from exporter.stream.stages.sides import SideStage
 from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack
 from exporter.stream.stages.tasks import CountsTask, JoinTask, Task, expire_joins, pending
 from exporter.stream.state.fleet import Changes, Fleet
-from exporter.stream.state.label_join import OutcomeJoin
+from exporter.stream.state.label_join import Held, OutcomeJoin
 
 log = logging.getLogger(__name__)
 
@@ -240,13 +240,20 @@ class Stages:
         if partition[0] == self.topics.join.name:
             share = -(-self.fleet.config.max_pending_labels // self.topics.join.partitions)
             events = self.fleet.events
-            return JoinTask(partition, start, self.stage_health, self.health,
-                            OutcomeJoin(self.fleet.config.label_horizon_seconds, share), self.spec_of,
+            return JoinTask(partition, start, self.stage_health, self.health, OutcomeJoin(
+                                self.fleet.config.label_horizon_seconds, self.fleet.config.max_pending_labels,
+                                lambda: self._held_by_others(partition)), self.spec_of,
                             self.counts_partition, self.clock, self.topic_ids, PairJoin(events.pair_horizon, share),
                             self.ingest.payload_rows,
                             (lambda ids: self.topics.join_of(ids)) if self.kafka.labels_topic else None)  # fmt: skip
         return CountsTask(partition, start, self.stage_health, self.health, self.fleet, lambda: self.models_of(
             partition[1]), self.clock, self.sides.join if self.sides else None)  # fmt: skip
+
+    def _held_by_others(self, partition: Partition) -> Held:
+        """What the replica's other join tasks hold: ``max_pending_labels`` bounds the replica's joins together, as
+        it bounds the direct path's one join, whichever partitions the ids hash to."""
+        held = [t.join.held() for p, t in self.tasks.items() if p != partition and isinstance(t, JoinTask)]
+        return (sum(h[0] for h in held), sum(h[1] for h in held), sum(h[2] for h in held))
 
     def forget(self, partitions: list[Partition]) -> None:
         """Revoked (or reset): no commit of this replica carries them; a counts partition's models leave now."""
@@ -363,6 +370,7 @@ class Stages:
                 if isinstance(task, JoinTask):
                     task.join.forget_models(carried.__contains__, given_up)
                     task.join.horizon, task.pairs.horizon = config.label_horizon_seconds, self.fleet.events.pair_horizon
+                    task.join.max_pending = config.max_pending_labels
                 elif isinstance(task, CountsTask) and task.attributes is not None:
                     given_up["model_reconfigured"] += task.attributes.forget_models(carried)
         return changes, given_up

@@ -86,7 +86,10 @@ class SideStage:
         self.producer, self.topics_now = producer, topics
         self.log = uuid.uuid4().hex
         """The log this replica's PENDING rows are in (their positions count from 0 in it): a new owner's rows are
-        never taken for its predecessor's, and a prediction it sends again is a duplicate of its id to the join."""
+        never taken for its predecessor's. No position derived from the counts records could name a prediction
+        alike on two owners (each side table releases the waiting ones when it reads their records), so the join
+        recognises one sent again by its id (``OutcomeJoin.again``: joined within the horizon, or waiting with the
+        same event time) and skips it as a replayed row."""
         self.sent = 0
         self.book = SideBook(self._observe)
         self.topics = sorted(ingest.side_topics)

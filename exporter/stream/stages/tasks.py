@@ -16,29 +16,26 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
-import orjson
 
 from exporter.config import ModelSpec, layout
 from exporter.health.counters import Health, StageHealth
 from exporter.stream.decode.events import DecodedBatch
-from exporter.stream.decode.payload import REFUSED_ROWS, UNMATCHED_REASONS, PairJoin, PayloadRows, half_of
-from exporter.stream.decode.platforms import Half
+from exporter.stream.decode.payload import UNMATCHED_REASONS, PairJoin, PayloadRows
 from exporter.stream.kafka.client import Partition
+from exporter.stream.stages.halves import Pieces, joined_calls
 from exporter.stream.stages.records import (
+    ROW_BITS,
     Kind,
     Record,
     codes_columns,
     codes_layout,
-    codes_matrix,
     encode_rows,
     joined_columns,
     joined_scores,
-    pending_rows,
     rows_at,
-    side_ids,
     waiting_codes,
     with_side_ids,
 )
@@ -49,9 +46,6 @@ from exporter.stream.state.label_join import Joined, OutcomeJoin
 
 log = logging.getLogger(__name__)
 
-ROW_BITS: Final = 20
-"""A joined outcome's position: the offset of the join record that completed it, times 2^20, plus its index among
-the outcomes that record completed (a record of at most 900 KB holds far fewer than 2^20 rows)."""
 Out = tuple[str, int, bytes | None, bytes]
 """A record to send: topic, partition, key, value."""
 Source = tuple[str, ...]
@@ -128,6 +122,8 @@ class JoinTask(Task):
         super().__init__(partition, start, stage_health)
         self.pairs = pairs or PairJoin(0.0)
         """The payload formats' halves of calls whose id falls on this partition, waiting for their partner."""
+        self.pieces = Pieces()
+        """The halves too large for one record (stages/halves.py) of which some pieces are in."""
         self.payload_rows = payload_rows
         self.pending_to = pending_to
         """The join partition of each prediction id, when delayed labels are read (a joined call's rows wait)."""
@@ -145,9 +141,14 @@ class JoinTask(Task):
         # a model's predictions and the labels have marks of their own: rows of several models from one source
         # partition interleave, each model's in order
         if record.kind is Kind.HALVES:
-            return self._halves(record, offset)
+            return joined_calls(self, [t for t, k in zip(record.ids, self.fresh(record, ("payload",)).tolist(),
+                                                         strict=True) if k], offset)  # fmt: skip
+        if record.kind is Kind.PIECES:
+            return joined_calls(self, self.pieces.add(record, self.fresh(record, ("pieces",))), offset)
         model = str(record.meta.get("model", ""))
         keep = self.fresh(record, (model,) if record.kind is Kind.PENDING else ())
+        if record.kind is Kind.PENDING and record.sources and record.sources[0][0] == self.counts(model)[0]:
+            keep = self._sent_again(model, record, keep)
         a = record.arrays
         given_up: Counter[str] = Counter()
         joined: dict[str, Joined] = {}
@@ -176,61 +177,17 @@ class JoinTask(Task):
         self.dirty = True
         return out
 
-    def _halves(self, record: Record, offset: int) -> list[Out]:
-        """Pair a HALVES record's halves with those waiting; each joined call's rows as PREDICTIONS to its model's
-        counts partition (and, when labels are read, as PENDING to the join partition of each row's id)."""
-        keep = self.fresh(record, ("payload",))
-        now = self.clock()
-        unmatched: Counter[str] = Counter()
-        pairs: dict[str, list[tuple[Half, Half]]] = {}
-        for text, k in zip(record.ids, keep.tolist(), strict=True):
-            if not k:
-                continue
-            half = half_of(orjson.loads(text))
-            if half.rows == REFUSED_ROWS:
-                self.pairs.refuse(half.model or "", half.pair, now, unmatched)
-                continue
-            pair = self.pairs.add(half, now, unmatched)
-            if pair is not None:
-                pairs.setdefault(half.model or "", []).append(pair)
-        out: list[Out] = []
-        at = offset << ROW_BITS
-        rejected, given_up = Counter[str](), Counter[str]()
-        for model, mine in pairs.items():
-            spec = self.spec_of(model)
-            if spec is None or self.payload_rows is None:
-                given_up["model_reconfigured"] += len(mine)
-                continue
-            batch, _ = self.payload_rows(model).batch(mine, now)  # refused pairs: counted, not dead-lettered here
-            rejected.update(batch.rejected)
-            n = len(batch)
-            if not n:
-                continue
-            table: dict[str, np.ndarray] = {"source": np.zeros(n, dtype=np.int32),
-                     "position": np.arange(at, at + n, dtype=np.int64), "timestamp": batch.timestamps,
-                     "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
-                     "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
-            at += n
-            meta = {"model": model, "layout": codes_layout(spec),
-                    "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
-            topic, partition = self.counts(model)
-            out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, table,
-                                                                                side_ids(spec, batch))]
-            if self.pending_to is not None and not spec.sourced():  # else its counts task sends them, joined
-                ids = [str(pid) for pid in batch.prediction_ids]
-                where = self.pending_to(ids)
-                for q, rows in ((q, np.flatnonzero(where == q)) for q in np.unique(where).tolist()):
-                    out += [(self.partition[0], q, None, v) for v in encode_rows(
-                        Kind.PENDING, meta, pending_rows(table, rows), [ids[i] for i in rows.tolist()])]
-        joined, unmatched_counter = self.health.payload_counters(UNMATCHED_REASONS)
-        joined.inc(sum(map(len, pairs.values())))
-        for reason, n in unmatched.items():
-            unmatched_counter.labels(reason).inc(n)
-        for reason, n in rejected.items():
-            self.health.rejected.labels(reason).inc(n)
-        self.health.count_outcomes(given_up)
-        self.dirty = True
-        return out
+    def _sent_again(self, model: str, record: Record, keep: np.ndarray) -> np.ndarray:
+        """A counts task's joined predictions (attribute_sources): those this join has had already are a new owner's
+        replay (its side table releases them at other times than its predecessor's, so no position names them
+        alike), skipped as replayed rows."""
+        at = np.flatnonzero(keep)
+        again = self.join.again(model, [record.ids[i] for i in at.tolist()], record.arrays["timestamp"][at])
+        if again.any():
+            keep = keep.copy()
+            keep[at[again]] = False
+            self.stage_health.replayed.labels(self.stage).inc(int(again.sum()))
+        return keep
 
     def _joined(self, joined: dict[str, Joined], offset: int, given_up: Counter[str]) -> list[Out]:
         out: list[Out] = []
@@ -253,12 +210,14 @@ class JoinTask(Task):
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         pairs = {f"pairs.{k}": v for k, v in self.pairs.state().items()} if self.pairs.pending or self.pairs.done \
             else {}  # fmt: skip
-        return {}, {**{f"join.{k}": v for k, v in self.join.state(self.clock()).items()}, **pairs,
+        pieces = {f"pieces.{k}": v for k, v in self.pieces.state().items()} if self.pieces.parts else {}
+        return {}, {**{f"join.{k}": v for k, v in self.join.state(self.clock()).items()}, **pairs, **pieces,
                     **self.hwm_arrays()}  # fmt: skip
 
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.join.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")})
         self.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
+        self.pieces.restore({k[len("pieces."):]: v for k, v in arrays.items() if k.startswith("pieces.")})
         self.restore_hwm(arrays)
 
 

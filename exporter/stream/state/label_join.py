@@ -55,6 +55,8 @@ class Joined:
 Pending = tuple[float, int, tuple[int, ...], str]
 """A prediction waiting for its label: event time, prediction and score bin (:func:`pack`), per-attribute codes,
 model id."""
+Held = tuple[int, int, int]
+"""What a join holds, each kind bounded by ``max_pending``: waiting predictions, orphan labels, joined ids."""
 
 
 def pack(predictions: np.ndarray, bins: np.ndarray | None) -> np.ndarray:
@@ -144,19 +146,35 @@ class OutcomeJoin(ReadClock):
     Labels carry no model: a prediction id is unique among the models one daemon monitors (a request id, a UUID).
     """
 
-    def __init__(self, horizon_seconds: float, max_pending: int = 1_000_000) -> None:
+    def __init__(self, horizon_seconds: float, max_pending: int = 1_000_000,
+                 others: Callable[[], Held] = lambda: (0, 0, 0)) -> None:  # fmt: skip
         super().__init__(horizon_seconds)
         self.max_pending = max_pending
+        self.others = others
+        """What the other joins under the same bound hold (the staged path: the replica's other join tasks, so that
+        one replica holds ``max_pending`` as the direct path's one join does, however the ids hash)."""
         self.pending: dict[str, Pending] = {}
         self.orphans: dict[str, tuple[int, float]] = {}
         self.recently_joined: OrderedDict[str, float] = OrderedDict()
         """Ids joined within the horizon (when their label arrived, oldest first), so that a second label of one is
-        counted as a duplicate; bounded in age like the rest, so memory stops growing once a horizon has passed."""
+        counted as a duplicate, and a prediction delivered again is not held again; bounded in age like the rest, so
+        memory stops growing once a horizon has passed, and in count (in the checkpoint too)."""
 
-    def _remember_joined(self, pid: str, at: float) -> None:
+    def held(self) -> Held:
+        """How many predictions, orphan labels and joined ids this join holds."""
+        return len(self.pending), len(self.orphans), len(self.recently_joined)
+
+    def _remember_joined(self, pid: str, at: float, others: int) -> None:
         self.recently_joined[pid] = at
-        while len(self.recently_joined) > self.max_pending:
+        while self.recently_joined and len(self.recently_joined) + others > self.max_pending:
             self.recently_joined.popitem(last=False)
+
+    def again(self, model: str, ids: list[str], timestamps: np.ndarray) -> np.ndarray:
+        """Which of these predictions this join has had already: its id joined within the horizon, or it waits
+        with the same model and event time (a counts task's predictions sent again by a new owner)."""
+        joined, pending = self.recently_joined, self.pending
+        return np.fromiter((pid in joined or (pid in pending and pending[pid][3] == model and pending[pid][0] == ts)
+                            for pid, ts in zip(ids, timestamps.tolist(), strict=True)), bool, len(ids))  # fmt: skip
 
     def add_predictions(
         self, model: str, ids: list[Any], timestamps: np.ndarray, predictions: np.ndarray, codes: np.ndarray,
@@ -166,6 +184,7 @@ class OutcomeJoin(ReadClock):
         whose label was already waiting as an orphan."""
         predictions = pack(predictions, bins)
         rows = []
+        others, _, others_joined = self.others()
         for i, pid in enumerate(ids):
             if pid is None:
                 continue
@@ -174,11 +193,13 @@ class OutcomeJoin(ReadClock):
             entry = (float(timestamps[i]), int(predictions[i]), tuple(int(c) for c in codes[i]), model)
             if orphan is not None:
                 rows.append((*entry, orphan[0]))
-                self._remember_joined(pid, orphan[1])
+                self._remember_joined(pid, orphan[1], others_joined)
             elif pid in self.pending:
                 expired["duplicate_prediction"] += 1  # the later prediction replaces the one held
                 self.pending[pid] = entry
-            elif len(self.pending) >= self.max_pending:
+            elif pid in self.recently_joined:  # its outcome counted: held again, it could only count a label twice
+                expired["duplicate_prediction"] += 1
+            elif len(self.pending) + others >= self.max_pending:
                 expired["pending_state_full"] += 1
             else:
                 self.pending[pid] = entry
@@ -188,15 +209,16 @@ class OutcomeJoin(ReadClock):
         """Join outcomes to pending predictions, per model; hold the others as orphans (or count them as
         duplicates)."""
         rows = []
+        _, others, others_joined = self.others()
         for pid, label in zip(ids, outcomes, strict=True):
             pid = str(pid)
             entry = self.pending.pop(pid, None)
             if entry is not None:
                 rows.append((*entry, label))
-                self._remember_joined(pid, now)
+                self._remember_joined(pid, now, others_joined)
             elif pid in self.recently_joined or pid in self.orphans:
                 expired["duplicate_label"] += 1
-            elif len(self.orphans) >= self.max_pending:
+            elif len(self.orphans) + others >= self.max_pending:
                 expired["pending_state_full"] += 1
             else:
                 self.orphans[pid] = (label, now)
@@ -238,7 +260,8 @@ class OutcomeJoin(ReadClock):
 
     def state(self, now: float) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint: the pending predictions grouped by model, each model's codes one row per
-        prediction (a per-model table says how many and how wide), so that nothing per prediction is repeated; and
+        prediction (a per-model table says how many and how wide), so that nothing per prediction is repeated; the
+        ids joined within the horizon (a label delivered again after a restart or a rebalance is a duplicate); and
         the labels' clock at ``now`` (a restart holds expiry there until it reads labels again)."""
         by_model: dict[str, list[tuple[str, Pending]]] = {}
         for pid, entry in self.pending.items():
@@ -257,6 +280,8 @@ class OutcomeJoin(ReadClock):
             **_pack_ids("orphan", [p for p, _ in orphans]),
             "orphan_label": np.array([o[0] for _, o in orphans], dtype=np.int64),
             "orphan_arrived": np.array([o[1] for _, o in orphans], dtype=np.float64),
+            **_pack_ids("joined", list(self.recently_joined)),
+            "joined_at": np.array(list(self.recently_joined.values()), dtype=np.float64),
             "labels_clock": np.array([self.labels_clock(now)], dtype=np.float64),
         }
 
@@ -282,5 +307,8 @@ class OutcomeJoin(ReadClock):
         }  # fmt: skip
         orphans = zip(_unpack_ids("orphan", state), state["orphan_label"], state["orphan_arrived"], strict=True)
         self.orphans = {str(pid): (int(label), float(arrived)) for pid, label, arrived in orphans}
+        joined = zip(_unpack_ids("joined", state), state["joined_at"].tolist(), strict=True) if "joined_at" in state \
+            else ()  # absent from checkpoints written before the joined ids were kept: none restored  # fmt: skip
+        self.recently_joined = OrderedDict((str(pid), float(at)) for pid, at in joined)
         clock = state.get("labels_clock")  # absent from checkpoints written before the labels' clock
         self.restored_clock = (float(clock[0]), None) if clock is not None and len(clock) else None
