@@ -27,7 +27,7 @@ from exporter.stream.decode import kserve_batch, seldon_batch
 from exporter.stream.decode.oip import messages
 from exporter.stream.decode.pairs import join_units
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
-from exporter.stream.decode.platforms import header_columns
+from exporter.stream.decode.platforms import header_table
 
 TARGET = 1.5
 DEFAULT, DAEMON = "Python's default", "the daemon's"
@@ -96,7 +96,7 @@ def _kserve_floor(records: list[Raw]) -> object:
     the fastest parse of the two it has: unread fields skipped), and the headers a half is read from, as the one-pass
     reader reads them (by position, no dict per record)."""
     bodies = [kserve_batch._DECODE(r[0]) for r in records]  # type: ignore[arg-type]
-    return bodies, header_columns([r[1] for r in records], kserve_batch._READ)
+    return bodies, header_table([r[1] for r in records], kserve_batch._READ)[0]
 
 
 def _seldon_floor(parts: list[tuple[list[Raw], bool]]) -> object:

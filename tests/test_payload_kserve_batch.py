@@ -18,7 +18,7 @@ from payload_logs import cloudevent, gzipped, numpy_response, pandas_request, pl
 
 from exporter.stream.decode import kserve_batch
 from exporter.stream.decode.payload import Halves, Raw, read_halves
-from exporter.stream.decode.platforms import header_columns, headers_of_poll
+from exporter.stream.decode.platforms import header_table, headers_of_poll
 from exporter.stream.decode.route import UNCONFIGURED
 
 T0 = 1_796_000_000.0
@@ -260,5 +260,5 @@ def test_header_columns_read_each_header_as_its_records_dict_does(raws: list, la
             raws[-1] = list(zip(layout[::-1], [v for _, v in raws[-1]], strict=False))
     dicts = headers_of_poll(raws)[0]
     wanted = [*_NAMES, "ce_id", "absent"]
-    found = header_columns(raws, wanted)
+    found = header_table(raws, wanted)[0]
     assert found == {name: [d.get(name) for d in dicts] for name in wanted}

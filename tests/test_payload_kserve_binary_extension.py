@@ -128,3 +128,13 @@ def test_a_binary_body_that_breaks_the_extension_is_refused(records: list[Raw], 
     assert b'"binary_data_size"' in records[0][0]  # type: ignore[operator]  # call 1's request
     read = read_halves("kserve", "kserve", _tampered(records, edit), {"credit"})
     assert [(r[1], r[3]) for r in read.rejected] == [(reason, "call-1")]
+
+
+def test_a_zero_row_binary_tensor_with_null_data_is_read_as_none(records: list[Raw]) -> None:
+    """The SDK writes a tensor of no rows as ``"data": null`` with ``binary_data_size: 0`` (review 31): no bytes to
+    take, no rows, not refused."""
+    _, headers, key, ms = records[0]
+    body = (b'{"id":"call-1","model_name":"credit","inputs":[{"name":"age","shape":[0,1],"datatype":"INT64",'
+            b'"data":null,"parameters":{"binary_data_size":0}}]}')  # fmt: skip
+    read = read_halves("kserve", "kserve", [(body, headers, key, ms)], {"credit"})
+    assert not read.rejected and read.halves[0].rows == 0 and read.halves[0].columns == {"age": []}

@@ -49,7 +49,7 @@ from exporter.stream.decode.platforms import (
     Half,
     _metadata,
     _says_gzip,
-    header_columns,
+    header_table,
     texts,
 )
 from exporter.stream.decode.platforms import _text as _header_text
@@ -112,7 +112,7 @@ def halves(records: Sequence[tuple[bytes | None, Any, bytes | None, int]], model
     be."""
     if len(records) < _FEWEST:
         return None
-    column = header_columns([r[1] for r in records], _READ)
+    column = header_table([r[1] for r in records], _READ)[0]
     n = len(records)
     models_of = _distinct_texts(column["ce_inferenceservicename"])
     if None in models_of:

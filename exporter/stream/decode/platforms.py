@@ -127,18 +127,13 @@ def headers_of_poll(raws: Sequence[Sequence[tuple[str, bytes | None]] | None]) -
     return lowered, set().union(*lowered)
 
 
-def header_columns(raws: Sequence[Sequence[tuple[str, bytes | None]] | None],
-                   names: Sequence[str]) -> dict[str, list[bytes | None]]:  # fmt: skip
-    """Each of ``names``' value in every record's headers (None: absent), as ``headers_of_poll`` and ``dict.get``
-    read it. The usual poll's records carry the same header names in the same order (a KafkaSink writes them so):
-    then each name is one slice of the poll's headers laid end to end, and no record's headers become a dict
-    (0.5 against 1.3 µs per record of 11 headers, measured); any other poll is read through the dicts."""
-    return header_table(raws, names)[0]
-
-
 def header_table(raws: Sequence[Sequence[tuple[str, bytes | None]] | None],
                  names: Sequence[str]) -> tuple[dict[str, list[bytes | None]], set[str]]:  # fmt: skip
-    """:func:`header_columns`, and every header name of the poll (as ``headers_of_poll`` gives them)."""
+    """Each of ``names``' value in every record's headers (None: absent), as ``headers_of_poll`` and ``dict.get``
+    read it, and every header name of the poll. The usual poll's records carry the same header names in the same
+    order (a KafkaSink writes them so): then each name is one slice of the poll's headers laid end to end, and no
+    record's headers become a dict (0.5 against 1.3 µs per record of 11 headers, measured); any other poll is read
+    through the dicts."""
     n = len(raws)
     first = raws[0] if n else None
     if first and None not in raws:
@@ -202,27 +197,26 @@ def _parsed(data: bytes | str) -> Any:
 
 
 def _json_or_binary(data: bytes) -> Any:
-    """A body's JSON; or, where a JSON object ends before the body does, the Open Inference Protocol's binary tensor
-    data extension (the KServe SDK's default for numpy data; the logger logs the body as sent, without the
-    ``Inference-Header-Content-Length`` header): each tensor whose ``parameters`` give a ``binary_data_size`` takes
-    that many of the following bytes, in order, as its raw contents (BYTES as text, as protobuf's); anything else
-    is refused as ``malformed_payload``."""
+    """A body's JSON; or the Open Inference Protocol's binary tensor data extension (the KServe SDK's default for
+    numpy data; the logger logs the body as sent, without its ``Inference-Header-Content-Length`` header), whose
+    JSON header ends before the body does (its bytes may even all be JSON blanks) and has tensors of no ``data``
+    whose ``parameters`` give a ``binary_data_size``: each takes that many of the following bytes, in order, as its
+    raw contents (BYTES as text, as protobuf's). Bytes no tensor takes, or too few, are ``malformed_payload``."""
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        try:  # Latin-1: one character per byte, so the header's end is its length in bytes
-            end = _HEADER.raw_decode(data.decode("latin-1"))[1]
-        except ValueError:
-            raise BadPayload("malformed_payload") from exc
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        body = None
+    if body is not None and not _binary(body):
+        return body  # JSON (``null`` is refused as ever, below or by the body's reader)
+    try:  # Latin-1: one character per byte, so the header's end is its length in bytes
+        end = _HEADER.raw_decode(data.decode("latin-1"))[1]
+    except ValueError as exc:
+        raise BadPayload("malformed_payload") from exc
     body, at = _parsed(data[:end]), end
-    found = [body.get(key) for key in ("inputs", "outputs")] if body.__class__ is dict else []
-    for tensor in (t for tensors in found if tensors.__class__ is list for t in tensors if t.__class__ is dict):
-        parameters, datatype = tensor.get("parameters"), tensor.get("datatype")
-        size = parameters.get("binary_data_size") if parameters.__class__ is dict else None
-        if size is None:
-            continue
-        if size.__class__ is not int or not 0 <= size <= len(data) - at or datatype not in DATATYPES or \
-                "data" in tensor:  # fmt: skip
+    tensors = _binary(body)
+    for tensor in tensors:
+        size, datatype = tensor["parameters"]["binary_data_size"], tensor.get("datatype")
+        if size.__class__ is not int or not 0 <= size <= len(data) - at or datatype not in DATATYPES:
             raise BadPayload("malformed_payload")
         values = _raw_values(data[at : at + size], datatype)
         try:
@@ -230,9 +224,16 @@ def _json_or_binary(data: bytes) -> Any:
         except UnicodeDecodeError as exc:
             raise BadPayload("not_utf8") from exc
         at += size
-    if at == end or at != len(data):
+    if not tensors or at != len(data):
         raise BadPayload("malformed_payload")  # no tensor's bytes, or bytes no tensor takes
     return body
+
+
+def _binary(body: Any) -> list[dict[str, Any]]:
+    """The tensors of a parsed body whose bytes follow its JSON: no ``data`` (or null), a ``binary_data_size``."""
+    found = [body.get(key) for key in ("inputs", "outputs")] if body.__class__ is dict else []
+    return [t for tensors in found if tensors.__class__ is list for t in tensors if t.__class__ is dict and
+            t.get("data") is None and t.get("parameters").__class__ is dict and "binary_data_size" in t["parameters"]]
 
 
 _HEADER: Final = json.JSONDecoder()
