@@ -156,16 +156,19 @@ def halves(records: Sequence[tuple[bytes | None, Any, bytes | None, int]], model
     if _LONG in numbers or (any(e in numbers for e in _EXPONENT) and _BIG.search(numbers)):
         return None
     responses = list(map(_RESPONSE.__eq__, kinds))
-    times = _times(texts(column["ce_time"]), [r[3] for r in records])
-    logged = column["ce_metadata"]
+    stamps, logged = texts(column["ce_time"]), column["ce_metadata"]
     if blocks and _arrow() and len(set(models_of)) == 1 and len(set(components)) == 1 and set(logged) <= _NO_METADATA:
-        poll = _poll_blocks(values, responses, pids, times, models_of[0], components[0])  # type: ignore[arg-type]
+        stamped = epochs(stamps) if None not in stamps else None  # every time valid: an array, no Kafka time read
+        when = stamped if isinstance(stamped, np.ndarray) else np.array(_times(stamps, [r[3] for r in records]),
+                                                                      dtype=np.float64)  # fmt: skip
+        poll = _poll_blocks(values, responses, pids, when, models_of[0], components[0])  # type: ignore[arg-type]
         if poll is not None:
             return poll, +ignored
     read = _columns(values, responses)  # type: ignore[arg-type]  # all bytes: checked above
     if read is None:
         return None
     rows, tables = read
+    times = _times(stamps, [r[3] for r in records])
     if set(logged) <= _NO_METADATA:  # the usual record: nothing logged (``{}``), read without a parse
         metadata: list[dict[str, Any]] = [{} for _ in logged]
     else:
@@ -229,7 +232,7 @@ def _columns(values: list[bytes], responses: list[bool]) -> tuple[list[int], lis
     return rows, tables
 
 
-def _poll_blocks(values: list[bytes], responses: list[bool], pids: list[str], times: list[float | None], model: str,
+def _poll_blocks(values: list[bytes], responses: list[bool], pids: list[str], when: np.ndarray, model: str,
                  component: str) -> PollBlocks | None:  # fmt: skip
     """The poll's requests and responses as two blocks (their halves' values as :func:`_columns` reads them), when
     no call is twice in one direction, no response comes before its poll's request and each direction's columns
@@ -241,15 +244,15 @@ def _poll_blocks(values: list[bytes], responses: list[bool], pids: list[str], ti
     if len(first) < len(calls[0]) or len(set(calls[1])) < len(calls[1]) or \
             any(map(gt, map(first.get, calls[1], repeat(-1)), at[1])):  # fmt: skip
         return None
-    when = np.array(times, dtype=np.float64)  # None: NaN
+    kinds = np.fromiter(responses, dtype=bool, count=len(responses))
     sides = []
-    for response, chosen, pairs, ats in zip((False, True), (asks, responses), calls, at, strict=True):
+    for response, chosen, pairs in zip((False, True), (asks, responses), calls, strict=True):
         mine = list(compress(values, chosen))
         read = _block_columns(mine, response)
         if read is None:
             return None
-        sides.append(HalfBlock(model, response, pairs, None, when[ats], np.array(read[0], dtype=np.int64), read[1],
-                               mine, component))  # fmt: skip
+        sides.append(HalfBlock(model, response, pairs, None, when[kinds if response else ~kinds],
+                               np.array(read[0], dtype=np.int64), read[1], mine, component))  # fmt: skip
     return PollBlocks(sides[0], sides[1], responses)
 
 
