@@ -9,7 +9,7 @@ the replicas, and this module handles each record by its topic:
   decoded rows to its counts partition, and unlabelled predictions and labels to the join partition of their id;
 - **join** (a join partition): a :class:`~exporter.stream.stages.tasks.JoinTask`; what it joins goes to the
   model's counts partition;
-- **evaluate** (a counts partition): a :class:`~exporter.stream.stages.tasks.CountsTask`, which counts into the
+- **evaluate** (a counts partition): a :class:`~exporter.stream.stages.counts.CountsTask`, which counts into the
   window stores of the models whose id hashes to that partition: this replica owns them, computes them and
   exports their series; with ``attribute_sources`` it first joins their side records by id (stages/sides.py).
 
@@ -39,6 +39,7 @@ from exporter.stream.kafka import internal_topics
 from exporter.stream.kafka.client import Offsets, Partition, Record
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.kafka.internal_producer import InternalProducer, ProduceFailed
+from exporter.stream.stages.counts import CountsTask
 from exporter.stream.stages.entry import EntryStages
 from exporter.stream.stages.failures import TaskFailures
 from exporter.stream.stages.records import Kind, RecordError, decode
@@ -46,7 +47,7 @@ from exporter.stream.stages.records import Record as InternalRecord
 from exporter.stream.stages.restoring import give_up_caught_up, go_live, restored
 from exporter.stream.stages.sides import SideStage
 from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack
-from exporter.stream.stages.tasks import CountsTask, JoinTask, Task, expire_joins, pending
+from exporter.stream.stages.tasks import JoinTask, Task, expire_joins, pending
 from exporter.stream.state.fleet import Changes, Fleet
 from exporter.stream.state.label_join import Held, OutcomeJoin
 

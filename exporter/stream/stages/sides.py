@@ -29,8 +29,8 @@ from exporter.stream.kafka.client import Offsets, Partition, Record
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
 from exporter.stream.kafka.source import KafkaSource
+from exporter.stream.stages.counts import CountsTask
 from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode_rows, pending_rows
-from exporter.stream.stages.tasks import CountsTask
 from exporter.stream.state.attribute_join import AttributeJoin, SideRecords
 
 
