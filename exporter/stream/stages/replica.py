@@ -239,16 +239,20 @@ class Stages:
 
     def _task(self, partition: Partition, start: int) -> Task:
         if partition[0] == self.topics.join.name:
-            share = -(-self.fleet.config.max_pending_labels // self.topics.join.partitions)
-            events = self.fleet.events
+            config = self.fleet.config
             return JoinTask(partition, start, self.stage_health, self.health, OutcomeJoin(
-                                self.fleet.config.label_horizon_seconds, self.fleet.config.max_pending_labels,
-                                lambda: self._held_by_others(partition)), self.spec_of,
-                            self.counts_partition, self.clock, self.topic_ids, PairJoin(events.pair_horizon, share),
-                            self.ingest.payload_rows,
+                                config.label_horizon_seconds, config.max_pending_labels,
+                                lambda: self._held_by_others(partition)), self.spec_of, self.counts_partition,
+                            self.clock, self.topic_ids, PairJoin(self.fleet.events.pair_horizon,
+                                                                 self._pairs_share(config)), self.ingest.payload_rows,
                             (lambda ids: self.topics.join_of(ids)) if self.kafka.labels_topic else None)  # fmt: skip
         return CountsTask(partition, start, self.stage_health, self.health, self.fleet, lambda: self.models_of(
             partition[1]), self.clock, self.sides.join if self.sides else None)  # fmt: skip
+
+    def _pairs_share(self, config: Config) -> int:
+        """A join task's bound on the payload halves waiting (and on those in pieces): its share of
+        ``max_pending_labels``, rounded up (the halves of a call meet on its join partition alone)."""
+        return -(-config.max_pending_labels // self.topics.join.partitions)
 
     def _held_by_others(self, partition: Partition) -> Held:
         """What the replica's other join tasks hold: ``max_pending_labels`` bounds the replica's joins together, as
@@ -371,7 +375,7 @@ class Stages:
                 if isinstance(task, JoinTask):
                     task.join.forget_models(carried.__contains__, given_up)
                     task.join.horizon, task.pairs.horizon = config.label_horizon_seconds, self.fleet.events.pair_horizon
-                    task.join.max_pending = config.max_pending_labels
+                    task.join.max_pending, task.pairs.max_pending = config.max_pending_labels, self._pairs_share(config)
                 elif isinstance(task, CountsTask) and task.attributes is not None:
                     given_up["model_reconfigured"] += task.attributes.forget_models(carried)
         return changes, given_up
