@@ -139,7 +139,7 @@ class EntryStages:
                     if large:  # too large for one record: in pieces, put together by the join task
                         values = encode_rows(Kind.PIECES, meta, *piece_rows([(r[0], r[1], r[3]) for r in at]))
                     else:
-                        table = {"source": np.array([r[0] for r in at], dtype=np.int32),
+                        table: dict[str, np.ndarray] = {"source": np.array([r[0] for r in at], dtype=np.int32),
                                  "position": np.array([r[1] for r in at], dtype=np.int64)}  # fmt: skip
                         values = encode_rows(Kind.HALVES, meta, table, [r[3].decode() for r in at])
                     for value in values:
