@@ -25,6 +25,7 @@ from exporter.stream.stages.records import (
     codes_columns,
     codes_layout,
     joined_scores,
+    origins,
     rows_at,
     with_side_ids,
 )
@@ -78,8 +79,8 @@ class CountsTask(Task):
                                  [None] * len(a["timestamp"]), codes, scores=a["score"])  # fmt: skip
             if self.attributes is not None and monitored.spec.sourced():
                 ids = [text for text, k in zip(record.ids, keep.tolist(), strict=True) if k]
-                batch = self.attributes.resolve(monitored.spec, with_side_ids(monitored.spec, batch, ids),
-                                                self.side_outcomes)  # fmt: skip
+                batch = self.attributes.resolve(monitored.spec, with_side_ids(monitored.spec, batch, ids, origins(
+                    record, keep)), self.side_outcomes)  # fmt: skip
             self.count({model: batch})
         elif record.kind is Kind.JOINED:
             bins, scores = joined_scores(monitored.spec, store, a)  # its prediction's, for the score counts

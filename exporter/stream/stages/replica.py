@@ -49,7 +49,7 @@ from exporter.stream.stages.sides import SideStage
 from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack
 from exporter.stream.stages.tasks import JoinTask, Task, expire_joins, pending
 from exporter.stream.state.fleet import Changes, Fleet
-from exporter.stream.state.label_join import Held, OutcomeJoin
+from exporter.stream.state.label_join import OutcomeJoin
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ class Stages:
             config = self.fleet.config
             return JoinTask(partition, start, self.stage_health, self.health, OutcomeJoin(
                                 config.label_horizon_seconds, config.max_pending_labels,
-                                lambda: self._held_by_others(partition)), self.spec_of, self.counts_partition,
+                                lambda: self._other_joins(partition)), self.spec_of, self.counts_partition,
                             self.clock, self.topic_ids, PairJoin(self.fleet.events.pair_horizon,
                                                                  self._pairs_share(config)), self.ingest.payload_rows,
                             (lambda ids: self.topics.join_of(ids)) if self.kafka.labels_topic else None)  # fmt: skip
@@ -254,11 +254,11 @@ class Stages:
         ``max_pending_labels``, rounded up (the halves of a call meet on its join partition alone)."""
         return -(-config.max_pending_labels // self.topics.join.partitions)
 
-    def _held_by_others(self, partition: Partition) -> Held:
-        """What the replica's other join tasks hold: ``max_pending_labels`` bounds the replica's joins together, as
-        it bounds the direct path's one join, whichever partitions the ids hash to."""
-        held = [t.join.held() for p, t in self.tasks.items() if p != partition and isinstance(t, JoinTask)]
-        return (sum(h[0] for h in held), sum(h[1] for h in held), sum(h[2] for h in held))
+    def _other_joins(self, partition: Partition) -> list[OutcomeJoin]:
+        """The replica's other join tasks' joins: ``max_pending_labels`` bounds the replica's joins together (the ids
+        joined forgotten oldest first across them), as it bounds the direct path's one join, whichever partitions
+        the ids hash to."""
+        return [t.join for p, t in self.tasks.items() if p != partition and isinstance(t, JoinTask)]
 
     def forget(self, partitions: list[Partition]) -> None:
         """Revoked (or reset): no commit of this replica carries them; a counts partition's models leave now."""

@@ -149,8 +149,9 @@ class JoinTask(Task):
             return self._calls(whole, offset, unmatched)
         model = str(record.meta.get("model", ""))
         keep = self.fresh(record, (model,) if record.kind is Kind.PENDING else ())
-        if record.kind is Kind.PENDING and record.sources and record.sources[0][0] == self.counts(model)[0]:
-            keep = self._sent_again(model, record, keep)
+        sent = record.arrays.get("origin")  # a counts task's joined predictions (attribute_sources), by their record
+        if sent is not None:
+            keep = self._sent_again(record, sent, keep)
         a = record.arrays
         given_up: Counter[str] = Counter()
         joined: dict[str, Joined] = {}
@@ -161,7 +162,8 @@ class JoinTask(Task):
             else:
                 ids = [pid for pid, k in zip(record.ids, keep.tolist(), strict=True) if k]
                 found = self.join.add_predictions(model, ids, a["timestamp"][keep], a["prediction"][keep].astype(
-                    np.int64), waiting_codes(spec, a, keep), given_up)  # fmt: skip
+                    np.int64), waiting_codes(spec, a, keep), given_up,
+                    origins=None if sent is None else sent[keep])  # fmt: skip
                 if found is not None:
                     joined[model] = found
         elif record.kind is Kind.LABELS:
@@ -179,12 +181,13 @@ class JoinTask(Task):
         self.dirty = True
         return out
 
-    def _sent_again(self, model: str, record: Record, keep: np.ndarray) -> np.ndarray:
-        """A counts task's joined predictions (attribute_sources): those this join has had already are a new owner's
-        replay (its side table releases them at other times than its predecessor's, so no position names them
-        alike), skipped as replayed rows."""
+    def _sent_again(self, record: Record, sent: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """A counts task's joined predictions (attribute_sources): those this join has had from the same source
+        record are a new owner's replay (its side table releases them at other times than its predecessor's, so no
+        position of the counts task's own log names them alike), skipped as replayed rows; another record of an id
+        held is a prediction delivered again, as on the direct path."""
         at = np.flatnonzero(keep)
-        again = self.join.again(model, [record.ids[i] for i in at.tolist()], record.arrays["timestamp"][at])
+        again = self.join.again([record.ids[i] for i in at.tolist()], sent[at])
         if again.any():
             keep = keep.copy()
             keep[at[again]] = False
