@@ -13,11 +13,11 @@ from exporter.stream.state.label_join import OutcomeJoin
 T0 = 1_700_000_000.0
 
 
-def _held(join: OutcomeJoin, ids: list[str]) -> Counter[str]:
+def _held(join: OutcomeJoin, ids: list[str], origins: list[int] | None = None) -> Counter[str]:
     given_up: Counter[str] = Counter()
     n = len(ids)
     join.add_predictions("m", ids, np.full(n, T0), np.ones(n, dtype=np.int64), np.zeros((n, 1), dtype=np.int64),
-                         given_up)  # fmt: skip
+                         given_up, origins=None if origins is None else np.array(origins))  # fmt: skip
     return given_up
 
 
@@ -49,16 +49,41 @@ def test_a_prediction_delivered_again_after_its_label_joined_is_not_held_again()
     _held(join, ["a"])
     join.add_outcomes(["a"], [1], T0, Counter())
     assert _held(join, ["a"]) == Counter(duplicate_prediction=1) and not join.pending
-    assert join.again("m", ["a", "b"], np.array([T0, T0])).tolist() == [True, False]
+
+
+def test_a_prediction_is_sent_again_only_from_the_record_it_was_had_from_through_a_snapshot() -> None:
+    """A counts task's replay names the source record the join had (skipped); another record of the same id and
+    time (delivered twice, or a new prediction) is not one: the direct path's rules count it."""
+    join = OutcomeJoin(3600)
+    _held(join, ["a", "b"], [7, 9])
+    join.add_outcomes(["a"], [1], T0, Counter())
+    restored = OutcomeJoin(3600)
+    restored.restore(join.state(T0))
+    assert restored.again(["a", "a", "b", "b", "c"], np.array([7, 8, 9, 10, 7])).tolist() == [True, False, True,
+                                                                                              False, False]
+    assert _held(restored, ["b"], [10]) == Counter(duplicate_prediction=1)  # the later one replaces the one held
+    assert restored.again(["b", "b"], np.array([9, 10])).tolist() == [True, True]  # either record sent again
+    restored.expire(T0 + 7200, Counter())  # a's joined id forgotten; b waits (the restored labels' clock holds)
+    assert not restored.recently_joined and set(restored.origins) == set(restored.pending) == {"b"}
 
 
 def test_the_joins_of_one_replica_hold_max_pending_together() -> None:
     joins: list[OutcomeJoin] = []
     for i in range(3):
-        joins.append(OutcomeJoin(3600, 10, lambda i=i: tuple(  # type: ignore[misc]
-            sum(h[k] for j, h in enumerate(x.held() for x in joins) if j != i) for k in range(3))))  # fmt: skip
+        joins.append(OutcomeJoin(3600, 10, lambda i=i: [x for j, x in enumerate(joins) if j != i]))  # type: ignore[misc]
     assert _held(joins[0], [f"p{i}" for i in range(8)]) == Counter()  # 8 on one partition: the direct path holds them
     assert _held(joins[1], ["q0", "q1", "q2"]) == Counter(pending_state_full=1)  # 10 in all, as the direct path
     given_up: Counter[str] = Counter()
     joins[2].add_outcomes(["x"], [1], T0, given_up)
     assert given_up == Counter() and len(joins[2].orphans) == 1  # orphans have a bound of their own
+
+
+def test_the_joins_of_one_replica_forget_the_oldest_joined_id_of_them_all_never_the_one_just_joined() -> None:
+    joins: list[OutcomeJoin] = []
+    for i in range(2):
+        joins.append(OutcomeJoin(3600, 3, lambda i=i: [joins[1 - i]]))  # type: ignore[misc]
+    for join, pid in ((joins[0], "a0"), (joins[1], "b0"), (joins[0], "a1"), (joins[1], "b1")):
+        _held(join, [pid], [len(pid)])
+        join.add_outcomes([pid], [1], T0, Counter())  # one time for all: the order they joined in decides
+    assert [list(j.recently_joined) for j in joins] == [["a1"], ["b0", "b1"]]
+    assert set(joins[0].origins) == {"a1"}

@@ -37,8 +37,8 @@ from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.stream import bounded
 from exporter.stream.kafka.internal_producer import InternalProducer, ProduceFailed
+from exporter.stream.stages.counts import CountsTask
 from exporter.stream.stages.entry import EntryStages
-from exporter.stream.stages.tasks import CountsTask
 from exporter.stream.state.fleet import Fleet
 
 __all__ = ["group"]  # the fixture

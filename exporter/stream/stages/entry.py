@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from itertools import groupby
 
 import numpy as np
 
@@ -130,16 +131,19 @@ class EntryStages:
             where = topics.join_of([r[2] for r in rows])
             meta = {"sources": [[*p, self.logs.get(p[0], "")] for p, _ in parts]}
             for q in np.unique(where).tolist():
+                # in log order: the join task meets a call's halves in the order the direct path reads them (the
+                # first half's component is the one counted), so a run of halves and a half in pieces are not swapped
                 mine = [rows[k] for k in np.flatnonzero(where == q).tolist()]
-                whole = [r for r in mine if len(r[3]) <= MAX_HALF_BYTES]
-                table: dict[str, np.ndarray] = {"source": np.array([r[0] for r in whole], dtype=np.int32),
-                         "position": np.array([r[1] for r in whole], dtype=np.int64)}  # fmt: skip
-                values = encode_rows(Kind.HALVES, meta, table, [r[3].decode() for r in whole]) if whole else []
-                if len(whole) < len(mine):  # too large for one record: in pieces, put together by the join task
-                    values += encode_rows(Kind.PIECES, meta, *piece_rows([(r[0], r[1], r[3]) for r in mine
-                                                                          if len(r[3]) > MAX_HALF_BYTES]))  # fmt: skip
-                for value in values:
-                    self.producer.send(topics.join.name, q, value)
+                for large, run in groupby(mine, key=lambda r: len(r[3]) > MAX_HALF_BYTES):
+                    at = list(run)
+                    if large:  # too large for one record: in pieces, put together by the join task
+                        values = encode_rows(Kind.PIECES, meta, *piece_rows([(r[0], r[1], r[3]) for r in at]))
+                    else:
+                        table: dict[str, np.ndarray] = {"source": np.array([r[0] for r in at], dtype=np.int32),
+                                 "position": np.array([r[1] for r in at], dtype=np.int64)}  # fmt: skip
+                        values = encode_rows(Kind.HALVES, meta, table, [r[3].decode() for r in at])
+                    for value in values:
+                        self.producer.send(topics.join.name, q, value)
         produced.update(ends)
         self.ingest.report({}, ignored, [], 0, ", ".join(f"{t}[{p}]" for t, p in ends), letters)
 

@@ -15,33 +15,26 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 import orjson
 
-from exporter.stream.decode.payload import REFUSED_ROWS, UNMATCHED_REASONS, half_json, half_of
+from exporter.stream.decode.payload import half_json
 from exporter.stream.decode.platforms import Half
 from exporter.stream.stages.records import (
     HEADER_ROOM,
     MAX_RECORD_BYTES,
-    ROW_BITS,
-    Kind,
     Record,
-    codes_layout,
-    codes_matrix,
-    encode_rows,
-    pending_rows,
-    side_ids,
 )
-
-if TYPE_CHECKING:
-    from exporter.stream.stages.tasks import JoinTask, Out
 
 MAX_HALF_BYTES: Final = MAX_RECORD_BYTES - HEADER_ROOM - 1024
 """The largest half (as JSON) one HALVES row carries; a larger one travels in pieces of this size."""
 PIECE_BITS: Final = 16
 """A piece's position: its half's source offset times 2^16 plus its index (65,536 pieces: 58 GB of JSON)."""
+PIECE_REASONS: Final = ("pieces_missing",)
+"""Why a half in pieces was never counted, beside the pair join's reasons (``pending_state_full`` among them):
+its pieces did not all come within ``events.pair_horizon``."""
 
 
 def rekeyed(half: Half) -> bytes:
@@ -75,12 +68,20 @@ def piece_rows(halves: list[tuple[int, int, bytes]]) -> tuple[dict[str, np.ndarr
 
 
 class Pieces:
-    """The pieces of the halves a join task has in part, by their source (topic, partition, log) and offset."""
+    """The pieces of the halves a join task has in part, by their source (topic, partition, log) and offset.
+
+    A half whose other pieces never come (a piece record unreadable, or gone with the topic's retention; an entry
+    stage that read its record again under a config that ignores it) is given up as the pair join gives up a half:
+    after ``events.pair_horizon``, counted under ``pieces_missing``; and at most as many halves are in part as the
+    task's pair join holds halves, the oldest given up first (``pending_state_full``): a half's pieces come one
+    after the other, so a half in part for long is one whose pieces stopped."""
 
     def __init__(self) -> None:
         self.parts: dict[tuple[str, ...], list[str]] = {}
+        self.since: dict[tuple[str, ...], float] = {}
+        """When each half in part had its first piece (in that order: the oldest first)."""
 
-    def add(self, record: Record, keep: np.ndarray) -> list[str]:
+    def add(self, record: Record, keep: np.ndarray, now: float, most: int, unmatched: Counter[str]) -> list[str]:
         """Take a PIECES record's new pieces; the halves (as JSON) whose last piece this was."""
         whole = []
         a = record.arrays
@@ -91,84 +92,51 @@ class Pieces:
                 continue
             topic, partition, log = sources[i]
             key = (topic, str(partition), log, str(position >> PIECE_BITS))
-            parts = self.parts.setdefault(key, [])
+            parts = self.parts.get(key)
+            if parts is None:
+                while self.parts and len(self.parts) >= most:
+                    self._give_up(next(iter(self.parts)), "pending_state_full", unmatched)
+                parts = self.parts[key] = []
+                self.since[key] = now
             parts.append(text)
             if len(parts) == count:
                 whole.append("".join(self.parts.pop(key)))
+                del self.since[key]
         return whole
+
+    def expire(self, now: float, horizon: float, unmatched: Counter[str]) -> None:
+        """Give up the halves whose first piece came more than ``horizon`` seconds ago."""
+        for key in [k for k, at in self.since.items() if at < now - horizon]:
+            self._give_up(key, "pieces_missing", unmatched)
+
+    def _give_up(self, key: tuple[str, ...], reason: str, unmatched: Counter[str]) -> None:
+        del self.parts[key], self.since[key]
+        unmatched[reason] += 1
 
     def state(self) -> dict[str, np.ndarray]:
         keys = list(self.parts)
         texts = [t.encode() for k in keys for t in self.parts[k]]
         return {"keys": np.array(["\x1f".join(k) for k in keys], dtype=str),
                 "sizes": np.array([len(self.parts[k]) for k in keys], dtype=np.int64),
+                "since": np.array([self.since[k] for k in keys], dtype=np.float64),
                 "bytes": np.frombuffer(b"".join(texts), dtype=np.uint8),
                 "lengths": np.array([len(t) for t in texts], dtype=np.int64)}  # fmt: skip
 
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        """What :meth:`state` wrote (none: a snapshot of a task that had no half in part)."""
-        self.parts = {}
+    def restore(self, state: dict[str, np.ndarray], now: float) -> None:
+        """What :meth:`state` wrote (none: a snapshot of a task that had no half in part); a half written without
+        the time of its first piece (before pieces expired) waits from ``now``."""
+        self.parts, self.since = {}, {}
         if "keys" not in state:
             return
         data, at = state["bytes"].tobytes(), 0
         lengths = iter(state["lengths"].tolist())
-        for key, size in zip(state["keys"].tolist(), state["sizes"].tolist(), strict=True):
-            parts = self.parts[tuple(str(key).split("\x1f"))] = []
+        keys, sizes = state["keys"].tolist(), state["sizes"].tolist()
+        since = state["since"].tolist() if "since" in state else [now] * len(keys)
+        for key, size, first in zip(keys, sizes, since, strict=True):
+            mine = tuple(str(key).split("\x1f"))
+            parts = self.parts[mine] = []
+            self.since[mine] = float(first)
             for _ in range(size):
                 n = next(lengths)
                 parts.append(data[at : at + n].decode())
                 at += n
-
-
-def joined_calls(task: JoinTask, texts: list[str], offset: int) -> list[Out]:
-    """Pair a join record's halves (as JSON) with those waiting; each joined call's rows as PREDICTIONS to its
-    model's counts partition (and, when labels are read, as PENDING to the join partition of each row's id)."""
-    now = task.clock()
-    unmatched: Counter[str] = Counter()
-    pairs: dict[str, list[tuple[Half, Half]]] = {}
-    for text in texts:
-        half = half_of(orjson.loads(text))
-        if half.rows == REFUSED_ROWS:
-            task.pairs.refuse(half.model or "", half.pair, now, unmatched)
-            continue
-        pair = task.pairs.add(half, now, unmatched)
-        if pair is not None:
-            pairs.setdefault(half.model or "", []).append(pair)
-    out: list[Out] = []
-    at = offset << ROW_BITS
-    rejected, given_up = Counter[str](), Counter[str]()
-    for model, mine in pairs.items():
-        spec = task.spec_of(model)
-        if spec is None or task.payload_rows is None:
-            given_up["model_reconfigured"] += len(mine)
-            continue
-        batch, _ = task.payload_rows(model).batch(mine, now)  # refused pairs: counted, not dead-lettered here
-        rejected.update(batch.rejected)
-        n = len(batch)
-        if not n:
-            continue
-        table: dict[str, np.ndarray] = {"source": np.zeros(n, dtype=np.int32),
-                 "position": np.arange(at, at + n, dtype=np.int64), "timestamp": batch.timestamps,
-                 "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
-                 "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
-        at += n
-        meta = {"model": model, "layout": codes_layout(spec),
-                "sources": [[*task.partition, task.logs.get(task.partition[0], "")]]}  # fmt: skip
-        topic, partition = task.counts(model)
-        out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, table,
-                                                                            side_ids(spec, batch))]
-        if task.pending_to is not None and not spec.sourced():  # else its counts task sends them, joined
-            ids = [str(pid) for pid in batch.prediction_ids]
-            where = task.pending_to(ids)
-            for q, rows in ((q, np.flatnonzero(where == q)) for q in np.unique(where).tolist()):
-                out += [(task.partition[0], q, None, v) for v in encode_rows(
-                    Kind.PENDING, meta, pending_rows(table, rows), [ids[i] for i in rows.tolist()])]
-    joined, unmatched_counter = task.health.payload_counters(UNMATCHED_REASONS)
-    joined.inc(sum(map(len, pairs.values())))
-    for reason, n in unmatched.items():
-        unmatched_counter.labels(reason).inc(n)
-    for reason, n in rejected.items():
-        task.health.rejected.labels(reason).inc(n)
-    task.health.count_outcomes(given_up)
-    task.dirty = True
-    return out

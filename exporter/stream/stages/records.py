@@ -20,8 +20,8 @@ JOINED         counts     model, layout, sources; source, position, timestamp, o
 PENDING        join       model, layout, sources; source, position, timestamp, prediction, codes, score (empty
                           without scores; absent from records written before it), ids (a model
                           with attribute_sources: from its counts task once joined, the source its counts
-                          partition in a log of the replica's own, stages/sides.py; one the join had already
-                          is skipped by its id)
+                          partition in a log of the replica's own, stages/sides.py, and origin: each row's
+                          source record, :func:`origins`; one the join had from that record is skipped)
 LABELS         join       sources; source, position, outcome (0/1), ids
 HALVES         join       sources; source, position, ids (each a payload log's request or response as JSON,
                           exporter/stream/stages/halves.py rekeyed), to the join partition of its call id
@@ -33,6 +33,7 @@ SNAPSHOT       both       task, partition, covers, id, chunk, chunks; data (byte
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import struct
 import zlib
@@ -195,15 +196,47 @@ def side_ids(spec: ModelSpec, batch: DecodedBatch) -> list[str] | None:
                                                       strict=True)]  # fmt: skip
 
 
-def with_side_ids(spec: ModelSpec, batch: DecodedBatch, ids: list[str]) -> DecodedBatch:
-    """A batch rebuilt from a record (:func:`side_ids` inverted): its prediction ids and ``side_ids`` per source."""
+def with_side_ids(spec: ModelSpec, batch: DecodedBatch, ids: list[str], origins: np.ndarray) -> DecodedBatch:
+    """A batch rebuilt from a record (:func:`side_ids` inverted): its prediction ids, each with its row's
+    :func:`origins` (:func:`tagged`: it goes where the prediction goes, through the attribute join's hold and the
+    counts task's snapshot), and ``side_ids`` per source."""
     rows = [orjson.loads(text) for text in ids]
-    batch.prediction_ids = [row[0] for row in rows]
+    batch.prediction_ids = [None if row[0] is None else tagged(row[0], o)
+                            for row, o in zip(rows, origins.tolist(), strict=True)]  # fmt: skip
     batch.side_ids = {name: [row[k + 1] for row in rows] for k, name in enumerate(spec.sourced())}
     return batch
 
 
-PENDING_COLUMNS: Final = ("source", "position", "timestamp", "prediction", "codes", "score")
+def origins(record: Record, keep: np.ndarray) -> np.ndarray:
+    """The source record of each kept row (its topic, partition, log and position) as one nonzero int64, the first
+    8 bytes of their BLAKE2b: the same on every counts task that derives a prediction from that row (a new owner's
+    replay), another for another record of the same id (a prediction delivered again); two records of one id are
+    taken for one once in 2^64."""
+    sources = record.sources
+    found = []
+    for i, position in zip(record.arrays["source"][keep].tolist(), record.arrays["position"][keep].tolist(),
+                           strict=True):  # fmt: skip
+        digest = hashlib.blake2b("\x1f".join(map(str, (*sources[i], position))).encode(), digest_size=8).digest()
+        found.append(int.from_bytes(digest, "little", signed=True) or 1)
+    return np.array(found, dtype=np.int64)
+
+
+def tagged(pid: object, origin: int) -> str:
+    """A prediction id with its source record (:func:`origins`) in front, as 16 hex digits and a unit separator."""
+    return f"{origin % 2**64:016x}\x1f{pid}"
+
+
+def untagged(pid: object) -> tuple[str, int]:
+    """(prediction id, source record) of :func:`tagged`; an id held before the source records were (a counts task's
+    snapshot of an earlier version): itself, and 0 (none known)."""
+    text = str(pid)
+    if len(text) > 16 and text[16] == "\x1f" and all(c in "0123456789abcdef" for c in text[:16]):
+        origin = int(text[:16], 16)
+        return text[17:], origin - 2**64 if origin >= 2**63 else origin
+    return text, 0
+
+
+PENDING_COLUMNS: Final = ("source", "position", "timestamp", "prediction", "codes", "score", "origin")
 
 
 def rows_at(rows: dict[str, np.ndarray], at: np.ndarray, n: int) -> dict[str, np.ndarray]:
@@ -215,7 +248,7 @@ def rows_at(rows: dict[str, np.ndarray], at: np.ndarray, n: int) -> dict[str, np
 def pending_rows(rows: dict[str, np.ndarray], at: np.ndarray) -> dict[str, np.ndarray]:
     """The PENDING columns of a row table's rows ``at``: a waiting prediction takes its score to its label (the
     score bin of the estimation and AUC counts, the calibration's sums), as the direct path's waiting ones do."""
-    return rows_at({k: rows[k] for k in PENDING_COLUMNS}, at, len(rows["position"]))
+    return rows_at({k: rows[k] for k in PENDING_COLUMNS if k in rows}, at, len(rows["position"]))
 
 
 def waiting_codes(spec: ModelSpec, arrays: dict[str, np.ndarray], keep: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ the replicas, and this module handles each record by its topic:
   decoded rows to its counts partition, and unlabelled predictions and labels to the join partition of their id;
 - **join** (a join partition): a :class:`~exporter.stream.stages.tasks.JoinTask`; what it joins goes to the
   model's counts partition;
-- **evaluate** (a counts partition): a :class:`~exporter.stream.stages.tasks.CountsTask`, which counts into the
+- **evaluate** (a counts partition): a :class:`~exporter.stream.stages.counts.CountsTask`, which counts into the
   window stores of the models whose id hashes to that partition: this replica owns them, computes them and
   exports their series; with ``attribute_sources`` it first joins their side records by id (stages/sides.py).
 
@@ -39,6 +39,7 @@ from exporter.stream.kafka import internal_topics
 from exporter.stream.kafka.client import Offsets, Partition, Record
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.kafka.internal_producer import InternalProducer, ProduceFailed
+from exporter.stream.stages.counts import CountsTask
 from exporter.stream.stages.entry import EntryStages
 from exporter.stream.stages.failures import TaskFailures
 from exporter.stream.stages.records import Kind, RecordError, decode
@@ -46,9 +47,9 @@ from exporter.stream.stages.records import Record as InternalRecord
 from exporter.stream.stages.restoring import give_up_caught_up, go_live, restored
 from exporter.stream.stages.sides import SideStage
 from exporter.stream.stages.snapshots import CHUNK_BYTES, chunks, pack
-from exporter.stream.stages.tasks import CountsTask, JoinTask, Task, expire_joins, pending
+from exporter.stream.stages.tasks import JoinTask, Task, expire_joins, pending
 from exporter.stream.state.fleet import Changes, Fleet
-from exporter.stream.state.label_join import Held, OutcomeJoin
+from exporter.stream.state.label_join import OutcomeJoin
 
 log = logging.getLogger(__name__)
 
@@ -238,22 +239,26 @@ class Stages:
 
     def _task(self, partition: Partition, start: int) -> Task:
         if partition[0] == self.topics.join.name:
-            share = -(-self.fleet.config.max_pending_labels // self.topics.join.partitions)
-            events = self.fleet.events
+            config = self.fleet.config
             return JoinTask(partition, start, self.stage_health, self.health, OutcomeJoin(
-                                self.fleet.config.label_horizon_seconds, self.fleet.config.max_pending_labels,
-                                lambda: self._held_by_others(partition)), self.spec_of,
-                            self.counts_partition, self.clock, self.topic_ids, PairJoin(events.pair_horizon, share),
-                            self.ingest.payload_rows,
+                                config.label_horizon_seconds, config.max_pending_labels,
+                                lambda: self._other_joins(partition)), self.spec_of, self.counts_partition,
+                            self.clock, self.topic_ids, PairJoin(self.fleet.events.pair_horizon,
+                                                                 self._pairs_share(config)), self.ingest.payload_rows,
                             (lambda ids: self.topics.join_of(ids)) if self.kafka.labels_topic else None)  # fmt: skip
         return CountsTask(partition, start, self.stage_health, self.health, self.fleet, lambda: self.models_of(
             partition[1]), self.clock, self.sides.join if self.sides else None)  # fmt: skip
 
-    def _held_by_others(self, partition: Partition) -> Held:
-        """What the replica's other join tasks hold: ``max_pending_labels`` bounds the replica's joins together, as
-        it bounds the direct path's one join, whichever partitions the ids hash to."""
-        held = [t.join.held() for p, t in self.tasks.items() if p != partition and isinstance(t, JoinTask)]
-        return (sum(h[0] for h in held), sum(h[1] for h in held), sum(h[2] for h in held))
+    def _pairs_share(self, config: Config) -> int:
+        """A join task's bound on the payload halves waiting (and on those in pieces): its share of
+        ``max_pending_labels``, rounded up (the halves of a call meet on its join partition alone)."""
+        return -(-config.max_pending_labels // self.topics.join.partitions)
+
+    def _other_joins(self, partition: Partition) -> list[OutcomeJoin]:
+        """The replica's other join tasks' joins: ``max_pending_labels`` bounds the replica's joins together (the ids
+        joined forgotten oldest first across them), as it bounds the direct path's one join, whichever partitions
+        the ids hash to."""
+        return [t.join for p, t in self.tasks.items() if p != partition and isinstance(t, JoinTask)]
 
     def forget(self, partitions: list[Partition]) -> None:
         """Revoked (or reset): no commit of this replica carries them; a counts partition's models leave now."""
@@ -370,7 +375,7 @@ class Stages:
                 if isinstance(task, JoinTask):
                     task.join.forget_models(carried.__contains__, given_up)
                     task.join.horizon, task.pairs.horizon = config.label_horizon_seconds, self.fleet.events.pair_horizon
-                    task.join.max_pending = config.max_pending_labels
+                    task.join.max_pending, task.pairs.max_pending = config.max_pending_labels, self._pairs_share(config)
                 elif isinstance(task, CountsTask) and task.attributes is not None:
                     given_up["model_reconfigured"] += task.attributes.forget_models(carried)
         return changes, given_up

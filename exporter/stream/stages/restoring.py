@@ -9,10 +9,11 @@ from typing import Protocol
 
 from exporter.health.counters import StageHealth
 from exporter.stream.kafka.client import Partition
+from exporter.stream.stages.counts import CountsTask
 from exporter.stream.stages.records import Record
 from exporter.stream.stages.sides import SideStage
 from exporter.stream.stages.snapshots import unpack
-from exporter.stream.stages.tasks import CountsTask, Task
+from exporter.stream.stages.tasks import Task
 
 log = logging.getLogger("exporter.stream.stages.replica")
 

@@ -29,8 +29,8 @@ from exporter.stream.kafka.client import Offsets, Partition, Record
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
 from exporter.stream.kafka.source import KafkaSource
-from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode_rows, pending_rows
-from exporter.stream.stages.tasks import CountsTask
+from exporter.stream.stages.counts import CountsTask
+from exporter.stream.stages.records import Kind, codes_layout, codes_matrix, encode_rows, pending_rows, untagged
 from exporter.stream.state.attribute_join import AttributeJoin, SideRecords
 
 
@@ -86,10 +86,10 @@ class SideStage:
         self.producer, self.topics_now = producer, topics
         self.log = uuid.uuid4().hex
         """The log this replica's PENDING rows are in (their positions count from 0 in it): a new owner's rows are
-        never taken for its predecessor's. No position derived from the counts records could name a prediction
-        alike on two owners (each side table releases the waiting ones when it reads their records), so the join
-        recognises one sent again by its id (``OutcomeJoin.again``: joined within the horizon, or waiting with the
-        same event time) and skips it as a replayed row."""
+        never taken for its predecessor's. No position of this log could name a prediction alike on two owners (each
+        side table releases the waiting ones when it reads their records), so each row also carries its source
+        record (``origin``, records.py :func:`origins`): the join skips one it had from that record as a replayed
+        row (``OutcomeJoin.again``), and takes another record of the id as the direct path does."""
         self.sent = 0
         self.book = SideBook(self._observe)
         self.topics = sorted(ingest.side_topics)
@@ -185,14 +185,15 @@ class SideStage:
                                                                len(batch)))  # fmt: skip
         if not len(at):
             return
+        ids, found = zip(*map(untagged, (batch.prediction_ids[i] for i in at.tolist())), strict=True)
         rows: dict[str, np.ndarray] = {
                 "source": np.zeros(len(at), dtype=np.int32), "position": np.arange(self.sent, self.sent + len(at)),
                 "timestamp": batch.timestamps[at], "prediction": batch.predictions[at].astype(np.int8),
                 "codes": codes_matrix(spec, {k: v[at] for k, v in batch.codes.items()}),
-                "score": batch.scores[at] if len(batch.scores) else batch.scores}  # fmt: skip
+                "score": batch.scores[at] if len(batch.scores) else batch.scores,
+                "origin": np.array(found, dtype=np.int64)}  # fmt: skip
         self.sent += len(at)
         meta: dict[str, object] = {"model": model, "layout": codes_layout(spec), "sources": [[*partition, self.log]]}
-        ids = [str(batch.prediction_ids[i]) for i in at.tolist()]
         topics = self.topics_now()
         where = topics.join_of(ids)
         for q in np.unique(where).tolist():

@@ -3,11 +3,10 @@
 A :class:`JoinTask` holds the label join of one ``.join`` partition (the same :class:`OutcomeJoin` as the direct
 path) and sends each joined outcome to its model's ``.counts`` partition; with a payload log it also pairs the
 halves of the calls whose id falls on its partition (the direct path's :class:`PairJoin`), and sends each joined
-call's rows on as predictions. A :class:`CountsTask` counts the records
-of one ``.counts`` partition into the window stores of the models it owns, with the direct path's
-``WindowStore.add`` and ``add_joined``. Both skip rows whose source position they already applied (a high-water
-mark per source), so a stage that re-reads its input after a crash or a rebalance never counts twice; both
-restore from and write inline snapshots (exporter/stream/stages/snapshots.py).
+call's rows on as predictions (the halves too large for one record put together first: stages/halves.py). The
+:class:`Task` base is also the counts task's (stages/counts.py). Every task skips rows whose source position it
+already applied (a high-water mark per source), so a stage that re-reads its input after a crash or a rebalance
+never counts twice; each restores from and writes inline snapshots (exporter/stream/stages/snapshots.py).
 """
 
 from __future__ import annotations
@@ -15,39 +14,39 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+import orjson
 
-from exporter.config import ModelSpec, layout
+from exporter.config import ModelSpec
 from exporter.health.counters import Health, StageHealth
-from exporter.stream.decode.events import DecodedBatch
-from exporter.stream.decode.payload import UNMATCHED_REASONS, PairJoin, PayloadRows
+from exporter.stream.decode.payload import REFUSED_ROWS, UNMATCHED_REASONS, PairJoin, PayloadRows, half_of
+from exporter.stream.decode.platforms import Half
 from exporter.stream.kafka.client import Partition
-from exporter.stream.stages.halves import Pieces, joined_calls
+from exporter.stream.stages.halves import PIECE_REASONS, Pieces
 from exporter.stream.stages.records import (
     ROW_BITS,
     Kind,
     Record,
-    codes_columns,
     codes_layout,
+    codes_matrix,
     encode_rows,
     joined_columns,
-    joined_scores,
-    rows_at,
+    pending_rows,
+    side_ids,
     waiting_codes,
-    with_side_ids,
 )
 from exporter.stream.stages.snapshots import Restoring
-from exporter.stream.state.attribute_join import AttributeJoin
-from exporter.stream.state.fleet import Fleet
 from exporter.stream.state.label_join import Joined, OutcomeJoin
 
 log = logging.getLogger(__name__)
 
 Out = tuple[str, int, bytes | None, bytes]
 """A record to send: topic, partition, key, value."""
+_REASONS = (*UNMATCHED_REASONS, *PIECE_REASONS)
+"""Why a payload half was never counted on the staged path: the pair join's reasons and those of halves in pieces."""
 Source = tuple[str, ...]
 """What a high-water mark is kept for: (topic, partition) of a source, with the model first in a counts task."""
 
@@ -141,14 +140,18 @@ class JoinTask(Task):
         # a model's predictions and the labels have marks of their own: rows of several models from one source
         # partition interleave, each model's in order
         if record.kind is Kind.HALVES:
-            return joined_calls(self, [t for t, k in zip(record.ids, self.fresh(record, ("payload",)).tolist(),
-                                                         strict=True) if k], offset)  # fmt: skip
+            return self._calls([t for t, k in zip(record.ids, self.fresh(record, ("payload",)).tolist(), strict=True)
+                                if k], offset)  # fmt: skip
         if record.kind is Kind.PIECES:
-            return joined_calls(self, self.pieces.add(record, self.fresh(record, ("pieces",))), offset)
+            unmatched: Counter[str] = Counter()
+            whole = self.pieces.add(record, self.fresh(record, ("pieces",)), self.clock(), self.pairs.max_pending,
+                                    unmatched)  # fmt: skip
+            return self._calls(whole, offset, unmatched)
         model = str(record.meta.get("model", ""))
         keep = self.fresh(record, (model,) if record.kind is Kind.PENDING else ())
-        if record.kind is Kind.PENDING and record.sources and record.sources[0][0] == self.counts(model)[0]:
-            keep = self._sent_again(model, record, keep)
+        sent = record.arrays.get("origin")  # a counts task's joined predictions (attribute_sources), by their record
+        if sent is not None:
+            keep = self._sent_again(record, sent, keep)
         a = record.arrays
         given_up: Counter[str] = Counter()
         joined: dict[str, Joined] = {}
@@ -159,7 +162,8 @@ class JoinTask(Task):
             else:
                 ids = [pid for pid, k in zip(record.ids, keep.tolist(), strict=True) if k]
                 found = self.join.add_predictions(model, ids, a["timestamp"][keep], a["prediction"][keep].astype(
-                    np.int64), waiting_codes(spec, a, keep), given_up)  # fmt: skip
+                    np.int64), waiting_codes(spec, a, keep), given_up,
+                    origins=None if sent is None else sent[keep])  # fmt: skip
                 if found is not None:
                     joined[model] = found
         elif record.kind is Kind.LABELS:
@@ -177,12 +181,13 @@ class JoinTask(Task):
         self.dirty = True
         return out
 
-    def _sent_again(self, model: str, record: Record, keep: np.ndarray) -> np.ndarray:
-        """A counts task's joined predictions (attribute_sources): those this join has had already are a new owner's
-        replay (its side table releases them at other times than its predecessor's, so no position names them
-        alike), skipped as replayed rows."""
+    def _sent_again(self, record: Record, sent: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """A counts task's joined predictions (attribute_sources): those this join has had from the same source
+        record are a new owner's replay (its side table releases them at other times than its predecessor's, so no
+        position of the counts task's own log names them alike), skipped as replayed rows; another record of an id
+        held is a prediction delivered again, as on the direct path."""
         at = np.flatnonzero(keep)
-        again = self.join.again(model, [record.ids[i] for i in at.tolist()], record.arrays["timestamp"][at])
+        again = self.join.again([record.ids[i] for i in at.tolist()], sent[at])
         if again.any():
             keep = keep.copy()
             keep[at[again]] = False
@@ -207,6 +212,60 @@ class JoinTask(Task):
             out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.JOINED, meta, table)]
         return out
 
+    def _calls(self, texts: list[str], offset: int, unmatched: Counter[str] | None = None) -> list[Out]:
+        """Pair a join record's halves (as JSON) with those waiting; each joined call's rows as PREDICTIONS to its
+        model's counts partition (and, when labels are read, as PENDING to the join partition of each row's id);
+        ``unmatched``: halves already given up (in pieces)."""
+        now = self.clock()
+        unmatched = Counter(unmatched)
+        pairs: dict[str, list[tuple[Half, Half]]] = {}
+        for text in texts:
+            half = half_of(orjson.loads(text))
+            if half.rows == REFUSED_ROWS:
+                self.pairs.refuse(half.model or "", half.pair, now, unmatched)
+                continue
+            pair = self.pairs.add(half, now, unmatched)
+            if pair is not None:
+                pairs.setdefault(half.model or "", []).append(pair)
+        out: list[Out] = []
+        at = offset << ROW_BITS
+        rejected, given_up = Counter[str](), Counter[str]()
+        for model, mine in pairs.items():
+            spec = self.spec_of(model)
+            if spec is None or self.payload_rows is None:
+                given_up["model_reconfigured"] += len(mine)
+                continue
+            batch, _ = self.payload_rows(model).batch(mine, now)  # refused pairs: counted, not dead-lettered here
+            rejected.update(batch.rejected)
+            n = len(batch)
+            if not n:
+                continue
+            table: dict[str, np.ndarray] = {"source": np.zeros(n, dtype=np.int32),
+                     "position": np.arange(at, at + n, dtype=np.int64), "timestamp": batch.timestamps,
+                     "prediction": batch.predictions.astype(np.int8), "outcome": batch.outcomes.astype(np.int8),
+                     "codes": codes_matrix(spec, batch.codes), "score": batch.scores}  # fmt: skip
+            at += n
+            meta = {"model": model, "layout": codes_layout(spec),
+                    "sources": [[*self.partition, self.logs.get(self.partition[0], "")]]}  # fmt: skip
+            topic, partition = self.counts(model)
+            out += [(topic, partition, model.encode(), v) for v in encode_rows(Kind.PREDICTIONS, meta, table,
+                                                                                side_ids(spec, batch))]
+            if self.pending_to is not None and not spec.sourced():  # else its counts task sends them, joined
+                ids = [str(pid) for pid in batch.prediction_ids]
+                where = self.pending_to(ids)
+                for q, rows in ((q, np.flatnonzero(where == q)) for q in np.unique(where).tolist()):
+                    out += [(self.partition[0], q, None, v) for v in encode_rows(
+                        Kind.PENDING, meta, pending_rows(table, rows), [ids[i] for i in rows.tolist()])]
+        joined, unmatched_counter = self.health.payload_counters(_REASONS)
+        joined.inc(sum(map(len, pairs.values())))
+        for reason, n in unmatched.items():
+            unmatched_counter.labels(reason).inc(n)
+        for reason, n in rejected.items():
+            self.health.rejected.labels(reason).inc(n)
+        self.health.count_outcomes(given_up)
+        self.dirty = True
+        return out
+
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         pairs = {f"pairs.{k}": v for k, v in self.pairs.state().items()} if self.pairs.pending or self.pairs.done \
             else {}  # fmt: skip
@@ -217,116 +276,9 @@ class JoinTask(Task):
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.join.restore({k[len("join."):]: v for k, v in arrays.items() if k.startswith("join.")})
         self.pairs.restore({k[len("pairs."):]: v for k, v in arrays.items() if k.startswith("pairs.")})
-        self.pieces.restore({k[len("pieces."):]: v for k, v in arrays.items() if k.startswith("pieces.")})
+        self.pieces.restore({k[len("pieces."):]: v for k, v in arrays.items() if k.startswith("pieces.")},
+                            self.clock())
         self.restore_hwm(arrays)
-
-
-class CountsTask(Task):
-    """The evaluation of the models of one ``.counts`` partition: their window stores live in the fleet, taken
-    when this task goes live and released when it is revoked."""
-
-    stage = "counts"
-
-    def __init__(self, partition: Partition, start: int, stage_health: StageHealth, health: Health, fleet: Fleet,
-                 models: Callable[[], list[str]], clock: Callable[[], float],
-                 sides: AttributeJoin | None = None) -> None:  # fmt: skip
-        super().__init__(partition, start, stage_health)
-        self.fleet = fleet
-        self.health = health
-        self.models = models
-        """The configured models of this partition."""
-        self.clock = clock
-        self.attributes = AttributeJoin(fleet.config, sides) if sides else None
-        """With ``attribute_sources``: the direct path's join over this replica's side tables (``sides``), the
-        predictions waiting for their records this task's own (in its snapshot)."""
-        self.side_outcomes: Counter[tuple[str, str]] = Counter()
-        """What became of the ids looked up since the stages last counted them (exporter/health/side.py)."""
-        self.forward: Callable[[Partition, str, DecodedBatch], None] | None = None
-        """Sends a model's joined predictions on to wait for their labels (stages/sides.py, as the task goes live)."""
-        self._restored: tuple[dict[str, Any], dict[str, np.ndarray]] = ({"models": {}}, {})
-
-    def apply(self, record: Record, offset: int) -> list[Out]:
-        """Count a PREDICTIONS or JOINED record in its model's window store."""
-        model = str(record.meta.get("model"))
-        monitored = self.fleet.models.get(model)
-        if monitored is None or codes_layout(monitored.spec) != record.meta.get("layout"):
-            # a model this replica does not monitor as configured (a reload reaches the replicas one at a time)
-            self.health.ignored.labels("unconfigured_model").inc(len(record))
-            return []
-        keep = self.fresh(record, (model,))
-        if not keep.any():
-            return []
-        a = rows_at(record.arrays, keep, len(keep))
-        codes = codes_columns(monitored.spec, a["codes"])
-        store = monitored.store
-        if record.kind is Kind.PREDICTIONS:
-            batch = DecodedBatch(a["timestamp"], a["prediction"].astype(np.int64), a["outcome"].astype(np.int64),
-                                 [None] * len(a["timestamp"]), codes, scores=a["score"])  # fmt: skip
-            if self.attributes is not None and monitored.spec.sourced():
-                ids = [text for text, k in zip(record.ids, keep.tolist(), strict=True) if k]
-                batch = self.attributes.resolve(monitored.spec, with_side_ids(monitored.spec, batch, ids),
-                                                self.side_outcomes)  # fmt: skip
-            self.count({model: batch})
-        elif record.kind is Kind.JOINED:
-            bins, scores = joined_scores(monitored.spec, store, a)  # its prediction's, for the score counts
-            outside = store.add_joined(a["timestamp"], codes, a["outcome"].astype(np.int64), bins, scores=scores)
-            self.health.outcomes_joined.inc(len(a["position"]) - outside)
-            self.health.count_outcomes({"prediction_outside_window": outside} if outside else {})
-        self.dirty = True
-        return []
-
-    def count(self, batches: Mapping[str, DecodedBatch]) -> None:
-        """Count models' predictions whose attributes are known (those released by the join too, in their own
-        event-time buckets)."""
-        late = 0
-        for model, batch in batches.items():
-            if (monitored := self.fleet.models.get(model)) is not None and len(batch):
-                late += monitored.store.add(batch.timestamps, batch.codes, batch.predictions, batch.outcomes,
-                                            self.clock(), scores=batch.scores)  # fmt: skip
-                self.dirty = True
-                if self.forward is not None:
-                    self.forward(self.partition, model, batch)
-        if late:
-            self.health.late.inc(late)
-
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        models, arrays = {}, self.hwm_arrays()
-        if self.attributes is not None:
-            arrays.update({f"side.{k}": v for k, v in self.attributes.held_state().items()})
-        windowing = self.fleet.config.windowing
-        with self.fleet.lock:
-            for i, model in enumerate(self.models()):
-                monitored = self.fleet.models.get(model)
-                if monitored is None:
-                    continue
-                models[model] = {"layout": layout(monitored.spec, windowing), "prefix": f"m{i}."}
-                arrays.update({f"m{i}.{k}": v for k, v in monitored.store.state().items()})
-        return {"models": models}, arrays
-
-    def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        """Restore the hwm marks; the models' arrays are taken by :meth:`take` (with the fleet's current specs)."""
-        self.restore_hwm(arrays)
-        if self.attributes is not None:
-            self.attributes.restore({k[len("side."):]: v for k, v in arrays.items() if k.startswith("side.")})
-        self._restored = (meta, arrays)
-
-    def take(self) -> None:
-        """Go live: the fleet keeps this partition's models from now, restored from the snapshot where it holds
-        them under the same layout, else empty."""
-        (meta, arrays), self._restored = self._restored, ({"models": {}}, {})
-        specs = {m.model_id: m for m in self.fleet.config.models}
-        windowing = self.fleet.config.windowing
-        states: dict[str, dict[str, np.ndarray] | None] = {}
-        for model in self.models():
-            written = meta["models"].get(model)
-            if written is not None and written["layout"] == layout(specs[model], windowing):
-                prefix = written["prefix"]
-                states[model] = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-            else:
-                if written is not None:
-                    log.warning("model %s was snapshotted under another layout: it starts afresh", model)
-                states[model] = None
-        self.fleet.take(states)
 
 
 def expire_joins(tasks: Iterable[Task], health: Health) -> None:
@@ -341,13 +293,14 @@ def expire_joins(tasks: Iterable[Task], health: Health) -> None:
             now = task.clock()
             task.join.expire(now, given_up)
             responses = task.pairs.expire(now, unmatched) if task.pairs.pending or task.pairs.done else []
+            task.pieces.expire(now, task.pairs.horizon, unmatched)
             lone += len(responses)
             task.dirty = task.dirty or sum(given_up.values()) > before or bool(unmatched) or bool(responses)
             behind = max(behind, now - task.join.labels_clock(now))
     health.labels_clock_behind.set(behind)  # the furthest behind of this replica's join tasks
     health.count_outcomes(given_up)
     if unmatched or lone:  # a response with no request ever: a bad payload (counted; its value is not kept)
-        counter = health.payload_counters(UNMATCHED_REASONS)[1]
+        counter = health.payload_counters(_REASONS)[1]
         for reason, n in (+(unmatched + Counter(response_without_request=lone))).items():
             counter.labels(reason).inc(n)
         if lone:

@@ -12,8 +12,9 @@ counted by reason: never labelled, unknown prediction, duplicate label, state fu
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import count
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,10 @@ model id."""
 Held = tuple[int, int, int]
 """What a join holds, each kind bounded by ``max_pending``: waiting predictions, orphan labels, joined ids."""
 
+_TICKETS = count()
+"""The order ids were joined in across the joins of one process (a staged replica's join tasks): the oldest of them
+all is forgotten first, as the direct path's one join forgets its oldest."""
+
 
 def pack(predictions: np.ndarray, bins: np.ndarray | None) -> np.ndarray:
     """A prediction (0/1) and its score bin (-1: none) in one int, as a pending prediction keeps them: its checkpoint
@@ -83,6 +88,10 @@ def score_bits(scores: np.ndarray) -> np.ndarray:
     [0.25]
     """
     return np.ascontiguousarray(scores, dtype=np.float64).view(np.int64)
+
+
+def _first_ticket(join: OutcomeJoin) -> int:
+    return next(iter(join.recently_joined.values()))[1]
 
 
 def _joined(rows: list[tuple[float, int, tuple[int, ...], str, int]]) -> dict[str, Joined]:
@@ -147,7 +156,7 @@ class OutcomeJoin(ReadClock):
     """
 
     def __init__(self, horizon_seconds: float, max_pending: int = 1_000_000,
-                 others: Callable[[], Held] = lambda: (0, 0, 0)) -> None:  # fmt: skip
+                 others: Callable[[], Iterable[OutcomeJoin]] = tuple) -> None:  # fmt: skip
         super().__init__(horizon_seconds)
         self.max_pending = max_pending
         self.others = others
@@ -155,36 +164,60 @@ class OutcomeJoin(ReadClock):
         one replica holds ``max_pending`` as the direct path's one join does, however the ids hash)."""
         self.pending: dict[str, Pending] = {}
         self.orphans: dict[str, tuple[int, float]] = {}
-        self.recently_joined: OrderedDict[str, float] = OrderedDict()
-        """Ids joined within the horizon (when their label arrived, oldest first), so that a second label of one is
-        counted as a duplicate, and a prediction delivered again is not held again; bounded in age like the rest, so
-        memory stops growing once a horizon has passed, and in count (in the checkpoint too)."""
+        self.recently_joined: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        """Ids joined within the horizon (when their label arrived and their :data:`_TICKETS` number, oldest first),
+        so that a second label of one is counted as a duplicate, and a prediction delivered again is not held again;
+        bounded in age like the rest, so memory stops growing once a horizon has passed, and in count (in the
+        checkpoint too)."""
+        self.origins: dict[str, tuple[int, ...]] = {}
+        """The source records (:func:`~exporter.stream.stages.records.origin`) of the predictions of an id waiting or
+        joined, where their sender named them (a staged counts task's): one of them sent again is a replay
+        (:meth:`again`), another record of the id a prediction delivered again, as on the direct path."""
 
     def held(self) -> Held:
         """How many predictions, orphan labels and joined ids this join holds."""
         return len(self.pending), len(self.orphans), len(self.recently_joined)
 
-    def _remember_joined(self, pid: str, at: float, others: int) -> None:
-        self.recently_joined[pid] = at
-        while self.recently_joined and len(self.recently_joined) + others > self.max_pending:
-            self.recently_joined.popitem(last=False)
+    def _others_held(self) -> Held:
+        held = [join.held() for join in self.others()]
+        return sum(h[0] for h in held), sum(h[1] for h in held), sum(h[2] for h in held)
 
-    def again(self, model: str, ids: list[str], timestamps: np.ndarray) -> np.ndarray:
-        """Which of these predictions this join has had already: its id joined within the horizon, or it waits
-        with the same model and event time (a counts task's predictions sent again by a new owner)."""
-        joined, pending = self.recently_joined, self.pending
-        return np.fromiter((pid in joined or (pid in pending and pending[pid][3] == model and pending[pid][0] == ts)
-                            for pid, ts in zip(ids, timestamps.tolist(), strict=True)), bool, len(ids))  # fmt: skip
+    def _remember_joined(self, pid: str, at: float) -> None:
+        """Remember a joined id; beyond ``max_pending`` ids (with those of the other joins under the bound), the
+        oldest of them all is forgotten, wherever it is: never the id just joined, unless the bound is 0."""
+        self.recently_joined[pid] = (at, next(_TICKETS))
+        joins = [self, *self.others()]
+        extra = sum(len(join.recently_joined) for join in joins) - self.max_pending
+        for _ in range(max(extra, 0)):
+            oldest = min((j for j in joins if j.recently_joined), key=_first_ticket)
+            oldest._forget(oldest.recently_joined.popitem(last=False)[0])
+
+    def _forget(self, pid: str) -> None:
+        """An id neither waits nor is remembered as joined any more: its source records with it."""
+        self.origins.pop(pid, None)
+
+    def again(self, ids: list[str], origins: np.ndarray) -> np.ndarray:
+        """Which of these predictions (each from the source record ``origins`` names) this join has had already:
+        their id waits or joined from that same record (a counts task's predictions sent again by a new owner)."""
+        known = self.origins
+        return np.fromiter((o in known.get(pid, ()) for pid, o in zip(ids, origins.tolist(), strict=True)), bool,
+                           len(ids))  # fmt: skip
+
+    def _from(self, pid: str, origin: int | None) -> None:
+        if origin is not None:
+            self.origins[pid] = (*self.origins.get(pid, ()), origin)
 
     def add_predictions(
         self, model: str, ids: list[Any], timestamps: np.ndarray, predictions: np.ndarray, codes: np.ndarray,
-        expired: Counter[str], bins: np.ndarray | None = None,
+        expired: Counter[str], bins: np.ndarray | None = None, origins: np.ndarray | None = None,
     ) -> Joined | None:  # fmt: skip
-        """Hold one model's unlabelled predictions (with their score bins, for a model that estimates); return those
-        whose label was already waiting as an orphan."""
+        """Hold one model's unlabelled predictions (with their score bins, for a model that estimates; with the
+        source record of each, when the sender names it: :meth:`again`); return those whose label was already
+        waiting as an orphan."""
         predictions = pack(predictions, bins)
+        sources = origins.tolist() if origins is not None else [None] * len(ids)
         rows = []
-        others, _, others_joined = self.others()
+        others = self._others_held()[0]
         for i, pid in enumerate(ids):
             if pid is None:
                 continue
@@ -193,29 +226,33 @@ class OutcomeJoin(ReadClock):
             entry = (float(timestamps[i]), int(predictions[i]), tuple(int(c) for c in codes[i]), model)
             if orphan is not None:
                 rows.append((*entry, orphan[0]))
-                self._remember_joined(pid, orphan[1], others_joined)
+                self._from(pid, sources[i])
+                self._remember_joined(pid, orphan[1])
             elif pid in self.pending:
                 expired["duplicate_prediction"] += 1  # the later prediction replaces the one held
                 self.pending[pid] = entry
+                self._from(pid, sources[i])
             elif pid in self.recently_joined:  # its outcome counted: held again, it could only count a label twice
                 expired["duplicate_prediction"] += 1
+                self._from(pid, sources[i])
             elif len(self.pending) + others >= self.max_pending:
                 expired["pending_state_full"] += 1
             else:
                 self.pending[pid] = entry
+                self._from(pid, sources[i])
         return _joined(rows).get(model)
 
     def add_outcomes(self, ids: list[str], outcomes: list[int], now: float, expired: Counter[str]) -> dict[str, Joined]:
         """Join outcomes to pending predictions, per model; hold the others as orphans (or count them as
         duplicates)."""
         rows = []
-        _, others, others_joined = self.others()
+        others = self._others_held()[1]
         for pid, label in zip(ids, outcomes, strict=True):
             pid = str(pid)
             entry = self.pending.pop(pid, None)
             if entry is not None:
                 rows.append((*entry, label))
-                self._remember_joined(pid, now, others_joined)
+                self._remember_joined(pid, now)
             elif pid in self.recently_joined or pid in self.orphans:
                 expired["duplicate_label"] += 1
             elif len(self.orphans) + others >= self.max_pending:
@@ -233,14 +270,15 @@ class OutcomeJoin(ReadClock):
         old = [pid for pid, (ts, _, _, _) in self.pending.items() if ts < labels_cutoff]
         for pid in old:
             del self.pending[pid]
+            self._forget(pid)
         expired["never_labelled"] += len(old)
         stale = [pid for pid, (_, arrived) in self.orphans.items() if arrived < cutoff]
         for pid in stale:
             del self.orphans[pid]
         expired["unknown_prediction"] += len(stale)
         joined = self.recently_joined
-        while joined and next(iter(joined.values())) < cutoff:
-            joined.popitem(last=False)
+        while joined and next(iter(joined.values()))[0] < cutoff:
+            self._forget(joined.popitem(last=False)[0])
 
     def forget_models(self, keep: Callable[[str], bool], expired: Counter[str]) -> None:
         """Drop the predictions of models no longer kept as they were (removed, or their attributes changed: the
@@ -248,6 +286,7 @@ class OutcomeJoin(ReadClock):
         gone = [pid for pid, entry in self.pending.items() if not keep(entry[3])]
         for pid in gone:
             del self.pending[pid]
+            self._forget(pid)
         if gone:
             expired["model_reconfigured"] += len(gone)
 
@@ -255,7 +294,7 @@ class OutcomeJoin(ReadClock):
         """Drop every waiting prediction and orphan label, counted as ``model_reconfigured``: no labels topic is
         configured any more (a checkpoint of a config that had one), so nothing will ever join them."""
         expired["model_reconfigured"] += len(self.pending) + len(self.orphans)
-        self.pending, self.orphans = {}, {}
+        self.pending, self.orphans, self.origins = {}, {}, {}
         self.recently_joined.clear()
 
     def state(self, now: float) -> dict[str, np.ndarray]:
@@ -281,7 +320,10 @@ class OutcomeJoin(ReadClock):
             "orphan_label": np.array([o[0] for _, o in orphans], dtype=np.int64),
             "orphan_arrived": np.array([o[1] for _, o in orphans], dtype=np.float64),
             **_pack_ids("joined", list(self.recently_joined)),
-            "joined_at": np.array(list(self.recently_joined.values()), dtype=np.float64),
+            "joined_at": np.array([at for at, _ in self.recently_joined.values()], dtype=np.float64),
+            **_pack_ids("origin", list(self.origins)),
+            "origin_count": np.array([len(o) for o in self.origins.values()], dtype=np.int64),
+            "origin_flat": np.array([o for found in self.origins.values() for o in found], dtype=np.int64),
             "labels_clock": np.array([self.labels_clock(now)], dtype=np.float64),
         }
 
@@ -309,6 +351,11 @@ class OutcomeJoin(ReadClock):
         self.orphans = {str(pid): (int(label), float(arrived)) for pid, label, arrived in orphans}
         joined = zip(_unpack_ids("joined", state), state["joined_at"].tolist(), strict=True) if "joined_at" in state \
             else ()  # absent from checkpoints written before the joined ids were kept: none restored  # fmt: skip
-        self.recently_joined = OrderedDict((str(pid), float(at)) for pid, at in joined)
+        self.recently_joined = OrderedDict((str(pid), (float(at), next(_TICKETS))) for pid, at in joined)
+        self.origins = {}
+        if "origin_flat" in state:  # absent from snapshots written before the predictions' source records were kept
+            flat = iter(state["origin_flat"].tolist())
+            for pid, n in zip(_unpack_ids("origin", state), state["origin_count"].tolist(), strict=True):
+                self.origins[pid] = tuple(next(flat) for _ in range(n))
         clock = state.get("labels_clock")  # absent from checkpoints written before the labels' clock
         self.restored_clock = (float(clock[0]), None) if clock is not None and len(clock) else None
