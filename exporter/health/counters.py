@@ -151,7 +151,8 @@ class Health:
     def payload_counters(self, reasons: Iterable[str]) -> tuple[Counter, Counter]:
         """The payload formats' pair counters (``events.format`` kserve or seldon), registered on first use so that a
         daemon of our own events shows none: calls whose request and response were joined, and halves never counted
-        by reason (``reasons``, declared at 0: exporter/stream/decode/payload.py UNMATCHED_REASONS)."""
+        by reason (``reasons``, declared at 0: exporter/stream/decode/payload.py UNMATCHED_REASONS, and the staged
+        join's own)."""
         if self._payloads is None:
             joined = Counter("fairness_exporter_payload_pairs_joined", "Calls of a payload log (KServe, Seldon) whose "
                              "request and response were joined into rows.", registry=self.registry)  # fmt: skip
@@ -159,9 +160,9 @@ class Health:
                                 "Requests or responses of a payload log never counted, by reason: delivered twice, "
                                 "no partner within events.pair_horizon, partner refused, or the join full.",
                                 ["reason"], registry=self.registry)  # fmt: skip
-            for reason in reasons:
-                unmatched.labels(reason)
             self._payloads = (joined, unmatched)
+        for reason in reasons:  # each caller's reasons at 0, whichever asked first (the staged join's pieces_missing)
+            self._payloads[1].labels(reason)
         return self._payloads
 
     def count_outcomes(self, given_up: Mapping[str, int]) -> None:
