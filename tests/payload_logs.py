@@ -158,6 +158,19 @@ def platform_records(platform: str, calls: list[dict[str, Any]], workdir: Path) 
     return placed
 
 
+def platform_script(script: str, workdir: Path) -> Any:
+    """What a script run with the platforms' own code (.venv-platforms: the KServe SDK, MLServer) prints as JSON on
+    its last line."""
+    if not PLATFORMS_PYTHON.is_file():
+        missing("the KServe SDK is not installed (`make test-deps` puts it in .venv-platforms)")
+    path = workdir / "make.py"
+    path.write_text(script)
+    done = subprocess.run([str(PLATFORMS_PYTHON), str(path)], capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def send_placed(bootstrap: str, records: Sequence[Placed]) -> None:
     """Produce records, each to its topic and partition, in order."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, enable_idempotence=False,

@@ -27,7 +27,7 @@ from exporter.devtools.embedded_broker import EmbeddedBroker
 from exporter.stream.stages.replica import Stages
 
 
-def _replica(bootstrap: str, group: str, before: list[Rec]) -> tuple[Daemon, Stages]:
+def staged_replica(bootstrap: str, group: str, before: list[Rec]) -> tuple[Daemon, Stages]:
     d = Daemon(in_memory_config(bootstrap, group, "json", labels_topic="labels"), registry=CollectorRegistry(),
                clock=Clock())  # fmt: skip
     stages = d.stages
@@ -49,7 +49,7 @@ def _setup(kafka_broker: EmbeddedBroker) -> tuple[Daemon, Stages, dict, Daemon, 
 
     # the first owner: counts the predictions, sends the joined ones on to wait, joins their labels; it dies
     # before a snapshot of its tasks is committed (their committed offsets stay 0)
-    first, stages = _replica(bootstrap, group, before)
+    first, stages = staged_replica(bootstrap, group, before)
     stages.starts(internal_of(stages), {})
     positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
     stages.handle_poll({("predictions", 0): inputs("json", s.predictions, t0 - 20)})
@@ -60,7 +60,7 @@ def _setup(kafka_broker: EmbeddedBroker) -> tuple[Daemon, Stages, dict, Daemon, 
     assert joined_first and joined_first > 100  # the predictions whose records were there joined their labels
 
     # the new owner of every internal partition (the input offsets were committed: it does not read them again)
-    second, stages = _replica(bootstrap, group, before)
+    second, stages = staged_replica(bootstrap, group, before)
     stages.starts(internal_of(stages), {})
     positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
     drain(stages, bootstrap, positions)

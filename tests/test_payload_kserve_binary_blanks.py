@@ -11,13 +11,10 @@ reads both as the values sent."""
 from __future__ import annotations
 
 import base64
-import json
-import subprocess
 from typing import Any
 
 import pytest
-from payload_logs import PLATFORMS_PYTHON
-from tooling import missing
+from payload_logs import platform_script
 
 from exporter.stream.decode.payload import Raw, read_halves
 
@@ -65,14 +62,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    if not PLATFORMS_PYTHON.is_file():
-        missing("the KServe SDK is not installed (`make test-deps` puts it in .venv-platforms)")
-    script = tmp_path_factory.mktemp("review31") / "make.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([str(PLATFORMS_PYTHON), str(script)], capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return platform_script(SCRIPT, tmp_path_factory.mktemp("blanks"))  # type: ignore[no-any-return]
 
 
 def _raw(r: dict[str, Any]) -> Raw:

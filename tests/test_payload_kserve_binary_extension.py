@@ -7,14 +7,11 @@ a request was refused as ``malformed_payload`` and its call never counted."""
 from __future__ import annotations
 
 import base64
-import json
-import subprocess
 from collections import Counter
 from typing import Any
 
 import pytest
-from payload_logs import PLATFORMS_PYTHON
-from tooling import missing
+from payload_logs import platform_script
 
 from exporter.config import parse_config
 from exporter.stream.decode.pairs import join_units
@@ -66,14 +63,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> list[Raw]:
-    if not PLATFORMS_PYTHON.is_file():
-        missing("the KServe SDK is not installed (`make test-deps` puts it in .venv-platforms)")
-    script = tmp_path_factory.mktemp("binary") / "make.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([str(PLATFORMS_PYTHON), str(script)], capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    made = json.loads(done.stdout.strip().splitlines()[-1])
+    made = platform_script(SCRIPT, tmp_path_factory.mktemp("binary"))
     return [(base64.b64decode(r["value"]), [(k, base64.b64decode(v)) for k, v in r["headers"]], None,
              1_796_000_000_000) for r in made]  # fmt: skip
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from prometheus_client import CollectorRegistry
 from test_attribute_join import Clock, Rec
 from test_attribute_join import daemon as direct_daemon
-from test_attribute_join_staged import in_memory_config, side_records
+from test_attribute_join_staged import side_records
+from test_attribute_join_staged_takeover import staged_replica
 from test_payload_staged import drain
 from test_stages import INPUT, LABELS, T0, records, staged_config
 from test_stages import daemon as stages_daemon
@@ -27,12 +27,7 @@ def _sourced_both(kafka_broker: EmbeddedBroker, predictions: list[dict[str, Any]
     bootstrap, group = kafka_broker.bootstrap_servers, f"r32-{uuid.uuid4().hex[:8]}"
     before = side_records([("A1", {"gender": "male", "race": "white"}, T0_SIDE - 30)], 0)
     labels = [Rec(orjson.dumps({"prediction_id": "p1", "label": 1}), 0)]
-    staged = Daemon(in_memory_config(bootstrap, group, "json", labels_topic="labels"), registry=CollectorRegistry(),
-                    clock=Clock())  # fmt: skip
-    stages = staged.stages
-    assert stages is not None and stages.sides is not None
-    stages.prepare()
-    stages.sides.handle_poll({("applicant-demographics", 0): before})
+    staged, stages = staged_replica(bootstrap, group, before)
     stages.starts([(t.name, p) for t in (stages.topics.join, stages.topics.counts) for p in range(t.partitions)], {})
     positions = {t.name: dict.fromkeys(range(t.partitions), 0) for t in (stages.topics.join, stages.topics.counts)}
     direct = direct_daemon(kafka={"topic": "predictions", "labels_topic": "labels"})
