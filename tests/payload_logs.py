@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import orjson
@@ -156,6 +156,26 @@ def platform_records(platform: str, calls: list[dict[str, Any]], workdir: Path) 
         headers = [(k, unb64(v) or b"") for k, v in r["headers"]]
         placed.append((r["topic"], r["partition"], (unb64(r["value"]), headers, unb64(r["key"]))))
     return placed
+
+
+KSERVE_RECORD: Final = r"""
+import base64
+from cloudevents.http import CloudEvent
+from cloudevents.kafka import to_binary
+
+
+def record(pid, kind, payload):
+    event = CloudEvent({"id": pid, "type": f"org.kubeflow.serving.inference.{kind}",
+                        "time": "2026-12-01T12:00:00Z", "source": "http://localhost:9081/predictor",
+                        "datacontenttype": "application/json", "inferenceservicename": "credit",
+                        "namespace": "credit", "component": "predictor", "endpoint": "default",
+                        "metadata": "{}"}, payload)
+    m = to_binary(event, data_marshaller=lambda d: d)
+    return {"value": base64.b64encode(m.value).decode(),
+            "headers": [[k, base64.b64encode(v).decode()] for k, v in m.headers.items()]}
+"""
+"""A function for a script of :func:`platform_script`: a KServe logger event of ``credit``'s predictor as the
+CloudEvents SDK's Kafka binding writes it, its value and headers base64-encoded."""
 
 
 def platform_script(script: str, workdir: Path) -> Any:

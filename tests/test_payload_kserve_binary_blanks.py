@@ -14,27 +14,17 @@ import base64
 from typing import Any
 
 import pytest
-from payload_logs import platform_script
+from payload_logs import KSERVE_RECORD, platform_script
 
 from exporter.stream.decode.payload import Raw, read_halves
 
-SCRIPT = r"""
+SCRIPT = KSERVE_RECORD + r"""
 import base64, json
 import numpy as np
 from cloudevents.http import CloudEvent
 from cloudevents.kafka import to_binary
 from kserve import InferInput, InferOutput, InferRequest, InferResponse
 
-
-def record(pid, kind, payload):
-    event = CloudEvent({"id": pid, "type": f"org.kubeflow.serving.inference.{kind}",
-                        "time": "2026-12-01T12:00:00Z", "source": "http://localhost:9081/predictor",
-                        "datacontenttype": "application/json", "inferenceservicename": "credit",
-                        "namespace": "credit", "component": "predictor", "endpoint": "default",
-                        "metadata": "{}"}, payload)
-    m = to_binary(event, data_marshaller=lambda d: d)
-    return {"value": base64.b64encode(m.value).decode(),
-            "headers": [[k, base64.b64encode(v).decode()] for k, v in m.headers.items()]}
 
 
 def values(tensors):

@@ -11,13 +11,13 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from payload_logs import platform_script
+from payload_logs import KSERVE_RECORD, platform_script
 
 from exporter.config import parse_config
 from exporter.stream.decode.pairs import join_units
 from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 
-SCRIPT = r'''
+SCRIPT = KSERVE_RECORD + r'''
 import base64, json, sys
 import numpy as np
 from cloudevents.http import CloudEvent
@@ -49,14 +49,7 @@ calls = [("call-1", ["male", "female", "female", "male"], [30, 41, 52, 23], [0.7
          ("call-3", ["male", "female", "male"], [44, 35, 28], [0.9375, 0.0625, 0.5], True, True, "FP16")]
 for pid, *rest in calls:
     for kind, payload in zip(("request", "response"), call(pid, *rest)):
-        event = CloudEvent({"id": pid, "type": f"org.kubeflow.serving.inference.{kind}",
-                            "time": "2026-12-01T12:00:00Z", "source": "http://localhost:9081/predictor",
-                            "datacontenttype": "application/json", "inferenceservicename": "credit",
-                            "namespace": "credit", "component": "predictor", "endpoint": "default",
-                            "metadata": "{}"}, payload)
-        m = to_binary(event, data_marshaller=lambda d: d)
-        out.append({"value": base64.b64encode(m.value).decode(),
-                    "headers": [[k, base64.b64encode(v).decode()] for k, v in m.headers.items()]})
+        out.append(record(pid, kind, payload))
 print(json.dumps(out))
 '''
 
