@@ -167,19 +167,27 @@ def test_polls_in_any_order_count_alike_as_blocks_and_as_halves(tmp_path: Path, 
         late = now + (400 if rng.random() < 0.1 else 0)  # a poll read before the clock: future timestamps
         found = [p.poll(list(parts.items()), now - (late - now)) for p in paths]
         assert found[0] == found[1]
-        if rng.random() < 0.2:
-            now += 30
-            assert paths[0].expire(now) == paths[1].expire(now)
-        if rng.random() < 0.2:  # a checkpoint and a restore between polls
-            state = paths[0].state()
-            assert state == paths[1].state()
-            for p in paths:
-                p.join = PairJoin(60.0, 10_000)
-                p.join.restore({"state": np.frombuffer(state, dtype=np.uint8)})
+        now = between_polls(paths, rng, now)
     now += 120
     assert paths[0].expire(now) == paths[1].expire(now)
     assert paths[0].state() == paths[1].state() and paths[0].unmatched == paths[1].unmatched
     assert paths[0].used_blocks > 0 and paths[1].used_blocks == 0
+
+
+def between_polls(paths: list[Any], rng: random.Random, now: float) -> float:
+    """Now and then an expiry 30 s on, and a checkpoint restored, alike on every path (each with ``join``,
+    ``unmatched`` and ``state()``); the clock after them."""
+    if rng.random() < 0.2:
+        now += 30
+        expired = [[h.raw for h in p.join.expire(now, p.unmatched)] for p in paths]
+        assert expired[0] == expired[1]
+    if rng.random() < 0.2:  # a checkpoint and a restore between polls
+        state = paths[0].state()
+        assert state == paths[1].state()
+        for p in paths:
+            p.join = PairJoin(60.0, 10_000)
+            p.join.restore({"state": np.frombuffer(state, dtype=np.uint8)})
+    return now
 
 
 def test_the_usual_polls_join_in_columns(tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import numpy as np
 import orjson
 import pytest
 from payload_logs import platform_records
+from test_payload_blocks import between_polls
 
 from exporter.config import parse_config
 from exporter.stream.decode import kserve_batch
@@ -227,16 +227,7 @@ def test_polls_in_any_order_count_alike_with_and_without_blocks(sdk: dict[str, A
         late = 400 if rng.random() < 0.1 else 0  # a poll read before the clock: future timestamps
         found = [p.poll(chunk, now - late) for p in paths]
         assert found[0] == found[1]
-        if rng.random() < 0.2:
-            now += 30
-            expired = [[h.raw for h in p.join.expire(now, p.unmatched)] for p in paths]
-            assert expired[0] == expired[1]
-        if rng.random() < 0.2:  # a checkpoint and a restore between polls
-            state = paths[0].state()
-            assert state == paths[1].state()
-            for p in paths:
-                p.join = PairJoin(60.0, 10_000)
-                p.join.restore({"state": np.frombuffer(state, dtype=np.uint8)})
+        now = between_polls(paths, rng, now)
     now += 120
     assert [h.raw for h in paths[0].join.expire(now, paths[0].unmatched)] == \
         [h.raw for h in paths[1].join.expire(now, paths[1].unmatched)]  # fmt: skip
