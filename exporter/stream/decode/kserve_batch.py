@@ -344,7 +344,6 @@ def _typed(signature: Signature, response: bool) -> Any:
     return msgspec.json.Decoder(body).decode
 
 
-_ONE: Final = [1]
 _FLOATS: Final = frozenset({float, type(None)})
 
 

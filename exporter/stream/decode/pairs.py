@@ -103,7 +103,7 @@ class PollBlocks:
 
     def halves(self) -> list[Half]:
         """The poll's halves in record order."""
-        halves = [map(self.requests.half, range(len(self.requests))), map(self.responses.half, range(len(self.kinds)))]
+        halves = [map(block.half, range(len(block))) for block in (self.requests, self.responses)]
         return [next(halves[response]) for response in self.kinds]
 
 

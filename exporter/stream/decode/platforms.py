@@ -35,6 +35,7 @@ from typing import Any, Final
 import orjson
 
 from exporter.stream.decode.oip import DATATYPES, BadPayload, Columns, _raw_values, json_body, proto_body
+from exporter.stream.decode.oip import _text as _bytes_text
 from exporter.stream.decode.timestamps import epoch
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
@@ -219,10 +220,7 @@ def _json_or_binary(data: bytes) -> Any:
         if size.__class__ is not int or not 0 <= size <= len(data) - at or datatype not in DATATYPES:
             raise BadPayload("malformed_payload")
         values = _raw_values(data[at : at + size], datatype)
-        try:
-            tensor["data"] = [v.decode() for v in values] if datatype == "BYTES" else values
-        except UnicodeDecodeError as exc:
-            raise BadPayload("not_utf8") from exc
+        tensor["data"] = _bytes_text(values) if datatype == "BYTES" else values  # refused as not_utf8 where not text
         at += size
     if not tensors or at != len(data):
         raise BadPayload("malformed_payload")  # no tensor's bytes, or bytes no tensor takes
