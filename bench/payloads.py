@@ -3,10 +3,10 @@
 The same records (a KServe InferenceService with MLServer's pandas codec, batches of 4 rows, in binary mode as a
 KafkaSink writes them; a Seldon model's protobuf requests and responses) are decoded, interleaved, by (a) a bare
 loop: ``orjson.loads`` of each value (KServe), ``ModelInferRequest/Response.FromString`` (Seldon), and (b) the
-daemon's path up to the rows: each record read as a half (exporter/stream/decode/platforms.py; a poll of Seldon
-protobuf records read together by ptars, exporter/stream/decode/seldon_batch.py, with the seldon-arrow extra; a
-poll of KServe binary-mode records in one pass by msgspec, exporter/stream/decode/kserve_batch.py), the pair join
-and each model's batch (exporter/stream/decode/payload.py). The target: (b) costs at most 1.5x (a), with the
+daemon's path up to the rows: each record read as a half (exporter/stream/payloads/platforms.py; a poll of Seldon
+protobuf records read together by ptars, exporter/stream/payloads/seldon_batch.py, with the seldon-arrow extra; a
+poll of KServe binary-mode records in one pass by msgspec, exporter/stream/payloads/kserve_batch.py), the pair join
+and each model's batch (exporter/stream/payloads/payload.py). The target: (b) costs at most 1.5x (a), with the
 garbage collector set as a started daemon sets it (both settings are shown).
 """
 
@@ -23,11 +23,11 @@ import orjson
 from bench.report import Section, fmt, standalone, table
 from exporter.config import parse_config
 from exporter.daemon import GC_THRESHOLDS
-from exporter.stream.decode import kserve_batch, seldon_batch
-from exporter.stream.decode.oip import messages
-from exporter.stream.decode.pairs import join_units
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
-from exporter.stream.decode.platforms import header_table
+from exporter.stream.payloads import kserve_batch, seldon_batch
+from exporter.stream.payloads.oip import messages
+from exporter.stream.payloads.pairs import join_units
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.payloads.platforms import header_table
 
 TARGET = 1.5
 DEFAULT, DAEMON = "Python's default", "the daemon's"
@@ -101,7 +101,7 @@ def _kserve_floor(records: list[Raw]) -> object:
 
 def _seldon_floor(parts: list[tuple[list[Raw], bool]]) -> object:
     """What the daemon cannot do without on a Seldon poll: the runtime's parse that certifies the records (one
-    message of all of them) and ptars' columns of them (exporter/stream/decode/seldon_batch.py)."""
+    message of all of them) and ptars' columns of them (exporter/stream/payloads/seldon_batch.py)."""
     out = []
     for records, response in parts:
         values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]

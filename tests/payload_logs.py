@@ -31,7 +31,7 @@ import orjson
 from kafka import KafkaProducer
 from tooling import missing
 
-from exporter.stream.decode.oip import messages
+from exporter.stream.payloads.oip import messages
 
 REQUEST = "org.kubeflow.serving.inference.request"
 RESPONSE = "org.kubeflow.serving.inference.response"

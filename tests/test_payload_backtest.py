@@ -1,5 +1,5 @@
 """backtest over a dump of a KServe payload log's topic (kcat -C -J lines): the same rows as the daemon counts, the
-same refusals, by the same code (exporter/stream/decode/payload.py)."""
+same refusals, by the same code (exporter/stream/payloads/payload.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_backtest_of_a_topic_dump_counts_the_daemons_rows_and_refusals(tmp_path:
 
 def test_a_null_header_value_in_a_dump_is_no_header_as_the_daemon_reads_it(tmp_path: Path) -> None:
     """kcat -J writes a header whose value is null as ``null``; the daemon's client hands it over as None, which
-    reads as no header (exporter/stream/decode/platforms.py ``headers_of``), so a Seldon record's call id falls to
+    reads as no header (exporter/stream/payloads/platforms.py ``headers_of``), so a Seldon record's call id falls to
     its key. backtest read the null as the text ``None``: every such call had the id ``None``, the second request
     a duplicate of the first, and half the calls were never counted."""
     from payload_logs import seldon_request, seldon_response

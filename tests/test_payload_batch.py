@@ -1,4 +1,4 @@
-"""A poll of Seldon records made by MLServer is read in one pass (exporter/stream/decode/seldon_batch.py) into
+"""A poll of Seldon records made by MLServer is read in one pass (exporter/stream/payloads/seldon_batch.py) into
 exactly the halves each record gives read alone; a poll it does not certify (JSON, a broken record) is read record
 by record, with the same refusals. A batch of joined pairs counts and refuses each
 pair as a batch of that pair alone would."""
@@ -16,10 +16,10 @@ import pytest
 from payload_logs import platform_records
 
 from exporter.config import parse_config
-from exporter.stream.decode import seldon_batch
-from exporter.stream.decode.oip import BadPayload, messages
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, read_halves
-from exporter.stream.decode.platforms import Half, headers_of, headers_of_poll, seldon_half
+from exporter.stream.payloads import seldon_batch
+from exporter.stream.payloads.oip import BadPayload, messages
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, read_halves
+from exporter.stream.payloads.platforms import Half, headers_of, headers_of_poll, seldon_half
 
 
 @pytest.fixture(autouse=True)

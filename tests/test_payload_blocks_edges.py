@@ -1,10 +1,10 @@
-"""Where a Seldon poll read as one block of Arrow columns (exporter/stream/decode/pairs.py ``read_block``,
-``PairJoin.add_block``; exporter/stream/decode/payload.py ``PayloadRows.block_batch``) must still count what the same
+"""Where a Seldon poll read as one block of Arrow columns (exporter/stream/payloads/pairs.py ``read_block``,
+``PairJoin.add_block``; exporter/stream/payloads/payload.py ``PayloadRows.block_batch``) must still count what the same
 records read as Halves count (``read_halves`` without blocks, ``PairJoin.add_all``, ``PayloadRows.batch``), at the
 edges a review found (each test failed on the block path as it first landed): a Kafka timestamp past 2^53 ms (the
 block divided a float: its time differed in the last bit), and a configured group no UTF-8 text can be (Arrow's
 lookup raised, the poll's calls never counted). Records are ModelInferRequest/Response messages of the project's own
-protobuf classes (exporter.stream.decode.oip.messages), as Seldon's gateway writes them; polls of any size are read
+protobuf classes (exporter.stream.payloads.oip.messages), as Seldon's gateway writes them; polls of any size are read
 together (``seldon_batch.FEWEST`` 1, as tests/test_payload_blocks.py does)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from exporter.config import parse_config
-from exporter.stream.decode import seldon_batch
-from exporter.stream.decode.oip import messages
-from exporter.stream.decode.pairs import HalfBlock, join_units, read_block
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.payloads import seldon_batch
+from exporter.stream.payloads.oip import messages
+from exporter.stream.payloads.pairs import HalfBlock, join_units, read_block
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 
 INPUTS, OUTPUTS = "seldon.ns.model.m.inputs", "seldon.ns.model.m.outputs"
 T0_MS = 1_800_000_000_000

@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from exporter.config import parse_config
 from exporter.health.counters import Health
-from exporter.stream.decode import payload, seldon_batch
-from exporter.stream.decode.oip import messages
-from exporter.stream.decode.pairs import BlockPairs, join_units
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 from exporter.stream.ingest import Ingest
+from exporter.stream.payloads import payload, seldon_batch
+from exporter.stream.payloads.oip import messages
+from exporter.stream.payloads.pairs import BlockPairs, join_units
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
 
 INPUTS, OUTPUTS = "seldon.ns.model.m.inputs", "seldon.ns.model.m.outputs"

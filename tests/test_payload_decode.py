@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from payload_logs import cloudevent, numpy_response, pandas_request, seldon_request, seldon_response
 
 from exporter.config import parse_config
-from exporter.stream.decode.oip import BadPayload, json_body, proto_body
-from exporter.stream.decode.payload import PairJoin, PayloadRows, read_halves
-from exporter.stream.decode.platforms import Half, headers_of, kserve_half, seldon_half
+from exporter.stream.payloads.oip import BadPayload, json_body, proto_body
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, read_halves
+from exporter.stream.payloads.platforms import Half, headers_of, kserve_half, seldon_half
 
 T = 1_800_000_000.0
 

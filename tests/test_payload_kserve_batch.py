@@ -1,4 +1,4 @@
-"""A poll of KServe CloudEvents is read in one pass (exporter/stream/decode/kserve_batch.py: msgspec's typed decoder,
+"""A poll of KServe CloudEvents is read in one pass (exporter/stream/payloads/kserve_batch.py: msgspec's typed decoder,
 the attributes column by column) into exactly what reading each record alone gives: the same halves, refusals,
 records ignored and positions; a poll it does not certify is read record by record. The oracle is
 ``read_halves`` with the one-pass reader switched off."""
@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from payload_logs import cloudevent, gzipped, numpy_response, pandas_request, platform_records
 
-from exporter.stream.decode import kserve_batch
-from exporter.stream.decode.payload import Halves, Raw, read_halves
-from exporter.stream.decode.platforms import header_table, headers_of_poll
 from exporter.stream.decode.route import UNCONFIGURED
+from exporter.stream.payloads import kserve_batch
+from exporter.stream.payloads.payload import Halves, Raw, read_halves
+from exporter.stream.payloads.platforms import header_table, headers_of_poll
 
 T0 = 1_796_000_000.0
 

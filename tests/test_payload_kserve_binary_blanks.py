@@ -1,4 +1,4 @@
-"""Found by review 31: the binary tensor data extension (exporter/stream/decode/platforms.py ``_json_or_binary``)
+"""Found by review 31: the binary tensor data extension (exporter/stream/payloads/platforms.py ``_json_or_binary``)
 against the KServe SDK's own decoder (``InferRequest.from_bytes`` / ``InferResponse.from_bytes``, in .venv-platforms).
 
 When every byte after the JSON header is JSON whitespace (a UINT8/INT8 tensor of 9, 10, 13 or 32; an INT16 of 8224;
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from payload_logs import KSERVE_RECORD, platform_script
 
-from exporter.stream.decode.payload import Raw, read_halves
+from exporter.stream.payloads.payload import Raw, read_halves
 
 SCRIPT = KSERVE_RECORD + r"""
 import base64, json

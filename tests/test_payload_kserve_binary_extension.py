@@ -1,7 +1,7 @@
 """A KServe v2 body in the Open Inference Protocol's binary tensor data extension (a JSON header whose tensors say
 ``binary_data_size``, then their raw bytes in order): what the KServe SDK's ``InferInput.set_data_from_numpy`` and
 ``InferOutput.set_data_from_numpy`` send by default, logged by KServe's logger as it came and put in Kafka by the
-CloudEvents SDK's Kafka binding (exporter/stream/decode/platforms.py ``_json_or_binary``). Found by review 30: such
+CloudEvents SDK's Kafka binding (exporter/stream/payloads/platforms.py ``_json_or_binary``). Found by review 30: such
 a request was refused as ``malformed_payload`` and its call never counted."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from payload_logs import KSERVE_RECORD, platform_script
 
 from exporter.config import parse_config
-from exporter.stream.decode.pairs import join_units
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.payloads.pairs import join_units
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 
 SCRIPT = KSERVE_RECORD + r'''
 import base64, json, sys

@@ -1,4 +1,4 @@
-"""A poll of KServe CloudEvents read as two blocks (exporter/stream/decode/kserve_batch.py ``_poll_blocks``: its
+"""A poll of KServe CloudEvents read as two blocks (exporter/stream/payloads/kserve_batch.py ``_poll_blocks``: its
 requests' and its responses' tensors as columns; pairs.py ``PollBlocks``, ``PairJoin.add_poll``) counts exactly
 what its records read one by one count: the same halves in record order, the same pairs and unmatched counts, join
 state, batches and dead letters, poll after poll, whatever order the halves arrive in. A poll a block cannot hold
@@ -19,9 +19,9 @@ from payload_logs import platform_records
 from test_payload_blocks import between_polls
 
 from exporter.config import parse_config
-from exporter.stream.decode import kserve_batch
-from exporter.stream.decode.pairs import BlockPairs, PollBlocks, join_units
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.payloads import kserve_batch
+from exporter.stream.payloads.pairs import BlockPairs, PollBlocks, join_units
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
 
 T0 = 1_796_000_000.0
 T0_MS = 1_800_000_000_000

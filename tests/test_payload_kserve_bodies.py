@@ -1,5 +1,5 @@
-"""KServe payload-log records whose event or body is not the plain one (exporter/stream/decode/platforms.py
-``kserve_event`` / ``kserve_half``, exporter/stream/decode/oip.py ``json_body``), read through ``read_halves`` as
+"""KServe payload-log records whose event or body is not the plain one (exporter/stream/payloads/platforms.py
+``kserve_event`` / ``kserve_half``, exporter/stream/payloads/oip.py ``json_body``), read through ``read_halves`` as
 the daemon reads a poll: each read as KServe means it, or refused under a reason, never raised."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import orjson
 import pytest
 from payload_logs import cloudevent
 
-from exporter.stream.decode.payload import read_halves
+from exporter.stream.payloads.payload import read_halves
 
 T = 1_800_000_000.0
 REQUEST = "org.kubeflow.serving.inference.request"
@@ -106,7 +106,7 @@ def test_a_v1_cell_nested_deeper_than_a_half_can_be_stored_is_refused_and_the_jo
     the half waited. Refused as ``malformed_payload`` instead; a cell of 150 levels is read and stored."""
     from collections import Counter
 
-    from exporter.stream.decode.payload import PairJoin, half_json, half_of
+    from exporter.stream.payloads.payload import PairJoin, half_json, half_of
 
     def deep(levels: int) -> Any:
         cell: Any = "female"

@@ -1,6 +1,6 @@
 """A DataFrame column of objects that are not all strings, as MLServer's ``PandasCodec`` sends it (BYTES with
 ``parameters.content_type: pd_json``, each element JSON text), read as the values MLServer's decoder gives back, in
-every reader (exporter/stream/decode/oip.py ``json_tensor`` / ``proto_body``, kserve_batch.py, seldon_batch.py);
+every reader (exporter/stream/payloads/oip.py ``json_tensor`` / ``proto_body``, kserve_batch.py, seldon_batch.py);
 an element that is no JSON is refused. The records are made by MLServer's own codecs (tests/platform_payloads.py
 in .venv-platforms)."""
 
@@ -15,9 +15,9 @@ import pytest
 from payload_logs import cloudevent, platform_records
 
 from exporter.config import parse_config
-from exporter.stream.decode import kserve_batch, seldon_batch
-from exporter.stream.decode.oip import messages
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, read_halves
+from exporter.stream.payloads import kserve_batch, seldon_batch
+from exporter.stream.payloads.oip import messages
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, read_halves
 
 T = 1_800_000_000.0
 

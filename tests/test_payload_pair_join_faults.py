@@ -1,5 +1,5 @@
 """The direct path's join of a payload log's halves (exporter/stream/ingest.py ``Ingest.payloads`` and
-``Ingest.expire`` over exporter/stream/decode/payload.py ``PairJoin`` and ``read_halves``) where a call is not the
+``Ingest.expire`` over exporter/stream/payloads/payload.py ``PairJoin`` and ``read_halves``) where a call is not the
 plain one: an id used again, another component's unreadable log of the call, a refused record identified by its
 Kafka key. Driven through a real ``Ingest`` with records as KServe's logger and the KafkaSink write them
 (tests/payload_logs.py ``cloudevent``), or as Seldon's gateways do."""

@@ -1,5 +1,5 @@
 """Tensor shapes at the edges of what a count holds, read alike by the one-pass readers
-(exporter/stream/decode/seldon_batch.py, kserve_batch.py) and record by record (exporter/stream/decode/platforms.py
+(exporter/stream/payloads/seldon_batch.py, kserve_batch.py) and record by record (exporter/stream/payloads/platforms.py
 through ``read_halves``), each ending in a half or a refusal. Found by review9; each test failed before its fix."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.stream.decode import seldon_batch
-from exporter.stream.decode.oip import messages
-from exporter.stream.decode.payload import Halves, Raw, read_halves
+from exporter.stream.payloads import seldon_batch
+from exporter.stream.payloads.oip import messages
+from exporter.stream.payloads.payload import Halves, Raw, read_halves
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "seldon.ns.model.m.inputs"
@@ -59,9 +59,9 @@ import resource, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 import orjson
 from payload_logs import cloudevent
-from exporter.stream.decode.oip import BadPayload, messages
-from exporter.stream.decode.payload import read_halves
-from exporter.stream.decode.platforms import seldon_half
+from exporter.stream.payloads.oip import BadPayload, messages
+from exporter.stream.payloads.payload import read_halves
+from exporter.stream.payloads.platforms import seldon_half
 
 request_type, _, _ = messages()
 request = request_type(id="own")

@@ -18,7 +18,7 @@ from test_payload_staged import INPUT, PayloadRecord, counts_of, drain, live, pa
 from exporter.config import Config, parse_config
 from exporter.daemon import Daemon
 from exporter.devtools.embedded_broker import EmbeddedBroker
-from exporter.stream.decode.platforms import Half
+from exporter.stream.payloads.platforms import Half
 from exporter.stream.stages.halves import piece_rows, rekeyed
 from exporter.stream.stages.records import Kind, decode, encode_rows
 from exporter.stream.stages.tasks import JoinTask, expire_joins
@@ -114,7 +114,7 @@ def test_pieces_of_a_half_never_completed_are_given_up_and_counted_after_the_pai
     ever: the pair horizon gives up halves waiting in ``pairs`` but not these, no counter says so, and every snapshot
     carries them (memory and snapshots grow by up to ~64 MiB per such half)."""
     from exporter.health.counters import Health, StageHealth
-    from exporter.stream.decode.pairs import PairJoin
+    from exporter.stream.payloads.pairs import PairJoin
     from exporter.stream.state.label_join import OutcomeJoin
 
     registry = CollectorRegistry()

@@ -21,7 +21,7 @@ from exporter.core.encoding import attribute_codes
 from exporter.core.side_table import SideTable
 from exporter.gate.data.files import GZIP, file_format
 from exporter.stream.decode.events import DecodedBatch
-from exporter.stream.decode.payload import PairJoin, PayloadRows, Raw, components, payload_batches, read_halves
+from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, components, payload_batches, read_halves
 from exporter.stream.state.fleet import Fleet
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def _record(line: bytes) -> tuple[str, Raw]:
 
 def _payload_dump(path: Path, config: Config, fleet: Fleet) -> Iterator[Batch]:
     """A dump of a payload log's topic(s) (``events.format`` kserve or seldon), in the order recorded: the same
-    reading of each record, pair join and rows as the daemon's (exporter/stream/decode/payload.py); a record's
+    reading of each record, pair join and rows as the daemon's (exporter/stream/payloads/payload.py); a record's
     Kafka timestamp is its arrival time in the join."""
     form, models = config.models[0].events.format, {m.model_id: m for m in config.models}
     join = PairJoin(config.models[0].events.pair_horizon, config.max_pending_labels)

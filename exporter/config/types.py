@@ -137,7 +137,7 @@ class EventFields:
     pair_horizon: float = 600.0
     """Payload formats: how long (seconds) a request or response waits for its partner before it is given up."""
     """json: our events at the paths above; kserve / seldon: the platform's payload log, whose rows name their
-    columns (exporter/stream/decode/payload.py): ``prediction`` names the output column, each attribute its
+    columns (exporter/stream/payloads/payload.py): ``prediction`` names the output column, each attribute its
     ``column``."""
     component: str | None = None
     """KServe: count only the calls this InferenceService component logged (``transformer``, ``predictor``); the

@@ -151,7 +151,7 @@ class Health:
     def payload_counters(self, reasons: Iterable[str]) -> tuple[Counter, Counter]:
         """The payload formats' pair counters (``events.format`` kserve or seldon), registered on first use so that a
         daemon of our own events shows none: calls whose request and response were joined, and halves never counted
-        by reason (``reasons``, declared at 0: exporter/stream/decode/payload.py UNMATCHED_REASONS, and the staged
+        by reason (``reasons``, declared at 0: exporter/stream/payloads/payload.py UNMATCHED_REASONS, and the staged
         join's own)."""
         if self._payloads is None:
             joined = Counter("fairness_exporter_payload_pairs_joined", "Calls of a payload log (KServe, Seldon) whose "

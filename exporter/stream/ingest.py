@@ -9,7 +9,7 @@ of ground-truth events (the outcomes topic, ``kafka.labels_topic``) joins its wa
 in their models' buckets.
 
 A serving platform's payload log (``events.format: kserve | seldon``) takes another road to the same counting:
-each record is read as one half of a call, the halves meet in the pair join (exporter/stream/decode/payload.py,
+each record is read as one half of a call, the halves meet in the pair join (exporter/stream/payloads/payload.py,
 under the same lock, so the counts, the join and the offsets stay one step), and each joined call becomes its
 model's rows.
 
@@ -35,8 +35,11 @@ from exporter.health.side import SideHealth
 from exporter.stream.bounded import Bound
 from exporter.stream.decode.events import REJECT_REASONS, DecodedBatch
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.pairs import HalfBlock, PollBlocks, calls, join_units
-from exporter.stream.decode.payload import (
+from exporter.stream.decode.route import IGNORE_REASONS
+from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
+from exporter.stream.kafka.dead_letters import DeadLetters
+from exporter.stream.payloads.pairs import HalfBlock, PollBlocks, calls, join_units
+from exporter.stream.payloads.payload import (
     UNMATCHED_REASONS,
     PayloadRows,
     components,
@@ -44,10 +47,7 @@ from exporter.stream.decode.payload import (
     read_halves,
     records_of,
 )
-from exporter.stream.decode.platforms import Half
-from exporter.stream.decode.route import IGNORE_REASONS
-from exporter.stream.kafka.client import Batch, Partition, Record, newest_timestamp, values_and_next
-from exporter.stream.kafka.dead_letters import DeadLetters
+from exporter.stream.payloads.platforms import Half
 from exporter.stream.state.attribute_join import JOIN_OUTCOMES, SIDE_REJECTS, SideRecords
 from exporter.stream.state.fleet import Fleet, Monitored
 from exporter.stream.state.label_join import Joined, score_bits

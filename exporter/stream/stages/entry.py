@@ -24,12 +24,12 @@ import numpy as np
 
 from exporter.stream.bounded import Parts
 from exporter.stream.decode.outcomes import decode_outcomes
-from exporter.stream.decode.payload import REFUSED_ROWS, components, read_halves, records_of
-from exporter.stream.decode.platforms import Half
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka.client import Offsets, Partition, newest_timestamp, offsets_of, values_and_next
 from exporter.stream.kafka.internal_producer import InternalProducer
 from exporter.stream.kafka.internal_topics import InternalTopics
+from exporter.stream.payloads.payload import REFUSED_ROWS, components, read_halves, records_of
+from exporter.stream.payloads.platforms import Half
 from exporter.stream.stages.halves import MAX_HALF_BYTES, piece_rows, rekeyed
 from exporter.stream.stages.records import (
     Kind,

@@ -20,8 +20,8 @@ from typing import Final
 import numpy as np
 import orjson
 
-from exporter.stream.decode.payload import half_json
-from exporter.stream.decode.platforms import Half
+from exporter.stream.payloads.payload import half_json
+from exporter.stream.payloads.platforms import Half
 from exporter.stream.stages.records import (
     HEADER_ROOM,
     MAX_RECORD_BYTES,

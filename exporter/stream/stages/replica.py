@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from exporter.config import Config, ModelSpec
 from exporter.health.counters import Health, Owned, StageHealth
 from exporter.stream.bounded import Bound
-from exporter.stream.decode.payload import PairJoin
 from exporter.stream.ingest import Ingest
 from exporter.stream.kafka import internal_topics
 from exporter.stream.kafka.client import Offsets, Partition, Record
 from exporter.stream.kafka.dead_letters import DeadLetters
 from exporter.stream.kafka.internal_producer import InternalProducer, ProduceFailed
+from exporter.stream.payloads.payload import PairJoin
 from exporter.stream.stages.counts import CountsTask
 from exporter.stream.stages.entry import EntryStages
 from exporter.stream.stages.failures import TaskFailures

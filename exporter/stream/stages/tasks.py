@@ -22,9 +22,9 @@ import orjson
 
 from exporter.config import ModelSpec
 from exporter.health.counters import Health, StageHealth
-from exporter.stream.decode.payload import REFUSED_ROWS, UNMATCHED_REASONS, PairJoin, PayloadRows, half_of
-from exporter.stream.decode.platforms import Half
 from exporter.stream.kafka.client import Partition
+from exporter.stream.payloads.payload import REFUSED_ROWS, UNMATCHED_REASONS, PairJoin, PayloadRows, half_of
+from exporter.stream.payloads.platforms import Half
 from exporter.stream.stages.halves import PIECE_REASONS, Pieces
 from exporter.stream.stages.records import (
     ROW_BITS,

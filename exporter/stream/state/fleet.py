@@ -24,9 +24,9 @@ import numpy as np
 from exporter.config import Config, EventFields, ModelSpec, layout, layout_changes
 from exporter.stream.decode.events import DecodedBatch, EventDecoder
 from exporter.stream.decode.fleet import SharedDecoder, shareable
-from exporter.stream.decode.payload import PairJoin
 from exporter.stream.decode.route import Router
 from exporter.stream.kafka.client import Offsets, Partition
+from exporter.stream.payloads.payload import PairJoin
 from exporter.stream.state.attribute_join import AttributeJoin
 from exporter.stream.state.label_join import OutcomeJoin
 from exporter.stream.state.window import WindowStore
@@ -79,7 +79,7 @@ class Fleet:
         """Whether this replica keeps a model's window state (None: every model's)."""
         self.joins = OutcomeJoin(config.label_horizon_seconds, config.max_pending_labels)
         self.pairs = PairJoin(self.events.pair_horizon, config.max_pending_labels)
-        """Halves of calls waiting for their partner (payload formats: exporter/stream/decode/payload.py)."""
+        """Halves of calls waiting for their partner (payload formats: exporter/stream/payloads/payload.py)."""
         self.attributes = AttributeJoin(config)
         """Side sources' tables and the predictions waiting for their records (``attribute_sources``)."""
         self.offsets: Offsets = {}

@@ -1,12 +1,12 @@
 """A poll's Seldon protobuf records read as halves in a few C calls, with the values of
-:func:`~exporter.stream.decode.platforms.seldon_half` for each, or not at all (None: the caller reads them one by
+:func:`~exporter.stream.payloads.platforms.seldon_half` for each, or not at all (None: the caller reads them one by
 one, and refuses what it refuses).
 
 Reading a message's tensors through the protobuf runtime costs a Python step per field of every tensor (measured:
 4.4 µs for a request's two tensors, three times the parse itself). Here the records are read together instead:
 
 1. All records framed as one ``repeated ModelInferRequest`` (or Response) message, parsed by the very classes of
-   :func:`~exporter.stream.decode.oip.messages`: it fails exactly when one record would (then None). ptars alone
+   :func:`~exporter.stream.payloads.oip.messages`: it fails exactly when one record would (then None). ptars alone
    cannot be trusted with that: it accepts what the runtime refuses (a packed float field of a length not a
    multiple of 4, a group closed by another field's end tag: tests/test_payload_batch.py).
 2. The same records turned by ptars (Rust, the ``seldon-arrow`` extra; without it: None) into one Arrow record
@@ -19,7 +19,7 @@ Only the usual poll is read here: at least :data:`FEWEST` records, each protobuf
 every record, raw contents in every record or in none, each tensor's contents exactly its shape's count, no tensor
 of MLServer's ``pd_json`` (:data:`_PD_JSON`), no record refused; anything else is left to the record-by-record path
 (None). Tensor shapes are checked once per distinct
-(name, datatype, shape) by the rules of :func:`~exporter.stream.decode.oip.proto_body`.
+(name, datatype, shape) by the rules of :func:`~exporter.stream.payloads.oip.proto_body`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from exporter.stream.decode.oip import _CONTENTS, DATATYPES, PD_JSON, BadPayload, _raw_values, _text, messages
-from exporter.stream.decode.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of_poll, seldon_model, texts
-from exporter.stream.decode.platforms import _text as _header_text
+from exporter.stream.payloads.oip import _CONTENTS, DATATYPES, PD_JSON, BadPayload, _raw_values, _text, messages
+from exporter.stream.payloads.platforms import SELDON_RESERVED, SELDON_TYPES, Half, headers_of_poll, seldon_model, texts
+from exporter.stream.payloads.platforms import _text as _header_text
 
 FEWEST: Final = 128
 """A poll of fewer records is read record by record: ptars and Arrow cost about half a millisecond per poll whatever

@@ -1,6 +1,6 @@
 """The pair join of a payload log: a call's request and response meet by their id (:class:`PairJoin`), each
-arriving as a :class:`~exporter.stream.decode.platforms.Half`, or, for a poll read together
-(exporter/stream/decode/seldon_batch.py), as one half of a :class:`HalfBlock`: the poll's halves as columns, joined
+arriving as a :class:`~exporter.stream.payloads.platforms.Half`, or, for a poll read together
+(exporter/stream/payloads/seldon_batch.py), as one half of a :class:`HalfBlock`: the poll's halves as columns, joined
 by :meth:`PairJoin.add_block` with no Python object per half in the usual case (every half new, or every one
 completing a block's half that waits), and made Halves one by one (:meth:`HalfBlock.half`) wherever anything else
 happens, so that every outcome is the one :meth:`PairJoin.add_all` gives the same halves in the same order.
@@ -18,8 +18,8 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from exporter.stream.decode import seldon_batch
-from exporter.stream.decode.platforms import (
+from exporter.stream.payloads import seldon_batch
+from exporter.stream.payloads.platforms import (
     SELDON_RESERVED,
     SELDON_TYPES,
     Half,
@@ -29,13 +29,13 @@ from exporter.stream.decode.platforms import (
     seldon_model,
     texts,
 )
-from exporter.stream.decode.platforms import _text as _header_text
+from exporter.stream.payloads.platforms import _text as _header_text
 
 
 @dataclass(eq=False)
 class HalfBlock:
     """The halves of one poll of one topic (one model, one direction, one component), as columns: what
-    :func:`~exporter.stream.decode.seldon_batch.halves` (or :func:`~exporter.stream.decode.kserve_batch.halves`)
+    :func:`~exporter.stream.payloads.seldon_batch.halves` (or :func:`~exporter.stream.payloads.kserve_batch.halves`)
     reads as a Half for each record, half ``i`` of which :meth:`half` makes. No half has metadata (headers beyond
     the platform's own)."""
 
@@ -333,10 +333,10 @@ _EXACT: Final = float(2**53)
 def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | None, int]], models: Collection[str],
                response: bool | None) -> HalfBlock | None:  # fmt: skip
     """The poll's records of one Seldon topic as one block of the halves
-    :func:`~exporter.stream.decode.seldon_batch.halves` reads, when also no record logs headers of its own
+    :func:`~exporter.stream.payloads.seldon_batch.halves` reads, when also no record logs headers of its own
     (metadata) and every record's tensors are the same columns in the same order (one column each, typed
     contents); else None. The same checks, with no Python step per record beyond a few maps: the headers by
-    position (:func:`~exporter.stream.decode.platforms.header_table`), a body that may be JSON by its first
+    position (:func:`~exporter.stream.payloads.platforms.header_table`), a body that may be JSON by its first
     byte past blanks in one array pass, the times in an array."""
     model, by_name = seldon_model(topic)
     response = by_name if by_name is not None else response

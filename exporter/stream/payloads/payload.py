@@ -1,6 +1,6 @@
 """A serving platform's payload log (``events.format: kserve | seldon``) as the rows the windows count.
 
-Each record is one half of a call (exporter/stream/decode/platforms.py): its request or its response. The two
+Each record is one half of a call (exporter/stream/payloads/platforms.py): its request or its response. The two
 meet by their id in :class:`PairJoin` (bounded in count and age like the label join, counted: pairs joined,
 duplicates delivered twice, halves that found no partner within the horizon). A joined pair becomes one row per
 instance, its columns the request's inputs, the response's outputs and the logged headers; from there the rules of
@@ -27,12 +27,13 @@ from exporter.config import ModelSpec
 from exporter.core import bisg
 from exporter.core.encoding import attribute_codes, code_table, proxy_columns, value_text
 from exporter.core.side_table import id_text
-from exporter.stream.decode import kserve_batch, seldon_batch
 from exporter.stream.decode.events import DecodedBatch, is_binary
-from exporter.stream.decode.oip import BadPayload
-from exporter.stream.decode.pairs import BlockPairs, HalfBlock, Joined, PollBlocks, as_halves, read_block
-from exporter.stream.decode.pairs import PairJoin as PairJoin  # the join's home: pairs.py; its callers import it here
-from exporter.stream.decode.platforms import (
+from exporter.stream.decode.route import ignore_reason
+from exporter.stream.payloads import kserve_batch, seldon_batch
+from exporter.stream.payloads.oip import BadPayload
+from exporter.stream.payloads.pairs import BlockPairs, HalfBlock, Joined, PollBlocks, as_halves, read_block
+from exporter.stream.payloads.pairs import PairJoin as PairJoin  # the join's home: pairs.py; its callers import it here
+from exporter.stream.payloads.platforms import (
     Half,
     headers_of_poll,
     kserve_event,
@@ -42,9 +43,8 @@ from exporter.stream.decode.platforms import (
     seldon_half,
     seldon_model,
 )
-from exporter.stream.decode.platforms import half_json as half_json
-from exporter.stream.decode.platforms import half_of as half_of
-from exporter.stream.decode.route import ignore_reason
+from exporter.stream.payloads.platforms import half_json as half_json
+from exporter.stream.payloads.platforms import half_of as half_of
 
 FORMATS: Final = ("json", "kserve", "seldon")
 UNMATCHED_REASONS: Final = ("duplicate_delivery", "request_without_response", "response_without_request",
@@ -97,7 +97,7 @@ def read_halves(format: str, topic: str, records: Sequence[Raw], models: Collect
     """Each record as a half of a call of one of ``models``; others counted as ignored, bad ones refused.
     ``response_topic``: the responses' topic when its name does not say so (``kafka.response_topic``);
     ``counted``: the component whose log a model counts (:func:`components`), others ignored; ``blocks``: a poll
-    read together may be one block (exporter/stream/decode/pairs.py) instead of a Half per record."""
+    read together may be one block (exporter/stream/payloads/pairs.py) instead of a Half per record."""
     out = Halves()
     response = topic == response_topic if response_topic else None
     block = read_block(topic, records, models, response) if blocks and format == "seldon" else None

@@ -1,5 +1,5 @@
 """A poll's KServe binary-mode CloudEvents read as halves with a typed JSON decoder, with the values of
-:func:`~exporter.stream.decode.platforms.kserve_half` for each, or not at all (None: the caller reads them one by
+:func:`~exporter.stream.payloads.platforms.kserve_half` for each, or not at all (None: the caller reads them one by
 one, and refuses what it refuses).
 
 ``orjson.loads`` makes a Python object of every key and value of a body, most of which a half never reads
@@ -18,7 +18,7 @@ levels: then None), and accepts three things orjson does not read alike, each ce
   record-by-record path too.
 
 The CloudEvent attributes are read column by column over the poll's headers, the times by
-:func:`~exporter.stream.decode.timestamps.epochs`, each tensor by :func:`~exporter.stream.decode.oip.json_tensor`
+:func:`~exporter.stream.decode.timestamps.epochs`, each tensor by :func:`~exporter.stream.payloads.oip.json_tensor`
 (the one rule of JSON tensors). Records of other models, and of a component the model does not count (its
 ``ce_component`` header), are ignored first, whatever their body, as record by record. Only the usual poll is read
 here: at least :data:`_FEWEST` records, binary mode, neither gzip nor another content encoding, every record a
@@ -40,9 +40,11 @@ from typing import Any, Final, Literal
 import msgspec
 import numpy as np
 
-from exporter.stream.decode.oip import DATATYPES, PD_JSON, BadPayload, Columns, json_tensor
-from exporter.stream.decode.pairs import HalfBlock, PollBlocks
-from exporter.stream.decode.platforms import (
+from exporter.stream.decode.route import ignore_reason
+from exporter.stream.decode.timestamps import epoch, epochs
+from exporter.stream.payloads.oip import DATATYPES, PD_JSON, BadPayload, Columns, json_tensor
+from exporter.stream.payloads.pairs import HalfBlock, PollBlocks
+from exporter.stream.payloads.platforms import (
     REQUEST_TYPE,
     RESPONSE_TYPE,
     STRUCTURED,
@@ -52,9 +54,7 @@ from exporter.stream.decode.platforms import (
     header_table,
     texts,
 )
-from exporter.stream.decode.platforms import _text as _header_text
-from exporter.stream.decode.route import ignore_reason
-from exporter.stream.decode.timestamps import epoch, epochs
+from exporter.stream.payloads.platforms import _text as _header_text
 
 _FEWEST: Final = 16
 """A poll of fewer records is read record by record: the columns cost about 35 µs per poll whatever its size (a
@@ -259,7 +259,7 @@ def _poll_blocks(values: list[bytes], responses: list[bool], pids: list[str], wh
 def _block_columns(values: list[bytes], response: bool) -> tuple[list[int], dict[str, Any]] | None:
     """Each body's rows, and its tensors as Arrow list arrays (one list per body), when every body has the first
     one's tensors (:func:`_typed`: the same names, datatypes, shapes' form and parameters, in the same order, each
-    one column of flat values that :func:`~exporter.stream.decode.oip.json_tensor` takes as they are) of one type
+    one column of flat values that :func:`~exporter.stream.payloads.oip.json_tensor` takes as they are) of one type
     Arrow gives back as the decoder made it (text, integers, floats or booleans, nulls among them), each tensor's
     first dimension its length and every tensor of a body of as many rows; else None. The values of each tensor
     are gathered in one list as the bodies are decoded, each body dropped in turn (:func:`_columns`)."""

@@ -1,5 +1,5 @@
 """One Kafka record of a serving platform's payload log as one half of a prediction: its id, whether it is the
-request or the response, its model, its time and its rows of named columns (exporter/stream/decode/oip.py).
+request or the response, its model, its time and its rows of named columns (exporter/stream/payloads/oip.py).
 
 - **KServe** (``logger:`` on an InferenceService, through a Knative KafkaSink): a CloudEvent per request and per
   response sharing ``ce-id``, ``type`` ``org.kubeflow.serving.inference.request`` / ``.response``, the model in the
@@ -17,7 +17,7 @@ request or the response, its model, its time and its rows of named columns (expo
   ``<partition>.<pipeline>.<id>`` since 2.10, ``<pipeline>.<id>`` before): the same id through two pipelines is two
   calls of the model. The request record's other headers are columns too.
 
-A record that cannot be read raises :class:`~exporter.stream.decode.oip.BadPayload` with its reason.
+A record that cannot be read raises :class:`~exporter.stream.payloads.oip.BadPayload` with its reason.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any, Final
 
 import orjson
 
-from exporter.stream.decode.oip import DATATYPES, BadPayload, Columns, _raw_values, json_body, proto_body
-from exporter.stream.decode.oip import _text as _bytes_text
 from exporter.stream.decode.timestamps import epoch
+from exporter.stream.payloads.oip import DATATYPES, BadPayload, Columns, _raw_values, json_body, proto_body
+from exporter.stream.payloads.oip import _text as _bytes_text
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """An unzipped body larger than this is refused (``payload_too_large``): a small gzip must not fill the memory."""
