@@ -1,4 +1,4 @@
-"""A Seldon poll read as one block (exporter/stream/payloads/pairs.py ``read_block``, ``PairJoin.add_block``,
+"""A Seldon poll read as one block (exporter/stream/payloads/seldon_block.py ``read_block``, ``PairJoin.add_block``,
 ``PayloadRows.block_batch``) counts exactly what the same records read as Halves count: the same halves, the same
 pairs and unmatched counts, the same join state, the same batches (every array, every id) and dead letters, poll
 after poll, whatever the order the halves arrive in: requests first or responses first, a call split across polls,
@@ -20,8 +20,9 @@ from payload_logs import platform_records
 from exporter.config import parse_config
 from exporter.stream.payloads import seldon_batch
 from exporter.stream.payloads.oip import messages
-from exporter.stream.payloads.pairs import BlockPairs, HalfBlock, join_units, read_block
+from exporter.stream.payloads.pairs import BlockPairs, HalfBlock, join_units
 from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.payloads.seldon_block import read_block
 
 T0_MS = 1_800_000_000_000
 

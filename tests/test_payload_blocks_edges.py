@@ -1,4 +1,4 @@
-"""Where a Seldon poll read as one block of Arrow columns (exporter/stream/payloads/pairs.py ``read_block``,
+"""Where a Seldon poll read as one block of Arrow columns (exporter/stream/payloads/seldon_block.py ``read_block``,
 ``PairJoin.add_block``; exporter/stream/payloads/payload.py ``PayloadRows.block_batch``) must still count what the same
 records read as Halves count (``read_halves`` without blocks, ``PairJoin.add_all``, ``PayloadRows.batch``), at the
 edges a review found (each test failed on the block path as it first landed): a Kafka timestamp past 2^53 ms (the
@@ -17,8 +17,9 @@ import pytest
 from exporter.config import parse_config
 from exporter.stream.payloads import seldon_batch
 from exporter.stream.payloads.oip import messages
-from exporter.stream.payloads.pairs import HalfBlock, join_units, read_block
+from exporter.stream.payloads.pairs import HalfBlock, join_units
 from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
+from exporter.stream.payloads.seldon_block import read_block
 
 INPUTS, OUTPUTS = "seldon.ns.model.m.inputs", "seldon.ns.model.m.outputs"
 T0_MS = 1_800_000_000_000

@@ -31,7 +31,7 @@ from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.route import ignore_reason
 from exporter.stream.payloads import kserve_batch, seldon_batch
 from exporter.stream.payloads.oip import BadPayload
-from exporter.stream.payloads.pairs import BlockPairs, HalfBlock, Joined, PollBlocks, as_halves, read_block
+from exporter.stream.payloads.pairs import BlockPairs, HalfBlock, Joined, PollBlocks, as_halves
 from exporter.stream.payloads.pairs import PairJoin as PairJoin  # the join's home: pairs.py; its callers import it here
 from exporter.stream.payloads.platforms import (
     Half,
@@ -45,6 +45,7 @@ from exporter.stream.payloads.platforms import (
 )
 from exporter.stream.payloads.platforms import half_json as half_json
 from exporter.stream.payloads.platforms import half_of as half_of
+from exporter.stream.payloads.seldon_block import read_block
 
 FORMATS: Final = ("json", "kserve", "seldon")
 UNMATCHED_REASONS: Final = ("duplicate_delivery", "request_without_response", "response_without_request",
@@ -200,12 +201,12 @@ class PayloadRows:
             found = j.request.times[j.request_at]
             if not (found <= latest).all():
                 return None  # missing_field (NaN: no time), future_timestamp
-            predicted = _block_cells(j, self.column, True)
+            predicted = j.cells(self.column, True)
             if predicted is None:
                 return None  # missing_field
             values.append(predicted)
             for cells_of, column in zip(cells, self.cells, strict=True):
-                cells_of.append(_block_cells(j, column, False) or [None] * int(counts.sum()))
+                cells_of.append(j.cells(column, False) or [None] * int(counts.sum()))
             rows.append(counts)
             times.append(found)
             calls += j.request.ids(j.request_at)
@@ -220,8 +221,12 @@ class PayloadRows:
         """The batch of the calls kept: each call's rows, time and id, the predictions (or scores) of every row,
         and each of :attr:`cells`' cells of every row."""
         timestamps = np.repeat(np.asarray(times, dtype=np.float64), rows)
-        ids = [call + suffix for call, n in zip(calls, rows, strict=True)  # 0.30 against 0.53 µs per call by chain/map
-               for suffix in (_ALONE if n == 1 else _suffixes(n))]  # fmt: skip
+        if len(set(rows)) == 1:  # every call of as many rows (the usual batch): one suffix list (0.15 against 0.20 µs
+            suffixes = _ALONE if rows[0] == 1 else _suffixes(rows[0])  # per call of 4 rows)
+            ids = [call + suffix for call in calls for suffix in suffixes]
+        else:
+            ids = [call + suffix for call, n in zip(calls, rows, strict=True)  # 0.30 against 0.53 µs per call by
+                   for suffix in (_ALONE if n == 1 else _suffixes(n))]  # fmt: skip  # chain/map
         raw_codes, sides = cells[:len(self.read)], list(map(_listed, cells[len(self.read):len(self.read) + len(
             self.sides)]))  # fmt: skip
         segments = dict(zip(self.model.counted_columns, map(_listed, cells[len(self.read) + len(self.sides):]),
@@ -332,17 +337,6 @@ def _codes(cells: Any, table: Mapping[str, int], unknown: int) -> np.ndarray:
         return np.fromiter(map(table.get, cells, repeat(unknown, len(cells))), np.int64, len(cells))
     return np.fromiter((unknown if v is None else table.get(v if v.__class__ is str else value_text(v), unknown)
                         for v in cells), np.int64, len(cells))  # fmt: skip
-
-
-def _block_cells(joined: BlockPairs, column: str, response_first: bool) -> Any:
-    """The cells of ``column`` of every row of these calls, an Arrow array: the request's column, else the
-    response's (the prediction: the response's first); None when neither half has it."""
-    sides = ((joined.request, joined.request_at), (joined.response, joined.response_at))
-    for block, at in reversed(sides) if response_first else sides:
-        found = block.columns.get(column)
-        if found is not None:
-            return found.take(at).flatten()
-    return None
 
 
 def _joined(parts: list[Any]) -> Any:
