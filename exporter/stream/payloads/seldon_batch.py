@@ -188,7 +188,7 @@ def columns(values: list[bytes], response: bool, as_block: bool = False, framed:
     except Exception:  # ptars refusing or failing on records the runtime accepts (any error of a compiled
         return None  # reader: a poll it cannot read is never lost): record by record reads them alike
     n = len(values)
-    ids = [i or None for i in batch.column("id").to_pylist()]
+    ids = batch.column("id") if as_block else [i or None for i in batch.column("id").to_pylist()]  # a block's: Arrow's
     tensors, raws = batch.column("tensors"), batch.column("raw")
     widths = tensors.value_lengths().to_numpy()
     width = int(widths[0])
@@ -196,17 +196,18 @@ def columns(values: list[bytes], response: bool, as_block: bool = False, framed:
     if (widths != width).any() or (raw_widths.any() and (raw_widths != width).any()):
         return None  # records of different tensor counts, or raw contents in some (or not one per tensor)
     if not width:
-        return (ids, [0] * n, {}) if as_block else (ids, [0] * n, [{} for _ in ids])
+        return (ids, [0] * n, {}) if as_block else (ids, [0] * n, [{} for _ in range(n)])
     if as_block:
         return None if raw_widths.any() else _block_columns(tensors.flatten(), n, width, ids)
     return _tensor_columns(tensors.flatten(), raws.flatten() if raw_widths.any() else None, n, width, ids)
 
 
-Read = tuple[list[str | None], list[int], Any]
-"""Each record's id (None: none), rows and columns (a dict per record, or a block's Arrow lists by name)."""
+Read = tuple[Any, list[int], Any]
+"""Each record's id (None: none; a block's: an Arrow array, "" for none), rows and columns (a dict per record, or a
+block's Arrow lists by name)."""
 
 
-def _block_columns(found: Any, n: int, width: int, ids: list[str | None]) -> Read | None:
+def _block_columns(found: Any, n: int, width: int, ids: Any) -> Read | None:
     """Each record's id and rows, and each tensor position's values as one Arrow list per record, by its name: when
     every record's tensor at a position is one column of one name and contents field (its shape may differ), the
     names differ, and every tensor's values are its shape's count (as :func:`_typed` checks); else None."""
@@ -218,7 +219,8 @@ def _block_columns(found: Any, n: int, width: int, ids: list[str | None]) -> Rea
         return None
     plan_of, which = plans
     at = which.reshape(n, width)
-    kinds = [{(plan_of[p][2], plan_of[p][3]) for p in set(at[:, k].tolist())} for k in range(width)]
+    kinds = [{(plan_of[p][2], plan_of[p][3]) for p in np.flatnonzero(np.bincount(at[:, k], minlength=len(plan_of)))}
+             for k in range(width)]  # fmt: skip
     if any(len(kind) != 1 or len(next(iter(kind))[0]) != 1 for kind in kinds):
         return None
     names = [next(iter(kind))[0][0] for kind in kinds]
@@ -233,7 +235,7 @@ def _block_columns(found: Any, n: int, width: int, ids: list[str | None]) -> Rea
     columns: dict[str, Any] = {}
     for k, (name, kind) in enumerate(zip(names, kinds, strict=True)):
         field = next(iter(kind))[1]
-        chosen = by_field[field].take(pa.array(np.arange(k, n * width, width)))
+        chosen = by_field[field] if width == 1 else by_field[field].take(pa.array(np.arange(k, n * width, width)))
         if not np.array_equal(pc.fill_null(pc.list_value_length(chosen), 0).to_numpy(), counts[:, k]):
             return None  # shape_mismatch: refused record by record
         flat = chosen.flatten()

@@ -39,16 +39,19 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
             not seldon_batch.arrow():  # fmt: skip
         return None
     values: list[bytes] = list(map(_VALUE, records))
-    if not all(values) or sum(map(len, values)) > seldon_batch.MOST_BYTES:
+    try:
+        lengths = np.fromiter(map(len, values), np.int64, n)
+    except TypeError:
+        return None  # a value of None (a tombstone): refused record by record
+    if not lengths.all() or int(lengths.sum()) > seldon_batch.MOST_BYTES:
         return None  # an empty value, or more than one message may hold
     headers, names = header_table(list(map(_HEADERS_OF, records)), _HEADERS)
     kinds = set(map(_header_text, set(headers["seldon-infer-type"])))
     if not (response or names <= SELDON_RESERVED) or any(SELDON_TYPES.get(kind or "") for kind in kinds):
         return None  # a request's own headers (its rows' metadata), or JSON
-    lengths = np.fromiter(map(len, values), np.int64, n)
     heads = list(map(seldon_batch.frame, lengths.tolist()))
     framed = b"".join(chain.from_iterable(zip(heads, values, strict=True)))
-    ends = np.cumsum(np.fromiter(map(len, heads), np.int64, n) + lengths)
+    ends = np.cumsum(lengths + sum((lengths >= 1 << bits for bits in (7, 14, 21, 28)), 2))  # a key and a varint
     if not np.frombuffer(framed, dtype=np.uint8)[ends - lengths].all():
         return None  # a schema-registry framing (its magic byte 0 first), read record by record
     if not kinds <= SELDON_TYPES.keys() and _json_like(framed, ends - lengths, ends):
@@ -60,7 +63,8 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
     said = headers["x-request-id"]
     pids = texts(said) if None not in said else []
     if not all(pids) or len(pids) != n:  # seldon_call's rule: the header, else the key, else the message's own id
-        pids = [p or _header_text(k) or o for p, k, o in zip(texts(said), map(_KEY, records), own, strict=True)]
+        pids = [p or _header_text(k) or o or None for p, k, o in zip(texts(said), map(_KEY, records),
+                                                                     own.to_pylist(), strict=True)]  # fmt: skip
         if not all(pids):
             return None  # refused (no id) record by record
     pipelines = headers["pipeline"]
