@@ -33,8 +33,12 @@ def _pair(
     y_pred: Sequence[Any], protected_attribute: Sequence[Any], group_a: Any, group_b: Any, y_true: Any = None
 ) -> np.ndarray:
     """The 2-group counts array of one pair: the values compared as the config's groups are (a whole float as the
-    integer: group ``1.0`` is the values ``1.0`` and ``1``, as the seed's ``==`` finds them)."""
+    integer: group ``1.0`` is the values ``1.0`` and ``1``, as the seed's ``==`` finds them). ValueError for a pair
+    naming one group twice or a group with no rows."""
     groups = (value_text(group_a), value_text(group_b))
+    if groups[0] == groups[1]:
+        raise ValueError(f"group_a_value {group_a!r} and group_b_value {group_b!r} are the same group "
+                         f"{groups[0]!r}: a comparison needs two different groups")  # fmt: skip
     codes = encode(np.asarray(protected_attribute, dtype=object), groups)
     counts = counts_from_arrays(codes, 2, np.asarray(y_pred), None if y_true is None else np.asarray(y_true))
     for g, n in zip(groups, counts[:, 0] + counts[:, 1], strict=True):
