@@ -110,6 +110,42 @@ def test_bias_auditor_keys_datetime_groups_by_their_values() -> None:
     assert ours == theirs, (ours, theirs)
 
 
+@pytest.mark.parametrize("values", [[True, True, 1, 1], [1, 1, 1.0, 1.0], [0.0, 0.0, -0.0, -0.0]],
+                         ids=["true_and_1", "1_and_1.0", "0.0_and_-0.0"])  # fmt: skip
+def test_bias_auditor_keeps_one_group_of_equal_values_as_the_seeds_groupby_does(values: list[Any]) -> None:
+    """Equal values of other types (True and 1, 1 and 1.0, 0.0 and -0.0) are one group to the seed's groupby; keyed
+    by their text they were two ('True' and '1'), each half the group's rows."""
+    df = pd.DataFrame({"g": pd.Series([*values, 2, 2], dtype=object), "y": [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]})
+    theirs = seed_reference.BiasAuditor(["g"], "y").evaluate_bias(df)["g"]
+    ours = BiasAuditor(["g"], "y").evaluate_bias(df)["g"]
+    assert (ours["group_stats"], ours["fairness_gap"]) == (theirs["group_stats"], theirs["fairness_gap"]) == (
+        {values[0]: 0.75, 2: 0.0}, 0.75)
+    assert ours["group_sizes"] == {values[0]: 4, 2: 2}
+
+
+def test_a_report_written_as_text_refuses_two_values_written_alike() -> None:
+    """Where groups are named by their text (the command line's JSON, evaluate_batches and evaluate_dataset; an
+    intersection's groups always), 1 and "1" would be one group: refused, naming both, never merged."""
+    df = pd.DataFrame({"g": pd.Series([1, 1, "1", "1"], dtype=object), "h": ["u"] * 4, "y": [1.0, 1.0, 0.0, 0.0]})
+    with pytest.raises(ValueError, match=r"^x.csv: protected feature \['g'\]: the values 1 and '1' are both named '1'"):
+        BiasAuditor(["g"], "y").evaluate_batches([df], list(df.columns), "x.csv")
+    with pytest.raises(ValueError, match=r"the values \[1, 'u'\] and \['1', 'u'\] are both named '1:u'"):
+        BiasAuditor([["g", "h"]], "y").evaluate_bias(df)
+
+
+def test_a_datetime_group_is_one_group_in_every_batch(tmp_path: Path) -> None:
+    """Across a folder's files the same Timestamp was written '2020-01-01' in a batch of midnights and
+    '2020-01-01 00:00:00' in another, and counted as two groups (5 groups for 3 timestamps); keyed by value it is
+    one group, named as pandas writes it where it was first seen."""
+    (tmp_path / "parts").mkdir()
+    pd.DataFrame({"d": pd.to_datetime(["2020-01-01", "2020-01-01", "2021-01-01"]), "y": [1.0, 0.0, 1.0]}).to_parquet(
+        tmp_path / "parts" / "a.parquet")
+    pd.DataFrame({"d": pd.to_datetime(["2020-01-01 00:00", "2021-01-01 10:00", "2021-01-01 00:00"]),
+                  "y": [1.0, 0.0, 0.0]}).to_parquet(tmp_path / "parts" / "b.parquet")  # fmt: skip
+    report = BiasAuditor(["d"], "y").evaluate_dataset(str(tmp_path / "parts"))["d"]
+    assert report["group_sizes"] == {"2020-01-01": 3, "2021-01-01": 2, "2021-01-01 10:00:00": 1}
+
+
 # ------------------------------------------------------------------------------------------------ safety suite
 
 X = np.random.default_rng(0).normal(size=(50, 4))
