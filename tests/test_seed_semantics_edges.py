@@ -193,6 +193,55 @@ def test_the_safety_command_does_not_pass_a_model_with_no_outputs(tmp_path: Path
                                          for r in report["results"]]  # fmt: skip
 
 
+def test_the_safety_command_exits_2_in_one_line_for_a_model_with_no_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command: a model that answers the test inputs with nothing cannot be evaluated, exit 2 (as a model that
+    raises on them), one line saying what it answered, and no report."""
+    from test_safety import run_cli
+
+    pd.DataFrame(X, columns=["a", "b", "c", "d"]).to_csv(tmp_path / "x.csv", index=False)
+    (tmp_path / "s.yaml").write_text("model_id: m\nfeature_count: 4\nvalid_output_range: [0.0, 1.0]\n"
+                                     "test_inputs: x.csv\n")  # fmt: skip
+    code, report, err = run_cli(tmp_path, capsys, "--model", "test_seed_semantics_edges:NoOutputs", "--config",
+                                str(tmp_path / "s.yaml"))  # fmt: skip
+    assert (code, report, err.count("\n")) == (2, {}, 1), err
+    assert "the model gave no output on the test inputs (50 rows of 4 features answered with outputs of shape " \
+        "(50, 0))" in err  # fmt: skip
+
+
+class NoOutputsWhenMoved:
+    """Answers the test inputs with one output per row, and moved inputs with none."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict(self, x: Any) -> np.ndarray:
+        self.calls += 1
+        return np.full((len(x), 1 if self.calls == 1 else 0), 0.5)
+
+
+def test_the_stability_test_names_an_answer_that_changed_shape_and_blames_no_raise() -> None:
+    """numpy's max over 0 columns raised, and the test said "the model raised on perturbed inputs: ValueError: zero-size
+    array ..." of a model that raised nothing: the finding is the answer's shape."""
+    result = SafetyEvaluator("m").test_input_perturbation_stability(NoOutputsWhenMoved(), X)
+    assert not result.passed
+    assert result.details == "the model gave outputs of shape (50, 0) on the perturbed inputs, (50, 1) on the inputs"
+
+
+def test_an_empty_answer_to_a_malformed_or_an_edge_row_is_judged_by_that_rows_test() -> None:
+    """Only the test inputs must be answered: an empty answer to a malformed row is an answer (the check fails, as
+    before), and to the seed's edge rows the seed's own verdict (its NaN/Inf check finds nothing in no output)."""
+    from test_safety import seed_code
+
+    malformed = SafetyEvaluator("m").test_malformed_inputs(NoOutputs(), 4)
+    assert not malformed.passed and malformed.evidence["failed_inputs"] == ["empty_row", "wrong_width_row"]
+    theirs = seed_code.SafetyEvaluator("m")
+    theirs.test_null_and_edge_inputs(NoOutputs(), 4)
+    ours = SafetyEvaluator("m").test_null_and_edge_inputs(NoOutputs(), 4)
+    assert ours.passed == theirs.report.results[0].passed
+
+
 class UsesFeatureZero:
     def predict(self, x: Any) -> np.ndarray:
         return (np.asarray(x)[:, 0] > 0.5).astype(int)
