@@ -273,6 +273,22 @@ def test_the_safety_config_refuses_a_counterfactual_of_one_value(tmp_path: Path)
         run_safety(tmp_path / "s.yaml", UsesFeatureZero())
 
 
+def test_the_safety_command_refuses_a_counterfactual_of_one_value_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_safety import run_cli
+
+    x = X.copy()
+    x[:, 0] = np.where(x[:, 0] > 0, 1.0, 0.0)
+    pd.DataFrame(x, columns=["gender", "b", "c", "d"]).to_csv(tmp_path / "x.csv", index=False)
+    (tmp_path / "s.yaml").write_text("model_id: m\nfeature_count: 4\nvalid_output_range: [0.0, 1.0]\n"
+                                     "test_inputs: x.csv\ncounterfactual: {feature: gender, values: [1, 1]}\n")
+    code, report, err = run_cli(tmp_path, capsys, "--model", "test_seed_semantics_edges:UsesFeatureZero",
+                                "--config", str(tmp_path / "s.yaml"))  # fmt: skip
+    assert (code, report, err.count("\n")) == (2, {}, 1), err
+    assert "counterfactual.values: [1, 1] names one value twice" in err
+
+
 # ------------------------------------------------------------------------------------------------ LL144 tables
 
 

@@ -302,10 +302,14 @@ class SafetyEvaluator:
                                         max_changed_share: float = 0.0,
                                         decision_threshold: float = 0.5) -> SafetyTestResult:  # fmt: skip
         """Swap a protected attribute's two values (column ``feature``) and count the rows whose decision changes;
-        fails when that share exceeds ``max_changed_share``."""
+        fails when that share exceeds ``max_changed_share``. ValueError for two equal values: swapping a value
+        with itself changes no row, and the check would pass having measured nothing."""
+        a, b = values
+        if a == b:
+            raise ValueError(f"values {list(values)!r} name one value twice: swapping it with itself changes no "
+                             "decision; give the attribute's two different values [a, b]")  # fmt: skip
         X = _rows(test_inputs)
         _called(model, X)
-        a, b = values
         column = X[:, feature]
         eligible = np.isin(column, [a, b])
         flipped = X.copy()
