@@ -68,9 +68,10 @@ def test_hand_computed_ll144_table_in_json_and_csv(tmp_path: Path, capsys: pytes
     assert rows["male"] == {"category": "male", "samples": 50, "share": 0.5, "rate": 0.5, "impact_ratio": 1.0,
                             "small_category": False}  # fmt: skip
     assert (rows["female"]["rate"], rows["female"]["impact_ratio"]) == (pytest.approx(0.3), pytest.approx(0.6))
-    # 1 of 1 selected, 1% of the rows: flagged and kept with its count and rate, but never the reference
+    # 1 of 1 selected, 1% of the rows: flagged and kept with its count and rate, never the reference, and left out
+    # of the impact ratios as the DCWP rules allow (before: 1.0 / 0.5 = 2.0, a ratio above 1, which is none)
     assert rows["non_binary"] == {"category": "non_binary", "samples": 1, "share": 0.01, "rate": 1.0,
-                                  "impact_ratio": 2.0, "small_category": True}  # fmt: skip
+                                  "impact_ratio": None, "small_category": True}  # fmt: skip
 
     race = {r["category"]: r for r in table["attributes"]["race"]["categories"]}
     assert (race["white"]["samples"], race["black"]["samples"]) == (51, 49)
@@ -81,7 +82,7 @@ def test_hand_computed_ll144_table_in_json_and_csv(tmp_path: Path, capsys: pytes
     ratios = {r["category"]: r["impact_ratio"] for r in cross["categories"]}
     assert cross["reference_category"] == "male:white" and cross["unknown_rows"] == 9
     assert ratios == pytest.approx({"male:white": 1.0, "male:black": 0.375, "female:white": 0.6, "female:black": 0.3,
-                                    "non_binary:white": 1.5, "non_binary:black": None})  # fmt: skip
+                                    "non_binary:white": None, "non_binary:black": None})  # fmt: skip
     empty = next(r for r in cross["categories"] if r["category"] == "non_binary:black")
     assert (empty["samples"], empty["rate"], empty["small_category"]) == (0, None, True)
 
@@ -95,7 +96,8 @@ def test_hand_computed_ll144_table_in_json_and_csv(tmp_path: Path, capsys: pytes
         "date_start": "2026-01-05T00:00:00Z", "date_end": "2026-03-31T00:00:00Z", "attribute": "gender",
         "category": "female", "samples": "40", "share": "0.4000", "rate_kind": "selection_rate", "rate": "0.3000",
         "impact_ratio": "0.6000", "small_category": "false"}  # fmt: skip
-    assert by_key["gender", "non_binary"]["small_category"] == "true"
+    assert (by_key["gender", "non_binary"]["small_category"], by_key["gender", "non_binary"]["impact_ratio"],
+            by_key["gender", "non_binary"]["rate"]) == ("true", "", "1.0000")
     assert (by_key["gender", "(unknown)"]["samples"], by_key["gender", "(unknown)"]["share"]) == ("9", "0.0900")
     assert by_key["race", "black"]["impact_ratio"] == f"{(9 / 49) / (29 / 51):.4f}" == "0.3230"
 

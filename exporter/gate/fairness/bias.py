@@ -81,14 +81,10 @@ class BiasAuditor:
 
         Raises DataError (a ValueError) naming ``source`` and the column for a missing or non-numeric outcome or a
         missing feature column. A one-column feature's groups are keyed by the column's own values, as the seed's
-        ``groupby`` keys them (``{0: ..., 1: ...}`` for a 0/1 column; the command line's JSON writes them as text).
+        ``groupby`` keys them (``{0: ..., 1: ...}`` for a 0/1 column, ``1`` and ``"1"`` two groups, ``True`` and
+        ``1`` one, a datetime a Timestamp; the command line's JSON writes them as text).
         """
-        report = self.evaluate_batches([df], list(df.columns), source)
-        for feature in self.protected_features:
-            if isinstance(feature, str):
-                values = {str(v): v.item() if isinstance(v, np.generic) else v for v in df[feature].dropna().unique()}
-                report[feature] = _keyed(report[feature], values)
-        return report
+        return self._evaluate([df], list(df.columns), source, by_value=True)
 
     def evaluate_dataset(self, location: str) -> dict[str, dict[str, Any]]:
         """:meth:`evaluate_bias` over a dataset (a file, folder, glob or prefix of parquet or CSV files), read a
@@ -106,8 +102,15 @@ class BiasAuditor:
 
     def evaluate_batches(self, frames: Iterable[pd.DataFrame], columns: Sequence[str],
                          source: str) -> dict[str, dict[str, Any]]:  # fmt: skip
-        """Group sizes, sums and spreads added up over batches of rows (a DataFrame each), then the report.
-        Features that would be tallied under one name are refused first (:func:`refuse_collisions`)."""
+        """Group sizes, sums and spreads added up over batches of rows (a DataFrame each), then the report, each
+        group named by its text (as the command line's JSON writes it). Features that would be tallied under one
+        name are refused first (:func:`refuse_collisions`), and two groups named alike (``1`` and ``"1"``) when
+        they are met (:meth:`_Groups.named`)."""
+        return self._evaluate(frames, columns, source, by_value=False)
+
+    def _evaluate(self, frames: Iterable[pd.DataFrame], columns: Sequence[str], source: str,
+                  by_value: bool) -> dict[str, dict[str, Any]]:  # fmt: skip
+        """:meth:`evaluate_batches`; ``by_value``: a one-column feature's groups keyed by their values."""
         refuse_collisions(self.protected_features)
         threshold = self.bias_threshold  # read here: a subclass may set it
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or math.isnan(threshold):
@@ -134,7 +137,7 @@ class BiasAuditor:
                     raise DataError(f"{source}: {exc}") from None
         if not any_value:
             raise DataError(f"{source}: outcome column {self.outcome_feature!r} has no values")
-        return {feature_name(f): self._feature(f, tallies[feature_name(f)], binary, source)
+        return {feature_name(f): self._feature(f, tallies[feature_name(f)], binary, source, by_value)
                 for f in self.protected_features}  # fmt: skip
 
     def _outcome(self, df: pd.DataFrame, source: str) -> pd.Series:
@@ -151,16 +154,17 @@ class BiasAuditor:
             raise DataError(f"{source}: outcome column {column!r} holds infinite values")
         return numeric.astype(np.float64)
 
-    def _feature(self, feature: Feature, groups: _Groups, binary: bool, source: str) -> dict[str, Any]:
+    def _feature(self, feature: Feature, groups: _Groups, binary: bool, source: str,
+                 by_value: bool) -> dict[str, Any]:  # fmt: skip
         columns = [feature] if isinstance(feature, str) else list(feature)
-        if not groups.names:
+        if not groups.keys:
             raise DataError(f"{source}: no row has both {columns} and outcome {self.outcome_feature!r}")
         sizes, sums, means, stds = groups.stats()
         if binary:
             lower, upper = wilson_interval(np.rint(sums).astype(np.int64), sizes)
         else:
             lower, upper = t_interval(means, stds, sizes, CONFIDENCE)
-        names = groups.names
+        names = groups.keys if by_value else groups.named(columns, source)
         gap = float(pd.Series(means).max() - pd.Series(means).min())  # NaN skipped, as the seed's pandas does
         measured = [i for i in range(len(names)) if sizes[i] > 0]
         return {
@@ -189,29 +193,25 @@ def json_report(report: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                       "fairness_gap": json_float(r["fairness_gap"])} for feature, r in report.items()}  # fmt: skip
 
 
-def _keyed(block: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """A feature's report with its groups named by ``values`` (each group's text: the value it stands for)."""
-    value = values.get
-    per_group = ("group_stats", "group_sizes", "group_intervals", "groups_without_outcome")
-    return {**block, **{k: {value(g, g): v for g, v in block[k].items()} for k in per_group},
-            "highest_group": value(block["highest_group"], block["highest_group"]),
-            "lowest_group": value(block["lowest_group"], block["lowest_group"])}
-
-
 @dataclass
 class _Groups:
     """One feature's groups over batches, in the order they first appear: size, sum, mean and sum of squared
     deviations (merged as Chan et al. do, so the spread is exact to rounding); a group seen in one batch keeps
     pandas' own mean and standard deviation, so a file of one batch reports what pandas computes. A row with a
-    group and no outcome names its group (the seed's ``groupby`` lists it) and counts in ``unmeasured``."""
+    group and no outcome names its group (the seed's ``groupby`` lists it) and counts in ``unmeasured``.
 
+    A one-column feature's groups are keyed by the column's values, as the seed's ``groupby`` keys them (``1`` and
+    ``"1"`` two groups, ``True`` and ``1`` one, a datetime a Timestamp); an intersection's by its values' text
+    joined by ``:``. ``names`` holds each group's text, as pandas writes its first value."""
+
+    keys: list[Any] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
-    index: dict[str, int] = field(default_factory=dict)
+    index: dict[Any, int] = field(default_factory=dict)
     parts: list[list[tuple[int, float, float, float, float]]] = field(default_factory=list)
     unmeasured: list[int] = field(default_factory=list)
     """Per group, its rows without an outcome (excluded from its mean)."""
     excluded: int = 0
-    combinations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    combinations: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     """An intersection's group names and the values each stands for (two combinations never share a name)."""
 
     def add(self, df: pd.DataFrame, columns: list[str], outcome: pd.Series) -> None:
@@ -220,17 +220,24 @@ class _Groups:
         self.excluded += int((~keep).sum())
         if not grouped_rows.any():
             return
-        cells = df.loc[grouped_rows, columns].astype(str)
-        keys = cells.agg(INTERSECTION_SEP.join, axis=1).to_numpy()
-        if len(columns) > 1:
+        keys: Any
+        if len(columns) == 1:
+            column = df.loc[grouped_rows, columns[0]]
+            keys = column.array  # positional, whatever the frame's index
+            firsts = ~pd.Series(keys).duplicated().to_numpy()  # the groupby's own equality (True == 1)
+            text = dict(zip(keys[firsts], column[firsts].astype(str), strict=True))
+        else:
+            cells = df.loc[grouped_rows, columns]
+            keys = cells.astype(str).agg(INTERSECTION_SEP.join, axis=1).to_numpy()
             self._distinct(columns, cells, keys)
-        for key, rows in pd.Series(keys).groupby(keys, sort=False).size().items():
-            self.unmeasured[self._at(str(key))] += int(rows)  # every row of the group, less the measured below
-        grouped = outcome[keep].groupby(keys[keep[grouped_rows]], sort=False)
+            text = {}
+        for key, rows in pd.Series(np.ones(len(keys))).groupby(keys, sort=False, observed=True).size().items():
+            at = self._at(key, text.get(key, str(key)))
+            self.unmeasured[at] += int(rows)  # every row of the group, less the measured below
+        grouped = outcome[keep].groupby(keys[keep[grouped_rows]], sort=False, observed=True)
         table = pd.DataFrame({"n": grouped.size(), "sum": grouped.sum(), "mean": grouped.mean(),
                               "std": grouped.std(ddof=1)})  # fmt: skip
-        for name, row in zip(table.index, table.itertuples(index=False), strict=True):
-            key = str(name)
+        for key, row in zip(table.index, table.itertuples(index=False), strict=True):
             self.unmeasured[self.index[key]] -= int(row.n)
             var = 0.0 if row.n < 2 else float(row.std) ** 2
             self.parts[self.index[key]].append((int(row.n), float(row.sum), float(row.mean), var * (row.n - 1),
@@ -238,7 +245,8 @@ class _Groups:
 
     def _distinct(self, columns: list[str], cells: pd.DataFrame, keys: np.ndarray) -> None:
         """Refuse two combinations of an intersection's values that would be named alike, their values joined by
-        ``:`` (``a:b`` + ``c`` and ``a`` + ``b:c``): one group would silently hold the rows of both."""
+        ``:`` (``a:b`` + ``c`` and ``a`` + ``b:c``, or ``1`` + ``c`` and ``"1"`` + ``c``): one group would silently
+        hold the rows of both."""
         firsts = ~cells.duplicated().to_numpy()
         for key, values in zip(keys[firsts].tolist(), cells[firsts].itertuples(index=False, name=None), strict=True):
             known = self.combinations.setdefault(key, values)
@@ -247,11 +255,23 @@ class _Groups:
                                 f"named {key!r} (their values joined by {INTERSECTION_SEP!r}); rename the values "
                                 "that hold it")  # fmt: skip
 
-    def _at(self, key: str) -> int:
-        """The index of a group, added at its first sight."""
+    def named(self, columns: list[str], source: str) -> list[str]:
+        """The groups' text names; DataError for two groups named alike (``1`` and ``"1"``), which a report keyed
+        by text would merge into one: one would hide the other's gap."""
+        first: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            known = first.setdefault(name, i)
+            if known != i:
+                raise DataError(f"{source}: protected feature {columns}: the values {self.keys[known]!r} and "
+                                f"{self.keys[i]!r} are both named {name!r}; make the column hold one type")  # fmt: skip
+        return self.names
+
+    def _at(self, key: Any, name: str) -> int:
+        """The index of a group, added at its first sight (a numpy scalar kept as the Python value it holds)."""
         if key not in self.index:
-            self.index[key] = len(self.names)
-            self.names.append(key)
+            self.index[key] = len(self.keys)
+            self.keys.append(key.item() if isinstance(key, np.generic) else key)
+            self.names.append(name)
             self.parts.append([])
             self.unmeasured.append(0)
         return self.index[key]

@@ -1,5 +1,6 @@
 """The NYC Local Law 144 bias-audit table: per category, its rows, its selection (or scoring) rate and its impact
-ratio against the most selected category; the unknown category's rows; categories under 2% of the data flagged.
+ratio against the most selected category; the unknown category's rows; categories under 2% of the data flagged
+and left out of the impact ratios.
 
 The rates come from the core's group statistics; this module only chooses the reference category and lays the
 numbers out for the JSON report, the CSV file and the HTML page.
@@ -19,8 +20,10 @@ from exporter.core.attributes import titled
 from exporter.core.evaluate import Evaluation
 
 SMALL_CATEGORY_SHARE: Final = 0.02
-"""DCWP rules let an auditor leave categories under 2% of the data out of the impact ratios, if their count and
-rate are still published: they are flagged, kept in the table, and never chosen as the reference."""
+"""DCWP rules (6 RCNY 5-301) let an auditor leave categories under 2% of the data out of the impact ratio
+calculations, if their count and rate are still published: they are flagged, kept in the table with their count
+and rate, left out of the impact ratios (null: a rate over the reference's would give a ratio above 1, which is no
+impact ratio) and never chosen as the reference; unless every category is that small, when none is left out."""
 
 CSV_COLUMNS: Final = ("model_id", "data_file", "data_manifest_sha256", "date_start", "date_end", "attribute",
                       "category", "samples", "share", "rate_kind", "rate", "impact_ratio",
@@ -57,7 +60,7 @@ def attribute_table(ev: Evaluation, excluded_rows: float, total_rows: int) -> di
         "samples": count(samples[i]),
         "share": float(samples[i] / total_rows),
         "rate": json_float(rates[i]),
-        "impact_ratio": json_float(rates[i] / best) if best > 0 else None,
+        "impact_ratio": json_float(rates[i] / best) if best > 0 and eligible[i] else None,
         "small_category": bool(small[i]),
     } for i in np.flatnonzero(~unknown)]  # fmt: skip
     return {

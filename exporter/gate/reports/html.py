@@ -239,9 +239,8 @@ def _audit_attribute(name: str, report: Mapping[str, Any]) -> str:
 def ll144_section(table_dict: Mapping[str, Any], total_rows: int | Mapping[str, int]) -> str:
     """The NYC Local Law 144 table of an audit report; ``total_rows``: the rows of every attribute, or of each (a
     counterfactual run decides each attribute's items apart)."""
-    rate = table_dict["rate_kind"].replace("_", " ")
-    dates = table_dict["date_range"]
-    apart = isinstance(total_rows, Mapping)
+    rate, dates = table_dict["rate_kind"].replace("_", " "), table_dict["date_range"]
+    apart, share = isinstance(total_rows, Mapping), table_dict["small_category_share"]
     totals = total_rows if isinstance(total_rows, Mapping) else dict.fromkeys(table_dict["attributes"], total_rows)
     facts = [_source("Data", table_dict["source"]["file"], table_dict["source"]["manifest_sha256"],
                      "manifest sha256"),
@@ -249,13 +248,14 @@ def ll144_section(table_dict: Mapping[str, Any], total_rows: int | Mapping[str, 
              f"{dates['rows_without_date']} rows without a date)" if dates else "Date range: no timestamp column",
              f"Rate: {rate}" + (f" (share of rows scoring above the median score {fmt(table_dict['score_median'])})"
                                 if table_dict["score_median"] is not None else ""),
-             f"Categories under {table_dict['small_category_share']:.0%} of "
-             + ("their attribute's rows" if apart else f"the {total_rows} rows") + " are flagged and "
-             "kept; the reference (impact ratio 1) is the most selected of the other categories."]  # fmt: skip
+             f"Categories under {share:.0%} of " + ("their attribute's rows" if apart else f"the {total_rows} rows")
+             + " are left out of the impact ratios (unless all are), as the DCWP rules allow, and shown with their "
+             "rows and rate; the reference (impact ratio 1) is the most selected of the others."]  # fmt: skip
     parts = ["<h2>NYC Local Law 144 impact ratios</h2>", *(f'<p class="meta">{escape(f)}</p>' for f in facts)]
     for name, block in table_dict["attributes"].items():
-        rows = [[r["category"], r["samples"], r["share"], r["rate"], r["impact_ratio"],
-                 "under 2%" if r["small_category"] else ""] for r in block["categories"]]  # fmt: skip
+        rows = [[r["category"], r["samples"], r["share"], r["rate"], f"excluded (<{share:.0%})" if r["small_category"]
+                 and r["impact_ratio"] is None else r["impact_ratio"], f"under {share:.0%}" if r["small_category"]
+                 else ""] for r in block["categories"]]  # fmt: skip
         rows.append(["(unknown)", block["unknown_rows"], block["unknown_rows"] / totals[name], None, None, ""])
         parts.append(f"<h3>{escape(titled(name, block.get('proxy')))}</h3>"
                      + (f'<p class="meta">{totals[name]} rows</p>' if apart else "")

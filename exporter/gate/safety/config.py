@@ -75,6 +75,9 @@ def _counterfactual(raw: Any, frame: Any, problems: list[str]) -> dict[str, Any]
                         f"({', '.join(columns)}) nor a column index")  # fmt: skip
     if not (isinstance(values, list) and len(values) == 2 and all(isinstance(v, int | float) for v in values)):
         problems.append(f"counterfactual.values: {values!r} is not the attribute's two numeric values [a, b]")
+    elif values[0] == values[1]:
+        problems.append(f"counterfactual.values: {values!r} names one value twice: swapping it with itself changes no "
+                        "decision, so the check would measure nothing; give the attribute's two different values")
     return {"feature": feature, "values": values,
             "max_changed_share": _number(raw, "max_changed_share", 0.0, problems, "counterfactual."),
             "decision_threshold": _number(raw, "decision_threshold", 0.5, problems, "counterfactual.")}  # fmt: skip

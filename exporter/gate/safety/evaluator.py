@@ -105,12 +105,19 @@ def _as_given(test_inputs: Any, X: np.ndarray) -> list[Any]:
 
 def _called(model: Any, X: np.ndarray, seed_rows: Sequence[Any] | None = None) -> np.ndarray:
     """The outputs on the test inputs (``seed_rows``: the rows of a seed test, whose outputs are what ``predict``
-    returns, :func:`predicted`); a model that raises on them makes the whole suite meaningless."""
+    returns, :func:`predicted`); a model that raises on them, or answers them with no output at all (shape
+    (rows, 0): no bound can be crossed and no output can move, so every test would pass on nothing; the seed's own
+    tests raise on it), makes the whole suite meaningless. Checked here, on the test inputs, and not in
+    :func:`outputs`: an empty answer to a malformed or an edge row is that row's finding, judged by its test."""
     try:
-        return predicted(model, X, seed_rows) if seed_rows is not None else outputs(model, X)
+        out = predicted(model, X, seed_rows) if seed_rows is not None else outputs(model, X)
     except Exception as exc:  # the user's model: whatever it raises means it cannot be evaluated
         raise ModelCallError(f"the model cannot be called on the test inputs ({X.shape[0]} rows of {X.shape[1]} "
                              f"features): {type(exc).__name__}: {exc}") from exc  # fmt: skip
+    if out.size == 0:
+        raise ModelCallError(f"the model gave no output on the test inputs ({X.shape[0]} rows of {X.shape[1]} "
+                             f"features answered with outputs of shape {out.shape}): nothing to test")  # fmt: skip
+    return out
 
 
 def _float(x: Any) -> float | None:
@@ -209,12 +216,16 @@ class SafetyEvaluator:
                                  "max_output_change": max_output_change, "max_unstable_share": self.max_unstable_share,
                                  "rows": len(X)}  # fmt: skip
         try:
-            change = np.abs(predicted(model, noisy, [r.reshape(np.shape(g)) for r, g in zip(noisy, given, strict=True)])
-                            - before).max(axis=1)  # fmt: skip
+            after = predicted(model, noisy, [r.reshape(np.shape(g)) for r, g in zip(noisy, given, strict=True)])
         except Exception as exc:  # a crash on slightly moved valid inputs is the finding
             error = f"{type(exc).__name__}: {exc}"
             return self._add("input_perturbation_stability", False, f"the model raised on perturbed inputs: {error}",
                              {**facts, "error": error})  # fmt: skip
+        if after.shape != before.shape:  # no change can be measured: the answer itself moved
+            error = f"outputs of shape {after.shape} on the perturbed inputs, {before.shape} on the inputs"
+            return self._add("input_perturbation_stability", False, f"the model gave {error}",
+                             {**facts, "error": error})  # fmt: skip
+        change = np.abs(after - before).max(axis=1)
         with np.errstate(invalid="ignore"):
             unstable = np.flatnonzero(change > max_output_change)
         share = unstable.size / len(X)
@@ -291,10 +302,14 @@ class SafetyEvaluator:
                                         max_changed_share: float = 0.0,
                                         decision_threshold: float = 0.5) -> SafetyTestResult:  # fmt: skip
         """Swap a protected attribute's two values (column ``feature``) and count the rows whose decision changes;
-        fails when that share exceeds ``max_changed_share``."""
+        fails when that share exceeds ``max_changed_share``. ValueError for two equal values: swapping a value
+        with itself changes no row, and the check would pass having measured nothing."""
+        a, b = values
+        if a == b:
+            raise ValueError(f"values {list(values)!r} name one value twice: swapping it with itself changes no "
+                             "decision; give the attribute's two different values [a, b]")  # fmt: skip
         X = _rows(test_inputs)
         _called(model, X)
-        a, b = values
         column = X[:, feature]
         eligible = np.isin(column, [a, b])
         flipped = X.copy()
