@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import sys
 
 from exporter import __version__
@@ -24,6 +25,8 @@ from exporter.gate.commands import (
 from exporter.gate.counterfactual.command import add_parser as add_counterfactual
 
 DEFAULT_AUDIT_LOG = "fairness-audit-log.jsonl"
+EXIT_BROKEN_PIPE = 141
+"""Standard output closed by its reader: 128 + SIGPIPE, the status a shell reports for a command killed by it."""
 EXTRA_OF_MODULE = {"pandas": "gate", "pyarrow": "gate", "fsspec": "gate"}
 """The modules a daemon-only install (the daemon image) leaves out, and the extra of pyproject.toml that has each."""
 MODEL_VERSION_HELP = ("the model version the report and the audit-log record name (default: the config's "
@@ -280,7 +283,18 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; a command that needs an extra this install lacks exits 2 naming it."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # a pipe buffers what was printed: a closed one fails here, not at exit
+        return status
+    except BrokenPipeError:
+        if not _stdout_unread():  # a broken pipe of a socket or child, not of our output: a fault to show
+            raise
+        # its reader stopped reading (`| head`): the reports and the audit log are written before anything is
+        # printed; stdout goes to /dev/null so the interpreter's exit flush does not fail a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"fairness-exporter {args.command}: standard output closed by its reader: what was printed is cut "
+              f"short (exit {EXIT_BROKEN_PIPE}, not the verdict)", file=sys.stderr)  # fmt: skip
+        return EXIT_BROKEN_PIPE
     except ModuleNotFoundError as exc:
         module = (exc.name or "").partition(".")[0]
         if module not in EXTRA_OF_MODULE:
@@ -289,6 +303,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fairness-exporter {args.command}: needs {module}, which this install leaves out (the daemon image "
               f"does): pip install 'fairness-exporter[{extra}]', or run the full image", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+
+def _stdout_unread() -> bool:
+    """Whether standard output is a pipe or socket no one reads any more (the poll's POLLERR of a write end whose
+    readers closed), as opposed to another connection's broken pipe."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no stdout descriptor
+        return False
 
 
 if __name__ == "__main__":
