@@ -246,10 +246,11 @@ def _differences(requests: Sequence[Request], widths: Sequence[int], gathered: S
     ka, na, kb, nb, intervals = gathered
     d, lo, hi = newcombe(ka, na, kb, nb, simultaneous_z(intervals), _newcombe_in_union(intervals))
     lower, upper = abs_interval(lo, hi)
-    # the gap as one division of the cross products (exact integers below 2**53): the float nearest the exact
-    # fraction, as a ratio's value is, so a gap of exactly the threshold passes (4/5 - 3/4 as two rates
-    # subtracted is 0.05000000000000004, over a threshold of 0.05)
-    gap = np.where(np.isnan(d), np.nan, ratio(np.abs(ka * nb - kb * na), na * nb))
+    # the gap as one division of the exact cross products: the float nearest the exact fraction, as a ratio's value
+    # is, so a gap of exactly the threshold passes (4/5 - 3/4 as two rates subtracted is 0.05000000000000004, over
+    # a threshold of 0.05)
+    a_nb, b_na, na_nb = _cross(ka, na, kb, nb)
+    gap = np.where(np.isnan(d), np.nan, _quotient(np.abs(a_nb - b_na), na_nb))
     columns = (gap, lower, upper, (hi - lo) / 2.0, np.minimum(na, nb))
     return _split(requests, widths[: len(requests)], columns)
 
@@ -265,11 +266,12 @@ def _newcombe_in_union(intervals: IntArray) -> NDArray[np.bool_]:
 def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[MetricValues]:
     """Each ratio metric's pairs: min/max of the two rates, a score interval at 95%/comparisons, clipped to 0..1."""
     ka, na, kb, nb, family = gathered
-    a_is_low = ratio(ka, na) <= ratio(kb, nb)
+    a_nb, b_na, _ = _cross(ka, na, kb, nb)
+    a_is_low = np.asarray(a_nb <= b_na, dtype=bool)
     k_low, k_high = np.where(a_is_low, ka, kb), np.where(a_is_low, kb, ka)
     n_low, n_high = np.where(a_is_low, na, nb), np.where(a_is_low, nb, na)
     defined = (k_low > 0) & (k_high > 0)  # a group with no success has no meaningful ratio
-    value = np.where(defined, ratio(k_low * n_high, k_high * n_low), np.nan)
+    value = np.where(defined, _quotient(np.where(a_is_low, a_nb, b_na), np.where(a_is_low, b_na, a_nb)), np.nan)
     # alone, Z_95 as the ratio always had (inv_cdf differs in the last bit: reports stay bit for bit the same)
     lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95),
                             most=1.0)
@@ -277,6 +279,23 @@ def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[Me
     upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
     columns = (value, lower, upper, (upper - lower) / 2.0, np.minimum(na, nb))
     return _split(requests, [1] * len(requests), columns)
+
+
+def _cross(ka: NDArray, na: NDArray, kb: NDArray, nb: NDArray) -> tuple[NDArray, NDArray, NDArray]:
+    """``(ka nb, kb na, na nb)`` exactly: in Python's integers (an object array) where integer counts make a product
+    of 2**53 or more, beyond which a float rounds it (and int64 overflows from 2**63); weighted counts' products."""
+    counts = np.broadcast_arrays(ka, na, kb, nb)
+    if all(c.dtype.kind in "iu" for c in counts) and max(float(np.max(c, initial=0)) for c in counts) ** 2 >= 2.0**53:
+        ka, na, kb, nb = (c.astype(object) for c in counts)
+    return ka * nb, kb * na, na * nb
+
+
+def _quotient(num: NDArray, den: NDArray) -> FloatArray:
+    """``num / den`` as the float nearest the exact fraction of :func:`_cross`'s products (NaN where ``den`` is 0):
+    Python divides its integers with one rounding, of the quotient."""
+    if num.dtype != object:
+        return ratio(num, den)
+    return np.array([n / d if d else math.nan for n, d in zip(num.tolist(), den.tolist(), strict=True)], np.float64)
 
 
 def _score_gaps(gap: ScoreGap, histogram: NDArray | None, requests: Sequence[Request]) -> list[MetricValues]:
