@@ -6,8 +6,9 @@ A metric compares one or more per-group rates (:data:`exporter.core.fairness.RAT
   equalised odds), with a Newcombe interval per rate; with k rates each is taken at ``1 - 0.05/k`` (Bonferroni,
   continuity-corrected), so the interval of the max covers at least 95% simultaneously. It passes at or below its
   threshold.
-* a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with a score interval (Miettinen-Nurminen) capped
-  at 1, undefined (insufficient, never 0) when a group has no success. It passes at or above its threshold.
+* a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with the min/max of the ratios of a score interval
+  (Miettinen-Nurminen), undefined (insufficient, never 0) when a group has no success. It passes at or above its
+  threshold.
 
 Config validation, the gate, the collector, the seed API, the rules generator and the docs read :data:`METRICS`,
 so adding a metric is one entry here (see docs/adding-a-metric.md).
@@ -264,7 +265,9 @@ def _newcombe_in_union(intervals: IntArray) -> NDArray[np.bool_]:
 
 
 def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[MetricValues]:
-    """Each ratio metric's pairs: min/max of the two rates, a score interval at 95%/comparisons, clipped to 0..1."""
+    """Each ratio metric's pairs: min/max of the two rates, and the min/max of every ratio of the score interval at
+    95%/comparisons of the lower rate over the higher: ``[L, U]`` below 1, ``[min(L, 1/U), 1]`` where it reaches 1
+    (the data do not tell which group's true rate is the lower)."""
     ka, na, kb, nb, family = gathered
     a_nb, b_na, _ = _cross(ka, na, kb, nb)
     a_is_low = np.asarray(a_nb <= b_na, dtype=bool)
@@ -273,8 +276,9 @@ def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[Me
     defined = (k_low > 0) & (k_high > 0)  # a group with no success has no meaningful ratio
     value = np.where(defined, _quotient(np.where(a_is_low, a_nb, b_na), np.where(a_is_low, b_na, a_nb)), np.nan)
     # alone, Z_95 as the ratio always had (inv_cdf differs in the last bit: reports stay bit for bit the same)
-    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95),
-                            most=1.0)
+    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95))
+    with np.errstate(divide="ignore"):
+        lo = np.where(hi >= 1.0, np.minimum(lo, 1.0 / hi), lo)
     lower = np.where(defined, np.clip(lo, 0.0, 1.0), np.nan)
     upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
     columns = (value, lower, upper, (upper - lower) / 2.0, np.minimum(na, nb))
