@@ -94,7 +94,8 @@ def mantel_haenszel(k_a: NDArray, n_a: NDArray, k_b: NDArray, n_b: NDArray, z: f
     Newcombe's, from each group's stratified Wilson interval (:func:`_stratified_wilson`; ``continuity``, for all or
     per pair: continuity-corrected, as a difference's in a union); NaN when no stratum holds both groups.
 
-    >>> rd, low, high = mantel_haenszel(np.array([30, 10]), np.array([100, 50]), np.array([20, 30]), np.array([100, 100]))
+    >>> k_a, n_a, k_b, n_b = np.array([30, 10]), np.array([100, 50]), np.array([20, 30]), np.array([100, 100])
+    >>> rd, low, high = mantel_haenszel(k_a, n_a, k_b, n_b)
     >>> round(float(rd), 4), round(float(low), 4), round(float(high), 4)
     (0.02, -0.0699, 0.1126)
     """
