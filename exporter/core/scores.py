@@ -58,9 +58,9 @@ def auc_interval(value: FloatArray, variance: FloatArray, support: NDArray,
     """Per group (the outputs of :func:`auc`): the bounds of its AUC's interval at quantile ``z``, DeLong's variance
     on the logit scale (Pohar Perme and Manevski 2019): inside 0..1 and wider towards the nearer end, where a small
     group's AUC near 1 has a DeLong variance too small for a normal interval (0.82 coverage at 30 positives and 30
-    negatives, AUC 0.98). Where DeLong's variance is 0 (every positive above every negative, or all in one bin: no
-    spread to estimate it from), Wilson's interval at ``support`` trials: the score interval of the largest variance
-    any AUC can have, ``A (1 - A) / min(positives, negatives)`` (Birnbaum and Klose 1957)."""
+    negatives, AUC 0.98). Where DeLong's variance is 0 (no spread to estimate it from: the positives' and the
+    negatives' bins do not overlap, or all are one bin), Wilson's interval at ``support`` trials: the score interval
+    of the largest variance any AUC can have, ``A (1 - A) / min(positives, negatives)`` (Birnbaum and Klose 1957)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         logit = np.log(value / (1.0 - value))
         spread = z * np.sqrt(variance) / (value * (1.0 - value))
