@@ -6,8 +6,9 @@ docs/auditor/numbers.md, Many comparisons: "``multiplicity: holm | bonferroni | 
 ``holm``) says how a comparison's ``fail`` evidence is judged among its metric's K judged comparisons of the
 attribute. [...] ``holm``: Holm's step-down, the same first step [its interval at 5%/K must lie wholly beyond the
 threshold]"; "Per attribute and metric, the report's ``worst[]`` [...] names the comparison with the largest
-difference". On one stratum the Mantel-Haenszel difference is the plain difference and Sato's variance the Wald one,
-so statsmodels' Wald interval and Holm's rule on the Wald p-values are the oracles.
+difference". On one stratum the Mantel-Haenszel difference is the plain difference and its interval Newcombe's
+(method 10 alone, the continuity-corrected method 11 as one of K), so statsmodels' ``newcomb`` interval and scipy's
+continuity-corrected Wilson intervals are the oracles.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import yaml
 from daemon_config import make_config
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from scipy.stats import norm
-from statsmodels.stats.multitest import multipletests
+from scipy.stats import binomtest
 from statsmodels.stats.proportion import confint_proportions_2indep
 
 from exporter.backtest.replay import backtest
@@ -59,6 +59,17 @@ def _config(multiplicity: str, threshold: float = 0.02) -> dict[str, Any]:
                          "severity_on_fail": "blocking"}]}  # fmt: skip
 
 
+def _newcombe(k1: int, k0: int, alpha: float, n: int = 400) -> tuple[float, float]:
+    """Newcombe's interval of k1/n - k0/n at level 1 - alpha: statsmodels' (method 10) alone, from scipy's
+    continuity-corrected Wilson intervals (method 11) as one of several (alpha < 5%)."""
+    if alpha >= 0.05:
+        low, high = confint_proportions_2indep(k1, n, k0, n, method="newcomb", alpha=alpha)
+        return float(low), float(high)
+    c1, c0 = (binomtest(k, n).proportion_ci(1 - alpha, method="wilsoncc") for k in (k1, k0))
+    d = (k1 - k0) / n
+    return d - math.hypot(k1 / n - c1.low, c0.high - k0 / n), d + math.hypot(c1.high - k1 / n, k0 / n - c0.low)
+
+
 def _audit(tmp_path: Path, config: dict[str, Any], frame: pd.DataFrame) -> dict[str, Any]:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -72,13 +83,12 @@ def test_a_conditional_comparison_fails_under_holm_only_if_its_interval_at_5_per
     threshold (the first Holm step), K the metric's judged comparisons (the result says ``comparisons_judged: 6``).
 
     Four groups of 400 in one stratum: a, b, c selected 120 times, d 156 times; gap 0.09 against a threshold of
-    0.02. The Wald interval at 95% is [0.0244, 0.1556], beyond 0.02; at 5%/6 (Holm's first step, Bonferroni's only
-    one) it is [0.0017, 0.1783], not beyond: inconclusive. With ``decision: evidence`` and
+    0.02. Newcombe's interval at 95% is [0.0241, 0.1548], beyond 0.02; at 5%/6 (Holm's first step, Bonferroni's
+    only one) it is [-0.0004, 0.1784], not beyond: inconclusive. With ``decision: evidence`` and
     ``failure_policy.inconclusive: warn`` nothing blocks: PASS (found before: the three d pairs judged alone at 95%,
     ``fail``, verdict FAIL, no ``worst[]`` row), as the same rows' unconditional parity is judged."""
     frame = _rows({"a": 120, "b": 120, "c": 120, "d": 156})
-    alone = confint_proportions_2indep(156, 400, 120, 400, method="wald", alpha=0.05)
-    holm_first = confint_proportions_2indep(156, 400, 120, 400, method="wald", alpha=0.05 / 6)
+    alone, holm_first = _newcombe(156, 120, 0.05), _newcombe(156, 120, 0.05 / 6)
     assert alone[0] > 0.02 and holm_first[0] < 0.02  # fails alone, inconclusive among the six
     report = _audit(tmp_path, _config("holm"), frame)
     conditional = {r["groups"]: r for r in report["results"] if r["metric"].startswith("conditional_")}["a vs d"]
@@ -91,39 +101,43 @@ def test_a_conditional_comparison_fails_under_holm_only_if_its_interval_at_5_per
         (report["multiplicity"], conditional["evidence"], report["verdict"], sorted(worst_metrics))
 
 
-def test_the_conditional_worst_row_holds_the_wald_interval_at_5_percent_over_k(tmp_path: Path) -> None:
+def test_the_conditional_worst_row_holds_the_newcombe_interval_at_5_percent_over_k(tmp_path: Path) -> None:
     """The ``worst[]`` row of the conditional metric: the largest gap (a vs d, 0.09), its simultaneous interval the
-    widest of the six pairs' intervals at 5%/6 (statsmodels' Wald), and what that interval says."""
+    widest of the six pairs' intervals at 5%/6 (continuity-corrected Newcombe, folded: it holds 0), and what that
+    interval says; the unconditional parity's worst row on the same rows is the same."""
     report = _audit(tmp_path, _config("holm"), _rows({"a": 120, "b": 120, "c": 120, "d": 156}))
-    (worst,) = [w for w in report["worst"] if w["metric"] == CONDITIONAL]
-    low, high = confint_proportions_2indep(156, 400, 120, 400, method="wald", alpha=0.05 / 6)
-    assert (worst["dimension"], worst["comparisons_judged"], worst["evidence"]) == ("a_vs_d", 6, "inconclusive")
-    assert worst["value"] == pytest.approx(0.09, abs=1e-12)
-    assert worst["ci_simultaneous"] == pytest.approx([low, high], abs=1e-9)
+    worst = {w["metric"]: w for w in report["worst"]}
+    low, high = _newcombe(156, 120, 0.05 / 6)
+    conditional = worst[CONDITIONAL]
+    assert (conditional["dimension"], conditional["comparisons_judged"], conditional["evidence"]) == \
+        ("a_vs_d", 6, "inconclusive")  # fmt: skip
+    assert conditional["value"] == pytest.approx(0.09, abs=1e-12)
+    assert low < 0 and conditional["ci_simultaneous"] == pytest.approx([0.0, high], abs=1e-9)
+    assert conditional["ci_simultaneous"] == pytest.approx(worst["demographic_parity_difference"]["ci_simultaneous"],
+                                                           abs=1e-12)  # fmt: skip
 
 
 @pytest.mark.parametrize("multiplicity", ["holm", "bonferroni", "none"])
-def test_conditional_fails_are_those_of_the_rule_on_the_comparisons_p_values(tmp_path: Path,
-                                                                             multiplicity: str) -> None:  # fmt: skip
+def test_conditional_fails_are_those_of_the_rule_on_the_comparisons_intervals(tmp_path: Path,
+                                                                              multiplicity: str) -> None:  # fmt: skip
     """Holm's later steps too: with a, b, c, d selected 100, 100, 134 and 178 times of 400, five of the six gaps fail
-    alone, Bonferroni fails two (a vs d, b vs d) and Holm three, c vs d (p = 0.0086) at its third step, 5%/4
-    (statsmodels' ``multipletests`` on the Wald p-values: an interval at 5%/K lies beyond the threshold exactly when
-    2 * (1 - Phi((|d| - t) / se)) < 5%/K). The gate fails exactly those conditional comparisons."""
+    alone, Bonferroni fails two (a vs d, b vs d) and Holm three, c vs d at its third step, 5%/4 (numbers.md: "once r
+    comparisons fail the others are judged again at 5%/(K - r), until none more fails", on the oracle intervals).
+    The gate fails exactly those conditional comparisons, as it fails the unconditional ones on the same rows."""
     selected = {"a": 100, "b": 100, "c": 134, "d": 178}
-    p_values = {}
-    for x, y in itertools.combinations(GROUPS, 2):
-        p1, p0 = selected[x] / 400, selected[y] / 400
-        se = math.sqrt(p1 * (1 - p1) / 400 + p0 * (1 - p0) / 400)
-        p_values[f"{x} vs {y}"] = 2 * norm.sf((abs(p1 - p0) - 0.02) / se)
-    if multiplicity == "none":
-        expected = {pair for pair, p in p_values.items() if p < 0.05}
-    else:
-        rejected = multipletests(list(p_values.values()), 0.05, multiplicity)[0]
-        expected = {pair for pair, r in zip(p_values, rejected, strict=True) if r}
+    pairs = {f"{x} vs {y}": (selected[y], selected[x]) for x, y in itertools.combinations(GROUPS, 2)}
+
+    def beyond(left: set[str], k: int) -> set[str]:
+        return {p for p in left if _newcombe(*pairs[p], 0.05 / k)[0] > 0.02}
+
+    expected = beyond(set(pairs), {"none": 1, "bonferroni": 6, "holm": 6}[multiplicity])
+    while multiplicity == "holm" and (more := beyond(set(pairs) - expected, 6 - len(expected))):
+        expected |= more
     report = _audit(tmp_path, _config(multiplicity), _rows(selected))
-    failed = {r["groups"] for r in report["results"] if r["metric"] == CONDITIONAL and r["evidence"] == "fail"}
+    failed = {m: {r["groups"] for r in report["results"] if r["metric"] == m and r["evidence"] == "fail"}
+              for m in (CONDITIONAL, "demographic_parity_difference")}  # fmt: skip
     assert len(expected) == {"holm": 3, "bonferroni": 2, "none": 5}[multiplicity]
-    assert failed == expected
+    assert failed[CONDITIONAL] == expected == failed["demographic_parity_difference"]
 
 
 def test_a_lone_conditional_comparison_keeps_its_95_interval_bit_for_bit() -> None:

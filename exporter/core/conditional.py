@@ -2,8 +2,9 @@
 
 * ``conditional_demographic_parity_difference`` and ``conditional_equal_opportunity_difference``: the
   Mantel-Haenszel risk difference of the two groups' selection rates (TPRs) over the strata, weights
-  ``n_as * n_bs / n_s``, with Sato's (1989) variance, which stays consistent when strata are many and small. A
-  stratum holding one group only has weight 0: it drops out, counted.
+  ``n_as * n_bs / n_s``, with a stratified Newcombe interval (:func:`mantel_haenszel`), which on one stratum is
+  Newcombe's interval of the unconditional gap. A stratum holding one group only has weight 0: it drops out,
+  counted.
 * ``conditional_demographic_disparity``: SageMaker Clarify's CDD (CDDPL on predictions), under its own name so a user
   moving from Clarify finds the same number: per stratum, group a's share of the rejections minus its share of the
   acceptances (0 where there is none), averaged with the strata's sizes as weights; over the rows of the two groups
@@ -30,17 +31,27 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from exporter.core.fairness import PRED_NEG, PRED_POS, Z_95, FloatArray, IntArray, abs_interval, rate_counts
+from exporter.core.fairness import (
+    PRED_NEG,
+    PRED_POS,
+    Z_95,
+    FloatArray,
+    IntArray,
+    abs_interval,
+    mover,
+    rate_counts,
+    wilson_interval,
+)
 from exporter.core.metric_table import METRICS, Metric, MetricValues, Request, simultaneous_z
 
 # fmt: off
 CONDITIONAL_METRICS: Final[dict[str, Metric]] = {m.name: m for m in (
     Metric("conditional_demographic_parity_difference", ("selection_rate",), "difference", 0.05,
            "|Mantel-Haenszel risk difference of the selection rates a - b over the strata| (weights n_as n_bs / n_s, "
-           "Sato's variance)"),
+           "stratified Newcombe interval)"),
     Metric("conditional_equal_opportunity_difference", ("true_positive_rate",), "difference", 0.05,
            "|Mantel-Haenszel risk difference of the TPRs a - b over the strata| (weights n_as n_bs / n_s, over "
-           "labelled positives, Sato's variance)"),
+           "labelled positives, stratified Newcombe interval)"),
     Metric("conditional_demographic_disparity", ("selection_rate",), "difference", 0.05,
            "|SageMaker Clarify's conditional demographic disparity (CDDPL)|: per stratum, group a's share of the "
            "rejections minus its share of the acceptances, weighted by the strata's sizes"),
@@ -77,13 +88,16 @@ def excluded_rows(missing: int, beyond_cap: int) -> dict[str, int]:
             "rows_excluded_beyond_cap": beyond_cap}
 
 
-def mantel_haenszel(k_a: NDArray, n_a: NDArray, k_b: NDArray, n_b: NDArray) -> tuple[FloatArray, FloatArray]:
-    """The Mantel-Haenszel risk difference of a - b over the last axis (strata) and Sato's variance of it; NaN when
-    no stratum holds both groups.
+def mantel_haenszel(k_a: NDArray, n_a: NDArray, k_b: NDArray, n_b: NDArray, z: float | FloatArray = Z_95,
+                    continuity: bool | NDArray = False) -> tuple[FloatArray, FloatArray, FloatArray]:  # fmt: skip
+    """The Mantel-Haenszel risk difference of a - b over the last axis (strata) and its interval at quantile ``z``:
+    Newcombe's, from each group's stratified Wilson interval (:func:`_stratified_wilson`; ``continuity``, for all or
+    per pair: continuity-corrected, as a difference's in a union); NaN when no stratum holds both groups.
 
-    >>> rd, var = mantel_haenszel(np.array([30, 10]), np.array([100, 50]), np.array([20, 30]), np.array([100, 100]))
-    >>> round(float(rd), 4), round(float(var), 6)
-    (0.02, 0.002286)
+    >>> k_a, n_a, k_b, n_b = np.array([30, 10]), np.array([100, 50]), np.array([20, 30]), np.array([100, 100])
+    >>> rd, low, high = mantel_haenszel(k_a, n_a, k_b, n_b)
+    >>> round(float(rd), 4), round(float(low), 4), round(float(high), 4)
+    (0.02, -0.0699, 0.1126)
     """
     x1, m1, x0, m0 = (np.asarray(v, dtype=np.float64) for v in (k_a, n_a, k_b, n_b))
     t = m1 + m0
@@ -91,11 +105,27 @@ def mantel_haenszel(k_a: NDArray, n_a: NDArray, k_b: NDArray, n_b: NDArray) -> t
         w = np.where(t > 0, m1 * m0 / t, 0.0)
         big_w = w.sum(axis=-1)
         rd = np.where(t > 0, (x1 * m0 - x0 * m1) / t, 0.0).sum(axis=-1) / big_w
-        p = np.where(t > 0, (m1**2 * x0 - m0**2 * x1 + m1 * m0 * (m0 - m1) / 2.0) / t**2, 0.0).sum(axis=-1)
-        q = np.where(t > 0, (x1 * (m0 - x0) + x0 * (m1 - x1)) / (2.0 * t), 0.0).sum(axis=-1)
-        var = np.maximum(rd * p + q, 0.0) / big_w**2
+        share = w / big_w[..., None]
+    (p1, l1, u1), (p0, l0, u0) = (_stratified_wilson(x, m, share, z, continuity) for x, m in ((x1, m1), (x0, m0)))
+    lower, upper = mover(rd, p1, l1, u1, p0, l0, u0)
     undefined = ~(big_w > 0)
-    return np.where(undefined, np.nan, rd), np.where(undefined, np.nan, var)
+    return np.where(undefined, np.nan, rd), np.where(undefined, np.nan, lower), np.where(undefined, np.nan, upper)
+
+
+def _stratified_wilson(k: FloatArray, n: FloatArray, share: FloatArray, z: float | FloatArray,
+                       continuity: bool | NDArray) -> tuple[FloatArray, FloatArray, FloatArray]:  # fmt: skip
+    """A group's rate averaged over the strata with the Mantel-Haenszel shares, and its Wilson interval at the trials
+    of one binomial rate as precise (Kish's effective size, mean (1 - mean) / variance, from the strata's rates
+    shrunk by half a count so that a stratum of none or all selected still has some variance): the trials
+    themselves on one stratum, and a score interval at every rate, never [0, 0] where no one is selected."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        used = share > 0
+        shrunk = np.where(used, (k + 0.5) / (n + 1.0), 0.0)
+        mean = (share * shrunk).sum(axis=-1)
+        trials = mean * (1.0 - mean) / np.where(used, share**2 * shrunk * (1.0 - shrunk) / n, 0.0).sum(axis=-1)
+        rate = (share * np.where(used, k / n, 0.0)).sum(axis=-1)
+    lower, upper = wilson_interval(rate * trials, trials, z, continuity)
+    return rate, lower, upper
 
 
 def clarify_cdd(strata: NDArray, a: NDArray, b: NDArray) -> tuple[FloatArray, FloatArray]:
@@ -128,20 +158,21 @@ def conditional_compare(name: str, strata: NDArray, group_a: NDArray, group_b: N
     k, n = rate_counts(strata, rate)  # (n_groups, n_strata)
     both = (n[a] > 0) & (n[b] > 0)
     dropped = ((n[a] > 0) ^ (n[b] > 0)).sum(axis=-1)
+    # alone, Z_95 as before (inv_cdf differs in the last bit), as the table's ratios do
+    family = np.ones(len(a), np.int64) if comparisons is None else np.asarray(comparisons, dtype=np.int64)
+    z = np.where(family > 1, simultaneous_z(family), Z_95)
     if name == "conditional_demographic_disparity":
         signed, var = clarify_cdd(strata, a, b)
+        low, high = signed - z * np.sqrt(var), signed + z * np.sqrt(var)
         used = ((n[a] > 0) | (n[b] > 0)).sum(axis=-1)
         dropped = np.zeros_like(dropped)
         support = np.minimum(n[a].sum(axis=-1), n[b].sum(axis=-1))
-    else:
-        signed, var = mantel_haenszel(k[a], n[a], k[b], n[b])
+    else:  # continuity-corrected in a union, as the table's differences (_newcombe_in_union)
+        signed, low, high = mantel_haenszel(k[a], n[a], k[b], n[b], z, family > 1)
         used = both.sum(axis=-1)
         support = np.minimum(np.where(both, n[a], 0).sum(axis=-1), np.where(both, n[b], 0).sum(axis=-1))
-    # alone, Z_95 as before (inv_cdf differs in the last bit), as the table's ratios do
-    k = np.ones(len(a), np.int64) if comparisons is None else np.asarray(comparisons, dtype=np.int64)
-    half = np.where(k > 1, simultaneous_z(k), Z_95) * np.sqrt(var)
-    lower, upper = abs_interval(signed - half, signed + half)
-    values = MetricValues(np.abs(signed), lower, upper, half, support.astype(np.int64))
+    lower, upper = abs_interval(low, high)
+    values = MetricValues(np.abs(signed), lower, upper, (high - low) / 2.0, support.astype(np.int64))
     return Stratified(values, signed, used.astype(np.int64), dropped.astype(np.int64))
 
 

@@ -21,7 +21,7 @@ from exporter.core.estimate import LABELLED_NEG, LABELLED_POS
 from exporter.core.fairness import N_COUNTS, PRED_NEG, PRED_POS, Z_95, GroupStats, exact, group_stats
 from exporter.core.metric_table import METRICS, Comparisons, MetricValues, RateCounts, compare, compute_many
 from exporter.core.multiplicity import Compute, Worst, fails, fails_many, simultaneous, worst_of, worsts_of
-from exporter.core.scores import SCORE_SUM
+from exporter.core.scores import SCORE_SUM, auc_interval
 from exporter.core.scores import auc as group_auc
 from exporter.core.scores import calibration as group_calibration
 
@@ -172,13 +172,12 @@ class Evaluation:
         return out
 
     def auc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Per group: the AUC of its scores and its 95% interval (DeLong's variance, normal, clipped to 0..1); None
-        without score histograms."""
+        """Per group: the AUC of its scores and its 95% interval (DeLong's variance on the logit scale: the one each
+        gap's interval is built from, :func:`exporter.core.scores.auc_interval`); None without score histograms."""
         if self.histogram is None:
             return None
-        value, variance, _ = group_auc(self.histogram)
-        half = Z_95 * np.sqrt(variance)
-        return value, np.clip(value - half, 0.0, 1.0), np.clip(value + half, 0.0, 1.0)
+        value, variance, support = group_auc(self.histogram)
+        return value, *auc_interval(value, variance, support, Z_95)
 
     def calibration(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Per group: the expected calibration error of its scores and its 95% interval (conservative: the plug-in

@@ -84,12 +84,13 @@ def rate_counts(counts: NDArray, rate: str) -> tuple[NDArray, NDArray]:
 
 
 def wilson_interval(
-    successes: NDArray, trials: NDArray, z: float | FloatArray = Z_95, continuity: bool = False
+    successes: NDArray, trials: NDArray, z: float | FloatArray = Z_95, continuity: bool | NDArray = False
 ) -> tuple[FloatArray, FloatArray]:
     """Wilson score interval for a binomial proportion; NaN bounds where trials is 0.
 
-    ``continuity``: with Yates' continuity correction (Newcombe 1998, method 4), whose coverage reaches its level
-    at (nearly) every rate and size, not just on average: what a Bonferroni union of intervals needs.
+    ``continuity`` (for all or per element): with Yates' continuity correction (Newcombe 1998, method 4), whose
+    coverage reaches its level at (nearly) every rate and size, not just on average: what a Bonferroni union of
+    intervals needs.
     """
     _, lower, upper = _wilson(successes, trials, z, continuity)
     return lower, upper
@@ -164,7 +165,15 @@ def newcombe(k1: NDArray, n1: NDArray, k2: NDArray, n2: NDArray, z: float | Floa
     p, lower, upper = _wilson(*both, *tiled)
     p1, p2, l1, l2, u1, u2 = p[:size], p[size:], lower[:size], lower[size:], upper[:size], upper[size:]
     d = p1 - p2
-    return d, d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + np.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return d, *mover(d, p1, l1, u1, p2, l2, u2)
+
+
+def mover(d: FloatArray, p1: FloatArray, l1: FloatArray, u1: FloatArray, p2: FloatArray, l2: FloatArray,
+          u2: FloatArray) -> tuple[FloatArray, FloatArray]:  # fmt: skip
+    """The interval of ``d = p1 - p2``, two independent estimates, from each one's interval ``[l, u]`` (Newcombe's
+    hybrid; Zou and Donner's MOVER): each side the root of the sum of squares of the two estimates' distances to
+    their bounds in that direction, so an interval that is asymmetric near 0 or 1 stays so in the difference."""
+    return d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + np.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 
 
 def abs_interval(lower: FloatArray, upper: FloatArray) -> tuple[FloatArray, FloatArray]:

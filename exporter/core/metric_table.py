@@ -6,8 +6,9 @@ A metric compares one or more per-group rates (:data:`exporter.core.fairness.RAT
   equalised odds), with a Newcombe interval per rate; with k rates each is taken at ``1 - 0.05/k`` (Bonferroni,
   continuity-corrected), so the interval of the max covers at least 95% simultaneously. It passes at or below its
   threshold.
-* a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with a score interval (Miettinen-Nurminen) capped
-  at 1, undefined (insufficient, never 0) when a group has no success. It passes at or above its threshold.
+* a **ratio** is ``min(rate_a, rate_b) / max(rate_a, rate_b)`` with the min/max of the ratios of a score interval
+  (Miettinen-Nurminen), undefined (insufficient, never 0) when a group has no success. It passes at or above its
+  threshold.
 
 Config validation, the gate, the collector, the seed API, the rules generator and the docs read :data:`METRICS`,
 so adding a metric is one entry here (see docs/adding-a-metric.md).
@@ -246,10 +247,11 @@ def _differences(requests: Sequence[Request], widths: Sequence[int], gathered: S
     ka, na, kb, nb, intervals = gathered
     d, lo, hi = newcombe(ka, na, kb, nb, simultaneous_z(intervals), _newcombe_in_union(intervals))
     lower, upper = abs_interval(lo, hi)
-    # the gap as one division of the cross products (exact integers below 2**53): the float nearest the exact
-    # fraction, as a ratio's value is, so a gap of exactly the threshold passes (4/5 - 3/4 as two rates
-    # subtracted is 0.05000000000000004, over a threshold of 0.05)
-    gap = np.where(np.isnan(d), np.nan, ratio(np.abs(ka * nb - kb * na), na * nb))
+    # the gap as one division of the exact cross products: the float nearest the exact fraction, as a ratio's value
+    # is, so a gap of exactly the threshold passes (4/5 - 3/4 as two rates subtracted is 0.05000000000000004, over
+    # a threshold of 0.05)
+    a_nb, b_na, na_nb = _cross(ka, na, kb, nb)
+    gap = np.where(np.isnan(d), np.nan, _quotient(np.abs(a_nb - b_na), na_nb))
     columns = (gap, lower, upper, (hi - lo) / 2.0, np.minimum(na, nb))
     return _split(requests, widths[: len(requests)], columns)
 
@@ -263,20 +265,41 @@ def _newcombe_in_union(intervals: IntArray) -> NDArray[np.bool_]:
 
 
 def _ratios(requests: Sequence[Request], gathered: Sequence[NDArray]) -> list[MetricValues]:
-    """Each ratio metric's pairs: min/max of the two rates, a score interval at 95%/comparisons, clipped to 0..1."""
+    """Each ratio metric's pairs: min/max of the two rates, and the min/max of every ratio of the score interval at
+    95%/comparisons of the lower rate over the higher: ``[L, U]`` below 1, ``[min(L, 1/U), 1]`` where it reaches 1
+    (the data do not tell which group's true rate is the lower)."""
     ka, na, kb, nb, family = gathered
-    a_is_low = ratio(ka, na) <= ratio(kb, nb)
+    a_nb, b_na, _ = _cross(ka, na, kb, nb)
+    a_is_low = np.asarray(a_nb <= b_na, dtype=bool)
     k_low, k_high = np.where(a_is_low, ka, kb), np.where(a_is_low, kb, ka)
     n_low, n_high = np.where(a_is_low, na, nb), np.where(a_is_low, nb, na)
     defined = (k_low > 0) & (k_high > 0)  # a group with no success has no meaningful ratio
-    value = np.where(defined, ratio(k_low * n_high, k_high * n_low), np.nan)
+    value = np.where(defined, _quotient(np.where(a_is_low, a_nb, b_na), np.where(a_is_low, b_na, a_nb)), np.nan)
     # alone, Z_95 as the ratio always had (inv_cdf differs in the last bit: reports stay bit for bit the same)
-    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95),
-                            most=1.0)
+    lo, hi = ratio_interval(k_low, n_low, k_high, n_high, np.where(family > 1, simultaneous_z(family), Z_95))
+    with np.errstate(divide="ignore"):
+        lo = np.where(hi >= 1.0, np.minimum(lo, 1.0 / hi), lo)
     lower = np.where(defined, np.clip(lo, 0.0, 1.0), np.nan)
     upper = np.where(defined, np.clip(hi, 0.0, 1.0), np.nan)
     columns = (value, lower, upper, (upper - lower) / 2.0, np.minimum(na, nb))
     return _split(requests, [1] * len(requests), columns)
+
+
+def _cross(ka: NDArray, na: NDArray, kb: NDArray, nb: NDArray) -> tuple[NDArray, NDArray, NDArray]:
+    """``(ka nb, kb na, na nb)`` exactly: in Python's integers (an object array) where integer counts make a product
+    of 2**53 or more, beyond which a float rounds it (and int64 overflows from 2**63); weighted counts' products."""
+    counts = np.broadcast_arrays(ka, na, kb, nb)
+    if all(c.dtype.kind in "iu" for c in counts) and max(float(np.max(c, initial=0)) for c in counts) ** 2 >= 2.0**53:
+        ka, na, kb, nb = (c.astype(object) for c in counts)
+    return ka * nb, kb * na, na * nb
+
+
+def _quotient(num: NDArray, den: NDArray) -> FloatArray:
+    """``num / den`` as the float nearest the exact fraction of :func:`_cross`'s products (NaN where ``den`` is 0):
+    Python divides its integers with one rounding, of the quotient."""
+    if num.dtype != object:
+        return ratio(num, den)
+    return np.array([n / d if d else math.nan for n, d in zip(num.tolist(), den.tolist(), strict=True)], np.float64)
 
 
 def _score_gaps(gap: ScoreGap, histogram: NDArray | None, requests: Sequence[Request]) -> list[MetricValues]:

@@ -5,8 +5,9 @@ A group's labelled score histogram (per score bin, ascending, its labelled negat
 the gate keep it as the estimation's score counts, reduced by :func:`exporter.core.evaluate.labelled_histogram`) is
 all the AUC needs: the probability that a positive scores above a negative, a tie (the same bin) counting one half,
 which is scikit-learn's ``roc_auc_score`` of the binned scores. Its variance is DeLong's, from each positive's and
-each negative's placement, which a histogram gives per bin. Groups are independent samples, so the variance of a gap
-is the sum of theirs. Pure functions of additive counts, numpy only.
+each negative's placement, which a histogram gives per bin; its interval is taken on the logit scale
+(:func:`auc_interval`), and a gap's interval combines the two groups' intervals by Newcombe's square roots (MOVER;
+the groups are independent samples). Pure functions of additive counts, numpy only.
 
 The expected calibration error needs one more column per bin: the sum of the labelled predictions' scores
 (``histogram[..., 2]``; the daemon keeps it per bin beside the counts, a late label adding its prediction's score).
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from exporter.core.fairness import FloatArray, IntArray, abs_interval
+from exporter.core.fairness import FloatArray, IntArray, abs_interval, mover, wilson_interval
 
 SCORE_SUM: int = 2
 """Column of a labelled score histogram holding the bin's sum of labelled scores (after negatives and positives)."""
@@ -52,15 +53,34 @@ def auc(histogram: NDArray) -> tuple[FloatArray, FloatArray, IntArray]:
     return np.where(defined, a, np.nan), np.where(defined & (support > 1), variance, np.nan), support
 
 
+def auc_interval(value: FloatArray, variance: FloatArray, support: NDArray,
+                 z: FloatArray | float) -> tuple[FloatArray, FloatArray]:  # fmt: skip
+    """Per group (the outputs of :func:`auc`): the bounds of its AUC's interval at quantile ``z``, DeLong's variance
+    on the logit scale (Pohar Perme and Manevski 2019): inside 0..1 and wider towards the nearer end, where a small
+    group's AUC near 1 has a DeLong variance too small for a normal interval (0.82 coverage at 30 positives and 30
+    negatives, AUC 0.98). Where DeLong's variance is 0 (no spread to estimate it from: the positives' and the
+    negatives' bins do not overlap, or all are one bin), Wilson's interval at ``support`` trials: the score interval
+    of the largest variance any AUC can have, ``A (1 - A) / min(positives, negatives)`` (Birnbaum and Klose 1957)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        logit = np.log(value / (1.0 - value))
+        spread = z * np.sqrt(variance) / (value * (1.0 - value))
+        lower, upper = 1.0 / (1.0 + np.exp(spread - logit)), 1.0 / (1.0 + np.exp(-logit - spread))
+    flat_low, flat_high = wilson_interval(value * support, support, z)
+    flat = variance == 0
+    return np.where(flat, flat_low, lower), np.where(flat, flat_high, upper)
+
+
 def auc_gap(histogram: NDArray, a: NDArray, b: NDArray,
             z: FloatArray | float) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, IntArray]:
-    """Per pair: ``|AUC a - AUC b|``, its interval (the signed gap's normal interval at quantile ``z``, folded as a
-    difference's), the half-width and the support (the smallest count of labelled positives or negatives)."""
+    """Per pair: ``|AUC a - AUC b|``, its interval (the signed gap's, from the groups' :func:`auc_interval` at
+    quantile ``z`` by :func:`exporter.core.fairness.mover`, folded as a difference's), the half-width and the support
+    (the smallest count of labelled positives or negatives)."""
     value, variance, support = auc(histogram)
+    (low_a, high_a), (low_b, high_b) = (auc_interval(value[g], variance[g], support[g], z) for g in (a, b))
     gap = value[a] - value[b]
-    half = z * np.sqrt(variance[a] + variance[b])
-    lower, upper = abs_interval(gap - half, gap + half)
-    return np.abs(gap), np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), half, \
+    low, high = mover(gap, value[a], low_a, high_a, value[b], low_b, high_b)
+    lower, upper = abs_interval(low, high)
+    return np.abs(gap), np.clip(lower, 0.0, 1.0), np.clip(upper, 0.0, 1.0), (high - low) / 2.0, \
         np.minimum(support[a], support[b]).astype(np.int64)  # fmt: skip
 
 
