@@ -83,7 +83,7 @@ class DecodedBatch:
     predictions: np.ndarray
     outcomes: np.ndarray
     """The inline ground truth (the event's label), -1 where the event carried none."""
-    prediction_ids: list[Any]
+    prediction_ids: Sequence[Any]
     codes: dict[str, np.ndarray]
     """Per configured attribute (intersections included): the subgroup code of every accepted event."""
     segments: dict[str, list[Any]] = field(default_factory=dict)

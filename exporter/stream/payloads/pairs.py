@@ -57,10 +57,11 @@ class HalfBlock:
                     self.calls[i] if self.calls is not None else None, self.component)  # fmt: skip
 
     def ids(self, at: np.ndarray) -> list[str]:
-        """The id the rows of each of these halves carry (:attr:`Half.id`)."""
+        """The id the rows of each of these halves carry (:attr:`Half.id`); the block's own list (not to be changed)
+        when these are every half of it in order."""
         pairs, calls = self.pairs, self.calls
         if calls is None:
-            return list(map(pairs.__getitem__, at.tolist()))
+            return pairs if _whole(at, len(pairs)) else list(map(pairs.__getitem__, at.tolist()))
         return [calls[i] or pairs[i] for i in at.tolist()]
 
 

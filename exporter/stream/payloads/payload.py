@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from itertools import chain, repeat
 from typing import Any, Final
 
@@ -30,6 +29,7 @@ from exporter.core.side_table import id_text
 from exporter.stream.decode.events import DecodedBatch, is_binary
 from exporter.stream.decode.route import ignore_reason
 from exporter.stream.payloads import kserve_batch, seldon_batch
+from exporter.stream.payloads.ids import RowIds
 from exporter.stream.payloads.oip import BadPayload
 from exporter.stream.payloads.pairs import BlockPairs, HalfBlock, Joined, PollBlocks, as_halves
 from exporter.stream.payloads.pairs import PairJoin as PairJoin  # the join's home: pairs.py; its callers import it here
@@ -221,12 +221,7 @@ class PayloadRows:
         """The batch of the calls kept: each call's rows, time and id, the predictions (or scores) of every row,
         and each of :attr:`cells`' cells of every row."""
         timestamps = np.repeat(np.asarray(times, dtype=np.float64), rows)
-        if len(set(rows)) == 1:  # every call of as many rows (the usual batch): one suffix list (0.15 against 0.20 µs
-            suffixes = _ALONE if rows[0] == 1 else _suffixes(rows[0])  # per call of 4 rows)
-            ids = [call + suffix for call in calls for suffix in suffixes]
-        else:
-            ids = [call + suffix for call, n in zip(calls, rows, strict=True)  # 0.30 against 0.53 µs per call by
-                   for suffix in (_ALONE if n == 1 else _suffixes(n))]  # fmt: skip  # chain/map
+        ids = RowIds(calls, rows, len(timestamps))  # made when read
         raw_codes, sides = cells[:len(self.read)], list(map(_listed, cells[len(self.read):len(self.read) + len(
             self.sides)]))  # fmt: skip
         segments = dict(zip(self.model.counted_columns, map(_listed, cells[len(self.read) + len(self.sides):]),
@@ -307,16 +302,6 @@ _ZERO: Final = 0.0
 _ONE: Final = 1.0
 
 
-_ALONE: Final = ("",)
-"""The suffix of a call's id for its one row: none."""
-
-
-@cache
-def _suffixes(n: int) -> list[str]:
-    """``:0`` .. ``:<n-1>``: what a call's id takes for each row of a batch of ``n``."""
-    return [f":{i}" for i in range(n)]
-
-
 def _codes(cells: Any, table: Mapping[str, int], unknown: int) -> np.ndarray:
     """The code of each cell (a missing one: ``unknown``); text looked up as it is, other values by their text.
     ``cells``: a list, or an Arrow array (a block's: text looked up by Arrow's ``index_in``, a code being its
@@ -341,6 +326,8 @@ def _codes(cells: Any, table: Mapping[str, int], unknown: int) -> np.ndarray:
 
 def _joined(parts: list[Any]) -> Any:
     """One column's cells of every run: one Arrow array, or a list where a run has no such column."""
+    if len(parts) == 1:  # one run (the usual batch): its cells as they are, no copy
+        return parts[0]
     if all(isinstance(p, list) for p in parts):
         return list(chain.from_iterable(parts))
     if any(isinstance(p, list) for p in parts):

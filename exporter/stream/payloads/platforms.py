@@ -163,10 +163,13 @@ def _text(value: bytes | None) -> str | None:
 def texts(values: Iterable[bytes | None]) -> list[str | None]:
     """Header values as text, as :func:`_text` reads each (one not UTF-8: None), decoded in one pass."""
     found = list(values)
-    try:
-        return [v if v is None else v.decode() for v in found]
-    except UnicodeDecodeError:
-        return list(map(_text, found))
+    try:  # no None among them (the usual poll): 0.04 against 0.07 µs each
+        return list(map(bytes.decode, found))  # type: ignore[arg-type]
+    except (TypeError, UnicodeDecodeError):  # an absent header (None), or a value no UTF-8 reads
+        try:
+            return [v if v is None else v.decode() for v in found]
+        except UnicodeDecodeError:
+            return list(map(_text, found))
 
 
 def _unzip(body: bytes, says_gzip: bool) -> bytes:
@@ -383,10 +386,7 @@ def seldon_half(value: bytes | None, headers: Headers, key: bytes | None, topic:
     as_json = SELDON_TYPES[kind] if kind in SELDON_TYPES else value.lstrip()[:1] == b"{"
     pid = seldon_call(headers, key)
     columns: Columns = {}
-    if as_json:
-        rows, own = json_body(_parsed(value), response, columns)
-    else:
-        rows, own, _ = proto_body(value, response, columns)
+    rows, own = json_body(_parsed(value), response, columns) if as_json else proto_body(value, response, columns)[:2]
     pid = pid or own
     if not pid:
         raise BadPayload("malformed_payload")
