@@ -3,7 +3,7 @@
 ``fairness-exporter backtest --config CONFIG EVENTS... [--output PATH]``. The events go through the daemon's
 decoder (JSON lines, the topic's event format) or the gate's encoding (parquet/CSV), the daemon's WindowStore,
 its detectors (exporter/stream/state/detectors.py) and the alert conditions that the shipped rules state
-(detectors.py ALERTS, and the seed's raw-value warnings from the rules' TUNING table).
+(detectors.py ALERTS, and the seed's raw-value warnings from the rules' TUNING table, every SEED_INTERVAL).
 
 The clock is the events' own, in file order (the topic's order). The detectors' steps follow the events in the
 daemon too (exporter/stream/state/detection.py: a step per bucket of the stream, quiet ones empty, the open one
@@ -92,7 +92,9 @@ class Replay:
         self._attributes = {a.name: a for a in self.config.attributes}
         read = {ALERT_OF_METRIC[d.metric].shown.removeprefix("model_") for d in self.store.detectors.detectors
                 if not (d.subgroup or d.predicted)}  # fmt: skip
-        from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
+        from exporter.devtools.rules import SEED_INTERVAL, TUNING  # the seed rules' thresholds and `for:`, as shipped
+
+        self._seed_interval = _seconds(SEED_INTERVAL)
 
         self._seed = [(name, metric, TUNING[name]) for name, metric in (
             ("FairnessDemographicParityAboveThreshold", "demographic_parity_difference"),
@@ -235,11 +237,23 @@ class Replay:
         self._labelled.clear()
         self._record_series(times, trace, evaluations)
 
-        holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
+        holding: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, float, Any]] = {}
         bank = self.store.detectors
         for i in np.flatnonzero(trace.active.any(axis=0)):
             detector = bank.detectors[i]
-            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], 0.0, ("detector", i))
+            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], times, 0.0,
+                                                                              ("detector", i))  # fmt: skip
+        # The seed rules' group is evaluated every SEED_INTERVAL: at the steps whose bucket ends one, each holding
+        # what that evaluation found (until the block's first, what the last block's last found) at its time.
+        bucket, interval = np.floor(times / self.store.bucket_seconds), self._seed_interval
+        grid = np.floor((bucket + 1) * self.store.bucket_seconds / interval)
+        last = np.maximum.accumulate(np.where(grid > np.floor(bucket * self.store.bucket_seconds / interval),
+                                              np.arange(steps), -1))  # fmt: skip
+        seed_times = np.where(last >= 0, grid[np.maximum(last, 0)] * interval, -np.inf)
+
+        def evaluated_every_interval(condition: np.ndarray, key: tuple[str, ...]) -> np.ndarray:
+            return np.where(last >= 0, condition[np.maximum(last, 0)], key in self._open)
+
         attributes = self._attributes
         for name, metric, tuning in self._seed:
             threshold = float(tuning.threshold or 0)
@@ -250,29 +264,33 @@ class Replay:
                 for k in np.flatnonzero(conditions.any(axis=0)):
                     a, b = attributes[attribute_name].pairs[k]
                     groups = attributes[attribute_name].groups
-                    holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)] = (
-                        conditions[:, k], _seconds(tuning.for_),
-                        ("seed", name, tuning, metric, window_name, attribute_name, k))  # fmt: skip
+                    seed_key = (name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)
+                    holding[seed_key] = (evaluated_every_interval(conditions[:, k], seed_key), seed_times,
+                                    _seconds(tuning.for_),
+                                    ("seed", name, tuning, metric, window_name, attribute_name, k))  # fmt: skip
+        seeds = {name for name, _, _ in self._seed}
 
         for key in sorted(set(self._open) | set(holding), key=str):  # in one order whatever PYTHONHASHSEED
-            active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
+            active, at, hold, source = holding.get(key) or (
+                (evaluated_every_interval(np.zeros(steps, dtype=bool), key), seed_times, 0.0, None) if key[0] in seeds
+                else (np.zeros(steps, dtype=bool), times, 0.0, None))  # fmt: skip
             state = self._open.get(key)
             edges = np.flatnonzero(np.diff(np.r_[0, active, 0]))  # the block's runs of steps where it holds
             if state is not None and (not len(edges) or edges[0] > 0):  # held at the last block's end, not now
                 if state.entry is not None:
-                    state.entry["resolved_at"] = iso(times[0])
+                    state.entry["resolved_at"] = iso(at[0])
                 state = None
             for start, stop in zip(edges[::2], edges[1::2], strict=True):  # the first may continue the last block's
-                state = state or _Open(float(times[start]))
-                if state.entry is None and len(due := np.flatnonzero(times[start:stop] - state.since >= hold)):
+                state = state or _Open(float(at[start]))
+                if state.entry is None and len(due := np.flatnonzero(at[start:stop] - state.since >= hold)):
                     t = int(start + due[0])  # its `for:` has passed: it fires
-                    state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
-                    if source[0] == "detector" and segments[t] is not None:
+                    state.entry = self._entry(source, t, trace.statistic, evaluations, at[t])
+                    if source is not None and source[0] == "detector" and segments[t] is not None:
                         state.entry["explanation"] = self._explained(state.entry, segments[t])
                     self.alerts.append(state.entry)
                 if stop < steps:  # the step after the run: it no longer holds
                     if state.entry is not None:
-                        state.entry["resolved_at"] = iso(times[stop])
+                        state.entry["resolved_at"] = iso(at[stop])
                     state = None
             if state is None:
                 self._open.pop(key, None)
