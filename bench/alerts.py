@@ -34,10 +34,10 @@ from bench import staged_replay
 from bench.report import Section, fmt, standalone, table
 from exporter.backtest.replay import backtest
 from exporter.backtest.series import stacked
-from exporter.config import Config, parse_config
+from exporter.config import Config, parse_config, parse_duration
 from exporter.core.evaluate import evaluate_many
 from exporter.devtools.embedded_broker import EmbeddedBroker
-from exporter.devtools.rules import TUNING
+from exporter.devtools.rules import SEED_INTERVAL, TUNING
 from exporter.devtools.synthetic import attribute_counts, cell_counts, cell_events
 from exporter.stream.state.detectors import ALERT_OF_METRIC, DetectorBank
 from exporter.stream.state.window import RowLayout
@@ -83,7 +83,8 @@ def bank_of(cfg: Config) -> DetectorBank:
 
 def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> dict[str, np.ndarray]:
     """The seed rules on the daemon's window sums: (steps, streams) bool per seed alert (value beyond the threshold
-    with enough samples, in some window and pair, for `for:` minutes)."""
+    with enough samples, in some window and pair, at every evaluation for `for:`; evaluated every SEED_INTERVAL, at
+    the steps whose bucket ends one, as their group and `backtest`)."""
     steps, streams = counts.shape[:2]
     before = np.zeros_like(counts[:0]) if history is None else history
     cumulative = np.cumsum(np.concatenate([before, counts]), axis=0)
@@ -92,9 +93,12 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
     model = cfg.model()
     layout = RowLayout.of(model)
     out = {}
+    every = round(parse_duration(SEED_INTERVAL) / cfg.windowing.bucket_seconds)  # steps between evaluations
+    t = np.arange(steps)
+    evaluations = t[(t + 1) % every == 0]  # a day is a whole number of intervals: the grid is the same every day
     for name, metric in SEED.items():
         tuning = TUNING[name]
-        hold = int(float(tuning.for_.rstrip("m")))  # evaluated every minute: `for: 30m` needs 31 evaluations
+        hold = round(parse_duration(tuning.for_) / parse_duration(SEED_INTERVAL))  # `for: 30m`: 7 evaluations
         beyond = np.zeros((steps, streams), dtype=bool)
         for window in cfg.windowing.windows:
             k = int(window.seconds // cfg.windowing.bucket_seconds)
@@ -107,9 +111,11 @@ def seed_firing(cfg: Config, counts: np.ndarray, history: np.ndarray | None) -> 
                 value = ev.metric(metric)[0]
                 bad = value < tuning.threshold if metric == "disparate_impact_ratio" else value > tuning.threshold
                 beyond |= (bad & ev.sufficient(metric)).reshape(steps, streams, -1).any(axis=2)
-        t = np.arange(steps)[:, None]
-        last_quiet = np.maximum.accumulate(np.where(~beyond, t, -1), axis=0)
-        out[name] = t - last_quiet > hold
+        e = np.arange(len(evaluations))[:, None]
+        last_quiet = np.maximum.accumulate(np.where(~beyond[evaluations], e, -1), axis=0)
+        firing = e - last_quiet > hold  # at each evaluation; it holds until the next one
+        latest = np.searchsorted(evaluations, t, side="right") - 1
+        out[name] = np.where((latest >= 0)[:, None], firing[np.maximum(latest, 0)], False)
     return out
 
 

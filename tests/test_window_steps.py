@@ -1,5 +1,6 @@
 """`add_stepped` (the backtest's batched counting) against the store's own per-bucket path: the same steps, the
-same windows, the same state, to the count, late and out-of-order events and batches cut anywhere included."""
+same windows, the same state, to the count, late and out-of-order events, quiet buckets (a jump of the stream
+past the ring's length) and batches cut anywhere included."""
 
 from __future__ import annotations
 
@@ -20,22 +21,16 @@ CONFIG = parse_config({"model_id": "m", "windows": ["3m", "10m"], "bucket": "1m"
 
 
 def per_bucket(store: WindowStore, batch: dict[str, np.ndarray], now: float) -> tuple[list, int, float]:
-    """The backtest's replay before `add_stepped`: add per bucket of the head; step and take the windows when the
-    head enters a new bucket."""
-    steps, late = [], 0
+    """The backtest's per-bucket path: the store's own add, reading the windows at each step it takes (on_step),
+    the steps then taken off its queue."""
+    observed, late = [], 0
     heads = np.maximum.accumulate(np.maximum(batch["t"], now))
-    head_buckets = np.floor(heads / store.bucket_seconds).astype(np.int64)
-    cuts = np.flatnonzero(np.diff(head_buckets)) + 1
-    for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(heads)], strict=True):
-        if now > -math.inf and head_buckets[start] > math.floor(now / store.bucket_seconds):
-            step = store.take_step(now)
-            if step is not None:
-                steps.append((now, step[0], store.window_counts(now)))
-        part = slice(int(start), int(stop))
-        now = float(heads[stop - 1])
-        late += store.add(batch["t"][part], {"g": batch["g"][part], "h": batch["h"][part]}, batch["p"][part],
-                          batch["y"][part], now)  # fmt: skip
-    return steps, late, now
+    late += store.add(batch["t"], {"g": batch["g"], "h": batch["h"]}, batch["p"], batch["y"],
+                      now if now > -math.inf else float(heads[0]),
+                      on_step=lambda t: observed.append((t, store.window_counts(t))))  # fmt: skip
+    counts, _ = store.take_queued()
+    assert len(counts) == len(observed)
+    return [(t, c, w) for (t, w), c in zip(observed, counts, strict=True)], late, float(heads[-1])
 
 
 def batches(seed: int, events: int, cuts: list[int]) -> list[dict[str, np.ndarray]]:
@@ -78,10 +73,11 @@ def test_add_stepped_equals_the_per_bucket_path(seed: int, events: int, cuts: li
     d, d_ref = ours.detection, theirs.detection
     assert (d.last_step, d.steps) == (d_ref.last_step, d_ref.steps)
     np.testing.assert_array_equal(d.seen, d_ref.seen)
-    # the next step (the replay's last) is the same too
-    step, step_ref = ours.take_step(now + 60.0), theirs.take_step(now + 60.0)
-    assert step is not None and step_ref is not None
-    np.testing.assert_array_equal(step[0], step_ref[0])
+    # the next step (the open bucket's) is the same too
+    for store in (ours, theirs):
+        store.enter(d.last_step + 1)
+    (step,), (step_ref,) = ours.take_queued()[0], theirs.take_queued()[0]
+    np.testing.assert_array_equal(step, step_ref)
 
 
 def test_a_store_that_keeps_scores_is_not_batched() -> None:

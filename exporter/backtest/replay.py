@@ -2,12 +2,13 @@
 
 ``fairness-exporter backtest --config CONFIG EVENTS... [--output PATH]``. The events go through the daemon's
 decoder (JSON lines, the topic's event format) or the gate's encoding (parquet/CSV), the daemon's WindowStore,
-its scheduled computation (serve/snapshot.py, detectors included) and the alert conditions that the shipped rules
-state (exporter/stream/state/detectors.py ALERTS, and the seed's raw-value warnings from the rules' TUNING table).
+its detectors (exporter/stream/state/detectors.py) and the alert conditions that the shipped rules state
+(detectors.py ALERTS, and the seed's raw-value warnings from the rules' TUNING table, every SEED_INTERVAL).
 
-The clock is the events' own: the head is the newest event time seen, in file order (the topic's order), and
-the computation runs once per bucket, after the last event of each bucket of the head. The detectors therefore
-take the same steps as a daemon that reads the topic in real time.
+The clock is the events' own, in file order (the topic's order). The detectors' steps follow the events in the
+daemon too (exporter/stream/state/detection.py: a step per bucket of the stream, quiet ones empty, the open one
+not yet), so the replay takes the daemon's steps from the same events, to the count, and ends in its detector
+state; the windows of each step are the daemon's at that bucket.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ class _Steps(NamedTuple):
 class Replay:
     """The simulated daemon: its store and detectors, its computation, and the alerts its rules would raise.
 
-    Per bucket of the head it takes the detectors' step and the windows' counts exactly as the daemon's scheduled
-    computation does (WindowStore.take_step, window_counts); it then evaluates up to a day of steps in one pass
-    with the same functions (DetectorBank.advance, evaluate_many), which is what makes a replay fast.
+    The store takes the steps as the daemon's does (WindowStore.add), and the replay reads the windows' counts at
+    each (window_counts); it then evaluates up to a day of steps in one pass with the daemon's functions
+    (DetectorBank.advance, evaluate_many), which is what makes a replay fast.
     """
 
     config: ModelSpec
@@ -82,8 +83,6 @@ class Replay:
     _alerted: set[int] = field(default_factory=set)
     _labelled: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = field(default_factory=list)
     """Per pending step, its windows' labelled score histograms and score sums (a score metric: auc_difference)."""
-    _final: Final | None = None
-    """The last step's window counts (and labelled ones): the replay's end, evaluated with every metric."""
 
     def __post_init__(self) -> None:
         self.store = WindowStore(self.config, self.windowing)
@@ -93,7 +92,9 @@ class Replay:
         self._attributes = {a.name: a for a in self.config.attributes}
         read = {ALERT_OF_METRIC[d.metric].shown.removeprefix("model_") for d in self.store.detectors.detectors
                 if not (d.subgroup or d.predicted)}  # fmt: skip
-        from exporter.devtools.rules import TUNING  # the seed rules' thresholds and `for:`, as shipped
+        from exporter.devtools.rules import SEED_INTERVAL, TUNING  # the seed rules' thresholds and `for:`, as shipped
+
+        self._seed_interval = _seconds(SEED_INTERVAL)
 
         self._seed = [(name, metric, TUNING[name]) for name, metric in (
             ("FairnessDemographicParityAboveThreshold", "demographic_parity_difference"),
@@ -102,20 +103,20 @@ class Replay:
         self._per_step = tuple(m for m in self.config.exported_metrics if m in read | {m for _, m, _ in self._seed})
 
     def feed(self, columns: Columns) -> None:
-        """Count a batch in file order, computing once per bucket of the head as the head moves on."""
+        """Count a batch in file order, taking the steps the stream takes."""
         self.rejected.update(columns.rejected)
         self.ignored += columns.ignored
         if not len(columns.timestamps):
             return
-        bucket = self.store.bucket_seconds
         heads = np.maximum.accumulate(np.maximum(columns.timestamps, self._now))
         if self._batched and columns.timestamps.min() >= 0:
             return self._feed_stepped(columns, heads)
-        head_buckets = np.floor(heads / bucket).astype(np.int64)
+        observed: list[tuple[Any, ...]] = []
+        head_buckets = np.floor(heads / self.store.bucket_seconds).astype(np.int64)
         cuts = np.flatnonzero(np.diff(head_buckets)) + 1
         for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(heads)], strict=True):
-            if self._now > -math.inf and head_buckets[start] > math.floor(self._now / bucket):
-                self.compute()  # the bucket the head leaves is complete: step
+            # the steps first (the segment counts they read are those before this part), then the part's events
+            self.store.enter(int(head_buckets[start]), lambda t: observed.append(self._observe(t)))
             part = slice(int(start), int(stop))
             self._now = float(heads[stop - 1])
             scores = columns.scores[part] if columns.scores is not None and len(columns.scores) else None
@@ -125,6 +126,22 @@ class Replay:
                                         columns.predictions[part], columns.labels[part], self._now,
                                         scores=scores, segment_codes=segments)  # fmt: skip
             self.events += int(stop - start)
+        counts, estimates = self.store.take_queued()
+        times, windows, labelled, segmented = zip(*observed, strict=True) if observed else ((), (), (), ())
+        self._take(_Steps(np.array(times), counts, estimates, {w.name: np.array([c[w.name] for c in windows])
+                                                              for w in self.windowing.windows}),
+                   list(labelled), list(segmented))  # fmt: skip
+
+    def _observe(self, now: float) -> tuple[Any, ...]:
+        """What the replay reads at a step (the head at its bucket): its time, the windows' counts, their labelled
+        histograms and score sums (a score metric), and the segment counts (for a page's explanation)."""
+        store = self.store
+        return (now, store.window_counts(now),
+                (store.window_estimate_counts(now), store.window_labelled_sums(now))
+                if self.config.compares_scores else None,
+                (store.segments.snapshot(now),
+                 (store.segments.missing_rows.copy(), store.segments.overflow_rows.copy()))
+                if self.config.segments else None)  # fmt: skip
 
     def _feed_stepped(self, columns: Columns, heads: np.ndarray) -> None:
         """What :meth:`feed` does, a day of head buckets at a time (:func:`add_stepped`: the same counts)."""
@@ -136,44 +153,36 @@ class Replay:
                                 columns.predictions[part], columns.labels[part], heads[part], self._now)
             self._now = float(heads[stop - 1])
             self.late, self.events = self.late + taken.late, self.events + int(stop - start)
-            t = 0
-            while t < len(taken.times):  # blocks end every FLUSH_STEPS steps, as step by step
-                n = min(len(taken.times) - t, FLUSH_STEPS - self._queued)
-                steps = slice(t, t + n)
-                self._queue(_Steps(taken.times[steps], taken.counts[steps],
-                                   np.broadcast_to(self._no_estimate, (n, *self._no_estimate.shape)),
-                                   {w: c[steps] for w, c in taken.windows.items()}), [None] * n)  # fmt: skip
-                t += n
+            n = len(taken.times)
+            self._take(_Steps(taken.times, taken.counts, np.broadcast_to(self._no_estimate,
+                                                                         (n, *self._no_estimate.shape)),
+                              taken.windows), [None] * n, [None] * n)  # fmt: skip
 
-    def compute(self) -> None:
-        """The scheduled computation at the simulated now: the detectors' step and the windows' counts."""
-        step = self.store.take_step(self._now)
-        if step is None:
-            return
-        if self.config.compares_scores:
-            self._labelled.append((self.store.window_estimate_counts(self._now),
-                                   self.store.window_labelled_sums(self._now)))  # fmt: skip
-        self._queue(_Steps(np.array([self._now]), step[0][None], step[1][None],
-                           {w: c[None] for w, c in self.store.window_counts(self._now).items()}),
-                    [(self.store.segments.snapshot(self._now), (self.store.segments.missing_rows.copy(),
-                                                                self.store.segments.overflow_rows.copy()))
-                     if self.config.segments else None])  # fmt: skip
-
-    def _queue(self, steps: _Steps, segments: list[Any]) -> None:
-        """Add steps to the pending block; evaluate it once it holds FLUSH_STEPS."""
-        self._pending.append(steps)
-        self._segments += segments
-        self.steps, self._queued = self.steps + len(steps.times), self._queued + len(steps.times)
-        if self._queued >= FLUSH_STEPS:
-            self._flush()
+    def _take(self, steps: _Steps, labelled: list[Any], segments: list[Any]) -> None:
+        """Add steps to the pending block, evaluating it whenever it holds FLUSH_STEPS (blocks end every FLUSH_STEPS
+        steps, however the steps came)."""
+        t = 0
+        while t < len(steps.times):
+            n = min(len(steps.times) - t, FLUSH_STEPS - self._queued)
+            part = slice(t, t + n)
+            self._pending.append(_Steps(steps.times[part], steps.counts[part], steps.estimates[part],
+                                        {w: c[part] for w, c in steps.windows.items()}))  # fmt: skip
+            self._labelled += [x for x in labelled[part] if x is not None]
+            self._segments += segments[part]
+            self.steps, self._queued, t = self.steps + n, self._queued + n, t + n
+            if self._queued >= FLUSH_STEPS:
+                self._flush()
 
     def finish(self) -> dict[str, Any]:
-        """Compute the last bucket; the report (alerts still firing have resolved_at null)."""
-        if self._now > -math.inf:
-            self.compute()
+        """The report (alerts still firing have resolved_at null), as of the last event: the steps the stream
+        took (the open bucket's is not one yet, as in the daemon), the windows with every event."""
         self._flush()
-        bank, now = self.store.detectors, self._now if self._now > -math.inf else 0.0
-        spec, final = self.config, self._final
+        bank, now, spec = self.store.detectors, self._now if self._now > -math.inf else 0.0, self.config
+        final: Final | None = None
+        if self._now > -math.inf:  # the windows as the daemon shows them after the last event
+            final = ({w: c[None] for w, c in self.store.window_counts(now).items()},
+                     [(self.store.window_estimate_counts(now), self.store.window_labelled_sums(now))]
+                     if spec.compares_scores else [])  # fmt: skip
         evaluations = evaluated(spec, self.windowing, self.store, final, now) if final is not None else {}
         return {
             "model_id": self.config.model_id,
@@ -221,19 +230,30 @@ class Replay:
         trace = self.store.advance_detectors(counts, estimates, self._calibration)
         steps = len(times)
         evaluations = evaluate_steps(self.config, self.windowing, self.store.layout.split, windows, self._labelled,
-                                     self._per_step, worsts=False)  # the worst: at the last step (sections.worst)
-        self._final = ({w: c[-1:] for w, c in windows.items()}, self._labelled[-1:])
+                                     self._per_step, worsts=False)  # the worst: at the replay's end (finish)
         self._pending.clear()
         self._queued = 0
         segments, self._segments = self._segments, []
         self._labelled.clear()
         self._record_series(times, trace, evaluations)
 
-        holding: dict[tuple[str, ...], tuple[np.ndarray, float, Any]] = {}
+        holding: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, float, Any]] = {}
         bank = self.store.detectors
         for i in np.flatnonzero(trace.active.any(axis=0)):
             detector = bank.detectors[i]
-            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], 0.0, ("detector", i))
+            holding[(ALERT_OF_METRIC[detector.metric].name, detector.key)] = (trace.active[:, i], times, 0.0,
+                                                                              ("detector", i))  # fmt: skip
+        # The seed rules' group is evaluated every SEED_INTERVAL: at the steps whose bucket ends one, each holding
+        # what that evaluation found (until the block's first, what the last block's last found) at its time.
+        bucket, interval = np.floor(times / self.store.bucket_seconds), self._seed_interval
+        grid = np.floor((bucket + 1) * self.store.bucket_seconds / interval)
+        last = np.maximum.accumulate(np.where(grid > np.floor(bucket * self.store.bucket_seconds / interval),
+                                              np.arange(steps), -1))  # fmt: skip
+        seed_times = np.where(last >= 0, grid[np.maximum(last, 0)] * interval, -np.inf)
+
+        def evaluated_every_interval(condition: np.ndarray, key: tuple[str, ...]) -> np.ndarray:
+            return np.where(last >= 0, condition[np.maximum(last, 0)], key in self._open)
+
         attributes = self._attributes
         for name, metric, tuning in self._seed:
             threshold = float(tuning.threshold or 0)
@@ -244,29 +264,33 @@ class Replay:
                 for k in np.flatnonzero(conditions.any(axis=0)):
                     a, b = attributes[attribute_name].pairs[k]
                     groups = attributes[attribute_name].groups
-                    holding[(name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)] = (
-                        conditions[:, k], _seconds(tuning.for_),
-                        ("seed", name, tuning, metric, window_name, attribute_name, k))  # fmt: skip
+                    seed_key = (name, attribute_name, f"{groups[a]}_vs_{groups[b]}", window_name)
+                    holding[seed_key] = (evaluated_every_interval(conditions[:, k], seed_key), seed_times,
+                                    _seconds(tuning.for_),
+                                    ("seed", name, tuning, metric, window_name, attribute_name, k))  # fmt: skip
+        seeds = {name for name, _, _ in self._seed}
 
         for key in sorted(set(self._open) | set(holding), key=str):  # in one order whatever PYTHONHASHSEED
-            active, hold, source = holding.get(key, (np.zeros(steps, dtype=bool), 0.0, None))
+            active, at, hold, source = holding.get(key) or (
+                (evaluated_every_interval(np.zeros(steps, dtype=bool), key), seed_times, 0.0, None) if key[0] in seeds
+                else (np.zeros(steps, dtype=bool), times, 0.0, None))  # fmt: skip
             state = self._open.get(key)
             edges = np.flatnonzero(np.diff(np.r_[0, active, 0]))  # the block's runs of steps where it holds
             if state is not None and (not len(edges) or edges[0] > 0):  # held at the last block's end, not now
                 if state.entry is not None:
-                    state.entry["resolved_at"] = iso(times[0])
+                    state.entry["resolved_at"] = iso(at[0])
                 state = None
             for start, stop in zip(edges[::2], edges[1::2], strict=True):  # the first may continue the last block's
-                state = state or _Open(float(times[start]))
-                if state.entry is None and len(due := np.flatnonzero(times[start:stop] - state.since >= hold)):
+                state = state or _Open(float(at[start]))
+                if state.entry is None and len(due := np.flatnonzero(at[start:stop] - state.since >= hold)):
                     t = int(start + due[0])  # its `for:` has passed: it fires
-                    state.entry = self._entry(source, t, trace.statistic, evaluations, times[t])
-                    if source[0] == "detector" and segments[t] is not None:
+                    state.entry = self._entry(source, t, trace.statistic, evaluations, at[t])
+                    if source is not None and source[0] == "detector" and segments[t] is not None:
                         state.entry["explanation"] = self._explained(state.entry, segments[t])
                     self.alerts.append(state.entry)
                 if stop < steps:  # the step after the run: it no longer holds
                     if state.entry is not None:
-                        state.entry["resolved_at"] = iso(times[stop])
+                        state.entry["resolved_at"] = iso(at[stop])
                     state = None
             if state is None:
                 self._open.pop(key, None)
@@ -291,7 +315,7 @@ class Replay:
         """Each detector's steps of the block (the alerts' value in the first window, the statistic, the alarm)
         into its bounded series."""
         detectors = self.store.detectors.detectors
-        if detectors:  # from the block's first step (compute() counted the block's steps)
+        if detectors:  # from the block's first step (_take counted the block's steps)
             block = block_of(detectors, self._attributes, evaluations, self.windowing.windows[0].name,
                                     self.steps - len(times), times, trace)  # fmt: skip
             self._series = self._series or Series({k: v[:0] for k, v in block.items()})

@@ -143,7 +143,7 @@ def _gather(monitored: Monitored, windowing: Windowing, now: float, thresholds: 
     severity; ``reference``: the estimation reference's score counts per attribute, when it estimates), ready to
     evaluate."""
     spec, store = monitored.spec, monitored.store
-    detection = store.detect(now, store.calibration_rows(reference) if reference is not None else None)
+    detection = store.detect(store.calibration_rows(reference) if reference is not None else None)
     with store.lock:  # counts and score histograms of the same events
         windows = store.window_counts(now)
         proxies = proxied(spec, store.proxy, store.window_proxy_counts(now))

@@ -10,6 +10,7 @@ from functools import cached_property
 import numpy as np
 
 from exporter.config import ModelSpec
+from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, Calibration
 
 
 @dataclass(frozen=True)
@@ -49,3 +50,17 @@ class RowLayout:
         """Each attribute's first row and its unknown row, as columns."""
         offsets = np.array(self.offsets, dtype=np.int64)[:, None]
         return offsets, offsets + np.array(self.sizes, dtype=np.int64)[:, None] - 1
+
+    def calibration(self, reference: dict[str, np.ndarray], min_samples: int, n_bins: int) -> np.ndarray:
+        """The calibration of every row and its sampling standard deviation ``(2, n_rows, n_bins)`` fitted on a
+        reference's score counts per attribute; NaN (no calibration detector evidence) for an attribute's unknown
+        row and for a subgroup with fewer than ``min_samples`` labelled positives or negatives in the reference,
+        whose calibration is mostly the prior's."""
+        out = np.full((2, self.n_rows, n_bins), np.nan)
+        for name, offset, size in zip(self.names, self.offsets, self.sizes, strict=True):
+            counts = reference[name][: size - 1]
+            labelled = counts.sum(axis=(1, 2))
+            enough = np.minimum(labelled[:, LABELLED_POS], labelled[:, LABELLED_NEG]) >= min_samples
+            fit = Calibration.fit(counts)
+            out[:, offset : offset + size - 1] = np.where(enough[:, None], [fit.rate, fit.spread], np.nan)
+        return out

@@ -7,11 +7,12 @@ allowed lateness. Memory is independent of traffic; a window is the sum of its l
 Time: the head is the later of the wall clock and the newest event seen. An event is *late*, counted and
 dropped, when its bucket has left the ring (older than the longest window plus ``allowed_lateness``). A head
 ahead of the clock by more than ``max_future_skew`` (no event can put it there: the clock ran ahead) is brought
-back to the clock (:meth:`WindowStore.follow`).
+back to the clock (:meth:`WindowStore.follow`). The detectors' steps follow the events alone (detection.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -21,9 +22,9 @@ from dataclasses import replace
 import numpy as np
 
 from exporter.config import ModelSpec, Windowing
-from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, Calibration, score_bins
+from exporter.core.estimate import LABELLED_NEG, LABELLED_POS, N_SCORE_COUNTS, PREDICTED, score_bins
 from exporter.core.fairness import FN, FP, N_COUNTS, TP, outcome_columns
-from exporter.stream.state.detection import Detection
+from exporter.stream.state.detection import Detection, quiet_steps
 from exporter.stream.state.detectors import DetectorBank, Trace
 from exporter.stream.state.layout import RowLayout
 from exporter.stream.state.proxy import ProxyRing
@@ -72,6 +73,8 @@ class WindowStore:
         self.detectors = DetectorBank(exact, windowing, self.layout.offsets, self.layout.n_rows)
         self.detection = Detection(self.detectors.initial_state(), np.zeros_like(self.totals), -1, 0,
                                    np.zeros_like(self.estimate_totals))  # fmt: skip
+        self.quiet, self.newest = quiet_steps(self.n_buckets), -math.inf
+        """The most quiet steps in a row; the newest event time counted (not checkpointed: the steps' times)."""
         self.segments = SegmentCounts(model, windowing, self.layout.n_rows)
         """Counts per (subgroup x segment value) for the explanations (``segments:``), in coarser buckets."""
 
@@ -114,46 +117,74 @@ class WindowStore:
     def add(
         self, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray, outcomes: np.ndarray,
         now: float, scores: np.ndarray | None = None, segment_codes: np.ndarray | None = None,
+        on_step: Callable[[float], object] | None = None,
     ) -> int:  # fmt: skip
-        """Count a decoded batch (and its scores, when the store keeps score histograms; its segment values'
-        codes, :meth:`SegmentCounts.codes`, when the model has segments); return how many events were late (and
-        therefore not counted)."""
+        """Count a decoded batch in its order (and its scores, when the store keeps score histograms; its segment
+        values' codes, :meth:`SegmentCounts.codes`, when the model has segments); return how many events were late
+        (and therefore not counted). Before an event of a bucket after the open step's, the steps the stream takes
+        are queued for :meth:`detect` (detection.py), each reported to ``on_step(time)`` with the head at its bucket
+        (the backtest reads its windows there; ``time``: the newest event's, or a quiet bucket's start)."""
         buckets = self.bucket_of(timestamps)
-        predicted, outcome = outcome_columns(predictions, outcomes)
         with self.lock:
             self.follow(now)
-            self._advance(int(buckets.max(initial=-1)))
-            on_time = buckets > self.head - self.n_buckets
-            late = len(buckets) - int(np.count_nonzero(on_time))
-            if late:  # the usual batch has none: nothing to mask
-                buckets, predicted, outcome = buckets[on_time], predicted[on_time], outcome[on_time]
-                timestamps, predictions, outcomes = (np.asarray(a)[on_time] for a in (timestamps, predictions,
-                                                                                      outcomes))  # fmt: skip
-                codes = {k: v[on_time] for k, v in codes.items()}
-                scores = scores[on_time] if scores is not None and len(scores) else scores
-                segment_codes = None if segment_codes is None else segment_codes[on_time]
-            rows = self.layout.rows(codes, len(buckets))
-            self._count(buckets, rows, predicted)
-            self._count_outcomes(buckets, rows, outcome)
-            if segment_codes is not None:
-                self.segments.count(np.asarray(timestamps), dict(zip(self.layout.names, rows, strict=True)),
-                                    predicted, outcome, segment_codes, now)  # fmt: skip
-            if self.proxy.attributes:
-                slots, labelled = buckets % self.n_buckets, outcome >= 0
-                self.proxy.add(slots, codes, predicted)
-                self.proxy.add_evidence(slots, codes)
-                self.proxy.add(slots[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled])
-            if self.score_counts.shape[2] and scores is not None and len(scores):
-                self._count_scores(buckets, rows, scores)
-                bins = self.estimate_bins(scores)
-                if bins is not None:
-                    p = np.asarray(predictions)
-                    self._count_estimate(buckets, rows, bins, p, PREDICTED)
-                    label = np.asarray(outcomes)
-                    for value, column in ((1, LABELLED_POS), (0, LABELLED_NEG)):
-                        k = label == value
-                        self._count_estimate(buckets[k], rows[:, k], bins[k], p[k], column)
-                    self._sum_labelled(buckets, rows, bins, scores, label >= 0)
+            stream = np.maximum.accumulate(np.maximum(buckets, self.detection.last_step))
+            edges, late = np.r_[0, np.flatnonzero(np.diff(stream)) + 1, len(buckets)] if len(buckets) else [], 0
+            for start, stop in itertools.pairwise(edges):  # the runs of one bucket of the stream
+                if (bucket := int(stream[start])) > self.detection.last_step:
+                    self.enter(bucket, on_step)
+                part = slice(int(start), int(stop))
+                late += self._add_part(bucket, np.asarray(timestamps)[part], {k: v[part] for k, v in codes.items()},
+                                       np.asarray(predictions)[part], np.asarray(outcomes)[part], now,
+                                       scores[part] if scores is not None and len(scores) else scores,
+                                       None if segment_codes is None else segment_codes[part])  # fmt: skip
+            return late
+
+    def enter(self, bucket: int, on_step: Callable[[float], object] | None = None) -> None:
+        """The stream enters ``bucket``: queue the steps it takes (detection.py), each reported to ``on_step``."""
+        with self.lock:
+            opened = self.detection.last_step
+            self.detection, n = self.detection.enter(bucket, self.totals, self.estimate_totals, self.quiet)
+            for b in range(opened, opened + n):
+                self._advance(b)
+                if on_step is not None:
+                    on_step(max(self.newest, b * self.bucket_seconds))
+
+    def _add_part(self, bucket: int, timestamps: np.ndarray, codes: dict[str, np.ndarray], predictions: np.ndarray,
+                  outcomes: np.ndarray, now: float, scores: np.ndarray | None,
+                  segment_codes: np.ndarray | None) -> int:  # fmt: skip
+        """:meth:`add`'s counting of events while the stream is in ``bucket``; how many were late."""
+        buckets = self.bucket_of(timestamps)
+        predicted, outcome = outcome_columns(predictions, outcomes)
+        self._advance(bucket)
+        self.newest = max(self.newest, float(timestamps.max(initial=-math.inf)))
+        on_time = buckets > self.head - self.n_buckets
+        late = len(buckets) - int(np.count_nonzero(on_time))
+        if late:  # the usual batch has none: nothing to mask
+            buckets, predicted, outcome, timestamps, predictions, outcomes = (
+                a[on_time] for a in (buckets, predicted, outcome, timestamps, predictions, outcomes))
+            codes = {k: v[on_time] for k, v in codes.items()}
+            scores = scores[on_time] if scores is not None and len(scores) else scores
+            segment_codes = None if segment_codes is None else segment_codes[on_time]
+        rows = self.layout.rows(codes, len(buckets))
+        self._count(buckets, rows, predicted)
+        self._count_outcomes(buckets, rows, outcome)
+        if segment_codes is not None:
+            self.segments.count(timestamps, dict(zip(self.layout.names, rows, strict=True)), predicted, outcome,
+                                segment_codes, now)  # fmt: skip
+        if self.proxy.attributes:
+            slots, labelled = buckets % self.n_buckets, outcome >= 0
+            self.proxy.add(slots, codes, predicted)
+            self.proxy.add_evidence(slots, codes)
+            self.proxy.add(slots[labelled], {k: v[labelled] for k, v in codes.items()}, outcome[labelled])
+        if self.score_counts.shape[2] and scores is not None and len(scores):
+            self._count_scores(buckets, rows, scores)
+            bins = self.estimate_bins(scores)
+            if bins is not None:
+                self._count_estimate(buckets, rows, bins, predictions, PREDICTED)
+                for value, column in ((1, LABELLED_POS), (0, LABELLED_NEG)):
+                    k = outcomes == value
+                    self._count_estimate(buckets[k], rows[:, k], bins[k], predictions[k], column)
+                self._sum_labelled(buckets, rows, bins, scores, outcomes >= 0)
         return late
 
     def add_joined(self, timestamps: np.ndarray, codes: dict[str, np.ndarray], outcomes: np.ndarray,
@@ -295,64 +326,37 @@ class WindowStore:
         end = self.head % self.n_buckets + 1
         start = end - k
         total = ring[max(start, 0) : end].sum(axis=0)
-        if start < 0:
-            total += ring[start:].sum(axis=0)
-        return total
+        return total + ring[start:].sum(axis=0) if start < 0 else total
 
-    def detect(self, now: float, calibration: np.ndarray | None = None) -> Detection:
-        """Advance the change detectors by one step when the head (advanced to ``now``) has entered a bucket they
-        have not stepped in yet; return their state.
-
-        A step consumes everything counted since the previous step (the monotonic totals' increase): every
-        prediction and every delayed label enters the detectors exactly once, when it is counted, with no wait
-        for ``allowed_lateness``. Steps are therefore at most one per bucket of the head's time.
-        ``calibration``: the rows' calibration (:meth:`calibration_rows`) for the calibration detectors.
-        """
+    def detect(self, calibration: np.ndarray | None = None) -> Detection:
+        """Run the detectors over the steps queued (:meth:`add`), ``calibration`` (:meth:`calibration_rows`) for the
+        calibration detectors; their state."""
         with self.lock:
-            step = self.take_step(now)
-            if step is not None:
-                self.advance_detectors(step[0][None], step[1][None], calibration)
+            counts, estimates = self.take_queued()
+            if len(counts):
+                self.advance_detectors(counts, estimates, calibration)
             return self.detection
 
-    def take_step(self, now: float) -> tuple[np.ndarray, np.ndarray] | None:
-        """The counts and estimation counts of a new step (see :meth:`detect`), marked as consumed; None when the
-        head has not entered a new bucket. The caller then passes them to :meth:`advance_detectors` (the backtest
-        batches them)."""
+    def take_queued(self) -> tuple[np.ndarray, np.ndarray]:
+        """The queued steps' counts and estimation counts, off the queue, for :meth:`advance_detectors`."""
         with self.lock:
-            self.follow(now)
-            d = self.detection
-            if self.head <= d.last_step:
-                return None
-            step = self.totals - d.seen
-            seen_estimate = d.estimate_seen if d.estimate_seen is not None else self.estimate_totals
-            estimate_step = self.estimate_totals - seen_estimate
-            self.detection = Detection(d.state, self.totals.copy(), self.head, d.steps + 1,
-                                       self.estimate_totals.copy())  # fmt: skip
-            return step, estimate_step
+            taken = self.detection.taken(self.totals, self.estimate_totals)
+            self.detection = replace(self.detection, queued=None, queued_estimates=None)
+            return taken
 
     def advance_detectors(self, steps: np.ndarray, labelled: np.ndarray | None = None,
                           calibration: np.ndarray | None = None) -> Trace:  # fmt: skip
-        """Run the detectors over steps taken by :meth:`take_step`; what they were after each step."""
+        """Run the detectors over steps taken off the queue (:meth:`take_queued`); what they were after each."""
         with self.lock:
             state, trace = self.detectors.advance(self.detection.state, steps, labelled, calibration)
             self.detection = replace(self.detection, state=state)
             return trace
 
     def calibration_rows(self, reference: dict[str, np.ndarray]) -> np.ndarray | None:
-        """The calibration of every row and its sampling standard deviation ``(2, n_rows, n_bins)`` fitted on a
-        reference's score counts per attribute; NaN (no calibration detector evidence) for an attribute's unknown
-        row and for a subgroup with fewer than min_samples labelled positives or negatives in the reference, whose
-        calibration is mostly the prior's. None when the model estimates nothing."""
-        if not self.estimate_counts.shape[2]:
-            return None
-        out = np.full((2, self.layout.n_rows, self.estimate_counts.shape[2]), np.nan)
-        for name, offset, size in zip(self.layout.names, self.layout.offsets, self.layout.sizes, strict=True):
-            counts = reference[name][: size - 1]
-            labelled = counts.sum(axis=(1, 2))
-            enough = np.minimum(labelled[:, LABELLED_POS], labelled[:, LABELLED_NEG]) >= self.min_samples
-            fit = Calibration.fit(counts)
-            out[:, offset : offset + size - 1] = np.where(enough[:, None], [fit.rate, fit.spread], np.nan)
-        return out
+        """The rows' calibration fitted on a reference's score counts (:meth:`RowLayout.calibration`); None when the
+        model estimates nothing."""
+        n_bins = self.estimate_counts.shape[2]
+        return self.layout.calibration(reference, self.min_samples, n_bins) if n_bins else None
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint, taken atomically with the detectors' state (which the computation advances)."""
@@ -386,7 +390,7 @@ class WindowStore:
             if self.labelled_sums.shape[2]:  # the layout check made sure the checkpoint has them
                 self.labelled_sums[...] = state["labelled_sums"]
             self.head = int(state["head"])
-            self.detection = Detection.restore(state, self.detectors)
+            self.detection = Detection.restore(state, self.detectors, self.estimate_totals.shape)
             self.segments.restore(state)
 
     def totals_copy(self) -> np.ndarray:
