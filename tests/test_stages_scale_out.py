@@ -156,7 +156,7 @@ class Run:
                               "attributes": {"gender": "male", "age": "old"}} for m in RATES])  # fmt: skip
         for model in RATES:
             self.expected[model]["predictions"] += 1
-        steps = self.rounds + 2  # the first computation's step (in the wall clock's bucket), tick 0's, and these
+        steps = self.rounds  # a step per bucket the events left: round r's (and tick r-1's) as tick r enters the next
         self._wait(lambda: self.counted() and self.stepped(steps), f"tick {self.rounds} stepped everywhere ({steps})")
 
     def counted(self) -> bool:
@@ -235,8 +235,8 @@ def run(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) 
         direct.start()
         today = math.floor(time.time() / DAY) * DAY
         result = Run(bootstrap, topic, group, replicas, direct, today + 2 * DAY, np.random.default_rng(23))
-        # owned, and computed once (the first computation steps in the wall clock's bucket, before any tick)
-        wait_until(lambda: all(len(o) == 1 and _steps(o[0].page(), m) == 1 for m, o in result.owners().items()), 120,
+        # owned, and computed once (no step yet: a step is a bucket the events left, and none came)
+        wait_until(lambda: all(len(o) == 1 and _steps(o[0].page(), m) == 0 for m, o in result.owners().items()), 120,
                    "every model owned by exactly one replica, and computed")  # fmt: skip
         result.tick()
         yield result
@@ -256,6 +256,12 @@ def test_each_model_is_whole_on_exactly_one_replica_and_equals_the_direct_daemon
     statistics = [v for (name, labels), v in scrape(run.direct.port).items()
                   if name == "fairness_detector_statistic" and ("model_id", "hiring") in labels]
     assert max(statistics) > 0  # the detectors read evidence: a comparison that evaluated nothing proves nothing
+    # the owner's window head (what FairnessExporterModelStalled reads) is the newest bucket, the last tick's
+    # (events lead the clock here), and so is the open detector step the tick entered
+    for model, (owner,) in run.owners().items():
+        page, of = owner.page(), frozenset({("model_id", model)})
+        head = page[("fairness_exporter_model_head_timestamp_seconds", of)]
+        assert head == page[("fairness_exporter_model_last_step_timestamp_seconds", of)] == run.t0 + 3 * DAY, model
 
 
 def _assert_whole(run: Run, timeout: float = 10) -> None:

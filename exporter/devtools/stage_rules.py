@@ -52,12 +52,12 @@ def stage_alerts(tuning: Mapping[str, Any], fors: Mapping[str, str]) -> list[dic
         ),
         tuned(
             "FairnessExporterModelStalled",
-            f"(time() - {own('fairness_exporter_model_last_step_timestamp_seconds')})\n"
+            f"(time() - {own('fairness_exporter_model_head_timestamp_seconds')})\n"
             f"  > on (job, instance) group_left () ({buckets} * {own('fairness_exporter_bucket_seconds')})\n"
             f"and on (job, instance, model_id) (\n  {OWNED} == 1\n"
             f"  and on (job, instance, topic, partition) {own('fairness_exporter_consumer_lag_messages')} > 0\n)",
-            f"Model {model} stopped stepping on {label('instance')} while its counts wait.",
-            f"The detectors of model {model} on {label('instance')} last stepped "
+            f"Model {model} stopped being evaluated on {label('instance')} while its counts wait.",
+            f"The window of model {model} on {label('instance')} last moved "
             "{{ $value | humanizeDuration }} ago, more than " + buckets + " buckets, while its partition of the "
             f"counts topic has unread records, for {fors['FairnessExporterModelStalled']}: its evaluation stage is "
             "stuck and its numbers are frozen.",

@@ -222,5 +222,6 @@ class StageHealth:
                 self.restores.labels(stage, result)
 
 
-Owned = tuple[str, str, int, bool, float | None]
-"""(model id, counts topic, partition, owned here, start of the bucket of its last detector step)."""
+Owned = tuple[str, str, int, bool, float | None, float | None]
+"""(model id, counts topic, partition, owned here, start of the bucket of its last detector step, start of its
+window's newest bucket)."""

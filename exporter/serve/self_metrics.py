@@ -12,7 +12,7 @@ from exporter.health.counters import Owned
 
 
 class OwnershipCollector(Collector):
-    """Which models this replica owns and when each one's detectors last stepped, read at each publication; and
+    """Which models this replica owns, each one's open detector step and window head, read at each publication; and
     the settings the stage alerts compare against."""
 
     def __init__(self, owned: Callable[[], list[Owned]], bucket_seconds: float) -> None:
@@ -25,15 +25,22 @@ class OwnershipCollector(Collector):
                                   "windows, detectors and series), 0 on the others.",
                                   labels=["model_id", "topic", "partition"])  # fmt: skip
         step = GaugeMetricFamily("fairness_exporter_model_last_step_timestamp_seconds",
-                                 "Start of the bucket of the model's last detector step (steps follow the head of "
-                                 "its window: the wall clock, or newer events), on its owner.",
+                                 "Start of the bucket of the model's open detector step, on its owner: the bucket "
+                                 "of its newest event counted (the events' time).",
                                  labels=["model_id"])  # fmt: skip
-        for model_id, topic, partition, owned, last_step in self.owned():
+        head = GaugeMetricFamily("fairness_exporter_model_head_timestamp_seconds",
+                                 "Start of the newest bucket of the model's window, on its owner: advanced to the "
+                                 "wall clock at every count and computation, it stops when its evaluation does.",
+                                 labels=["model_id"])  # fmt: skip
+        for model_id, topic, partition, owned, last_step, newest in self.owned():
             owner.add_metric([model_id, topic, str(partition)], float(owned))
             if owned and last_step is not None:
                 step.add_metric([model_id], last_step)
+            if owned and newest is not None:
+                head.add_metric([model_id], newest)
         yield owner
         yield step
+        yield head
         yield GaugeMetricFamily("fairness_exporter_bucket_seconds", "Width of the window buckets (one detector "
                                 "step per bucket at most).", value=self.bucket_seconds)  # fmt: skip
 

@@ -119,13 +119,17 @@ class Stages:
         return next((m for m in self.fleet.config.models if m.model_id == model_id), None)
 
     def owned(self) -> list[Owned]:
-        """Every configured model: its counts partition, whether this replica owns it, its last step."""
+        """Every configured model: its counts partition, whether this replica owns it, its last step (the bucket its
+        events' time left last: an event-time clock) and its window's head (advanced to the wall clock at every count
+        and computation: what stops when its evaluation stage does)."""
         out: list[Owned] = []
         bucket, models = self.fleet.config.windowing.bucket_seconds, self.fleet.models
         for model_id in self.fleet.config.model_ids:
             (topic, partition), monitored = self.counts_partition(model_id), models.get(model_id)
-            last = monitored.store.detection.last_step if monitored is not None else -1
-            out.append((model_id, topic, partition, monitored is not None, last * bucket if last >= 0 else None))
+            store = monitored.store if monitored is not None else None
+            last, head = (store.detection.last_step, store.head) if store is not None else (-1, -1)
+            out.append((model_id, topic, partition, monitored is not None, last * bucket if last >= 0 else None,
+                        head * bucket if head >= 0 else None))
         return out
 
     # --- the handler ----------------------------------------------------------------------------------------
