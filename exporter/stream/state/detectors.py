@@ -2,9 +2,11 @@
 
 One detector per (attribute pair, metric family, direction) and per (subgroup, direction). A step consumes the
 counts added to the window since the previous step (see :meth:`WindowStore.detect`), so every prediction and
-every delayed label enters the detectors exactly once, when it is counted. The alternative of each step comes
-from earlier steps only (exponentially weighted history with the longest window as time constant), which keeps
-each detector's likelihood-ratio products test martingales (exporter/core/detect.py).
+every delayed label enters the detectors exactly once, when it is counted. Each detector's null is "the
+comparison meets its threshold" (a pair: its gap or impact ratio threshold; a subgroup: within ``rate_shift`` of
+its baseline); the null's edge and the alternative of each step come from earlier steps only (exponentially
+weighted history with the longest window as time constant) and the step's own trials, which keeps each
+detector's likelihood-ratio products test supermartingales under its null (exporter/core/detect.py).
 
 :data:`ALERTS` is the one statement of what pages: the rules generator writes it as PromQL and the backtest
 evaluates it on the same statistics.
@@ -28,8 +30,8 @@ from exporter.core.fairness import FN, FP, N_COUNTS, PRED_NEG, PRED_POS, TN, TP,
 FloatArray = NDArray[np.float64]
 
 SHIFT_BASELINE_Z: Final = 4.0
-"""The subgroup shift detector tests against the edge of its baseline's Wilson interval at this z (one-sided
-miss probability 3e-5), so an estimated baseline does not turn noise into evidence."""
+"""The subgroup shift detector's null is ``rate_shift`` beyond the edge of its baseline's Wilson interval at this z
+(one-sided miss probability 3e-5), so an estimated baseline does not turn noise into evidence."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,8 @@ FAMILIES: Final = (
 SUBGROUP_METRIC: Final = "positive_prediction_rate"
 CALIBRATION_METRIC: Final = "calibration"
 """The metric of the calibration detectors (estimation:): a subgroup's labels against its calibrated scores."""
-CHUNK_TERMS: Final = 2_000_000
-"""How many (step x detector x support) terms one vectorised pass of :meth:`DetectorBank.advance` may hold."""
+CHUNK_TERMS: Final = 1_000_000
+"""How many (step x detector) likelihood ratios one vectorised pass of :meth:`DetectorBank.advance` may hold."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,8 @@ class Trace:
 
 @dataclass(frozen=True)
 class _CountGroup:
-    """Pair detectors that read the same counts (e.g. parity and impact ratio both read selections): the
-    hypergeometric terms of a step are computed once for all their alternatives."""
+    """Pair detectors that read the same counts (e.g. parity and impact ratio both read selections): one pooled
+    rate of the history per pair centres all their nulls' edges."""
 
     positive: int
     columns: tuple[int, int]
@@ -135,9 +137,10 @@ class _CountGroup:
     """(P,) pairs"""
     rows_b: NDArray[np.int64]
     thresholds: FloatArray
-    """(J,) alternatives per pair: family threshold, repeated for each direction"""
+    """(J,) detectors per pair: family threshold, repeated for each direction"""
     is_ratio: NDArray[np.bool_]
     signs: FloatArray
+    """(J,) 1 where the alternative puts group a higher (`a_higher`), -1 where b"""
 
     def counts(self, counts: NDArray, rows: NDArray[np.int64]) -> tuple[NDArray, NDArray]:
         """(positives, trials) of the given rows, shape (..., P)."""
@@ -145,19 +148,20 @@ class _CountGroup:
         return cells[..., self.positive], cells[..., self.columns[0]] + cells[..., self.columns[1]]
 
     def log_lr(self, history: FloatArray, step: NDArray) -> FloatArray:
-        """(..., P * J) log LRs of one step; the alternatives come from the history only."""
+        """(..., P * J) log LRs of one step against each detector's null "the pair meets its threshold"; the
+        null's edge and the alternative come from the history (and the step's trials) only."""
         hk_a, hn_a = self.counts(history, self.rows_a)
         hk_b, hn_b = self.counts(history, self.rows_b)
         with np.errstate(invalid="ignore", divide="ignore"):
             pooled = (hk_a + hk_b) / (hn_a + hn_b)
-        log_psi = np.stack([
-            self.signs[j] * (detect.ratio_log_odds_ratio if self.is_ratio[j] else detect.gap_log_odds_ratio)(
-                pooled, float(self.thresholds[j]))
+        a = self.counts(step, self.rows_a)
+        b = self.counts(step, self.rows_b)
+        out = np.stack([
+            detect.two_sample_log_lr(*(a + b if self.signs[j] > 0 else b + a),
+                                     (detect.ratio_edge if self.is_ratio[j] else detect.gap_edge)(
+                                         pooled, float(self.thresholds[j])))
             for j in range(len(self.thresholds))
         ], axis=-1)  # fmt: skip
-        k_a, n_a = self.counts(step, self.rows_a)
-        k_b, n_b = self.counts(step, self.rows_b)
-        out = detect.two_sample_log_lr(k_a, n_a, k_b, n_b, log_psi)
         return out.reshape((*out.shape[:-2], -1))
 
 
@@ -238,7 +242,8 @@ class DetectorBank:
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = k0 / n0
         up = self._subgroup_sign > 0
-        reference = np.where(up, upper, lower)
+        # the null: the rate within rate_shift of its baseline (of the baseline's far edge: it is estimated)
+        reference = np.where(up, upper, lower) + self._subgroup_sign * self.rate_shift
         margin = detect.RATE_MARGIN
         alternative = np.clip(rate + self._subgroup_sign * 2.0 * self.rate_shift, margin, 1.0 - margin)
         reference = np.clip(reference, margin, 1.0 - margin)
@@ -270,26 +275,26 @@ class DetectorBank:
         (``labelled``: each step's estimation counts, (T, ..., n_rows, n_bins, 2, N_SCORE_COUNTS), and
         ``calibration`` the rows' calibration and its spread, for the calibration detectors).
 
-        Per step and detector, with LR the step's likelihood ratio (expectation 1 when nothing changed):
+        Per step and detector, with LR the step's likelihood ratio (expectation at most 1 while the detector's null
+        holds: a pair that meets its threshold, a subgroup within ``rate_shift`` of its baseline):
 
         * Shiryaev-Roberts ``R = (1 + R) x LR``; an alarm when ``R >= e^h``, and R restarts at 0. ``R - t`` is a
-          martingale, so the expected number of alarms in T steps is at most ``T e^-h`` (optional stopping);
+          supermartingale, so the expected number of alarms in T steps is at most ``T e^-h`` (optional stopping);
         * CUSUM ``S = max(0, S + log LR)`` (never above log R): the evidence of a change now. An alarm holds until
           S is back at 0, so a persisting change pages once and a page resolves when its evidence is gone.
 
-        The steps go in chunks: the alternatives depend only on the counts, so the likelihood ratios of a chunk
-        take one vectorised pass, and CUSUM is ``S_t = C_t - min(-S_0, min_{j<=t} C_j)`` with ``C`` the
+        The steps go in chunks: the nulls and alternatives depend only on the counts, so the likelihood ratios of a
+        chunk take one vectorised pass, and CUSUM is ``S_t = C_t - min(-S_0, min_{j<=t} C_j)`` with ``C`` the
         cumulative log LR; only the alarms' resets are a (cheap) loop over the steps.
         """
         steps = np.asarray(steps)
         statistic, evidence, active, history = state.statistic, state.evidence, state.active, state.history
         statistics = np.empty((len(steps), *statistic.shape))
         actives = np.empty((len(steps), *statistic.shape), dtype=bool)
-        width = 1 + steps.sum(axis=-1).reshape(len(steps), -1).max(axis=1, initial=0)  # bounds every support
-        per_step = max(1, int(np.prod(statistic.shape))) * width  # hypergeometric terms a step costs, at most
+        per_chunk = max(1, CHUNK_TERMS // max(1, int(np.prod(statistic.shape))))
         t = 0
         while t < len(steps):
-            stop = t + max(1, int(np.searchsorted(np.cumsum(per_step[t:]), CHUNK_TERMS)))
+            stop = min(t + per_chunk, len(steps))
             chunk = steps[t:stop]
             histories = np.empty((len(chunk) + 1, *history.shape))  # before each step, and after the last
             histories[0] = history
