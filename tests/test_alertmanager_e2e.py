@@ -3,8 +3,9 @@ rules (every `for:` 5s), a real Alertmanager with deploy/alertmanager/alertmanag
 receiver standing in for the pager.
 
 Model m1's traffic starts fair (selection rate 0.35 for men and women) and drifts (0.5 vs 0.2 on as many rows
-again): its gender comparison must page, with the labels and runbook link a responder needs. Model `fair-model`
-runs through the same Prometheus and Alertmanager with equal rates throughout and must page nothing. The test
+again, three times, a bucket apart): its gender comparison must page, with the labels and runbook link a responder
+needs. Model `fair-model` runs through the same Prometheus and Alertmanager with equal rates throughout and must
+page nothing. The test
 looks at alert names and labels only, not at the rules' expressions, so it holds whatever detector fires them.
 """
 
@@ -42,6 +43,7 @@ PAGE = "fairness-page"
 TIMERS = {"group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"}
 RUNBOOK = load_rule_generator().RUNBOOK_URL
 DRIFTING, FAIR = "m1", "fair-model"
+BUCKET_SECONDS = 5
 
 
 def rows(rates: dict[str, float], per_group: int = 1000) -> pd.DataFrame:
@@ -74,7 +76,7 @@ def start_daemon(broker: EmbeddedBroker, model_id: str, daemons: list[Daemon]) -
     broker.create_topic(topic, partitions=2)
     # 5-second buckets: the change detectors behind the pages take a step every 5 s instead of every minute
     daemon = Daemon(make_config(model_id=model_id, **kafka_config(broker.bootstrap_servers, topic, "kafka-python"),
-                                bucket="5s"))  # fmt: skip
+                                bucket=f"{BUCKET_SECONDS}s"))  # fmt: skip
     daemons.append(daemon)
     daemon.start()
     return daemon, topic
@@ -104,7 +106,11 @@ def chain(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
                 wait_until(lambda: prometheus.values(fair_gap % DRIFTING) and prometheus.values(fair_gap % FAIR),
                            30, "both models' fair traffic scraped")  # fmt: skip
                 drift = rows({"male": 0.5, "female": 0.2})
-                produce(kafka_broker.bootstrap_servers, drifting_topic, events_of(DRIFTING, drift, "b"))
+                for k in range(3):  # live traffic over three buckets: a step is a bucket the events left, so each
+                    # batch is stepped when the next one comes (two drift steps, the fair model's as many)
+                    produce(kafka_broker.bootstrap_servers, fair_topic, events_of(FAIR, rows(even), f"f{k}-"))
+                    produce(kafka_broker.bootstrap_servers, drifting_topic, events_of(DRIFTING, drift, f"b{k}-"))
+                    time.sleep(BUCKET_SECONDS + 0.5)
                 yield Chain(prometheus, alertmanager, sink, recorder)
             finally:
                 recorder.done.set()
