@@ -38,6 +38,7 @@ DRIFTING_BESIDE_A_GAP = "credit-scorer-v1"  # drifts on gender; its region pair 
 STARVED = "fraud-detector-v1"  # 10 events: too few for any comparison
 ARGO_PLACEHOLDER = re.compile(r"\{\{\s*args\.([\w-]+)\s*\}\}")
 FLAGGER_PLACEHOLDER = re.compile(r"\{\{\s*variables\.(\w+)\s*\}\}")
+BUCKET_SECONDS = 5
 # What an Argo condition may contain for the translation below to mean what expr-lang means.
 CONDITION = re.compile(r"(?:len\(result\)|result\[\d+\]|[<>=!]=?|&&|\|\||\d+(?:\.\d+)?|\s)+")
 
@@ -72,7 +73,7 @@ def stack(helm: str, kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.Temp
     kafka_broker.create_topic(topic, partitions=3)
     raw["kafka"] = {"bootstrap_servers": kafka_broker.bootstrap_servers, "topic": topic, "assignment": "manual",
                     "group_id": f"g-{topic}"}  # fmt: skip
-    raw.update(listen={"address": "127.0.0.1", "port": 0}, evaluation_interval="1s", bucket="5s")
+    raw.update(listen={"address": "127.0.0.1", "port": 0}, evaluation_interval="1s", bucket=f"{BUCKET_SECONDS}s")
     raw["models"] += [
         {"model_id": DRIFTING_BESIDE_A_GAP, "protected_attributes": [
             {"name": "gender", "groups": ["male", "female"]}, {"name": "region", "groups": ["north", "south"]}]},
@@ -82,10 +83,19 @@ def stack(helm: str, kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.Temp
     daemon.start()
     try:
         with PrometheusServer(tmp_path_factory.mktemp("prometheus"), [f"127.0.0.1:{daemon.port}"]) as prometheus:
+            events = (rows(STABLE, {"male": 0.4, "female": 0.4}, 1000)
+                      + rows(CANARY, {"male": 0.5, "female": 0.2}, 1000)
+                      + rows(DRIFTING_BESIDE_A_GAP, {"male": 0.8, "female": 0.1}, 100, {"region": ["north"]})
+                      + rows(STARVED, {"male": 0.5, "female": 0.5}, 5))  # fmt: skip
+            events = [events[i] for i in np.random.default_rng(5).permutation(len(events))]
+            # nine events in ten in one bucket, the rest in the next: a step is a bucket the events have left, so
+            # the detectors step over the first part when the rest comes (the windows count both)
+            first = len(events) * 9 // 10
+            produce(kafka_broker.bootstrap_servers, topic, events[:first])
+            time.sleep(BUCKET_SECONDS + 0.5)
+            now = time.time()
             produce(kafka_broker.bootstrap_servers, topic,
-                    rows(STABLE, {"male": 0.4, "female": 0.4}, 1000) + rows(CANARY, {"male": 0.5, "female": 0.2}, 1000)
-                    + rows(DRIFTING_BESIDE_A_GAP, {"male": 0.8, "female": 0.1}, 100, {"region": ["north"]})
-                    + rows(STARVED, {"male": 0.5, "female": 0.5}, 5))  # fmt: skip
+                    [orjson.dumps({**orjson.loads(e), "timestamp": now}) for e in events[first:]])
             counted = 'model_subgroup_samples{model_id="%s", attribute="gender", subgroup="overall", window="1h"} == %d'
             for model_id, n in ((STABLE, 2000), (CANARY, 2000), (DRIFTING_BESIDE_A_GAP, 200), (STARVED, 10)):
                 expr = counted % (model_id, n)

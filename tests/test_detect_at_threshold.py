@@ -9,44 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.stats import binom
-
-from exporter.config import parse_config
-from exporter.stream.state.detectors import ALERT_OF_METRIC, DetectorBank
-from exporter.stream.state.window import RowLayout
-
-STEPS_PER_DAY = 1440
-BUDGET = 0.01  # alerting.false_pages_per_day, the default
-
-
-def _bank() -> DetectorBank:
-    config = parse_config({"model_id": "m", "protected_attributes": [{"name": "g", "groups": ["a", "b"]}],
-                           "windows": ["1h", "24h"], "bucket": "1m"})  # fmt: skip
-    model = config.model()
-    layout = RowLayout.of(model)
-    return DetectorBank(model, config.windowing, layout.offsets, layout.n_rows)
-
-
-def _days_with_an_alert(alerts: tuple[str, ...], rates: list[tuple[float, float]], per_hour: int, runs: int,
-                        seed: int) -> np.ndarray:  # fmt: skip
-    """(days, runs): whether one of ``alerts`` started that day, with groups a and b at ``rates[day]``."""
-    bank = _bank()
-    watched = np.array([ALERT_OF_METRIC[d.metric].name in alerts for d in bank.detectors])
-    rng = np.random.default_rng(seed)
-    state = bank.initial_state((runs,))
-    before = np.zeros((runs, len(bank)), dtype=bool)
-    out = np.zeros((len(rates), runs), dtype=bool)
-    for day, pair in enumerate(rates):
-        steps = np.zeros((STEPS_PER_DAY, runs, bank.n_rows, 6), dtype=np.int64)
-        for row, rate in enumerate(pair):
-            n = rng.poisson(per_hour / 60, (STEPS_PER_DAY, runs))
-            k = rng.binomial(n, rate)
-            steps[..., row, 0], steps[..., row, 1] = k, n - k
-        state, trace = bank.advance(state, steps)
-        active = trace.active[..., watched]
-        starts = active & ~np.concatenate([before[None][..., watched], active[:-1]])
-        out[day] = starts.any(axis=(0, 2))
-        before = trace.active[-1]
-    return out
+from test_detector_gap_below_threshold import BUDGET
+from test_detector_gap_below_threshold import days_alerted as _days_with_an_alert
 
 
 def _assert_within_budget(alerted: np.ndarray, what: str) -> None:

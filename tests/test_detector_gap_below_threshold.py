@@ -34,26 +34,32 @@ def _bank() -> DetectorBank:
     return DetectorBank(model, config.windowing, layout.offsets, layout.n_rows)
 
 
-def _days_with_a_page(rate_a: float, rate_b: float, per_hour: int, runs: int, days: int, seed: int) -> np.ndarray:
-    """(days, runs): whether a paging alert (parity or impact ratio, either direction) started that day."""
+def days_alerted(alerts: tuple[str, ...], rates: list[tuple[float, float]], per_hour: int, runs: int,
+                 seed: int) -> np.ndarray:  # fmt: skip
+    """(days, runs): whether one of ``alerts`` started that day, with groups a and b at ``rates[day]``."""
     bank = _bank()
-    paging = np.array([ALERT_OF_METRIC[d.metric].name in PAGING for d in bank.detectors])
+    watched = np.array([ALERT_OF_METRIC[d.metric].name in alerts for d in bank.detectors])
     rng = np.random.default_rng(seed)
     state = bank.initial_state((runs,))
     before = np.zeros((runs, len(bank)), dtype=bool)
-    out = np.zeros((days, runs), dtype=bool)
-    for day in range(days):
+    out = np.zeros((len(rates), runs), dtype=bool)
+    for day, pair in enumerate(rates):
         steps = np.zeros((STEPS_PER_DAY, runs, bank.n_rows, 6), dtype=np.int64)
-        for row, rate in ((0, rate_a), (1, rate_b)):
+        for row, rate in enumerate(pair):
             n = rng.poisson(per_hour / 60, (STEPS_PER_DAY, runs))
             k = rng.binomial(n, rate)
             steps[..., row, 0], steps[..., row, 1] = k, n - k
         state, trace = bank.advance(state, steps)
-        active = trace.active[..., paging]
-        starts = active & ~np.concatenate([before[None][..., paging], active[:-1]])
+        active = trace.active[..., watched]
+        starts = active & ~np.concatenate([before[None][..., watched], active[:-1]])
         out[day] = starts.any(axis=(0, 2))
         before = trace.active[-1]
     return out
+
+
+def _days_with_a_page(rate_a: float, rate_b: float, per_hour: int, runs: int, days: int, seed: int) -> np.ndarray:
+    """(days, runs): whether a paging alert (parity or impact ratio, either direction) started that day."""
+    return days_alerted(PAGING, [(rate_a, rate_b)] * days, per_hour, runs, seed)
 
 
 @pytest.mark.parametrize(("rate_a", "rate_b", "per_hour"), [(0.30, 0.275, 2000), (0.50, 0.47, 500)])

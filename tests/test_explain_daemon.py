@@ -186,7 +186,7 @@ def test_backtest_explains_each_page_as_the_gate_explains_its_two_windows(tmp_pa
     rng = np.random.default_rng(9)
     frames = []
     for minute in range(240):
-        rows = _rows(rng, 30, 0.5 if minute < 120 else 0.1)
+        rows = _rows(rng, 60, 0.5 if minute < 120 else 0.05)  # a gap of 0.135 against a threshold of 0.05
         frames.append(rows.assign(timestamp=T0 + 60 * minute + rng.uniform(0, 60, len(rows))))
     rows = pd.concat(frames, ignore_index=True)
     with (tmp_path / "events.jsonl").open("wb") as f:

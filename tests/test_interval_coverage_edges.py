@@ -61,28 +61,27 @@ def test_disparate_impact_interval_covers_95_percent_near_rates_of_one_with_unba
     all 31 x 1,001 outcomes: the reported 95% interval holds it in 0.734 of the outcomes where it is defined (the
     project's floor for a grid point is 0.93, tests/test_fairness_core.py). In the 21% of outcomes where all 30 are
     selected the order flips, and [L, 1] misses the truth while the unfolded score interval holds it."""
-    counts, k1, k2 = _every_outcome(30, 1000, PRED_POS, PRED_NEG)
+    coverage = _exact_ratio_coverage("disparate_impact_ratio", PRED_POS, PRED_NEG)
+    assert coverage >= 0.93, f"exact coverage of the 95% interval at 30 x 0.95 vs 1,000 x 0.99: {coverage:.4f}"
+
+
+def _exact_ratio_coverage(metric: str, success: int, failure: int) -> float:
+    """The exact coverage of ``metric``'s 95% interval over every outcome of 30 rows at 0.95 beside 1,000 at 0.99,
+    where it is defined."""
+    counts, k1, k2 = _every_outcome(30, 1000, success, failure)
     a = np.arange(0, len(counts), 2)
-    v = METRICS["disparate_impact_ratio"].compute(counts, a, a + 1)
+    v = METRICS[metric].compute(counts, a, a + 1)
     weight = binom.pmf(k1, 30, 0.95) * binom.pmf(k2, 1000, 0.99)
     truth = 0.95 / 0.99
     defined = ~np.isnan(v.value)
     covered = defined & (v.lower <= truth + 1e-12) & (truth - 1e-12 <= v.upper)
-    coverage = float(weight[covered].sum() / weight[defined].sum())
-    assert coverage >= 0.93, f"exact coverage of the 95% interval at 30 x 0.95 vs 1,000 x 0.99: {coverage:.4f}"
+    return float(weight[covered].sum() / weight[defined].sum())
 
 
 def test_true_negative_rate_ratio_interval_covers_95_percent_at_realistic_specificities() -> None:
     """The error-rate ratios share the fold: specificity 0.95 in a group of 30 labelled negatives, 0.99 in one of
     1,000 (true TNR ratio 0.9596). Exact coverage 0.734, as disparate impact's."""
-    counts, k1, k2 = _every_outcome(30, 1000, TN, FP)
-    a = np.arange(0, len(counts), 2)
-    v = METRICS["true_negative_rate_ratio"].compute(counts, a, a + 1)
-    weight = binom.pmf(k1, 30, 0.95) * binom.pmf(k2, 1000, 0.99)
-    truth = 0.95 / 0.99
-    defined = ~np.isnan(v.value)
-    covered = defined & (v.lower <= truth + 1e-12) & (truth - 1e-12 <= v.upper)
-    coverage = float(weight[covered].sum() / weight[defined].sum())
+    coverage = _exact_ratio_coverage("true_negative_rate_ratio", TN, FP)
     assert coverage >= 0.93, f"exact coverage of the TNR ratio's 95% interval: {coverage:.4f}"
 
 

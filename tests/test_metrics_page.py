@@ -44,13 +44,16 @@ def masked(page: str) -> str:
 
 
 def fixed_page() -> str:
-    """40 men (30 predicted positive, 20 of them labelled) and 40 women (10 positive), a few bad events."""
+    """40 men (30 predicted positive, 20 of them labelled) and 40 women (10 positive) a minute or two before the
+    clock, a man of the clock's minute, a few bad events."""
     daemon = Daemon(make_config(model_version="2026.01.3", metrics=METRICS, events={"score_threshold": 0.5}),
                     registry=CollectorRegistry(), clock=lambda: T0)  # fmt: skip
     events = [event("male", "young" if i % 2 else "old", prediction=int(i < 30), ts=T0 - 60,
                     label=(i % 2) if i < 20 else None, prediction_id=f"m{i}") for i in range(40)]
     events += [event("female", "young" if i % 3 else "old", prediction=int(i < 10), ts=T0 - 120,
                      label=1 if i < 15 else None, prediction_id=f"f{i}") for i in range(40)]  # fmt: skip
+    # one man of the clock's minute: the stream leaves the minute of the others, the detectors' one step
+    events.append(event("male", "old", prediction=0, ts=T0, prediction_id="m40"))
     for i, e in enumerate(events):  # a score of 0.6..0.9 for a positive prediction, 0.1..0.4 for a negative one
         e["score"] = 0.1 * (i % 4) + (0.6 if e.pop("prediction") else 0.1)
     bad = {k: v for k, v in event().items() if k != "prediction"} | {"score": "1"}  # text: an invalid score

@@ -38,6 +38,7 @@ pytestmark = pytest.mark.prometheus
 
 FAIRNESS_ALERTS = ("FairnessDemographicParityDrift", "FairnessDisparateImpactViolation")
 SEED_WARNINGS = ("FairnessDemographicParityAboveThreshold", "FairnessDisparateImpactBelowThreshold")
+BUCKET_SECONDS = 5
 SMALL_PAIR = {"s1": (16, 40), "s2": (10, 40)}  # site: (selected, rows); 0.40 vs 0.25, Fisher's exact p = 0.23
 UP = 'up{job="fairness-exporter"}'
 STAGED_REGISTRY = CollectorRegistry()
@@ -76,13 +77,13 @@ def score(prediction: int, i: int) -> float:
     return round(0.5 + 0.49 * (i % 7) / 6, 3) if prediction else round(0.49 * (i % 5) / 4, 3)
 
 
-def site_payloads(rows: pd.DataFrame, ts: float) -> list[bytes]:
-    """The topic's events, with `site` among the attributes where the row has one."""
+def site_payloads(rows: pd.DataFrame, ts: float, start: int = 0) -> list[bytes]:
+    """The topic's events, with `site` among the attributes where the row has one (ids from p<start>)."""
     return [orjson.dumps({"model_id": "m1", "prediction_id": f"p{i}", "timestamp": ts, "prediction": int(r.prediction),
                           "score": score(int(r.prediction), i), "label": None if r.label < 0 else int(r.label),
                           "attributes": {"gender": r.gender, "age": r.age,
                                          **({"site": r.site} if isinstance(r.site, str) else {})}})
-            for i, r in enumerate(rows.itertuples())]  # fmt: skip
+            for i, r in enumerate(rows.itertuples(), start)]  # fmt: skip
 
 
 def side_traffic(now: float, n: int = 20) -> list[bytes]:
@@ -147,13 +148,14 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
     every_metric = [{"name": name, "threshold": m.default_threshold}
                     for name, m in METRICS.items()]  # fmt: skip
     daemon = Daemon(make_config(**kafka_config(kafka_broker.bootstrap_servers, topic, "kafka-python",
-                                               metrics=every_metric), bucket="5s", unknown_values="other",
+                                               metrics=every_metric),
+                                bucket=f"{BUCKET_SECONDS}s", unknown_values="other",
                                 events={"score_threshold": 0.5},
                                 protected_attributes=[{"name": "gender", "groups": ["male", "female"]},
                                                       {"name": "age", "groups": ["young", "old"]},
                                                       {"name": "site", "groups": list(SMALL_PAIR)}]))  # fmt: skip
     daemon.start()
-    rules = load_rule_generator().rule_file(for_durations="5s")
+    rules = load_rule_generator().rule_file(for_durations="5s", seed_interval=None)  # the seed rules every 1s too
     directory: Path = tmp_path_factory.mktemp("prometheus")
     try:
         with PrometheusServer(directory, [f"127.0.0.1:{daemon.port}"], rules=rules) as prometheus:
@@ -162,7 +164,12 @@ def stack(kafka_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
             recorder = AlertRecorder(prometheus)
             recorder.start()
             rows = biased_rows()
-            produce(kafka_broker.bootstrap_servers, topic, site_payloads(rows, time.time()))
+            # nine rows in ten in one bucket, the rest in the next: a step is a bucket the events have left, so the
+            # detectors step over the first part when the rest comes (the windows count both)
+            first = len(rows) * 9 // 10
+            produce(kafka_broker.bootstrap_servers, topic, site_payloads(rows.iloc[:first], time.time()))
+            time.sleep(BUCKET_SECONDS + 0.5)
+            produce(kafka_broker.bootstrap_servers, topic, site_payloads(rows.iloc[first:], time.time(), first))
             try:
                 yield Stack(daemon, prometheus, recorder, rows, kafka_broker.bootstrap_servers, topic)
             finally:

@@ -233,11 +233,14 @@ def _seed_alerts(fors: Mapping[str, str]) -> list[dict[str, Any]]:
     ]
 
 
-def rule_file(*, for_durations: str | Mapping[str, str] | None = None) -> dict[str, Any]:
+def rule_file(*, for_durations: str | Mapping[str, str] | None = None,
+              seed_interval: str | None = SEED_INTERVAL) -> dict[str, Any]:  # fmt: skip
     """The plain Prometheus/promtool rule file `{"groups": [...]}` (the PrometheusRule's `spec`).
 
     `for_durations`: None keeps TUNING's `for:`; a duration string such as "5s" sets every alert's `for:`;
-    a mapping {alert name: duration} replaces only those alerts' (unknown names raise ValueError)."""
+    a mapping {alert name: duration} replaces only those alerts' (unknown names raise ValueError).
+    `seed_interval`: the seed rules' evaluation interval (None: the server's global one, as a test with short
+    `for:` durations wants)."""
     fors = _effective_for(for_durations)
     return {
         "groups": [
@@ -246,7 +249,8 @@ def rule_file(*, for_durations: str | Mapping[str, str] | None = None) -> dict[s
                 "rules": [rule for window in RECORDING_WINDOWS for rule in recording_rules(window)],
             },
             {"name": "fairness-exporter.detectors", "rules": _fairness_alerts(fors)},
-            {"name": "fairness-exporter.seed-rules", "interval": SEED_INTERVAL, "rules": _seed_alerts(fors)},
+            {"name": "fairness-exporter.seed-rules", **({"interval": seed_interval} if seed_interval else {}),
+             "rules": _seed_alerts(fors)},
             {"name": "fairness-exporter.serve.self_metrics", "rules": health_alerts(TUNING, fors)},
             {"name": "fairness-exporter.stages", "rules": stage_alerts(TUNING, fors)},
         ]
