@@ -132,22 +132,26 @@ def replay(broker: EmbeddedBroker, n_replicas: int, raw: dict[str, Any], history
     state = bank.initial_state()
     equal = steps = 0
     minutes = reference = float("inf")
-    # Step i + 1 consumes: nothing (i = 0: the first computation, in the wall clock's bucket), the first tick
-    # (i = 1), then round i's events (the fair day, then each minute after the change), sent into the head's
-    # bucket i - 2, and the tick into bucket i - 1 after them, which takes the step.
+    # A step is a bucket the events have left (exporter/stream/state/detection.py). i = 0: the owner computes, no
+    # step; i = 1: the first tick opens bucket 0, no step; then round i's events (the fair day, then each minute
+    # after the change) go into bucket i - 2 and the tick into bucket i - 1 after them, which takes step i - 1:
+    # the tick before and the round.
     with contextlib.closing(producer), Replicas(n_replicas, served, broker.bootstrap_servers, topic,
                                                 f"bench-{topic}", "staged") as replicas:  # fmt: skip
         owner = _Owner(replicas, bank, model.attributes[0].name)
         for i, cells in enumerate([None, None, history, *changed]):
             if i == 1:
                 send(tick, 0)
-            elif cells is not None:
+                continue
+            if cells is not None:
                 send(cells, i - 2)
                 _wait(owner, lambda: owner.counted() == sent, f"round {i - 2} counted")
                 send(tick, i - 1)
-            _wait(owner, lambda: owner.steps() == i + 1, f"step {i + 1}",  # noqa: B023
+            _wait(owner, lambda: owner.steps() == max(i - 1, 0), f"step {i - 1}",  # noqa: B023
                   STARTUP_TIMEOUT if i == 0 else STEP_TIMEOUT)
-            step = tick * (i > 0) + (0 if cells is None else cells)
+            if cells is None:
+                continue
+            step = tick + cells
             state, _ = bank.advance(state, attribute_counts(step, sizes)[None])
             statistic, active = owner.state()
             steps += 1
