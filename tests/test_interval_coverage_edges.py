@@ -35,8 +35,8 @@ def _every_outcome(n1: int, n2: int, success: int, failure: int) -> tuple[np.nda
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. A ratio's interval is folded to min/max by the observed order of the rates, and loses the part of the score
-#    interval beyond 1 (exporter/core/metric_table.py:_ratios, ratio_interval(..., most=1.0))
+# 1. A ratio's interval was folded to min/max by the observed order of the rates, and lost the part of the score
+#    interval beyond 1 (exporter/core/metric_table.py:_ratios called ratio_interval(..., most=1.0) until review 35)
 # ---------------------------------------------------------------------------------------------------------------
 
 
