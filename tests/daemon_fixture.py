@@ -49,13 +49,17 @@ def sample(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+def wait_for(
+    predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition", log: Path | None = None
+) -> None:
+    """Poll `predicate` until it holds; on a timeout the failure carries the tail of `log` (a daemon's output)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    tail = "\n" + log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{tail}")
 
 
 def synthetic_rows(n: int, seed: int) -> pd.DataFrame:

@@ -130,7 +130,7 @@ def test_sigkill_and_restart_from_the_checkpoint_neither_loses_nor_double_counts
     produce(kafka_broker.bootstrap_servers, topic, data[:2000])
     first = _serve(config_path, log)
     try:
-        wait_for(lambda: sum(_totals(port).values()) >= 2000, what="the first 2000 events")
+        wait_for(lambda: sum(_totals(port).values()) >= 2000, what="the first 2000 events", log=log)
         wait_for(lambda: (tmp_path / "state" / "fleet.checkpoint.npz").exists(), what="a checkpoint")
         produce(kafka_broker.bootstrap_servers, topic, data[2000:4000])
         time.sleep(0.3)  # let it get part of the way through the second batch
@@ -140,7 +140,7 @@ def test_sigkill_and_restart_from_the_checkpoint_neither_loses_nor_double_counts
     produce(kafka_broker.bootstrap_servers, topic, data[4000:])
     second = _serve(config_path, log)
     try:
-        wait_for(lambda: sum(_totals(port).values()) >= 6000, what="all 6000 events after the restart")
+        wait_for(lambda: sum(_totals(port).values()) >= 6000, what="all 6000 events after the restart", log=log)
         time.sleep(2)  # anything counted twice would show up now
         totals = _totals(port)
     finally:
@@ -161,7 +161,7 @@ def test_sigterm_writes_a_final_checkpoint_and_commits_its_offsets(
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     produce(kafka_broker.bootstrap_servers, topic, payloads(synthetic_rows(300, seed=8), time.time()), partition=1)
     proc = _serve(tmp_path / "c.yaml", tmp_path / "log")
-    wait_for(lambda: sum(_totals(port).values()) == 300, what="300 events")
+    wait_for(lambda: sum(_totals(port).values()) == 300, 120.0, "300 events", log=tmp_path / "log")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     from kafka import KafkaConsumer, TopicPartition

@@ -250,8 +250,7 @@ def ratio_interval(
     rate of k = n as exactly known, nor a small group's rate beside a large one's as symmetric on the log scale
     (review 17: at a true ratio of 0.8, 30 rows against 1,000, Katz failed 4.8% of outcomes for a one-sided 2.5%).
     The lower bound is 0 where ``k_num`` is 0; NaN where a group has no trial or ``k_den`` is 0. An upper bound above
-    ``most`` is ``most``, never searched for (a caller that reads bounds up to 1 only, as the counterfactual gate's
-    ratio; the metrics search the whole interval and fold it, metric_table._ratios)."""
+    ``most`` is ``most``, never searched for (the counterfactual gate's ratio; the metrics search it all and fold)."""
     k1, n1, k0, n0 = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (k_num, n_num, k_den, n_den)))
     z = np.broadcast_to(np.asarray(z, dtype=np.float64), k1.shape)
     usable = (n1 > 0) & (n0 > 0) & (k0 > 0)
