@@ -23,11 +23,11 @@ import orjson
 from bench.report import Section, fmt, standalone, table
 from exporter.config import parse_config
 from exporter.daemon import GC_THRESHOLDS
-from exporter.stream.payloads import kserve_batch, seldon_batch
+from exporter.stream.payloads import kserve_batch, polls, seldon_batch
 from exporter.stream.payloads.oip import messages
 from exporter.stream.payloads.pairs import join_units
 from exporter.stream.payloads.payload import PairJoin, PayloadRows, Raw, payload_batches, read_halves
-from exporter.stream.payloads.platforms import header_table
+from exporter.stream.payloads.polls import header_table
 
 TARGET = 1.5
 DEFAULT, DAEMON = "Python's default", "the daemon's"
@@ -105,10 +105,9 @@ def _seldon_floor(parts: list[tuple[list[Raw], bool]]) -> object:
     out = []
     for records, response in parts:
         values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]
-        certify, handler = seldon_batch._readers(response)
-        certify.FromString(b"".join(chain.from_iterable(zip(map(seldon_batch.frame, map(len, values)), values,
-                                                            strict=True))))  # fmt: skip
-        out.append(handler.list_to_record_batch(values))
+        framed = b"".join(chain.from_iterable(zip(map(polls.frame, map(len, values)), values, strict=True)))
+        seldon_batch._readers(response)[0].FromString(framed)
+        out.append(seldon_batch.arrow_batch(framed, response))
     return out
 
 

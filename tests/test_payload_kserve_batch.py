@@ -19,7 +19,8 @@ from payload_logs import cloudevent, gzipped, numpy_response, pandas_request, pl
 from exporter.stream.decode.route import UNCONFIGURED
 from exporter.stream.payloads import kserve_batch
 from exporter.stream.payloads.payload import Halves, Raw, read_halves
-from exporter.stream.payloads.platforms import header_table, headers_of_poll
+from exporter.stream.payloads.platforms import headers_of_poll
+from exporter.stream.payloads.polls import header_table
 
 T0 = 1_796_000_000.0
 
@@ -258,7 +259,8 @@ def test_header_columns_read_each_header_as_its_records_dict_does(raws: list, la
         raws = [list(zip(layout, row, strict=False)) for row in values] + raws[:1] * (len(values) % 2)
         if reordered and len(raws) > 1 and raws[-1]:
             raws[-1] = list(zip(layout[::-1], [v for _, v in raws[-1]], strict=False))
-    dicts = headers_of_poll(raws)[0]
+    dicts, names = headers_of_poll(raws)
     wanted = [*_NAMES, "ce_id", "absent"]
-    found = header_table(raws, wanted)[0]
+    found, found_names = header_table(raws, wanted)
     assert found == {name: [d.get(name) for d in dicts] for name in wanted}
+    assert found_names == names

@@ -51,10 +51,10 @@ from exporter.stream.payloads.platforms import (
     Half,
     _metadata,
     _says_gzip,
-    header_table,
     texts,
 )
 from exporter.stream.payloads.platforms import _text as _header_text
+from exporter.stream.payloads.polls import header_table
 
 _FEWEST: Final = 16
 """A poll of fewer records is read record by record: the columns cost about 35 µs per poll whatever its size (a

@@ -28,8 +28,6 @@ import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
-from operator import itemgetter
 from typing import Any, Final
 
 import orjson
@@ -126,31 +124,6 @@ def headers_of_poll(raws: Sequence[Sequence[tuple[str, bytes | None]] | None]) -
         return found, names
     lowered = list(map(headers_of, raws))
     return lowered, set().union(*lowered)
-
-
-def header_table(raws: Sequence[Sequence[tuple[str, bytes | None]] | None],
-                 names: Sequence[str]) -> tuple[dict[str, list[bytes | None]], set[str]]:  # fmt: skip
-    """Each of ``names``' value in every record's headers (None: absent), as ``headers_of_poll`` and ``dict.get``
-    read it, and every header name of the poll. The usual poll's records carry the same header names in the same
-    order (a KafkaSink writes them so): then each name is one slice of the poll's headers laid end to end, and no
-    record's headers become a dict (0.5 against 1.3 µs per record of 11 headers, measured); any other poll is read
-    through the dicts."""
-    n = len(raws)
-    first = raws[0] if n else None
-    if first and None not in raws:
-        width = len(first)
-        layout = list(map(_FIRST, first))
-        if all(map(str.islower, layout)) and set(map(len, raws)) == {width}:  # type: ignore[arg-type]
-            flat = tuple(chain.from_iterable(raws))  # type: ignore[arg-type]
-            if list(map(_FIRST, flat)) == layout * n:
-                at = {name: k for k, name in enumerate(layout)}  # a repeated name: its last, as in a dict
-                return {name: list(map(_SECOND, flat[at[name] :: width])) if name in at else [None] * n
-                        for name in names}, set(layout)  # fmt: skip
-    headers, found = headers_of_poll(raws)
-    return {name: list(map(dict.get, headers, repeat(name, n))) for name in names}, found
-
-
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _text(value: bytes | None) -> str | None:

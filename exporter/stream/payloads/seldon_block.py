@@ -5,16 +5,16 @@ beyond a few maps."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from itertools import chain
 from operator import itemgetter
 from typing import Any, Final
 
 import numpy as np
 
-from exporter.stream.payloads import seldon_batch
+from exporter.stream.payloads import polls, seldon_batch
 from exporter.stream.payloads.pairs import HalfBlock
-from exporter.stream.payloads.platforms import SELDON_RESERVED, SELDON_TYPES, header_table, seldon_model, texts
+from exporter.stream.payloads.platforms import SELDON_RESERVED, SELDON_TYPES, seldon_model, texts
 from exporter.stream.payloads.platforms import _text as _header_text
+from exporter.stream.payloads.polls import header_table
 
 _HEADERS: Final = ("x-request-id", "seldon-infer-type", "pipeline")
 _BLANK: Final = np.zeros(256, dtype=bool)
@@ -30,7 +30,7 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
     :func:`~exporter.stream.payloads.seldon_batch.halves` reads, when also no record logs headers of its own
     (metadata) and every record's tensors are the same columns in the same order (one column each, typed
     contents); else None. The same checks, with no Python step per record beyond a few maps: the headers by
-    position (:func:`~exporter.stream.payloads.platforms.header_table`), a body that may be JSON by its first
+    position (:func:`~exporter.stream.payloads.polls.header_table`), a body that may be JSON by its first
     byte past blanks in one array pass, the times in an array."""
     model, by_name = seldon_model(topic)
     response = by_name if by_name is not None else response
@@ -49,8 +49,7 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
     kinds = set(map(_header_text, set(headers["seldon-infer-type"])))
     if not (response or names <= SELDON_RESERVED) or any(SELDON_TYPES.get(kind or "") for kind in kinds):
         return None  # a request's own headers (its rows' metadata), or JSON
-    heads = list(map(seldon_batch.frame, lengths.tolist()))
-    framed = b"".join(chain.from_iterable(zip(heads, values, strict=True)))
+    framed = polls.frame_records(values, lengths.tolist(), int(lengths.max()))
     ends = np.cumsum(lengths + sum((lengths >= 1 << bits for bits in (7, 14, 21, 28)), 2))  # a key and a varint
     if not np.frombuffer(framed, dtype=np.uint8)[ends - lengths].all():
         return None  # a schema-registry framing (its magic byte 0 first), read record by record
@@ -74,7 +73,10 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
         named = texts(pipelines)
         pairs = [f"{pipeline}.{pid}" if pipeline else pid for pipeline, pid in zip(named, pids, strict=True)]
         calls = [pid if pipeline else None for pipeline, pid in zip(named, pids, strict=True)]
-    ms = np.fromiter(map(_MS, records), np.float64, n)
+    try:  # Kafka's timestamps, integers (Raw): read as such (20 against 35 ns per record as floats), made floats
+        ms = np.fromiter(map(_MS, records), np.int64, n).astype(np.float64)
+    except (OverflowError, TypeError, ValueError):  # beyond an int64: record by record below
+        ms = np.full(n, _EXACT)
     if (ms < _EXACT).all():  # ms itself then, and its quotient rounded once, as Python's int / int rounds it
         times = np.where(ms > 0, ms / 1000, np.nan)
     else:
