@@ -193,15 +193,15 @@ def columns(values: list[bytes], response: bool, as_block: bool = False, framed:
     if (widths != width).any() or (raw_widths.any() and (raw_widths != width).any()):
         return None  # records of different tensor counts, or raw contents in some (or not one per tensor)
     if not width:
-        return (ids, [0] * n, {}) if as_block else (ids, [0] * n, [{} for _ in range(n)])
+        return (ids, np.zeros(n, dtype=np.int64), {}) if as_block else (ids, [0] * n, [{} for _ in range(n)])
     if as_block:
         return None if raw_widths.any() else _block_columns(tensors.flatten(), n, width, ids)
     return _tensor_columns(tensors.flatten(), raws.flatten() if raw_widths.any() else None, n, width, ids)
 
 
-Read = tuple[Any, list[int], Any]
-"""Each record's id (None: none; a block's: an Arrow array, "" for none), rows and columns (a dict per record, or a
-block's Arrow lists by name)."""
+Read = tuple[Any, Any, Any]
+"""Each record's id (None: none; a block's: an Arrow array, "" for none), rows (a list; a block's: a numpy array)
+and columns (a dict per record, or a block's Arrow lists by name)."""
 
 
 def _block_columns(found: Any, n: int, width: int, ids: Any) -> Read | None:
@@ -244,7 +244,7 @@ def _block_columns(found: Any, n: int, width: int, ids: Any) -> Read | None:
                 return None  # not_utf8: refused record by record
         offsets = pa.array(np.concatenate([[0], np.cumsum(counts[:, k])]), type=pa.int32())
         columns[name] = pa.ListArray.from_arrays(offsets, flat)
-    return ids, rows[:, 0].tolist(), columns
+    return ids, rows[:, 0], columns
 
 
 def _tensor_columns(found: Any, raws: Any, n: int, width: int, ids: list[str | None]) -> Read | None:

@@ -46,7 +46,7 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
     if not lengths.all() or int(lengths.sum()) > seldon_batch.MOST_BYTES:
         return None  # an empty value, or more than one message may hold
     headers, names = header_table(list(map(_HEADERS_OF, records)), _HEADERS)
-    kinds = set(map(_header_text, set(headers["seldon-infer-type"])))
+    kinds = set(map(_header_text, set(headers["seldon-infer-type"]))) if "seldon-infer-type" in names else {None}
     if not (response or names <= SELDON_RESERVED) or any(SELDON_TYPES.get(kind or "") for kind in kinds):
         return None  # a request's own headers (its rows' metadata), or JSON
     framed = polls.frame_records(values, lengths.tolist(), int(lengths.max()))
@@ -60,14 +60,14 @@ def read_block(topic: str, records: Sequence[tuple[bytes | None, Any, bytes | No
         return None
     own, rows, columns = read
     said = headers["x-request-id"]
-    pids = texts(said) if None not in said else []
-    if not all(pids) or len(pids) != n:  # seldon_call's rule: the header, else the key, else the message's own id
+    pids = texts(said)  # an absent one (None) or an empty one fails all()
+    if not all(pids):  # seldon_call's rule: the header, else the key, else the message's own id
         pids = [p or _header_text(k) or o or None for p, k, o in zip(texts(said), map(_KEY, records),
                                                                      own.to_pylist(), strict=True)]  # fmt: skip
         if not all(pids):
             return None  # refused (no id) record by record
     pipelines = headers["pipeline"]
-    if pipelines.count(None) == n:
+    if "pipeline" not in names or pipelines.count(None) == n:
         pairs, calls = pids, None
     else:
         named = texts(pipelines)
