@@ -16,7 +16,6 @@ import gc
 import time
 from collections import Counter
 from collections.abc import Callable
-from itertools import chain
 
 import orjson
 
@@ -105,7 +104,7 @@ def _seldon_floor(parts: list[tuple[list[Raw], bool]]) -> object:
     out = []
     for records, response in parts:
         values: list[bytes] = [r[0] for r in records]  # type: ignore[misc]
-        framed = b"".join(chain.from_iterable(zip(map(polls.frame, map(len, values)), values, strict=True)))
+        framed = polls.frame_records(values)
         seldon_batch._readers(response)[0].FromString(framed)
         out.append(seldon_batch.arrow_batch(framed, response))
     return out
